@@ -1,0 +1,52 @@
+/* msm_safetensors: a reader for Hugging Face safetensors checkpoints.
+ *
+ * Files are mmapped read-only; tensor data is never copied here. A checkpoint is either one
+ * `model.safetensors` or `model.safetensors.index.json` naming shards. Every error names the
+ * file and (where there is one) the tensor, and says what was expected. */
+#ifndef MSM_SAFETENSORS_H
+#define MSM_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "msm_dtype.h"
+#include "msm_err.h"
+
+#define MSM_ST_MAX_DIMS 8
+
+typedef struct msm_st_tensor {
+    const char *name;                 /* tensor name, as in the header */
+    const char *file;                 /* path of the file holding it */
+    msm_dtype dtype;                  /* F32, F16 or BF16 (other dtypes are refused at open) */
+    int ndim;
+    int64_t shape[MSM_ST_MAX_DIMS];
+    const void *data;                 /* points into the mapping */
+    size_t nbytes;
+} msm_st_tensor;
+
+typedef struct msm_safetensors msm_safetensors;
+
+/* Opens DIR/model.safetensors.index.json (and its shards) or else DIR/model.safetensors. */
+int msm_safetensors_open_dir(const char *dir, msm_safetensors **ret, msm_err *err);
+
+/* Opens one .safetensors file. Validates the header fully: 8-byte length within the file, JSON
+ * object, each entry's dtype, shape, data_offsets in order, inside the data section, and
+ * consistent with shape x dtype size. */
+int msm_safetensors_open_file(const char *path, msm_safetensors **ret, msm_err *err);
+
+/* Accepts NULL. Unmaps every file. */
+void msm_safetensors_free(msm_safetensors *st);
+
+/* NULL when absent. */
+const msm_st_tensor *msm_safetensors_find(const msm_safetensors *st, const char *name);
+
+/* Looks up `name` and checks it has exactly `ndim` dims equal to `shape`. Errors:
+ * -ENOENT "missing tensor NAME (looked in FILE/DIR)", -EINVAL "tensor NAME in FILE has shape
+ * [a, b], expected [c, d]". */
+int msm_safetensors_get(const msm_safetensors *st, const char *name, int ndim,
+                        const int64_t *shape, const msm_st_tensor **ret, msm_err *err);
+
+size_t msm_safetensors_count(const msm_safetensors *st);
+const msm_st_tensor *msm_safetensors_at(const msm_safetensors *st, size_t i);
+
+#endif

@@ -1,0 +1,88 @@
+/* msm_kernels: the CPU reference kernels, one prototype per graph op.
+ *
+ * These are the oracle: every CUDA kernel (kernels/cuda, msm_cuda_kernels.h) computes the same
+ * function with the same argument order, plus its stream, and is tested against these over a
+ * table of shapes. All activations are float32, row-major; weights are float32 here (the CPU
+ * backend converts bf16/f16 weights once at upload), bf16 on the GPU.
+ *
+ * Shapes use T = tokens in the step, H = hidden, nh/kvh = query/kv heads of this rank,
+ * hd = head_dim, E = experts, k = experts per token, I = intermediate size of this rank.
+ * None of these allocate, fail or synchronise. */
+#ifndef MSM_KERNELS_H
+#define MSM_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MSM_KV_BLOCK 16 /* tokens per KV-cache block */
+
+/* Per output row sampling parameters. temperature <= 0 means greedy (argmax, lowest id on ties). */
+typedef struct msm_sample_params {
+    float temperature;
+    int32_t top_k;    /* 0 = all */
+    float top_p;      /* 1 = all */
+    uint32_t pad_;
+    uint64_t seed;    /* with counter: a counter-based RNG, independent of batch composition */
+    uint64_t counter; /* index of the token being generated in its sequence */
+} msm_sample_params;
+
+/* out[t,:] = table[ids[t],:]   out [T,H], table [V,H] */
+void msm_cpu_embed(float *out, const float *table, const int32_t *ids, int T, int H);
+
+/* Row-wise RMSNorm: out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w[:]  (x, out [rows,dim]).
+ * Per-head q/k norm is the same call with rows = T*heads, dim = hd. out may equal x. */
+void msm_cpu_rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps);
+
+/* y[T,N] = x[T,K] @ w[N,K]^T (+ bias[N] when not NULL). */
+void msm_cpu_linear(float *y, const float *x, const float *w, const float *bias, int T, int N,
+                    int K);
+
+/* In-place rotate-half RoPE on x [T, nheads, hd] at positions pos[T]. */
+void msm_cpu_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float theta);
+
+/* Writes k, v [T, kvh, hd] into the paged caches kc, vc [n_blocks, MSM_KV_BLOCK, kvh, hd] at
+ * slot[t] = block * MSM_KV_BLOCK + offset. */
+void msm_cpu_kv_write(float *kc, float *vc, const float *k, const float *v, const int32_t *slot,
+                      int T, int kvh, int hd);
+
+/* Causal paged attention: token t (of sequence seq[t], at position pos[t]) attends to positions
+ * 0..pos[t] of its sequence, read through block_tables[seq[t] * max_blocks + p / MSM_KV_BLOCK].
+ * q, out [T, nh, hd]; GQA: query head h reads kv head h / (nh / kvh). Softmax in fp32. */
+void msm_cpu_attention(float *out, const float *q, const float *kc, const float *vc,
+                       const int32_t *seq, const int32_t *pos, const int32_t *block_tables,
+                       int max_blocks, int T, int nh, int kvh, int hd, float scale);
+
+/* y[i] = a[i] + b[i]. y may alias a or b. */
+void msm_cpu_add(float *y, const float *a, const float *b, size_t n);
+
+/* y[t,:] = x[t,:] * s[t]   (x, y [T,D], s [T]). */
+void msm_cpu_scale_rows(float *y, const float *x, const float *s, int T, int D);
+
+/* y[i] = 1 / (1 + exp(-x[i])). */
+void msm_cpu_sigmoid(float *y, const float *x, size_t n);
+
+/* y[t,i] = silu(gu[t,i]) * gu[t,I+i]   (gu [T,2I]: gate half then up half; y [T,I]). */
+void msm_cpu_swiglu(float *y, const float *gu, int T, int I);
+
+/* Router: softmax over logits[t,:E] in fp32, top-k (highest first, lowest id on ties),
+ * renormalised to sum 1 when norm. ids, w [T,k]. */
+void msm_cpu_router_topk(int32_t *ids, float *w, const float *logits, int T, int E, int k,
+                         bool norm);
+
+/* Routed experts of this rank: y[t,:] = sum_j w[t,j] * down_e(swiglu(gate_up_e x[t,:])),
+ * e = ids[t,j]. gate_up [E, 2I, H] (gate rows then up rows), down [E, H, I], x, y [T,H].
+ * scratch: at least 3*I floats. */
+void msm_cpu_moe_experts(float *y, const float *x, const int32_t *ids, const float *w,
+                         const float *gate_up, const float *down, int T, int H, int I, int k,
+                         float *scratch);
+
+/* Samples one token per row of logits [R,V] with params p[R] into out[R].
+ * scratch: at least 2*V floats. */
+void msm_cpu_sample(int32_t *out, const float *logits, const msm_sample_params *p, int R, int V,
+                    float *scratch);
+
+/* The counter-based RNG the samplers share: a uniform float in [0,1) from (seed, counter). */
+float msm_rng_uniform(uint64_t seed, uint64_t counter);
+
+#endif
