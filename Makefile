@@ -1,6 +1,7 @@
 # Thin wrapper over meson. The two commands of the README's quick start:
 #   make run   install what is missing, build, start msmoed on the embedded model, show a reply
 #   make test  install what is missing, build, run every test (also the ASan+UBSan pass)
+export PATH := /usr/local/cuda/bin:$(PATH)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 MESON_ARGS ?=

@@ -1,0 +1,98 @@
+/* msm_engine: a loaded model on one TP group, executing steps.
+ *
+ * An engine owns one rank thread per TP rank (one per GPU on CUDA; threads on the CPU with host
+ * collectives), the weights of every rank, the KV cache storage and the block pool, and the
+ * verified step graphs. A caller (the daemon's scheduler, msmoe-run, a test) owns sequences: it
+ * allocates KV blocks from the engine's pool, and each step passes, per sequence, the tokens to
+ * feed, their start position and the block table. msm_engine_step is called from one thread at a
+ * time; it returns when every rank has finished the step. */
+#ifndef MSM_ENGINE_H
+#define MSM_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "msm_err.h"
+#include "msm_kernels.h"
+#include "msm_kv.h"
+#include "msm_model_config.h"
+
+typedef enum msm_backend_kind {
+    MSM_BACKEND_CPU = 0,
+    MSM_BACKEND_CUDA,
+} msm_backend_kind;
+
+#define MSM_MAX_BUCKETS 32
+
+typedef struct msm_engine_opts {
+    const char *model_dir;     /* HF checkpoint directory */
+    const char *dummy_preset;  /* instead of model_dir: a config.json-style preset, random weights */
+    uint64_t dummy_seed;       /* seed of the dummy weights */
+    msm_backend_kind backend;
+    int tp;                    /* tensor-parallel size: ranks in the group (default 1) */
+    int first_device;          /* CUDA: the group's GPUs are first_device .. first_device+tp-1 */
+    bool multi_stream;         /* pass multi_stream_moe (default on) */
+    bool fuse_allreduce;       /* pass fuse_moe_allreduce (default on) */
+    int kv_blocks;             /* KV blocks of MSM_KV_BLOCK tokens (default 1024) */
+    int max_step_tokens;       /* tokens one step may carry (prefill chunk + decode rows; 512) */
+    int max_seqs;              /* sequences one step may carry (default 64) */
+    int max_context;           /* tokens per sequence (default: model max_position, <= 32768) */
+    int deadline_ms;           /* every collective/event wait gives up after this (default 30000) */
+    bool cuda_graphs;          /* capture decode steps per bucket (CUDA; default on) */
+    int buckets[MSM_MAX_BUCKETS]; /* decode batch buckets, ascending; n_buckets 0 = defaults */
+    int n_buckets;
+    /* Test-only: skip the verifier and misplace the shared all-reduce on the aux stream as the
+     * original buggy engine did, and delay the given rank's streams. Never set in production. */
+    bool test_buggy_placement;
+    bool test_skip_verify;
+    int test_skew_rank;        /* rank whose main stream sleeps before each collective */
+    int test_skew_us;
+} msm_engine_opts;
+
+void msm_engine_opts_default(msm_engine_opts *o);
+
+typedef struct msm_engine msm_engine;
+
+/* Loads config and weights, builds and verifies the graphs of every rank, checks the collective
+ * sequence hash across ranks, and starts the rank threads. Errors name the file/tensor/limit. */
+int msm_engine_new(const msm_engine_opts *o, msm_engine **ret, msm_err *err);
+/* Accepts NULL and half-built engines. Stops the rank threads. */
+void msm_engine_free(msm_engine *e);
+
+const msm_model_config *msm_engine_model(const msm_engine *e);
+const msm_engine_opts *msm_engine_options(const msm_engine *e);
+const char *msm_engine_backend_name(const msm_engine *e);
+/* The block pool shared by the ranks (each rank stores its own heads of every block). */
+msm_kv_pool *msm_engine_kv(msm_engine *e);
+
+/* One sequence's share of a step. */
+typedef struct msm_step_seq {
+    const int32_t *tokens;  /* [n_tokens] to feed: a prompt chunk, or the last sampled token */
+    int n_tokens;
+    int pos0;               /* position of tokens[0] (= tokens of this sequence already cached) */
+    const int32_t *blocks;  /* block table: >= ceil((pos0 + n_tokens) / MSM_KV_BLOCK) ids */
+    int n_blocks;
+    int output;             /* 0: none (a prompt chunk before the last); 1: sample after the
+                               last token; 2: also return logits of every token (dump/scoring) */
+    bool want_logits;       /* return the sampled row's logits (for logprobs) */
+    msm_sample_params sampling; /* counter = index of the generated token, for reproducibility */
+} msm_step_seq;
+
+typedef struct msm_step_out {
+    int32_t *tokens;        /* [n_seqs], owned by the engine: sampled token, -1 for output 0 */
+    const float *logits;    /* [n_rows, vocab] rows in seq order: every token of output-2 seqs,
+                               the last token of output-1 seqs with want_logits; else NULL */
+    int n_rows;
+} msm_step_out;
+
+/* Runs one step over n_seqs sequences. Validates every id, position and block id against the
+ * model and the pool first (-EINVAL with a message), then executes. The output arrays stay valid
+ * until the next step. */
+int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_step_out *ret,
+                    msm_err *err);
+
+/* Prints the schedule of rank `rank`'s step graph: one node a line (layer, stream, op, in -> out). */
+int msm_engine_dump_graph(msm_engine *e, int rank, FILE *out);
+
+#endif
