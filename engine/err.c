@@ -23,7 +23,13 @@ int msm_err_wrap(msm_err *err, int code, const char *fmt, ...) {
         vsnprintf(prefix, sizeof prefix, fmt, ap);
         va_end(ap);
         memcpy(old, err->msg, sizeof old);
-        snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+        size_t pl = strnlen(prefix, sizeof err->msg - 3);
+        memcpy(err->msg, prefix, pl);
+        memcpy(err->msg + pl, ": ", 2);
+        size_t rest = sizeof err->msg - pl - 3;
+        size_t ol = strnlen(old, rest);
+        memcpy(err->msg + pl + 2, old, ol);
+        err->msg[pl + 2 + ol] = 0;
     }
     return code;
 }

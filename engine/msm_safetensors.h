@@ -34,6 +34,12 @@ int msm_safetensors_open_dir(const char *dir, msm_safetensors **ret, msm_err *er
  * consistent with shape x dtype size. */
 int msm_safetensors_open_file(const char *path, msm_safetensors **ret, msm_err *err);
 
+/* Parses a safetensors image already in memory (a fuzzer's input, an embedded model) with the
+ * same checks as msm_safetensors_open_file; `name` stands for the file in messages. Nothing is
+ * copied: buf must outlive the returned object, and tensors point into it. */
+int msm_safetensors_open_mem(const void *buf, size_t len, const char *name,
+                             msm_safetensors **ret, msm_err *err);
+
 /* Accepts NULL. Unmaps every file. */
 void msm_safetensors_free(msm_safetensors *st);
 

@@ -1,0 +1,407 @@
+/* CPU backend: float32 weights and activations, the reference kernels, and real streams.
+ *
+ * MAIN runs on the calling (rank) thread. AUX is a worker thread fed by a FIFO of items (run a
+ * node, record an event, wait for an event), so aux work really runs concurrently with main work
+ * and events really synchronise, as CUDA streams would. Every wait has a deadline. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "msm_backend.h"
+#include "msm_kernels.h"
+
+typedef enum { ITEM_RUN, ITEM_RECORD, ITEM_WAIT } item_kind;
+
+typedef struct item {
+    item_kind kind;
+    int node, event;
+    const msm_graph *g;
+    msm_step_dims d;
+} item;
+
+typedef struct cpu_backend {
+    msm_backend b;
+    float **weights;          /* [n_weights] float32 copies */
+    int n_weights;
+    char *arena;
+    size_t arena_bytes;
+    float **kc, **vc;         /* [n_layers] [n_blocks, MSM_KV_BLOCK, kvh, hd] */
+    int n_layers;
+    float *scratch[MSM_N_STREAMS];
+    size_t scratch_floats;
+    /* events and the aux worker */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t epoch;           /* step counter */
+    uint64_t *ev_epoch;       /* [n_events]: epoch of the last record */
+    int n_events;
+    item *q;                  /* ring buffer */
+    int q_cap, q_head, q_len;
+    int busy;                 /* worker is executing an item */
+    int aux_err;
+    msm_err aux_msg;
+    bool quit, started;
+    pthread_t worker;
+} cpu_backend;
+
+static struct timespec deadline(int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+#define F(v) ((float *)(cb->arena + g->vals[v].offset))
+#define I32(v) ((int32_t *)(cb->arena + g->vals[v].offset))
+#define ROWS(v) ((int)msm_value_rows(&g->vals[v], d->T, d->R, d->S))
+
+static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step_dims *d,
+                    msm_stream s, msm_err *err) {
+    const msm_node *n = &g->nodes[idx];
+    float *scratch = cb->scratch[s];
+    const int *a = n->a;
+    int in0 = n->in[0], out0 = n->out[0];
+    switch (n->op) {
+    case MSM_OP_EMBED:
+        msm_cpu_embed(F(out0), cb->weights[n->w[0]], I32(in0), d->T, a[0]);
+        break;
+    case MSM_OP_RMSNORM:
+        msm_cpu_rmsnorm(F(out0), F(in0), cb->weights[n->w[0]], ROWS(in0), a[0], n->f);
+        break;
+    case MSM_OP_QK_NORM: {
+        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
+        float *y = F(out0);
+        memcpy(y, F(in0), sizeof(float) * (size_t)T * (size_t)C);
+        for (int t = 0; t < T; t++) {
+            float *row = y + (size_t)t * C;
+            msm_cpu_rmsnorm(row, row, cb->weights[n->w[0]], nh, hd, n->f);
+            msm_cpu_rmsnorm(row + (size_t)nh * hd, row + (size_t)nh * hd, cb->weights[n->w[1]], kvh, hd, n->f);
+        }
+        break;
+    }
+    case MSM_OP_LINEAR:
+        msm_cpu_linear(F(out0), F(in0), cb->weights[n->w[0]], n->w[1] >= 0 ? cb->weights[n->w[1]] : NULL,
+                       ROWS(in0), a[0], a[1]);
+        break;
+    case MSM_OP_ROPE: {
+        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
+        float *y = F(out0);
+        const int32_t *pos = I32(n->in[1]);
+        memcpy(y, F(in0), sizeof(float) * (size_t)T * (size_t)C);
+        for (int t = 0; t < T; t++)
+            msm_cpu_rope(y + (size_t)t * C, pos + t, 1, nh + kvh, hd, n->f); /* q and k heads */
+        break;
+    }
+    case MSM_OP_ATTENTION: {
+        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
+        const float *qkv = F(in0);
+        const int32_t *seq = I32(n->in[1]), *pos = I32(n->in[2]), *slot = I32(n->in[3]);
+        const int32_t *bt = I32(n->in[4]);
+        float *kc = cb->kc[n->layer], *vc = cb->vc[n->layer];
+        for (int t = 0; t < T; t++) {
+            const float *row = qkv + (size_t)t * C;
+            msm_cpu_kv_write(kc, vc, row + (size_t)nh * hd, row + (size_t)(nh + kvh) * hd, slot + t, 1, kvh, hd);
+        }
+        float *q = scratch; /* gather q contiguous [T, nh*hd] */
+        for (int t = 0; t < T; t++) memcpy(q + (size_t)t * nh * hd, qkv + (size_t)t * C, sizeof(float) * (size_t)nh * hd);
+        msm_cpu_attention(F(out0), q, kc, vc, seq, pos, bt, g->max_blocks, T, nh, kvh, hd, n->f);
+        break;
+    }
+    case MSM_OP_ADD:
+        msm_cpu_add(F(out0), F(in0), F(n->in[1]), (size_t)ROWS(in0) * g->vals[in0].cols);
+        break;
+    case MSM_OP_MUL:
+        msm_cpu_scale_rows(F(out0), F(in0), F(n->in[1]), ROWS(in0), g->vals[in0].cols);
+        break;
+    case MSM_OP_SIGMOID:
+        msm_cpu_sigmoid(F(out0), F(in0), (size_t)ROWS(in0) * g->vals[in0].cols);
+        break;
+    case MSM_OP_SWIGLU:
+        msm_cpu_swiglu(F(out0), F(in0), ROWS(in0), a[0]);
+        break;
+    case MSM_OP_ROUTER_TOPK:
+        msm_cpu_router_topk(I32(out0), F(n->out[1]), F(in0), ROWS(in0), a[0], a[1], a[2] != 0);
+        break;
+    case MSM_OP_MOE_EXPERTS:
+        msm_cpu_moe_experts(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), cb->weights[n->w[0]],
+                            cb->weights[n->w[1]], ROWS(in0), a[0], a[1], a[2], scratch);
+        break;
+    case MSM_OP_GATHER_ROWS: {
+        int R = ROWS(out0), C = g->vals[in0].cols;
+        const int32_t *rows = I32(n->in[1]);
+        for (int r = 0; r < R; r++)
+            memcpy(F(out0) + (size_t)r * C, F(in0) + (size_t)rows[r] * C, sizeof(float) * (size_t)C);
+        break;
+    }
+    case MSM_OP_ALLREDUCE:
+    case MSM_OP_ALLGATHER: {
+        if (cb->b.skew_us > 0 && cb->b.skew_stream == s) usleep((useconds_t)cb->b.skew_us);
+        size_t rows = (size_t)ROWS(in0), cols = (size_t)g->vals[in0].cols;
+        if (n->op == MSM_OP_ALLREDUCE) return msm_comm_allreduce(cb->b.comm, F(in0), F(out0), rows * cols, err);
+        return msm_comm_allgather(cb->b.comm, F(in0), F(out0), rows, cols * sizeof(float), err);
+    }
+    case MSM_OP_SAMPLE: {
+        int R = ROWS(in0), V = a[0], Vp = a[1];
+        const msm_sample_params *p = (const msm_sample_params *)I32(n->in[1]);
+        for (int r = 0; r < R; r++) msm_cpu_sample(I32(out0) + r, F(in0) + (size_t)r * Vp, p + r, 1, V, scratch);
+        break;
+    }
+    default:
+        return msm_err_set(err, -ENOTSUP, "cpu backend: op %s is not supported", msm_op_name(n->op));
+    }
+    return 0;
+}
+
+/* Waits (mu held) for event ev of the current step. */
+static int wait_event(cpu_backend *cb, int ev, msm_err *err) {
+    struct timespec dl = deadline(cb->b.deadline_ms);
+    while (cb->ev_epoch[ev] != cb->epoch) {
+        if (pthread_cond_timedwait(&cb->cv, &cb->mu, &dl) == ETIMEDOUT && cb->ev_epoch[ev] != cb->epoch)
+            return msm_err_set(err, -ETIMEDOUT, "rank %d: EVENT_WAIT on event %d timed out after %d ms",
+                               cb->b.rank, ev, cb->b.deadline_ms);
+    }
+    return 0;
+}
+
+static void *aux_main(void *arg) {
+    cpu_backend *cb = arg;
+    pthread_mutex_lock(&cb->mu);
+    for (;;) {
+        while (!cb->quit && cb->q_len == 0) pthread_cond_wait(&cb->cv, &cb->mu);
+        if (cb->quit) break;
+        item it = cb->q[cb->q_head];
+        cb->q_head = (cb->q_head + 1) % cb->q_cap;
+        cb->q_len--;
+        cb->busy = 1;
+        int r = 0;
+        if (cb->aux_err) {
+            /* a failed stream skips the rest of its work (it still records nothing) */
+        } else if (it.kind == ITEM_RECORD) {
+            cb->ev_epoch[it.event] = cb->epoch;
+            pthread_cond_broadcast(&cb->cv);
+        } else if (it.kind == ITEM_WAIT) {
+            r = wait_event(cb, it.event, &cb->aux_msg);
+        } else {
+            pthread_mutex_unlock(&cb->mu);
+            msm_err e;
+            r = run_node(cb, it.g, it.node, &it.d, MSM_STREAM_AUX, &e);
+            pthread_mutex_lock(&cb->mu);
+            if (r) cb->aux_msg = e;
+        }
+        if (r && !cb->aux_err) cb->aux_err = r;
+        cb->busy = 0;
+        pthread_cond_broadcast(&cb->cv);
+    }
+    pthread_mutex_unlock(&cb->mu);
+    return NULL;
+}
+
+static int push(cpu_backend *cb, item it, msm_err *err) {
+    pthread_mutex_lock(&cb->mu);
+    if (cb->q_len == cb->q_cap) {
+        int cap = cb->q_cap ? cb->q_cap * 2 : 256;
+        item *q = malloc(sizeof *q * (size_t)cap);
+        if (!q) {
+            pthread_mutex_unlock(&cb->mu);
+            return msm_err_set(err, -ENOMEM, "out of memory queueing aux work");
+        }
+        for (int i = 0; i < cb->q_len; i++) q[i] = cb->q[(cb->q_head + i) % cb->q_cap];
+        free(cb->q);
+        cb->q = q;
+        cb->q_cap = cap;
+        cb->q_head = 0;
+    }
+    cb->q[(cb->q_head + cb->q_len) % cb->q_cap] = it;
+    cb->q_len++;
+    pthread_cond_broadcast(&cb->cv);
+    pthread_mutex_unlock(&cb->mu);
+    return 0;
+}
+
+static int cpu_run(msm_backend *b, const msm_graph *g, int node, const msm_step_dims *d, msm_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (g->nodes[node].stream == MSM_STREAM_AUX)
+        return push(cb, (item){.kind = ITEM_RUN, .node = node, .g = g, .d = *d}, err);
+    return run_node(cb, g, node, d, MSM_STREAM_MAIN, err);
+}
+
+static int cpu_record(msm_backend *b, msm_stream s, int ev, msm_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (ev < 0 || ev >= cb->n_events) return msm_err_set(err, -EINVAL, "bad event %d", ev);
+    if (s == MSM_STREAM_AUX) return push(cb, (item){.kind = ITEM_RECORD, .event = ev}, err);
+    pthread_mutex_lock(&cb->mu);
+    cb->ev_epoch[ev] = cb->epoch;
+    pthread_cond_broadcast(&cb->cv);
+    pthread_mutex_unlock(&cb->mu);
+    return 0;
+}
+
+static int cpu_wait(msm_backend *b, msm_stream s, int ev, msm_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (ev < 0 || ev >= cb->n_events) return msm_err_set(err, -EINVAL, "bad event %d", ev);
+    if (s == MSM_STREAM_AUX) return push(cb, (item){.kind = ITEM_WAIT, .event = ev}, err);
+    pthread_mutex_lock(&cb->mu);
+    int r = wait_event(cb, ev, err);
+    pthread_mutex_unlock(&cb->mu);
+    return r;
+}
+
+static int cpu_begin(msm_backend *b, msm_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    pthread_mutex_lock(&cb->mu);
+    cb->epoch++;
+    cb->aux_err = 0;
+    pthread_mutex_unlock(&cb->mu);
+    (void)err;
+    return 0;
+}
+
+static int cpu_sync(msm_backend *b, msm_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    struct timespec dl = deadline(cb->b.deadline_ms);
+    int r = 0;
+    pthread_mutex_lock(&cb->mu);
+    while (cb->q_len > 0 || cb->busy) {
+        if (pthread_cond_timedwait(&cb->cv, &cb->mu, &dl) == ETIMEDOUT && (cb->q_len > 0 || cb->busy)) {
+            r = msm_err_set(err, -ETIMEDOUT, "rank %d: the aux stream did not finish within %d ms",
+                            cb->b.rank, cb->b.deadline_ms);
+            break;
+        }
+    }
+    if (!r && cb->aux_err) {
+        r = cb->aux_err;
+        if (err) *err = cb->aux_msg;
+    }
+    pthread_mutex_unlock(&cb->mu);
+    return r;
+}
+
+static int cpu_load_weight(msm_backend *b, int wi, const msm_weight *w, const float *data, msm_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (wi >= cb->n_weights) {
+        float **nw = realloc(cb->weights, sizeof *nw * (size_t)(wi + 1));
+        if (!nw) return msm_err_set(err, -ENOMEM, "out of memory for weights");
+        for (int i = cb->n_weights; i <= wi; i++) nw[i] = NULL;
+        cb->weights = nw;
+        cb->n_weights = wi + 1;
+    }
+    size_t n = (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols;
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    if (!p) return msm_err_set(err, -ENOMEM, "out of memory for weight %s (%zu floats)", w->name, n);
+    memcpy(p, data, sizeof(float) * n);
+    free(cb->weights[wi]);
+    cb->weights[wi] = p;
+    return 0;
+}
+
+static int cpu_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    cb->arena_bytes = g->arena_bytes;
+    cb->arena = aligned_alloc(256, (g->arena_bytes + 255) / 256 * 256);
+    cb->n_layers = g->n_layers;
+    cb->kc = calloc((size_t)g->n_layers, sizeof *cb->kc);
+    cb->vc = calloc((size_t)g->n_layers, sizeof *cb->vc);
+    cb->n_events = g->n_events;
+    cb->ev_epoch = calloc((size_t)(g->n_events ? g->n_events : 1), sizeof *cb->ev_epoch);
+    if (!cb->arena || !cb->kc || !cb->vc || !cb->ev_epoch)
+        return msm_err_set(err, -ENOMEM, "out of memory for the arena (%zu bytes)", g->arena_bytes);
+    memset(cb->arena, 0, cb->arena_bytes);
+    size_t scratch = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const msm_node *n = &g->nodes[i];
+        size_t need = 0;
+        if (n->op == MSM_OP_ATTENTION) {
+            size_t kv = (size_t)n_kv_blocks * MSM_KV_BLOCK * (size_t)n->a[1] * (size_t)n->a[2];
+            if (!cb->kc[n->layer]) {
+                cb->kc[n->layer] = calloc(kv ? kv : 1, sizeof(float));
+                cb->vc[n->layer] = calloc(kv ? kv : 1, sizeof(float));
+                if (!cb->kc[n->layer] || !cb->vc[n->layer])
+                    return msm_err_set(err, -ENOMEM, "out of memory for the KV cache (%d blocks)", n_kv_blocks);
+            }
+            need = (size_t)g->max_T * (size_t)n->a[0] * (size_t)n->a[2];
+        } else if (n->op == MSM_OP_MOE_EXPERTS) {
+            need = 3 * (size_t)n->a[1];
+        } else if (n->op == MSM_OP_SAMPLE) {
+            need = 2 * (size_t)n->a[1];
+        }
+        if (need > scratch) scratch = need;
+    }
+    for (int s = 0; s < MSM_N_STREAMS; s++) {
+        cb->scratch[s] = malloc(sizeof(float) * (scratch ? scratch : 1));
+        if (!cb->scratch[s]) return msm_err_set(err, -ENOMEM, "out of memory for scratch");
+    }
+    if (!cb->started) {
+        if (pthread_create(&cb->worker, NULL, aux_main, cb) != 0)
+            return msm_err_set(err, -EAGAIN, "cannot start the aux stream thread");
+        cb->started = true;
+    }
+    return 0;
+}
+
+static int cpu_write(msm_backend *b, size_t off, const void *src, size_t n, msm_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (off + n > cb->arena_bytes) return msm_err_set(err, -EINVAL, "arena write out of range");
+    memcpy(cb->arena + off, src, n);
+    return 0;
+}
+
+static int cpu_read(msm_backend *b, size_t off, void *dst, size_t n, msm_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (off + n > cb->arena_bytes) return msm_err_set(err, -EINVAL, "arena read out of range");
+    memcpy(dst, cb->arena + off, n);
+    return 0;
+}
+
+static void cpu_free(msm_backend *b) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (cb->started) {
+        pthread_mutex_lock(&cb->mu);
+        cb->quit = true;
+        pthread_cond_broadcast(&cb->cv);
+        pthread_mutex_unlock(&cb->mu);
+        pthread_join(cb->worker, NULL);
+    }
+    for (int i = 0; i < cb->n_weights; i++) free(cb->weights[i]);
+    free(cb->weights);
+    for (int l = 0; cb->kc && l < cb->n_layers; l++) {
+        free(cb->kc[l]);
+        free(cb->vc[l]);
+    }
+    free(cb->kc);
+    free(cb->vc);
+    for (int s = 0; s < MSM_N_STREAMS; s++) free(cb->scratch[s]);
+    free(cb->arena);
+    free(cb->ev_epoch);
+    free(cb->q);
+    pthread_mutex_destroy(&cb->mu);
+    pthread_cond_destroy(&cb->cv);
+    free(cb);
+}
+
+static const msm_backend_vt cpu_vt = {
+    .name = "cpu", .free = cpu_free, .load_weight = cpu_load_weight, .prepare = cpu_prepare,
+    .write = cpu_write, .read = cpu_read, .begin = cpu_begin, .run = cpu_run,
+    .record = cpu_record, .wait = cpu_wait, .sync = cpu_sync,
+};
+
+int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, msm_backend **ret, msm_err *err) {
+    cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) return msm_err_set(err, -ENOMEM, "out of memory for the cpu backend");
+    cb->b = (msm_backend){.vt = &cpu_vt, .comm = comm, .rank = rank, .deadline_ms = deadline_ms};
+    pthread_mutex_init(&cb->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&cb->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    *ret = &cb->b;
+    return 0;
+}

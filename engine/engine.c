@@ -1,0 +1,394 @@
+/* msm_engine: one TP group. One thread per rank owns that rank's backend (its device, streams,
+ * weights, arena); the caller's thread posts a step, every rank executes its verified graph, and
+ * rank 0's outputs are returned. Start-up: each rank builds its plain graph, applies the passes,
+ * plans and verifies, loads its weight shard, and the ranks all-gather their collective-sequence
+ * hashes (verifier rule V4) through the group's own communicator before serving. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "msm_backend.h"
+#include "msm_comm.h"
+#include "msm_engine.h"
+#include "msm_graph.h"
+#include "msm_pass.h"
+#include "msm_safetensors.h"
+#include "msm_weights.h"
+
+typedef struct rank_ctx {
+    struct msm_engine *e;
+    int rank;
+    pthread_t thread;
+    bool started;
+    msm_backend *be;
+    msm_graph *plain, *graph;
+    int r;          /* result of the last command */
+    msm_err err;
+} rank_ctx;
+
+enum { CMD_NONE, CMD_INIT, CMD_STEP, CMD_QUIT };
+
+struct msm_engine {
+    msm_engine_opts o;
+    msm_model_config cfg;
+    msm_kv_pool *kv;
+    msm_comm_group *comm;
+    msm_safetensors *st;
+    rank_ctx *ranks;
+    int tp;
+    /* command channel */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t cmd_gen;
+    int cmd, n_done;
+    msm_step_dims dims;
+    /* host staging of step inputs (rank threads copy these into their arenas) */
+    int32_t *tokens, *pos, *seq, *slot, *btab, *out_rows;
+    msm_sample_params *sparams;
+    int32_t *sampled, *seq_tokens;
+    float *logits_dev;  /* [R, vocab_pad] read from rank 0 */
+    float *logits_out;  /* [rows, vocab] returned */
+    int *row_of_seq;    /* last output row of each seq */
+    int max_blocks;
+};
+
+void msm_engine_opts_default(msm_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->backend = MSM_BACKEND_CPU;
+    o->tp = 1;
+    o->multi_stream = true;
+    o->fuse_allreduce = true;
+    o->kv_blocks = 1024;
+    o->max_step_tokens = 512;
+    o->max_seqs = 64;
+    o->deadline_ms = 30000;
+    o->cuda_graphs = true;
+    o->test_skew_rank = -1;
+}
+
+static int rank_init(rank_ctx *rc) {
+    msm_engine *e = rc->e;
+    msm_err *err = &rc->err;
+    msm_build_opts bo = {.max_T = e->o.max_step_tokens, .max_S = e->o.max_seqs, .max_blocks = e->max_blocks};
+    int r = msm_graph_build(&e->cfg, rc->rank, e->tp, &bo, &rc->plain, err);
+    if (r) return r;
+    msm_pass_opts po = {.fuse_allreduce = e->o.fuse_allreduce, .multi_stream = e->o.multi_stream,
+                        .test_buggy_placement = e->o.test_buggy_placement,
+                        .test_skip_verify = e->o.test_skip_verify};
+    r = msm_passes_apply(rc->plain, &po, &rc->graph, err);
+    if (r) return r;
+    if (e->o.backend != MSM_BACKEND_CPU)
+        return msm_err_set(err, -ENOTSUP, "the CUDA backend is not available in this build");
+    r = msm_backend_cpu_new(msm_comm_group_rank(e->comm, rc->rank), rc->rank, e->o.deadline_ms, &rc->be, err);
+    if (r) return r;
+    if (e->o.test_skew_us > 0) {
+        /* test-only: alternate ranks delay different streams, so misplaced collectives are
+         * issued in different orders on different ranks */
+        rc->be->skew_us = e->o.test_skew_us;
+        rc->be->skew_stream = rc->rank % 2 ? MSM_STREAM_MAIN : MSM_STREAM_AUX;
+    }
+    r = rc->be->vt->prepare(rc->be, rc->graph, e->o.kv_blocks, err);
+    if (r) return r;
+    r = e->st ? msm_weights_load(rc->plain, e->st, rc->be, err)
+              : msm_weights_dummy(rc->plain, e->o.dummy_seed, rc->be, err);
+    if (r) return r;
+    /* V4: every rank must issue the same collective sequence */
+    uint64_t h = msm_graph_collective_hash(rc->graph), *all = calloc((size_t)e->tp, sizeof *all);
+    if (!all) return msm_err_set(err, -ENOMEM, "out of memory");
+    r = msm_comm_allgather(msm_comm_group_rank(e->comm, rc->rank), &h, all, 1, sizeof h, err);
+    for (int q = 0; r == 0 && q < e->tp; q++)
+        if (all[q] != h)
+            r = msm_err_set(err, -EPROTO, "graph verify V4: rank %d's collective sequence hash "
+                                          "%016llx differs from rank %d's %016llx; refusing to serve",
+                            rc->rank, (unsigned long long)h, q, (unsigned long long)all[q]);
+    free(all);
+    return r;
+}
+
+static int rank_step(rank_ctx *rc) {
+    msm_engine *e = rc->e;
+    const msm_graph *g = rc->graph;
+    msm_backend *b = rc->be;
+    msm_err *err = &rc->err;
+    const msm_step_dims *d = &e->dims;
+    struct { int v; const void *src; size_t bytes; } in[] = {
+        {g->v_tokens, e->tokens, sizeof(int32_t) * (size_t)d->T},
+        {g->v_pos, e->pos, sizeof(int32_t) * (size_t)d->T},
+        {g->v_seq, e->seq, sizeof(int32_t) * (size_t)d->T},
+        {g->v_slot, e->slot, sizeof(int32_t) * (size_t)d->T},
+        {g->v_btab, e->btab, sizeof(int32_t) * (size_t)d->S * (size_t)e->max_blocks},
+        {g->v_out_rows, e->out_rows, sizeof(int32_t) * (size_t)d->R},
+        {g->v_sparams, e->sparams, sizeof(msm_sample_params) * (size_t)d->R},
+    };
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+        int r = b->vt->write(b, g->vals[in[i].v].offset, in[i].src, in[i].bytes, err);
+        if (r) return r;
+    }
+    int r = msm_exec_step(b, g, d, err);
+    if (r || rc->rank != 0) return r;
+    r = b->vt->read(b, g->vals[g->v_sampled].offset, e->sampled, sizeof(int32_t) * (size_t)d->R, err);
+    if (r == 0 && e->logits_dev)
+        r = b->vt->read(b, g->vals[g->v_logits].offset, e->logits_dev,
+                        sizeof(float) * (size_t)d->R * (size_t)g->vocab_pad, err);
+    return r;
+}
+
+static void *rank_main(void *arg) {
+    rank_ctx *rc = arg;
+    msm_engine *e = rc->e;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (e->cmd_gen == seen) pthread_cond_wait(&e->cv, &e->mu);
+        seen = e->cmd_gen;
+        int cmd = e->cmd;
+        pthread_mutex_unlock(&e->mu);
+        if (cmd == CMD_QUIT) break;
+        rc->r = cmd == CMD_INIT ? rank_init(rc) : rank_step(rc);
+        pthread_mutex_lock(&e->mu);
+        e->n_done++;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+    }
+    return NULL;
+}
+
+/* Posts a command to every rank and waits for all; returns the first failure. */
+static int run_cmd(msm_engine *e, int cmd, msm_err *err) {
+    pthread_mutex_lock(&e->mu);
+    e->cmd = cmd;
+    e->n_done = 0;
+    e->cmd_gen++;
+    pthread_cond_broadcast(&e->cv);
+    while (e->n_done < e->tp) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    /* report the root cause: a rank's own failure before another rank's time-out */
+    int r = 0, best = -1;
+    for (int q = 0; q < e->tp; q++) {
+        if (!e->ranks[q].r) continue;
+        if (best < 0 || (e->ranks[best].r == -ETIMEDOUT && e->ranks[q].r != -ETIMEDOUT)) best = q;
+    }
+    if (best >= 0) {
+        r = e->ranks[best].r;
+        if (err) *err = e->ranks[best].err;
+    }
+    return r;
+}
+
+int msm_engine_new(const msm_engine_opts *o, msm_engine **ret, msm_err *err) {
+    msm_engine *e = calloc(1, sizeof *e);
+    if (!e) return msm_err_set(err, -ENOMEM, "out of memory");
+    e->o = *o;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    int r;
+    if (o->model_dir) {
+        r = msm_model_config_load(o->model_dir, &e->cfg, err);
+        if (r == 0) r = msm_safetensors_open_dir(o->model_dir, &e->st, err);
+    } else if (o->dummy_preset) {
+        r = msm_model_config_load(o->dummy_preset, &e->cfg, err);
+    } else {
+        r = msm_err_set(err, -EINVAL, "no model: give a model directory or a dummy-weights preset");
+    }
+    if (r) goto fail;
+    if (o->tp < 1 || o->tp > 64) {
+        r = msm_err_set(err, -EINVAL, "tp must be between 1 and 64, got %d", o->tp);
+        goto fail;
+    }
+    if (o->max_step_tokens < 1 || o->max_seqs < 1 || o->kv_blocks < 2 || o->deadline_ms < 1) {
+        r = msm_err_set(err, -EINVAL, "engine limits must be positive (max_step_tokens %d, max_seqs "
+                                      "%d, kv_blocks %d)", o->max_step_tokens, o->max_seqs, o->kv_blocks);
+        goto fail;
+    }
+    if (e->o.max_context <= 0 || e->o.max_context > e->cfg.max_position)
+        e->o.max_context = e->cfg.max_position < 32768 ? e->cfg.max_position : 32768;
+    e->max_blocks = msm_kv_blocks_for(e->o.max_context);
+    e->tp = o->tp;
+    int T = e->o.max_step_tokens, S = e->o.max_seqs;
+    e->tokens = calloc((size_t)T, sizeof(int32_t));
+    e->pos = calloc((size_t)T, sizeof(int32_t));
+    e->seq = calloc((size_t)T, sizeof(int32_t));
+    e->slot = calloc((size_t)T, sizeof(int32_t));
+    e->out_rows = calloc((size_t)T, sizeof(int32_t));
+    e->sampled = calloc((size_t)T, sizeof(int32_t));
+    e->row_of_seq = calloc((size_t)S, sizeof(int));
+    e->seq_tokens = calloc((size_t)S, sizeof(int32_t));
+    e->btab = calloc((size_t)S * (size_t)e->max_blocks, sizeof(int32_t));
+    e->sparams = calloc((size_t)T, sizeof(msm_sample_params));
+    e->ranks = calloc((size_t)e->tp, sizeof *e->ranks);
+    if (!e->tokens || !e->pos || !e->seq || !e->slot || !e->out_rows || !e->sampled ||
+        !e->row_of_seq || !e->seq_tokens || !e->btab || !e->sparams || !e->ranks) {
+        r = msm_err_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    r = msm_kv_pool_new(o->kv_blocks, &e->kv);
+    if (r == 0) r = msm_comm_group_new(e->tp, o->deadline_ms, &e->comm);
+    if (r) {
+        msm_err_set(err, r, "cannot create the KV pool or the host communicator");
+        goto fail;
+    }
+    for (int q = 0; q < e->tp; q++) {
+        e->ranks[q].e = e;
+        e->ranks[q].rank = q;
+        if (pthread_create(&e->ranks[q].thread, NULL, rank_main, &e->ranks[q]) != 0) {
+            r = msm_err_set(err, -EAGAIN, "cannot start rank thread %d", q);
+            goto fail;
+        }
+        e->ranks[q].started = true;
+    }
+    r = run_cmd(e, CMD_INIT, err);
+    if (r) goto fail;
+    *ret = e;
+    return 0;
+fail:
+    msm_engine_free(e);
+    return r;
+}
+
+void msm_engine_free(msm_engine *e) {
+    if (!e) return;
+    if (e->ranks) {
+        bool any = false;
+        for (int q = 0; q < e->tp; q++) any |= e->ranks[q].started;
+        if (any) {
+            pthread_mutex_lock(&e->mu);
+            e->cmd = CMD_QUIT;
+            e->cmd_gen++;
+            pthread_cond_broadcast(&e->cv);
+            pthread_mutex_unlock(&e->mu);
+        }
+        for (int q = 0; q < e->tp; q++) {
+            rank_ctx *rc = &e->ranks[q];
+            if (rc->started) pthread_join(rc->thread, NULL);
+            msm_backend_free(rc->be);
+            msm_graph_free(rc->graph);
+            msm_graph_free(rc->plain);
+        }
+    }
+    free(e->ranks);
+    msm_comm_group_free(e->comm);
+    msm_kv_pool_free(e->kv);
+    msm_safetensors_free(e->st);
+    free(e->tokens);
+    free(e->pos);
+    free(e->seq);
+    free(e->slot);
+    free(e->out_rows);
+    free(e->sampled);
+    free(e->row_of_seq);
+    free(e->seq_tokens);
+    free(e->btab);
+    free(e->sparams);
+    free(e->logits_dev);
+    free(e->logits_out);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+const msm_model_config *msm_engine_model(const msm_engine *e) { return &e->cfg; }
+const msm_engine_opts *msm_engine_options(const msm_engine *e) { return &e->o; }
+const char *msm_engine_backend_name(const msm_engine *e) {
+    return e->o.backend == MSM_BACKEND_CUDA ? "cuda" : "cpu";
+}
+msm_kv_pool *msm_engine_kv(msm_engine *e) { return e->kv; }
+
+int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_step_out *ret,
+                    msm_err *err) {
+    const msm_model_config *c = &e->cfg;
+    if (n_seqs < 1 || n_seqs > e->o.max_seqs)
+        return msm_err_set(err, -EINVAL, "a step carries 1..%d sequences, got %d", e->o.max_seqs, n_seqs);
+    int T = 0, R = 0, want_rows = 0, total_blocks = msm_kv_pool_total(e->kv) + 1;
+    bool logits = false;
+    for (int s = 0; s < n_seqs; s++) {
+        const msm_step_seq *q = &seqs[s];
+        if (q->n_tokens < 1 || !q->tokens)
+            return msm_err_set(err, -EINVAL, "sequence %d of the step has no tokens", s);
+        if (q->pos0 < 0 || q->pos0 + q->n_tokens > e->o.max_context)
+            return msm_err_set(err, -EINVAL, "sequence %d: positions %d..%d exceed the context limit %d",
+                               s, q->pos0, q->pos0 + q->n_tokens - 1, e->o.max_context);
+        if (q->output < 0 || q->output > 2)
+            return msm_err_set(err, -EINVAL, "sequence %d: output must be 0, 1 or 2", s);
+        int need = msm_kv_blocks_for(q->pos0 + q->n_tokens);
+        if (q->n_blocks < need || q->n_blocks > e->max_blocks || !q->blocks)
+            return msm_err_set(err, -EINVAL, "sequence %d: needs %d KV blocks for %d tokens, got %d (max %d)",
+                               s, need, q->pos0 + q->n_tokens, q->n_blocks, e->max_blocks);
+        for (int b = 0; b < need; b++)
+            if (q->blocks[b] < 1 || q->blocks[b] >= total_blocks)
+                return msm_err_set(err, -EINVAL, "sequence %d: KV block id %d out of range 1..%d", s,
+                                   q->blocks[b], total_blocks - 1);
+        for (int t = 0; t < q->n_tokens; t++)
+            if (q->tokens[t] < 0 || q->tokens[t] >= c->vocab)
+                return msm_err_set(err, -EINVAL, "sequence %d: token id %d at index %d is outside the "
+                                                 "vocabulary (0..%d)", s, q->tokens[t], t, c->vocab - 1);
+        T += q->n_tokens;
+        R += q->output == 2 ? q->n_tokens : q->output == 1 ? 1 : 0;
+        want_rows += q->output == 2 ? q->n_tokens : (q->output == 1 && q->want_logits) ? 1 : 0;
+        logits |= q->output == 2 || (q->output == 1 && q->want_logits);
+    }
+    if (T > e->o.max_step_tokens)
+        return msm_err_set(err, -EINVAL, "the step carries %d tokens, more than max_step_tokens %d", T,
+                           e->o.max_step_tokens);
+    /* flatten */
+    int t = 0, row = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const msm_step_seq *q = &seqs[s];
+        memset(e->btab + (size_t)s * e->max_blocks, 0, sizeof(int32_t) * (size_t)e->max_blocks);
+        memcpy(e->btab + (size_t)s * e->max_blocks, q->blocks,
+               sizeof(int32_t) * (size_t)msm_kv_blocks_for(q->pos0 + q->n_tokens));
+        e->row_of_seq[s] = -1;
+        for (int i = 0; i < q->n_tokens; i++, t++) {
+            int p = q->pos0 + i;
+            e->tokens[t] = q->tokens[i];
+            e->pos[t] = p;
+            e->seq[t] = s;
+            e->slot[t] = q->blocks[p / MSM_KV_BLOCK] * MSM_KV_BLOCK + p % MSM_KV_BLOCK;
+            bool out = q->output == 2 || (q->output == 1 && i == q->n_tokens - 1);
+            if (out) {
+                e->out_rows[row] = t;
+                e->sparams[row] = q->sampling;
+                e->row_of_seq[s] = row;
+                row++;
+            }
+        }
+    }
+    if (R == 0) { /* nothing to sample: still run (KV must be written), with one dummy row */
+        e->out_rows[0] = 0;
+        memset(&e->sparams[0], 0, sizeof e->sparams[0]);
+        R = 1;
+    }
+    int vpad = e->ranks[0].graph->vocab_pad;
+    free(e->logits_dev);
+    e->logits_dev = NULL;
+    if (logits) {
+        e->logits_dev = malloc(sizeof(float) * (size_t)R * (size_t)vpad);
+        float *lo = realloc(e->logits_out, sizeof(float) * (size_t)(want_rows ? want_rows : 1) * (size_t)c->vocab);
+        if (!e->logits_dev || !lo) return msm_err_set(err, -ENOMEM, "out of memory for logits");
+        e->logits_out = lo;
+    }
+    e->dims = (msm_step_dims){.T = T, .R = R, .S = n_seqs};
+    int r = run_cmd(e, CMD_STEP, err);
+    if (r) return r;
+    int orow = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const msm_step_seq *q = &seqs[s];
+        e->seq_tokens[s] = q->output ? e->sampled[e->row_of_seq[s]] : -1;
+        if (!logits) continue;
+        int first = q->output == 2 ? e->row_of_seq[s] - q->n_tokens + 1 : e->row_of_seq[s];
+        int n = q->output == 2 ? q->n_tokens : (q->output == 1 && q->want_logits) ? 1 : 0;
+        for (int i = 0; i < n; i++, orow++)
+            memcpy(e->logits_out + (size_t)orow * c->vocab, e->logits_dev + (size_t)(first + i) * vpad,
+                   sizeof(float) * (size_t)c->vocab);
+    }
+    ret->tokens = e->seq_tokens;
+    ret->logits = logits ? e->logits_out : NULL;
+    ret->n_rows = want_rows;
+    return 0;
+}
+
+int msm_engine_dump_graph(msm_engine *e, int rank, FILE *out) {
+    if (rank < 0 || rank >= e->tp) return -EINVAL;
+    msm_graph_dump(e->ranks[rank].graph, out);
+    return 0;
+}

@@ -1,0 +1,282 @@
+/* msm_graph: IR containers, structural equality, the arena planner and the schedule dump. */
+#include "msm_graph.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *op_names[] = {
+#define MSM_OP_NAME(n) #n,
+    MSM_OPS(MSM_OP_NAME)
+#undef MSM_OP_NAME
+};
+
+const char *msm_op_name(msm_op op) { return (unsigned)op < MSM_OP_COUNT ? op_names[op] : "?"; }
+
+const char *msm_stream_name(msm_stream s) { return s == MSM_STREAM_AUX ? "aux" : "main"; }
+
+bool msm_op_is_collective(msm_op op) { return op == MSM_OP_ALLREDUCE || op == MSM_OP_ALLGATHER; }
+
+msm_graph *msm_graph_new(int rank, int tp) {
+    msm_graph *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->rank = rank;
+    g->tp = tp;
+    g->owns_weights = true;
+    g->v_tokens = g->v_pos = g->v_seq = g->v_slot = g->v_btab = -1;
+    g->v_out_rows = g->v_sparams = g->v_logits = g->v_sampled = -1;
+    return g;
+}
+
+void msm_graph_free(msm_graph *g) {
+    if (!g) return;
+    if (g->owns_weights) {
+        for (int i = 0; i < g->n_weights; i++) free(g->weights[i].parts);
+        free(g->weights);
+    }
+    free(g->vals);
+    free(g->nodes);
+    free(g);
+}
+
+msm_graph *msm_graph_clone(const msm_graph *g) {
+    msm_graph *c = malloc(sizeof *c);
+    if (!c) return NULL;
+    *c = *g;
+    c->owns_weights = false;
+    c->vals = malloc(sizeof *c->vals * (size_t)(g->cap_vals ? g->cap_vals : 1));
+    c->nodes = malloc(sizeof *c->nodes * (size_t)(g->cap_nodes ? g->cap_nodes : 1));
+    if (!c->vals || !c->nodes) {
+        free(c->vals);
+        free(c->nodes);
+        free(c);
+        return NULL;
+    }
+    memcpy(c->vals, g->vals, sizeof *c->vals * (size_t)g->n_vals);
+    memcpy(c->nodes, g->nodes, sizeof *c->nodes * (size_t)g->n_nodes);
+    return c;
+}
+
+int msm_graph_value(msm_graph *g, const char *name, msm_dtype dt, msm_rows rows, int cols) {
+    if (g->n_vals == g->cap_vals) {
+        int cap = g->cap_vals ? g->cap_vals * 2 : 64;
+        msm_value *v = realloc(g->vals, sizeof *v * (size_t)cap);
+        if (!v) return -ENOMEM;
+        g->vals = v;
+        g->cap_vals = cap;
+    }
+    msm_value *v = &g->vals[g->n_vals];
+    memset(v, 0, sizeof *v);
+    snprintf(v->name, sizeof v->name, "%s", name);
+    v->dtype = dt;
+    v->rows = rows;
+    v->fixed_rows = 1;
+    v->cols = cols;
+    return g->n_vals++;
+}
+
+int msm_graph_insert(msm_graph *g, int at, const msm_node *n) {
+    if (g->n_nodes == g->cap_nodes) {
+        int cap = g->cap_nodes ? g->cap_nodes * 2 : 128;
+        msm_node *nn = realloc(g->nodes, sizeof *nn * (size_t)cap);
+        if (!nn) return -ENOMEM;
+        g->nodes = nn;
+        g->cap_nodes = cap;
+    }
+    memmove(&g->nodes[at + 1], &g->nodes[at], sizeof *n * (size_t)(g->n_nodes - at));
+    g->nodes[at] = *n;
+    g->n_nodes++;
+    return at;
+}
+
+int msm_graph_add(msm_graph *g, const msm_node *n) { return msm_graph_insert(g, g->n_nodes, n); }
+
+static bool node_equal(const msm_node *a, const msm_node *b) {
+    if (a->op != b->op || a->stream != b->stream || a->role != b->role || a->layer != b->layer ||
+        a->n_in != b->n_in || a->n_out != b->n_out || a->event != b->event || a->f != b->f)
+        return false;
+    for (int i = 0; i < a->n_in; i++)
+        if (a->in[i] != b->in[i]) return false;
+    for (int i = 0; i < a->n_out; i++)
+        if (a->out[i] != b->out[i]) return false;
+    return memcmp(a->w, b->w, sizeof a->w) == 0 && memcmp(a->a, b->a, sizeof a->a) == 0;
+}
+
+bool msm_graph_equal(const msm_graph *a, const msm_graph *b) {
+    if (a->n_nodes != b->n_nodes || a->n_vals != b->n_vals || a->n_events != b->n_events)
+        return false;
+    for (int i = 0; i < a->n_nodes; i++)
+        if (!node_equal(&a->nodes[i], &b->nodes[i])) return false;
+    for (int i = 0; i < a->n_vals; i++) {
+        const msm_value *x = &a->vals[i], *y = &b->vals[i];
+        if (x->dtype != y->dtype || x->rows != y->rows || x->cols != y->cols ||
+            strcmp(x->name, y->name) != 0)
+            return false;
+    }
+    return true;
+}
+
+size_t msm_value_rows(const msm_value *v, int T, int R, int S) {
+    switch (v->rows) {
+    case MSM_ROWS_T: return (size_t)T;
+    case MSM_ROWS_R: return (size_t)R;
+    case MSM_ROWS_S: return (size_t)S;
+    default: return (size_t)v->fixed_rows;
+    }
+}
+
+size_t msm_value_bytes_max(const msm_graph *g, const msm_value *v) {
+    return msm_value_rows(v, g->max_T, g->max_R, g->max_S) * (size_t)v->cols *
+           msm_dtype_size(v->dtype);
+}
+
+/* ---- planner ---------------------------------------------------------------------------- */
+
+typedef struct interval {
+    int v, start, end;
+    size_t bytes;
+} interval;
+
+static int cmp_start(const void *a, const void *b) {
+    const interval *x = a, *y = b;
+    if (x->start != y->start) return x->start - y->start;
+    return x->v - y->v;
+}
+
+#define ALIGN 256
+
+int msm_graph_plan(msm_graph *g, msm_err *err) {
+    int nv = g->n_vals, nn = g->n_nodes;
+    interval *iv = calloc((size_t)nv, sizeof *iv);
+    if (!iv) return -ENOMEM;
+    for (int v = 0; v < nv; v++) {
+        iv[v].v = v;
+        iv[v].start = g->vals[v].io ? -1 : nn;
+        iv[v].end = g->vals[v].io ? nn : -1;
+        iv[v].bytes = (msm_value_bytes_max(g, &g->vals[v]) + ALIGN - 1) / ALIGN * ALIGN;
+    }
+    /* Index of the next EVENT_WAIT on MAIN at or after node i (the join of an aux region). */
+    int *next_join = malloc(sizeof(int) * (size_t)(nn + 1));
+    if (!next_join) {
+        free(iv);
+        return -ENOMEM;
+    }
+    int *prev_fork = malloc(sizeof(int) * (size_t)(nn + 1));
+    if (!prev_fork) {
+        free(iv);
+        free(next_join);
+        return -ENOMEM;
+    }
+    next_join[nn] = nn;
+    for (int i = nn - 1; i >= 0; i--) {
+        const msm_node *n = &g->nodes[i];
+        next_join[i] = (n->op == MSM_OP_EVENT_WAIT && n->stream == MSM_STREAM_MAIN) ? i : next_join[i + 1];
+    }
+    for (int i = 0, last = 0; i < nn; i++) {
+        const msm_node *n = &g->nodes[i];
+        if (n->op == MSM_OP_EVENT_RECORD && n->stream == MSM_STREAM_MAIN) last = i;
+        prev_fork[i] = last;
+    }
+    for (int i = 0; i < nn; i++) {
+        const msm_node *n = &g->nodes[i];
+        int ids[MSM_NODE_MAX_IN + 2], k = 0;
+        for (int j = 0; j < n->n_in; j++) ids[k++] = n->in[j];
+        for (int j = 0; j < n->n_out; j++) ids[k++] = n->out[j];
+        for (int j = 0; j < k; j++) {
+            interval *t = &iv[ids[j]];
+            if (g->vals[ids[j]].io) continue;
+            /* an aux node runs at some time between its region's fork and join */
+            int start = n->stream == MSM_STREAM_AUX ? prev_fork[i] : i;
+            int end = n->stream == MSM_STREAM_AUX ? next_join[i] : i;
+            if (start < t->start) t->start = start;
+            if (end > t->end) t->end = end;
+        }
+    }
+    /* A value touched on the aux stream is live from its region's fork to its join, so no
+     * main-stream value of that window can share its bytes. */
+    free(next_join);
+    free(prev_fork);
+
+    qsort(iv, (size_t)nv, sizeof *iv, cmp_start);
+    /* first-fit over the live set, in order of start */
+    typedef struct { size_t off, bytes; int end; } live_t;
+    live_t *live = malloc(sizeof *live * (size_t)(nv ? nv : 1));
+    if (!live) {
+        free(iv);
+        return -ENOMEM;
+    }
+    int n_live = 0;
+    size_t top = 0;
+    for (int a = 0; a < nv; a++) {
+        interval *t = &iv[a];
+        if (t->end < t->start) { /* unused value: give it a private slot anyway */
+            t->start = t->end = nn;
+        }
+        /* retire values dead before this one starts */
+        int w = 0;
+        for (int j = 0; j < n_live; j++)
+            if (live[j].end >= t->start) live[w++] = live[j];
+        n_live = w;
+        /* sort live by offset (insertion sort: small sets) */
+        for (int j = 1; j < n_live; j++) {
+            live_t x = live[j];
+            int q = j - 1;
+            while (q >= 0 && live[q].off > x.off) {
+                live[q + 1] = live[q];
+                q--;
+            }
+            live[q + 1] = x;
+        }
+        size_t off = 0;
+        for (int j = 0; j < n_live; j++) {
+            if (off + t->bytes <= live[j].off) break;
+            if (live[j].off + live[j].bytes > off) off = live[j].off + live[j].bytes;
+        }
+        g->vals[t->v].offset = off;
+        live[n_live++] = (live_t){off, t->bytes, t->end};
+        if (off + t->bytes > top) top = off + t->bytes;
+    }
+    free(live);
+    free(iv);
+    g->arena_bytes = top ? top : ALIGN;
+    (void)err;
+    return 0;
+}
+
+/* ---- dump ---------------------------------------------------------------------------------- */
+
+void msm_graph_dump(const msm_graph *g, FILE *out) {
+    fprintf(out, "# rank %d of %d: %d nodes, %d values, arena %zu bytes\n", g->rank, g->tp,
+            g->n_nodes, g->n_vals, g->arena_bytes);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const msm_node *n = &g->nodes[i];
+        char layer[16];
+        if (n->layer >= 0) snprintf(layer, sizeof layer, "L%d", n->layer);
+        else snprintf(layer, sizeof layer, "-");
+        fprintf(out, "%-4s %-4s %-12s", layer, msm_stream_name(n->stream), msm_op_name(n->op));
+        if (n->op == MSM_OP_EVENT_RECORD || n->op == MSM_OP_EVENT_WAIT) {
+            fprintf(out, " ev%d\n", n->event);
+            continue;
+        }
+        for (int j = 0; j < n->n_in; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->in[j]].name);
+        fprintf(out, " ->");
+        for (int j = 0; j < n->n_out; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->out[j]].name);
+        fputc('\n', out);
+    }
+}
+
+uint64_t msm_graph_collective_hash(const msm_graph *g) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over (op, dtype, cols) */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const msm_node *n = &g->nodes[i];
+        if (!msm_op_is_collective(n->op)) continue;
+        const msm_value *v = &g->vals[n->in[0]];
+        uint64_t fields[4] = {(uint64_t)n->op, (uint64_t)v->dtype, (uint64_t)v->cols, (uint64_t)v->rows};
+        for (int k = 0; k < 4; k++)
+            for (int b = 0; b < 8; b++) {
+                h ^= (fields[k] >> (8 * b)) & 0xff;
+                h *= 1099511628211ull;
+            }
+    }
+    return h;
+}

@@ -1,0 +1,174 @@
+/* msm_graph: the step graph IR.
+ *
+ * One decode or prefill step of one TP rank is a graph: an ordered list of nodes (the issue
+ * order) over values. A value has a dtype and a 2-D shape [rows, cols] whose rows are symbolic
+ * (the step's token count T, its output-row count R, or fixed); the planner gives every value a
+ * fixed byte offset in one arena, sized for the largest step, so captured CUDA graphs see stable
+ * addresses. A node has an op, inputs, outputs, weights, attributes, a layer, a role (which
+ * branch of the layer it belongs to, used by the passes) and a stream (MAIN or AUX).
+ * Cross-stream order is explicit: EVENT_RECORD on the producer's stream, EVENT_WAIT on the
+ * consumer's, exactly like CUDA events. Passes (msm_pass.h) rewrite graphs; the verifier proves
+ * the collective invariant before anything runs. */
+#ifndef MSM_GRAPH_H
+#define MSM_GRAPH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "msm_dtype.h"
+#include "msm_err.h"
+#include "msm_model_config.h"
+
+typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS } msm_stream;
+
+#define MSM_OPS(X)                                                                                 \
+    X(EMBED)        /* in: tokens            w: table [V,H]             out: [T,H] */            \
+    X(RMSNORM)      /* in: x [rows,C]        w: [C]                     out: same shape */       \
+    X(QK_NORM)      /* in: qkv               w: q_norm [hd], k_norm [hd] out: qkv */             \
+    X(LINEAR)       /* in: x [rows,K]        w: W [N,K] (+ bias [N])    out: [rows,N] */         \
+    X(ROPE)         /* in: qkv, pos          (q and k heads rotated)    out: qkv */              \
+    X(ATTENTION)    /* in: qkv, seq, pos, slot, block_tables (writes KV) out: [T, nh*hd] */      \
+    X(ADD)          /* in: a, b                                         out: a + b */            \
+    X(MUL)          /* in: x [rows,C], s [rows,1]                       out: x * s per row */    \
+    X(SIGMOID)      /* in: x                                            out: sigmoid(x) */       \
+    X(SWIGLU)       /* in: gu [rows, 2I]                                out: [rows, I] */        \
+    X(ROUTER_TOPK)  /* in: logits [T,E]                                 out: ids [T,k] i32, w [T,k] */ \
+    X(MOE_EXPERTS)  /* in: x, ids, w         w: gate_up [E,2I,H], down [E,H,I] out: [T,H] */      \
+    X(GATHER_ROWS)  /* in: x [T,C], rows [R] i32                        out: [R,C] */            \
+    X(ALLREDUCE)    /* in: partial [rows,C]                             out: sum over ranks */   \
+    X(ALLGATHER)    /* in: [rows,C]                                     out: [rows, C*tp] */      \
+    X(SAMPLE)       /* in: logits [R,Vpad], params [R]                  out: tokens [R] i32 */   \
+    X(EVENT_RECORD) /* event: records this stream's progress */                                  \
+    X(EVENT_WAIT)   /* event: this stream waits for the last record of the event */
+
+typedef enum msm_op {
+#define MSM_OP_ENUM(n) MSM_OP_##n,
+    MSM_OPS(MSM_OP_ENUM)
+#undef MSM_OP_ENUM
+    MSM_OP_COUNT
+} msm_op;
+
+/* Which part of a layer a node belongs to; the MoE passes find branches by role. */
+typedef enum msm_role {
+    MSM_ROLE_NONE = 0,
+    MSM_ROLE_ATTN,        /* attention block */
+    MSM_ROLE_MLP,         /* dense MLP block */
+    MSM_ROLE_ROUTED,      /* router + routed experts (+ their all-reduce) */
+    MSM_ROLE_SHARED,      /* the shared-expert branch (+ its gate, its all-reduce) */
+    MSM_ROLE_MOE_COMBINE, /* routed + shared */
+    MSM_ROLE_HEAD,        /* final norm, lm_head, sampling */
+} msm_role;
+
+/* Symbolic row counts of values. */
+typedef enum msm_rows {
+    MSM_ROWS_T = 0,  /* tokens in the step */
+    MSM_ROWS_R,      /* output rows (logits) in the step */
+    MSM_ROWS_S,      /* sequences in the step */
+    MSM_ROWS_FIXED,  /* `fixed_rows` */
+} msm_rows;
+
+typedef struct msm_value {
+    char name[40];
+    msm_dtype dtype;
+    msm_rows rows;
+    int fixed_rows;   /* rows when rows == MSM_ROWS_FIXED */
+    int cols;         /* elements per row (bytes per row for opaque structs: dtype I32 x cols) */
+    bool io;          /* a step input/output: pinned for the whole step, never reused */
+    size_t offset;    /* byte offset in the rank's arena (planner) */
+} msm_value;
+
+#define MSM_NODE_MAX_IN 6
+#define MSM_NODE_MAX_W 3
+
+typedef struct msm_node {
+    msm_op op;
+    msm_stream stream;
+    msm_role role;
+    int layer;                 /* -1 outside the layers */
+    int n_in, n_out;
+    int in[MSM_NODE_MAX_IN];   /* value ids */
+    int out[2];
+    int w[MSM_NODE_MAX_W];     /* weight ids, -1 when unused */
+    int event;                 /* EVENT_RECORD / EVENT_WAIT */
+    int a[4];                  /* op attributes (see msm_graph.c: attr names per op) */
+    float f;                   /* float attribute: eps (RMSNORM/QK_NORM), theta (ROPE), scale */
+} msm_node;
+
+/* One part of a weight: a block copied from a checkpoint tensor (rows x cols sub-matrix) into
+ * the weight at expert index `expert`, starting at row dst_row. */
+typedef struct msm_wpart {
+    char src[128];             /* checkpoint tensor name */
+    int64_t src_rows, src_cols;/* the checkpoint tensor's full shape (cols 1 for vectors) */
+    int src_ndim;
+    int expert, dst_row;
+    int64_t row0, n_rows, col0, n_cols;
+} msm_wpart;
+
+/* A weight of this rank: [n_expert, rows, cols] (n_expert 1 for plain matrices/vectors). */
+typedef struct msm_weight {
+    char name[96];
+    int n_expert, rows, cols;
+    bool is_norm;              /* RMSNorm weight (dummy init: ones) */
+    msm_wpart *parts;
+    int n_parts;
+} msm_weight;
+
+typedef struct msm_graph {
+    int rank, tp;
+    msm_value *vals;
+    int n_vals, cap_vals;
+    msm_node *nodes;
+    int n_nodes, cap_nodes;
+    msm_weight *weights;       /* shared (not copied) by graphs derived through passes */
+    int n_weights, cap_weights;
+    bool owns_weights;
+    int n_events;
+    /* step inputs and outputs (value ids) */
+    int v_tokens, v_pos, v_seq, v_slot, v_btab, v_out_rows, v_sparams, v_logits, v_sampled;
+    /* sizes the planner uses */
+    int max_T, max_R, max_S, max_blocks;
+    int vocab, vocab_pad;      /* logits: [R, vocab_pad]; the first `vocab` columns are real */
+    size_t arena_bytes;
+    int n_layers;
+} msm_graph;
+
+const char *msm_op_name(msm_op op);
+const char *msm_stream_name(msm_stream s);
+bool msm_op_is_collective(msm_op op);
+
+msm_graph *msm_graph_new(int rank, int tp);
+void msm_graph_free(msm_graph *g);
+/* Deep copy of nodes and values; the weight table is shared (owned by the original). */
+msm_graph *msm_graph_clone(const msm_graph *g);
+
+int msm_graph_value(msm_graph *g, const char *name, msm_dtype dt, msm_rows rows, int cols);
+int msm_graph_add(msm_graph *g, const msm_node *n);          /* returns the node index or -ENOMEM */
+int msm_graph_insert(msm_graph *g, int at, const msm_node *n);
+/* Structural equality (ops, streams, values, events, attributes) for idempotence tests. */
+bool msm_graph_equal(const msm_graph *a, const msm_graph *b);
+
+/* Value extent: rows for a step of T tokens, R output rows, S sequences. */
+size_t msm_value_rows(const msm_value *v, int T, int R, int S);
+size_t msm_value_bytes_max(const msm_graph *g, const msm_value *v);
+
+/* Liveness-based arena planning; values read or written on the AUX stream stay live until the
+ * join that ends their aux region, so no two streams ever share bytes concurrently. */
+int msm_graph_plan(msm_graph *g, msm_err *err);
+
+/* Prints one node a line: "L<layer> <stream> <OP> <inputs> -> <outputs>". */
+void msm_graph_dump(const msm_graph *g, FILE *out);
+
+/* Builds the plain TP graph of rank `rank` of `tp` (every row-parallel linear followed by its
+ * own ALLREDUCE). Refuses a tp that does not divide heads or intermediate sizes. */
+typedef struct msm_build_opts {
+    int max_T, max_S, max_blocks;
+} msm_build_opts;
+int msm_graph_build(const msm_model_config *c, int rank, int tp, const msm_build_opts *o,
+                    msm_graph **ret, msm_err *err);
+
+/* Hash of the collective sequence (op, dtype, cols) on the main stream in issue order. */
+uint64_t msm_graph_collective_hash(const msm_graph *g);
+
+#endif

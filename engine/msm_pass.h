@@ -1,0 +1,47 @@
+/* msm_pass: graph → graph rewrites and the verifier.
+ *
+ * Each pass is a pure function: it returns a new graph and leaves its input untouched, and it is
+ * idempotent (applying it to its own output changes nothing). msm_passes_apply runs the enabled
+ * passes in a fixed order, plans the arena, then verifies; a graph that fails verification is
+ * never run or captured. */
+#ifndef MSM_PASS_H
+#define MSM_PASS_H
+
+#include <stdbool.h>
+
+#include "msm_graph.h"
+
+/* Receives warnings of the passes (e.g. a skipped layer). */
+typedef void (*msm_warn_fn)(void *ud, const char *msg);
+
+typedef struct msm_pass_opts {
+    bool fuse_allreduce;   /* fuse_moe_allreduce */
+    bool multi_stream;     /* multi_stream_moe */
+    msm_warn_fn warn;
+    void *warn_ud;
+    /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)
+     * and skip the verifier so it runs. */
+    bool test_buggy_placement;
+    bool test_skip_verify;
+} msm_pass_opts;
+
+/* ALLREDUCE(routed) + ALLREDUCE(shared) → ALLREDUCE(routed + gate * shared) per MoE layer. */
+int msm_pass_fuse_moe_allreduce(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
+                                msm_err *err);
+
+/* Moves each MoE layer's shared-expert branch to the AUX stream, issued before the routed work,
+ * with fork/join events. A trailing collective stays on MAIN after the join; a collective in the
+ * middle of the branch makes the pass skip the layer (with a warning naming it). */
+int msm_pass_multi_stream_moe(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
+                              msm_err *err);
+
+/* V1 every collective on MAIN; V2 every cross-stream read covered by a RECORD after the producer
+ * and a WAIT before the reader; V3 every aux node joined into MAIN before the end; plus SSA and
+ * event sanity. The message names the first offending node. */
+int msm_graph_verify(const msm_graph *g, msm_err *err);
+
+/* Clone → enabled passes → plan → verify. */
+int msm_passes_apply(const msm_graph *plain, const msm_pass_opts *o, msm_graph **ret,
+                     msm_err *err);
+
+#endif

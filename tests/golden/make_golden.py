@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Build tiny random-weight MoE checkpoints and record HF transformers float32 golden logits.
+
+CI never runs this script; its outputs under tests/data/<variant>/ are committed.
+Run:  /root/venv/bin/python tests/golden/make_golden.py [--out tests/data] [--only NAME ...]
+
+Per variant directory:
+  config.json               transformers-5 style (rope_parameters, dtype) or Hub style
+                            (top-level rope_theta, torch_dtype) -- both are covered
+  generation_config.json    bos/eos ids
+  model.safetensors         bf16, per-expert Hub tensor names
+    or model.safetensors.index.json + model-0000K-of-0000N.safetensors (sharded variant)
+  golden.json               {"prompts": [[ids]], "generated": [[ids]], "files": ["logits_0.npy", ...], ...}
+  logits_K.npy              float32 [P+N-1, vocab] = HF logits of ONE forward over prompt + generated[:-1]
+
+Golden model = the bf16 checkpoint loaded back with dtype=float32 (weights are exactly the bf16
+values upcast), eval(), attn_implementation="eager", experts_implementation="eager".
+Greedy decoding is plain argmax over full (uncached) forwards.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+
+import numpy as np
+import torch
+import transformers as T
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+N_NEW = 16
+PROMPT_LENS = (1, 7, 19)
+
+VARIANTS = {
+    "qwen2moe-gqa": dict(
+        cls="Qwen2MoeForCausalLM", cfg="Qwen2MoeConfig", style="hf5", shard=None, seed=1, init=0.2,
+        kw=dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=4, head_dim=8, num_experts=8, num_experts_per_tok=2,
+                moe_intermediate_size=32, shared_expert_intermediate_size=64, intermediate_size=96,
+                decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=False,
+                tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "qwen2moe-mha-tied": dict(
+        cls="Qwen2MoeForCausalLM", cfg="Qwen2MoeConfig", style="hub", shard="250KB", seed=2, init=0.2,
+        kw=dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=4, head_dim=16, num_experts=8, num_experts_per_tok=4,
+                moe_intermediate_size=32, shared_expert_intermediate_size=64, intermediate_size=96,
+                decoder_sparse_step=2, mlp_only_layers=[], norm_topk_prob=True,
+                tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "qwen3moe": dict(
+        cls="Qwen3MoeForCausalLM", cfg="Qwen3MoeConfig", style="hf5", shard=None, seed=7, init=0.2,
+        kw=dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=4, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                moe_intermediate_size=32, intermediate_size=96, decoder_sparse_step=1, mlp_only_layers=[],
+                norm_topk_prob=True, tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "mixtral": dict(
+        cls="MixtralForCausalLM", cfg="MixtralConfig", style="hub", shard=None, seed=4, init=0.2,
+        kw=dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=4, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+                intermediate_size=32, tie_word_embeddings=False, sliding_window=None,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+}
+COMMON = dict(rms_norm_eps=1e-6, max_position_embeddings=512, hidden_act="silu")
+
+# Per-expert Hub names (what real checkpoints hold) and the fused names transformers 5 uses in memory.
+HUB_EXPERT_RE = re.compile(r"\.(mlp|block_sparse_moe)\.experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+FUSED_RE = re.compile(r"\.(mlp|block_sparse_moe)\.experts\.(gate_up_proj|down_proj)$")
+
+
+def randomize(model, gen, init):
+    """Non-trivial norms and biases so the engine must use them (HF init leaves them at 1 / 0)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif p.dim() >= 2:
+                p.copy_(init * torch.randn(p.shape, generator=gen))
+
+
+def st_files(d):
+    idx = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        return sorted(set(json.load(open(idx))["weight_map"].values()))
+    return ["model.safetensors"]
+
+
+def tensor_names(d):
+    out = {}
+    for fn in st_files(d):
+        with safe_open(os.path.join(d, fn), "pt") as f:
+            for k in f.keys():
+                sl = f.get_slice(k)
+                out[k] = (fn, sl.get_shape(), sl.get_dtype())
+    return out
+
+
+def unfuse_to_hub(d, family):
+    """Fallback: rewrite fused expert tensors into per-expert Hub names (bf16). Not needed with 5.24,
+    whose save_pretrained already writes the Hub layout, but kept in case a later version stops doing so."""
+    g, u, dn = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    for fn in st_files(d):
+        p = os.path.join(d, fn)
+        with safe_open(p, "pt") as f:
+            meta = f.metadata()
+            ts = {k: f.get_tensor(k) for k in f.keys()}
+        new = {}
+        for k, t in ts.items():
+            m = FUSED_RE.search(k)
+            if not m:
+                new[k] = t
+                continue
+            pre = k[: m.start()] + (".block_sparse_moe" if family == "mixtral" else ".mlp") + ".experts"
+            for e in range(t.shape[0]):
+                if m.group(2) == "gate_up_proj":
+                    gt, ut = t[e].chunk(2, dim=0)
+                    new[f"{pre}.{e}.{g}.weight"] = gt.contiguous().to(torch.bfloat16)
+                    new[f"{pre}.{e}.{u}.weight"] = ut.contiguous().to(torch.bfloat16)
+                else:
+                    new[f"{pre}.{e}.{dn}.weight"] = t[e].contiguous().to(torch.bfloat16)
+        save_file(new, p, metadata=meta or {"format": "pt"})
+    idx = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        j = json.load(open(idx))
+        wm = {}
+        for fn in st_files(d):
+            with safe_open(os.path.join(d, fn), "pt") as f:
+                for k in f.keys():
+                    wm[k] = fn
+        j["weight_map"] = dict(sorted(wm.items()))
+        json.dump(j, open(idx, "w"), indent=2)
+
+
+def to_hub_style(d):
+    p = os.path.join(d, "config.json")
+    c = json.load(open(p))
+    rp = c.pop("rope_parameters")
+    assert rp.get("rope_type", "default") == "default"
+    c["rope_theta"] = rp["rope_theta"]
+    c.pop("dtype", None)
+    c["torch_dtype"] = "bfloat16"
+    c.pop("layer_types", None)
+    c["transformers_version"] = "4.51.0"
+    json.dump(dict(sorted(c.items())), open(p, "w"), indent=2)
+
+
+def load_f32(d):
+    m = T.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager",
+                                               experts_implementation="eager")
+    return m.eval()
+
+
+def forward(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False).logits[0].float()
+
+
+def router_gaps(model, ids, topk):
+    """Smallest gap between the k-th and (k+1)-th router probability over all tokens/sparse layers."""
+    gaps = []
+    hooks = []
+
+    def hook(mod, inp, out):
+        logits = out[0] if isinstance(out, tuple) else out
+        pr = torch.softmax(logits.float(), dim=-1).sort(dim=-1, descending=True).values
+        if pr.shape[-1] > topk:
+            gaps.append((pr[:, topk - 1] - pr[:, topk]).min().item())
+
+    for name, mod in model.named_modules():
+        if name.endswith("mlp.gate") or name.endswith("block_sparse_moe.gate"):
+            hooks.append(mod.register_forward_hook(hook))
+    forward(model, ids)
+    for h in hooks:
+        h.remove()
+    return min(gaps) if gaps else None
+
+
+class Reject(Exception):
+    pass
+
+
+# Quality bars for a usable golden (random tiny models love to loop and to produce near-ties).
+MIN_DISTINCT = 6          # distinct tokens per 16-token greedy continuation
+MIN_LOGIT_GAP = 5e-3      # top1 - top2 logit at every greedy step
+MIN_ROUTER_GAP = 1e-4     # k-th minus (k+1)-th router softmax prob, every token and sparse layer
+
+
+def build(name, spec, outroot):
+    """Deterministic seed search: the first seed >= spec['seed'] whose goldens pass the quality bars."""
+    for seed in range(spec["seed"], spec["seed"] + 1000, 10):
+        try:
+            return attempt(name, spec, outroot, seed)
+        except Reject as e:
+            print(f"[{name}] seed {seed} rejected: {e}")
+    raise SystemExit(f"{name}: no acceptable seed")
+
+
+def attempt(name, spec, outroot, seed):
+    d = os.path.join(outroot, name)
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    cfg = getattr(T, spec["cfg"])(**spec["kw"], **COMMON, initializer_range=spec["init"],
+                                  bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = getattr(T, spec["cls"])(cfg)
+    randomize(model, torch.Generator().manual_seed(seed), spec["init"])
+    model = model.to(torch.bfloat16)
+    if spec["shard"]:
+        model.save_pretrained(d, max_shard_size=spec["shard"])
+    else:
+        model.save_pretrained(d)
+    for f in os.listdir(d):  # keep only what a Hub checkpoint dir would hold
+        if f not in ("config.json", "generation_config.json", "model.safetensors",
+                     "model.safetensors.index.json") and not re.match(r"model-\d+-of-\d+\.safetensors$", f):
+            os.remove(os.path.join(d, f))
+
+    family = "mixtral" if spec["cls"].startswith("Mixtral") else "qwen"
+    names = tensor_names(d)
+    if any(FUSED_RE.search(k) for k in names):
+        print(f"[{name}] fused expert tensors on disk -> rewriting to per-expert Hub layout")
+        unfuse_to_hub(d, family)
+        names = tensor_names(d)
+    assert not any(FUSED_RE.search(k) for k in names), "fused expert tensors remain"
+    assert any(HUB_EXPERT_RE.search(k) for k in names), "no per-expert tensors found"
+    assert all(v[2] == "BF16" for v in names.values()), "non-bf16 tensor on disk"
+    if spec["kw"].get("tie_word_embeddings"):
+        assert "lm_head.weight" not in names
+    if spec["shard"]:
+        assert len(st_files(d)) >= 2, f"expected >=2 shards, got {st_files(d)}"
+
+    # In-memory reference: a fresh float32 model holding the bf16 values upcast. (Not model.float():
+    # .to(bfloat16) also rounds the non-persistent RoPE inv_freq buffer, which .float() cannot undo.)
+    ref = getattr(T, spec["cls"])(cfg)
+    ref.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    ref.set_attn_implementation("eager")
+    ref.set_experts_implementation("eager")
+    ref.eval()
+
+    if spec["style"] == "hub":
+        to_hub_style(d)
+
+    golden = load_f32(d)
+    theta = spec["kw"]["rope_parameters"]["rope_theta"]
+    assert golden.config.rope_parameters["rope_theta"] == theta, golden.config.rope_parameters
+    probe = list(range(3, 40))
+    a, b = forward(ref, probe), forward(golden, probe)
+    assert torch.equal(a, b), f"reloaded checkpoint differs from in-memory model: {(a - b).abs().max()}"
+
+    rng = np.random.default_rng(seed + 100)
+    prompts, gens, files, gaps, rgaps = [], [], [], [], []
+    for k, plen in enumerate(PROMPT_LENS):
+        prompt = [int(x) for x in rng.integers(3, 256, size=plen)]
+        ids = list(prompt)
+        for _ in range(N_NEW):
+            ids.append(int(forward(golden, ids)[-1].argmax()))
+        gen = ids[len(prompt):]
+        full = prompt + gen[:-1]
+        logits = forward(golden, full).numpy().astype(np.float32)
+        assert logits.shape == (len(full), 256)
+        assert [int(x) for x in logits[len(prompt) - 1:].argmax(-1)] == gen, "one-forward argmax != greedy"
+        if len(set(gen)) < MIN_DISTINCT:
+            raise Reject(f"degenerate continuation {gen}")
+        top2 = np.sort(logits[len(prompt) - 1:], axis=-1)[:, -2:]
+        gaps.append(float((top2[:, 1] - top2[:, 0]).min()))
+        if gaps[-1] < MIN_LOGIT_GAP:
+            raise Reject(f"greedy logit gap {gaps[-1]:.2e}")
+        rg = router_gaps(golden, full, spec["kw"]["num_experts_per_tok"])
+        if rg < MIN_ROUTER_GAP:
+            raise Reject(f"router top-k gap {rg:.2e}")
+        rgaps.append(rg)
+        fn = f"logits_{k}.npy"
+        np.save(os.path.join(d, fn), np.ascontiguousarray(logits))
+        prompts.append(prompt)
+        gens.append(gen)
+        files.append(fn)
+        print(f"[{name}] prompt {k}: len {plen} gen {gen} logit std {logits.std():.3f} "
+              f"min greedy top1-top2 gap {gaps[-1]:.4f} min router k/k+1 prob gap {rg:.2e}")
+
+    eos = 2
+    if any(eos in g for g in gens):
+        raise Reject("eos produced during greedy decode")
+    gc = {"bos_token_id": 1, "eos_token_id": eos, "do_sample": False, "transformers_version": "5.24.0"}
+    json.dump(gc, open(os.path.join(d, "generation_config.json"), "w"), indent=2)
+    meta = {"prompts": prompts, "generated": gens, "files": files,
+            "architecture": spec["cls"], "config_style": spec["style"], "dtype_on_disk": "bfloat16",
+            "golden_dtype": "float32", "transformers": T.__version__, "torch": torch.__version__,
+            "logits_rows": "prompt + generated[:-1]; row P-1+j predicts generated[j]",
+            "min_greedy_logit_gap": min(gaps), "min_router_prob_gap": min(rgaps), "seed": seed,
+            "eos_token_id": eos}
+    with open(os.path.join(d, "golden.json"), "w") as f:  # one key per line, lists inline
+        f.write("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in meta.items()) + "\n}\n")
+    size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+    assert size < 1.5e6, f"{d} is {size} bytes"
+    print(f"[{name}] wrote {d} ({size} bytes): {sorted(os.listdir(d))}")
+    return d
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+    ap.add_argument("--only", nargs="*")
+    a = ap.parse_args()
+    torch.set_num_threads(1)  # deterministic reductions
+    for name, spec in VARIANTS.items():
+        if a.only and name not in a.only:
+            continue
+        build(name, spec, os.path.normpath(a.out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,375 @@
+/* msmoe-run: offline generation with the engine (no daemon). Loads a checkpoint (or dummy
+ * weights from a shape preset), feeds a prompt, decodes, prints the generated ids as one line of
+ * comma-separated integers; optionally dumps the logits HF would return, prints the step graph,
+ * or times the engine. Also the tokenizer's command line (--encode / --decode).
+ *
+ *   msmoe-run --model DIR --prompt-ids 1,2,3 --max-new-tokens N [--greedy]
+ *             [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
+ *             [--dump-logits FILE.npy] [--tp N] [--dump-graph] [--no-multi-stream]
+ *             [--no-fuse-allreduce] [--bench] */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "msm_engine.h"
+#include "msm_tokenizer.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: msmoe-run --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) [--max-new-tokens N]\n"
+            "                 [--greedy | --temperature T [--top-k K] [--top-p P] [--seed S]]\n"
+            "                 [--ignore-eos] [--dump-logits FILE.npy] [--tp N] [--dump-graph]\n"
+            "                 [--no-multi-stream] [--no-fuse-allreduce] [--bench] [--text]\n"
+            "       msmoe-run --dummy-weights PRESET.json ...   (random weights of a config's shapes)\n"
+            "       msmoe-run --tokenizer FILE (--encode | --decode)   (stdin → stdout)\n");
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Parses "1,2,3" into ids; returns the count or -1 with a message. */
+static int parse_ids(const char *s, int32_t **ret) {
+    int cap = 16, n = 0;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!ids) return -1;
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ' || *p == '\n' || *p == '\t') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "msmoe-run: bad token id at '%.20s' (ids are non-negative integers "
+                            "separated by commas)\n", p);
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            cap *= 2;
+            int32_t *t = realloc(ids, sizeof(int32_t) * (size_t)cap);
+            if (!t) {
+                free(ids);
+                return -1;
+            }
+            ids = t;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+        while (*p == ' ' || *p == '\n' || *p == '\t') p++;
+        if (*p == ',') p++;
+        else if (*p) {
+            fprintf(stderr, "msmoe-run: unexpected '%c' in the id list\n", *p);
+            free(ids);
+            return -1;
+        }
+    }
+    *ret = ids;
+    return n;
+}
+
+static int write_npy(const char *path, const float *data, int rows, int cols) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -errno;
+    char hdr[128];
+    int n = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols);
+    int total = 10 + n + 1, pad = (64 - total % 64) % 64;
+    unsigned short hlen = (unsigned short)(n + pad + 1);
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    fputc(hlen & 0xff, f);
+    fputc(hlen >> 8, f);
+    fwrite(hdr, 1, (size_t)n, f);
+    for (int i = 0; i < pad; i++) fputc(' ', f);
+    fputc('\n', f);
+    fwrite(data, sizeof(float), (size_t)rows * (size_t)cols, f);
+    int r = ferror(f) ? -EIO : 0;
+    if (fclose(f) != 0) r = -EIO;
+    return r;
+}
+
+static char *read_all(FILE *f, size_t *ret_len) {
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (n < cap) break;
+        cap *= 2;
+        char *t = realloc(buf, cap);
+        if (!t) {
+            free(buf);
+            return NULL;
+        }
+        buf = t;
+    }
+    if (buf) *ret_len = n;
+    return buf;
+}
+
+static int tokenizer_mode(const char *path, bool encode) {
+    msm_err err = {{0}};
+    msm_tokenizer *tok;
+    if (msm_tokenizer_load(path, &tok, &err) < 0) {
+        fprintf(stderr, "msmoe-run: %s\n", err.msg);
+        return 1;
+    }
+    size_t len;
+    char *in = read_all(stdin, &len);
+    int rc = 1;
+    if (!in) goto out;
+    if (encode) {
+        int32_t *ids;
+        size_t n;
+        if (msm_tokenizer_encode(tok, in, len, false, &ids, &n, &err) < 0) {
+            fprintf(stderr, "msmoe-run: %s\n", err.msg);
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+        printf("\n");
+        free(ids);
+    } else {
+        in = realloc(in, len + 1);
+        in[len] = 0;
+        int32_t *ids;
+        int n = parse_ids(in, &ids);
+        if (n < 0) goto out;
+        char *text;
+        size_t tl;
+        int r = msm_tokenizer_decode(tok, ids, (size_t)n, false, &text, &tl, &err);
+        free(ids);
+        if (r < 0) {
+            fprintf(stderr, "msmoe-run: %s\n", err.msg);
+            goto out;
+        }
+        fwrite(text, 1, tl, stdout);
+        free(text);
+    }
+    rc = 0;
+out:
+    free(in);
+    msm_tokenizer_free(tok);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    msm_engine_opts o;
+    msm_engine_opts_default(&o);
+    const char *prompt_ids = NULL, *prompt_text = NULL, *dump_logits = NULL, *tokenizer = NULL;
+    int max_new = 16, dump_graph = 0, bench = 0, ignore_eos = 0, text_out = 0, encode = -1;
+    msm_sample_params sp = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
+    enum { O_PROMPT_IDS = 256, O_MAX_NEW, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DUMP_LOGITS,
+           O_TP, O_DUMP_GRAPH, O_NO_MS, O_NO_FUSE, O_BENCH, O_DUMMY, O_IGNORE_EOS, O_TOKENIZER,
+           O_ENCODE, O_DECODE, O_PROMPT, O_TEXT, O_KV, O_MAXTOK };
+    static const struct option lo[] = {
+        {"model", required_argument, 0, 'm'}, {"prompt-ids", required_argument, 0, O_PROMPT_IDS},
+        {"max-new-tokens", required_argument, 0, O_MAX_NEW}, {"greedy", no_argument, 0, O_GREEDY},
+        {"temperature", required_argument, 0, O_TEMP}, {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP}, {"seed", required_argument, 0, O_SEED},
+        {"dump-logits", required_argument, 0, O_DUMP_LOGITS}, {"tp", required_argument, 0, O_TP},
+        {"dump-graph", no_argument, 0, O_DUMP_GRAPH}, {"no-multi-stream", no_argument, 0, O_NO_MS},
+        {"no-fuse-allreduce", no_argument, 0, O_NO_FUSE}, {"bench", no_argument, 0, O_BENCH},
+        {"dummy-weights", required_argument, 0, O_DUMMY}, {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+        {"tokenizer", required_argument, 0, O_TOKENIZER}, {"encode", no_argument, 0, O_ENCODE},
+        {"decode", no_argument, 0, O_DECODE}, {"prompt", required_argument, 0, O_PROMPT},
+        {"text", no_argument, 0, O_TEXT}, {"kv-blocks", required_argument, 0, O_KV},
+        {"max-step-tokens", required_argument, 0, O_MAXTOK}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    char *end;
+    while ((c = getopt_long(argc, argv, "m:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm': o.model_dir = optarg; break;
+        case O_PROMPT_IDS: prompt_ids = optarg; break;
+        case O_PROMPT: prompt_text = optarg; break;
+        case O_MAX_NEW:
+            max_new = (int)strtol(optarg, &end, 10);
+            if (*end || max_new < 1) {
+                fprintf(stderr, "msmoe-run: --max-new-tokens must be a positive integer\n");
+                return 2;
+            }
+            break;
+        case O_GREEDY: sp.temperature = 0.0f; break;
+        case O_TEMP: sp.temperature = strtof(optarg, &end); if (*end || !(sp.temperature >= 0)) { fprintf(stderr, "msmoe-run: bad --temperature\n"); return 2; } break;
+        case O_TOPK: sp.top_k = (int)strtol(optarg, &end, 10); if (*end || sp.top_k < 0) { fprintf(stderr, "msmoe-run: bad --top-k\n"); return 2; } break;
+        case O_TOPP: sp.top_p = strtof(optarg, &end); if (*end || !(sp.top_p > 0 && sp.top_p <= 1)) { fprintf(stderr, "msmoe-run: --top-p must be in (0, 1]\n"); return 2; } break;
+        case O_SEED: sp.seed = strtoull(optarg, &end, 10); if (*end) { fprintf(stderr, "msmoe-run: bad --seed\n"); return 2; } break;
+        case O_DUMP_LOGITS: dump_logits = optarg; break;
+        case O_TP: o.tp = (int)strtol(optarg, &end, 10); if (*end || o.tp < 1) { fprintf(stderr, "msmoe-run: bad --tp\n"); return 2; } break;
+        case O_DUMP_GRAPH: dump_graph = 1; break;
+        case O_NO_MS: o.multi_stream = false; break;
+        case O_NO_FUSE: o.fuse_allreduce = false; break;
+        case O_BENCH: bench = 1; break;
+        case O_DUMMY: o.dummy_preset = optarg; break;
+        case O_IGNORE_EOS: ignore_eos = 1; break;
+        case O_TOKENIZER: tokenizer = optarg; break;
+        case O_ENCODE: encode = 1; break;
+        case O_DECODE: encode = 0; break;
+        case O_TEXT: text_out = 1; break;
+        case O_KV: o.kv_blocks = (int)strtol(optarg, &end, 10); break;
+        case O_MAXTOK: o.max_step_tokens = (int)strtol(optarg, &end, 10); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (encode >= 0) {
+        if (!tokenizer) {
+            fprintf(stderr, "msmoe-run: --encode/--decode need --tokenizer FILE\n");
+            return 2;
+        }
+        return tokenizer_mode(tokenizer, encode == 1);
+    }
+    if (!o.model_dir && !o.dummy_preset) {
+        fprintf(stderr, "msmoe-run: give --model DIR (a Hugging Face checkpoint directory)\n");
+        usage(stderr);
+        return 2;
+    }
+    msm_err err = {{0}};
+    int32_t *prompt = NULL;
+    int P = 0;
+    msm_tokenizer *tok = NULL;
+    if ((prompt_text || text_out) && o.model_dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tokenizer.json", tokenizer ? "" : o.model_dir);
+        if (msm_tokenizer_load(tokenizer ? tokenizer : path, &tok, &err) < 0) {
+            fprintf(stderr, "msmoe-run: %s\n", err.msg);
+            return 1;
+        }
+    }
+    if (prompt_text) {
+        size_t n;
+        if (!tok || msm_tokenizer_encode(tok, prompt_text, strlen(prompt_text), true, &prompt, &n, &err) < 0) {
+            fprintf(stderr, "msmoe-run: cannot encode the prompt: %s\n", tok ? err.msg : "no tokenizer");
+            msm_tokenizer_free(tok);
+            return 1;
+        }
+        P = (int)n;
+    } else if (prompt_ids) {
+        P = parse_ids(prompt_ids, &prompt);
+        if (P < 0) return 2;
+    }
+    if (P <= 0) {
+        fprintf(stderr, "msmoe-run: the prompt is empty: give --prompt-ids 1,2,3 (at least one id)\n");
+        free(prompt);
+        msm_tokenizer_free(tok);
+        return 2;
+    }
+    double t0 = now_s();
+    msm_engine *e;
+    if (msm_engine_new(&o, &e, &err) < 0) {
+        fprintf(stderr, "msmoe-run: %s\n", err.msg);
+        free(prompt);
+        msm_tokenizer_free(tok);
+        return 1;
+    }
+    double t_load = now_s() - t0;
+    const msm_model_config *cfg = msm_engine_model(e);
+    int rc = 1;
+    int32_t *blocks = NULL, *gen = NULL;
+    float *dump = NULL;
+    if (dump_graph) {
+        msm_engine_dump_graph(e, 0, stdout);
+        rc = 0;
+        goto out;
+    }
+    for (int i = 0; i < P; i++)
+        if (prompt[i] >= cfg->vocab) {
+            fprintf(stderr, "msmoe-run: prompt id %d (index %d) is outside the vocabulary (0..%d)\n",
+                    prompt[i], i, cfg->vocab - 1);
+            goto out;
+        }
+    int ctx = P + max_new, max_ctx = msm_engine_options(e)->max_context;
+    if (ctx > max_ctx) {
+        fprintf(stderr, "msmoe-run: prompt (%d) + new tokens (%d) exceed the context limit %d\n", P, max_new, max_ctx);
+        goto out;
+    }
+    int nb = msm_kv_blocks_for(ctx);
+    blocks = malloc(sizeof(int32_t) * (size_t)nb);
+    gen = malloc(sizeof(int32_t) * (size_t)max_new);
+    if (!blocks || !gen || msm_kv_pool_alloc(msm_engine_kv(e), nb, blocks) < 0) {
+        fprintf(stderr, "msmoe-run: not enough KV blocks for %d tokens (raise --kv-blocks)\n", ctx);
+        goto out;
+    }
+    if (dump_logits) {
+        dump = malloc(sizeof(float) * (size_t)(P + max_new) * (size_t)cfg->vocab);
+        if (!dump) goto out;
+    }
+    int dump_rows = 0, n_gen = 0, chunk = msm_engine_options(e)->max_step_tokens;
+    double t_prefill = 0, t_decode = 0;
+    /* prefill in chunks of max_step_tokens; only the last samples */
+    for (int p0 = 0; p0 < P; p0 += chunk) {
+        int n = P - p0 < chunk ? P - p0 : chunk;
+        bool last = p0 + n == P;
+        msm_step_seq s = {.tokens = prompt + p0, .n_tokens = n, .pos0 = p0, .blocks = blocks,
+                          .n_blocks = nb, .output = dump ? 2 : (last ? 1 : 0), .sampling = sp};
+        s.sampling.counter = 0;
+        msm_step_out out;
+        double ts = now_s();
+        if (msm_engine_step(e, &s, 1, &out, &err) < 0) {
+            fprintf(stderr, "msmoe-run: %s\n", err.msg);
+            goto out;
+        }
+        t_prefill += now_s() - ts;
+        if (dump) {
+            memcpy(dump + (size_t)dump_rows * cfg->vocab, out.logits, sizeof(float) * (size_t)out.n_rows * cfg->vocab);
+            dump_rows += out.n_rows;
+        }
+        if (last) gen[n_gen++] = out.tokens[0];
+    }
+    while (n_gen < max_new) {
+        int32_t last = gen[n_gen - 1];
+        bool is_eos = false;
+        for (int i = 0; i < cfg->n_eos; i++) is_eos |= last == cfg->eos_ids[i];
+        if (is_eos && !ignore_eos) break;
+        msm_step_seq s = {.tokens = &last, .n_tokens = 1, .pos0 = P + n_gen - 1, .blocks = blocks,
+                          .n_blocks = nb, .output = dump ? 2 : 1, .sampling = sp};
+        s.sampling.counter = (uint64_t)n_gen;
+        msm_step_out out;
+        double ts = now_s();
+        if (msm_engine_step(e, &s, 1, &out, &err) < 0) {
+            fprintf(stderr, "msmoe-run: %s\n", err.msg);
+            goto out;
+        }
+        t_decode += now_s() - ts;
+        if (dump) {
+            memcpy(dump + (size_t)dump_rows * cfg->vocab, out.logits, sizeof(float) * (size_t)cfg->vocab);
+            dump_rows++;
+        }
+        gen[n_gen++] = out.tokens[0];
+    }
+    for (int i = 0; i < n_gen; i++) printf(i ? ",%d" : "%d", gen[i]);
+    printf("\n");
+    if (text_out && tok) {
+        char *text;
+        size_t tl;
+        if (msm_tokenizer_decode(tok, gen, (size_t)n_gen, true, &text, &tl, &err) == 0) {
+            fwrite(text, 1, tl, stdout);
+            printf("\n");
+            free(text);
+        }
+    }
+    if (dump && write_npy(dump_logits, dump, dump_rows, cfg->vocab) < 0) {
+        fprintf(stderr, "msmoe-run: cannot write %s\n", dump_logits);
+        goto out;
+    }
+    if (bench)
+        fprintf(stderr, "msmoe-run: backend %s tp %d: load %.3f s, prefill %d tokens %.4f s (%.1f tok/s), "
+                        "decode %d tokens %.4f s (%.1f tok/s)\n", msm_engine_backend_name(e), o.tp,
+                t_load, P, t_prefill, P / t_prefill, n_gen - 1, t_decode,
+                n_gen > 1 ? (n_gen - 1) / t_decode : 0.0);
+    rc = 0;
+out:
+    free(dump);
+    free(blocks);
+    free(gen);
+    free(prompt);
+    msm_engine_free(e);
+    msm_tokenizer_free(tok);
+    return rc;
+}
