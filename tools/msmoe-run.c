@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "msm_engine.h"
+#include "msm_generate.h"
 #include "msm_tokenizer.h"
 
 static void usage(FILE *f) {
@@ -271,8 +272,6 @@ int main(int argc, char **argv) {
     double t_load = now_s() - t0;
     const msm_model_config *cfg = msm_engine_model(e);
     int rc = 1;
-    int32_t *blocks = NULL, *gen = NULL;
-    float *dump = NULL;
     if (dump_graph) {
         msm_engine_dump_graph(e, 0, stdout);
         rc = 0;
@@ -284,90 +283,38 @@ int main(int argc, char **argv) {
                     prompt[i], i, cfg->vocab - 1);
             goto out;
         }
-    int ctx = P + max_new, max_ctx = msm_engine_options(e)->max_context;
-    if (ctx > max_ctx) {
-        fprintf(stderr, "msmoe-run: prompt (%d) + new tokens (%d) exceed the context limit %d\n", P, max_new, max_ctx);
+    msm_generate_opts go = {.max_new = max_new, .sampling = sp, .ignore_eos = ignore_eos,
+                            .dump_logits = dump_logits != NULL};
+    msm_generation gen;
+    if (msm_generate(e, prompt, P, &go, &gen, &err) < 0) {
+        fprintf(stderr, "msmoe-run: %s\n", err.msg);
         goto out;
     }
-    int nb = msm_kv_blocks_for(ctx);
-    blocks = malloc(sizeof(int32_t) * (size_t)nb);
-    gen = malloc(sizeof(int32_t) * (size_t)max_new);
-    if (!blocks || !gen || msm_kv_pool_alloc(msm_engine_kv(e), nb, blocks) < 0) {
-        fprintf(stderr, "msmoe-run: not enough KV blocks for %d tokens (raise --kv-blocks)\n", ctx);
-        goto out;
-    }
-    if (dump_logits) {
-        dump = malloc(sizeof(float) * (size_t)(P + max_new) * (size_t)cfg->vocab);
-        if (!dump) goto out;
-    }
-    int dump_rows = 0, n_gen = 0, chunk = msm_engine_options(e)->max_step_tokens;
-    double t_prefill = 0, t_decode = 0;
-    /* prefill in chunks of max_step_tokens; only the last samples */
-    for (int p0 = 0; p0 < P; p0 += chunk) {
-        int n = P - p0 < chunk ? P - p0 : chunk;
-        bool last = p0 + n == P;
-        msm_step_seq s = {.tokens = prompt + p0, .n_tokens = n, .pos0 = p0, .blocks = blocks,
-                          .n_blocks = nb, .output = dump ? 2 : (last ? 1 : 0), .sampling = sp};
-        s.sampling.counter = 0;
-        msm_step_out out;
-        double ts = now_s();
-        if (msm_engine_step(e, &s, 1, &out, &err) < 0) {
-            fprintf(stderr, "msmoe-run: %s\n", err.msg);
-            goto out;
-        }
-        t_prefill += now_s() - ts;
-        if (dump) {
-            memcpy(dump + (size_t)dump_rows * cfg->vocab, out.logits, sizeof(float) * (size_t)out.n_rows * cfg->vocab);
-            dump_rows += out.n_rows;
-        }
-        if (last) gen[n_gen++] = out.tokens[0];
-    }
-    while (n_gen < max_new) {
-        int32_t last = gen[n_gen - 1];
-        bool is_eos = false;
-        for (int i = 0; i < cfg->n_eos; i++) is_eos |= last == cfg->eos_ids[i];
-        if (is_eos && !ignore_eos) break;
-        msm_step_seq s = {.tokens = &last, .n_tokens = 1, .pos0 = P + n_gen - 1, .blocks = blocks,
-                          .n_blocks = nb, .output = dump ? 2 : 1, .sampling = sp};
-        s.sampling.counter = (uint64_t)n_gen;
-        msm_step_out out;
-        double ts = now_s();
-        if (msm_engine_step(e, &s, 1, &out, &err) < 0) {
-            fprintf(stderr, "msmoe-run: %s\n", err.msg);
-            goto out;
-        }
-        t_decode += now_s() - ts;
-        if (dump) {
-            memcpy(dump + (size_t)dump_rows * cfg->vocab, out.logits, sizeof(float) * (size_t)cfg->vocab);
-            dump_rows++;
-        }
-        gen[n_gen++] = out.tokens[0];
-    }
-    for (int i = 0; i < n_gen; i++) printf(i ? ",%d" : "%d", gen[i]);
+    int n_gen = gen.n;
+    for (int i = 0; i < n_gen; i++) printf(i ? ",%d" : "%d", gen.ids[i]);
     printf("\n");
     if (text_out && tok) {
         char *text;
         size_t tl;
-        if (msm_tokenizer_decode(tok, gen, (size_t)n_gen, true, &text, &tl, &err) == 0) {
+        if (msm_tokenizer_decode(tok, gen.ids, (size_t)n_gen, true, &text, &tl, &err) == 0) {
             fwrite(text, 1, tl, stdout);
             printf("\n");
             free(text);
         }
     }
-    if (dump && write_npy(dump_logits, dump, dump_rows, cfg->vocab) < 0) {
+    if (dump_logits && write_npy(dump_logits, gen.logits, gen.n_rows, cfg->vocab) < 0) {
         fprintf(stderr, "msmoe-run: cannot write %s\n", dump_logits);
+        msm_generation_done(&gen);
         goto out;
     }
     if (bench)
         fprintf(stderr, "msmoe-run: backend %s tp %d: load %.3f s, prefill %d tokens %.4f s (%.1f tok/s), "
                         "decode %d tokens %.4f s (%.1f tok/s)\n", msm_engine_backend_name(e), o.tp,
-                t_load, P, t_prefill, P / t_prefill, n_gen - 1, t_decode,
-                n_gen > 1 ? (n_gen - 1) / t_decode : 0.0);
+                t_load, P, gen.prefill_s, P / gen.prefill_s, n_gen - 1, gen.decode_s,
+                n_gen > 1 ? (n_gen - 1) / gen.decode_s : 0.0);
+    msm_generation_done(&gen);
     rc = 0;
 out:
-    free(dump);
-    free(blocks);
-    free(gen);
     free(prompt);
     msm_engine_free(e);
     msm_tokenizer_free(tok);

@@ -1,0 +1,336 @@
+/* Graph passes and the verifier: the regression suite of the aux-stream all-reduce fix
+ * (docs BACKGROUND.md), then more. Graphs are built from the golden tiny models' configs. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "msm_graph.h"
+#include "msm_pass.h"
+
+static msm_graph *plain(const char *dir, int tp) {
+    msm_model_config c;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_model_config_load(dir, &c, &err), 0, "%s", err.msg);
+    msm_build_opts bo = {.max_T = 32, .max_S = 4, .max_blocks = 8};
+    msm_graph *g;
+    cr_assert_eq(msm_graph_build(&c, 0, tp, &bo, &g, &err), 0, "%s", err.msg);
+    return g;
+}
+
+static msm_graph *pass_ms(const msm_graph *g, const msm_pass_opts *o) {
+    msm_graph *out;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_pass_multi_stream_moe(g, o, &out, &err), 0, "%s", err.msg);
+    return out;
+}
+
+static msm_graph *pass_fuse(const msm_graph *g) {
+    msm_graph *out;
+    msm_err err = {{0}};
+    msm_pass_opts o = {0};
+    cr_assert_eq(msm_pass_fuse_moe_allreduce(g, &o, &out, &err), 0, "%s", err.msg);
+    return out;
+}
+
+static int find(const msm_graph *g, int layer, msm_op op, msm_role role, int from) {
+    for (int i = from; i < g->n_nodes; i++)
+        if (g->nodes[i].layer == layer && g->nodes[i].op == op && g->nodes[i].role == role) return i;
+    return -1;
+}
+
+static int count(const msm_graph *g, int layer, msm_op op, msm_stream s) {
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        n += g->nodes[i].layer == layer && g->nodes[i].op == op && g->nodes[i].stream == s;
+    return n;
+}
+
+static void verify_ok(msm_graph *g) {
+    msm_err err = {{0}};
+    cr_assert_eq(msm_graph_plan(g, &err), 0, "%s", err.msg);
+    cr_assert_eq(msm_graph_verify(g, &err), 0, "%s", err.msg);
+}
+
+/* qwen2moe-gqa: 4 layers, layer 1 dense (mlp_only_layers) */
+static const int sparse_layers[] = {0, 2, 3};
+
+Test(graph_pass, trailing_shared_allreduce_is_placed_after_join_on_main) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 2);
+    msm_pass_opts o = {.multi_stream = true};
+    msm_graph *m = pass_ms(g, &o);
+    for (int k = 0; k < 3; k++) {
+        int L = sparse_layers[k];
+        int ar = find(m, L, MSM_OP_ALLREDUCE, MSM_ROLE_SHARED, 0);
+        cr_assert_geq(ar, 0);
+        cr_expect_eq(m->nodes[ar].stream, MSM_STREAM_MAIN, "layer %d: shared ALLREDUCE not on main", L);
+        /* the join (EVENT_WAIT on main) precedes it */
+        int join = -1;
+        for (int i = 0; i < ar; i++)
+            if (m->nodes[i].layer == L && m->nodes[i].op == MSM_OP_EVENT_WAIT && m->nodes[i].stream == MSM_STREAM_MAIN)
+                join = i;
+        cr_expect_geq(join, 0, "layer %d: no join before the shared ALLREDUCE", L);
+        /* the shared compute before the collective is on aux, issued before the routed work */
+        int first_routed = find(m, L, MSM_OP_LINEAR, MSM_ROLE_ROUTED, 0);
+        int n_aux = 0;
+        for (int i = 0; i < m->n_nodes; i++) {
+            const msm_node *n = &m->nodes[i];
+            if (n->layer != L || n->stream != MSM_STREAM_AUX || n->op == MSM_OP_EVENT_WAIT ||
+                n->op == MSM_OP_EVENT_RECORD)
+                continue;
+            n_aux++;
+            cr_expect_eq(n->role, MSM_ROLE_SHARED);
+            cr_expect_lt(i, first_routed, "layer %d: aux node %d issued after the routed work", L, i);
+            cr_expect(!msm_op_is_collective(n->op));
+        }
+        cr_expect_eq(n_aux, 5, "layer %d: gate_up, swiglu, down, gate, sigmoid on aux (got %d)", L, n_aux);
+        cr_expect_eq(count(m, L, MSM_OP_ALLREDUCE, MSM_STREAM_AUX), 0);
+    }
+    verify_ok(m);
+    msm_graph_free(m);
+    msm_graph_free(g);
+}
+
+typedef struct warnings {
+    int n;
+    char last[256];
+} warnings;
+
+static void on_warn(void *ud, const char *msg) {
+    warnings *w = ud;
+    w->n++;
+    snprintf(w->last, sizeof w->last, "%s", msg);
+}
+
+Test(graph_pass, mid_branch_collective_skips_the_layer_with_a_warning) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 2);
+    /* insert ALLREDUCE between layer 0's shared gate_up LINEAR and its SWIGLU */
+    int gu = find(g, 0, MSM_OP_LINEAR, MSM_ROLE_SHARED, 0);
+    int sw = find(g, 0, MSM_OP_SWIGLU, MSM_ROLE_SHARED, 0);
+    cr_assert(gu >= 0 && sw > gu);
+    int v = msm_graph_value(g, "mid_ar0", MSM_F32, MSM_ROWS_T, g->vals[g->nodes[gu].out[0]].cols);
+    msm_node ar = {.op = MSM_OP_ALLREDUCE, .stream = MSM_STREAM_MAIN, .role = MSM_ROLE_SHARED, .layer = 0,
+                   .n_in = 1, .n_out = 1, .in = {g->nodes[gu].out[0]}, .out = {v}, .w = {-1, -1, -1}, .event = -1};
+    g->nodes[sw].in[0] = v;
+    msm_graph_insert(g, sw, &ar);
+    warnings w = {0};
+    msm_pass_opts o = {.multi_stream = true, .warn = on_warn, .warn_ud = &w};
+    msm_graph *m = pass_ms(g, &o);
+    cr_expect_eq(w.n, 1, "one warning expected, got %d", w.n);
+    cr_expect(strstr(w.last, "layer 0") != NULL, "warning: %s", w.last);
+    cr_expect(strstr(w.last, "mid_ar0") != NULL, "warning must name the collective: %s", w.last);
+    for (int i = 0; i < m->n_nodes; i++)
+        if (m->nodes[i].layer == 0) cr_expect_eq(m->nodes[i].stream, MSM_STREAM_MAIN, "layer 0 must be untouched");
+    cr_expect_gt(count(m, 2, MSM_OP_EVENT_RECORD, MSM_STREAM_AUX), 0, "layer 2 is still rewritten");
+    verify_ok(m);
+    msm_graph_free(m);
+    msm_graph_free(g);
+}
+
+Test(graph_pass, collective_free_branch_keeps_plain_fork_join) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 2), *f = pass_fuse(g);
+    msm_pass_opts o = {.multi_stream = true};
+    msm_graph *m = pass_ms(f, &o);
+    for (int k = 0; k < 3; k++) {
+        int L = sparse_layers[k];
+        cr_expect_eq(count(m, L, MSM_OP_EVENT_RECORD, MSM_STREAM_MAIN), 1);
+        cr_expect_eq(count(m, L, MSM_OP_EVENT_WAIT, MSM_STREAM_AUX), 1);
+        cr_expect_eq(count(m, L, MSM_OP_EVENT_RECORD, MSM_STREAM_AUX), 1);
+        cr_expect_eq(count(m, L, MSM_OP_EVENT_WAIT, MSM_STREAM_MAIN), 1);
+        for (int i = 0; i < m->n_nodes; i++) {
+            const msm_node *n = &m->nodes[i];
+            if (n->layer == L && n->role == MSM_ROLE_SHARED && n->op != MSM_OP_EVENT_RECORD &&
+                n->op != MSM_OP_EVENT_WAIT)
+                cr_expect_eq(n->stream, MSM_STREAM_AUX, "layer %d: shared %s not on aux", L, msm_op_name(n->op));
+        }
+        /* fused: attention + one MoE all-reduce per layer, both on main */
+        cr_expect_eq(count(m, L, MSM_OP_ALLREDUCE, MSM_STREAM_MAIN), 2);
+        cr_expect_eq(count(m, L, MSM_OP_ALLREDUCE, MSM_STREAM_AUX), 0);
+    }
+    verify_ok(m);
+    msm_graph_free(m);
+    msm_graph_free(f);
+    msm_graph_free(g);
+}
+
+Test(graph_pass, models_without_shared_expert_are_untouched) {
+    const char *dirs[] = {"tests/data/qwen3moe", "tests/data/mixtral"};
+    for (int d = 0; d < 2; d++) {
+        msm_graph *g = plain(dirs[d], 2);
+        msm_pass_opts o = {.multi_stream = true};
+        msm_graph *m = pass_ms(g, &o), *f = pass_fuse(g);
+        cr_expect(msm_graph_equal(g, m), "%s: multi_stream_moe changed the graph", dirs[d]);
+        cr_expect(msm_graph_equal(g, f), "%s: fuse_moe_allreduce changed the graph", dirs[d]);
+        msm_graph_free(m);
+        msm_graph_free(f);
+        msm_graph_free(g);
+    }
+}
+
+Test(graph_pass, multi_layer_graphs_are_rewritten_layer_by_layer) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 1);
+    msm_pass_opts o = {.multi_stream = true};
+    msm_graph *m = pass_ms(g, &o);
+    cr_expect_eq(m->n_events, 6, "two events per sparse layer with a shared expert");
+    cr_expect_eq(count(m, 1, MSM_OP_EVENT_RECORD, MSM_STREAM_MAIN), 0, "the dense layer has no fork");
+    for (int k = 0; k < 3; k++) cr_expect_eq(count(m, sparse_layers[k], MSM_OP_EVENT_RECORD, MSM_STREAM_MAIN), 1);
+    msm_graph_free(m);
+    msm_graph_free(g);
+}
+
+Test(graph_pass, applying_a_pass_twice_changes_nothing) {
+    msm_graph *g = plain("tests/data/qwen2moe-mha-tied", 2);
+    msm_pass_opts o = {.multi_stream = true};
+    msm_graph *m1 = pass_ms(g, &o), *m2 = pass_ms(m1, &o);
+    cr_expect(msm_graph_equal(m1, m2), "multi_stream_moe is not idempotent");
+    msm_graph *f1 = pass_fuse(g), *f2 = pass_fuse(f1);
+    cr_expect(msm_graph_equal(f1, f2), "fuse_moe_allreduce is not idempotent");
+    msm_graph *fm1 = pass_ms(f1, &o), *fm2 = pass_ms(fm1, &o), *fm3 = pass_fuse(fm1);
+    cr_expect(msm_graph_equal(fm1, fm2));
+    cr_expect(msm_graph_equal(fm1, fm3), "fusion after multi-stream must find nothing left to fuse");
+    msm_graph *list[] = {m1, m2, f1, f2, fm1, fm2, fm3, g};
+    for (int i = 0; i < 8; i++) msm_graph_free(list[i]);
+}
+
+Test(graph_pass, fusion_halves_the_moe_collectives) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 2), *f = pass_fuse(g);
+    int before = 0, after = 0;
+    for (int i = 0; i < g->n_nodes; i++) before += g->nodes[i].op == MSM_OP_ALLREDUCE;
+    for (int i = 0; i < f->n_nodes; i++) after += f->nodes[i].op == MSM_OP_ALLREDUCE;
+    cr_expect_eq(before - after, 3, "one all-reduce fewer per MoE layer with a shared expert");
+    verify_ok(f);
+    msm_graph_free(f);
+    msm_graph_free(g);
+}
+
+Test(graph_verify, refuses_a_collective_on_aux_and_names_it) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 2);
+    msm_pass_opts o = {.multi_stream = true, .test_buggy_placement = true};
+    msm_graph *m = pass_ms(g, &o);
+    msm_err err = {{0}};
+    cr_assert_eq(msm_graph_plan(m, &err), 0);
+    cr_expect_neq(msm_graph_verify(m, &err), 0);
+    cr_expect(strstr(err.msg, "V1") && strstr(err.msg, "ALLREDUCE") && strstr(err.msg, "shared_sum0"),
+              "message: %s", err.msg);
+    msm_graph *fixed;
+    o.test_buggy_placement = false;
+    cr_expect_eq(msm_passes_apply(g, &o, &fixed, &err), 0, "%s", err.msg);
+    msm_graph_free(fixed);
+    msm_graph_free(m);
+    msm_graph_free(g);
+}
+
+/* a tiny hand-made graph: x (input) -> a = SIGMOID(x) on aux -> b = ADD(a, x) on main */
+static msm_graph *tiny(bool record, bool wait, bool wait_first) {
+    msm_graph *g = msm_graph_new(0, 1);
+    g->max_T = 4;
+    g->max_R = 4;
+    g->max_S = 1;
+    g->n_layers = 1;
+    int x = msm_graph_value(g, "x", MSM_F32, MSM_ROWS_T, 8);
+    g->vals[x].io = true;
+    int a = msm_graph_value(g, "a", MSM_F32, MSM_ROWS_T, 8), b = msm_graph_value(g, "b", MSM_F32, MSM_ROWS_T, 8);
+    g->n_events = 2;
+    msm_node fork_r = {.op = MSM_OP_EVENT_RECORD, .stream = MSM_STREAM_MAIN, .event = 0, .w = {-1, -1, -1}};
+    msm_node fork_w = {.op = MSM_OP_EVENT_WAIT, .stream = MSM_STREAM_AUX, .event = 0, .w = {-1, -1, -1}};
+    msm_node sig = {.op = MSM_OP_SIGMOID, .stream = MSM_STREAM_AUX, .n_in = 1, .n_out = 1, .in = {x}, .out = {a}, .w = {-1, -1, -1}};
+    msm_node jr = {.op = MSM_OP_EVENT_RECORD, .stream = MSM_STREAM_AUX, .event = 1, .w = {-1, -1, -1}};
+    msm_node jw = {.op = MSM_OP_EVENT_WAIT, .stream = MSM_STREAM_MAIN, .event = 1, .w = {-1, -1, -1}};
+    msm_node add = {.op = MSM_OP_ADD, .stream = MSM_STREAM_MAIN, .n_in = 2, .n_out = 1, .in = {a, x}, .out = {b}, .w = {-1, -1, -1}};
+    msm_graph_add(g, &fork_r);
+    msm_graph_add(g, &fork_w);
+    if (wait && wait_first) msm_graph_add(g, &jw);
+    msm_graph_add(g, &sig);
+    if (record) msm_graph_add(g, &jr);
+    if (wait && !wait_first) msm_graph_add(g, &jw);
+    msm_graph_add(g, &add);
+    return g;
+}
+
+Test(graph_verify, accepts_a_covered_cross_stream_read) {
+    msm_graph *g = tiny(true, true, false);
+    msm_err err = {{0}};
+    cr_expect_eq(msm_graph_verify(g, &err), 0, "%s", err.msg);
+    msm_graph_free(g);
+}
+
+Test(graph_verify, refuses_a_cross_stream_read_without_wait) {
+    msm_graph *g = tiny(true, false, false);
+    msm_err err = {{0}};
+    cr_expect_neq(msm_graph_verify(g, &err), 0);
+    cr_expect(strstr(err.msg, "V2") && strstr(err.msg, "ADD"), "message: %s", err.msg);
+    msm_graph_free(g);
+}
+
+Test(graph_verify, refuses_a_wait_issued_before_its_record) {
+    msm_graph *g = tiny(true, true, true);
+    msm_err err = {{0}};
+    cr_expect_neq(msm_graph_verify(g, &err), 0);
+    cr_expect(strstr(err.msg, "not yet recorded"), "message: %s", err.msg);
+    msm_graph_free(g);
+}
+
+Test(graph_verify, refuses_an_unjoined_fork) {
+    msm_graph *g = tiny(true, false, false);
+    g->n_nodes--; /* drop the ADD: nothing reads a, but aux work is never joined */
+    msm_err err = {{0}};
+    cr_expect_neq(msm_graph_verify(g, &err), 0);
+    cr_expect(strstr(err.msg, "V3"), "message: %s", err.msg);
+    msm_graph_free(g);
+}
+
+/* No value touched on aux shares bytes with a value touched on main inside the same region. */
+Test(graph_plan, aux_values_never_share_bytes_with_the_concurrent_main_work) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 2);
+    msm_graph *out;
+    msm_err err = {{0}};
+    msm_pass_opts o = {.multi_stream = true};
+    cr_assert_eq(msm_passes_apply(g, &o, &out, &err), 0, "%s", err.msg);
+    int fork = -1;
+    for (int i = 0; i < out->n_nodes; i++) {
+        const msm_node *n = &out->nodes[i];
+        if (n->op == MSM_OP_EVENT_RECORD && n->stream == MSM_STREAM_MAIN) fork = i;
+        if (n->op != MSM_OP_EVENT_WAIT || n->stream != MSM_STREAM_MAIN) continue;
+        for (int a = fork; a < i; a++)
+            for (int b = fork; b < i; b++) {
+                const msm_node *x = &out->nodes[a], *y = &out->nodes[b];
+                if (x->stream != MSM_STREAM_AUX || y->stream != MSM_STREAM_MAIN) continue;
+                for (int p = 0; p < x->n_in + x->n_out; p++)
+                    for (int q = 0; q < y->n_in + y->n_out; q++) {
+                        int u = p < x->n_in ? x->in[p] : x->out[p - x->n_in];
+                        int v = q < y->n_in ? y->in[q] : y->out[q - y->n_in];
+                        if (u == v) continue;
+                        size_t u0 = out->vals[u].offset, u1 = u0 + msm_value_bytes_max(out, &out->vals[u]);
+                        size_t v0 = out->vals[v].offset, v1 = v0 + msm_value_bytes_max(out, &out->vals[v]);
+                        cr_expect(u1 <= v0 || v1 <= u0, "%s (aux) overlaps %s (main)", out->vals[u].name, out->vals[v].name);
+                    }
+            }
+    }
+    msm_graph_free(out);
+    msm_graph_free(g);
+}
+
+Test(graph_dump, shows_allreduce_on_main_and_shared_expert_on_aux) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 2), *out;
+    msm_err err = {{0}};
+    msm_pass_opts o = {.multi_stream = true, .fuse_allreduce = false};
+    cr_assert_eq(msm_passes_apply(g, &o, &out, &err), 0, "%s", err.msg);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    msm_graph_dump(out, f);
+    fclose(f);
+    int ar_main = 0, ar_aux = 0, shared_aux = 0;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strstr(line, "ALLREDUCE")) {
+            if (strstr(line, " main ")) ar_main++;
+            if (strstr(line, " aux ")) ar_aux++;
+        }
+        if (strstr(line, " aux ") && strstr(line, "LINEAR") && strstr(line, "shared_gu")) shared_aux++;
+    }
+    cr_expect_eq(ar_aux, 0);
+    cr_expect_eq(ar_main, 4 + 1 + 2 * 3, "attention x4, dense mlp x1, routed+shared x3: got %d", ar_main);
+    cr_expect_eq(shared_aux, 3);
+    free(buf);
+    msm_graph_free(out);
+    msm_graph_free(g);
+}
