@@ -33,11 +33,23 @@ float msm_f16_to_f32(uint16_t h) {
 }
 
 void msm_convert_to_f32(float *dst, const void *src, msm_dtype t, size_t n) {
-    const uint16_t *h = src;
+    /* safetensors data need not be aligned: read elements through memcpy */
+    const unsigned char *p = src;
+    uint16_t h;
     switch (t) {
     case MSM_F32: memcpy(dst, src, n * 4); break;
-    case MSM_BF16: for (size_t i = 0; i < n; i++) dst[i] = msm_bf16_to_f32(h[i]); break;
-    case MSM_F16: for (size_t i = 0; i < n; i++) dst[i] = msm_f16_to_f32(h[i]); break;
+    case MSM_BF16:
+        for (size_t i = 0; i < n; i++) {
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = msm_bf16_to_f32(h);
+        }
+        break;
+    case MSM_F16:
+        for (size_t i = 0; i < n; i++) {
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = msm_f16_to_f32(h);
+        }
+        break;
     default: break;
     }
 }

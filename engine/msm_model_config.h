@@ -55,7 +55,8 @@ typedef struct msm_model_config {
 int msm_model_config_parse(const char *json, size_t len, const char *source,
                            msm_model_config *ret_cfg, msm_err *err);
 
-/* Reads DIR/config.json, then DIR/generation_config.json when it exists (eos ids there win). */
+/* Reads DIR/config.json, then DIR/generation_config.json when it exists (eos ids there win).
+ * When DIR names a regular file instead (a shape preset), that file alone is the config. */
 int msm_model_config_load(const char *dir, msm_model_config *ret_cfg, msm_err *err);
 
 /* Whether layer i has a shared expert (sparse layer of a family with one). */

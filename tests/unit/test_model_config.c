@@ -1,0 +1,494 @@
+/* Tests of msm_model_config: each family in both config styles (Hub and transformers 5), the
+ * sparse-layer rule, generation_config.json overrides, and one refused config per validation,
+ * each checked for a message naming the file and the key. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <errno.h>
+#include <ftw.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "msm_model_config.h"
+
+#define assert_has(msg, s) cr_assert_not_null(strstr((msg), (s)), "'%s' not in: %s", (s), (msg))
+
+/* Qwen1.5-MoE-A2.7B's config.json, as on the Hub. */
+static const char *qwen2_hub =
+    "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"bos_token_id\": 151643,"
+    " \"decoder_sparse_step\": 1, \"eos_token_id\": 151643, \"hidden_act\": \"silu\","
+    " \"hidden_size\": 2048, \"intermediate_size\": 5632, \"max_position_embeddings\": 8192,"
+    " \"max_window_layers\": 21, \"model_type\": \"qwen2_moe\", \"moe_intermediate_size\": 1408,"
+    " \"norm_topk_prob\": false, \"num_attention_heads\": 16, \"num_experts\": 60,"
+    " \"num_experts_per_tok\": 4, \"num_hidden_layers\": 24, \"num_key_value_heads\": 16,"
+    " \"output_router_logits\": false, \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0,"
+    " \"router_aux_loss_coef\": 0.001, \"shared_expert_intermediate_size\": 5632,"
+    " \"sliding_window\": 32768, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+    " \"transformers_version\": \"4.40.0.dev0\", \"use_cache\": true,"
+    " \"use_sliding_window\": false, \"vocab_size\": 151936}";
+
+/* Qwen3-30B-A3B's config.json, Hub style. */
+static const char *qwen3_hub =
+    "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"attention_bias\": false,"
+    " \"attention_dropout\": 0.0, \"bos_token_id\": 151643, \"decoder_sparse_step\": 1,"
+    " \"eos_token_id\": 151645, \"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 2048,"
+    " \"initializer_range\": 0.02, \"intermediate_size\": 6144, \"max_position_embeddings\": 40960,"
+    " \"max_window_layers\": 48, \"mlp_only_layers\": [], \"model_type\": \"qwen3_moe\","
+    " \"moe_intermediate_size\": 768, \"norm_topk_prob\": true, \"num_attention_heads\": 32,"
+    " \"num_experts\": 128, \"num_experts_per_tok\": 8, \"num_hidden_layers\": 48,"
+    " \"num_key_value_heads\": 4, \"output_router_logits\": false, \"rms_norm_eps\": 1e-06,"
+    " \"rope_scaling\": null, \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.001,"
+    " \"sliding_window\": null, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+    " \"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 151936}";
+
+/* The same model as transformers 5 writes it: `dtype` and `rope_parameters`. */
+static const char *qwen3_tf5 =
+    "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"attention_bias\": false,"
+    " \"bos_token_id\": 151643, \"decoder_sparse_step\": 1, \"dtype\": \"bfloat16\","
+    " \"eos_token_id\": 151645, \"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 2048,"
+    " \"intermediate_size\": 6144, \"max_position_embeddings\": 40960, \"mlp_only_layers\": [],"
+    " \"model_type\": \"qwen3_moe\", \"moe_intermediate_size\": 768, \"norm_topk_prob\": true,"
+    " \"num_attention_heads\": 32, \"num_experts\": 128, \"num_experts_per_tok\": 8,"
+    " \"num_hidden_layers\": 48, \"num_key_value_heads\": 4, \"rms_norm_eps\": 1e-06,"
+    " \"rope_parameters\": {\"rope_theta\": 1000000.0, \"rope_type\": \"default\"},"
+    " \"sliding_window\": null, \"tie_word_embeddings\": false, \"use_sliding_window\": false,"
+    " \"vocab_size\": 151936}";
+
+/* Mixtral-8x7B, Hub style. */
+static const char *mixtral_hub =
+    "{\"architectures\": [\"MixtralForCausalLM\"], \"attention_dropout\": 0.0,"
+    " \"bos_token_id\": 1, \"eos_token_id\": 2, \"hidden_act\": \"silu\", \"hidden_size\": 4096,"
+    " \"intermediate_size\": 14336, \"max_position_embeddings\": 32768, \"model_type\": \"mixtral\","
+    " \"num_attention_heads\": 32, \"num_experts_per_tok\": 2, \"num_hidden_layers\": 32,"
+    " \"num_key_value_heads\": 8, \"num_local_experts\": 8, \"output_router_logits\": false,"
+    " \"rms_norm_eps\": 1e-05, \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.02,"
+    " \"sliding_window\": null, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+    " \"vocab_size\": 32000}";
+
+static int parse(const char *json, msm_model_config *c, msm_err *err) {
+    return msm_model_config_parse(json, strlen(json), "config.json", c, err);
+}
+
+static void parse_ok(const char *json, msm_model_config *c) {
+    msm_err err = {0};
+    int rc = parse(json, c, &err);
+    cr_assert_eq(rc, 0, "rc %d: %s", rc, err.msg);
+}
+
+Test(model_config, qwen2_moe_hub_config_parses_every_field) {
+    msm_model_config c;
+    parse_ok(qwen2_hub, &c);
+    cr_assert_eq(c.arch, MSM_ARCH_QWEN2_MOE);
+    cr_assert_str_eq(c.arch_name, "Qwen2MoeForCausalLM");
+    cr_assert_eq(c.hidden, 2048);
+    cr_assert_eq(c.n_layers, 24);
+    cr_assert_eq(c.n_heads, 16);
+    cr_assert_eq(c.n_kv_heads, 16);
+    cr_assert_eq(c.head_dim, 128);
+    cr_assert_eq(c.vocab, 151936);
+    cr_assert_eq(c.intermediate, 5632);
+    cr_assert_eq(c.moe_intermediate, 1408);
+    cr_assert_eq(c.shared_intermediate, 5632);
+    cr_assert_eq(c.n_experts, 60);
+    cr_assert_eq(c.top_k, 4);
+    cr_assert_not(c.norm_topk_prob);
+    cr_assert_not(c.tie_word_embeddings);
+    cr_assert(c.qkv_bias);
+    cr_assert_not(c.qk_norm);
+    for (int l = 0; l < c.n_layers; l++) {
+        cr_assert(c.sparse[l], "layer %d", l);
+        cr_assert(msm_model_config_has_shared(&c, l));
+    }
+    cr_assert_float_eq(c.rms_eps, 1e-6f, 1e-12f);
+    cr_assert_float_eq(c.rope_theta, 1e6f, 1e-3f);
+    cr_assert_eq(c.max_position, 8192);
+    cr_assert_eq(c.dtype, MSM_BF16);
+    cr_assert_eq(c.bos_id, 151643);
+    cr_assert_eq(c.n_eos, 1);
+    cr_assert_eq(c.eos_ids[0], 151643);
+}
+
+static void check_qwen3_30b(const msm_model_config *c) {
+    cr_assert_eq(c->arch, MSM_ARCH_QWEN3_MOE);
+    cr_assert_eq(c->hidden, 2048);
+    cr_assert_eq(c->n_layers, 48);
+    cr_assert_eq(c->n_heads, 32);
+    cr_assert_eq(c->n_kv_heads, 4);
+    cr_assert_eq(c->head_dim, 128, "head_dim is its own key, not hidden / heads = 64");
+    cr_assert_eq(c->n_experts, 128);
+    cr_assert_eq(c->top_k, 8);
+    cr_assert_eq(c->moe_intermediate, 768);
+    cr_assert_eq(c->intermediate, 6144);
+    cr_assert_eq(c->shared_intermediate, 0);
+    cr_assert(c->norm_topk_prob);
+    cr_assert(c->qk_norm);
+    cr_assert_not(c->qkv_bias);
+    for (int l = 0; l < c->n_layers; l++) {
+        cr_assert(c->sparse[l]);
+        cr_assert_not(msm_model_config_has_shared(c, l));
+    }
+    cr_assert_float_eq(c->rope_theta, 1e6f, 1e-3f);
+    cr_assert_eq(c->dtype, MSM_BF16);
+    cr_assert_eq(c->max_position, 40960);
+    cr_assert_eq(c->n_eos, 1);
+    cr_assert_eq(c->eos_ids[0], 151645);
+}
+
+Test(model_config, qwen3_moe_hub_and_transformers5_styles_agree) {
+    msm_model_config hub, tf5;
+    parse_ok(qwen3_hub, &hub);
+    parse_ok(qwen3_tf5, &tf5);
+    check_qwen3_30b(&hub);
+    check_qwen3_30b(&tf5);
+    cr_assert_eq(memcmp(&hub, &tf5, sizeof hub), 0);
+}
+
+Test(model_config, qwen3_attention_bias_turns_on_qkv_bias) {
+    char *j = strdup(qwen3_hub);
+    char *p = strstr(j, "\"attention_bias\": false");
+    memcpy(p, "\"attention_bias\": true ", strlen("\"attention_bias\": true "));
+    msm_model_config c;
+    parse_ok(j, &c);
+    cr_assert(c.qkv_bias);
+    free(j);
+}
+
+Test(model_config, mixtral_uses_intermediate_size_for_experts_and_always_renormalises) {
+    msm_model_config c;
+    parse_ok(mixtral_hub, &c);
+    cr_assert_eq(c.arch, MSM_ARCH_MIXTRAL);
+    cr_assert_eq(c.n_experts, 8);
+    cr_assert_eq(c.top_k, 2);
+    cr_assert_eq(c.moe_intermediate, 14336);
+    cr_assert_eq(c.intermediate, 14336);
+    cr_assert_eq(c.shared_intermediate, 0);
+    cr_assert(c.norm_topk_prob);
+    cr_assert_not(c.qkv_bias);
+    cr_assert_not(c.qk_norm);
+    cr_assert_eq(c.n_kv_heads, 8);
+    cr_assert_eq(c.head_dim, 128);
+    cr_assert_eq(c.vocab, 32000);
+    for (int l = 0; l < c.n_layers; l++) cr_assert(c.sparse[l]);
+    cr_assert_eq(c.bos_id, 1);
+    cr_assert_eq(c.eos_ids[0], 2);
+}
+
+Test(model_config, mixtral_in_transformers5_style_ignores_norm_topk_prob_false) {
+    const char *j =
+        "{\"architectures\": [\"MixtralForCausalLM\"], \"hidden_size\": 64,"
+        " \"intermediate_size\": 96, \"num_attention_heads\": 4, \"num_experts_per_tok\": 2,"
+        " \"num_hidden_layers\": 2, \"num_key_value_heads\": 2, \"num_local_experts\": 4,"
+        " \"norm_topk_prob\": false, \"dtype\": \"float16\", \"head_dim\": null,"
+        " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000},"
+        " \"vocab_size\": 100}";
+    msm_model_config c;
+    parse_ok(j, &c);
+    cr_assert(c.norm_topk_prob);
+    cr_assert_eq(c.dtype, MSM_F16);
+    cr_assert_eq(c.head_dim, 16);
+    cr_assert_float_eq(c.rope_theta, 500000.0f, 1e-3f);
+    cr_assert_float_eq(c.rms_eps, 1e-5f, 1e-12f);
+}
+
+/* A small Qwen2-MoE config with only the required keys. */
+#define MINI_QWEN2(extra)                                                                     \
+    "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"hidden_size\": 64,"                    \
+    " \"num_hidden_layers\": 6, \"num_attention_heads\": 4, \"vocab_size\": 128,"             \
+    " \"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32,"         \
+    " \"shared_expert_intermediate_size\": 48" extra "}"
+
+Test(model_config, absent_optional_keys_take_their_defaults) {
+    msm_model_config c;
+    parse_ok(MINI_QWEN2(""), &c);
+    cr_assert_eq(c.n_kv_heads, 4);
+    cr_assert_eq(c.head_dim, 16);
+    cr_assert_float_eq(c.rope_theta, 10000.0f, 1e-3f);
+    cr_assert_eq(c.dtype, MSM_BF16);
+    cr_assert_not(c.tie_word_embeddings);
+    cr_assert_not(c.norm_topk_prob);
+    cr_assert_eq(c.bos_id, -1);
+    cr_assert_eq(c.n_eos, 0);
+    cr_assert_eq(c.intermediate, 0);
+    cr_assert_gt(c.max_position, 0);
+    cr_assert_gt(c.rms_eps, 0);
+}
+
+Test(model_config, eos_list_and_float32_dtype_and_tied_embeddings) {
+    msm_model_config c;
+    parse_ok(MINI_QWEN2(", \"eos_token_id\": [5, 7, 9], \"torch_dtype\": \"float32\","
+                        " \"tie_word_embeddings\": true"), &c);
+    cr_assert_eq(c.n_eos, 3);
+    cr_assert_eq(c.eos_ids[2], 9);
+    cr_assert_eq(c.dtype, MSM_F32);
+    cr_assert(c.tie_word_embeddings);
+}
+
+Test(model_config, sparse_step_and_mlp_only_layers_choose_the_moe_layers) {
+    msm_model_config c;
+    parse_ok(MINI_QWEN2(", \"decoder_sparse_step\": 2, \"mlp_only_layers\": [3],"
+                        " \"intermediate_size\": 80"), &c);
+    /* (layer+1) % 2 == 0 gives 1, 3, 5; layer 3 is forced dense. */
+    const bool want[6] = {false, true, false, false, false, true};
+    for (int l = 0; l < 6; l++) {
+        cr_assert_eq(c.sparse[l], want[l], "layer %d", l);
+        cr_assert_eq(msm_model_config_has_shared(&c, l), want[l], "layer %d", l);
+    }
+    cr_assert_eq(c.intermediate, 80);
+}
+
+Test(model_config, dense_layers_without_intermediate_size_name_the_key) {
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(parse(MINI_QWEN2(", \"mlp_only_layers\": [0]"), &c, &err), -EINVAL);
+    assert_has(err.msg, "config.json: key 'intermediate_size'");
+    assert_has(err.msg, "layer 0");
+}
+
+Test(model_config, unknown_architecture_lists_the_supported_ones) {
+    msm_model_config c;
+    msm_err err = {0};
+    const char *j = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64}";
+    cr_assert_eq(parse(j, &c, &err), -EINVAL);
+    cr_assert_str_eq(err.msg, "config.json: architecture 'LlamaForCausalLM' is not supported "
+                              "(supported: Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)");
+}
+
+Test(model_config, scaled_rope_is_refused_in_either_style) {
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(parse(MINI_QWEN2(", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4}"),
+                       &c, &err), -EINVAL);
+    assert_has(err.msg, "config.json: rope_parameters.rope_type 'yarn' is not supported");
+    cr_assert_eq(parse(MINI_QWEN2(", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}"),
+                       &c, &err), -EINVAL);
+    assert_has(err.msg, "rope_scaling.type 'linear' is not supported");
+}
+
+Test(model_config, invalid_json_names_the_source) {
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(msm_model_config_parse("{\"a\": ", 6, "models/x/config.json", &c, &err), -EINVAL);
+    assert_has(err.msg, "models/x/config.json: not valid JSON");
+    cr_assert_eq(msm_model_config_parse("[1]", 3, "config.json", &c, &err), -EINVAL);
+    assert_has(err.msg, "config.json: must be a JSON object");
+    cr_assert_eq(msm_model_config_parse("{} {}", 5, "config.json", &c, &err), -EINVAL);
+}
+
+Test(model_config, parse_reads_only_len_bytes) {
+    char buf[2048];
+    int n = snprintf(buf, sizeof buf, "%s", MINI_QWEN2(""));
+    memcpy(buf + n, "garbage", 8);
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(msm_model_config_parse(buf, (size_t)n, "config.json", &c, &err), 0, "%s", err.msg);
+}
+
+Test(model_config, transformers5_qwen3_with_num_local_experts_and_layer_types) {
+    const char *fmt =
+        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"dtype\": \"bfloat16\", \"head_dim\": 16,"
+        " \"hidden_size\": 64, \"intermediate_size\": 96, \"moe_intermediate_size\": 32,"
+        " \"num_attention_heads\": 8, \"num_experts_per_tok\": 2, \"num_hidden_layers\": 2,"
+        " \"num_key_value_heads\": 4, \"num_local_experts\": 8, \"vocab_size\": 256,"
+        " \"layer_types\": [\"full_attention\", \"%s\"], \"pad_token_id\": null,"
+        " \"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}}";
+    char j[1024];
+    snprintf(j, sizeof j, fmt, "full_attention");
+    msm_model_config c;
+    parse_ok(j, &c);
+    cr_assert_eq(c.n_experts, 8);
+    cr_assert_eq(c.head_dim, 16);
+    cr_assert_not(c.qkv_bias);
+
+    msm_err err = {0};
+    snprintf(j, sizeof j, fmt, "sliding_attention");
+    cr_assert_eq(parse(j, &c, &err), -EINVAL);
+    assert_has(err.msg, "key 'layer_types': layer 1");
+}
+
+Test(model_config, transformers5_qwen2_qkv_bias_key_is_read) {
+    msm_model_config c;
+    parse_ok(MINI_QWEN2(", \"qkv_bias\": false"), &c);
+    cr_assert_not(c.qkv_bias);
+    parse_ok(MINI_QWEN2(", \"qkv_bias\": true, \"sliding_window\": 0"), &c);
+    cr_assert(c.qkv_bias);
+}
+
+Test(model_config, mixtral_sliding_window_shorter_than_context_is_refused) {
+    char *j = strdup(mixtral_hub);
+    char *p = strstr(j, "\"sliding_window\": null");
+    memcpy(p, "\"sliding_window\": 4096", 22);
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(parse(j, &c, &err), -EINVAL);
+    assert_has(err.msg, "sliding_window 4096");
+    free(j);
+}
+
+/* ---- one refused config per check: start from qwen3_hub and change one key --------------- */
+
+typedef struct bad_key {
+    char key[40];
+    char value[64];    /* JSON text; "" deletes the key */
+    char want[120];    /* must appear in the message */
+} bad_key;
+
+static bad_key bad_keys[] = {
+    {"hidden_size", "", "config.json: key 'hidden_size' must be a positive integer (missing)"},
+    {"hidden_size", "\"2048\"", "config.json: key 'hidden_size' must be a positive integer (got a string)"},
+    {"hidden_size", "-1", "config.json: key 'hidden_size' must be a positive integer (got -1)"},
+    {"hidden_size", "2048.5", "key 'hidden_size' must be a positive integer (got a non-integer number)"},
+    {"num_hidden_layers", "300", "key 'num_hidden_layers' must be at most 256 (got 300)"},
+    {"num_hidden_layers", "0", "key 'num_hidden_layers' must be a positive integer (got 0)"},
+    {"num_attention_heads", "", "key 'num_attention_heads'"},
+    {"num_key_value_heads", "3", "key 'num_key_value_heads' (3) must divide num_attention_heads (32)"},
+    {"num_key_value_heads", "0", "key 'num_key_value_heads'"},
+    {"vocab_size", "0", "key 'vocab_size' must be a positive integer (got 0)"},
+    {"num_experts", "", "key 'num_experts'"},
+    {"num_experts_per_tok", "129", "key 'num_experts_per_tok' (129) must not exceed num_experts (128)"},
+    {"moe_intermediate_size", "", "key 'moe_intermediate_size'"},
+    {"head_dim", "127", "key 'head_dim' must be even"},
+    {"head_dim", "[128]", "key 'head_dim' must be a positive integer (got a list)"},
+    {"torch_dtype", "\"int8\"", "key 'torch_dtype' must be \"bfloat16\", \"float16\" or \"float32\""},
+    {"torch_dtype", "16", "key 'torch_dtype' must be a string"},
+    {"rms_norm_eps", "-1", "key 'rms_norm_eps' must be a positive number"},
+    {"rms_norm_eps", "1e-106", "key 'rms_norm_eps' must be a positive number that fits a float"},
+    {"rope_theta", "1e39", "key 'rope_theta' must be a positive number that fits a float"},
+    {"rope_theta", "\"1e6\"", "key 'rope_theta' must be a positive number (got a string)"},
+    {"rope_parameters", "[]", "key 'rope_parameters' must be an object"},
+    {"rope_parameters", "{\"rope_theta\": 0}", "key 'rope_parameters.rope_theta' must be a positive number"},
+    {"norm_topk_prob", "\"yes\"", "key 'norm_topk_prob' must be true or false"},
+    {"tie_word_embeddings", "1", "key 'tie_word_embeddings' must be true or false"},
+    {"attention_bias", "0", "key 'attention_bias'"},
+    {"eos_token_id", "\"</s>\"", "key 'eos_token_id' must be a token id or a list"},
+    {"eos_token_id", "151936", "key 'eos_token_id': token id 151936 is outside the vocabulary"},
+    {"eos_token_id", "[1,2,3,4,5,6,7,8,9]", "key 'eos_token_id' lists 9 ids"},
+    {"bos_token_id", "-5", "key 'bos_token_id'"},
+    {"architectures", "", "key 'architectures' must be a non-empty list of strings"},
+    {"architectures", "[]", "key 'architectures'"},
+    {"architectures", "\"Qwen3MoeForCausalLM\"", "key 'architectures'"},
+    {"mlp_only_layers", "[48]", "key 'mlp_only_layers': entry 0 must be a layer index in [0, 48)"},
+    {"mlp_only_layers", "3", "key 'mlp_only_layers' must be a list"},
+    {"decoder_sparse_step", "0", "key 'decoder_sparse_step' must be a positive integer (got 0)"},
+    {"hidden_act", "\"gelu\"", "hidden_act 'gelu' is not supported"},
+    {"use_sliding_window", "true", "use_sliding_window"},
+    {"max_position_embeddings", "0", "key 'max_position_embeddings'"},
+};
+
+ParameterizedTestParameters(model_config, each_invalid_key_is_named_in_the_error) {
+    return cr_make_param_array(bad_key, bad_keys, sizeof bad_keys / sizeof bad_keys[0]);
+}
+
+ParameterizedTest(bad_key *b, model_config, each_invalid_key_is_named_in_the_error) {
+    struct json_object *root = json_tokener_parse(qwen3_hub);
+    cr_assert_not_null(root);
+    if (b->value[0]) json_object_object_add(root, b->key, json_tokener_parse(b->value));
+    else json_object_object_del(root, b->key);
+    const char *text = json_object_to_json_string(root);
+    msm_model_config c;
+    msm_err err = {0};
+    int rc = parse(text, &c, &err);
+    cr_assert_eq(rc, -EINVAL, "%s = %s: rc %d (%s)", b->key, b->value, rc, err.msg);
+    assert_has(err.msg, b->want);
+    json_object_put(root);
+}
+
+/* ---- files: config.json + generation_config.json ---------------------------------------- */
+
+static char dir[64];
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static void setup_dir(void) {
+    strcpy(dir, "/tmp/msm-cfg-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown_dir(void) { nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+
+static void write_text(const char *name, const char *text) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(model_config, generation_config_eos_ids_override_config, .init = setup_dir, .fini = teardown_dir) {
+    write_text("config.json", qwen3_hub);
+    write_text("generation_config.json",
+               "{\"bos_token_id\": 151643, \"do_sample\": true, \"eos_token_id\": [151645, 151643],"
+               " \"pad_token_id\": 151643, \"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95}");
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(msm_model_config_load(dir, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(c.n_eos, 2);
+    cr_assert_eq(c.eos_ids[0], 151645);
+    cr_assert_eq(c.eos_ids[1], 151643);
+    cr_assert_eq(c.n_experts, 128);
+
+    write_text("generation_config.json", "{\"eos_token_id\": 7}");
+    cr_assert_eq(msm_model_config_load(dir, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(c.n_eos, 1);
+    cr_assert_eq(c.eos_ids[0], 7);
+
+    write_text("generation_config.json", "{\"temperature\": 0.7}");
+    cr_assert_eq(msm_model_config_load(dir, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(c.n_eos, 1);
+    cr_assert_eq(c.eos_ids[0], 151645, "no eos in generation_config.json: config.json's stays");
+}
+
+Test(model_config, load_without_generation_config_uses_config_eos, .init = setup_dir, .fini = teardown_dir) {
+    write_text("config.json", mixtral_hub);
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(msm_model_config_load(dir, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(c.n_eos, 1);
+    cr_assert_eq(c.eos_ids[0], 2);
+}
+
+Test(model_config, bad_generation_config_is_named, .init = setup_dir, .fini = teardown_dir) {
+    write_text("config.json", mixtral_hub);
+    write_text("generation_config.json", "{\"eos_token_id\": \"2\"}");
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(msm_model_config_load(dir, &c, &err), -EINVAL);
+    assert_has(err.msg, "generation_config.json: key 'eos_token_id'");
+    write_text("generation_config.json", "{,");
+    cr_assert_eq(msm_model_config_load(dir, &c, &err), -EINVAL);
+    assert_has(err.msg, "generation_config.json: not valid JSON");
+}
+
+Test(model_config, missing_config_json_names_the_path, .init = setup_dir, .fini = teardown_dir) {
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(msm_model_config_load(dir, &c, &err), -ENOENT);
+    assert_has(err.msg, dir);
+    assert_has(err.msg, "config.json");
+}
+
+Test(model_config, load_errors_name_the_full_path, .init = setup_dir, .fini = teardown_dir) {
+    write_text("config.json", "{\"architectures\": [\"Qwen3MoeForCausalLM\"]}");
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(msm_model_config_load(dir, &c, &err), -EINVAL);
+    char want[128];
+    snprintf(want, sizeof want, "%s/config.json: key 'hidden_size'", dir);
+    assert_has(err.msg, want);
+}
+
+Test(model_config, load_of_a_file_reads_it_as_a_preset, .init = setup_dir, .fini = teardown_dir) {
+    write_text("preset.json", mixtral_hub);
+    write_text("generation_config.json", "{\"eos_token_id\": 9}");
+    char path[128];
+    snprintf(path, sizeof path, "%s/preset.json", dir);
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(msm_model_config_load(path, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(c.arch, MSM_ARCH_MIXTRAL);
+    cr_assert_eq(c.eos_ids[0], 2, "a preset is read alone");
+}
