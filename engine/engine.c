@@ -15,6 +15,11 @@
 #include "msm_pass.h"
 #include "msm_safetensors.h"
 #include "msm_weights.h"
+#ifdef MSM_HAVE_CUDA
+#include "msm_cuda_backend.h"
+#endif
+
+static const int default_buckets[] __attribute__((unused)) = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
 
 typedef struct rank_ctx {
     struct msm_engine *e;
@@ -51,6 +56,9 @@ struct msm_engine {
     float *logits_out;  /* [rows, vocab] returned */
     int *row_of_seq;    /* last output row of each seq */
     int max_blocks;
+    unsigned char nccl_id[128];
+    int buckets[MSM_MAX_BUCKETS], n_buckets; /* decode buckets captured as CUDA graphs */
+    int replay_bucket;  /* this step replays the graph of this bucket (0: eager) */
 };
 
 void msm_engine_opts_default(msm_engine_opts *o) {
@@ -67,6 +75,33 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->test_skew_rank = -1;
 }
 
+static int write_inputs(rank_ctx *rc);
+
+/* Decode CUDA graphs: for each bucket B, one eager warm-up step of B padded rows (it also runs
+ * NCCL's first collectives outside any capture), then a capture of the same issue sequence.
+ * Padded rows read and write only the reserved KV block 0. */
+static int rank_capture(rank_ctx *rc) {
+    msm_engine *e = rc->e;
+    msm_backend *b = rc->be;
+    if (!b->vt->capture_begin || e->n_buckets == 0) return 0;
+    for (int i = 0; i < e->n_buckets; i++) {
+        int B = e->buckets[i];
+        /* the inputs are written by whoever posts the command; here every rank writes the
+         * same padding itself (the step channel is idle during init) */
+        msm_step_dims d = {.T = B, .R = B, .S = B};
+        int r = write_inputs(rc);
+        if (r == 0) r = msm_exec_step(b, rc->graph, &d, &rc->err);
+        if (r == 0) r = b->vt->capture_begin(b, &rc->err);
+        if (r == 0) {
+            r = msm_exec_issue(b, rc->graph, &d, &rc->err);
+            int r2 = b->vt->capture_end(b, B, r ? NULL : &rc->err);
+            if (r == 0) r = r2;
+        }
+        if (r) return msm_err_wrap(&rc->err, r, "capturing the decode graph of batch bucket %d", B);
+    }
+    return 0;
+}
+
 static int rank_init(rank_ctx *rc) {
     msm_engine *e = rc->e;
     msm_err *err = &rc->err;
@@ -78,9 +113,16 @@ static int rank_init(rank_ctx *rc) {
                         .test_skip_verify = e->o.test_skip_verify};
     r = msm_passes_apply(rc->plain, &po, &rc->graph, err);
     if (r) return r;
-    if (e->o.backend != MSM_BACKEND_CPU)
-        return msm_err_set(err, -ENOTSUP, "the CUDA backend is not available in this build");
-    r = msm_backend_cpu_new(msm_comm_group_rank(e->comm, rc->rank), rc->rank, e->o.deadline_ms, &rc->be, err);
+    if (e->o.backend == MSM_BACKEND_CUDA) {
+#ifdef MSM_HAVE_CUDA
+        r = msm_backend_cuda_new(e->o.first_device + rc->rank, rc->rank, e->tp, e->nccl_id,
+                                 e->o.deadline_ms, &rc->be, err);
+#else
+        r = msm_err_set(err, -ENOTSUP, "this build has no CUDA backend (built with -Dcuda=disabled)");
+#endif
+    } else {
+        r = msm_backend_cpu_new(msm_comm_group_rank(e->comm, rc->rank), rc->rank, e->o.deadline_ms, &rc->be, err);
+    }
     if (r) return r;
     if (e->o.test_skew_us > 0) {
         /* test-only: alternate ranks delay different streams, so misplaced collectives are
@@ -103,10 +145,11 @@ static int rank_init(rank_ctx *rc) {
                                           "%016llx differs from rank %d's %016llx; refusing to serve",
                             rc->rank, (unsigned long long)h, q, (unsigned long long)all[q]);
     free(all);
+    if (r == 0) r = rank_capture(rc);
     return r;
 }
 
-static int rank_step(rank_ctx *rc) {
+static int write_inputs(rank_ctx *rc) {
     msm_engine *e = rc->e;
     const msm_graph *g = rc->graph;
     msm_backend *b = rc->be;
@@ -125,7 +168,19 @@ static int rank_step(rank_ctx *rc) {
         int r = b->vt->write(b, g->vals[in[i].v].offset, in[i].src, in[i].bytes, err);
         if (r) return r;
     }
-    int r = msm_exec_step(b, g, d, err);
+    return 0;
+}
+
+static int rank_step(rank_ctx *rc) {
+    msm_engine *e = rc->e;
+    const msm_graph *g = rc->graph;
+    msm_backend *b = rc->be;
+    msm_err *err = &rc->err;
+    const msm_step_dims *d = &e->dims;
+    int r = write_inputs(rc);
+    if (r) return r;
+    if (e->replay_bucket > 0) r = b->vt->replay(b, e->replay_bucket, err);
+    else r = msm_exec_step(b, g, d, err);
     if (r || rc->rank != 0) return r;
     r = b->vt->read(b, g->vals[g->v_sampled].offset, e->sampled, sizeof(int32_t) * (size_t)d->R, err);
     if (r == 0 && e->logits_dev)
@@ -222,6 +277,29 @@ int msm_engine_new(const msm_engine_opts *o, msm_engine **ret, msm_err *err) {
         r = msm_err_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
+    if (o->backend == MSM_BACKEND_CUDA) {
+#ifdef MSM_HAVE_CUDA
+        int ndev = msm_cuda_device_count();
+        if (ndev < o->first_device + o->tp) {
+            r = msm_err_set(err, -ENODEV, "the CUDA backend needs GPUs %d..%d but %d GPU(s) are visible",
+                            o->first_device, o->first_device + o->tp - 1, ndev);
+            goto fail;
+        }
+        r = msm_cuda_nccl_unique_id(e->nccl_id, err);
+        if (r) goto fail;
+        if (o->cuda_graphs) {
+            const int *bl = o->n_buckets ? o->buckets : default_buckets;
+            int nb = o->n_buckets ? o->n_buckets : (int)(sizeof default_buckets / sizeof default_buckets[0]);
+            for (int i = 0; i < nb && e->n_buckets < MSM_MAX_BUCKETS; i++)
+                if (bl[i] >= 1 && bl[i] <= o->max_seqs && bl[i] <= o->max_step_tokens &&
+                    (e->n_buckets == 0 || bl[i] > e->buckets[e->n_buckets - 1]))
+                    e->buckets[e->n_buckets++] = bl[i];
+        }
+#else
+        r = msm_err_set(err, -ENOTSUP, "this build has no CUDA backend (built with -Dcuda=disabled)");
+        goto fail;
+#endif
+    }
     r = msm_kv_pool_new(o->kv_blocks, &e->kv);
     if (r == 0) r = msm_comm_group_new(e->tp, o->deadline_ms, &e->comm);
     if (r) {
@@ -236,6 +314,16 @@ int msm_engine_new(const msm_engine_opts *o, msm_engine **ret, msm_err *err) {
             goto fail;
         }
         e->ranks[q].started = true;
+    }
+    /* padding inputs for the capture warm-ups: every row on the reserved block 0 */
+    if (e->n_buckets) {
+        int B = e->buckets[e->n_buckets - 1];
+        for (int i = 0; i < B; i++) {
+            e->tokens[i] = e->pos[i] = e->slot[i] = 0;
+            e->seq[i] = e->out_rows[i] = i;
+            memset(&e->sparams[i], 0, sizeof e->sparams[i]);
+        }
+        e->dims = (msm_step_dims){.T = B, .R = B, .S = B};
     }
     r = run_cmd(e, CMD_INIT, err);
     if (r) goto fail;
@@ -358,6 +446,23 @@ int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_ste
         memset(&e->sparams[0], 0, sizeof e->sparams[0]);
         R = 1;
     }
+    /* a decode-only step within the captured buckets replays the bucket's graph, padded */
+    e->replay_bucket = 0;
+    bool decode = true;
+    for (int s = 0; s < n_seqs; s++) decode &= seqs[s].n_tokens == 1 && seqs[s].output == 1;
+    for (int i = 0; decode && i < e->n_buckets; i++)
+        if (e->buckets[i] >= n_seqs) {
+            int B = e->buckets[i];
+            for (int p = n_seqs; p < B; p++) {
+                e->tokens[p] = e->pos[p] = e->slot[p] = 0;
+                e->seq[p] = e->out_rows[p] = p;
+                memset(&e->sparams[p], 0, sizeof e->sparams[p]);
+                memset(e->btab + (size_t)p * e->max_blocks, 0, sizeof(int32_t) * (size_t)e->max_blocks);
+            }
+            T = R = B;
+            e->replay_bucket = B;
+            break;
+        }
     int vpad = e->ranks[0].graph->vocab_pad;
     free(e->logits_dev);
     e->logits_dev = NULL;
@@ -367,7 +472,7 @@ int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_ste
         if (!e->logits_dev || !lo) return msm_err_set(err, -ENOMEM, "out of memory for logits");
         e->logits_out = lo;
     }
-    e->dims = (msm_step_dims){.T = T, .R = R, .S = n_seqs};
+    e->dims = (msm_step_dims){.T = T, .R = R, .S = e->replay_bucket ? e->replay_bucket : n_seqs};
     int r = run_cmd(e, CMD_STEP, err);
     if (r) return r;
     int orow = 0;

@@ -69,8 +69,10 @@ int msm_generate(msm_engine *e, const int32_t *prompt, int P, const msm_generate
     while (r == 0 && ret->n < o->max_new) {
         int32_t last = ret->ids[ret->n - 1];
         if (!o->ignore_eos && is_eos(cfg, last)) break;
+        /* output 1 (+ logits) keeps decode steps eligible for CUDA-graph replay */
         msm_step_seq s = {.tokens = &last, .n_tokens = 1, .pos0 = P + ret->n - 1, .blocks = blocks,
-                          .n_blocks = nb, .output = o->dump_logits ? 2 : 1, .sampling = o->sampling};
+                          .n_blocks = nb, .output = 1, .want_logits = o->dump_logits,
+                          .sampling = o->sampling};
         s.sampling.counter = (uint64_t)ret->n;
         double t0 = now_s();
         r = msm_engine_step(e, &s, 1, &out, err);

@@ -31,6 +31,13 @@ typedef struct msm_backend_vt {
     int (*record)(msm_backend *b, msm_stream s, int event, msm_err *err);
     int (*wait)(msm_backend *b, msm_stream s, int event, msm_err *err);
     int (*sync)(msm_backend *b, msm_err *err);
+    /* Optional (NULL when unsupported): weights generated on the device for --dummy-weights,
+     * uniform in ±scale from (seed, index), or ones for norms; and graph capture/replay. */
+    int (*dummy_weight)(msm_backend *b, int wi, const msm_weight *w, uint64_t seed, float scale,
+                        msm_err *err);
+    int (*capture_begin)(msm_backend *b, msm_err *err);
+    int (*capture_end)(msm_backend *b, int key, msm_err *err);
+    int (*replay)(msm_backend *b, int key, msm_err *err); /* -ENOENT: no graph for key */
 } msm_backend_vt;
 
 struct msm_backend {
@@ -51,5 +58,7 @@ static inline void msm_backend_free(msm_backend *b) {
 
 /* Executes graph g for one step: issues every node in order on its stream, then syncs. */
 int msm_exec_step(msm_backend *b, const msm_graph *g, const msm_step_dims *d, msm_err *err);
+/* Issues the nodes only (no begin, no sync): what a CUDA-graph capture records. */
+int msm_exec_issue(msm_backend *b, const msm_graph *g, const msm_step_dims *d, msm_err *err);
 
 #endif

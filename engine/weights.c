@@ -50,11 +50,16 @@ int msm_weights_dummy(const msm_graph *g, uint64_t seed, msm_backend *b, msm_err
     for (int wi = 0; wi < g->n_weights; wi++) {
         const msm_weight *w = &g->weights[wi];
         size_t n = (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols;
-        float *buf = malloc(sizeof(float) * (n ? n : 1));
-        if (!buf) return msm_err_set(err, -ENOMEM, "out of memory for dummy weight %s", w->name);
         /* uniform in ±sqrt(3)/sqrt(fan_in): unit-variance outputs, so activations stay sane */
         uint64_t s = seed ^ name_hash(w->name);
         float scale = w->is_norm ? 0.0f : sqrtf(3.0f / (float)(w->cols > 1 ? w->cols : w->rows));
+        if (b->vt->dummy_weight) {
+            int r = b->vt->dummy_weight(b, wi, w, s, scale, err);
+            if (r) return r;
+            continue;
+        }
+        float *buf = malloc(sizeof(float) * (n ? n : 1));
+        if (!buf) return msm_err_set(err, -ENOMEM, "out of memory for dummy weight %s", w->name);
         for (size_t i = 0; i < n; i++)
             buf[i] = w->is_norm ? 1.0f : (2.0f * msm_rng_uniform(s, i) - 1.0f) * scale;
         int r = b->vt->load_weight(b, wi, w, buf, err);

@@ -1,0 +1,457 @@
+/* CUDA backend (see msm_cuda_backend.h): one rank on one GPU.
+ *
+ * Weights bf16, activations float32 in one device arena at the planner's offsets, KV cache bf16.
+ * Two streams (MAIN, AUX) and one cudaEvent per graph event, used exactly as the graph says.
+ * Collectives are NCCL on the MAIN stream (the verifier guarantees every collective node is on
+ * MAIN). Decode steps are captured per batch bucket into CUDA graphs (thread-local capture mode)
+ * and replayed; the executor issues the same nodes for capture as for eager runs. Host waits poll
+ * with a deadline instead of blocking. */
+#include <errno.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "msm_backend.h"
+#include "msm_cuda.h"
+#include "msm_cuda_backend.h"
+#include "msm_cuda_kernels.h"
+
+#define MAX_GRAPHS 64
+
+typedef struct cuda_backend {
+    msm_backend b;
+    msm_comm comm;               /* NCCL behind the msm_comm interface */
+    int device, tp;
+    ncclComm_t nccl;
+    cudaStream_t st[MSM_N_STREAMS];
+    cudaEvent_t *ev;
+    int n_events;
+    msm_cuda_ctx *ctx;
+    uint16_t **w;                /* [n_weights] bf16 */
+    int n_weights;
+    char *arena;
+    size_t arena_bytes;
+    uint16_t **kc, **vc;         /* [n_layers] bf16 caches */
+    int n_layers;
+    void *ws[MSM_N_STREAMS];     /* per-stream workspace (cuBLASLt input, MoE grouping) */
+    size_t ws_bytes;
+    float *q_tmp[MSM_N_STREAMS]; /* attention: q gathered contiguous */
+    void *gather_tmp;            /* all-gather staging [tp, rows, cols] */
+    size_t gather_bytes;
+    cudaGraphExec_t graphs[MAX_GRAPHS];
+    int graph_key[MAX_GRAPHS], n_graphs;
+    cudaGraph_t capturing;
+} cuda_backend;
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        cudaError_t e_ = (expr);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return msm_err_set(err, msm_cuda_errno(e_), "rank %d (GPU %d): %s failed: %s",          \
+                               cb->b.rank, cb->device, #expr, cudaGetErrorString(e_));              \
+    } while (0)
+#define KTRY(expr)                                                                                 \
+    do {                                                                                           \
+        int r_ = (expr);                                                                           \
+        if (r_) return msm_err_set(err, r_, "rank %d (GPU %d): %s failed", cb->b.rank, cb->device, #expr); \
+    } while (0)
+#define NTRY(expr)                                                                                 \
+    do {                                                                                           \
+        ncclResult_t n_ = (expr);                                                                  \
+        if (n_ != ncclSuccess)                                                                     \
+            return msm_err_set(err, -EIO, "rank %d (GPU %d): %s failed: %s", cb->b.rank,           \
+                               cb->device, #expr, ncclGetErrorString(n_));                          \
+    } while (0)
+
+/* ---- NCCL behind msm_comm ------------------------------------------------------------------ */
+
+static cuda_backend *from_comm(msm_comm *c) {
+    return (cuda_backend *)((char *)c - offsetof(cuda_backend, comm));
+}
+
+static int nccl_allreduce(msm_comm *c, const float *in, float *out, size_t n, msm_err *err) {
+    cuda_backend *cb = from_comm(c);
+    NTRY(ncclAllReduce(in, out, n, ncclFloat, ncclSum, cb->nccl, cb->st[MSM_STREAM_MAIN]));
+    return 0;
+}
+
+static int nccl_allgather(msm_comm *c, const void *in, void *out, size_t rows, size_t row_bytes,
+                          msm_err *err) {
+    cuda_backend *cb = from_comm(c);
+    size_t per = rows * row_bytes;
+    if (per * (size_t)cb->tp > cb->gather_bytes)
+        return msm_err_set(err, -EINVAL, "all-gather of %zu bytes exceeds the staging buffer", per);
+    cudaStream_t s = cb->st[MSM_STREAM_MAIN];
+    if (cb->tp == 1) {
+        TRY(cudaMemcpyAsync(out, in, per, cudaMemcpyDeviceToDevice, s));
+        return 0;
+    }
+    NTRY(ncclAllGather(in, cb->gather_tmp, per, ncclChar, cb->nccl, s));
+    /* [tp, rows, cols] → [rows, tp*cols] */
+    for (int r = 0; r < cb->tp; r++)
+        TRY(cudaMemcpy2DAsync((char *)out + (size_t)r * row_bytes, row_bytes * (size_t)cb->tp,
+                              (char *)cb->gather_tmp + (size_t)r * per, row_bytes, row_bytes, rows,
+                              cudaMemcpyDeviceToDevice, s));
+    return 0;
+}
+
+static const msm_comm_vt nccl_vt = {nccl_allreduce, nccl_allgather};
+
+/* ---- nodes ------------------------------------------------------------------------------- */
+
+#define F(v) ((float *)(cb->arena + g->vals[v].offset))
+#define I32(v) ((int32_t *)(cb->arena + g->vals[v].offset))
+#define ROWS(v) ((int)msm_value_rows(&g->vals[v], d->T, d->R, d->S))
+
+static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    const msm_node *n = &g->nodes[idx];
+    cudaStream_t s = cb->st[n->stream];
+    void *ws = cb->ws[n->stream];
+    const int *a = n->a;
+    int in0 = n->in[0], out0 = n->out[0];
+    switch (n->op) {
+    case MSM_OP_EMBED:
+        KTRY(msm_cuda_embed(F(out0), cb->w[n->w[0]], I32(in0), d->T, a[0], s));
+        break;
+    case MSM_OP_RMSNORM:
+        KTRY(msm_cuda_rmsnorm(F(out0), F(in0), cb->w[n->w[0]], ROWS(in0), a[0], n->f, s));
+        break;
+    case MSM_OP_QK_NORM: {
+        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
+        TRY(cudaMemcpyAsync(F(out0), F(in0), sizeof(float) * (size_t)T * C, cudaMemcpyDeviceToDevice, s));
+        /* rows of q heads and k heads are strided by C: normalise per token */
+        for (int t = 0; t < T; t++) {
+            float *row = F(out0) + (size_t)t * C;
+            KTRY(msm_cuda_rmsnorm(row, row, cb->w[n->w[0]], nh, hd, n->f, s));
+            KTRY(msm_cuda_rmsnorm(row + (size_t)nh * hd, row + (size_t)nh * hd, cb->w[n->w[1]], kvh, hd, n->f, s));
+        }
+        break;
+    }
+    case MSM_OP_LINEAR:
+        KTRY(msm_cuda_linear(F(out0), F(in0), cb->w[n->w[0]], n->w[1] >= 0 ? cb->w[n->w[1]] : NULL,
+                             ROWS(in0), a[0], a[1], cb->ctx, ws, cb->ws_bytes, s));
+        break;
+    case MSM_OP_ROPE: {
+        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
+        TRY(cudaMemcpyAsync(F(out0), F(in0), sizeof(float) * (size_t)T * C, cudaMemcpyDeviceToDevice, s));
+        /* q and k heads are contiguous within a row; rotate them as [T, nh+kvh, hd] rows with
+         * a stride: one call per token keeps the kernel's contiguous layout */
+        if (C == (nh + kvh) * hd) {
+            KTRY(msm_cuda_rope(F(out0), I32(n->in[1]), T, nh + kvh, hd, n->f, s));
+        } else {
+            for (int t = 0; t < T; t++)
+                KTRY(msm_cuda_rope(F(out0) + (size_t)t * C, I32(n->in[1]) + t, 1, nh + kvh, hd, n->f, s));
+        }
+        break;
+    }
+    case MSM_OP_ATTENTION: {
+        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
+        const float *qkv = F(in0);
+        float *q = cb->q_tmp[n->stream], *k = q + (size_t)g->max_T * nh * hd, *v = k + (size_t)g->max_T * kvh * hd;
+        size_t fs = sizeof(float);
+        TRY(cudaMemcpy2DAsync(q, fs * nh * hd, qkv, fs * C, fs * nh * hd, T, cudaMemcpyDeviceToDevice, s));
+        TRY(cudaMemcpy2DAsync(k, fs * kvh * hd, qkv + (size_t)nh * hd, fs * C, fs * kvh * hd, T, cudaMemcpyDeviceToDevice, s));
+        TRY(cudaMemcpy2DAsync(v, fs * kvh * hd, qkv + (size_t)(nh + kvh) * hd, fs * C, fs * kvh * hd, T, cudaMemcpyDeviceToDevice, s));
+        KTRY(msm_cuda_kv_write(cb->kc[n->layer], cb->vc[n->layer], k, v, I32(n->in[3]), T, kvh, hd, s));
+        KTRY(msm_cuda_attention(F(out0), q, cb->kc[n->layer], cb->vc[n->layer], I32(n->in[1]), I32(n->in[2]),
+                                I32(n->in[4]), g->max_blocks, T, nh, kvh, hd, n->f, s));
+        break;
+    }
+    case MSM_OP_ADD:
+        KTRY(msm_cuda_add(F(out0), F(in0), F(n->in[1]), (size_t)ROWS(in0) * g->vals[in0].cols, s));
+        break;
+    case MSM_OP_MUL:
+        KTRY(msm_cuda_scale_rows(F(out0), F(in0), F(n->in[1]), ROWS(in0), g->vals[in0].cols, s));
+        break;
+    case MSM_OP_SIGMOID:
+        KTRY(msm_cuda_sigmoid(F(out0), F(in0), (size_t)ROWS(in0) * g->vals[in0].cols, s));
+        break;
+    case MSM_OP_SWIGLU:
+        KTRY(msm_cuda_swiglu(F(out0), F(in0), ROWS(in0), a[0], s));
+        break;
+    case MSM_OP_ROUTER_TOPK:
+        KTRY(msm_cuda_router_topk(I32(out0), F(n->out[1]), F(in0), ROWS(in0), a[0], a[1], a[2] != 0, s));
+        break;
+    case MSM_OP_MOE_EXPERTS:
+        KTRY(msm_cuda_moe_experts(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), cb->w[n->w[0]], cb->w[n->w[1]],
+                                  ROWS(in0), a[0], a[1], a[2], a[3], ws, cb->ws_bytes, s));
+        break;
+    case MSM_OP_GATHER_ROWS: {
+        /* rows are a device index list: gather with one copy per row would need the host; use
+         * scale_rows-free path: a tiny kernel is overkill, so copy rows by index via embed's
+         * gather semantics on a float table. */
+        int R = ROWS(out0), C = g->vals[in0].cols;
+        KTRY(msm_cuda_gather_rows(F(out0), F(in0), I32(n->in[1]), R, C, s));
+        break;
+    }
+    case MSM_OP_ALLREDUCE:
+        if (n->stream != MSM_STREAM_MAIN)
+            return msm_err_set(err, -EINVAL, "collective on a non-main stream reached the CUDA backend");
+        return nccl_allreduce(&cb->comm, F(in0), F(out0), (size_t)ROWS(in0) * g->vals[in0].cols, err);
+    case MSM_OP_ALLGATHER:
+        if (n->stream != MSM_STREAM_MAIN)
+            return msm_err_set(err, -EINVAL, "collective on a non-main stream reached the CUDA backend");
+        return nccl_allgather(&cb->comm, F(in0), F(out0), (size_t)ROWS(in0), sizeof(float) * g->vals[in0].cols, err);
+    case MSM_OP_SAMPLE: {
+        int R = ROWS(in0), V = a[0], Vp = a[1];
+        const msm_sample_params *p = (const msm_sample_params *)I32(n->in[1]);
+        if (V == Vp) {
+            KTRY(msm_cuda_sample(I32(out0), F(in0), p, R, V, s));
+        } else {
+            for (int r = 0; r < R; r++) KTRY(msm_cuda_sample(I32(out0) + r, F(in0) + (size_t)r * Vp, p + r, 1, V, s));
+        }
+        break;
+    }
+    default:
+        return msm_err_set(err, -ENOTSUP, "cuda backend: op %s is not supported", msm_op_name(n->op));
+    }
+    return 0;
+}
+
+static int cuda_record(msm_backend *b, msm_stream s, int e, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    TRY(cudaEventRecord(cb->ev[e], cb->st[s]));
+    return 0;
+}
+
+static int cuda_wait(msm_backend *b, msm_stream s, int e, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    TRY(cudaStreamWaitEvent(cb->st[s], cb->ev[e], 0));
+    return 0;
+}
+
+static int cuda_begin(msm_backend *b, msm_err *err) {
+    (void)b;
+    (void)err;
+    return 0;
+}
+
+/* Polls the main stream (the aux stream is always joined into it) until done or the deadline. */
+static int cuda_sync(msm_backend *b, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (cb->capturing) return 0;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned spin = 0;; spin++) {
+        cudaError_t e = cudaStreamQuery(cb->st[MSM_STREAM_MAIN]);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) TRY(e);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        double ms = (double)(t.tv_sec - t0.tv_sec) * 1e3 + (double)(t.tv_nsec - t0.tv_nsec) * 1e-6;
+        if (ms > cb->b.deadline_ms) {
+            ncclCommAbort(cb->nccl);
+            cb->nccl = NULL;
+            return msm_err_set(err, -ETIMEDOUT, "rank %d (GPU %d): the step did not finish within %d ms; "
+                                                "NCCL communicator aborted", cb->b.rank, cb->device, cb->b.deadline_ms);
+        }
+        if (spin > 64) usleep(20);
+    }
+    TRY(cudaStreamQuery(cb->st[MSM_STREAM_AUX]));
+    return 0;
+}
+
+static int cuda_load_weight(msm_backend *b, int wi, const msm_weight *w, const float *data, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (wi >= cb->n_weights) {
+        uint16_t **nw = realloc(cb->w, sizeof *nw * (size_t)(wi + 1));
+        if (!nw) return msm_err_set(err, -ENOMEM, "out of memory");
+        for (int i = cb->n_weights; i <= wi; i++) nw[i] = NULL;
+        cb->w = nw;
+        cb->n_weights = wi + 1;
+    }
+    size_t n = (size_t)w->n_expert * w->rows * w->cols;
+    uint16_t *h = malloc(2 * (n ? n : 1));
+    if (!h) return msm_err_set(err, -ENOMEM, "out of memory converting %s", w->name);
+    for (size_t i = 0; i < n; i++) h[i] = msm_f32_to_bf16(data[i]);
+    cudaError_t e = cudaMalloc((void **)&cb->w[wi], 2 * (n ? n : 1));
+    if (e == cudaSuccess) e = cudaMemcpy(cb->w[wi], h, 2 * n, cudaMemcpyHostToDevice);
+    free(h);
+    TRY(e);
+    return 0;
+}
+
+/* --dummy-weights: generated on the device. */
+static int cuda_dummy_weight(msm_backend *b, int wi, const msm_weight *w, uint64_t seed, float scale,
+                             msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (wi >= cb->n_weights) {
+        uint16_t **nw = realloc(cb->w, sizeof *nw * (size_t)(wi + 1));
+        if (!nw) return msm_err_set(err, -ENOMEM, "out of memory");
+        for (int i = cb->n_weights; i <= wi; i++) nw[i] = NULL;
+        cb->w = nw;
+        cb->n_weights = wi + 1;
+    }
+    size_t n = (size_t)w->n_expert * w->rows * w->cols;
+    TRY(cudaMalloc((void **)&cb->w[wi], 2 * (n ? n : 1)));
+    KTRY(msm_cuda_fill_dummy(cb->w[wi], n, seed, scale, w->is_norm, cb->st[MSM_STREAM_MAIN]));
+    return 0;
+}
+
+static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    cb->arena_bytes = g->arena_bytes;
+    TRY(cudaMalloc((void **)&cb->arena, g->arena_bytes));
+    TRY(cudaMemset(cb->arena, 0, g->arena_bytes));
+    cb->n_layers = g->n_layers;
+    cb->kc = calloc((size_t)g->n_layers, sizeof *cb->kc);
+    cb->vc = calloc((size_t)g->n_layers, sizeof *cb->vc);
+    cb->n_events = g->n_events;
+    cb->ev = calloc((size_t)(g->n_events ? g->n_events : 1), sizeof *cb->ev);
+    if (!cb->kc || !cb->vc || !cb->ev) return msm_err_set(err, -ENOMEM, "out of memory");
+    for (int e = 0; e < g->n_events; e++) TRY(cudaEventCreateWithFlags(&cb->ev[e], cudaEventDisableTiming));
+    size_t ws = 0, qtmp = 0, gather = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const msm_node *n = &g->nodes[i];
+        size_t need = 0;
+        if (n->op == MSM_OP_LINEAR) {
+            need = msm_cuda_linear_ws_bytes(g->max_T, n->a[0], n->a[1]);
+            for (int t = MSM_CUDA_GEMV_MAX_T + 1; t <= g->max_T; t *= 2) msm_cuda_linear_prepare(cb->ctx, t, n->a[0], n->a[1]);
+        } else if (n->op == MSM_OP_MOE_EXPERTS) {
+            need = msm_cuda_moe_experts_ws_bytes(g->max_T, n->a[0], n->a[1], n->a[2], n->a[3]);
+        } else if (n->op == MSM_OP_ATTENTION) {
+            size_t kv = (size_t)n_kv_blocks * MSM_KV_BLOCK * n->a[1] * n->a[2];
+            if (!cb->kc[n->layer]) {
+                TRY(cudaMalloc((void **)&cb->kc[n->layer], 2 * kv));
+                TRY(cudaMalloc((void **)&cb->vc[n->layer], 2 * kv));
+                TRY(cudaMemset(cb->kc[n->layer], 0, 2 * kv));
+                TRY(cudaMemset(cb->vc[n->layer], 0, 2 * kv));
+            }
+            size_t q = sizeof(float) * (size_t)g->max_T * (size_t)(n->a[0] + 2 * n->a[1]) * n->a[2];
+            if (q > qtmp) qtmp = q;
+        } else if (n->op == MSM_OP_ALLGATHER) {
+            size_t gb = sizeof(float) * (size_t)g->max_R * g->vals[n->in[0]].cols * (size_t)cb->tp;
+            if (gb > gather) gather = gb;
+        }
+        if (need > ws) ws = need;
+    }
+    cb->ws_bytes = ws;
+    for (int s = 0; s < MSM_N_STREAMS; s++) {
+        TRY(cudaMalloc(&cb->ws[s], ws ? ws : 256));
+        TRY(cudaMalloc((void **)&cb->q_tmp[s], qtmp ? qtmp : 256));
+    }
+    cb->gather_bytes = gather;
+    TRY(cudaMalloc(&cb->gather_tmp, gather ? gather : 256));
+    TRY(cudaDeviceSynchronize());
+    return 0;
+}
+
+static int cuda_write(msm_backend *b, size_t off, const void *src, size_t n, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (off + n > cb->arena_bytes) return msm_err_set(err, -EINVAL, "arena write out of range");
+    TRY(cudaMemcpyAsync(cb->arena + off, src, n, cudaMemcpyHostToDevice, cb->st[MSM_STREAM_MAIN]));
+    return 0;
+}
+
+static int cuda_read(msm_backend *b, size_t off, void *dst, size_t n, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    if (off + n > cb->arena_bytes) return msm_err_set(err, -EINVAL, "arena read out of range");
+    TRY(cudaMemcpyAsync(dst, cb->arena + off, n, cudaMemcpyDeviceToHost, cb->st[MSM_STREAM_MAIN]));
+    return cuda_sync(b, err);
+}
+
+static int cuda_capture_begin(msm_backend *b, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    TRY(cudaStreamBeginCapture(cb->st[MSM_STREAM_MAIN], cudaStreamCaptureModeThreadLocal));
+    cb->capturing = (cudaGraph_t)1;
+    return 0;
+}
+
+static int cuda_capture_end(msm_backend *b, int key, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    cudaGraph_t graph = NULL;
+    cb->capturing = NULL;
+    TRY(cudaStreamEndCapture(cb->st[MSM_STREAM_MAIN], &graph));
+    if (cb->n_graphs == MAX_GRAPHS) return msm_err_set(err, -ENOSPC, "too many captured graphs");
+    cudaGraphExec_t exec;
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TRY(e);
+    cb->graphs[cb->n_graphs] = exec;
+    cb->graph_key[cb->n_graphs++] = key;
+    return 0;
+}
+
+static int cuda_replay(msm_backend *b, int key, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    for (int i = 0; i < cb->n_graphs; i++)
+        if (cb->graph_key[i] == key) {
+            TRY(cudaGraphLaunch(cb->graphs[i], cb->st[MSM_STREAM_MAIN]));
+            return cuda_sync(b, err);
+        }
+    return -ENOENT;
+}
+
+static void cuda_free(msm_backend *b) {
+    cuda_backend *cb = (cuda_backend *)b;
+    cudaSetDevice(cb->device);
+    cudaDeviceSynchronize();
+    for (int i = 0; i < cb->n_graphs; i++) cudaGraphExecDestroy(cb->graphs[i]);
+    for (int i = 0; i < cb->n_weights; i++) cudaFree(cb->w[i]);
+    free(cb->w);
+    for (int l = 0; cb->kc && l < cb->n_layers; l++) {
+        cudaFree(cb->kc[l]);
+        cudaFree(cb->vc[l]);
+    }
+    free(cb->kc);
+    free(cb->vc);
+    for (int e = 0; cb->ev && e < cb->n_events; e++) cudaEventDestroy(cb->ev[e]);
+    free(cb->ev);
+    for (int s = 0; s < MSM_N_STREAMS; s++) {
+        cudaFree(cb->ws[s]);
+        cudaFree(cb->q_tmp[s]);
+        if (cb->st[s]) cudaStreamDestroy(cb->st[s]);
+    }
+    cudaFree(cb->gather_tmp);
+    cudaFree(cb->arena);
+    msm_cuda_ctx_free(cb->ctx);
+    if (cb->nccl) ncclCommDestroy(cb->nccl);
+    free(cb);
+}
+
+static const msm_backend_vt cuda_vt = {
+    .name = "cuda", .free = cuda_free, .load_weight = cuda_load_weight, .prepare = cuda_prepare,
+    .write = cuda_write, .read = cuda_read, .begin = cuda_begin, .run = cuda_run,
+    .record = cuda_record, .wait = cuda_wait, .sync = cuda_sync,
+    .dummy_weight = cuda_dummy_weight, .capture_begin = cuda_capture_begin,
+    .capture_end = cuda_capture_end, .replay = cuda_replay,
+};
+
+int msm_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+    return n;
+}
+
+int msm_cuda_nccl_unique_id(void *id, msm_err *err) {
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess) return msm_err_set(err, -EIO, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+    memcpy(id, &u, sizeof u);
+    return 0;
+}
+
+int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int deadline_ms,
+                         msm_backend **ret, msm_err *err) {
+    cuda_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) return msm_err_set(err, -ENOMEM, "out of memory");
+    cb->b = (msm_backend){.vt = &cuda_vt, .comm = &cb->comm, .rank = rank, .deadline_ms = deadline_ms};
+    cb->comm = (msm_comm){.vt = &nccl_vt, .rank = rank, .size = tp};
+    cb->device = device;
+    cb->tp = tp;
+    *ret = &cb->b; /* from here on, msm_backend_free cleans up a half-built backend */
+    int r = 0;
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess)
+        return msm_err_set(err, -ENODEV, "rank %d: cannot use GPU %d: %s", rank, device, cudaGetErrorString(e));
+    for (int s = 0; s < MSM_N_STREAMS; s++) TRY(cudaStreamCreateWithFlags(&cb->st[s], cudaStreamNonBlocking));
+    r = msm_cuda_ctx_new(&cb->ctx);
+    if (r) return msm_err_set(err, r, "rank %d: cannot create the cuBLASLt context", rank);
+    ncclUniqueId id;
+    memcpy(&id, nccl_id, sizeof id);
+    NTRY(ncclCommInitRank(&cb->nccl, tp, id, rank));
+    return 0;
+}

@@ -1,0 +1,151 @@
+/* msmoe-bench decode: engine decode-step benchmark. For each batch size, B sequences at context
+ * C (their KV blocks allocated; the cache content does not change the work) take `steps` decode
+ * steps; the median wall time of msm_engine_step (inputs up, replay or eager run, sampled tokens
+ * down) is reported with the bytes the step must read (weights of the experts it selects —
+ * expected under uniform routing — plus dense weights, lm_head and the KV cache) over that time.
+ *
+ *   msmoe-bench decode --preset config/models/qwen1.5-moe-a2.7b.json [--backend cuda]
+ *                      [--batches 1,8,32,128,256] [--context 512] [--steps 30]
+ *                      [--no-cuda-graphs] [--no-multi-stream] [--no-fuse-allreduce] [--tp N]
+ * Prints one table row per batch; it is a benchmark, never a test. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "msm_engine.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Bytes one decode step of B sequences at context C must read (bf16 weights and KV). */
+static double step_bytes(const msm_model_config *c, int B, int C) {
+    double H = c->hidden, hd = c->head_dim, w = 0;
+    double attn = H * hd * (c->n_heads + 2 * c->n_kv_heads) + hd * c->n_heads * H;
+    double expert = 3.0 * H * c->moe_intermediate;
+    double uniq = c->n_experts * (1.0 - pow(1.0 - (double)c->top_k / c->n_experts, B));
+    for (int l = 0; l < c->n_layers; l++) {
+        w += attn + 2 * H;
+        if (c->sparse[l]) {
+            w += uniq * expert + (double)c->n_experts * H;
+            if (c->shared_intermediate) w += 3.0 * H * c->shared_intermediate + H;
+        } else {
+            w += 3.0 * H * c->intermediate;
+        }
+    }
+    w += (double)c->vocab * H + H + (double)B * H; /* lm_head, final norm, embedding rows */
+    double kv = (double)B * C * c->n_layers * 2.0 * c->n_kv_heads * hd;
+    return 2.0 * (w + kv);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "decode") != 0) {
+        fprintf(stderr, "usage: msmoe-bench decode --preset FILE.json | --model DIR [options]\n");
+        return 2;
+    }
+    msm_engine_opts o;
+    msm_engine_opts_default(&o);
+    const char *batches = "1,8,32,128,256";
+    int context = 512, steps = 30;
+    double ceiling = 4300.0; /* GB/s: the measured device-copy ceiling of the H200 */
+    static const struct option lo[] = {
+        {"preset", required_argument, 0, 'p'}, {"model", required_argument, 0, 'm'},
+        {"backend", required_argument, 0, 'b'}, {"batches", required_argument, 0, 'B'},
+        {"context", required_argument, 0, 'c'}, {"steps", required_argument, 0, 's'},
+        {"no-cuda-graphs", no_argument, 0, 'G'}, {"no-multi-stream", no_argument, 0, 'M'},
+        {"no-fuse-allreduce", no_argument, 0, 'F'}, {"tp", required_argument, 0, 't'},
+        {"ceiling", required_argument, 0, 'C'}, {0, 0, 0, 0}};
+    int ch;
+    optind = 2;
+    while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (ch) {
+        case 'p': o.dummy_preset = optarg; break;
+        case 'm': o.model_dir = optarg; break;
+        case 'b': o.backend = strcmp(optarg, "cuda") == 0 ? MSM_BACKEND_CUDA : MSM_BACKEND_CPU; break;
+        case 'B': batches = optarg; break;
+        case 'c': context = atoi(optarg); break;
+        case 's': steps = atoi(optarg); break;
+        case 'G': o.cuda_graphs = false; break;
+        case 'M': o.multi_stream = false; break;
+        case 'F': o.fuse_allreduce = false; break;
+        case 't': o.tp = atoi(optarg); break;
+        case 'C': ceiling = atof(optarg); break;
+        default: return 2;
+        }
+    }
+    int bl[32], nb = 0, maxb = 1;
+    for (char *s = (char *)batches; *s && nb < 32;) {
+        bl[nb] = (int)strtol(s, &s, 10);
+        if (bl[nb] > maxb) maxb = bl[nb];
+        nb++;
+        if (*s == ',') s++;
+    }
+    int per_seq = (context + steps + 16) / 16 + 1;
+    o.max_seqs = maxb;
+    o.max_step_tokens = maxb;
+    o.max_context = context + steps + 16;
+    o.kv_blocks = maxb * per_seq + 1;
+    msm_engine *e;
+    msm_err err = {{0}};
+    double t0 = now_ms();
+    if (msm_engine_new(&o, &e, &err) < 0) {
+        fprintf(stderr, "msmoe-bench: %s\n", err.msg);
+        return 1;
+    }
+    const msm_model_config *c = msm_engine_model(e);
+    printf("# %s, backend %s, tp %d, graphs %s, multi-stream %s, fuse-allreduce %s, context %d, "
+           "%d steps (median), start-up %.1f s\n", c->arch_name, msm_engine_backend_name(e), o.tp,
+           o.cuda_graphs && o.backend == MSM_BACKEND_CUDA ? "on" : "off", o.multi_stream ? "on" : "off",
+           o.fuse_allreduce ? "on" : "off", context, steps, (now_ms() - t0) / 1e3);
+    printf("%6s %10s %10s %10s %10s %8s\n", "batch", "ms/step", "p90 ms", "tok/s", "GB/step", "%HBM");
+    int32_t *blocks = malloc(sizeof(int32_t) * (size_t)maxb * per_seq), *tok = malloc(sizeof(int32_t) * maxb);
+    msm_step_seq *sq = malloc(sizeof *sq * (size_t)maxb);
+    double *ms = malloc(sizeof(double) * (size_t)steps);
+    for (int i = 0; i < nb; i++) {
+        int B = bl[i];
+        if (msm_kv_pool_alloc(msm_engine_kv(e), B * per_seq, blocks) < 0) {
+            fprintf(stderr, "msmoe-bench: not enough KV blocks\n");
+            return 1;
+        }
+        for (int s = 0; s < B; s++) tok[s] = (int32_t)((s * 7919 + 13) % c->vocab);
+        int rc = 0;
+        for (int st = -3; st < steps && rc == 0; st++) { /* 3 warm-up steps */
+            for (int s = 0; s < B; s++)
+                sq[s] = (msm_step_seq){.tokens = &tok[s], .n_tokens = 1, .pos0 = context + (st < 0 ? 0 : st),
+                                       .blocks = blocks + (size_t)s * per_seq, .n_blocks = per_seq,
+                                       .output = 1, .sampling = {.temperature = 0, .top_p = 1}};
+            msm_step_out out;
+            double a = now_ms();
+            rc = msm_engine_step(e, sq, B, &out, &err);
+            double dt = now_ms() - a;
+            if (st >= 0) ms[st] = dt;
+            for (int s = 0; s < B && rc == 0; s++) tok[s] = out.tokens[s];
+        }
+        if (rc) {
+            fprintf(stderr, "msmoe-bench: batch %d: %s\n", B, err.msg);
+            return 1;
+        }
+        msm_kv_pool_release(msm_engine_kv(e), blocks, B * per_seq);
+        qsort(ms, (size_t)steps, sizeof *ms, cmp_d);
+        double med = ms[steps / 2], p90 = ms[(steps * 9) / 10], gb = step_bytes(c, B, context) / 1e9;
+        printf("%6d %10.3f %10.3f %10.0f %10.3f %7.1f%%\n", B, med, p90, B / med * 1e3, gb,
+               gb / (med / 1e3) / ceiling * 100.0);
+        fflush(stdout);
+    }
+    free(blocks);
+    free(tok);
+    free(sq);
+    free(ms);
+    msm_engine_free(e);
+    return 0;
+}
