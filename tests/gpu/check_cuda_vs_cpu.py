@@ -45,9 +45,25 @@ for m in ["qwen2moe-gqa", "qwen2moe-mha-tied", "qwen3moe", "mixtral", "../../mod
         except Exception as e:  # noqa
             check(f"{m}[{i}] runs", False, str(e)[:400])
             continue
-        rel = float(np.abs(gl - cl).max() / np.abs(cl).max())
-        check(f"{m}[{i}] cuda vs cpu tokens", gt == ct, f"cuda={gt[:8]} cpu={ct[:8]}")
-        check(f"{m}[{i}] cuda vs cpu logits", rel <= 2e-2, f"rel={rel:.2e}")
+        # teacher-forced: the CPU's whole sequence in one prefill on both backends
+        seq = list(p) + ct[:-1]
+        _, tcl = run(d, seq, 1, "--backend", "cpu")
+        _, tgl = run(d, seq, 1, "--backend", "cuda")
+        err = np.abs(tgl - tcl)
+        rel = float(err.max() / np.abs(tcl).max())
+        check(f"{m}[{i}] cuda vs cpu logits (teacher-forced, {len(seq)} rows)", rel <= 2e-2, f"rel={rel:.2e}")
+        top2 = np.sort(tcl, axis=1)[:, -2:]
+        gap = top2[:, 1] - top2[:, 0]
+        tol = 4 * float(err.max())
+        agree = [(r, int(np.argmax(tgl[r])) == int(np.argmax(tcl[r])) or gap[r] < tol) for r in range(len(seq))]
+        bad = [r for r, ok in agree if not ok]
+        check(f"{m}[{i}] cuda vs cpu argmax per row (except near-ties < {tol:.3f})", not bad, f"rows {bad[:5]}")
+        # free-running greedy decode: equal tokens, or a divergence at a near-tie of the CPU
+        div = next((k for k in range(min(len(gt), len(ct))) if gt[k] != ct[k]), None)
+        row = len(p) - 1 + div if div is not None else None
+        near = div is not None and gap[row] < tol
+        check(f"{m}[{i}] cuda vs cpu greedy tokens", div is None or near,
+              "all equal" if div is None else f"first divergence at token {div}, cpu top-2 gap {gap[row]:.4f} (tol {tol:.4f})")
         check(f"{m}[{i}] graph replay vs eager bitwise", np.array_equal(gl, el) and gt == et,
               f"maxdiff={float(np.abs(gl - el).max()):.3e}")
         check(f"{m}[{i}] multi-stream on vs off bitwise", np.array_equal(gl, sl) and gt == st,
