@@ -10,10 +10,14 @@
  * the model runs; the post_processor's tokens (TemplateProcessing's BOS) are added only when the
  * caller asks for them. The regexes of the pre-tokenizer run on PCRE2 with UTF and UCP.
  *
- * Not supported (refused at load with -ENOTSUP and a message): Unicode normalisers (NFC, NFKC,
- * Lowercase, ...), WordPiece/Unigram/WordLevel models, BPE with continuing_subword_prefix or
- * end_of_word_suffix, and decoders other than ByteLevel, Metaspace, Replace, ByteFallback, Fuse
- * and Strip. Qwen2/3 declare an NFC normaliser and are therefore refused for now.
+ * Normalizers: NFC (Qwen2/2.5/3), NFD, NFKC, NFKD and Lowercase through libunistring, Prepend and
+ * Replace, and any Sequence of them. As in Hugging Face, the normalizer runs on each stretch of
+ * text between matched added tokens, so decode(encode(text)) gives the normalised text.
+ *
+ * Not supported (refused at load with -ENOTSUP and a message): the other normalizers (Strip,
+ * StripAccents, BertNormalizer, Precompiled, ...), WordPiece/Unigram/WordLevel models, BPE with
+ * continuing_subword_prefix or end_of_word_suffix, and decoders other than ByteLevel, Metaspace,
+ * Replace, ByteFallback, Fuse and Strip.
  *
  * A loaded tokenizer is immutable: encode and decode may run concurrently from many threads on
  * one msm_tokenizer. Input text must be valid UTF-8 (-EINVAL otherwise, with the byte offset). */

@@ -1,8 +1,11 @@
 /* msm_tokenizer: Hugging Face tokenizer.json BPE tokenizers (see msm_tokenizer.h).
  *
  * Encoding runs the Hugging Face pipeline on each stretch of text between added tokens:
- *   normalizer (Prepend, Replace) -> pre_tokenizer (ByteLevel, Split, Metaspace) -> BPE model,
- * then the post_processor adds its tokens when asked. The byte-level mapping of GPT-2 (every byte
+ *   normalizer (NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace)
+ *     -> pre_tokenizer (ByteLevel, Split, Metaspace) -> BPE model,
+ * then the post_processor adds its tokens when asked. Unicode normalisation and lowercasing are
+ * libunistring's (u8_normalize, u8_tolower): composition tables, Hangul, canonical ordering and
+ * the special casings are not things to hand-write. The byte-level mapping of GPT-2 (every byte
  * shown as a printable character) is never materialised: the BPE starts from the id of each
  * byte's character, so the model works on the raw bytes of each pre-token.
  *
@@ -23,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unicase.h>
+#include <uninorm.h>
 
 /* Limits on what a tokenizer.json may ask for (memory is allocated from these). */
 #define TOK_MAX_IDS (1 << 24)
@@ -53,12 +58,13 @@ struct pre_step {
     bool split;            /* PRE_METASPACE */
 };
 
-enum { NORM_PREPEND, NORM_REPLACE };
+enum { NORM_PREPEND, NORM_REPLACE, NORM_UNICODE, NORM_LOWERCASE };
 struct norm_step {
     int type;
     struct pattern pat; /* NORM_REPLACE: what to replace */
     char *s;            /* NORM_PREPEND: the prefix; NORM_REPLACE: the replacement */
     size_t s_len;
+    uninorm_t nf;       /* NORM_UNICODE: UNINORM_NFC, _NFD, _NFKC or _NFKD */
 };
 
 struct added_token {
@@ -487,14 +493,24 @@ static int load_normalizer(msm_tokenizer *t, json_object *o, const char *source,
         }
         return 0;
     }
-    if (strcmp(type, "Prepend") != 0 && strcmp(type, "Replace") != 0)
+    static const char *const forms[] = {"NFC", "NFD", "NFKC", "NFKD"};
+    int form = -1;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(type, forms[i]) == 0) form = i;
+    bool lower = strcmp(type, "Lowercase") == 0;
+    if (form < 0 && !lower && strcmp(type, "Prepend") != 0 && strcmp(type, "Replace") != 0)
         return msm_err_set(err, -ENOTSUP,
-                           "%s: normalizer \"%s\" is not supported (only Prepend and Replace; Unicode "
-                           "normalisation such as NFC needs a library msmoed does not have)",
+                           "%s: normalizer \"%s\" is not supported (NFC, NFD, NFKC, NFKD, Lowercase, Prepend, "
+                           "Replace, Sequence)",
                            source, type);
     if (t->n_norm == TOK_MAX_STEPS)
         return msm_err_set(err, -EINVAL, "%s: more than %d normalizer steps", source, TOK_MAX_STEPS);
     struct norm_step *s = &t->norm[t->n_norm++];
+    if (form >= 0 || lower) {
+        s->type = lower ? NORM_LOWERCASE : NORM_UNICODE;
+        if (!lower) s->nf = form == 0 ? UNINORM_NFC : form == 1 ? UNINORM_NFD : form == 2 ? UNINORM_NFKC : UNINORM_NFKD;
+        return 0;
+    }
     json_object *v = jget(o, strcmp(type, "Prepend") == 0 ? "prepend" : "content");
     if (!v || !json_object_is_type(v, json_type_string))
         return msm_err_set(err, -EINVAL, "%s: normalizer %s has no string \"%s\"", source, type,
@@ -1380,6 +1396,54 @@ static int pre_step(struct enc *e, const struct pre_step *st) {
     return r;
 }
 
+/* Hugging Face's Lowercase of in into out. It lowercases character by character (Rust's
+ * char::to_lowercase): full mappings (U+0130 -> "i" U+0307) but no context, so a word-final capital
+ * sigma becomes σ, not ς. u8_tolower on one character at a time gives exactly that (the only
+ * language-independent context, Final_Sigma, needs a preceding letter). */
+static int norm_lowercase(const struct bytes *in, struct bytes *out) {
+    size_t l;
+    out->n = 0;
+    for (size_t i = 0; i < in->n; i += l) {
+        char c = in->p[i];
+        if ((uint8_t)c < 0x80) {
+            l = 1;
+            if (c >= 'A' && c <= 'Z') c = (char)(c - 'A' + 'a');
+            if (bytes_put(out, &c, 1) < 0) return -ENOMEM;
+            continue;
+        }
+        if (utf8_seq((const uint8_t *)in->p + i, in->n - i, &l) != 1) return -EILSEQ;
+        uint8_t small[32], *res;
+        size_t len = sizeof small;
+        res = u8_tolower((const uint8_t *)in->p + i, l, NULL, NULL, small, &len);
+        if (!res) return errno == ENOMEM ? -ENOMEM : -EILSEQ;
+        int r = bytes_put(out, res, len);
+        if (res != small) free(res);
+        if (r < 0) return r;
+    }
+    return 0;
+}
+
+/* Unicode normalisation form nf of in into out, by libunistring: the result goes into out's
+ * buffer when it fits, else into one libunistring allocates, which out then takes over. ASCII
+ * text is its own NFC, NFD, NFKC and NFKD, so it skips the library (most prompts are ASCII). */
+static int norm_unicode(uninorm_t nf, const struct bytes *in, struct bytes *out) {
+    bool ascii = true;
+    for (size_t i = 0; i < in->n && ascii; i++) ascii = (uint8_t)in->p[i] < 0x80;
+    out->n = 0;
+    if (ascii) return bytes_put(out, in->p, in->n);
+    size_t len = out->cap;
+    uint8_t *buf = (uint8_t *)out->p;
+    uint8_t *res = u8_normalize(nf, (const uint8_t *)in->p, in->n, buf, &len);
+    if (!res) return errno == ENOMEM ? -ENOMEM : -EILSEQ; /* the input was checked: only ENOMEM */
+    if (res != buf) {
+        free(out->p);
+        out->p = (char *)res;
+        out->cap = len;
+    }
+    out->n = len;
+    return 0;
+}
+
 /* Normalizes, pre-tokenizes and BPE-encodes one stretch of text between added tokens. */
 static int encode_section(struct enc *e, const char *s, size_t n, bool first) {
     const msm_tokenizer *t = e->t;
@@ -1388,7 +1452,11 @@ static int encode_section(struct enc *e, const char *s, size_t n, bool first) {
     if ((r = bytes_put(&e->norm, s, n)) < 0) return r;
     for (int i = 0; i < t->n_norm; i++) {
         const struct norm_step *st = &t->norm[i];
-        if (st->type == NORM_PREPEND) {
+        if (st->type == NORM_UNICODE) {
+            if ((r = norm_unicode(st->nf, &e->norm, &e->tmp)) < 0) return r;
+        } else if (st->type == NORM_LOWERCASE) {
+            if ((r = norm_lowercase(&e->norm, &e->tmp)) < 0) return r;
+        } else if (st->type == NORM_PREPEND) {
             if (e->norm.n == 0) continue; /* Prepend leaves an empty string alone */
             e->tmp.n = 0;
             if (bytes_put(&e->tmp, st->s, st->s_len) < 0 || bytes_put(&e->tmp, e->norm.p, e->norm.n) < 0)
@@ -1490,6 +1558,7 @@ int msm_tokenizer_encode_flags(const msm_tokenizer *t, const char *text, size_t 
     if (r < 0) {
         free(out.v);
         if (r == -ENOMEM) return msm_err_set(err, r, "encode: out of memory");
+        if (r == -EILSEQ) return msm_err_set(err, r, "encode: Unicode normalisation failed (libunistring)");
         return msm_err_set(err, r, "encode: the pre-tokenizer regex failed to match (PCRE2 error)");
     }
     *ret_ids = out.v;

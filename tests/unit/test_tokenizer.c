@@ -1,6 +1,8 @@
 /* Tests of msm_tokenizer: GPT-2 byte-level BPE against Hugging Face's reference encodings,
- * the llama2.c tok512 SentencePiece BPE (converted by tools/convert-tok512) against a port of
- * llama2.c's encoder, streaming detokenisation, special tokens and load errors.
+ * a Qwen2-style tokenizer (NFC normalizer, Qwen2 split regex; tests/golden/
+ * make_qwen_style_tokenizer.py) and its variants over every supported normalizer against Hugging
+ * Face's, the llama2.c tok512 SentencePiece BPE (converted by tools/convert-tok512) against a port
+ * of llama2.c's encoder, streaming detokenisation, special tokens and load errors.
  * Data (read from the project root, meson's test workdir): tests/data/tokenizer/. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -16,6 +18,8 @@
 #define GPT2_REF "tests/data/tokenizer/reference_encodings.jsonl"
 #define TOK512_JSON "models/stories260k-moe/tokenizer.json"
 #define TOK512_REF "tests/data/tokenizer/tok512_reference.jsonl"
+#define QWEN_JSON "tests/data/tokenizer/qwen-style/tokenizer.json"
+#define QWEN_REF "tests/data/tokenizer/qwen_style_reference.jsonl"
 
 static msm_tokenizer *load(const char *path) {
     msm_tokenizer *t = NULL;
@@ -263,6 +267,147 @@ Test(tokenizer_detok, reports_small_buffers_without_losing_state) {
     msm_tokenizer_free(t);
 }
 
+/* ---- Qwen2-style (NFC normalizer, Qwen2 split regex) against Hugging Face ---- */
+
+/* The tokenizer.json "normalizer" of a reference record, as compact JSON (the grouping key). */
+static const char *record_normalizer(json_object *rec) {
+    return json_object_to_json_string_ext(json_object_object_get(rec, "normalizer"), JSON_C_TO_STRING_PLAIN);
+}
+
+/* Encodes the record's text and compares the ids, decode() and the streamed decode with HF's. */
+static void check_qwen_record(const msm_tokenizer *t, json_object *rec) {
+    json_object *jt = json_object_object_get(rec, "text"), *jd = json_object_object_get(rec, "decoded");
+    const char *text = json_object_get_string(jt), *norm = record_normalizer(rec);
+    size_t len = (size_t)json_object_get_string_len(jt);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_tokenizer_encode(t, text, len, false, &ids, &n, &err), 0, "%s: %s", norm, err.msg);
+    expect_ids(norm, text, ids, n, json_object_object_get(rec, "ids"));
+    char *back = NULL;
+    size_t blen = 0;
+    cr_assert_eq(msm_tokenizer_decode(t, ids, n, false, &back, &blen, &err), 0, "%s", err.msg);
+    cr_assert(blen == (size_t)json_object_get_string_len(jd) && memcmp(back, json_object_get_string(jd), blen) == 0,
+              "%s: decode(encode(\"%s\")) gave \"%s\", HF \"%s\"", norm, text, back, json_object_get_string(jd));
+    stream_and_compare(t, ids, n, 0, back);
+    free(back);
+    free(ids);
+}
+
+struct qwen_file_ctx {
+    const msm_tokenizer *t;
+    int n;
+};
+
+static void check_qwen_file_record(json_object *rec, void *ctx) {
+    struct qwen_file_ctx *c = ctx;
+    if (strcmp(record_normalizer(rec), "{\"type\":\"NFC\"}") != 0) return;
+    check_qwen_record(c->t, rec);
+    c->n++;
+}
+
+Test(tokenizer_qwen_style, nfc_file_reproduces_every_reference_encoding) {
+    msm_tokenizer *t = load(QWEN_JSON);
+    cr_assert_eq(msm_tokenizer_vocab_size(t), 50259);
+    struct qwen_file_ctx c = {t, 0};
+    each_record(QWEN_REF, check_qwen_file_record, &c);
+    cr_assert_geq(c.n, 30, "only %d NFC records", c.n);
+    msm_tokenizer_free(t);
+}
+
+/* The reference records of every normalizer: the tokenizer of a group is the committed file with
+ * its "normalizer" replaced by the record's, loaded from memory. */
+struct qwen_variant_ctx {
+    json_object *root; /* the parsed qwen-style tokenizer.json */
+    char norm[512];    /* the normalizer of tok */
+    msm_tokenizer *tok;
+    int n_records, n_normalizers;
+};
+
+static void check_qwen_variant_record(json_object *rec, void *ctx) {
+    struct qwen_variant_ctx *c = ctx;
+    const char *norm = record_normalizer(rec);
+    if (!c->tok || strcmp(norm, c->norm) != 0) {
+        msm_tokenizer_free(c->tok);
+        c->tok = NULL;
+        cr_assert_lt(strlen(norm), sizeof c->norm);
+        strcpy(c->norm, norm);
+        json_object_object_add(c->root, "normalizer", json_object_get(json_object_object_get(rec, "normalizer")));
+        size_t len;
+        const char *j = json_object_to_json_string_length(c->root, JSON_C_TO_STRING_PLAIN, &len);
+        msm_err err = {{0}};
+        cr_assert_eq(msm_tokenizer_load_buffer(j, len, "qwen-variant", &c->tok, &err), 0, "%s: %s", norm, err.msg);
+        c->n_normalizers++;
+    }
+    check_qwen_record(c->tok, rec);
+    c->n_records++;
+}
+
+Test(tokenizer_qwen_style, every_normalizer_reproduces_every_reference_encoding) {
+    struct qwen_variant_ctx c = {.root = json_object_from_file(QWEN_JSON)};
+    cr_assert_not_null(c.root, "cannot parse %s", QWEN_JSON);
+    int n = each_record(QWEN_REF, check_qwen_variant_record, &c);
+    cr_assert_eq(c.n_records, n);
+    cr_assert_geq(n, 250, "only %d reference records", n);
+    cr_assert_geq(c.n_normalizers, 8, "only %d normalizers", c.n_normalizers);
+    msm_tokenizer_free(c.tok);
+    json_object_put(c.root);
+}
+
+/* Encodes s with t into a fixed array; returns the count. */
+static size_t encode_into(const msm_tokenizer *t, const char *s, int32_t *out, size_t cap) {
+    int32_t *ids;
+    size_t n;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_tokenizer_encode(t, s, strlen(s), false, &ids, &n, &err), 0, "%s", err.msg);
+    cr_assert_leq(n, cap);
+    memcpy(out, ids, n * sizeof *ids);
+    free(ids);
+    return n;
+}
+
+Test(tokenizer_qwen_style, nfc_composes_but_keeps_compatibility_characters) {
+    msm_tokenizer *t = load(QWEN_JSON);
+    int32_t a[32], b[32];
+    /* Decomposed and precomposed e-acute, Hangul jamo and syllables: the same ids. */
+    size_t na = encode_into(t, "cafe\u0301 \u1112\u1161\u11ab", a, 32);
+    size_t nb = encode_into(t, "caf\u00e9 \ud55c", b, 32);
+    cr_assert(na == nb && memcmp(a, b, na * sizeof *a) == 0);
+    /* The fi ligature is no canonical equivalent of "fi": NFC keeps it (NFKC would not). */
+    na = encode_into(t, "\ufb01", a, 32);
+    nb = encode_into(t, "fi", b, 32);
+    cr_assert(na != nb || memcmp(a, b, na * sizeof *a) != 0);
+    /* The Qwen2 regex gives every digit its own piece. */
+    na = encode_into(t, "2024", a, 32);
+    cr_assert_eq(na, 4);
+    for (int i = 0; i < 4; i++) {
+        char digit[2] = {"2024"[i], 0};
+        cr_assert_str_eq(msm_tokenizer_token_piece(t, a[i]), digit);
+    }
+    msm_tokenizer_free(t);
+}
+
+/* Long NFC text (word cache on) joined by <|endoftext|>: the ids are the records' ids. */
+static void join_nfc_record(json_object *rec, void *ctx) {
+    if (strcmp(record_normalizer(rec), "{\"type\":\"NFC\"}") == 0) join_record(rec, ctx);
+}
+
+Test(tokenizer_qwen_style, long_nfc_text_with_word_cache_matches_reference) {
+    msm_tokenizer *t = load(QWEN_JSON);
+    struct joined j = {0};
+    while (j.len < 3 * 16384) each_record(QWEN_REF, join_nfc_record, &j);
+    int32_t *ids;
+    size_t n;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_tokenizer_encode(t, j.text, j.len, false, &ids, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(n, j.n);
+    for (size_t i = 0; i < n; i++) cr_assert_eq(ids[i], j.ids[i], "id %zu: %d, want %d", i, ids[i], j.ids[i]);
+    free(ids);
+    free(j.text);
+    free(j.ids);
+    msm_tokenizer_free(t);
+}
+
 /* ---- llama2.c tok512 (SentencePiece BPE with byte fallback) ---- */
 
 static void check_tok512_record(json_object *rec, void *ctx) {
@@ -355,8 +500,11 @@ static const struct bad_json bad_jsons[] = {
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}}", -EINVAL,
      "the result is not in the vocabulary"},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -3}, \"merges\": []}}", -EINVAL, "invalid id"},
-    {"{\"normalizer\": {\"type\": \"NFC\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
-     -ENOTSUP, "NFC"},
+    {"{\"normalizer\": {\"type\": \"BertNormalizer\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+     -ENOTSUP, "BertNormalizer"},
+    {"{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, {\"type\": \"StripAccents\"}]},"
+     " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+     -ENOTSUP, "StripAccents"},
     {"{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"},"
      " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
      -EINVAL, "does not compile"},
