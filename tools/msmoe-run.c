@@ -268,7 +268,7 @@ int main(int argc, char **argv) {
         P = parse_ids(prompt_ids, &prompt);
         if (P < 0) return 2;
     }
-    if (P <= 0) {
+    if (P <= 0 && !dump_graph) {
         fprintf(stderr, "msmoe-run: the prompt is empty: give --prompt-ids 1,2,3 (at least one id)\n");
         free(prompt);
         msm_tokenizer_free(tok);

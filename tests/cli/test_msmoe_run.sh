@@ -1,0 +1,54 @@
+#!/bin/sh
+# msmoe-run from the command line: the embedded model's llama2.c sample, the dump format, and
+# the errors a user can trigger (each: non-zero exit and a message saying what was wrong).
+# usage: test_msmoe_run.sh path/to/msmoe-run   (run from the repository root)
+set -u
+RUN=$1
+fails=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+expect_fail() { # name, expected message fragment, command...
+    name=$1; frag=$2; shift 2
+    if "$@" >"$tmp/out" 2>"$tmp/err"; then
+        echo "FAIL $name: exited 0"; fails=$((fails + 1)); return
+    fi
+    if ! grep -q -- "$frag" "$tmp/err"; then
+        echo "FAIL $name: message lacks '$frag': $(cat "$tmp/err")"; fails=$((fails + 1)); return
+    fi
+    echo "PASS $name: $(head -c 160 "$tmp/err")"
+}
+
+expect_fail missing_model_dir "/nonexistent" "$RUN" --model /nonexistent --prompt-ids 1,2 --max-new-tokens 2
+expect_fail id_outside_vocab "outside the vocabulary" "$RUN" --model models/stories260k-moe --prompt-ids 1,512 --max-new-tokens 2
+expect_fail empty_prompt "prompt is empty" "$RUN" --model models/stories260k-moe --prompt-ids "" --max-new-tokens 2
+expect_fail bad_id_syntax "bad token id" "$RUN" --model models/stories260k-moe --prompt-ids 1,x --max-new-tokens 2
+expect_fail tp_not_dividing "does not divide" "$RUN" --model models/stories260k-moe --prompt-ids 1 --tp 3
+expect_fail context_too_long "context limit" "$RUN" --model models/stories260k-moe --prompt-ids 1 --max-new-tokens 100000
+expect_fail cuda_without_gpu "CUDA" "$RUN" --model models/stories260k-moe --prompt-ids 1 --backend cuda
+
+# the llama2.c sample, greedy, text out
+out=$("$RUN" --model models/stories260k-moe --prompt "Once upon a time, there was a dragon" --text --max-new-tokens 30)
+case "$out" in
+*"The dragon was very small"*) echo "PASS dragon_text" ;;
+*) echo "FAIL dragon_text: $out"; fails=$((fails + 1)) ;;
+esac
+
+# dump: a float32 .npy of [P + N - 1, vocab]
+"$RUN" --model tests/data/mixtral --prompt-ids 3,4,5 --max-new-tokens 4 --dump-logits "$tmp/l.npy" >/dev/null
+hdr=$(head -c 128 "$tmp/l.npy" | tr -d '\000' | tr -c '[:print:]' ' ')
+case "$hdr" in
+*"'descr': '<f4'"*"'shape': (6, 256)"*) echo "PASS dump_logits_shape" ;;
+*) echo "FAIL dump_logits_shape: $hdr"; fails=$((fails + 1)) ;;
+esac
+
+# the schedule of Qwen2-MoE at TP=2: shared expert on aux, every ALLREDUCE on main
+"$RUN" --model tests/data/qwen2moe-gqa --tp 2 --no-fuse-allreduce --dump-graph >"$tmp/g"
+if grep -q "aux  ALLREDUCE" "$tmp/g" || ! grep -q "aux  LINEAR" "$tmp/g" || ! grep -q "main ALLREDUCE" "$tmp/g"; then
+    echo "FAIL dump_graph"; fails=$((fails + 1))
+else
+    echo "PASS dump_graph"
+fi
+
+echo "$fails failed"
+[ "$fails" -eq 0 ]
