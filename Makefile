@@ -1,6 +1,7 @@
 # Thin wrapper over meson. The two commands of the README's quick start:
 #   make run   install what is missing, build, start msmoed on the embedded model, show a reply
-#   make test  install what is missing, build, run every test (also the ASan+UBSan pass)
+#   make test  install what is missing, build, run every test (unit, integration, the ASan+UBSan
+#              pass of the unit tests, and each libFuzzer target for a bounded time)
 export PATH := /usr/local/cuda/bin:$(PATH)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
@@ -25,6 +26,7 @@ run: build
 test: build
 	meson test -C $(BUILD) --print-errorlogs --num-processes 2
 	$(MAKE) test-asan
+	$(MAKE) test-fuzz FUZZ_TIME=10
 
 # Unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (host code; CUDA off).
 test-asan: deps
@@ -35,4 +37,26 @@ test-asan: deps
 		meson test -C $(ASAN_BUILD) --suite unit --print-errorlogs --num-processes 2
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+
+# libFuzzer targets (tests/fuzz) under ASan + UBSan, built with clang in their own build dir,
+# each run for FUZZ_TIME seconds from its committed seed corpus (tests/fuzz/corpus/<name>/).
+# New inputs libFuzzer finds go to $(FUZZ_BUILD)/corpus/<name>/, never into the source tree.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TIME ?= 20
+FUZZ_TARGETS := $(notdir $(wildcard tests/fuzz/corpus/*))
+
+.PHONY: test-fuzz
+test-fuzz: deps
+	@[ -f $(FUZZ_BUILD)/build.ninja ] || CC=clang meson setup $(FUZZ_BUILD) -Dcuda=disabled \
+		-Dfuzz=enabled -Db_sanitize=address,undefined -Db_lundef=false
+	ninja -C $(FUZZ_BUILD) $(addprefix tests/fuzz/fuzz_,$(FUZZ_TARGETS))
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+		dict=""; [ -f tests/fuzz/$$t.dict ] && dict="-dict=tests/fuzz/$$t.dict"; \
+		echo "fuzz_$$t: $(FUZZ_TIME)s"; \
+		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+			$(FUZZ_BUILD)/tests/fuzz/fuzz_$$t -max_total_time=$(FUZZ_TIME) -print_final_stats=1 \
+			-artifact_prefix=$(FUZZ_BUILD)/fuzz_$$t- $$dict \
+			$(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t; \
+	done
