@@ -1,0 +1,94 @@
+/* msm_cuda: error mapping for the CUDA side of libmsmoe, plus small device helpers the kernels
+ * share.
+ *
+ * Every CUDA, cuBLAS(Lt) call whose failure a caller must see goes through CUDA_TRY or
+ * CUBLAS_TRY: on failure they log the expression, file:line, current device and the library's
+ * error string once (to stderr, the daemon's log), and return a negative errno from the
+ * enclosing function. Launchers end with CUDA_LAUNCH_CHECK(), which catches bad launch
+ * configurations (and, outside a graph capture, earlier asynchronous faults).
+ *
+ * The header is valid C and C++; the device helpers at the end exist only under nvcc. */
+#ifndef MSM_CUDA_H
+#define MSM_CUDA_H
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Logs the failed expression and maps err to a negative errno (-ENOMEM for allocation
+ * failures, -EINVAL for invalid values, -ENOTSUP for unsupported, -EIO otherwise). */
+int msm__cuda_fail(const char *expr, const char *file, int line, cudaError_t err);
+int msm__cublas_fail(const char *expr, const char *file, int line, cublasStatus_t st);
+
+/* The same mappings without logging, for callers that report elsewhere. */
+int msm_cuda_errno(cudaError_t err);
+int msm_cublas_errno(cublasStatus_t st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#define CUDA_TRY(expr)                                                                  \
+    do {                                                                                \
+        cudaError_t msm_e_ = (expr);                                                    \
+        if (msm_e_ != cudaSuccess) return msm__cuda_fail(#expr, __FILE__, __LINE__, msm_e_); \
+    } while (0)
+
+#define CUBLAS_TRY(expr)                                                                \
+    do {                                                                                \
+        cublasStatus_t msm_s_ = (expr);                                                 \
+        if (msm_s_ != CUBLAS_STATUS_SUCCESS)                                            \
+            return msm__cublas_fail(#expr, __FILE__, __LINE__, msm_s_);                 \
+    } while (0)
+
+/* After every <<<>>>: a launch error (bad grid, too much shared memory) surfaces here. */
+#define CUDA_LAUNCH_CHECK() CUDA_TRY(cudaGetLastError())
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define MSM_FULL_MASK 0xffffffffu
+
+static __device__ __forceinline__ float msm_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(MSM_FULL_MASK, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float msm_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(MSM_FULL_MASK, v, o));
+    return v;
+}
+
+/* bf16 bits to float: exact (a bf16 is the top half of a float). */
+static __device__ __forceinline__ float msm_bf(uint16_t h) {
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* The two bf16 packed in one 32-bit word, low half first (memory order). */
+static __device__ __forceinline__ float2 msm_bf2(uint32_t w) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+/* 16-byte load of data read once (weights): skip L1 so activations keep it. */
+static __device__ __forceinline__ uint4 msm_ld_stream16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* Round to nearest even, as msm_f32_to_bf16 on the host. */
+static __device__ __forceinline__ uint16_t msm_f2bf(float f) {
+    __nv_bfloat16 b = __float2bfloat16_rn(f);
+    return *reinterpret_cast<uint16_t *>(&b);
+}
+#endif
+
+#endif

@@ -1,0 +1,135 @@
+/* msm_cuda_kernels: the CUDA twins of the CPU reference kernels (msm_kernels.h).
+ *
+ * Each msm_cuda_<op> computes the function of msm_cpu_<op> with the same argument order, then any
+ * context/workspace arguments, then the stream. They are host-side launchers: they check shapes,
+ * enqueue on `stream`, check the launch, and return 0 or a negative errno. None of them
+ * allocates, synchronises or copies to the host, so every one can be captured in a CUDA graph.
+ * T = 0 (or n = 0) is a valid empty call.
+ *
+ * Data types on the device:
+ *   - activations (x, y, q, logits, ...) are float32, as on the CPU backend;
+ *   - weights are bf16 (passed as uint16_t bit patterns), uploaded once: embedding table, norm
+ *     weights, linear weights and biases, router and expert weights;
+ *   - the paged KV cache is bf16 ([n_blocks, MSM_KV_BLOCK, kvh, hd] per layer for K and for V):
+ *     it halves the decode step's KV traffic; kv_write rounds to nearest even, attention computes
+ *     in fp32 from the bf16 values;
+ *   - indices (ids, pos, seq, slots, block tables) are int32, sampling params msm_sample_params.
+ * All pointers are device pointers unless stated.
+ *
+ * Accuracy against the CPU oracle fed the same (bf16-valued) weights: fp32 math everywhere except
+ * cuBLASLt linears (T > MSM_CUDA_GEMV_MAX_T), which round x to bf16 (relative error ~3e-3), and the
+ * grouped MoE path (T > MSM_CUDA_MOE_GEMV_MAX_T), which rounds x and the SwiGLU activations to bf16.
+ * Results are deterministic: the same inputs give the same bits on every run and replay. */
+#ifndef MSM_CUDA_KERNELS_H
+#define MSM_CUDA_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "msm_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Linears with at most this many tokens use the GEMV kernel (weights read once for all tokens,
+ * fp32 math); larger ones use cuBLASLt. */
+#define MSM_CUDA_GEMV_MAX_T 8
+/* MoE with at most this many tokens uses the fused per-(token, slot) GEMV kernels; larger T
+ * groups the (token, slot) pairs by expert on the device and runs grouped tensor-core GEMMs. */
+#define MSM_CUDA_MOE_GEMV_MAX_T 8
+
+/* Per-rank CUDA context: the cuBLASLt handle and a cache of matmul plans (layouts + the
+ * heuristic's algorithm) per shape. Owned by one rank thread, bound to the device current at
+ * msm_cuda_ctx_new. Not thread-safe; launches on several streams from that thread are fine. */
+typedef struct msm_cuda_ctx msm_cuda_ctx;
+
+int msm_cuda_ctx_new(msm_cuda_ctx **ret_ctx);
+void msm_cuda_ctx_free(msm_cuda_ctx *ctx);
+
+/* Builds and caches the cuBLASLt plan for a linear shape now (host work only), so that the first
+ * launch inside a graph capture does no heuristic query. Optional: launches build plans lazily. */
+int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K);
+
+/* out[t,:] = table[ids[t],:]   out [T,H] f32, table [V,H] bf16. */
+int msm_cuda_embed(float *out, const uint16_t *table, const int32_t *ids, int T, int H,
+                   cudaStream_t stream);
+
+/* out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w[:]   x, out [rows,dim] f32, w [dim] bf16.
+ * out may equal x. */
+int msm_cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int rows, int dim, float eps,
+                     cudaStream_t stream);
+
+/* Workspace bytes msm_cuda_linear needs for T tokens of K inputs (0 for the GEMV path). */
+size_t msm_cuda_linear_ws_bytes(int T, int N, int K);
+
+/* y[T,N] = x[T,K] @ w[N,K]^T (+ bias[N] when not NULL); w, bias bf16. T <= MSM_CUDA_GEMV_MAX_T
+ * runs the GEMV kernel (ctx and ws may be NULL); larger T runs cuBLASLt (bf16 x bf16, fp32
+ * accumulate and output) with x rounded to bf16 in ws, which must hold
+ * msm_cuda_linear_ws_bytes(T, N, K) bytes. */
+int msm_cuda_linear(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
+                    int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, cudaStream_t stream);
+
+/* In-place rotate-half RoPE on x [T, nheads, hd] f32 at positions pos[T]. hd even. */
+int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float theta,
+                  cudaStream_t stream);
+
+/* Writes k, v [T, kvh, hd] f32, rounded to bf16, into the paged caches kc, vc
+ * [n_blocks, MSM_KV_BLOCK, kvh, hd] bf16 at slot[t] = block * MSM_KV_BLOCK + offset. A negative
+ * slot skips the token. */
+int msm_cuda_kv_write(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
+                      const int32_t *slot, int T, int kvh, int hd, cudaStream_t stream);
+
+/* Causal paged attention, decode and prefill alike: token t (of sequence seq[t], at position
+ * pos[t]) attends to positions 0..pos[t] of its sequence through
+ * block_tables[seq[t] * max_blocks + p / MSM_KV_BLOCK]. q, out [T, nh, hd] f32; kc, vc bf16;
+ * GQA: query head h reads kv head h / (nh / kvh). hd <= 256, nh % kvh == 0. Softmax in fp32. */
+int msm_cuda_attention(float *out, const float *q, const uint16_t *kc, const uint16_t *vc,
+                       const int32_t *seq, const int32_t *pos, const int32_t *block_tables,
+                       int max_blocks, int T, int nh, int kvh, int hd, float scale,
+                       cudaStream_t stream);
+
+/* y[i] = a[i] + b[i]; y may alias a or b. */
+int msm_cuda_add(float *y, const float *a, const float *b, size_t n, cudaStream_t stream);
+
+/* y[t,:] = x[t,:] * s[t]   (x, y [T,D], s [T]). y may equal x. */
+int msm_cuda_scale_rows(float *y, const float *x, const float *s, int T, int D,
+                        cudaStream_t stream);
+
+/* y[i] = 1 / (1 + exp(-x[i])). */
+int msm_cuda_sigmoid(float *y, const float *x, size_t n, cudaStream_t stream);
+
+/* y[t,i] = silu(gu[t,i]) * gu[t,I+i]   (gu [T,2I], y [T,I]). */
+int msm_cuda_swiglu(float *y, const float *gu, int T, int I, cudaStream_t stream);
+
+/* Router: softmax over logits[t,:E] in fp32, top-k (highest first, lowest id on ties),
+ * renormalised to sum 1 when norm. ids, w [T,k] stay on the device. E <= 256, k <= 8. */
+int msm_cuda_router_topk(int32_t *ids, float *w, const float *logits, int T, int E, int k,
+                         bool norm, cudaStream_t stream);
+
+/* Workspace bytes msm_cuda_moe_experts needs: the f32 SwiGLU activations [T*k, I] on the GEMV
+ * path; grouping tables, bf16 activations and per-pair outputs [T*k, H] f32 on the grouped path. */
+size_t msm_cuda_moe_experts_ws_bytes(int T, int H, int I, int k, int E);
+
+/* Routed experts: y[t,:] = sum_j w[t,j] * down_e(swiglu(gate_up_e x[t,:])), e = ids[t,j].
+ * gate_up [E, 2I, H] bf16 (gate rows then up rows), down [E, H, I] bf16, x, y [T,H] f32,
+ * ids, w [T,k] on the device, k <= 8, E <= 256. Reads only the selected experts' weights. ws: at least
+ * msm_cuda_moe_experts_ws_bytes(T, H, I, k, E) bytes, 256-byte aligned. */
+int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids, const float *w,
+                         const uint16_t *gate_up, const uint16_t *down, int T, int H, int I, int k,
+                         int E, void *ws, size_t ws_bytes, cudaStream_t stream);
+
+/* Samples one token per row of logits [R,V] with params p[R] (on the device) into out[R]:
+ * greedy (argmax, lowest id on ties) when temperature <= 0, else temperature, top-k, top-p and
+ * the counter-based RNG exactly as msm_cpu_sample. Needs no scratch. */
+int msm_cuda_sample(int32_t *out, const float *logits, const msm_sample_params *p, int R, int V,
+                    cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

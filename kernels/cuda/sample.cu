@@ -1,0 +1,307 @@
+/* sample.cu: token sampling on the device, one 1024-thread block per row of logits.
+ *
+ * The function is msm_cpu_sample's: greedy (arg-max, lowest id on ties) when temperature <= 0;
+ * otherwise probabilities at temperature, a keep-threshold from top-k (the k-th largest
+ * probability, counted with multiplicity) and top-p (the probability level at which the mass of
+ * the most likely tokens first reaches top_p), then the first token in id order whose cumulative
+ * kept mass exceeds u * kept_mass, u from the shared counter-based RNG (ported bit for bit).
+ *
+ * How: the CPU finds both thresholds by repeated arg-max; here they are radix selections over the
+ * bit patterns of the (non-negative) probabilities, 8 bits a pass, 4 passes: a histogram of counts
+ * (top-k) or of counts and fixed-point mass (top-p, 2^-40 units, integer atomics so the sums do not
+ * depend on thread timing) over the tokens matching the prefix chosen so far. Probabilities are
+ * recomputed from the logits in each pass (identical bits every time), so no scratch is needed.
+ * The final pick is an ordered block scan in chunks. Every reduction has a fixed order: the same
+ * logits give the same token on every run and graph replay. Floating-point sums are ordered
+ * differently from the CPU's sequential loops, so a seeded sample matches the CPU's except when u
+ * falls within rounding of a cumulative boundary. */
+#include "msm_cuda.h"
+#include "msm_cuda_kernels.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+
+#define S_THREADS 1024
+#define S_WARPS (S_THREADS / 32)
+#define S_ITEMS 8
+#define FIX_ONE 1099511627776.0f /* 2^40 */
+
+typedef unsigned long long u64;
+
+/* Exactly msm_rng_uniform (kernels/cpu/kernels.c). */
+static __device__ float rng_uniform(uint64_t seed, uint64_t counter) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + counter * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+struct sample_smem {
+    float f[S_WARPS];
+    int i[S_WARPS];
+    u64 hcnt[256], hmass[256];
+    int digit;
+    u64 gt;
+    int found;
+};
+
+/* Block-wide sum in a fixed order; every thread gets the result. */
+static __device__ float block_sum(float v, sample_smem &sm) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    v = msm_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sm.f[warp] = v;
+    __syncthreads();
+    float r = lane < S_WARPS ? sm.f[lane] : 0.0f;
+    return msm_warp_sum(r);
+}
+
+/* Block-wide (max value, lowest index); every thread gets the result. */
+static __device__ void block_argmax(float &bv, int &bi, sample_smem &sm) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(MSM_FULL_MASK, bv, o);
+        int oi = __shfl_xor_sync(MSM_FULL_MASK, bi, o);
+        if (oi != INT_MAX && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+    }
+    __syncthreads();
+    if (lane == 0) sm.f[warp] = bv, sm.i[warp] = bi;
+    __syncthreads();
+    bv = sm.f[lane], bi = sm.i[lane]; /* S_WARPS == 32 */
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(MSM_FULL_MASK, bv, o);
+        int oi = __shfl_xor_sync(MSM_FULL_MASK, bi, o);
+        if (oi != INT_MAX && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+    }
+}
+
+static __device__ __forceinline__ float prob_at(const float *l, int v, float mx, float temp,
+                                                float sum) {
+    return expf((l[v] - mx) / temp) / sum; /* as the CPU: exp first, then divide */
+}
+
+/* Warp 0: over the 256 bins in descending digit order, the first digit whose running total
+ * (of h) reaches target; if none does, the lowest non-empty digit. Writes the digit and the total
+ * of the bins above it to sm. */
+static __device__ void select_digit(sample_smem &sm, const u64 *h, u64 target) {
+    int lane = threadIdx.x & 31;
+    u64 hv[8];
+    u64 s = 0;
+    bool nonempty = false;
+#pragma unroll
+    for (int q = 0; q < 8; q++) { /* lane owns descending positions 8*lane..8*lane+7 */
+        int d = 255 - (lane * 8 + q);
+        hv[q] = h[d];
+        s += hv[q];
+        nonempty |= sm.hcnt[d] != 0;
+    }
+    u64 incl = s;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u64 n = __shfl_up_sync(MSM_FULL_MASK, incl, o);
+        if (lane >= o) incl += n;
+    }
+    u64 excl = incl - s, total = __shfl_sync(MSM_FULL_MASK, incl, 31);
+    unsigned reach = __ballot_sync(MSM_FULL_MASK, incl >= target);
+    if (reach) {
+        int L = __ffs(reach) - 1;
+        if (lane == L) {
+            u64 run = excl;
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                u64 before = run;
+                run += hv[q];
+                if (run >= target) {
+                    sm.digit = 255 - (lane * 8 + q);
+                    sm.gt = before;
+                    break;
+                }
+            }
+        }
+    } else {
+        unsigned ne = __ballot_sync(MSM_FULL_MASK, nonempty);
+        int L = ne ? 31 - __clz(ne) : 31;
+        if (lane == L) {
+            int d = 255 - lane * 8;
+            for (int q = 7; q >= 0; q--)
+                if (sm.hcnt[255 - (lane * 8 + q)] != 0) {
+                    d = 255 - (lane * 8 + q);
+                    break;
+                }
+            sm.digit = d;
+            sm.gt = total - h[d];
+        }
+    }
+}
+
+/* One radix pass: histogram (count, and mass when with_mass) of the tokens whose probability
+ * bits match prefix under mask, by the 8 bits at shift. Warp-aggregated atomics: one per distinct
+ * bin per warp and iteration. */
+static __device__ void radix_hist(sample_smem &sm, const float *l, int V, float mx, float temp,
+                                  float sum, unsigned prefix, unsigned mask, int shift,
+                                  bool with_mass) {
+    int lane = threadIdx.x & 31;
+    for (int b = threadIdx.x; b < 256; b += S_THREADS) sm.hcnt[b] = 0, sm.hmass[b] = 0;
+    __syncthreads();
+    for (int base = 0; base < V; base += S_THREADS) {
+        int v = base + threadIdx.x;
+        bool active = false;
+        int bin = 0;
+        u64 q = 0;
+        if (v < V) {
+            float p = prob_at(l, v, mx, temp, sum);
+            unsigned bits = __float_as_uint(p);
+            if ((bits & mask) == prefix) {
+                active = true;
+                bin = (bits >> shift) & 255;
+                q = (u64)(p * FIX_ONE);
+            }
+        }
+        unsigned todo = __ballot_sync(MSM_FULL_MASK, active);
+        while (todo) {
+            int leader = __ffs(todo) - 1;
+            int lb = __shfl_sync(MSM_FULL_MASK, bin, leader);
+            bool mine = active && bin == lb;
+            unsigned grp = __ballot_sync(MSM_FULL_MASK, mine);
+            if (with_mass) {
+                u64 ms = mine ? q : 0;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) ms += __shfl_xor_sync(MSM_FULL_MASK, ms, o);
+                if (lane == leader) atomicAdd(&sm.hmass[lb], ms);
+            }
+            if (lane == leader) atomicAdd(&sm.hcnt[lb], (u64)__popc(grp));
+            todo &= ~grp;
+        }
+    }
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(S_THREADS)
+    sample_kernel(int32_t *out, const float *logits, const msm_sample_params *params, int V) {
+    __shared__ sample_smem sm;
+    int r = blockIdx.x;
+    const float *l = logits + (size_t)r * V;
+    const msm_sample_params sp = params[r];
+
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int v = threadIdx.x; v < V; v += S_THREADS) {
+        float x = l[v];
+        if (bi == INT_MAX || x > bv) bv = x, bi = v;
+    }
+    block_argmax(bv, bi, sm);
+    int amax = bi == INT_MAX ? 0 : bi;
+    if (!(sp.temperature > 0.0f)) {
+        if (threadIdx.x == 0) out[r] = amax;
+        return;
+    }
+    float mx = l[amax], temp = sp.temperature;
+    float part = 0.0f;
+    for (int v = threadIdx.x; v < V; v += S_THREADS) part += expf((l[v] - mx) / temp);
+    float sum = block_sum(part, sm);
+
+    float thr = 0.0f;
+    if (sp.top_k > 0 && sp.top_k < V) {
+        unsigned prefix = 0, mask = 0;
+        u64 krem = (u64)sp.top_k;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            radix_hist(sm, l, V, mx, temp, sum, prefix, mask, shift, false);
+            if (threadIdx.x < 32) select_digit(sm, sm.hcnt, krem);
+            __syncthreads();
+            krem -= sm.gt;
+            prefix |= (unsigned)sm.digit << shift;
+            mask |= 255u << shift;
+            __syncthreads();
+        }
+        thr = __uint_as_float(prefix);
+    }
+    if (sp.top_p > 0.0f && sp.top_p < 1.0f) {
+        unsigned prefix = 0, mask = 0;
+        u64 target = (u64)(sp.top_p * FIX_ONE), above = 0;
+        if (target == 0) target = 1;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            radix_hist(sm, l, V, mx, temp, sum, prefix, mask, shift, true);
+            if (threadIdx.x < 32) select_digit(sm, sm.hmass, target > above ? target - above : 1);
+            __syncthreads();
+            above += sm.gt;
+            prefix |= (unsigned)sm.digit << shift;
+            mask |= 255u << shift;
+            __syncthreads();
+        }
+        float level = __uint_as_float(prefix);
+        if (level > thr) thr = level;
+    }
+
+    part = 0.0f;
+    for (int v = threadIdx.x; v < V; v += S_THREADS) {
+        float p = prob_at(l, v, mx, temp, sum);
+        part += p >= thr ? p : 0.0f;
+    }
+    float kept = block_sum(part, sm);
+    float u = rng_uniform(sp.seed, sp.counter) * kept;
+
+    /* First token (in id order) whose cumulative kept mass exceeds u: chunks of S_ITEMS
+     * consecutive tokens a thread, a block exclusive scan of the thread sums, then the one
+     * thread whose range crosses u walks it. */
+    if (threadIdx.x == 0) sm.found = INT_MAX;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    float carry = 0.0f;
+    for (int cb = 0; cb < V; cb += S_THREADS * S_ITEMS) {
+        int base = cb + threadIdx.x * S_ITEMS;
+        float pv[S_ITEMS], s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < S_ITEMS; i++) {
+            int v = base + i;
+            float p = v < V ? prob_at(l, v, mx, temp, sum) : 0.0f;
+            pv[i] = p >= thr && v < V ? p : -1.0f;
+            s += pv[i] >= 0.0f ? pv[i] : 0.0f;
+        }
+        float incl = s;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            float n = __shfl_up_sync(MSM_FULL_MASK, incl, o);
+            if (lane >= o) incl += n;
+        }
+        __syncthreads();
+        if (lane == 31) sm.f[warp] = incl;
+        __syncthreads();
+        float wt = sm.f[lane], wincl = wt;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            float n = __shfl_up_sync(MSM_FULL_MASK, wincl, o);
+            if (lane >= o) wincl += n;
+        }
+        float wexcl = __shfl_sync(MSM_FULL_MASK, wincl - wt, warp);
+        float chunk = __shfl_sync(MSM_FULL_MASK, wincl, 31);
+        float excl = carry + wexcl + (incl - s);
+        if (s > 0.0f && excl + s > u) {
+            float c = excl;
+            int cand = -1, last = -1;
+#pragma unroll
+            for (int i = 0; i < S_ITEMS; i++) {
+                if (pv[i] < 0.0f || cand >= 0) continue;
+                last = base + i;
+                c += pv[i];
+                if (u < c) cand = base + i;
+            }
+            atomicMin(&sm.found, cand >= 0 ? cand : last);
+        }
+        __syncthreads();
+        if (sm.found != INT_MAX) break;
+        carry += chunk;
+    }
+    if (threadIdx.x == 0) out[r] = sm.found != INT_MAX ? sm.found : amax;
+}
+
+extern "C" int msm_cuda_sample(int32_t *out, const float *logits, const msm_sample_params *p,
+                               int R, int V, cudaStream_t stream) {
+    if (R < 0 || V <= 0) return -EINVAL;
+    if (R == 0) return 0;
+    sample_kernel<<<R, S_THREADS, 0, stream>>>(out, logits, p, V);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
