@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "msm_comm.h"
+#include "msm_file.h"
 
 #define NSLOTS 8
 
@@ -39,17 +40,6 @@ struct msm_comm_group {
     host_rank *ranks;
 };
 
-static struct timespec deadline_from_now(int ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
 
 /* Waits (mutex held) until pred is true, the group fails, or the deadline passes. */
 #define WAIT_UNTIL(g, pred, dl, ret)                                                              \
@@ -72,7 +62,7 @@ static int collective(host_rank *hr, int op, const void *in, void *out, size_t n
      * is the misplacement the verifier forbids, but the test that reproduces it runs it) */
     void *tmp = malloc(bytes ? bytes : 1);
     if (!tmp) return msm_err_set(err, -ENOMEM, "out of memory in a host collective");
-    struct timespec dl = deadline_from_now(g->deadline_ms);
+    struct timespec dl = msm_deadline_after_ms(g->deadline_ms);
     pthread_mutex_lock(&g->mu);
     uint64_t k = hr->next_call++;
     slot *s = &g->slots[k % NSLOTS];

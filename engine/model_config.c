@@ -7,6 +7,7 @@
  * a message naming the file and the key, so nothing downstream sees a half-checked config.
  * json-c's own getters coerce ("12" reads as 12), which is why every getter checks the type. */
 #include "msm_model_config.h"
+#include "msm_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -457,41 +458,6 @@ int msm_model_config_parse(const char *json, size_t len, const char *source,
 
 /* ---- files ----------------------------------------------------------------------------- */
 
-static int read_small(const char *path, char **ret_buf, size_t *ret_len, msm_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        return msm_err_set(err, -e, S_ ": cannot open: %s", path, strerror(e));
-    }
-    struct stat sb;
-    int rc = 0;
-    char *buf = NULL;
-    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
-        rc = msm_err_set(err, -EINVAL, S_ ": not a readable regular file", path);
-    } else if ((uint64_t)sb.st_size > CFG_MAX_FILE) {
-        rc = msm_err_set(err, -EFBIG, S_ ": %lld bytes, more than the limit of %u", path,
-                         (long long)sb.st_size, CFG_MAX_FILE);
-    } else if (!(buf = malloc((size_t)sb.st_size + 1))) {
-        rc = msm_err_set(err, -ENOMEM, S_ ": out of memory", path);
-    } else {
-        size_t got = 0;
-        while (got < (size_t)sb.st_size) {
-            ssize_t r = read(fd, buf + got, (size_t)sb.st_size - got);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) {
-                rc = msm_err_set(err, -EIO, S_ ": read failed: %s", path, r ? strerror(errno) : "short read");
-                break;
-            }
-            got += (size_t)r;
-        }
-        buf[got] = '\0';
-        *ret_len = got;
-    }
-    close(fd);
-    if (rc < 0) free(buf);
-    else *ret_buf = buf;
-    return rc;
-}
 
 int msm_model_config_load(const char *dir, msm_model_config *ret_cfg, msm_err *err) {
     /* A shape preset (config/models/x.json) is a config.json on its own. */
@@ -499,7 +465,7 @@ int msm_model_config_load(const char *dir, msm_model_config *ret_cfg, msm_err *e
     if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) {
         char *text = NULL;
         size_t n = 0;
-        int rc = read_small(dir, &text, &n, err);
+        int rc = msm_read_file(dir, CFG_MAX_FILE, &text, &n, err);
         if (rc == 0) rc = msm_model_config_parse(text, n, dir, ret_cfg, err);
         free(text);
         return rc;
@@ -514,14 +480,14 @@ int msm_model_config_load(const char *dir, msm_model_config *ret_cfg, msm_err *e
     struct json_object *gen = NULL;
 
     snprintf(path, dl + 32, "%s%sconfig.json", dir, sep);
-    int rc = read_small(path, &json, &len, err);
+    int rc = msm_read_file(path, CFG_MAX_FILE, &json, &len, err);
     if (rc < 0 || (rc = msm_model_config_parse(json, len, path, &cfg, err)) < 0) goto out;
     free(json);
     json = NULL;
 
     /* generation_config.json is optional; its eos ids are the ones generate() stops on. */
     snprintf(path, dl + 32, "%s%sgeneration_config.json", dir, sep);
-    rc = read_small(path, &json, &len, err);
+    rc = msm_read_file(path, CFG_MAX_FILE, &json, &len, err);
     if (rc == -ENOENT) {
         rc = 0;
     } else if (rc == 0 && (rc = parse_json(json, len, path, &gen, err)) == 0) {

@@ -10,6 +10,7 @@
  * its tensors sorted by name (for the weight_map check); the checkpoint keeps one sorted array of
  * pointers over all files, so a lookup is a binary search over ~20k names. */
 #include "msm_safetensors.h"
+#include "msm_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -414,42 +415,6 @@ int msm_safetensors_open_mem(const void *buf, size_t len, const char *name,
     return open_one(name, buf ? buf : empty, len, ret, err);
 }
 
-/* Reads a small file whole (the index); *ret_buf is NUL-terminated. */
-static int read_small(const char *path, size_t max, char **ret_buf, size_t *ret_len, msm_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        return msm_err_set(err, -e, P_ ": cannot open: %s", path, strerror(e));
-    }
-    struct stat sb;
-    int rc = 0;
-    char *buf = NULL;
-    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
-        rc = msm_err_set(err, -EINVAL, P_ ": not a readable regular file", path);
-    } else if ((uint64_t)sb.st_size > max) {
-        rc = msm_err_set(err, -EFBIG, P_ ": %lld bytes, more than the limit of %zu", path,
-                         (long long)sb.st_size, max);
-    } else if (!(buf = malloc((size_t)sb.st_size + 1))) {
-        rc = msm_err_set(err, -ENOMEM, P_ ": out of memory", path);
-    } else {
-        size_t got = 0;
-        while (got < (size_t)sb.st_size) {
-            ssize_t r = read(fd, buf + got, (size_t)sb.st_size - got);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) {
-                rc = msm_err_set(err, -EIO, P_ ": read failed: %s", path, r ? strerror(errno) : "short read");
-                break;
-            }
-            got += (size_t)r;
-        }
-        buf[got] = '\0';
-        *ret_len = got;
-    }
-    close(fd);
-    if (rc < 0) free(buf);
-    else *ret_buf = buf;
-    return rc;
-}
 
 static char *path_join(const char *dir, const char *name) {
     size_t a = strlen(dir), b = strlen(name);
@@ -587,7 +552,7 @@ int msm_safetensors_open_dir(const char *dir, msm_safetensors **ret, msm_err *er
     int rc;
     if (!ipath || !spath) {
         rc = msm_err_set(err, -ENOMEM, P_ ": out of memory", dir);
-    } else if ((rc = read_small(ipath, ST_MAX_INDEX, &json, &len, err)) == 0) {
+    } else if ((rc = msm_read_file(ipath, ST_MAX_INDEX, &json, &len, err)) == 0) {
         rc = open_index(dir, ipath, json, len, ret, err);
     } else if (rc == -ENOENT) {
         if (access(spath, F_OK) == 0 || errno != ENOENT)

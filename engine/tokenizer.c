@@ -18,6 +18,7 @@
  * concatenates them, strips the SentencePiece leading space and replaces invalid UTF-8 by U+FFFD
  * exactly as Rust's String::from_utf8_lossy (one U+FFFD per maximal invalid subpart). */
 #include "msm_tokenizer.h"
+#include "msm_file.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <errno.h>
@@ -1040,29 +1041,12 @@ int msm_tokenizer_load_buffer(const char *json, size_t len, const char *source, 
 }
 
 int msm_tokenizer_load(const char *path, msm_tokenizer **ret_tok, msm_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        return msm_err_set(err, -e, "%s: cannot open: %s", path, strerror(e));
-    }
-    struct bytes b = {0};
-    char chunk[65536];
-    size_t got;
-    int r = 0;
-    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        if (b.n + got > TOK_MAX_FILE) {
-            r = msm_err_set(err, -EFBIG, "%s: larger than %u MiB", path, TOK_MAX_FILE >> 20);
-            break;
-        }
-        if (bytes_put(&b, chunk, got) < 0) {
-            r = msm_err_set(err, -ENOMEM, "%s: out of memory", path);
-            break;
-        }
-    }
-    if (!r && ferror(f)) r = msm_err_set(err, -EIO, "%s: read error", path);
-    fclose(f);
-    if (!r) r = msm_tokenizer_load_buffer(b.p ? b.p : "", b.n, path, ret_tok, err);
-    free(b.p);
+    char *buf;
+    size_t len;
+    int r = msm_read_file(path, TOK_MAX_FILE, &buf, &len, err);
+    if (r) return r;
+    r = msm_tokenizer_load_buffer(buf, len, path, ret_tok, err);
+    free(buf);
     return r;
 }
 
