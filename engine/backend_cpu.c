@@ -118,6 +118,10 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
     case MSM_OP_ADD:
         msm_cpu_add(F(out0), F(in0), F(n->in[1]), (size_t)ROWS(in0) * g->vals[in0].cols);
         break;
+    case MSM_OP_ADD_RMSNORM:
+        msm_cpu_add_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), cb->weights[n->w[0]], ROWS(in0),
+                            a[0], n->f);
+        break;
     case MSM_OP_MUL:
         msm_cpu_scale_rows(F(out0), F(in0), F(n->in[1]), ROWS(in0), g->vals[in0].cols);
         break;

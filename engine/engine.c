@@ -67,6 +67,8 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->tp = 1;
     o->multi_stream = true;
     o->fuse_allreduce = true;
+    o->elide_collectives = true;
+    o->fuse_add_norm = true;
     o->kv_blocks = 1024;
     o->max_step_tokens = 512;
     o->max_seqs = 64;
@@ -109,6 +111,8 @@ static int rank_init(rank_ctx *rc) {
     int r = msm_graph_build(&e->cfg, rc->rank, e->tp, &bo, &rc->plain, err);
     if (r) return r;
     msm_pass_opts po = {.fuse_allreduce = e->o.fuse_allreduce, .multi_stream = e->o.multi_stream,
+                        .elide_collectives = e->o.elide_collectives,
+                        .fuse_add_norm = e->o.fuse_add_norm,
                         .test_buggy_placement = e->o.test_buggy_placement,
                         .test_skip_verify = e->o.test_skip_verify};
     r = msm_passes_apply(rc->plain, &po, &rc->graph, err);

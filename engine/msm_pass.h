@@ -17,6 +17,8 @@ typedef void (*msm_warn_fn)(void *ud, const char *msg);
 typedef struct msm_pass_opts {
     bool fuse_allreduce;   /* fuse_moe_allreduce */
     bool multi_stream;     /* multi_stream_moe */
+    bool elide_collectives;/* elide_tp1_collectives (no-op at tp > 1) */
+    bool fuse_add_norm;    /* fuse_add_rmsnorm */
     msm_warn_fn warn;
     void *warn_ud;
     /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)
@@ -33,6 +35,16 @@ int msm_pass_fuse_moe_allreduce(const msm_graph *in, const msm_pass_opts *o, msm
  * with fork/join events. A trailing collective stays on MAIN after the join; a collective in the
  * middle of the branch makes the pass skip the layer (with a warning naming it). */
 int msm_pass_multi_stream_moe(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
+                              msm_err *err);
+
+/* At tp == 1: drops every ALLREDUCE / ALLGATHER (the identity) by letting the producer of its
+ * input write its output. Unchanged graph at tp > 1. Runs after the role-based MoE passes. */
+int msm_pass_elide_tp1_collectives(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
+                                   msm_err *err);
+
+/* ADD (residual) immediately followed, on the same stream, by the RMSNORM of its sum → one
+ * ADD_RMSNORM node writing both the sum and the normed value. */
+int msm_pass_fuse_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                               msm_err *err);
 
 /* V1 every collective on MAIN; V2 every cross-stream read covered by a RECORD after the producer

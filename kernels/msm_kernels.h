@@ -56,6 +56,12 @@ void msm_cpu_attention(float *out, const float *q, const float *kc, const float 
 /* y[i] = a[i] + b[i]. y may alias a or b. */
 void msm_cpu_add(float *y, const float *a, const float *b, size_t n);
 
+/* Residual add fused with the RMSNorm of the sum: sum = a + b, out = rmsnorm(sum) * w
+ * (a, b, sum, out [rows,dim]); the same arithmetic as msm_cpu_add then msm_cpu_rmsnorm. sum may
+ * alias a or b. */
+void msm_cpu_add_rmsnorm(float *sum, float *out, const float *a, const float *b, const float *w,
+                         int rows, int dim, float eps);
+
 /* y[t,:] = x[t,:] * s[t]   (x, y [T,D], s [T]). */
 void msm_cpu_scale_rows(float *y, const float *x, const float *s, int T, int D);
 

@@ -38,7 +38,8 @@ typedef struct cuda_backend {
     int n_layers;
     void *ws[MSM_N_STREAMS];     /* per-stream workspace (cuBLASLt input, MoE grouping) */
     size_t ws_bytes;
-    float *q_tmp[MSM_N_STREAMS]; /* attention: q gathered contiguous */
+    float *q_tmp[MSM_N_STREAMS]; /* attention: split-context workspace */
+    size_t q_tmp_bytes;
     void *gather_tmp;            /* all-gather staging [tp, rows, cols] */
     size_t gather_bytes;
     cudaGraphExec_t graphs[MAX_GRAPHS];
@@ -137,32 +138,28 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     case MSM_OP_ROPE: {
         int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
-        TRY(cudaMemcpyAsync(F(out0), F(in0), sizeof(float) * (size_t)T * C, cudaMemcpyDeviceToDevice, s));
-        /* q and k heads are contiguous within a row; rotate them as [T, nh+kvh, hd] rows with
-         * a stride: one call per token keeps the kernel's contiguous layout */
-        if (C == (nh + kvh) * hd) {
-            KTRY(msm_cuda_rope(F(out0), I32(n->in[1]), T, nh + kvh, hd, n->f, s));
-        } else {
-            for (int t = 0; t < T; t++)
-                KTRY(msm_cuda_rope(F(out0) + (size_t)t * C, I32(n->in[1]) + t, 1, nh + kvh, hd, n->f, s));
-        }
+        /* q and k heads lead every row: rotate them and copy the v heads, one launch */
+        KTRY(msm_cuda_rope_copy(F(out0), F(in0), I32(n->in[1]), T, C, nh + kvh, hd, n->f, s));
         break;
     }
     case MSM_OP_ATTENTION: {
         int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
         const float *qkv = F(in0);
-        float *q = cb->q_tmp[n->stream], *k = q + (size_t)g->max_T * nh * hd, *v = k + (size_t)g->max_T * kvh * hd;
-        size_t fs = sizeof(float);
-        TRY(cudaMemcpy2DAsync(q, fs * nh * hd, qkv, fs * C, fs * nh * hd, T, cudaMemcpyDeviceToDevice, s));
-        TRY(cudaMemcpy2DAsync(k, fs * kvh * hd, qkv + (size_t)nh * hd, fs * C, fs * kvh * hd, T, cudaMemcpyDeviceToDevice, s));
-        TRY(cudaMemcpy2DAsync(v, fs * kvh * hd, qkv + (size_t)(nh + kvh) * hd, fs * C, fs * kvh * hd, T, cudaMemcpyDeviceToDevice, s));
-        KTRY(msm_cuda_kv_write(cb->kc[n->layer], cb->vc[n->layer], k, v, I32(n->in[3]), T, kvh, hd, s));
-        KTRY(msm_cuda_attention(F(out0), q, cb->kc[n->layer], cb->vc[n->layer], I32(n->in[1]), I32(n->in[2]),
-                                I32(n->in[4]), g->max_blocks, T, nh, kvh, hd, n->f, s));
+        /* k, v and q read in place from the qkv rows (row stride C); q_tmp is the split-context
+         * workspace */
+        KTRY(msm_cuda_kv_write_ld(cb->kc[n->layer], cb->vc[n->layer], qkv + (size_t)nh * hd,
+                                  qkv + (size_t)(nh + kvh) * hd, (size_t)C, I32(n->in[3]), T, kvh, hd, s));
+        KTRY(msm_cuda_attention_ex(F(out0), qkv, (size_t)C, cb->kc[n->layer], cb->vc[n->layer], I32(n->in[1]),
+                                   I32(n->in[2]), I32(n->in[4]), g->max_blocks, T, nh, kvh, hd, n->f,
+                                   cb->q_tmp[n->stream], cb->q_tmp_bytes, s));
         break;
     }
     case MSM_OP_ADD:
         KTRY(msm_cuda_add(F(out0), F(in0), F(n->in[1]), (size_t)ROWS(in0) * g->vals[in0].cols, s));
+        break;
+    case MSM_OP_ADD_RMSNORM:
+        KTRY(msm_cuda_add_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), cb->w[n->w[0]], ROWS(in0),
+                                  a[0], n->f, s));
         break;
     case MSM_OP_MUL:
         KTRY(msm_cuda_scale_rows(F(out0), F(in0), F(n->in[1]), ROWS(in0), g->vals[in0].cols, s));
@@ -320,7 +317,7 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
                 TRY(cudaMemset(cb->kc[n->layer], 0, 2 * kv));
                 TRY(cudaMemset(cb->vc[n->layer], 0, 2 * kv));
             }
-            size_t q = sizeof(float) * (size_t)g->max_T * (size_t)(n->a[0] + 2 * n->a[1]) * n->a[2];
+            size_t q = msm_cuda_attention_ws_bytes(g->max_T < 32 ? g->max_T : 32, n->a[0], n->a[2]);
             if (q > qtmp) qtmp = q;
         } else if (n->op == MSM_OP_ALLGATHER) {
             size_t gb = sizeof(float) * (size_t)g->max_R * g->vals[n->in[0]].cols * (size_t)cb->tp;
@@ -329,6 +326,7 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
         if (need > ws) ws = need;
     }
     cb->ws_bytes = ws;
+    cb->q_tmp_bytes = qtmp;
     for (int s = 0; s < MSM_N_STREAMS; s++) {
         TRY(cudaMalloc(&cb->ws[s], ws ? ws : 256));
         TRY(cudaMalloc((void **)&cb->q_tmp[s], qtmp ? qtmp : 256));

@@ -135,6 +135,20 @@ int msm_passes_apply(const msm_graph *plain, const msm_pass_opts *o, msm_graph *
             g = next;
         }
     }
+    if (r == 0 && o->fuse_add_norm) {
+        r = msm_pass_fuse_add_rmsnorm(g, o, &next, err);
+        if (r == 0) {
+            msm_graph_free(g);
+            g = next;
+        }
+    }
+    if (r == 0 && o->elide_collectives) {
+        r = msm_pass_elide_tp1_collectives(g, o, &next, err);
+        if (r == 0) {
+            msm_graph_free(g);
+            g = next;
+        }
+    }
     if (r == 0) r = msm_graph_plan(g, err);
     if (r == 0 && !o->test_skip_verify) r = msm_graph_verify(g, err);
     if (r < 0) {

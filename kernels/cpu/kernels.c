@@ -108,6 +108,12 @@ void msm_cpu_add(float *y, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
+void msm_cpu_add_rmsnorm(float *sum, float *out, const float *a, const float *b, const float *w,
+                         int rows, int dim, float eps) {
+    msm_cpu_add(sum, a, b, (size_t)rows * (size_t)dim);
+    msm_cpu_rmsnorm(out, sum, w, rows, dim, eps);
+}
+
 void msm_cpu_scale_rows(float *y, const float *x, const float *s, int T, int D) {
     for (int t = 0; t < T; t++)
         for (int i = 0; i < D; i++) y[(size_t)t * D + i] = x[(size_t)t * D + i] * s[t];

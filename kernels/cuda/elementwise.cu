@@ -58,6 +58,40 @@ extern "C" int msm_cuda_rmsnorm(float *out, const float *x, const uint16_t *w, i
     return 0;
 }
 
+/* ---- add + rmsnorm: the residual sum and its norm in one pass (same order as the two kernels) */
+__global__ void add_rmsnorm_kernel(float *sum, float *out, const float *a, const float *b,
+                                   const uint16_t *w, int dim, float eps) {
+    __shared__ float part[32];
+    size_t off = (size_t)blockIdx.x * dim;
+    float *sr = sum + off, *yr = out + off;
+    const float *ar = a + off, *br = b + off;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = ar[i] + br[i];
+        sr[i] = v;
+        ss += v * v;
+    }
+    ss = msm_warp_sum(ss);
+    int warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    if ((threadIdx.x & 31) == 0) part[warp] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int i = 0; i < nwarps; i++) tot += part[i];
+    float inv = 1.0f / sqrtf(tot / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = msm_bf(w[i]) * (sr[i] * inv);
+}
+
+extern "C" int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, const float *b,
+                                    const uint16_t *w, int rows, int dim, float eps,
+                                    cudaStream_t stream) {
+    if (rows < 0 || dim <= 0) return -EINVAL;
+    if (rows == 0) return 0;
+    int threads = dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
+    add_rmsnorm_kernel<<<rows, threads, 0, stream>>>(sum, out, a, b, w, dim, eps);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
 /* ---- rope: one thread per (token, frequency), rotating that pair in every head ---- */
 __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nheads, int hd, float theta) {
     int half = hd / 2;
@@ -84,6 +118,69 @@ extern "C" int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, in
     if (T == 0) return 0;
     size_t n = (size_t)T * (hd / 2);
     rope_kernel<<<grid_for(n, 128), 128, 0, stream>>>(x, pos, T, nheads, hd, theta);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+/* ---- rope_copy: out = x with the first nrot heads of every row rotated (one launch instead of a
+ * copy + an in-place rope); the rotation is the same formula as rope_kernel ---- */
+__global__ void rope_copy_kernel(float *out, const float *x, const int32_t *pos, int T, int C,
+                                 int nrot, int hd, float theta) {
+    int half = hd / 2, rest = C - nrot * hd;
+    size_t n1 = (size_t)T * half, n = n1 + (size_t)T * rest;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        if (idx < n1) {
+            int t = (int)(idx / half), i = (int)(idx % half);
+            float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+            float ang = (float)pos[t] * inv_freq;
+            float c = cosf(ang), s = sinf(ang);
+            for (int h = 0; h < nrot; h++) {
+                size_t o = (size_t)t * C + (size_t)h * hd;
+                float a = x[o + i], b = x[o + i + half];
+                out[o + i] = a * c - b * s;
+                out[o + i + half] = b * c + a * s;
+            }
+        } else {
+            size_t j = idx - n1;
+            int t = (int)(j / rest), c = (int)(j % rest);
+            size_t o = (size_t)t * C + (size_t)nrot * hd + c;
+            out[o] = x[o];
+        }
+    }
+}
+
+extern "C" int msm_cuda_rope_copy(float *out, const float *x, const int32_t *pos, int T, int C,
+                                  int nrot, int hd, float theta, cudaStream_t stream) {
+    if (T < 0 || nrot <= 0 || hd <= 0 || hd % 2 || C < nrot * hd) return -EINVAL;
+    if (T == 0) return 0;
+    size_t n = (size_t)T * (hd / 2) + (size_t)T * (C - nrot * hd);
+    rope_copy_kernel<<<grid_for(n, 128), 128, 0, stream>>>(out, x, pos, T, C, nrot, hd, theta);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+/* ---- kv_write from rows with a stride (k, v read in place from the qkv rows) ---- */
+__global__ void kv_write_ld_kernel(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
+                                   size_t ld, const int32_t *slot, int T, int row) {
+    size_t n = (size_t)T * row;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(idx / row), j = (int)(idx % row);
+        int s = slot[t];
+        if (s < 0) continue;
+        kc[(size_t)s * row + j] = msm_f2bf(k[(size_t)t * ld + j]);
+        vc[(size_t)s * row + j] = msm_f2bf(v[(size_t)t * ld + j]);
+    }
+}
+
+extern "C" int msm_cuda_kv_write_ld(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
+                                    size_t ld, const int32_t *slot, int T, int kvh, int hd,
+                                    cudaStream_t stream) {
+    if (T < 0 || kvh <= 0 || hd <= 0 || ld < (size_t)kvh * hd) return -EINVAL;
+    if (T == 0) return 0;
+    size_t n = (size_t)T * kvh * hd;
+    kv_write_ld_kernel<<<grid_for(n, 256), 256, 0, stream>>>(kc, vc, k, v, ld, slot, T, kvh * hd);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

@@ -77,6 +77,15 @@ int msm_cuda_linear(float *y, const float *x, const uint16_t *w, const uint16_t 
 int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float theta,
                   cudaStream_t stream);
 
+/* out = x [T, C] with its first nrot heads of hd (per row) rotated as msm_cuda_rope; the other
+ * C - nrot*hd columns copied. One launch. */
+int msm_cuda_rope_copy(float *out, const float *x, const int32_t *pos, int T, int C, int nrot,
+                       int hd, float theta, cudaStream_t stream);
+
+/* msm_cuda_kv_write with k, v rows ld floats apart (e.g. read in place from qkv rows). */
+int msm_cuda_kv_write_ld(uint16_t *kc, uint16_t *vc, const float *k, const float *v, size_t ld,
+                         const int32_t *slot, int T, int kvh, int hd, cudaStream_t stream);
+
 /* Writes k, v [T, kvh, hd] f32, rounded to bf16, into the paged caches kc, vc
  * [n_blocks, MSM_KV_BLOCK, kvh, hd] bf16 at slot[t] = block * MSM_KV_BLOCK + offset. A negative
  * slot skips the token. */
@@ -92,8 +101,23 @@ int msm_cuda_attention(float *out, const float *q, const uint16_t *kc, const uin
                        int max_blocks, int T, int nh, int kvh, int hd, float scale,
                        cudaStream_t stream);
 
+/* msm_cuda_attention with q rows q_ld floats apart (q read in place from qkv rows) and, when ws
+ * holds msm_cuda_attention_ws_bytes(T, nh, hd) bytes, the context split over several blocks per
+ * (head, token) when T * nh blocks would leave SMs idle (flash-decoding), merged in a fixed order
+ * (deterministic). ws NULL: one block per (head, token), as msm_cuda_attention. */
+size_t msm_cuda_attention_ws_bytes(int T, int nh, int hd);
+int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, const uint16_t *kc,
+                          const uint16_t *vc, const int32_t *seq, const int32_t *pos,
+                          const int32_t *block_tables, int max_blocks, int T, int nh, int kvh,
+                          int hd, float scale, void *ws, size_t ws_bytes, cudaStream_t stream);
+
 /* y[i] = a[i] + b[i]; y may alias a or b. */
 int msm_cuda_add(float *y, const float *a, const float *b, size_t n, cudaStream_t stream);
+
+/* sum = a + b, out = rmsnorm(sum) * w, rows of dim; bitwise the result of msm_cuda_add then
+ * msm_cuda_rmsnorm, in one launch. sum may alias a or b. */
+int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, const float *b, const uint16_t *w,
+                         int rows, int dim, float eps, cudaStream_t stream);
 
 /* y[t,:] = x[t,:] * s[t]   (x, y [T,D], s [T]). y may equal x. */
 int msm_cuda_scale_rows(float *y, const float *x, const float *s, int T, int D,

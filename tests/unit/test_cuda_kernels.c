@@ -156,6 +156,56 @@ Test(cuda_kernels, rmsnorm_matches_cpu, .timeout = 60) {
     }
 }
 
+Test(cuda_kernels, add_rmsnorm_matches_cpu, .timeout = 60) {
+    need_gpu();
+    static const int shapes[][2] = {{1, 64}, {5, 129}, {70, 2048}, {32, 2048}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int rows = shapes[s][0], dim = shapes[s][1];
+        size_t n = (size_t)rows * dim;
+        float *a = host_f32(n, 2.0f), *b = host_f32(n, 1.0f), *wf;
+        float *rs = malloc(n * 4), *ro = malloc(n * 4), *hs = malloc(n * 4), *ho = malloc(n * 4);
+        uint16_t *wb = host_bf16(dim, 1.0f, &wf);
+        msm_cpu_add_rmsnorm(rs, ro, a, b, wf, rows, dim, 1e-6f);
+        float *da = dev_up(a, n * 4), *db = dev_up(b, n * 4), *ds = dev_poison(n * 4), *dout = dev_poison(n * 4);
+        uint16_t *dw = dev_up(wb, dim * 2);
+        CK(msm_cuda_add_rmsnorm(ds, dout, da, db, dw, rows, dim, 1e-6f, 0));
+        down(hs, ds, n * 4);
+        down(ho, dout, n * 4);
+        CHECK_ERR(hs, rs, n, 0, "sum rows=%d dim=%d", rows, dim);
+        CHECK_ERR(ho, ro, n, 1e-5, "norm rows=%d dim=%d", rows, dim);
+        /* bitwise the two-kernel sequence */
+        float *d2 = dev_poison(n * 4), *h2 = malloc(n * 4);
+        CK(msm_cuda_add(ds, da, db, n, 0));
+        CK(msm_cuda_rmsnorm(d2, ds, dw, rows, dim, 1e-6f, 0));
+        down(h2, d2, n * 4);
+        cr_expect(memcmp(h2, ho, n * 4) == 0, "add_rmsnorm differs from add + rmsnorm (rows=%d dim=%d)", rows, dim);
+        cudaFree(da), cudaFree(db), cudaFree(ds), cudaFree(dout), cudaFree(dw), cudaFree(d2);
+        free(a), free(b), free(wf), free(wb), free(rs), free(ro), free(hs), free(ho), free(h2);
+    }
+}
+
+Test(cuda_kernels, rope_copy_matches_copy_then_rope, .timeout = 60) {
+    need_gpu();
+    static const int shapes[][4] = {{1, 16, 16, 128}, {7, 6, 2, 64}, {70, 4, 4, 32}}; /* T, nh, kvh, hd */
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s][0], nh = shapes[s][1], kvh = shapes[s][2], hd = shapes[s][3];
+        int C = (nh + 2 * kvh) * hd;
+        size_t n = (size_t)T * C;
+        float *x = host_f32(n, 1.0f), *ref = malloc(n * 4), *out = malloc(n * 4);
+        int32_t *pos = malloc(T * 4);
+        for (int t = 0; t < T; t++) pos[t] = rndi(4000);
+        memcpy(ref, x, n * 4);
+        for (int t = 0; t < T; t++) msm_cpu_rope(ref + (size_t)t * C, pos + t, 1, nh + kvh, hd, 1e6f);
+        float *dx = dev_up(x, n * 4), *dout = dev_poison(n * 4);
+        int32_t *dpos = dev_up(pos, T * 4);
+        CK(msm_cuda_rope_copy(dout, dx, dpos, T, C, nh + kvh, hd, 1e6f, 0));
+        down(out, dout, n * 4);
+        CHECK_ERR(out, ref, n, 1e-5, "rope_copy T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
+        cudaFree(dx), cudaFree(dout), cudaFree(dpos);
+        free(x), free(ref), free(out), free(pos);
+    }
+}
+
 /* ---- linear ---- */
 
 static void linear_case(msm_cuda_ctx *ctx, int T, int N, int K, bool bias, double tol) {
@@ -304,6 +354,20 @@ static void attention_case(const attn_shape *sh) {
                           sh->hd, scale, 0));
     down(out, dout, qn * 4);
     CHECK_ERR(out, ref, qn, 2e-5, "attention %s", sh->what);
+    /* q read in place from wider rows (as from qkv), context split over blocks (flash-decoding) */
+    {
+        size_t ld = (size_t)sh->nh * sh->hd + 24, wsb = msm_cuda_attention_ws_bytes(T, sh->nh, sh->hd);
+        float *qw = calloc((size_t)T * ld, 4);
+        for (int t = 0; t < T; t++) memcpy(qw + (size_t)t * ld, q + (size_t)t * sh->nh * sh->hd, 4 * (size_t)sh->nh * sh->hd);
+        float *dqw = dev_up(qw, (size_t)T * ld * 4), *dout2 = dev_poison(qn * 4);
+        void *ws = dev(wsb);
+        CK(msm_cuda_attention_ex(dout2, dqw, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
+                                 sh->hd, scale, ws, wsb, 0));
+        down(out, dout2, qn * 4);
+        CHECK_ERR(out, ref, qn, 2e-5, "attention_ex (strided q, split) %s", sh->what);
+        cudaFree(dqw), cudaFree(dout2), cudaFree(ws);
+        free(qw);
+    }
     cudaFree(dk), cudaFree(dv), cudaFree(dseq), cudaFree(dpos), cudaFree(dbt), cudaFree(dq), cudaFree(dout);
     free(kcb), free(vcb), free(kcf), free(vcf), free(perm), free(bt), free(seq), free(pos);
     free(q), free(ref), free(out);

@@ -334,3 +334,65 @@ Test(graph_dump, shows_allreduce_on_main_and_shared_expert_on_aux) {
     msm_graph_free(out);
     msm_graph_free(g);
 }
+
+/* ---- elide_tp1_collectives, fuse_add_rmsnorm ---- */
+
+static int count_op(const msm_graph *g, msm_op op) {
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++) n += g->nodes[i].op == op;
+    return n;
+}
+
+static msm_graph *apply(const msm_graph *g, const msm_pass_opts *o) {
+    msm_graph *out;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_passes_apply(g, o, &out, &err), 0, "%s", err.msg);
+    return out;
+}
+
+Test(graph_pass, tp1_collectives_are_elided_in_every_pass_combination) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen3moe", "tests/data/mixtral"};
+    for (int d = 0; d < 3; d++)
+        for (int m = 0; m < 8; m++) {
+            msm_graph *g = plain(dirs[d], 1);
+            msm_pass_opts o = {.fuse_allreduce = m & 1, .multi_stream = m & 2, .fuse_add_norm = m & 4,
+                               .elide_collectives = true};
+            msm_graph *p = apply(g, &o); /* plans and verifies */
+            cr_expect_eq(count_op(p, MSM_OP_ALLREDUCE) + count_op(p, MSM_OP_ALLGATHER), 0, "%s combo %d", dirs[d], m);
+            /* the step outputs are still written */
+            bool logits = false;
+            for (int i = 0; i < p->n_nodes; i++)
+                for (int k = 0; k < p->nodes[i].n_out; k++) logits |= p->nodes[i].out[k] == p->v_logits;
+            cr_expect(logits, "%s combo %d: nothing writes the logits", dirs[d], m);
+            /* idempotent */
+            msm_graph *q, *r;
+            msm_err err = {{0}};
+            cr_assert_eq(msm_pass_elide_tp1_collectives(p, &o, &q, &err), 0);
+            cr_expect(msm_graph_equal(p, q), "elide_tp1_collectives is not idempotent");
+            cr_assert_eq(msm_pass_fuse_add_rmsnorm(p, &o, &r, &err), 0);
+            if (m & 4) cr_expect(msm_graph_equal(p, r), "fuse_add_rmsnorm is not idempotent");
+            msm_graph_free(q), msm_graph_free(r), msm_graph_free(p), msm_graph_free(g);
+        }
+}
+
+Test(graph_pass, collectives_stay_at_tp2) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 2);
+    msm_pass_opts o = {.fuse_allreduce = true, .multi_stream = true, .elide_collectives = true, .fuse_add_norm = true};
+    msm_pass_opts o0 = {.fuse_allreduce = true, .multi_stream = true};
+    msm_graph *p = apply(g, &o), *p0 = apply(g, &o0);
+    cr_expect_eq(count_op(p, MSM_OP_ALLREDUCE), count_op(p0, MSM_OP_ALLREDUCE));
+    cr_expect_eq(count_op(p, MSM_OP_ALLGATHER), 1);
+    cr_expect_eq(msm_graph_collective_hash(p), msm_graph_collective_hash(p0));
+    msm_graph_free(p), msm_graph_free(p0), msm_graph_free(g);
+}
+
+Test(graph_pass, add_rmsnorm_fuses_both_residual_norms_of_every_layer) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 1);
+    msm_pass_opts o = {.fuse_add_norm = true};
+    msm_graph *p = apply(g, &o);
+    /* per layer: post-attention norm and (next layer's input | final) norm */
+    cr_expect_eq(count_op(p, MSM_OP_ADD_RMSNORM), 2 * g->n_layers);
+    cr_expect_eq(count_op(p, MSM_OP_RMSNORM), count_op(g, MSM_OP_RMSNORM) - 2 * g->n_layers);
+    cr_expect_eq(count_op(p, MSM_OP_ADD), count_op(g, MSM_OP_ADD) - 2 * g->n_layers);
+    msm_graph_free(p), msm_graph_free(g);
+}

@@ -122,3 +122,14 @@ Test(kernels_cpu, rope_at_position_zero_is_identity_and_preserves_norm) {
     for (int i = 0; i < 32; i++) n0 += x[i] * x[i], n1 += y[i] * y[i];
     cr_expect_float_eq(n0, n1, 1e-4);
 }
+
+Test(kernels_cpu, add_rmsnorm_equals_add_then_rmsnorm) {
+    enum { R = 3, D = 37 };
+    float a[R * D], b[R * D], w[D], s1[R * D], o1[R * D], s2[R * D], o2[R * D];
+    for (int i = 0; i < R * D; i++) a[i] = sinf((float)i), b[i] = cosf((float)i * 0.7f);
+    for (int i = 0; i < D; i++) w[i] = 0.5f + (float)i / D;
+    msm_cpu_add_rmsnorm(s1, o1, a, b, w, R, D, 1e-6f);
+    msm_cpu_add(s2, a, b, R * D);
+    msm_cpu_rmsnorm(o2, s2, w, R, D, 1e-6f);
+    cr_expect(memcmp(s1, s2, sizeof s1) == 0 && memcmp(o1, o2, sizeof o1) == 0);
+}

@@ -1,0 +1,350 @@
+/* msm_config: the key table, the INI reader (libinih) and --set overrides (see msm_config.h). */
+#include "msm_config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef MSM_SOURCE_ROOT
+#define MSM_SOURCE_ROOT ""
+#endif
+#ifndef MSM_BUILD_ROOT
+#define MSM_BUILD_ROOT ""
+#endif
+#ifndef MSM_DATADIR
+#define MSM_DATADIR "/usr/local/share"
+#endif
+#define MSM_EMBEDDED_MODEL "stories260k-moe"
+
+typedef enum key_type { K_STR, K_INT, K_BOOL, K_MODE, K_BUCKETS, K_BACKEND, K_LEVEL } key_type;
+
+typedef struct key_def {
+    const char *section, *name;
+    key_type type;
+    size_t off, size;
+    long min, max;
+} key_def;
+
+#define STR(sec, k, field) {sec, k, K_STR, offsetof(msm_config, field), sizeof(((msm_config *)0)->field), 0, 0}
+#define INT(sec, k, field, lo, hi) {sec, k, K_INT, offsetof(msm_config, field), sizeof(int), lo, hi}
+#define BOOL(sec, k, field) {sec, k, K_BOOL, offsetof(msm_config, field), sizeof(bool), 0, 1}
+
+static const key_def keys[] = {
+    STR("server", "socket", socket),
+    {"server", "socket_mode", K_MODE, offsetof(msm_config, socket_mode), sizeof(int), 0, 0777},
+    INT("server", "tcp", tcp_port, 0, 65535),
+    STR("server", "tcp_host", tcp_host),
+    INT("server", "max_frame_bytes", max_frame_bytes, 64, 1 << 30),
+    INT("server", "max_connections", max_connections, 1, 1000000),
+    INT("server", "metrics_port", metrics_port, 0, 65535),
+    STR("server", "metrics_host", metrics_host),
+    STR("engine", "model", model),
+    STR("engine", "dummy_preset", dummy_preset),
+    {"engine", "backend", K_BACKEND, offsetof(msm_config, backend), sizeof(((msm_config *)0)->backend), 0, 0},
+    INT("engine", "tp", tp, 1, 64),
+    INT("engine", "first_device", first_device, 0, 1023),
+    BOOL("engine", "multi_stream", multi_stream),
+    BOOL("engine", "fuse_allreduce", fuse_allreduce),
+    INT("engine", "kv_blocks", kv_blocks, 2, 1 << 24),
+    INT("engine", "max_step_tokens", max_step_tokens, 1, 1 << 20),
+    INT("engine", "max_seqs", max_seqs, 1, 4096),
+    INT("engine", "max_context", max_context, 0, 1 << 24),
+    BOOL("engine", "cuda_graphs", cuda_graphs),
+    {"engine", "buckets", K_BUCKETS, offsetof(msm_config, buckets), 0, 1, 4096},
+    INT("engine", "deadline_ms", deadline_ms, 100, 3600000),
+    INT("scheduler", "max_queue", max_queue, 1, 1000000),
+    INT("scheduler", "max_tokens_default", max_tokens_default, 1, 1 << 24),
+    INT("scheduler", "max_tokens_limit", max_tokens_limit, 1, 1 << 24),
+    INT("scheduler", "max_logprobs", max_logprobs, 0, 20),
+    INT("scheduler", "max_stop", max_stop, 0, 1024),
+    INT("scheduler", "drain_timeout_s", drain_timeout_s, 0, 86400),
+    {"log", "level", K_LEVEL, offsetof(msm_config, log_level), sizeof(msm_log_level), 0, 0},
+    STR("log", "file", log_file),
+};
+
+void msm_config_defaults(msm_config *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->socket, sizeof c->socket, "/run/msmoed/msmoed.sock");
+    c->socket_mode = 0660;
+    snprintf(c->tcp_host, sizeof c->tcp_host, "127.0.0.1");
+    c->max_frame_bytes = 4 << 20;
+    c->max_connections = 1024;
+    snprintf(c->metrics_host, sizeof c->metrics_host, "127.0.0.1");
+    snprintf(c->backend, sizeof c->backend, "auto");
+    c->tp = 1;
+    c->multi_stream = true;
+    c->fuse_allreduce = true;
+    c->kv_blocks = 1024;
+    c->max_step_tokens = 512;
+    c->max_seqs = 64;
+    c->cuda_graphs = true;
+    c->deadline_ms = 30000;
+    c->max_queue = 1024;
+    c->max_tokens_default = 256;
+    c->max_tokens_limit = 32768;
+    c->max_logprobs = 20;
+    c->max_stop = 16;
+    c->drain_timeout_s = 30;
+    c->log_level = MSM_LOG_INFO;
+}
+
+static char *trim(char *s) {
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r' || s[n - 1] == '\n'))
+        s[--n] = 0;
+    return s;
+}
+
+static int parse_long(const char *v, int base, long *ret) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, base);
+    if (errno || end == v || *trim(end))
+        return -EINVAL;
+    *ret = x;
+    return 0;
+}
+
+/* Sets one key. `where` is "file:line" or "--set"; errors are "where: message". */
+static int set_key(msm_config *c, const char *where, const char *section, const char *name,
+                   const char *value, msm_err *err) {
+    const key_def *k = NULL;
+    bool section_known = false;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        if (strcmp(keys[i].section, section) == 0) {
+            section_known = true;
+            if (strcmp(keys[i].name, name) == 0)
+                k = &keys[i];
+        }
+    }
+    if (!section_known)
+        return msm_err_set(err, -EINVAL, "%s: unknown section [%s] (known: server, engine, scheduler, log)",
+                           where, section);
+    if (!k)
+        return msm_err_set(err, -EINVAL, "%s: unknown key '%s' in section [%s]", where, name, section);
+    char *p = (char *)c + k->off;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", value);
+    char *v = trim(buf);
+    long x;
+    switch (k->type) {
+    case K_STR:
+        if (strlen(v) >= k->size)
+            return msm_err_set(err, -EINVAL, "%s: %s.%s is longer than %zu bytes", where, section, name,
+                               k->size - 1);
+        memcpy(p, v, strlen(v) + 1);
+        return 0;
+    case K_INT:
+        if (parse_long(v, 10, &x) < 0)
+            return msm_err_set(err, -EINVAL, "%s: %s.%s = '%s' is not an integer", where, section, name, v);
+        if (x < k->min || x > k->max)
+            return msm_err_set(err, -EINVAL, "%s: %s.%s = %ld is out of range [%ld, %ld]", where, section,
+                               name, x, k->min, k->max);
+        *(int *)p = (int)x;
+        return 0;
+    case K_MODE:
+        if (parse_long(v, 8, &x) < 0 || x < 0 || x > 0777)
+            return msm_err_set(err, -EINVAL, "%s: %s.%s = '%s' is not an octal mode in 0000..0777", where,
+                               section, name, v);
+        *(int *)p = (int)x;
+        return 0;
+    case K_BOOL:
+        if (!strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on") || !strcmp(v, "1"))
+            *(bool *)p = true;
+        else if (!strcasecmp(v, "false") || !strcasecmp(v, "no") || !strcasecmp(v, "off") || !strcmp(v, "0"))
+            *(bool *)p = false;
+        else
+            return msm_err_set(err, -EINVAL, "%s: %s.%s = '%s' is not a boolean (true/false)", where,
+                               section, name, v);
+        return 0;
+    case K_BACKEND:
+        if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "fake"))
+            return msm_err_set(err, -EINVAL, "%s: %s.%s = '%s' must be auto, cpu or cuda", where, section,
+                               name, v);
+        snprintf(p, k->size, "%s", v);
+        return 0;
+    case K_LEVEL: {
+        static const char *levels[] = {"error", "warn", "info", "debug"};
+        for (int i = 0; i < 4; i++)
+            if (!strcasecmp(v, levels[i])) {
+                *(msm_log_level *)p = (msm_log_level)i;
+                return 0;
+            }
+        return msm_err_set(err, -EINVAL, "%s: %s.%s = '%s' must be error, warn, info or debug", where,
+                           section, name, v);
+    }
+    case K_BUCKETS: {
+        int n = 0, prev = 0;
+        if (!*v) {
+            c->n_buckets = 0;
+            return 0;
+        }
+        for (char *save = NULL, *tok = strtok_r(v, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            tok = trim(tok);
+            if (n == MSM_MAX_BUCKETS)
+                return msm_err_set(err, -EINVAL, "%s: %s.%s has more than %d buckets", where, section, name,
+                                   MSM_MAX_BUCKETS);
+            if (parse_long(tok, 10, &x) < 0 || x < k->min || x > k->max)
+                return msm_err_set(err, -EINVAL, "%s: %s.%s: '%s' is not an integer in [%ld, %ld]", where,
+                                   section, name, tok, k->min, k->max);
+            if (x <= prev)
+                return msm_err_set(err, -EINVAL, "%s: %s.%s must be strictly ascending (%ld after %d)", where,
+                                   section, name, x, prev);
+            c->buckets[n++] = prev = (int)x;
+        }
+        c->n_buckets = n;
+        return 0;
+    }
+    }
+    return msm_err_set(err, -EINVAL, "%s: internal: bad key type", where);
+}
+
+/* inih gives its handler no line number (Debian builds it without INI_HANDLER_LINENO), so the
+ * reader callback counts the lines it hands out. */
+typedef struct parse_ctx {
+    msm_config *c;
+    const char *source;
+    FILE *f;                  /* file source, or ... */
+    const char *text;         /* ... string source */
+    size_t text_off;
+    int line;
+    bool mid_line;
+    int err_line;
+    int rc;
+    msm_err *err;
+} parse_ctx;
+
+static char *reader(char *str, int num, void *stream) {
+    parse_ctx *p = stream;
+    if (p->f) {
+        if (!fgets(str, num, p->f))
+            return NULL;
+    } else {
+        if (!p->text[p->text_off])
+            return NULL;
+        int k = 0;
+        while (k < num - 1 && p->text[p->text_off]) {
+            char ch = p->text[p->text_off++];
+            str[k++] = ch;
+            if (ch == '\n')
+                break;
+        }
+        str[k] = 0;
+    }
+    /* A line longer than inih's buffer arrives in pieces: count it once, at its first piece. */
+    if (!p->mid_line)
+        p->line++;
+    size_t n = strlen(str);
+    p->mid_line = !(n && str[n - 1] == '\n');
+    return str;
+}
+
+static int handler(void *user, const char *section, const char *name, const char *value) {
+    parse_ctx *p = user;
+    if (p->rc < 0)
+        return 0;
+    char where[1100];
+    snprintf(where, sizeof where, "%s:%d", p->source, p->line);
+    if (!name) /* a section header alone (inih >= 51 with INI_CALL_HANDLER_ON_NEW_SECTION) */
+        return 1;
+    int rc = set_key(p->c, where, section, name, value ? value : "", p->err);
+    if (rc < 0) {
+        p->rc = rc;
+        p->err_line = p->line;
+        return 0;
+    }
+    return 1;
+}
+
+static int parse(parse_ctx *p) {
+    int line = ini_parse_stream(reader, p, handler, p);
+    if (line < 0)
+        return msm_err_set(p->err, -EIO, "%s: cannot read the file", p->source);
+    if (line > 0 && (p->rc == 0 || line < p->err_line))
+        return msm_err_set(p->err, -EINVAL, "%s:%d: syntax error (expected [section] or key = value)",
+                           p->source, line);
+    return p->rc;
+}
+
+int msm_config_load(msm_config *c, const char *path, msm_err *err) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return msm_err_set(err, -errno, "%s: cannot open: %s", path, strerror(errno));
+    parse_ctx p = {.c = c, .source = path, .f = f, .err = err};
+    int rc = parse(&p);
+    fclose(f);
+    return rc;
+}
+
+int msm_config_load_string(msm_config *c, const char *text, const char *source, msm_err *err) {
+    parse_ctx p = {.c = c, .source = source, .text = text, .err = err};
+    return parse(&p);
+}
+
+int msm_config_set(msm_config *c, const char *assignment, msm_err *err) {
+    char buf[1200];
+    snprintf(buf, sizeof buf, "%s", assignment);
+    char *eq = strchr(buf, '=');
+    char *dot = strchr(buf, '.');
+    if (!eq || !dot || dot > eq)
+        return msm_err_set(err, -EINVAL, "--set %s: expected section.key=value", assignment);
+    *eq = 0;
+    *dot = 0;
+    return set_key(c, "--set", trim(buf), trim(dot + 1), eq + 1, err);
+}
+
+int msm_config_check(const msm_config *c, msm_err *err) {
+    if (c->max_tokens_default > c->max_tokens_limit)
+        return msm_err_set(err, -EINVAL, "scheduler.max_tokens_default = %d exceeds scheduler.max_tokens_limit = %d",
+                           c->max_tokens_default, c->max_tokens_limit);
+    if (!c->socket[0] && !c->tcp_port)
+        return msm_err_set(err, -EINVAL, "no listener: server.socket is empty and server.tcp is 0");
+    if (c->max_step_tokens < c->max_seqs)
+        return msm_err_set(err, -EINVAL, "engine.max_step_tokens = %d is below engine.max_seqs = %d "
+                           "(every running sequence needs one token per decode step)",
+                           c->max_step_tokens, c->max_seqs);
+    if (c->socket[0] && c->socket[0] != '/')
+        return msm_err_set(err, -EINVAL, "server.socket = '%s' must be an absolute path", c->socket);
+    return 0;
+}
+
+static bool is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int msm_config_model_dir(const msm_config *c, char *ret, size_t cap, msm_err *err) {
+    if (c->model[0]) {
+        snprintf(ret, cap, "%s", c->model);
+        return 0;
+    }
+    char source[PATH_MAX], installed[PATH_MAX];
+    snprintf(source, sizeof source, "%s/models/%s", MSM_SOURCE_ROOT, MSM_EMBEDDED_MODEL);
+    snprintf(installed, sizeof installed, "%s/msmoed/models/%s", MSM_DATADIR, MSM_EMBEDDED_MODEL);
+    /* A binary in its build tree serves the source tree's model, so a fresh checkout works
+     * without installing; an installed binary serves the installed copy. */
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    bool in_build = false;
+    if (n > 0 && MSM_BUILD_ROOT[0]) {
+        exe[n] = 0;
+        in_build = strncmp(exe, MSM_BUILD_ROOT, strlen(MSM_BUILD_ROOT)) == 0;
+    }
+    const char *order[2] = {in_build ? source : installed, in_build ? installed : source};
+    for (int i = 0; i < 2; i++)
+        if (is_dir(order[i])) {
+            snprintf(ret, cap, "%s", order[i]);
+            return 0;
+        }
+    return msm_err_set(err, -ENOENT, "engine.model is not set and the embedded model is in neither %s nor %s",
+                       order[0], order[1]);
+}

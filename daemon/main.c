@@ -1,0 +1,248 @@
+/* msmoed: the daemon's entry point. Reads the config, loads the model (telling systemd while it
+ * does), starts the scheduler thread and the libuv loop, signals READY=1 once the model is
+ * resident and the sockets listen, and on SIGTERM drains and exits 0. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "msm_api.h"
+#include "msm_config.h"
+#include "msm_engine.h"
+#include "msm_fake_engine.h"
+#include "msm_log.h"
+#include "msm_notify.h"
+#include "msm_sched.h"
+#include "msm_server.h"
+
+#ifndef MSM_SYSCONFDIR
+#define MSM_SYSCONFDIR "/etc"
+#endif
+#ifndef MSM_VERSION
+#define MSM_VERSION "0"
+#endif
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: msmoed [--config FILE] [--set SECTION.KEY=VALUE]... [--check-config] [--dump-graph]\n"
+            "\n"
+            "  --config FILE      INI configuration (default: %s/msmoed/msmoed.conf when it exists)\n"
+            "  --set S.K=V        override one key (repeatable; applied after the file)\n"
+            "  --check-config     validate the configuration (and that the model exists), then exit\n"
+            "  --dump-graph       load the model, print rank 0's step graph schedule, exit\n"
+            "  --version, --help\n",
+            MSM_SYSCONFDIR);
+}
+
+static void raise_nofile(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+int main(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
+        {"check-config", no_argument, NULL, 'k'}, {"dump-graph", no_argument, NULL, 'g'},
+        {"version", no_argument, NULL, 'V'},     {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    const char *config_path = NULL;
+    char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    int n_sets = 0, opt;
+    bool check_only = false, dump_graph = false;
+    while ((opt = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'c': config_path = optarg; break;
+        case 's': sets[n_sets++] = optarg; break;
+        case 'k': check_only = true; break;
+        case 'g': dump_graph = true; break;
+        case 'V': printf("msmoed %s\n", MSM_VERSION); free(sets); return 0;
+        case 'h': usage(stdout); free(sets); return 0;
+        default: usage(stderr); free(sets); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "msmoed: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        free(sets);
+        return 2;
+    }
+
+    /* Configuration: defaults < file < --set. */
+    static msm_config cfg;
+    msm_err err = {{0}};
+    msm_config_defaults(&cfg);
+    char default_path[PATH_MAX];
+    snprintf(default_path, sizeof default_path, "%s/msmoed/msmoed.conf", MSM_SYSCONFDIR);
+    if (!config_path && access(default_path, F_OK) == 0)
+        config_path = default_path;
+    if (config_path && msm_config_load(&cfg, config_path, &err) < 0) {
+        fprintf(stderr, "msmoed: %s\n", err.msg);
+        free(sets);
+        return 2;
+    }
+    for (int i = 0; i < n_sets; i++)
+        if (msm_config_set(&cfg, sets[i], &err) < 0) {
+            fprintf(stderr, "msmoed: %s\n", err.msg);
+            free(sets);
+            return 2;
+        }
+    free(sets);
+    if (msm_config_check(&cfg, &err) < 0) {
+        fprintf(stderr, "msmoed: %s\n", err.msg);
+        return 2;
+    }
+    bool fake = strcmp(cfg.backend, "fake") == 0;
+    char model_dir[PATH_MAX] = "";
+    if (!fake && !cfg.dummy_preset[0] && msm_config_model_dir(&cfg, model_dir, sizeof model_dir, &err) < 0) {
+        fprintf(stderr, "msmoed: %s\n", err.msg);
+        return 2;
+    }
+    if (check_only) {
+        if (model_dir[0]) {
+            char p[PATH_MAX + 16];
+            snprintf(p, sizeof p, "%s/config.json", model_dir);
+            if (access(p, R_OK) < 0) {
+                fprintf(stderr, "msmoed: model %s: cannot read %s: %s\n", model_dir, p, strerror(errno));
+                return 2;
+            }
+        }
+        printf("msmoed: configuration OK (%s; model %s)\n", config_path ? config_path : "built-in defaults",
+               fake ? "fake" : cfg.dummy_preset[0] ? cfg.dummy_preset : model_dir);
+        return 0;
+    }
+
+    int rc = msm_log_open(cfg.log_file, cfg.log_level);
+    if (rc < 0)
+        fprintf(stderr, "msmoed: cannot open log.file %s: %s; logging to stderr\n", cfg.log_file, strerror(-rc));
+    signal(SIGPIPE, SIG_IGN);
+    raise_nofile();
+
+    /* Load the model. */
+    msm_engine *engine = NULL;
+    msm_fake_engine *fk = NULL;
+    msm_sched_engine se;
+    msm_api_model_info info = {0};
+    const char *what = fake ? "fake engine" : cfg.dummy_preset[0] ? cfg.dummy_preset : model_dir;
+    msm_log_info("msmoed %s: loading %s", MSM_VERSION, what);
+    msm_notify_status("loading %s", what);
+    msm_notify_loading *loading = NULL;
+    char status[1400];
+    snprintf(status, sizeof status, "loading %s", what);
+    msm_notify_loading_start(status, 5, &loading);
+    if (fake) {
+        const char *delay = getenv("MSMOED_FAKE_STEP_US");
+        msm_fake_engine_opts fo = {.vocab = 512, .max_context = cfg.max_context ? cfg.max_context : 2048,
+                                   .kv_blocks = cfg.kv_blocks, .eos_id = -1,
+                                   .max_step_tokens = cfg.max_step_tokens, .max_seqs = cfg.max_seqs,
+                                   .step_delay_us = delay ? atoi(delay) : 0};
+        rc = msm_fake_engine_new(&fo, &fk);
+        if (rc < 0)
+            msm_err_set(&err, rc, "fake engine: %s", strerror(-rc));
+        else
+            msm_fake_engine_vtable(fk, &se);
+    } else {
+        msm_engine_opts eo;
+        msm_config_engine_opts(&cfg, &eo);
+        eo.model_dir = cfg.dummy_preset[0] ? NULL : model_dir;
+        rc = msm_engine_new(&eo, &engine, &err);
+        if (rc == 0)
+            msm_sched_engine_from(&se, engine);
+    }
+    msm_notify_loading_stop(loading);
+    if (rc < 0) {
+        msm_log_error("cannot load the model: %s", err.msg);
+        msm_notify_status("failed: %s", err.msg);
+        return 1;
+    }
+    if (dump_graph) {
+        rc = engine ? msm_engine_dump_graph(engine, 0, stdout) : 0;
+        msm_engine_free(engine);
+        msm_fake_engine_free(fk);
+        return rc < 0 ? 1 : 0;
+    }
+
+    if (engine) {
+        const msm_model_config *mc = msm_engine_model(engine);
+        const msm_engine_opts *eo = msm_engine_options(engine);
+        info.architecture = mc->arch_name;
+        info.backend = msm_engine_backend_name(engine);
+        info.hidden = mc->hidden;
+        info.layers = mc->n_layers;
+        info.experts = mc->n_experts;
+        info.experts_per_token = mc->top_k;
+        info.tp = eo->tp;
+        info.multi_stream = eo->multi_stream;
+        info.fuse_allreduce = eo->fuse_allreduce;
+        info.cuda_graphs = eo->cuda_graphs && eo->backend == MSM_BACKEND_CUDA;
+    } else {
+        info.architecture = "fake";
+        info.backend = "fake";
+        info.tp = 1;
+    }
+    info.model = what;
+    info.version = MSM_VERSION;
+    info.tp_groups = 1;
+    info.vocab = se.vocab;
+    info.max_context = se.max_context;
+    info.eos_ids = se.eos_ids;
+    info.n_eos = se.n_eos;
+    info.kv_blocks = se.kv_total(se.ctx);
+    info.kv_block_tokens = 16;
+    info.max_seqs = cfg.max_seqs;
+    info.max_step_tokens = cfg.max_step_tokens;
+
+    msm_api_limits limits = {
+        .vocab = se.vocab, .max_context = se.max_context, .max_tokens_default = cfg.max_tokens_default,
+        .max_tokens_limit = cfg.max_tokens_limit, .max_logprobs = cfg.max_logprobs, .max_stop = cfg.max_stop,
+        .have_tokenizer = se.detok != NULL};
+
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    msm_server *srv = NULL;
+    msm_sched *sched = NULL;
+    msm_sched_opts so = {.max_step_tokens = cfg.max_step_tokens, .max_seqs = cfg.max_seqs,
+                         .max_queue = cfg.max_queue};
+    int exit_code = 0;
+    if ((rc = msm_server_new(&loop, &cfg, &limits, &info, &srv, &err)) < 0 ||
+        (rc = msm_sched_new(&so, &se, msm_server_emit, srv, &sched, &err)) < 0) {
+        msm_log_error("%s", err.msg);
+        exit_code = 1;
+        goto out;
+    }
+    msm_server_set_sched(srv, sched);
+    if ((rc = msm_server_install_signals(srv, &err)) < 0 || (rc = msm_sched_start(sched)) < 0 ||
+        (rc = msm_server_listen(srv, &err)) < 0) {
+        msm_log_error("%s", rc == -EAGAIN ? "cannot start the scheduler thread" : err.msg);
+        msm_notify_status("failed: %s", err.msg);
+        exit_code = 1;
+        msm_server_shutdown(srv); /* closes what was opened; uv_run below returns */
+        uv_run(&loop, UV_RUN_DEFAULT);
+        goto out;
+    }
+    snprintf(status, sizeof status, "serving %s (%s, vocab %d, context %d)", info.model, info.backend,
+             info.vocab, info.max_context);
+    msm_log_info("ready: %s", status);
+    msm_notify_ready(status);
+    uv_run(&loop, UV_RUN_DEFAULT);
+out:
+    msm_sched_free(sched);
+    if (uv_loop_close(&loop) == UV_EBUSY) {
+        uv_run(&loop, UV_RUN_DEFAULT);
+        uv_loop_close(&loop);
+    }
+    msm_server_free(srv);
+    msm_engine_free(engine);
+    msm_fake_engine_free(fk);
+    msm_log_info("exiting with status %d", exit_code);
+    msm_log_close();
+    return exit_code;
+}

@@ -1,0 +1,70 @@
+/* msm_api: the protobuf edge. Decodes ClientFrame bodies into validated native calls and encodes
+ * ServerFrames (with their 4-byte length header) from native structs. No protobuf struct leaves
+ * this module; every unpacked message is freed here, exactly once.
+ *
+ * Validation checks every client value against a limit and names the field in the message, e.g.
+ * "generate.top_p = 1.5: must be in (0, 1]". */
+#ifndef MSM_API_H
+#define MSM_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "msm_metrics.h"
+#include "msm_sched.h"
+
+typedef enum msm_call_kind {
+    MSM_CALL_GENERATE = 1,
+    MSM_CALL_CANCEL,
+    MSM_CALL_HEALTH,
+    MSM_CALL_MODEL_INFO,
+    MSM_CALL_METRICS,
+} msm_call_kind;
+
+/* The limits requests are validated against. */
+typedef struct msm_api_limits {
+    int vocab;
+    int max_context;
+    int max_tokens_default;
+    int max_tokens_limit;
+    int max_logprobs;
+    int max_stop;             /* stop ids + stop strings */
+    bool have_tokenizer;      /* text prompts and stop strings accepted */
+} msm_api_limits;
+
+typedef struct msm_call {
+    msm_call_kind kind;
+    uint64_t request_id;
+    msm_gen_request *gen;     /* MSM_CALL_GENERATE: owned by the caller after decode */
+} msm_call;
+
+typedef struct msm_status {
+    msm_code code;
+    bool fatal;               /* the frame itself is malformed: reply, then close the connection */
+    uint64_t request_id;      /* the id to answer (0 when the frame could not be decoded) */
+    char msg[256];
+} msm_status;
+
+/* Decodes and validates one ClientFrame body. 0: *ret filled (conn_id of a request is left 0 for
+ * the caller). -EINVAL / -EBADMSG: *st says what to answer. */
+int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, msm_call *ret, msm_status *st);
+
+/* Native ModelInfo. */
+typedef struct msm_api_model_info {
+    const char *architecture, *backend, *model, *version;
+    int vocab, max_context, tp, tp_groups, hidden, layers, experts, experts_per_token;
+    bool multi_stream, fuse_allreduce, cuda_graphs;
+    const int *eos_ids;
+    int n_eos;
+    int kv_blocks, kv_block_tokens, max_seqs, max_step_tokens;
+} msm_api_model_info;
+
+/* Encoders: a malloc'd buffer holding the 4-byte header and the ServerFrame, or NULL (ENOMEM). */
+uint8_t *msm_api_encode_event(const msm_sched_event *ev, size_t *ret_len);
+uint8_t *msm_api_encode_error(uint64_t request_id, msm_code code, const char *msg, size_t *ret_len);
+uint8_t *msm_api_encode_health(uint64_t request_id, bool serving, const char *status, size_t *ret_len);
+uint8_t *msm_api_encode_model_info(uint64_t request_id, const msm_api_model_info *mi, size_t *ret_len);
+uint8_t *msm_api_encode_metrics(uint64_t request_id, const msm_metric_sample *s, int n, size_t *ret_len);
+
+#endif

@@ -1,0 +1,83 @@
+/* msm_config: msmoed's configuration: an INI file (libinih) plus --set overrides.
+ *
+ * Every key is listed in one table in config.c and documented, with its default, in
+ * config/msmoed.conf. Unknown sections/keys and bad values are errors naming file:line (or
+ * "--set" for overrides) and the accepted range. */
+#ifndef MSM_CONFIG_H
+#define MSM_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "msm_engine.h"
+#include "msm_err.h"
+
+typedef enum msm_log_level {
+    MSM_LOG_ERROR = 0,
+    MSM_LOG_WARN,
+    MSM_LOG_INFO,
+    MSM_LOG_DEBUG,
+} msm_log_level;
+
+typedef struct msm_config {
+    /* [server] */
+    char socket[256];          /* Unix socket path; empty = none */
+    int socket_mode;           /* permission bits of the socket (octal in the file) */
+    int tcp_port;              /* 0 = no TCP listener */
+    char tcp_host[64];
+    int max_frame_bytes;
+    int max_connections;
+    int metrics_port;          /* HTTP GET /metrics (Prometheus text); 0 = off */
+    char metrics_host[64];
+    /* [engine] */
+    char model[1024];          /* empty = the embedded model (see msm_config_model_dir) */
+    char dummy_preset[1024];   /* a shape preset with random weights instead of a model */
+    char backend[16];          /* auto | cpu | cuda | fake (fake: test-only engine) */
+    int tp;
+    int first_device;
+    bool multi_stream;
+    bool fuse_allreduce;
+    int kv_blocks;
+    int max_step_tokens;
+    int max_seqs;
+    int max_context;           /* 0 = the model's max_position */
+    bool cuda_graphs;
+    int buckets[MSM_MAX_BUCKETS];
+    int n_buckets;             /* 0 = the engine's defaults */
+    int deadline_ms;
+    /* [scheduler] */
+    int max_queue;
+    int max_tokens_default;
+    int max_tokens_limit;
+    int max_logprobs;
+    int max_stop;              /* stop token ids + stop strings per request */
+    int drain_timeout_s;
+    /* [log] */
+    msm_log_level log_level;
+    char log_file[1024];       /* empty = stderr (the journal under systemd) */
+} msm_config;
+
+void msm_config_defaults(msm_config *c);
+
+/* Parses an INI file into c (keys not in the file keep their values). -ENOENT when the file does
+ * not exist; -EINVAL with "file:line: message" for any other problem. */
+int msm_config_load(msm_config *c, const char *path, msm_err *err);
+
+/* Parses INI text (for the tests and the fuzzer); `source` names it in messages. */
+int msm_config_load_string(msm_config *c, const char *text, const char *source, msm_err *err);
+
+/* Applies one "section.key=value" override. */
+int msm_config_set(msm_config *c, const char *assignment, msm_err *err);
+
+/* Checks relations between keys (e.g. max_tokens_default <= max_tokens_limit). */
+int msm_config_check(const msm_config *c, msm_err *err);
+
+/* Resolves the model directory: engine.model if set; otherwise the embedded model, looked up in
+ * the source tree first when this binary runs from its build tree, then in the installed data
+ * directory ($datadir/msmoed/models/stories260k-moe). Writes the path into ret (cap bytes). */
+int msm_config_model_dir(const msm_config *c, char *ret, size_t cap, msm_err *err);
+
+/* Fills engine options from the config. */
+void msm_config_engine_opts(const msm_config *c, msm_engine_opts *o);
+
+#endif

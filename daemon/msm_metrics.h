@@ -1,0 +1,41 @@
+/* msm_metrics: the daemon's counters and gauges, as samples that render to Prometheus text (for
+ * GET /metrics and `msmoe metrics`) or travel in a MetricsReply.
+ *
+ * The loop thread owns msm_metrics (connection and request counters it alone updates); the
+ * scheduler's numbers come from a msm_sched_stats snapshot taken at collection time. */
+#ifndef MSM_METRICS_H
+#define MSM_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "msm_sched.h"
+
+typedef struct msm_metrics {
+    uint64_t connections_total;
+    uint64_t connections_refused;     /* over server.max_connections */
+    int connections;                  /* open now */
+    uint64_t requests_total;          /* generate requests received */
+    uint64_t requests_rejected[16];   /* by msm_code: refused before reaching the scheduler */
+    uint64_t frames_malformed;        /* frames that closed their connection */
+    uint64_t bytes_in, bytes_out;
+} msm_metrics;
+
+typedef struct msm_metric_sample {
+    const char *name;
+    char labels[64];
+    double value;
+    bool counter;
+    const char *help;
+} msm_metric_sample;
+
+#define MSM_METRICS_MAX 64
+
+/* Fills up to cap samples; returns how many. */
+int msm_metrics_collect(const msm_metrics *m, const msm_sched_stats *st, msm_metric_sample *out, int cap);
+
+/* Prometheus text exposition format (version 0.0.4). Returns the length (snprintf-style). */
+size_t msm_metrics_render(const msm_metric_sample *s, int n, char *buf, size_t cap);
+
+#endif

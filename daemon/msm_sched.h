@@ -1,0 +1,176 @@
+/* msm_sched: the scheduler. It owns every generation request from admission to its last token.
+ *
+ * One scheduler thread is the engine's only caller. Each iteration it takes new requests and
+ * cancels from its inbox (a mutex-protected queue the loop thread fills), builds one step —
+ * continuous batching: decode rows of running sequences first, then prefill chunks under the
+ * token budget (max_step_tokens), admitting waiting requests while KV blocks and max_seqs allow —
+ * runs it, and turns the sampled tokens into events (stop rules, logprobs) handed to an emit
+ * callback. When a running sequence needs a KV block and none is free, the most recently admitted
+ * sequence is preempted by recompute: its blocks are freed and it is requeued at the head of the
+ * waiting queue with prompt + generated tokens as its new prompt.
+ *
+ * The engine is reached through msm_sched_engine, a small vtable (step, KV pool, model limits), so
+ * the unit tests drive the scheduler on a fake engine and the daemon on the real one. */
+#ifndef MSM_SCHED_H
+#define MSM_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "msm_engine.h"
+#include "msm_err.h"
+#include "msm_kernels.h"
+
+/* gRPC-style status codes (values of msmoe.v1.Code). */
+typedef enum msm_code {
+    MSM_CODE_OK = 0,
+    MSM_CODE_CANCELLED = 1,
+    MSM_CODE_INVALID_ARGUMENT = 3,
+    MSM_CODE_DEADLINE_EXCEEDED = 4,
+    MSM_CODE_NOT_FOUND = 5,
+    MSM_CODE_RESOURCE_EXHAUSTED = 8,
+    MSM_CODE_FAILED_PRECONDITION = 9,
+    MSM_CODE_UNIMPLEMENTED = 12,
+    MSM_CODE_INTERNAL = 13,
+    MSM_CODE_UNAVAILABLE = 14,
+} msm_code;
+
+const char *msm_code_name(msm_code c);
+
+/* Values of msmoe.v1.FinishReason. */
+typedef enum msm_finish {
+    MSM_FINISH_NONE = 0,
+    MSM_FINISH_LENGTH,
+    MSM_FINISH_STOP,
+    MSM_FINISH_EOS,
+    MSM_FINISH_CANCELLED,
+    MSM_FINISH_ERROR,
+    MSM_FINISH_COUNT_,
+} msm_finish;
+
+const char *msm_finish_name(msm_finish f);
+
+#define MSM_MAX_TOP_LOGPROBS 20
+
+/* A validated generation request (native; protobuf structs never get this far). */
+typedef struct msm_gen_request {
+    uint64_t conn_id;         /* routing key of the reply: connection ... */
+    uint64_t request_id;      /* ... and the client's request id */
+    int32_t *prompt;          /* [n_prompt] token ids, each < vocab (owned) */
+    int n_prompt;
+    msm_sample_params sampling; /* counter is set per token by the scheduler */
+    int max_tokens;           /* >= 1 */
+    int32_t *stop_ids;        /* [n_stop_ids] (owned) */
+    int n_stop_ids;
+    char **stop_strings;      /* [n_stop_strings] NUL-terminated (owned); need engine->detok */
+    int n_stop_strings;
+    int top_logprobs;         /* top-n logprobs per token, 0..MSM_MAX_TOP_LOGPROBS */
+    bool want_logprob;        /* the chosen token's logprob (implied by top_logprobs > 0) */
+    bool ignore_eos;
+} msm_gen_request;
+
+void msm_gen_request_free(msm_gen_request *r);
+
+/* What the scheduler hands back: one event per generated token, the last one with a finish reason
+ * (also events carrying only a finish, e.g. a cancel before the first token). */
+typedef struct msm_sched_event {
+    uint64_t conn_id;
+    uint64_t request_id;
+    bool has_token;
+    int32_t token;
+    bool has_logprob;
+    float logprob;                 /* chosen token's log-softmax */
+    int n_top;
+    int32_t top_ids[MSM_MAX_TOP_LOGPROBS];
+    float top_logprobs[MSM_MAX_TOP_LOGPROBS];
+    msm_finish finish;             /* NONE: more follow */
+    int prompt_tokens;             /* usage, with a finish */
+    int completion_tokens;
+    msm_code error_code;           /* with MSM_FINISH_ERROR */
+    char error_msg[256];
+    struct msm_sched_event *next;  /* queue link for the consumer's use */
+} msm_sched_event;
+
+/* Takes ownership of ev (free() it). Called on the scheduler thread. */
+typedef void (*msm_sched_emit_fn)(void *ctx, msm_sched_event *ev);
+
+/* The engine as the scheduler sees it. */
+typedef struct msm_sched_engine {
+    void *ctx;
+    int (*step)(void *ctx, const msm_step_seq *seqs, int n_seqs, msm_step_out *ret, msm_err *err);
+    int (*kv_alloc)(void *ctx, int n, int32_t *ret_ids);     /* -ENOSPC, nothing taken */
+    void (*kv_release)(void *ctx, const int32_t *ids, int n);
+    int (*kv_n_free)(void *ctx);
+    int (*kv_total)(void *ctx);
+    /* Stop-string hook: appends the text of token to buf (at most cap bytes, returns the bytes
+     * written or a negative errno). NULL until the tokenizer is wired; requests with stop strings
+     * are then refused at validation. */
+    int (*detok)(void *ctx, int32_t token, char *buf, size_t cap);
+    int vocab;
+    int max_context;          /* tokens per sequence: prompt + generated */
+    int eos_ids[MSM_MAX_EOS];
+    int n_eos;
+} msm_sched_engine;
+
+/* Fills the vtable with the real engine. */
+void msm_sched_engine_from(msm_sched_engine *se, msm_engine *e);
+
+typedef struct msm_sched_opts {
+    int max_step_tokens;      /* tokens per step: decode rows + prefill chunks */
+    int max_seqs;             /* sequences running at once (and per step) */
+    int max_queue;            /* requests waiting for admission; more -> RESOURCE_EXHAUSTED */
+} msm_sched_opts;
+
+typedef struct msm_sched msm_sched;
+
+int msm_sched_new(const msm_sched_opts *o, const msm_sched_engine *engine, msm_sched_emit_fn emit,
+                  void *emit_ctx, msm_sched **ret, msm_err *err);
+/* Stops the thread if running; frees every request without emitting. Accepts NULL. */
+void msm_sched_free(msm_sched *s);
+
+/* Starts / stops the scheduler thread (which calls msm_sched_iterate while there is work). */
+int msm_sched_start(msm_sched *s);
+void msm_sched_stop(msm_sched *s);
+
+/* Thread-safe. Takes ownership of *req on success (and sets *req NULL). Checks the limits that
+ * depend on the engine and queue: returns a msm_code (OK, RESOURCE_EXHAUSTED when the queue is full
+ * or the request can never fit the KV pool, INVALID_ARGUMENT when its prompt does not fit the
+ * context) with a message naming the limit. */
+msm_code msm_sched_submit(msm_sched *s, msm_gen_request **req, char *msg, size_t msg_cap);
+/* Thread-safe. The request's stream ends with FINISH_CANCELLED and its blocks are freed at the
+ * start of the next iteration. Unknown ids are ignored (the caller tracks what is in flight). */
+void msm_sched_cancel(msm_sched *s, uint64_t conn_id, uint64_t request_id);
+/* Thread-safe: cancels every request of a connection (disconnect). */
+void msm_sched_cancel_conn(msm_sched *s, uint64_t conn_id);
+/* Thread-safe: cancels everything (shutdown after the drain timeout). */
+void msm_sched_cancel_all(msm_sched *s);
+
+/* One iteration on the caller's thread: inbox, then one engine step if there is work. Returns 1
+ * if a step ran, 0 if idle, negative errno when the engine failed (the step's requests then end
+ * with FINISH_ERROR / INTERNAL; the scheduler keeps serving). Tests call this directly. */
+int msm_sched_iterate(msm_sched *s);
+
+typedef struct msm_sched_stats {
+    int running;              /* admitted sequences */
+    int waiting;              /* queued, not admitted (includes the inbox) */
+    int kv_used;
+    int kv_free;
+    uint64_t steps;
+    uint64_t preemptions;
+    uint64_t tokens_generated;
+    uint64_t prompt_tokens;   /* prompt tokens prefilled (recomputation included) */
+    uint64_t finished[MSM_FINISH_COUNT_];
+    uint64_t engine_errors;
+    bool engine_failed;       /* the last step failed */
+} msm_sched_stats;
+
+/* Thread-safe snapshot (updated once per iteration). */
+void msm_sched_get_stats(msm_sched *s, msm_sched_stats *ret);
+
+/* Top-n log-softmax of one logits row: chosen token's logprob, and the n best (id, logprob) pairs,
+ * best first. Exposed for the tests. */
+void msm_sched_logprobs(const float *logits, int vocab, int32_t chosen, int n, float *ret_chosen,
+                        int32_t *ret_ids, float *ret_lp);
+
+#endif

@@ -1,0 +1,733 @@
+/* msm_sched: continuous batching over the engine (see msm_sched.h for the policy).
+ *
+ * Ownership: the loop thread only touches the inbox (under s->mu) and the stats snapshot (under
+ * s->stats_mu). Everything else — the waiting queue, the running set, every sequence's tokens and
+ * block table, the KV pool through the vtable — belongs to whichever thread calls
+ * msm_sched_iterate: the scheduler thread in the daemon, the test in the unit tests. */
+#include "msm_sched.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct seq {
+    msm_gen_request *req;
+    int32_t *tokens;          /* [n_tokens] prompt + generated so far */
+    int n_tokens, cap_tokens;
+    int n_cached;             /* tokens whose K/V are in the cache */
+    int n_generated;
+    int32_t *blocks;          /* [n_blocks] block table */
+    int n_blocks, cap_blocks;
+    char *text;               /* detokenized generated text (stop strings only) */
+    size_t text_len, text_cap;
+    struct seq *next;         /* waiting-queue link */
+} seq;
+
+typedef enum cancel_kind { CANCEL_ONE, CANCEL_CONN, CANCEL_ALL } cancel_kind;
+
+typedef struct cancel_msg {
+    cancel_kind kind;
+    uint64_t conn_id, request_id;
+    struct cancel_msg *next;
+} cancel_msg;
+
+typedef struct batch_entry {
+    seq *s;
+    int n_feed;
+    int output;
+} batch_entry;
+
+struct msm_sched {
+    msm_sched_opts o;
+    msm_sched_engine e;
+    msm_sched_emit_fn emit;
+    void *emit_ctx;
+
+    /* Inbox, filled by any thread. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    seq *in_head, *in_tail;
+    cancel_msg *cancels_head, *cancels_tail;
+    bool stop;
+    atomic_int n_waiting;     /* inbox + waiting queue, for the max_queue check */
+
+    /* Scheduler-thread state. */
+    seq *wait_head, *wait_tail;
+    seq **running;            /* [max_seqs] in admission order */
+    int n_running;
+    batch_entry *batch;       /* [max_seqs] */
+    msm_step_seq *step;       /* [max_seqs] */
+    bool busy;
+
+    pthread_t thread;
+    bool thread_started;
+
+    pthread_mutex_t stats_mu;
+    msm_sched_stats stats;
+};
+
+const char *msm_code_name(msm_code c) {
+    switch (c) {
+    case MSM_CODE_OK: return "OK";
+    case MSM_CODE_CANCELLED: return "CANCELLED";
+    case MSM_CODE_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case MSM_CODE_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case MSM_CODE_NOT_FOUND: return "NOT_FOUND";
+    case MSM_CODE_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case MSM_CODE_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case MSM_CODE_UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case MSM_CODE_INTERNAL: return "INTERNAL";
+    case MSM_CODE_UNAVAILABLE: return "UNAVAILABLE";
+    }
+    return "UNKNOWN";
+}
+
+const char *msm_finish_name(msm_finish f) {
+    static const char *names[] = {"none", "length", "stop", "eos", "cancelled", "error"};
+    return (unsigned)f < MSM_FINISH_COUNT_ ? names[f] : "unknown";
+}
+
+void msm_gen_request_free(msm_gen_request *r) {
+    if (!r)
+        return;
+    free(r->prompt);
+    free(r->stop_ids);
+    for (int i = 0; i < r->n_stop_strings; i++)
+        free(r->stop_strings ? r->stop_strings[i] : NULL);
+    free(r->stop_strings);
+    free(r);
+}
+
+static void seq_free(seq *q) {
+    if (!q)
+        return;
+    msm_gen_request_free(q->req);
+    free(q->tokens);
+    free(q->blocks);
+    free(q->text);
+    free(q);
+}
+
+int msm_sched_new(const msm_sched_opts *o, const msm_sched_engine *engine, msm_sched_emit_fn emit,
+                  void *emit_ctx, msm_sched **ret, msm_err *err) {
+    if (o->max_seqs < 1 || o->max_step_tokens < 1 || o->max_queue < 1)
+        return msm_err_set(err, -EINVAL, "scheduler: max_seqs, max_step_tokens and max_queue must be >= 1");
+    if (!engine->step || !engine->kv_alloc || !engine->kv_release || !engine->kv_n_free ||
+        !engine->kv_total || engine->vocab < 1 || engine->max_context < 2)
+        return msm_err_set(err, -EINVAL, "scheduler: incomplete engine vtable");
+    msm_sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return msm_err_set(err, -ENOMEM, "scheduler: out of memory");
+    s->o = *o;
+    s->e = *engine;
+    s->emit = emit;
+    s->emit_ctx = emit_ctx;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->stats_mu, NULL);
+    atomic_init(&s->n_waiting, 0);
+    s->running = calloc((size_t)o->max_seqs, sizeof *s->running);
+    s->batch = calloc((size_t)o->max_seqs, sizeof *s->batch);
+    s->step = calloc((size_t)o->max_seqs, sizeof *s->step);
+    if (!s->running || !s->batch || !s->step) {
+        msm_sched_free(s);
+        return msm_err_set(err, -ENOMEM, "scheduler: out of memory");
+    }
+    s->stats.kv_free = s->e.kv_n_free(s->e.ctx);
+    s->stats.kv_used = s->e.kv_total(s->e.ctx) - s->stats.kv_free;
+    *ret = s;
+    return 0;
+}
+
+static void release_blocks(msm_sched *s, seq *q) {
+    if (q->n_blocks > 0)
+        s->e.kv_release(s->e.ctx, q->blocks, q->n_blocks);
+    q->n_blocks = 0;
+}
+
+void msm_sched_free(msm_sched *s) {
+    if (!s)
+        return;
+    msm_sched_stop(s);
+    for (seq *q = s->in_head, *n; q; q = n) {
+        n = q->next;
+        seq_free(q);
+    }
+    for (cancel_msg *c = s->cancels_head, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    for (seq *q = s->wait_head, *n; q; q = n) {
+        n = q->next;
+        seq_free(q);
+    }
+    for (int i = 0; i < s->n_running; i++) {
+        release_blocks(s, s->running[i]);
+        seq_free(s->running[i]);
+    }
+    free(s->running);
+    free(s->batch);
+    free(s->step);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->stats_mu);
+    free(s);
+}
+
+/* ---- submission (any thread) ---- */
+
+msm_code msm_sched_submit(msm_sched *s, msm_gen_request **reqp, char *msg, size_t msg_cap) {
+    msm_gen_request *r = *reqp;
+    if (r->n_prompt < 1) {
+        snprintf(msg, msg_cap, "generate.prompt_ids is empty");
+        return MSM_CODE_INVALID_ARGUMENT;
+    }
+    if (r->n_prompt >= s->e.max_context) {
+        snprintf(msg, msg_cap, "prompt has %d tokens; max context is %d tokens (prompt + generated)",
+                 r->n_prompt, s->e.max_context);
+        return MSM_CODE_INVALID_ARGUMENT;
+    }
+    if (r->n_stop_strings > 0 && !s->e.detok) {
+        snprintf(msg, msg_cap, "generate.stop_strings need a tokenizer, which this daemon does not have yet");
+        return MSM_CODE_INVALID_ARGUMENT;
+    }
+    /* The sequence at its longest feeds prompt + max_tokens - 1 tokens (the last is not fed back).
+     * It must fit the pool on its own, or preemption could never make room for it. */
+    long longest = (long)r->n_prompt + r->max_tokens - 1;
+    if (longest > s->e.max_context)
+        longest = s->e.max_context;
+    int need = msm_kv_blocks_for((int)longest), total = s->e.kv_total(s->e.ctx);
+    if (need > total) {
+        snprintf(msg, msg_cap, "prompt (%d tokens) + max_tokens (%d) needs %d KV blocks; the pool has %d "
+                 "(engine.kv_blocks)", r->n_prompt, r->max_tokens, need, total);
+        return MSM_CODE_RESOURCE_EXHAUSTED;
+    }
+    seq *q = calloc(1, sizeof *q);
+    if (q) {
+        q->cap_tokens = r->n_prompt + 16;
+        q->tokens = malloc((size_t)q->cap_tokens * sizeof *q->tokens);
+    }
+    if (!q || !q->tokens) {
+        if (q)
+            free(q);
+        snprintf(msg, msg_cap, "out of memory");
+        return MSM_CODE_RESOURCE_EXHAUSTED;
+    }
+    memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
+    q->n_tokens = r->n_prompt;
+
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        free(q->tokens);
+        free(q);
+        snprintf(msg, msg_cap, "the daemon is shutting down");
+        return MSM_CODE_UNAVAILABLE;
+    }
+    if (atomic_load(&s->n_waiting) >= s->o.max_queue) {
+        pthread_mutex_unlock(&s->mu);
+        free(q->tokens);
+        free(q);
+        snprintf(msg, msg_cap, "queue is full: %d requests waiting (scheduler.max_queue = %d)",
+                 s->o.max_queue, s->o.max_queue);
+        return MSM_CODE_RESOURCE_EXHAUSTED;
+    }
+    q->req = r;
+    *reqp = NULL;
+    if (s->in_tail)
+        s->in_tail->next = q;
+    else
+        s->in_head = q;
+    s->in_tail = q;
+    atomic_fetch_add(&s->n_waiting, 1);
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return MSM_CODE_OK;
+}
+
+static void push_cancel(msm_sched *s, cancel_kind kind, uint64_t conn_id, uint64_t request_id) {
+    cancel_msg *c = calloc(1, sizeof *c);
+    if (!c)
+        return; /* the request then runs to its end; its output is dropped by the consumer */
+    c->kind = kind;
+    c->conn_id = conn_id;
+    c->request_id = request_id;
+    pthread_mutex_lock(&s->mu);
+    if (s->cancels_tail)
+        s->cancels_tail->next = c;
+    else
+        s->cancels_head = c;
+    s->cancels_tail = c;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void msm_sched_cancel(msm_sched *s, uint64_t conn_id, uint64_t request_id) {
+    push_cancel(s, CANCEL_ONE, conn_id, request_id);
+}
+
+void msm_sched_cancel_conn(msm_sched *s, uint64_t conn_id) {
+    push_cancel(s, CANCEL_CONN, conn_id, 0);
+}
+
+void msm_sched_cancel_all(msm_sched *s) {
+    push_cancel(s, CANCEL_ALL, 0, 0);
+}
+
+/* ---- events ---- */
+
+static msm_sched_event *event_for(const seq *q) {
+    msm_sched_event *ev = calloc(1, sizeof *ev);
+    if (ev) {
+        ev->conn_id = q->req->conn_id;
+        ev->request_id = q->req->request_id;
+    }
+    return ev;
+}
+
+static void emit(msm_sched *s, msm_sched_event *ev) {
+    if (ev)
+        s->emit(s->emit_ctx, ev);
+}
+
+/* Ends a sequence: blocks back to the pool, a final event (unless ev already carries the last
+ * token, in which case the finish rides on it), the sequence freed. The caller has unlinked it. */
+static void finish_seq(msm_sched *s, seq *q, msm_finish why, msm_sched_event *ev, msm_code code,
+                       const char *msg) {
+    if (!ev)
+        ev = event_for(q);
+    if (ev) {
+        ev->finish = why;
+        ev->prompt_tokens = q->req->n_prompt;
+        ev->completion_tokens = q->n_generated;
+        if (why == MSM_FINISH_ERROR) {
+            ev->error_code = code;
+            snprintf(ev->error_msg, sizeof ev->error_msg, "%s", msg ? msg : "");
+        }
+    }
+    release_blocks(s, q);
+    s->stats.finished[why]++;
+    emit(s, ev);
+    seq_free(q);
+}
+
+static void remove_running(msm_sched *s, int i) {
+    memmove(&s->running[i], &s->running[i + 1], (size_t)(s->n_running - i - 1) * sizeof *s->running);
+    s->n_running--;
+}
+
+static bool cancel_matches(const cancel_msg *c, const seq *q) {
+    switch (c->kind) {
+    case CANCEL_ONE: return q->req->conn_id == c->conn_id && q->req->request_id == c->request_id;
+    case CANCEL_CONN: return q->req->conn_id == c->conn_id;
+    case CANCEL_ALL: return true;
+    }
+    return false;
+}
+
+static void apply_cancel(msm_sched *s, const cancel_msg *c) {
+    for (int i = 0; i < s->n_running;) {
+        if (cancel_matches(c, s->running[i])) {
+            seq *q = s->running[i];
+            remove_running(s, i);
+            finish_seq(s, q, MSM_FINISH_CANCELLED, NULL, MSM_CODE_OK, NULL);
+        } else {
+            i++;
+        }
+    }
+    seq **pp = &s->wait_head;
+    s->wait_tail = NULL;
+    while (*pp) {
+        seq *q = *pp;
+        if (cancel_matches(c, q)) {
+            *pp = q->next;
+            atomic_fetch_sub(&s->n_waiting, 1);
+            finish_seq(s, q, MSM_FINISH_CANCELLED, NULL, MSM_CODE_OK, NULL);
+        } else {
+            s->wait_tail = q;
+            pp = &q->next;
+        }
+    }
+}
+
+/* ---- scheduling ---- */
+
+static void wait_push_front(msm_sched *s, seq *q) {
+    q->next = s->wait_head;
+    s->wait_head = q;
+    if (!s->wait_tail)
+        s->wait_tail = q;
+    atomic_fetch_add(&s->n_waiting, 1);
+}
+
+static seq *wait_pop(msm_sched *s) {
+    seq *q = s->wait_head;
+    if (q) {
+        s->wait_head = q->next;
+        if (!s->wait_head)
+            s->wait_tail = NULL;
+        q->next = NULL;
+        atomic_fetch_sub(&s->n_waiting, 1);
+    }
+    return q;
+}
+
+static int ensure_block_cap(seq *q, int n) {
+    if (n <= q->cap_blocks)
+        return 0;
+    int cap = q->cap_blocks ? q->cap_blocks * 2 : 8;
+    while (cap < n)
+        cap *= 2;
+    int32_t *b = realloc(q->blocks, (size_t)cap * sizeof *b);
+    if (!b)
+        return -ENOMEM;
+    q->blocks = b;
+    q->cap_blocks = cap;
+    return 0;
+}
+
+/* Gives q blocks for its first n_tokens tokens. -ENOSPC when the pool is short (nothing taken). */
+static int grow_blocks(msm_sched *s, seq *q, int n_tokens) {
+    int need = msm_kv_blocks_for(n_tokens) - q->n_blocks;
+    if (need <= 0)
+        return 0;
+    if (ensure_block_cap(q, q->n_blocks + need) < 0)
+        return -ENOMEM;
+    int rc = s->e.kv_alloc(s->e.ctx, need, q->blocks + q->n_blocks);
+    if (rc < 0)
+        return rc;
+    q->n_blocks += need;
+    return 0;
+}
+
+/* Preemption by recompute: the youngest running sequence loses its cache and goes back to the
+ * head of the queue; its prompt is now prompt + generated (tokens[] already holds exactly that). */
+static seq *preempt_youngest(msm_sched *s) {
+    seq *v = s->running[s->n_running - 1];
+    s->n_running--;
+    release_blocks(s, v);
+    v->n_cached = 0;
+    wait_push_front(s, v);
+    s->stats.preemptions++;
+    return v;
+}
+
+static int build_step(msm_sched *s) {
+    int n = 0, budget = s->o.max_step_tokens;
+
+    /* 1. Decode rows, oldest first. */
+    for (int i = 0; i < s->n_running && budget > 0; i++) {
+        seq *q = s->running[i];
+        if (q->n_tokens - q->n_cached != 1)
+            continue;
+        bool preempted_self = false;
+        while (grow_blocks(s, q, q->n_cached + 1) < 0) {
+            if (preempt_youngest(s) == q) {
+                preempted_self = true;
+                break;
+            }
+        }
+        if (preempted_self)
+            break; /* q was the youngest: nothing after it remains */
+        s->batch[n++] = (batch_entry){q, 1, 1};
+        budget--;
+    }
+    /* 2. Prefill chunks of admitted sequences (their blocks were taken at admission). */
+    for (int i = 0; i < s->n_running && budget > 0; i++) {
+        seq *q = s->running[i];
+        int pending = q->n_tokens - q->n_cached;
+        if (pending <= 1)
+            continue;
+        int chunk = pending < budget ? pending : budget;
+        s->batch[n++] = (batch_entry){q, chunk, chunk == pending};
+        budget -= chunk;
+    }
+    /* 3. Admission, first come first served, while blocks for the whole prompt are free. */
+    while (s->wait_head && s->n_running < s->o.max_seqs && budget > 0) {
+        seq *q = s->wait_head;
+        int need = msm_kv_blocks_for(q->n_tokens);
+        if (s->e.kv_n_free(s->e.ctx) < need)
+            break;
+        if (grow_blocks(s, q, q->n_tokens) < 0)
+            break;
+        wait_pop(s);
+        s->running[s->n_running++] = q;
+        int chunk = q->n_tokens < budget ? q->n_tokens : budget;
+        s->batch[n++] = (batch_entry){q, chunk, chunk == q->n_tokens};
+        budget -= chunk;
+        s->stats.prompt_tokens += (uint64_t)q->n_tokens;
+    }
+    return n;
+}
+
+static int append_token(seq *q, int32_t t) {
+    if (q->n_tokens == q->cap_tokens) {
+        int cap = q->cap_tokens * 2;
+        int32_t *p = realloc(q->tokens, (size_t)cap * sizeof *p);
+        if (!p)
+            return -ENOMEM;
+        q->tokens = p;
+        q->cap_tokens = cap;
+    }
+    q->tokens[q->n_tokens++] = t;
+    return 0;
+}
+
+static bool stop_string_hit(msm_sched *s, seq *q, int32_t t) {
+    if (q->req->n_stop_strings == 0 || !s->e.detok)
+        return false;
+    size_t old = q->text_len;
+    if (q->text_cap - q->text_len < 64) {
+        size_t cap = q->text_cap ? q->text_cap * 2 : 256;
+        char *p = realloc(q->text, cap);
+        if (!p)
+            return false;
+        q->text = p;
+        q->text_cap = cap;
+    }
+    int k = s->e.detok(s->e.ctx, t, q->text + q->text_len, q->text_cap - q->text_len - 1);
+    if (k <= 0)
+        return false;
+    q->text_len += (size_t)k;
+    q->text[q->text_len] = 0;
+    for (int i = 0; i < q->req->n_stop_strings; i++) {
+        size_t L = strlen(q->req->stop_strings[i]);
+        if (L == 0 || L > q->text_len)
+            continue;
+        /* Only matches that end inside the new text are new. */
+        for (size_t end = old + 1 > L ? old + 1 : L; end <= q->text_len; end++)
+            if (memcmp(q->text + end - L, q->req->stop_strings[i], L) == 0)
+                return true;
+    }
+    return false;
+}
+
+void msm_sched_logprobs(const float *logits, int vocab, int32_t chosen, int n, float *ret_chosen,
+                        int32_t *ret_ids, float *ret_lp) {
+    float mx = -INFINITY;
+    for (int v = 0; v < vocab; v++)
+        if (logits[v] > mx)
+            mx = logits[v];
+    double sum = 0;
+    for (int v = 0; v < vocab; v++)
+        sum += exp((double)logits[v] - mx);
+    float lse = mx + (float)log(sum);
+    *ret_chosen = logits[chosen] - lse;
+    if (n > vocab)
+        n = vocab;
+    /* Partial insertion sort: n is small (<= MSM_MAX_TOP_LOGPROBS). Ties keep the lower id. */
+    int have = 0;
+    for (int v = 0; v < vocab; v++) {
+        float x = logits[v];
+        if (have == n && !(x > logits[ret_ids[n - 1]]))
+            continue;
+        int j = have < n ? have++ : n - 1;
+        while (j > 0 && x > logits[ret_ids[j - 1]]) {
+            ret_ids[j] = ret_ids[j - 1];
+            j--;
+        }
+        ret_ids[j] = v;
+    }
+    for (int i = 0; i < n; i++)
+        ret_lp[i] = logits[ret_ids[i]] - lse;
+}
+
+static void update_stats(msm_sched *s) {
+    pthread_mutex_lock(&s->stats_mu);
+    s->stats.running = s->n_running;
+    s->stats.waiting = atomic_load(&s->n_waiting);
+    s->stats.kv_free = s->e.kv_n_free(s->e.ctx);
+    s->stats.kv_used = s->e.kv_total(s->e.ctx) - s->stats.kv_free;
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
+void msm_sched_get_stats(msm_sched *s, msm_sched_stats *ret) {
+    pthread_mutex_lock(&s->stats_mu);
+    *ret = s->stats;
+    ret->waiting = atomic_load(&s->n_waiting);
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
+int msm_sched_iterate(msm_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    seq *in = s->in_head;
+    cancel_msg *cancels = s->cancels_head;
+    s->in_head = s->in_tail = NULL;
+    s->cancels_head = s->cancels_tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+
+    /* The stats counters below are touched without the lock by this (the only writing) thread;
+     * readers copy them under stats_mu, so take it for the whole bookkeeping part. */
+    pthread_mutex_lock(&s->stats_mu);
+    while (in) {
+        seq *q = in;
+        in = in->next;
+        q->next = NULL;
+        if (s->wait_tail)
+            s->wait_tail->next = q;
+        else
+            s->wait_head = q;
+        s->wait_tail = q;
+    }
+    while (cancels) {
+        cancel_msg *c = cancels;
+        cancels = c->next;
+        apply_cancel(s, c);
+        free(c);
+    }
+    int n = build_step(s);
+    pthread_mutex_unlock(&s->stats_mu);
+    s->busy = s->n_running > 0 || s->wait_head;
+    if (n == 0) {
+        update_stats(s);
+        return 0;
+    }
+
+    bool any_logits = false;
+    for (int i = 0; i < n; i++) {
+        batch_entry *b = &s->batch[i];
+        seq *q = b->s;
+        msm_step_seq *st = &s->step[i];
+        memset(st, 0, sizeof *st);
+        st->tokens = q->tokens + q->n_cached;
+        st->n_tokens = b->n_feed;
+        st->pos0 = q->n_cached;
+        st->blocks = q->blocks;
+        st->n_blocks = q->n_blocks;
+        st->output = b->output;
+        st->want_logits = b->output && (q->req->want_logprob || q->req->top_logprobs > 0);
+        any_logits |= st->want_logits;
+        st->sampling = q->req->sampling;
+        st->sampling.counter = (uint64_t)q->n_generated;
+    }
+
+    msm_step_out out = {0};
+    msm_err err = {{0}};
+    int rc = s->e.step(s->e.ctx, s->step, n, &out, &err);
+    pthread_mutex_lock(&s->stats_mu);
+    s->stats.steps++;
+    if (rc < 0 || !out.tokens || (any_logits && !out.logits)) {
+        /* The engine refused or failed the step: its sequences end with an error; the rest (and
+         * later requests) are still served. */
+        char msg[sizeof err.msg + 32];
+        snprintf(msg, sizeof msg, "engine step failed: %s", rc < 0 ? err.msg : "no output");
+        s->stats.engine_errors++;
+        s->stats.engine_failed = true;
+        for (int i = 0; i < n; i++) {
+            seq *q = s->batch[i].s;
+            for (int j = 0; j < s->n_running; j++)
+                if (s->running[j] == q) {
+                    remove_running(s, j);
+                    break;
+                }
+            finish_seq(s, q, MSM_FINISH_ERROR, NULL, MSM_CODE_INTERNAL, msg);
+        }
+        pthread_mutex_unlock(&s->stats_mu);
+        s->busy = s->n_running > 0 || s->wait_head;
+        update_stats(s);
+        return rc < 0 ? rc : -EIO;
+    }
+    s->stats.engine_failed = false;
+
+    int row = 0;
+    for (int i = 0; i < n; i++) {
+        batch_entry *b = &s->batch[i];
+        seq *q = b->s;
+        q->n_cached += b->n_feed;
+        if (!b->output)
+            continue;
+        const float *logits = NULL;
+        if (s->step[i].want_logits)
+            logits = out.logits + (size_t)row++ * (size_t)s->e.vocab;
+        int32_t t = out.tokens[i];
+        msm_sched_event *ev = event_for(q);
+        msm_finish why = MSM_FINISH_NONE;
+        const char *emsg = NULL;
+        if (t < 0 || t >= s->e.vocab) {
+            why = MSM_FINISH_ERROR;
+            emsg = "engine sampled a token id outside the vocabulary";
+        } else if (append_token(q, t) < 0) {
+            why = MSM_FINISH_ERROR;
+            emsg = "out of memory";
+        } else {
+            q->n_generated++;
+            s->stats.tokens_generated++;
+            if (ev) {
+                ev->has_token = true;
+                ev->token = t;
+                if (logits) {
+                    int topn = q->req->top_logprobs;
+                    msm_sched_logprobs(logits, s->e.vocab, t, topn, &ev->logprob, ev->top_ids,
+                                       ev->top_logprobs);
+                    ev->has_logprob = true;
+                    ev->n_top = topn < s->e.vocab ? topn : s->e.vocab;
+                }
+            }
+            for (int k = 0; k < q->req->n_stop_ids && why == MSM_FINISH_NONE; k++)
+                if (q->req->stop_ids[k] == t)
+                    why = MSM_FINISH_STOP;
+            for (int k = 0; k < s->e.n_eos && why == MSM_FINISH_NONE && !q->req->ignore_eos; k++)
+                if (s->e.eos_ids[k] == t)
+                    why = MSM_FINISH_EOS;
+            if (why == MSM_FINISH_NONE && stop_string_hit(s, q, t))
+                why = MSM_FINISH_STOP;
+            if (why == MSM_FINISH_NONE &&
+                (q->n_generated >= q->req->max_tokens || q->n_tokens >= s->e.max_context))
+                why = MSM_FINISH_LENGTH;
+        }
+        if (why == MSM_FINISH_NONE) {
+            emit(s, ev);
+            continue;
+        }
+        for (int j = 0; j < s->n_running; j++)
+            if (s->running[j] == q) {
+                remove_running(s, j);
+                break;
+            }
+        finish_seq(s, q, why, ev, MSM_CODE_INTERNAL, emsg);
+    }
+    pthread_mutex_unlock(&s->stats_mu);
+    s->busy = s->n_running > 0 || s->wait_head;
+    update_stats(s);
+    return 1;
+}
+
+/* ---- thread ---- */
+
+static void *sched_main(void *arg) {
+    msm_sched *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->stop && !s->busy && !s->in_head && !s->cancels_head)
+            pthread_cond_wait(&s->cv, &s->mu);
+        bool stop = s->stop;
+        pthread_mutex_unlock(&s->mu);
+        if (stop)
+            break;
+        msm_sched_iterate(s);
+    }
+    return NULL;
+}
+
+int msm_sched_start(msm_sched *s) {
+    int rc = pthread_create(&s->thread, NULL, sched_main, s);
+    if (rc)
+        return -rc;
+    s->thread_started = true;
+    return 0;
+}
+
+void msm_sched_stop(msm_sched *s) {
+    if (!s || !s->thread_started)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    s->thread_started = false;
+}

@@ -1,0 +1,758 @@
+/* msm_server: listeners, connections, request routing, graceful shutdown (see msm_server.h).
+ *
+ * Threads: everything here runs on the loop thread except msm_server_emit, which the scheduler
+ * thread calls; it touches only the event queue (under ev_mu) and uv_async_send. */
+#include "msm_server.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "msm_frame.h"
+#include "msm_log.h"
+#include "msm_metrics.h"
+#include "msm_notify.h"
+
+#define READ_BUF (64 * 1024)
+#define CONN_BUCKETS 1024
+#define HTTP_MAX_REQUEST 8192
+
+typedef enum conn_kind { CONN_API, CONN_HTTP } conn_kind;
+
+typedef struct conn {
+    union {
+        uv_handle_t h;
+        uv_stream_t s;
+        uv_pipe_t pipe;
+        uv_tcp_t tcp;
+    } u;
+    msm_server *srv;
+    conn_kind kind;
+    uint64_t id;
+    msm_frame_reader rd;
+    uint8_t *rbuf;              /* [READ_BUF] */
+    uint64_t *inflight;         /* generate request ids in flight */
+    int n_inflight, cap_inflight;
+    bool closing;               /* no more reads, no more writes except the pending ones */
+    bool hashed;
+    struct conn *hnext;         /* hash chain */
+    struct conn *prev, *next;   /* all connections */
+    uv_shutdown_t shutdown_req;
+    char *http;                 /* HTTP request bytes */
+    size_t http_len;
+} conn;
+
+typedef struct write_req {
+    uv_write_t req;
+    uint8_t *buf;
+    size_t len;
+} write_req;
+
+struct msm_server {
+    uv_loop_t *loop;
+    const msm_config *cfg;
+    msm_api_limits limits;
+    msm_api_model_info info;
+    msm_sched *sched;
+    msm_metrics metrics;
+
+    uv_pipe_t unix_listener;
+    uv_tcp_t tcp_listener, http_listener;
+    bool have_unix, have_tcp, have_http;
+
+    uv_async_t async;
+    pthread_mutex_t ev_mu;
+    msm_sched_event *ev_head, *ev_tail;
+
+    uv_signal_t sig_term, sig_int, sig_hup;
+    uv_timer_t watchdog, drain_timer;
+    bool have_signals, have_watchdog, have_drain_timer;
+
+    conn *conns;
+    conn *buckets[CONN_BUCKETS];
+    uint64_t next_conn_id;
+
+    bool draining, drain_cancelled, finished;
+    uint64_t drain_deadline_ms;
+};
+
+/* ---- connection table ---- */
+
+static void conn_hash_add(msm_server *s, conn *c) {
+    conn **b = &s->buckets[c->id % CONN_BUCKETS];
+    c->hnext = *b;
+    *b = c;
+    c->hashed = true;
+}
+
+static void conn_hash_del(msm_server *s, conn *c) {
+    if (!c->hashed)
+        return;
+    for (conn **pp = &s->buckets[c->id % CONN_BUCKETS]; *pp; pp = &(*pp)->hnext)
+        if (*pp == c) {
+            *pp = c->hnext;
+            break;
+        }
+    c->hashed = false;
+}
+
+static conn *conn_find(msm_server *s, uint64_t id) {
+    for (conn *c = s->buckets[id % CONN_BUCKETS]; c; c = c->hnext)
+        if (c->id == id)
+            return c;
+    return NULL;
+}
+
+static int inflight_find(const conn *c, uint64_t rid) {
+    for (int i = 0; i < c->n_inflight; i++)
+        if (c->inflight[i] == rid)
+            return i;
+    return -1;
+}
+
+static void inflight_del(conn *c, uint64_t rid) {
+    int i = inflight_find(c, rid);
+    if (i >= 0)
+        c->inflight[i] = c->inflight[--c->n_inflight];
+}
+
+static int inflight_add(conn *c, uint64_t rid) {
+    if (c->n_inflight == c->cap_inflight) {
+        int cap = c->cap_inflight ? c->cap_inflight * 2 : 16;
+        uint64_t *p = realloc(c->inflight, (size_t)cap * sizeof *p);
+        if (!p)
+            return -ENOMEM;
+        c->inflight = p;
+        c->cap_inflight = cap;
+    }
+    c->inflight[c->n_inflight++] = rid;
+    return 0;
+}
+
+/* ---- closing ---- */
+
+static void on_conn_closed(uv_handle_t *h) {
+    conn *c = h->data;
+    msm_server *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    if (c->kind == CONN_API)
+        s->metrics.connections--;
+    msm_frame_reader_done(&c->rd);
+    free(c->rbuf);
+    free(c->inflight);
+    free(c->http);
+    free(c);
+}
+
+/* Stops reading, cancels the connection's requests (their blocks are freed within one scheduler
+ * step), and closes the handle, abruptly (pending writes are dropped) or after flushing. */
+static void conn_close(conn *c, bool flush);
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+    conn *c = req->data;
+    if (!uv_is_closing(&c->u.h))
+        uv_close(&c->u.h, on_conn_closed);
+}
+
+static void conn_close(conn *c, bool flush) {
+    msm_server *s = c->srv;
+    if (uv_is_closing(&c->u.h))
+        return;
+    if (!c->closing) {
+        c->closing = true;
+        uv_read_stop(&c->u.s);
+        conn_hash_del(s, c);
+        if (c->n_inflight > 0 && s->sched)
+            msm_sched_cancel_conn(s->sched, c->id);
+        c->n_inflight = 0;
+        if (flush) {
+            c->shutdown_req.data = c;
+            if (uv_shutdown(&c->shutdown_req, &c->u.s, on_shutdown) == 0)
+                return;
+        }
+    }
+    uv_close(&c->u.h, on_conn_closed);
+}
+
+/* ---- writing ---- */
+
+static void on_write(uv_write_t *req, int status) {
+    write_req *w = (write_req *)req;
+    conn *c = req->data;
+    free(w->buf);
+    free(w);
+    if (status < 0 && status != UV_ECANCELED && !c->closing) {
+        msm_log_debug("connection %llu: write failed: %s", (unsigned long long)c->id, uv_strerror(status));
+        conn_close(c, false);
+    }
+}
+
+/* Takes ownership of buf. */
+static void conn_write(conn *c, uint8_t *buf, size_t len) {
+    if (!buf)
+        return;
+    if (c->closing) {
+        free(buf);
+        return;
+    }
+    write_req *w = malloc(sizeof *w);
+    if (!w) {
+        free(buf);
+        conn_close(c, false);
+        return;
+    }
+    w->buf = buf;
+    w->len = len;
+    w->req.data = c;
+    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+    int rc = uv_write(&w->req, &c->u.s, &b, 1, on_write);
+    if (rc < 0) {
+        free(buf);
+        free(w);
+        conn_close(c, false);
+        return;
+    }
+    c->srv->metrics.bytes_out += len;
+}
+
+static void reply_error(conn *c, uint64_t rid, msm_code code, const char *msg) {
+    size_t len;
+    msm_server *s = c->srv;
+    if ((unsigned)code < 16)
+        s->metrics.requests_rejected[code]++;
+    msm_log_debug("connection %llu request %llu: %s: %s", (unsigned long long)c->id,
+                  (unsigned long long)rid, msm_code_name(code), msg);
+    { uint8_t *b_ = msm_api_encode_error(rid, code, msg, &len); conn_write(c, b_, len); }
+}
+
+/* Malformed input: one error frame, then the connection closes once it is flushed. */
+static void conn_fail(conn *c, msm_code code, const char *msg) {
+    if (c->closing)
+        return;
+    c->srv->metrics.frames_malformed++;
+    msm_log_info("connection %llu: %s: %s; closing it", (unsigned long long)c->id, msm_code_name(code), msg);
+    reply_error(c, 0, code, msg);
+    conn_close(c, true);
+}
+
+/* ---- requests ---- */
+
+static void handle_frame(conn *c, const uint8_t *buf, uint32_t len) {
+    msm_server *s = c->srv;
+    msm_call call;
+    msm_status st;
+    size_t out_len;
+
+    if (msm_api_decode(buf, len, &s->limits, &call, &st) < 0) {
+        if (st.fatal)
+            conn_fail(c, st.code, st.msg);
+        else
+            reply_error(c, st.request_id, st.code, st.msg);
+        return;
+    }
+    switch (call.kind) {
+    case MSM_CALL_GENERATE: {
+        msm_gen_request *r = call.gen;
+        char msg[256];
+        s->metrics.requests_total++;
+        r->conn_id = c->id;
+        if (inflight_find(c, call.request_id) >= 0) {
+            snprintf(msg, sizeof msg, "request_id %llu is already in flight on this connection",
+                     (unsigned long long)call.request_id);
+            reply_error(c, call.request_id, MSM_CODE_INVALID_ARGUMENT, msg);
+            msm_gen_request_free(r);
+            return;
+        }
+        if (s->draining) {
+            reply_error(c, call.request_id, MSM_CODE_UNAVAILABLE, "the daemon is shutting down");
+            msm_gen_request_free(r);
+            return;
+        }
+        if (c->n_inflight >= s->cfg->max_queue + s->cfg->max_seqs) {
+            snprintf(msg, sizeof msg, "%d requests in flight on this connection (limit: scheduler.max_queue "
+                     "+ engine.max_seqs = %d)", c->n_inflight, s->cfg->max_queue + s->cfg->max_seqs);
+            reply_error(c, call.request_id, MSM_CODE_RESOURCE_EXHAUSTED, msg);
+            msm_gen_request_free(r);
+            return;
+        }
+        if (inflight_add(c, call.request_id) < 0) {
+            reply_error(c, call.request_id, MSM_CODE_RESOURCE_EXHAUSTED, "out of memory");
+            msm_gen_request_free(r);
+            return;
+        }
+        msm_code code = msm_sched_submit(s->sched, &r, msg, sizeof msg);
+        if (code != MSM_CODE_OK) {
+            inflight_del(c, call.request_id);
+            reply_error(c, call.request_id, code, msg);
+            msm_gen_request_free(r);
+        }
+        return;
+    }
+    case MSM_CALL_CANCEL:
+        if (inflight_find(c, call.request_id) < 0) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "cancel: request_id %llu is not in flight on this connection",
+                     (unsigned long long)call.request_id);
+            reply_error(c, call.request_id, MSM_CODE_NOT_FOUND, msg);
+            return;
+        }
+        msm_sched_cancel(s->sched, c->id, call.request_id);
+        return;
+    case MSM_CALL_HEALTH: {
+        msm_sched_stats st2;
+        msm_sched_get_stats(s->sched, &st2);
+        bool ok = !s->draining && !st2.engine_failed;
+        const char *why = s->draining ? "draining" : st2.engine_failed ? "engine failed its last step" : "serving";
+        { uint8_t *b_ = msm_api_encode_health(call.request_id, ok, why, &out_len); conn_write(c, b_, out_len); }
+        return;
+    }
+    case MSM_CALL_MODEL_INFO:
+        { uint8_t *b_ = msm_api_encode_model_info(call.request_id, &s->info, &out_len); conn_write(c, b_, out_len); }
+        return;
+    case MSM_CALL_METRICS: {
+        msm_sched_stats st2;
+        msm_metric_sample samples[MSM_METRICS_MAX];
+        msm_sched_get_stats(s->sched, &st2);
+        int n = msm_metrics_collect(&s->metrics, &st2, samples, MSM_METRICS_MAX);
+        { uint8_t *b_ = msm_api_encode_metrics(call.request_id, samples, n, &out_len); conn_write(c, b_, out_len); }
+        return;
+    }
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    conn *c = h->data;
+    *buf = uv_buf_init((char *)c->rbuf, READ_BUF);
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+    conn *c = stream->data;
+    if (c->closing)
+        return;
+    if (nread < 0) {
+        if (nread == UV_EOF && msm_frame_reader_partial(&c->rd)) {
+            uint32_t have, want;
+            char msg[160];
+            msm_frame_reader_progress(&c->rd, &have, &want);
+            if (want)
+                snprintf(msg, sizeof msg, "truncated frame: connection closed after %u of %u body bytes", have, want);
+            else
+                snprintf(msg, sizeof msg, "truncated frame: connection closed after %u of 4 header bytes", have);
+            conn_fail(c, MSM_CODE_INVALID_ARGUMENT, msg);
+            return;
+        }
+        conn_close(c, nread == UV_EOF);
+        return;
+    }
+    c->srv->metrics.bytes_in += (uint64_t)nread;
+    const uint8_t *data = (const uint8_t *)buf->base;
+    size_t n = (size_t)nread, off = 0;
+    while (off < n && !c->closing) {
+        size_t used = 0;
+        const uint8_t *frame;
+        uint32_t len;
+        msm_err err;
+        int rc = msm_frame_reader_feed(&c->rd, data + off, n - off, &used, &frame, &len, &err);
+        off += used;
+        if (rc < 0) {
+            conn_fail(c, rc == -EMSGSIZE ? MSM_CODE_RESOURCE_EXHAUSTED : MSM_CODE_INTERNAL, err.msg);
+            return;
+        }
+        if (rc == 0)
+            break;
+        handle_frame(c, frame, len);
+    }
+}
+
+/* ---- HTTP /metrics ---- */
+
+static void http_respond(conn *c) {
+    msm_server *s = c->srv;
+    char head[256];
+    const char *status = "404 Not Found";
+    char *body = NULL;
+    size_t body_len = 0;
+    if (strncmp(c->http, "GET /metrics ", 13) == 0 || strncmp(c->http, "GET /metrics?", 13) == 0) {
+        msm_sched_stats st;
+        msm_metric_sample samples[MSM_METRICS_MAX];
+        msm_sched_get_stats(s->sched, &st);
+        int n = msm_metrics_collect(&s->metrics, &st, samples, MSM_METRICS_MAX);
+        body_len = msm_metrics_render(samples, n, NULL, 0);
+        body = malloc(body_len + 1);
+        if (body)
+            msm_metrics_render(samples, n, body, body_len + 1);
+        status = "200 OK";
+    }
+    if (!body) {
+        body = strdup("not found: try GET /metrics\n");
+        body_len = body ? strlen(body) : 0;
+    }
+    int hl = snprintf(head, sizeof head,
+                      "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %zu\r\n"
+                      "Connection: close\r\n\r\n", status, body_len);
+    uint8_t *out = malloc((size_t)hl + body_len);
+    if (out) {
+        memcpy(out, head, (size_t)hl);
+        if (body)
+            memcpy(out + hl, body, body_len);
+        conn_write(c, out, (size_t)hl + body_len);
+    }
+    free(body);
+    conn_close(c, true);
+}
+
+static void on_http_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+    conn *c = stream->data;
+    if (c->closing)
+        return;
+    if (nread < 0) {
+        conn_close(c, false);
+        return;
+    }
+    if (c->http_len + (size_t)nread >= HTTP_MAX_REQUEST) {
+        conn_close(c, false);
+        return;
+    }
+    memcpy(c->http + c->http_len, buf->base, (size_t)nread);
+    c->http_len += (size_t)nread;
+    c->http[c->http_len] = 0;
+    if (strstr(c->http, "\r\n\r\n") || strstr(c->http, "\n\n"))
+        http_respond(c);
+}
+
+/* ---- accepting ---- */
+
+static conn *conn_new(msm_server *s, conn_kind kind) {
+    conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->srv = s;
+    c->kind = kind;
+    c->id = ++s->next_conn_id;
+    c->rbuf = malloc(READ_BUF);
+    if (kind == CONN_HTTP)
+        c->http = malloc(HTTP_MAX_REQUEST);
+    if (!c->rbuf || (kind == CONN_HTTP && !c->http)) {
+        free(c->rbuf);
+        free(c->http);
+        free(c);
+        return NULL;
+    }
+    msm_frame_reader_init(&c->rd, (uint32_t)s->cfg->max_frame_bytes);
+    return c;
+}
+
+static void on_connection(uv_stream_t *listener, int status) {
+    msm_server *s = listener->data;
+    if (status < 0) {
+        msm_log_warn("accept failed: %s", uv_strerror(status));
+        return;
+    }
+    bool http = listener == (uv_stream_t *)&s->http_listener;
+    conn *c = conn_new(s, http ? CONN_HTTP : CONN_API);
+    if (!c) {
+        msm_log_error("out of memory accepting a connection");
+        return;
+    }
+    int rc = listener == (uv_stream_t *)&s->unix_listener ? uv_pipe_init(s->loop, &c->u.pipe, 0)
+                                                          : uv_tcp_init(s->loop, &c->u.tcp);
+    if (rc < 0) {
+        msm_frame_reader_done(&c->rd);
+        free(c->rbuf);
+        free(c->http);
+        free(c);
+        return;
+    }
+    c->u.h.data = c;
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    if (!http)
+        s->metrics.connections++;
+    if (uv_accept(listener, &c->u.s) < 0) {
+        uv_close(&c->u.h, on_conn_closed);
+        return;
+    }
+    if (http) {
+        uv_read_start(&c->u.s, on_alloc, on_http_read);
+        return;
+    }
+    s->metrics.connections_total++;
+    if (s->metrics.connections > s->cfg->max_connections) {
+        char msg[128];
+        s->metrics.connections_refused++;
+        snprintf(msg, sizeof msg, "too many connections (server.max_connections = %d)", s->cfg->max_connections);
+        reply_error(c, 0, MSM_CODE_RESOURCE_EXHAUSTED, msg);
+        conn_close(c, true);
+        return;
+    }
+    conn_hash_add(s, c);
+    uv_read_start(&c->u.s, on_alloc, on_read);
+}
+
+/* ---- scheduler events ---- */
+
+void msm_server_emit(void *server, msm_sched_event *ev) {
+    msm_server *s = server;
+    ev->next = NULL;
+    pthread_mutex_lock(&s->ev_mu);
+    if (s->ev_tail)
+        s->ev_tail->next = ev;
+    else
+        s->ev_head = ev;
+    s->ev_tail = ev;
+    pthread_mutex_unlock(&s->ev_mu);
+    uv_async_send(&s->async);
+}
+
+static void on_async(uv_async_t *a) {
+    msm_server *s = a->data;
+    pthread_mutex_lock(&s->ev_mu);
+    msm_sched_event *ev = s->ev_head;
+    s->ev_head = s->ev_tail = NULL;
+    pthread_mutex_unlock(&s->ev_mu);
+    while (ev) {
+        msm_sched_event *next = ev->next;
+        conn *c = conn_find(s, ev->conn_id);
+        if (c && !c->closing) {
+            size_t len;
+            { uint8_t *b_ = msm_api_encode_event(ev, &len); conn_write(c, b_, len); }
+            if (ev->finish != MSM_FINISH_NONE)
+                inflight_del(c, ev->request_id);
+        }
+        free(ev);
+        ev = next;
+    }
+}
+
+/* ---- lifecycle ---- */
+
+int msm_server_new(uv_loop_t *loop, const msm_config *cfg, const msm_api_limits *limits,
+                   const msm_api_model_info *info, msm_server **ret, msm_err *err) {
+    msm_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return msm_err_set(err, -ENOMEM, "out of memory");
+    s->loop = loop;
+    s->cfg = cfg;
+    s->limits = *limits;
+    s->info = *info;
+    pthread_mutex_init(&s->ev_mu, NULL);
+    int rc = uv_async_init(loop, &s->async, on_async);
+    if (rc < 0) {
+        pthread_mutex_destroy(&s->ev_mu);
+        free(s);
+        return msm_err_set(err, rc, "uv_async_init: %s", uv_strerror(rc));
+    }
+    s->async.data = s;
+    *ret = s;
+    return 0;
+}
+
+void msm_server_set_sched(msm_server *s, msm_sched *sched) {
+    s->sched = sched;
+}
+
+void msm_server_free(msm_server *s) {
+    if (!s)
+        return;
+    for (msm_sched_event *ev = s->ev_head, *n; ev; ev = n) {
+        n = ev->next;
+        free(ev);
+    }
+    pthread_mutex_destroy(&s->ev_mu);
+    free(s);
+}
+
+static int listen_unix(msm_server *s, msm_err *err) {
+    const char *path = s->cfg->socket;
+    struct stat st;
+    /* A stale socket from a crashed run would make bind fail: remove it, but only a socket. */
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode))
+            return msm_err_set(err, -EEXIST, "server.socket %s exists and is not a socket", path);
+        unlink(path);
+    }
+    int rc = uv_pipe_init(s->loop, &s->unix_listener, 0);
+    if (rc < 0)
+        return msm_err_set(err, rc, "uv_pipe_init: %s", uv_strerror(rc));
+    s->unix_listener.data = s;
+    s->have_unix = true;
+    if ((rc = uv_pipe_bind(&s->unix_listener, path)) < 0)
+        return msm_err_set(err, rc, "cannot bind server.socket %s: %s", path, uv_strerror(rc));
+    if (chmod(path, (mode_t)s->cfg->socket_mode) < 0)
+        return msm_err_set(err, -errno, "cannot chmod %s to %o: %s", path, s->cfg->socket_mode, strerror(errno));
+    if ((rc = uv_listen((uv_stream_t *)&s->unix_listener, 512, on_connection)) < 0)
+        return msm_err_set(err, rc, "cannot listen on %s: %s", path, uv_strerror(rc));
+    msm_log_info("listening on unix:%s (mode %04o)", path, s->cfg->socket_mode);
+    return 0;
+}
+
+static int listen_tcp(msm_server *s, uv_tcp_t *t, const char *host, int port, const char *what, msm_err *err) {
+    struct sockaddr_storage addr;
+    int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
+    if (rc < 0)
+        rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
+    if (rc < 0)
+        return msm_err_set(err, rc, "%s host '%s' is not an IPv4 or IPv6 address", what, host);
+    if ((rc = uv_tcp_init(s->loop, t)) < 0)
+        return msm_err_set(err, rc, "uv_tcp_init: %s", uv_strerror(rc));
+    t->data = s;
+    if (t == &s->tcp_listener)
+        s->have_tcp = true;
+    else
+        s->have_http = true;
+    if ((rc = uv_tcp_bind(t, (const struct sockaddr *)&addr, 0)) < 0 ||
+        (rc = uv_listen((uv_stream_t *)t, 512, on_connection)) < 0)
+        return msm_err_set(err, rc, "cannot listen on %s %s:%d: %s", what, host, port, uv_strerror(rc));
+    msm_log_info("listening on %s %s:%d", what, host, port);
+    return 0;
+}
+
+int msm_server_listen(msm_server *s, msm_err *err) {
+    int rc;
+    if (s->cfg->socket[0] && (rc = listen_unix(s, err)) < 0)
+        return rc;
+    if (s->cfg->tcp_port &&
+        (rc = listen_tcp(s, &s->tcp_listener, s->cfg->tcp_host, s->cfg->tcp_port, "tcp", err)) < 0)
+        return rc;
+    if (s->cfg->metrics_port &&
+        (rc = listen_tcp(s, &s->http_listener, s->cfg->metrics_host, s->cfg->metrics_port, "metrics http", err)) < 0)
+        return rc;
+    return 0;
+}
+
+static void close_listeners(msm_server *s) {
+    if (s->have_unix && !uv_is_closing((uv_handle_t *)&s->unix_listener)) {
+        uv_close((uv_handle_t *)&s->unix_listener, NULL);
+        if (s->cfg->socket[0])
+            unlink(s->cfg->socket);
+    }
+    if (s->have_tcp && !uv_is_closing((uv_handle_t *)&s->tcp_listener))
+        uv_close((uv_handle_t *)&s->tcp_listener, NULL);
+    if (s->have_http && !uv_is_closing((uv_handle_t *)&s->http_listener))
+        uv_close((uv_handle_t *)&s->http_listener, NULL);
+}
+
+static void close_if(uv_handle_t *h, bool have) {
+    if (have && !uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+/* Everything is drained (or cancelled): stop the scheduler, flush and close every handle. */
+static void finish_shutdown(msm_server *s) {
+    if (s->finished)
+        return;
+    s->finished = true;
+    msm_sched_stop(s->sched);
+    on_async(&s->async); /* deliver the last events (cancellations) */
+    close_listeners(s);
+    for (conn *c = s->conns; c; c = c->next)
+        conn_close(c, true);
+    close_if((uv_handle_t *)&s->drain_timer, s->have_drain_timer);
+    close_if((uv_handle_t *)&s->watchdog, s->have_watchdog);
+    close_if((uv_handle_t *)&s->sig_term, s->have_signals);
+    close_if((uv_handle_t *)&s->sig_int, s->have_signals);
+    close_if((uv_handle_t *)&s->sig_hup, s->have_signals);
+    close_if((uv_handle_t *)&s->async, true);
+    msm_log_info("shutdown complete");
+}
+
+static void on_drain_timer(uv_timer_t *t) {
+    msm_server *s = t->data;
+    msm_sched_stats st;
+    msm_sched_get_stats(s->sched, &st);
+    int inflight = 0;
+    for (conn *c = s->conns; c; c = c->next)
+        inflight += c->n_inflight;
+    uint64_t now = uv_now(s->loop);
+    if (st.running == 0 && st.waiting == 0 && inflight == 0) {
+        finish_shutdown(s);
+        return;
+    }
+    if (!s->drain_cancelled && now >= s->drain_deadline_ms) {
+        msm_log_warn("drain timeout (%d s): cancelling %d running and %d waiting requests",
+                     s->cfg->drain_timeout_s, st.running, st.waiting);
+        msm_notify_status("drain timeout: cancelling %d requests", st.running + st.waiting);
+        s->drain_cancelled = true;
+        msm_sched_cancel_all(s->sched);
+    } else if (s->drain_cancelled && now >= s->drain_deadline_ms + 5000) {
+        msm_log_error("requests still in flight 5 s after cancelling them; closing anyway");
+        finish_shutdown(s);
+    }
+}
+
+void msm_server_shutdown(msm_server *s) {
+    if (s->draining)
+        return;
+    s->draining = true;
+    msm_sched_stats st;
+    msm_sched_get_stats(s->sched, &st);
+    msm_log_info("shutting down: draining %d running and %d waiting requests (up to %d s)", st.running,
+                 st.waiting, s->cfg->drain_timeout_s);
+    msm_notify_stopping("draining in-flight requests");
+    close_listeners(s);
+    s->drain_deadline_ms = uv_now(s->loop) + (uint64_t)s->cfg->drain_timeout_s * 1000;
+    if (uv_timer_init(s->loop, &s->drain_timer) == 0) {
+        s->have_drain_timer = true;
+        s->drain_timer.data = s;
+        uv_timer_start(&s->drain_timer, on_drain_timer, 0, 50);
+    } else {
+        finish_shutdown(s);
+    }
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    msm_server *s = h->data;
+    if (signum == SIGHUP) {
+        int rc = msm_log_reopen();
+        if (rc < 0)
+            msm_log_error("SIGHUP: cannot reopen the log file: %s", strerror(-rc));
+        else
+            msm_log_info("SIGHUP: log file reopened");
+        return;
+    }
+    msm_log_info("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    msm_server_shutdown(s);
+}
+
+static void on_watchdog(uv_timer_t *t) {
+    msm_server *s = t->data;
+    msm_sched_stats st;
+    msm_sched_get_stats(s->sched, &st);
+    /* A scheduler whose engine fails every step is not healthy: let systemd restart us. */
+    if (!st.engine_failed)
+        msm_notify_watchdog();
+}
+
+int msm_server_install_signals(msm_server *s, msm_err *err) {
+    int rc;
+    uv_signal_init(s->loop, &s->sig_term);
+    uv_signal_init(s->loop, &s->sig_int);
+    uv_signal_init(s->loop, &s->sig_hup);
+    s->have_signals = true;
+    s->sig_term.data = s->sig_int.data = s->sig_hup.data = s;
+    if ((rc = uv_signal_start(&s->sig_term, on_signal, SIGTERM)) < 0 ||
+        (rc = uv_signal_start(&s->sig_int, on_signal, SIGINT)) < 0 ||
+        (rc = uv_signal_start(&s->sig_hup, on_signal, SIGHUP)) < 0)
+        return msm_err_set(err, rc, "cannot install signal handlers: %s", uv_strerror(rc));
+    uint64_t wd = msm_notify_watchdog_usec();
+    if (wd > 0) {
+        uv_timer_init(s->loop, &s->watchdog);
+        s->have_watchdog = true;
+        s->watchdog.data = s;
+        uint64_t ms = wd / 2000;
+        uv_timer_start(&s->watchdog, on_watchdog, 0, ms ? ms : 1);
+        msm_log_info("systemd watchdog: pinging every %llu ms", (unsigned long long)(ms ? ms : 1));
+    }
+    return 0;
+}

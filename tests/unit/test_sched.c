@@ -1,0 +1,490 @@
+/* Unit tests of the scheduler (daemon/sched.c) on the fake engine: continuous batching, chunked
+ * prefill, admission and preemption by recompute, cancel, stop rules, logprobs, limits. The fake
+ * engine's output hashes the whole history read back through the block tables, so every test
+ * that compares against msm_fake_engine_expected also checks the KV bookkeeping. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "msm_fake_engine.h"
+#include "msm_sched.h"
+
+#define MAX_REQ 128
+#define MAX_OUT 512
+
+typedef struct result {
+    int32_t tokens[MAX_OUT];
+    int n;
+    msm_finish finish;
+    int prompt_tokens, completion_tokens;
+    msm_code error_code;
+    bool has_logprob;
+    float logprob[MAX_OUT];
+    int n_top;
+    int32_t top0[MAX_OUT];
+} result;
+
+typedef struct harness {
+    msm_fake_engine *fe;
+    msm_sched *s;
+    pthread_mutex_t mu;
+    result r[MAX_REQ];
+} harness;
+
+static void on_event(void *ctx, msm_sched_event *ev) {
+    harness *h = ctx;
+    pthread_mutex_lock(&h->mu);
+    cr_assert_lt(ev->request_id, MAX_REQ);
+    result *r = &h->r[ev->request_id];
+    cr_assert_eq(r->finish, MSM_FINISH_NONE, "event after the finish of request %llu",
+                 (unsigned long long)ev->request_id);
+    if (ev->has_token && r->n < MAX_OUT) {
+        if (ev->has_logprob) {
+            r->has_logprob = true;
+            r->logprob[r->n] = ev->logprob;
+            r->n_top = ev->n_top;
+            r->top0[r->n] = ev->n_top ? ev->top_ids[0] : -1;
+        }
+        r->tokens[r->n++] = ev->token;
+    }
+    if (ev->finish != MSM_FINISH_NONE) {
+        r->finish = ev->finish;
+        r->prompt_tokens = ev->prompt_tokens;
+        r->completion_tokens = ev->completion_tokens;
+        r->error_code = ev->error_code;
+    }
+    pthread_mutex_unlock(&h->mu);
+    free(ev);
+}
+
+static harness *harness_new(int kv_blocks, int max_step_tokens, int max_seqs, int max_queue, int max_context) {
+    harness *h = calloc(1, sizeof *h);
+    pthread_mutex_init(&h->mu, NULL);
+    msm_fake_engine_opts fo = {.vocab = 97, .max_context = max_context, .kv_blocks = kv_blocks, .eos_id = -1,
+                               .max_step_tokens = max_step_tokens, .max_seqs = max_seqs};
+    cr_assert_eq(msm_fake_engine_new(&fo, &h->fe), 0);
+    msm_sched_engine se;
+    msm_fake_engine_vtable(h->fe, &se);
+    msm_sched_opts so = {.max_step_tokens = max_step_tokens, .max_seqs = max_seqs, .max_queue = max_queue};
+    msm_err err;
+    cr_assert_eq(msm_sched_new(&so, &se, on_event, h, &h->s, &err), 0, "%s", err.msg);
+    return h;
+}
+
+static void harness_free(harness *h) {
+    msm_sched_free(h->s);
+    cr_assert_eq(h->fe->double_frees, 0, "KV blocks released twice");
+    msm_fake_engine_free(h->fe);
+    free(h);
+}
+
+static msm_gen_request *req(uint64_t id, int n_prompt, int max_tokens, float temperature, uint64_t seed) {
+    msm_gen_request *r = calloc(1, sizeof *r);
+    r->conn_id = 1;
+    r->request_id = id;
+    r->n_prompt = n_prompt;
+    r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
+    for (int i = 0; i < n_prompt; i++)
+        r->prompt[i] = (int32_t)((id * 7 + (uint64_t)i * 3) % 97);
+    r->max_tokens = max_tokens;
+    r->sampling = (msm_sample_params){.temperature = temperature, .top_p = 1, .seed = seed};
+    return r;
+}
+
+static void expected(const msm_gen_request *r, int n_out, int32_t *out) {
+    int32_t hist[1024];
+    memcpy(hist, r->prompt, (size_t)r->n_prompt * sizeof *hist);
+    int n = r->n_prompt;
+    for (int i = 0; i < n_out; i++) {
+        msm_sample_params sp = r->sampling;
+        sp.counter = (uint64_t)i;
+        out[i] = msm_fake_engine_expected(hist, n, &sp, 97);
+        hist[n++] = out[i];
+    }
+}
+
+static void submit_ok(harness *h, msm_gen_request *r) {
+    char msg[256];
+    msm_gen_request *rr = r;
+    cr_assert_eq(msm_sched_submit(h->s, &rr, msg, sizeof msg), MSM_CODE_OK, "%s", msg);
+    cr_assert_null(rr);
+}
+
+static void run_until_idle(harness *h, int max_iters) {
+    for (int i = 0; i < max_iters; i++) {
+        int rc = msm_sched_iterate(h->s);
+        if (rc == 0)
+            return;
+    }
+    cr_assert_fail("scheduler still busy after %d iterations", max_iters);
+}
+
+static void check_output(harness *h, uint64_t id, const msm_gen_request *copy, int n_out) {
+    int32_t want[MAX_OUT];
+    expected(copy, n_out, want);
+    result *r = &h->r[id];
+    cr_assert_eq(r->n, n_out, "request %llu: %d tokens, want %d", (unsigned long long)id, r->n, n_out);
+    for (int i = 0; i < n_out; i++)
+        cr_assert_eq(r->tokens[i], want[i], "request %llu token %d: %d, want %d", (unsigned long long)id, i,
+                     r->tokens[i], want[i]);
+}
+
+/* A copy of the request's prompt/sampling (the scheduler owns the submitted one). */
+static msm_gen_request *dup_req(const msm_gen_request *r) {
+    msm_gen_request *c = calloc(1, sizeof *c);
+    *c = *r;
+    c->prompt = malloc((size_t)r->n_prompt * sizeof *c->prompt);
+    memcpy(c->prompt, r->prompt, (size_t)r->n_prompt * sizeof *c->prompt);
+    c->stop_ids = NULL;
+    c->n_stop_ids = 0;
+    c->stop_strings = NULL;
+    c->n_stop_strings = 0;
+    return c;
+}
+
+static void stats(harness *h, msm_sched_stats *st) {
+    msm_sched_get_stats(h->s, st);
+}
+
+Test(sched, single_greedy_request_matches_the_model) {
+    harness *h = harness_new(64, 64, 8, 16, 256);
+    msm_gen_request *r = req(1, 5, 12, 0, 0), *c = dup_req(r);
+    submit_ok(h, r);
+    run_until_idle(h, 100);
+    check_output(h, 1, c, 12);
+    cr_assert_eq(h->r[1].finish, MSM_FINISH_LENGTH);
+    cr_assert_eq(h->r[1].prompt_tokens, 5);
+    cr_assert_eq(h->r[1].completion_tokens, 12);
+    msm_sched_stats st;
+    stats(h, &st);
+    cr_assert_eq(st.kv_used, 0, "blocks returned at the finish");
+    msm_gen_request_free(c);
+    harness_free(h);
+}
+
+Test(sched, requests_are_batched_into_one_step) {
+    harness *h = harness_new(256, 256, 8, 64, 256);
+    msm_gen_request *copies[8];
+    for (int i = 0; i < 8; i++) {
+        msm_gen_request *r = req((uint64_t)i + 1, 3 + i, 10, i % 2 ? 0.8f : 0, (uint64_t)i);
+        copies[i] = dup_req(r);
+        submit_ok(h, r);
+    }
+    run_until_idle(h, 100);
+    for (int i = 0; i < 8; i++) {
+        check_output(h, (uint64_t)i + 1, copies[i], 10);
+        msm_gen_request_free(copies[i]);
+    }
+    cr_assert_eq(h->fe->max_n_seqs_seen, 8, "all eight decode in the same step");
+    cr_assert_leq(h->fe->steps, 11, "one prefill step + 9 decode steps, not 8x that");
+    harness_free(h);
+}
+
+Test(sched, new_requests_join_between_steps) {
+    harness *h = harness_new(256, 256, 8, 64, 256);
+    msm_gen_request *a = req(1, 4, 20, 0, 0), *ca = dup_req(a);
+    msm_gen_request *b = req(2, 6, 5, 0, 0), *cb = dup_req(b);
+    submit_ok(h, a);
+    for (int i = 0; i < 5; i++)
+        msm_sched_iterate(h->s);
+    cr_assert_eq(h->r[1].n, 5);
+    submit_ok(h, b);
+    msm_sched_iterate(h->s);
+    cr_assert_eq(h->fe->last_n_seqs, 2, "b's prefill rides with a's decode row");
+    cr_assert_eq(h->fe->last_n_tokens, 1 + 6);
+    run_until_idle(h, 100);
+    check_output(h, 1, ca, 20);
+    check_output(h, 2, cb, 5);
+    msm_gen_request_free(ca);
+    msm_gen_request_free(cb);
+    harness_free(h);
+}
+
+Test(sched, long_prompt_is_prefilled_in_chunks_under_the_budget) {
+    harness *h = harness_new(64, 16, 4, 8, 256);
+    msm_gen_request *r = req(1, 50, 4, 0, 0), *c = dup_req(r);
+    submit_ok(h, r);
+    msm_sched_iterate(h->s);
+    cr_assert_eq(h->fe->last_n_tokens, 16);
+    cr_assert_eq(h->r[1].n, 0, "no token before the last chunk");
+    run_until_idle(h, 100);
+    cr_assert_leq(h->fe->max_n_tokens_seen, 16);
+    check_output(h, 1, c, 4);
+    /* 50 tokens = 16+16+16+2: the first token comes with the 4th step. */
+    cr_assert_eq(h->fe->steps, 4 + 3);
+    msm_gen_request_free(c);
+    harness_free(h);
+}
+
+Test(sched, decode_rows_share_the_budget_with_a_prefill_chunk) {
+    harness *h = harness_new(128, 16, 4, 8, 256);
+    msm_gen_request *a = req(1, 3, 30, 0, 0), *ca = dup_req(a);
+    msm_gen_request *b = req(2, 40, 3, 0, 0), *cb = dup_req(b);
+    submit_ok(h, a);
+    msm_sched_iterate(h->s);
+    submit_ok(h, b);
+    msm_sched_iterate(h->s);
+    cr_assert_eq(h->fe->last_n_tokens, 16, "1 decode row + a 15-token chunk");
+    run_until_idle(h, 200);
+    check_output(h, 1, ca, 30);
+    check_output(h, 2, cb, 3);
+    msm_gen_request_free(ca);
+    msm_gen_request_free(cb);
+    harness_free(h);
+}
+
+Test(sched, preemption_by_recompute_when_blocks_run_out) {
+    /* 12 usable blocks; three sequences growing to 20 + 60 = 80 tokens (5 blocks) each. */
+    harness *h = harness_new(13, 64, 4, 8, 256);
+    msm_gen_request *copies[3];
+    for (int i = 0; i < 3; i++) {
+        msm_gen_request *r = req((uint64_t)i + 1, 20, 60, i == 1 ? 0.7f : 0, 5);
+        copies[i] = dup_req(r);
+        submit_ok(h, r);
+    }
+    run_until_idle(h, 2000);
+    msm_sched_stats st;
+    stats(h, &st);
+    cr_assert_gt(st.preemptions, 0, "the pool is too small for all three at once");
+    for (int i = 0; i < 3; i++) {
+        check_output(h, (uint64_t)i + 1, copies[i], 60);
+        cr_assert_eq(h->r[i + 1].finish, MSM_FINISH_LENGTH);
+        cr_assert_eq(h->r[i + 1].completion_tokens, 60);
+        msm_gen_request_free(copies[i]);
+    }
+    cr_assert_eq(st.kv_used, 0);
+    harness_free(h);
+}
+
+Test(sched, admission_waits_for_free_blocks) {
+    harness *h = harness_new(5, 64, 4, 8, 256); /* 4 usable blocks */
+    submit_ok(h, req(1, 40, 2, 0, 0));           /* 3 blocks */
+    submit_ok(h, req(2, 40, 2, 0, 0));           /* 3 more: must wait */
+    msm_sched_iterate(h->s);
+    msm_sched_stats st;
+    stats(h, &st);
+    cr_assert_eq(st.running, 1);
+    cr_assert_eq(st.waiting, 1);
+    run_until_idle(h, 100);
+    cr_assert_eq(h->r[1].n, 2);
+    cr_assert_eq(h->r[2].n, 2);
+    harness_free(h);
+}
+
+Test(sched, cancel_frees_blocks_within_one_step) {
+    harness *h = harness_new(64, 64, 4, 8, 256);
+    submit_ok(h, req(1, 30, 100, 0, 0));
+    submit_ok(h, req(2, 30, 100, 0, 0));
+    for (int i = 0; i < 3; i++)
+        msm_sched_iterate(h->s);
+    msm_sched_stats st;
+    stats(h, &st);
+    cr_assert_gt(st.kv_used, 0);
+    msm_sched_cancel(h->s, 1, 1);
+    msm_sched_iterate(h->s);
+    cr_assert_eq(h->r[1].finish, MSM_FINISH_CANCELLED);
+    cr_assert_eq(h->r[2].finish, MSM_FINISH_NONE, "the other request keeps going");
+    stats(h, &st);
+    cr_assert_eq(st.kv_used, 3, "only request 2's blocks remain (31..32 tokens = 2 blocks + 1)");
+    msm_sched_cancel_conn(h->s, 1); /* disconnect */
+    msm_sched_iterate(h->s);
+    cr_assert_eq(h->r[2].finish, MSM_FINISH_CANCELLED);
+    stats(h, &st);
+    cr_assert_eq(st.kv_used, 0);
+    cr_assert_eq(st.finished[MSM_FINISH_CANCELLED], 2);
+    harness_free(h);
+}
+
+Test(sched, cancel_of_a_waiting_request) {
+    harness *h = harness_new(64, 64, 1, 8, 256); /* max_seqs 1: the second waits */
+    submit_ok(h, req(1, 4, 50, 0, 0));
+    submit_ok(h, req(2, 4, 50, 0, 0));
+    msm_sched_iterate(h->s);
+    msm_sched_cancel(h->s, 1, 2);
+    msm_sched_cancel_all(h->s);
+    run_until_idle(h, 10);
+    cr_assert_eq(h->r[1].finish, MSM_FINISH_CANCELLED);
+    cr_assert_eq(h->r[2].finish, MSM_FINISH_CANCELLED);
+    cr_assert_eq(h->r[2].completion_tokens, 0);
+    msm_sched_stats st;
+    stats(h, &st);
+    cr_assert_eq(st.waiting, 0);
+    cr_assert_eq(st.kv_used, 0);
+    harness_free(h);
+}
+
+Test(sched, limits_answer_with_codes) {
+    harness *h = harness_new(9, 64, 2, 2, 64); /* 8 usable blocks, context 64, queue 2 */
+    char msg[256];
+    msm_gen_request *r = req(1, 64, 1, 0, 0);
+    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(msg, "max context is 64"), "%s", msg);
+    msm_gen_request_free(r);
+    msm_fake_engine_free(NULL);
+    harness_free(h);
+
+    h = harness_new(3, 64, 2, 2, 256); /* 2 usable blocks = 32 tokens */
+    r = req(1, 10, 40, 0, 0);
+    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_RESOURCE_EXHAUSTED);
+    cr_assert(strstr(msg, "KV blocks"), "%s", msg);
+    msm_gen_request_free(r);
+    submit_ok(h, req(1, 4, 4, 0, 0));
+    submit_ok(h, req(2, 4, 4, 0, 0));
+    r = req(3, 4, 4, 0, 0);
+    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_RESOURCE_EXHAUSTED);
+    cr_assert(strstr(msg, "max_queue"), "%s", msg);
+    msm_gen_request_free(r);
+    run_until_idle(h, 100);
+    harness_free(h);
+}
+
+Test(sched, stop_token_and_eos_and_ignore_eos) {
+    msm_gen_request *probe = req(1, 6, 8, 0, 0);
+    int32_t want[8];
+    expected(probe, 8, want);
+    msm_gen_request_free(probe);
+    int k = 3; /* stop at the 4th token, if it did not appear earlier */
+    for (int i = 0; i < 3; i++)
+        if (want[i] == want[k])
+            k = i;
+    harness *h = harness_new(64, 64, 4, 8, 256);
+    h->fe->o.eos_id = want[k];
+    msm_sched_engine se; /* rebuild the scheduler with the eos id in its model limits */
+    msm_sched_free(h->s);
+    msm_fake_engine_vtable(h->fe, &se);
+    msm_sched_opts so = {.max_step_tokens = 64, .max_seqs = 4, .max_queue = 8};
+    msm_err err;
+    cr_assert_eq(msm_sched_new(&so, &se, on_event, h, &h->s, &err), 0);
+
+    submit_ok(h, req(1, 6, 8, 0, 0));                  /* eos */
+    msm_gen_request *r2 = req(2, 6, 8, 0, 0);          /* ignore_eos: runs to length */
+    for (int i = 0; i < 6; i++)
+        r2->prompt[i] = (int32_t)((1 * 7 + i * 3) % 97); /* same prompt as request 1 */
+    r2->ignore_eos = true;
+    submit_ok(h, r2);
+    msm_gen_request *r3 = req(3, 6, 8, 0, 0);          /* stop id = the 2nd token */
+    for (int i = 0; i < 6; i++)
+        r3->prompt[i] = (int32_t)((1 * 7 + i * 3) % 97);
+    r3->stop_ids = malloc(sizeof *r3->stop_ids);
+    r3->stop_ids[0] = want[1];
+    r3->n_stop_ids = 1;
+    r3->ignore_eos = true;
+    submit_ok(h, r3);
+    run_until_idle(h, 100);
+    cr_assert_eq(h->r[1].finish, MSM_FINISH_EOS);
+    cr_assert_eq(h->r[1].n, k + 1, "the eos token is the last one streamed");
+    cr_assert_eq(h->r[2].finish, MSM_FINISH_LENGTH);
+    cr_assert_eq(h->r[2].n, 8);
+    cr_assert_eq(h->r[3].finish, MSM_FINISH_STOP);
+    cr_assert_leq(h->r[3].n, 2);
+    harness_free(h);
+}
+
+Test(sched, logprobs_from_the_logits_row) {
+    harness *h = harness_new(64, 64, 4, 8, 256);
+    msm_gen_request *r = req(1, 4, 5, 0, 0), *c = dup_req(r);
+    r->top_logprobs = 3;
+    r->want_logprob = true;
+    submit_ok(h, r);
+    run_until_idle(h, 100);
+    check_output(h, 1, c, 5);
+    cr_assert(h->r[1].has_logprob);
+    cr_assert_eq(h->r[1].n_top, 3);
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(h->r[1].top0[i], h->r[1].tokens[i], "the greedy token is the most likely");
+        cr_assert_lt(h->r[1].logprob[i], 0.0f);
+    }
+    msm_gen_request_free(c);
+    harness_free(h);
+}
+
+Test(sched, log_softmax_top_n) {
+    float logits[6] = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f, 2.0f};
+    int32_t ids[4];
+    float lp[4], chosen;
+    msm_sched_logprobs(logits, 6, 4, 4, &chosen, ids, lp);
+    double z = 0;
+    for (int i = 0; i < 6; i++)
+        z += exp(logits[i]);
+    cr_assert_float_eq(chosen, 0.5 - log(z), 1e-5);
+    cr_assert_eq(ids[0], 1, "ties keep the lower id first");
+    cr_assert_eq(ids[1], 3);
+    cr_assert_eq(ids[2], 5);
+    cr_assert_eq(ids[3], 0);
+    cr_assert_float_eq(lp[2], 2.0 - log(z), 1e-5);
+}
+
+Test(sched, sampled_output_does_not_depend_on_the_batch) {
+    msm_gen_request *alone_copy;
+    harness *h = harness_new(256, 256, 8, 64, 256);
+    msm_gen_request *r = req(1, 7, 16, 0.9f, 1234);
+    alone_copy = dup_req(r);
+    submit_ok(h, r);
+    run_until_idle(h, 100);
+    result alone = h->r[1];
+    harness_free(h);
+    h = harness_new(256, 256, 8, 64, 256);
+    for (int i = 2; i < 8; i++)
+        submit_ok(h, req((uint64_t)i, 3 + i, 16, 0.5f, (uint64_t)i));
+    msm_sched_iterate(h->s);
+    msm_sched_iterate(h->s);
+    r = dup_req(alone_copy);
+    r->request_id = 1;
+    submit_ok(h, r);
+    run_until_idle(h, 100);
+    cr_assert_eq(h->r[1].n, alone.n);
+    cr_assert_arr_eq(h->r[1].tokens, alone.tokens, sizeof(int32_t) * (size_t)alone.n);
+    check_output(h, 1, alone_copy, 16);
+    msm_gen_request_free(alone_copy);
+    harness_free(h);
+}
+
+Test(sched, engine_failure_ends_the_step_with_an_error_and_keeps_serving) {
+    harness *h = harness_new(64, 64, 4, 8, 256);
+    submit_ok(h, req(1, 4, 5, 0, 0));
+    h->fe->fail_steps = 1;
+    cr_assert_lt(msm_sched_iterate(h->s), 0);
+    cr_assert_eq(h->r[1].finish, MSM_FINISH_ERROR);
+    cr_assert_eq(h->r[1].error_code, MSM_CODE_INTERNAL);
+    msm_gen_request *r = req(2, 4, 5, 0, 0), *c = dup_req(r);
+    submit_ok(h, r);
+    run_until_idle(h, 100);
+    check_output(h, 2, c, 5);
+    msm_sched_stats st;
+    stats(h, &st);
+    cr_assert_eq(st.kv_used, 0);
+    cr_assert_eq(st.engine_errors, 1);
+    msm_gen_request_free(c);
+    harness_free(h);
+}
+
+Test(sched, thread_serves_submissions_from_another_thread, .timeout = 30) {
+    harness *h = harness_new(128, 64, 8, 64, 256);
+    cr_assert_eq(msm_sched_start(h->s), 0);
+    msm_gen_request *copies[16];
+    for (int i = 0; i < 16; i++) {
+        msm_gen_request *r = req((uint64_t)i + 1, 5, 12, 0, 0);
+        copies[i] = dup_req(r);
+        submit_ok(h, r);
+    }
+    for (;;) {
+        int done = 0;
+        pthread_mutex_lock(&h->mu);
+        for (int i = 1; i <= 16; i++)
+            done += h->r[i].finish != MSM_FINISH_NONE;
+        pthread_mutex_unlock(&h->mu);
+        if (done == 16)
+            break;
+        usleep(1000);
+    }
+    msm_sched_stop(h->s);
+    for (int i = 0; i < 16; i++) {
+        check_output(h, (uint64_t)i + 1, copies[i], 12);
+        msm_gen_request_free(copies[i]);
+    }
+    harness_free(h);
+}
