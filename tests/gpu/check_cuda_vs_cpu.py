@@ -50,14 +50,20 @@ for m in ["qwen2moe-gqa", "qwen2moe-mha-tied", "qwen3moe", "mixtral", "../../mod
         _, tcl = run(d, seq, 1, "--backend", "cpu")
         _, tgl = run(d, seq, 1, "--backend", "cuda")
         err = np.abs(tgl - tcl)
-        rel = float(err.max() / np.abs(tcl).max())
-        check(f"{m}[{i}] cuda vs cpu logits (teacher-forced, {len(seq)} rows)", rel <= 2e-2, f"rel={rel:.2e}")
+        # METHOD.md's measure: ||out - ref|| / ||ref|| (bf16 operands land between 1e-3 and 1e-2;
+        # MoE routing near-ties can move single rows more), and the worst element for information
+        rel = float(np.linalg.norm(tgl - tcl) / np.linalg.norm(tcl))
+        worst = float(err.max() / np.abs(tcl).max())
+        check(f"{m}[{i}] cuda vs cpu logits (teacher-forced, {len(seq)} rows)", rel <= 2e-2,
+              f"rel={rel:.2e} (worst element {worst:.2e})")
         top2 = np.sort(tcl, axis=1)[:, -2:]
         gap = top2[:, 1] - top2[:, 0]
-        tol = 4 * float(err.max())
-        agree = [(r, int(np.argmax(tgl[r])) == int(np.argmax(tcl[r])) or gap[r] < tol) for r in range(len(seq))]
-        bad = [r for r, ok in agree if not ok]
-        check(f"{m}[{i}] cuda vs cpu argmax per row (except near-ties < {tol:.3f})", not bad, f"rows {bad[:5]}")
+        row_err = err.max(axis=1)
+        bad = [r for r in range(len(seq))
+               if int(np.argmax(tgl[r])) != int(np.argmax(tcl[r])) and gap[r] >= 2 * row_err[r]]
+        check(f"{m}[{i}] cuda vs cpu argmax per row (except where the cpu top-2 gap < 2x the row's error)",
+              not bad, f"rows {bad[:5]}")
+        tol = float(2 * row_err.max())
         # free-running greedy decode: equal tokens, or a divergence at a near-tie of the CPU
         div = next((k for k in range(min(len(gt), len(ct))) if gt[k] != ct[k]), None)
         row = len(p) - 1 + div if div is not None else None
