@@ -122,6 +122,10 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         msm_cpu_add_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), cb->weights[n->w[0]], ROWS(in0),
                             a[0], n->f);
         break;
+    case MSM_OP_MOE_COMBINE_NORM:
+        msm_cpu_moe_combine_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), F(n->in[2]), F(n->in[3]),
+                                    cb->weights[n->w[0]], cb->weights[n->w[1]], ROWS(in0), a[0], n->f);
+        break;
     case MSM_OP_MUL:
         msm_cpu_scale_rows(F(out0), F(in0), F(n->in[1]), ROWS(in0), g->vals[in0].cols);
         break;

@@ -69,6 +69,7 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->fuse_allreduce = true;
     o->elide_collectives = true;
     o->fuse_add_norm = true;
+    o->fuse_moe_combine = true;
     o->kv_blocks = 1024;
     o->max_step_tokens = 512;
     o->max_seqs = 64;
@@ -113,6 +114,7 @@ static int rank_init(rank_ctx *rc) {
     msm_pass_opts po = {.fuse_allreduce = e->o.fuse_allreduce, .multi_stream = e->o.multi_stream,
                         .elide_collectives = e->o.elide_collectives,
                         .fuse_add_norm = e->o.fuse_add_norm,
+                        .fuse_moe_combine = e->o.fuse_moe_combine,
                         .test_buggy_placement = e->o.test_buggy_placement,
                         .test_skip_verify = e->o.test_skip_verify};
     r = msm_passes_apply(rc->plain, &po, &rc->graph, err);

@@ -42,7 +42,9 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
     X(SAMPLE)       /* in: logits [R,Vpad], params [R]                  out: tokens [R] i32 */   \
     X(EVENT_RECORD) /* event: records this stream's progress */                                  \
     X(EVENT_WAIT)   /* event: this stream waits for the last record of the event */            \
-    X(ADD_RMSNORM)  /* in: a, b [rows,C]     w: [C]     out: a + b, rmsnorm(a + b) (pass-made) */
+    X(ADD_RMSNORM)  /* in: a, b [rows,C]     w: [C]     out: a + b, rmsnorm(a + b) (pass-made) */ \
+    X(MOE_COMBINE_NORM) /* in: x, routed, shared, h [rows,C]  w: gate [1,C], norm [C]           \
+                       out: s = x + (routed + sigmoid(h . gate) * shared), rmsnorm(s) (pass-made) */
 
 typedef enum msm_op {
 #define MSM_OP_ENUM(n) MSM_OP_##n,

@@ -19,6 +19,7 @@ typedef struct msm_pass_opts {
     bool multi_stream;     /* multi_stream_moe */
     bool elide_collectives;/* elide_tp1_collectives (no-op at tp > 1) */
     bool fuse_add_norm;    /* fuse_add_rmsnorm */
+    bool fuse_moe_combine; /* fuse_moe_combine */
     msm_warn_fn warn;
     void *warn_ud;
     /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)
@@ -45,6 +46,12 @@ int msm_pass_elide_tp1_collectives(const msm_graph *in, const msm_pass_opts *o, 
 /* ADD (residual) immediately followed, on the same stream, by the RMSNORM of its sum → one
  * ADD_RMSNORM node writing both the sum and the normed value. */
 int msm_pass_fuse_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
+                              msm_err *err);
+
+/* Shared-expert gate (LINEAR N=1, SIGMOID, MUL) + combine ADD + the following ADD_RMSNORM → one
+ * MOE_COMBINE_NORM node per MoE layer with a gated shared expert (only where no collective sits
+ * between the combine and the residual add: tp 1 after elide_tp1_collectives). */
+int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                               msm_err *err);
 
 /* V1 every collective on MAIN; V2 every cross-stream read covered by a RECORD after the producer

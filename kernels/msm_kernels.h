@@ -62,6 +62,14 @@ void msm_cpu_add(float *y, const float *a, const float *b, size_t n);
 void msm_cpu_add_rmsnorm(float *sum, float *out, const float *a, const float *b, const float *w,
                          int rows, int dim, float eps);
 
+/* The MoE layer's end in one op (shared-expert gate, combine, residual add, next RMSNorm):
+ * per row, g = sigmoid(h . wg), sum = x + (routed + shared * g), out = rmsnorm(sum) * w; the same
+ * arithmetic as linear (N=1), sigmoid, scale_rows, add, add_rmsnorm. All [rows,dim] except wg,
+ * w [dim]; sum and out must not alias the inputs. */
+void msm_cpu_moe_combine_rmsnorm(float *sum, float *out, const float *x, const float *routed,
+                                 const float *shared, const float *h, const float *wg,
+                                 const float *w, int rows, int dim, float eps);
+
 /* y[t,:] = x[t,:] * s[t]   (x, y [T,D], s [T]). */
 void msm_cpu_scale_rows(float *y, const float *x, const float *s, int T, int D);
 

@@ -107,9 +107,31 @@ static const msm_comm_vt nccl_vt = {nccl_allreduce, nccl_allgather};
 #define I32(v) ((int32_t *)(cb->arena + g->vals[v].offset))
 #define ROWS(v) ((int)msm_value_rows(&g->vals[v], d->T, d->R, d->S))
 
+/* Benchmark-only: MSM_CUDA_SKIP_OPS=OP[,OP...] (op names as msm_op_name prints them) skips those
+ * ops entirely, so a step's time without them can be measured (the step's results are then
+ * meaningless). Read once per process; unset, nothing is skipped. */
+static uint64_t skip_ops_mask(void) {
+    static int init;
+    static uint64_t mask;
+    if (!init) {
+        const char *s = getenv("MSM_CUDA_SKIP_OPS");
+        for (int op = 0; s && op < MSM_OP_COUNT && op < 64; op++) {
+            const char *nm = msm_op_name((msm_op)op), *p = s;
+            size_t L = strlen(nm);
+            while ((p = strstr(p, nm)) != NULL) {
+                if ((p == s || p[-1] == ',') && (p[L] == ',' || p[L] == 0)) mask |= 1ull << op;
+                p += L;
+            }
+        }
+        init = 1;
+    }
+    return mask;
+}
+
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
+    if (skip_ops_mask() >> n->op & 1) return 0;
     cudaStream_t s = cb->st[n->stream];
     void *ws = cb->ws[n->stream];
     const int *a = n->a;
@@ -160,6 +182,10 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     case MSM_OP_ADD_RMSNORM:
         KTRY(msm_cuda_add_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), cb->w[n->w[0]], ROWS(in0),
                                   a[0], n->f, s));
+        break;
+    case MSM_OP_MOE_COMBINE_NORM:
+        KTRY(msm_cuda_moe_combine_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), F(n->in[2]), F(n->in[3]),
+                                          cb->w[n->w[0]], cb->w[n->w[1]], ROWS(in0), a[0], n->f, s));
         break;
     case MSM_OP_MUL:
         KTRY(msm_cuda_scale_rows(F(out0), F(in0), F(n->in[1]), ROWS(in0), g->vals[in0].cols, s));

@@ -149,6 +149,13 @@ int msm_passes_apply(const msm_graph *plain, const msm_pass_opts *o, msm_graph *
             g = next;
         }
     }
+    if (r == 0 && o->fuse_moe_combine) {
+        r = msm_pass_fuse_moe_combine(g, o, &next, err);
+        if (r == 0) {
+            msm_graph_free(g);
+            g = next;
+        }
+    }
     if (r == 0) r = msm_graph_plan(g, err);
     if (r == 0 && !o->test_skip_verify) r = msm_graph_verify(g, err);
     if (r < 0) {

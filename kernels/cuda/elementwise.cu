@@ -92,6 +92,50 @@ extern "C" int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, cons
     return 0;
 }
 
+/* ---- MoE combine + residual add + rmsnorm: one block per row; block sums in a fixed order ---- */
+static __device__ float block_sum(float v, float *part) {
+    v = msm_warp_sum(v);
+    int warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    __syncthreads(); /* part may still be read from a previous call */
+    if ((threadIdx.x & 31) == 0) part[warp] = v;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int i = 0; i < nwarps; i++) tot += part[i];
+    return tot;
+}
+
+__global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const float *x, const float *routed,
+                                           const float *shared, const float *h, const uint16_t *wg,
+                                           const uint16_t *w, int dim, float eps) {
+    __shared__ float part[32];
+    size_t off = (size_t)blockIdx.x * dim;
+    float g = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) g = fmaf(h[off + i], msm_bf(wg[i]), g);
+    g = block_sum(g, part);
+    float s = 1.0f / (1.0f + expf(-g));
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = x[off + i] + (routed[off + i] + shared[off + i] * s);
+        sum[off + i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, part);
+    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[off + i] = msm_bf(w[i]) * (sum[off + i] * inv);
+}
+
+extern "C" int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float *x, const float *routed,
+                                            const float *shared, const float *h, const uint16_t *wg,
+                                            const uint16_t *w, int rows, int dim, float eps,
+                                            cudaStream_t stream) {
+    if (rows < 0 || dim <= 0) return -EINVAL;
+    if (rows == 0) return 0;
+    int threads = dim >= 2048 ? 512 : dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
+    moe_combine_rmsnorm_kernel<<<rows, threads, 0, stream>>>(sum, out, x, routed, shared, h, wg, w, dim, eps);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
 /* ---- rope: one thread per (token, frequency), rotating that pair in every head ---- */
 __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nheads, int hd, float theta) {
     int half = hd / 2;

@@ -303,12 +303,28 @@ static unsigned grid_for(size_t n, int threads) {
     return b ? (unsigned)b : 1u;
 }
 
+/* GEMV / cuBLASLt threshold: MSM_CUDA_GEMV_MAX_T unless raised (benchmarks) by
+ * msm_cuda_linear_set_gemv_max_t or the environment variable MSM_CUDA_GEMV_MAX_T; never lowered
+ * (the workspace sizes assume the GEMV path up to MSM_CUDA_GEMV_MAX_T). */
+static int gemv_max_forced = -1;
+
+extern "C" void msm_cuda_linear_set_gemv_max_t(int t) { gemv_max_forced = t; }
+
+static int gemv_max_t(void) {
+    if (gemv_max_forced < 0) {
+        const char *s = getenv("MSM_CUDA_GEMV_MAX_T");
+        gemv_max_forced = s ? atoi(s) : 0;
+    }
+    int t = gemv_max_forced;
+    return t < MSM_CUDA_GEMV_MAX_T ? MSM_CUDA_GEMV_MAX_T : t > 64 ? 64 : t;
+}
+
 extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, const uint16_t *bias,
                                int T, int N, int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes,
                                cudaStream_t stream) {
     if (T < 0 || N <= 0 || K <= 0) return -EINVAL;
     if (T == 0) return 0;
-    if (T <= MSM_CUDA_GEMV_MAX_T) {
+    if (T <= gemv_max_t()) {
         bool vec = K % 8 == 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
         if (vec)
             gemv_dispatch<true>(y, x, w, bias, T, N, K, stream);

@@ -22,6 +22,8 @@
 
 #include <errno.h>
 #include <mma.h>
+#include <stdlib.h>
+#include <string.h>
 
 using namespace nvcuda;
 
@@ -198,21 +200,18 @@ typedef struct moe_ws {
     int32_t *tile_off;   /* [E+1] first 64-row tile of each expert; tile_off[E] = tiles */
     int32_t *perm;       /* [P] grouped row -> pair */
     int32_t *inv;        /* [P] pair -> grouped row (-1: invalid expert id) */
-    uint16_t *act;       /* [P, I] bf16 silu(g)*u, grouped order (GEMV path: f32 [P, I]) */
+    uint16_t *act;       /* [P, I] bf16 silu(g)*u, grouped order (GEMV paths: f32 [P, I]) */
     float *outp;         /* [P, H] per-pair down output, grouped order */
 } moe_ws;
 
 static size_t moe_ws_layout(int T, int H, int I, int k, int E, char *base, moe_ws *ws) {
     size_t P = (size_t)T * k, off = 0;
-    if (T <= MSM_CUDA_MOE_GEMV_MAX_T) {
-        if (ws) ws->act = (uint16_t *)base;
-        return round_up(P * I * sizeof(float), 256);
-    }
     size_t o_eo = off; off += round_up((size_t)(E + 1) * 4, 256);
     size_t o_to = off; off += round_up((size_t)(E + 1) * 4, 256);
     size_t o_pe = off; off += round_up(P * 4, 256);
     size_t o_in = off; off += round_up(P * 4, 256);
-    size_t o_ac = off; off += round_up(P * I * 2, 256);
+    /* act: bf16 on the WMMA path, f32 on the GEMV paths (sized for f32: any path can be forced) */
+    size_t o_ac = off; off += round_up(P * I * 4, 256);
     size_t o_op = off; off += round_up(P * H * 4, 256);
     if (ws) {
         ws->expert_off = (int32_t *)(base + o_eo);
@@ -424,6 +423,193 @@ __global__ void __launch_bounds__(128)
     }
 }
 
+
+/* ---- medium T: grouping + grouped GEMVs (each selected expert's weights read once) ----
+ * After moe_group_kernel, block (row chunk, e) streams its rows of expert e once and dots every
+ * one with all the grouped rows (token copies) routed to e, NT tokens per pass (a later pass
+ * re-reads the rows, mostly from L2). fp32 math on the exact bf16 weights and f32 activations,
+ * like the CPU oracle; act and the per-pair down rows stay f32. */
+#define GG_NT 8
+#define GG_U 2
+
+template <int R, bool VEC>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_gateup_grouped_gemv_kernel(moe_ws ws, const float *x, const uint16_t *gate_up, int H,
+                                   int I, int k) {
+    int e = blockIdx.y;
+    int g0 = ws.expert_off[e], g1 = ws.expert_off[e + 1];
+    if (g0 >= g1) return;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int i0 = (blockIdx.x * MOE_WARPS + warp) * R;
+    if (i0 >= I) return;
+    float *act = (float *)ws.act;
+    const uint16_t *ge = gate_up + (size_t)e * 2 * I * H;
+    const uint16_t *wr[2 * R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        int i = min(i0 + r, I - 1); /* rows past I duplicate the last one; never stored */
+        wr[r] = ge + (size_t)i * H;
+        wr[R + r] = ge + (size_t)(I + i) * H;
+    }
+    for (int gb = g0; gb < g1; gb += GG_NT) {
+        int nt = min(GG_NT, g1 - gb);
+        const float *xs[GG_NT];
+#pragma unroll
+        for (int t = 0; t < GG_NT; t++) xs[t] = x + (size_t)(ws.perm[gb + min(t, nt - 1)] / k) * H;
+        float acc[2 * R][GG_NT];
+#pragma unroll
+        for (int r = 0; r < 2 * R; r++)
+#pragma unroll
+            for (int t = 0; t < GG_NT; t++) acc[r][t] = 0.0f;
+        if (VEC) {
+            for (int k0 = lane * 8; k0 < H; k0 += 256 * GG_U) {
+                uint4 wv[2 * R][GG_U];
+#pragma unroll
+                for (int r = 0; r < 2 * R; r++)
+#pragma unroll
+                    for (int u = 0; u < GG_U; u++) {
+                        int kk = k0 + u * 256;
+                        wv[r][u] = kk < H ? msm_ld_stream16(wr[r] + kk) : make_uint4(0, 0, 0, 0);
+                    }
+#pragma unroll
+                for (int u = 0; u < GG_U; u++) {
+                    int kk = k0 + u * 256;
+                    if (kk >= H) break;
+                    float wf[2 * R][8];
+#pragma unroll
+                    for (int r = 0; r < 2 * R; r++) {
+                        float2 a = msm_bf2(wv[r][u].x), b = msm_bf2(wv[r][u].y);
+                        float2 c = msm_bf2(wv[r][u].z), d = msm_bf2(wv[r][u].w);
+                        wf[r][0] = a.x, wf[r][1] = a.y, wf[r][2] = b.x, wf[r][3] = b.y;
+                        wf[r][4] = c.x, wf[r][5] = c.y, wf[r][6] = d.x, wf[r][7] = d.y;
+                    }
+#pragma unroll
+                    for (int t = 0; t < GG_NT; t++) {
+                        if (t >= nt) break;
+                        const float4 *xp = (const float4 *)(xs[t] + kk);
+                        float4 xa = xp[0], xb = xp[1];
+#pragma unroll
+                        for (int r = 0; r < 2 * R; r++) {
+                            float s = acc[r][t];
+                            s = fmaf(wf[r][0], xa.x, s);
+                            s = fmaf(wf[r][1], xa.y, s);
+                            s = fmaf(wf[r][2], xa.z, s);
+                            s = fmaf(wf[r][3], xa.w, s);
+                            s = fmaf(wf[r][4], xb.x, s);
+                            s = fmaf(wf[r][5], xb.y, s);
+                            s = fmaf(wf[r][6], xb.z, s);
+                            s = fmaf(wf[r][7], xb.w, s);
+                            acc[r][t] = s;
+                        }
+                    }
+                }
+            }
+        } else {
+            for (int kk = lane; kk < H; kk += 32)
+#pragma unroll
+                for (int r = 0; r < 2 * R; r++) {
+                    float wf = msm_bf(wr[r][kk]);
+#pragma unroll
+                    for (int t = 0; t < GG_NT; t++)
+                        if (t < nt) acc[r][t] = fmaf(wf, xs[t][kk], acc[r][t]);
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < GG_NT; t++) {
+                float g = msm_warp_sum(acc[r][t]), u = msm_warp_sum(acc[R + r][t]);
+                if (lane == 0 && t < nt && i0 + r < I)
+                    act[(size_t)(gb + t) * I + i0 + r] = g / (1.0f + expf(-g)) * u;
+            }
+    }
+}
+
+/* outp[g, h] = dot(down_e[h, :], act[g, :]) for the grouped rows g of expert e. */
+template <int R, bool VEC>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_down_grouped_gemv_kernel(moe_ws ws, const uint16_t *down, int H, int I) {
+    int e = blockIdx.y;
+    int g0 = ws.expert_off[e], g1 = ws.expert_off[e + 1];
+    if (g0 >= g1) return;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int h0 = (blockIdx.x * MOE_WARPS + warp) * R;
+    if (h0 >= H) return;
+    const float *act = (const float *)ws.act;
+    const uint16_t *de = down + (size_t)e * H * I;
+    const uint16_t *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = de + (size_t)min(h0 + r, H - 1) * I;
+    for (int gb = g0; gb < g1; gb += GG_NT) {
+        int nt = min(GG_NT, g1 - gb);
+        float acc[R][GG_NT];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < GG_NT; t++) acc[r][t] = 0.0f;
+        if (VEC) {
+            for (int k0 = lane * 8; k0 < I; k0 += 256 * GG_U) {
+                uint4 wv[R][GG_U];
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int u = 0; u < GG_U; u++) {
+                        int kk = k0 + u * 256;
+                        wv[r][u] = kk < I ? msm_ld_stream16(wr[r] + kk) : make_uint4(0, 0, 0, 0);
+                    }
+#pragma unroll
+                for (int u = 0; u < GG_U; u++) {
+                    int kk = k0 + u * 256;
+                    if (kk >= I) break;
+                    float wf[R][8];
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float2 a = msm_bf2(wv[r][u].x), b = msm_bf2(wv[r][u].y);
+                        float2 c = msm_bf2(wv[r][u].z), d = msm_bf2(wv[r][u].w);
+                        wf[r][0] = a.x, wf[r][1] = a.y, wf[r][2] = b.x, wf[r][3] = b.y;
+                        wf[r][4] = c.x, wf[r][5] = c.y, wf[r][6] = d.x, wf[r][7] = d.y;
+                    }
+#pragma unroll
+                    for (int t = 0; t < GG_NT; t++) {
+                        if (t >= nt) break;
+                        const float4 *xp = (const float4 *)(act + (size_t)(gb + t) * I + kk);
+                        float4 xa = xp[0], xb = xp[1];
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            float s = acc[r][t];
+                            s = fmaf(wf[r][0], xa.x, s);
+                            s = fmaf(wf[r][1], xa.y, s);
+                            s = fmaf(wf[r][2], xa.z, s);
+                            s = fmaf(wf[r][3], xa.w, s);
+                            s = fmaf(wf[r][4], xb.x, s);
+                            s = fmaf(wf[r][5], xb.y, s);
+                            s = fmaf(wf[r][6], xb.z, s);
+                            s = fmaf(wf[r][7], xb.w, s);
+                            acc[r][t] = s;
+                        }
+                    }
+                }
+            }
+        } else {
+            for (int kk = lane; kk < I; kk += 32)
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float wf = msm_bf(wr[r][kk]);
+#pragma unroll
+                    for (int t = 0; t < GG_NT; t++)
+                        if (t < nt) acc[r][t] = fmaf(wf, act[(size_t)(gb + t) * I + kk], acc[r][t]);
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < GG_NT; t++) {
+                float d = msm_warp_sum(acc[r][t]);
+                if (lane == 0 && t < nt && h0 + r < H) ws.outp[(size_t)(gb + t) * H + h0 + r] = d;
+            }
+    }
+}
+
 __global__ void moe_combine_kernel(float *y, moe_ws ws, const float *w, int T, int H, int k) {
     size_t n = (size_t)T * H;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
@@ -442,12 +628,33 @@ static bool grouped_ok(int T, int H, int I) {
     return T > MSM_CUDA_MOE_GEMV_MAX_T && H % G_BK == 0 && I % G_BK == 0 && H % 8 == 0;
 }
 
+/* Path override (tests, benchmarks): 0 = by T; else a MSM_CUDA_MOE_PATH_*. The environment
+ * variable MSM_CUDA_MOE_PATH (pair | grouped_gemv | wmma) sets it for a whole process. */
+static int moe_forced = -1;
+
+extern "C" void msm_cuda_moe_set_path(int path) { moe_forced = path; }
+
+static int moe_path(int T, int H, int I) {
+    if (moe_forced < 0) {
+        const char *s = getenv("MSM_CUDA_MOE_PATH");
+        moe_forced = !s                            ? 0
+                     : !strcmp(s, "pair")          ? MSM_CUDA_MOE_PATH_PAIR
+                     : !strcmp(s, "grouped_gemv")  ? MSM_CUDA_MOE_PATH_GROUPED_GEMV
+                     : !strcmp(s, "wmma")          ? MSM_CUDA_MOE_PATH_WMMA
+                                                   : 0;
+    }
+    int p = moe_forced;
+    if (p == MSM_CUDA_MOE_PATH_WMMA && (H % G_BK || I % G_BK || H % 8)) p = 0;
+    if (p) return p;
+    if (T <= MSM_CUDA_MOE_GEMV_MAX_T) return MSM_CUDA_MOE_PATH_PAIR;
+    if (T <= MSM_CUDA_MOE_GROUPED_GEMV_MAX_T) return MSM_CUDA_MOE_PATH_GROUPED_GEMV;
+    return grouped_ok(T, H, I) ? MSM_CUDA_MOE_PATH_WMMA : MSM_CUDA_MOE_PATH_GROUPED_GEMV;
+}
+
 extern "C" size_t msm_cuda_moe_experts_ws_bytes(int T, int H, int I, int k, int E) {
     if (T <= 0 || H <= 0 || I <= 0 || k <= 0 || E <= 0) return 0;
-    size_t g = moe_ws_layout(T, H, I, k, E, NULL, NULL);
-    /* the GEMV path (any T when the sizes do not suit the tiles) needs the f32 act buffer */
-    size_t v = round_up((size_t)T * k * I * sizeof(float), 256);
-    return g > v ? g : v;
+    /* the grouped layout (f32 act) also covers the pair GEMV path's f32 act [P, I] */
+    return moe_ws_layout(T, H, I, k, E, NULL, NULL);
 }
 
 extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids, const float *w,
@@ -461,7 +668,34 @@ extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids
         ws_bytes < msm_cuda_moe_experts_ws_bytes(T, H, I, k, E))
         return -EINVAL;
     size_t P = (size_t)T * k;
-    if (grouped_ok(T, H, I)) {
+    int path = moe_path(T, H, I);
+    if (path == MSM_CUDA_MOE_PATH_GROUPED_GEMV) {
+        moe_ws ws;
+        moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);
+        moe_group_kernel<<<1, 1024, 0, stream>>>(ws, ids, (int)P, E);
+        CUDA_LAUNCH_CHECK();
+        bool vec_h = H % 8 == 0 && ((uintptr_t)x % 16 == 0) && ((uintptr_t)gate_up % 16 == 0);
+        bool vec_i = I % 8 == 0 && ((uintptr_t)down % 16 == 0);
+        constexpr int RG = 2, RD = 4;
+        dim3 ga((unsigned)((I + MOE_WARPS * RG - 1) / (MOE_WARPS * RG)), (unsigned)E);
+        if (vec_h)
+            moe_gateup_grouped_gemv_kernel<RG, true><<<ga, MOE_WARPS * 32, 0, stream>>>(ws, x, gate_up, H, I, k);
+        else
+            moe_gateup_grouped_gemv_kernel<RG, false><<<ga, MOE_WARPS * 32, 0, stream>>>(ws, x, gate_up, H, I, k);
+        CUDA_LAUNCH_CHECK();
+        dim3 gd((unsigned)((H + MOE_WARPS * RD - 1) / (MOE_WARPS * RD)), (unsigned)E);
+        if (vec_i)
+            moe_down_grouped_gemv_kernel<RD, true><<<gd, MOE_WARPS * 32, 0, stream>>>(ws, down, H, I);
+        else
+            moe_down_grouped_gemv_kernel<RD, false><<<gd, MOE_WARPS * 32, 0, stream>>>(ws, down, H, I);
+        CUDA_LAUNCH_CHECK();
+        size_t n = (size_t)T * H, blocks = (n + 255) / 256;
+        moe_combine_kernel<<<(unsigned)(blocks > 65536 ? 65536 : blocks), 256, 0, stream>>>(
+            y, ws, w, T, H, k);
+        CUDA_LAUNCH_CHECK();
+        return 0;
+    }
+    if (path == MSM_CUDA_MOE_PATH_WMMA) {
         moe_ws ws;
         moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);
         moe_group_kernel<<<1, 1024, 0, stream>>>(ws, ids, (int)P, E);

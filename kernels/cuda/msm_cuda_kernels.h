@@ -39,8 +39,21 @@ extern "C" {
  * fp32 math); larger ones use cuBLASLt. */
 #define MSM_CUDA_GEMV_MAX_T 8
 /* MoE with at most this many tokens uses the fused per-(token, slot) GEMV kernels; larger T
- * groups the (token, slot) pairs by expert on the device and runs grouped tensor-core GEMMs. */
+ * groups the (token, slot) pairs by expert on the device, then up to
+ * MSM_CUDA_MOE_GROUPED_GEMV_MAX_T tokens runs grouped GEMVs (each selected expert's weights
+ * streamed once, fp32 math like the GEMV path) and beyond that grouped tensor-core GEMMs (x and
+ * the activations rounded to bf16). */
 #define MSM_CUDA_MOE_GEMV_MAX_T 8
+#define MSM_CUDA_MOE_GROUPED_GEMV_MAX_T 64
+enum { MSM_CUDA_MOE_PATH_AUTO = 0, MSM_CUDA_MOE_PATH_PAIR = 1, MSM_CUDA_MOE_PATH_GROUPED_GEMV = 2,
+       MSM_CUDA_MOE_PATH_WMMA = 3 };
+/* Forces a MoE path for every later call of this process (tests and benchmarks; AUTO: by T).
+ * Without a call, the environment variable MSM_CUDA_MOE_PATH (pair | grouped_gemv | wmma) is
+ * read once. WMMA falls back to AUTO for shapes its tiles do not fit. */
+void msm_cuda_moe_set_path(int path);
+/* Linears: the same for the GEMV / cuBLASLt threshold (0: MSM_CUDA_GEMV_MAX_T; the environment
+ * variable MSM_CUDA_GEMV_MAX_T is read once otherwise). At most 64. */
+void msm_cuda_linear_set_gemv_max_t(int t);
 
 /* Per-rank CUDA context: the cuBLASLt handle and a cache of matmul plans (layouts + the
  * heuristic's algorithm) per shape. Owned by one rank thread, bound to the device current at
@@ -116,6 +129,12 @@ int msm_cuda_add(float *y, const float *a, const float *b, size_t n, cudaStream_
 
 /* sum = a + b, out = rmsnorm(sum) * w, rows of dim; bitwise the result of msm_cuda_add then
  * msm_cuda_rmsnorm, in one launch. sum may alias a or b. */
+/* msm_cpu_moe_combine_rmsnorm on the GPU: wg, w bf16; one block per row (the gate dot and the
+ * sum of squares reduced in a fixed order; fused multiply-adds, so not bitwise the op chain). */
+int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float *x, const float *routed,
+                                 const float *shared, const float *h, const uint16_t *wg,
+                                 const uint16_t *w, int rows, int dim, float eps, cudaStream_t stream);
+
 int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, const float *b, const uint16_t *w,
                          int rows, int dim, float eps, cudaStream_t stream);
 

@@ -184,6 +184,31 @@ Test(cuda_kernels, add_rmsnorm_matches_cpu, .timeout = 60) {
     }
 }
 
+Test(cuda_kernels, moe_combine_rmsnorm_matches_cpu, .timeout = 60) {
+    need_gpu();
+    static const int shapes[][2] = {{1, 2048}, {5, 129}, {70, 2048}, {32, 2048}, {3, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int rows = shapes[s][0], dim = shapes[s][1];
+        size_t n = (size_t)rows * dim;
+        float *x = host_f32(n, 2.0f), *rt = host_f32(n, 1.0f), *sh = host_f32(n, 1.0f), *h = host_f32(n, 1.0f);
+        float *wf, *wgf;
+        uint16_t *wb = host_bf16(dim, 1.0f, &wf), *wgb = host_bf16(dim, 1.0f / sqrtf((float)dim), &wgf);
+        float *rs = malloc(n * 4), *ro = malloc(n * 4), *hs = malloc(n * 4), *ho = malloc(n * 4);
+        msm_cpu_moe_combine_rmsnorm(rs, ro, x, rt, sh, h, wgf, wf, rows, dim, 1e-6f);
+        float *dx = dev_up(x, n * 4), *drt = dev_up(rt, n * 4), *dsh = dev_up(sh, n * 4), *dh = dev_up(h, n * 4);
+        float *ds = dev_poison(n * 4), *dout = dev_poison(n * 4);
+        uint16_t *dw = dev_up(wb, dim * 2), *dwg = dev_up(wgb, dim * 2);
+        CK(msm_cuda_moe_combine_rmsnorm(ds, dout, dx, drt, dsh, dh, dwg, dw, rows, dim, 1e-6f, 0));
+        down(hs, ds, n * 4);
+        down(ho, dout, n * 4);
+        CHECK_ERR(hs, rs, n, 1e-5, "sum rows=%d dim=%d", rows, dim);
+        CHECK_ERR(ho, ro, n, 1e-5, "norm rows=%d dim=%d", rows, dim);
+        cudaFree(dx), cudaFree(drt), cudaFree(dsh), cudaFree(dh), cudaFree(ds), cudaFree(dout), cudaFree(dw), cudaFree(dwg);
+        free(x), free(rt), free(sh), free(h), free(wf), free(wb), free(wgf), free(wgb);
+        free(rs), free(ro), free(hs), free(ho);
+    }
+}
+
 Test(cuda_kernels, rope_copy_matches_copy_then_rope, .timeout = 60) {
     need_gpu();
     static const int shapes[][4] = {{1, 16, 16, 128}, {7, 6, 2, 64}, {70, 4, 4, 32}}; /* T, nh, kvh, hd */
@@ -512,6 +537,23 @@ Test(cuda_kernels, moe_experts_gemv_small_T_matches_cpu, .timeout = 60) {
     moe_case(8, 200, 72, 2, 5, 2e-5);
     moe_case(5, 130, 33, 3, 7, 2e-5);      /* odd sizes: scalar loads */
     moe_case(9, 130, 40, 2, 6, 2e-5);      /* T > 8 but sizes unfit for tiles: GEMV */
+}
+
+Test(cuda_kernels, moe_experts_grouped_gemv_matches_cpu, .timeout = 120) {
+    need_gpu();
+    /* the default path for 8 < T <= 64, and forced at other T (fp32 math: GEMV tolerance) */
+    moe_case(16, 2048, 1408, 4, 60, 2e-5); /* Qwen1.5-MoE shapes */
+    moe_case(32, 2048, 1408, 4, 60, 2e-5);
+    moe_case(64, 256, 128, 4, 16, 2e-5);   /* skewed: some experts get > 8 tokens (several passes) */
+    moe_case(9, 130, 40, 2, 6, 2e-5);      /* odd sizes: scalar loads */
+    msm_cuda_moe_set_path(MSM_CUDA_MOE_PATH_GROUPED_GEMV);
+    moe_case(1, 2048, 1408, 4, 16, 2e-5);
+    moe_case(8, 200, 72, 2, 5, 2e-5);
+    moe_case(100, 256, 128, 4, 16, 2e-5);
+    moe_case(5, 130, 33, 3, 7, 2e-5);
+    msm_cuda_moe_set_path(MSM_CUDA_MOE_PATH_PAIR);
+    moe_case(32, 256, 128, 4, 16, 2e-5);
+    msm_cuda_moe_set_path(MSM_CUDA_MOE_PATH_AUTO);
 }
 
 Test(cuda_kernels, moe_experts_grouped_large_T_matches_cpu, .timeout = 60) {

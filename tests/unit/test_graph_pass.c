@@ -386,6 +386,43 @@ Test(graph_pass, collectives_stay_at_tp2) {
     msm_graph_free(p), msm_graph_free(p0), msm_graph_free(g);
 }
 
+Test(graph_pass, moe_combine_fuses_every_gated_shared_layer_in_every_combination) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen3moe", "tests/data/mixtral"};
+    for (int d = 0; d < 3; d++)
+        for (int m = 0; m < 4; m++) {
+            msm_graph *g = plain(dirs[d], 1);
+            int shared_layers = 0;
+            for (int i = 0; i < g->n_nodes; i++)
+                shared_layers += g->nodes[i].op == MSM_OP_SIGMOID && g->nodes[i].role == MSM_ROLE_SHARED;
+            msm_pass_opts o = {.fuse_allreduce = m & 1, .multi_stream = m & 2, .fuse_add_norm = true,
+                               .elide_collectives = true, .fuse_moe_combine = true};
+            msm_graph *p = apply(g, &o); /* plans and verifies */
+            cr_expect_eq(count_op(p, MSM_OP_MOE_COMBINE_NORM), shared_layers, "%s combo %d", dirs[d], m);
+            cr_expect_eq(count_op(p, MSM_OP_SIGMOID), 0, "%s combo %d", dirs[d], m);
+            cr_expect_eq(count_op(p, MSM_OP_MUL), 0, "%s combo %d", dirs[d], m);
+            /* every residual norm is still fused: ADD_RMSNORM + MOE_COMBINE_NORM = 2 per layer */
+            cr_expect_eq(count_op(p, MSM_OP_ADD_RMSNORM) + count_op(p, MSM_OP_MOE_COMBINE_NORM), 2 * g->n_layers);
+            /* the shared expert still runs on the aux stream when multi-stream is on */
+            int aux_linear = 0;
+            for (int i = 0; i < p->n_nodes; i++)
+                aux_linear += p->nodes[i].stream == MSM_STREAM_AUX && p->nodes[i].op == MSM_OP_LINEAR &&
+                              p->nodes[i].role == MSM_ROLE_SHARED;
+            if (m & 2) cr_expect_eq(aux_linear, 2 * shared_layers, "%s combo %d", dirs[d], m);
+            msm_graph *q;
+            msm_err err = {{0}};
+            cr_assert_eq(msm_pass_fuse_moe_combine(p, &o, &q, &err), 0);
+            cr_expect(msm_graph_equal(p, q), "fuse_moe_combine is not idempotent");
+            msm_graph_free(q), msm_graph_free(p), msm_graph_free(g);
+        }
+    /* tp 2: an all-reduce sits between the combine and the residual add: nothing to fuse */
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 2);
+    msm_pass_opts o = {.fuse_allreduce = true, .multi_stream = true, .elide_collectives = true,
+                       .fuse_add_norm = true, .fuse_moe_combine = true};
+    msm_graph *p = apply(g, &o);
+    cr_expect_eq(count_op(p, MSM_OP_MOE_COMBINE_NORM), 0);
+    msm_graph_free(p), msm_graph_free(g);
+}
+
 Test(graph_pass, add_rmsnorm_fuses_both_residual_norms_of_every_layer) {
     msm_graph *g = plain("tests/data/qwen2moe-gqa", 1);
     msm_pass_opts o = {.fuse_add_norm = true};

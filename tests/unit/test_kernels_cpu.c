@@ -123,6 +123,22 @@ Test(kernels_cpu, rope_at_position_zero_is_identity_and_preserves_norm) {
     cr_expect_float_eq(n0, n1, 1e-4);
 }
 
+Test(kernels_cpu, moe_combine_rmsnorm_equals_the_op_chain) {
+    enum { R = 3, D = 37 };
+    float x[R * D], rt[R * D], sh[R * D], h[R * D], wg[D], w[D];
+    float s1[R * D], o1[R * D], s2[R * D], o2[R * D], gl[R], gs[R], sc[R * D], moe[R * D];
+    for (int i = 0; i < R * D; i++)
+        x[i] = sinf((float)i), rt[i] = cosf((float)i * 0.7f), sh[i] = sinf((float)i * 1.3f), h[i] = cosf((float)i * 0.2f);
+    for (int i = 0; i < D; i++) w[i] = 0.5f + (float)i / D, wg[i] = 0.1f * sinf((float)i);
+    msm_cpu_moe_combine_rmsnorm(s1, o1, x, rt, sh, h, wg, w, R, D, 1e-6f);
+    msm_cpu_linear(gl, h, wg, NULL, R, 1, D);
+    msm_cpu_sigmoid(gs, gl, R);
+    msm_cpu_scale_rows(sc, sh, gs, R, D);
+    msm_cpu_add(moe, rt, sc, R * D);
+    msm_cpu_add_rmsnorm(s2, o2, x, moe, w, R, D, 1e-6f);
+    cr_expect(memcmp(s1, s2, sizeof s1) == 0 && memcmp(o1, o2, sizeof o1) == 0);
+}
+
 Test(kernels_cpu, add_rmsnorm_equals_add_then_rmsnorm) {
     enum { R = 3, D = 37 };
     float a[R * D], b[R * D], w[D], s1[R * D], o1[R * D], s2[R * D], o2[R * D];
