@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
     msm_notify_status("loading %s", what);
     msm_notify_loading *loading = NULL;
     char status[1400];
-    snprintf(status, sizeof status, "loading %s", what);
+    snprintf(status, sizeof status, "loading %.1300s", what);
     msm_notify_loading_start(status, 5, &loading);
     if (fake) {
         const char *delay = getenv("MSMOED_FAKE_STEP_US");

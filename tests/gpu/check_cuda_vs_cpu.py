@@ -9,11 +9,15 @@ import json, os, subprocess, sys, tempfile
 import numpy as np
 
 BIN = os.environ.get("MSMOE_RUN", "gpu-run/bin/msmoe-run")
+# MSMOE_CUDA_ARGS, e.g. "--tp 2" on a two-GPU machine: every CUDA run gets these (CPU stays tp 1)
+CUDA_EXTRA = os.environ.get("MSMOE_CUDA_ARGS", "").split()
 fails = 0
 
 
 def run(model, prompt, n, *extra):
     with tempfile.NamedTemporaryFile(suffix=".npy") as f:
+        if "cuda" in extra:
+            extra = (*extra, *CUDA_EXTRA)
         cmd = [BIN, "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
                "--max-new-tokens", str(n), "--ignore-eos", "--dump-logits", f.name, *extra]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
