@@ -514,14 +514,17 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
                         if (t < nt) acc[r][t] = fmaf(wf, xs[t][kk], acc[r][t]);
                 }
         }
+        /* only the nt live token columns are reduced (nt is warp-uniform; an expert mostly has
+         * 1-3 tokens at T=32, so reducing all GG_NT cost as much as the loads) */
 #pragma unroll
-        for (int r = 0; r < R; r++)
+        for (int t = 0; t < GG_NT; t++) {
+            if (t >= nt) break;
 #pragma unroll
-            for (int t = 0; t < GG_NT; t++) {
+            for (int r = 0; r < R; r++) {
                 float g = msm_warp_sum(acc[r][t]), u = msm_warp_sum(acc[R + r][t]);
-                if (lane == 0 && t < nt && i0 + r < I)
-                    act[(size_t)(gb + t) * I + i0 + r] = g / (1.0f + expf(-g)) * u;
+                if (lane == 0 && i0 + r < I) act[(size_t)(gb + t) * I + i0 + r] = g / (1.0f + expf(-g)) * u;
             }
+        }
     }
 }
 
@@ -601,12 +604,14 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
                 }
         }
 #pragma unroll
-        for (int r = 0; r < R; r++)
+        for (int t = 0; t < GG_NT; t++) {
+            if (t >= nt) break;
 #pragma unroll
-            for (int t = 0; t < GG_NT; t++) {
+            for (int r = 0; r < R; r++) {
                 float d = msm_warp_sum(acc[r][t]);
-                if (lane == 0 && t < nt && h0 + r < H) ws.outp[(size_t)(gb + t) * H + h0 + r] = d;
+                if (lane == 0 && h0 + r < H) ws.outp[(size_t)(gb + t) * H + h0 + r] = d;
             }
+        }
     }
 }
 

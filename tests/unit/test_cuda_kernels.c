@@ -678,7 +678,7 @@ static double median(double *v, int n) {
 Test(cuda_timing, table, .timeout = 300) {
     need_gpu();
     if (!getenv("MSM_CUDA_BENCH")) cr_skip_test("set MSM_CUDA_BENCH=1 to run the timings");
-    char buf[8192];
+    char buf[16384];
     int len = 0;
     struct cudaDeviceProp prop;
     cr_assert_eq(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
@@ -753,9 +753,15 @@ Test(cuda_timing, table, .timeout = 300) {
         uint16_t *gu = dev(gun * 2), *dn = dev(dnn * 2);
         CK(msm__cuda_test_fill_bf16(gu, gun, 2, 0.02f, st));
         CK(msm__cuda_test_fill_bf16(dn, dnn, 3, 0.02f, st));
-        static const int Ts[] = {1, 8};
+        static const int Ts[][2] = {{1, MSM_CUDA_MOE_PATH_AUTO},  {8, MSM_CUDA_MOE_PATH_AUTO},
+                                    {8, MSM_CUDA_MOE_PATH_GROUPED_GEMV},
+                                    {16, MSM_CUDA_MOE_PATH_GROUPED_GEMV}, {16, MSM_CUDA_MOE_PATH_WMMA},
+                                    {32, MSM_CUDA_MOE_PATH_GROUPED_GEMV}, {32, MSM_CUDA_MOE_PATH_WMMA},
+                                    {64, MSM_CUDA_MOE_PATH_GROUPED_GEMV}, {64, MSM_CUDA_MOE_PATH_WMMA}};
+        static const char *pname[] = {"auto", "pair", "grouped_gemv", "wmma"};
         for (size_t s = 0; s < sizeof Ts / sizeof *Ts; s++) {
-            int T = Ts[s];
+            int T = Ts[s][0];
+            msm_cuda_moe_set_path(Ts[s][1]);
             int32_t *hid = malloc((size_t)NSET * T * k * 4);
             float *hw = malloc((size_t)NSET * T * k * 4);
             double uniq_sum = 0;
@@ -800,13 +806,57 @@ Test(cuda_timing, table, .timeout = 300) {
             double bytes = uniq * per_expert + (double)T * H * 8;
             double gbs = bytes / (t * 1e6);
             len += snprintf(buf + len, sizeof buf - len,
-                            "| moe_experts | T=%d E=60 k=4 I=1408 H=2048 (%.1f distinct experts) | "
+                            "| moe_experts %s | T=%d E=60 k=4 I=1408 H=2048 (%.1f distinct experts) | "
                             "%.4f | %.1f MB | %.0f | %.0f%% |\n",
-                            T, uniq, t, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
+                            pname[Ts[s][1]], T, uniq, t, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
             cudaFree(did), cudaFree(dw), cudaFree(ws);
             free(hid), free(hw);
         }
         cudaFree(gu), cudaFree(dn);
+        msm_cuda_moe_set_path(MSM_CUDA_MOE_PATH_AUTO);
+    }
+
+    /* T=32 linears: the GEMV kernel (forced) vs cuBLASLt */
+    {
+        msm_cuda_ctx *ctx;
+        CK(msm_cuda_ctx_new(&ctx));
+        static const int l32[][3] = {{32, 6144, 2048}, {32, 2048, 2048}, {32, 11264, 2048}, {32, 2048, 5632}};
+        float *x32 = dev((size_t)32 * 5632 * 4);
+        {
+            float *hx = host_f32((size_t)32 * 5632, 1.0f);
+            cudaMemcpy(x32, hx, (size_t)32 * 5632 * 4, cudaMemcpyHostToDevice);
+            free(hx);
+        }
+        for (int gemv = 0; gemv < 2; gemv++)
+            for (size_t s = 0; s < sizeof l32 / sizeof *l32; s++) {
+                int T = l32[s][0], N = l32[s][1], K = l32[s][2];
+                msm_cuda_linear_set_gemv_max_t(gemv ? 64 : 0);
+                size_t wsb = msm_cuda_linear_ws_bytes(T, N, K);
+                void *ws = dev(wsb ? wsb : 256);
+                size_t welem = (size_t)N * K, nbuf = pool_elems / welem;
+                for (int i = 0; i < 3; i++) CK(msm_cuda_linear(y, x32, pool, NULL, T, N, K, ctx, ws, wsb, st));
+                int it = 0;
+                for (int r = 0; r < BENCH_REPS; r++) {
+                    cudaEventRecord(e0, st);
+                    for (int b = 0; b < BENCH_BATCH; b++, it++)
+                        CK(msm_cuda_linear(y, x32, pool + (it % nbuf) * welem, NULL, T, N, K, ctx, ws, wsb, st));
+                    cudaEventRecord(e1, st);
+                    cr_assert_eq(cudaEventSynchronize(e1), cudaSuccess);
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    times[r] = ms / BENCH_BATCH;
+                }
+                double t = median(times, BENCH_REPS);
+                double bytes = (double)welem * 2 + (double)T * K * 4 + (double)T * N * 4;
+                double gbs = bytes / (t * 1e6);
+                len += snprintf(buf + len, sizeof buf - len,
+                                "| linear %s | T=%d N=%d K=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n",
+                                gemv ? "GEMV (forced)" : "cuBLASLt", T, N, K, t, bytes / 1e6, gbs,
+                                100.0 * gbs / copy_gbs);
+                cudaFree(ws);
+            }
+        msm_cuda_linear_set_gemv_max_t(0);
+        cudaFree(x32);
+        msm_cuda_ctx_free(ctx);
     }
     cr_assert_eq(cudaGetLastError(), cudaSuccess);
     printf("%s", buf);
