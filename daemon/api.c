@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistr.h>
+
 #include "msm_frame.h"
 #include "msmoe.pb-c.h"
 
@@ -32,39 +34,67 @@ static int check_unknown(const ProtobufCMessage *m, const char *what, msm_status
     return 0;
 }
 
+static const char no_tokenizer[] =
+    "needs a tokenizer, and this daemon has none (no tokenizer.json in the model directory)";
+
+static int tok_fail(msm_status *st, int rc, const char *field, const msm_err *err) {
+    return fail(st, rc == -ENOMEM ? MSM_CODE_RESOURCE_EXHAUSTED : MSM_CODE_INVALID_ARGUMENT, "%s: %s", field,
+                err->msg);
+}
+
+static bool valid_utf8(const char *s, size_t n) {
+    return u8_check((const uint8_t *)s, n) == NULL;
+}
+
+/* A prompt_text or Tokenize text -> ids. */
+static int encode_text(const msm_api_limits *lim, const char *field, const char *text, bool add_special,
+                       bool parse_special, int32_t **ret_ids, size_t *ret_n, msm_status *st) {
+    if (!lim->tok)
+        return fail(st, MSM_CODE_FAILED_PRECONDITION, "%s %s; send token ids", field, no_tokenizer);
+    size_t len = strlen(text);
+    if (len > MSM_API_MAX_TEXT_BYTES)
+        return fail(st, MSM_CODE_INVALID_ARGUMENT, "%s has %zu bytes: at most %u", field, len,
+                    MSM_API_MAX_TEXT_BYTES);
+    unsigned flags = (add_special ? MSM_TOK_ADD_SPECIAL : 0) | (parse_special ? MSM_TOK_PARSE_SPECIAL : 0);
+    msm_err err = {{0}};
+    int rc = msm_tokenizer_encode_flags(lim->tok, text, len, flags, ret_ids, ret_n, &err);
+    if (rc < 0)
+        return tok_fail(st, rc, field, &err);
+    return 0;
+}
+
 static int convert_generate(const Msmoe__V1__GenerateRequest *g, const msm_api_limits *lim,
                             msm_gen_request **ret, msm_status *st) {
     if (check_unknown(&g->base, "generate", st) < 0)
         return -EINVAL;
     if (g->sampling && check_unknown(&g->sampling->base, "generate.sampling", st) < 0)
         return -EINVAL;
-    if (g->prompt_text && g->prompt_text[0] && !lim->have_tokenizer)
-        return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                    "generate.prompt_text: text prompts need a tokenizer, which this daemon does not "
-                    "have yet; send generate.prompt_ids");
-    if (g->prompt_text && g->prompt_text[0] && g->n_prompt_ids > 0)
+    /* The prompt: exactly one of ids and text. An empty prompt_text is a text prompt (with a BOS it
+     * is llama2.c's unconditional generation). */
+    bool text = g->prompt_text != NULL;
+    if (text && g->n_prompt_ids > 0)
         return fail(st, MSM_CODE_INVALID_ARGUMENT, "generate: set prompt_ids or prompt_text, not both");
-    if (g->n_prompt_ids == 0)
-        return fail(st, MSM_CODE_INVALID_ARGUMENT, "generate.prompt_ids is empty");
-    if (g->n_prompt_ids >= (size_t)lim->max_context)
+    if (!text && g->n_prompt_ids == 0)
         return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                    "generate.prompt_ids has %zu tokens; max context is %d tokens (prompt + generated)",
-                    g->n_prompt_ids, lim->max_context);
-    for (size_t i = 0; i < g->n_prompt_ids; i++)
-        if (g->prompt_ids[i] < 0 || g->prompt_ids[i] >= lim->vocab)
+                    "generate: the prompt is missing: set prompt_ids or prompt_text (prompt_ids is empty)");
+    if (text && !lim->tok)
+        return fail(st, MSM_CODE_FAILED_PRECONDITION, "generate.prompt_text %s; send generate.prompt_ids",
+                    no_tokenizer);
+    if (!text) {
+        if (g->n_prompt_ids >= (size_t)lim->max_context)
             return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                        "generate.prompt_ids[%zu] = %d is outside the vocabulary [0, %d)", i,
-                        g->prompt_ids[i], lim->vocab);
-    int max_tokens = lim->max_tokens_default;
-    if (g->has_max_tokens) {
-        if (g->max_tokens < 1 || g->max_tokens > (uint32_t)lim->max_tokens_limit)
-            return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                        "generate.max_tokens = %u: must be in [1, %d] (scheduler.max_tokens_limit)",
-                        g->max_tokens, lim->max_tokens_limit);
-        max_tokens = (int)g->max_tokens;
-    } else if (max_tokens > lim->max_context - (int)g->n_prompt_ids) {
-        max_tokens = lim->max_context - (int)g->n_prompt_ids; /* the default never asks for more than fits */
+                        "generate.prompt_ids has %zu tokens; max context is %d tokens (prompt + generated)",
+                        g->n_prompt_ids, lim->max_context);
+        for (size_t i = 0; i < g->n_prompt_ids; i++)
+            if (g->prompt_ids[i] < 0 || g->prompt_ids[i] >= lim->vocab)
+                return fail(st, MSM_CODE_INVALID_ARGUMENT,
+                            "generate.prompt_ids[%zu] = %d is outside the vocabulary [0, %d)", i,
+                            g->prompt_ids[i], lim->vocab);
     }
+    if (g->has_max_tokens && (g->max_tokens < 1 || g->max_tokens > (uint32_t)lim->max_tokens_limit))
+        return fail(st, MSM_CODE_INVALID_ARGUMENT,
+                    "generate.max_tokens = %u: must be in [1, %d] (scheduler.max_tokens_limit)", g->max_tokens,
+                    lim->max_tokens_limit);
     msm_sample_params sp = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
     if (g->sampling) {
         const Msmoe__V1__SamplingParams *s = g->sampling;
@@ -103,10 +133,11 @@ static int convert_generate(const Msmoe__V1__GenerateRequest *g, const msm_api_l
         if (L == 0 || L > MAX_STOP_STRING)
             return fail(st, MSM_CODE_INVALID_ARGUMENT,
                         "generate.stop_strings[%zu] has %zu bytes: must be 1..%d", i, L, MAX_STOP_STRING);
+        if (!valid_utf8(g->stop_strings[i], L))
+            return fail(st, MSM_CODE_INVALID_ARGUMENT, "generate.stop_strings[%zu] is not valid UTF-8", i);
     }
-    if (g->n_stop_strings > 0 && !lim->have_tokenizer)
-        return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                    "generate.stop_strings need a tokenizer, which this daemon does not have yet");
+    if (g->n_stop_strings > 0 && !lim->tok)
+        return fail(st, MSM_CODE_FAILED_PRECONDITION, "generate.stop_strings %s", no_tokenizer);
     if (g->has_logprobs && g->logprobs > (uint32_t)lim->max_logprobs)
         return fail(st, MSM_CODE_INVALID_ARGUMENT,
                     "generate.logprobs = %u: must be in [0, %d] (scheduler.max_logprobs)", g->logprobs,
@@ -115,8 +146,43 @@ static int convert_generate(const Msmoe__V1__GenerateRequest *g, const msm_api_l
     msm_gen_request *r = calloc(1, sizeof *r);
     if (!r)
         return fail(st, MSM_CODE_RESOURCE_EXHAUSTED, "out of memory");
-    r->n_prompt = (int)g->n_prompt_ids;
-    r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt);
+    if (text) {
+        /* Encoded last: everything cheap was checked first. */
+        size_t n = 0;
+        if (encode_text(lim, "generate.prompt_text", g->prompt_text, !g->has_add_special || g->add_special,
+                        g->has_parse_special && g->parse_special, &r->prompt, &n, st) < 0) {
+            msm_gen_request_free(r);
+            return -EINVAL;
+        }
+        r->n_prompt = (int)(n < INT32_MAX ? n : INT32_MAX);
+        int rc = 0;
+        if (n == 0)
+            rc = fail(st, MSM_CODE_INVALID_ARGUMENT, "generate.prompt_text encodes to no tokens (the tokenizer "
+                      "adds no BOS); give some text");
+        else if (n >= (size_t)lim->max_context)
+            rc = fail(st, MSM_CODE_INVALID_ARGUMENT,
+                      "generate.prompt_text encodes to %zu tokens; max context is %d tokens (prompt + generated)",
+                      n, lim->max_context);
+        for (size_t i = 0; rc == 0 && i < n; i++)
+            if (r->prompt[i] >= lim->vocab)
+                rc = fail(st, MSM_CODE_FAILED_PRECONDITION,
+                          "generate.prompt_text: the tokenizer gave id %d, outside the model's vocabulary [0, %d) "
+                          "(tokenizer.json does not match the model)", r->prompt[i], lim->vocab);
+        if (rc < 0) {
+            msm_gen_request_free(r);
+            return rc;
+        }
+    } else {
+        r->n_prompt = (int)g->n_prompt_ids;
+        r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt);
+        if (r->prompt)
+            memcpy(r->prompt, g->prompt_ids, (size_t)r->n_prompt * sizeof *r->prompt);
+    }
+    int max_tokens = lim->max_tokens_default;
+    if (g->has_max_tokens)
+        max_tokens = (int)g->max_tokens;
+    else if (max_tokens > lim->max_context - r->n_prompt)
+        max_tokens = lim->max_context - r->n_prompt; /* the default never asks for more than fits */
     r->n_stop_ids = (int)g->n_stop_token_ids;
     r->stop_ids = r->n_stop_ids ? malloc((size_t)r->n_stop_ids * sizeof *r->stop_ids) : NULL;
     r->n_stop_strings = (int)g->n_stop_strings;
@@ -128,7 +194,6 @@ static int convert_generate(const Msmoe__V1__GenerateRequest *g, const msm_api_l
         msm_gen_request_free(r);
         return fail(st, MSM_CODE_RESOURCE_EXHAUSTED, "out of memory");
     }
-    memcpy(r->prompt, g->prompt_ids, (size_t)r->n_prompt * sizeof *r->prompt);
     if (r->n_stop_ids)
         memcpy(r->stop_ids, g->stop_token_ids, (size_t)r->n_stop_ids * sizeof *r->stop_ids);
     r->sampling = sp;
@@ -138,6 +203,56 @@ static int convert_generate(const Msmoe__V1__GenerateRequest *g, const msm_api_l
     r->ignore_eos = g->has_ignore_eos && g->ignore_eos;
     *ret = r;
     return 0;
+}
+
+static int convert_tokenize(const Msmoe__V1__TokenizeRequest *t, const msm_api_limits *lim, msm_call *call,
+                            msm_status *st) {
+    if (check_unknown(&t->base, "tokenize", st) < 0)
+        return -EINVAL;
+    if (!lim->tok)
+        return fail(st, MSM_CODE_FAILED_PRECONDITION, "tokenize %s", no_tokenizer);
+    return encode_text(lim, "tokenize.text", t->text ? t->text : "", !t->has_add_special || t->add_special,
+                       t->has_parse_special && t->parse_special, &call->ids, &call->n_ids, st);
+}
+
+static int convert_detokenize(const Msmoe__V1__DetokenizeRequest *d, const msm_api_limits *lim, msm_call *call,
+                              msm_status *st) {
+    if (check_unknown(&d->base, "detokenize", st) < 0)
+        return -EINVAL;
+    if (!lim->tok)
+        return fail(st, MSM_CODE_FAILED_PRECONDITION, "detokenize %s", no_tokenizer);
+    if (d->n_ids > MSM_API_MAX_DETOK_IDS)
+        return fail(st, MSM_CODE_INVALID_ARGUMENT, "detokenize.ids has %zu ids: at most %u", d->n_ids,
+                    MSM_API_MAX_DETOK_IDS);
+    int vocab = msm_tokenizer_vocab_size(lim->tok);
+    for (size_t i = 0; i < d->n_ids; i++)
+        if (d->ids[i] < 0 || d->ids[i] >= vocab)
+            return fail(st, MSM_CODE_INVALID_ARGUMENT,
+                        "detokenize.ids[%zu] = %d is outside the tokenizer's vocabulary [0, %d)", i, d->ids[i],
+                        vocab);
+    msm_err err = {{0}};
+    int rc = msm_tokenizer_decode(lim->tok, d->ids, d->n_ids, d->has_skip_special && d->skip_special, &call->text,
+                                  &call->text_len, &err);
+    if (rc < 0)
+        return tok_fail(st, rc, "detokenize", &err);
+    /* The API's strings cannot carry NUL characters: they are dropped. */
+    size_t k = 0;
+    for (size_t i = 0; i < call->text_len; i++)
+        if (call->text[i])
+            call->text[k++] = call->text[i];
+    call->text[k] = 0;
+    call->text_len = k;
+    return 0;
+}
+
+void msm_call_done(msm_call *c) {
+    if (!c)
+        return;
+    free(c->ids);
+    free(c->text);
+    c->ids = NULL;
+    c->text = NULL;
+    c->n_ids = c->text_len = 0;
 }
 
 int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, msm_call *ret, msm_status *st) {
@@ -185,8 +300,23 @@ int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, ms
         if (check_unknown(&f->metrics->base, "metrics", st) < 0)
             goto out;
         break;
+    case MSMOE__V1__CLIENT_FRAME__CALL_TOKENIZE:
+        call.kind = MSM_CALL_TOKENIZE;
+        if (convert_tokenize(f->tokenize, lim, &call, st) < 0) {
+            msm_call_done(&call);
+            goto out;
+        }
+        break;
+    case MSMOE__V1__CLIENT_FRAME__CALL_DETOKENIZE:
+        call.kind = MSM_CALL_DETOKENIZE;
+        if (convert_detokenize(f->detokenize, lim, &call, st) < 0) {
+            msm_call_done(&call);
+            goto out;
+        }
+        break;
     default:
-        fail(st, MSM_CODE_INVALID_ARGUMENT, "frame carries no call (generate, cancel, health, model_info, metrics)");
+        fail(st, MSM_CODE_INVALID_ARGUMENT,
+             "frame carries no call (generate, cancel, health, model_info, metrics, tokenize, detokenize)");
         goto out;
     }
     *ret = call;
@@ -244,6 +374,7 @@ uint8_t *msm_api_encode_event(const msm_sched_event *ev, size_t *ret_len) {
             c.logprobs = &tlp;
         }
     }
+    c.text = ev->text;
     if (ev->finish != MSM_FINISH_NONE) {
         c.has_finish_reason = 1;
         c.finish_reason = (Msmoe__V1__FinishReason)ev->finish;
@@ -318,6 +449,36 @@ uint8_t *msm_api_encode_model_info(uint64_t request_id, const msm_api_model_info
     r.cuda_graphs = mi->cuda_graphs;
     r.n_eos_ids = (size_t)mi->n_eos;
     r.eos_ids = (int32_t *)mi->eos_ids;
+    r.has_has_tokenizer = 1;
+    r.has_tokenizer = mi->tokenizer != NULL;
+    if (mi->tokenizer) {
+        r.tokenizer = (char *)mi->tokenizer;
+        r.has_tokenizer_vocab = 1;
+        r.tokenizer_vocab = (uint32_t)mi->tokenizer_vocab;
+    }
+    return pack(&f, ret_len);
+}
+
+uint8_t *msm_api_encode_tokenize(uint64_t request_id, const int32_t *ids, size_t n, size_t *ret_len) {
+    Msmoe__V1__ServerFrame f = MSMOE__V1__SERVER_FRAME__INIT;
+    Msmoe__V1__TokenizeReply r = MSMOE__V1__TOKENIZE_REPLY__INIT;
+    f.has_request_id = 1;
+    f.request_id = request_id;
+    f.reply_case = MSMOE__V1__SERVER_FRAME__REPLY_TOKENIZE;
+    f.tokenize = &r;
+    r.n_ids = n;
+    r.ids = (int32_t *)ids;
+    return pack(&f, ret_len);
+}
+
+uint8_t *msm_api_encode_detokenize(uint64_t request_id, const char *text, size_t *ret_len) {
+    Msmoe__V1__ServerFrame f = MSMOE__V1__SERVER_FRAME__INIT;
+    Msmoe__V1__DetokenizeReply r = MSMOE__V1__DETOKENIZE_REPLY__INIT;
+    f.has_request_id = 1;
+    f.request_id = request_id;
+    f.reply_case = MSMOE__V1__SERVER_FRAME__REPLY_DETOKENIZE;
+    f.detokenize = &r;
+    r.text = (char *)(text ? text : "");
     return pack(&f, ret_len);
 }
 

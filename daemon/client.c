@@ -204,6 +204,16 @@ int msm_client_send_generate(msm_client *c, uint64_t request_id, const msm_clien
     }
     r.n_stop_token_ids = (size_t)g->n_stop_ids;
     r.stop_token_ids = (int32_t *)g->stop_ids;
+    r.n_stop_strings = (size_t)g->n_stop_strings;
+    r.stop_strings = (char **)g->stop_strings;
+    if (g->no_add_special) {
+        r.has_add_special = 1;
+        r.add_special = 0;
+    }
+    if (g->parse_special) {
+        r.has_parse_special = 1;
+        r.parse_special = 1;
+    }
     bool any = false;
     if (g->set_temperature || g->temperature >= 0 || isnan(g->temperature)) {
         sp.has_temperature = 1;
@@ -227,6 +237,37 @@ int msm_client_send_generate(msm_client *c, uint64_t request_id, const msm_clien
     }
     if (any)
         r.sampling = &sp;
+    return msm_client_send(c, &f, err);
+}
+
+int msm_client_send_tokenize(msm_client *c, uint64_t request_id, const char *text, bool add_special,
+                             bool parse_special, msm_err *err) {
+    Msmoe__V1__ClientFrame f = MSMOE__V1__CLIENT_FRAME__INIT;
+    Msmoe__V1__TokenizeRequest t = MSMOE__V1__TOKENIZE_REQUEST__INIT;
+    f.has_request_id = 1;
+    f.request_id = request_id;
+    f.call_case = MSMOE__V1__CLIENT_FRAME__CALL_TOKENIZE;
+    f.tokenize = &t;
+    t.text = (char *)text;
+    t.has_add_special = 1;
+    t.add_special = add_special;
+    t.has_parse_special = 1;
+    t.parse_special = parse_special;
+    return msm_client_send(c, &f, err);
+}
+
+int msm_client_send_detokenize(msm_client *c, uint64_t request_id, const int32_t *ids, size_t n,
+                               bool skip_special, msm_err *err) {
+    Msmoe__V1__ClientFrame f = MSMOE__V1__CLIENT_FRAME__INIT;
+    Msmoe__V1__DetokenizeRequest d = MSMOE__V1__DETOKENIZE_REQUEST__INIT;
+    f.has_request_id = 1;
+    f.request_id = request_id;
+    f.call_case = MSMOE__V1__CLIENT_FRAME__CALL_DETOKENIZE;
+    f.detokenize = &d;
+    d.n_ids = n;
+    d.ids = (int32_t *)ids;
+    d.has_skip_special = 1;
+    d.skip_special = skip_special;
     return msm_client_send(c, &f, err);
 }
 

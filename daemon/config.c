@@ -47,6 +47,7 @@ static const key_def keys[] = {
     STR("server", "metrics_host", metrics_host),
     STR("engine", "model", model),
     STR("engine", "dummy_preset", dummy_preset),
+    STR("engine", "tokenizer", tokenizer),
     {"engine", "backend", K_BACKEND, offsetof(msm_config, backend), sizeof(((msm_config *)0)->backend), 0, 0},
     INT("engine", "tp", tp, 1, 64),
     INT("engine", "first_device", first_device, 0, 1023),

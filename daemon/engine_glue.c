@@ -36,7 +36,7 @@ void msm_sched_engine_from(msm_sched_engine *se, msm_engine *e) {
     se->kv_release = eg_release;
     se->kv_n_free = eg_n_free;
     se->kv_total = eg_total;
-    se->detok = NULL; /* stop strings: wired with the tokenizer */
+    se->tok = NULL; /* main.c sets the tokenizer, loaded apart from the engine */
     se->vocab = mc->vocab;
     se->max_context = o->max_context > 0 ? o->max_context : mc->max_position;
     se->n_eos = mc->n_eos < MSM_MAX_EOS ? mc->n_eos : MSM_MAX_EOS;

@@ -1,5 +1,5 @@
-/* msmoed: the daemon's entry point. Reads the config, loads the model (telling systemd while it
- * does), starts the scheduler thread and the libuv loop, signals READY=1 once the model is
+/* msmoed: the daemon's entry point. Reads the config, loads the tokenizer and the model (telling
+ * systemd while it does), starts the scheduler thread and the libuv loop, signals READY=1 once the model is
  * resident and the sockets listen, and on SIGTERM drains and exits 0. */
 #include <errno.h>
 #include <getopt.h>
@@ -38,6 +38,50 @@ static void usage(FILE *f) {
             "  --dump-graph       load the model, print rank 0's step graph schedule, exit\n"
             "  --version, --help\n",
             MSM_SYSCONFDIR);
+}
+
+/* Where the tokenizer comes from: engine.tokenizer (must load), else <model>/tokenizer.json (may be
+ * missing: the daemon then serves ids only), else none. *ret_required says which. */
+static bool tokenizer_path(const msm_config *cfg, const char *model_dir, char *ret, size_t cap, bool *ret_required) {
+    *ret_required = false;
+    if (!strcmp(cfg->tokenizer, "none"))
+        return false;
+    if (cfg->tokenizer[0]) {
+        snprintf(ret, cap, "%s", cfg->tokenizer);
+        *ret_required = true;
+        return true;
+    }
+    if (!model_dir[0])
+        return false;
+    snprintf(ret, cap, "%s/tokenizer.json", model_dir);
+    return true;
+}
+
+/* 0 with *ret NULL when there is no tokenizer to load (a warning says what is off), 0 with *ret
+ * set, or -errno with err naming the file (a broken tokenizer.json is a start-up error). */
+static int load_tokenizer(const msm_config *cfg, const char *model_dir, char *path, size_t cap,
+                          msm_tokenizer **ret, msm_err *err) {
+    bool required;
+    *ret = NULL;
+    if (!tokenizer_path(cfg, model_dir, path, cap, &required)) {
+        path[0] = 0;
+        return 0;
+    }
+    if (!required && access(path, F_OK) < 0) {
+        msm_log_warn("no tokenizer: %s does not exist; text prompts, text in replies, stop strings and "
+                     "Tokenize/Detokenize are off (token ids work; set engine.tokenizer to enable them)", path);
+        path[0] = 0;
+        return 0;
+    }
+    int rc = msm_tokenizer_load(path, ret, err);
+    if (rc < 0) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        /* The tokenizer's message names the file. */
+        return msm_err_set(err, rc, "cannot load the tokenizer: %s (engine.tokenizer = none serves ids only)",
+                           why);
+    }
+    return 0;
 }
 
 static void raise_nofile(void) {
@@ -115,6 +159,16 @@ int main(int argc, char **argv) {
                 return 2;
             }
         }
+        char tp[PATH_MAX + 32];
+        bool required;
+        if (tokenizer_path(&cfg, model_dir, tp, sizeof tp, &required) && (required || access(tp, F_OK) == 0)) {
+            msm_tokenizer *t = NULL;
+            if (msm_tokenizer_load(tp, &t, &err) < 0) {
+                fprintf(stderr, "msmoed: cannot load the tokenizer: %s\n", err.msg);
+                return 2;
+            }
+            msm_tokenizer_free(t);
+        }
         printf("msmoed: configuration OK (%s; model %s)\n", config_path ? config_path : "built-in defaults",
                fake ? "fake" : cfg.dummy_preset[0] ? cfg.dummy_preset : model_dir);
         return 0;
@@ -125,6 +179,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "msmoed: cannot open log.file %s: %s; logging to stderr\n", cfg.log_file, strerror(-rc));
     signal(SIGPIPE, SIG_IGN);
     raise_nofile();
+
+    /* The tokenizer first: it is quick, and a broken file should not wait for the model. */
+    static char tok_path[PATH_MAX + 32];
+    msm_tokenizer *tok = NULL;
+    if ((rc = load_tokenizer(&cfg, model_dir, tok_path, sizeof tok_path, &tok, &err)) < 0) {
+        msm_log_error("%s", err.msg);
+        msm_notify_status("failed: %s", err.msg);
+        msm_log_close();
+        return 1;
+    }
+    if (tok)
+        msm_log_info("tokenizer %s: %d ids", tok_path, msm_tokenizer_vocab_size(tok));
 
     /* Load the model. */
     msm_engine *engine = NULL;
@@ -161,14 +227,20 @@ int main(int argc, char **argv) {
     if (rc < 0) {
         msm_log_error("cannot load the model: %s", err.msg);
         msm_notify_status("failed: %s", err.msg);
+        msm_tokenizer_free(tok);
         return 1;
     }
     if (dump_graph) {
         rc = engine ? msm_engine_dump_graph(engine, 0, stdout) : 0;
         msm_engine_free(engine);
         msm_fake_engine_free(fk);
+        msm_tokenizer_free(tok);
         return rc < 0 ? 1 : 0;
     }
+    se.tok = tok;
+    if (tok && msm_tokenizer_vocab_size(tok) > se.vocab)
+        msm_log_warn("the tokenizer knows %d ids, the model %d: text that encodes to an id >= %d is refused",
+                     msm_tokenizer_vocab_size(tok), se.vocab, se.vocab);
 
     if (engine) {
         const msm_model_config *mc = msm_engine_model(engine);
@@ -199,11 +271,13 @@ int main(int argc, char **argv) {
     info.kv_block_tokens = 16;
     info.max_seqs = cfg.max_seqs;
     info.max_step_tokens = cfg.max_step_tokens;
+    info.tokenizer = tok ? tok_path : NULL;
+    info.tokenizer_vocab = tok ? msm_tokenizer_vocab_size(tok) : 0;
 
     msm_api_limits limits = {
         .vocab = se.vocab, .max_context = se.max_context, .max_tokens_default = cfg.max_tokens_default,
         .max_tokens_limit = cfg.max_tokens_limit, .max_logprobs = cfg.max_logprobs, .max_stop = cfg.max_stop,
-        .have_tokenizer = se.detok != NULL};
+        .tok = tok};
 
     uv_loop_t loop;
     uv_loop_init(&loop);
@@ -242,6 +316,7 @@ out:
     msm_server_free(srv);
     msm_engine_free(engine);
     msm_fake_engine_free(fk);
+    msm_tokenizer_free(tok);
     msm_log_info("exiting with status %d", exit_code);
     msm_log_close();
     return exit_code;

@@ -3,7 +3,11 @@
  * this module; every unpacked message is freed here, exactly once.
  *
  * Validation checks every client value against a limit and names the field in the message, e.g.
- * "generate.top_p = 1.5: must be in (0, 1]". */
+ * "generate.top_p = 1.5: must be in (0, 1]".
+ *
+ * Text is resolved here, on the loop thread, with the model's tokenizer (immutable, so it may run
+ * concurrently with the scheduler's detokenizers): a prompt_text becomes prompt ids, a Tokenize
+ * call its ids and a Detokenize call its text, so what leaves this module is all native. */
 #ifndef MSM_API_H
 #define MSM_API_H
 
@@ -13,6 +17,7 @@
 
 #include "msm_metrics.h"
 #include "msm_sched.h"
+#include "msm_tokenizer.h"
 
 typedef enum msm_call_kind {
     MSM_CALL_GENERATE = 1,
@@ -20,7 +25,14 @@ typedef enum msm_call_kind {
     MSM_CALL_HEALTH,
     MSM_CALL_MODEL_INFO,
     MSM_CALL_METRICS,
+    MSM_CALL_TOKENIZE,
+    MSM_CALL_DETOKENIZE,
 } msm_call_kind;
+
+/* Largest text accepted in a prompt_text or a Tokenize call (it is encoded on the loop thread),
+ * and the most ids in one Detokenize call. */
+#define MSM_API_MAX_TEXT_BYTES (1u << 20)
+#define MSM_API_MAX_DETOK_IDS (1u << 20)
 
 /* The limits requests are validated against. */
 typedef struct msm_api_limits {
@@ -30,14 +42,21 @@ typedef struct msm_api_limits {
     int max_tokens_limit;
     int max_logprobs;
     int max_stop;             /* stop ids + stop strings */
-    bool have_tokenizer;      /* text prompts and stop strings accepted */
+    const msm_tokenizer *tok; /* NULL: text prompts, stop strings, Tokenize/Detokenize refused */
 } msm_api_limits;
 
 typedef struct msm_call {
     msm_call_kind kind;
     uint64_t request_id;
     msm_gen_request *gen;     /* MSM_CALL_GENERATE: owned by the caller after decode */
+    int32_t *ids;             /* MSM_CALL_TOKENIZE: [n_ids] the encoded text (owned; msm_call_done) */
+    size_t n_ids;
+    char *text;               /* MSM_CALL_DETOKENIZE: [text_len] the decoded ids, NUL-terminated (owned) */
+    size_t text_len;
 } msm_call;
+
+/* Frees ids and text (not gen, which the caller took). */
+void msm_call_done(msm_call *c);
 
 typedef struct msm_status {
     msm_code code;
@@ -58,6 +77,8 @@ typedef struct msm_api_model_info {
     const int *eos_ids;
     int n_eos;
     int kv_blocks, kv_block_tokens, max_seqs, max_step_tokens;
+    const char *tokenizer;    /* tokenizer.json path; NULL: none */
+    int tokenizer_vocab;
 } msm_api_model_info;
 
 /* Encoders: a malloc'd buffer holding the 4-byte header and the ServerFrame, or NULL (ENOMEM). */
@@ -66,5 +87,7 @@ uint8_t *msm_api_encode_error(uint64_t request_id, msm_code code, const char *ms
 uint8_t *msm_api_encode_health(uint64_t request_id, bool serving, const char *status, size_t *ret_len);
 uint8_t *msm_api_encode_model_info(uint64_t request_id, const msm_api_model_info *mi, size_t *ret_len);
 uint8_t *msm_api_encode_metrics(uint64_t request_id, const msm_metric_sample *s, int n, size_t *ret_len);
+uint8_t *msm_api_encode_tokenize(uint64_t request_id, const int32_t *ids, size_t n, size_t *ret_len);
+uint8_t *msm_api_encode_detokenize(uint64_t request_id, const char *text, size_t *ret_len);
 
 #endif

@@ -43,10 +43,19 @@ typedef struct msm_client_gen {
     bool ignore_eos;
     const int32_t *stop_ids;
     int n_stop_ids;
+    const char *const *stop_strings;  /* [n_stop_strings] */
+    int n_stop_strings;
+    bool no_add_special;        /* prompt_text: no BOS */
+    bool parse_special;         /* prompt_text: "<s>" in the text is the special token */
 } msm_client_gen;
 
 void msm_client_gen_init(msm_client_gen *g);
 int msm_client_send_generate(msm_client *c, uint64_t request_id, const msm_client_gen *g, msm_err *err);
+/* Tokenize (text -> ids) and Detokenize (ids -> text). */
+int msm_client_send_tokenize(msm_client *c, uint64_t request_id, const char *text, bool add_special,
+                             bool parse_special, msm_err *err);
+int msm_client_send_detokenize(msm_client *c, uint64_t request_id, const int32_t *ids, size_t n,
+                               bool skip_special, msm_err *err);
 /* Cancel, health, model_info, metrics: a frame with just the call. */
 int msm_client_send_simple(msm_client *c, uint64_t request_id, Msmoe__V1__ClientFrame__CallCase call, msm_err *err);
 

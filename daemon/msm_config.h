@@ -32,6 +32,7 @@ typedef struct msm_config {
     /* [engine] */
     char model[1024];          /* empty = the embedded model (see msm_config_model_dir) */
     char dummy_preset[1024];   /* a shape preset with random weights instead of a model */
+    char tokenizer[1024];      /* tokenizer.json; empty = <model>/tokenizer.json if present; "none" = off */
     char backend[16];          /* auto | cpu | cuda | fake (fake: test-only engine) */
     int tp;
     int first_device;

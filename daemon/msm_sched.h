@@ -10,7 +10,14 @@
  * waiting queue with prompt + generated tokens as its new prompt.
  *
  * The engine is reached through msm_sched_engine, a small vtable (step, KV pool, model limits), so
- * the unit tests drive the scheduler on a fake engine and the daemon on the real one. */
+ * the unit tests drive the scheduler on a fake engine and the daemon on the real one.
+ *
+ * Text: when msm_sched_engine.tok is set, every sequence has a streaming detokenizer and every
+ * event carries the UTF-8 text its token adds (never half a character). Stop strings match on
+ * that text: the generation stops (FINISH_STOP) at the token that completes one, and the text
+ * handed out ends just before the match. Text that could be the start of a stop string is held
+ * back until it is known not to be; the last event of a sequence carries everything still held
+ * (the detokenizer's flush included), except after a stop-string match. */
 #ifndef MSM_SCHED_H
 #define MSM_SCHED_H
 
@@ -21,6 +28,7 @@
 #include "msm_engine.h"
 #include "msm_err.h"
 #include "msm_kernels.h"
+#include "msm_tokenizer.h"
 
 /* gRPC-style status codes (values of msmoe.v1.Code). */
 typedef enum msm_code {
@@ -63,7 +71,7 @@ typedef struct msm_gen_request {
     int max_tokens;           /* >= 1 */
     int32_t *stop_ids;        /* [n_stop_ids] (owned) */
     int n_stop_ids;
-    char **stop_strings;      /* [n_stop_strings] NUL-terminated (owned); need engine->detok */
+    char **stop_strings;      /* [n_stop_strings] NUL-terminated UTF-8 (owned); need engine->tok */
     int n_stop_strings;
     int top_logprobs;         /* top-n logprobs per token, 0..MSM_MAX_TOP_LOGPROBS */
     bool want_logprob;        /* the chosen token's logprob (implied by top_logprobs > 0) */
@@ -89,10 +97,14 @@ typedef struct msm_sched_event {
     int completion_tokens;
     msm_code error_code;           /* with MSM_FINISH_ERROR */
     char error_msg[256];
+    /* With a tokenizer: the text delta, NUL-terminated, stored in the same allocation as the event
+     * (so free(ev) frees it); NULL without a tokenizer. */
+    char *text;
+    size_t text_len;
     struct msm_sched_event *next;  /* queue link for the consumer's use */
 } msm_sched_event;
 
-/* Takes ownership of ev (free() it). Called on the scheduler thread. */
+/* Takes ownership of ev (free() it; that frees its text too). Called on the scheduler thread. */
 typedef void (*msm_sched_emit_fn)(void *ctx, msm_sched_event *ev);
 
 /* The engine as the scheduler sees it. */
@@ -103,10 +115,9 @@ typedef struct msm_sched_engine {
     void (*kv_release)(void *ctx, const int32_t *ids, int n);
     int (*kv_n_free)(void *ctx);
     int (*kv_total)(void *ctx);
-    /* Stop-string hook: appends the text of token to buf (at most cap bytes, returns the bytes
-     * written or a negative errno). NULL until the tokenizer is wired; requests with stop strings
-     * are then refused at validation. */
-    int (*detok)(void *ctx, int32_t token, char *buf, size_t cap);
+    /* The model's tokenizer (immutable, shared with the loop thread), for text deltas and stop
+     * strings; NULL: events carry ids only and requests with stop strings are refused. */
+    const msm_tokenizer *tok;
     int vocab;
     int max_context;          /* tokens per sequence: prompt + generated */
     int eos_ids[MSM_MAX_EOS];

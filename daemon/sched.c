@@ -22,8 +22,12 @@ typedef struct seq {
     int n_generated;
     int32_t *blocks;          /* [n_blocks] block table */
     int n_blocks, cap_blocks;
-    char *text;               /* detokenized generated text (stop strings only) */
-    size_t text_len, text_cap;
+    /* Text (engine tok set): the streaming detokenizer of the generated tokens, the text so far,
+     * how much of it events have carried (text_sent), and where a stop string cut it. */
+    msm_detok detok;
+    char *text;               /* [text_len] generated text, NUL-terminated */
+    size_t text_len, text_cap, text_sent;
+    bool text_cut;            /* a stop string matched: text_len was cut back to its start */
     struct seq *next;         /* waiting-queue link */
 } seq;
 
@@ -191,9 +195,10 @@ msm_code msm_sched_submit(msm_sched *s, msm_gen_request **reqp, char *msg, size_
                  r->n_prompt, s->e.max_context);
         return MSM_CODE_INVALID_ARGUMENT;
     }
-    if (r->n_stop_strings > 0 && !s->e.detok) {
-        snprintf(msg, msg_cap, "generate.stop_strings need a tokenizer, which this daemon does not have yet");
-        return MSM_CODE_INVALID_ARGUMENT;
+    if (r->n_stop_strings > 0 && !s->e.tok) {
+        snprintf(msg, msg_cap, "generate.stop_strings need a tokenizer, and this daemon has none "
+                 "(no tokenizer.json in the model directory)");
+        return MSM_CODE_FAILED_PRECONDITION;
     }
     /* The sequence at its longest feeds prompt + max_tokens - 1 tokens (the last is not fed back).
      * It must fit the pool on its own, or preemption could never make room for it. */
@@ -219,6 +224,9 @@ msm_code msm_sched_submit(msm_sched *s, msm_gen_request **reqp, char *msg, size_
     }
     memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
     q->n_tokens = r->n_prompt;
+    /* The generated text continues the prompt: keep the SentencePiece space of its first word. */
+    if (s->e.tok)
+        msm_detok_init(&q->detok, s->e.tok, MSM_DETOK_SKIP_SPECIAL | MSM_DETOK_CONTINUE);
 
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
@@ -294,12 +302,117 @@ static void emit(msm_sched *s, msm_sched_event *ev) {
         s->emit(s->emit_ctx, ev);
 }
 
+/* ---- text ---- */
+
+static int text_reserve(seq *q, size_t more) {
+    if (q->text_cap - q->text_len > more)
+        return 0;
+    size_t cap = q->text_cap ? q->text_cap : 256;
+    while (cap - q->text_len <= more)
+        cap *= 2;
+    char *p = realloc(q->text, cap);
+    if (!p)
+        return -ENOMEM;
+    q->text = p;
+    q->text_cap = cap;
+    return 0;
+}
+
+/* Appends what the detokenizer emits for token t (or its flush, t < 0). NUL characters are
+ * dropped: the API's strings cannot carry them. An id the tokenizer does not know (a model vocab
+ * padded past the tokenizer's) adds no text. */
+static int text_push(msm_sched *s, seq *q, int32_t t) {
+    size_t max = msm_detok_max_out(s->e.tok), n = 0;
+    if (text_reserve(q, max) < 0)
+        return -ENOMEM;
+    char *out = q->text + q->text_len;
+    int rc = t >= 0 ? msm_detok_push(&q->detok, t, out, max, &n, NULL) : msm_detok_flush(&q->detok, out, max, &n);
+    if (rc < 0)
+        n = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (out[i])
+            out[k++] = out[i];
+    q->text_len += k;
+    q->text[q->text_len] = 0;
+    return 0;
+}
+
+/* Looks for a stop string that ends in the text after byte `from` (the text before it was checked
+ * already). The first match to end wins (the earliest start among those ending there): that is
+ * where a character-by-character generation would have stopped. Cuts the text at its start. */
+static bool text_stop_match(seq *q, size_t from) {
+    size_t best_end = SIZE_MAX, best_start = 0;
+    for (int i = 0; i < q->req->n_stop_strings; i++) {
+        const char *st = q->req->stop_strings[i];
+        size_t L = strlen(st);
+        if (L == 0 || L > q->text_len)
+            continue;
+        for (size_t end = from + 1 > L ? from + 1 : L; end <= q->text_len && end <= best_end; end++)
+            if (memcmp(q->text + end - L, st, L) == 0) {
+                if (end < best_end || end - L < best_start) {
+                    best_end = end;
+                    best_start = end - L;
+                }
+                break;
+            }
+    }
+    if (best_end == SIZE_MAX)
+        return false;
+    q->text_len = best_start;
+    q->text[q->text_len] = 0;
+    q->text_cut = true;
+    return true;
+}
+
+/* Bytes at the end of the unsent text that could be the start of a stop string: they wait for the
+ * next token to tell. (A held suffix starts at a character boundary: stop strings are UTF-8.) */
+static size_t text_holdback(const seq *q) {
+    size_t unsent = q->text_len - q->text_sent, hold = 0;
+    for (int i = 0; i < q->req->n_stop_strings; i++) {
+        const char *st = q->req->stop_strings[i];
+        size_t L = strlen(st);
+        if (L == 0)
+            continue;
+        for (size_t k = (L - 1 < unsent ? L - 1 : unsent); k > hold; k--)
+            if (memcmp(q->text + q->text_len - k, st, k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+/* Moves the text from text_sent up to `upto` into the event (reallocated to hold it). */
+static msm_sched_event *event_attach_text(msm_sched_event *ev, seq *q, size_t upto) {
+    if (!ev)
+        return NULL;
+    size_t n = upto > q->text_sent ? upto - q->text_sent : 0;
+    msm_sched_event *e = realloc(ev, sizeof *e + n + 1);
+    if (!e) {
+        ev->text = NULL; /* the delta is lost; the event still goes out */
+        return ev;
+    }
+    e->text = (char *)(e + 1);
+    memcpy(e->text, q->text ? q->text + q->text_sent : "", n);
+    e->text[n] = 0;
+    e->text_len = n;
+    q->text_sent += n;
+    return e;
+}
+
 /* Ends a sequence: blocks back to the pool, a final event (unless ev already carries the last
  * token, in which case the finish rides on it), the sequence freed. The caller has unlinked it. */
 static void finish_seq(msm_sched *s, seq *q, msm_finish why, msm_sched_event *ev, msm_code code,
                        const char *msg) {
     if (!ev)
         ev = event_for(q);
+    if (s->e.tok) {
+        /* The last event carries all the text still held, unless a stop string cut it. */
+        if (!q->text_cut)
+            text_push(s, q, -1);
+        ev = event_attach_text(ev, q, q->text_len);
+    }
     if (ev) {
         ev->finish = why;
         ev->prompt_tokens = q->req->n_prompt;
@@ -477,35 +590,6 @@ static int append_token(seq *q, int32_t t) {
     return 0;
 }
 
-static bool stop_string_hit(msm_sched *s, seq *q, int32_t t) {
-    if (q->req->n_stop_strings == 0 || !s->e.detok)
-        return false;
-    size_t old = q->text_len;
-    if (q->text_cap - q->text_len < 64) {
-        size_t cap = q->text_cap ? q->text_cap * 2 : 256;
-        char *p = realloc(q->text, cap);
-        if (!p)
-            return false;
-        q->text = p;
-        q->text_cap = cap;
-    }
-    int k = s->e.detok(s->e.ctx, t, q->text + q->text_len, q->text_cap - q->text_len - 1);
-    if (k <= 0)
-        return false;
-    q->text_len += (size_t)k;
-    q->text[q->text_len] = 0;
-    for (int i = 0; i < q->req->n_stop_strings; i++) {
-        size_t L = strlen(q->req->stop_strings[i]);
-        if (L == 0 || L > q->text_len)
-            continue;
-        /* Only matches that end inside the new text are new. */
-        for (size_t end = old + 1 > L ? old + 1 : L; end <= q->text_len; end++)
-            if (memcmp(q->text + end - L, q->req->stop_strings[i], L) == 0)
-                return true;
-    }
-    return false;
-}
-
 void msm_sched_logprobs(const float *logits, int vocab, int32_t chosen, int n, float *ret_chosen,
                         int32_t *ret_ids, float *ret_lp) {
     float mx = -INFINITY;
@@ -673,13 +757,23 @@ int msm_sched_iterate(msm_sched *s) {
             for (int k = 0; k < s->e.n_eos && why == MSM_FINISH_NONE && !q->req->ignore_eos; k++)
                 if (s->e.eos_ids[k] == t)
                     why = MSM_FINISH_EOS;
-            if (why == MSM_FINISH_NONE && stop_string_hit(s, q, t))
-                why = MSM_FINISH_STOP;
+            if (s->e.tok) {
+                size_t old = q->text_len;
+                if (text_push(s, q, t) < 0) {
+                    why = MSM_FINISH_ERROR;
+                    emsg = "out of memory";
+                } else if (q->req->n_stop_strings > 0 && text_stop_match(q, old)) {
+                    /* Also after a stop id: its text must not show a stop string either. */
+                    why = MSM_FINISH_STOP;
+                }
+            }
             if (why == MSM_FINISH_NONE &&
                 (q->n_generated >= q->req->max_tokens || q->n_tokens >= s->e.max_context))
                 why = MSM_FINISH_LENGTH;
         }
         if (why == MSM_FINISH_NONE) {
+            if (s->e.tok)
+                ev = event_attach_text(ev, q, q->text_len - text_holdback(q));
             emit(s, ev);
             continue;
         }

@@ -326,6 +326,16 @@ static void handle_frame(conn *c, const uint8_t *buf, uint32_t len) {
         { uint8_t *b_ = msm_api_encode_metrics(call.request_id, samples, n, &out_len); conn_write(c, b_, out_len); }
         return;
     }
+    case MSM_CALL_TOKENIZE:
+        /* The text was encoded by msm_api_decode, here on the loop thread (bounded by
+         * MSM_API_MAX_TEXT_BYTES); only the reply is left. */
+        { uint8_t *b_ = msm_api_encode_tokenize(call.request_id, call.ids, call.n_ids, &out_len); conn_write(c, b_, out_len); }
+        msm_call_done(&call);
+        return;
+    case MSM_CALL_DETOKENIZE:
+        { uint8_t *b_ = msm_api_encode_detokenize(call.request_id, call.text, &out_len); conn_write(c, b_, out_len); }
+        msm_call_done(&call);
+        return;
     }
 }
 

@@ -1,5 +1,7 @@
 /* Unit tests of the protobuf edge (daemon/api.c): every invalid field answered with its code and
- * a message naming it; valid frames converted to native requests; encoders round-trip. */
+ * a message naming it; valid frames converted to native requests; encoders round-trip; text
+ * prompts, Tokenize and Detokenize with the embedded model's tokenizer (run from the repository
+ * root, as meson does). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -14,7 +16,7 @@ static const msm_api_limits lim = {.vocab = 100, .max_context = 64, .max_tokens_
 
 typedef void (*mutate_fn)(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp);
 
-static int decode_gen(mutate_fn m, msm_call *call, msm_status *st) {
+static int decode_gen_lim(mutate_fn m, const msm_api_limits *l, msm_call *call, msm_status *st) {
     Msmoe__V1__ClientFrame f = MSMOE__V1__CLIENT_FRAME__INIT;
     Msmoe__V1__GenerateRequest g = MSMOE__V1__GENERATE_REQUEST__INIT;
     Msmoe__V1__SamplingParams sp = MSMOE__V1__SAMPLING_PARAMS__INIT;
@@ -33,19 +35,27 @@ static int decode_gen(mutate_fn m, msm_call *call, msm_status *st) {
     size_t n = msmoe__v1__client_frame__get_packed_size(&f);
     uint8_t *buf = malloc(n + 1);
     msmoe__v1__client_frame__pack(&f, buf);
-    int rc = msm_api_decode(buf, n, &lim, call, st);
+    int rc = msm_api_decode(buf, n, l, call, st);
     free(buf);
     return rc;
 }
 
-static void expect_invalid(mutate_fn m, const char *field) {
+static int decode_gen(mutate_fn m, msm_call *call, msm_status *st) {
+    return decode_gen_lim(m, &lim, call, st);
+}
+
+static void expect_code_lim(mutate_fn m, const msm_api_limits *l, msm_code code, const char *field) {
     msm_call call;
     msm_status st;
-    cr_assert_eq(decode_gen(m, &call, &st), -EINVAL, "%s accepted", field);
-    cr_assert_eq(st.code, MSM_CODE_INVALID_ARGUMENT, "%s: code %d", field, st.code);
+    cr_assert_eq(decode_gen_lim(m, l, &call, &st), -EINVAL, "%s accepted", field);
+    cr_assert_eq(st.code, code, "%s: code %d (%s)", field, st.code, st.msg);
     cr_assert(!st.fatal);
     cr_assert_eq(st.request_id, 42);
     cr_assert(strstr(st.msg, field), "message '%s' does not name %s", st.msg, field);
+}
+
+static void expect_invalid(mutate_fn m, const char *field) {
+    expect_code_lim(m, &lim, MSM_CODE_INVALID_ARGUMENT, field);
 }
 
 static void m_no_prompt(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp) { g->n_prompt_ids = 0; }
@@ -87,7 +97,7 @@ static void m_many_stops(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParam
 }
 
 Test(api, invalid_fields_are_named) {
-    expect_invalid(m_no_prompt, "prompt_ids is empty");
+    expect_invalid(m_no_prompt, "set prompt_ids or prompt_text");
     expect_invalid(m_big_id, "prompt_ids[1] = 100");
     expect_invalid(m_neg_id, "prompt_ids[0] = -1");
     expect_invalid(m_long_prompt, "max context is 64");
@@ -100,8 +110,9 @@ Test(api, invalid_fields_are_named) {
     expect_invalid(m_top_p_zero, "top_p = 0");
     expect_invalid(m_top_k_neg, "top_k = -3");
     expect_invalid(m_logprobs, "logprobs = 6");
-    expect_invalid(m_text, "prompt_text");
-    expect_invalid(m_stop_str, "stop_strings");
+    /* Text without a tokenizer: the daemon lacks something, the request is fine. */
+    expect_code_lim(m_text, &lim, MSM_CODE_FAILED_PRECONDITION, "prompt_text needs a tokenizer");
+    expect_code_lim(m_stop_str, &lim, MSM_CODE_FAILED_PRECONDITION, "stop_strings needs a tokenizer");
     expect_invalid(m_stop_id, "stop_token_ids[0] = 1000");
     expect_invalid(m_many_stops, "max_stop");
 }
@@ -199,6 +210,269 @@ Test(api, event_encoding_round_trips) {
     cr_assert_eq(f->chunk->usage->completion_tokens, 7);
     cr_assert_eq(f->chunk->logprobs[0]->n_top, 2);
     cr_assert_eq(f->chunk->logprobs[0]->top[1]->token_id, 4);
+    msmoe__v1__server_frame__free_unpacked(f, NULL);
+    free(buf);
+}
+
+/* ---- text, with the embedded model's tokenizer ---- */
+
+static msm_tokenizer *stories_tok(void) {
+    static msm_tokenizer *t;
+    msm_err err;
+    if (!t)
+        cr_assert_eq(msm_tokenizer_load("models/stories260k-moe/tokenizer.json", &t, &err), 0, "%s", err.msg);
+    return t;
+}
+
+static msm_api_limits text_lim(void) {
+    msm_api_limits l = lim;
+    l.vocab = 512;
+    l.tok = stories_tok();
+    return l;
+}
+
+static void m_once(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp) {
+    g->n_prompt_ids = 0;
+    g->prompt_text = "Once upon a time";
+}
+static void m_once_no_bos(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp) {
+    m_once(g, sp);
+    g->has_add_special = 1;
+    g->add_special = 0;
+}
+static void m_both(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp) { g->prompt_text = "Once"; }
+static void m_empty_text(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp) {
+    g->n_prompt_ids = 0;
+    g->prompt_text = "";
+}
+static void m_long_text(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp) {
+    static char t[64 * 6 + 1];
+    for (int i = 0; i < 64; i++)
+        memcpy(t + i * 6, "story ", 6);
+    g->n_prompt_ids = 0;
+    g->prompt_text = t;
+}
+static void m_huge_text(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp) {
+    static char *t;
+    if (!t) {
+        t = malloc(MSM_API_MAX_TEXT_BYTES + 2);
+        memset(t, 'a', MSM_API_MAX_TEXT_BYTES + 1);
+        t[MSM_API_MAX_TEXT_BYTES + 1] = 0;
+    }
+    g->n_prompt_ids = 0;
+    g->prompt_text = t;
+}
+static void m_bad_utf8(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp) {
+    g->n_prompt_ids = 0;
+    g->prompt_text = "Once \xc3(";
+}
+static void m_bad_stop(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp) {
+    static char *s[2] = {"ok", "\xf0\x9f"};
+    g->stop_strings = s;
+    g->n_stop_strings = 2;
+}
+static void m_special(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp) {
+    g->n_prompt_ids = 0;
+    g->prompt_text = "<s>Hi";
+    g->has_add_special = 1;
+    g->add_special = 0;
+}
+static void m_special_parsed(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp) {
+    m_special(g, sp);
+    g->has_parse_special = 1;
+    g->parse_special = 1;
+}
+
+Test(api_text, prompt_text_is_encoded_with_bos) {
+    msm_api_limits l = text_lim();
+    msm_call call;
+    msm_status st;
+    cr_assert_eq(decode_gen_lim(m_once, &l, &call, &st), 0, "%s", st.msg);
+    static const int32_t want[] = {1, 403, 407, 261, 378}; /* llama2.c's encoding, with BOS */
+    cr_assert_eq(call.gen->n_prompt, 5);
+    cr_assert_arr_eq(call.gen->prompt, want, sizeof want);
+    cr_assert_eq(call.gen->max_tokens, 16);
+    msm_gen_request_free(call.gen);
+    cr_assert_eq(decode_gen_lim(m_once_no_bos, &l, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(call.gen->n_prompt, 4);
+    cr_assert_arr_eq(call.gen->prompt, want + 1, 4 * sizeof(int32_t));
+    msm_gen_request_free(call.gen);
+    /* An empty text is BOS alone: llama2.c's unconditional generation. */
+    cr_assert_eq(decode_gen_lim(m_empty_text, &l, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(call.gen->n_prompt, 1);
+    cr_assert_eq(call.gen->prompt[0], 1);
+    msm_gen_request_free(call.gen);
+    /* Special tokens in the text are text unless the request asks. */
+    cr_assert_eq(decode_gen_lim(m_special, &l, &call, &st), 0, "%s", st.msg);
+    cr_assert_gt(call.gen->n_prompt, 2);
+    for (int i = 0; i < call.gen->n_prompt; i++)
+        cr_assert_neq(call.gen->prompt[i], 1, "<s> in untrusted text became the BOS token");
+    msm_gen_request_free(call.gen);
+    cr_assert_eq(decode_gen_lim(m_special_parsed, &l, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(call.gen->prompt[0], 1);
+    msm_gen_request_free(call.gen);
+}
+
+Test(api_text, prompt_errors_are_named) {
+    msm_api_limits l = text_lim();
+    expect_code_lim(m_both, &l, MSM_CODE_INVALID_ARGUMENT, "set prompt_ids or prompt_text, not both");
+    expect_code_lim(m_no_prompt, &l, MSM_CODE_INVALID_ARGUMENT, "set prompt_ids or prompt_text");
+    expect_code_lim(m_long_text, &l, MSM_CODE_INVALID_ARGUMENT, "max context is 64");
+    expect_code_lim(m_long_text, &l, MSM_CODE_INVALID_ARGUMENT, "generate.prompt_text encodes to");
+    expect_code_lim(m_huge_text, &l, MSM_CODE_INVALID_ARGUMENT, "generate.prompt_text has 1048577 bytes");
+    expect_code_lim(m_bad_utf8, &l, MSM_CODE_INVALID_ARGUMENT, "generate.prompt_text");
+    expect_code_lim(m_bad_stop, &l, MSM_CODE_INVALID_ARGUMENT, "stop_strings[1] is not valid UTF-8");
+    /* The model's vocabulary is smaller than the tokenizer's: refused, not passed on. */
+    msm_api_limits small = l;
+    small.vocab = 300;
+    expect_code_lim(m_once, &small, MSM_CODE_FAILED_PRECONDITION, "outside the model's vocabulary");
+    /* With a tokenizer, stop strings are accepted. */
+    msm_call call;
+    msm_status st;
+    cr_assert_eq(decode_gen_lim(m_stop_str, &l, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(call.gen->n_stop_strings, 1);
+    cr_assert_str_eq(call.gen->stop_strings[0], "\n\n");
+    msm_gen_request_free(call.gen);
+}
+
+static int decode_frame(const Msmoe__V1__ClientFrame *f, const msm_api_limits *l, msm_call *call, msm_status *st) {
+    size_t n = msmoe__v1__client_frame__get_packed_size(f);
+    uint8_t *buf = malloc(n + 1);
+    msmoe__v1__client_frame__pack(f, buf);
+    int rc = msm_api_decode(buf, n, l, call, st);
+    free(buf);
+    return rc;
+}
+
+static int tokenize(const msm_api_limits *l, const char *text, int add_special, msm_call *call, msm_status *st) {
+    Msmoe__V1__ClientFrame f = MSMOE__V1__CLIENT_FRAME__INIT;
+    Msmoe__V1__TokenizeRequest t = MSMOE__V1__TOKENIZE_REQUEST__INIT;
+    f.has_request_id = 1;
+    f.request_id = 7;
+    f.call_case = MSMOE__V1__CLIENT_FRAME__CALL_TOKENIZE;
+    f.tokenize = &t;
+    t.text = (char *)text;
+    if (add_special >= 0) {
+        t.has_add_special = 1;
+        t.add_special = add_special;
+    }
+    return decode_frame(&f, l, call, st);
+}
+
+static int detokenize(const msm_api_limits *l, const int32_t *ids, size_t n, bool skip, msm_call *call,
+                      msm_status *st) {
+    Msmoe__V1__ClientFrame f = MSMOE__V1__CLIENT_FRAME__INIT;
+    Msmoe__V1__DetokenizeRequest d = MSMOE__V1__DETOKENIZE_REQUEST__INIT;
+    f.has_request_id = 1;
+    f.request_id = 8;
+    f.call_case = MSMOE__V1__CLIENT_FRAME__CALL_DETOKENIZE;
+    f.detokenize = &d;
+    d.ids = (int32_t *)ids;
+    d.n_ids = n;
+    d.has_skip_special = 1;
+    d.skip_special = skip;
+    return decode_frame(&f, l, call, st);
+}
+
+Test(api_text, tokenize_and_detokenize_round_trip) {
+    msm_api_limits l = text_lim();
+    msm_call call;
+    msm_status st;
+    static const int32_t want[] = {1, 403, 407, 261, 378};
+    cr_assert_eq(tokenize(&l, "Once upon a time", -1, &call, &st), 0, "%s", st.msg); /* default: BOS */
+    cr_assert_eq(call.kind, MSM_CALL_TOKENIZE);
+    cr_assert_eq(call.request_id, 7);
+    cr_assert_eq(call.n_ids, 5);
+    cr_assert_arr_eq(call.ids, want, sizeof want);
+    msm_call_done(&call);
+    cr_assert_eq(tokenize(&l, "Once upon a time", 0, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(call.n_ids, 4);
+    msm_call_done(&call);
+    /* An emoji is byte-fallback tokens; decoding them gives it back whole. */
+    cr_assert_eq(tokenize(&l, "A smile \xf0\x9f\x99\x82!", 1, &call, &st), 0, "%s", st.msg);
+    int32_t ids[32];
+    size_t n = call.n_ids;
+    cr_assert_leq(n, 32);
+    memcpy(ids, call.ids, n * sizeof *ids);
+    msm_call_done(&call);
+    cr_assert_eq(detokenize(&l, ids, n, true, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(call.kind, MSM_CALL_DETOKENIZE);
+    cr_assert_str_eq(call.text, "A smile \xf0\x9f\x99\x82!");
+    cr_assert_eq(call.text_len, strlen(call.text));
+    msm_call_done(&call);
+    cr_assert_eq(detokenize(&l, want, 5, false, &call, &st), 0, "%s", st.msg);
+    cr_assert(strstr(call.text, "<s>"), "skip_special = false keeps <s>: '%s'", call.text);
+    msm_call_done(&call);
+    /* Half a character: U+FFFD, never invalid UTF-8. */
+    static const int32_t half[] = {243, 162};
+    cr_assert_eq(detokenize(&l, half, 2, true, &call, &st), 0, "%s", st.msg);
+    cr_assert(strstr(call.text, "\xef\xbf\xbd"), "'%s'", call.text);
+    msm_call_done(&call);
+}
+
+Test(api_text, tokenize_and_detokenize_errors) {
+    msm_api_limits l = text_lim();
+    msm_call call;
+    msm_status st;
+    static const int32_t bad[] = {1, 512};
+    cr_assert_eq(detokenize(&l, bad, 2, false, &call, &st), -EINVAL);
+    cr_assert_eq(st.code, MSM_CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(st.msg, "detokenize.ids[1] = 512") && strstr(st.msg, "[0, 512)"), "%s", st.msg);
+    static const int32_t neg[] = {-1};
+    cr_assert_eq(detokenize(&l, neg, 1, false, &call, &st), -EINVAL);
+    cr_assert(strstr(st.msg, "detokenize.ids[0] = -1"), "%s", st.msg);
+    cr_assert_eq(tokenize(&l, "bad \xff utf-8", 1, &call, &st), -EINVAL);
+    cr_assert_eq(st.code, MSM_CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(st.msg, "tokenize.text"), "%s", st.msg);
+    /* No tokenizer: both calls refused with FAILED_PRECONDITION. */
+    cr_assert_eq(tokenize(&lim, "hi", 1, &call, &st), -EINVAL);
+    cr_assert_eq(st.code, MSM_CODE_FAILED_PRECONDITION);
+    cr_assert(strstr(st.msg, "needs a tokenizer"), "%s", st.msg);
+    cr_assert_eq(detokenize(&lim, bad, 1, false, &call, &st), -EINVAL);
+    cr_assert_eq(st.code, MSM_CODE_FAILED_PRECONDITION);
+}
+
+Test(api_text, text_replies_encode) {
+    struct {
+        msm_sched_event ev;
+        char text[8];
+    } e = {.ev = {.request_id = 3, .has_token = true, .token = 432}};
+    e.ev.text = e.text;
+    strcpy(e.text, ", th");
+    e.ev.text_len = 4;
+    size_t len;
+    uint8_t *buf = msm_api_encode_event(&e.ev, &len);
+    Msmoe__V1__ServerFrame *f = msmoe__v1__server_frame__unpack(NULL, len - 4, buf + 4);
+    cr_assert_not_null(f);
+    cr_assert_str_eq(f->chunk->text, ", th");
+    msmoe__v1__server_frame__free_unpacked(f, NULL);
+    free(buf);
+    /* No tokenizer: no text field at all. */
+    msm_sched_event plain = {.request_id = 3, .has_token = true, .token = 432};
+    buf = msm_api_encode_event(&plain, &len);
+    f = msmoe__v1__server_frame__unpack(NULL, len - 4, buf + 4);
+    cr_assert_null(f->chunk->text);
+    msmoe__v1__server_frame__free_unpacked(f, NULL);
+    free(buf);
+    static const int32_t ids[] = {1, 2, 3};
+    buf = msm_api_encode_tokenize(5, ids, 3, &len);
+    f = msmoe__v1__server_frame__unpack(NULL, len - 4, buf + 4);
+    cr_assert_eq(f->reply_case, MSMOE__V1__SERVER_FRAME__REPLY_TOKENIZE);
+    cr_assert_eq(f->tokenize->n_ids, 3);
+    msmoe__v1__server_frame__free_unpacked(f, NULL);
+    free(buf);
+    buf = msm_api_encode_detokenize(6, "", &len);
+    f = msmoe__v1__server_frame__unpack(NULL, len - 4, buf + 4);
+    cr_assert_eq(f->reply_case, MSMOE__V1__SERVER_FRAME__REPLY_DETOKENIZE);
+    cr_assert_str_eq(f->detokenize->text, "");
+    msmoe__v1__server_frame__free_unpacked(f, NULL);
+    free(buf);
+    msm_api_model_info mi = {.architecture = "x", .tokenizer = "/m/tokenizer.json", .tokenizer_vocab = 512};
+    buf = msm_api_encode_model_info(1, &mi, &len);
+    f = msmoe__v1__server_frame__unpack(NULL, len - 4, buf + 4);
+    cr_assert(f->model_info->has_has_tokenizer && f->model_info->has_tokenizer);
+    cr_assert_str_eq(f->model_info->tokenizer, "/m/tokenizer.json");
+    cr_assert_eq(f->model_info->tokenizer_vocab, 512);
     msmoe__v1__server_frame__free_unpacked(f, NULL);
     free(buf);
 }

@@ -1,7 +1,8 @@
 /* Unit tests of the scheduler (daemon/sched.c) on the fake engine: continuous batching, chunked
- * prefill, admission and preemption by recompute, cancel, stop rules, logprobs, limits. The fake
- * engine's output hashes the whole history read back through the block tables, so every test
- * that compares against msm_fake_engine_expected also checks the KV bookkeeping. */
+ * prefill, admission and preemption by recompute, cancel, stop rules, logprobs, limits, and the
+ * text side (deltas, stop strings) with the embedded model's tokenizer. The fake engine's output
+ * hashes the whole history read back through the block tables, so every test that compares
+ * against msm_fake_engine_expected also checks the KV bookkeeping. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -9,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <unistr.h>
 
 #include "msm_fake_engine.h"
 #include "msm_sched.h"
@@ -26,6 +29,10 @@ typedef struct result {
     float logprob[MAX_OUT];
     int n_top;
     int32_t top0[MAX_OUT];
+    char text[16384];         /* concatenated text deltas */
+    size_t text_len;
+    int n_text_events;        /* events that carried a text field */
+    int bad_deltas;           /* deltas that were not whole UTF-8 characters */
 } result;
 
 typedef struct harness {
@@ -50,6 +57,16 @@ static void on_event(void *ctx, msm_sched_event *ev) {
             r->top0[r->n] = ev->n_top ? ev->top_ids[0] : -1;
         }
         r->tokens[r->n++] = ev->token;
+    }
+    if (ev->text) {
+        r->n_text_events++;
+        if (strlen(ev->text) != ev->text_len || u8_check((const uint8_t *)ev->text, ev->text_len))
+            r->bad_deltas++;
+        if (r->text_len + ev->text_len < sizeof r->text) {
+            memcpy(r->text + r->text_len, ev->text, ev->text_len);
+            r->text_len += ev->text_len;
+            r->text[r->text_len] = 0;
+        }
     }
     if (ev->finish != MSM_FINISH_NONE) {
         r->finish = ev->finish;
@@ -486,5 +503,250 @@ Test(sched, thread_serves_submissions_from_another_thread, .timeout = 30) {
         check_output(h, (uint64_t)i + 1, copies[i], 12);
         msm_gen_request_free(copies[i]);
     }
+    harness_free(h);
+}
+
+/* ---- text: deltas and stop strings (the embedded model's tokenizer, vocab 512) ---- */
+
+static msm_tokenizer *stories_tok(void) {
+    static msm_tokenizer *t;
+    msm_err err;
+    if (!t)
+        cr_assert_eq(msm_tokenizer_load("models/stories260k-moe/tokenizer.json", &t, &err), 0, "%s", err.msg);
+    return t;
+}
+
+/* The fake engine, with its sampled tokens replaced by a script (generated token i = script[i]),
+ * so a test decides what text comes out. All requests of a scripted harness share n_prompt. */
+typedef struct scripted {
+    msm_sched_engine inner;
+    const int32_t *script;
+    int n_script, n_prompt;
+} scripted;
+
+static int scripted_step(void *ctx, const msm_step_seq *seqs, int n, msm_step_out *ret, msm_err *err) {
+    scripted *sc = ctx;
+    int rc = sc->inner.step(sc->inner.ctx, seqs, n, ret, err);
+    if (rc < 0 || !sc->script)
+        return rc;
+    for (int i = 0; i < n; i++)
+        if (seqs[i].output) {
+            int g = seqs[i].pos0 + seqs[i].n_tokens - sc->n_prompt;
+            ret->tokens[i] = sc->script[g < sc->n_script ? g : sc->n_script - 1];
+        }
+    return rc;
+}
+static int sc_alloc(void *ctx, int n, int32_t *ids) { scripted *sc = ctx; return sc->inner.kv_alloc(sc->inner.ctx, n, ids); }
+static void sc_release(void *ctx, const int32_t *ids, int n) { scripted *sc = ctx; sc->inner.kv_release(sc->inner.ctx, ids, n); }
+static int sc_n_free(void *ctx) { scripted *sc = ctx; return sc->inner.kv_n_free(sc->inner.ctx); }
+static int sc_total(void *ctx) { scripted *sc = ctx; return sc->inner.kv_total(sc->inner.ctx); }
+
+static scripted sc_state;
+
+/* A harness with vocab 512 and the tokenizer; script may be NULL (the fake engine's own tokens). */
+static harness *text_harness(int kv_blocks, int max_seqs, const int32_t *script, int n_script, int n_prompt) {
+    harness *h = calloc(1, sizeof *h);
+    pthread_mutex_init(&h->mu, NULL);
+    msm_fake_engine_opts fo = {.vocab = 512, .max_context = 256, .kv_blocks = kv_blocks, .eos_id = -1,
+                               .max_step_tokens = 256, .max_seqs = max_seqs};
+    cr_assert_eq(msm_fake_engine_new(&fo, &h->fe), 0);
+    memset(&sc_state, 0, sizeof sc_state);
+    msm_fake_engine_vtable(h->fe, &sc_state.inner);
+    sc_state.script = script;
+    sc_state.n_script = n_script;
+    sc_state.n_prompt = n_prompt;
+    msm_sched_engine se = sc_state.inner;
+    se.ctx = &sc_state;
+    se.step = scripted_step;
+    se.kv_alloc = sc_alloc;
+    se.kv_release = sc_release;
+    se.kv_n_free = sc_n_free;
+    se.kv_total = sc_total;
+    se.tok = stories_tok();
+    msm_sched_opts so = {.max_step_tokens = 256, .max_seqs = max_seqs, .max_queue = 64};
+    msm_err err;
+    cr_assert_eq(msm_sched_new(&so, &se, on_event, h, &h->s, &err), 0, "%s", err.msg);
+    return h;
+}
+
+static msm_gen_request *text_req(uint64_t id, int n_prompt, int max_tokens, const char *const *stops, int n_stops) {
+    msm_gen_request *r = req(id, n_prompt, max_tokens, 0, 0);
+    for (int i = 0; i < n_prompt; i++)
+        r->prompt[i] = (int32_t)(300 + (id * 7 + (uint64_t)i * 3) % 200); /* ordinary pieces */
+    r->n_stop_strings = n_stops;
+    r->stop_strings = n_stops ? calloc((size_t)n_stops, sizeof *r->stop_strings) : NULL;
+    for (int i = 0; i < n_stops; i++)
+        r->stop_strings[i] = strdup(stops[i]);
+    return r;
+}
+
+/* The script of a generation whose streamed text is `text` (which starts with a space: the
+ * normalizer prepends the SentencePiece space the streamed continuation keeps). */
+static int script_of(const char *text, int32_t *out, int cap) {
+    int32_t *ids;
+    size_t n;
+    msm_err err;
+    cr_assert_eq(text[0], ' ');
+    text++;
+    cr_assert_eq(msm_tokenizer_encode_flags(stories_tok(), text, strlen(text), 0, &ids, &n, &err), 0, "%s", err.msg);
+    cr_assert_leq(n, (size_t)cap);
+    memcpy(out, ids, n * sizeof *ids);
+    free(ids);
+    return (int)n;
+}
+
+/* What the deltas must add up to: one streaming decode of the ids, continuing the prompt. */
+static void streamed_text(const int32_t *ids, int n, char *out, size_t cap) {
+    msm_detok d;
+    msm_detok_init(&d, stories_tok(), MSM_DETOK_SKIP_SPECIAL | MSM_DETOK_CONTINUE);
+    size_t len = 0, k;
+    char buf[256];
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(msm_detok_push(&d, ids[i], buf, sizeof buf, &k, NULL), 0);
+        cr_assert_lt(len + k, cap);
+        memcpy(out + len, buf, k);
+        len += k;
+    }
+    cr_assert_eq(msm_detok_flush(&d, buf, sizeof buf, &k), 0);
+    cr_assert_lt(len + k, cap);
+    memcpy(out + len, buf, k);
+    out[len + k] = 0;
+}
+
+Test(sched_text, deltas_add_up_to_the_decode_of_the_ids) {
+    /* The fake engine's own tokens over the whole vocabulary: byte tokens included, so characters
+     * are split over tokens and invalid sequences occur; several requests at once, one preempted. */
+    harness *h = text_harness(10, 4, NULL, 0, 0);
+    for (int i = 1; i <= 4; i++)
+        submit_ok(h, text_req((uint64_t)i, 5 + i, 40, NULL, 0));
+    run_until_idle(h, 500);
+    for (int i = 1; i <= 4; i++) {
+        result *r = &h->r[i];
+        cr_assert_eq(r->finish, MSM_FINISH_LENGTH);
+        cr_assert_eq(r->n, 40);
+        cr_assert_eq(r->n_text_events, 40, "every event carries a text field");
+        cr_assert_eq(r->bad_deltas, 0, "request %d: a delta split a character", i);
+        char want[16384];
+        streamed_text(r->tokens, r->n, want, sizeof want);
+        cr_assert_str_eq(r->text, want, "request %d", i);
+        /* The same as a one-shot decode, up to the leading space a stand-alone decode strips. */
+        char *dec;
+        size_t dl;
+        cr_assert_eq(msm_tokenizer_decode(stories_tok(), r->tokens, (size_t)r->n, true, &dec, &dl, NULL), 0);
+        cr_assert(!strcmp(r->text, dec) || (r->text[0] == ' ' && !strcmp(r->text + 1, dec)), "'%s' vs '%s'",
+                  r->text, dec);
+        free(dec);
+    }
+    msm_sched_stats st;
+    stats(h, &st);
+    cr_assert_gt(st.preemptions, 0, "the pool was small enough to preempt");
+    harness_free(h);
+}
+
+Test(sched_text, a_character_split_over_byte_tokens_is_never_split_in_a_delta) {
+    /* "né 🙂 ok": the emoji is four byte tokens, é is a byte pair or a piece. */
+    static const char text[] = " n\xc3\xa9 \xf0\x9f\x99\x82 ok";
+    int32_t script[64];
+    int n = script_of(text, script, 64);
+    harness *h = text_harness(64, 2, script, n, 4);
+    submit_ok(h, text_req(1, 4, n, NULL, 0));
+    run_until_idle(h, 200);
+    result *r = &h->r[1];
+    cr_assert_eq(r->n, n);
+    cr_assert_eq(r->bad_deltas, 0);
+    cr_assert_str_eq(r->text, text);
+    harness_free(h);
+}
+
+Test(sched_text, stop_string_stops_and_is_cut_from_the_text) {
+    int32_t script[128];
+    int n = script_of(" Tom ran home.\nQ: what next? Tom slept.", script, 128);
+    static const char *const stops[] = {"Q:"};
+    harness *h = text_harness(64, 2, script, n, 4);
+    submit_ok(h, text_req(1, 4, 100, stops, 1));
+    run_until_idle(h, 200);
+    result *r = &h->r[1];
+    cr_assert_eq(r->finish, MSM_FINISH_STOP);
+    cr_assert_str_eq(r->text, " Tom ran home.\n", "the text ends before the stop string");
+    cr_assert_eq(r->bad_deltas, 0);
+    /* The ids run up to the token that completed "Q:". */
+    char *dec;
+    size_t dl;
+    cr_assert_eq(msm_tokenizer_decode(stories_tok(), r->tokens, (size_t)r->n, true, &dec, &dl, NULL), 0);
+    cr_assert(strstr(dec, "Q:") && !strstr(dec, "what"), "ids decode to '%s'", dec);
+    free(dec);
+    cr_assert_eq(r->completion_tokens, r->n);
+    cr_assert_eq(h->fe->n_free, 63, "blocks returned");
+    harness_free(h);
+}
+
+Test(sched_text, held_back_prefix_of_a_stop_string_is_released_when_it_does_not_match) {
+    int32_t script[128];
+    static const char text[] = " The dog was big. The dog was happy.";
+    int n = script_of(text, script, 128);
+    static const char *const stops[] = {"The cat", "dog was sad"};
+    harness *h = text_harness(64, 2, script, n, 4);
+    submit_ok(h, text_req(1, 4, n, stops, 2));
+    /* Step by step: a delta never ends inside "The" while "The cat" could still follow. */
+    for (int i = 0; i < 200 && msm_sched_iterate(h->s) > 0; i++) {
+        result *r = &h->r[1];
+        if (r->finish == MSM_FINISH_NONE && r->text_len >= 3)
+            cr_assert(strcmp(r->text + r->text_len - 3, "The") != 0 &&
+                          strcmp(r->text + r->text_len - 3, "dog") != 0,
+                      "a possible stop-string start was sent: '%s'", r->text);
+    }
+    result *r = &h->r[1];
+    cr_assert_eq(r->finish, MSM_FINISH_LENGTH);
+    cr_assert_str_eq(r->text, text, "everything held back came out at the end");
+    harness_free(h);
+}
+
+Test(sched_text, first_stop_string_to_complete_wins) {
+    int32_t script[128];
+    int n = script_of(" one two three four", script, 128);
+    /* "two three" starts earlier but "two" completes first. */
+    static const char *const stops[] = {"two three", "o t"};
+    harness *h = text_harness(64, 2, script, n, 4);
+    submit_ok(h, text_req(1, 4, n, stops, 2));
+    run_until_idle(h, 200);
+    cr_assert_eq(h->r[1].finish, MSM_FINISH_STOP);
+    cr_assert_str_eq(h->r[1].text, " one tw");
+    harness_free(h);
+}
+
+Test(sched_text, cancel_flushes_the_held_text) {
+    int32_t script[128];
+    int n = script_of(" a b c d e f g h", script, 128);
+    static const char *const stops[] = {"b x"};
+    harness *h = text_harness(64, 2, script, n, 4);
+    submit_ok(h, text_req(1, 4, n, stops, 1));
+    for (int i = 0; i < 2; i++)
+        msm_sched_iterate(h->s);
+    cr_assert_eq(h->r[1].finish, MSM_FINISH_NONE);
+    cr_assert_eq(h->r[1].n, 2);
+    cr_assert_str_eq(h->r[1].text, " a ", "'b' could start 'b x': held back");
+    msm_sched_cancel(h->s, 1, 1);
+    run_until_idle(h, 50);
+    result *r = &h->r[1];
+    cr_assert_eq(r->finish, MSM_FINISH_CANCELLED);
+    cr_assert_str_eq(r->text, " a b", "the held-back 'b' came out with the cancel");
+    harness_free(h);
+}
+
+Test(sched_text, stop_strings_without_a_tokenizer_are_refused) {
+    harness *h = harness_new(64, 64, 8, 16, 256);
+    static const char *const stops[] = {"x"};
+    msm_gen_request *r = text_req(1, 3, 5, stops, 1);
+    for (int i = 0; i < 3; i++)
+        r->prompt[i] = i;
+    char msg[256];
+    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_FAILED_PRECONDITION);
+    cr_assert(strstr(msg, "stop_strings"), "%s", msg);
+    msm_gen_request_free(r);
+    /* And events carry no text field. */
+    submit_ok(h, req(2, 3, 4, 0, 0));
+    run_until_idle(h, 50);
+    cr_assert_eq(h->r[2].n, 4);
+    cr_assert_eq(h->r[2].n_text_events, 0);
     harness_free(h);
 }
