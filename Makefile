@@ -34,6 +34,7 @@ test-asan: deps
 		-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
 	ninja -C $(ASAN_BUILD)
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+		LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 		meson test -C $(ASAN_BUILD) --suite unit --print-errorlogs --num-processes 2
 
 clean:

@@ -5,6 +5,7 @@
 #include "msm_server.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -673,6 +674,11 @@ static void finish_shutdown(msm_server *s) {
     close_if((uv_handle_t *)&s->sig_term, s->have_signals);
     close_if((uv_handle_t *)&s->sig_int, s->have_signals);
     close_if((uv_handle_t *)&s->sig_hup, s->have_signals);
+    /* Closing libuv's signal handles restores the default action; a second SIGTERM (systemd or
+     * an impatient operator) during the last clean-up must not turn a clean exit 0 into death by
+     * signal, so ignore them from here on. */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
     close_if((uv_handle_t *)&s->async, true);
     msm_log_info("shutdown complete");
 }
