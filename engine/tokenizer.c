@@ -779,6 +779,8 @@ static int load_post_processor(msm_tokenizer *t, json_object *o, const char *sou
     if (strcmp(type, "ByteLevel") == 0) return 0;
     if (strcmp(type, "Sequence") == 0) {
         json_object *a = jget(o, "processors");
+        if (a && !json_object_is_type(a, json_type_array))
+            return msm_err_set(err, -EINVAL, "%s: post_processor Sequence \"processors\" is not an array", source);
         for (size_t i = 0; a && i < json_object_array_length(a); i++) {
             int r = load_post_processor(t, json_object_array_get_idx(a, i), source, err);
             if (r < 0) return r;
@@ -853,6 +855,10 @@ static int load_model(msm_tokenizer *t, json_object *root, const char *source, m
         if (id > max_id) max_id = id;
     }
     json_object *added = jget(root, "added_tokens");
+    if (added && !json_object_is_type(added, json_type_array)) {
+        r = msm_err_set(err, -EINVAL, "%s: \"added_tokens\" is not an array", source);
+        goto out;
+    }
     for (size_t i = 0; added && i < json_object_array_length(added); i++) {
         json_object *id = jget(json_object_array_get_idx(added, i), "id");
         int64_t v = id ? json_object_get_int64(id) : -1;

@@ -508,6 +508,12 @@ static const struct bad_json bad_jsons[] = {
     {"{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"},"
      " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
      -EINVAL, "does not compile"},
+    /* found by fuzz_tokenizer: non-array values where arrays belong */
+    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"added_tokens\": 1}", -EINVAL,
+     "\"added_tokens\" is not an array"},
+    {"{\"post_processor\": {\"type\": \"Sequence\", \"processors\": 7},"
+     " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+     -EINVAL, "\"processors\" is not an array"},
 };
 
 ParameterizedTestParameters(tokenizer_load, rejects_bad_files_with_a_clear_error) {
