@@ -23,7 +23,7 @@
 #endif
 #define MSM_EMBEDDED_MODEL "stories260k-moe"
 
-typedef enum key_type { K_STR, K_INT, K_BOOL, K_MODE, K_BUCKETS, K_BACKEND, K_LEVEL } key_type;
+typedef enum key_type { K_STR, K_INT, K_BOOL, K_MODE, K_BUCKETS, K_BACKEND, K_LEVEL, K_GPUS } key_type;
 
 typedef struct key_def {
     const char *section, *name;
@@ -50,7 +50,8 @@ static const key_def keys[] = {
     STR("engine", "tokenizer", tokenizer),
     {"engine", "backend", K_BACKEND, offsetof(msm_config, backend), sizeof(((msm_config *)0)->backend), 0, 0},
     INT("engine", "tp", tp, 1, 64),
-    INT("engine", "first_device", first_device, 0, 1023),
+    {"engine", "gpus", K_GPUS, offsetof(msm_config, gpus), 0, 0, 1023},
+    INT("engine", "replicas", replicas, 1, MSM_MAX_GROUPS),
     BOOL("engine", "multi_stream", multi_stream),
     BOOL("engine", "fuse_allreduce", fuse_allreduce),
     INT("engine", "kv_blocks", kv_blocks, 2, 1 << 24),
@@ -80,6 +81,7 @@ void msm_config_defaults(msm_config *c) {
     snprintf(c->metrics_host, sizeof c->metrics_host, "127.0.0.1");
     snprintf(c->backend, sizeof c->backend, "auto");
     c->tp = 1;
+    c->replicas = 1;
     c->multi_stream = true;
     c->fuse_allreduce = true;
     c->kv_blocks = 1024;
@@ -115,6 +117,66 @@ static int parse_long(const char *v, int base, long *ret) {
     return 0;
 }
 
+void msm_config_format_gpus(const int *ids, int n, char *buf, size_t cap) {
+    size_t len = 0;
+    if (cap)
+        buf[0] = 0;
+    for (int i = 0; i < n && len < cap;) {
+        int j = i;
+        while (j + 1 < n && ids[j + 1] == ids[j] + 1)
+            j++;
+        int k = j > i ? snprintf(buf + len, cap - len, "%s%d-%d", i ? "," : "", ids[i], ids[j])
+                      : snprintf(buf + len, cap - len, "%s%d", i ? "," : "", ids[i]);
+        if (k < 0)
+            break;
+        len += (size_t)k;
+        i = j + 1;
+    }
+}
+
+/* engine.gpus: a comma-separated list of GPU ids and ranges ("0-7", "0-3,8-11", "4,5"), kept in the
+ * order written (consecutive runs of tp form the groups). Empty = every visible GPU. */
+static int set_gpus(msm_config *c, const char *where, char *v, msm_err *err) {
+    int ids[MSM_MAX_GPUS], n = 0;
+    if (!*v) {
+        c->n_gpus = 0;
+        c->gpus_where[0] = 0;
+        return 0;
+    }
+    for (char *save = NULL, *tok = strtok_r(v, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        tok = trim(tok);
+        char *dash = strchr(tok, '-');
+        long lo, hi;
+        if (dash)
+            *dash = 0;
+        if (parse_long(tok, 10, &lo) < 0 || (dash && parse_long(dash + 1, 10, &hi) < 0)) {
+            if (dash)
+                *dash = '-';
+            return msm_err_set(err, -EINVAL, "%s: engine.gpus: '%s' is not a GPU id or a range like 0-7", where, tok);
+        }
+        if (!dash)
+            hi = lo;
+        if (lo < 0 || hi > 1023 || lo > hi)
+            return msm_err_set(err, -EINVAL, "%s: engine.gpus: '%ld-%ld' is not an ascending range of ids in [0, 1023]",
+                               where, lo, hi);
+        for (long g = lo; g <= hi; g++) {
+            for (int i = 0; i < n; i++)
+                if (ids[i] == g)
+                    return msm_err_set(err, -EINVAL, "%s: engine.gpus lists GPU %ld twice", where, g);
+            if (n == MSM_MAX_GPUS)
+                return msm_err_set(err, -EINVAL, "%s: engine.gpus lists more than %d GPUs", where, MSM_MAX_GPUS);
+            ids[n++] = (int)g;
+        }
+    }
+    if (n == 0)
+        return msm_err_set(err, -EINVAL, "%s: engine.gpus lists no GPU (leave it empty for every visible GPU)",
+                           where);
+    memcpy(c->gpus, ids, (size_t)n * sizeof ids[0]);
+    c->n_gpus = n;
+    snprintf(c->gpus_where, sizeof c->gpus_where, "%s", where);
+    return 0;
+}
+
 /* Sets one key. `where` is "file:line" or "--set"; errors are "where: message". */
 static int set_key(msm_config *c, const char *where, const char *section, const char *name,
                    const char *value, msm_err *err) {
@@ -130,6 +192,9 @@ static int set_key(msm_config *c, const char *where, const char *section, const 
     if (!section_known)
         return msm_err_set(err, -EINVAL, "%s: unknown section [%s] (known: server, engine, scheduler, log)",
                            where, section);
+    if (!k && !strcmp(section, "engine") && !strcmp(name, "first_device"))
+        return msm_err_set(err, -EINVAL, "%s: engine.first_device was replaced by engine.gpus (e.g. first_device = 2 "
+                           "with tp = 2 is now gpus = 2-3)", where);
     if (!k)
         return msm_err_set(err, -EINVAL, "%s: unknown key '%s' in section [%s]", where, name, section);
     char *p = (char *)c + k->off;
@@ -205,6 +270,8 @@ static int set_key(msm_config *c, const char *where, const char *section, const 
         c->n_buckets = n;
         return 0;
     }
+    case K_GPUS:
+        return set_gpus(c, where, v, err);
     }
     return msm_err_set(err, -EINVAL, "%s: internal: bad key type", where);
 }
@@ -303,6 +370,8 @@ int msm_config_set(msm_config *c, const char *assignment, msm_err *err) {
     return set_key(c, "--set", trim(buf), trim(dot + 1), eq + 1, err);
 }
 
+static int check_gpu_groups(const msm_config *c, const int *ids, int n, const char *where, msm_err *err);
+
 int msm_config_check(const msm_config *c, msm_err *err) {
     if (c->max_tokens_default > c->max_tokens_limit)
         return msm_err_set(err, -EINVAL, "scheduler.max_tokens_default = %d exceeds scheduler.max_tokens_limit = %d",
@@ -315,6 +384,69 @@ int msm_config_check(const msm_config *c, msm_err *err) {
                            c->max_step_tokens, c->max_seqs);
     if (c->socket[0] && c->socket[0] != '/')
         return msm_err_set(err, -EINVAL, "server.socket = '%s' must be an absolute path", c->socket);
+    int rc = check_gpu_groups(c, c->gpus, c->n_gpus, c->gpus_where, err);
+    if (rc < 0)
+        return rc;
+    if (c->replicas > 1 && !strcmp(c->backend, "cuda"))
+        return msm_err_set(err, -EINVAL, "engine.replicas = %d applies to the CPU backend; with engine.backend = cuda "
+                           "the groups are engine.gpus cut in runs of engine.tp", c->replicas);
+    return 0;
+}
+
+/* The GPU list cut in runs of tp: tp must divide its length and each run must be consecutive ids. */
+static int check_gpu_groups(const msm_config *c, const int *ids, int n, const char *where, msm_err *err) {
+    char list[512], pre[768];
+    if (n == 0)
+        return 0;
+    msm_config_format_gpus(ids, n, list, sizeof list);
+    if (where[0])
+        snprintf(pre, sizeof pre, "%s: engine.gpus = %s", where, list);
+    else
+        snprintf(pre, sizeof pre, "engine.gpus (empty: every visible GPU, %s)", list);
+    if (n % c->tp)
+        return msm_err_set(err, -EINVAL, "%s lists %d GPU(s), not a multiple of engine.tp = %d", pre, n, c->tp);
+    for (int g = 0; g < n / c->tp; g++)
+        for (int r = 1; r < c->tp; r++)
+            if (ids[g * c->tp + r] != ids[g * c->tp] + r) {
+                char grp[256];
+                msm_config_format_gpus(ids + g * c->tp, c->tp, grp, sizeof grp);
+                return msm_err_set(err, -EINVAL, "%s: TP group %d would be GPUs %s, which are not consecutive ids "
+                                   "(each run of engine.tp = %d GPUs in the list is one group)", pre, g, grp, c->tp);
+            }
+    return 0;
+}
+
+int msm_config_plan_groups(const msm_config *c, bool cuda, int n_visible, msm_group_plan *ret, msm_err *err) {
+    msm_group_plan p = {0};
+    if (!cuda) {
+        p.n_groups = c->replicas;
+        *ret = p;
+        return 0;
+    }
+    if (c->replicas > 1)
+        return msm_err_set(err, -EINVAL, "engine.replicas = %d applies to the CPU backend; on CUDA the groups are "
+                           "engine.gpus cut in runs of engine.tp", c->replicas);
+    int all[MSM_MAX_GPUS], n = c->n_gpus;
+    const int *ids = c->gpus;
+    if (n == 0) {
+        if (n_visible < 1)
+            return msm_err_set(err, -ENODEV, "engine.gpus is empty (every visible GPU) and no GPU is visible");
+        n = n_visible < MSM_MAX_GPUS ? n_visible : MSM_MAX_GPUS;
+        for (int i = 0; i < n; i++)
+            all[i] = i;
+        ids = all;
+    }
+    int rc = check_gpu_groups(c, ids, n, c->n_gpus ? c->gpus_where : "", err);
+    if (rc < 0)
+        return rc;
+    for (int i = 0; i < n && n_visible >= 0; i++)
+        if (ids[i] >= n_visible)
+            return msm_err_set(err, -ENODEV, "%s%sengine.gpus lists GPU %d, but %d GPU(s) are visible (ids 0..%d)",
+                               c->gpus_where, c->gpus_where[0] ? ": " : "", ids[i], n_visible, n_visible - 1);
+    p.n_groups = n / c->tp;
+    for (int g = 0; g < p.n_groups; g++)
+        p.first_device[g] = ids[g * c->tp];
+    *ret = p;
     return 0;
 }
 

@@ -1,10 +1,14 @@
 /* The real engine behind the scheduler's vtable, and config -> engine options. Kept apart from
  * sched.c and config.c so the unit tests link those without the engine. */
+#include <errno.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "msm_config.h"
 #include "msm_sched.h"
+#ifdef MSM_HAVE_CUDA
+#include "msm_cuda_backend.h"
+#endif
 
 static int eg_step(void *ctx, const msm_step_seq *seqs, int n_seqs, msm_step_out *ret, msm_err *err) {
     return msm_engine_step(ctx, seqs, n_seqs, ret, err);
@@ -58,7 +62,7 @@ void msm_config_engine_opts(const msm_config *c, msm_engine_opts *o) {
 #endif
     }
     o->tp = c->tp;
-    o->first_device = c->first_device;
+    o->first_device = 0;
     o->multi_stream = c->multi_stream;
     o->fuse_allreduce = c->fuse_allreduce;
     o->kv_blocks = c->kv_blocks;
@@ -69,4 +73,13 @@ void msm_config_engine_opts(const msm_config *c, msm_engine_opts *o) {
     o->cuda_graphs = c->cuda_graphs;
     o->n_buckets = c->n_buckets;
     memcpy(o->buckets, c->buckets, sizeof o->buckets);
+}
+
+int msm_config_visible_gpus(void) {
+#ifdef MSM_HAVE_CUDA
+    int n = msm_cuda_device_count();
+    return n > 0 ? n : 0;
+#else
+    return -ENOTSUP;
+#endif
 }

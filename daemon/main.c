@@ -1,5 +1,6 @@
-/* msmoed: the daemon's entry point. Reads the config, loads the tokenizer and the model (telling
- * systemd while it does), starts the scheduler thread and the libuv loop, signals READY=1 once the model is
+/* msmoed: the daemon's entry point. Reads the config, splits the node into TP groups, loads the
+ * tokenizer and then the model once per group (telling systemd, group by group, while it does),
+ * starts one scheduler thread per group and the libuv loop, signals READY=1 once every group is
  * resident and the sockets listen, and on SIGTERM drains and exits 0. */
 #include <errno.h>
 #include <getopt.h>
@@ -150,6 +151,20 @@ int main(int argc, char **argv) {
         fprintf(stderr, "msmoed: %s\n", err.msg);
         return 2;
     }
+    /* The TP groups: engine.gpus cut in runs of engine.tp on CUDA, engine.replicas on the CPU. */
+    msm_engine_opts eo;
+    msm_config_engine_opts(&cfg, &eo);
+    bool cuda = !fake && eo.backend == MSM_BACKEND_CUDA;
+    static msm_group_plan plan;
+    int n_visible = cuda ? msm_config_visible_gpus() : -1;
+    if (n_visible == -ENOTSUP) {
+        fprintf(stderr, "msmoed: engine.backend = cuda, but this build has no CUDA backend (built with -Dcuda=disabled)\n");
+        return 2;
+    }
+    if (msm_config_plan_groups(&cfg, cuda, n_visible, &plan, &err) < 0) {
+        fprintf(stderr, "msmoed: %s\n", err.msg);
+        return 2;
+    }
     if (check_only) {
         if (model_dir[0]) {
             char p[PATH_MAX + 16];
@@ -169,8 +184,9 @@ int main(int argc, char **argv) {
             }
             msm_tokenizer_free(t);
         }
-        printf("msmoed: configuration OK (%s; model %s)\n", config_path ? config_path : "built-in defaults",
-               fake ? "fake" : cfg.dummy_preset[0] ? cfg.dummy_preset : model_dir);
+        printf("msmoed: configuration OK (%s; model %s; %d TP group(s) of tp %d)\n",
+               config_path ? config_path : "built-in defaults",
+               fake ? "fake" : cfg.dummy_preset[0] ? cfg.dummy_preset : model_dir, plan.n_groups, cfg.tp);
         return 0;
     }
 
@@ -192,82 +208,104 @@ int main(int argc, char **argv) {
     if (tok)
         msm_log_info("tokenizer %s: %d ids", tok_path, msm_tokenizer_vocab_size(tok));
 
-    /* Load the model. */
-    msm_engine *engine = NULL;
-    msm_fake_engine *fk = NULL;
-    msm_sched_engine se;
+    /* Load the model once per group, one group after the other (each with its own STATUS=). */
+    int n_groups = dump_graph ? 1 : plan.n_groups;
+    msm_engine **engines = calloc((size_t)n_groups, sizeof *engines);
+    msm_fake_engine **fks = calloc((size_t)n_groups, sizeof *fks);
+    msm_sched_engine *se = calloc((size_t)n_groups, sizeof *se);
+    msm_sched **scheds = calloc((size_t)n_groups, sizeof *scheds);
     msm_api_model_info info = {0};
+    uv_loop_t loop;
+    bool have_loop = false;
+    msm_server *srv = NULL;
+    int exit_code = 0;
     const char *what = fake ? "fake engine" : cfg.dummy_preset[0] ? cfg.dummy_preset : model_dir;
-    msm_log_info("msmoed %s: loading %s", MSM_VERSION, what);
-    msm_notify_status("loading %s", what);
-    msm_notify_loading *loading = NULL;
     char status[1400];
-    snprintf(status, sizeof status, "loading %.1300s", what);
-    msm_notify_loading_start(status, 5, &loading);
-    if (fake) {
-        const char *delay = getenv("MSMOED_FAKE_STEP_US");
-        msm_fake_engine_opts fo = {.vocab = 512, .max_context = cfg.max_context ? cfg.max_context : 2048,
-                                   .kv_blocks = cfg.kv_blocks, .eos_id = -1,
-                                   .max_step_tokens = cfg.max_step_tokens, .max_seqs = cfg.max_seqs,
-                                   .step_delay_us = delay ? atoi(delay) : 0};
-        rc = msm_fake_engine_new(&fo, &fk);
-        if (rc < 0)
-            msm_err_set(&err, rc, "fake engine: %s", strerror(-rc));
-        else
-            msm_fake_engine_vtable(fk, &se);
-    } else {
-        msm_engine_opts eo;
-        msm_config_engine_opts(&cfg, &eo);
-        eo.model_dir = cfg.dummy_preset[0] ? NULL : model_dir;
-        rc = msm_engine_new(&eo, &engine, &err);
-        if (rc == 0)
-            msm_sched_engine_from(&se, engine);
+    if (!engines || !fks || !se || !scheds) {
+        msm_log_error("out of memory");
+        exit_code = 1;
+        goto out;
     }
-    msm_notify_loading_stop(loading);
-    if (rc < 0) {
-        msm_log_error("cannot load the model: %s", err.msg);
-        msm_notify_status("failed: %s", err.msg);
-        msm_tokenizer_free(tok);
-        return 1;
+    msm_log_info("msmoed %s: loading %s in %d TP group(s) of tp %d", MSM_VERSION, what, n_groups, cfg.tp);
+    for (int g = 0; g < n_groups; g++) {
+        char where[64];
+        if (cuda && cfg.tp > 1)
+            snprintf(where, sizeof where, "GPUs %d-%d", plan.first_device[g], plan.first_device[g] + cfg.tp - 1);
+        else if (cuda)
+            snprintf(where, sizeof where, "GPU %d", plan.first_device[g]);
+        else
+            snprintf(where, sizeof where, "%s", fake ? "fake" : "CPU");
+        snprintf(status, sizeof status, "loading %.1200s: group %d/%d (%s)", what, g + 1, n_groups, where);
+        msm_log_info("%s", status);
+        msm_notify_status("%s", status);
+        msm_notify_loading *loading = NULL;
+        msm_notify_loading_start(status, 5, &loading);
+        if (fake) {
+            const char *delay = getenv("MSMOED_FAKE_STEP_US");
+            msm_fake_engine_opts fo = {.vocab = 512, .max_context = cfg.max_context ? cfg.max_context : 2048,
+                                       .kv_blocks = cfg.kv_blocks, .eos_id = -1,
+                                       .max_step_tokens = cfg.max_step_tokens, .max_seqs = cfg.max_seqs,
+                                       .step_delay_us = delay ? atoi(delay) : 0};
+            rc = msm_fake_engine_new(&fo, &fks[g]);
+            if (rc < 0)
+                msm_err_set(&err, rc, "fake engine: %s", strerror(-rc));
+            else
+                msm_fake_engine_vtable(fks[g], &se[g]);
+        } else {
+            eo.model_dir = cfg.dummy_preset[0] ? NULL : model_dir;
+            eo.first_device = plan.first_device[g];
+            rc = msm_engine_new(&eo, &engines[g], &err);
+            if (rc == 0)
+                msm_sched_engine_from(&se[g], engines[g]);
+        }
+        msm_notify_loading_stop(loading);
+        if (rc < 0) {
+            if (n_groups > 1)
+                msm_log_error("group %d (%s): cannot load the model: %s", g, where, err.msg);
+            else
+                msm_log_error("cannot load the model: %s", err.msg);
+            msm_notify_status("failed: group %d (%s): %s", g, where, err.msg);
+            exit_code = 1;
+            goto out;
+        }
+        se[g].tok = tok;
     }
     if (dump_graph) {
-        rc = engine ? msm_engine_dump_graph(engine, 0, stdout) : 0;
-        msm_engine_free(engine);
-        msm_fake_engine_free(fk);
-        msm_tokenizer_free(tok);
-        return rc < 0 ? 1 : 0;
+        rc = engines[0] ? msm_engine_dump_graph(engines[0], 0, stdout) : 0;
+        exit_code = rc < 0 ? 1 : 0;
+        goto out;
     }
-    se.tok = tok;
-    if (tok && msm_tokenizer_vocab_size(tok) > se.vocab)
+    if (tok && msm_tokenizer_vocab_size(tok) > se[0].vocab)
         msm_log_warn("the tokenizer knows %d ids, the model %d: text that encodes to an id >= %d is refused",
-                     msm_tokenizer_vocab_size(tok), se.vocab, se.vocab);
+                     msm_tokenizer_vocab_size(tok), se[0].vocab, se[0].vocab);
 
-    if (engine) {
-        const msm_model_config *mc = msm_engine_model(engine);
-        const msm_engine_opts *eo = msm_engine_options(engine);
+    if (engines[0]) {
+        const msm_model_config *mc = msm_engine_model(engines[0]);
+        const msm_engine_opts *o0 = msm_engine_options(engines[0]);
         info.architecture = mc->arch_name;
-        info.backend = msm_engine_backend_name(engine);
+        info.backend = msm_engine_backend_name(engines[0]);
         info.hidden = mc->hidden;
         info.layers = mc->n_layers;
         info.experts = mc->n_experts;
         info.experts_per_token = mc->top_k;
-        info.tp = eo->tp;
-        info.multi_stream = eo->multi_stream;
-        info.fuse_allreduce = eo->fuse_allreduce;
-        info.cuda_graphs = eo->cuda_graphs && eo->backend == MSM_BACKEND_CUDA;
+        info.tp = o0->tp;
+        info.multi_stream = o0->multi_stream;
+        info.fuse_allreduce = o0->fuse_allreduce;
+        info.cuda_graphs = o0->cuda_graphs && o0->backend == MSM_BACKEND_CUDA;
     } else {
         info.architecture = "fake";
         info.backend = "fake";
         info.tp = 1;
     }
+    /* Sizes are per group: a request lives in one group's KV pool and batch. */
     info.model = what;
     info.version = MSM_VERSION;
-    info.tp_groups = 1;
-    info.vocab = se.vocab;
-    info.max_context = se.max_context;
-    info.eos_ids = se.eos_ids;
-    info.n_eos = se.n_eos;
-    info.kv_blocks = se.kv_total(se.ctx);
+    info.tp_groups = n_groups;
+    info.vocab = se[0].vocab;
+    info.max_context = se[0].max_context;
+    info.eos_ids = se[0].eos_ids;
+    info.n_eos = se[0].n_eos;
+    info.kv_blocks = se[0].kv_total(se[0].ctx);
     info.kv_block_tokens = 16;
     info.max_seqs = cfg.max_seqs;
     info.max_step_tokens = cfg.max_step_tokens;
@@ -275,49 +313,66 @@ int main(int argc, char **argv) {
     info.tokenizer_vocab = tok ? msm_tokenizer_vocab_size(tok) : 0;
 
     msm_api_limits limits = {
-        .vocab = se.vocab, .max_context = se.max_context, .max_tokens_default = cfg.max_tokens_default,
+        .vocab = se[0].vocab, .max_context = se[0].max_context, .max_tokens_default = cfg.max_tokens_default,
         .max_tokens_limit = cfg.max_tokens_limit, .max_logprobs = cfg.max_logprobs, .max_stop = cfg.max_stop,
         .tok = tok};
 
-    uv_loop_t loop;
     uv_loop_init(&loop);
-    msm_server *srv = NULL;
-    msm_sched *sched = NULL;
+    have_loop = true;
     msm_sched_opts so = {.max_step_tokens = cfg.max_step_tokens, .max_seqs = cfg.max_seqs,
                          .max_queue = cfg.max_queue};
-    int exit_code = 0;
-    if ((rc = msm_server_new(&loop, &cfg, &limits, &info, &srv, &err)) < 0 ||
-        (rc = msm_sched_new(&so, &se, msm_server_emit, srv, &sched, &err)) < 0) {
+    if ((rc = msm_server_new(&loop, &cfg, &limits, &info, n_groups, &srv, &err)) < 0) {
         msm_log_error("%s", err.msg);
         exit_code = 1;
         goto out;
     }
-    msm_server_set_sched(srv, sched);
-    if ((rc = msm_server_install_signals(srv, &err)) < 0 || (rc = msm_sched_start(sched)) < 0 ||
-        (rc = msm_server_listen(srv, &err)) < 0) {
-        msm_log_error("%s", rc == -EAGAIN ? "cannot start the scheduler thread" : err.msg);
+    for (int g = 0; g < n_groups; g++) {
+        if ((rc = msm_sched_new(&so, &se[g], msm_server_emit, msm_server_group_ctx(srv, g), &scheds[g], &err)) < 0) {
+            msm_log_error("%s", err.msg);
+            exit_code = 1;
+            goto out;
+        }
+        msm_server_set_sched(srv, g, scheds[g]);
+    }
+    rc = msm_server_install_signals(srv, &err);
+    for (int g = 0; g < n_groups && rc == 0; g++)
+        if (msm_sched_start(scheds[g]) < 0)
+            rc = msm_err_set(&err, -EAGAIN, "cannot start the scheduler thread of group %d", g);
+    if (rc == 0)
+        rc = msm_server_listen(srv, &err);
+    if (rc < 0) {
+        msm_log_error("%s", err.msg);
         msm_notify_status("failed: %s", err.msg);
         exit_code = 1;
         msm_server_shutdown(srv); /* closes what was opened; uv_run below returns */
         uv_run(&loop, UV_RUN_DEFAULT);
         goto out;
     }
-    snprintf(status, sizeof status, "serving %s (%s, vocab %d, context %d)", info.model, info.backend,
-             info.vocab, info.max_context);
+    /* READY=1 only now: every group is loaded and the sockets listen. */
+    snprintf(status, sizeof status, "serving %.1200s (%s, %d TP group(s) of tp %d, vocab %d, context %d)", info.model,
+             info.backend, n_groups, info.tp, info.vocab, info.max_context);
     msm_log_info("ready: %s", status);
     msm_notify_ready(status);
     uv_run(&loop, UV_RUN_DEFAULT);
 out:
-    msm_sched_free(sched);
-    if (uv_loop_close(&loop) == UV_EBUSY) {
+    for (int g = 0; scheds && g < n_groups; g++)
+        msm_sched_free(scheds[g]);
+    if (have_loop && uv_loop_close(&loop) == UV_EBUSY) {
         uv_run(&loop, UV_RUN_DEFAULT);
         uv_loop_close(&loop);
     }
     msm_server_free(srv);
-    msm_engine_free(engine);
-    msm_fake_engine_free(fk);
+    for (int g = 0; g < n_groups; g++) {
+        msm_engine_free(engines ? engines[g] : NULL);
+        msm_fake_engine_free(fks ? fks[g] : NULL);
+    }
+    free(engines);
+    free(fks);
+    free(se);
+    free(scheds);
     msm_tokenizer_free(tok);
-    msm_log_info("exiting with status %d", exit_code);
+    if (!dump_graph)
+        msm_log_info("exiting with status %d", exit_code);
     msm_log_close();
     return exit_code;
 }

@@ -2,6 +2,7 @@
 #include "msm_metrics.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int add(msm_metric_sample *out, int n, int cap, const char *name, const char *labels, double v,
@@ -16,24 +17,57 @@ static int add(msm_metric_sample *out, int n, int cap, const char *name, const c
     return n + 1;
 }
 
-int msm_metrics_collect(const msm_metrics *m, const msm_sched_stats *st, msm_metric_sample *out, int cap) {
+int msm_metrics_capacity(int n_groups) {
+    /* 22 daemon-wide series (15 of them rejected codes) + 16 scheduler series per group and total. */
+    return 24 + 16 * (n_groups + 1);
+}
+
+/* One scheduler series: the total (labels as given), then each group's value with group="N". */
+static int add_groups(msm_metric_sample *out, int n, int cap, const char *name, const char *labels,
+                      const double *v, int n_groups, bool counter, const char *help) {
+    double total = 0;
+    for (int g = 0; g < n_groups; g++)
+        total += v[g];
+    n = add(out, n, cap, name, labels, total, counter, help);
+    for (int g = 0; g < n_groups; g++) {
+        char l[64];
+        snprintf(l, sizeof l, "%s%sgroup=\"%d\"", labels ? labels : "", labels ? "," : "", g);
+        n = add(out, n, cap, name, l, v[g], counter, help);
+    }
+    return n;
+}
+
+/* Fills v[g] with one field of every group's snapshot. */
+#define GROUP_VALUES(expr)                                                                         \
+    do {                                                                                           \
+        for (int g_ = 0; g_ < n_groups; g_++) {                                                    \
+            const msm_sched_stats *s_ = &st[g_];                                                   \
+            v[g_] = (double)(expr);                                                                \
+        }                                                                                          \
+    } while (0)
+
+int msm_metrics_collect(const msm_metrics *m, const msm_sched_stats *st, int n_groups, msm_metric_sample *out,
+                        int cap) {
     int n = 0;
-    uint64_t finished = 0;
-    for (int f = 1; f < MSM_FINISH_COUNT_; f++)
-        finished += st->finished[f];
+    double *v = calloc(n_groups > 0 ? (size_t)n_groups : 1, sizeof *v);
+    if (!v)
+        return 0;
     n = add(out, n, cap, "msmoed_requests_total", NULL, (double)m->requests_total, true,
             "Generate requests received.");
-    n = add(out, n, cap, "msmoed_requests_active", NULL, (double)(st->running + st->waiting), false,
-            "Generate requests admitted or waiting.");
-    n = add(out, n, cap, "msmoed_requests_running", NULL, st->running, false,
-            "Sequences holding KV blocks (admitted).");
-    n = add(out, n, cap, "msmoed_queue_depth", NULL, st->waiting, false,
-            "Requests waiting for admission.");
+    GROUP_VALUES(s_->running + s_->waiting);
+    n = add_groups(out, n, cap, "msmoed_requests_active", NULL, v, n_groups, false,
+                   "Generate requests admitted or waiting.");
+    GROUP_VALUES(s_->running);
+    n = add_groups(out, n, cap, "msmoed_requests_running", NULL, v, n_groups, false,
+                   "Sequences holding KV blocks (admitted).");
+    GROUP_VALUES(s_->waiting);
+    n = add_groups(out, n, cap, "msmoed_queue_depth", NULL, v, n_groups, false, "Requests waiting for admission.");
     for (int f = 1; f < MSM_FINISH_COUNT_; f++) {
         char l[64];
         snprintf(l, sizeof l, "reason=\"%s\"", msm_finish_name((msm_finish)f));
-        n = add(out, n, cap, "msmoed_requests_finished_total", l, (double)st->finished[f], true,
-                "Generate requests finished, by finish reason.");
+        GROUP_VALUES(s_->finished[f]);
+        n = add_groups(out, n, cap, "msmoed_requests_finished_total", l, v, n_groups, true,
+                       "Generate requests finished, by finish reason.");
     }
     for (int c = 1; c < 16; c++) {
         if (!m->requests_rejected[c])
@@ -43,17 +77,26 @@ int msm_metrics_collect(const msm_metrics *m, const msm_sched_stats *st, msm_met
         n = add(out, n, cap, "msmoed_requests_rejected_total", l, (double)m->requests_rejected[c], true,
                 "Requests refused before scheduling, by status code.");
     }
-    n = add(out, n, cap, "msmoed_tokens_generated_total", NULL, (double)st->tokens_generated, true,
-            "Tokens sampled.");
-    n = add(out, n, cap, "msmoed_prompt_tokens_total", NULL, (double)st->prompt_tokens, true,
-            "Prompt tokens prefilled (recomputation after preemption included).");
-    n = add(out, n, cap, "msmoed_kv_blocks_used", NULL, st->kv_used, false, "KV cache blocks in use.");
-    n = add(out, n, cap, "msmoed_kv_blocks_free", NULL, st->kv_free, false, "KV cache blocks free.");
-    n = add(out, n, cap, "msmoed_steps_total", NULL, (double)st->steps, true, "Engine steps run.");
-    n = add(out, n, cap, "msmoed_preemptions_total", NULL, (double)st->preemptions, true,
-            "Sequences preempted (recompute) for lack of KV blocks.");
-    n = add(out, n, cap, "msmoed_engine_errors_total", NULL, (double)st->engine_errors, true,
-            "Engine steps that failed.");
+    GROUP_VALUES(s_->tokens_generated);
+    n = add_groups(out, n, cap, "msmoed_tokens_generated_total", NULL, v, n_groups, true, "Tokens sampled.");
+    GROUP_VALUES(s_->prompt_tokens);
+    n = add_groups(out, n, cap, "msmoed_prompt_tokens_total", NULL, v, n_groups, true,
+                   "Prompt tokens prefilled (recomputation after preemption included).");
+    GROUP_VALUES(s_->kv_used);
+    n = add_groups(out, n, cap, "msmoed_kv_blocks_used", NULL, v, n_groups, false, "KV cache blocks in use.");
+    GROUP_VALUES(s_->kv_free);
+    n = add_groups(out, n, cap, "msmoed_kv_blocks_free", NULL, v, n_groups, false, "KV cache blocks free.");
+    GROUP_VALUES(s_->steps);
+    n = add_groups(out, n, cap, "msmoed_steps_total", NULL, v, n_groups, true, "Engine steps run.");
+    GROUP_VALUES(s_->preemptions);
+    n = add_groups(out, n, cap, "msmoed_preemptions_total", NULL, v, n_groups, true,
+                   "Sequences preempted (recompute) for lack of KV blocks.");
+    GROUP_VALUES(s_->engine_errors);
+    n = add_groups(out, n, cap, "msmoed_engine_errors_total", NULL, v, n_groups, true, "Engine steps that failed.");
+    GROUP_VALUES(!s_->engine_failed);
+    n = add_groups(out, n, cap, "msmoed_groups_healthy", NULL, v, n_groups, false,
+                   "TP groups whose last engine step succeeded (per group: 1 or 0).");
+    free(v);
     n = add(out, n, cap, "msmoed_connections", NULL, m->connections, false, "Client connections open.");
     n = add(out, n, cap, "msmoed_connections_total", NULL, (double)m->connections_total, true,
             "Client connections accepted.");
@@ -63,7 +106,6 @@ int msm_metrics_collect(const msm_metrics *m, const msm_sched_stats *st, msm_met
             "Malformed frames (the connection was closed).");
     n = add(out, n, cap, "msmoed_received_bytes_total", NULL, (double)m->bytes_in, true, "Bytes received.");
     n = add(out, n, cap, "msmoed_sent_bytes_total", NULL, (double)m->bytes_out, true, "Bytes sent.");
-    (void)finished;
     return n;
 }
 

@@ -7,6 +7,7 @@
 #define MSM_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "msm_engine.h"
@@ -18,6 +19,10 @@ typedef enum msm_log_level {
     MSM_LOG_INFO,
     MSM_LOG_DEBUG,
 } msm_log_level;
+
+/* Most GPUs engine.gpus may list, and most TP groups (engines) one daemon runs. */
+#define MSM_MAX_GPUS 128
+#define MSM_MAX_GROUPS 128
 
 typedef struct msm_config {
     /* [server] */
@@ -34,8 +39,11 @@ typedef struct msm_config {
     char dummy_preset[1024];   /* a shape preset with random weights instead of a model */
     char tokenizer[1024];      /* tokenizer.json; empty = <model>/tokenizer.json if present; "none" = off */
     char backend[16];          /* auto | cpu | cuda | fake (fake: test-only engine) */
-    int tp;
-    int first_device;
+    int tp;                    /* ranks per TP group */
+    int gpus[MSM_MAX_GPUS];    /* CUDA: the node's GPUs, in order; consecutive runs of tp form groups */
+    int n_gpus;                /* 0 = every visible GPU */
+    char gpus_where[128];      /* "file:line" or "--set" that set engine.gpus (for errors); "" = default */
+    int replicas;              /* CPU (and fake) backend: how many engines (TP groups) */
     bool multi_stream;
     bool fuse_allreduce;
     int kv_blocks;
@@ -78,7 +86,27 @@ int msm_config_check(const msm_config *c, msm_err *err);
  * directory ($datadir/msmoed/models/stories260k-moe). Writes the path into ret (cap bytes). */
 int msm_config_model_dir(const msm_config *c, char *ret, size_t cap, msm_err *err);
 
-/* Fills engine options from the config. */
+/* Fills engine options from the config (first_device = 0: the caller sets each group's). */
 void msm_config_engine_opts(const msm_config *c, msm_engine_opts *o);
+
+/* The node split into TP groups, one engine (own KV pool, own scheduler thread) each.
+ *
+ * CUDA: engine.gpus (or GPUs 0 .. n_visible-1 when it is empty) cut in runs of engine.tp; every
+ * run must be consecutive ids (an engine's ranks sit on first_device .. first_device+tp-1).
+ * n_visible < 0 means unknown (only the list itself is checked). engine.replicas must be 1.
+ * CPU and fake backends: engine.replicas groups; engine.gpus is not used.
+ * Errors name the key and, for engine.gpus, where it was set (file:line). */
+typedef struct msm_group_plan {
+    int n_groups;
+    int first_device[MSM_MAX_GROUPS]; /* CUDA: the group's first GPU; 0 otherwise */
+} msm_group_plan;
+
+int msm_config_plan_groups(const msm_config *c, bool cuda, int n_visible, msm_group_plan *ret, msm_err *err);
+
+/* GPUs the CUDA runtime sees; -ENOTSUP in a build without CUDA. */
+int msm_config_visible_gpus(void);
+
+/* "0-3,6" for a list of ids (for messages). */
+void msm_config_format_gpus(const int *ids, int n, char *buf, size_t cap);
 
 #endif

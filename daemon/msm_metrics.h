@@ -2,7 +2,10 @@
  * GET /metrics and `msmoe metrics`) or travel in a MetricsReply.
  *
  * The loop thread owns msm_metrics (connection and request counters it alone updates); the
- * scheduler's numbers come from a msm_sched_stats snapshot taken at collection time. */
+ * scheduler's numbers come from msm_sched_stats snapshots, one per TP group, taken at collection
+ * time. Every scheduler series appears once without a group label — the node's total: counters and
+ * gauges are summed over the groups — followed by one series per group with a group="N" label
+ * (so select {group=""} for the node, {group!=""} for the breakdown). */
 #ifndef MSM_METRICS_H
 #define MSM_METRICS_H
 
@@ -30,10 +33,12 @@ typedef struct msm_metric_sample {
     const char *help;
 } msm_metric_sample;
 
-#define MSM_METRICS_MAX 64
+/* Samples msm_metrics_collect can produce for n_groups groups (the size of its out array). */
+int msm_metrics_capacity(int n_groups);
 
-/* Fills up to cap samples; returns how many. */
-int msm_metrics_collect(const msm_metrics *m, const msm_sched_stats *st, msm_metric_sample *out, int cap);
+/* st: [n_groups] snapshots. Fills up to cap samples; returns how many. */
+int msm_metrics_collect(const msm_metrics *m, const msm_sched_stats *st, int n_groups, msm_metric_sample *out,
+                        int cap);
 
 /* Prometheus text exposition format (version 0.0.4). Returns the length (snprintf-style). */
 size_t msm_metrics_render(const msm_metric_sample *s, int n, char *buf, size_t cap);

@@ -101,6 +101,7 @@ typedef struct msm_sched_event {
      * (so free(ev) frees it); NULL without a tokenizer. */
     char *text;
     size_t text_len;
+    int group;                     /* the consumer's use: the daemon's emit marks the TP group */
     struct msm_sched_event *next;  /* queue link for the consumer's use */
 } msm_sched_event;
 
@@ -178,6 +179,13 @@ typedef struct msm_sched_stats {
 
 /* Thread-safe snapshot (updated once per iteration). */
 void msm_sched_get_stats(msm_sched *s, msm_sched_stats *ret);
+
+/* The spreading policy over several schedulers (one per TP group): the group a new request goes
+ * to. The least loaded group (load: the requests it holds, running + waiting) among the healthy
+ * ones wins — among all groups when none is healthy, so a node whose every engine failed its last
+ * step still tries; ties go round-robin, to the first tied group at or after *cursor (cyclically),
+ * and *cursor moves past the choice. healthy may be NULL (all healthy). Pure; n >= 1. */
+int msm_sched_pick_group(const int *load, const bool *healthy, int n, unsigned *cursor);
 
 /* Top-n log-softmax of one logits row: chosen token's logprob, and the n best (id, logprob) pairs,
  * best first. Exposed for the tests. */

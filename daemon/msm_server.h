@@ -1,8 +1,9 @@
 /* msm_server: the libuv side of msmoed. The loop thread owns every socket and handle: the Unix
  * and TCP listeners, the client connections (framing via msm_frame, decoding and validation via
  * msm_api), the optional HTTP /metrics listener, signals and timers. Requests go to the scheduler
- * through msm_sched_submit; the scheduler's events come back through msm_server_emit (a queue +
- * uv_async_send), whose callback drains the whole queue into streamed ServerFrames. */
+ * of one TP group through msm_sched_submit; the schedulers' events come back through
+ * msm_server_emit (a queue + uv_async_send), whose callback drains the whole queue into streamed
+ * ServerFrames. */
 #ifndef MSM_SERVER_H
 #define MSM_SERVER_H
 
@@ -14,15 +15,26 @@
 
 typedef struct msm_server msm_server;
 
+/* n_groups: the TP groups (one scheduler each) requests are spread over. info->tp_groups should
+ * say the same. */
 int msm_server_new(uv_loop_t *loop, const msm_config *cfg, const msm_api_limits *limits,
-                   const msm_api_model_info *info, msm_server **ret, msm_err *err);
+                   const msm_api_model_info *info, int n_groups, msm_server **ret, msm_err *err);
 /* Handles must be closed first (msm_server_run returns only after that). Accepts NULL. */
 void msm_server_free(msm_server *s);
 
-/* The scheduler the server submits to (created with msm_server_emit / the server as its emit). */
-void msm_server_set_sched(msm_server *s, msm_sched *sched);
-/* msm_sched_emit_fn: thread-safe; queues ev and wakes the loop. */
-void msm_server_emit(void *server, msm_sched_event *ev);
+/* Group g's emit context: create its scheduler with msm_server_emit and this context, then hand
+ * the scheduler over with msm_server_set_sched. Every group needs one before listening. */
+void *msm_server_group_ctx(msm_server *s, int g);
+void msm_server_set_sched(msm_server *s, int g, msm_sched *sched);
+/* msm_sched_emit_fn (ctx: a group context): thread-safe; marks ev with its group, queues it and
+ * wakes the loop. */
+void msm_server_emit(void *group_ctx, msm_sched_event *ev);
+
+/* Spreading: a new Generate goes to msm_sched_pick_group over the groups' loads (the requests each
+ * holds, from submit to its finishing event) and their health, and stays there; Cancel and
+ * disconnects reach the owning group. Health is serving only while not draining and every group's
+ * last engine step succeeded (the status names the first failed group); the systemd watchdog
+ * follows the same rule. Metrics sum the groups and add group="N" series (msm_metrics.h). */
 
 /* Binds and listens on every configured socket. Errors name the address. */
 int msm_server_listen(msm_server *s, msm_err *err);

@@ -590,6 +590,23 @@ static int append_token(seq *q, int32_t t) {
     return 0;
 }
 
+int msm_sched_pick_group(const int *load, const bool *healthy, int n, unsigned *cursor) {
+    bool any_healthy = false;
+    for (int i = 0; i < n && !any_healthy; i++)
+        any_healthy = !healthy || healthy[i];
+    int best = -1;
+    unsigned start = *cursor % (unsigned)n;
+    for (int k = 0; k < n; k++) {
+        int i = (int)((start + (unsigned)k) % (unsigned)n);
+        if (any_healthy && healthy && !healthy[i])
+            continue;
+        if (best < 0 || load[i] < load[best])
+            best = i;
+    }
+    *cursor = (unsigned)best + 1;
+    return best;
+}
+
 void msm_sched_logprobs(const float *logits, int vocab, int32_t chosen, int n, float *ret_chosen,
                         int32_t *ret_ids, float *ret_lp) {
     float mx = -INFINITY;

@@ -1,7 +1,14 @@
-/* msm_server: listeners, connections, request routing, graceful shutdown (see msm_server.h).
+/* msm_server: listeners, connections, request routing over the TP groups, graceful shutdown (see
+ * msm_server.h).
  *
  * Threads: everything here runs on the loop thread except msm_server_emit, which the scheduler
- * thread calls; it touches only the event queue (under ev_mu) and uv_async_send. */
+ * threads call; it touches only the event queue (under ev_mu) and uv_async_send.
+ *
+ * Groups: each TP group has its own scheduler. The loop thread counts the requests each group
+ * holds (from a successful submit to the event that finishes it, which the group's emit context
+ * marks with the group), picks the group of a new request with msm_sched_pick_group, and records
+ * it next to the request id in the connection's in-flight list, so a Cancel reaches the owning
+ * scheduler and a disconnect only the groups that hold the connection's requests. */
 #include "msm_server.h"
 
 #include <errno.h>
@@ -36,7 +43,8 @@ typedef struct conn {
     uint64_t id;
     msm_frame_reader rd;
     uint8_t *rbuf;              /* [READ_BUF] */
-    uint64_t *inflight;         /* generate request ids in flight */
+    uint64_t *inflight;         /* [n_inflight] generate request ids in flight */
+    int *inflight_group;        /* [n_inflight] the TP group that owns each */
     int n_inflight, cap_inflight;
     bool closing;               /* no more reads, no more writes except the pending ones */
     bool hashed;
@@ -53,12 +61,24 @@ typedef struct write_req {
     size_t len;
 } write_req;
 
+/* One TP group as the loop thread sees it; also the emit context of its scheduler. */
+typedef struct group {
+    msm_server *srv;
+    int index;
+    msm_sched *sched;
+    int load;                   /* requests submitted and not yet finished (loop thread) */
+} group;
+
 struct msm_server {
     uv_loop_t *loop;
     const msm_config *cfg;
     msm_api_limits limits;
     msm_api_model_info info;
-    msm_sched *sched;
+    group *groups;              /* [n_groups] */
+    int n_groups;
+    unsigned rr;                /* round-robin cursor of msm_sched_pick_group */
+    int *pick_load;             /* [n_groups] scratch of the pick */
+    bool *pick_healthy;         /* [n_groups] */
     msm_metrics metrics;
 
     uv_pipe_t unix_listener;
@@ -117,21 +137,115 @@ static int inflight_find(const conn *c, uint64_t rid) {
 
 static void inflight_del(conn *c, uint64_t rid) {
     int i = inflight_find(c, rid);
-    if (i >= 0)
-        c->inflight[i] = c->inflight[--c->n_inflight];
+    if (i >= 0) {
+        c->n_inflight--;
+        c->inflight[i] = c->inflight[c->n_inflight];
+        c->inflight_group[i] = c->inflight_group[c->n_inflight];
+    }
 }
 
-static int inflight_add(conn *c, uint64_t rid) {
+static int inflight_add(conn *c, uint64_t rid, int grp) {
     if (c->n_inflight == c->cap_inflight) {
         int cap = c->cap_inflight ? c->cap_inflight * 2 : 16;
         uint64_t *p = realloc(c->inflight, (size_t)cap * sizeof *p);
         if (!p)
             return -ENOMEM;
         c->inflight = p;
+        int *q = realloc(c->inflight_group, (size_t)cap * sizeof *q);
+        if (!q)
+            return -ENOMEM;
+        c->inflight_group = q;
         c->cap_inflight = cap;
     }
-    c->inflight[c->n_inflight++] = rid;
+    c->inflight[c->n_inflight] = rid;
+    c->inflight_group[c->n_inflight] = grp;
+    c->n_inflight++;
     return 0;
+}
+
+/* A group's scheduler snapshot (zeros before its scheduler is set). */
+static void group_stats(msm_server *s, int g, msm_sched_stats *ret) {
+    if (s->groups[g].sched)
+        msm_sched_get_stats(s->groups[g].sched, ret);
+    else
+        memset(ret, 0, sizeof *ret);
+}
+
+/* Cancels every request of c on the groups that hold one. */
+static void inflight_cancel_all(msm_server *s, conn *c) {
+    for (int g = 0; g < s->n_groups; g++) {
+        if (!s->groups[g].sched)
+            continue;
+        for (int i = 0; i < c->n_inflight; i++)
+            if (c->inflight_group[i] == g) {
+                msm_sched_cancel_conn(s->groups[g].sched, c->id);
+                break;
+            }
+    }
+}
+
+/* The group a new request goes to (see msm_sched_pick_group). */
+static int pick_group(msm_server *s) {
+    for (int g = 0; g < s->n_groups; g++) {
+        msm_sched_stats st;
+        group_stats(s, g, &st);
+        s->pick_load[g] = s->groups[g].load;
+        s->pick_healthy[g] = !st.engine_failed;
+    }
+    return msm_sched_pick_group(s->pick_load, s->pick_healthy, s->n_groups, &s->rr);
+}
+
+/* Health rule: serving only while not draining and every group's last engine step succeeded; the
+ * status names the first group that failed. */
+static bool health(msm_server *s, char *why, size_t cap) {
+    if (s->draining) {
+        snprintf(why, cap, "draining");
+        return false;
+    }
+    for (int g = 0; g < s->n_groups; g++) {
+        msm_sched_stats st;
+        group_stats(s, g, &st);
+        if (st.engine_failed) {
+            if (s->n_groups > 1)
+                snprintf(why, cap, "group %d of %d: engine failed its last step", g, s->n_groups);
+            else
+                snprintf(why, cap, "engine failed its last step");
+            return false;
+        }
+    }
+    if (s->n_groups > 1)
+        snprintf(why, cap, "serving (%d groups)", s->n_groups);
+    else
+        snprintf(why, cap, "serving");
+    return true;
+}
+
+/* Running and waiting requests over every group. */
+static void totals(msm_server *s, int *ret_running, int *ret_waiting) {
+    int running = 0, waiting = 0;
+    for (int g = 0; g < s->n_groups; g++) {
+        msm_sched_stats st;
+        group_stats(s, g, &st);
+        running += st.running;
+        waiting += st.waiting;
+    }
+    *ret_running = running;
+    *ret_waiting = waiting;
+}
+
+/* Metrics samples over every group (malloc'd; *ret_n of them). */
+static msm_metric_sample *collect_metrics(msm_server *s, int *ret_n) {
+    int cap = msm_metrics_capacity(s->n_groups);
+    msm_metric_sample *samples = malloc((size_t)cap * sizeof *samples);
+    msm_sched_stats *st = calloc((size_t)s->n_groups, sizeof *st);
+    *ret_n = 0;
+    if (samples && st) {
+        for (int g = 0; g < s->n_groups; g++)
+            group_stats(s, g, &st[g]);
+        *ret_n = msm_metrics_collect(&s->metrics, st, s->n_groups, samples, cap);
+    }
+    free(st);
+    return samples;
 }
 
 /* ---- closing ---- */
@@ -150,6 +264,7 @@ static void on_conn_closed(uv_handle_t *h) {
     msm_frame_reader_done(&c->rd);
     free(c->rbuf);
     free(c->inflight);
+    free(c->inflight_group);
     free(c->http);
     free(c);
 }
@@ -172,8 +287,7 @@ static void conn_close(conn *c, bool flush) {
         c->closing = true;
         uv_read_stop(&c->u.s);
         conn_hash_del(s, c);
-        if (c->n_inflight > 0 && s->sched)
-            msm_sched_cancel_conn(s->sched, c->id);
+        inflight_cancel_all(s, c);
         c->n_inflight = 0;
         if (flush) {
             c->shutdown_req.data = c;
@@ -278,41 +392,45 @@ static void handle_frame(conn *c, const uint8_t *buf, uint32_t len) {
             msm_gen_request_free(r);
             return;
         }
-        if (c->n_inflight >= s->cfg->max_queue + s->cfg->max_seqs) {
-            snprintf(msg, sizeof msg, "%d requests in flight on this connection (limit: scheduler.max_queue "
-                     "+ engine.max_seqs = %d)", c->n_inflight, s->cfg->max_queue + s->cfg->max_seqs);
+        int limit = (s->cfg->max_queue + s->cfg->max_seqs) * s->n_groups;
+        if (c->n_inflight >= limit) {
+            snprintf(msg, sizeof msg, "%d requests in flight on this connection (limit: (scheduler.max_queue "
+                     "+ engine.max_seqs) x %d TP group(s) = %d)", c->n_inflight, s->n_groups, limit);
             reply_error(c, call.request_id, MSM_CODE_RESOURCE_EXHAUSTED, msg);
             msm_gen_request_free(r);
             return;
         }
-        if (inflight_add(c, call.request_id) < 0) {
+        int g = pick_group(s);
+        if (inflight_add(c, call.request_id, g) < 0) {
             reply_error(c, call.request_id, MSM_CODE_RESOURCE_EXHAUSTED, "out of memory");
             msm_gen_request_free(r);
             return;
         }
-        msm_code code = msm_sched_submit(s->sched, &r, msg, sizeof msg);
+        msm_code code = msm_sched_submit(s->groups[g].sched, &r, msg, sizeof msg);
         if (code != MSM_CODE_OK) {
             inflight_del(c, call.request_id);
             reply_error(c, call.request_id, code, msg);
             msm_gen_request_free(r);
+            return;
         }
+        s->groups[g].load++;
         return;
     }
-    case MSM_CALL_CANCEL:
-        if (inflight_find(c, call.request_id) < 0) {
+    case MSM_CALL_CANCEL: {
+        int i = inflight_find(c, call.request_id);
+        if (i < 0) {
             char msg[128];
             snprintf(msg, sizeof msg, "cancel: request_id %llu is not in flight on this connection",
                      (unsigned long long)call.request_id);
             reply_error(c, call.request_id, MSM_CODE_NOT_FOUND, msg);
             return;
         }
-        msm_sched_cancel(s->sched, c->id, call.request_id);
+        msm_sched_cancel(s->groups[c->inflight_group[i]].sched, c->id, call.request_id);
         return;
+    }
     case MSM_CALL_HEALTH: {
-        msm_sched_stats st2;
-        msm_sched_get_stats(s->sched, &st2);
-        bool ok = !s->draining && !st2.engine_failed;
-        const char *why = s->draining ? "draining" : st2.engine_failed ? "engine failed its last step" : "serving";
+        char why[128];
+        bool ok = health(s, why, sizeof why);
         { uint8_t *b_ = msm_api_encode_health(call.request_id, ok, why, &out_len); conn_write(c, b_, out_len); }
         return;
     }
@@ -320,11 +438,14 @@ static void handle_frame(conn *c, const uint8_t *buf, uint32_t len) {
         { uint8_t *b_ = msm_api_encode_model_info(call.request_id, &s->info, &out_len); conn_write(c, b_, out_len); }
         return;
     case MSM_CALL_METRICS: {
-        msm_sched_stats st2;
-        msm_metric_sample samples[MSM_METRICS_MAX];
-        msm_sched_get_stats(s->sched, &st2);
-        int n = msm_metrics_collect(&s->metrics, &st2, samples, MSM_METRICS_MAX);
+        int n;
+        msm_metric_sample *samples = collect_metrics(s, &n);
+        if (!samples) {
+            reply_error(c, call.request_id, MSM_CODE_RESOURCE_EXHAUSTED, "out of memory");
+            return;
+        }
         { uint8_t *b_ = msm_api_encode_metrics(call.request_id, samples, n, &out_len); conn_write(c, b_, out_len); }
+        free(samples);
         return;
     }
     case MSM_CALL_TOKENIZE:
@@ -393,15 +514,16 @@ static void http_respond(conn *c) {
     char *body = NULL;
     size_t body_len = 0;
     if (strncmp(c->http, "GET /metrics ", 13) == 0 || strncmp(c->http, "GET /metrics?", 13) == 0) {
-        msm_sched_stats st;
-        msm_metric_sample samples[MSM_METRICS_MAX];
-        msm_sched_get_stats(s->sched, &st);
-        int n = msm_metrics_collect(&s->metrics, &st, samples, MSM_METRICS_MAX);
-        body_len = msm_metrics_render(samples, n, NULL, 0);
-        body = malloc(body_len + 1);
-        if (body)
-            msm_metrics_render(samples, n, body, body_len + 1);
-        status = "200 OK";
+        int n;
+        msm_metric_sample *samples = collect_metrics(s, &n);
+        if (samples) {
+            body_len = msm_metrics_render(samples, n, NULL, 0);
+            body = malloc(body_len + 1);
+            if (body)
+                msm_metrics_render(samples, n, body, body_len + 1);
+            status = "200 OK";
+        }
+        free(samples);
     }
     if (!body) {
         body = strdup("not found: try GET /metrics\n");
@@ -513,8 +635,10 @@ static void on_connection(uv_stream_t *listener, int status) {
 
 /* ---- scheduler events ---- */
 
-void msm_server_emit(void *server, msm_sched_event *ev) {
-    msm_server *s = server;
+void msm_server_emit(void *group_ctx, msm_sched_event *ev) {
+    group *grp = group_ctx;
+    msm_server *s = grp->srv;
+    ev->group = grp->index;
     ev->next = NULL;
     pthread_mutex_lock(&s->ev_mu);
     if (s->ev_tail)
@@ -534,6 +658,9 @@ static void on_async(uv_async_t *a) {
     pthread_mutex_unlock(&s->ev_mu);
     while (ev) {
         msm_sched_event *next = ev->next;
+        /* The group's count drops at every finish, whether or not the connection is still here. */
+        if (ev->finish != MSM_FINISH_NONE && ev->group >= 0 && ev->group < s->n_groups)
+            s->groups[ev->group].load--;
         conn *c = conn_find(s, ev->conn_id);
         if (c && !c->closing) {
             size_t len;
@@ -548,11 +675,32 @@ static void on_async(uv_async_t *a) {
 
 /* ---- lifecycle ---- */
 
+static void server_free_mem(msm_server *s) {
+    free(s->groups);
+    free(s->pick_load);
+    free(s->pick_healthy);
+    free(s);
+}
+
 int msm_server_new(uv_loop_t *loop, const msm_config *cfg, const msm_api_limits *limits,
-                   const msm_api_model_info *info, msm_server **ret, msm_err *err) {
+                   const msm_api_model_info *info, int n_groups, msm_server **ret, msm_err *err) {
+    if (n_groups < 1)
+        return msm_err_set(err, -EINVAL, "server: %d TP groups", n_groups);
     msm_server *s = calloc(1, sizeof *s);
     if (!s)
         return msm_err_set(err, -ENOMEM, "out of memory");
+    s->groups = calloc((size_t)n_groups, sizeof *s->groups);
+    s->pick_load = calloc((size_t)n_groups, sizeof *s->pick_load);
+    s->pick_healthy = calloc((size_t)n_groups, sizeof *s->pick_healthy);
+    if (!s->groups || !s->pick_load || !s->pick_healthy) {
+        server_free_mem(s);
+        return msm_err_set(err, -ENOMEM, "out of memory");
+    }
+    s->n_groups = n_groups;
+    for (int g = 0; g < n_groups; g++) {
+        s->groups[g].srv = s;
+        s->groups[g].index = g;
+    }
     s->loop = loop;
     s->cfg = cfg;
     s->limits = *limits;
@@ -561,7 +709,7 @@ int msm_server_new(uv_loop_t *loop, const msm_config *cfg, const msm_api_limits 
     int rc = uv_async_init(loop, &s->async, on_async);
     if (rc < 0) {
         pthread_mutex_destroy(&s->ev_mu);
-        free(s);
+        server_free_mem(s);
         return msm_err_set(err, rc, "uv_async_init: %s", uv_strerror(rc));
     }
     s->async.data = s;
@@ -569,8 +717,13 @@ int msm_server_new(uv_loop_t *loop, const msm_config *cfg, const msm_api_limits 
     return 0;
 }
 
-void msm_server_set_sched(msm_server *s, msm_sched *sched) {
-    s->sched = sched;
+void *msm_server_group_ctx(msm_server *s, int g) {
+    return g >= 0 && g < s->n_groups ? &s->groups[g] : NULL;
+}
+
+void msm_server_set_sched(msm_server *s, int g, msm_sched *sched) {
+    if (g >= 0 && g < s->n_groups)
+        s->groups[g].sched = sched;
 }
 
 void msm_server_free(msm_server *s) {
@@ -581,7 +734,7 @@ void msm_server_free(msm_server *s) {
         free(ev);
     }
     pthread_mutex_destroy(&s->ev_mu);
-    free(s);
+    server_free_mem(s);
 }
 
 static int listen_unix(msm_server *s, msm_err *err) {
@@ -664,7 +817,8 @@ static void finish_shutdown(msm_server *s) {
     if (s->finished)
         return;
     s->finished = true;
-    msm_sched_stop(s->sched);
+    for (int g = 0; g < s->n_groups; g++)
+        msm_sched_stop(s->groups[g].sched);
     on_async(&s->async); /* deliver the last events (cancellations) */
     close_listeners(s);
     for (conn *c = s->conns; c; c = c->next)
@@ -685,8 +839,8 @@ static void finish_shutdown(msm_server *s) {
 
 static void on_drain_timer(uv_timer_t *t) {
     msm_server *s = t->data;
-    msm_sched_stats st;
-    msm_sched_get_stats(s->sched, &st);
+    struct { int running, waiting; } st;
+    totals(s, &st.running, &st.waiting);
     int inflight = 0;
     for (conn *c = s->conns; c; c = c->next)
         inflight += c->n_inflight;
@@ -700,7 +854,9 @@ static void on_drain_timer(uv_timer_t *t) {
                      s->cfg->drain_timeout_s, st.running, st.waiting);
         msm_notify_status("drain timeout: cancelling %d requests", st.running + st.waiting);
         s->drain_cancelled = true;
-        msm_sched_cancel_all(s->sched);
+        for (int g = 0; g < s->n_groups; g++)
+            if (s->groups[g].sched)
+                msm_sched_cancel_all(s->groups[g].sched);
     } else if (s->drain_cancelled && now >= s->drain_deadline_ms + 5000) {
         msm_log_error("requests still in flight 5 s after cancelling them; closing anyway");
         finish_shutdown(s);
@@ -711,8 +867,8 @@ void msm_server_shutdown(msm_server *s) {
     if (s->draining)
         return;
     s->draining = true;
-    msm_sched_stats st;
-    msm_sched_get_stats(s->sched, &st);
+    struct { int running, waiting; } st;
+    totals(s, &st.running, &st.waiting);
     msm_log_info("shutting down: draining %d running and %d waiting requests (up to %d s)", st.running,
                  st.waiting, s->cfg->drain_timeout_s);
     msm_notify_stopping("draining in-flight requests");
@@ -743,10 +899,14 @@ static void on_signal(uv_signal_t *h, int signum) {
 
 static void on_watchdog(uv_timer_t *t) {
     msm_server *s = t->data;
-    msm_sched_stats st;
-    msm_sched_get_stats(s->sched, &st);
-    /* A scheduler whose engine fails every step is not healthy: let systemd restart us. */
-    if (!st.engine_failed)
+    /* A group whose engine fails every step is not healthy: let systemd restart us. */
+    bool ok = true;
+    for (int g = 0; g < s->n_groups && ok; g++) {
+        msm_sched_stats st;
+        group_stats(s, g, &st);
+        ok = !st.engine_failed;
+    }
+    if (ok)
         msm_notify_watchdog();
 }
 

@@ -12,9 +12,12 @@
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
 
+#include <cooperative_groups.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+
+namespace cg = cooperative_groups;
 
 /* cuBLASLt workspace carved from the caller's ws after the bf16 copy of x. */
 #define LT_WS_BYTES ((size_t)32 << 20)
@@ -274,6 +277,217 @@ static void gemv_dispatch(float *y, const float *x, const uint16_t *w, const uin
     }
 }
 
+/* ---- MMV: tensor-core GEMV for medium T (MSM_CUDA_MMV_MIN_T <= T <= MSM_CUDA_MMV_MAX_T) ----
+ * The GEMV kernel above is bound by fp32 FMAs and x loads once T passes ~8; cuBLASLt at T = 9..64
+ * runs few, K-serial tiles (13-38% of the copy ceiling on N = 2048 shapes). Here every weight is
+ * still read once, with 16-byte streaming loads straight into mma.sync m16n8k16 B fragments:
+ * lane (g = lane/4, q = lane%4) loads W[row g][kc + 8q .. +8], which feeds two k16 MMAs under a
+ * fixed permutation of k inside each 32-wide chunk (logical k 2q+j -> 8q+j, 2q+8+j -> 8q+2+j, +4
+ * for the second MMA); the A fragments (tokens g and g+8 of each 16-token tile) read x at the same
+ * physical k. x is split as bf16 hi + bf16 lo (x - hi), two MMAs each, so the products carry ~16
+ * mantissa bits of x: close to the fp32 GEMV, unlike cuBLASLt's x rounded to bf16.
+ * Block = 8 warps x 16 rows (two n8 tiles a warp), one K slice; a cluster of S blocks (S K slices
+ * of the same 128 rows) sums its partials through distributed shared memory in rank order (fixed,
+ * deterministic), each block writing 1/S of the outputs. No workspace, one launch. */
+#define MMV_WARPS 8
+#define MMV_ROWS (MMV_WARPS * 16)
+#define MMV_U 4
+
+static __device__ __forceinline__ void mmv_split2(float a, float b, uint32_t &hi, uint32_t &lo) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    float2 hf = __bfloat1622float2(h);
+    __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
+    hi = *reinterpret_cast<uint32_t *>(&h);
+    lo = *reinterpret_cast<uint32_t *>(&l);
+}
+
+static __device__ __forceinline__ void mmv_mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int MT, int S>
+__global__ void __launch_bounds__(MMV_WARPS * 32)
+    mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
+               int K) {
+    __shared__ float part[MT * 16 * MMV_ROWS]; /* [token][row in block] */
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int rank = S > 1 ? (int)cg::this_cluster().block_rank() : 0;
+    int nb0 = blockIdx.y * MMV_ROWS;
+    int nch = K / 32, per = (nch + S - 1) / S;
+    int c0 = rank * per, c1 = min(nch, c0 + per);
+    const uint16_t *wr[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) /* rows past N repeat row N-1; never stored */
+        wr[j] = w + (size_t)min(nb0 + warp * 16 + j * 8 + g, N - 1) * K + q * 8;
+    const float *xr[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int t = m * 16 + h * 8 + g;
+            xr[m][h] = t < T ? x + (size_t)t * K + q * 8 : NULL;
+        }
+    float acc[MT][2][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[m][j][i] = 0.0f;
+
+    for (int c = c0; c < c1; c += MMV_U) {
+        uint4 wv[MMV_U][2];
+#pragma unroll
+        for (int u = 0; u < MMV_U; u++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                wv[u][j] = c + u < c1 ? msm_ld_stream16(wr[j] + (size_t)(c + u) * 32)
+                                      : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < MMV_U; u++) {
+            if (c + u >= c1) break;
+            size_t kc = (size_t)(c + u) * 32;
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                float4 xa0 = make_float4(0, 0, 0, 0), xa1 = xa0, xb0 = xa0, xb1 = xa0;
+                if (xr[m][0]) {
+                    const float4 *p = (const float4 *)(xr[m][0] + kc);
+                    xa0 = p[0], xa1 = p[1];
+                }
+                if (xr[m][1]) {
+                    const float4 *p = (const float4 *)(xr[m][1] + kc);
+                    xb0 = p[0], xb1 = p[1];
+                }
+                uint32_t h1[4], l1[4], h2[4], l2[4];
+                mmv_split2(xa0.x, xa0.y, h1[0], l1[0]);
+                mmv_split2(xb0.x, xb0.y, h1[1], l1[1]);
+                mmv_split2(xa0.z, xa0.w, h1[2], l1[2]);
+                mmv_split2(xb0.z, xb0.w, h1[3], l1[3]);
+                mmv_split2(xa1.x, xa1.y, h2[0], l2[0]);
+                mmv_split2(xb1.x, xb1.y, h2[1], l2[1]);
+                mmv_split2(xa1.z, xa1.w, h2[2], l2[2]);
+                mmv_split2(xb1.z, xb1.w, h2[3], l2[3]);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    mmv_mma(acc[m][j], h1, wv[u][j].x, wv[u][j].y);
+                    mmv_mma(acc[m][j], l1, wv[u][j].x, wv[u][j].y);
+                    mmv_mma(acc[m][j], h2, wv[u][j].z, wv[u][j].w);
+                    mmv_mma(acc[m][j], l2, wv[u][j].z, wv[u][j].w);
+                }
+            }
+        }
+    }
+    /* C fragment: c0,c1 = (token g, rows 2q, 2q+1), c2,c3 = (token g+8, same rows) */
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int col = warp * 16 + j * 8 + 2 * q, ta = m * 16 + g, tb = ta + 8;
+            part[ta * MMV_ROWS + col] = acc[m][j][0];
+            part[ta * MMV_ROWS + col + 1] = acc[m][j][1];
+            part[tb * MMV_ROWS + col] = acc[m][j][2];
+            part[tb * MMV_ROWS + col + 1] = acc[m][j][3];
+        }
+    if (S > 1)
+        cg::this_cluster().sync();
+    else
+        __syncthreads();
+    for (int idx = rank * MMV_WARPS * 32 + threadIdx.x; idx < MT * 16 * MMV_ROWS;
+         idx += S * MMV_WARPS * 32) {
+        int t = idx / MMV_ROWS, n = nb0 + idx % MMV_ROWS;
+        float s = part[idx];
+        if (S > 1) {
+            s = 0.0f;
+#pragma unroll
+            for (int r = 0; r < S; r++) s += cg::this_cluster().map_shared_rank(part, r)[idx];
+        }
+        if (t < T && n < N) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
+    }
+    if (S > 1) cg::this_cluster().sync(); /* keep part alive until every rank has read it */
+}
+
+template <int MT, int S>
+static cudaError_t mmv_launch_s(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
+                         int N, int K, cudaStream_t stream) {
+    dim3 grid((unsigned)S, (unsigned)((N + MMV_ROWS - 1) / MMV_ROWS));
+    if (S > 1) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = S;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(MMV_WARPS * 32);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = stream;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, mmv_kernel<MT, S>, y, x, w, bias, T, N, K);
+    }
+    mmv_kernel<MT, S><<<grid, MMV_WARPS * 32, 0, stream>>>(y, x, w, bias, T, N, K);
+    return cudaSuccess;
+}
+
+template <int MT>
+static cudaError_t mmv_launch(float *y, const float *x, const uint16_t *w, const uint16_t *bias,
+                              int T, int N, int K, int S, cudaStream_t stream) {
+    switch (S) {
+    case 1: return mmv_launch_s<MT, 1>(y, x, w, bias, T, N, K, stream);
+    case 2: return mmv_launch_s<MT, 2>(y, x, w, bias, T, N, K, stream);
+    case 4: return mmv_launch_s<MT, 4>(y, x, w, bias, T, N, K, stream);
+    default: return mmv_launch_s<MT, 8>(y, x, w, bias, T, N, K, stream);
+    }
+}
+
+/* Range [min, max] of T on the MMV path: msm_cuda_linear_set_mmv_range, else the environment
+ * variables MSM_CUDA_MMV_MIN_T / MSM_CUDA_MMV_MAX_T (read once; MAX 0 turns the path off). */
+static int mmv_min_forced = -1, mmv_max_forced = -1;
+
+extern "C" void msm_cuda_linear_set_mmv_range(int min_t, int max_t) {
+    mmv_min_forced = min_t < 1 ? 1 : min_t;
+    mmv_max_forced = max_t < 0 ? 0 : max_t > 64 ? 64 : max_t;
+}
+
+static bool mmv_use(int T, int N, int K, const void *w, const void *x) {
+    if (mmv_max_forced < 0) {
+        const char *a = getenv("MSM_CUDA_MMV_MIN_T"), *b = getenv("MSM_CUDA_MMV_MAX_T");
+        msm_cuda_linear_set_mmv_range(a ? atoi(a) : MSM_CUDA_MMV_MIN_T,
+                                      b ? atoi(b) : MSM_CUDA_MMV_MAX_T);
+    }
+    return T >= mmv_min_forced && T <= mmv_max_forced && K % 32 == 0 && K > 0 && N > 0 &&
+           ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
+}
+
+static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
+                   int K, cudaStream_t stream) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            sms <= 0)
+            sms = 132;
+    }
+    /* K slices: enough blocks for ~2 a SM, each slice at least 4 chunks of 32 */
+    int rb = (N + MMV_ROWS - 1) / MMV_ROWS, nch = K / 32, S = 1;
+    while (S < 8 && rb * S < 2 * sms && nch / (2 * S) >= 4) S *= 2;
+    cudaError_t e;
+    switch ((T + 15) / 16) {
+    case 1: e = mmv_launch<1>(y, x, w, bias, T, N, K, S, stream); break;
+    case 2: e = mmv_launch<2>(y, x, w, bias, T, N, K, S, stream); break;
+    case 3: e = mmv_launch<3>(y, x, w, bias, T, N, K, S, stream); break;
+    default: e = mmv_launch<4>(y, x, w, bias, T, N, K, S, stream); break;
+    }
+    CUDA_TRY(e);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
 /* ---- cuBLASLt path helpers ---- */
 
 __global__ void f32_to_bf16_kernel(uint16_t *dst, const float *src, size_t n) {
@@ -324,6 +538,7 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
                                cudaStream_t stream) {
     if (T < 0 || N <= 0 || K <= 0) return -EINVAL;
     if (T == 0) return 0;
+    if (T <= 64 && mmv_use(T, N, K, w, x)) return mmv_run(y, x, w, bias, T, N, K, stream);
     if (T <= gemv_max_t()) {
         bool vec = K % 8 == 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
         if (vec)

@@ -54,6 +54,17 @@ void msm_cuda_moe_set_path(int path);
 /* Linears: the same for the GEMV / cuBLASLt threshold (0: MSM_CUDA_GEMV_MAX_T; the environment
  * variable MSM_CUDA_GEMV_MAX_T is read once otherwise). At most 64. */
 void msm_cuda_linear_set_gemv_max_t(int t);
+/* Linears with MSM_CUDA_MMV_MIN_T <= T <= MSM_CUDA_MMV_MAX_T (and K % 32 == 0, w and x 16-byte
+ * aligned) run the tensor-core GEMV ("MMV"): each weight read once, x split into bf16 hi + lo
+ * (near-fp32 products, fp32 accumulation), K slices summed in a fixed order (deterministic), no
+ * workspace. It takes precedence over the GEMV and cuBLASLt paths in that range.
+ * msm_cuda_linear_set_mmv_range (or, read once, the environment variables MSM_CUDA_MMV_MIN_T /
+ * MSM_CUDA_MMV_MAX_T) changes the range for the process; max 0 turns the path off; max <= 64. */
+/* Default range measured on the H200 (2026-11-29 round 3): at T=8 the step went 7.20 -> 6.08 ms;
+ * with max 32, batch 32 went 11.29 -> 11.84 ms (slower than cuBLASLt there), hence max 8. */
+#define MSM_CUDA_MMV_MIN_T 5
+#define MSM_CUDA_MMV_MAX_T 8
+void msm_cuda_linear_set_mmv_range(int min_t, int max_t);
 
 /* Per-rank CUDA context: the cuBLASLt handle and a cache of matmul plans (layouts + the
  * heuristic's algorithm) per shape. Owned by one rank thread, bound to the device current at

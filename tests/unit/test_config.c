@@ -129,3 +129,153 @@ Test(config, model_dir_explicit_wins) {
     cr_assert_eq(msm_config_model_dir(&c, out, sizeof out, &err), 0);
     cr_assert_str_eq(out, "/some/model");
 }
+
+/* ---- TP groups: engine.gpus, engine.tp, engine.replicas ---- */
+
+typedef struct gpus_case {
+    char value[64];
+    int n;
+    int ids[16];
+} gpus_case;
+
+ParameterizedTestParameters(config, gpus_lists_and_ranges_parse) {
+    static gpus_case cases[] = {
+        {"0-7", 8, {0, 1, 2, 3, 4, 5, 6, 7}},
+        {"0-3, 8-11", 8, {0, 1, 2, 3, 8, 9, 10, 11}},
+        {"4,5", 2, {4, 5}},
+        {"6-7,0-1", 4, {6, 7, 0, 1}},
+        {" 3 ", 1, {3}},
+        {"2-2", 1, {2}},
+        {"", 0, {0}},
+    };
+    return cr_make_param_array(gpus_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(gpus_case *gc, config, gpus_lists_and_ranges_parse) {
+    msm_config c;
+    msm_err err = {{0}};
+    char ini[128];
+    msm_config_defaults(&c);
+    snprintf(ini, sizeof ini, "[engine]\ngpus = %s\n", gc->value);
+    cr_assert_eq(msm_config_load_string(&c, ini, "t.conf", &err), 0, "%s", err.msg);
+    cr_assert_eq(c.n_gpus, gc->n, "'%s': %d ids", gc->value, c.n_gpus);
+    cr_assert_arr_eq(c.gpus, gc->ids, (size_t)gc->n * sizeof(int), "'%s'", gc->value);
+    cr_assert_str_eq(c.gpus_where, gc->n ? "t.conf:2" : "");
+    cr_assert_eq(msm_config_check(&c, &err), 0, "%s", err.msg);
+}
+
+ParameterizedTestParameters(config, gpus_and_replicas_errors_name_file_and_line) {
+    static bad_case cases[] = {
+        {"[engine]\ngpus = 0-3,2\n", "t.conf:2: engine.gpus lists GPU 2 twice"},
+        {"[engine]\ngpus = 1,1\n", "t.conf:2: engine.gpus lists GPU 1 twice"},
+        {"[engine]\ngpus = 0-x\n", "t.conf:2: engine.gpus: '0-x' is not a GPU id or a range"},
+        {"[engine]\ngpus = 3-1\n", "t.conf:2: engine.gpus: '3-1' is not an ascending range"},
+        {"[engine]\ngpus = 0-2000\n", "t.conf:2: engine.gpus: '0-2000'"},
+        {"[engine]\ngpus = ,\n", "t.conf:2: engine.gpus lists no GPU"},
+        {"[engine]\nreplicas = 0\n", "t.conf:2: engine.replicas = 0 is out of range"},
+        {"[engine]\nreplicas = two\n", "t.conf:2: engine.replicas = 'two' is not an integer"},
+        {"[engine]\nfirst_device = 2\n", "t.conf:2: engine.first_device was replaced by engine.gpus"},
+    };
+    return cr_make_param_array(bad_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(bad_case *bc, config, gpus_and_replicas_errors_name_file_and_line) {
+    msm_config c;
+    msm_err err = {{0}};
+    msm_config_defaults(&c);
+    cr_assert_eq(msm_config_load_string(&c, bc->ini, "t.conf", &err), -EINVAL);
+    cr_assert(strstr(err.msg, bc->expect), "got '%s', want '%s'", err.msg, bc->expect);
+}
+
+/* tp and gpus may sit on any lines (or come from --set): the check after the whole file names
+ * where engine.gpus was set. */
+ParameterizedTestParameters(config, tp_must_cut_gpus_into_consecutive_groups) {
+    static bad_case cases[] = {
+        {"[engine]\ntp = 4\n\ngpus = 0-5\n", "t.conf:4: engine.gpus = 0-5 lists 6 GPU(s), not a multiple of engine.tp = 4"},
+        {"[engine]\ngpus = 0-2\ntp = 2\n", "t.conf:2: engine.gpus = 0-2 lists 3 GPU(s), not a multiple of engine.tp = 2"},
+        {"[engine]\ngpus = 0,2,4,6\ntp = 2\n", "t.conf:2: engine.gpus = 0,2,4,6: TP group 0 would be GPUs 0,2, which"},
+        {"[engine]\ngpus = 0-2,5\ntp = 2\n", "TP group 1 would be GPUs 2,5"},
+        {"[engine]\nbackend = cuda\nreplicas = 2\n", "engine.replicas = 2 applies to the CPU backend"},
+    };
+    return cr_make_param_array(bad_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(bad_case *bc, config, tp_must_cut_gpus_into_consecutive_groups) {
+    msm_config c;
+    msm_err err = {{0}};
+    msm_config_defaults(&c);
+    cr_assert_eq(msm_config_load_string(&c, bc->ini, "t.conf", &err), 0, "%s", err.msg);
+    cr_assert_eq(msm_config_check(&c, &err), -EINVAL);
+    cr_assert(strstr(err.msg, bc->expect), "got '%s', want '%s'", err.msg, bc->expect);
+}
+
+Test(config, gpus_set_from_the_command_line_says_so) {
+    msm_config c;
+    msm_err err = {{0}};
+    msm_config_defaults(&c);
+    cr_assert_eq(msm_config_set(&c, "engine.gpus=0-5", &err), 0, "%s", err.msg);
+    cr_assert_eq(msm_config_set(&c, "engine.tp=4", &err), 0, "%s", err.msg);
+    cr_assert_eq(msm_config_check(&c, &err), -EINVAL);
+    cr_assert(strstr(err.msg, "--set: engine.gpus = 0-5 lists 6 GPU(s)"), "%s", err.msg);
+    /* Clearing it goes back to the default: every visible GPU, nothing to point at. */
+    cr_assert_eq(msm_config_set(&c, "engine.gpus=", &err), 0, "%s", err.msg);
+    cr_assert_eq(c.n_gpus, 0);
+    cr_assert_str_eq(c.gpus_where, "");
+    cr_assert_eq(msm_config_check(&c, &err), 0, "%s", err.msg);
+}
+
+typedef struct plan_case {
+    char ini[96];
+    bool cuda;
+    int n_visible;
+    int n_groups;             /* -1: an error containing `expect` */
+    int first[8];
+    char expect[96];
+} plan_case;
+
+ParameterizedTestParameters(config, groups_are_planned_per_backend) {
+    static plan_case cases[] = {
+        /* DESIGN.md §4: gpus = 0-7, tp = 4 -> two groups. */
+        {"[engine]\ngpus = 0-7\ntp = 4\n", true, 8, 2, {0, 4}, ""},
+        {"[engine]\ngpus = 0-7\ntp = 4\n", true, -1, 2, {0, 4}, ""},
+        {"[engine]\ntp = 2\n", true, 8, 4, {0, 2, 4, 6}, ""},
+        {"[engine]\n", true, 1, 1, {0}, ""},
+        {"[engine]\ngpus = 6-7,2-3\ntp = 2\n", true, 8, 2, {6, 2}, ""},
+        {"[engine]\ngpus = 3\n", true, 8, 1, {3}, ""},
+        {"[engine]\ntp = 4\n", true, 6, -1, {0}, "engine.gpus (empty: every visible GPU, 0-5) lists 6 GPU(s), not a multiple of engine.tp = 4"},
+        {"[engine]\n", true, 0, -1, {0}, "no GPU is visible"},
+        {"[engine]\ngpus = 4-7\ntp = 2\n", true, 4, -1, {0}, "t.conf:2: engine.gpus lists GPU 4, but 4 GPU(s) are visible"},
+        {"[engine]\nreplicas = 2\n", true, 8, -1, {0}, "engine.replicas = 2 applies to the CPU backend"},
+        /* CPU: replicas groups; gpus is not used. */
+        {"[engine]\n", false, -1, 1, {0}, ""},
+        {"[engine]\nreplicas = 3\ntp = 2\n", false, -1, 3, {0, 0, 0}, ""},
+        {"[engine]\nreplicas = 2\ngpus = 0-3\ntp = 2\n", false, 0, 2, {0, 0}, ""},
+    };
+    return cr_make_param_array(plan_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(plan_case *pc, config, groups_are_planned_per_backend) {
+    msm_config c;
+    msm_err err = {{0}};
+    msm_group_plan p;
+    msm_config_defaults(&c);
+    cr_assert_eq(msm_config_load_string(&c, pc->ini, "t.conf", &err), 0, "%s", err.msg);
+    int rc = msm_config_plan_groups(&c, pc->cuda, pc->n_visible, &p, &err);
+    if (pc->n_groups < 0) {
+        cr_assert_lt(rc, 0, "'%s' should fail", pc->ini);
+        cr_assert(strstr(err.msg, pc->expect), "got '%s', want '%s'", err.msg, pc->expect);
+        return;
+    }
+    cr_assert_eq(rc, 0, "%s", err.msg);
+    cr_assert_eq(p.n_groups, pc->n_groups);
+    cr_assert_arr_eq(p.first_device, pc->first, (size_t)pc->n_groups * sizeof(int));
+}
+
+Test(config, gpu_list_formats_as_ranges) {
+    static const int ids[] = {0, 1, 2, 3, 6, 8, 9};
+    char buf[64];
+    msm_config_format_gpus(ids, 7, buf, sizeof buf);
+    cr_assert_str_eq(buf, "0-3,6,8-9");
+    msm_config_format_gpus(ids, 0, buf, sizeof buf);
+    cr_assert_str_eq(buf, "");
+}

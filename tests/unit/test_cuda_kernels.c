@@ -256,8 +256,46 @@ Test(cuda_kernels, linear_gemv_small_T_matches_cpu, .timeout = 60) {
     static const int shapes[][4] = {{1, 64, 128, 0}, {1, 1000, 2048, 1}, {2, 129, 200, 0},
                                     {3, 33, 1032, 1}, {5, 257, 130, 1}, {8, 2048, 2048, 0},
                                     {7, 1, 8, 1},     {4, 500, 99, 0}};
+    msm_cuda_linear_set_mmv_range(1, 0); /* the GEMV kernel itself, not the MMV path */
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         linear_case(NULL, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 1e-5);
+    msm_cuda_linear_set_mmv_range(MSM_CUDA_MMV_MIN_T, MSM_CUDA_MMV_MAX_T);
+}
+
+/* The tensor-core MMV path (bf16 hi+lo split of x): every T tile count (1..4), partial tiles,
+ * rows not a multiple of the block's 128, K slices 1..8 (cluster reduction), bias; and the
+ * default range's shapes at the model's sizes. Then bitwise determinism over repeated calls. */
+Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
+    need_gpu();
+    msm_cuda_ctx *ctx = NULL;
+    CK(msm_cuda_ctx_new(&ctx));
+    msm_cuda_linear_set_mmv_range(1, 64);
+    static const int shapes[][4] = {{1, 64, 128, 0},     {2, 129, 256, 1},    {5, 257, 1024, 1},
+                                    {8, 2048, 2048, 0},   {9, 60, 2048, 0},    {16, 1000, 64, 1},
+                                    {17, 300, 2048, 1},   {32, 2048, 2048, 0}, {32, 6144, 2048, 1},
+                                    {32, 2048, 5632, 0},  {33, 11264, 2048, 0}, {48, 130, 96, 1},
+                                    {64, 2048, 2048, 1},  {63, 777, 4096, 0},  {12, 151936, 256, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        linear_case(ctx, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 2e-5);
+    /* determinism: the same call twice gives the same bits */
+    {
+        int T = 32, N = 2048, K = 2048;
+        float *x = host_f32((size_t)T * K, 1.0f), *wf;
+        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf);
+        float *dx = dev_up(x, (size_t)T * K * 4), *d1 = dev_poison((size_t)T * N * 4),
+              *d2 = dev_poison((size_t)T * N * 4);
+        uint16_t *dw = dev_up(wb, (size_t)N * K * 2);
+        float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
+        CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, 0));
+        CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, 0));
+        down(o1, d1, (size_t)T * N * 4);
+        down(o2, d2, (size_t)T * N * 4);
+        cr_assert(memcmp(o1, o2, (size_t)T * N * 4) == 0, "mmv linear is not deterministic");
+        cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw);
+        free(x), free(wf), free(wb), free(o1), free(o2);
+    }
+    msm_cuda_linear_set_mmv_range(MSM_CUDA_MMV_MIN_T, MSM_CUDA_MMV_MAX_T);
+    msm_cuda_ctx_free(ctx);
 }
 
 Test(cuda_kernels, linear_cublaslt_large_T_matches_cpu, .timeout = 60) {
@@ -266,11 +304,13 @@ Test(cuda_kernels, linear_cublaslt_large_T_matches_cpu, .timeout = 60) {
     CK(msm_cuda_ctx_new(&ctx));
     static const int shapes[][4] = {{9, 256, 512, 0},  {70, 1000, 2048, 1}, {130, 129, 264, 1},
                                     {65, 2048, 2048, 0}, {300, 96, 64, 0}};
+    msm_cuda_linear_set_mmv_range(1, 0); /* cuBLASLt itself, not the MMV path */
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         /* twice: the second call reuses the cached plan */
         linear_case(ctx, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 1e-2);
         linear_case(ctx, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 1e-2);
     }
+    msm_cuda_linear_set_mmv_range(MSM_CUDA_MMV_MIN_T, MSM_CUDA_MMV_MAX_T);
     msm_cuda_ctx_free(ctx);
 }
 
@@ -827,10 +867,11 @@ Test(cuda_timing, table, .timeout = 300) {
             cudaMemcpy(x32, hx, (size_t)32 * 5632 * 4, cudaMemcpyHostToDevice);
             free(hx);
         }
-        for (int gemv = 0; gemv < 2; gemv++)
+        for (int gemv = 0; gemv < 3; gemv++) /* 0 cuBLASLt, 1 GEMV forced, 2 MMV */
             for (size_t s = 0; s < sizeof l32 / sizeof *l32; s++) {
                 int T = l32[s][0], N = l32[s][1], K = l32[s][2];
-                msm_cuda_linear_set_gemv_max_t(gemv ? 64 : 0);
+                msm_cuda_linear_set_gemv_max_t(gemv == 1 ? 64 : 0);
+                msm_cuda_linear_set_mmv_range(1, gemv == 2 ? 64 : 0);
                 size_t wsb = msm_cuda_linear_ws_bytes(T, N, K);
                 void *ws = dev(wsb ? wsb : 256);
                 size_t welem = (size_t)N * K, nbuf = pool_elems / welem;
@@ -850,11 +891,12 @@ Test(cuda_timing, table, .timeout = 300) {
                 double gbs = bytes / (t * 1e6);
                 len += snprintf(buf + len, sizeof buf - len,
                                 "| linear %s | T=%d N=%d K=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n",
-                                gemv ? "GEMV (forced)" : "cuBLASLt", T, N, K, t, bytes / 1e6, gbs,
+                                gemv == 2 ? "MMV" : gemv ? "GEMV (forced)" : "cuBLASLt", T, N, K, t, bytes / 1e6, gbs,
                                 100.0 * gbs / copy_gbs);
                 cudaFree(ws);
             }
         msm_cuda_linear_set_gemv_max_t(0);
+        msm_cuda_linear_set_mmv_range(MSM_CUDA_MMV_MIN_T, MSM_CUDA_MMV_MAX_T);
         cudaFree(x32);
         msm_cuda_ctx_free(ctx);
     }

@@ -4,6 +4,7 @@
  * hashes the whole history read back through the block tables, so every test that compares
  * against msm_fake_engine_expected also checks the KV bookkeeping. */
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -14,6 +15,7 @@
 #include <unistr.h>
 
 #include "msm_fake_engine.h"
+#include "msm_metrics.h"
 #include "msm_sched.h"
 
 #define MAX_REQ 128
@@ -749,4 +751,162 @@ Test(sched_text, stop_strings_without_a_tokenizer_are_refused) {
     cr_assert_eq(h->r[2].n, 4);
     cr_assert_eq(h->r[2].n_text_events, 0);
     harness_free(h);
+}
+
+/* ---- several TP groups: the spreading policy and the metrics over groups ---- */
+
+typedef struct pick_case {
+    int n;
+    int load[8];
+    bool use_mask;            /* false: healthy = NULL (every group healthy) */
+    bool healthy[8];
+    unsigned cursor;
+    int want;
+    unsigned want_cursor;
+} pick_case;
+
+ParameterizedTestParameters(sched_groups, pick_takes_the_least_loaded_ties_round_robin) {
+    static pick_case cases[] = {
+        {1, {5}, false, {0}, 0, 0, 1},                   /* one group: always it */
+        {1, {5}, false, {0}, 7, 0, 1},
+        {2, {0, 0}, false, {0}, 0, 0, 1},                /* a tie: from the cursor on */
+        {2, {0, 0}, false, {0}, 1, 1, 2},
+        {2, {0, 0}, false, {0}, 2, 0, 1},                /* the cursor wraps */
+        {3, {3, 1, 1}, false, {0}, 0, 1, 2},             /* least loaded wins ... */
+        {3, {3, 1, 1}, false, {0}, 2, 2, 3},             /* ... ties from the cursor */
+        {3, {3, 1, 1}, false, {0}, 3, 1, 2},
+        {4, {2, 9, 0, 4}, false, {0}, 3, 2, 3},          /* the cursor does not beat a lower load */
+        {4, {7, 7, 7, 6}, false, {0}, 0, 3, 4},
+        {2, {0, 5}, true, {false, true}, 0, 1, 2},       /* an unhealthy group is avoided ... */
+        {3, {0, 5, 5}, true, {false, true, true}, 2, 2, 3},
+        {2, {4, 1}, true, {false, false}, 0, 1, 2},      /* ... unless every group is unhealthy */
+    };
+    return cr_make_param_array(pick_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(pick_case *pc, sched_groups, pick_takes_the_least_loaded_ties_round_robin) {
+    unsigned cursor = pc->cursor;
+    int got = msm_sched_pick_group(pc->load, pc->use_mask ? pc->healthy : NULL, pc->n, &cursor);
+    cr_assert_eq(got, pc->want, "loads %d,%d,%d,%d cursor %u: got %d, want %d", pc->load[0], pc->load[1], pc->load[2],
+                 pc->load[3], pc->cursor, got, pc->want);
+    cr_assert_eq(cursor, pc->want_cursor);
+}
+
+Test(sched_groups, equal_loads_alternate_and_a_burst_spreads_evenly) {
+    int load[4] = {0};
+    unsigned cursor = 0;
+    /* A burst with nothing finishing: every group gets the same share, in turn. */
+    for (int i = 0; i < 32; i++) {
+        int g = msm_sched_pick_group(load, NULL, 4, &cursor);
+        cr_assert_eq(g, i % 4, "request %d went to group %d", i, g);
+        load[g]++;
+    }
+    /* Group 2 drains: it gets the next requests until it catches up. */
+    load[2] = 5;
+    for (int i = 0; i < 3; i++) {
+        int g = msm_sched_pick_group(load, NULL, 4, &cursor);
+        cr_assert_eq(g, 2);
+        load[g]++;
+    }
+}
+
+/* Two schedulers on two fake engines behind the pick, as the daemon runs two TP groups: every
+ * request ends with the model's output whichever group ran it, and both groups serve. */
+Test(sched_groups, requests_spread_over_two_schedulers_give_the_same_output) {
+    harness *h[2] = {harness_new(64, 64, 8, 64, 256), harness_new(64, 64, 8, 64, 256)};
+    msm_gen_request *copies[40];
+    int owner[40], load[2] = {0, 0}, finished_seen[2] = {0, 0};
+    unsigned cursor = 0;
+    for (int id = 1; id < 40; id++) {
+        msm_gen_request *r = req((uint64_t)id, 3 + id % 5, 6 + id % 4, id % 3 ? 0 : 0.8f, (uint64_t)id);
+        copies[id] = dup_req(r);
+        int g = msm_sched_pick_group(load, NULL, 2, &cursor);
+        owner[id] = g;
+        load[g]++;
+        submit_ok(h[g], r);
+        /* Both groups step between submissions; finished requests leave the loads. */
+        if (id % 4 == 0)
+            for (int k = 0; k < 2; k++) {
+                msm_sched_iterate(h[k]->s);
+                int fin = 0;
+                for (int j = 1; j <= id; j++)
+                    fin += owner[j] == k && h[k]->r[j].finish != MSM_FINISH_NONE;
+                load[k] -= fin - finished_seen[k];
+                finished_seen[k] = fin;
+            }
+    }
+    run_until_idle(h[0], 1000);
+    run_until_idle(h[1], 1000);
+    int served[2] = {0, 0};
+    for (int id = 1; id < 40; id++) {
+        result *r = &h[owner[id]]->r[id];
+        cr_assert_eq(r->finish, MSM_FINISH_LENGTH, "request %d", id);
+        check_output(h[owner[id]], (uint64_t)id, copies[id], copies[id]->max_tokens);
+        cr_assert_eq(h[!owner[id]]->r[id].n, 0, "request %d also ran on the other group", id);
+        served[owner[id]]++;
+        msm_gen_request_free(copies[id]);
+    }
+    cr_assert_gt(served[0], 10);
+    cr_assert_gt(served[1], 10);
+    harness_free(h[0]);
+    harness_free(h[1]);
+}
+
+static double sample(const msm_metric_sample *s, int n, const char *name, const char *labels) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(s[i].name, name) && !strcmp(s[i].labels, labels))
+            return s[i].value;
+    return NAN;
+}
+
+Test(sched_groups, metrics_sum_the_groups_and_label_each) {
+    msm_metrics m = {.requests_total = 9, .connections = 2};
+    msm_sched_stats st[2] = {{.running = 2, .waiting = 1, .kv_used = 10, .kv_free = 90, .steps = 40,
+                              .tokens_generated = 100},
+                             {.running = 1, .waiting = 0, .kv_used = 4, .kv_free = 96, .steps = 30,
+                              .tokens_generated = 50, .engine_failed = true}};
+    st[0].finished[MSM_FINISH_LENGTH] = 3;
+    st[1].finished[MSM_FINISH_LENGTH] = 2;
+    st[1].finished[MSM_FINISH_CANCELLED] = 1;
+    int cap = msm_metrics_capacity(2);
+    msm_metric_sample *s = calloc((size_t)cap, sizeof *s);
+    int n = msm_metrics_collect(&m, st, 2, s, cap);
+    cr_assert_lt(n, cap, "capacity is an upper bound with room to spare");
+    cr_assert_eq(sample(s, n, "msmoed_requests_total", ""), 9);
+    cr_assert_eq(sample(s, n, "msmoed_requests_running", ""), 3);
+    cr_assert_eq(sample(s, n, "msmoed_requests_running", "group=\"0\""), 2);
+    cr_assert_eq(sample(s, n, "msmoed_requests_running", "group=\"1\""), 1);
+    cr_assert_eq(sample(s, n, "msmoed_requests_active", ""), 4);
+    cr_assert_eq(sample(s, n, "msmoed_kv_blocks_used", ""), 14);
+    cr_assert_eq(sample(s, n, "msmoed_kv_blocks_free", "group=\"1\""), 96);
+    cr_assert_eq(sample(s, n, "msmoed_tokens_generated_total", ""), 150);
+    cr_assert_eq(sample(s, n, "msmoed_tokens_generated_total", "group=\"0\""), 100);
+    cr_assert_eq(sample(s, n, "msmoed_steps_total", "group=\"1\""), 30);
+    cr_assert_eq(sample(s, n, "msmoed_requests_finished_total", "reason=\"length\""), 5);
+    cr_assert_eq(sample(s, n, "msmoed_requests_finished_total", "reason=\"length\",group=\"1\""), 2);
+    cr_assert_eq(sample(s, n, "msmoed_requests_finished_total", "reason=\"cancelled\",group=\"0\""), 0);
+    cr_assert_eq(sample(s, n, "msmoed_groups_healthy", ""), 1);
+    cr_assert_eq(sample(s, n, "msmoed_groups_healthy", "group=\"1\""), 0);
+    /* Prometheus text: one HELP/TYPE per name, the series of a name together. */
+    size_t len = msm_metrics_render(s, n, NULL, 0);
+    char *text = malloc(len + 1);
+    msm_metrics_render(s, n, text, len + 1);
+    cr_assert(strstr(text, "# TYPE msmoed_requests_running gauge\nmsmoed_requests_running 3\n"
+                           "msmoed_requests_running{group=\"0\"} 2\nmsmoed_requests_running{group=\"1\"} 1\n"), "%s", text);
+    const char *first = strstr(text, "# TYPE msmoed_steps_total");
+    cr_assert_not_null(first);
+    cr_assert_null(strstr(first + 1, "# TYPE msmoed_steps_total"), "one TYPE line per metric");
+    free(text);
+    free(s);
+}
+
+Test(sched_groups, metrics_of_one_group_keep_the_unlabeled_series) {
+    msm_metrics m = {0};
+    msm_sched_stats st = {.kv_free = 7};
+    int cap = msm_metrics_capacity(1);
+    msm_metric_sample *s = calloc((size_t)cap, sizeof *s);
+    int n = msm_metrics_collect(&m, &st, 1, s, cap);
+    cr_assert_eq(sample(s, n, "msmoed_kv_blocks_free", ""), 7);
+    cr_assert_eq(sample(s, n, "msmoed_kv_blocks_free", "group=\"0\""), 7);
+    free(s);
 }
