@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "msm_backend.h"
+#include "msm_file.h"
 #include "msm_kernels.h"
 
 typedef enum { ITEM_RUN, ITEM_RECORD, ITEM_WAIT } item_kind;
@@ -47,17 +48,6 @@ typedef struct cpu_backend {
     pthread_t worker;
 } cpu_backend;
 
-static struct timespec deadline(int ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
 
 #define F(v) ((float *)(cb->arena + g->vals[v].offset))
 #define I32(v) ((int32_t *)(cb->arena + g->vals[v].offset))
@@ -170,7 +160,7 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
 
 /* Waits (mu held) for event ev of the current step. */
 static int wait_event(cpu_backend *cb, int ev, msm_err *err) {
-    struct timespec dl = deadline(cb->b.deadline_ms);
+    struct timespec dl = msm_deadline_after_ms(cb->b.deadline_ms);
     while (cb->ev_epoch[ev] != cb->epoch) {
         if (pthread_cond_timedwait(&cb->cv, &cb->mu, &dl) == ETIMEDOUT && cb->ev_epoch[ev] != cb->epoch)
             return msm_err_set(err, -ETIMEDOUT, "rank %d: EVENT_WAIT on event %d timed out after %d ms",
@@ -274,7 +264,7 @@ static int cpu_begin(msm_backend *b, msm_err *err) {
 
 static int cpu_sync(msm_backend *b, msm_err *err) {
     cpu_backend *cb = (cpu_backend *)b;
-    struct timespec dl = deadline(cb->b.deadline_ms);
+    struct timespec dl = msm_deadline_after_ms(cb->b.deadline_ms);
     int r = 0;
     pthread_mutex_lock(&cb->mu);
     while (cb->q_len > 0 || cb->busy) {

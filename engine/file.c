@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <json-c/json.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,29 @@ int msm_read_file(const char *path, size_t max, char **ret_buf, size_t *ret_len,
     buf[got] = '\0';
     *ret_buf = buf;
     *ret_len = got;
+    return 0;
+}
+
+int msm_json_parse(const char *json, size_t len, const char *src, struct json_object **ret,
+                   msm_err *err) {
+    if (len > (size_t)INT32_MAX) return msm_err_set(err, -EFBIG, "%.200s: too large for JSON", src);
+    struct json_tokener *tok = json_tokener_new();
+    if (!tok) return msm_err_set(err, -ENOMEM, "%.200s: out of memory", src);
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+    struct json_object *root = json_tokener_parse_ex(tok, json, (int)len);
+    enum json_tokener_error jerr = json_tokener_get_error(tok);
+    size_t end = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    while (root && end < len && json[end] && strchr(" \t\r\n", json[end])) end++;
+    if (!root || end != len) {
+        json_object_put(root);
+        return msm_err_set(err, -EINVAL, "%.200s: not valid JSON (%s at byte %zu)", src,
+                           root ? "trailing data"
+                           : jerr == json_tokener_continue ? "unexpected end"
+                                                           : json_tokener_error_desc(jerr),
+                           end);
+    }
+    *ret = root;
     return 0;
 }
 

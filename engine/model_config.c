@@ -289,20 +289,9 @@ static int parse_json(const char *json, size_t len, const char *src, struct json
     if (len > CFG_MAX_FILE)
         return msm_err_set(err, -EFBIG, S_ ": %zu bytes, more than the limit of %u", src, len,
                            CFG_MAX_FILE);
-    struct json_tokener *tok = json_tokener_new();
-    if (!tok) return msm_err_set(err, -ENOMEM, S_ ": out of memory", src);
-    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
-    struct json_object *root = json_tokener_parse_ex(tok, json, (int)len);
-    enum json_tokener_error jerr = json_tokener_get_error(tok);
-    size_t end = json_tokener_get_parse_end(tok);
-    json_tokener_free(tok);
-    while (root && end < len && json[end] && strchr(" \t\r\n", json[end])) end++;
-    if (!root || end != len) {
-        json_object_put(root);
-        return msm_err_set(err, -EINVAL, S_ ": not valid JSON (%s at byte %zu)", src,
-                           root ? "trailing data" : jerr == json_tokener_continue ?
-                           "unexpected end" : json_tokener_error_desc(jerr), end);
-    }
+    struct json_object *root;
+    int rc = msm_json_parse(json, len, src, &root, err);
+    if (rc) return rc;
     if (!json_object_is_type(root, json_type_object)) {
         json_object_put(root);
         return msm_err_set(err, -EINVAL, S_ ": must be a JSON object", src);

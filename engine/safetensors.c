@@ -456,19 +456,9 @@ static const msm_st_tensor *file_find(const st_file *f, const char *name) {
 /* Opens DIR/model.safetensors.index.json (text in `json`) and its shards. */
 static int open_index(const char *dir, const char *ipath, const char *json, size_t len,
                       msm_safetensors **ret, msm_err *err) {
-    struct json_tokener *tok = json_tokener_new();
-    if (!tok) return msm_err_set(err, -ENOMEM, P_ ": out of memory", ipath);
-    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
-    struct json_object *root = json_tokener_parse_ex(tok, json, (int)len);
-    enum json_tokener_error jerr = json_tokener_get_error(tok);
-    size_t end = json_tokener_get_parse_end(tok);
-    json_tokener_free(tok);
-    while (root && end < len && json[end] && strchr(" \t\r\n", json[end])) end++;
-    if (!root || end != len) {
-        json_object_put(root);
-        return msm_err_set(err, -EINVAL, P_ ": not valid JSON (%s at byte %zu)", ipath,
-                           root ? "trailing data" : json_tokener_error_desc(jerr), end);
-    }
+    struct json_object *root;
+    int prc = msm_json_parse(json, len, ipath, &root, err);
+    if (prc) return prc;
     int rc = 0;
     const char **shards = NULL;
     msm_safetensors *st = NULL;

@@ -277,15 +277,21 @@ static int cuda_sync(msm_backend *b, msm_err *err) {
     return 0;
 }
 
+/* Makes room for weight wi in the weight table (entries start NULL). */
+static int grow_weights(cuda_backend *cb, int wi, msm_err *err) {
+    if (wi < cb->n_weights) return 0;
+    uint16_t **nw = realloc(cb->w, sizeof *nw * (size_t)(wi + 1));
+    if (!nw) return msm_err_set(err, -ENOMEM, "out of memory");
+    for (int i = cb->n_weights; i <= wi; i++) nw[i] = NULL;
+    cb->w = nw;
+    cb->n_weights = wi + 1;
+    return 0;
+}
+
 static int cuda_load_weight(msm_backend *b, int wi, const msm_weight *w, const float *data, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (wi >= cb->n_weights) {
-        uint16_t **nw = realloc(cb->w, sizeof *nw * (size_t)(wi + 1));
-        if (!nw) return msm_err_set(err, -ENOMEM, "out of memory");
-        for (int i = cb->n_weights; i <= wi; i++) nw[i] = NULL;
-        cb->w = nw;
-        cb->n_weights = wi + 1;
-    }
+    int r = grow_weights(cb, wi, err);
+    if (r) return r;
     size_t n = (size_t)w->n_expert * w->rows * w->cols;
     uint16_t *h = malloc(2 * (n ? n : 1));
     if (!h) return msm_err_set(err, -ENOMEM, "out of memory converting %s", w->name);
@@ -301,13 +307,8 @@ static int cuda_load_weight(msm_backend *b, int wi, const msm_weight *w, const f
 static int cuda_dummy_weight(msm_backend *b, int wi, const msm_weight *w, uint64_t seed, float scale,
                              msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
-    if (wi >= cb->n_weights) {
-        uint16_t **nw = realloc(cb->w, sizeof *nw * (size_t)(wi + 1));
-        if (!nw) return msm_err_set(err, -ENOMEM, "out of memory");
-        for (int i = cb->n_weights; i <= wi; i++) nw[i] = NULL;
-        cb->w = nw;
-        cb->n_weights = wi + 1;
-    }
+    int r = grow_weights(cb, wi, err);
+    if (r) return r;
     size_t n = (size_t)w->n_expert * w->rows * w->cols;
     TRY(cudaMalloc((void **)&cb->w[wi], 2 * (n ? n : 1)));
     KTRY(msm_cuda_fill_dummy(cb->w[wi], n, seed, scale, w->is_norm, cb->st[MSM_STREAM_MAIN]));

@@ -89,6 +89,17 @@ static __device__ __forceinline__ uint16_t msm_f2bf(float f) {
     __nv_bfloat16 b = __float2bfloat16_rn(f);
     return *reinterpret_cast<uint16_t *>(&b);
 }
+
+/* Exactly msm_rng_uniform (kernels/cpu/kernels.c): the counter-based generator that sampling
+ * and the dummy weights share, so seeded GPU results equal the CPU's. */
+static __device__ __forceinline__ float msm_rng_uniform_dev(uint64_t seed, uint64_t counter) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + counter * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
 #endif
 
 #endif

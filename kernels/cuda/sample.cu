@@ -29,14 +29,6 @@
 
 typedef unsigned long long u64;
 
-/* Exactly msm_rng_uniform (kernels/cpu/kernels.c). */
-static __device__ float rng_uniform(uint64_t seed, uint64_t counter) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + counter * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (float)(z >> 40) * (1.0f / 16777216.0f);
-}
 
 struct sample_smem {
     float f[S_WARPS];
@@ -242,7 +234,7 @@ __global__ void __launch_bounds__(S_THREADS)
         part += p >= thr ? p : 0.0f;
     }
     float kept = block_sum(part, sm);
-    float u = rng_uniform(sp.seed, sp.counter) * kept;
+    float u = msm_rng_uniform_dev(sp.seed, sp.counter) * kept;
 
     /* First token (in id order) whose cumulative kept mass exceeds u: chunks of S_ITEMS
      * consecutive tokens a thread, a block exclusive scan of the thread sums, then the one
