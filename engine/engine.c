@@ -52,8 +52,10 @@ struct msm_engine {
     int32_t *tokens, *pos, *seq, *slot, *btab, *out_rows;
     msm_sample_params *sparams;
     int32_t *sampled, *seq_tokens;
-    float *logits_dev;  /* [R, vocab_pad] read from rank 0 */
+    float *logits_dev;  /* [R, vocab_pad] read from rank 0 when read_logits */
     float *logits_out;  /* [rows, vocab] returned */
+    size_t logits_dev_cap, logits_out_cap; /* floats; the buffers only grow (no per-step malloc) */
+    bool read_logits;   /* this step returns logits */
     int *row_of_seq;    /* last output row of each seq */
     int max_blocks;
     unsigned char nccl_id[128];
@@ -189,7 +191,7 @@ static int rank_step(rank_ctx *rc) {
     else r = msm_exec_step(b, g, d, err);
     if (r || rc->rank != 0) return r;
     r = b->vt->read(b, g->vals[g->v_sampled].offset, e->sampled, sizeof(int32_t) * (size_t)d->R, err);
-    if (r == 0 && e->logits_dev)
+    if (r == 0 && e->read_logits)
         r = b->vt->read(b, g->vals[g->v_logits].offset, e->logits_dev,
                         sizeof(float) * (size_t)d->R * (size_t)g->vocab_pad, err);
     return r;
@@ -470,13 +472,21 @@ int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_ste
             break;
         }
     int vpad = e->ranks[0].graph->vocab_pad;
-    free(e->logits_dev);
-    e->logits_dev = NULL;
+    e->read_logits = logits;
     if (logits) {
-        e->logits_dev = malloc(sizeof(float) * (size_t)R * (size_t)vpad);
-        float *lo = realloc(e->logits_out, sizeof(float) * (size_t)(want_rows ? want_rows : 1) * (size_t)c->vocab);
-        if (!e->logits_dev || !lo) return msm_err_set(err, -ENOMEM, "out of memory for logits");
-        e->logits_out = lo;
+        size_t need_dev = (size_t)R * (size_t)vpad, need_out = (size_t)(want_rows ? want_rows : 1) * (size_t)c->vocab;
+        if (need_dev > e->logits_dev_cap) {
+            float *d = realloc(e->logits_dev, sizeof(float) * need_dev);
+            if (!d) return msm_err_set(err, -ENOMEM, "out of memory for logits");
+            e->logits_dev = d;
+            e->logits_dev_cap = need_dev;
+        }
+        if (need_out > e->logits_out_cap) {
+            float *o = realloc(e->logits_out, sizeof(float) * need_out);
+            if (!o) return msm_err_set(err, -ENOMEM, "out of memory for logits");
+            e->logits_out = o;
+            e->logits_out_cap = need_out;
+        }
     }
     e->dims = (msm_step_dims){.T = T, .R = R, .S = e->replay_bucket ? e->replay_bucket : n_seqs};
     int r = run_cmd(e, CMD_STEP, err);
