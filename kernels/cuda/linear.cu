@@ -213,16 +213,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
                     float4 xa = xp[0], xb = xp[1];
 #pragma unroll
                     for (int r = 0; r < R; r++) {
-                        float s = acc[r][t];
-                        s = fmaf(wf[r][0], xa.x, s);
-                        s = fmaf(wf[r][1], xa.y, s);
-                        s = fmaf(wf[r][2], xa.z, s);
-                        s = fmaf(wf[r][3], xa.w, s);
-                        s = fmaf(wf[r][4], xb.x, s);
-                        s = fmaf(wf[r][5], xb.y, s);
-                        s = fmaf(wf[r][6], xb.z, s);
-                        s = fmaf(wf[r][7], xb.w, s);
-                        acc[r][t] = s;
+                        acc[r][t] = msm_fma8(wf[r], xa, xb, acc[r][t]);
                     }
                 }
             }

@@ -56,18 +56,7 @@ static __device__ __forceinline__ void rows_dot(float acc[NR], const uint16_t *c
                 float4 xa = xp[0], xb = xp[1];
 #pragma unroll
                 for (int r = 0; r < NR; r++) {
-                    float2 a = msm_bf2(wv[r][u].x), b = msm_bf2(wv[r][u].y);
-                    float2 c = msm_bf2(wv[r][u].z), d = msm_bf2(wv[r][u].w);
-                    float s = acc[r];
-                    s = fmaf(a.x, xa.x, s);
-                    s = fmaf(a.y, xa.y, s);
-                    s = fmaf(b.x, xa.z, s);
-                    s = fmaf(b.y, xa.w, s);
-                    s = fmaf(c.x, xb.x, s);
-                    s = fmaf(c.y, xb.y, s);
-                    s = fmaf(d.x, xb.z, s);
-                    s = fmaf(d.y, xb.w, s);
-                    acc[r] = s;
+                    acc[r] = msm_fma8_bf16(wv[r][u], xa, xb, acc[r]);
                 }
             }
         }
@@ -123,18 +112,7 @@ static __device__ __forceinline__ void rows_dot_multi(float acc[NR], const uint1
                     if (!wr[r]) continue;
                     const float4 *xp = (const float4 *)(xs[r] + k);
                     float4 xa = xp[0], xb = xp[1];
-                    float2 a = msm_bf2(wv[r][u].x), b = msm_bf2(wv[r][u].y);
-                    float2 c = msm_bf2(wv[r][u].z), d = msm_bf2(wv[r][u].w);
-                    float s = acc[r];
-                    s = fmaf(a.x, xa.x, s);
-                    s = fmaf(a.y, xa.y, s);
-                    s = fmaf(b.x, xa.z, s);
-                    s = fmaf(b.y, xa.w, s);
-                    s = fmaf(c.x, xb.x, s);
-                    s = fmaf(c.y, xb.y, s);
-                    s = fmaf(d.x, xb.z, s);
-                    s = fmaf(d.y, xb.w, s);
-                    acc[r] = s;
+                    acc[r] = msm_fma8_bf16(wv[r][u], xa, xb, acc[r]);
                 }
             }
         }
@@ -490,16 +468,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
                         float4 xa = xp[0], xb = xp[1];
 #pragma unroll
                         for (int r = 0; r < 2 * R; r++) {
-                            float s = acc[r][t];
-                            s = fmaf(wf[r][0], xa.x, s);
-                            s = fmaf(wf[r][1], xa.y, s);
-                            s = fmaf(wf[r][2], xa.z, s);
-                            s = fmaf(wf[r][3], xa.w, s);
-                            s = fmaf(wf[r][4], xb.x, s);
-                            s = fmaf(wf[r][5], xb.y, s);
-                            s = fmaf(wf[r][6], xb.z, s);
-                            s = fmaf(wf[r][7], xb.w, s);
-                            acc[r][t] = s;
+                            acc[r][t] = msm_fma8(wf[r], xa, xb, acc[r][t]);
                         }
                     }
                 }
@@ -579,16 +548,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
                         float4 xa = xp[0], xb = xp[1];
 #pragma unroll
                         for (int r = 0; r < R; r++) {
-                            float s = acc[r][t];
-                            s = fmaf(wf[r][0], xa.x, s);
-                            s = fmaf(wf[r][1], xa.y, s);
-                            s = fmaf(wf[r][2], xa.z, s);
-                            s = fmaf(wf[r][3], xa.w, s);
-                            s = fmaf(wf[r][4], xb.x, s);
-                            s = fmaf(wf[r][5], xb.y, s);
-                            s = fmaf(wf[r][6], xb.z, s);
-                            s = fmaf(wf[r][7], xb.w, s);
-                            acc[r][t] = s;
+                            acc[r][t] = msm_fma8(wf[r], xa, xb, acc[r][t]);
                         }
                     }
                 }

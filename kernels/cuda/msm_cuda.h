@@ -90,6 +90,27 @@ static __device__ __forceinline__ uint16_t msm_f2bf(float f) {
     return *reinterpret_cast<uint16_t *>(&b);
 }
 
+/* s + w . (xa, xb) over 8 elements, in this fixed order (the GEMV and MoE kernels share it, so
+ * their results stay bit-identical to each other and run to run). */
+static __device__ __forceinline__ float msm_fma8(const float w[8], float4 xa, float4 xb, float s) {
+    s = fmaf(w[0], xa.x, s);
+    s = fmaf(w[1], xa.y, s);
+    s = fmaf(w[2], xa.z, s);
+    s = fmaf(w[3], xa.w, s);
+    s = fmaf(w[4], xb.x, s);
+    s = fmaf(w[5], xb.y, s);
+    s = fmaf(w[6], xb.z, s);
+    s = fmaf(w[7], xb.w, s);
+    return s;
+}
+
+/* The same with the 8 weights as bf16 packed in 16 bytes (memory order). */
+static __device__ __forceinline__ float msm_fma8_bf16(uint4 w, float4 xa, float4 xb, float s) {
+    float2 a = msm_bf2(w.x), b = msm_bf2(w.y), c = msm_bf2(w.z), d = msm_bf2(w.w);
+    const float f[8] = {a.x, a.y, b.x, b.y, c.x, c.y, d.x, d.y};
+    return msm_fma8(f, xa, xb, s);
+}
+
 /* Exactly msm_rng_uniform (kernels/cpu/kernels.c): the counter-based generator that sampling
  * and the dummy weights share, so seeded GPU results equal the CPU's. */
 static __device__ __forceinline__ float msm_rng_uniform_dev(uint64_t seed, uint64_t counter) {
