@@ -30,6 +30,7 @@ typedef struct cpu_backend {
     char *arena;
     size_t arena_bytes;
     float **kc, **vc;         /* [n_layers] [n_blocks, MSM_KV_BLOCK, kvh, hd] */
+    bool kv_bf16;             /* K/V rounded to bf16 when written (as the CUDA cache stores them) */
     int n_layers;
     float *scratch[MSM_N_STREAMS];
     size_t scratch_floats;
@@ -99,6 +100,11 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         for (int t = 0; t < T; t++) {
             const float *row = qkv + (size_t)t * C;
             msm_cpu_kv_write(kc, vc, row + (size_t)nh * hd, row + (size_t)(nh + kvh) * hd, slot + t, 1, kvh, hd);
+            if (cb->kv_bf16 && slot[t] >= 0)
+                for (size_t j = 0, m = (size_t)kvh * hd, o = (size_t)slot[t] * m; j < m; j++) {
+                    kc[o + j] = msm_bf16_to_f32(msm_f32_to_bf16(kc[o + j]));
+                    vc[o + j] = msm_bf16_to_f32(msm_f32_to_bf16(vc[o + j]));
+                }
         }
         float *q = scratch; /* gather q contiguous [T, nh*hd] */
         for (int t = 0; t < T; t++) memcpy(q + (size_t)t * nh * hd, qkv + (size_t)t * C, sizeof(float) * (size_t)nh * hd);
@@ -390,9 +396,11 @@ static const msm_backend_vt cpu_vt = {
     .record = cpu_record, .wait = cpu_wait, .sync = cpu_sync,
 };
 
-int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, msm_backend **ret, msm_err *err) {
+int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, bool kv_bf16, msm_backend **ret,
+                        msm_err *err) {
     cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return msm_err_set(err, -ENOMEM, "out of memory for the cpu backend");
+    cb->kv_bf16 = kv_bf16;
     cb->b = (msm_backend){.vt = &cpu_vt, .comm = comm, .rank = rank, .deadline_ms = deadline_ms};
     pthread_mutex_init(&cb->mu, NULL);
     pthread_condattr_t ca;

@@ -50,7 +50,10 @@ struct msm_backend {
     msm_stream skew_stream;
 };
 
-int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, msm_backend **ret, msm_err *err);
+/* kv_bf16: K/V are rounded to bf16 as they are written (the CUDA backend's cache format), so CPU
+ * results can be compared with CUDA ones on equal terms; off, the cache is float32. */
+int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, bool kv_bf16, msm_backend **ret,
+                        msm_err *err);
 
 static inline void msm_backend_free(msm_backend *b) {
     if (b) b->vt->free(b);

@@ -43,6 +43,7 @@ typedef struct msm_engine_opts {
     int max_context;           /* tokens per sequence (default: model max_position, <= 32768) */
     int deadline_ms;           /* every collective/event wait gives up after this (default 30000) */
     bool cuda_graphs;          /* capture decode steps per bucket (CUDA; default on) */
+    bool kv_bf16;              /* CPU: KV cache rounded to bf16 like the CUDA one (default off) */
     int buckets[MSM_MAX_BUCKETS]; /* decode batch buckets, ascending; n_buckets 0 = defaults */
     int n_buckets;
     /* Test-only: skip the verifier and misplace the shared all-reduce on the aux stream as the

@@ -26,7 +26,7 @@ static void usage(FILE *f) {
             "                 [--greedy | --temperature T [--top-k K] [--top-p P] [--seed S]]\n"
             "                 [--ignore-eos] [--dump-logits FILE.npy] [--tp N] [--dump-graph]\n"
             "                 [--no-multi-stream] [--no-fuse-allreduce] [--bench] [--text]\n"
-            "                 [--backend cpu|cuda] [--no-cuda-graphs] [--device N]\n"
+            "                 [--backend cpu|cuda] [--no-cuda-graphs] [--device N] [--kv-bf16]\n"
             "       msmoe-run --dummy-weights PRESET.json ...   (random weights of a config's shapes)\n"
             "       msmoe-run --tokenizer FILE (--encode | --decode)   (stdin → stdout)\n");
 }
@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
     msm_sample_params sp = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
     enum { O_PROMPT_IDS = 256, O_MAX_NEW, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DUMP_LOGITS,
            O_TP, O_DUMP_GRAPH, O_NO_MS, O_NO_FUSE, O_BENCH, O_DUMMY, O_IGNORE_EOS, O_TOKENIZER,
-           O_ENCODE, O_DECODE, O_PROMPT, O_TEXT, O_KV, O_MAXTOK, O_BACKEND, O_NO_GRAPHS, O_DEVICE };
+           O_ENCODE, O_DECODE, O_PROMPT, O_TEXT, O_KV, O_MAXTOK, O_BACKEND, O_NO_GRAPHS, O_DEVICE, O_KV_BF16 };
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'}, {"prompt-ids", required_argument, 0, O_PROMPT_IDS},
         {"max-new-tokens", required_argument, 0, O_MAX_NEW}, {"greedy", no_argument, 0, O_GREEDY},
@@ -184,7 +184,7 @@ int main(int argc, char **argv) {
         {"text", no_argument, 0, O_TEXT}, {"kv-blocks", required_argument, 0, O_KV},
         {"max-step-tokens", required_argument, 0, O_MAXTOK}, {"backend", required_argument, 0, O_BACKEND},
         {"no-cuda-graphs", no_argument, 0, O_NO_GRAPHS}, {"device", required_argument, 0, O_DEVICE},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"kv-bf16", no_argument, 0, O_KV_BF16}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     char *end;
     while ((c = getopt_long(argc, argv, "m:h", lo, NULL)) != -1) {
@@ -228,6 +228,7 @@ int main(int argc, char **argv) {
             break;
         case O_NO_GRAPHS: o.cuda_graphs = false; break;
         case O_DEVICE: o.first_device = (int)strtol(optarg, &end, 10); break;
+        case O_KV_BF16: o.kv_bf16 = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -1,100 +1,226 @@
 /* attention.cu: causal paged attention over the bf16 KV cache, for decode and prefill alike.
  *
- * One block per (query head, token), 8 warps. The warps split the context positions 0..pos[t]
- * (warp w takes w, w+8, ...; two positions per iteration so two K/V rows are in flight), each
- * keeps its own online softmax (max, denominator, output accumulator over the head dims, lane l
- * owning dims l, l+32, ...), and the block merges the 8 partial softmaxes in a fixed order at the
- * end, so results are deterministic. Scores and the softmax are fp32, as on the CPU.
+ * One block of 4 warps per (query head, token, context split). Each warp is cut into sub-groups
+ * of L lanes, L*8 >= hd: lane sl of a sub-group owns the 8 head dims 8*sl..8*sl+7 and reads them
+ * of a K or V row with one 16-byte load, so a warp reads 32/L positions per load instruction
+ * (2 at hd 128). Every iteration a sub-group handles ATT_U positions: the K and V loads of the
+ * next iteration are issued before the current one is scored (4 KiB per warp per iteration, up
+ * to 8 KiB in flight; with 5 blocks of 4 warps resident an SM keeps ~80-160 KiB in flight, well
+ * over the ~32 KiB HBM needs per SM at full rate). Scoring is an fp32 dot over the lane's dims
+ * and a butterfly sum over the sub-group's L lanes; each sub-group keeps its own online softmax
+ * (max, denominator, output accumulator), updated once per ATT_U positions. At the end the sub-groups merge through shuffles and the warps through shared
+ * memory, both in a fixed order, so results are bitwise deterministic. Scores and the softmax
+ * are fp32, as on the CPU (only the order of the sums differs).
  *
  * Positions are read through the sequence's block table: slot = table[p / 16] * 16 + p % 16. GQA
  * query heads read kv head h / (nh / kvh); the group's heads share those K/V rows through L2.
  *
- * Known limit (a later optimisation): at batch 1 there are only nh blocks, which leaves most of
- * the SMs idle on long contexts; a split-context (flash-decoding) variant would fix that. */
+ * Split context (flash-decoding): when T * nh blocks leave the GPU's resident block slots empty
+ * and the caller gives a workspace, grid.z = ns (<= ATT_MAX_SPLIT, as many as fill the slots in
+ * one wave) splits each token's context 0..pos[t] into equal chunks, a multiple of the positions
+ * a block handles per iteration; a short context uses fewer splits (the blocks beyond exit at
+ * once). Each split block writes its partial (max, denominator,
+ * unnormalised output) to the workspace, fences, and counts itself in with an atomic counter
+ * per (token, head); the block that arrives last merges all partials IN SPLIT ORDER (so the
+ * result does not depend on which block was last) and resets the counter to zero, which leaves
+ * the workspace ready for the next call or graph replay. Workspace layout:
+ *   [ATT_MAX_CTR] u32 counters, zero between calls  |  [T, nh, ns, hd + 2] f32 partials
+ * The counters sit at fixed offsets whatever T and ns are, so partials never overwrite them.
+ *
+ * Launched with programmatic dependent launch: every block triggers its dependents and waits
+ * for the previous kernel before it reads anything. */
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
 
 #include <errno.h>
 #include <math.h>
 
-#define ATT_WARPS 8
+#define ATT_WARPS 4
+#define ATT_THREADS (ATT_WARPS * 32)
+#define ATT_U 4          /* positions per sub-group per iteration, all loads in flight at once */
+#define ATT_MAX_SPLIT 16
+#define ATT_MAX_CTR 4096 /* (token, head) pairs that may split, e.g. T = 32 at nh = 128 */
+#define ATT_PART_OFF ((size_t)ATT_MAX_CTR * sizeof(unsigned))
 
-template <int DPL>
-__global__ void __launch_bounds__(ATT_WARPS * 32)
+/* The 8 bf16 at p, p + 8 <= the row's end: one 16-byte load when VEC (rows 16-byte aligned),
+ * else element by element with the dims from nvalid on read as zero (hd % 8 != 0). */
+template <bool VEC>
+static __device__ __forceinline__ uint4 att_load8(const uint16_t *p, int nvalid) {
+    if constexpr (VEC) {
+        return msm_ld_stream16(p);
+    } else {
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t lo = 2 * i < nvalid ? __ldg(p + 2 * i) : 0u;
+            uint32_t hi = 2 * i + 1 < nvalid ? __ldg(p + 2 * i + 1) : 0u;
+            w[i] = lo | hi << 16;
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+static __device__ __forceinline__ void att_unpack8(uint4 r, float f[8]) {
+    float2 a = msm_bf2(r.x), b = msm_bf2(r.y), c = msm_bf2(r.z), d = msm_bf2(r.w);
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+    f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
+}
+
+/* One sub-group's ATT_U positions of an iteration: their K and V pieces (zero where invalid). */
+struct att_tile {
+    uint4 k[ATT_U], v[ATT_U];
+    unsigned ok; /* bit u: position base + u * P + g is in the block's range */
+};
+
+/* Issues the loads of the positions base + u * (32 / L) + g, u < ATT_U, those < hi (none when
+ * base >= hi: then it only clears the tile). */
+template <int L, bool VEC>
+static __device__ __forceinline__ void att_fetch(att_tile &tl, int base, int hi, int g,
+                                                 const int32_t *bt, size_t row, const uint16_t *kb,
+                                                 const uint16_t *vb, int nval) {
+    size_t off[ATT_U];
+    tl.ok = 0;
+#pragma unroll
+    for (int u = 0; u < ATT_U; u++) {
+        int p = base + u * (32 / L) + g;
+        bool ok = p < hi;
+        tl.ok |= (unsigned)ok << u;
+        off[u] = ok ? ((size_t)__ldg(bt + p / MSM_KV_BLOCK) * MSM_KV_BLOCK + p % MSM_KV_BLOCK) * row : 0;
+    }
+    bool lane_ok = nval > 0;
+#pragma unroll
+    for (int u = 0; u < ATT_U; u++)
+        tl.k[u] = (tl.ok >> u & 1) && lane_ok ? att_load8<VEC>(kb + off[u], nval) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < ATT_U; u++)
+        tl.v[u] = (tl.ok >> u & 1) && lane_ok ? att_load8<VEC>(vb + off[u], nval) : make_uint4(0, 0, 0, 0);
+}
+
+/* Scores a tile (fp32 dot over the lane's 8 dims, butterfly sum over the sub-group's L lanes,
+ * which leaves all of them the same value) and folds it into the sub-group's online softmax. */
+template <int L>
+static __device__ __forceinline__ void att_fold(const att_tile &tl, const float qv[8], float scale,
+                                                float &m, float &den, float acc[8]) {
+    float s[ATT_U];
+#pragma unroll
+    for (int u = 0; u < ATT_U; u++) {
+        float kf[8], d = 0.0f;
+        att_unpack8(tl.k[u], kf);
+#pragma unroll
+        for (int j = 0; j < 8; j++) d = fmaf(qv[j], kf[j], d);
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(MSM_FULL_MASK, d, o);
+        s[u] = tl.ok >> u & 1 ? d * scale : -INFINITY;
+    }
+    float mx = m;
+#pragma unroll
+    for (int u = 0; u < ATT_U; u++) mx = fmaxf(mx, s[u]);
+    if (mx == -INFINITY) return; /* sub-group-uniform: nothing valid yet */
+    float corr = expf(m - mx);   /* m = -inf: 0 */
+    den *= corr;
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc[j] *= corr;
+#pragma unroll
+    for (int u = 0; u < ATT_U; u++) {
+        float e = expf(s[u] - mx), vf[8]; /* invalid position: e = 0 and v zero */
+        att_unpack8(tl.v[u], vf);
+        den += e;
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] = fmaf(e, vf[j], acc[j]);
+    }
+    m = mx;
+}
+
+/* ov[s] = p[s * stride] for the splits s < nsplit (all loads in flight at once; L2, since other
+ * blocks wrote them), zero elsewhere or when !any. */
+static __device__ __forceinline__ void att_load_col(float ov[ATT_MAX_SPLIT], const float *p,
+                                                    size_t stride, int nsplit, bool any) {
+#pragma unroll
+    for (int s = 0; s < ATT_MAX_SPLIT; s++) ov[s] = any && s < nsplit ? __ldcg(p + (size_t)s * stride) : 0.0f;
+}
+
+template <int L, bool VEC>
+__global__ void __launch_bounds__(ATT_THREADS)
     attention_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc,
                      const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                      const int32_t *block_tables, int max_blocks, int nh, int kvh, int hd,
-                     float scale, float *part) {
+                     float scale, unsigned *ctr, float *part) {
+    constexpr int P = 32 / L;                    /* positions per warp per load instruction */
+    constexpr int WPOS = ATT_U * P;              /* positions per warp per iteration */
+    constexpr int BPOS = ATT_WARPS * WPOS;       /* positions per block per iteration */
     __shared__ float sm_m[ATT_WARPS], sm_den[ATT_WARPS];
-    __shared__ float sm_acc[ATT_WARPS][DPL * 32];
-    int h = blockIdx.x, t = blockIdx.y;
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int kh = h / (nh / kvh);
-    size_t row = (size_t)kvh * hd;
-    const float *qh = q + (size_t)t * q_ld + (size_t)h * hd;
-    float qv[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        int d = i * 32 + lane;
-        qv[i] = d < hd ? qh[d] : 0.0f;
-    }
-    const int32_t *bt = block_tables + (size_t)seq[t] * max_blocks;
-    int n = pos[t] + 1, lo = 0;
-    if (gridDim.z > 1) { /* split: this block takes one contiguous chunk of the positions */
-        int chunk = (n + (int)gridDim.z - 1) / (int)gridDim.z;
-        lo = min(n, (int)blockIdx.z * chunk);
-        n = min(n, lo + chunk);
-    }
-    float m = -INFINITY, den = 0.0f, acc[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
+    __shared__ float sm_acc[ATT_WARPS][L * 8];
+    __shared__ float sm_sm[ATT_MAX_SPLIT], sm_sc[ATT_MAX_SPLIT];
+    __shared__ int sm_last;
+    msm_pdl_trigger();
+    msm_pdl_wait();
 
-    for (int p = lo + warp; p < n; p += 2 * ATT_WARPS) {
-        int p2 = p + ATT_WARPS;
-        bool has2 = p2 < n; /* warp-uniform */
-        size_t s1 = (size_t)bt[p / MSM_KV_BLOCK] * MSM_KV_BLOCK + p % MSM_KV_BLOCK;
-        size_t s2 = has2 ? (size_t)bt[p2 / MSM_KV_BLOCK] * MSM_KV_BLOCK + p2 % MSM_KV_BLOCK : s1;
-        const uint16_t *k1 = kc + s1 * row + (size_t)kh * hd, *v1 = vc + s1 * row + (size_t)kh * hd;
-        const uint16_t *k2 = kc + s2 * row + (size_t)kh * hd, *v2 = vc + s2 * row + (size_t)kh * hd;
-        float kf1[DPL], kf2[DPL], vf1[DPL], vf2[DPL];
+    const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z, ns = gridDim.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane / L, d0 = (lane % L) * 8; /* sub-group; first of the lane's 8 dims */
+    const int nval = min(8, hd - d0);            /* the lane's dims inside the head, <= 0: none */
+
+    /* this block's positions [lo, hi) */
+    const int32_t *bt = block_tables + (size_t)seq[t] * max_blocks;
+    int n = max(pos[t] + 1, 0), lo = 0, hi = n, nsplit = 1;
+    if (ns > 1) {
+        int chunk = (n + ns - 1) / ns;
+        chunk = max(BPOS, (chunk + BPOS - 1) / BPOS * BPOS);
+        nsplit = max(1, (n + chunk - 1) / chunk); /* <= ns */
+        if (z >= nsplit) return;                  /* short context: fewer splits (block-uniform) */
+        lo = z * chunk;
+        hi = min(n, lo + chunk);
+    }
+
+    const int kh = h / (nh / kvh);
+    const size_t row = (size_t)kvh * hd;
+    const uint16_t *kb = kc + (size_t)kh * hd + d0, *vb = vc + (size_t)kh * hd + d0;
+    float qv[8];
+    {
+        const float *qh = q + (size_t)t * q_ld + (size_t)h * hd + d0;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            int d = i * 32 + lane;
-            bool ok = d < hd;
-            kf1[i] = ok ? msm_bf(k1[d]) : 0.0f;
-            kf2[i] = ok ? msm_bf(k2[d]) : 0.0f;
-            vf1[i] = ok ? msm_bf(v1[d]) : 0.0f;
-            vf2[i] = ok ? msm_bf(v2[d]) : 0.0f;
-        }
-        float d1 = 0.0f, d2 = 0.0f;
+        for (int j = 0; j < 8; j++) qv[j] = j < nval ? qh[j] : 0.0f;
+    }
+
+    float m = -INFINITY, den = 0.0f, acc[8];
 #pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            d1 = fmaf(qv[i], kf1[i], d1);
-            d2 = fmaf(qv[i], kf2[i], d2);
-        }
-        float sc1 = msm_warp_sum(d1) * scale, sc2 = msm_warp_sum(d2) * scale;
-        {
-            float nm = fmaxf(m, sc1);
-            float corr = expf(m - nm), e = expf(sc1 - nm);
-            den = den * corr + e;
+    for (int j = 0; j < 8; j++) acc[j] = 0.0f;
+
+    /* warp w takes positions [base, base + WPOS) for base = lo + w * WPOS, + BPOS, ...; the
+     * next iteration's rows are loaded while the current ones are scored (software pipeline) */
+    int base = lo + warp * WPOS;
+    att_tile cur, nxt;
+    att_fetch<L, VEC>(cur, base, hi, g, bt, row, kb, vb, nval);
+    for (; base < hi; base += BPOS) { /* warp-uniform */
+        att_fetch<L, VEC>(nxt, base + BPOS, hi, g, bt, row, kb, vb, nval);
+        att_fold<L>(cur, qv, scale, m, den, acc);
+        cur = nxt;
+    }
+
+    /* merge the warp's sub-groups (same dims, other positions) into sub-group 0, fixed order */
 #pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] = acc[i] * corr + e * vf1[i];
-            m = nm;
-        }
-        if (has2) {
-            float nm = fmaxf(m, sc2);
-            float corr = expf(m - nm), e = expf(sc2 - nm);
-            den = den * corr + e;
+    for (int o = L; o < 32; o <<= 1) {
+        float mo = __shfl_xor_sync(MSM_FULL_MASK, m, o), dno = __shfl_xor_sync(MSM_FULL_MASK, den, o);
+        float mx = fmaxf(m, mo);
+        float c1 = m == -INFINITY ? 0.0f : expf(m - mx), c2 = mo == -INFINITY ? 0.0f : expf(mo - mx);
+        den = den * c1 + dno * c2;
 #pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] = acc[i] * corr + e * vf2[i];
-            m = nm;
+        for (int j = 0; j < 8; j++) {
+            float ao = __shfl_xor_sync(MSM_FULL_MASK, acc[j], o);
+            acc[j] = acc[j] * c1 + ao * c2;
         }
+        m = mx;
     }
     if (lane == 0) sm_m[warp] = m, sm_den[warp] = den;
+    if (g == 0) {
 #pragma unroll
-    for (int i = 0; i < DPL; i++) sm_acc[warp][i * 32 + lane] = acc[i];
+        for (int j = 0; j < 8; j++) sm_acc[warp][d0 + j] = acc[j];
+    }
     __syncthreads();
+
+    /* merge the warps in warp order (every thread computes the same M, D) */
     float M = -INFINITY;
+#pragma unroll
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w]);
     float D = 0.0f, cw[ATT_WARPS];
 #pragma unroll
@@ -102,70 +228,124 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         cw[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - M); /* idle warps weigh 0 */
         D += sm_den[w] * cw[w];
     }
-    if (gridDim.z > 1) { /* partial: [M, D, o[hd]] unnormalised, merged by attention_merge */
-        float *ph = part + (((size_t)t * nh + h) * gridDim.z + blockIdx.z) * (size_t)(hd + 2);
+    const size_t th = (size_t)t * nh + h;
+    float *oh = out + th * hd;
+    if (nsplit == 1) {
+        float inv = n > 0 ? 1.0f / D : 0.0f; /* empty context (pos < 0): zeros */
+        for (int d = threadIdx.x; d < hd; d += ATT_THREADS) {
+            float o = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ATT_WARPS; w++) o += sm_acc[w][d] * cw[w];
+            oh[d] = o * inv;
+        }
+        return;
+    }
+
+    /* split: publish the partial [M, D, o[hd]] (unnormalised), then count in */
+    const size_t stride = (size_t)hd + 2;
+    float *pbase = part + th * ns * stride;
+    {
+        float *ph = pbase + (size_t)z * stride;
         if (threadIdx.x == 0) ph[0] = M, ph[1] = D;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        for (int d = threadIdx.x; d < hd; d += ATT_THREADS) {
             float o = 0.0f;
 #pragma unroll
             for (int w = 0; w < ATT_WARPS; w++) o += sm_acc[w][d] * cw[w];
             ph[2 + d] = o;
         }
-        return;
     }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence(); /* release: the block's partial (ordered by the barrier) before the count */
+        unsigned prev = atomicAdd(ctr + th, 1u);
+        __threadfence(); /* acquire: the other splits' partials after their counts */
+        sm_last = prev == (unsigned)nsplit - 1;
+    }
+    __syncthreads();
+    if (!sm_last) return;
+
+    /* the last block: every split's partial is visible (read from L2); merge in split order.
+     * Each thread's first column of partial outputs is loaded together with the maxima and
+     * denominators, so the merge costs one L2 round trip (two when hd > ATT_THREADS). */
+    float ov[ATT_MAX_SPLIT];
+    att_load_col(ov, pbase + 2 + threadIdx.x, stride, nsplit, (int)threadIdx.x < hd);
+    if (threadIdx.x < nsplit) {
+        sm_sm[threadIdx.x] = __ldcg(pbase + (size_t)threadIdx.x * stride);
+        sm_sc[threadIdx.x] = __ldcg(pbase + (size_t)threadIdx.x * stride + 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) ctr[th] = 0; /* every split has counted in: ready for the next call */
+    M = -INFINITY;
+    for (int s = 0; s < nsplit; s++) M = fmaxf(M, sm_sm[s]);
+    __syncthreads(); /* every thread has read the maxima before they become the weights */
+    if (threadIdx.x < nsplit) {
+        float ms = sm_sm[threadIdx.x];
+        sm_sm[threadIdx.x] = ms == -INFINITY ? 0.0f : expf(ms - M); /* weight */
+    }
+    __syncthreads();
+    D = 0.0f;
+    for (int s = 0; s < nsplit; s++) D += sm_sc[s] * sm_sm[s];
     float inv = 1.0f / D;
-    float *oh = out + ((size_t)t * nh + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    static_assert(L * 8 <= 2 * ATT_THREADS, "at most two dims per thread");
+#pragma unroll
+    for (int i = 0; i < (L * 8 + ATT_THREADS - 1) / ATT_THREADS; i++) {
+        int d = threadIdx.x + i * ATT_THREADS;
+        if (i > 0) att_load_col(ov, pbase + 2 + d, stride, nsplit, d < hd);
         float o = 0.0f;
 #pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) o += sm_acc[w][d] * cw[w];
-        oh[d] = o * inv;
+        for (int s = 0; s < ATT_MAX_SPLIT; s++)
+            if (s < nsplit) o += ov[s] * sm_sm[s];
+        if (d < hd) oh[d] = o * inv;
     }
 }
 
-/* One block per (head, token): the splits' partials merged in split order. */
-__global__ void attention_merge_kernel(float *out, const float *part, int nh, int hd, int ns) {
-    int h = blockIdx.x, t = blockIdx.y;
-    const float *ph = part + ((size_t)t * nh + h) * ns * (size_t)(hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < ns; s++) M = fmaxf(M, ph[(size_t)s * (hd + 2)]);
-    float D = 0.0f;
-    for (int s = 0; s < ns; s++) {
-        float m = ph[(size_t)s * (hd + 2)];
-        D += m == -INFINITY ? 0.0f : ph[(size_t)s * (hd + 2) + 1] * expf(m - M);
-    }
-    float inv = 1.0f / D;
-    float *oh = out + ((size_t)t * nh + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < ns; s++) {
-            float m = ph[(size_t)s * (hd + 2)];
-            if (m != -INFINITY) o += ph[(size_t)s * (hd + 2) + 2 + d] * expf(m - M);
-        }
-        oh[d] = o * inv;
-    }
-}
-
-#define ATT_MAX_SPLIT 32
-
-/* Splits so that about two blocks per SM are busy (132 SMs on an H200; the count is queried). */
-static int n_splits(int T, int nh) {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
+/* Resident blocks of a kernel over the whole GPU (queried once per instantiation). */
+template <int L, bool VEC>
+static int att_capacity(void) {
+    static int cap = 0; /* benign race: every thread computes the same value */
+    if (!cap) {
+        int dev = 0, sms = 0, per = 0;
         if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            sms = 132;
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_kernel<L, VEC>,
+                                                          ATT_THREADS, 0) != cudaSuccess ||
+            per <= 0) {
+            (void)cudaGetLastError();
+            sms = 132, per = 4;
+        }
+        cap = sms * per;
     }
-    long blocks = (long)T * nh, want = 2L * sms;
-    if (blocks >= want) return 1;
-    long s = (want + blocks - 1) / blocks;
-    return (int)(s > ATT_MAX_SPLIT ? ATT_MAX_SPLIT : s);
+    return cap;
+}
+
+template <int L, bool VEC>
+static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *kc,
+                      const uint16_t *vc, const int32_t *seq, const int32_t *pos,
+                      const int32_t *block_tables, int max_blocks, int T, int nh, int kvh, int hd,
+                      float scale, void *ws, size_t ws_bytes, cudaStream_t stream) {
+    long pairs = (long)T * nh;
+    int ns = 1;
+    if (ws && pairs <= ATT_MAX_CTR && ws_bytes > ATT_PART_OFF) {
+        /* as many splits as fill the resident block slots in one wave (a second, partial wave
+         * would leave a tail); the device uses fewer for short contexts, so only long contexts
+         * pay for merges */
+        long want = att_capacity<L, VEC>() / pairs;
+        long fit = (long)((ws_bytes - ATT_PART_OFF) / (sizeof(float) * (size_t)pairs * ((size_t)hd + 2)));
+        if (want > ATT_MAX_SPLIT) want = ATT_MAX_SPLIT;
+        ns = (int)(want < fit ? want : fit);
+        if (ns < 1) ns = 1;
+    }
+    unsigned *ctr = (unsigned *)ws;
+    float *part = ws ? (float *)((char *)ws + ATT_PART_OFF) : NULL;
+    dim3 grid((unsigned)nh, (unsigned)T, (unsigned)ns);
+    CUDA_TRY(msm_launch(attention_kernel<L, VEC>, grid, dim3(ATT_THREADS), 0, stream, out, q, q_ld,
+                        kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr, part));
+    return 0;
 }
 
 extern "C" size_t msm_cuda_attention_ws_bytes(int T, int nh, int hd) {
-    if (T <= 0 || nh <= 0 || hd <= 0) return 0;
-    return sizeof(float) * (size_t)T * nh * ATT_MAX_SPLIT * (size_t)(hd + 2);
+    if (T <= 0 || nh <= 0 || hd <= 0 || (long)T * nh > ATT_MAX_CTR) return 0;
+    return ATT_PART_OFF + sizeof(float) * (size_t)T * nh * ATT_MAX_SPLIT * ((size_t)hd + 2);
 }
 
 extern "C" int msm_cuda_attention(float *out, const float *q, const uint16_t *kc,
@@ -182,35 +362,21 @@ extern "C" int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, co
                                      int kvh, int hd, float scale, void *ws, size_t ws_bytes,
                                      cudaStream_t stream) {
     if (T < 0 || nh <= 0 || kvh <= 0 || nh % kvh || hd <= 0 || hd > 256 || max_blocks <= 0 ||
-        q_ld < (size_t)nh * hd)
+        q_ld < (size_t)nh * hd || (ws && ((uintptr_t)ws & 3)))
         return -EINVAL;
     if (T == 0) return 0;
-    if (T > 65535) return -EINVAL; /* grid.y limit; prefill chunks are far smaller */
-    int ns = ws ? n_splits(T, nh) : 1;
-    float *part = (float *)ws;
-    if (ns > 1 && sizeof(float) * (size_t)T * nh * ns * (size_t)(hd + 2) > ws_bytes) ns = 1;
-    dim3 grid((unsigned)nh, (unsigned)T, (unsigned)ns);
-    int dpl = (hd + 31) / 32;
-    if (dpl <= 1)
-        attention_kernel<1><<<grid, ATT_WARPS * 32, 0, stream>>>(out, q, q_ld, kc, vc, seq, pos,
-                                                                  block_tables, max_blocks, nh,
-                                                                  kvh, hd, scale, part);
-    else if (dpl <= 2)
-        attention_kernel<2><<<grid, ATT_WARPS * 32, 0, stream>>>(out, q, q_ld, kc, vc, seq, pos,
-                                                                  block_tables, max_blocks, nh,
-                                                                  kvh, hd, scale, part);
-    else if (dpl <= 4)
-        attention_kernel<4><<<grid, ATT_WARPS * 32, 0, stream>>>(out, q, q_ld, kc, vc, seq, pos,
-                                                                  block_tables, max_blocks, nh,
-                                                                  kvh, hd, scale, part);
-    else
-        attention_kernel<8><<<grid, ATT_WARPS * 32, 0, stream>>>(out, q, q_ld, kc, vc, seq, pos,
-                                                                  block_tables, max_blocks, nh,
-                                                                  kvh, hd, scale, part);
-    CUDA_LAUNCH_CHECK();
-    if (ns > 1) {
-        attention_merge_kernel<<<dim3((unsigned)nh, (unsigned)T), 128, 0, stream>>>(out, part, nh, hd, ns);
-        CUDA_LAUNCH_CHECK();
-    }
-    return 0;
+    if (T > 65535) return -EINVAL; /* grid limits; prefill chunks are far smaller */
+    /* 16-byte K/V loads need every row start 16-byte aligned */
+    bool vec = hd % 8 == 0 && !(((uintptr_t)kc | (uintptr_t)vc) & 15);
+    int chunks = (hd + 7) / 8; /* 8-dim pieces of a head: one per lane of a sub-group */
+#define ATT_GO(L)                                                                              \
+    (vec ? att_launch<L, true>(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, \
+                               kvh, hd, scale, ws, ws_bytes, stream)                           \
+         : att_launch<L, false>(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, \
+                                kvh, hd, scale, ws, ws_bytes, stream))
+    if (chunks <= 4) return ATT_GO(4);
+    if (chunks <= 8) return ATT_GO(8);
+    if (chunks <= 16) return ATT_GO(16);
+    return ATT_GO(32);
+#undef ATT_GO
 }

@@ -16,6 +16,8 @@ static unsigned grid_for(size_t n, int threads) {
 
 /* ---- embed: one block per token, bf16 row -> f32 row ---- */
 __global__ void embed_kernel(float *out, const uint16_t *table, const int32_t *ids, int H) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     int t = blockIdx.x;
     const uint16_t *row = table + (size_t)ids[t] * H;
     float *o = out + (size_t)t * H;
@@ -26,73 +28,28 @@ extern "C" int msm_cuda_embed(float *out, const uint16_t *table, const int32_t *
                               cudaStream_t stream) {
     if (T < 0 || H <= 0) return -EINVAL;
     if (T == 0) return 0;
-    embed_kernel<<<T, 256, 0, stream>>>(out, table, ids, H);
-    CUDA_LAUNCH_CHECK();
+    CUDA_TRY(msm_launch(embed_kernel, dim3(T), dim3(256), 0, stream, out, table, ids, H));
     return 0;
 }
 
-/* ---- rmsnorm: one block per row; the sum of squares is reduced in a fixed order ---- */
-__global__ void rmsnorm_kernel(float *out, const float *x, const uint16_t *w, int dim, float eps) {
-    __shared__ float part[32];
-    const float *xr = x + (size_t)blockIdx.x * dim;
-    float *yr = out + (size_t)blockIdx.x * dim;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = msm_warp_sum(ss);
-    int warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    if ((threadIdx.x & 31) == 0) part[warp] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-    for (int i = 0; i < nwarps; i++) tot += part[i];
-    float inv = 1.0f / sqrtf(tot / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = msm_bf(w[i]) * (xr[i] * inv);
+/* ---- row norms: one block per row, the row held in registers ----
+ * Thread i of a block owns elements i, i + threads, i + 2*threads, ... (V of them); the sum of
+ * squares adds them in that order, then warp sums, then the warps in order. rmsnorm and
+ * add_rmsnorm pick the thread count and V the same way, so add_rmsnorm equals add + rmsnorm
+ * bitwise. All loads of a row are issued before the first store (sum may alias a or b). */
+static int norm_threads(int dim) {
+    if (dim <= 8192) return dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
+    int t = (dim + 31) / 32;
+    return (t + 31) / 32 * 32;
 }
 
-extern "C" int msm_cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int rows, int dim,
-                                float eps, cudaStream_t stream) {
-    if (rows < 0 || dim <= 0) return -EINVAL;
-    if (rows == 0) return 0;
-    int threads = dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
-    rmsnorm_kernel<<<rows, threads, 0, stream>>>(out, x, w, dim, eps);
-    CUDA_LAUNCH_CHECK();
-    return 0;
+/* Values per thread: the smallest of 1, 2, 4, ..., 32 that covers dim (dim <= 32 * 1024). */
+static int norm_vals(int dim, int threads) {
+    int v = 1;
+    while (v * threads < dim) v *= 2;
+    return v;
 }
 
-/* ---- add + rmsnorm: the residual sum and its norm in one pass (same order as the two kernels) */
-__global__ void add_rmsnorm_kernel(float *sum, float *out, const float *a, const float *b,
-                                   const uint16_t *w, int dim, float eps) {
-    __shared__ float part[32];
-    size_t off = (size_t)blockIdx.x * dim;
-    float *sr = sum + off, *yr = out + off;
-    const float *ar = a + off, *br = b + off;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = ar[i] + br[i];
-        sr[i] = v;
-        ss += v * v;
-    }
-    ss = msm_warp_sum(ss);
-    int warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    if ((threadIdx.x & 31) == 0) part[warp] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-    for (int i = 0; i < nwarps; i++) tot += part[i];
-    float inv = 1.0f / sqrtf(tot / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = msm_bf(w[i]) * (sr[i] * inv);
-}
-
-extern "C" int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, const float *b,
-                                    const uint16_t *w, int rows, int dim, float eps,
-                                    cudaStream_t stream) {
-    if (rows < 0 || dim <= 0) return -EINVAL;
-    if (rows == 0) return 0;
-    int threads = dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
-    add_rmsnorm_kernel<<<rows, threads, 0, stream>>>(sum, out, a, b, w, dim, eps);
-    CUDA_LAUNCH_CHECK();
-    return 0;
-}
-
-/* ---- MoE combine + residual add + rmsnorm: one block per row; block sums in a fixed order ---- */
 static __device__ float block_sum(float v, float *part) {
     v = msm_warp_sum(v);
     int warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
@@ -104,49 +61,153 @@ static __device__ float block_sum(float v, float *part) {
     return tot;
 }
 
+/* sum = a (+ b), out = rmsnorm(sum) * w; sum NULL: not stored. */
+template <int V>
+__global__ void add_rmsnorm_kernel(float *sum, float *out, const float *a, const float *b,
+                                   const uint16_t *w, int dim, float eps) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    __shared__ float part[32];
+    size_t off = (size_t)blockIdx.x * dim;
+    float v[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        v[j] = i < dim ? (b ? a[off + i] + b[off + i] : a[off + i]) : 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (i < dim) {
+            if (sum) sum[off + i] = v[j];
+            ss += v[j] * v[j];
+        }
+    }
+    float tot = block_sum(ss, part);
+    float inv = 1.0f / sqrtf(tot / (float)dim + eps);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (i < dim) out[off + i] = msm_bf(w[i]) * (v[j] * inv);
+    }
+}
+
+static int add_rmsnorm_launch(float *sum, float *out, const float *a, const float *b,
+                              const uint16_t *w, int rows, int dim, float eps, cudaStream_t stream) {
+    if (rows < 0 || dim <= 0 || dim > 32 * 1024) return -EINVAL;
+    if (rows == 0) return 0;
+    int threads = norm_threads(dim);
+    switch (norm_vals(dim, threads)) {
+#define NORM_CASE(V)                                                                               \
+    case V:                                                                                        \
+        CUDA_TRY(msm_launch(add_rmsnorm_kernel<V>, dim3((unsigned)rows), dim3((unsigned)threads), 0, \
+                            stream, sum, out, a, b, w, dim, eps));                                 \
+        break;
+        NORM_CASE(1) NORM_CASE(2) NORM_CASE(4) NORM_CASE(8) NORM_CASE(16) NORM_CASE(32)
+    default: return -EINVAL;
+    }
+    return 0;
+}
+
+extern "C" int msm_cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int rows, int dim,
+                                float eps, cudaStream_t stream) {
+    return add_rmsnorm_launch(NULL, out, x, NULL, w, rows, dim, eps, stream);
+}
+
+/* ---- add + rmsnorm: the residual sum and its norm in one pass (same order as the two kernels) */
+extern "C" int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, const float *b,
+                                    const uint16_t *w, int rows, int dim, float eps,
+                                    cudaStream_t stream) {
+    if (!sum || !b) return -EINVAL;
+    return add_rmsnorm_launch(sum, out, a, b, w, rows, dim, eps, stream);
+}
+
+/* ---- MoE combine + residual add + rmsnorm: one block per row; block sums in a fixed order ---- */
+template <int V>
 __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const float *x, const float *routed,
                                            const float *shared, const float *h, const uint16_t *wg,
                                            const uint16_t *w, int dim, float eps) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     __shared__ float part[32];
     size_t off = (size_t)blockIdx.x * dim;
+    float hv[V], gv[V], xv[V], rv[V], sv[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        bool ok = i < dim;
+        hv[j] = ok ? h[off + i] : 0.0f;
+        gv[j] = ok ? msm_bf(wg[i]) : 0.0f;
+        xv[j] = ok ? x[off + i] : 0.0f;
+        rv[j] = ok ? routed[off + i] : 0.0f;
+        sv[j] = ok ? shared[off + i] : 0.0f;
+    }
     float g = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) g = fmaf(h[off + i], msm_bf(wg[i]), g);
+#pragma unroll
+    for (int j = 0; j < V; j++)
+        if (threadIdx.x + j * blockDim.x < dim) g = fmaf(hv[j], gv[j], g);
     g = block_sum(g, part);
     float s = 1.0f / (1.0f + expf(-g));
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = x[off + i] + (routed[off + i] + shared[off + i] * s);
-        sum[off + i] = v;
-        ss += v * v;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        xv[j] = xv[j] + (rv[j] + sv[j] * s);
+        if (i < dim) {
+            sum[off + i] = xv[j];
+            ss += xv[j] * xv[j];
+        }
     }
     ss = block_sum(ss, part);
     float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[off + i] = msm_bf(w[i]) * (sum[off + i] * inv);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (i < dim) out[off + i] = msm_bf(w[i]) * (xv[j] * inv);
+    }
 }
 
 extern "C" int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float *x, const float *routed,
                                             const float *shared, const float *h, const uint16_t *wg,
                                             const uint16_t *w, int rows, int dim, float eps,
                                             cudaStream_t stream) {
-    if (rows < 0 || dim <= 0) return -EINVAL;
+    if (rows < 0 || dim <= 0 || dim > 32 * 1024) return -EINVAL;
     if (rows == 0) return 0;
     int threads = dim >= 2048 ? 512 : dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
-    moe_combine_rmsnorm_kernel<<<rows, threads, 0, stream>>>(sum, out, x, routed, shared, h, wg, w, dim, eps);
-    CUDA_LAUNCH_CHECK();
+    if (dim > 16 * threads) threads = (((dim + 15) / 16 + 31) / 32) * 32;
+    if (threads > 1024) return -EINVAL;
+    switch (norm_vals(dim, threads)) {
+#define COMBINE_CASE(V)                                                                            \
+    case V:                                                                                        \
+        CUDA_TRY(msm_launch(moe_combine_rmsnorm_kernel<V>, dim3((unsigned)rows), dim3((unsigned)threads), \
+                            0, stream, sum, out, x, routed, shared, h, wg, w, dim, eps));          \
+        break;
+        COMBINE_CASE(1) COMBINE_CASE(2) COMBINE_CASE(4) COMBINE_CASE(8) COMBINE_CASE(16)
+    default: return -EINVAL;
+    }
     return 0;
 }
 
 /* ---- rope: one thread per (token, frequency), rotating that pair in every head ---- */
+/* As the CPU (and HF): inv_freq = 1 / theta^(2i/hd) in float32. */
+static __device__ __forceinline__ void rope_cs(int pos, int i, int hd, float theta, float *c, float *s) {
+    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+    float ang = (float)pos * inv_freq;
+    *c = cosf(ang);
+    *s = sinf(ang);
+}
+
 __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nheads, int hd, float theta) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     int half = hd / 2;
     size_t n = (size_t)T * half;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
         int t = (int)(idx / half), i = (int)(idx % half);
-        /* as the CPU (and HF): inv_freq = 1 / theta^(2i/hd) in float32 */
-        float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
-        float ang = (float)pos[t] * inv_freq;
-        float c = cosf(ang), s = sinf(ang);
+        float c, s;
+        rope_cs(pos[t], i, hd, theta, &c, &s);
         for (int h = 0; h < nheads; h++) {
             float *v = x + ((size_t)t * nheads + h) * hd;
             float a = v[i], b = v[i + half];
@@ -161,35 +222,52 @@ extern "C" int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, in
     if (T < 0 || nheads <= 0 || hd <= 0 || hd % 2) return -EINVAL;
     if (T == 0) return 0;
     size_t n = (size_t)T * (hd / 2);
-    rope_kernel<<<grid_for(n, 128), 128, 0, stream>>>(x, pos, T, nheads, hd, theta);
-    CUDA_LAUNCH_CHECK();
+    CUDA_TRY(msm_launch(rope_kernel, dim3(grid_for(n, 128)), dim3(128), 0, stream, x, pos, T, nheads, hd, theta));
     return 0;
 }
 
-/* ---- rope_copy: out = x with the first nrot heads of every row rotated (one launch instead of a
- * copy + an in-place rope); the rotation is the same formula as rope_kernel ---- */
-__global__ void rope_copy_kernel(float *out, const float *x, const int32_t *pos, int T, int C,
-                                 int nrot, int hd, float theta) {
-    int half = hd / 2, rest = C - nrot * hd;
-    size_t n1 = (size_t)T * half, n = n1 + (size_t)T * rest;
+/* ---- rope_copy / rope_kv: out = x with the first nrot heads of every row rotated, one thread
+ * per (token, head, frequency) and per copied element (one launch instead of a copy + an in-place
+ * rope); the rotation is rope_kernel's formula. With kc/vc (rope_kv), the rotated k heads
+ * [nq, nrot) and the following kvh v heads are also written to the bf16 cache at slot[t] (rows
+ * with slot < 0 are not written), which is exactly what msm_cuda_kv_write_ld does from `out`. */
+__global__ void rope_copy_kernel(float *__restrict__ out, const float *__restrict__ x, const int32_t *pos,
+                                 int T, int C, int nrot, int hd, float theta, const int32_t *slot,
+                                 uint16_t *kc, uint16_t *vc, int nq, int kvh) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    int half = hd / 2, rest = C - nrot * hd, per_t = nrot * half;
+    size_t n1 = (size_t)T * per_t, n = n1 + (size_t)T * rest;
+    size_t krow = (size_t)kvh * hd;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
         if (idx < n1) {
-            int t = (int)(idx / half), i = (int)(idx % half);
-            float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
-            float ang = (float)pos[t] * inv_freq;
-            float c = cosf(ang), s = sinf(ang);
-            for (int h = 0; h < nrot; h++) {
-                size_t o = (size_t)t * C + (size_t)h * hd;
-                float a = x[o + i], b = x[o + i + half];
-                out[o + i] = a * c - b * s;
-                out[o + i + half] = b * c + a * s;
+            int t = (int)(idx / per_t), r = (int)(idx % per_t), h = r / half, i = r % half;
+            float c, s;
+            rope_cs(pos[t], i, hd, theta, &c, &s);
+            size_t o = (size_t)t * C + (size_t)h * hd;
+            float a = x[o + i], b = x[o + i + half];
+            float ra = a * c - b * s, rb = b * c + a * s;
+            out[o + i] = ra;
+            out[o + i + half] = rb;
+            if (kc && h >= nq) {
+                int sl = slot[t];
+                if (sl >= 0) {
+                    uint16_t *kr = kc + (size_t)sl * krow + (size_t)(h - nq) * hd;
+                    kr[i] = msm_f2bf(ra);
+                    kr[i + half] = msm_f2bf(rb);
+                }
             }
         } else {
             size_t j = idx - n1;
             int t = (int)(j / rest), c = (int)(j % rest);
             size_t o = (size_t)t * C + (size_t)nrot * hd + c;
-            out[o] = x[o];
+            float v = x[o];
+            out[o] = v;
+            if (vc && c < (int)krow) {
+                int sl = slot[t];
+                if (sl >= 0) vc[(size_t)sl * krow + c] = msm_f2bf(v);
+            }
         }
     }
 }
@@ -198,15 +276,79 @@ extern "C" int msm_cuda_rope_copy(float *out, const float *x, const int32_t *pos
                                   int nrot, int hd, float theta, cudaStream_t stream) {
     if (T < 0 || nrot <= 0 || hd <= 0 || hd % 2 || C < nrot * hd) return -EINVAL;
     if (T == 0) return 0;
-    size_t n = (size_t)T * (hd / 2) + (size_t)T * (C - nrot * hd);
-    rope_copy_kernel<<<grid_for(n, 128), 128, 0, stream>>>(out, x, pos, T, C, nrot, hd, theta);
-    CUDA_LAUNCH_CHECK();
+    size_t n = (size_t)T * nrot * (hd / 2) + (size_t)T * (C - nrot * hd);
+    CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, stream, out, x, pos, T,
+                        C, nrot, hd, theta, (const int32_t *)NULL, (uint16_t *)NULL, (uint16_t *)NULL, 0, 0));
+    return 0;
+}
+
+extern "C" int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, const int32_t *slot,
+                                uint16_t *kc, uint16_t *vc, int T, int nh, int kvh, int hd,
+                                float theta, cudaStream_t stream) {
+    if (T < 0 || nh <= 0 || kvh <= 0 || hd <= 0 || hd % 2 || !slot || !kc || !vc) return -EINVAL;
+    if (T == 0) return 0;
+    int nrot = nh + kvh, C = (nh + 2 * kvh) * hd;
+    size_t n = (size_t)T * nrot * (hd / 2) + (size_t)T * (C - nrot * hd);
+    CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, stream, out, x, pos, T,
+                        C, nrot, hd, theta, slot, kc, vc, nh, kvh));
+    return 0;
+}
+
+/* ---- qk_norm: per-head RMSNorm of the q heads (wq) and k heads (wk) of qkv rows, v heads
+ * copied; one warp per (token, head), lane l owning dims l, l+32, ... (hd <= 256). A warp reads
+ * its whole head before writing it, so out may equal x. ---- */
+#define QKN_WARPS 4
+__global__ void __launch_bounds__(QKN_WARPS * 32)
+    qk_norm_kernel(float *out, const float *x, const uint16_t *wq,
+                   const uint16_t *wk, int T, int C, int nh, int kvh, int hd, float eps) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    int heads = C / hd, lane = threadIdx.x & 31;
+    int h = blockIdx.x * QKN_WARPS + threadIdx.x / 32, t = blockIdx.y;
+    if (h >= heads) return;
+    size_t o = (size_t)t * C + (size_t)h * hd;
+    float v[8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        v[j] = d < hd ? x[o + d] : 0.0f;
+        ss += v[j] * v[j];
+    }
+    const uint16_t *w = h < nh ? wq : h < nh + kvh ? wk : NULL;
+    if (!w) { /* v head: copied */
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (lane + 32 * j < hd) out[o + lane + 32 * j] = v[j];
+        return;
+    }
+    ss = msm_warp_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        if (d < hd) out[o + d] = msm_bf(w[d]) * (v[j] * inv);
+    }
+}
+
+extern "C" int msm_cuda_qk_norm(float *out, const float *x, const uint16_t *wq, const uint16_t *wk,
+                                int T, int C, int nh, int kvh, int hd, float eps, cudaStream_t stream) {
+    if (T < 0 || nh <= 0 || kvh < 0 || hd <= 0 || hd > 256 || C % hd || C < (nh + kvh) * hd ||
+        T > 65535)
+        return -EINVAL;
+    if (T == 0) return 0;
+    int heads = C / hd;
+    dim3 grid((unsigned)((heads + QKN_WARPS - 1) / QKN_WARPS), (unsigned)T);
+    CUDA_TRY(msm_launch(qk_norm_kernel, grid, dim3(QKN_WARPS * 32), 0, stream, out, x, wq, wk, T, C, nh,
+                        kvh, hd, eps));
     return 0;
 }
 
 /* ---- kv_write from rows with a stride (k, v read in place from the qkv rows) ---- */
 __global__ void kv_write_ld_kernel(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
                                    size_t ld, const int32_t *slot, int T, int row) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     size_t n = (size_t)T * row;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
@@ -224,14 +366,15 @@ extern "C" int msm_cuda_kv_write_ld(uint16_t *kc, uint16_t *vc, const float *k, 
     if (T < 0 || kvh <= 0 || hd <= 0 || ld < (size_t)kvh * hd) return -EINVAL;
     if (T == 0) return 0;
     size_t n = (size_t)T * kvh * hd;
-    kv_write_ld_kernel<<<grid_for(n, 256), 256, 0, stream>>>(kc, vc, k, v, ld, slot, T, kvh * hd);
-    CUDA_LAUNCH_CHECK();
+    CUDA_TRY(msm_launch(kv_write_ld_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, kc, vc, k, v, ld, slot, T, kvh * hd));
     return 0;
 }
 
 /* ---- kv_write: one thread per element, f32 -> bf16 (round to nearest even) ---- */
 __global__ void kv_write_kernel(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
                                 const int32_t *slot, int T, int row) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     size_t n = (size_t)T * row;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
@@ -249,19 +392,22 @@ extern "C" int msm_cuda_kv_write(uint16_t *kc, uint16_t *vc, const float *k, con
     if (T < 0 || kvh <= 0 || hd <= 0) return -EINVAL;
     if (T == 0) return 0;
     size_t n = (size_t)T * kvh * hd;
-    kv_write_kernel<<<grid_for(n, 256), 256, 0, stream>>>(kc, vc, k, v, slot, T, kvh * hd);
-    CUDA_LAUNCH_CHECK();
+    CUDA_TRY(msm_launch(kv_write_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, kc, vc, k, v, slot, T, kvh * hd));
     return 0;
 }
 
 /* ---- add / scale_rows / sigmoid / swiglu ---- */
 __global__ void add_kernel(float *y, const float *a, const float *b, size_t n) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         y[i] = a[i] + b[i];
 }
 
 __global__ void add4_kernel(float4 *y, const float4 *a, const float4 *b, size_t n4) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
          i += (size_t)gridDim.x * blockDim.x) {
         float4 p = a[i], q = b[i];
@@ -273,16 +419,16 @@ extern "C" int msm_cuda_add(float *y, const float *a, const float *b, size_t n,
                             cudaStream_t stream) {
     if (n == 0) return 0;
     if (((uintptr_t)y | (uintptr_t)a | (uintptr_t)b) % 16 == 0 && n % 4 == 0) {
-        add4_kernel<<<grid_for(n / 4, 256), 256, 0, stream>>>((float4 *)y, (const float4 *)a,
-                                                              (const float4 *)b, n / 4);
+        CUDA_TRY(msm_launch(add4_kernel, dim3(grid_for(n / 4, 256)), dim3(256), 0, stream, (float4 *)y, (const float4 *)a, (const float4 *)b, n / 4));
     } else {
-        add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, a, b, n);
+        CUDA_TRY(msm_launch(add_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, y, a, b, n));
     }
-    CUDA_LAUNCH_CHECK();
     return 0;
 }
 
 __global__ void scale_rows_kernel(float *y, const float *x, const float *s, int T, int D) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     size_t n = (size_t)T * D;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
@@ -294,12 +440,13 @@ extern "C" int msm_cuda_scale_rows(float *y, const float *x, const float *s, int
     if (T < 0 || D <= 0) return -EINVAL;
     if (T == 0) return 0;
     size_t n = (size_t)T * D;
-    scale_rows_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, x, s, T, D);
-    CUDA_LAUNCH_CHECK();
+    CUDA_TRY(msm_launch(scale_rows_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, y, x, s, T, D));
     return 0;
 }
 
 __global__ void sigmoid_kernel(float *y, const float *x, size_t n) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         y[i] = 1.0f / (1.0f + expf(-x[i]));
@@ -307,12 +454,13 @@ __global__ void sigmoid_kernel(float *y, const float *x, size_t n) {
 
 extern "C" int msm_cuda_sigmoid(float *y, const float *x, size_t n, cudaStream_t stream) {
     if (n == 0) return 0;
-    sigmoid_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, x, n);
-    CUDA_LAUNCH_CHECK();
+    CUDA_TRY(msm_launch(sigmoid_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, y, x, n));
     return 0;
 }
 
 __global__ void swiglu_kernel(float *y, const float *gu, int T, int I) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     size_t n = (size_t)T * I;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
@@ -326,7 +474,6 @@ extern "C" int msm_cuda_swiglu(float *y, const float *gu, int T, int I, cudaStre
     if (T < 0 || I <= 0) return -EINVAL;
     if (T == 0) return 0;
     size_t n = (size_t)T * I;
-    swiglu_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, gu, T, I);
-    CUDA_LAUNCH_CHECK();
+    CUDA_TRY(msm_launch(swiglu_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, y, gu, T, I));
     return 0;
 }

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 extern "C" int msm_cuda_errno(cudaError_t err) {
     switch (err) {
@@ -49,4 +50,15 @@ extern "C" int msm__cublas_fail(const char *expr, const char *file, int line, cu
     fprintf(stderr, "msmoed: cublas: %s failed at %s:%d on device %d: %s\n", expr, file, line,
             current_device(), cublasLtGetStatusString(st));
     return msm_cublas_errno(st);
+}
+
+/* MSM_CUDA_PDL=0 turns programmatic dependent launch off (for A/B timing and bisecting); read
+ * once per process. */
+int msm_cuda_pdl_enabled(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("MSM_CUDA_PDL");
+        v = !(s && s[0] == '0');
+    }
+    return v;
 }

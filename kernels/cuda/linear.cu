@@ -5,8 +5,12 @@
  * and multiplies every weight it reads with all T token rows, so W crosses the memory bus once per
  * step. Math is fp32 on the exact bf16 values, like the CPU oracle.
  *
- * Prefill and large batches go to cuBLASLt: x is rounded to bf16 in the caller's workspace, then a
- * bf16 x bf16 -> fp32 "TN" matmul (fp32 compute) writes y directly (column-major y^T [N,T] is
+ * Prefill and large batches go to cuBLASLt: for prefill chunks (T >= 65) x is split into bf16 hi +
+ * lo in the caller's workspace, then two bf16 x bf16 -> fp32 "TN" matmuls (fp32 compute) write y
+ * (the second adds into it), so the result is close to the fp32 product; for decode batches x is
+ * rounded to bf16 and one matmul reads the weights once (see lt_split_min_t).
+ * Small outputs (N <= MSM_CUDA_GEMV_SMALL_N: the MoE routers, whose top-k must not flip on
+ * rounding) always take the fp32 GEMV. The matmuls write y directly (column-major y^T [N,T] is
  * row-major y [T,N]). Layouts, the matmul descriptor and the heuristic's algorithm are built once
  * per (shape, pointer alignment) and cached in the context, so a launch only enqueues. */
 #include "msm_cuda.h"
@@ -155,7 +159,7 @@ static int plan_get(msm_cuda_ctx *ctx, int T, int N, int K, unsigned align_a, un
 
 extern "C" int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K) {
     if (!ctx || T <= 0 || N <= 0 || K <= 0) return -EINVAL;
-    if (T <= MSM_CUDA_GEMV_MAX_T) return 0;
+    if (T <= MSM_CUDA_GEMV_MAX_T || N <= MSM_CUDA_GEMV_SMALL_N) return 0;
     lt_plan *p;
     return plan_get(ctx, T, N, K, 256, 256, &p);
 }
@@ -173,6 +177,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int n0 = (blockIdx.x * GEMV_WARPS + warp) * R;
     int t0 = blockIdx.y * NT;
+    msm_pdl_trigger();
+    /* Until the previous kernel is done (PDL), pull this warp's weight rows towards L2: weights
+     * are never written during a step. The rows of one warp are contiguous. */
+    if (n0 < N) {
+        const char *wb = (const char *)(w + (size_t)n0 * K);
+        size_t bytes = (size_t)min(R, N - n0) * K * 2;
+        for (size_t o = (size_t)lane * 128; o < bytes; o += 32 * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + o));
+    }
+    msm_pdl_wait();
     if (n0 >= N) return;
     int nt = min(NT, T - t0);
     const float *xt = x + (size_t)t0 * K;
@@ -250,7 +264,9 @@ static void gemv_launch(float *y, const float *x, const uint16_t *w, const uint1
     constexpr int R = NT >= 5 ? 4 : NT >= 3 ? 2 : 1;
     constexpr int U = R >= 4 ? 2 : 4;
     dim3 grid((unsigned)((N + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)), (unsigned)((T + NT - 1) / NT));
-    gemv_kernel<NT, R, U, VEC><<<grid, GEMV_WARPS * 32, 0, stream>>>(y, x, w, bias, T, N, K);
+    /* (8 loads in flight for R = 1 measured the same at batch 1-32: 2.391 vs 2.363 ms, H200,
+     * 2026-11-29; bench/results/2026-11-29-h200-s3) */
+    (void)msm_launch(gemv_kernel<NT, R, U, VEC>, grid, dim3(GEMV_WARPS * 32), 0, stream, y, x, w, bias, T, N, K);
 }
 
 template <bool VEC>
@@ -284,27 +300,13 @@ static void gemv_dispatch(float *y, const float *x, const uint16_t *w, const uin
 #define MMV_ROWS (MMV_WARPS * 16)
 #define MMV_U 4
 
-static __device__ __forceinline__ void mmv_split2(float a, float b, uint32_t &hi, uint32_t &lo) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    float2 hf = __bfloat1622float2(h);
-    __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
-    hi = *reinterpret_cast<uint32_t *>(&h);
-    lo = *reinterpret_cast<uint32_t *>(&l);
-}
-
-static __device__ __forceinline__ void mmv_mma(float c[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 template <int MT, int S>
 __global__ void __launch_bounds__(MMV_WARPS * 32)
     mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                int K) {
     __shared__ float part[MT * 16 * MMV_ROWS]; /* [token][row in block] */
+    msm_pdl_trigger();
+    msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int rank = S > 1 ? (int)cg::this_cluster().block_rank() : 0;
     int nb0 = blockIdx.y * MMV_ROWS;
@@ -354,20 +356,20 @@ __global__ void __launch_bounds__(MMV_WARPS * 32)
                     xb0 = p[0], xb1 = p[1];
                 }
                 uint32_t h1[4], l1[4], h2[4], l2[4];
-                mmv_split2(xa0.x, xa0.y, h1[0], l1[0]);
-                mmv_split2(xb0.x, xb0.y, h1[1], l1[1]);
-                mmv_split2(xa0.z, xa0.w, h1[2], l1[2]);
-                mmv_split2(xb0.z, xb0.w, h1[3], l1[3]);
-                mmv_split2(xa1.x, xa1.y, h2[0], l2[0]);
-                mmv_split2(xb1.x, xb1.y, h2[1], l2[1]);
-                mmv_split2(xa1.z, xa1.w, h2[2], l2[2]);
-                mmv_split2(xb1.z, xb1.w, h2[3], l2[3]);
+                msm_split_bf16x2(xa0.x, xa0.y, h1[0], l1[0]);
+                msm_split_bf16x2(xb0.x, xb0.y, h1[1], l1[1]);
+                msm_split_bf16x2(xa0.z, xa0.w, h1[2], l1[2]);
+                msm_split_bf16x2(xb0.z, xb0.w, h1[3], l1[3]);
+                msm_split_bf16x2(xa1.x, xa1.y, h2[0], l2[0]);
+                msm_split_bf16x2(xb1.x, xb1.y, h2[1], l2[1]);
+                msm_split_bf16x2(xa1.z, xa1.w, h2[2], l2[2]);
+                msm_split_bf16x2(xb1.z, xb1.w, h2[3], l2[3]);
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    mmv_mma(acc[m][j], h1, wv[u][j].x, wv[u][j].y);
-                    mmv_mma(acc[m][j], l1, wv[u][j].x, wv[u][j].y);
-                    mmv_mma(acc[m][j], h2, wv[u][j].z, wv[u][j].w);
-                    mmv_mma(acc[m][j], l2, wv[u][j].z, wv[u][j].w);
+                    msm_mma_bf16(acc[m][j], h1[0], h1[1], h1[2], h1[3], wv[u][j].x, wv[u][j].y);
+                    msm_mma_bf16(acc[m][j], l1[0], l1[1], l1[2], l1[3], wv[u][j].x, wv[u][j].y);
+                    msm_mma_bf16(acc[m][j], h2[0], h2[1], h2[2], h2[3], wv[u][j].z, wv[u][j].w);
+                    msm_mma_bf16(acc[m][j], l2[0], l2[1], l2[2], l2[3], wv[u][j].z, wv[u][j].w);
                 }
             }
         }
@@ -407,21 +409,22 @@ static cudaError_t mmv_launch_s(float *y, const float *x, const uint16_t *w, con
     dim3 grid((unsigned)S, (unsigned)((N + MMV_ROWS - 1) / MMV_ROWS));
     if (S > 1) {
         cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
+        cudaLaunchAttribute attr[2];
         attr[0].id = cudaLaunchAttributeClusterDimension;
         attr[0].val.clusterDim.x = S;
         attr[0].val.clusterDim.y = 1;
         attr[0].val.clusterDim.z = 1;
+        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[1].val.programmaticStreamSerializationAllowed = 1;
         cfg.gridDim = grid;
         cfg.blockDim = dim3(MMV_WARPS * 32);
         cfg.dynamicSmemBytes = 0;
         cfg.stream = stream;
         cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        cfg.numAttrs = msm_cuda_pdl_enabled() ? 2 : 1;
         return cudaLaunchKernelEx(&cfg, mmv_kernel<MT, S>, y, x, w, bias, T, N, K);
     }
-    mmv_kernel<MT, S><<<grid, MMV_WARPS * 32, 0, stream>>>(y, x, w, bias, T, N, K);
-    return cudaSuccess;
+    return msm_launch(mmv_kernel<MT, S>, grid, dim3(MMV_WARPS * 32), 0, stream, y, x, w, bias, T, N, K);
 }
 
 template <int MT>
@@ -482,12 +485,29 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
 /* ---- cuBLASLt path helpers ---- */
 
 __global__ void f32_to_bf16_kernel(uint16_t *dst, const float *src, size_t n) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         dst[i] = msm_f2bf(src[i]);
 }
 
+/* x = hi + lo with hi = bf16(x), lo = bf16(x - hi): hi + lo carries ~16 mantissa bits of x. */
+__global__ void f32_to_bf16_split_kernel(uint16_t *hi, uint16_t *lo, const float *src, size_t n) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = src[i];
+        uint16_t h = msm_f2bf(v);
+        hi[i] = h;
+        lo[i] = msm_f2bf(v - msm_bf(h));
+    }
+}
+
 __global__ void add_bias_kernel(float *y, const uint16_t *bias, int T, int N) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     size_t n = (size_t)T * N;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
@@ -497,9 +517,24 @@ __global__ void add_bias_kernel(float *y, const uint16_t *bias, int T, int N) {
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 extern "C" size_t msm_cuda_linear_ws_bytes(int T, int N, int K) {
-    (void)N;
-    if (T <= MSM_CUDA_GEMV_MAX_T || K <= 0) return 0;
-    return round_up((size_t)T * K * 2, 256) + LT_WS_BYTES;
+    if (T <= MSM_CUDA_GEMV_MAX_T || K <= 0 || N <= MSM_CUDA_GEMV_SMALL_N) return 0;
+    return 2 * round_up((size_t)T * K * 2, 256) + LT_WS_BYTES;
+}
+
+/* cuBLASLt input precision by T: from MSM_CUDA_LT_SPLIT_MIN_T tokens on (default 65: prefill
+ * chunks, where the matmuls are compute-bound and the second one costs tensor time only), x is
+ * split into bf16 hi + lo and two matmuls add into the same fp32 y; below it (decode batches,
+ * where the weights' memory traffic is the cost and a second pass would double it), x is rounded
+ * to bf16, one matmul (~3e-3 relative error per linear). The environment variable is read once;
+ * a huge value turns the split off. */
+static int lt_split_min_t(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MSM_CUDA_LT_SPLIT_MIN_T");
+        v = e ? atoi(e) : 65;
+        if (v < 0) v = 0;
+    }
+    return v;
 }
 
 static unsigned grid_for(size_t n, int threads) {
@@ -530,7 +565,7 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
     if (T < 0 || N <= 0 || K <= 0) return -EINVAL;
     if (T == 0) return 0;
     if (T <= 64 && mmv_use(T, N, K, w, x)) return mmv_run(y, x, w, bias, T, N, K, stream);
-    if (T <= gemv_max_t()) {
+    if (T <= gemv_max_t() || N <= MSM_CUDA_GEMV_SMALL_N) {
         bool vec = K % 8 == 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
         if (vec)
             gemv_dispatch<true>(y, x, w, bias, T, N, K, stream);
@@ -544,18 +579,23 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
     lt_plan *p;
     int r = plan_get(ctx, T, N, K, ptr_align(w), ptr_align(y), &p);
     if (r < 0) return r;
-    uint16_t *xb = (uint16_t *)ws;
-    size_t xb_bytes = round_up((size_t)T * K * 2, 256);
-    void *lt_ws = (char *)ws + xb_bytes;
-    size_t n = (size_t)T * K;
-    f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(xb, x, n);
-    CUDA_LAUNCH_CHECK();
-    const float alpha = 1.0f, beta = 0.0f;
-    CUBLAS_TRY(cublasLtMatmul(ctx->lt, p->op, &alpha, w, p->la, xb, p->lb, &beta, y, p->ld, y,
-                              p->ld, &p->algo, lt_ws, LT_WS_BYTES, stream));
+    size_t xb_bytes = round_up((size_t)T * K * 2, 256), n = (size_t)T * K;
+    uint16_t *xb = (uint16_t *)ws, *xlo = (uint16_t *)((char *)ws + xb_bytes);
+    void *lt_ws = (char *)ws + 2 * xb_bytes;
+    const float alpha = 1.0f, beta0 = 0.0f, beta1 = 1.0f;
+    if (T >= lt_split_min_t()) {
+        CUDA_TRY(msm_launch(f32_to_bf16_split_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, xb, xlo, x, n));
+        CUBLAS_TRY(cublasLtMatmul(ctx->lt, p->op, &alpha, w, p->la, xb, p->lb, &beta0, y, p->ld, y,
+                                  p->ld, &p->algo, lt_ws, LT_WS_BYTES, stream));
+        CUBLAS_TRY(cublasLtMatmul(ctx->lt, p->op, &alpha, w, p->la, xlo, p->lb, &beta1, y, p->ld, y,
+                                  p->ld, &p->algo, lt_ws, LT_WS_BYTES, stream));
+    } else {
+        CUDA_TRY(msm_launch(f32_to_bf16_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, xb, x, n));
+        CUBLAS_TRY(cublasLtMatmul(ctx->lt, p->op, &alpha, w, p->la, xb, p->lb, &beta0, y, p->ld, y,
+                                  p->ld, &p->algo, lt_ws, LT_WS_BYTES, stream));
+    }
     if (bias) {
-        add_bias_kernel<<<grid_for((size_t)T * N, 256), 256, 0, stream>>>(y, bias, T, N);
-        CUDA_LAUNCH_CHECK();
+        CUDA_TRY(msm_launch(add_bias_kernel, dim3(grid_for((size_t)T * N, 256)), dim3(256), 0, stream, y, bias, T, N));
     }
     return 0;
 }

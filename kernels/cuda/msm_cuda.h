@@ -111,6 +111,74 @@ static __device__ __forceinline__ float msm_fma8_bf16(uint4 w, float4 xa, float4
     return msm_fma8(f, xa, xb, s);
 }
 
+/* (a, b) as bf16 pairs: hi = rn(a, b), lo = rn(a - hi, b - hi), so hi + lo carries ~16 mantissa
+ * bits of each (the tensor-core GEMVs feed both to the MMAs). */
+static __device__ __forceinline__ void msm_split_bf16x2(float a, float b, uint32_t &hi, uint32_t &lo) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    float2 hf = __bfloat1622float2(h);
+    __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
+    hi = *reinterpret_cast<uint32_t *>(&h);
+    lo = *reinterpret_cast<uint32_t *>(&l);
+}
+
+/* c += A . B, mma.sync m16n8k16, bf16 operands, fp32 accumulate (PTX fragment layouts). */
+static __device__ __forceinline__ void msm_mma_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* ---- Programmatic dependent launch (Hopper) ----
+ * A kernel launched with msm_launch() may be scheduled while the kernel before it in the stream
+ * is still running. Such a kernel must call msm_pdl_wait() before it reads anything an earlier
+ * kernel wrote and before it writes anything: the wait returns once the previous grid has
+ * completed and its memory is visible (and, since that grid waited for its own predecessor, every
+ * earlier one). Before the wait it may only read data no step writes (weights) — the GEMVs start
+ * pulling their weight rows into L2 there. msm_pdl_trigger() lets the next kernel's blocks be
+ * scheduled before this grid finishes. Without the launch attribute both are no-ops, so a kernel
+ * stays correct however it is launched. */
+static __device__ __forceinline__ void msm_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void msm_pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Pulls the bytes [p, p + n) towards L2 (hint only; no fault for any address in an allocation). */
+static __device__ __forceinline__ void msm_prefetch_l2(const void *p, size_t n) {
+    const char *c = (const char *)p;
+    for (size_t o = (size_t)threadIdx.x * 128; o < n; o += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+}
+
+/* Whether msm_launch sets the PDL attribute: on unless MSM_CUDA_PDL=0 (read once). */
+int msm_cuda_pdl_enabled(void);
+
+/* kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialisation allowed
+ * (see above; every kernel launched this way calls msm_pdl_wait()). Returns the launch error. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t msm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                     cudaStream_t stream, Args... args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = at;
+    cfg.numAttrs = msm_cuda_pdl_enabled() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
+
 /* Exactly msm_rng_uniform (kernels/cpu/kernels.c): the counter-based generator that sampling
  * and the dummy weights share, so seeded GPU results equal the CPU's. */
 static __device__ __forceinline__ float msm_rng_uniform_dev(uint64_t seed, uint64_t counter) {

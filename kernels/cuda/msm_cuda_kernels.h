@@ -17,8 +17,10 @@
  * All pointers are device pointers unless stated.
  *
  * Accuracy against the CPU oracle fed the same (bf16-valued) weights: fp32 math everywhere except
- * cuBLASLt linears (T > MSM_CUDA_GEMV_MAX_T), which round x to bf16 (relative error ~3e-3), and the
- * grouped MoE path (T > MSM_CUDA_MOE_GEMV_MAX_T), which rounds x and the SwiGLU activations to bf16.
+ * cuBLASLt linears (T > MSM_CUDA_GEMV_MAX_T), which round x to bf16 up to 64 tokens (relative error
+ * ~3e-3) and split it into bf16 hi + lo from 65 on (~2^-16), the KV cache (bf16), the MoE tensor-core
+ * GEMVs (x and the SwiGLU activations split into bf16 hi + lo, ~2^-16), and the WMMA MoE path
+ * (T > MSM_CUDA_MOE_GROUPED_GEMV_MAX_T), which rounds x and the SwiGLU activations to bf16.
  * Results are deterministic: the same inputs give the same bits on every run and replay. */
 #ifndef MSM_CUDA_KERNELS_H
 #define MSM_CUDA_KERNELS_H
@@ -38,12 +40,15 @@ extern "C" {
 /* Linears with at most this many tokens use the GEMV kernel (weights read once for all tokens,
  * fp32 math); larger ones use cuBLASLt. */
 #define MSM_CUDA_GEMV_MAX_T 8
-/* MoE with at most this many tokens uses the fused per-(token, slot) GEMV kernels; larger T
+/* Linears with at most this many outputs (routers) take the GEMV at any T. */
+#define MSM_CUDA_GEMV_SMALL_N 256
+/* MoE with at most this many tokens uses the per-(token, slot) fp32 GEMV kernels; larger T
  * groups the (token, slot) pairs by expert on the device, then up to
  * MSM_CUDA_MOE_GROUPED_GEMV_MAX_T tokens runs grouped GEMVs (each selected expert's weights
- * streamed once, fp32 math like the GEMV path) and beyond that grouped tensor-core GEMMs (x and
- * the activations rounded to bf16). */
-#define MSM_CUDA_MOE_GEMV_MAX_T 8
+ * streamed once: fp32 SIMT below 48 tokens, tensor-core GEMVs with x split into bf16 hi + lo
+ * from 48 on, as the MMV linear) and beyond that grouped tensor-core GEMMs (x and the
+ * activations rounded to bf16). */
+#define MSM_CUDA_MOE_GEMV_MAX_T 4
 #define MSM_CUDA_MOE_GROUPED_GEMV_MAX_T 64
 enum { MSM_CUDA_MOE_PATH_AUTO = 0, MSM_CUDA_MOE_PATH_PAIR = 1, MSM_CUDA_MOE_PATH_GROUPED_GEMV = 2,
        MSM_CUDA_MOE_PATH_WMMA = 3 };
@@ -51,6 +56,13 @@ enum { MSM_CUDA_MOE_PATH_AUTO = 0, MSM_CUDA_MOE_PATH_PAIR = 1, MSM_CUDA_MOE_PATH
  * Without a call, the environment variable MSM_CUDA_MOE_PATH (pair | grouped_gemv | wmma) is
  * read once. WMMA falls back to AUTO for shapes its tiles do not fit. */
 void msm_cuda_moe_set_path(int path);
+/* MoE kernel variants, for benchmarks and tests (0: the defaults). On the grouped GEMV path,
+ * SIMT = always the fp32 SIMT grouped GEMVs, MMA = always the tensor-core ones (by default the
+ * tensor-core GEMVs from 48 tokens on); NO_PREFETCH = the tensor-core down GEMV does not pull
+ * its first rows into L2 before its PDL wait. Without a call, the environment variable
+ * MSM_CUDA_MOE_KERNELS (a list of simt, mma, no_prefetch) is read once. */
+enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFETCH = 4 };
+void msm_cuda_moe_set_kernels(int flags);
 /* Linears: the same for the GEMV / cuBLASLt threshold (0: MSM_CUDA_GEMV_MAX_T; the environment
  * variable MSM_CUDA_GEMV_MAX_T is read once otherwise). At most 64. */
 void msm_cuda_linear_set_gemv_max_t(int t);
@@ -106,6 +118,19 @@ int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float
 int msm_cuda_rope_copy(float *out, const float *x, const int32_t *pos, int T, int C, int nrot,
                        int hd, float theta, cudaStream_t stream);
 
+/* msm_cuda_rope_copy of qkv rows [T, (nh + 2*kvh)*hd] (q and k heads rotated, v copied) that also
+ * writes the rotated k heads and the v heads to the bf16 caches at slot[t] (as msm_cuda_kv_write_ld
+ * from out would), one launch. */
+int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, const int32_t *slot,
+                     uint16_t *kc, uint16_t *vc, int T, int nh, int kvh, int hd, float theta,
+                     cudaStream_t stream);
+
+/* QK_NORM: out = x [T, C] with each of the nh q heads RMS-normalised with wq [hd] and each of the
+ * next kvh k heads with wk [hd] (per head, eps), the other columns copied; C % hd == 0,
+ * hd <= 256; out may equal x. One launch for all tokens. */
+int msm_cuda_qk_norm(float *out, const float *x, const uint16_t *wq, const uint16_t *wk, int T,
+                     int C, int nh, int kvh, int hd, float eps, cudaStream_t stream);
+
 /* msm_cuda_kv_write with k, v rows ld floats apart (e.g. read in place from qkv rows). */
 int msm_cuda_kv_write_ld(uint16_t *kc, uint16_t *vc, const float *k, const float *v, size_t ld,
                          const int32_t *slot, int T, int kvh, int hd, cudaStream_t stream);
@@ -128,7 +153,10 @@ int msm_cuda_attention(float *out, const float *q, const uint16_t *kc, const uin
 /* msm_cuda_attention with q rows q_ld floats apart (q read in place from qkv rows) and, when ws
  * holds msm_cuda_attention_ws_bytes(T, nh, hd) bytes, the context split over several blocks per
  * (head, token) when T * nh blocks would leave SMs idle (flash-decoding), merged in a fixed order
- * (deterministic). ws NULL: one block per (head, token), as msm_cuda_attention. */
+ * (deterministic) inside the same launch. ws must be zeroed once before its first use: it starts
+ * with arrival counters that every call leaves zero again, so the same ws serves later calls and
+ * graph replays (one stream at a time; nothing else may write it in between). A smaller ws, or
+ * T * nh over 4096, splits less or not at all. ws NULL: one block per (head, token), as msm_cuda_attention. */
 size_t msm_cuda_attention_ws_bytes(int T, int nh, int hd);
 int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, const uint16_t *kc,
                           const uint16_t *vc, const int32_t *seq, const int32_t *pos,

@@ -17,6 +17,8 @@
 __global__ void __launch_bounds__(ROUTER_WARPS * 32)
     router_topk_kernel(int32_t *ids, float *w, const float *logits, int T, int E, int k,
                        bool norm) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     int t = blockIdx.x * ROUTER_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (t >= T) return;
     const float *l = logits + (size_t)t * E;
@@ -79,7 +81,6 @@ extern "C" int msm_cuda_router_topk(int32_t *ids, float *w, const float *logits,
     if (T < 0 || E <= 0 || E > 32 * ROUTER_PER_LANE || k <= 0 || k > 8 || k > E) return -EINVAL;
     if (T == 0) return 0;
     unsigned blocks = (unsigned)((T + ROUTER_WARPS - 1) / ROUTER_WARPS);
-    router_topk_kernel<<<blocks, ROUTER_WARPS * 32, 0, stream>>>(ids, w, logits, T, E, k, norm);
-    CUDA_LAUNCH_CHECK();
+    CUDA_TRY(msm_launch(router_topk_kernel, dim3(blocks), dim3(ROUTER_WARPS * 32), 0, stream, ids, w, logits, T, E, k, norm));
     return 0;
 }

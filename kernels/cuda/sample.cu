@@ -174,6 +174,8 @@ static __device__ void radix_hist(sample_smem &sm, const float *l, int V, float 
 
 __global__ void __launch_bounds__(S_THREADS)
     sample_kernel(int32_t *out, const float *logits, const msm_sample_params *params, int V) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
     __shared__ sample_smem sm;
     int r = blockIdx.x;
     const float *l = logits + (size_t)r * V;
@@ -293,7 +295,6 @@ extern "C" int msm_cuda_sample(int32_t *out, const float *logits, const msm_samp
                                int R, int V, cudaStream_t stream) {
     if (R < 0 || V <= 0) return -EINVAL;
     if (R == 0) return 0;
-    sample_kernel<<<R, S_THREADS, 0, stream>>>(out, logits, p, V);
-    CUDA_LAUNCH_CHECK();
+    CUDA_TRY(msm_launch(sample_kernel, dim3(R), dim3(S_THREADS), 0, stream, out, logits, p, V));
     return 0;
 }

@@ -302,13 +302,18 @@ Test(cuda_kernels, linear_cublaslt_large_T_matches_cpu, .timeout = 60) {
     need_gpu();
     msm_cuda_ctx *ctx = NULL;
     CK(msm_cuda_ctx_new(&ctx));
-    static const int shapes[][4] = {{9, 256, 512, 0},  {70, 1000, 2048, 1}, {130, 129, 264, 1},
-                                    {65, 2048, 2048, 0}, {300, 96, 64, 0}};
+    /* T, N, K, bias, tol: up to 64 tokens x is rounded to bf16 (one matmul, ~3e-3); from 65 on
+     * it is split into bf16 hi + lo (two matmuls, near the fp32 product); N <= 256 (routers)
+     * takes the fp32 GEMV at any T */
+    static const struct { int T, N, K, bias; double tol; } shapes[] = {
+        {9, 512, 512, 0, 1e-2},     {64, 1000, 2048, 1, 1e-2},  {70, 1000, 2048, 1, 5e-5},
+        {65, 2048, 2048, 0, 5e-5},  {300, 6144, 2048, 1, 5e-5}, {130, 129, 264, 1, 2e-5},
+        {300, 96, 64, 0, 2e-5},     {512, 60, 2048, 0, 2e-5},   {9, 256, 512, 0, 2e-5}};
     msm_cuda_linear_set_mmv_range(1, 0); /* cuBLASLt itself, not the MMV path */
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         /* twice: the second call reuses the cached plan */
-        linear_case(ctx, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 1e-2);
-        linear_case(ctx, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 1e-2);
+        linear_case(ctx, shapes[s].T, shapes[s].N, shapes[s].K, shapes[s].bias, shapes[s].tol);
+        linear_case(ctx, shapes[s].T, shapes[s].N, shapes[s].K, shapes[s].bias, shapes[s].tol);
     }
     msm_cuda_linear_set_mmv_range(MSM_CUDA_MMV_MIN_T, MSM_CUDA_MMV_MAX_T);
     msm_cuda_ctx_free(ctx);
@@ -383,11 +388,13 @@ Test(cuda_kernels, kv_write_rounds_into_paged_bf16_slots, .timeout = 60) {
 typedef struct attn_shape {
     int n_seq, tokens_per_seq; /* each sequence contributes its last tokens_per_seq positions */
     int nh, kvh, hd;
+    int ctx; /* 0: random lengths up to 192; else every sequence ctx - 15..ctx positions long */
     const char *what;
 } attn_shape;
 
 static void attention_case(const attn_shape *sh) {
-    int max_blocks = 12, nb = sh->n_seq * max_blocks + 1; /* up to 192 positions a sequence */
+    int max_blocks = sh->ctx ? (sh->ctx + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK : 12;
+    int nb = sh->n_seq * max_blocks + 1;
     size_t row = (size_t)sh->kvh * sh->hd, cache = (size_t)nb * MSM_KV_BLOCK * row;
     /* the cache as bf16 values (what kv_write stores), and as f32 for the CPU */
     float *kcf, *vcf;
@@ -403,7 +410,8 @@ static void attention_case(const attn_shape *sh) {
     int T = sh->n_seq * sh->tokens_per_seq;
     int32_t *seq = malloc(T * 4), *pos = malloc(T * 4);
     for (int s = 0, t = 0; s < sh->n_seq; s++) {
-        int len = sh->tokens_per_seq + rndi(max_blocks * MSM_KV_BLOCK - sh->tokens_per_seq);
+        int len = sh->ctx ? sh->ctx - rndi(MSM_KV_BLOCK)
+                          : sh->tokens_per_seq + rndi(max_blocks * MSM_KV_BLOCK - sh->tokens_per_seq);
         for (int j = 0; j < sh->tokens_per_seq; j++, t++)
             seq[t] = s, pos[t] = len - sh->tokens_per_seq + j; /* causal: prefill or decode */
     }
@@ -419,19 +427,27 @@ static void attention_case(const attn_shape *sh) {
                           sh->hd, scale, 0));
     down(out, dout, qn * 4);
     CHECK_ERR(out, ref, qn, 2e-5, "attention %s", sh->what);
-    /* q read in place from wider rows (as from qkv), context split over blocks (flash-decoding) */
+    /* q read in place from wider rows (as from qkv), context split over blocks (flash-decoding);
+     * run twice on the same workspace: the split blocks' arrival counters must be back at zero
+     * after each call, and the result bitwise the same */
     {
         size_t ld = (size_t)sh->nh * sh->hd + 24, wsb = msm_cuda_attention_ws_bytes(T, sh->nh, sh->hd);
-        float *qw = calloc((size_t)T * ld, 4);
+        float *qw = calloc((size_t)T * ld, 4), *out2 = malloc(qn * 4);
         for (int t = 0; t < T; t++) memcpy(qw + (size_t)t * ld, q + (size_t)t * sh->nh * sh->hd, 4 * (size_t)sh->nh * sh->hd);
         float *dqw = dev_up(qw, (size_t)T * ld * 4), *dout2 = dev_poison(qn * 4);
         void *ws = dev(wsb);
+        cr_assert_eq(cudaMemset(ws, 0, wsb ? wsb : 1), cudaSuccess); /* zeroed once, as the backend does */
         CK(msm_cuda_attention_ex(dout2, dqw, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
                                  sh->hd, scale, ws, wsb, 0));
         down(out, dout2, qn * 4);
         CHECK_ERR(out, ref, qn, 2e-5, "attention_ex (strided q, split) %s", sh->what);
+        cr_assert_eq(cudaMemset(dout2, 0xff, qn * 4), cudaSuccess);
+        CK(msm_cuda_attention_ex(dout2, dqw, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
+                                 sh->hd, scale, ws, wsb, 0));
+        down(out2, dout2, qn * 4);
+        cr_assert(memcmp(out, out2, qn * 4) == 0, "attention_ex second split run differs: %s", sh->what);
         cudaFree(dqw), cudaFree(dout2), cudaFree(ws);
-        free(qw);
+        free(qw), free(out2);
     }
     cudaFree(dk), cudaFree(dv), cudaFree(dseq), cudaFree(dpos), cudaFree(dbt), cudaFree(dq), cudaFree(dout);
     free(kcb), free(vcb), free(kcf), free(vcf), free(perm), free(bt), free(seq), free(pos);
@@ -441,12 +457,15 @@ static void attention_case(const attn_shape *sh) {
 Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 60) {
     need_gpu();
     static const attn_shape shapes[] = {
-        {1, 1, 4, 4, 64, "decode T=1 MHA hd64"},
-        {8, 1, 8, 2, 128, "decode batch 8 GQA 4:1 hd128"},
-        {1, 70, 6, 2, 128, "prefill T=70 GQA 3:1"},
-        {2, 65, 4, 4, 96, "prefill 2 seqs T=130 MHA hd96"},
-        {3, 5, 16, 1, 256, "chunked prefill MQA hd256"},
-        {5, 1, 3, 3, 40, "decode odd heads hd40"},
+        {1, 1, 4, 4, 64, 0, "decode T=1 MHA hd64"},
+        {8, 1, 8, 2, 128, 0, "decode batch 8 GQA 4:1 hd128"},
+        {1, 70, 6, 2, 128, 0, "prefill T=70 GQA 3:1"},
+        {2, 65, 4, 4, 96, 0, "prefill 2 seqs T=130 MHA hd96"},
+        {3, 5, 16, 1, 256, 0, "chunked prefill MQA hd256"},
+        {5, 1, 3, 3, 40, 0, "decode odd heads hd40"},
+        {2, 3, 4, 2, 36, 0, "hd36 (not a multiple of 8: scalar loads)"},
+        {1, 1, 16, 16, 128, 700, "decode T=1 ctx 700 (many splits)"},
+        {32, 1, 16, 16, 128, 513, "decode batch 32 MHA hd128 ctx ~512 (Qwen1.5-MoE)"},
     };
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) attention_case(&shapes[s]);
 }
@@ -529,45 +548,70 @@ Test(cuda_kernels, router_topk_matches_cpu, .timeout = 60) {
 
 /* ---- moe_experts ---- */
 
-static void moe_case(int T, int H, int I, int k, int E, double tol) {
-    float *x = host_f32((size_t)T * H, 1.0f), *guf, *dnf;
+/* A case of a weight set: T tokens, the path and kernel variants forced for it (-1: left as
+ * they are). */
+typedef struct moe_run {
+    int T, path, kflags;
+} moe_run;
+
+/* One weight set (H, I, k, E), then each run: the CUDA result against the CPU's, and a second
+ * run's bits against the first's. Routing: distinct experts per token, skewed so some experts
+ * get many tokens. */
+static void moe_cases(const moe_run *runs, int n, int H, int I, int k, int E, double tol) {
+    float *guf, *dnf;
     uint16_t *gub = host_bf16((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H), &guf);
     uint16_t *dnb = host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &dnf);
-    int32_t *ids = malloc((size_t)T * k * 4);
-    float *w = malloc((size_t)T * k * 4);
-    for (int t = 0; t < T; t++)
-        for (int j = 0; j < k; j++) {
-            int e;
-            bool dup;
-            do { /* distinct experts per token; skewed so some experts get many tokens */
-                e = rndu() < 0.3f ? rndi(k + 1 < E ? k + 1 : E) : rndi(E);
-                dup = false;
-                for (int q = 0; q < j; q++) dup |= ids[t * k + q] == e;
-            } while (dup);
-            ids[t * k + j] = e;
-            w[t * k + j] = 0.1f + rndu();
-        }
-    float *ref = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4);
-    float *scratch = malloc((size_t)3 * I * 4);
-    msm_cpu_moe_experts(ref, x, ids, w, guf, dnf, T, H, I, k, scratch);
-    float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4);
-    int32_t *di = dev_up(ids, (size_t)T * k * 4);
     uint16_t *dgu = dev_up(gub, (size_t)E * 2 * I * H * 2), *ddn = dev_up(dnb, (size_t)E * H * I * 2);
-    float *dy = dev_poison((size_t)T * H * 4);
-    size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
-    void *ws = dev_poison(wsb);
-    CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, 0));
-    down(out, dy, (size_t)T * H * 4);
-    CHECK_ERR(out, ref, (size_t)T * H, tol, "moe T=%d H=%d I=%d k=%d E=%d", T, H, I, k, E);
-    /* determinism: a second run gives the same bits */
-    float *out2 = malloc((size_t)T * H * 4);
-    cudaMemset(dy, 0xff, (size_t)T * H * 4);
-    CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, 0));
-    down(out2, dy, (size_t)T * H * 4);
-    cr_assert(memcmp(out, out2, (size_t)T * H * 4) == 0, "moe not deterministic T=%d", T);
-    cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dgu), cudaFree(ddn), cudaFree(dy), cudaFree(ws);
-    free(x), free(guf), free(gub), free(dnf), free(dnb), free(ids), free(w), free(ref), free(out);
-    free(out2), free(scratch);
+    float *scratch = malloc((size_t)3 * I * 4);
+    bool forced = false;
+    for (int c = 0; c < n; c++) {
+        int T = runs[c].T;
+        if (runs[c].path >= 0) msm_cuda_moe_set_path(runs[c].path), forced = true;
+        if (runs[c].kflags >= 0) msm_cuda_moe_set_kernels(runs[c].kflags), forced = true;
+        float *x = host_f32((size_t)T * H, 1.0f);
+        int32_t *ids = malloc((size_t)T * k * 4);
+        float *w = malloc((size_t)T * k * 4);
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < k; j++) {
+                int e;
+                bool dup;
+                do {
+                    e = rndu() < 0.3f ? rndi(k + 1 < E ? k + 1 : E) : rndi(E);
+                    dup = false;
+                    for (int q = 0; q < j; q++) dup |= ids[t * k + q] == e;
+                } while (dup);
+                ids[t * k + j] = e;
+                w[t * k + j] = 0.1f + rndu();
+            }
+        float *ref = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4);
+        float *out2 = malloc((size_t)T * H * 4);
+        msm_cpu_moe_experts(ref, x, ids, w, guf, dnf, T, H, I, k, scratch);
+        float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4);
+        int32_t *di = dev_up(ids, (size_t)T * k * 4);
+        float *dy = dev_poison((size_t)T * H * 4);
+        size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
+        void *ws = dev_poison(wsb);
+        CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, 0));
+        down(out, dy, (size_t)T * H * 4);
+        CHECK_ERR(out, ref, (size_t)T * H, tol, "moe T=%d H=%d I=%d k=%d E=%d path=%d kernels=%d", T,
+                  H, I, k, E, runs[c].path, runs[c].kflags);
+        cudaMemset(dy, 0xff, (size_t)T * H * 4);
+        CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, 0));
+        down(out2, dy, (size_t)T * H * 4);
+        cr_assert(memcmp(out, out2, (size_t)T * H * 4) == 0,
+                  "moe not deterministic T=%d H=%d path=%d kernels=%d", T, H, runs[c].path, runs[c].kflags);
+        cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
+        free(x), free(ids), free(w), free(ref), free(out), free(out2);
+    }
+    if (forced) msm_cuda_moe_set_path(MSM_CUDA_MOE_PATH_AUTO), msm_cuda_moe_set_kernels(0);
+    cudaFree(dgu), cudaFree(ddn);
+    free(guf), free(gub), free(dnf), free(dnb), free(scratch);
+}
+
+/* One T with the path currently forced (or AUTO) and the default kernels. */
+static void moe_case(int T, int H, int I, int k, int E, double tol) {
+    moe_run r = {T, -1, -1};
+    moe_cases(&r, 1, H, I, k, E, tol);
 }
 
 Test(cuda_kernels, moe_experts_gemv_small_T_matches_cpu, .timeout = 60) {
@@ -576,12 +620,12 @@ Test(cuda_kernels, moe_experts_gemv_small_T_matches_cpu, .timeout = 60) {
     moe_case(3, 256, 96, 4, 8, 2e-5);
     moe_case(8, 200, 72, 2, 5, 2e-5);
     moe_case(5, 130, 33, 3, 7, 2e-5);      /* odd sizes: scalar loads */
-    moe_case(9, 130, 40, 2, 6, 2e-5);      /* T > 8 but sizes unfit for tiles: GEMV */
+    moe_case(9, 130, 40, 2, 6, 2e-5);      /* odd sizes, grouped: scalar loads */
 }
 
 Test(cuda_kernels, moe_experts_grouped_gemv_matches_cpu, .timeout = 120) {
     need_gpu();
-    /* the default path for 8 < T <= 64, and forced at other T (fp32 math: GEMV tolerance) */
+    /* the default path for 4 < T <= 64, and forced at other T (GEMV tolerance) */
     moe_case(16, 2048, 1408, 4, 60, 2e-5); /* Qwen1.5-MoE shapes */
     moe_case(32, 2048, 1408, 4, 60, 2e-5);
     moe_case(64, 256, 128, 4, 16, 2e-5);   /* skewed: some experts get > 8 tokens (several passes) */
@@ -602,6 +646,32 @@ Test(cuda_kernels, moe_experts_grouped_large_T_matches_cpu, .timeout = 60) {
     moe_case(70, 256, 128, 4, 16, 2e-2);
     moe_case(130, 512, 96, 8, 32, 2e-2);
     moe_case(200, 1024, 352, 4, 60, 2e-2);
+}
+
+Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
+    need_gpu();
+    enum { A = MSM_CUDA_MOE_PATH_AUTO, PR = MSM_CUDA_MOE_PATH_PAIR, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV };
+    enum { SIMT = MSM_CUDA_MOE_K_SIMT, MMA = MSM_CUDA_MOE_K_MMA, NP = MSM_CUDA_MOE_K_NO_PREFETCH };
+    /* Qwen1.5-MoE shapes: every default (pair at T <= 4, grouped SIMT below 48 tokens, grouped
+     * tensor-core GEMVs from 48) and each variant */
+    static const moe_run qwen[] = {{1, A, 0},     {4, A, 0},    {5, A, 0},    {8, A, 0},
+                                   {16, A, 0},    {32, A, 0},   {48, A, 0},   {64, A, 0},
+                                   {64, A, NP},   {64, A, SIMT}, {32, A, MMA}, {8, GG, MMA},
+                                   {1, GG, MMA},  {1, GG, 0},   {8, PR, 0},   {32, PR, 0}};
+    moe_cases(qwen, sizeof qwen / sizeof *qwen, 2048, 1408, 4, 60, 2e-5);
+    /* odd sizes for the tensor-core GEMVs: H % 32 == 8 (a partial K chunk in gate/up),
+     * H % 16 == 8 (down rows past H), I % 32 == 24 (a partial K chunk in down) */
+    static const moe_run odd[] = {{1, GG, MMA}, {5, GG, MMA}, {50, A, 0}, {24, A, 0}, {3, GG, 0}};
+    moe_cases(odd, sizeof odd / sizeof *odd, 200, 88, 4, 12, 2e-5);
+    /* I % 8 != 0: tensor-core gate/up (columns past I), SIMT down; k = 8 */
+    static const moe_run odd2[] = {{2, A, 0}, {30, A, 0}, {20, GG, MMA}, {3, PR, 0}};
+    moe_cases(odd2, sizeof odd2 / sizeof *odd2, 264, 100, 8, 24, 2e-5);
+    /* k = 1 */
+    static const moe_run k1[] = {{1, A, 0}, {7, A, 0}, {40, A, 0}, {40, PR, 0}, {60, A, 0}};
+    moe_cases(k1, sizeof k1 / sizeof *k1, 512, 256, 1, 8, 2e-5);
+    /* many tokens an expert: several 16-token passes */
+    static const moe_run skew[] = {{64, A, 0}, {64, A, SIMT}, {48, GG, NP}, {12, GG, MMA}, {12, A, 0}};
+    moe_cases(skew, sizeof skew / sizeof *skew, 256, 128, 2, 3, 2e-5);
 }
 
 /* ---- sample ---- */
@@ -786,22 +856,28 @@ Test(cuda_timing, table, .timeout = 300) {
                         K, t, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
     }
 
-    /* moe_experts at T=1 (and 8), Qwen1.5-MoE: E=60, k=4, I=1408, H=2048; 64 routing sets */
+    /* moe_experts at T = 1..64, Qwen1.5-MoE: E=60, k=4, I=1408, H=2048; 64 routing sets */
     {
         int E = 60, k = 4, I = 1408, H = 2048, NSET = 64;
         size_t gun = (size_t)E * 2 * I * H, dnn = (size_t)E * H * I;
         uint16_t *gu = dev(gun * 2), *dn = dev(dnn * 2);
         CK(msm__cuda_test_fill_bf16(gu, gun, 2, 0.02f, st));
         CK(msm__cuda_test_fill_bf16(dn, dnn, 3, 0.02f, st));
-        static const int Ts[][2] = {{1, MSM_CUDA_MOE_PATH_AUTO},  {8, MSM_CUDA_MOE_PATH_AUTO},
-                                    {8, MSM_CUDA_MOE_PATH_GROUPED_GEMV},
-                                    {16, MSM_CUDA_MOE_PATH_GROUPED_GEMV}, {16, MSM_CUDA_MOE_PATH_WMMA},
-                                    {32, MSM_CUDA_MOE_PATH_GROUPED_GEMV}, {32, MSM_CUDA_MOE_PATH_WMMA},
-                                    {64, MSM_CUDA_MOE_PATH_GROUPED_GEMV}, {64, MSM_CUDA_MOE_PATH_WMMA}};
+        /* {T, path, kernel variants}: the defaults, then the variants of the grouped path */
+        enum { PR = MSM_CUDA_MOE_PATH_PAIR, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV,
+               WM = MSM_CUDA_MOE_PATH_WMMA, SIMT = MSM_CUDA_MOE_K_SIMT, MMA = MSM_CUDA_MOE_K_MMA,
+               NP = MSM_CUDA_MOE_K_NO_PREFETCH };
+        static const int Ts[][3] = {{1, 0, 0},        {2, 0, 0},        {4, 0, 0},   {4, GG, 0},
+                                    {8, 0, 0},        {8, PR, 0},       {16, 0, 0},  {16, 0, MMA},
+                                    {32, 0, 0},       {32, 0, MMA},     {32, WM, 0}, {48, 0, 0},
+                                    {48, 0, SIMT},    {64, 0, 0},       {64, 0, SIMT}, {64, 0, NP},
+                                    {64, WM, 0}};
         static const char *pname[] = {"auto", "pair", "grouped_gemv", "wmma"};
+        static const char *kname[] = {"", " simt", " mma", "", " no_prefetch"};
         for (size_t s = 0; s < sizeof Ts / sizeof *Ts; s++) {
             int T = Ts[s][0];
             msm_cuda_moe_set_path(Ts[s][1]);
+            msm_cuda_moe_set_kernels(Ts[s][2]);
             int32_t *hid = malloc((size_t)NSET * T * k * 4);
             float *hw = malloc((size_t)NSET * T * k * 4);
             double uniq_sum = 0;
@@ -846,14 +922,16 @@ Test(cuda_timing, table, .timeout = 300) {
             double bytes = uniq * per_expert + (double)T * H * 8;
             double gbs = bytes / (t * 1e6);
             len += snprintf(buf + len, sizeof buf - len,
-                            "| moe_experts %s | T=%d E=60 k=4 I=1408 H=2048 (%.1f distinct experts) | "
+                            "| moe_experts %s%s | T=%d E=60 k=4 I=1408 H=2048 (%.1f distinct experts) | "
                             "%.4f | %.1f MB | %.0f | %.0f%% |\n",
-                            pname[Ts[s][1]], T, uniq, t, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
+                            pname[Ts[s][1]], kname[Ts[s][2]], T, uniq, t, bytes / 1e6, gbs,
+                            100.0 * gbs / copy_gbs);
             cudaFree(did), cudaFree(dw), cudaFree(ws);
             free(hid), free(hw);
         }
         cudaFree(gu), cudaFree(dn);
         msm_cuda_moe_set_path(MSM_CUDA_MOE_PATH_AUTO);
+        msm_cuda_moe_set_kernels(0);
     }
 
     /* T=32 linears: the GEMV kernel (forced) vs cuBLASLt */
@@ -900,6 +978,57 @@ Test(cuda_timing, table, .timeout = 300) {
         cudaFree(x32);
         msm_cuda_ctx_free(ctx);
     }
+    /* attention decode at Qwen1.5-MoE shapes: nh = kvh = 16, hd 128, every sequence at position
+     * 512; the caches rotate over the 1 GiB pool (as the linears' weights do) so they come from
+     * HBM. "split" gives the workspace (flash-decoding with the in-kernel merge), "no ws" not. */
+    {
+        enum { ANH = 16, AHD = 128, ACTX = 513, ATM = 32 };
+        int mb = (ACTX + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK;
+        size_t kv = (size_t)ATM * mb * MSM_KV_BLOCK * ANH * AHD, nbuf = pool_elems / (2 * kv);
+        int32_t *hbt = malloc((size_t)ATM * mb * 4), hseq[ATM], hpos[ATM];
+        for (int i = 0; i < ATM * mb; i++) hbt[i] = i;
+        for (int t = 0; t < ATM; t++) hseq[t] = t, hpos[t] = ACTX - 1;
+        float *hq = host_f32((size_t)ATM * ANH * AHD, 1.0f);
+        int32_t *dbt = dev_up(hbt, (size_t)ATM * mb * 4), *dseq = dev_up(hseq, sizeof hseq),
+                *dpos = dev_up(hpos, sizeof hpos);
+        float *aq = dev_up(hq, (size_t)ATM * ANH * AHD * 4), *ao = dev((size_t)ATM * ANH * AHD * 4);
+        size_t wsb = msm_cuda_attention_ws_bytes(ATM, ANH, AHD);
+        void *ws = dev(wsb);
+        cr_assert_eq(cudaMemset(ws, 0, wsb), cudaSuccess);
+        float sc = 1.0f / sqrtf((float)AHD);
+        static const int aT[] = {1, 8, 32};
+        for (size_t s = 0; s < sizeof aT / sizeof *aT; s++)
+            for (int split = 1; split >= 0; split--) {
+                int T = aT[s];
+                void *w = split ? ws : NULL;
+                size_t wb = split ? wsb : 0;
+                for (int i = 0; i < 3; i++)
+                    CK(msm_cuda_attention_ex(ao, aq, ANH * AHD, pool, pool + kv, dseq, dpos, dbt, mb, T, ANH,
+                                             ANH, AHD, sc, w, wb, st));
+                int it = 0;
+                for (int r = 0; r < BENCH_REPS; r++) {
+                    cudaEventRecord(e0, st);
+                    for (int b = 0; b < BENCH_BATCH; b++, it++) {
+                        uint16_t *kc = pool + (it % nbuf) * 2 * kv;
+                        CK(msm_cuda_attention_ex(ao, aq, ANH * AHD, kc, kc + kv, dseq, dpos, dbt, mb, T, ANH,
+                                                 ANH, AHD, sc, w, wb, st));
+                    }
+                    cudaEventRecord(e1, st);
+                    cr_assert_eq(cudaEventSynchronize(e1), cudaSuccess);
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    times[r] = ms / BENCH_BATCH;
+                }
+                double t = median(times, BENCH_REPS);
+                double bytes = (double)T * ANH * ACTX * AHD * 2 * 2 + (double)T * ANH * AHD * 8;
+                double gbs = bytes / (t * 1e6);
+                len += snprintf(buf + len, sizeof buf - len,
+                                "| attention %s | T=%d nh=kvh=%d hd=%d pos=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n",
+                                split ? "split" : "no ws", T, ANH, AHD, ACTX - 1, t, bytes / 1e6, gbs,
+                                100.0 * gbs / copy_gbs);
+            }
+        cudaFree(dbt), cudaFree(dseq), cudaFree(dpos), cudaFree(aq), cudaFree(ao), cudaFree(ws);
+        free(hbt), free(hq);
+    }
     cr_assert_eq(cudaGetLastError(), cudaSuccess);
     printf("%s", buf);
     fflush(stdout);
@@ -909,6 +1038,71 @@ Test(cuda_timing, table, .timeout = 300) {
         if (f) fputs(buf, f), fclose(f);
     }
     cudaFree(c0), cudaFree(x), cudaFree(y);
+}
+
+
+/* QK_NORM in one launch: per-head RMSNorm of the q and k heads, v copied; in place too. */
+Test(cuda_kernels, qk_norm_matches_cpu, .timeout = 60) {
+    need_gpu();
+    static const int shapes[][5] = {{1, 32, 4, 128, 0}, {37, 8, 8, 64, 1}, {5, 6, 2, 256, 0},
+                                    {3, 4, 1, 80, 1},   {70, 16, 4, 128, 0}}; /* T, nh, kvh, hd, inplace */
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s][0], nh = shapes[s][1], kvh = shapes[s][2], hd = shapes[s][3], inplace = shapes[s][4];
+        int C = (nh + 2 * kvh) * hd;
+        size_t n = (size_t)T * C;
+        float *x = host_f32(n, 2.0f), *ref = malloc(n * 4), *out = malloc(n * 4), *wqf, *wkf;
+        uint16_t *wq = host_bf16(hd, 1.0f, &wqf), *wk = host_bf16(hd, 1.0f, &wkf);
+        memcpy(ref, x, n * 4);
+        for (int t = 0; t < T; t++) {
+            float *row = ref + (size_t)t * C;
+            msm_cpu_rmsnorm(row, row, wqf, nh, hd, 1e-6f);
+            msm_cpu_rmsnorm(row + (size_t)nh * hd, row + (size_t)nh * hd, wkf, kvh, hd, 1e-6f);
+        }
+        float *dx = dev_up(x, n * 4), *dout = inplace ? dx : dev_poison(n * 4);
+        uint16_t *dwq = dev_up(wq, hd * 2), *dwk = dev_up(wk, hd * 2);
+        CK(msm_cuda_qk_norm(dout, dx, dwq, dwk, T, C, nh, kvh, hd, 1e-6f, 0));
+        down(out, dout, n * 4);
+        CHECK_ERR(out, ref, n, 1e-5, "qk_norm T=%d nh=%d kvh=%d hd=%d inplace=%d", T, nh, kvh, hd, inplace);
+        for (int t = 0; t < T; t++) /* the v heads are copied exactly */
+            cr_assert(memcmp(out + (size_t)t * C + (size_t)(nh + kvh) * hd, x + (size_t)t * C + (size_t)(nh + kvh) * hd,
+                             (size_t)kvh * hd * 4) == 0, "v heads of token %d changed", t);
+        cudaFree(dx), cudaFree(dwq), cudaFree(dwk);
+        if (!inplace) cudaFree(dout);
+        free(x), free(ref), free(out), free(wqf), free(wkf), free(wq), free(wk);
+    }
+}
+
+/* rope_kv (ROPE that also fills the cache) = rope_copy then kv_write_ld from its output, bitwise:
+ * the rotated rows and both caches, with a padding row (slot -1) left unwritten. */
+Test(cuda_kernels, rope_kv_equals_rope_copy_then_kv_write, .timeout = 60) {
+    need_gpu();
+    static const int shapes[][4] = {{1, 16, 16, 128}, {7, 6, 2, 64}, {40, 4, 4, 32}, {3, 8, 1, 256}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s][0], nh = shapes[s][1], kvh = shapes[s][2], hd = shapes[s][3];
+        int C = (nh + 2 * kvh) * hd, nslots = 4 * MSM_KV_BLOCK;
+        size_t n = (size_t)T * C, cache = (size_t)nslots * kvh * hd;
+        float *x = host_f32(n, 1.0f);
+        int32_t *pos = malloc(T * 4), *slot = malloc(T * 4);
+        for (int t = 0; t < T; t++) pos[t] = rndi(4000), slot[t] = t == T - 1 && T > 1 ? -1 : (t * 7) % nslots;
+        float *dx = dev_up(x, n * 4), *o1 = dev_poison(n * 4), *o2 = dev_poison(n * 4);
+        int32_t *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
+        uint16_t *k1 = dev_poison(cache * 2), *v1 = dev_poison(cache * 2), *k2 = dev_poison(cache * 2),
+                 *v2 = dev_poison(cache * 2);
+        CK(msm_cuda_rope_copy(o1, dx, dpos, T, C, nh + kvh, hd, 1e6f, 0));
+        CK(msm_cuda_kv_write_ld(k1, v1, o1 + (size_t)nh * hd, o1 + (size_t)(nh + kvh) * hd, (size_t)C, dslot, T, kvh, hd, 0));
+        CK(msm_cuda_rope_kv(o2, dx, dpos, dslot, k2, v2, T, nh, kvh, hd, 1e6f, 0));
+        float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
+        uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
+        down(h1, o1, n * 4), down(h2, o2, n * 4);
+        cr_assert(memcmp(h1, h2, n * 4) == 0, "rotated rows differ (T=%d nh=%d kvh=%d hd=%d)", T, nh, kvh, hd);
+        down(c1, k1, cache * 2), down(c2, k2, cache * 2);
+        cr_assert(memcmp(c1, c2, cache * 2) == 0, "K caches differ (T=%d nh=%d kvh=%d hd=%d)", T, nh, kvh, hd);
+        down(c1, v1, cache * 2), down(c2, v2, cache * 2);
+        cr_assert(memcmp(c1, c2, cache * 2) == 0, "V caches differ (T=%d nh=%d kvh=%d hd=%d)", T, nh, kvh, hd);
+        cudaFree(dx), cudaFree(o1), cudaFree(o2), cudaFree(dpos), cudaFree(dslot);
+        cudaFree(k1), cudaFree(v1), cudaFree(k2), cudaFree(v2);
+        free(x), free(pos), free(slot), free(h1), free(h2), free(c1), free(c2);
+    }
 }
 
 #else /* no CUDA toolkit in this build */

@@ -2,6 +2,8 @@
  * block pool, dummy weights from a config alone, and batched steps equal single-sequence runs. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "msm_engine.h"
@@ -112,4 +114,55 @@ Test(engine, load_errors_name_the_problem) {
     msm_err err = {{0}};
     cr_expect_neq(msm_engine_new(&o, &e, &err), 0);
     cr_expect(strstr(err.msg, "/nonexistent/model"), "%s", err.msg);
+}
+
+/* Logits of every row of one prefill step of prompt 0 of the golden qwen2moe-gqa model. */
+static int prefill_logits(bool kv_bf16, float **ret, int *rows, int *vocab) {
+    golden g;
+    cr_assert_eq(golden_load("tests/data/qwen2moe-gqa", &g), 0);
+    msm_engine_opts o = test_engine_opts("tests/data/qwen2moe-gqa", 1, true, true);
+    o.kv_bf16 = kv_bf16;
+    msm_engine *e;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_engine_new(&o, &e, &err), 0, "%s", err.msg);
+    int32_t blocks[4], toks[32];
+    int P = 0;
+    for (int i = 0; i < g.prompt_len[0]; i++) toks[P++] = g.prompt[0][i];
+    for (int i = 0; i < 12; i++) toks[P++] = g.gen[0][i]; /* a longer context than the prompt */
+    cr_assert_eq(msm_kv_pool_alloc(msm_engine_kv(e), 4, blocks), 0);
+    msm_step_seq s = {.tokens = toks, .n_tokens = P, .blocks = blocks, .n_blocks = 4, .output = 2};
+    msm_step_out out;
+    cr_assert_eq(msm_engine_step(e, &s, 1, &out, &err), 0, "%s", err.msg);
+    *vocab = msm_engine_model(e)->vocab;
+    *rows = out.n_rows;
+    *ret = malloc(sizeof(float) * (size_t)out.n_rows * (size_t)*vocab);
+    memcpy(*ret, out.logits, sizeof(float) * (size_t)out.n_rows * (size_t)*vocab);
+    msm_engine_free(e);
+    golden_done(&g);
+    return P;
+}
+
+/* kv_bf16 (the CUDA cache's format on the CPU, for like-for-like comparisons): every row after the
+ * first attends to rounded K/V, so its logits move by bf16-sized amounts; row 0 attends only to its
+ * own K/V (softmax weight 1, V rounded) and moves too; nothing is bitwise equal, nothing is far. */
+Test(engine, kv_bf16_rounds_the_cache_like_the_cuda_backend) {
+    float *a, *b;
+    int ra, rb, va, vb;
+    int P = prefill_logits(false, &a, &ra, &va);
+    prefill_logits(true, &b, &rb, &vb);
+    cr_assert_eq(ra, P);
+    cr_assert_eq(rb, P);
+    double num = 0, den = 0;
+    int differ = 0;
+    for (size_t i = 0; i < (size_t)P * (size_t)va; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)a[i] * a[i];
+        differ += a[i] != b[i];
+    }
+    double rel = sqrt(num / den);
+    cr_expect_gt(differ, 0, "the bf16 cache changed nothing");
+    cr_expect_gt(rel, 1e-5, "rel %g: too small for bf16 rounding of K/V", rel);
+    cr_expect_lt(rel, 1e-1, "rel %g: more than bf16 rounding of K/V", rel);
+    free(a);
+    free(b);
 }
