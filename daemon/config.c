@@ -43,6 +43,7 @@ static const key_def keys[] = {
     STR("server", "tcp_host", tcp_host),
     INT("server", "max_frame_bytes", max_frame_bytes, 64, 1 << 30),
     INT("server", "max_connections", max_connections, 1, 1000000),
+    INT("server", "max_queued_bytes", max_queued_bytes, 4096, 1 << 30),
     INT("server", "metrics_port", metrics_port, 0, 65535),
     STR("server", "metrics_host", metrics_host),
     STR("engine", "model", model),
@@ -78,6 +79,7 @@ void msm_config_defaults(msm_config *c) {
     snprintf(c->tcp_host, sizeof c->tcp_host, "127.0.0.1");
     c->max_frame_bytes = 4 << 20;
     c->max_connections = 1024;
+    c->max_queued_bytes = 16 << 20;
     snprintf(c->metrics_host, sizeof c->metrics_host, "127.0.0.1");
     snprintf(c->backend, sizeof c->backend, "auto");
     c->tp = 1;

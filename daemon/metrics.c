@@ -18,8 +18,8 @@ static int add(msm_metric_sample *out, int n, int cap, const char *name, const c
 }
 
 int msm_metrics_capacity(int n_groups) {
-    /* 22 daemon-wide series (15 of them rejected codes) + 16 scheduler series per group and total. */
-    return 24 + 16 * (n_groups + 1);
+    /* 23 daemon-wide series (15 of them rejected codes) + 16 scheduler series per group and total. */
+    return 25 + 16 * (n_groups + 1);
 }
 
 /* One scheduler series: the total (labels as given), then each group's value with group="N". */
@@ -104,6 +104,8 @@ int msm_metrics_collect(const msm_metrics *m, const msm_sched_stats *st, int n_g
             "Connections refused over server.max_connections.");
     n = add(out, n, cap, "msmoed_frames_malformed_total", NULL, (double)m->frames_malformed, true,
             "Malformed frames (the connection was closed).");
+    n = add(out, n, cap, "msmoed_slow_readers_closed_total", NULL, (double)m->slow_readers_closed, true,
+            "Connections closed because their unread replies exceeded server.max_queued_bytes.");
     n = add(out, n, cap, "msmoed_received_bytes_total", NULL, (double)m->bytes_in, true, "Bytes received.");
     n = add(out, n, cap, "msmoed_sent_bytes_total", NULL, (double)m->bytes_out, true, "Bytes sent.");
     return n;

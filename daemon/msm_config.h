@@ -32,6 +32,7 @@ typedef struct msm_config {
     char tcp_host[64];
     int max_frame_bytes;
     int max_connections;
+    int max_queued_bytes;      /* replies queued for a connection that does not read; over: closed */
     int metrics_port;          /* HTTP GET /metrics (Prometheus text); 0 = off */
     char metrics_host[64];
     /* [engine] */

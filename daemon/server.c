@@ -337,6 +337,15 @@ static void conn_write(conn *c, uint8_t *buf, size_t len) {
         return;
     }
     c->srv->metrics.bytes_out += len;
+    /* a client that does not read: the kernel's buffer is full and libuv queues the rest */
+    size_t queued = uv_stream_get_write_queue_size(&c->u.s);
+    if (c->kind == CONN_API && queued > (size_t)c->srv->cfg->max_queued_bytes) {
+        c->srv->metrics.slow_readers_closed++;
+        msm_log_warn("connection %llu: the client is not reading its replies (%zu bytes queued > "
+                     "server.max_queued_bytes = %d); closing it and cancelling its %d request(s)",
+                     (unsigned long long)c->id, queued, c->srv->cfg->max_queued_bytes, c->n_inflight);
+        conn_close(c, false);
+    }
 }
 
 static void reply_error(conn *c, uint64_t rid, msm_code code, const char *msg) {

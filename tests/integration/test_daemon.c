@@ -609,6 +609,52 @@ Test(daemon, disconnect_mid_stream_frees_blocks, .timeout = 60) {
     cr_assert_eq(stop_daemon(&d), 0);
 }
 
+static double metric_settles(msm_client *c, const char *name, const char *labels, double want) {
+    double v = metric(c, name, labels);
+    for (int i = 0; i < 200 && v != want; i++) {
+        usleep(5000);
+        v = metric(c, name, labels);
+    }
+    return v;
+}
+
+/* A client that sends requests and never reads: once its unread replies pass
+ * server.max_queued_bytes (beyond the kernel's socket buffer) the daemon closes it and cancels its
+ * requests (KV blocks freed); everyone else is served as before. */
+Test(daemon, client_that_stops_reading_is_closed_and_loses_nothing_for_others, .timeout = 60) {
+    daemon_proc d;
+    const char *sets[] = {"engine.backend=fake", "server.max_queued_bytes=4096", NULL};
+    start_daemon(&d, sets, "MSMOED_FAKE_STEP_US=200", NULL, true);
+    msm_client *slow = connect_to(&d), *other = connect_to(&d);
+    msm_err err;
+    static const int32_t prompt[8] = {7, 8, 9};
+    msm_client_gen g;
+    msm_client_gen_init(&g);
+    g.prompt = prompt;
+    g.n_prompt = 8;
+    g.max_tokens = 1000;
+    for (int r = 1; r <= 32; r++) /* ~32k token frames, far more than a socket buffer holds */
+        cr_assert_eq(msm_client_send_generate(slow, (uint64_t)r, &g, &err), 0, "%s", err.msg);
+    double closed = 0;
+    for (int i = 0; i < 2000 && closed < 1; i++) {
+        usleep(5000);
+        closed = metric(other, "msmoed_slow_readers_closed_total", NULL);
+    }
+    cr_assert_eq(closed, 1, "the connection that stopped reading was not closed");
+    cr_assert_eq(metric_settles(other, "msmoed_kv_blocks_used", NULL, 0), 0, "its KV blocks were not freed");
+    cr_assert_eq(metric_settles(other, "msmoed_requests_active", NULL, 0), 0);
+    cr_assert_eq(metric(other, "msmoed_requests_finished_total", "reason=\"cancelled\""), 32);
+    /* the other connection still gets whole answers */
+    g.max_tokens = 20;
+    stream s = {0};
+    generate(other, 99, &g, &s);
+    cr_assert_eq(s.finish, MSMOE__V1__FINISH_REASON__FINISH_LENGTH, "%s", s.msg);
+    cr_assert_eq(s.n, 20);
+    msm_client_free(slow);
+    msm_client_free(other);
+    cr_assert_eq(stop_daemon(&d), 0);
+}
+
 Test(daemon, sigterm_drains_in_flight_requests, .timeout = 60) {
     daemon_proc d;
     start_slow_fake(&d, NULL);
@@ -1195,14 +1241,6 @@ static Msmoe__V1__ServerFrame *call_simple(msm_client *c, uint64_t rid, Msmoe__V
 }
 
 /* Polls a metric until it equals want (the schedulers publish their stats after each step). */
-static double metric_settles(msm_client *c, const char *name, const char *labels, double want) {
-    double v = metric(c, name, labels);
-    for (int i = 0; i < 200 && v != want; i++) {
-        usleep(5000);
-        v = metric(c, name, labels);
-    }
-    return v;
-}
 
 Test(daemon_groups, two_cpu_replicas_serve_32_requests_equal_to_msmoe_run, .timeout = 240) {
     need_model();
