@@ -567,10 +567,18 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
     if (T <= 64 && mmv_use(T, N, K, w, x)) return mmv_run(y, x, w, bias, T, N, K, stream);
     if (T <= gemv_max_t() || N <= MSM_CUDA_GEMV_SMALL_N) {
         bool vec = K % 8 == 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
-        if (vec)
+        if (T > gemv_max_t() && T <= 65535) {
+            /* a router over many tokens: one warp per (row, token), the few weight rows re-read
+             * from L2 (8-token chunks gave a 60-row router at T = 32 only 16 blocks: 34 us) */
+            if (vec)
+                gemv_launch<1, true>(y, x, w, bias, T, N, K, stream);
+            else
+                gemv_launch<1, false>(y, x, w, bias, T, N, K, stream);
+        } else if (vec) {
             gemv_dispatch<true>(y, x, w, bias, T, N, K, stream);
-        else
+        } else {
             gemv_dispatch<false>(y, x, w, bias, T, N, K, stream);
+        }
         CUDA_LAUNCH_CHECK();
         return 0;
     }

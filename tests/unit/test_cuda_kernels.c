@@ -308,7 +308,8 @@ Test(cuda_kernels, linear_cublaslt_large_T_matches_cpu, .timeout = 60) {
     static const struct { int T, N, K, bias; double tol; } shapes[] = {
         {9, 512, 512, 0, 1e-2},     {64, 1000, 2048, 1, 1e-2},  {70, 1000, 2048, 1, 5e-5},
         {65, 2048, 2048, 0, 5e-5},  {300, 6144, 2048, 1, 5e-5}, {130, 129, 264, 1, 2e-5},
-        {300, 96, 64, 0, 2e-5},     {512, 60, 2048, 0, 2e-5},   {9, 256, 512, 0, 2e-5}};
+        {300, 96, 64, 0, 2e-5},     {512, 60, 2048, 0, 2e-5},   {9, 256, 512, 0, 2e-5},
+        {32, 60, 2048, 0, 2e-5},    {33, 1, 2048, 1, 2e-5}};
     msm_cuda_linear_set_mmv_range(1, 0); /* cuBLASLt itself, not the MMV path */
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         /* twice: the second call reuses the cached plan */
