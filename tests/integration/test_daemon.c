@@ -537,6 +537,14 @@ Test(daemon, bad_input_is_answered_and_the_daemon_keeps_serving, .timeout = 180)
 
 /* ---- cancel, disconnect, drain (fake engine with a per-step delay) ---- */
 
+/* A token-id Generate request: prompt p[0..n), max_tokens, everything else the defaults. */
+static void ids_gen_init(msm_client_gen *g, const int32_t *p, int n, int max_tokens) {
+    msm_client_gen_init(g);
+    g->prompt = p;
+    g->n_prompt = n;
+    g->max_tokens = max_tokens;
+}
+
 static void start_slow_fake(daemon_proc *d, const char **extra) {
     const char *sets[16] = {"engine.backend=fake"};
     int n = 1;
@@ -553,10 +561,7 @@ Test(daemon, cancel_mid_stream_frees_blocks, .timeout = 60) {
     msm_err err;
     static const int32_t prompt[40] = {1, 2, 3};
     msm_client_gen g;
-    msm_client_gen_init(&g);
-    g.prompt = prompt;
-    g.n_prompt = 40;
-    g.max_tokens = 1000;
+    ids_gen_init(&g, prompt, 40, 1000);
     cr_assert_eq(msm_client_send_generate(c, 5, &g, &err), 0);
     stream s = {0};
     for (int i = 0; i < 3; i++) {
@@ -587,10 +592,7 @@ Test(daemon, disconnect_mid_stream_frees_blocks, .timeout = 60) {
     msm_err err;
     static const int32_t prompt[40] = {4, 5, 6};
     msm_client_gen g;
-    msm_client_gen_init(&g);
-    g.prompt = prompt;
-    g.n_prompt = 40;
-    g.max_tokens = 1000;
+    ids_gen_init(&g, prompt, 40, 1000);
     for (int r = 1; r <= 3; r++)
         cr_assert_eq(msm_client_send_generate(a, (uint64_t)r, &g, &err), 0);
     Msmoe__V1__ServerFrame *f = recv_frame(a);
@@ -629,10 +631,7 @@ Test(daemon, client_that_stops_reading_is_closed_and_loses_nothing_for_others, .
     msm_err err;
     static const int32_t prompt[8] = {7, 8, 9};
     msm_client_gen g;
-    msm_client_gen_init(&g);
-    g.prompt = prompt;
-    g.n_prompt = 8;
-    g.max_tokens = 1000;
+    ids_gen_init(&g, prompt, 8, 1000);
     for (int r = 1; r <= 32; r++) /* ~32k token frames, far more than a socket buffer holds */
         cr_assert_eq(msm_client_send_generate(slow, (uint64_t)r, &g, &err), 0, "%s", err.msg);
     double closed = 0;
@@ -662,10 +661,7 @@ Test(daemon, sigterm_drains_in_flight_requests, .timeout = 60) {
     msm_err err;
     static const int32_t prompt[] = {7, 8, 9};
     msm_client_gen g;
-    msm_client_gen_init(&g);
-    g.prompt = prompt;
-    g.n_prompt = 3;
-    g.max_tokens = 60;
+    ids_gen_init(&g, prompt, 3, 60);
     cr_assert_eq(msm_client_send_generate(c, 1, &g, &err), 0);
     stream s = {0};
     Msmoe__V1__ServerFrame *f = recv_frame(c);
@@ -1416,10 +1412,7 @@ Test(daemon_groups, disconnect_frees_blocks_on_every_group, .timeout = 60) {
     msm_err err;
     static const int32_t prompt[40] = {4, 5, 6};
     msm_client_gen g;
-    msm_client_gen_init(&g);
-    g.prompt = prompt;
-    g.n_prompt = 40;
-    g.max_tokens = 1000;
+    ids_gen_init(&g, prompt, 40, 1000);
     for (int r = 1; r <= 4; r++)
         cr_assert_eq(msm_client_send_generate(a, (uint64_t)r, &g, &err), 0);
     /* Wait until every request has streamed something. */
