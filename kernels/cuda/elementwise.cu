@@ -344,7 +344,8 @@ extern "C" int msm_cuda_qk_norm(float *out, const float *x, const uint16_t *wq, 
     return 0;
 }
 
-/* ---- kv_write from rows with a stride (k, v read in place from the qkv rows) ---- */
+/* ---- kv_write from rows with a stride (k, v read in place from the qkv rows): one thread per
+ * element, f32 -> bf16 (round to nearest even) ---- */
 __global__ void kv_write_ld_kernel(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
                                    size_t ld, const int32_t *slot, int T, int row) {
     msm_pdl_trigger();
@@ -370,30 +371,12 @@ extern "C" int msm_cuda_kv_write_ld(uint16_t *kc, uint16_t *vc, const float *k, 
     return 0;
 }
 
-/* ---- kv_write: one thread per element, f32 -> bf16 (round to nearest even) ---- */
-__global__ void kv_write_kernel(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
-                                const int32_t *slot, int T, int row) {
-    msm_pdl_trigger();
-    msm_pdl_wait();
-    size_t n = (size_t)T * row;
-    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
-         idx += (size_t)gridDim.x * blockDim.x) {
-        int t = (int)(idx / row), j = (int)(idx % row);
-        int s = slot[t];
-        if (s < 0) continue;
-        kc[(size_t)s * row + j] = msm_f2bf(k[idx]);
-        vc[(size_t)s * row + j] = msm_f2bf(v[idx]);
-    }
-}
-
+/* ---- kv_write: contiguous k, v rows (ld = kvh * hd), f32 -> bf16 (round to nearest even) ---- */
 extern "C" int msm_cuda_kv_write(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
                                  const int32_t *slot, int T, int kvh, int hd,
                                  cudaStream_t stream) {
-    if (T < 0 || kvh <= 0 || hd <= 0) return -EINVAL;
-    if (T == 0) return 0;
-    size_t n = (size_t)T * kvh * hd;
-    CUDA_TRY(msm_launch(kv_write_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, kc, vc, k, v, slot, T, kvh * hd));
-    return 0;
+    if (kvh <= 0 || hd <= 0) return -EINVAL;
+    return msm_cuda_kv_write_ld(kc, vc, k, v, (size_t)kvh * hd, slot, T, kvh, hd, stream);
 }
 
 /* ---- add / scale_rows / sigmoid / swiglu ---- */

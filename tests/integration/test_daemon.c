@@ -725,28 +725,52 @@ Test(daemon, sigterm_cancels_after_the_drain_timeout, .timeout = 60) {
 
 /* ---- systemd notify protocol ---- */
 
+/* A datagram socket standing in for systemd's NOTIFY_SOCKET; env is "NOTIFY_SOCKET=<path>". */
+typedef struct notify_sock {
+    char dir[32];
+    struct sockaddr_un sa;
+    int fd;
+    char env[300];
+} notify_sock;
+
+static void notify_open(notify_sock *n) {
+    snprintf(n->dir, sizeof n->dir, "/tmp/msmoed-notify.XXXXXX");
+    cr_assert_not_null(mkdtemp(n->dir));
+    n->sa = (struct sockaddr_un){.sun_family = AF_UNIX};
+    snprintf(n->sa.sun_path, sizeof n->sa.sun_path, "%s/notify", n->dir);
+    n->fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    cr_assert_eq(bind(n->fd, (struct sockaddr *)&n->sa, sizeof n->sa), 0);
+    snprintf(n->env, sizeof n->env, "NOTIFY_SOCKET=%s", n->sa.sun_path);
+}
+
+/* One message into buf (NUL-terminated), waiting up to 20 ms; false when none came. */
+static bool notify_recv(notify_sock *n, char *buf, size_t cap) {
+    struct pollfd p = {.fd = n->fd, .events = POLLIN};
+    if (poll(&p, 1, 20) <= 0)
+        return false;
+    ssize_t r = recv(n->fd, buf, cap - 1, 0);
+    if (r <= 0)
+        return false;
+    buf[r] = 0;
+    return true;
+}
+
+static void notify_close(notify_sock *n) {
+    close(n->fd);
+    unlink(n->sa.sun_path);
+    rmdir(n->dir);
+}
+
 Test(daemon, notify_sequence, .timeout = 60) {
-    char dir[] = "/tmp/msmoed-notify.XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s/notify", dir);
-    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    static char env[300];
-    snprintf(env, sizeof env, "NOTIFY_SOCKET=%s", sa.sun_path);
+    notify_sock ns;
+    notify_open(&ns);
     daemon_proc d;
-    start_daemon(&d, NULL, env, "WATCHDOG_USEC=200000", false);
+    start_daemon(&d, NULL, ns.env, "WATCHDOG_USEC=200000", false);
     bool status_before_ready = false, ready = false, extend = false, watchdog = false, stopping = false;
-    char all[8192] = "";
+    char all[8192] = "", buf[1024];
     for (int i = 0; i < 2000 && !(ready && watchdog); i++) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 20) <= 0)
+        if (!notify_recv(&ns, buf, sizeof buf))
             continue;
-        char buf[1024];
-        ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
-        if (n <= 0)
-            continue;
-        buf[n] = 0;
         strncat(all, buf, sizeof all - strlen(all) - 2);
         strcat(all, "|");
         if (strstr(buf, "READY=1")) {
@@ -767,22 +791,12 @@ Test(daemon, notify_sequence, .timeout = 60) {
     cr_assert(ready, "READY=1; got %s", all);
     cr_assert(watchdog, "WATCHDOG=1 after READY=1; got %s", all);
     kill(d.pid, SIGTERM);
-    for (int i = 0; i < 500 && !stopping; i++) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 20) <= 0)
-            continue;
-        char buf[1024];
-        ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
-        if (n > 0) {
-            buf[n] = 0;
+    for (int i = 0; i < 500 && !stopping; i++)
+        if (notify_recv(&ns, buf, sizeof buf))
             stopping |= strstr(buf, "STOPPING=1") != NULL;
-        }
-    }
     cr_assert(stopping, "STOPPING=1 after SIGTERM");
     cr_assert_eq(stop_daemon(&d), 0);
-    close(fd);
-    unlink(sa.sun_path);
-    rmdir(dir);
+    notify_close(&ns);
 }
 
 /* ---- the CLI and the HTTP metrics port ---- */
@@ -1451,29 +1465,17 @@ Test(daemon_groups, disconnect_frees_blocks_on_every_group, .timeout = 60) {
 
 /* STATUS= names each group while it loads; READY=1 comes after the last one. */
 Test(daemon_groups, notify_reports_each_group_before_ready, .timeout = 60) {
-    char dir[] = "/tmp/msmoed-notify.XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s/notify", dir);
-    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    static char env[300];
-    snprintf(env, sizeof env, "NOTIFY_SOCKET=%s", sa.sun_path);
+    notify_sock ns;
+    notify_open(&ns);
     daemon_proc d;
     const char *sets[] = {have_model() ? "engine.backend=cpu" : "engine.backend=fake", "engine.replicas=3", NULL};
-    start_daemon(&d, sets, env, NULL, false);
+    start_daemon(&d, sets, ns.env, NULL, false);
     int seen_group[3] = {0};
     bool ready = false;
-    char all[8192] = "";
+    char all[8192] = "", buf[1024];
     for (int i = 0; i < 1000 && !ready; i++) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 20) <= 0)
+        if (!notify_recv(&ns, buf, sizeof buf))
             continue;
-        char buf[1024];
-        ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
-        if (n <= 0)
-            continue;
-        buf[n] = 0;
         strncat(all, buf, sizeof all - strlen(all) - 2);
         strcat(all, "|");
         for (int g = 0; g < 3; g++) {
@@ -1493,9 +1495,7 @@ Test(daemon_groups, notify_reports_each_group_before_ready, .timeout = 60) {
     for (int g = 0; g < 3; g++)
         cr_assert(seen_group[g], "STATUS= for group %d/3 before READY=1; got %s", g + 1, all);
     cr_assert_eq(stop_daemon(&d), 0);
-    close(fd);
-    unlink(sa.sun_path);
-    rmdir(dir);
+    notify_close(&ns);
 }
 
 Test(daemon_groups, check_config_reports_groups_and_refuses_a_bad_split, .timeout = 60) {
