@@ -30,6 +30,8 @@ typedef struct cuda_backend {
     cudaEvent_t *ev;
     int n_events;
     msm_cuda_ctx *ctx;
+    msm_cuda_tuning tune;        /* this rank's kernel choices (defaults + environment) */
+    uint64_t skip_ops;           /* benchmark-only: ops not issued (MSM_CUDA_SKIP_OPS) */
     uint16_t **w;                /* [n_weights] bf16 */
     int n_weights;
     char *arena;
@@ -107,25 +109,9 @@ static const msm_comm_vt nccl_vt = {nccl_allreduce, nccl_allgather};
 #define I32(v) ((int32_t *)(cb->arena + g->vals[v].offset))
 #define ROWS(v) ((int)msm_value_rows(&g->vals[v], d->T, d->R, d->S))
 
-/* Benchmark-only: MSM_CUDA_SKIP_OPS=OP[,OP...] (op names as msm_op_name prints them) skips those
- * ops entirely, so a step's time without them can be measured (the step's results are then
- * meaningless). Read once per process; unset, nothing is skipped. */
-static uint64_t skip_ops_mask(void) {
-    static int init;
-    static uint64_t mask;
-    if (!init) {
-        const char *s = getenv("MSM_CUDA_SKIP_OPS");
-        for (int op = 0; s && op < MSM_OP_COUNT && op < 64; op++) {
-            const char *nm = msm_op_name((msm_op)op), *p = s;
-            size_t L = strlen(nm);
-            while ((p = strstr(p, nm)) != NULL) {
-                if ((p == s || p[-1] == ',') && (p[L] == ',' || p[L] == 0)) mask |= 1ull << op;
-                p += L;
-            }
-        }
-        init = 1;
-    }
-    return mask;
+/* Where a node's kernels go: its stream, with this rank's tuning. */
+static msm_cuda_exec exec_on(const cuda_backend *cb, msm_stream s) {
+    return (msm_cuda_exec){.stream = cb->st[s], .tune = &cb->tune};
 }
 
 /* Whether node i is a ROPE whose output feeds the next node, the ATTENTION of the same layer on
@@ -144,8 +130,8 @@ static bool rope_feeds_attention(const msm_graph *g, int i) {
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
-    if (skip_ops_mask() >> n->op & 1) return 0;
-    cudaStream_t s = cb->st[n->stream];
+    if (cb->skip_ops >> n->op & 1) return 0;
+    msm_cuda_exec s = exec_on(cb, n->stream);
     void *ws = cb->ws[n->stream];
     const int *a = n->a;
     int in0 = n->in[0], out0 = n->out[0];
@@ -323,7 +309,7 @@ static int cuda_dummy_weight(msm_backend *b, int wi, const msm_weight *w, uint64
     if (r) return r;
     size_t n = (size_t)w->n_expert * w->rows * w->cols;
     TRY(cudaMalloc((void **)&cb->w[wi], 2 * (n ? n : 1)));
-    KTRY(msm_cuda_fill_dummy(cb->w[wi], n, seed, scale, w->is_norm, cb->st[MSM_STREAM_MAIN]));
+    KTRY(msm_cuda_fill_dummy(cb->w[wi], n, seed, scale, w->is_norm, exec_on(cb, MSM_STREAM_MAIN)));
     return 0;
 }
 
@@ -458,6 +444,60 @@ static const msm_backend_vt cuda_vt = {
     .capture_end = cuda_capture_end, .replay = cuda_replay,
 };
 
+/* ---- tuning from the environment ---------------------------------------------------------
+ * Benchmark and bisection switches, read once per rank when the backend is created (unset: the
+ * defaults of msm_cuda_tuning_init):
+ *   MSM_CUDA_PDL=0                      programmatic dependent launch off
+ *   MSM_CUDA_GEMV_MAX_T=N               raise the GEMV / cuBLASLt threshold (never lowered)
+ *   MSM_CUDA_MMV_MIN_T / _MAX_T=N       the tensor-core GEMV range (max 0: off)
+ *   MSM_CUDA_LT_SPLIT_MIN_T=N           cuBLASLt hi + lo split from N tokens on
+ *   MSM_CUDA_MOE_PATH=pair|grouped_gemv|wmma   force a MoE path
+ *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch  MoE kernel variants
+ *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
+ *                                       time a step without them; results are then meaningless */
+
+static bool env_int(const char *name, int *ret) {
+    const char *s = getenv(name);
+    if (!s || !*s) return false;
+    *ret = atoi(s);
+    return true;
+}
+
+static uint64_t parse_skip_ops(const char *s) {
+    uint64_t mask = 0;
+    for (int op = 0; s && op < MSM_OP_COUNT && op < 64; op++) {
+        const char *nm = msm_op_name((msm_op)op), *p = s;
+        size_t L = strlen(nm);
+        while ((p = strstr(p, nm)) != NULL) {
+            if ((p == s || p[-1] == ',') && (p[L] == ',' || p[L] == 0)) mask |= 1ull << op;
+            p += L;
+        }
+    }
+    return mask;
+}
+
+static void tuning_from_env(msm_cuda_tuning *t, uint64_t *skip_ops) {
+    int v;
+    const char *s;
+    if ((s = getenv("MSM_CUDA_PDL")) && s[0] == '0') t->pdl = false;
+    if (env_int("MSM_CUDA_GEMV_MAX_T", &v) && v > t->gemv_max_t) t->gemv_max_t = v > 64 ? 64 : v;
+    if (env_int("MSM_CUDA_MMV_MIN_T", &v)) t->mmv_min_t = v < 1 ? 1 : v;
+    if (env_int("MSM_CUDA_MMV_MAX_T", &v)) t->mmv_max_t = v < 0 ? 0 : v > 64 ? 64 : v;
+    if (env_int("MSM_CUDA_LT_SPLIT_MIN_T", &v)) t->lt_split_min_t = v < 0 ? 0 : v;
+    if ((s = getenv("MSM_CUDA_MOE_PATH")))
+        t->moe_path = !strcmp(s, "pair")           ? MSM_CUDA_MOE_PATH_PAIR
+                      : !strcmp(s, "grouped_gemv") ? MSM_CUDA_MOE_PATH_GROUPED_GEMV
+                      : !strcmp(s, "wmma")         ? MSM_CUDA_MOE_PATH_WMMA
+                                                   : MSM_CUDA_MOE_PATH_AUTO;
+    if ((s = getenv("MSM_CUDA_MOE_KERNELS"))) {
+        t->moe_kernels = 0;
+        if (strstr(s, "simt")) t->moe_kernels |= MSM_CUDA_MOE_K_SIMT;
+        if (strstr(s, "mma")) t->moe_kernels |= MSM_CUDA_MOE_K_MMA;
+        if (strstr(s, "no_prefetch")) t->moe_kernels |= MSM_CUDA_MOE_K_NO_PREFETCH;
+    }
+    *skip_ops = parse_skip_ops(getenv("MSM_CUDA_SKIP_OPS"));
+}
+
 int msm_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
@@ -486,6 +526,9 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
     if (e != cudaSuccess)
         return msm_err_set(err, -ENODEV, "rank %d: cannot use GPU %d: %s", rank, device, cudaGetErrorString(e));
     for (int s = 0; s < MSM_N_STREAMS; s++) TRY(cudaStreamCreateWithFlags(&cb->st[s], cudaStreamNonBlocking));
+    r = msm_cuda_tuning_init(&cb->tune, device);
+    if (r) return msm_err_set(err, r, "rank %d: cannot read the properties of GPU %d", rank, device);
+    tuning_from_env(&cb->tune, &cb->skip_ops);
     r = msm_cuda_ctx_new(&cb->ctx);
     if (r) return msm_err_set(err, r, "rank %d: cannot create the cuBLASLt context", rank);
     ncclUniqueId id;

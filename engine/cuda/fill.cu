@@ -1,13 +1,11 @@
-/* Device-side helpers of the CUDA backend: deterministic dummy weights generated on the GPU
- * (--dummy-weights: no checkpoint, no host staging of 30 GB of random numbers) and the
- * float32 → bf16 conversion of uploaded weights. */
+/* fill.cu: the CUDA backend's deterministic dummy weights, generated on the GPU (--dummy-weights:
+ * no checkpoint, no host staging of 30 GB of random numbers), from the counter-based generator
+ * the CPU backend's dummy weights use too (msm_rng_uniform). */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
 #include "msm_cuda.h"
 #include "msm_cuda_backend.h"
-
-
 
 static __global__ void fill_kernel(uint16_t *w, size_t n, uint64_t seed, float scale, int ones) {
     msm_pdl_trigger();
@@ -17,24 +15,8 @@ static __global__ void fill_kernel(uint16_t *w, size_t n, uint64_t seed, float s
 }
 
 extern "C" int msm_cuda_fill_dummy(uint16_t *w, size_t n, uint64_t seed, float scale, int ones,
-                                   cudaStream_t stream) {
+                                   msm_cuda_exec ex) {
     if (n == 0) return 0;
-    CUDA_TRY(msm_launch(fill_kernel, dim3(1024), dim3(256), 0, stream, w, n, seed, scale, ones));
-    return 0;
-}
-
-static __global__ void gather_rows_kernel(float *out, const float *x, const int32_t *rows, int C) {
-    msm_pdl_trigger();
-    msm_pdl_wait();
-    const float *src = x + (size_t)rows[blockIdx.x] * C;
-    float *dst = out + (size_t)blockIdx.x * C;
-    for (int i = threadIdx.x; i < C; i += blockDim.x) dst[i] = src[i];
-}
-
-/* out[r,:] = x[rows[r],:] with rows on the device (GATHER_ROWS: the logits rows of a step). */
-extern "C" int msm_cuda_gather_rows(float *out, const float *x, const int32_t *rows, int R, int C,
-                                    cudaStream_t stream) {
-    if (R == 0) return 0;
-    CUDA_TRY(msm_launch(gather_rows_kernel, dim3(R), dim3(256), 0, stream, out, x, rows, C));
+    CUDA_TRY(msm_launch(fill_kernel, dim3(1024), dim3(256), 0, ex, w, n, seed, scale, ones));
     return 0;
 }

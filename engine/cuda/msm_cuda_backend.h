@@ -6,14 +6,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "msm_cuda_kernels.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#include <cuda_runtime_api.h>
-
-int msm_cuda_fill_dummy(uint16_t *w, size_t n, uint64_t seed, float scale, int ones, cudaStream_t stream);
-int msm_cuda_gather_rows(float *out, const float *x, const int32_t *rows, int R, int C, cudaStream_t stream);
+/* --dummy-weights on the device (fill.cu): w[i] uniform in ±scale from (seed, i), or ones. */
+int msm_cuda_fill_dummy(uint16_t *w, size_t n, uint64_t seed, float scale, int ones, msm_cuda_exec ex);
 
 #ifdef __cplusplus
 }

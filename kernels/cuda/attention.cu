@@ -140,7 +140,7 @@ static __device__ __forceinline__ void att_load_col(float ov[ATT_MAX_SPLIT], con
 }
 
 template <int L, bool VEC>
-__global__ void __launch_bounds__(ATT_THREADS)
+static __global__ void __launch_bounds__(ATT_THREADS)
     attention_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc,
                      const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                      const int32_t *block_tables, int max_blocks, int nh, int kvh, int hd,
@@ -299,37 +299,39 @@ __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
-/* Resident blocks of a kernel over the whole GPU (queried once per instantiation). */
+/* Resident blocks of attention_kernel<L, VEC> on one SM (1 if the query fails). */
 template <int L, bool VEC>
-static int att_capacity(void) {
-    static int cap = 0; /* benign race: every thread computes the same value */
-    if (!cap) {
-        int dev = 0, sms = 0, per = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_kernel<L, VEC>,
-                                                          ATT_THREADS, 0) != cudaSuccess ||
-            per <= 0) {
-            (void)cudaGetLastError();
-            sms = 132, per = 4;
-        }
-        cap = sms * per;
+static int att_per_sm(void) {
+    int per = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_kernel<L, VEC>, ATT_THREADS, 0) !=
+            cudaSuccess || per <= 0) {
+        (void)cudaGetLastError();
+        per = 1;
     }
-    return cap;
+    return per;
+}
+
+/* The occupancy fields of the attention kernels, for msm_cuda_tuning_init. */
+void msm__attention_tuning(msm_cuda_tuning *t) {
+    t->att_per_sm[0][0] = att_per_sm<4, false>(), t->att_per_sm[0][1] = att_per_sm<4, true>();
+    t->att_per_sm[1][0] = att_per_sm<8, false>(), t->att_per_sm[1][1] = att_per_sm<8, true>();
+    t->att_per_sm[2][0] = att_per_sm<16, false>(), t->att_per_sm[2][1] = att_per_sm<16, true>();
+    t->att_per_sm[3][0] = att_per_sm<32, false>(), t->att_per_sm[3][1] = att_per_sm<32, true>();
 }
 
 template <int L, bool VEC>
 static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *kc,
                       const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                       const int32_t *block_tables, int max_blocks, int T, int nh, int kvh, int hd,
-                      float scale, void *ws, size_t ws_bytes, cudaStream_t stream) {
+                      float scale, void *ws, size_t ws_bytes, msm_cuda_exec ex) {
     long pairs = (long)T * nh;
     int ns = 1;
     if (ws && pairs <= ATT_MAX_CTR && ws_bytes > ATT_PART_OFF) {
         /* as many splits as fill the resident block slots in one wave (a second, partial wave
          * would leave a tail); the device uses fewer for short contexts, so only long contexts
          * pay for merges */
-        long want = att_capacity<L, VEC>() / pairs;
+        int li = L <= 4 ? 0 : L <= 8 ? 1 : L <= 16 ? 2 : 3;
+        long want = (long)ex.tune->sms * ex.tune->att_per_sm[li][VEC] / pairs;
         long fit = (long)((ws_bytes - ATT_PART_OFF) / (sizeof(float) * (size_t)pairs * ((size_t)hd + 2)));
         if (want > ATT_MAX_SPLIT) want = ATT_MAX_SPLIT;
         ns = (int)(want < fit ? want : fit);
@@ -338,7 +340,7 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
     unsigned *ctr = (unsigned *)ws;
     float *part = ws ? (float *)((char *)ws + ATT_PART_OFF) : NULL;
     dim3 grid((unsigned)nh, (unsigned)T, (unsigned)ns);
-    CUDA_TRY(msm_launch(attention_kernel<L, VEC>, grid, dim3(ATT_THREADS), 0, stream, out, q, q_ld,
+    CUDA_TRY(msm_launch(attention_kernel<L, VEC>, grid, dim3(ATT_THREADS), 0, ex, out, q, q_ld,
                         kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr, part));
     return 0;
 }
@@ -351,16 +353,16 @@ extern "C" size_t msm_cuda_attention_ws_bytes(int T, int nh, int hd) {
 extern "C" int msm_cuda_attention(float *out, const float *q, const uint16_t *kc,
                                   const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                                   const int32_t *block_tables, int max_blocks, int T, int nh,
-                                  int kvh, int hd, float scale, cudaStream_t stream) {
+                                  int kvh, int hd, float scale, msm_cuda_exec ex) {
     return msm_cuda_attention_ex(out, q, (size_t)nh * hd, kc, vc, seq, pos, block_tables,
-                                 max_blocks, T, nh, kvh, hd, scale, NULL, 0, stream);
+                                 max_blocks, T, nh, kvh, hd, scale, NULL, 0, ex);
 }
 
 extern "C" int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, const uint16_t *kc,
                                      const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                                      const int32_t *block_tables, int max_blocks, int T, int nh,
                                      int kvh, int hd, float scale, void *ws, size_t ws_bytes,
-                                     cudaStream_t stream) {
+                                     msm_cuda_exec ex) {
     if (T < 0 || nh <= 0 || kvh <= 0 || nh % kvh || hd <= 0 || hd > 256 || max_blocks <= 0 ||
         q_ld < (size_t)nh * hd || (ws && ((uintptr_t)ws & 3)))
         return -EINVAL;
@@ -371,9 +373,9 @@ extern "C" int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, co
     int chunks = (hd + 7) / 8; /* 8-dim pieces of a head: one per lane of a sub-group */
 #define ATT_GO(L)                                                                              \
     (vec ? att_launch<L, true>(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, \
-                               kvh, hd, scale, ws, ws_bytes, stream)                           \
+                               kvh, hd, scale, ws, ws_bytes, ex)                           \
          : att_launch<L, false>(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, \
-                                kvh, hd, scale, ws, ws_bytes, stream))
+                                kvh, hd, scale, ws, ws_bytes, ex))
     if (chunks <= 4) return ATT_GO(4);
     if (chunks <= 8) return ATT_GO(8);
     if (chunks <= 16) return ATT_GO(16);

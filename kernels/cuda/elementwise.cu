@@ -1,6 +1,6 @@
 /* elementwise.cu: the small kernels of a step: embedding gather, RMSNorm, RoPE, KV-cache write,
- * residual add, row scaling, sigmoid and SwiGLU. They are memory-bound and simple: one pass over
- * their data, the same float formulas as the CPU oracle (kernels/cpu/kernels.c), no fast-math
+ * residual add, row scaling, sigmoid, SwiGLU and the row gather. They are memory-bound and simple: one pass over
+ * their data, the same float formulas as the CPU oracle (kernels/cpu), no fast-math
  * intrinsics, so they agree with it to float32 rounding. */
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
@@ -15,7 +15,7 @@ static unsigned grid_for(size_t n, int threads) {
 }
 
 /* ---- embed: one block per token, bf16 row -> f32 row ---- */
-__global__ void embed_kernel(float *out, const uint16_t *table, const int32_t *ids, int H) {
+static __global__ void embed_kernel(float *out, const uint16_t *table, const int32_t *ids, int H) {
     msm_pdl_trigger();
     msm_pdl_wait();
     int t = blockIdx.x;
@@ -25,10 +25,10 @@ __global__ void embed_kernel(float *out, const uint16_t *table, const int32_t *i
 }
 
 extern "C" int msm_cuda_embed(float *out, const uint16_t *table, const int32_t *ids, int T, int H,
-                              cudaStream_t stream) {
+                              msm_cuda_exec ex) {
     if (T < 0 || H <= 0) return -EINVAL;
     if (T == 0) return 0;
-    CUDA_TRY(msm_launch(embed_kernel, dim3(T), dim3(256), 0, stream, out, table, ids, H));
+    CUDA_TRY(msm_launch(embed_kernel, dim3(T), dim3(256), 0, ex, out, table, ids, H));
     return 0;
 }
 
@@ -63,7 +63,7 @@ static __device__ float block_sum(float v, float *part) {
 
 /* sum = a (+ b), out = rmsnorm(sum) * w; sum NULL: not stored. */
 template <int V>
-__global__ void add_rmsnorm_kernel(float *sum, float *out, const float *a, const float *b,
+static __global__ void add_rmsnorm_kernel(float *sum, float *out, const float *a, const float *b,
                                    const uint16_t *w, int dim, float eps) {
     msm_pdl_trigger();
     msm_pdl_wait();
@@ -94,7 +94,7 @@ __global__ void add_rmsnorm_kernel(float *sum, float *out, const float *a, const
 }
 
 static int add_rmsnorm_launch(float *sum, float *out, const float *a, const float *b,
-                              const uint16_t *w, int rows, int dim, float eps, cudaStream_t stream) {
+                              const uint16_t *w, int rows, int dim, float eps, msm_cuda_exec ex) {
     if (rows < 0 || dim <= 0 || dim > 32 * 1024) return -EINVAL;
     if (rows == 0) return 0;
     int threads = norm_threads(dim);
@@ -102,7 +102,7 @@ static int add_rmsnorm_launch(float *sum, float *out, const float *a, const floa
 #define NORM_CASE(V)                                                                               \
     case V:                                                                                        \
         CUDA_TRY(msm_launch(add_rmsnorm_kernel<V>, dim3((unsigned)rows), dim3((unsigned)threads), 0, \
-                            stream, sum, out, a, b, w, dim, eps));                                 \
+                            ex, sum, out, a, b, w, dim, eps));                                 \
         break;
         NORM_CASE(1) NORM_CASE(2) NORM_CASE(4) NORM_CASE(8) NORM_CASE(16) NORM_CASE(32)
     default: return -EINVAL;
@@ -111,21 +111,21 @@ static int add_rmsnorm_launch(float *sum, float *out, const float *a, const floa
 }
 
 extern "C" int msm_cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int rows, int dim,
-                                float eps, cudaStream_t stream) {
-    return add_rmsnorm_launch(NULL, out, x, NULL, w, rows, dim, eps, stream);
+                                float eps, msm_cuda_exec ex) {
+    return add_rmsnorm_launch(NULL, out, x, NULL, w, rows, dim, eps, ex);
 }
 
 /* ---- add + rmsnorm: the residual sum and its norm in one pass (same order as the two kernels) */
 extern "C" int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, const float *b,
                                     const uint16_t *w, int rows, int dim, float eps,
-                                    cudaStream_t stream) {
+                                    msm_cuda_exec ex) {
     if (!sum || !b) return -EINVAL;
-    return add_rmsnorm_launch(sum, out, a, b, w, rows, dim, eps, stream);
+    return add_rmsnorm_launch(sum, out, a, b, w, rows, dim, eps, ex);
 }
 
 /* ---- MoE combine + residual add + rmsnorm: one block per row; block sums in a fixed order ---- */
 template <int V>
-__global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const float *x, const float *routed,
+static __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const float *x, const float *routed,
                                            const float *shared, const float *h, const uint16_t *wg,
                                            const uint16_t *w, int dim, float eps) {
     msm_pdl_trigger();
@@ -171,7 +171,7 @@ __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const float *
 extern "C" int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float *x, const float *routed,
                                             const float *shared, const float *h, const uint16_t *wg,
                                             const uint16_t *w, int rows, int dim, float eps,
-                                            cudaStream_t stream) {
+                                            msm_cuda_exec ex) {
     if (rows < 0 || dim <= 0 || dim > 32 * 1024) return -EINVAL;
     if (rows == 0) return 0;
     int threads = dim >= 2048 ? 512 : dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
@@ -181,7 +181,7 @@ extern "C" int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float 
 #define COMBINE_CASE(V)                                                                            \
     case V:                                                                                        \
         CUDA_TRY(msm_launch(moe_combine_rmsnorm_kernel<V>, dim3((unsigned)rows), dim3((unsigned)threads), \
-                            0, stream, sum, out, x, routed, shared, h, wg, w, dim, eps));          \
+                            0, ex, sum, out, x, routed, shared, h, wg, w, dim, eps));          \
         break;
         COMBINE_CASE(1) COMBINE_CASE(2) COMBINE_CASE(4) COMBINE_CASE(8) COMBINE_CASE(16)
     default: return -EINVAL;
@@ -198,7 +198,7 @@ static __device__ __forceinline__ void rope_cs(int pos, int i, int hd, float the
     *s = sinf(ang);
 }
 
-__global__ void rope_kernel(float *x, const int32_t *pos, int T, int nheads, int hd, float theta) {
+static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nheads, int hd, float theta) {
     msm_pdl_trigger();
     msm_pdl_wait();
     int half = hd / 2;
@@ -218,11 +218,11 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nheads, int
 }
 
 extern "C" int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float theta,
-                             cudaStream_t stream) {
+                             msm_cuda_exec ex) {
     if (T < 0 || nheads <= 0 || hd <= 0 || hd % 2) return -EINVAL;
     if (T == 0) return 0;
     size_t n = (size_t)T * (hd / 2);
-    CUDA_TRY(msm_launch(rope_kernel, dim3(grid_for(n, 128)), dim3(128), 0, stream, x, pos, T, nheads, hd, theta));
+    CUDA_TRY(msm_launch(rope_kernel, dim3(grid_for(n, 128)), dim3(128), 0, ex, x, pos, T, nheads, hd, theta));
     return 0;
 }
 
@@ -231,7 +231,7 @@ extern "C" int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, in
  * rope); the rotation is rope_kernel's formula. With kc/vc (rope_kv), the rotated k heads
  * [nq, nrot) and the following kvh v heads are also written to the bf16 cache at slot[t] (rows
  * with slot < 0 are not written), which is exactly what msm_cuda_kv_write_ld does from `out`. */
-__global__ void rope_copy_kernel(float *__restrict__ out, const float *__restrict__ x, const int32_t *pos,
+static __global__ void rope_copy_kernel(float *__restrict__ out, const float *__restrict__ x, const int32_t *pos,
                                  int T, int C, int nrot, int hd, float theta, const int32_t *slot,
                                  uint16_t *kc, uint16_t *vc, int nq, int kvh) {
     msm_pdl_trigger();
@@ -273,23 +273,23 @@ __global__ void rope_copy_kernel(float *__restrict__ out, const float *__restric
 }
 
 extern "C" int msm_cuda_rope_copy(float *out, const float *x, const int32_t *pos, int T, int C,
-                                  int nrot, int hd, float theta, cudaStream_t stream) {
+                                  int nrot, int hd, float theta, msm_cuda_exec ex) {
     if (T < 0 || nrot <= 0 || hd <= 0 || hd % 2 || C < nrot * hd) return -EINVAL;
     if (T == 0) return 0;
     size_t n = (size_t)T * nrot * (hd / 2) + (size_t)T * (C - nrot * hd);
-    CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, stream, out, x, pos, T,
+    CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, ex, out, x, pos, T,
                         C, nrot, hd, theta, (const int32_t *)NULL, (uint16_t *)NULL, (uint16_t *)NULL, 0, 0));
     return 0;
 }
 
 extern "C" int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, const int32_t *slot,
                                 uint16_t *kc, uint16_t *vc, int T, int nh, int kvh, int hd,
-                                float theta, cudaStream_t stream) {
+                                float theta, msm_cuda_exec ex) {
     if (T < 0 || nh <= 0 || kvh <= 0 || hd <= 0 || hd % 2 || !slot || !kc || !vc) return -EINVAL;
     if (T == 0) return 0;
     int nrot = nh + kvh, C = (nh + 2 * kvh) * hd;
     size_t n = (size_t)T * nrot * (hd / 2) + (size_t)T * (C - nrot * hd);
-    CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, stream, out, x, pos, T,
+    CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, ex, out, x, pos, T,
                         C, nrot, hd, theta, slot, kc, vc, nh, kvh));
     return 0;
 }
@@ -298,7 +298,7 @@ extern "C" int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, 
  * copied; one warp per (token, head), lane l owning dims l, l+32, ... (hd <= 256). A warp reads
  * its whole head before writing it, so out may equal x. ---- */
 #define QKN_WARPS 4
-__global__ void __launch_bounds__(QKN_WARPS * 32)
+static __global__ void __launch_bounds__(QKN_WARPS * 32)
     qk_norm_kernel(float *out, const float *x, const uint16_t *wq,
                    const uint16_t *wk, int T, int C, int nh, int kvh, int hd, float eps) {
     msm_pdl_trigger();
@@ -332,21 +332,21 @@ __global__ void __launch_bounds__(QKN_WARPS * 32)
 }
 
 extern "C" int msm_cuda_qk_norm(float *out, const float *x, const uint16_t *wq, const uint16_t *wk,
-                                int T, int C, int nh, int kvh, int hd, float eps, cudaStream_t stream) {
+                                int T, int C, int nh, int kvh, int hd, float eps, msm_cuda_exec ex) {
     if (T < 0 || nh <= 0 || kvh < 0 || hd <= 0 || hd > 256 || C % hd || C < (nh + kvh) * hd ||
         T > 65535)
         return -EINVAL;
     if (T == 0) return 0;
     int heads = C / hd;
     dim3 grid((unsigned)((heads + QKN_WARPS - 1) / QKN_WARPS), (unsigned)T);
-    CUDA_TRY(msm_launch(qk_norm_kernel, grid, dim3(QKN_WARPS * 32), 0, stream, out, x, wq, wk, T, C, nh,
+    CUDA_TRY(msm_launch(qk_norm_kernel, grid, dim3(QKN_WARPS * 32), 0, ex, out, x, wq, wk, T, C, nh,
                         kvh, hd, eps));
     return 0;
 }
 
 /* ---- kv_write from rows with a stride (k, v read in place from the qkv rows): one thread per
  * element, f32 -> bf16 (round to nearest even) ---- */
-__global__ void kv_write_ld_kernel(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
+static __global__ void kv_write_ld_kernel(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
                                    size_t ld, const int32_t *slot, int T, int row) {
     msm_pdl_trigger();
     msm_pdl_wait();
@@ -363,24 +363,24 @@ __global__ void kv_write_ld_kernel(uint16_t *kc, uint16_t *vc, const float *k, c
 
 extern "C" int msm_cuda_kv_write_ld(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
                                     size_t ld, const int32_t *slot, int T, int kvh, int hd,
-                                    cudaStream_t stream) {
+                                    msm_cuda_exec ex) {
     if (T < 0 || kvh <= 0 || hd <= 0 || ld < (size_t)kvh * hd) return -EINVAL;
     if (T == 0) return 0;
     size_t n = (size_t)T * kvh * hd;
-    CUDA_TRY(msm_launch(kv_write_ld_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, kc, vc, k, v, ld, slot, T, kvh * hd));
+    CUDA_TRY(msm_launch(kv_write_ld_kernel, dim3(grid_for(n, 256)), dim3(256), 0, ex, kc, vc, k, v, ld, slot, T, kvh * hd));
     return 0;
 }
 
 /* ---- kv_write: contiguous k, v rows (ld = kvh * hd), f32 -> bf16 (round to nearest even) ---- */
 extern "C" int msm_cuda_kv_write(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
                                  const int32_t *slot, int T, int kvh, int hd,
-                                 cudaStream_t stream) {
+                                 msm_cuda_exec ex) {
     if (kvh <= 0 || hd <= 0) return -EINVAL;
-    return msm_cuda_kv_write_ld(kc, vc, k, v, (size_t)kvh * hd, slot, T, kvh, hd, stream);
+    return msm_cuda_kv_write_ld(kc, vc, k, v, (size_t)kvh * hd, slot, T, kvh, hd, ex);
 }
 
 /* ---- add / scale_rows / sigmoid / swiglu ---- */
-__global__ void add_kernel(float *y, const float *a, const float *b, size_t n) {
+static __global__ void add_kernel(float *y, const float *a, const float *b, size_t n) {
     msm_pdl_trigger();
     msm_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -388,7 +388,7 @@ __global__ void add_kernel(float *y, const float *a, const float *b, size_t n) {
         y[i] = a[i] + b[i];
 }
 
-__global__ void add4_kernel(float4 *y, const float4 *a, const float4 *b, size_t n4) {
+static __global__ void add4_kernel(float4 *y, const float4 *a, const float4 *b, size_t n4) {
     msm_pdl_trigger();
     msm_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
@@ -399,17 +399,17 @@ __global__ void add4_kernel(float4 *y, const float4 *a, const float4 *b, size_t 
 }
 
 extern "C" int msm_cuda_add(float *y, const float *a, const float *b, size_t n,
-                            cudaStream_t stream) {
+                            msm_cuda_exec ex) {
     if (n == 0) return 0;
     if (((uintptr_t)y | (uintptr_t)a | (uintptr_t)b) % 16 == 0 && n % 4 == 0) {
-        CUDA_TRY(msm_launch(add4_kernel, dim3(grid_for(n / 4, 256)), dim3(256), 0, stream, (float4 *)y, (const float4 *)a, (const float4 *)b, n / 4));
+        CUDA_TRY(msm_launch(add4_kernel, dim3(grid_for(n / 4, 256)), dim3(256), 0, ex, (float4 *)y, (const float4 *)a, (const float4 *)b, n / 4));
     } else {
-        CUDA_TRY(msm_launch(add_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, y, a, b, n));
+        CUDA_TRY(msm_launch(add_kernel, dim3(grid_for(n, 256)), dim3(256), 0, ex, y, a, b, n));
     }
     return 0;
 }
 
-__global__ void scale_rows_kernel(float *y, const float *x, const float *s, int T, int D) {
+static __global__ void scale_rows_kernel(float *y, const float *x, const float *s, int T, int D) {
     msm_pdl_trigger();
     msm_pdl_wait();
     size_t n = (size_t)T * D;
@@ -419,15 +419,15 @@ __global__ void scale_rows_kernel(float *y, const float *x, const float *s, int 
 }
 
 extern "C" int msm_cuda_scale_rows(float *y, const float *x, const float *s, int T, int D,
-                                   cudaStream_t stream) {
+                                   msm_cuda_exec ex) {
     if (T < 0 || D <= 0) return -EINVAL;
     if (T == 0) return 0;
     size_t n = (size_t)T * D;
-    CUDA_TRY(msm_launch(scale_rows_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, y, x, s, T, D));
+    CUDA_TRY(msm_launch(scale_rows_kernel, dim3(grid_for(n, 256)), dim3(256), 0, ex, y, x, s, T, D));
     return 0;
 }
 
-__global__ void sigmoid_kernel(float *y, const float *x, size_t n) {
+static __global__ void sigmoid_kernel(float *y, const float *x, size_t n) {
     msm_pdl_trigger();
     msm_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -435,13 +435,13 @@ __global__ void sigmoid_kernel(float *y, const float *x, size_t n) {
         y[i] = 1.0f / (1.0f + expf(-x[i]));
 }
 
-extern "C" int msm_cuda_sigmoid(float *y, const float *x, size_t n, cudaStream_t stream) {
+extern "C" int msm_cuda_sigmoid(float *y, const float *x, size_t n, msm_cuda_exec ex) {
     if (n == 0) return 0;
-    CUDA_TRY(msm_launch(sigmoid_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, y, x, n));
+    CUDA_TRY(msm_launch(sigmoid_kernel, dim3(grid_for(n, 256)), dim3(256), 0, ex, y, x, n));
     return 0;
 }
 
-__global__ void swiglu_kernel(float *y, const float *gu, int T, int I) {
+static __global__ void swiglu_kernel(float *y, const float *gu, int T, int I) {
     msm_pdl_trigger();
     msm_pdl_wait();
     size_t n = (size_t)T * I;
@@ -453,10 +453,26 @@ __global__ void swiglu_kernel(float *y, const float *gu, int T, int I) {
     }
 }
 
-extern "C" int msm_cuda_swiglu(float *y, const float *gu, int T, int I, cudaStream_t stream) {
+extern "C" int msm_cuda_swiglu(float *y, const float *gu, int T, int I, msm_cuda_exec ex) {
     if (T < 0 || I <= 0) return -EINVAL;
     if (T == 0) return 0;
     size_t n = (size_t)T * I;
-    CUDA_TRY(msm_launch(swiglu_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, y, gu, T, I));
+    CUDA_TRY(msm_launch(swiglu_kernel, dim3(grid_for(n, 256)), dim3(256), 0, ex, y, gu, T, I));
+    return 0;
+}
+
+/* ---- gather rows: one block per output row (GATHER_ROWS) ---- */
+static __global__ void gather_rows_kernel(float *out, const float *x, const int32_t *rows, int C) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    const float *src = x + (size_t)rows[blockIdx.x] * C;
+    float *dst = out + (size_t)blockIdx.x * C;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) dst[i] = src[i];
+}
+
+extern "C" int msm_cuda_gather_rows(float *out, const float *x, const int32_t *rows, int R, int C,
+                                    msm_cuda_exec ex) {
+    if (R == 0) return 0;
+    CUDA_TRY(msm_launch(gather_rows_kernel, dim3(R), dim3(256), 0, ex, out, x, rows, C));
     return 0;
 }

@@ -51,14 +51,3 @@ extern "C" int msm__cublas_fail(const char *expr, const char *file, int line, cu
             current_device(), cublasLtGetStatusString(st));
     return msm_cublas_errno(st);
 }
-
-/* MSM_CUDA_PDL=0 turns programmatic dependent launch off (for A/B timing and bisecting); read
- * once per process. */
-int msm_cuda_pdl_enabled(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *s = getenv("MSM_CUDA_PDL");
-        v = !(s && s[0] == '0');
-    }
-    return v;
-}

@@ -171,7 +171,7 @@ extern "C" int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K) {
 /* Warp (blockIdx.x, warp) owns rows n0..n0+R-1; blockIdx.y the token chunk t0..t0+NT-1. */
 /* U: 16-byte weight loads in flight per lane per row (R * U per lane in all). */
 template <int NT, int R, int U, bool VEC>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                 int K) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -189,61 +189,18 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     msm_pdl_wait();
     if (n0 >= N) return;
     int nt = min(NT, T - t0);
-    const float *xt = x + (size_t)t0 * K;
+    const uint16_t *wr[R];
+    const float *xs[NT];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = n0 + r < N ? w + (size_t)(n0 + r) * K : NULL;
+#pragma unroll
+    for (int t = 0; t < NT; t++) xs[t] = x + (size_t)(t0 + min(t, nt - 1)) * K;
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-
-    if (VEC) {
-        for (int k0 = lane * 8; k0 < K; k0 += 256 * U) {
-            uint4 wv[R][U];
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    int k = k0 + u * 256;
-                    wv[r][u] = (k < K && n0 + r < N)
-                                   ? msm_ld_stream16(w + (size_t)(n0 + r) * K + k)
-                                   : make_uint4(0, 0, 0, 0);
-                }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int k = k0 + u * 256;
-                if (k >= K) break;
-                float wf[R][8];
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    float2 a = msm_bf2(wv[r][u].x), b = msm_bf2(wv[r][u].y);
-                    float2 c = msm_bf2(wv[r][u].z), d = msm_bf2(wv[r][u].w);
-                    wf[r][0] = a.x, wf[r][1] = a.y, wf[r][2] = b.x, wf[r][3] = b.y;
-                    wf[r][4] = c.x, wf[r][5] = c.y, wf[r][6] = d.x, wf[r][7] = d.y;
-                }
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    if (t >= nt) break;
-                    const float4 *xp = (const float4 *)(xt + (size_t)t * K + k);
-                    float4 xa = xp[0], xb = xp[1];
-#pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        acc[r][t] = msm_fma8(wf[r], xa, xb, acc[r][t]);
-                    }
-                }
-            }
-        }
-    } else {
-        for (int k = lane; k < K; k += 32) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (n0 + r >= N) break;
-                float wf = msm_bf(w[(size_t)(n0 + r) * K + k]);
-#pragma unroll
-                for (int t = 0; t < NT; t++)
-                    if (t < nt) acc[r][t] = fmaf(wf, xt[(size_t)t * K + k], acc[r][t]);
-            }
-        }
-    }
+    msm_rows_dot<R, NT, U, VEC>(acc, wr, xs, nt, K, lane);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float b = (bias && n0 + r < N) ? msm_bf(bias[n0 + r]) : 0.0f;
@@ -257,7 +214,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 
 template <int NT, bool VEC>
 static void gemv_launch(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
-                        int N, int K, cudaStream_t stream) {
+                        int N, int K, msm_cuda_exec ex) {
     /* More rows per warp as T grows: each x load (from L1) then feeds R rows, which keeps the
      * L1 traffic for x below the weight stream's share of DRAM bandwidth (measured on the H200:
      * T=8 with R=2 ran at 39% of the copy ceiling on the lm_head). R*U stays 4-8 loads. */
@@ -266,21 +223,21 @@ static void gemv_launch(float *y, const float *x, const uint16_t *w, const uint1
     dim3 grid((unsigned)((N + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)), (unsigned)((T + NT - 1) / NT));
     /* (8 loads in flight for R = 1 measured the same at batch 1-32: 2.391 vs 2.363 ms, H200,
      * 2026-11-29; bench/results/2026-11-29-h200-s3) */
-    (void)msm_launch(gemv_kernel<NT, R, U, VEC>, grid, dim3(GEMV_WARPS * 32), 0, stream, y, x, w, bias, T, N, K);
+    (void)msm_launch(gemv_kernel<NT, R, U, VEC>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, bias, T, N, K);
 }
 
 template <bool VEC>
 static void gemv_dispatch(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
-                          int N, int K, cudaStream_t stream) {
+                          int N, int K, msm_cuda_exec ex) {
     switch (T < 8 ? T : 8) {
-    case 1: gemv_launch<1, VEC>(y, x, w, bias, T, N, K, stream); break;
-    case 2: gemv_launch<2, VEC>(y, x, w, bias, T, N, K, stream); break;
-    case 3: gemv_launch<3, VEC>(y, x, w, bias, T, N, K, stream); break;
-    case 4: gemv_launch<4, VEC>(y, x, w, bias, T, N, K, stream); break;
-    case 5: gemv_launch<5, VEC>(y, x, w, bias, T, N, K, stream); break;
-    case 6: gemv_launch<6, VEC>(y, x, w, bias, T, N, K, stream); break;
-    case 7: gemv_launch<7, VEC>(y, x, w, bias, T, N, K, stream); break;
-    default: gemv_launch<8, VEC>(y, x, w, bias, T, N, K, stream); break;
+    case 1: gemv_launch<1, VEC>(y, x, w, bias, T, N, K, ex); break;
+    case 2: gemv_launch<2, VEC>(y, x, w, bias, T, N, K, ex); break;
+    case 3: gemv_launch<3, VEC>(y, x, w, bias, T, N, K, ex); break;
+    case 4: gemv_launch<4, VEC>(y, x, w, bias, T, N, K, ex); break;
+    case 5: gemv_launch<5, VEC>(y, x, w, bias, T, N, K, ex); break;
+    case 6: gemv_launch<6, VEC>(y, x, w, bias, T, N, K, ex); break;
+    case 7: gemv_launch<7, VEC>(y, x, w, bias, T, N, K, ex); break;
+    default: gemv_launch<8, VEC>(y, x, w, bias, T, N, K, ex); break;
     }
 }
 
@@ -301,7 +258,7 @@ static void gemv_dispatch(float *y, const float *x, const uint16_t *w, const uin
 #define MMV_U 4
 
 template <int MT, int S>
-__global__ void __launch_bounds__(MMV_WARPS * 32)
+static __global__ void __launch_bounds__(MMV_WARPS * 32)
     mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                int K) {
     __shared__ float part[MT * 16 * MMV_ROWS]; /* [token][row in block] */
@@ -405,7 +362,7 @@ __global__ void __launch_bounds__(MMV_WARPS * 32)
 
 template <int MT, int S>
 static cudaError_t mmv_launch_s(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
-                         int N, int K, cudaStream_t stream) {
+                         int N, int K, msm_cuda_exec ex) {
     dim3 grid((unsigned)S, (unsigned)((N + MMV_ROWS - 1) / MMV_ROWS));
     if (S > 1) {
         cudaLaunchConfig_t cfg = {};
@@ -419,63 +376,42 @@ static cudaError_t mmv_launch_s(float *y, const float *x, const uint16_t *w, con
         cfg.gridDim = grid;
         cfg.blockDim = dim3(MMV_WARPS * 32);
         cfg.dynamicSmemBytes = 0;
-        cfg.stream = stream;
+        cfg.stream = ex.stream;
         cfg.attrs = attr;
-        cfg.numAttrs = msm_cuda_pdl_enabled() ? 2 : 1;
+        cfg.numAttrs = ex.tune->pdl ? 2 : 1;
         return cudaLaunchKernelEx(&cfg, mmv_kernel<MT, S>, y, x, w, bias, T, N, K);
     }
-    return msm_launch(mmv_kernel<MT, S>, grid, dim3(MMV_WARPS * 32), 0, stream, y, x, w, bias, T, N, K);
+    return msm_launch(mmv_kernel<MT, S>, grid, dim3(MMV_WARPS * 32), 0, ex, y, x, w, bias, T, N, K);
 }
 
 template <int MT>
 static cudaError_t mmv_launch(float *y, const float *x, const uint16_t *w, const uint16_t *bias,
-                              int T, int N, int K, int S, cudaStream_t stream) {
+                              int T, int N, int K, int S, msm_cuda_exec ex) {
     switch (S) {
-    case 1: return mmv_launch_s<MT, 1>(y, x, w, bias, T, N, K, stream);
-    case 2: return mmv_launch_s<MT, 2>(y, x, w, bias, T, N, K, stream);
-    case 4: return mmv_launch_s<MT, 4>(y, x, w, bias, T, N, K, stream);
-    default: return mmv_launch_s<MT, 8>(y, x, w, bias, T, N, K, stream);
+    case 1: return mmv_launch_s<MT, 1>(y, x, w, bias, T, N, K, ex);
+    case 2: return mmv_launch_s<MT, 2>(y, x, w, bias, T, N, K, ex);
+    case 4: return mmv_launch_s<MT, 4>(y, x, w, bias, T, N, K, ex);
+    default: return mmv_launch_s<MT, 8>(y, x, w, bias, T, N, K, ex);
     }
 }
 
-/* Range [min, max] of T on the MMV path: msm_cuda_linear_set_mmv_range, else the environment
- * variables MSM_CUDA_MMV_MIN_T / MSM_CUDA_MMV_MAX_T (read once; MAX 0 turns the path off). */
-static int mmv_min_forced = -1, mmv_max_forced = -1;
-
-extern "C" void msm_cuda_linear_set_mmv_range(int min_t, int max_t) {
-    mmv_min_forced = min_t < 1 ? 1 : min_t;
-    mmv_max_forced = max_t < 0 ? 0 : max_t > 64 ? 64 : max_t;
-}
-
-static bool mmv_use(int T, int N, int K, const void *w, const void *x) {
-    if (mmv_max_forced < 0) {
-        const char *a = getenv("MSM_CUDA_MMV_MIN_T"), *b = getenv("MSM_CUDA_MMV_MAX_T");
-        msm_cuda_linear_set_mmv_range(a ? atoi(a) : MSM_CUDA_MMV_MIN_T,
-                                      b ? atoi(b) : MSM_CUDA_MMV_MAX_T);
-    }
-    return T >= mmv_min_forced && T <= mmv_max_forced && K % 32 == 0 && K > 0 && N > 0 &&
+static bool mmv_use(const msm_cuda_tuning *tn, int T, int N, int K, const void *w, const void *x) {
+    return T >= tn->mmv_min_t && T <= tn->mmv_max_t && K % 32 == 0 && K > 0 && N > 0 &&
            ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
 }
 
 static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
-                   int K, cudaStream_t stream) {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-            sms <= 0)
-            sms = 132;
-    }
+                   int K, msm_cuda_exec ex) {
+    int sms = ex.tune->sms;
     /* K slices: enough blocks for ~2 a SM, each slice at least 4 chunks of 32 */
     int rb = (N + MMV_ROWS - 1) / MMV_ROWS, nch = K / 32, S = 1;
     while (S < 8 && rb * S < 2 * sms && nch / (2 * S) >= 4) S *= 2;
     cudaError_t e;
     switch ((T + 15) / 16) {
-    case 1: e = mmv_launch<1>(y, x, w, bias, T, N, K, S, stream); break;
-    case 2: e = mmv_launch<2>(y, x, w, bias, T, N, K, S, stream); break;
-    case 3: e = mmv_launch<3>(y, x, w, bias, T, N, K, S, stream); break;
-    default: e = mmv_launch<4>(y, x, w, bias, T, N, K, S, stream); break;
+    case 1: e = mmv_launch<1>(y, x, w, bias, T, N, K, S, ex); break;
+    case 2: e = mmv_launch<2>(y, x, w, bias, T, N, K, S, ex); break;
+    case 3: e = mmv_launch<3>(y, x, w, bias, T, N, K, S, ex); break;
+    default: e = mmv_launch<4>(y, x, w, bias, T, N, K, S, ex); break;
     }
     CUDA_TRY(e);
     CUDA_LAUNCH_CHECK();
@@ -484,7 +420,7 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
 
 /* ---- cuBLASLt path helpers ---- */
 
-__global__ void f32_to_bf16_kernel(uint16_t *dst, const float *src, size_t n) {
+static __global__ void f32_to_bf16_kernel(uint16_t *dst, const float *src, size_t n) {
     msm_pdl_trigger();
     msm_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -493,7 +429,7 @@ __global__ void f32_to_bf16_kernel(uint16_t *dst, const float *src, size_t n) {
 }
 
 /* x = hi + lo with hi = bf16(x), lo = bf16(x - hi): hi + lo carries ~16 mantissa bits of x. */
-__global__ void f32_to_bf16_split_kernel(uint16_t *hi, uint16_t *lo, const float *src, size_t n) {
+static __global__ void f32_to_bf16_split_kernel(uint16_t *hi, uint16_t *lo, const float *src, size_t n) {
     msm_pdl_trigger();
     msm_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -505,7 +441,7 @@ __global__ void f32_to_bf16_split_kernel(uint16_t *hi, uint16_t *lo, const float
     }
 }
 
-__global__ void add_bias_kernel(float *y, const uint16_t *bias, int T, int N) {
+static __global__ void add_bias_kernel(float *y, const uint16_t *bias, int T, int N) {
     msm_pdl_trigger();
     msm_pdl_wait();
     size_t n = (size_t)T * N;
@@ -521,63 +457,33 @@ extern "C" size_t msm_cuda_linear_ws_bytes(int T, int N, int K) {
     return 2 * round_up((size_t)T * K * 2, 256) + LT_WS_BYTES;
 }
 
-/* cuBLASLt input precision by T: from MSM_CUDA_LT_SPLIT_MIN_T tokens on (default 65: prefill
- * chunks, where the matmuls are compute-bound and the second one costs tensor time only), x is
- * split into bf16 hi + lo and two matmuls add into the same fp32 y; below it (decode batches,
- * where the weights' memory traffic is the cost and a second pass would double it), x is rounded
- * to bf16, one matmul (~3e-3 relative error per linear). The environment variable is read once;
- * a huge value turns the split off. */
-static int lt_split_min_t(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("MSM_CUDA_LT_SPLIT_MIN_T");
-        v = e ? atoi(e) : 65;
-        if (v < 0) v = 0;
-    }
-    return v;
-}
-
 static unsigned grid_for(size_t n, int threads) {
     size_t b = (n + (size_t)threads - 1) / (size_t)threads;
     if (b > 65536) b = 65536;
     return b ? (unsigned)b : 1u;
 }
 
-/* GEMV / cuBLASLt threshold: MSM_CUDA_GEMV_MAX_T unless raised (benchmarks) by
- * msm_cuda_linear_set_gemv_max_t or the environment variable MSM_CUDA_GEMV_MAX_T; never lowered
- * (the workspace sizes assume the GEMV path up to MSM_CUDA_GEMV_MAX_T). */
-static int gemv_max_forced = -1;
-
-extern "C" void msm_cuda_linear_set_gemv_max_t(int t) { gemv_max_forced = t; }
-
-static int gemv_max_t(void) {
-    if (gemv_max_forced < 0) {
-        const char *s = getenv("MSM_CUDA_GEMV_MAX_T");
-        gemv_max_forced = s ? atoi(s) : 0;
-    }
-    int t = gemv_max_forced;
-    return t < MSM_CUDA_GEMV_MAX_T ? MSM_CUDA_GEMV_MAX_T : t > 64 ? 64 : t;
-}
-
 extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, const uint16_t *bias,
                                int T, int N, int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes,
-                               cudaStream_t stream) {
+                               msm_cuda_exec ex) {
     if (T < 0 || N <= 0 || K <= 0) return -EINVAL;
     if (T == 0) return 0;
-    if (T <= 64 && mmv_use(T, N, K, w, x)) return mmv_run(y, x, w, bias, T, N, K, stream);
-    if (T <= gemv_max_t() || N <= MSM_CUDA_GEMV_SMALL_N) {
+    const msm_cuda_tuning *tn = ex.tune;
+    int gemv_max = tn->gemv_max_t < MSM_CUDA_GEMV_MAX_T ? MSM_CUDA_GEMV_MAX_T : tn->gemv_max_t > 64 ? 64 : tn->gemv_max_t;
+    if (T <= 64 && mmv_use(tn, T, N, K, w, x)) return mmv_run(y, x, w, bias, T, N, K, ex);
+    if (T <= gemv_max || N <= MSM_CUDA_GEMV_SMALL_N) {
         bool vec = K % 8 == 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
-        if (T > gemv_max_t() && T <= 65535) {
+        if (T > gemv_max && T <= 65535) {
             /* a router over many tokens: one warp per (row, token), the few weight rows re-read
              * from L2 (8-token chunks gave a 60-row router at T = 32 only 16 blocks: 34 us) */
             if (vec)
-                gemv_launch<1, true>(y, x, w, bias, T, N, K, stream);
+                gemv_launch<1, true>(y, x, w, bias, T, N, K, ex);
             else
-                gemv_launch<1, false>(y, x, w, bias, T, N, K, stream);
+                gemv_launch<1, false>(y, x, w, bias, T, N, K, ex);
         } else if (vec) {
-            gemv_dispatch<true>(y, x, w, bias, T, N, K, stream);
+            gemv_dispatch<true>(y, x, w, bias, T, N, K, ex);
         } else {
-            gemv_dispatch<false>(y, x, w, bias, T, N, K, stream);
+            gemv_dispatch<false>(y, x, w, bias, T, N, K, ex);
         }
         CUDA_LAUNCH_CHECK();
         return 0;
@@ -591,19 +497,19 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
     uint16_t *xb = (uint16_t *)ws, *xlo = (uint16_t *)((char *)ws + xb_bytes);
     void *lt_ws = (char *)ws + 2 * xb_bytes;
     const float alpha = 1.0f, beta0 = 0.0f, beta1 = 1.0f;
-    if (T >= lt_split_min_t()) {
-        CUDA_TRY(msm_launch(f32_to_bf16_split_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, xb, xlo, x, n));
+    if (T >= tn->lt_split_min_t) {
+        CUDA_TRY(msm_launch(f32_to_bf16_split_kernel, dim3(grid_for(n, 256)), dim3(256), 0, ex, xb, xlo, x, n));
         CUBLAS_TRY(cublasLtMatmul(ctx->lt, p->op, &alpha, w, p->la, xb, p->lb, &beta0, y, p->ld, y,
-                                  p->ld, &p->algo, lt_ws, LT_WS_BYTES, stream));
+                                  p->ld, &p->algo, lt_ws, LT_WS_BYTES, ex.stream));
         CUBLAS_TRY(cublasLtMatmul(ctx->lt, p->op, &alpha, w, p->la, xlo, p->lb, &beta1, y, p->ld, y,
-                                  p->ld, &p->algo, lt_ws, LT_WS_BYTES, stream));
+                                  p->ld, &p->algo, lt_ws, LT_WS_BYTES, ex.stream));
     } else {
-        CUDA_TRY(msm_launch(f32_to_bf16_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, xb, x, n));
+        CUDA_TRY(msm_launch(f32_to_bf16_kernel, dim3(grid_for(n, 256)), dim3(256), 0, ex, xb, x, n));
         CUBLAS_TRY(cublasLtMatmul(ctx->lt, p->op, &alpha, w, p->la, xb, p->lb, &beta0, y, p->ld, y,
-                                  p->ld, &p->algo, lt_ws, LT_WS_BYTES, stream));
+                                  p->ld, &p->algo, lt_ws, LT_WS_BYTES, ex.stream));
     }
     if (bias) {
-        CUDA_TRY(msm_launch(add_bias_kernel, dim3(grid_for((size_t)T * N, 256)), dim3(256), 0, stream, y, bias, T, N));
+        CUDA_TRY(msm_launch(add_bias_kernel, dim3(grid_for((size_t)T * N, 256)), dim3(256), 0, ex, y, bias, T, N));
     }
     return 0;
 }

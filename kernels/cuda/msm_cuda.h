@@ -14,6 +14,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include "msm_cuda_kernels.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -26,6 +28,11 @@ int msm__cublas_fail(const char *expr, const char *file, int line, cublasStatus_
 /* The same mappings without logging, for callers that report elsewhere. */
 int msm_cuda_errno(cudaError_t err);
 int msm_cublas_errno(cublasStatus_t st);
+
+/* Per-module parts of msm_cuda_tuning_init (tuning.cu): the occupancy of the kernels whose grids
+ * are sized by it. */
+void msm__moe_tuning(msm_cuda_tuning *t);
+void msm__attention_tuning(msm_cuda_tuning *t);
 
 #ifdef __cplusplus
 }
@@ -111,6 +118,78 @@ static __device__ __forceinline__ float msm_fma8_bf16(uint4 w, float4 xa, float4
     return msm_fma8(f, xa, xb, s);
 }
 
+/* acc[r][t] += this lane's share of dot(row r, vector t) over K: R bf16 weight rows wr[r] against
+ * NT f32 vectors xs[t], of which only the first nt are live (nt warp-uniform). With DIAG, row r
+ * pairs with vector r alone (NT == R) and the sum goes to acc[r][r]. Lane l reads
+ * k = 8l + 256u (+ 256U per step) with 16-byte loads that bypass L1, all R*U loads of a step
+ * issued before any is used; a NULL row reads nothing and adds nothing. Every partial sum runs
+ * over the same 8-element groups in the same order (msm_fma8), so the GEMV and MoE kernels that
+ * share this loop agree bit for bit. VEC false (K % 8 != 0 or unaligned rows): one element a lane
+ * a step, in k order. The caller reduces acc over the warp. */
+template <int R, int NT, int U, bool VEC, bool DIAG = false>
+static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const uint16_t *const (&wr)[R],
+                                                    const float *const (&xs)[NT], int nt, int K,
+                                                    int lane) {
+    static_assert(!DIAG || NT == R, "a diagonal dot pairs each row with its own vector");
+    if (VEC) {
+        for (int k0 = lane * 8; k0 < K; k0 += 256 * U) {
+            uint4 wv[R][U];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    int k = k0 + u * 256;
+                    wv[r][u] = (wr[r] && k < K) ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int k = k0 + u * 256;
+                if (k >= K) break;
+                float wf[R][8];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float2 a = msm_bf2(wv[r][u].x), b = msm_bf2(wv[r][u].y);
+                    float2 c = msm_bf2(wv[r][u].z), d = msm_bf2(wv[r][u].w);
+                    wf[r][0] = a.x, wf[r][1] = a.y, wf[r][2] = b.x, wf[r][3] = b.y;
+                    wf[r][4] = c.x, wf[r][5] = c.y, wf[r][6] = d.x, wf[r][7] = d.y;
+                }
+                if constexpr (DIAG) {
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        if (!wr[r]) continue;
+                        const float4 *xp = (const float4 *)(xs[r] + k);
+                        acc[r][r] = msm_fma8(wf[r], xp[0], xp[1], acc[r][r]);
+                    }
+                } else {
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        if (t >= nt) break;
+                        const float4 *xp = (const float4 *)(xs[t] + k);
+                        float4 xa = xp[0], xb = xp[1];
+#pragma unroll
+                        for (int r = 0; r < R; r++) /* a NULL row's zeros: its acc is never read */
+                            acc[r][t] = msm_fma8(wf[r], xa, xb, acc[r][t]);
+                    }
+                }
+            }
+        }
+    } else {
+        for (int k = lane; k < K; k += 32)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (!wr[r]) continue;
+                float wf = msm_bf(wr[r][k]);
+                if constexpr (DIAG) {
+                    acc[r][r] = fmaf(wf, xs[r][k], acc[r][r]);
+                } else {
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+                        if (t < nt) acc[r][t] = fmaf(wf, xs[t][k], acc[r][t]);
+                }
+            }
+    }
+}
+
 /* (a, b) as bf16 pairs: hi = rn(a, b), lo = rn(a - hi, b - hi), so hi + lo carries ~16 mantissa
  * bits of each (the tensor-core GEMVs feed both to the MMAs). */
 static __device__ __forceinline__ void msm_split_bf16x2(float a, float b, uint32_t &hi, uint32_t &lo) {
@@ -158,14 +237,12 @@ static __device__ __forceinline__ void msm_prefetch_l2(const void *p, size_t n) 
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
 }
 
-/* Whether msm_launch sets the PDL attribute: on unless MSM_CUDA_PDL=0 (read once). */
-int msm_cuda_pdl_enabled(void);
-
-/* kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialisation allowed
- * (see above; every kernel launched this way calls msm_pdl_wait()). Returns the launch error. */
+/* kernel<<<grid, block, smem, ex.stream>>>(args...), with programmatic stream serialisation
+ * allowed when the rank's tuning says so (ex.tune->pdl; see above: every kernel launched this way
+ * calls msm_pdl_wait()). Returns the launch error. */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t msm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                     cudaStream_t stream, Args... args) {
+                                     msm_cuda_exec ex, Args... args) {
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
@@ -173,9 +250,9 @@ static inline cudaError_t msm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 b
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
+    cfg.stream = ex.stream;
     cfg.attrs = at;
-    cfg.numAttrs = msm_cuda_pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = ex.tune->pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
 }
 

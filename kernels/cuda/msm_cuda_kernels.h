@@ -1,8 +1,9 @@
 /* msm_cuda_kernels: the CUDA twins of the CPU reference kernels (msm_kernels.h).
  *
  * Each msm_cuda_<op> computes the function of msm_cpu_<op> with the same argument order, then any
- * context/workspace arguments, then the stream. They are host-side launchers: they check shapes,
- * enqueue on `stream`, check the launch, and return 0 or a negative errno. None of them
+ * context/workspace arguments, then `ex` (the stream and the rank's tuning, msm_cuda_exec). They
+ * are host-side launchers: they check shapes, enqueue on ex.stream, check the launch, and return
+ * 0 or a negative errno. None of them
  * allocates, synchronises or copies to the host, so every one can be captured in a CUDA graph.
  * T = 0 (or n = 0) is a valid empty call.
  *
@@ -52,31 +53,52 @@ extern "C" {
 #define MSM_CUDA_MOE_GROUPED_GEMV_MAX_T 64
 enum { MSM_CUDA_MOE_PATH_AUTO = 0, MSM_CUDA_MOE_PATH_PAIR = 1, MSM_CUDA_MOE_PATH_GROUPED_GEMV = 2,
        MSM_CUDA_MOE_PATH_WMMA = 3 };
-/* Forces a MoE path for every later call of this process (tests and benchmarks; AUTO: by T).
- * Without a call, the environment variable MSM_CUDA_MOE_PATH (pair | grouped_gemv | wmma) is
- * read once. WMMA falls back to AUTO for shapes its tiles do not fit. */
-void msm_cuda_moe_set_path(int path);
-/* MoE kernel variants, for benchmarks and tests (0: the defaults). On the grouped GEMV path,
- * SIMT = always the fp32 SIMT grouped GEMVs, MMA = always the tensor-core ones (by default the
- * tensor-core GEMVs from 48 tokens on); NO_PREFETCH = the tensor-core down GEMV does not pull
- * its first rows into L2 before its PDL wait. Without a call, the environment variable
- * MSM_CUDA_MOE_KERNELS (a list of simt, mma, no_prefetch) is read once. */
+/* MoE kernel variants (msm_cuda_tuning.moe_kernels): on the grouped GEMV path, SIMT = always the
+ * fp32 SIMT grouped GEMVs, MMA = always the tensor-core ones (by default the tensor-core GEMVs
+ * from 48 tokens on); NO_PREFETCH = the tensor-core down GEMV does not pull its first rows into
+ * L2 before its PDL wait. */
 enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFETCH = 4 };
-void msm_cuda_moe_set_kernels(int flags);
-/* Linears: the same for the GEMV / cuBLASLt threshold (0: MSM_CUDA_GEMV_MAX_T; the environment
- * variable MSM_CUDA_GEMV_MAX_T is read once otherwise). At most 64. */
-void msm_cuda_linear_set_gemv_max_t(int t);
-/* Linears with MSM_CUDA_MMV_MIN_T <= T <= MSM_CUDA_MMV_MAX_T (and K % 32 == 0, w and x 16-byte
- * aligned) run the tensor-core GEMV ("MMV"): each weight read once, x split into bf16 hi + lo
- * (near-fp32 products, fp32 accumulation), K slices summed in a fixed order (deterministic), no
- * workspace. It takes precedence over the GEMV and cuBLASLt paths in that range.
- * msm_cuda_linear_set_mmv_range (or, read once, the environment variables MSM_CUDA_MMV_MIN_T /
- * MSM_CUDA_MMV_MAX_T) changes the range for the process; max 0 turns the path off; max <= 64. */
-/* Default range measured on the H200 (2026-11-29 round 3): at T=8 the step went 7.20 -> 6.08 ms;
- * with max 32, batch 32 went 11.29 -> 11.84 ms (slower than cuBLASLt there), hence max 8. */
+/* Linears with mmv_min_t <= T <= mmv_max_t (and K % 32 == 0, w and x 16-byte aligned) run the
+ * tensor-core GEMV ("MMV"): each weight read once, x split into bf16 hi + lo (near-fp32
+ * products, fp32 accumulation), K slices summed in a fixed order (deterministic), no workspace.
+ * It takes precedence over the GEMV and cuBLASLt paths in that range; max 0 turns it off.
+ * Default range measured on the H200 (bench/results/2026-11-29-h200-perf.md, round 3): at T=8
+ * the step went 7.20 -> 6.08 ms; with max 32, batch 32 went 11.29 -> 11.84 ms (slower than
+ * cuBLASLt there), hence max 8. */
 #define MSM_CUDA_MMV_MIN_T 5
 #define MSM_CUDA_MMV_MAX_T 8
-void msm_cuda_linear_set_mmv_range(int min_t, int max_t);
+/* cuBLASLt splits x into bf16 hi + lo (two matmuls, near-fp32) from this many tokens on (prefill
+ * chunks); below it (decode batches, where a second pass would double the weight traffic) x is
+ * rounded to bf16 (~3e-3 relative error per linear). */
+#define MSM_CUDA_LT_SPLIT_MIN_T 65
+
+/* Per-rank tuning: which kernel variant each launcher picks, and what it needs to know of the
+ * GPU. Filled once per rank by msm_cuda_tuning_init (the defaults above and the device's
+ * properties); the backend then applies its configuration and environment overrides. Launchers
+ * only read it, so ranks on several GPUs never share mutable state. */
+typedef struct msm_cuda_tuning {
+    int device, sms;          /* the rank's GPU and its multiprocessor count */
+    bool pdl;                 /* programmatic dependent launch (msm_launch) */
+    int gemv_max_t;           /* linears with T <= this take the GEMV (>= MSM_CUDA_GEMV_MAX_T, <= 64) */
+    int mmv_min_t, mmv_max_t; /* the MMV range (see above; max <= 64, 0 = off) */
+    int lt_split_min_t;       /* cuBLASLt hi + lo split from this T on */
+    int moe_path;             /* MSM_CUDA_MOE_PATH_*; AUTO picks by T */
+    int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */
+    /* resident blocks per SM of the persistent / wave-sized kernels (occupancy, queried once) */
+    int moe_gateup_mma_per_sm, moe_down_mma_per_sm;
+    int att_per_sm[4][2];     /* attention_kernel<L = 4, 8, 16, 32 chunks><vec 0/1> */
+} msm_cuda_tuning;
+
+/* Defaults for `device` (which must be current), with its multiprocessor count and the
+ * occupancy of the kernels that size their grids by it. 0 or a negative errno. */
+int msm_cuda_tuning_init(msm_cuda_tuning *t, int device);
+
+/* Where and how a launcher enqueues: the stream and the rank's tuning (never NULL). Passed by
+ * value as every launcher's last argument. */
+typedef struct msm_cuda_exec {
+    cudaStream_t stream;
+    const msm_cuda_tuning *tune;
+} msm_cuda_exec;
 
 /* Per-rank CUDA context: the cuBLASLt handle and a cache of matmul plans (layouts + the
  * heuristic's algorithm) per shape. Owned by one rank thread, bound to the device current at
@@ -92,12 +114,12 @@ int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K);
 
 /* out[t,:] = table[ids[t],:]   out [T,H] f32, table [V,H] bf16. */
 int msm_cuda_embed(float *out, const uint16_t *table, const int32_t *ids, int T, int H,
-                   cudaStream_t stream);
+                   msm_cuda_exec ex);
 
 /* out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w[:]   x, out [rows,dim] f32, w [dim] bf16.
  * out may equal x. */
 int msm_cuda_rmsnorm(float *out, const float *x, const uint16_t *w, int rows, int dim, float eps,
-                     cudaStream_t stream);
+                     msm_cuda_exec ex);
 
 /* Workspace bytes msm_cuda_linear needs for T tokens of K inputs (0 for the GEMV path). */
 size_t msm_cuda_linear_ws_bytes(int T, int N, int K);
@@ -107,39 +129,39 @@ size_t msm_cuda_linear_ws_bytes(int T, int N, int K);
  * accumulate and output) with x rounded to bf16 in ws, which must hold
  * msm_cuda_linear_ws_bytes(T, N, K) bytes. */
 int msm_cuda_linear(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
-                    int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, cudaStream_t stream);
+                    int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, msm_cuda_exec ex);
 
 /* In-place rotate-half RoPE on x [T, nheads, hd] f32 at positions pos[T]. hd even. */
 int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float theta,
-                  cudaStream_t stream);
+                  msm_cuda_exec ex);
 
 /* out = x [T, C] with its first nrot heads of hd (per row) rotated as msm_cuda_rope; the other
  * C - nrot*hd columns copied. One launch. */
 int msm_cuda_rope_copy(float *out, const float *x, const int32_t *pos, int T, int C, int nrot,
-                       int hd, float theta, cudaStream_t stream);
+                       int hd, float theta, msm_cuda_exec ex);
 
 /* msm_cuda_rope_copy of qkv rows [T, (nh + 2*kvh)*hd] (q and k heads rotated, v copied) that also
  * writes the rotated k heads and the v heads to the bf16 caches at slot[t] (as msm_cuda_kv_write_ld
  * from out would), one launch. */
 int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, const int32_t *slot,
                      uint16_t *kc, uint16_t *vc, int T, int nh, int kvh, int hd, float theta,
-                     cudaStream_t stream);
+                     msm_cuda_exec ex);
 
 /* QK_NORM: out = x [T, C] with each of the nh q heads RMS-normalised with wq [hd] and each of the
  * next kvh k heads with wk [hd] (per head, eps), the other columns copied; C % hd == 0,
  * hd <= 256; out may equal x. One launch for all tokens. */
 int msm_cuda_qk_norm(float *out, const float *x, const uint16_t *wq, const uint16_t *wk, int T,
-                     int C, int nh, int kvh, int hd, float eps, cudaStream_t stream);
+                     int C, int nh, int kvh, int hd, float eps, msm_cuda_exec ex);
 
 /* msm_cuda_kv_write with k, v rows ld floats apart (e.g. read in place from qkv rows). */
 int msm_cuda_kv_write_ld(uint16_t *kc, uint16_t *vc, const float *k, const float *v, size_t ld,
-                         const int32_t *slot, int T, int kvh, int hd, cudaStream_t stream);
+                         const int32_t *slot, int T, int kvh, int hd, msm_cuda_exec ex);
 
 /* Writes k, v [T, kvh, hd] f32, rounded to bf16, into the paged caches kc, vc
  * [n_blocks, MSM_KV_BLOCK, kvh, hd] bf16 at slot[t] = block * MSM_KV_BLOCK + offset. A negative
  * slot skips the token. */
 int msm_cuda_kv_write(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
-                      const int32_t *slot, int T, int kvh, int hd, cudaStream_t stream);
+                      const int32_t *slot, int T, int kvh, int hd, msm_cuda_exec ex);
 
 /* Causal paged attention, decode and prefill alike: token t (of sequence seq[t], at position
  * pos[t]) attends to positions 0..pos[t] of its sequence through
@@ -148,7 +170,7 @@ int msm_cuda_kv_write(uint16_t *kc, uint16_t *vc, const float *k, const float *v
 int msm_cuda_attention(float *out, const float *q, const uint16_t *kc, const uint16_t *vc,
                        const int32_t *seq, const int32_t *pos, const int32_t *block_tables,
                        int max_blocks, int T, int nh, int kvh, int hd, float scale,
-                       cudaStream_t stream);
+                       msm_cuda_exec ex);
 
 /* msm_cuda_attention with q rows q_ld floats apart (q read in place from qkv rows) and, when ws
  * holds msm_cuda_attention_ws_bytes(T, nh, hd) bytes, the context split over several blocks per
@@ -161,36 +183,36 @@ size_t msm_cuda_attention_ws_bytes(int T, int nh, int hd);
 int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, const uint16_t *kc,
                           const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                           const int32_t *block_tables, int max_blocks, int T, int nh, int kvh,
-                          int hd, float scale, void *ws, size_t ws_bytes, cudaStream_t stream);
+                          int hd, float scale, void *ws, size_t ws_bytes, msm_cuda_exec ex);
 
 /* y[i] = a[i] + b[i]; y may alias a or b. */
-int msm_cuda_add(float *y, const float *a, const float *b, size_t n, cudaStream_t stream);
+int msm_cuda_add(float *y, const float *a, const float *b, size_t n, msm_cuda_exec ex);
 
-/* sum = a + b, out = rmsnorm(sum) * w, rows of dim; bitwise the result of msm_cuda_add then
- * msm_cuda_rmsnorm, in one launch. sum may alias a or b. */
 /* msm_cpu_moe_combine_rmsnorm on the GPU: wg, w bf16; one block per row (the gate dot and the
  * sum of squares reduced in a fixed order; fused multiply-adds, so not bitwise the op chain). */
 int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float *x, const float *routed,
                                  const float *shared, const float *h, const uint16_t *wg,
-                                 const uint16_t *w, int rows, int dim, float eps, cudaStream_t stream);
+                                 const uint16_t *w, int rows, int dim, float eps, msm_cuda_exec ex);
 
+/* sum = a + b, out = rmsnorm(sum) * w, rows of dim; bitwise the result of msm_cuda_add then
+ * msm_cuda_rmsnorm, in one launch. sum may alias a or b. */
 int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, const float *b, const uint16_t *w,
-                         int rows, int dim, float eps, cudaStream_t stream);
+                         int rows, int dim, float eps, msm_cuda_exec ex);
 
 /* y[t,:] = x[t,:] * s[t]   (x, y [T,D], s [T]). y may equal x. */
 int msm_cuda_scale_rows(float *y, const float *x, const float *s, int T, int D,
-                        cudaStream_t stream);
+                        msm_cuda_exec ex);
 
 /* y[i] = 1 / (1 + exp(-x[i])). */
-int msm_cuda_sigmoid(float *y, const float *x, size_t n, cudaStream_t stream);
+int msm_cuda_sigmoid(float *y, const float *x, size_t n, msm_cuda_exec ex);
 
 /* y[t,i] = silu(gu[t,i]) * gu[t,I+i]   (gu [T,2I], y [T,I]). */
-int msm_cuda_swiglu(float *y, const float *gu, int T, int I, cudaStream_t stream);
+int msm_cuda_swiglu(float *y, const float *gu, int T, int I, msm_cuda_exec ex);
 
 /* Router: softmax over logits[t,:E] in fp32, top-k (highest first, lowest id on ties),
  * renormalised to sum 1 when norm. ids, w [T,k] stay on the device. E <= 256, k <= 8. */
 int msm_cuda_router_topk(int32_t *ids, float *w, const float *logits, int T, int E, int k,
-                         bool norm, cudaStream_t stream);
+                         bool norm, msm_cuda_exec ex);
 
 /* Workspace bytes msm_cuda_moe_experts needs: the f32 SwiGLU activations [T*k, I] on the GEMV
  * path; grouping tables, bf16 activations and per-pair outputs [T*k, H] f32 on the grouped path. */
@@ -202,13 +224,18 @@ size_t msm_cuda_moe_experts_ws_bytes(int T, int H, int I, int k, int E);
  * msm_cuda_moe_experts_ws_bytes(T, H, I, k, E) bytes, 256-byte aligned. */
 int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids, const float *w,
                          const uint16_t *gate_up, const uint16_t *down, int T, int H, int I, int k,
-                         int E, void *ws, size_t ws_bytes, cudaStream_t stream);
+                         int E, void *ws, size_t ws_bytes, msm_cuda_exec ex);
+
+/* out[r,:] = x[rows[r],:]   x [*, C], out [R, C] f32, rows [R] on the device (GATHER_ROWS: the
+ * rows of a step that produce logits). */
+int msm_cuda_gather_rows(float *out, const float *x, const int32_t *rows, int R, int C,
+                         msm_cuda_exec ex);
 
 /* Samples one token per row of logits [R,V] with params p[R] (on the device) into out[R]:
  * greedy (argmax, lowest id on ties) when temperature <= 0, else temperature, top-k, top-p and
  * the counter-based RNG exactly as msm_cpu_sample. Needs no scratch. */
 int msm_cuda_sample(int32_t *out, const float *logits, const msm_sample_params *p, int R, int V,
-                    cudaStream_t stream);
+                    msm_cuda_exec ex);
 
 #ifdef __cplusplus
 }

@@ -14,7 +14,7 @@
 #define ROUTER_WARPS 4
 #define ROUTER_PER_LANE 8 /* E <= 256 */
 
-__global__ void __launch_bounds__(ROUTER_WARPS * 32)
+static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
     router_topk_kernel(int32_t *ids, float *w, const float *logits, int T, int E, int k,
                        bool norm) {
     msm_pdl_trigger();
@@ -77,10 +77,10 @@ __global__ void __launch_bounds__(ROUTER_WARPS * 32)
 }
 
 extern "C" int msm_cuda_router_topk(int32_t *ids, float *w, const float *logits, int T, int E,
-                                    int k, bool norm, cudaStream_t stream) {
+                                    int k, bool norm, msm_cuda_exec ex) {
     if (T < 0 || E <= 0 || E > 32 * ROUTER_PER_LANE || k <= 0 || k > 8 || k > E) return -EINVAL;
     if (T == 0) return 0;
     unsigned blocks = (unsigned)((T + ROUTER_WARPS - 1) / ROUTER_WARPS);
-    CUDA_TRY(msm_launch(router_topk_kernel, dim3(blocks), dim3(ROUTER_WARPS * 32), 0, stream, ids, w, logits, T, E, k, norm));
+    CUDA_TRY(msm_launch(router_topk_kernel, dim3(blocks), dim3(ROUTER_WARPS * 32), 0, ex, ids, w, logits, T, E, k, norm));
     return 0;
 }

@@ -172,7 +172,7 @@ static __device__ void radix_hist(sample_smem &sm, const float *l, int V, float 
     __syncthreads();
 }
 
-__global__ void __launch_bounds__(S_THREADS)
+static __global__ void __launch_bounds__(S_THREADS)
     sample_kernel(int32_t *out, const float *logits, const msm_sample_params *params, int V) {
     msm_pdl_trigger();
     msm_pdl_wait();
@@ -292,9 +292,9 @@ __global__ void __launch_bounds__(S_THREADS)
 }
 
 extern "C" int msm_cuda_sample(int32_t *out, const float *logits, const msm_sample_params *p,
-                               int R, int V, cudaStream_t stream) {
+                               int R, int V, msm_cuda_exec ex) {
     if (R < 0 || V <= 0) return -EINVAL;
     if (R == 0) return 0;
-    CUDA_TRY(msm_launch(sample_kernel, dim3(R), dim3(S_THREADS), 0, stream, out, logits, p, V));
+    CUDA_TRY(msm_launch(sample_kernel, dim3(R), dim3(S_THREADS), 0, ex, out, logits, p, V));
     return 0;
 }

@@ -8,8 +8,9 @@
  * Every test checks for a GPU in its own body (Criterion runs each test in a child process; the
  * runner process never touches CUDA) and skips with "no GPU" where there is none.
  *
- * cuda_timing.table is a benchmark, not a test: it runs only when MSM_CUDA_BENCH is set in the
- * environment and prints a markdown table (also written to $MSM_CUDA_BENCH_OUT when set). */
+ * Each test runs with the default tuning of GPU 0 (msm_cuda_tuning_init); tests of one kernel
+ * path pass their own copy with that path forced. The timings are a benchmark of their own:
+ * bench/cuda_kernels.c. */
 #include <criterion/criterion.h>
 
 #ifdef MSM_HAVE_CUDA
@@ -24,15 +25,20 @@
 #include "msm_dtype.h"
 #include "msm_kernels.h"
 
-int msm__cuda_test_fill_bf16(uint16_t *p, size_t n, uint64_t seed, float scale, cudaStream_t s);
-int msm__cuda_test_fill_i32(int32_t *p, size_t n, uint64_t seed, int32_t mod, cudaStream_t s);
-
 /* ---- helpers ---- */
+
+/* GPU 0's default tuning, filled by need_gpu (each test runs in its own process). */
+static msm_cuda_tuning tune0;
 
 static void need_gpu(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) cr_skip_test("no GPU");
+    cr_assert_eq(msm_cuda_tuning_init(&tune0, 0), 0, "msm_cuda_tuning_init");
 }
+
+/* The default stream with the default tuning, or with `t`. */
+#define EX ((msm_cuda_exec){.stream = 0, .tune = &tune0})
+#define EX_T(t) ((msm_cuda_exec){.stream = 0, .tune = (t)})
 
 static uint64_t rng_state = 0x1234567;
 static uint64_t rnd64(void) {
@@ -126,7 +132,7 @@ Test(cuda_kernels, embed_gathers_bf16_rows, .timeout = 60) {
         uint16_t *dt = dev_up(tb, (size_t)V * H * 2);
         int32_t *di = dev_up(ids, T * 4);
         float *dout = dev_poison((size_t)T * H * 4);
-        CK(msm_cuda_embed(dout, dt, di, T, H, 0));
+        CK(msm_cuda_embed(dout, dt, di, T, H, EX));
         down(out, dout, (size_t)T * H * 4);
         CHECK_ERR(out, ref, (size_t)T * H, 0.0, "T=%d H=%d", T, H);
         cudaFree(dt), cudaFree(di), cudaFree(dout);
@@ -147,7 +153,7 @@ Test(cuda_kernels, rmsnorm_matches_cpu, .timeout = 60) {
         msm_cpu_rmsnorm(ref, x, wf, rows, dim, 1e-6f);
         float *dx = dev_up(x, n * 4), *dout = inplace ? dx : dev_poison(n * 4);
         uint16_t *dw = dev_up(wb, dim * 2);
-        CK(msm_cuda_rmsnorm(dout, dx, dw, rows, dim, 1e-6f, 0));
+        CK(msm_cuda_rmsnorm(dout, dx, dw, rows, dim, 1e-6f, EX));
         down(out, dout, n * 4);
         CHECK_ERR(out, ref, n, 1e-5, "rows=%d dim=%d inplace=%d", rows, dim, inplace);
         cudaFree(dx), cudaFree(dw);
@@ -168,15 +174,15 @@ Test(cuda_kernels, add_rmsnorm_matches_cpu, .timeout = 60) {
         msm_cpu_add_rmsnorm(rs, ro, a, b, wf, rows, dim, 1e-6f);
         float *da = dev_up(a, n * 4), *db = dev_up(b, n * 4), *ds = dev_poison(n * 4), *dout = dev_poison(n * 4);
         uint16_t *dw = dev_up(wb, dim * 2);
-        CK(msm_cuda_add_rmsnorm(ds, dout, da, db, dw, rows, dim, 1e-6f, 0));
+        CK(msm_cuda_add_rmsnorm(ds, dout, da, db, dw, rows, dim, 1e-6f, EX));
         down(hs, ds, n * 4);
         down(ho, dout, n * 4);
         CHECK_ERR(hs, rs, n, 0, "sum rows=%d dim=%d", rows, dim);
         CHECK_ERR(ho, ro, n, 1e-5, "norm rows=%d dim=%d", rows, dim);
         /* bitwise the two-kernel sequence */
         float *d2 = dev_poison(n * 4), *h2 = malloc(n * 4);
-        CK(msm_cuda_add(ds, da, db, n, 0));
-        CK(msm_cuda_rmsnorm(d2, ds, dw, rows, dim, 1e-6f, 0));
+        CK(msm_cuda_add(ds, da, db, n, EX));
+        CK(msm_cuda_rmsnorm(d2, ds, dw, rows, dim, 1e-6f, EX));
         down(h2, d2, n * 4);
         cr_expect(memcmp(h2, ho, n * 4) == 0, "add_rmsnorm differs from add + rmsnorm (rows=%d dim=%d)", rows, dim);
         cudaFree(da), cudaFree(db), cudaFree(ds), cudaFree(dout), cudaFree(dw), cudaFree(d2);
@@ -198,7 +204,7 @@ Test(cuda_kernels, moe_combine_rmsnorm_matches_cpu, .timeout = 60) {
         float *dx = dev_up(x, n * 4), *drt = dev_up(rt, n * 4), *dsh = dev_up(sh, n * 4), *dh = dev_up(h, n * 4);
         float *ds = dev_poison(n * 4), *dout = dev_poison(n * 4);
         uint16_t *dw = dev_up(wb, dim * 2), *dwg = dev_up(wgb, dim * 2);
-        CK(msm_cuda_moe_combine_rmsnorm(ds, dout, dx, drt, dsh, dh, dwg, dw, rows, dim, 1e-6f, 0));
+        CK(msm_cuda_moe_combine_rmsnorm(ds, dout, dx, drt, dsh, dh, dwg, dw, rows, dim, 1e-6f, EX));
         down(hs, ds, n * 4);
         down(ho, dout, n * 4);
         CHECK_ERR(hs, rs, n, 1e-5, "sum rows=%d dim=%d", rows, dim);
@@ -223,7 +229,7 @@ Test(cuda_kernels, rope_copy_matches_copy_then_rope, .timeout = 60) {
         for (int t = 0; t < T; t++) msm_cpu_rope(ref + (size_t)t * C, pos + t, 1, nh + kvh, hd, 1e6f);
         float *dx = dev_up(x, n * 4), *dout = dev_poison(n * 4);
         int32_t *dpos = dev_up(pos, T * 4);
-        CK(msm_cuda_rope_copy(dout, dx, dpos, T, C, nh + kvh, hd, 1e6f, 0));
+        CK(msm_cuda_rope_copy(dout, dx, dpos, T, C, nh + kvh, hd, 1e6f, EX));
         down(out, dout, n * 4);
         CHECK_ERR(out, ref, n, 1e-5, "rope_copy T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
         cudaFree(dx), cudaFree(dout), cudaFree(dpos);
@@ -233,7 +239,8 @@ Test(cuda_kernels, rope_copy_matches_copy_then_rope, .timeout = 60) {
 
 /* ---- linear ---- */
 
-static void linear_case(msm_cuda_ctx *ctx, int T, int N, int K, bool bias, double tol) {
+static void linear_case(msm_cuda_ctx *ctx, msm_cuda_exec ex, int T, int N, int K, bool bias,
+                        double tol) {
     float *x = host_f32((size_t)T * K, 1.0f), *wf, *bf = NULL;
     uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *bb = NULL;
     if (bias) bb = host_bf16(N, 0.5f, &bf);
@@ -243,7 +250,7 @@ static void linear_case(msm_cuda_ctx *ctx, int T, int N, int K, bool bias, doubl
     uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *db = bias ? dev_up(bb, N * 2) : NULL;
     size_t wsb = msm_cuda_linear_ws_bytes(T, N, K);
     void *ws = wsb ? dev(wsb) : NULL;
-    CK(msm_cuda_linear(dy, dx, dw, db, T, N, K, ctx, ws, wsb, 0));
+    CK(msm_cuda_linear(dy, dx, dw, db, T, N, K, ctx, ws, wsb, ex));
     down(out, dy, (size_t)T * N * 4);
     CHECK_ERR(out, ref, (size_t)T * N, tol, "linear T=%d N=%d K=%d bias=%d", T, N, K, bias);
     cudaFree(dx), cudaFree(dy), cudaFree(dw), cudaFree(db), cudaFree(ws);
@@ -256,10 +263,10 @@ Test(cuda_kernels, linear_gemv_small_T_matches_cpu, .timeout = 60) {
     static const int shapes[][4] = {{1, 64, 128, 0}, {1, 1000, 2048, 1}, {2, 129, 200, 0},
                                     {3, 33, 1032, 1}, {5, 257, 130, 1}, {8, 2048, 2048, 0},
                                     {7, 1, 8, 1},     {4, 500, 99, 0}};
-    msm_cuda_linear_set_mmv_range(1, 0); /* the GEMV kernel itself, not the MMV path */
+    msm_cuda_tuning t = tune0;
+    t.mmv_max_t = 0; /* the GEMV kernel itself, not the MMV path */
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-        linear_case(NULL, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 1e-5);
-    msm_cuda_linear_set_mmv_range(MSM_CUDA_MMV_MIN_T, MSM_CUDA_MMV_MAX_T);
+        linear_case(NULL, EX_T(&t), shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 1e-5);
 }
 
 /* The tensor-core MMV path (bf16 hi+lo split of x): every T tile count (1..4), partial tiles,
@@ -269,14 +276,15 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
     need_gpu();
     msm_cuda_ctx *ctx = NULL;
     CK(msm_cuda_ctx_new(&ctx));
-    msm_cuda_linear_set_mmv_range(1, 64);
+    msm_cuda_tuning t = tune0;
+    t.mmv_min_t = 1, t.mmv_max_t = 64;
     static const int shapes[][4] = {{1, 64, 128, 0},     {2, 129, 256, 1},    {5, 257, 1024, 1},
                                     {8, 2048, 2048, 0},   {9, 60, 2048, 0},    {16, 1000, 64, 1},
                                     {17, 300, 2048, 1},   {32, 2048, 2048, 0}, {32, 6144, 2048, 1},
                                     {32, 2048, 5632, 0},  {33, 11264, 2048, 0}, {48, 130, 96, 1},
                                     {64, 2048, 2048, 1},  {63, 777, 4096, 0},  {12, 151936, 256, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-        linear_case(ctx, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 2e-5);
+        linear_case(ctx, EX_T(&t), shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 2e-5);
     /* determinism: the same call twice gives the same bits */
     {
         int T = 32, N = 2048, K = 2048;
@@ -286,15 +294,14 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
               *d2 = dev_poison((size_t)T * N * 4);
         uint16_t *dw = dev_up(wb, (size_t)N * K * 2);
         float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
-        CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, 0));
-        CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, 0));
+        CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&t)));
+        CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&t)));
         down(o1, d1, (size_t)T * N * 4);
         down(o2, d2, (size_t)T * N * 4);
         cr_assert(memcmp(o1, o2, (size_t)T * N * 4) == 0, "mmv linear is not deterministic");
         cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw);
         free(x), free(wf), free(wb), free(o1), free(o2);
     }
-    msm_cuda_linear_set_mmv_range(MSM_CUDA_MMV_MIN_T, MSM_CUDA_MMV_MAX_T);
     msm_cuda_ctx_free(ctx);
 }
 
@@ -310,13 +317,13 @@ Test(cuda_kernels, linear_cublaslt_large_T_matches_cpu, .timeout = 60) {
         {65, 2048, 2048, 0, 5e-5},  {300, 6144, 2048, 1, 5e-5}, {130, 129, 264, 1, 2e-5},
         {300, 96, 64, 0, 2e-5},     {512, 60, 2048, 0, 2e-5},   {9, 256, 512, 0, 2e-5},
         {32, 60, 2048, 0, 2e-5},    {33, 1, 2048, 1, 2e-5}};
-    msm_cuda_linear_set_mmv_range(1, 0); /* cuBLASLt itself, not the MMV path */
+    msm_cuda_tuning t = tune0;
+    t.mmv_max_t = 0; /* cuBLASLt itself, not the MMV path */
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         /* twice: the second call reuses the cached plan */
-        linear_case(ctx, shapes[s].T, shapes[s].N, shapes[s].K, shapes[s].bias, shapes[s].tol);
-        linear_case(ctx, shapes[s].T, shapes[s].N, shapes[s].K, shapes[s].bias, shapes[s].tol);
+        linear_case(ctx, EX_T(&t), shapes[s].T, shapes[s].N, shapes[s].K, shapes[s].bias, shapes[s].tol);
+        linear_case(ctx, EX_T(&t), shapes[s].T, shapes[s].N, shapes[s].K, shapes[s].bias, shapes[s].tol);
     }
-    msm_cuda_linear_set_mmv_range(MSM_CUDA_MMV_MIN_T, MSM_CUDA_MMV_MAX_T);
     msm_cuda_ctx_free(ctx);
 }
 
@@ -336,7 +343,7 @@ Test(cuda_kernels, rope_matches_cpu, .timeout = 60) {
         msm_cpu_rope(ref, pos, T, nh, hd, shapes[s].theta);
         float *dx = dev_up(x, n * 4);
         int32_t *dp = dev_up(pos, T * 4);
-        CK(msm_cuda_rope(dx, dp, T, nh, hd, shapes[s].theta, 0));
+        CK(msm_cuda_rope(dx, dp, T, nh, hd, shapes[s].theta, EX));
         down(out, dx, n * 4);
         CHECK_ERR(out, ref, n, 1e-5, "rope T=%d nh=%d hd=%d", T, nh, hd);
         cudaFree(dx), cudaFree(dp);
@@ -366,7 +373,7 @@ Test(cuda_kernels, kv_write_rounds_into_paged_bf16_slots, .timeout = 60) {
         uint16_t *dkc = dev_poison(cache * 2), *dvc = dev_poison(cache * 2);
         float *dk = dev_up(k, T * row * 4), *dv = dev_up(v, T * row * 4);
         int32_t *ds = dev_up(slot, T * 4);
-        CK(msm_cuda_kv_write(dkc, dvc, dk, dv, ds, T, kvh, hd, 0));
+        CK(msm_cuda_kv_write(dkc, dvc, dk, dv, ds, T, kvh, hd, EX));
         uint16_t *hk = malloc(cache * 2), *hv = malloc(cache * 2);
         down(hk, dkc, cache * 2), down(hv, dvc, cache * 2);
         bool *written = calloc(nslots, 1);
@@ -425,7 +432,7 @@ static void attention_case(const attn_shape *sh) {
     int32_t *dbt = dev_up(bt, (size_t)sh->n_seq * max_blocks * 4);
     float *dq = dev_up(q, qn * 4), *dout = dev_poison(qn * 4);
     CK(msm_cuda_attention(dout, dq, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
-                          sh->hd, scale, 0));
+                          sh->hd, scale, EX));
     down(out, dout, qn * 4);
     CHECK_ERR(out, ref, qn, 2e-5, "attention %s", sh->what);
     /* q read in place from wider rows (as from qkv), context split over blocks (flash-decoding);
@@ -439,12 +446,12 @@ static void attention_case(const attn_shape *sh) {
         void *ws = dev(wsb);
         cr_assert_eq(cudaMemset(ws, 0, wsb ? wsb : 1), cudaSuccess); /* zeroed once, as the backend does */
         CK(msm_cuda_attention_ex(dout2, dqw, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
-                                 sh->hd, scale, ws, wsb, 0));
+                                 sh->hd, scale, ws, wsb, EX));
         down(out, dout2, qn * 4);
         CHECK_ERR(out, ref, qn, 2e-5, "attention_ex (strided q, split) %s", sh->what);
         cr_assert_eq(cudaMemset(dout2, 0xff, qn * 4), cudaSuccess);
         CK(msm_cuda_attention_ex(dout2, dqw, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
-                                 sh->hd, scale, ws, wsb, 0));
+                                 sh->hd, scale, ws, wsb, EX));
         down(out2, dout2, qn * 4);
         cr_assert(memcmp(out, out2, qn * 4) == 0, "attention_ex second split run differs: %s", sh->what);
         cudaFree(dqw), cudaFree(dout2), cudaFree(ws);
@@ -481,15 +488,15 @@ Test(cuda_kernels, elementwise_ops_match_cpu, .timeout = 60) {
         float *a = host_f32(n, 3.0f), *b = host_f32(n, 3.0f), *ref = malloc(n * 4), *out = malloc(n * 4);
         float *da = dev_up(a, n * 4), *db = dev_up(b, n * 4), *dy = dev_poison(n * 4);
         msm_cpu_add(ref, a, b, n);
-        CK(msm_cuda_add(dy, da, db, n, 0));
+        CK(msm_cuda_add(dy, da, db, n, EX));
         down(out, dy, n * 4);
         CHECK_ERR(out, ref, n, 1e-6, "add n=%zu", n);
-        CK(msm_cuda_add(da, da, db, n, 0)); /* aliasing */
+        CK(msm_cuda_add(da, da, db, n, EX)); /* aliasing */
         down(out, da, n * 4);
         CHECK_ERR(out, ref, n, 1e-6, "add in place n=%zu", n);
         msm_cpu_sigmoid(ref, b, n);
         cudaMemset(dy, 0xff, n * 4);
-        CK(msm_cuda_sigmoid(dy, db, n, 0));
+        CK(msm_cuda_sigmoid(dy, db, n, EX));
         down(out, dy, n * 4);
         CHECK_ERR(out, ref, n, 1e-6, "sigmoid n=%zu", n);
         cudaFree(da), cudaFree(db), cudaFree(dy);
@@ -504,12 +511,12 @@ Test(cuda_kernels, elementwise_ops_match_cpu, .timeout = 60) {
         float *dx = dev_up(x, n * 4), *ds = dev_up(sc, T * 4), *dgu = dev_up(gu, 2 * n * 4);
         float *dy = dev_poison(n * 4);
         msm_cpu_scale_rows(ref, x, sc, T, D);
-        CK(msm_cuda_scale_rows(dy, dx, ds, T, D, 0));
+        CK(msm_cuda_scale_rows(dy, dx, ds, T, D, EX));
         down(out, dy, n * 4);
         CHECK_ERR(out, ref, n, 1e-6, "scale_rows T=%d D=%d", T, D);
         msm_cpu_swiglu(ref, gu, T, D);
         cudaMemset(dy, 0xff, n * 4);
-        CK(msm_cuda_swiglu(dy, dgu, T, D, 0));
+        CK(msm_cuda_swiglu(dy, dgu, T, D, EX));
         down(out, dy, n * 4);
         CHECK_ERR(out, ref, n, 1e-6, "swiglu T=%d I=%d", T, D);
         cudaFree(dx), cudaFree(ds), cudaFree(dgu), cudaFree(dy);
@@ -533,7 +540,7 @@ Test(cuda_kernels, router_topk_matches_cpu, .timeout = 60) {
         msm_cpu_router_topk(ids, w, l, T, E, k, norm);
         float *dl = dev_up(l, (size_t)T * E * 4), *dw = dev_poison(T * k * 4);
         int32_t *di = dev_poison(T * k * 4);
-        CK(msm_cuda_router_topk(di, dw, dl, T, E, k, norm, 0));
+        CK(msm_cuda_router_topk(di, dw, dl, T, E, k, norm, EX));
         down(gids, di, T * k * 4), down(gw, dw, T * k * 4);
         for (int i = 0; i < T * k; i++) {
             const float *lt = l + (size_t)(i / k) * E;
@@ -564,11 +571,11 @@ static void moe_cases(const moe_run *runs, int n, int H, int I, int k, int E, do
     uint16_t *dnb = host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &dnf);
     uint16_t *dgu = dev_up(gub, (size_t)E * 2 * I * H * 2), *ddn = dev_up(dnb, (size_t)E * H * I * 2);
     float *scratch = malloc((size_t)3 * I * 4);
-    bool forced = false;
     for (int c = 0; c < n; c++) {
         int T = runs[c].T;
-        if (runs[c].path >= 0) msm_cuda_moe_set_path(runs[c].path), forced = true;
-        if (runs[c].kflags >= 0) msm_cuda_moe_set_kernels(runs[c].kflags), forced = true;
+        msm_cuda_tuning t = tune0;
+        if (runs[c].path >= 0) t.moe_path = runs[c].path;
+        if (runs[c].kflags >= 0) t.moe_kernels = runs[c].kflags;
         float *x = host_f32((size_t)T * H, 1.0f);
         int32_t *ids = malloc((size_t)T * k * 4);
         float *w = malloc((size_t)T * k * 4);
@@ -592,27 +599,30 @@ static void moe_cases(const moe_run *runs, int n, int H, int I, int k, int E, do
         float *dy = dev_poison((size_t)T * H * 4);
         size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
         void *ws = dev_poison(wsb);
-        CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, 0));
+        CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
         down(out, dy, (size_t)T * H * 4);
         CHECK_ERR(out, ref, (size_t)T * H, tol, "moe T=%d H=%d I=%d k=%d E=%d path=%d kernels=%d", T,
                   H, I, k, E, runs[c].path, runs[c].kflags);
         cudaMemset(dy, 0xff, (size_t)T * H * 4);
-        CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, 0));
+        CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
         down(out2, dy, (size_t)T * H * 4);
         cr_assert(memcmp(out, out2, (size_t)T * H * 4) == 0,
                   "moe not deterministic T=%d H=%d path=%d kernels=%d", T, H, runs[c].path, runs[c].kflags);
         cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
         free(x), free(ids), free(w), free(ref), free(out), free(out2);
     }
-    if (forced) msm_cuda_moe_set_path(MSM_CUDA_MOE_PATH_AUTO), msm_cuda_moe_set_kernels(0);
     cudaFree(dgu), cudaFree(ddn);
     free(guf), free(gub), free(dnf), free(dnb), free(scratch);
 }
 
-/* One T with the path currently forced (or AUTO) and the default kernels. */
-static void moe_case(int T, int H, int I, int k, int E, double tol) {
-    moe_run r = {T, -1, -1};
+/* One T on `path` (AUTO: chosen by T) with the default kernels. */
+static void moe_case_on(int path, int T, int H, int I, int k, int E, double tol) {
+    moe_run r = {T, path, -1};
     moe_cases(&r, 1, H, I, k, E, tol);
+}
+
+static void moe_case(int T, int H, int I, int k, int E, double tol) {
+    moe_case_on(MSM_CUDA_MOE_PATH_AUTO, T, H, I, k, E, tol);
 }
 
 Test(cuda_kernels, moe_experts_gemv_small_T_matches_cpu, .timeout = 60) {
@@ -631,14 +641,12 @@ Test(cuda_kernels, moe_experts_grouped_gemv_matches_cpu, .timeout = 120) {
     moe_case(32, 2048, 1408, 4, 60, 2e-5);
     moe_case(64, 256, 128, 4, 16, 2e-5);   /* skewed: some experts get > 8 tokens (several passes) */
     moe_case(9, 130, 40, 2, 6, 2e-5);      /* odd sizes: scalar loads */
-    msm_cuda_moe_set_path(MSM_CUDA_MOE_PATH_GROUPED_GEMV);
-    moe_case(1, 2048, 1408, 4, 16, 2e-5);
-    moe_case(8, 200, 72, 2, 5, 2e-5);
-    moe_case(100, 256, 128, 4, 16, 2e-5);
-    moe_case(5, 130, 33, 3, 7, 2e-5);
-    msm_cuda_moe_set_path(MSM_CUDA_MOE_PATH_PAIR);
-    moe_case(32, 256, 128, 4, 16, 2e-5);
-    msm_cuda_moe_set_path(MSM_CUDA_MOE_PATH_AUTO);
+    enum { GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV };
+    moe_case_on(GG, 1, 2048, 1408, 4, 16, 2e-5);
+    moe_case_on(GG, 8, 200, 72, 2, 5, 2e-5);
+    moe_case_on(GG, 100, 256, 128, 4, 16, 2e-5);
+    moe_case_on(GG, 5, 130, 33, 3, 7, 2e-5);
+    moe_case_on(MSM_CUDA_MOE_PATH_PAIR, 32, 256, 128, 4, 16, 2e-5);
 }
 
 Test(cuda_kernels, moe_experts_grouped_large_T_matches_cpu, .timeout = 60) {
@@ -754,7 +762,7 @@ Test(cuda_kernels, sample_greedy_and_seeded_match_cpu, .timeout = 60) {
         float *dl = dev_up(l, (size_t)R * V * 4);
         msm_sample_params *dp = dev_up(p, R * sizeof *p);
         int32_t *dout = dev_poison(R * 4);
-        CK(msm_cuda_sample(dout, dl, dp, R, V, 0));
+        CK(msm_cuda_sample(dout, dl, dp, R, V, EX));
         down(out, dout, R * 4);
         int excused = 0;
         for (int r = 0; r < R; r++) {
@@ -773,274 +781,6 @@ Test(cuda_kernels, sample_greedy_and_seeded_match_cpu, .timeout = 60) {
 }
 
 /* ---- timing (benchmark; runs only with MSM_CUDA_BENCH set) ---- */
-
-static double median(double *v, int n) {
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1], v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-#define BENCH_REPS 15
-#define BENCH_BATCH 20
-
-Test(cuda_timing, table, .timeout = 300) {
-    need_gpu();
-    if (!getenv("MSM_CUDA_BENCH")) cr_skip_test("set MSM_CUDA_BENCH=1 to run the timings");
-    char buf[16384];
-    int len = 0;
-    struct cudaDeviceProp prop;
-    cr_assert_eq(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-    cudaStream_t st;
-    cudaEvent_t e0, e1;
-    cr_assert_eq(cudaStreamCreate(&st), cudaSuccess);
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
-    double times[BENCH_REPS];
-    float ms;
-
-    /* copy ceiling: 1 GiB device-to-device, bytes read + written */
-    size_t cb = (size_t)1 << 30;
-    void *c0 = dev(cb), *c1 = dev(cb);
-    CK(msm__cuda_test_fill_bf16(c0, cb / 2, 1, 1.0f, st));
-    for (int i = 0; i < 3; i++) cudaMemcpyAsync(c1, c0, cb, cudaMemcpyDeviceToDevice, st);
-    for (int r = 0; r < BENCH_REPS; r++) {
-        cudaEventRecord(e0, st);
-        cudaMemcpyAsync(c1, c0, cb, cudaMemcpyDeviceToDevice, st);
-        cudaEventRecord(e1, st);
-        cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms, e0, e1);
-        times[r] = ms;
-    }
-    double copy_ms = median(times, BENCH_REPS), copy_gbs = 2.0 * cb / (copy_ms * 1e6);
-    cudaFree(c1);
-    len += snprintf(buf + len, sizeof buf - len,
-                    "device: %s, %d SMs; copy ceiling (1 GiB D2D, read+write): %.0f GB/s\n\n"
-                    "| kernel | shape | median ms | bytes moved | GB/s | %% of copy |\n"
-                    "|---|---|---|---|---|---|\n",
-                    prop.name, prop.multiProcessorCount, copy_gbs);
-
-    /* GEMV linears at Qwen1.5-MoE-A2.7B shapes; weights rotate over the 1 GiB pool so each
-     * launch streams them from HBM, not L2 */
-    uint16_t *pool = c0;
-    size_t pool_elems = cb / 2;
-    float *x = dev((size_t)8 * 5632 * 4), *y = dev((size_t)8 * 151936 * 4);
-    {
-        float *hx = host_f32((size_t)8 * 5632, 1.0f);
-        cudaMemcpy(x, hx, (size_t)8 * 5632 * 4, cudaMemcpyHostToDevice);
-        free(hx);
-    }
-    static const int lin[][3] = {{1, 2048, 2048},  {1, 6144, 2048},  {1, 11264, 2048},
-                                 {1, 60, 2048},    {1, 2048, 5632},  {1, 151936, 2048},
-                                 {8, 2048, 2048},  {8, 11264, 2048}, {8, 151936, 2048}};
-    for (size_t s = 0; s < sizeof lin / sizeof *lin; s++) {
-        int T = lin[s][0], N = lin[s][1], K = lin[s][2];
-        size_t welem = (size_t)N * K, nbuf = pool_elems / welem;
-        if (nbuf < 1) nbuf = 1;
-        for (int i = 0; i < 3; i++) CK(msm_cuda_linear(y, x, pool, NULL, T, N, K, NULL, NULL, 0, st));
-        int it = 0;
-        for (int r = 0; r < BENCH_REPS; r++) {
-            cudaEventRecord(e0, st);
-            for (int b = 0; b < BENCH_BATCH; b++, it++)
-                CK(msm_cuda_linear(y, x, pool + (it % nbuf) * welem, NULL, T, N, K, NULL, NULL, 0, st));
-            cudaEventRecord(e1, st);
-            cr_assert_eq(cudaEventSynchronize(e1), cudaSuccess);
-            cudaEventElapsedTime(&ms, e0, e1);
-            times[r] = ms / BENCH_BATCH;
-        }
-        double t = median(times, BENCH_REPS);
-        double bytes = (double)welem * 2 + (double)T * K * 4 + (double)T * N * 4;
-        double gbs = bytes / (t * 1e6);
-        len += snprintf(buf + len, sizeof buf - len,
-                        "| linear GEMV | T=%d N=%d K=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n", T, N,
-                        K, t, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
-    }
-
-    /* moe_experts at T = 1..64, Qwen1.5-MoE: E=60, k=4, I=1408, H=2048; 64 routing sets */
-    {
-        int E = 60, k = 4, I = 1408, H = 2048, NSET = 64;
-        size_t gun = (size_t)E * 2 * I * H, dnn = (size_t)E * H * I;
-        uint16_t *gu = dev(gun * 2), *dn = dev(dnn * 2);
-        CK(msm__cuda_test_fill_bf16(gu, gun, 2, 0.02f, st));
-        CK(msm__cuda_test_fill_bf16(dn, dnn, 3, 0.02f, st));
-        /* {T, path, kernel variants}: the defaults, then the variants of the grouped path */
-        enum { PR = MSM_CUDA_MOE_PATH_PAIR, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV,
-               WM = MSM_CUDA_MOE_PATH_WMMA, SIMT = MSM_CUDA_MOE_K_SIMT, MMA = MSM_CUDA_MOE_K_MMA,
-               NP = MSM_CUDA_MOE_K_NO_PREFETCH };
-        static const int Ts[][3] = {{1, 0, 0},        {2, 0, 0},        {4, 0, 0},   {4, GG, 0},
-                                    {8, 0, 0},        {8, PR, 0},       {16, 0, 0},  {16, 0, MMA},
-                                    {32, 0, 0},       {32, 0, MMA},     {32, WM, 0}, {48, 0, 0},
-                                    {48, 0, SIMT},    {64, 0, 0},       {64, 0, SIMT}, {64, 0, NP},
-                                    {64, WM, 0}};
-        static const char *pname[] = {"auto", "pair", "grouped_gemv", "wmma"};
-        static const char *kname[] = {"", " simt", " mma", "", " no_prefetch"};
-        for (size_t s = 0; s < sizeof Ts / sizeof *Ts; s++) {
-            int T = Ts[s][0];
-            msm_cuda_moe_set_path(Ts[s][1]);
-            msm_cuda_moe_set_kernels(Ts[s][2]);
-            int32_t *hid = malloc((size_t)NSET * T * k * 4);
-            float *hw = malloc((size_t)NSET * T * k * 4);
-            double uniq_sum = 0;
-            for (int q = 0; q < NSET; q++) {
-                bool used[60] = {0};
-                for (int t = 0; t < T; t++)
-                    for (int j = 0; j < k; j++) {
-                        int e;
-                        bool dup;
-                        do {
-                            e = rndi(E);
-                            dup = false;
-                            for (int z = 0; z < j; z++) dup |= hid[((size_t)q * T + t) * k + z] == e;
-                        } while (dup);
-                        hid[((size_t)q * T + t) * k + j] = e;
-                        hw[((size_t)q * T + t) * k + j] = 0.25f;
-                        if (!used[e]) used[e] = true, uniq_sum += 1;
-                    }
-            }
-            int32_t *did = dev_up(hid, (size_t)NSET * T * k * 4);
-            float *dw = dev_up(hw, (size_t)NSET * T * k * 4);
-            size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
-            void *ws = dev(wsb);
-            for (int i = 0; i < 3; i++)
-                CK(msm_cuda_moe_experts(y, x, did, dw, gu, dn, T, H, I, k, E, ws, wsb, st));
-            int it = 0;
-            for (int r = 0; r < BENCH_REPS; r++) {
-                cudaEventRecord(e0, st);
-                for (int b = 0; b < BENCH_BATCH; b++, it++) {
-                    size_t o = (size_t)(it % NSET) * T * k;
-                    CK(msm_cuda_moe_experts(y, x, did + o, dw + o, gu, dn, T, H, I, k, E, ws, wsb, st));
-                }
-                cudaEventRecord(e1, st);
-                cr_assert_eq(cudaEventSynchronize(e1), cudaSuccess);
-                cudaEventElapsedTime(&ms, e0, e1);
-                times[r] = ms / BENCH_BATCH;
-            }
-            double t = median(times, BENCH_REPS);
-            /* bytes the kernel must move: each distinct selected expert's weights once (the
-             * GEMV path re-reads an expert shared by several tokens; L2 may absorb that) */
-            double per_expert = 3.0 * I * H * 2, uniq = uniq_sum / NSET;
-            double bytes = uniq * per_expert + (double)T * H * 8;
-            double gbs = bytes / (t * 1e6);
-            len += snprintf(buf + len, sizeof buf - len,
-                            "| moe_experts %s%s | T=%d E=60 k=4 I=1408 H=2048 (%.1f distinct experts) | "
-                            "%.4f | %.1f MB | %.0f | %.0f%% |\n",
-                            pname[Ts[s][1]], kname[Ts[s][2]], T, uniq, t, bytes / 1e6, gbs,
-                            100.0 * gbs / copy_gbs);
-            cudaFree(did), cudaFree(dw), cudaFree(ws);
-            free(hid), free(hw);
-        }
-        cudaFree(gu), cudaFree(dn);
-        msm_cuda_moe_set_path(MSM_CUDA_MOE_PATH_AUTO);
-        msm_cuda_moe_set_kernels(0);
-    }
-
-    /* T=32 linears: the GEMV kernel (forced) vs cuBLASLt */
-    {
-        msm_cuda_ctx *ctx;
-        CK(msm_cuda_ctx_new(&ctx));
-        static const int l32[][3] = {{32, 6144, 2048}, {32, 2048, 2048}, {32, 11264, 2048}, {32, 2048, 5632}};
-        float *x32 = dev((size_t)32 * 5632 * 4);
-        {
-            float *hx = host_f32((size_t)32 * 5632, 1.0f);
-            cudaMemcpy(x32, hx, (size_t)32 * 5632 * 4, cudaMemcpyHostToDevice);
-            free(hx);
-        }
-        for (int gemv = 0; gemv < 3; gemv++) /* 0 cuBLASLt, 1 GEMV forced, 2 MMV */
-            for (size_t s = 0; s < sizeof l32 / sizeof *l32; s++) {
-                int T = l32[s][0], N = l32[s][1], K = l32[s][2];
-                msm_cuda_linear_set_gemv_max_t(gemv == 1 ? 64 : 0);
-                msm_cuda_linear_set_mmv_range(1, gemv == 2 ? 64 : 0);
-                size_t wsb = msm_cuda_linear_ws_bytes(T, N, K);
-                void *ws = dev(wsb ? wsb : 256);
-                size_t welem = (size_t)N * K, nbuf = pool_elems / welem;
-                for (int i = 0; i < 3; i++) CK(msm_cuda_linear(y, x32, pool, NULL, T, N, K, ctx, ws, wsb, st));
-                int it = 0;
-                for (int r = 0; r < BENCH_REPS; r++) {
-                    cudaEventRecord(e0, st);
-                    for (int b = 0; b < BENCH_BATCH; b++, it++)
-                        CK(msm_cuda_linear(y, x32, pool + (it % nbuf) * welem, NULL, T, N, K, ctx, ws, wsb, st));
-                    cudaEventRecord(e1, st);
-                    cr_assert_eq(cudaEventSynchronize(e1), cudaSuccess);
-                    cudaEventElapsedTime(&ms, e0, e1);
-                    times[r] = ms / BENCH_BATCH;
-                }
-                double t = median(times, BENCH_REPS);
-                double bytes = (double)welem * 2 + (double)T * K * 4 + (double)T * N * 4;
-                double gbs = bytes / (t * 1e6);
-                len += snprintf(buf + len, sizeof buf - len,
-                                "| linear %s | T=%d N=%d K=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n",
-                                gemv == 2 ? "MMV" : gemv ? "GEMV (forced)" : "cuBLASLt", T, N, K, t, bytes / 1e6, gbs,
-                                100.0 * gbs / copy_gbs);
-                cudaFree(ws);
-            }
-        msm_cuda_linear_set_gemv_max_t(0);
-        msm_cuda_linear_set_mmv_range(MSM_CUDA_MMV_MIN_T, MSM_CUDA_MMV_MAX_T);
-        cudaFree(x32);
-        msm_cuda_ctx_free(ctx);
-    }
-    /* attention decode at Qwen1.5-MoE shapes: nh = kvh = 16, hd 128, every sequence at position
-     * 512; the caches rotate over the 1 GiB pool (as the linears' weights do) so they come from
-     * HBM. "split" gives the workspace (flash-decoding with the in-kernel merge), "no ws" not. */
-    {
-        enum { ANH = 16, AHD = 128, ACTX = 513, ATM = 32 };
-        int mb = (ACTX + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK;
-        size_t kv = (size_t)ATM * mb * MSM_KV_BLOCK * ANH * AHD, nbuf = pool_elems / (2 * kv);
-        int32_t *hbt = malloc((size_t)ATM * mb * 4), hseq[ATM], hpos[ATM];
-        for (int i = 0; i < ATM * mb; i++) hbt[i] = i;
-        for (int t = 0; t < ATM; t++) hseq[t] = t, hpos[t] = ACTX - 1;
-        float *hq = host_f32((size_t)ATM * ANH * AHD, 1.0f);
-        int32_t *dbt = dev_up(hbt, (size_t)ATM * mb * 4), *dseq = dev_up(hseq, sizeof hseq),
-                *dpos = dev_up(hpos, sizeof hpos);
-        float *aq = dev_up(hq, (size_t)ATM * ANH * AHD * 4), *ao = dev((size_t)ATM * ANH * AHD * 4);
-        size_t wsb = msm_cuda_attention_ws_bytes(ATM, ANH, AHD);
-        void *ws = dev(wsb);
-        cr_assert_eq(cudaMemset(ws, 0, wsb), cudaSuccess);
-        float sc = 1.0f / sqrtf((float)AHD);
-        static const int aT[] = {1, 8, 32};
-        for (size_t s = 0; s < sizeof aT / sizeof *aT; s++)
-            for (int split = 1; split >= 0; split--) {
-                int T = aT[s];
-                void *w = split ? ws : NULL;
-                size_t wb = split ? wsb : 0;
-                for (int i = 0; i < 3; i++)
-                    CK(msm_cuda_attention_ex(ao, aq, ANH * AHD, pool, pool + kv, dseq, dpos, dbt, mb, T, ANH,
-                                             ANH, AHD, sc, w, wb, st));
-                int it = 0;
-                for (int r = 0; r < BENCH_REPS; r++) {
-                    cudaEventRecord(e0, st);
-                    for (int b = 0; b < BENCH_BATCH; b++, it++) {
-                        uint16_t *kc = pool + (it % nbuf) * 2 * kv;
-                        CK(msm_cuda_attention_ex(ao, aq, ANH * AHD, kc, kc + kv, dseq, dpos, dbt, mb, T, ANH,
-                                                 ANH, AHD, sc, w, wb, st));
-                    }
-                    cudaEventRecord(e1, st);
-                    cr_assert_eq(cudaEventSynchronize(e1), cudaSuccess);
-                    cudaEventElapsedTime(&ms, e0, e1);
-                    times[r] = ms / BENCH_BATCH;
-                }
-                double t = median(times, BENCH_REPS);
-                double bytes = (double)T * ANH * ACTX * AHD * 2 * 2 + (double)T * ANH * AHD * 8;
-                double gbs = bytes / (t * 1e6);
-                len += snprintf(buf + len, sizeof buf - len,
-                                "| attention %s | T=%d nh=kvh=%d hd=%d pos=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n",
-                                split ? "split" : "no ws", T, ANH, AHD, ACTX - 1, t, bytes / 1e6, gbs,
-                                100.0 * gbs / copy_gbs);
-            }
-        cudaFree(dbt), cudaFree(dseq), cudaFree(dpos), cudaFree(aq), cudaFree(ao), cudaFree(ws);
-        free(hbt), free(hq);
-    }
-    cr_assert_eq(cudaGetLastError(), cudaSuccess);
-    printf("%s", buf);
-    fflush(stdout);
-    const char *path = getenv("MSM_CUDA_BENCH_OUT");
-    if (path) {
-        FILE *f = fopen(path, "w");
-        if (f) fputs(buf, f), fclose(f);
-    }
-    cudaFree(c0), cudaFree(x), cudaFree(y);
-}
-
 
 /* QK_NORM in one launch: per-head RMSNorm of the q and k heads, v copied; in place too. */
 Test(cuda_kernels, qk_norm_matches_cpu, .timeout = 60) {
@@ -1061,7 +801,7 @@ Test(cuda_kernels, qk_norm_matches_cpu, .timeout = 60) {
         }
         float *dx = dev_up(x, n * 4), *dout = inplace ? dx : dev_poison(n * 4);
         uint16_t *dwq = dev_up(wq, hd * 2), *dwk = dev_up(wk, hd * 2);
-        CK(msm_cuda_qk_norm(dout, dx, dwq, dwk, T, C, nh, kvh, hd, 1e-6f, 0));
+        CK(msm_cuda_qk_norm(dout, dx, dwq, dwk, T, C, nh, kvh, hd, 1e-6f, EX));
         down(out, dout, n * 4);
         CHECK_ERR(out, ref, n, 1e-5, "qk_norm T=%d nh=%d kvh=%d hd=%d inplace=%d", T, nh, kvh, hd, inplace);
         for (int t = 0; t < T; t++) /* the v heads are copied exactly */
@@ -1089,9 +829,9 @@ Test(cuda_kernels, rope_kv_equals_rope_copy_then_kv_write, .timeout = 60) {
         int32_t *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
         uint16_t *k1 = dev_poison(cache * 2), *v1 = dev_poison(cache * 2), *k2 = dev_poison(cache * 2),
                  *v2 = dev_poison(cache * 2);
-        CK(msm_cuda_rope_copy(o1, dx, dpos, T, C, nh + kvh, hd, 1e6f, 0));
-        CK(msm_cuda_kv_write_ld(k1, v1, o1 + (size_t)nh * hd, o1 + (size_t)(nh + kvh) * hd, (size_t)C, dslot, T, kvh, hd, 0));
-        CK(msm_cuda_rope_kv(o2, dx, dpos, dslot, k2, v2, T, nh, kvh, hd, 1e6f, 0));
+        CK(msm_cuda_rope_copy(o1, dx, dpos, T, C, nh + kvh, hd, 1e6f, EX));
+        CK(msm_cuda_kv_write_ld(k1, v1, o1 + (size_t)nh * hd, o1 + (size_t)(nh + kvh) * hd, (size_t)C, dslot, T, kvh, hd, EX));
+        CK(msm_cuda_rope_kv(o2, dx, dpos, dslot, k2, v2, T, nh, kvh, hd, 1e6f, EX));
         float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
         uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
         down(h1, o1, n * 4), down(h2, o2, n * 4);

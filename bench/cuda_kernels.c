@@ -1,0 +1,328 @@
+/* cuda_kernels: timings of the CUDA kernels at Qwen1.5-MoE-A2.7B shapes on the GPU, as a markdown
+ * table (bytes each kernel must move, GB/s, % of the device-copy ceiling measured in the same
+ * run). A benchmark, never a test: run it by hand on a GPU machine and record the table in
+ * bench/results/ (`bench/cuda_kernels [OUT.md]`; the table is printed and, with OUT.md, written).
+ * Weights and caches rotate over a 1 GiB pool filled on the device, so each launch streams them
+ * from HBM, not L2. Every kernel path is timed through its launcher with the rank tuning
+ * (msm_cuda_tuning) set for that path. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_fill.h"
+#include "msm_cuda_kernels.h"
+#include "msm_kernels.h"
+
+#define CHECK(cond)                                                                               \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            fprintf(stderr, "cuda_kernels: %s failed at %s:%d (%s)\n", #cond, __FILE__, __LINE__, \
+                    cudaGetErrorString(cudaGetLastError()));                                      \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+#define CK(call) CHECK((call) == 0)
+
+static uint64_t rng_state = 0x1234567;
+static uint64_t rnd64(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static float rndu(void) { return (float)(rnd64() >> 40) * (1.0f / 16777216.0f); }
+static int rndi(int n) { return (int)(rnd64() % (uint64_t)n); }
+
+static void *dev(size_t bytes) {
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess);
+    return p;
+}
+static void *dev_up(const void *h, size_t bytes) {
+    void *p = dev(bytes);
+    CHECK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+    return p;
+}
+/* A device buffer of n uniform floats in [-1, 1). */
+static float *dev_f32(size_t n) {
+    float *h = malloc(n * sizeof(float));
+    CHECK(h);
+    for (size_t i = 0; i < n; i++) h[i] = 2.0f * rndu() - 1.0f;
+    float *d = dev_up(h, n * sizeof(float));
+    free(h);
+    return d;
+}
+
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1], v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define BENCH_REPS 15
+#define BENCH_BATCH 20
+
+int main(int argc, char **argv) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        fprintf(stderr, "cuda_kernels: no GPU\n");
+        return 2;
+    }
+    msm_cuda_tuning tune0;
+    CK(msm_cuda_tuning_init(&tune0, 0));
+    static char buf[32768];
+    int len = 0;
+    struct cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+    cudaStream_t st;
+    cudaEvent_t e0, e1;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess);
+    msm_cuda_exec ex = {.stream = st, .tune = &tune0};
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    double times[BENCH_REPS];
+    float ms;
+
+    /* copy ceiling: 1 GiB device-to-device, bytes read + written */
+    size_t cb = (size_t)1 << 30;
+    void *c0 = dev(cb), *c1 = dev(cb);
+    CK(msm_bench_fill_bf16(c0, cb / 2, 1, 1.0f, st));
+    for (int i = 0; i < 3; i++) cudaMemcpyAsync(c1, c0, cb, cudaMemcpyDeviceToDevice, st);
+    for (int r = 0; r < BENCH_REPS; r++) {
+        cudaEventRecord(e0, st);
+        cudaMemcpyAsync(c1, c0, cb, cudaMemcpyDeviceToDevice, st);
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms, e0, e1);
+        times[r] = ms;
+    }
+    double copy_ms = median(times, BENCH_REPS), copy_gbs = 2.0 * cb / (copy_ms * 1e6);
+    cudaFree(c1);
+    len += snprintf(buf + len, sizeof buf - len,
+                    "device: %s, %d SMs; copy ceiling (1 GiB D2D, read+write): %.0f GB/s\n\n"
+                    "| kernel | shape | median ms | bytes moved | GB/s | %% of copy |\n"
+                    "|---|---|---|---|---|---|\n",
+                    prop.name, prop.multiProcessorCount, copy_gbs);
+
+    /* GEMV linears at Qwen1.5-MoE-A2.7B shapes; weights rotate over the 1 GiB pool so each
+     * launch streams them from HBM, not L2 */
+    uint16_t *pool = c0;
+    size_t pool_elems = cb / 2;
+    float *x = dev_f32((size_t)256 * 5632), *y = dev((size_t)256 * 151936 * 4);
+    static const int lin[][3] = {{1, 2048, 2048},  {1, 6144, 2048},  {1, 11264, 2048},
+                                 {1, 60, 2048},    {1, 2048, 5632},  {1, 151936, 2048},
+                                 {8, 2048, 2048},  {8, 11264, 2048}, {8, 151936, 2048}};
+    for (size_t s = 0; s < sizeof lin / sizeof *lin; s++) {
+        int T = lin[s][0], N = lin[s][1], K = lin[s][2];
+        size_t welem = (size_t)N * K, nbuf = pool_elems / welem;
+        if (nbuf < 1) nbuf = 1;
+        for (int i = 0; i < 3; i++) CK(msm_cuda_linear(y, x, pool, NULL, T, N, K, NULL, NULL, 0, ex));
+        int it = 0;
+        for (int r = 0; r < BENCH_REPS; r++) {
+            cudaEventRecord(e0, st);
+            for (int b = 0; b < BENCH_BATCH; b++, it++)
+                CK(msm_cuda_linear(y, x, pool + (it % nbuf) * welem, NULL, T, N, K, NULL, NULL, 0, ex));
+            cudaEventRecord(e1, st);
+            CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+            cudaEventElapsedTime(&ms, e0, e1);
+            times[r] = ms / BENCH_BATCH;
+        }
+        double t = median(times, BENCH_REPS);
+        double bytes = (double)welem * 2 + (double)T * K * 4 + (double)T * N * 4;
+        double gbs = bytes / (t * 1e6);
+        len += snprintf(buf + len, sizeof buf - len,
+                        "| linear GEMV | T=%d N=%d K=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n", T, N,
+                        K, t, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
+    }
+
+    /* moe_experts at T = 1..64, Qwen1.5-MoE: E=60, k=4, I=1408, H=2048; 64 routing sets */
+    {
+        int E = 60, k = 4, I = 1408, H = 2048, NSET = 64;
+        size_t gun = (size_t)E * 2 * I * H, dnn = (size_t)E * H * I;
+        uint16_t *gu = dev(gun * 2), *dn = dev(dnn * 2);
+        CK(msm_bench_fill_bf16(gu, gun, 2, 0.02f, st));
+        CK(msm_bench_fill_bf16(dn, dnn, 3, 0.02f, st));
+        /* {T, path, kernel variants}: the defaults, then the variants of the grouped path */
+        enum { PR = MSM_CUDA_MOE_PATH_PAIR, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV,
+               WM = MSM_CUDA_MOE_PATH_WMMA, SIMT = MSM_CUDA_MOE_K_SIMT, MMA = MSM_CUDA_MOE_K_MMA,
+               NP = MSM_CUDA_MOE_K_NO_PREFETCH };
+        static const int Ts[][3] = {{1, 0, 0},        {2, 0, 0},        {4, 0, 0},   {4, GG, 0},
+                                    {8, 0, 0},        {8, PR, 0},       {16, 0, 0},  {16, 0, MMA},
+                                    {32, 0, 0},       {32, 0, MMA},     {32, WM, 0}, {48, 0, 0},
+                                    {48, 0, SIMT},    {64, 0, 0},       {64, 0, SIMT}, {64, 0, NP},
+                                    {64, WM, 0},      {128, 0, 0},      {128, GG, 0},
+                                    {256, 0, 0},      {256, GG, 0}};
+        static const char *pname[] = {"auto", "pair", "grouped_gemv", "wmma"};
+        static const char *kname[] = {"", " simt", " mma", "", " no_prefetch"};
+        for (size_t s = 0; s < sizeof Ts / sizeof *Ts; s++) {
+            int T = Ts[s][0];
+            msm_cuda_tuning tm = tune0;
+            tm.moe_path = Ts[s][1];
+            tm.moe_kernels = Ts[s][2];
+            msm_cuda_exec exm = {.stream = st, .tune = &tm};
+            int32_t *hid = malloc((size_t)NSET * T * k * 4);
+            float *hw = malloc((size_t)NSET * T * k * 4);
+            double uniq_sum = 0;
+            for (int q = 0; q < NSET; q++) {
+                bool used[60] = {0};
+                for (int t = 0; t < T; t++)
+                    for (int j = 0; j < k; j++) {
+                        int e;
+                        bool dup;
+                        do {
+                            e = rndi(E);
+                            dup = false;
+                            for (int z = 0; z < j; z++) dup |= hid[((size_t)q * T + t) * k + z] == e;
+                        } while (dup);
+                        hid[((size_t)q * T + t) * k + j] = e;
+                        hw[((size_t)q * T + t) * k + j] = 0.25f;
+                        if (!used[e]) used[e] = true, uniq_sum += 1;
+                    }
+            }
+            int32_t *did = dev_up(hid, (size_t)NSET * T * k * 4);
+            float *dw = dev_up(hw, (size_t)NSET * T * k * 4);
+            size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
+            void *ws = dev(wsb);
+            for (int i = 0; i < 3; i++)
+                CK(msm_cuda_moe_experts(y, x, did, dw, gu, dn, T, H, I, k, E, ws, wsb, exm));
+            int it = 0;
+            for (int r = 0; r < BENCH_REPS; r++) {
+                cudaEventRecord(e0, st);
+                for (int b = 0; b < BENCH_BATCH; b++, it++) {
+                    size_t o = (size_t)(it % NSET) * T * k;
+                    CK(msm_cuda_moe_experts(y, x, did + o, dw + o, gu, dn, T, H, I, k, E, ws, wsb, exm));
+                }
+                cudaEventRecord(e1, st);
+                CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+                cudaEventElapsedTime(&ms, e0, e1);
+                times[r] = ms / BENCH_BATCH;
+            }
+            double t = median(times, BENCH_REPS);
+            /* bytes the kernel must move: each distinct selected expert's weights once (the
+             * GEMV path re-reads an expert shared by several tokens; L2 may absorb that) */
+            double per_expert = 3.0 * I * H * 2, uniq = uniq_sum / NSET;
+            double bytes = uniq * per_expert + (double)T * H * 8;
+            double gbs = bytes / (t * 1e6);
+            len += snprintf(buf + len, sizeof buf - len,
+                            "| moe_experts %s%s | T=%d E=60 k=4 I=1408 H=2048 (%.1f distinct experts) | "
+                            "%.4f | %.1f MB | %.0f | %.0f%% |\n",
+                            pname[Ts[s][1]], kname[Ts[s][2]], T, uniq, t, bytes / 1e6, gbs,
+                            100.0 * gbs / copy_gbs);
+            cudaFree(did), cudaFree(dw), cudaFree(ws);
+            free(hid), free(hw);
+        }
+        cudaFree(gu), cudaFree(dn);
+    }
+
+    /* T=32 linears: the GEMV kernel (forced) vs cuBLASLt */
+    {
+        msm_cuda_ctx *ctx;
+        CK(msm_cuda_ctx_new(&ctx));
+        static const int l32[][3] = {{32, 6144, 2048}, {32, 2048, 2048}, {32, 11264, 2048}, {32, 2048, 5632}};
+        float *x32 = dev_f32((size_t)32 * 5632);
+        for (int gemv = 0; gemv < 3; gemv++) /* 0 cuBLASLt, 1 GEMV forced, 2 MMV */
+            for (size_t s = 0; s < sizeof l32 / sizeof *l32; s++) {
+                int T = l32[s][0], N = l32[s][1], K = l32[s][2];
+                msm_cuda_tuning tl = tune0;
+                tl.gemv_max_t = gemv == 1 ? 64 : MSM_CUDA_GEMV_MAX_T;
+                tl.mmv_min_t = 1, tl.mmv_max_t = gemv == 2 ? 64 : 0;
+                msm_cuda_exec exl = {.stream = st, .tune = &tl};
+                size_t wsb = msm_cuda_linear_ws_bytes(T, N, K);
+                void *ws = dev(wsb ? wsb : 256);
+                size_t welem = (size_t)N * K, nbuf = pool_elems / welem;
+                for (int i = 0; i < 3; i++) CK(msm_cuda_linear(y, x32, pool, NULL, T, N, K, ctx, ws, wsb, exl));
+                int it = 0;
+                for (int r = 0; r < BENCH_REPS; r++) {
+                    cudaEventRecord(e0, st);
+                    for (int b = 0; b < BENCH_BATCH; b++, it++)
+                        CK(msm_cuda_linear(y, x32, pool + (it % nbuf) * welem, NULL, T, N, K, ctx, ws, wsb, exl));
+                    cudaEventRecord(e1, st);
+                    CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    times[r] = ms / BENCH_BATCH;
+                }
+                double t = median(times, BENCH_REPS);
+                double bytes = (double)welem * 2 + (double)T * K * 4 + (double)T * N * 4;
+                double gbs = bytes / (t * 1e6);
+                len += snprintf(buf + len, sizeof buf - len,
+                                "| linear %s | T=%d N=%d K=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n",
+                                gemv == 2 ? "MMV" : gemv ? "GEMV (forced)" : "cuBLASLt", T, N, K, t, bytes / 1e6, gbs,
+                                100.0 * gbs / copy_gbs);
+                cudaFree(ws);
+            }
+        cudaFree(x32);
+        msm_cuda_ctx_free(ctx);
+    }
+    /* attention decode at Qwen1.5-MoE shapes: nh = kvh = 16, hd 128, every sequence at position
+     * 512; the caches rotate over the 1 GiB pool (as the linears' weights do) so they come from
+     * HBM. "split" gives the workspace (flash-decoding with the in-kernel merge), "no ws" not. */
+    {
+        enum { ANH = 16, AHD = 128, ACTX = 513, ATM = 32 };
+        int mb = (ACTX + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK;
+        size_t kv = (size_t)ATM * mb * MSM_KV_BLOCK * ANH * AHD, nbuf = pool_elems / (2 * kv);
+        int32_t *hbt = malloc((size_t)ATM * mb * 4), hseq[ATM], hpos[ATM];
+        for (int i = 0; i < ATM * mb; i++) hbt[i] = i;
+        for (int t = 0; t < ATM; t++) hseq[t] = t, hpos[t] = ACTX - 1;
+        float *aq = dev_f32((size_t)ATM * ANH * AHD), *ao = dev((size_t)ATM * ANH * AHD * 4);
+        int32_t *dbt = dev_up(hbt, (size_t)ATM * mb * 4), *dseq = dev_up(hseq, sizeof hseq),
+                *dpos = dev_up(hpos, sizeof hpos);
+        size_t wsb = msm_cuda_attention_ws_bytes(ATM, ANH, AHD);
+        void *ws = dev(wsb);
+        CHECK(cudaMemset(ws, 0, wsb) == cudaSuccess);
+        float sc = 1.0f / sqrtf((float)AHD);
+        static const int aT[] = {1, 8, 32};
+        for (size_t s = 0; s < sizeof aT / sizeof *aT; s++)
+            for (int split = 1; split >= 0; split--) {
+                int T = aT[s];
+                void *w = split ? ws : NULL;
+                size_t wb = split ? wsb : 0;
+                for (int i = 0; i < 3; i++)
+                    CK(msm_cuda_attention_ex(ao, aq, ANH * AHD, pool, pool + kv, dseq, dpos, dbt, mb, T, ANH,
+                                             ANH, AHD, sc, w, wb, ex));
+                int it = 0;
+                for (int r = 0; r < BENCH_REPS; r++) {
+                    cudaEventRecord(e0, st);
+                    for (int b = 0; b < BENCH_BATCH; b++, it++) {
+                        uint16_t *kc = pool + (it % nbuf) * 2 * kv;
+                        CK(msm_cuda_attention_ex(ao, aq, ANH * AHD, kc, kc + kv, dseq, dpos, dbt, mb, T, ANH,
+                                                 ANH, AHD, sc, w, wb, ex));
+                    }
+                    cudaEventRecord(e1, st);
+                    CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    times[r] = ms / BENCH_BATCH;
+                }
+                double t = median(times, BENCH_REPS);
+                double bytes = (double)T * ANH * ACTX * AHD * 2 * 2 + (double)T * ANH * AHD * 8;
+                double gbs = bytes / (t * 1e6);
+                len += snprintf(buf + len, sizeof buf - len,
+                                "| attention %s | T=%d nh=kvh=%d hd=%d pos=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n",
+                                split ? "split" : "no ws", T, ANH, AHD, ACTX - 1, t, bytes / 1e6, gbs,
+                                100.0 * gbs / copy_gbs);
+            }
+        cudaFree(dbt), cudaFree(dseq), cudaFree(dpos), cudaFree(aq), cudaFree(ao), cudaFree(ws);
+        free(hbt);
+    }
+    CHECK(cudaGetLastError() == cudaSuccess);
+    printf("%s", buf);
+    fflush(stdout);
+    if (argc > 1) {
+        FILE *f = fopen(argv[1], "w");
+        if (!f) {
+            perror(argv[1]);
+            return 1;
+        }
+        fputs(buf, f);
+        fclose(f);
+    }
+    cudaFree(c0), cudaFree(x), cudaFree(y);
+    return 0;
+}
+
+

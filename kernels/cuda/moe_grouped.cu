@@ -1,0 +1,397 @@
+/* moe_grouped.cu: the routed experts at medium T (up to MSM_CUDA_MOE_GROUPED_GEMV_MAX_T), after
+ * moe.cu has grouped the (token, slot) pairs by expert: gate/up and down GEMVs that stream each
+ * selected expert's rows once for all of its tokens, the down GEMV writing one f32 row per pair
+ * (combined by moe.cu). Two kinds:
+ *   - SIMT (T < MOE_MMA_MIN_T): block (row chunk, expert), fp32 FMAs on the exact bf16 weights,
+ *     up to 4 tokens a pass.
+ *   - tensor-core ("MMA", T >= MOE_MMA_MIN_T): a warp owns 16 weight rows (rows g and g+8 of
+ *     m16n8k16's A) and 8 tokens (n8); lane (g = lane/4, q = lane%4) streams
+ *     W[row][32c + 8q .. +8] of rows g and g+8 with 16-byte loads, which feed two k16 MMAs under
+ *     a fixed permutation of k inside each 32-wide chunk (logical k 2q+j -> 8q+j, 2q+8+j ->
+ *     8q+2+j, +4 for the second MMA); the B fragment reads x of token g at the same physical k.
+ *     x is split as bf16 hi + bf16 lo (x - hi), so the products carry ~16 mantissa bits of x (as
+ *     the MMV linear): near-fp32, within the GEMV tolerance of the CPU oracle. The 4 warps of a
+ *     block split K and sum their partials in warp order (deterministic). Its cost per weight
+ *     byte does not grow with the tokens an expert has (up to 16 a pass), so it pulls ahead once
+ *     experts have ~4 tokens or more. The grids are persistent (the blocks the GPU holds, each
+ *     looping over (expert, row chunk) items), so there is no partial last wave. */
+#include "moe_internal.h"
+
+#include <errno.h>
+
+#define MOE_WARPS 4
+
+/* The tensor-core GEMVs from this many tokens on (measured on the H200 at the Qwen1.5-MoE
+ * shapes, whole call: SIMT ahead up to T = 32, e.g. 261 us against 292; MMA at T = 48, 322
+ * against 331, and T = 64, 337 against 404). */
+#define MOE_MMA_MIN_T 48
+#define MMA_NW 4     /* warps of a tensor-core GEMV block, splitting K */
+#define MMA_U 4      /* 32-wide K chunks in flight per warp: 2 * MMA_U 16-byte loads a lane */
+#define MMA_NT 2     /* 8-token tiles a pass */
+#define MMA_MINB 5   /* blocks an SM should hold: caps the registers at 96 a thread */
+#define DOWN_ROWS 16 /* rows of a down MMA item */
+
+/* ---- medium T, SIMT: grouped GEMVs (fp32 FMAs) ----
+ * After moe_group_kernel, block (row chunk, e) streams its rows of expert e once and dots every
+ * one with all the grouped rows (token copies) routed to e, GG_NT tokens per pass (a later pass
+ * re-reads the rows, mostly from L2). fp32 math on the exact bf16 weights and f32 activations,
+ * like the CPU oracle; act and the per-pair down rows stay f32. The gate/up kernel triggers its
+ * dependants only after its wait (see moe_down_mma_kernel).
+ * GG_NT = 4: the fp32 partials per token are what limits the blocks an SM holds (gate/up: 166
+ * registers a thread at 8 tokens, 96 at 4), and an expert mostly has 1-4 tokens up to T = 32;
+ * measured on the H200 at the Qwen1.5-MoE shapes, 4 against 8 (2): T = 8 112 us against 127
+ * (113), T = 16 173 against 198 (184), T = 32 261 against 300 (303). */
+#define GG_NT 4
+#define GG_U 2
+
+template <int R, bool VEC>
+static __global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_gateup_grouped_gemv_kernel(moe_ws ws, const float *x, const uint16_t *gate_up, int H,
+                                   int I, int k) {
+    msm_pdl_wait();
+    msm_pdl_trigger();
+    int e = blockIdx.y;
+    int g0 = ws.expert_off[e], g1 = ws.expert_off[e + 1];
+    if (g0 >= g1) return;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int i0 = (blockIdx.x * MOE_WARPS + warp) * R;
+    if (i0 >= I) return;
+    float *act = (float *)ws.act;
+    const uint16_t *ge = gate_up + (size_t)e * 2 * I * H;
+    const uint16_t *wr[2 * R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        int i = min(i0 + r, I - 1); /* rows past I duplicate the last one; never stored */
+        wr[r] = ge + (size_t)i * H;
+        wr[R + r] = ge + (size_t)(I + i) * H;
+    }
+    for (int gb = g0; gb < g1; gb += GG_NT) {
+        int nt = min(GG_NT, g1 - gb);
+        const float *xs[GG_NT];
+#pragma unroll
+        for (int t = 0; t < GG_NT; t++) xs[t] = x + (size_t)(ws.perm[gb + min(t, nt - 1)] / k) * H;
+        float acc[2 * R][GG_NT];
+#pragma unroll
+        for (int r = 0; r < 2 * R; r++)
+#pragma unroll
+            for (int t = 0; t < GG_NT; t++) acc[r][t] = 0.0f;
+        msm_rows_dot<2 * R, GG_NT, GG_U, VEC>(acc, wr, xs, nt, H, lane);
+        /* only the nt live token columns are reduced (nt is warp-uniform; an expert mostly has
+         * 1-3 tokens at T=32, so reducing all GG_NT cost as much as the loads) */
+#pragma unroll
+        for (int t = 0; t < GG_NT; t++) {
+            if (t >= nt) break;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float g = msm_warp_sum(acc[r][t]), u = msm_warp_sum(acc[R + r][t]);
+                if (lane == 0 && i0 + r < I) act[(size_t)(gb + t) * I + i0 + r] = g / (1.0f + expf(-g)) * u;
+            }
+        }
+    }
+}
+
+/* outp[g, h] = dot(down_e[h, :], act[g, :]) for the grouped rows g of expert e. */
+template <int R, bool VEC>
+static __global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_down_grouped_gemv_kernel(moe_ws ws, const uint16_t *down, int H, int I) {
+    msm_pdl_wait();
+    msm_pdl_trigger();
+    int e = blockIdx.y;
+    int g0 = ws.expert_off[e], g1 = ws.expert_off[e + 1];
+    if (g0 >= g1) return;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int h0 = (blockIdx.x * MOE_WARPS + warp) * R;
+    if (h0 >= H) return;
+    const float *act = (const float *)ws.act;
+    const uint16_t *de = down + (size_t)e * H * I;
+    const uint16_t *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = de + (size_t)min(h0 + r, H - 1) * I;
+    for (int gb = g0; gb < g1; gb += GG_NT) {
+        int nt = min(GG_NT, g1 - gb);
+        const float *xs[GG_NT];
+#pragma unroll
+        for (int t = 0; t < GG_NT; t++) xs[t] = act + (size_t)(gb + min(t, nt - 1)) * I;
+        float acc[R][GG_NT];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < GG_NT; t++) acc[r][t] = 0.0f;
+        msm_rows_dot<R, GG_NT, GG_U, VEC>(acc, wr, xs, nt, I, lane);
+#pragma unroll
+        for (int t = 0; t < GG_NT; t++) {
+            if (t >= nt) break;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float d = msm_warp_sum(acc[r][t]);
+                if (lane == 0 && h0 + r < H) ws.outp[(size_t)(gb + t) * H + h0 + r] = d;
+            }
+        }
+    }
+}
+
+/* ---- medium T, tensor cores: grouped MMA GEMVs ---- */
+
+/* ch += W[16 rows, 32-chunk] . Xhi[32-chunk, 8 tokens], cl += the same with Xlo, for this lane's
+ * share: wa, wb = 8 weights of rows g and g+8 at physical k 8q..8q+7 of the chunk, xa, xb = x of
+ * token g at the same k. Two accumulators halve the chain of dependent MMAs. */
+static __device__ __forceinline__ void mma_chunk(float ch[4], float cl[4], uint4 wa, uint4 wb,
+                                                 float4 xa, float4 xb) {
+    uint32_t h0, l0, h1, l1, h2, l2, h3, l3;
+    msm_split_bf16x2(xa.x, xa.y, h0, l0);
+    msm_split_bf16x2(xa.z, xa.w, h1, l1);
+    msm_split_bf16x2(xb.x, xb.y, h2, l2);
+    msm_split_bf16x2(xb.z, xb.w, h3, l3);
+    msm_mma_bf16(ch, wa.x, wb.x, wa.y, wb.y, h0, h1);
+    msm_mma_bf16(cl, wa.x, wb.x, wa.y, wb.y, l0, l1);
+    msm_mma_bf16(ch, wa.z, wb.z, wa.w, wb.w, h2, h3);
+    msm_mma_bf16(cl, wa.z, wb.z, wa.w, wb.w, l2, l3);
+}
+
+/* acc = this warp's K share (a contiguous run of 32-wide chunks, K split over NW warps) of rows
+ * wa_row (g) and wb_row (g+8) against up to NT tiles of 8 tokens (xr[t]: token t*8+g's row,
+ * NULL past the last token; only the first ntile tiles, a warp-uniform count, are live).
+ * K % 8 == 0; rows and xr 16-byte aligned. All 2*U weight loads of a step are issued before
+ * any is used. (Interleaving the warps' chunks, so a block step reads 1 KB of each row, measured
+ * 10% slower on the H200.) */
+template <int NW, int U, int NT>
+static __device__ __forceinline__ void mma_rows(float acc[NT][4], const uint16_t *wa_row,
+                                                const uint16_t *wb_row, const float *const xr[NT],
+                                                int ntile, int K, int warp, int q) {
+    float lo[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[t][i] = lo[t][i] = 0.0f;
+    int nch = (K + 31) / 32, per = (nch + NW - 1) / NW;
+    int c0 = warp * per, c1 = min(nch, c0 + per);
+    for (int c = c0; c < c1; c += U) {
+        uint4 wa[U], wb[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int kk = (c + u) * 32 + q * 8;
+            bool ok = c + u < c1 && kk < K;
+            wa[u] = ok ? msm_ld_stream16(wa_row + kk) : make_uint4(0, 0, 0, 0);
+            wb[u] = ok ? msm_ld_stream16(wb_row + kk) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (c + u >= c1) break;
+            int kk = (c + u) * 32 + q * 8;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= ntile) break;
+                float4 xa = make_float4(0, 0, 0, 0), xb = xa;
+                if (xr[t] && kk < K) {
+                    const float4 *p = (const float4 *)(xr[t] + kk);
+                    xa = p[0], xb = p[1];
+                }
+                mma_chunk(acc[t], lo[t], wa[u], wb[u], xa, xb);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[t][i] += lo[t][i];
+}
+
+/* Warp 0's acc += the other warps' partials, in warp order (deterministic). Block-wide. */
+template <int NW, int NT>
+static __device__ __forceinline__ void mma_reduce(float acc[NT][4], float4 (*red)[NT][32],
+                                                  int ntile, int warp, int lane) {
+    if (warp > 0)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (t < ntile) red[warp - 1][t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+    __syncthreads();
+    if (warp == 0)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= ntile) break;
+#pragma unroll
+            for (int w = 1; w < NW; w++) {
+                float4 v = red[w - 1][t][lane];
+                acc[t][0] += v.x, acc[t][1] += v.y, acc[t][2] += v.z, acc[t][3] += v.w;
+            }
+        }
+}
+
+/* Gate/up + SwiGLU, persistent: block b runs items b, b + gridDim.x, ... of n_sel * nchunk,
+ * item = (s-th selected expert, 8 columns from i0). Rows g / g+8 of the MMA are the gate row
+ * and the up row of column i0+g, so warp 0 ends holding matching gate and up sums: c0/c2 for
+ * token 2q, c1/c3 for token 2q+1. The next item's descriptor is loaded while the current one
+ * streams. Waits, then triggers (see moe_down_mma_kernel). */
+template <int NW, int U, int NT>
+static __global__ void __launch_bounds__(NW * 32, MMA_MINB)
+    moe_gateup_mma_kernel(moe_ws ws, const float *x, const uint16_t *gate_up, int H, int I, int k) {
+    __shared__ float4 red[NW - 1][NT][32];
+    msm_pdl_wait();
+    msm_pdl_trigger();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int nchunk = (I + 7) / 8, n_items = *ws.n_sel * nchunk;
+    float *act = (float *)ws.act;
+    int it = blockIdx.x;
+    int4 cur = it < n_items ? ws.items[it / nchunk] : make_int4(0, 0, 0, 0);
+    for (; it < n_items; it += gridDim.x) {
+        int nx = it + gridDim.x;
+        int4 nxt = nx < n_items ? ws.items[nx / nchunk] : make_int4(0, 0, 0, 0);
+        int e = cur.x, r0 = cur.y, r1 = cur.z;
+        cur = nxt;
+        int i0 = (it % nchunk) * 8, i = min(i0 + g, I - 1); /* columns past I: never stored */
+        const uint16_t *ge = gate_up + (size_t)e * 2 * I * H;
+        for (int rb = r0; rb < r1; rb += NT * 8) {
+            int ntile = min(NT, (r1 - rb + 7) >> 3);
+            const float *xr[NT];
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                int r = rb + t * 8 + g;
+                xr[t] = r < r1 ? x + (size_t)(ws.perm[r] / k) * H : NULL;
+            }
+            float acc[NT][4];
+            mma_rows<NW, U, NT>(acc, ge + (size_t)i * H, ge + (size_t)(I + i) * H, xr, ntile, H, warp, q);
+            mma_reduce<NW, NT>(acc, red, ntile, warp, lane);
+            if (warp == 0 && i0 + g < I)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= ntile) break;
+                    int ra = rb + t * 8 + 2 * q;
+                    if (ra < r1) act[(size_t)ra * I + i0 + g] = msm__silu_mul(acc[t][0], acc[t][2]);
+                    if (ra + 1 < r1) act[(size_t)(ra + 1) * I + i0 + g] = msm__silu_mul(acc[t][1], acc[t][3]);
+                }
+            __syncthreads(); /* red is reused by the next pass or item */
+        }
+    }
+}
+
+/* Down, persistent like the gate/up kernel: item = (s-th selected expert, 16 rows from h0)
+ * writes outp[r, h] for the expert's grouped rows r. The one read ahead of a PDL wait in this
+ * file: the item table was complete before the gate/up kernel passed its wait, and that kernel
+ * triggers only after its wait, so before this grid can start. A block therefore reads its first
+ * item (through L2, never a stale L1 line) and pulls that item's weight rows into L2 while
+ * gate/up still runs; it writes nothing before the wait. */
+template <int NW, int U, int NT>
+static __global__ void __launch_bounds__(NW * 32, MMA_MINB)
+    moe_down_mma_kernel(moe_ws ws, const uint16_t *down, int H, int I, bool prefetch) {
+    __shared__ float4 red[NW - 1][NT][32];
+    msm_pdl_trigger();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int nchunk = (H + DOWN_ROWS - 1) / DOWN_ROWS, n_items = __ldcg(ws.n_sel) * nchunk;
+    int it = blockIdx.x;
+    if (it >= n_items) { /* still wait: this grid's completion must imply its predecessors' */
+        msm_pdl_wait();
+        return;
+    }
+    int4 cur = __ldcg(ws.items + it / nchunk);
+    if (prefetch) { /* the item's rows are contiguous */
+        int h0 = (it % nchunk) * DOWN_ROWS;
+        uintptr_t a = (uintptr_t)(down + ((size_t)cur.x * H + h0) * I) & ~(uintptr_t)127;
+        uintptr_t end = (uintptr_t)(down + ((size_t)cur.x * H + min(h0 + DOWN_ROWS, H)) * I);
+        for (a += (uintptr_t)threadIdx.x * 128; a < end; a += NW * 32 * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    }
+    msm_pdl_wait();
+    const float *act = (const float *)ws.act;
+    for (; it < n_items; it += gridDim.x) {
+        int nx = it + gridDim.x;
+        int4 nxt = nx < n_items ? ws.items[nx / nchunk] : make_int4(0, 0, 0, 0);
+        int e = cur.x, r0 = cur.y, r1 = cur.z;
+        cur = nxt;
+        int h0 = (it % nchunk) * DOWN_ROWS, ha = h0 + g, hb = h0 + 8 + g;
+        const uint16_t *de = down + (size_t)e * H * I;
+        for (int rb = r0; rb < r1; rb += NT * 8) {
+            int ntile = min(NT, (r1 - rb + 7) >> 3);
+            const float *xr[NT];
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                int r = rb + t * 8 + g;
+                xr[t] = r < r1 ? act + (size_t)r * I : NULL;
+            }
+            float acc[NT][4];
+            mma_rows<NW, U, NT>(acc, de + (size_t)min(ha, H - 1) * I, de + (size_t)min(hb, H - 1) * I,
+                                xr, ntile, I, warp, q);
+            mma_reduce<NW, NT>(acc, red, ntile, warp, lane);
+            if (warp == 0)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= ntile) break;
+                    int ra = rb + t * 8 + 2 * q;
+                    if (ra < r1) {
+                        if (ha < H) ws.outp[(size_t)ra * H + ha] = acc[t][0];
+                        if (hb < H) ws.outp[(size_t)ra * H + hb] = acc[t][2];
+                    }
+                    if (ra + 1 < r1) {
+                        if (ha < H) ws.outp[(size_t)(ra + 1) * H + ha] = acc[t][1];
+                        if (hb < H) ws.outp[(size_t)(ra + 1) * H + hb] = acc[t][3];
+                    }
+                }
+            __syncthreads();
+        }
+    }
+}
+
+static cudaError_t grouped_simt_launch(const moe_ws &ws, const float *x, const uint16_t *gate_up,
+                                       const uint16_t *down, bool vec_h, bool vec_i, bool gateup,
+                                       int H, int I, int k, int E, msm_cuda_exec ex) {
+    constexpr int RG = 2, RD = 4;
+    dim3 blk(MOE_WARPS * 32);
+    if (gateup) {
+        dim3 ga((unsigned)((I + MOE_WARPS * RG - 1) / (MOE_WARPS * RG)), (unsigned)E);
+        if (vec_h)
+            return msm_launch(moe_gateup_grouped_gemv_kernel<RG, true>, ga, blk, 0, ex, ws, x,
+                              gate_up, H, I, k);
+        return msm_launch(moe_gateup_grouped_gemv_kernel<RG, false>, ga, blk, 0, ex, ws, x,
+                          gate_up, H, I, k);
+    }
+    dim3 gd((unsigned)((H + MOE_WARPS * RD - 1) / (MOE_WARPS * RD)), (unsigned)E);
+    if (vec_i)
+        return msm_launch(moe_down_grouped_gemv_kernel<RD, true>, gd, blk, 0, ex, ws, down, H, I);
+    return msm_launch(moe_down_grouped_gemv_kernel<RD, false>, gd, blk, 0, ex, ws, down, H, I);
+}
+
+/* Resident blocks an SM holds of a kernel with MMA_NW warps (1 if the query fails). */
+template <typename Kernel>
+static int blocks_per_sm(Kernel kernel) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, MMA_NW * 32, 0) != cudaSuccess)
+        n = 1;
+    return n < 1 ? 1 : n;
+}
+
+/* Blocks of a persistent kernel: what the GPU holds resident, at most `items`. */
+static unsigned persistent_grid(int sms, int per_sm, size_t items) {
+    size_t cap = (size_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+    return (unsigned)(items < cap ? (items ? items : 1) : cap);
+}
+
+/* The occupancy fields of the MoE kernels, for msm_cuda_tuning_init. */
+void msm__moe_tuning(msm_cuda_tuning *t) {
+    t->moe_gateup_mma_per_sm = blocks_per_sm(moe_gateup_mma_kernel<MMA_NW, MMA_U, MMA_NT>);
+    t->moe_down_mma_per_sm = blocks_per_sm(moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT>);
+}
+
+int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
+                         const uint16_t *down, int T, int H, int I, int k, int E, bool vec_h,
+                         bool vec_i, msm_cuda_exec ex) {
+    const msm_cuda_tuning *tn = ex.tune;
+    int kf = tn->moe_kernels;
+    size_t P = (size_t)T * k;
+    bool mma = !(kf & MSM_CUDA_MOE_K_SIMT) && (T >= MOE_MMA_MIN_T || (kf & MSM_CUDA_MOE_K_MMA));
+    size_t max_sel = P < (size_t)E ? P : (size_t)E;
+    if (mma && vec_h) {
+        auto kern = moe_gateup_mma_kernel<MMA_NW, MMA_U, MMA_NT>;
+        unsigned grid = persistent_grid(tn->sms, tn->moe_gateup_mma_per_sm, max_sel * ((I + 7) / 8));
+        CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, x, gate_up, H, I, k));
+    } else {
+        CUDA_TRY(grouped_simt_launch(ws, x, gate_up, down, vec_h, vec_i, true, H, I, k, E, ex));
+    }
+    if (mma && vec_i) {
+        auto kern = moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT>;
+        unsigned grid = persistent_grid(tn->sms, tn->moe_down_mma_per_sm, max_sel * ((H + DOWN_ROWS - 1) / DOWN_ROWS));
+        CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, down, H, I,
+                            !(kf & MSM_CUDA_MOE_K_NO_PREFETCH)));
+    } else {
+        CUDA_TRY(grouped_simt_launch(ws, x, gate_up, down, vec_h, vec_i, false, H, I, k, E, ex));
+    }
+    return 0;
+}

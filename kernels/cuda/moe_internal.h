@@ -1,0 +1,51 @@
+/* moe_internal: what the MoE files of kernels/cuda share (not a public header). The routed
+ * experts are one launcher, msm_cuda_moe_experts (moe.cu), which groups the (token, slot) pairs
+ * by expert when the path needs it and calls one path's runner:
+ *   moe_pair.cu     small T: per-(token, slot) fp32 GEMVs
+ *   moe_grouped.cu  medium T: grouped GEMVs, fp32 SIMT or tensor-core (bf16 hi + lo x)
+ *   moe_gemm.cu     large T: grouped WMMA GEMMs (bf16 x and activations)
+ * See moe.cu for the whole design. */
+#ifndef MSM_MOE_INTERNAL_H
+#define MSM_MOE_INTERNAL_H
+
+#include "msm_cuda.h"
+#include "msm_cuda_kernels.h"
+
+#define G_BM 64 /* rows of a WMMA tile (also counted by the group kernel) */
+
+/* The workspace of one call, carved by msm__moe_ws_layout. */
+typedef struct moe_ws {
+    int32_t *expert_off; /* [E+1] first grouped row of each expert */
+    int32_t *tile_off;   /* [E+1] first 64-row tile of each expert; tile_off[E] = tiles */
+    int4 *items;         /* [E] {e, first, end grouped row} of the s-th selected expert (e
+                          * ascending), for s < n_sel */
+    int32_t *n_sel;      /* [1] how many experts have pairs */
+    int32_t *perm;       /* [P] grouped row -> pair */
+    int32_t *inv;        /* [P] pair -> grouped row (-1: invalid expert id) */
+    uint16_t *act;       /* [P, I] bf16 silu(g)*u, grouped order (GEMV paths: f32 [P, I]) */
+    float *outp;         /* [P, H] per-pair down output, grouped order */
+} moe_ws;
+
+/* silu(g) * u with the CPU oracle's formula. */
+static __device__ __forceinline__ float msm__silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
+/* Small T (moe_pair.cu): act (f32 [T*k, I]) then y directly. vec_h / vec_i: 16-byte loads of
+ * the gate/up and down rows are possible. */
+int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w,
+                      const uint16_t *gate_up, const uint16_t *down, float *act, int T, int H,
+                      int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex);
+
+/* Medium T (moe_grouped.cu), after the grouping: act and outp in ws, grouped order. */
+int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
+                         const uint16_t *down, int T, int H, int I, int k, int E, bool vec_h,
+                         bool vec_i, msm_cuda_exec ex);
+
+/* Large T (moe_gemm.cu), after the grouping: act (bf16) and outp in ws. H, I multiples of
+ * G_BK (msm__moe_gemm_fits). */
+bool msm__moe_gemm_fits(int H, int I);
+int msm__moe_gemm_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
+                      const uint16_t *down, int T, int H, int I, int k, int E, msm_cuda_exec ex);
+
+#endif

@@ -1,0 +1,25 @@
+/* tuning.cu: msm_cuda_tuning_init, the per-rank defaults of every launcher's choices (kernel
+ * paths, thresholds, programmatic dependent launch) and the GPU facts they size grids by
+ * (multiprocessors, the occupancy of the persistent and wave-sized kernels). The backend calls it
+ * once per rank, on that rank's device, then applies its configuration; nothing here is global. */
+#include "msm_cuda.h"
+#include "msm_cuda_kernels.h"
+
+#include <errno.h>
+#include <string.h>
+
+extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
+    memset(t, 0, sizeof *t);
+    t->device = device;
+    t->pdl = true;
+    t->gemv_max_t = MSM_CUDA_GEMV_MAX_T;
+    t->mmv_min_t = MSM_CUDA_MMV_MIN_T;
+    t->mmv_max_t = MSM_CUDA_MMV_MAX_T;
+    t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;
+    t->moe_path = MSM_CUDA_MOE_PATH_AUTO;
+    CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
+    if (t->sms < 1) return -ENODEV;
+    msm__moe_tuning(t);
+    msm__attention_tuning(t);
+    return 0;
+}
