@@ -151,15 +151,17 @@ int main(int argc, char **argv) {
         /* {T, path, kernel variants}: the defaults, then the variants of the grouped path */
         enum { PR = MSM_CUDA_MOE_PATH_PAIR, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV,
                WM = MSM_CUDA_MOE_PATH_WMMA, SIMT = MSM_CUDA_MOE_K_SIMT, MMA = MSM_CUDA_MOE_K_MMA,
-               NP = MSM_CUDA_MOE_K_NO_PREFETCH };
+               NP = MSM_CUDA_MOE_K_NO_PREFETCH, NT4 = MSM_CUDA_MOE_K_NT4 };
         static const int Ts[][3] = {{1, 0, 0},        {2, 0, 0},        {4, 0, 0},   {4, GG, 0},
                                     {8, 0, 0},        {8, PR, 0},       {16, 0, 0},  {16, 0, MMA},
                                     {32, 0, 0},       {32, 0, MMA},     {32, WM, 0}, {48, 0, 0},
                                     {48, 0, SIMT},    {64, 0, 0},       {64, 0, SIMT}, {64, 0, NP},
                                     {64, WM, 0},      {128, 0, 0},      {128, GG, 0},
-                                    {256, 0, 0},      {256, GG, 0}};
-        static const char *pname[] = {"auto", "pair", "grouped_gemv", "wmma"};
-        static const char *kname[] = {"", " simt", " mma", "", " no_prefetch"};
+                                    {256, 0, 0},      {256, GG, 0},     {128, GG, NT4},
+                                    {256, GG, NT4},   {128, WM, 0},     {256, WM, 0},
+                                    {512, 0, 0},      {512, WM, 0}};
+        static const char *pname[] = {"auto", "pair", "grouped_gemv", "wmma", "tiled"};
+        static const char *kname[] = {"", " simt", " mma", "", " no_prefetch", "", "", "", " nt4"};
         for (size_t s = 0; s < sizeof Ts / sizeof *Ts; s++) {
             int T = Ts[s][0];
             msm_cuda_tuning tm = tune0;

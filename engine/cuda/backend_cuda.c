@@ -31,6 +31,7 @@ typedef struct cuda_backend {
     int n_events;
     msm_cuda_ctx *ctx;
     msm_cuda_tuning tune;        /* this rank's kernel choices (defaults + environment) */
+    msm_cuda_tuning tune_decode; /* the same for pure decode steps (see tuning_for_decode) */
     uint64_t skip_ops;           /* benchmark-only: ops not issued (MSM_CUDA_SKIP_OPS) */
     uint16_t **w;                /* [n_weights] bf16 */
     int n_weights;
@@ -109,9 +110,11 @@ static const msm_comm_vt nccl_vt = {nccl_allreduce, nccl_allgather};
 #define I32(v) ((int32_t *)(cb->arena + g->vals[v].offset))
 #define ROWS(v) ((int)msm_value_rows(&g->vals[v], d->T, d->R, d->S))
 
-/* Where a node's kernels go: its stream, with this rank's tuning. */
-static msm_cuda_exec exec_on(const cuda_backend *cb, msm_stream s) {
-    return (msm_cuda_exec){.stream = cb->st[s], .tune = &cb->tune};
+/* Where a node's kernels go: its stream, with this rank's tuning (the decode variant when every
+ * sequence of the step has one token). */
+static msm_cuda_exec exec_on(const cuda_backend *cb, msm_stream s, const msm_step_dims *d) {
+    bool decode = d && d->T == d->S;
+    return (msm_cuda_exec){.stream = cb->st[s], .tune = decode ? &cb->tune_decode : &cb->tune};
 }
 
 /* Whether node i is a ROPE whose output feeds the next node, the ATTENTION of the same layer on
@@ -131,7 +134,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
     if (cb->skip_ops >> n->op & 1) return 0;
-    msm_cuda_exec s = exec_on(cb, n->stream);
+    msm_cuda_exec s = exec_on(cb, n->stream, d);
     void *ws = cb->ws[n->stream];
     const int *a = n->a;
     int in0 = n->in[0], out0 = n->out[0];
@@ -309,7 +312,7 @@ static int cuda_dummy_weight(msm_backend *b, int wi, const msm_weight *w, uint64
     if (r) return r;
     size_t n = (size_t)w->n_expert * w->rows * w->cols;
     TRY(cudaMalloc((void **)&cb->w[wi], 2 * (n ? n : 1)));
-    KTRY(msm_cuda_fill_dummy(cb->w[wi], n, seed, scale, w->is_norm, exec_on(cb, MSM_STREAM_MAIN)));
+    KTRY(msm_cuda_fill_dummy(cb->w[wi], n, seed, scale, w->is_norm, exec_on(cb, MSM_STREAM_MAIN, NULL)));
     return 0;
 }
 
@@ -450,9 +453,10 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_PDL=0                      programmatic dependent launch off
  *   MSM_CUDA_GEMV_MAX_T=N               raise the GEMV / cuBLASLt threshold (never lowered)
  *   MSM_CUDA_MMV_MIN_T / _MAX_T=N       the tensor-core GEMV range (max 0: off)
- *   MSM_CUDA_LT_SPLIT_MIN_T=N           cuBLASLt hi + lo split from N tokens on
- *   MSM_CUDA_MOE_PATH=pair|grouped_gemv|wmma   force a MoE path
- *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch  MoE kernel variants
+ *   MSM_CUDA_LT_SPLIT_MIN_T=N           cuBLASLt hi + lo split from N tokens on (prefill)
+ *   MSM_CUDA_LT_SPLIT_DECODE=1          ... and for pure decode steps too (see tuning_for_decode)
+ *   MSM_CUDA_MOE_PATH=pair|grouped_gemv|tiled|wmma   force a MoE path
+ *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch,nt4  MoE kernel variants
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
 
@@ -488,14 +492,28 @@ static void tuning_from_env(msm_cuda_tuning *t, uint64_t *skip_ops) {
         t->moe_path = !strcmp(s, "pair")           ? MSM_CUDA_MOE_PATH_PAIR
                       : !strcmp(s, "grouped_gemv") ? MSM_CUDA_MOE_PATH_GROUPED_GEMV
                       : !strcmp(s, "wmma")         ? MSM_CUDA_MOE_PATH_WMMA
+                      : !strcmp(s, "tiled")        ? MSM_CUDA_MOE_PATH_TILED
                                                    : MSM_CUDA_MOE_PATH_AUTO;
     if ((s = getenv("MSM_CUDA_MOE_KERNELS"))) {
         t->moe_kernels = 0;
         if (strstr(s, "simt")) t->moe_kernels |= MSM_CUDA_MOE_K_SIMT;
         if (strstr(s, "mma")) t->moe_kernels |= MSM_CUDA_MOE_K_MMA;
         if (strstr(s, "no_prefetch")) t->moe_kernels |= MSM_CUDA_MOE_K_NO_PREFETCH;
+        if (strstr(s, "nt4")) t->moe_kernels |= MSM_CUDA_MOE_K_NT4;
     }
     *skip_ops = parse_skip_ops(getenv("MSM_CUDA_SKIP_OPS"));
+}
+
+/* Pure decode steps (one token a sequence: T == S) round x to bf16 for cuBLASLt at every batch
+ * size: their dense linears are bound by the weights' memory traffic, which the hi + lo split
+ * doubles (measured on the H200, 2026-11-30: batch 128 21.67 -> 20.62 ms, batch 256 26.57 ->
+ * 25.29 ms without it). That is the rounding decode batches of 9..64 tokens always had; prefill
+ * chunks keep the split from lt_split_min_t tokens on. MSM_CUDA_LT_SPLIT_DECODE=1 keeps the
+ * split for decode too. */
+static void tuning_for_decode(const msm_cuda_tuning *t, msm_cuda_tuning *ret) {
+    *ret = *t;
+    const char *s = getenv("MSM_CUDA_LT_SPLIT_DECODE");
+    if (!(s && s[0] == '1')) ret->lt_split_min_t = 1 << 30;
 }
 
 int msm_cuda_device_count(void) {
@@ -529,6 +547,7 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
     r = msm_cuda_tuning_init(&cb->tune, device);
     if (r) return msm_err_set(err, r, "rank %d: cannot read the properties of GPU %d", rank, device);
     tuning_from_env(&cb->tune, &cb->skip_ops);
+    tuning_for_decode(&cb->tune, &cb->tune_decode);
     r = msm_cuda_ctx_new(&cb->ctx);
     if (r) return msm_err_set(err, r, "rank %d: cannot create the cuBLASLt context", rank);
     ncclUniqueId id;

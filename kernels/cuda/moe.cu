@@ -6,7 +6,8 @@
  * Paths, by T (msm_cuda_tuning.moe_path can force one), each in its own file:
  *   - small T (decode, T <= MSM_CUDA_MOE_GEMV_MAX_T): "pair" GEMVs, moe_pair.cu;
  *   - medium T (up to MSM_CUDA_MOE_GROUPED_GEMV_MAX_T): grouped GEMVs, moe_grouped.cu;
- *   - large T: grouped WMMA GEMMs, moe_gemm.cu.
+ *   - large decode batches (up to MSM_CUDA_MOE_TILED_MAX_T): tiled GEMMs, moe_tiled.cu;
+ *   - larger T (prefill chunks): grouped WMMA GEMMs, moe_gemm.cu.
  * This file holds what the grouped paths share: one block groups the T*k pairs by expert on the
  * device (counts, offsets, a permutation and its inverse, a table of the selected experts); the
  * path's gate/up and down kernels then stream each selected expert's rows once for all of its
@@ -124,9 +125,11 @@ static __global__ void moe_combine_kernel(float *y, moe_ws ws, const float *w, i
 static int moe_path(const msm_cuda_tuning *tn, int T, int H, int I) {
     int p = tn->moe_path;
     if (p == MSM_CUDA_MOE_PATH_WMMA && !msm__moe_gemm_fits(H, I)) p = 0;
+    if (p == MSM_CUDA_MOE_PATH_TILED && !msm__moe_tiled_fits(H, I)) p = 0;
     if (p) return p;
     if (T <= MSM_CUDA_MOE_GEMV_MAX_T) return MSM_CUDA_MOE_PATH_PAIR;
     if (T <= MSM_CUDA_MOE_GROUPED_GEMV_MAX_T) return MSM_CUDA_MOE_PATH_GROUPED_GEMV;
+    if (T <= MSM_CUDA_MOE_TILED_MAX_T && msm__moe_tiled_fits(H, I)) return MSM_CUDA_MOE_PATH_TILED;
     return msm__moe_gemm_fits(H, I) ? MSM_CUDA_MOE_PATH_WMMA : MSM_CUDA_MOE_PATH_GROUPED_GEMV;
 }
 
@@ -165,9 +168,10 @@ extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids
         return msm__moe_pair_run(y, x, ids, w, gate_up, down, (float *)ws.act, T, H, I, k, E, vec_h,
                                  vec_i, ex);
     CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
-    int r = path == MSM_CUDA_MOE_PATH_WMMA
-                ? msm__moe_gemm_run(ws, x, gate_up, down, T, H, I, k, E, ex)
-                : msm__moe_grouped_run(ws, x, gate_up, down, T, H, I, k, E, vec_h, vec_i, ex);
+    int r = path == MSM_CUDA_MOE_PATH_WMMA    ? msm__moe_gemm_run(ws, x, gate_up, down, T, H, I, k, E, ex)
+            : path == MSM_CUDA_MOE_PATH_TILED ? msm__moe_tiled_run(ws, x, gate_up, down, T, H, I, k, E, ex)
+                                              : msm__moe_grouped_run(ws, x, gate_up, down, T, H, I, k, E,
+                                                                     vec_h, vec_i, ex);
     if (r) return r;
     CUDA_TRY(combine_launch(y, ws, w, T, H, k, ex));
     return 0;

@@ -368,6 +368,8 @@ static unsigned persistent_grid(int sms, int per_sm, size_t items) {
 void msm__moe_tuning(msm_cuda_tuning *t) {
     t->moe_gateup_mma_per_sm = blocks_per_sm(moe_gateup_mma_kernel<MMA_NW, MMA_U, MMA_NT>);
     t->moe_down_mma_per_sm = blocks_per_sm(moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT>);
+    t->moe_gateup_mma4_per_sm = blocks_per_sm(moe_gateup_mma_kernel<MMA_NW, MMA_U, 4>);
+    t->moe_down_mma4_per_sm = blocks_per_sm(moe_down_mma_kernel<MMA_NW, MMA_U, 4>);
 }
 
 int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
@@ -378,16 +380,19 @@ int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_
     size_t P = (size_t)T * k;
     bool mma = !(kf & MSM_CUDA_MOE_K_SIMT) && (T >= MOE_MMA_MIN_T || (kf & MSM_CUDA_MOE_K_MMA));
     size_t max_sel = P < (size_t)E ? P : (size_t)E;
+    bool nt4 = kf & MSM_CUDA_MOE_K_NT4;
     if (mma && vec_h) {
-        auto kern = moe_gateup_mma_kernel<MMA_NW, MMA_U, MMA_NT>;
-        unsigned grid = persistent_grid(tn->sms, tn->moe_gateup_mma_per_sm, max_sel * ((I + 7) / 8));
+        auto kern = nt4 ? moe_gateup_mma_kernel<MMA_NW, MMA_U, 4> : moe_gateup_mma_kernel<MMA_NW, MMA_U, MMA_NT>;
+        unsigned grid = persistent_grid(tn->sms, nt4 ? tn->moe_gateup_mma4_per_sm : tn->moe_gateup_mma_per_sm,
+                                        max_sel * ((I + 7) / 8));
         CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, x, gate_up, H, I, k));
     } else {
         CUDA_TRY(grouped_simt_launch(ws, x, gate_up, down, vec_h, vec_i, true, H, I, k, E, ex));
     }
     if (mma && vec_i) {
-        auto kern = moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT>;
-        unsigned grid = persistent_grid(tn->sms, tn->moe_down_mma_per_sm, max_sel * ((H + DOWN_ROWS - 1) / DOWN_ROWS));
+        auto kern = nt4 ? moe_down_mma_kernel<MMA_NW, MMA_U, 4> : moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT>;
+        unsigned grid = persistent_grid(tn->sms, nt4 ? tn->moe_down_mma4_per_sm : tn->moe_down_mma_per_sm,
+                                        max_sel * ((H + DOWN_ROWS - 1) / DOWN_ROWS));
         CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, down, H, I,
                             !(kf & MSM_CUDA_MOE_K_NO_PREFETCH)));
     } else {

@@ -3,7 +3,8 @@
  * by expert when the path needs it and calls one path's runner:
  *   moe_pair.cu     small T: per-(token, slot) fp32 GEMVs
  *   moe_grouped.cu  medium T: grouped GEMVs, fp32 SIMT or tensor-core (bf16 hi + lo x)
- *   moe_gemm.cu     large T: grouped WMMA GEMMs (bf16 x and activations)
+ *   moe_tiled.cu    large decode batches: tiled tensor-core GEMMs through shared memory
+ *   moe_gemm.cu     prefill-sized T: grouped WMMA GEMMs (bf16 x and activations)
  * See moe.cu for the whole design. */
 #ifndef MSM_MOE_INTERNAL_H
 #define MSM_MOE_INTERNAL_H
@@ -47,5 +48,11 @@ int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_
 bool msm__moe_gemm_fits(int H, int I);
 int msm__moe_gemm_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
                       const uint16_t *down, int T, int H, int I, int k, int E, msm_cuda_exec ex);
+
+/* Large decode batches (moe_tiled.cu), after the grouping: x and act as bf16 hi + lo in ws. H, I
+ * multiples of 64 (msm__moe_tiled_fits). */
+bool msm__moe_tiled_fits(int H, int I);
+int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
+                       const uint16_t *down, int T, int H, int I, int k, int E, msm_cuda_exec ex);
 
 #endif

@@ -47,17 +47,20 @@ extern "C" {
  * groups the (token, slot) pairs by expert on the device, then up to
  * MSM_CUDA_MOE_GROUPED_GEMV_MAX_T tokens runs grouped GEMVs (each selected expert's weights
  * streamed once: fp32 SIMT below 48 tokens, tensor-core GEMVs with x split into bf16 hi + lo
- * from 48 on, as the MMV linear) and beyond that grouped tensor-core GEMMs (x and the
- * activations rounded to bf16). */
+ * from 48 on, as the MMV linear), up to MSM_CUDA_MOE_TILED_MAX_T tiled tensor-core GEMMs (weights
+ * streamed once through shared memory, x and the activations split into bf16 hi + lo: near-fp32)
+ * and beyond that (prefill chunks) grouped WMMA GEMMs (x and the activations rounded to bf16). */
 #define MSM_CUDA_MOE_GEMV_MAX_T 4
 #define MSM_CUDA_MOE_GROUPED_GEMV_MAX_T 64
+#define MSM_CUDA_MOE_TILED_MAX_T 512
 enum { MSM_CUDA_MOE_PATH_AUTO = 0, MSM_CUDA_MOE_PATH_PAIR = 1, MSM_CUDA_MOE_PATH_GROUPED_GEMV = 2,
-       MSM_CUDA_MOE_PATH_WMMA = 3 };
+       MSM_CUDA_MOE_PATH_WMMA = 3, MSM_CUDA_MOE_PATH_TILED = 4 };
 /* MoE kernel variants (msm_cuda_tuning.moe_kernels): on the grouped GEMV path, SIMT = always the
  * fp32 SIMT grouped GEMVs, MMA = always the tensor-core ones (by default the tensor-core GEMVs
  * from 48 tokens on); NO_PREFETCH = the tensor-core down GEMV does not pull its first rows into
- * L2 before its PDL wait. */
-enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFETCH = 4 };
+ * L2 before its PDL wait; NT4 = the tensor-core GEMVs take 32 tokens a pass (16 by default). */
+enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFETCH = 4,
+       MSM_CUDA_MOE_K_NT4 = 8 };
 /* Linears with mmv_min_t <= T <= mmv_max_t (and K % 32 == 0, w and x 16-byte aligned) run the
  * tensor-core GEMV ("MMV"): each weight read once, x split into bf16 hi + lo (near-fp32
  * products, fp32 accumulation), K slices summed in a fixed order (deterministic), no workspace.
@@ -85,7 +88,8 @@ typedef struct msm_cuda_tuning {
     int moe_path;             /* MSM_CUDA_MOE_PATH_*; AUTO picks by T */
     int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */
     /* resident blocks per SM of the persistent / wave-sized kernels (occupancy, queried once) */
-    int moe_gateup_mma_per_sm, moe_down_mma_per_sm;
+    int moe_gateup_mma_per_sm, moe_down_mma_per_sm;   /* 16 tokens a pass */
+    int moe_gateup_mma4_per_sm, moe_down_mma4_per_sm; /* 32 tokens a pass (MSM_CUDA_MOE_K_NT4) */
     int att_per_sm[4][2];     /* attention_kernel<L = 4, 8, 16, 32 chunks><vec 0/1> */
 } msm_cuda_tuning;
 

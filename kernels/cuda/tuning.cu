@@ -20,6 +20,8 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;
     msm__moe_tuning(t);
+    int r = msm__moe_tiled_prepare();
+    if (r) return r;
     msm__attention_tuning(t);
     return 0;
 }

@@ -1,0 +1,269 @@
+/* moe_tiled.cu: the routed experts at large decode batches (MSM_CUDA_MOE_GROUPED_GEMV_MAX_T < T <=
+ * MSM_CUDA_MOE_TILED_MAX_T), after moe.cu has grouped the (token, slot) pairs by expert: tiled
+ * tensor-core GEMMs that stream each selected expert's weights from HBM once, through a
+ * multi-stage shared-memory pipeline, for all of that expert's tokens.
+ *
+ * Why: at 128-256 tokens an expert has ~9-35 of them. The grouped GEMVs (moe_grouped.cu) load x
+ * straight from global memory in every warp and split it into bf16 hi + lo in the inner loop, so
+ * their x traffic grows with the tokens an expert has and passes the weights' (measured on the
+ * H200: 61% of the copy ceiling at T = 128, 38% at T = 256); the WMMA GEMMs (moe_gemm.cu) stage
+ * both operands synchronously (43%). Here:
+ *   1. moe_split_x_kernel writes x in grouped order as bf16 hi + lo rows once (xh, xl [P, H]),
+ *      so the GEMMs copy x tiles like the weights, with no conversion in the inner loop;
+ *   2. a block owns 128 weight rows of one expert (8 warps x 16 rows) and up to 64 of its tokens
+ *      (8 n8 tiles); each K step of 64 copies the 128 x 64 weight tile and the x tiles (hi, lo)
+ *      into shared memory with cp.async, TL_STAGES steps in flight, 16-byte chunks swizzled so
+ *      that ldmatrix reads them without bank conflicts;
+ *   3. mma.sync m16n8k16 (bf16 in, fp32 accumulate): A = 16 weight rows (ldmatrix.x4), B = 8
+ *      tokens of x hi and of x lo, both into the same accumulator, so the products carry ~16
+ *      mantissa bits of x (as the MMV linear and the grouped tensor-core GEMVs): near-fp32;
+ *   4. gate/up: the warp's 16 rows are the gate rows and the up rows of the same 8 columns, so a
+ *      thread ends holding matching gate and up sums and writes silu(g) * u, split into bf16
+ *      hi + lo (act [P, I] each) for the down GEMM, whose B operand it is; down writes one f32
+ *      row per pair (outp), which moe.cu's combine kernel sums in slot order.
+ * An expert with more than 64 tokens takes several passes (the weights streamed again). Results
+ * are deterministic: each output is one thread's fixed sequence of MMAs. */
+#include "moe_internal.h"
+
+#include <errno.h>
+
+#define TL_WARPS 8
+#define TL_ROWS (TL_WARPS * 16) /* weight rows a block owns */
+#define TL_BM 64                /* tokens a pass: 8 n8 tiles */
+#define TL_BK 64                /* K a pipeline step: 128-byte bf16 rows, 8 chunks of 16 bytes */
+#define TL_STAGES 3
+#define TL_W_BYTES (TL_ROWS * TL_BK * 2)      /* 16 KB */
+#define TL_X_BYTES (TL_BM * TL_BK * 2)        /* 8 KB, one of hi / lo */
+#define TL_STAGE_BYTES (TL_W_BYTES + 2 * TL_X_BYTES)
+#define TL_SMEM (TL_STAGES * TL_STAGE_BYTES) /* 96 KB: two blocks an SM */
+
+static_assert(TL_BM == 64 && TL_BK == 64, "the copy and fragment loops assume 64 x 64 tiles");
+
+/* ---- PTX helpers ---- */
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared, L2 only; src_bytes 0 zero-fills (src must still be a valid address). */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;"); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* Byte offset of 16-byte chunk c (0..7) of row r in a tile of 128-byte rows: the chunk index is
+ * XORed with the row's low 3 bits, so the 8 rows an ldmatrix phase reads hit 8 distinct bank
+ * groups. */
+static __device__ __forceinline__ uint32_t swz(int r, int c) {
+    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+/* ---- x in grouped order as bf16 hi + lo ---- */
+
+/* xh[r,:] = bf16(x[t,:]), xl[r,:] = bf16(x[t,:] - xh[r,:]) with t = perm[r] / k, for the grouped
+ * rows r < expert_off[E]. One block per row (grid-stride). */
+static __global__ void moe_split_x_kernel(moe_ws ws, uint16_t *xh, uint16_t *xl, const float *x,
+                                          int P, int H, int k, int E) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    int rows = ws.expert_off[E];
+    for (int r = blockIdx.x; r < rows && r < P; r += gridDim.x) {
+        const float *src = x + (size_t)(ws.perm[r] / k) * H;
+        for (int h = threadIdx.x * 2; h < H; h += blockDim.x * 2) {
+            uint32_t hi, lo;
+            msm_split_bf16x2(src[h], src[h + 1], hi, lo);
+            *(uint32_t *)(xh + (size_t)r * H + h) = hi;
+            *(uint32_t *)(xl + (size_t)r * H + h) = lo;
+        }
+    }
+}
+
+/* ---- the tiled GEMM core ----
+ * acc[t] (t < ntile) = sum over K of W[this warp's 16 rows] . B[tokens 8t .. 8t+7] for B = hi + lo.
+ * w_row(r): global address of the block's weight row r (0..127) at k = 0; rows past the matrix
+ * are clamped by the caller (never stored). xh / xl rows rb .. rb + 8*ntile - 1 (those past r1 are
+ * zero-filled). K % 64 == 0. The caller syncs before reusing the shared memory. */
+template <typename RowFn>
+static __device__ __forceinline__ void tl_gemm(float acc[8][4], unsigned char *smem, RowFn w_row,
+                                               const uint16_t *xh, const uint16_t *xl, int rb,
+                                               int r1, int ntile, int K) {
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[t][i] = 0.0f;
+    int nk = K / TL_BK, xrows = ntile * 8;
+    /* this thread's copies: 4 weight chunks (rows tid/8 + 32j, chunk tid%8) and up to 4 x chunks */
+    const uint16_t *wsrc[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) wsrc[j] = w_row(tid / 8 + 32 * j) + (tid % 8) * 8;
+    uint32_t base = smem_addr(smem);
+    auto load = [&](int stage, int kc) {
+        uint32_t sb = base + stage * TL_STAGE_BYTES;
+        size_t k0 = (size_t)kc * TL_BK;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int r = tid / 8 + 32 * j;
+            cp_async16(sb + swz(r, tid % 8), wsrc[j] + k0, 16);
+        }
+        /* x: 2 x 64 rows x 8 chunks = 1024 chunks, only the live rows */
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int idx = tid + 256 * j, half = idx >> 9, m = (idx >> 3) & 63, c = idx & 7;
+            if (m >= xrows) continue;
+            int rr = rb + m;
+            const uint16_t *src = (half ? xl : xh) + (size_t)(rr < r1 ? rr : rb) * K + k0 + c * 8;
+            cp_async16(sb + TL_W_BYTES + half * TL_X_BYTES + swz(m, c), src, rr < r1 ? 16 : 0);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < TL_STAGES - 1; s++) {
+        if (s < nk) load(s, s);
+        cp_async_commit();
+    }
+    /* ldmatrix lane addresses: A rows warp*16 + (lane & 15), chunk +1 for lanes >= 16; B rows
+     * 16p + (lane & 7) + 8 * (lane >= 16), chunk +1 for lanes 8..15 and 24..31 */
+    int a_row = warp * 16 + (lane & 15), a_hi = lane >> 4;
+    int b_row = (lane & 7) + ((lane >> 4) << 3), b_hi = (lane >> 3) & 1;
+    for (int kc = 0; kc < nk; kc++) {
+        cp_async_wait<TL_STAGES - 2>();
+        __syncthreads();
+        uint32_t sb = base + (kc % TL_STAGES) * TL_STAGE_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < TL_BK / 16; kk++) {
+            uint32_t a[4];
+            ldmatrix_x4(a, sb + swz(a_row, 2 * kk + a_hi));
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                if (2 * p >= ntile) break;
+                uint32_t bh[4], bl[4];
+                int row = 16 * p + b_row;
+                ldmatrix_x4(bh, sb + TL_W_BYTES + swz(row, 2 * kk + b_hi));
+                ldmatrix_x4(bl, sb + TL_W_BYTES + TL_X_BYTES + swz(row, 2 * kk + b_hi));
+                msm_mma_bf16(acc[2 * p], a[0], a[1], a[2], a[3], bh[0], bh[1]);
+                msm_mma_bf16(acc[2 * p], a[0], a[1], a[2], a[3], bl[0], bl[1]);
+                if (2 * p + 1 < ntile) {
+                    msm_mma_bf16(acc[2 * p + 1], a[0], a[1], a[2], a[3], bh[2], bh[3]);
+                    msm_mma_bf16(acc[2 * p + 1], a[0], a[1], a[2], a[3], bl[2], bl[3]);
+                }
+            }
+        }
+        int nx = kc + TL_STAGES - 1;
+        if (nx < nk) load(nx % TL_STAGES, nx);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+}
+
+/* Gate/up + SwiGLU: block b = (s-th selected expert, 64 columns from i0). Warp w's rows are the
+ * gate rows (0..7) and the up rows (8..15) of columns i0 + 8w .. + 7, so C fragment elements
+ * c0/c2 (token 2q) and c1/c3 (token 2q+1) of column i0 + 8w + g pair up. Writes act hi + lo
+ * (bf16 [P, I] each, grouped order). */
+static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
+    moe_gateup_tiled_kernel(moe_ws ws, const uint16_t *xh, const uint16_t *xl,
+                            const uint16_t *gate_up, uint16_t *ah, uint16_t *al, int H, int I) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    msm_pdl_wait();
+    msm_pdl_trigger();
+    int ncol = (I + 63) / 64, s = blockIdx.x / ncol, i0 = (blockIdx.x % ncol) * 64;
+    if (s >= *ws.n_sel) return;
+    int4 it = ws.items[s];
+    int e = it.x, r0 = it.y, r1 = it.z;
+    const uint16_t *ge = gate_up + (size_t)e * 2 * I * H;
+    auto w_row = [&](int r) {
+        int col = min(i0 + 8 * (r >> 4) + (r & 7), I - 1); /* columns past I: never stored */
+        return ge + (size_t)((r & 8) ? I + col : col) * H;
+    };
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int col = i0 + 8 * warp + g;
+    for (int rb = r0; rb < r1; rb += TL_BM) {
+        int ntile = min(8, (r1 - rb + 7) >> 3);
+        float acc[8][4];
+        tl_gemm(acc, smem, w_row, xh, xl, rb, r1, ntile, H);
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t >= ntile) break;
+            int ra = rb + 8 * t + 2 * q;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                if (ra + j >= r1 || col >= I) continue;
+                float v = msm__silu_mul(acc[t][j], acc[t][2 + j]);
+                uint16_t hi = msm_f2bf(v), lo = msm_f2bf(v - msm_bf(hi));
+                ah[(size_t)(ra + j) * I + col] = hi;
+                al[(size_t)(ra + j) * I + col] = lo;
+            }
+        }
+        __syncthreads(); /* the next pass refills the shared memory */
+    }
+}
+
+/* Down: block b = (s-th selected expert, 128 rows from h0): outp[r, h] = act[r, :] . down_e[h, :]
+ * for the expert's grouped rows r (act as bf16 hi + lo). */
+static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
+    moe_down_tiled_kernel(moe_ws ws, const uint16_t *ah, const uint16_t *al, const uint16_t *down,
+                          int H, int I) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    msm_pdl_wait();
+    msm_pdl_trigger();
+    int nrow = (H + TL_ROWS - 1) / TL_ROWS, s = blockIdx.x / nrow, h0 = (blockIdx.x % nrow) * TL_ROWS;
+    if (s >= *ws.n_sel) return;
+    int4 it = ws.items[s];
+    int e = it.x, r0 = it.y, r1 = it.z;
+    const uint16_t *de = down + (size_t)e * H * I;
+    auto w_row = [&](int r) { return de + (size_t)min(h0 + r, H - 1) * I; };
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    for (int rb = r0; rb < r1; rb += TL_BM) {
+        int ntile = min(8, (r1 - rb + 7) >> 3);
+        float acc[8][4];
+        tl_gemm(acc, smem, w_row, ah, al, rb, r1, ntile, I);
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t >= ntile) break;
+            int ra = rb + 8 * t + 2 * q;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int r = ra + (j & 1), h = h0 + warp * 16 + g + 8 * (j >> 1);
+                if (r < r1 && h < H) ws.outp[(size_t)r * H + h] = acc[t][j];
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/* ---- host side ---- */
+
+bool msm__moe_tiled_fits(int H, int I) { return H % TL_BK == 0 && I % TL_BK == 0 && H % 2 == 0; }
+
+int msm__moe_tiled_prepare(void) {
+    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM));
+    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM));
+    return 0;
+}
+
+int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
+                       const uint16_t *down, int T, int H, int I, int k, int E, msm_cuda_exec ex) {
+    size_t P = (size_t)T * k, max_sel = P < (size_t)E ? P : (size_t)E;
+    /* x hi + lo [P, H] live in the outp region ([P, H] f32): the down kernel overwrites it only
+     * after its PDL wait, when the gate/up kernel (its only reader) has completed */
+    uint16_t *xh = (uint16_t *)ws.outp, *xl = xh + P * H;
+    uint16_t *ah = ws.act, *al = ah + P * I; /* act hi + lo [P, I] in the act region */
+    unsigned rows = (unsigned)(P < 4096 ? P : 4096);
+    CUDA_TRY(msm_launch(moe_split_x_kernel, dim3(rows), dim3(256), 0, ex, ws, xh, xl, x, (int)P, H, k, E));
+    size_t g1 = max_sel * ((I + 63) / 64), g2 = max_sel * ((H + TL_ROWS - 1) / TL_ROWS);
+    if (g1 > 0x7fffffff || g2 > 0x7fffffff) return -EINVAL;
+    CUDA_TRY(msm_launch(moe_gateup_tiled_kernel, dim3((unsigned)g1), dim3(TL_WARPS * 32), TL_SMEM, ex,
+                        ws, xh, xl, gate_up, ah, al, H, I));
+    CUDA_TRY(msm_launch(moe_down_tiled_kernel, dim3((unsigned)g2), dim3(TL_WARPS * 32), TL_SMEM, ex,
+                        ws, ah, al, down, H, I));
+    return 0;
+}
