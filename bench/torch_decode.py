@@ -63,14 +63,18 @@ def tiny_overrides(d):
     """Small shapes of the same family (GQA stays GQA, the shared expert stays)."""
     mha = d.get("num_key_value_heads", d["num_attention_heads"]) == d["num_attention_heads"]
     k = d["num_experts_per_tok"]
-    return {"hidden_size": 64, "num_hidden_layers": 2, "head_dim": 16, "num_attention_heads": 4,
-            "num_key_value_heads": 4 if mha else 2, "num_experts": max(8, 2 * k),
-            "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
-            "intermediate_size": 96, "vocab_size": 256}
+    t = {"hidden_size": 64, "num_hidden_layers": 2, "head_dim": 16, "num_attention_heads": 4,
+         "num_key_value_heads": 4 if mha else 2, "num_experts": max(8, 2 * k),
+         "moe_intermediate_size": 32, "intermediate_size": 96, "vocab_size": 256,
+         "bos_token_id": 0, "eos_token_id": 1}
+    if "shared_expert_intermediate_size" in d:
+        t["shared_expert_intermediate_size"] = 48
+    return t
 
 
 def load_preset(path, tiny, sets):
     d = json.load(open(path))
+    d.setdefault("model_type", ARCHS.get((d.get("architectures") or [""])[0], ""))
     if tiny:
         d.update(tiny_overrides(d))
     for s in sets:
@@ -484,7 +488,7 @@ def bench(a, cfg, compile_mode):
     log(f"# {a.dtype} random weights, context {a.context}, KV cache {S} positions (random), warm-up {a.warmup}, "
         f"median of {a.steps}; compile {compile_mode or 'off'}"
         f"{' + coordinate-descent tuning' if compile_mode and a.cdt else ''}, attention {a.attn}, "
-        f"CUDA graph {'whole step' if a.graph else 'off'}; paths per batch: "
+        f"CUDA graph {'whole step' if a.graph and cuda else 'off'}; paths per batch: "
         + ", ".join(f"{B}: {'/'.join(c)}" for B, c in plan.items()))
     t0 = time.time()
     W = make_weights(cfg, dev, dtype, a.seed, jitter_norms=False)
