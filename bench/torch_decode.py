@@ -501,10 +501,8 @@ def bench(a, cfg, compile_mode):
             f"GPU memory allocated {torch.cuda.memory_allocated() / 1e9:.1f} GB")
     m = Model(cfg, W, dev, compile_mode, a.attn, S, dtype)
     results = {}
-    for path in paths:
-        for B in batches:
-            if path not in plan[B]:
-                continue
+    for B in batches:
+        for path in plan[B]:
             try:
                 ms, info = run_one(a, cfg, m, path, B, S, dev, dtype)
             except Exception as e:  # noqa: BLE001 - one failing path must not end the run
@@ -516,10 +514,10 @@ def bench(a, cfg, compile_mode):
                 continue
             log(f"torch {cfg.arch} experts {path:10s} batch {B:4d}: {ms:8.3f} ms/step  {info}")
             results.setdefault(B, []).append((ms, path))
-    for B in batches:
         if B in results:
             ms, path = min(results[B])
-            log(f"BEST batch {B}: {ms:.3f} ms/step ({path})")
+            log(f"BEST batch {B}: {ms:.3f} ms/step ({path}; " +
+                ", ".join(f"{p} {t:.3f}" for t, p in sorted(results[B])) + ")")
     return results
 
 
@@ -559,12 +557,16 @@ def run_one(a, cfg, m, path, B, S, dev, dtype):
             torch.cuda.current_stream().wait_stream(side) if side is not None else None
             torch.cuda.synchronize()
         compile_s = time.time() - t0
-        graph = None
+        graph, note = None, "graph" if use_graph else "no graph"
         if use_graph:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step()
-            torch.cuda.synchronize()
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    step()
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - time it without the graph instead
+                graph, note = None, f"no graph: capture failed: {type(e).__name__}: {str(e)[:120]}"
+                torch.cuda.synchronize()
         run = graph.replay if graph is not None else step
         times = []
         deadline = time.time() + a.budget_s
@@ -599,7 +601,7 @@ def run_one(a, cfg, m, path, B, S, dev, dtype):
     med = statistics.median(times)
     p90 = times[min(len(times) - 1, (len(times) * 9) // 10)]
     info = (f"(p90 {p90:.3f}, {len(times)} steps, {B / med * 1e3:.0f} tok/s, distinct experts/layer "
-            f"{uniq:.1f} (uniform {cfg.uniq(B):.1f}), warm-up+compile {compile_s:.1f} s)")
+            f"{uniq:.1f} (uniform {cfg.uniq(B):.1f}), warm-up+compile {compile_s:.1f} s, {note})")
     return med, info
 
 
