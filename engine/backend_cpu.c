@@ -67,45 +67,27 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
     case MSM_OP_RMSNORM:
         msm_cpu_rmsnorm(F(out0), F(in0), cb->weights[n->w[0]], ROWS(in0), a[0], n->f);
         break;
-    case MSM_OP_QK_NORM: {
-        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
-        float *y = F(out0);
-        memcpy(y, F(in0), sizeof(float) * (size_t)T * (size_t)C);
-        for (int t = 0; t < T; t++) {
-            float *row = y + (size_t)t * C;
-            msm_cpu_rmsnorm(row, row, cb->weights[n->w[0]], nh, hd, n->f);
-            msm_cpu_rmsnorm(row + (size_t)nh * hd, row + (size_t)nh * hd, cb->weights[n->w[1]], kvh, hd, n->f);
-        }
+    case MSM_OP_QK_NORM:
+        msm_cpu_qk_norm(F(out0), F(in0), cb->weights[n->w[0]], cb->weights[n->w[1]], ROWS(in0),
+                        g->vals[in0].cols, a[0], a[1], a[2], n->f);
         break;
-    }
     case MSM_OP_LINEAR:
         msm_cpu_linear(F(out0), F(in0), cb->weights[n->w[0]], n->w[1] >= 0 ? cb->weights[n->w[1]] : NULL,
                        ROWS(in0), a[0], a[1]);
         break;
-    case MSM_OP_ROPE: {
-        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
-        float *y = F(out0);
-        const int32_t *pos = I32(n->in[1]);
-        memcpy(y, F(in0), sizeof(float) * (size_t)T * (size_t)C);
-        for (int t = 0; t < T; t++)
-            msm_cpu_rope(y + (size_t)t * C, pos + t, 1, nh + kvh, hd, n->f); /* q and k heads */
+    case MSM_OP_ROPE: /* q and k heads lead every row: rotate them, copy the v heads */
+        msm_cpu_rope_copy(F(out0), F(in0), I32(n->in[1]), ROWS(in0), g->vals[in0].cols, a[0] + a[1],
+                          a[2], n->f);
         break;
-    }
     case MSM_OP_ATTENTION: {
         int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
         const float *qkv = F(in0);
         const int32_t *seq = I32(n->in[1]), *pos = I32(n->in[2]), *slot = I32(n->in[3]);
         const int32_t *bt = I32(n->in[4]);
         float *kc = cb->kc[n->layer], *vc = cb->vc[n->layer];
-        for (int t = 0; t < T; t++) {
-            const float *row = qkv + (size_t)t * C;
-            msm_cpu_kv_write(kc, vc, row + (size_t)nh * hd, row + (size_t)(nh + kvh) * hd, slot + t, 1, kvh, hd);
-            if (cb->kv_bf16 && slot[t] >= 0)
-                for (size_t j = 0, m = (size_t)kvh * hd, o = (size_t)slot[t] * m; j < m; j++) {
-                    kc[o + j] = msm_bf16_to_f32(msm_f32_to_bf16(kc[o + j]));
-                    vc[o + j] = msm_bf16_to_f32(msm_f32_to_bf16(vc[o + j]));
-                }
-        }
+        /* k and v read in place from the qkv rows (row stride C) */
+        msm_cpu_kv_write_ld(kc, vc, qkv + (size_t)nh * hd, qkv + (size_t)(nh + kvh) * hd, (size_t)C, slot,
+                            T, kvh, hd, cb->kv_bf16);
         float *q = scratch; /* gather q contiguous [T, nh*hd] */
         for (int t = 0; t < T; t++) memcpy(q + (size_t)t * nh * hd, qkv + (size_t)t * C, sizeof(float) * (size_t)nh * hd);
         msm_cpu_attention(F(out0), q, kc, vc, seq, pos, bt, g->max_blocks, T, nh, kvh, hd, n->f);
@@ -138,13 +120,9 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         msm_cpu_moe_experts(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), cb->weights[n->w[0]],
                             cb->weights[n->w[1]], ROWS(in0), a[0], a[1], a[2], scratch);
         break;
-    case MSM_OP_GATHER_ROWS: {
-        int R = ROWS(out0), C = g->vals[in0].cols;
-        const int32_t *rows = I32(n->in[1]);
-        for (int r = 0; r < R; r++)
-            memcpy(F(out0) + (size_t)r * C, F(in0) + (size_t)rows[r] * C, sizeof(float) * (size_t)C);
+    case MSM_OP_GATHER_ROWS:
+        msm_cpu_gather_rows(F(out0), F(in0), I32(n->in[1]), ROWS(out0), g->vals[in0].cols);
         break;
-    }
     case MSM_OP_ALLREDUCE:
     case MSM_OP_ALLGATHER: {
         if (cb->b.skew_us > 0 && cb->b.skew_stream == s) usleep((useconds_t)cb->b.skew_us);
