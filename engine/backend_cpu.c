@@ -79,6 +79,12 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         msm_cpu_rope_copy(F(out0), F(in0), I32(n->in[1]), ROWS(in0), g->vals[in0].cols,
                           a->rope.nh + a->rope.kvh, a->rope.hd, a->rope.theta);
         break;
+    case MSM_OP_ROPE_KV_WRITE: /* ROPE, then the rotated k heads and the v heads to the cache */
+        if (!cb->kc[n->layer])
+            return msm_err_set(err, -EINVAL, "cpu backend: layer %d has no KV cache (no ATTENTION)", n->layer);
+        msm_cpu_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
+                        ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.theta, cb->kv_bf16);
+        break;
     case MSM_OP_ATTENTION: {
         int nh = a->attention.nh, kvh = a->attention.kvh, hd = a->attention.hd;
         int C = g->vals[in0].cols, T = ROWS(in0);
@@ -86,9 +92,11 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         const int32_t *seq = I32(n->in[1]), *pos = I32(n->in[2]), *slot = I32(n->in[3]);
         const int32_t *bt = I32(n->in[4]);
         float *kc = cb->kc[n->layer], *vc = cb->vc[n->layer];
-        /* k and v read in place from the qkv rows (row stride C) */
-        msm_cpu_kv_write_ld(kc, vc, qkv + (size_t)nh * hd, qkv + (size_t)(nh + kvh) * hd, (size_t)C, slot,
-                            T, kvh, hd, cb->kv_bf16);
+        /* k and v read in place from the qkv rows (row stride C), unless the ROPE_KV_WRITE that
+         * produced them wrote the cache already */
+        if (!a->attention.kv_written)
+            msm_cpu_kv_write_ld(kc, vc, qkv + (size_t)nh * hd, qkv + (size_t)(nh + kvh) * hd, (size_t)C,
+                                slot, T, kvh, hd, cb->kv_bf16);
         float *q = scratch; /* gather q contiguous [T, nh*hd] */
         for (int t = 0; t < T; t++) memcpy(q + (size_t)t * nh * hd, qkv + (size_t)t * C, sizeof(float) * (size_t)nh * hd);
         msm_cpu_attention(F(out0), q, kc, vc, seq, pos, bt, g->max_blocks, T, nh, kvh, hd, a->attention.scale);

@@ -297,7 +297,7 @@ void msm_graph_dump(const msm_graph *g, FILE *out) {
         char layer[16];
         if (n->layer >= 0) snprintf(layer, sizeof layer, "L%d", n->layer);
         else snprintf(layer, sizeof layer, "-");
-        fprintf(out, "%-4s %-4s %-12s", layer, msm_stream_name(n->stream), msm_op_name(n->op));
+        fprintf(out, "%-4s %-4s %-16s", layer, msm_stream_name(n->stream), msm_op_name(n->op));
         if (n->op == MSM_OP_EVENT_RECORD || n->op == MSM_OP_EVENT_WAIT) {
             fprintf(out, " ev%d\n", n->event);
             continue;

@@ -128,19 +128,6 @@ static uint64_t skip_ops_mask(void) {
     return mask;
 }
 
-/* Whether node i is a ROPE whose output feeds the next node, the ATTENTION of the same layer on
- * the same stream, over plain qkv rows [T, (nh + 2 kvh) hd]. Then the ROPE kernel also writes the
- * rotated K and the V rows to that layer's cache (msm_cuda_rope_kv) and the ATTENTION skips its
- * own K/V write: one launch less per layer, the same cache contents. */
-static bool rope_feeds_attention(const msm_graph *g, int i) {
-    if (i < 0 || i + 1 >= g->n_nodes) return false;
-    const msm_node *r = &g->nodes[i], *at = &g->nodes[i + 1];
-    return r->op == MSM_OP_ROPE && at->op == MSM_OP_ATTENTION && at->in[0] == r->out[0] &&
-           at->stream == r->stream && at->layer == r->layer && r->a[0] == at->a[0] &&
-           r->a[1] == at->a[1] && r->a[2] == at->a[2] &&
-           g->vals[r->in[0]].cols == (r->a[0] + 2 * r->a[1]) * r->a[2];
-}
-
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
@@ -164,24 +151,24 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_linear(F(out0), F(in0), cb->w[n->w[0]], n->w[1] >= 0 ? cb->w[n->w[1]] : NULL,
                              ROWS(in0), a->linear.N, a->linear.K, cb->ctx, ws, cb->ws_bytes, s));
         break;
-    case MSM_OP_ROPE: {
-        int nh = a->rope.nh, kvh = a->rope.kvh, hd = a->rope.hd, C = g->vals[in0].cols, T = ROWS(in0);
-        if (rope_feeds_attention(g, idx)) { /* also writes this layer's K/V cache (see above) */
-            const msm_node *at = &g->nodes[idx + 1];
-            KTRY(msm_cuda_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(at->in[3]), cb->kc[at->layer],
-                                  cb->vc[at->layer], T, nh, kvh, hd, a->rope.theta, s));
-        } else { /* q and k heads lead every row: rotate them and copy the v heads, one launch */
-            KTRY(msm_cuda_rope_copy(F(out0), F(in0), I32(n->in[1]), T, C, nh + kvh, hd, a->rope.theta, s));
-        }
+    case MSM_OP_ROPE: /* q and k heads lead every row: rotate them and copy the v heads, one launch */
+        KTRY(msm_cuda_rope_copy(F(out0), F(in0), I32(n->in[1]), ROWS(in0), g->vals[in0].cols,
+                                a->rope.nh + a->rope.kvh, a->rope.hd, a->rope.theta, s));
         break;
-    }
+    case MSM_OP_ROPE_KV_WRITE: /* the same, and the rotated K and the V rows into this layer's cache */
+        if (!cb->kc[n->layer])
+            return msm_err_set(err, -EINVAL, "rank %d (GPU %d): layer %d has no KV cache (no ATTENTION)",
+                               cb->b.rank, cb->device, n->layer);
+        KTRY(msm_cuda_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
+                              ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.theta, s));
+        break;
     case MSM_OP_ATTENTION: {
         int nh = a->attention.nh, kvh = a->attention.kvh, hd = a->attention.hd;
         int C = g->vals[in0].cols, T = ROWS(in0);
         const float *qkv = F(in0);
         /* k, v and q read in place from the qkv rows (row stride C); q_tmp is the split-context
-         * workspace. The K/V write is skipped when the ROPE before wrote the cache already. */
-        if (idx == 0 || !rope_feeds_attention(g, idx - 1))
+         * workspace. The K/V write is skipped when the ROPE_KV_WRITE before wrote the cache. */
+        if (!a->attention.kv_written)
             KTRY(msm_cuda_kv_write_ld(cb->kc[n->layer], cb->vc[n->layer], qkv + (size_t)nh * hd,
                                       qkv + (size_t)(nh + kvh) * hd, (size_t)C, I32(n->in[3]), T, kvh, hd, s));
         KTRY(msm_cuda_attention_ex(F(out0), qkv, (size_t)C, cb->kc[n->layer], cb->vc[n->layer], I32(n->in[1]),
