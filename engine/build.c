@@ -19,8 +19,21 @@ typedef struct builder {
     const msm_model_config *c;
     int rank, tp, layer;
     msm_role role;
-    int err;
+    int err;          /* the first failure (negative errno); after it the helpers do nothing */
+    msm_err *err_msg; /* its message */
 } builder;
+
+/* Records the build's first failure and its message. */
+static void fail(builder *b, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail(builder *b, int code, const char *fmt, ...) {
+    if (b->err) return;
+    char msg[sizeof b->err_msg->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    b->err = msm_err_set(b->err_msg, code, "building the graph: %s", msg);
+}
 
 static int weight_new(builder *b, int n_expert, int rows, int cols, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -30,7 +43,7 @@ static int weight_new(builder *b, int n_expert, int rows, int cols, const char *
         int cap = g->cap_weights ? g->cap_weights * 2 : 64;
         msm_weight *w = realloc(g->weights, sizeof *w * (size_t)cap);
         if (!w) {
-            b->err = -ENOMEM;
+            fail(b, -ENOMEM, "out of memory");
             return -1;
         }
         g->weights = w;
@@ -56,13 +69,19 @@ static void part(builder *b, int wi, int e, int dst, const char *src, int ndim, 
     msm_weight *w = &b->g->weights[wi];
     msm_wpart *p = realloc(w->parts, sizeof *p * (size_t)(w->n_parts + 1));
     if (!p) {
-        b->err = -ENOMEM;
+        fail(b, -ENOMEM, "out of memory");
         return;
     }
     w->parts = p;
-    msm_wpart *q = &p[w->n_parts++];
+    msm_wpart *q = &p[w->n_parts];
     memset(q, 0, sizeof *q);
-    snprintf(q->src, sizeof q->src, "%s", src);
+    int len = snprintf(q->src, sizeof q->src, "%s", src);
+    if (len < 0 || (size_t)len >= sizeof q->src) {
+        fail(b, -ENAMETOOLONG, "checkpoint tensor name '%s' is longer than %zu bytes", src,
+             sizeof q->src - 1);
+        return;
+    }
+    w->n_parts++;
     q->src_ndim = ndim;
     q->src_rows = src_rows;
     q->src_cols = src_cols;
@@ -81,12 +100,22 @@ static int w_full(builder *b, const char *src, int64_t rows, int64_t cols, int n
     return wi;
 }
 
+/* A new value named name + the layer number; on failure the build fails and value 0 stands in
+ * (the graph is discarded, but the helpers reading its shape meanwhile stay in bounds). */
 static int val(builder *b, const char *name, msm_dtype dt, msm_rows rows, int cols) {
-    char full[40];
-    if (b->layer >= 0) snprintf(full, sizeof full, "%s%d", name, b->layer);
-    else snprintf(full, sizeof full, "%s", name);
+    char full[sizeof b->g->vals[0].name];
+    int len = b->layer >= 0 ? snprintf(full, sizeof full, "%s%d", name, b->layer)
+                            : snprintf(full, sizeof full, "%s", name);
+    if (len < 0 || (size_t)len >= sizeof full) {
+        fail(b, -ENAMETOOLONG, "value name '%s' (layer %d) is longer than %zu bytes", name, b->layer,
+             sizeof full - 1);
+        return 0;
+    }
     int v = msm_graph_value(b->g, full, dt, rows, cols);
-    if (v < 0) b->err = v;
+    if (v < 0) {
+        fail(b, v, "out of memory");
+        return 0;
+    }
     return v;
 }
 
@@ -108,7 +137,7 @@ static void node(builder *b, msm_op op, int n_in, const int *in, int n_out, cons
     if (attr) memcpy(&n.attr, attr, attr_bytes);
     n.event = -1;
     int r = msm_graph_add(b->g, &n);
-    if (r < 0) b->err = r;
+    if (r < 0) fail(b, r, "out of memory");
 }
 
 #define IN(...) (int[]){__VA_ARGS__}
@@ -313,7 +342,7 @@ int msm_graph_build(const msm_model_config *c, int rank, int tp, const msm_build
     if (r < 0) return r;
     msm_graph *g = msm_graph_new(rank, tp);
     if (!g) return msm_err_set(err, -ENOMEM, "out of memory building the graph");
-    builder b = {.g = g, .c = c, .rank = rank, .tp = tp, .layer = -1, .role = MSM_ROLE_NONE};
+    builder b = {.g = g, .c = c, .rank = rank, .tp = tp, .layer = -1, .role = MSM_ROLE_NONE, .err_msg = err};
     g->max_T = o->max_T;
     g->max_R = o->max_T;
     g->max_S = o->max_S;
@@ -333,6 +362,10 @@ int msm_graph_build(const msm_model_config *c, int rank, int tp, const msm_build
     int sp = g->v_sparams = val(&b, "sample_params", MSM_I32, MSM_ROWS_R,
                                 (int)(sizeof(msm_sample_params) / 4));
     for (int v = 0; v < g->n_vals; v++) g->vals[v].io = true;
+    if (b.err) { /* from here on, value ids always index an existing value */
+        msm_graph_free(g);
+        return b.err;
+    }
 
     int wemb = w_full(&b, "model.embed_tokens.weight", c->vocab, c->hidden, 2);
     int x = val(&b, "x", MSM_F32, MSM_ROWS_T, c->hidden);
@@ -376,7 +409,7 @@ int msm_graph_build(const msm_model_config *c, int rank, int tp, const msm_build
     g->vals[logits].io = g->vals[sampled].io = true;
     if (b.err) {
         msm_graph_free(g);
-        return msm_err_set(err, b.err, "out of memory building the graph");
+        return b.err; /* the message is in err */
     }
     *ret = g;
     return 0;
