@@ -1,8 +1,9 @@
 /* msm_engine: one TP group. One thread per rank owns that rank's backend (its device, streams,
  * weights, arena); the caller's thread posts a step, every rank executes its verified graph, and
  * rank 0's outputs are returned. Start-up: each rank builds its plain graph, applies the passes,
- * plans and verifies, loads its weight shard, and the ranks all-gather their collective-sequence
- * hashes (verifier rule V4) through the group's own communicator before serving. */
+ * plans and verifies, creates its backend and loads its weight shard, the ranks all-gather their
+ * collective-sequence hashes (verifier rule V4) through the group's own communicator, and CUDA
+ * ranks capture their decode graphs, all before serving. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -17,9 +18,11 @@
 #include "msm_weights.h"
 #ifdef MSM_HAVE_CUDA
 #include "msm_cuda_backend.h"
-#endif
 
-static const int default_buckets[] __attribute__((unused)) = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+/* Decode batch sizes captured as CUDA graphs when the options name none (msm_engine_opts.buckets;
+ * config/msmoed.conf lists the same). */
+static const int default_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+#endif
 
 typedef struct rank_ctx {
     struct msm_engine *e;
