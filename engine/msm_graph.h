@@ -214,7 +214,8 @@ typedef struct msm_build_opts {
 int msm_graph_build(const msm_model_config *c, int rank, int tp, const msm_build_opts *o,
                     msm_graph **ret, msm_err *err);
 
-/* Hash of the collective sequence (op, dtype, cols) on the main stream in issue order. */
+/* Hash of the collective sequence (op, dtype, cols, rows) in issue order (the verifier keeps every
+ * collective on the main stream). */
 uint64_t msm_graph_collective_hash(const msm_graph *g);
 
 #endif

@@ -207,9 +207,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                                   a->moe_experts.E, ws, cb->ws_bytes, s));
         break;
     case MSM_OP_GATHER_ROWS: {
-        /* rows are a device index list: gather with one copy per row would need the host; use
-         * scale_rows-free path: a tiny kernel is overkill, so copy rows by index via embed's
-         * gather semantics on a float table. */
+        /* the row indices are on the device: one gather launch, no host round trip */
         int R = ROWS(out0), C = g->vals[in0].cols;
         KTRY(msm_cuda_gather_rows(F(out0), F(in0), I32(n->in[1]), R, C, s));
         break;
