@@ -30,7 +30,8 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
     X(QK_NORM)      /* in: qkv               w: q_norm [hd], k_norm [hd] out: qkv */             \
     X(LINEAR)       /* in: x [rows,K]        w: W [N,K] (+ bias [N])    out: [rows,N] */         \
     X(ROPE)         /* in: qkv, pos          (q and k heads rotated)    out: qkv */              \
-    X(ATTENTION)    /* in: qkv, seq, pos, slot, block_tables (writes KV*) out: [T, nh*hd] */     \
+    X(ATTENTION)    /* in: qkv, seq, pos, slot, block_tables            out: [T, nh*hd]          \
+                       writes the layer's KV cache from qkv first, unless attr kv_written */    \
     X(ADD)          /* in: a, b                                         out: a + b */            \
     X(MUL)          /* in: x [rows,C], s [rows,1]                       out: x * s per row */    \
     X(SIGMOID)      /* in: x                                            out: sigmoid(x) */       \
@@ -46,9 +47,8 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
     X(ADD_RMSNORM)  /* in: a, b [rows,C]     w: [C]     out: a + b, rmsnorm(a + b) (pass-made) */ \
     X(MOE_COMBINE_NORM) /* in: x, routed, shared, h [rows,C]  w: gate [1,C], norm [C]           \
                        out: s = x + (routed + sigmoid(h . gate) * shared), rmsnorm(s) (pass-made) */ \
-    X(ROPE_KV_WRITE) /* in: qkv, pos, slot   out: qkv with q and k heads rotated, and writes the    \
-                        rotated k heads and the v heads to the layer's KV cache (pass-made;     \
-                        *then the ATTENTION reading it has kv_written and writes no KV) */
+    X(ROPE_KV_WRITE) /* in: qkv, pos, slot   out: qkv (q and k heads rotated); also writes the    \
+                        rotated k heads and the v heads to the layer's KV cache (pass-made) */
 
 typedef enum msm_op {
 #define MSM_OP_ENUM(n) MSM_OP_##n,
