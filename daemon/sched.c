@@ -42,7 +42,7 @@ typedef struct cancel_msg {
 typedef struct batch_entry {
     seq *s;
     int n_feed;
-    int output;
+    msm_step_output output;
 } batch_entry;
 
 struct msm_sched {
@@ -546,7 +546,7 @@ static int build_step(msm_sched *s) {
         }
         if (preempted_self)
             break; /* q was the youngest: nothing after it remains */
-        s->batch[n++] = (batch_entry){q, 1, 1};
+        s->batch[n++] = (batch_entry){q, 1, MSM_STEP_OUTPUT_SAMPLE};
         budget--;
     }
     /* 2. Prefill chunks of admitted sequences (their blocks were taken at admission). */
@@ -556,7 +556,8 @@ static int build_step(msm_sched *s) {
         if (pending <= 1)
             continue;
         int chunk = pending < budget ? pending : budget;
-        s->batch[n++] = (batch_entry){q, chunk, chunk == pending};
+        s->batch[n++] = (batch_entry){q, chunk,
+                                      chunk == pending ? MSM_STEP_OUTPUT_SAMPLE : MSM_STEP_OUTPUT_NONE};
         budget -= chunk;
     }
     /* 3. Admission, first come first served, while blocks for the whole prompt are free. */
@@ -570,7 +571,8 @@ static int build_step(msm_sched *s) {
         wait_pop(s);
         s->running[s->n_running++] = q;
         int chunk = q->n_tokens < budget ? q->n_tokens : budget;
-        s->batch[n++] = (batch_entry){q, chunk, chunk == q->n_tokens};
+        s->batch[n++] = (batch_entry){q, chunk,
+                                      chunk == q->n_tokens ? MSM_STEP_OUTPUT_SAMPLE : MSM_STEP_OUTPUT_NONE};
         budget -= chunk;
         s->stats.prompt_tokens += (uint64_t)q->n_tokens;
     }

@@ -57,58 +57,49 @@ typedef struct cpu_backend {
 static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step_dims *d,
                     msm_stream s, msm_err *err) {
     const msm_node *n = &g->nodes[idx];
+    const msm_attr *a = &n->attr;
     float *scratch = cb->scratch[s];
-    const int *a = n->a;
     int in0 = n->in[0], out0 = n->out[0];
     switch (n->op) {
     case MSM_OP_EMBED:
-        msm_cpu_embed(F(out0), cb->weights[n->w[0]], I32(in0), d->T, a[0]);
+        msm_cpu_embed(F(out0), cb->weights[n->w[0]], I32(in0), d->T, a->embed.H);
         break;
     case MSM_OP_RMSNORM:
-        msm_cpu_rmsnorm(F(out0), F(in0), cb->weights[n->w[0]], ROWS(in0), a[0], n->f);
+        msm_cpu_rmsnorm(F(out0), F(in0), cb->weights[n->w[0]], ROWS(in0), a->rmsnorm.dim, a->rmsnorm.eps);
         break;
-    case MSM_OP_QK_NORM: {
-        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
-        float *y = F(out0);
-        memcpy(y, F(in0), sizeof(float) * (size_t)T * (size_t)C);
-        for (int t = 0; t < T; t++) {
-            float *row = y + (size_t)t * C;
-            msm_cpu_rmsnorm(row, row, cb->weights[n->w[0]], nh, hd, n->f);
-            msm_cpu_rmsnorm(row + (size_t)nh * hd, row + (size_t)nh * hd, cb->weights[n->w[1]], kvh, hd, n->f);
-        }
+    case MSM_OP_QK_NORM:
+        msm_cpu_qk_norm(F(out0), F(in0), cb->weights[n->w[0]], cb->weights[n->w[1]], ROWS(in0),
+                        g->vals[in0].cols, a->qk_norm.nh, a->qk_norm.kvh, a->qk_norm.hd, a->qk_norm.eps);
         break;
-    }
     case MSM_OP_LINEAR:
         msm_cpu_linear(F(out0), F(in0), cb->weights[n->w[0]], n->w[1] >= 0 ? cb->weights[n->w[1]] : NULL,
-                       ROWS(in0), a[0], a[1]);
+                       ROWS(in0), a->linear.N, a->linear.K);
         break;
-    case MSM_OP_ROPE: {
-        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
-        float *y = F(out0);
-        const int32_t *pos = I32(n->in[1]);
-        memcpy(y, F(in0), sizeof(float) * (size_t)T * (size_t)C);
-        for (int t = 0; t < T; t++)
-            msm_cpu_rope(y + (size_t)t * C, pos + t, 1, nh + kvh, hd, n->f); /* q and k heads */
+    case MSM_OP_ROPE: /* q and k heads lead every row: rotate them, copy the v heads */
+        msm_cpu_rope_copy(F(out0), F(in0), I32(n->in[1]), ROWS(in0), g->vals[in0].cols,
+                          a->rope.nh + a->rope.kvh, a->rope.hd, a->rope.theta);
         break;
-    }
+    case MSM_OP_ROPE_KV_WRITE: /* ROPE, then the rotated k heads and the v heads to the cache */
+        if (!cb->kc[n->layer])
+            return msm_err_set(err, -EINVAL, "cpu backend: layer %d has no KV cache (no ATTENTION)", n->layer);
+        msm_cpu_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
+                        ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.theta, cb->kv_bf16);
+        break;
     case MSM_OP_ATTENTION: {
-        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
+        int nh = a->attention.nh, kvh = a->attention.kvh, hd = a->attention.hd;
+        int C = g->vals[in0].cols, T = ROWS(in0);
         const float *qkv = F(in0);
         const int32_t *seq = I32(n->in[1]), *pos = I32(n->in[2]), *slot = I32(n->in[3]);
         const int32_t *bt = I32(n->in[4]);
         float *kc = cb->kc[n->layer], *vc = cb->vc[n->layer];
-        for (int t = 0; t < T; t++) {
-            const float *row = qkv + (size_t)t * C;
-            msm_cpu_kv_write(kc, vc, row + (size_t)nh * hd, row + (size_t)(nh + kvh) * hd, slot + t, 1, kvh, hd);
-            if (cb->kv_bf16 && slot[t] >= 0)
-                for (size_t j = 0, m = (size_t)kvh * hd, o = (size_t)slot[t] * m; j < m; j++) {
-                    kc[o + j] = msm_bf16_to_f32(msm_f32_to_bf16(kc[o + j]));
-                    vc[o + j] = msm_bf16_to_f32(msm_f32_to_bf16(vc[o + j]));
-                }
-        }
+        /* k and v read in place from the qkv rows (row stride C), unless the ROPE_KV_WRITE that
+         * produced them wrote the cache already */
+        if (!a->attention.kv_written)
+            msm_cpu_kv_write_ld(kc, vc, qkv + (size_t)nh * hd, qkv + (size_t)(nh + kvh) * hd, (size_t)C,
+                                slot, T, kvh, hd, cb->kv_bf16);
         float *q = scratch; /* gather q contiguous [T, nh*hd] */
         for (int t = 0; t < T; t++) memcpy(q + (size_t)t * nh * hd, qkv + (size_t)t * C, sizeof(float) * (size_t)nh * hd);
-        msm_cpu_attention(F(out0), q, kc, vc, seq, pos, bt, g->max_blocks, T, nh, kvh, hd, n->f);
+        msm_cpu_attention(F(out0), q, kc, vc, seq, pos, bt, g->max_blocks, T, nh, kvh, hd, a->attention.scale);
         break;
     }
     case MSM_OP_ADD:
@@ -116,11 +107,12 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         break;
     case MSM_OP_ADD_RMSNORM:
         msm_cpu_add_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), cb->weights[n->w[0]], ROWS(in0),
-                            a[0], n->f);
+                            a->rmsnorm.dim, a->rmsnorm.eps);
         break;
     case MSM_OP_MOE_COMBINE_NORM:
         msm_cpu_moe_combine_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), F(n->in[2]), F(n->in[3]),
-                                    cb->weights[n->w[0]], cb->weights[n->w[1]], ROWS(in0), a[0], n->f);
+                                    cb->weights[n->w[0]], cb->weights[n->w[1]], ROWS(in0), a->rmsnorm.dim,
+                                    a->rmsnorm.eps);
         break;
     case MSM_OP_MUL:
         msm_cpu_scale_rows(F(out0), F(in0), F(n->in[1]), ROWS(in0), g->vals[in0].cols);
@@ -129,22 +121,20 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         msm_cpu_sigmoid(F(out0), F(in0), (size_t)ROWS(in0) * g->vals[in0].cols);
         break;
     case MSM_OP_SWIGLU:
-        msm_cpu_swiglu(F(out0), F(in0), ROWS(in0), a[0]);
+        msm_cpu_swiglu(F(out0), F(in0), ROWS(in0), a->swiglu.I);
         break;
     case MSM_OP_ROUTER_TOPK:
-        msm_cpu_router_topk(I32(out0), F(n->out[1]), F(in0), ROWS(in0), a[0], a[1], a[2] != 0);
+        msm_cpu_router_topk(I32(out0), F(n->out[1]), F(in0), ROWS(in0), a->router_topk.E, a->router_topk.k,
+                            a->router_topk.norm != 0);
         break;
     case MSM_OP_MOE_EXPERTS:
         msm_cpu_moe_experts(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), cb->weights[n->w[0]],
-                            cb->weights[n->w[1]], ROWS(in0), a[0], a[1], a[2], scratch);
+                            cb->weights[n->w[1]], ROWS(in0), a->moe_experts.H, a->moe_experts.I,
+                            a->moe_experts.k, scratch);
         break;
-    case MSM_OP_GATHER_ROWS: {
-        int R = ROWS(out0), C = g->vals[in0].cols;
-        const int32_t *rows = I32(n->in[1]);
-        for (int r = 0; r < R; r++)
-            memcpy(F(out0) + (size_t)r * C, F(in0) + (size_t)rows[r] * C, sizeof(float) * (size_t)C);
+    case MSM_OP_GATHER_ROWS:
+        msm_cpu_gather_rows(F(out0), F(in0), I32(n->in[1]), ROWS(out0), g->vals[in0].cols);
         break;
-    }
     case MSM_OP_ALLREDUCE:
     case MSM_OP_ALLGATHER: {
         if (cb->b.skew_us > 0 && cb->b.skew_stream == s) usleep((useconds_t)cb->b.skew_us);
@@ -153,7 +143,7 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         return msm_comm_allgather(cb->b.comm, F(in0), F(out0), rows, cols * sizeof(float), err);
     }
     case MSM_OP_SAMPLE: {
-        int R = ROWS(in0), V = a[0], Vp = a[1];
+        int R = ROWS(in0), V = a->sample.V, Vp = a->sample.V_pad;
         const msm_sample_params *p = (const msm_sample_params *)I32(n->in[1]);
         for (int r = 0; r < R; r++) msm_cpu_sample(I32(out0) + r, F(in0) + (size_t)r * Vp, p + r, 1, V, scratch);
         break;
@@ -323,18 +313,19 @@ static int cpu_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm_
         const msm_node *n = &g->nodes[i];
         size_t need = 0;
         if (n->op == MSM_OP_ATTENTION) {
-            size_t kv = (size_t)n_kv_blocks * MSM_KV_BLOCK * (size_t)n->a[1] * (size_t)n->a[2];
+            const msm_attr_attention *at = &n->attr.attention;
+            size_t kv = (size_t)n_kv_blocks * MSM_KV_BLOCK * (size_t)at->kvh * (size_t)at->hd;
             if (!cb->kc[n->layer]) {
                 cb->kc[n->layer] = calloc(kv ? kv : 1, sizeof(float));
                 cb->vc[n->layer] = calloc(kv ? kv : 1, sizeof(float));
                 if (!cb->kc[n->layer] || !cb->vc[n->layer])
                     return msm_err_set(err, -ENOMEM, "out of memory for the KV cache (%d blocks)", n_kv_blocks);
             }
-            need = (size_t)g->max_T * (size_t)n->a[0] * (size_t)n->a[2];
+            need = (size_t)g->max_T * (size_t)at->nh * (size_t)at->hd; /* q gathered [T, nh*hd] */
         } else if (n->op == MSM_OP_MOE_EXPERTS) {
-            need = 3 * (size_t)n->a[1];
+            need = 3 * (size_t)n->attr.moe_experts.I;
         } else if (n->op == MSM_OP_SAMPLE) {
-            need = 2 * (size_t)n->a[1];
+            need = 2 * (size_t)n->attr.sample.V_pad;
         }
         if (need > scratch) scratch = need;
     }

@@ -19,8 +19,21 @@ typedef struct builder {
     const msm_model_config *c;
     int rank, tp, layer;
     msm_role role;
-    int err;
+    int err;          /* the first failure (negative errno); after it the helpers do nothing */
+    msm_err *err_msg; /* its message */
 } builder;
+
+/* Records the build's first failure and its message. */
+static void fail(builder *b, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail(builder *b, int code, const char *fmt, ...) {
+    if (b->err) return;
+    char msg[sizeof b->err_msg->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    b->err = msm_err_set(b->err_msg, code, "building the graph: %s", msg);
+}
 
 static int weight_new(builder *b, int n_expert, int rows, int cols, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -30,7 +43,7 @@ static int weight_new(builder *b, int n_expert, int rows, int cols, const char *
         int cap = g->cap_weights ? g->cap_weights * 2 : 64;
         msm_weight *w = realloc(g->weights, sizeof *w * (size_t)cap);
         if (!w) {
-            b->err = -ENOMEM;
+            fail(b, -ENOMEM, "out of memory");
             return -1;
         }
         g->weights = w;
@@ -56,13 +69,19 @@ static void part(builder *b, int wi, int e, int dst, const char *src, int ndim, 
     msm_weight *w = &b->g->weights[wi];
     msm_wpart *p = realloc(w->parts, sizeof *p * (size_t)(w->n_parts + 1));
     if (!p) {
-        b->err = -ENOMEM;
+        fail(b, -ENOMEM, "out of memory");
         return;
     }
     w->parts = p;
-    msm_wpart *q = &p[w->n_parts++];
+    msm_wpart *q = &p[w->n_parts];
     memset(q, 0, sizeof *q);
-    snprintf(q->src, sizeof q->src, "%s", src);
+    int len = snprintf(q->src, sizeof q->src, "%s", src);
+    if (len < 0 || (size_t)len >= sizeof q->src) {
+        fail(b, -ENAMETOOLONG, "checkpoint tensor name '%s' is longer than %zu bytes", src,
+             sizeof q->src - 1);
+        return;
+    }
+    w->n_parts++;
     q->src_ndim = ndim;
     q->src_rows = src_rows;
     q->src_cols = src_cols;
@@ -81,17 +100,28 @@ static int w_full(builder *b, const char *src, int64_t rows, int64_t cols, int n
     return wi;
 }
 
+/* A new value named name + the layer number; on failure the build fails and value 0 stands in
+ * (the graph is discarded, but the helpers reading its shape meanwhile stay in bounds). */
 static int val(builder *b, const char *name, msm_dtype dt, msm_rows rows, int cols) {
-    char full[40];
-    if (b->layer >= 0) snprintf(full, sizeof full, "%s%d", name, b->layer);
-    else snprintf(full, sizeof full, "%s", name);
+    char full[sizeof b->g->vals[0].name];
+    int len = b->layer >= 0 ? snprintf(full, sizeof full, "%s%d", name, b->layer)
+                            : snprintf(full, sizeof full, "%s", name);
+    if (len < 0 || (size_t)len >= sizeof full) {
+        fail(b, -ENAMETOOLONG, "value name '%s' (layer %d) is longer than %zu bytes", name, b->layer,
+             sizeof full - 1);
+        return 0;
+    }
     int v = msm_graph_value(b->g, full, dt, rows, cols);
-    if (v < 0) b->err = v;
+    if (v < 0) {
+        fail(b, v, "out of memory");
+        return 0;
+    }
     return v;
 }
 
+/* Appends a node; attr (attr_bytes bytes, from ATTR) fills the start of its zeroed attributes. */
 static void node(builder *b, msm_op op, int n_in, const int *in, int n_out, const int *out,
-                 const int *w, const int *a, float f) {
+                 const int *w, const void *attr, size_t attr_bytes) {
     if (b->err) return;
     msm_node n;
     memset(&n, 0, sizeof n);
@@ -104,33 +134,35 @@ static void node(builder *b, msm_op op, int n_in, const int *in, int n_out, cons
     for (int i = 0; i < n_in; i++) n.in[i] = in[i];
     for (int i = 0; i < n_out; i++) n.out[i] = out[i];
     for (int i = 0; i < MSM_NODE_MAX_W; i++) n.w[i] = w ? w[i] : -1;
-    if (a) memcpy(n.a, a, sizeof n.a);
-    n.f = f;
+    if (attr) memcpy(&n.attr, attr, attr_bytes);
     n.event = -1;
     int r = msm_graph_add(b->g, &n);
-    if (r < 0) b->err = r;
+    if (r < 0) fail(b, r, "out of memory");
 }
 
 #define IN(...) (int[]){__VA_ARGS__}
+/* A node's attributes: the msm_attr member m from its field values, ATTR(linear, N, K); NO_ATTR. */
+#define ATTR(m, ...) (const msm_attr_##m[]){{__VA_ARGS__}}, sizeof(msm_attr_##m)
+#define NO_ATTR NULL, 0
 #define NIN(...) (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), (int[]){__VA_ARGS__}
 
 static int linear(builder *b, const char *name, int x, int wi, int bias, int N, int K) {
     const msm_value *xv = &b->g->vals[x];
     int y = val(b, name, MSM_F32, xv->rows, N);
-    node(b, MSM_OP_LINEAR, 1, IN(x), 1, IN(y), IN(wi, bias, -1), IN(N, K, 0, 0), 0);
+    node(b, MSM_OP_LINEAR, 1, IN(x), 1, IN(y), IN(wi, bias, -1), ATTR(linear, N, K));
     return y;
 }
 
 static int allreduce(builder *b, const char *name, int x) {
     const msm_value *xv = &b->g->vals[x];
     int y = val(b, name, MSM_F32, xv->rows, xv->cols);
-    node(b, MSM_OP_ALLREDUCE, 1, IN(x), 1, IN(y), NULL, NULL, 0);
+    node(b, MSM_OP_ALLREDUCE, 1, IN(x), 1, IN(y), NULL, NO_ATTR);
     return y;
 }
 
 static int add(builder *b, const char *name, int x, int y) {
     int z = val(b, name, MSM_F32, b->g->vals[x].rows, b->g->vals[x].cols);
-    node(b, MSM_OP_ADD, 2, IN(x, y), 1, IN(z), NULL, NULL, 0);
+    node(b, MSM_OP_ADD, 2, IN(x, y), 1, IN(z), NULL, NO_ATTR);
     return z;
 }
 
@@ -139,7 +171,7 @@ static int rmsnorm(builder *b, const char *name, int x, const char *wname) {
     int wi = w_full(b, wname, c->hidden, 1, 1);
     if (wi >= 0) b->g->weights[wi].is_norm = true;
     int y = val(b, name, MSM_F32, MSM_ROWS_T, c->hidden);
-    node(b, MSM_OP_RMSNORM, 1, IN(x), 1, IN(y), IN(wi, -1, -1), IN(c->hidden, 0, 0, 0), c->rms_eps);
+    node(b, MSM_OP_RMSNORM, 1, IN(x), 1, IN(y), IN(wi, -1, -1), ATTR(rmsnorm, c->hidden, c->rms_eps));
     return y;
 }
 
@@ -195,14 +227,14 @@ static int attention_block(builder *b, int x, int in_seq, int in_pos, int in_slo
         if (wq >= 0) b->g->weights[wq].is_norm = true;
         if (wk >= 0) b->g->weights[wk].is_norm = true;
         int y = val(b, "qkv_norm", MSM_F32, MSM_ROWS_T, qkv_n);
-        node(b, MSM_OP_QK_NORM, 1, IN(qkv), 1, IN(y), IN(wq, wk, -1), IN(nh, kvh, hd, 0), c->rms_eps);
+        node(b, MSM_OP_QK_NORM, 1, IN(qkv), 1, IN(y), IN(wq, wk, -1), ATTR(qk_norm, nh, kvh, hd, c->rms_eps));
         qkv = y;
     }
     int rq = val(b, "qkv_rope", MSM_F32, MSM_ROWS_T, qkv_n);
-    node(b, MSM_OP_ROPE, 2, IN(qkv, in_pos), 1, IN(rq), NULL, IN(nh, kvh, hd, 0), c->rope_theta);
+    node(b, MSM_OP_ROPE, 2, IN(qkv, in_pos), 1, IN(rq), NULL, ATTR(rope, nh, kvh, hd, c->rope_theta));
     int att = val(b, "attn", MSM_F32, MSM_ROWS_T, nh * hd);
     node(b, MSM_OP_ATTENTION, 5, IN(rq, in_seq, in_pos, in_slot, in_btab), 1, IN(att), NULL,
-         IN(nh, kvh, hd, 0), 1.0f / sqrtf((float)hd));
+         ATTR(attention, nh, kvh, hd, .kv_written = 0, .scale = 1.0f / sqrtf((float)hd)));
     int wo = weight_new(b, 1, H, nh * hd, "layers.%d.o_proj", L);
     snprintf(s, sizeof s, "%so_proj.weight", pre);
     part_cols(b, wo, 0, 0, s, H, (int64_t)c->n_heads * hd);
@@ -233,7 +265,7 @@ static int swiglu_mlp(builder *b, int h, const char *prefix, const char *gn, con
     int gu = linear(b, vn, h, wgu, -1, 2 * Il, H);
     snprintf(vn, sizeof vn, "%s_act", tag);
     int act = val(b, vn, MSM_F32, MSM_ROWS_T, Il);
-    node(b, MSM_OP_SWIGLU, 1, IN(gu), 1, IN(act), NULL, IN(Il, 0, 0, 0), 0);
+    node(b, MSM_OP_SWIGLU, 1, IN(gu), 1, IN(act), NULL, ATTR(swiglu, Il));
     snprintf(vn, sizeof vn, "%s_down", tag);
     return linear(b, vn, act, wd, -1, H, Il);
 }
@@ -252,7 +284,7 @@ static int moe_block(builder *b, int h) {
     int rl = linear(b, "router", h, wr, -1, E, H);
     int ids = val(b, "topk_ids", MSM_I32, MSM_ROWS_T, k);
     int tw = val(b, "topk_w", MSM_F32, MSM_ROWS_T, k);
-    node(b, MSM_OP_ROUTER_TOPK, 1, IN(rl), 2, IN(ids, tw), NULL, IN(E, k, c->norm_topk_prob, 0), 0);
+    node(b, MSM_OP_ROUTER_TOPK, 1, IN(rl), 2, IN(ids, tw), NULL, ATTR(router_topk, E, k, c->norm_topk_prob));
     int wgu = weight_new(b, E, 2 * Il, H, "layers.%d.experts_gate_up", L);
     int wd = weight_new(b, E, H, Il, "layers.%d.experts_down", L);
     for (int e = 0; e < E; e++) {
@@ -263,7 +295,7 @@ static int moe_block(builder *b, int h) {
         part_cols(b, wd, e, 0, s, H, I);
     }
     int routed = val(b, "routed", MSM_F32, MSM_ROWS_T, H);
-    node(b, MSM_OP_MOE_EXPERTS, 3, IN(h, ids, tw), 1, IN(routed), IN(wgu, wd, -1), IN(H, Il, k, E), 0);
+    node(b, MSM_OP_MOE_EXPERTS, 3, IN(h, ids, tw), 1, IN(routed), IN(wgu, wd, -1), ATTR(moe_experts, H, Il, k, E));
     routed = allreduce(b, "routed_sum", routed);
     if (!msm_model_config_has_shared(c, L)) return routed;
 
@@ -275,9 +307,9 @@ static int moe_block(builder *b, int h) {
     int wsg = w_full(b, s, 1, H, 2);
     int gl = linear(b, "shared_gate", h, wsg, -1, 1, H);
     int gs = val(b, "shared_gate_sig", MSM_F32, MSM_ROWS_T, 1);
-    node(b, MSM_OP_SIGMOID, 1, IN(gl), 1, IN(gs), NULL, NULL, 0);
+    node(b, MSM_OP_SIGMOID, 1, IN(gl), 1, IN(gs), NULL, NO_ATTR);
     int scaled = val(b, "shared_out", MSM_F32, MSM_ROWS_T, H);
-    node(b, MSM_OP_MUL, 2, IN(sh, gs), 1, IN(scaled), NULL, IN(H, 0, 0, 0), 0);
+    node(b, MSM_OP_MUL, 2, IN(sh, gs), 1, IN(scaled), NULL, NO_ATTR);
     b->role = MSM_ROLE_MOE_COMBINE;
     return add(b, "moe_out", routed, scaled);
 }
@@ -310,7 +342,7 @@ int msm_graph_build(const msm_model_config *c, int rank, int tp, const msm_build
     if (r < 0) return r;
     msm_graph *g = msm_graph_new(rank, tp);
     if (!g) return msm_err_set(err, -ENOMEM, "out of memory building the graph");
-    builder b = {.g = g, .c = c, .rank = rank, .tp = tp, .layer = -1, .role = MSM_ROLE_NONE};
+    builder b = {.g = g, .c = c, .rank = rank, .tp = tp, .layer = -1, .role = MSM_ROLE_NONE, .err_msg = err};
     g->max_T = o->max_T;
     g->max_R = o->max_T;
     g->max_S = o->max_S;
@@ -330,10 +362,14 @@ int msm_graph_build(const msm_model_config *c, int rank, int tp, const msm_build
     int sp = g->v_sparams = val(&b, "sample_params", MSM_I32, MSM_ROWS_R,
                                 (int)(sizeof(msm_sample_params) / 4));
     for (int v = 0; v < g->n_vals; v++) g->vals[v].io = true;
+    if (b.err) { /* from here on, value ids always index an existing value */
+        msm_graph_free(g);
+        return b.err;
+    }
 
     int wemb = w_full(&b, "model.embed_tokens.weight", c->vocab, c->hidden, 2);
     int x = val(&b, "x", MSM_F32, MSM_ROWS_T, c->hidden);
-    node(&b, MSM_OP_EMBED, 1, IN(tokens), 1, IN(x), IN(wemb, -1, -1), IN(c->hidden, 0, 0, 0), 0);
+    node(&b, MSM_OP_EMBED, 1, IN(tokens), 1, IN(x), IN(wemb, -1, -1), ATTR(embed, c->hidden));
 
     char s[160];
     for (int L = 0; L < c->n_layers && !b.err; L++) {
@@ -358,22 +394,22 @@ int msm_graph_build(const msm_model_config *c, int rank, int tp, const msm_build
     b.role = MSM_ROLE_HEAD;
     int hn = rmsnorm(&b, "final_norm", x, "model.norm.weight");
     int hr = val(&b, "final_rows", MSM_F32, MSM_ROWS_R, c->hidden);
-    node(&b, MSM_OP_GATHER_ROWS, 2, IN(hn, orows), 1, IN(hr), NULL, IN(c->hidden, 0, 0, 0), 0);
+    node(&b, MSM_OP_GATHER_ROWS, 2, IN(hn, orows), 1, IN(hr), NULL, NO_ATTR);
     const char *lm = c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     int wlm = weight_new(&b, 1, Vl, c->hidden, "lm_head_shard");
     int64_t r0 = (int64_t)Vl * rank, n = c->vocab - r0 < Vl ? c->vocab - r0 : Vl;
     if (n > 0) part(&b, wlm, 0, 0, lm, 2, c->vocab, c->hidden, r0, n, 0, c->hidden);
     int lg = linear(&b, "logits_shard", hr, wlm, -1, Vl, c->hidden);
     int logits = val(&b, "logits", MSM_F32, MSM_ROWS_R, Vl * tp);
-    node(&b, MSM_OP_ALLGATHER, 1, IN(lg), 1, IN(logits), NULL, NULL, 0);
+    node(&b, MSM_OP_ALLGATHER, 1, IN(lg), 1, IN(logits), NULL, NO_ATTR);
     int sampled = val(&b, "sampled", MSM_I32, MSM_ROWS_R, 1);
-    node(&b, MSM_OP_SAMPLE, 2, IN(logits, sp), 1, IN(sampled), NULL, IN(c->vocab, Vl * tp, 0, 0), 0);
+    node(&b, MSM_OP_SAMPLE, 2, IN(logits, sp), 1, IN(sampled), NULL, ATTR(sample, c->vocab, Vl * tp));
     g->v_logits = logits;
     g->v_sampled = sampled;
     g->vals[logits].io = g->vals[sampled].io = true;
     if (b.err) {
         msm_graph_free(g);
-        return msm_err_set(err, b.err, "out of memory building the graph");
+        return b.err; /* the message is in err */
     }
     *ret = g;
     return 0;

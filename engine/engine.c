@@ -1,8 +1,9 @@
 /* msm_engine: one TP group. One thread per rank owns that rank's backend (its device, streams,
  * weights, arena); the caller's thread posts a step, every rank executes its verified graph, and
  * rank 0's outputs are returned. Start-up: each rank builds its plain graph, applies the passes,
- * plans and verifies, loads its weight shard, and the ranks all-gather their collective-sequence
- * hashes (verifier rule V4) through the group's own communicator before serving. */
+ * plans and verifies, creates its backend and loads its weight shard, the ranks all-gather their
+ * collective-sequence hashes (verifier rule V4) through the group's own communicator, and CUDA
+ * ranks capture their decode graphs, all before serving. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -17,9 +18,11 @@
 #include "msm_weights.h"
 #ifdef MSM_HAVE_CUDA
 #include "msm_cuda_backend.h"
-#endif
 
-static const int default_buckets[] __attribute__((unused)) = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+/* Decode batch sizes captured as CUDA graphs when the options name none (msm_engine_opts.buckets;
+ * config/msmoed.conf lists the same). */
+static const int default_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+#endif
 
 typedef struct rank_ctx {
     struct msm_engine *e;
@@ -72,6 +75,7 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->elide_collectives = true;
     o->fuse_add_norm = true;
     o->fuse_moe_combine = true;
+    o->fuse_rope_kv = true;
     o->kv_blocks = 1024;
     o->max_step_tokens = 512;
     o->max_seqs = 64;
@@ -117,6 +121,7 @@ static int rank_init(rank_ctx *rc) {
                         .elide_collectives = e->o.elide_collectives,
                         .fuse_add_norm = e->o.fuse_add_norm,
                         .fuse_moe_combine = e->o.fuse_moe_combine,
+                        .fuse_rope_kv = e->o.fuse_rope_kv,
                         .test_buggy_placement = e->o.test_buggy_placement,
                         .test_skip_verify = e->o.test_skip_verify};
     r = msm_passes_apply(rc->plain, &po, &rc->graph, err);
@@ -391,43 +396,51 @@ const char *msm_engine_backend_name(const msm_engine *e) {
 }
 msm_kv_pool *msm_engine_kv(msm_engine *e) { return e->kv; }
 
-int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_step_out *ret,
-                    msm_err *err) {
-    const msm_model_config *c = &e->cfg;
-    if (n_seqs < 1 || n_seqs > e->o.max_seqs)
-        return msm_err_set(err, -EINVAL, "a step carries 1..%d sequences, got %d", e->o.max_seqs, n_seqs);
-    int T = 0, R = 0, want_rows = 0, total_blocks = msm_kv_pool_total(e->kv) + 1;
-    bool logits = false;
-    for (int s = 0; s < n_seqs; s++) {
-        const msm_step_seq *q = &seqs[s];
-        if (q->n_tokens < 1 || !q->tokens)
-            return msm_err_set(err, -EINVAL, "sequence %d of the step has no tokens", s);
-        if (q->pos0 < 0 || q->pos0 + q->n_tokens > e->o.max_context)
-            return msm_err_set(err, -EINVAL, "sequence %d: positions %d..%d exceed the context limit %d",
-                               s, q->pos0, q->pos0 + q->n_tokens - 1, e->o.max_context);
-        if (q->output < 0 || q->output > 2)
-            return msm_err_set(err, -EINVAL, "sequence %d: output must be 0, 1 or 2", s);
-        int need = msm_kv_blocks_for(q->pos0 + q->n_tokens);
-        if (q->n_blocks < need || q->n_blocks > e->max_blocks || !q->blocks)
-            return msm_err_set(err, -EINVAL, "sequence %d: needs %d KV blocks for %d tokens, got %d (max %d)",
-                               s, need, q->pos0 + q->n_tokens, q->n_blocks, e->max_blocks);
-        for (int b = 0; b < need; b++)
-            if (q->blocks[b] < 1 || q->blocks[b] >= total_blocks)
-                return msm_err_set(err, -EINVAL, "sequence %d: KV block id %d out of range 1..%d", s,
-                                   q->blocks[b], total_blocks - 1);
-        for (int t = 0; t < q->n_tokens; t++)
-            if (q->tokens[t] < 0 || q->tokens[t] >= c->vocab)
-                return msm_err_set(err, -EINVAL, "sequence %d: token id %d at index %d is outside the "
-                                                 "vocabulary (0..%d)", s, q->tokens[t], t, c->vocab - 1);
-        T += q->n_tokens;
-        R += q->output == 2 ? q->n_tokens : q->output == 1 ? 1 : 0;
-        want_rows += q->output == 2 ? q->n_tokens : (q->output == 1 && q->want_logits) ? 1 : 0;
-        logits |= q->output == 2 || (q->output == 1 && q->want_logits);
-    }
-    if (T > e->o.max_step_tokens)
-        return msm_err_set(err, -EINVAL, "the step carries %d tokens, more than max_step_tokens %d", T,
-                           e->o.max_step_tokens);
-    /* flatten */
+/* ---- a step, in phases: check, flatten, pick a captured graph, reserve logits, run, collect - */
+
+/* Output rows (sampled rows) a sequence takes in the step: its last sampled_rows(q) tokens. */
+static int sampled_rows(const msm_step_seq *q) {
+    return q->output == MSM_STEP_OUTPUT_ALL_LOGITS ? q->n_tokens : q->output == MSM_STEP_OUTPUT_SAMPLE ? 1 : 0;
+}
+
+/* Logits rows returned to the caller for a sequence: the last of its sampled rows. */
+static int returned_rows(const msm_step_seq *q) {
+    if (q->output == MSM_STEP_OUTPUT_ALL_LOGITS) return q->n_tokens;
+    return q->output == MSM_STEP_OUTPUT_SAMPLE && q->want_logits ? 1 : 0;
+}
+
+/* Checks sequence s of a step against the model, the context limit and the block pool. */
+static int check_seq(const msm_engine *e, const msm_step_seq *q, int s, msm_err *err) {
+    int total_blocks = msm_kv_pool_total(e->kv) + 1;
+    if (q->n_tokens < 1 || !q->tokens)
+        return msm_err_set(err, -EINVAL, "sequence %d of the step has no tokens", s);
+    if (q->pos0 < 0 || q->pos0 + q->n_tokens > e->o.max_context)
+        return msm_err_set(err, -EINVAL, "sequence %d: positions %d..%d exceed the context limit %d",
+                           s, q->pos0, q->pos0 + q->n_tokens - 1, e->o.max_context);
+    if (q->output != MSM_STEP_OUTPUT_NONE && q->output != MSM_STEP_OUTPUT_SAMPLE &&
+        q->output != MSM_STEP_OUTPUT_ALL_LOGITS)
+        return msm_err_set(err, -EINVAL, "sequence %d: output %d is not NONE, SAMPLE or ALL_LOGITS",
+                           s, (int)q->output);
+    int need = msm_kv_blocks_for(q->pos0 + q->n_tokens);
+    if (q->n_blocks < need || q->n_blocks > e->max_blocks || !q->blocks)
+        return msm_err_set(err, -EINVAL, "sequence %d: needs %d KV blocks for %d tokens, got %d (max %d)",
+                           s, need, q->pos0 + q->n_tokens, q->n_blocks, e->max_blocks);
+    for (int b = 0; b < need; b++)
+        if (q->blocks[b] < 1 || q->blocks[b] >= total_blocks)
+            return msm_err_set(err, -EINVAL, "sequence %d: KV block id %d out of range 1..%d", s,
+                               q->blocks[b], total_blocks - 1);
+    for (int t = 0; t < q->n_tokens; t++)
+        if (q->tokens[t] < 0 || q->tokens[t] >= e->cfg.vocab)
+            return msm_err_set(err, -EINVAL, "sequence %d: token id %d at index %d is outside the "
+                                             "vocabulary (0..%d)", s, q->tokens[t], t, e->cfg.vocab - 1);
+    return 0;
+}
+
+/* Writes the step's inputs, token-major, into the host staging arrays: tokens, positions,
+ * sequence ids, KV slots, block tables, and the output rows with their sampling parameters.
+ * Returns R, the output rows: at least one (a dummy row when nothing is sampled, since the step
+ * still runs to write the KV cache). */
+static int flatten_inputs(msm_engine *e, const msm_step_seq *seqs, int n_seqs) {
     int t = 0, row = 0;
     for (int s = 0; s < n_seqs; s++) {
         const msm_step_seq *q = &seqs[s];
@@ -441,8 +454,7 @@ int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_ste
             e->pos[t] = p;
             e->seq[t] = s;
             e->slot[t] = q->blocks[p / MSM_KV_BLOCK] * MSM_KV_BLOCK + p % MSM_KV_BLOCK;
-            bool out = q->output == 2 || (q->output == 1 && i == q->n_tokens - 1);
-            if (out) {
+            if (i >= q->n_tokens - sampled_rows(q)) {
                 e->out_rows[row] = t;
                 e->sparams[row] = q->sampling;
                 e->row_of_seq[s] = row;
@@ -450,15 +462,22 @@ int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_ste
             }
         }
     }
-    if (R == 0) { /* nothing to sample: still run (KV must be written), with one dummy row */
+    if (row == 0) {
         e->out_rows[0] = 0;
         memset(&e->sparams[0], 0, sizeof e->sparams[0]);
-        R = 1;
+        row = 1;
     }
-    /* a decode-only step within the captured buckets replays the bucket's graph, padded */
+    return row;
+}
+
+/* A decode-only step (one token sampled per sequence) within the captured buckets replays the
+ * smallest bucket that holds it: rows n_seqs..B-1 are padding on the reserved KV block 0, and T
+ * and R become B. Sets e->replay_bucket (0: run eagerly). */
+static void pick_replay_bucket(msm_engine *e, const msm_step_seq *seqs, int n_seqs, int *T, int *R) {
     e->replay_bucket = 0;
     bool decode = true;
-    for (int s = 0; s < n_seqs; s++) decode &= seqs[s].n_tokens == 1 && seqs[s].output == 1;
+    for (int s = 0; s < n_seqs; s++)
+        decode &= seqs[s].n_tokens == 1 && seqs[s].output == MSM_STEP_OUTPUT_SAMPLE;
     for (int i = 0; decode && i < e->n_buckets; i++)
         if (e->buckets[i] >= n_seqs) {
             int B = e->buckets[i];
@@ -468,41 +487,73 @@ int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_ste
                 memset(&e->sparams[p], 0, sizeof e->sparams[p]);
                 memset(e->btab + (size_t)p * e->max_blocks, 0, sizeof(int32_t) * (size_t)e->max_blocks);
             }
-            T = R = B;
+            *T = *R = B;
             e->replay_bucket = B;
-            break;
+            return;
         }
+}
+
+/* Grows the logits buffers (they never shrink, so steady state allocates nothing): R rows of
+ * vocab_pad read from rank 0, want_rows rows of vocab returned. */
+static int reserve_logits(msm_engine *e, int R, int want_rows, int vpad, msm_err *err) {
+    size_t need_dev = (size_t)R * (size_t)vpad, need_out = (size_t)(want_rows ? want_rows : 1) * (size_t)e->cfg.vocab;
+    if (need_dev > e->logits_dev_cap) {
+        float *d = realloc(e->logits_dev, sizeof(float) * need_dev);
+        if (!d) return msm_err_set(err, -ENOMEM, "out of memory for logits");
+        e->logits_dev = d;
+        e->logits_dev_cap = need_dev;
+    }
+    if (need_out > e->logits_out_cap) {
+        float *o = realloc(e->logits_out, sizeof(float) * need_out);
+        if (!o) return msm_err_set(err, -ENOMEM, "out of memory for logits");
+        e->logits_out = o;
+        e->logits_out_cap = need_out;
+    }
+    return 0;
+}
+
+/* After the step: each sequence's sampled token (-1 for OUTPUT_NONE) and, when logits were read,
+ * its returned rows, in sequence order, cut from vocab_pad to vocab columns. */
+static void collect_outputs(msm_engine *e, const msm_step_seq *seqs, int n_seqs, bool logits, int vpad) {
+    int vocab = e->cfg.vocab, orow = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const msm_step_seq *q = &seqs[s];
+        e->seq_tokens[s] = q->output != MSM_STEP_OUTPUT_NONE ? e->sampled[e->row_of_seq[s]] : -1;
+        if (!logits) continue;
+        int n = returned_rows(q), first = e->row_of_seq[s] - n + 1; /* its last n output rows */
+        for (int i = 0; i < n; i++, orow++)
+            memcpy(e->logits_out + (size_t)orow * vocab, e->logits_dev + (size_t)(first + i) * vpad,
+                   sizeof(float) * (size_t)vocab);
+    }
+}
+
+int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_step_out *ret,
+                    msm_err *err) {
+    if (n_seqs < 1 || n_seqs > e->o.max_seqs)
+        return msm_err_set(err, -EINVAL, "a step carries 1..%d sequences, got %d", e->o.max_seqs, n_seqs);
+    int T = 0, want_rows = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int r = check_seq(e, &seqs[s], s, err);
+        if (r) return r;
+        T += seqs[s].n_tokens;
+        want_rows += returned_rows(&seqs[s]);
+    }
+    if (T > e->o.max_step_tokens)
+        return msm_err_set(err, -EINVAL, "the step carries %d tokens, more than max_step_tokens %d", T,
+                           e->o.max_step_tokens);
+    bool logits = want_rows > 0;
+    int R = flatten_inputs(e, seqs, n_seqs);
+    pick_replay_bucket(e, seqs, n_seqs, &T, &R);
     int vpad = e->ranks[0].graph->vocab_pad;
     e->read_logits = logits;
     if (logits) {
-        size_t need_dev = (size_t)R * (size_t)vpad, need_out = (size_t)(want_rows ? want_rows : 1) * (size_t)c->vocab;
-        if (need_dev > e->logits_dev_cap) {
-            float *d = realloc(e->logits_dev, sizeof(float) * need_dev);
-            if (!d) return msm_err_set(err, -ENOMEM, "out of memory for logits");
-            e->logits_dev = d;
-            e->logits_dev_cap = need_dev;
-        }
-        if (need_out > e->logits_out_cap) {
-            float *o = realloc(e->logits_out, sizeof(float) * need_out);
-            if (!o) return msm_err_set(err, -ENOMEM, "out of memory for logits");
-            e->logits_out = o;
-            e->logits_out_cap = need_out;
-        }
+        int r = reserve_logits(e, R, want_rows, vpad, err);
+        if (r) return r;
     }
     e->dims = (msm_step_dims){.T = T, .R = R, .S = e->replay_bucket ? e->replay_bucket : n_seqs};
     int r = run_cmd(e, CMD_STEP, err);
     if (r) return r;
-    int orow = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        const msm_step_seq *q = &seqs[s];
-        e->seq_tokens[s] = q->output ? e->sampled[e->row_of_seq[s]] : -1;
-        if (!logits) continue;
-        int first = q->output == 2 ? e->row_of_seq[s] - q->n_tokens + 1 : e->row_of_seq[s];
-        int n = q->output == 2 ? q->n_tokens : (q->output == 1 && q->want_logits) ? 1 : 0;
-        for (int i = 0; i < n; i++, orow++)
-            memcpy(e->logits_out + (size_t)orow * c->vocab, e->logits_dev + (size_t)(first + i) * vpad,
-                   sizeof(float) * (size_t)c->vocab);
-    }
+    collect_outputs(e, seqs, n_seqs, logits, vpad);
     ret->tokens = e->seq_tokens;
     ret->logits = logits ? e->logits_out : NULL;
     ret->n_rows = want_rows;

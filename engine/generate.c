@@ -52,7 +52,10 @@ int msm_generate(msm_engine *e, const int32_t *prompt, int P, const msm_generate
         int n = P - p0 < chunk ? P - p0 : chunk;
         bool last = p0 + n == P;
         msm_step_seq s = {.tokens = prompt + p0, .n_tokens = n, .pos0 = p0, .blocks = blocks,
-                          .n_blocks = nb, .output = o->dump_logits ? 2 : (last ? 1 : 0),
+                          .n_blocks = nb,
+                          .output = o->dump_logits ? MSM_STEP_OUTPUT_ALL_LOGITS
+                                    : last         ? MSM_STEP_OUTPUT_SAMPLE
+                                                   : MSM_STEP_OUTPUT_NONE,
                           .sampling = o->sampling};
         s.sampling.counter = 0;
         double t0 = now_s();
@@ -69,9 +72,9 @@ int msm_generate(msm_engine *e, const int32_t *prompt, int P, const msm_generate
     while (r == 0 && ret->n < o->max_new) {
         int32_t last = ret->ids[ret->n - 1];
         if (!o->ignore_eos && is_eos(cfg, last)) break;
-        /* output 1 (+ logits) keeps decode steps eligible for CUDA-graph replay */
+        /* SAMPLE (+ logits) keeps decode steps eligible for CUDA-graph replay */
         msm_step_seq s = {.tokens = &last, .n_tokens = 1, .pos0 = P + ret->n - 1, .blocks = blocks,
-                          .n_blocks = nb, .output = 1, .want_logits = o->dump_logits,
+                          .n_blocks = nb, .output = MSM_STEP_OUTPUT_SAMPLE, .want_logits = o->dump_logits,
                           .sampling = o->sampling};
         s.sampling.counter = (uint64_t)ret->n;
         double t0 = now_s();

@@ -2,8 +2,15 @@
 #include "msm_graph.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The deprecated positional view msm_node.a (see msm_graph.h) must keep meaning what its last
+ * reader, cuda_prepare, expects: LINEAR N, K; MOE_EXPERTS H, I, k, E; ATTENTION nh, kvh, hd. */
+_Static_assert(offsetof(msm_attr, linear.K) == 1 * sizeof(int), "a[1] is LINEAR K");
+_Static_assert(offsetof(msm_attr, moe_experts.E) == 3 * sizeof(int), "a[3] is MOE_EXPERTS E");
+_Static_assert(offsetof(msm_attr, attention.hd) == 2 * sizeof(int), "a[2] is ATTENTION hd");
 
 static const char *op_names[] = {
 #define MSM_OP_NAME(n) #n,
@@ -93,13 +100,13 @@ int msm_graph_add(msm_graph *g, const msm_node *n) { return msm_graph_insert(g, 
 
 static bool node_equal(const msm_node *a, const msm_node *b) {
     if (a->op != b->op || a->stream != b->stream || a->role != b->role || a->layer != b->layer ||
-        a->n_in != b->n_in || a->n_out != b->n_out || a->event != b->event || a->f != b->f)
+        a->n_in != b->n_in || a->n_out != b->n_out || a->event != b->event)
         return false;
     for (int i = 0; i < a->n_in; i++)
         if (a->in[i] != b->in[i]) return false;
     for (int i = 0; i < a->n_out; i++)
         if (a->out[i] != b->out[i]) return false;
-    return memcmp(a->w, b->w, sizeof a->w) == 0 && memcmp(a->a, b->a, sizeof a->a) == 0;
+    return memcmp(a->w, b->w, sizeof a->w) == 0 && memcmp(&a->attr, &b->attr, sizeof a->attr) == 0;
 }
 
 bool msm_graph_equal(const msm_graph *a, const msm_graph *b) {
@@ -245,6 +252,43 @@ int msm_graph_plan(msm_graph *g, msm_err *err) {
 
 /* ---- dump ---------------------------------------------------------------------------------- */
 
+/* Prints a node's attributes by name: " [N=64 K=32]"; nothing for ops without attributes. */
+static void dump_attr(const msm_node *n, FILE *out) {
+    const msm_attr *a = &n->attr;
+    switch (n->op) {
+    case MSM_OP_EMBED: fprintf(out, " [H=%d]", a->embed.H); break;
+    case MSM_OP_RMSNORM:
+    case MSM_OP_ADD_RMSNORM:
+    case MSM_OP_MOE_COMBINE_NORM:
+        fprintf(out, " [dim=%d eps=%g]", a->rmsnorm.dim, (double)a->rmsnorm.eps);
+        break;
+    case MSM_OP_QK_NORM:
+        fprintf(out, " [nh=%d kvh=%d hd=%d eps=%g]", a->qk_norm.nh, a->qk_norm.kvh, a->qk_norm.hd,
+                (double)a->qk_norm.eps);
+        break;
+    case MSM_OP_LINEAR: fprintf(out, " [N=%d K=%d]", a->linear.N, a->linear.K); break;
+    case MSM_OP_ROPE:
+    case MSM_OP_ROPE_KV_WRITE:
+        fprintf(out, " [nh=%d kvh=%d hd=%d theta=%g]", a->rope.nh, a->rope.kvh, a->rope.hd,
+                (double)a->rope.theta);
+        break;
+    case MSM_OP_ATTENTION:
+        fprintf(out, " [nh=%d kvh=%d hd=%d scale=%g kv_written=%d]", a->attention.nh, a->attention.kvh,
+                a->attention.hd, (double)a->attention.scale, a->attention.kv_written);
+        break;
+    case MSM_OP_SWIGLU: fprintf(out, " [I=%d]", a->swiglu.I); break;
+    case MSM_OP_ROUTER_TOPK:
+        fprintf(out, " [E=%d k=%d norm=%d]", a->router_topk.E, a->router_topk.k, a->router_topk.norm);
+        break;
+    case MSM_OP_MOE_EXPERTS:
+        fprintf(out, " [H=%d I=%d k=%d E=%d]", a->moe_experts.H, a->moe_experts.I, a->moe_experts.k,
+                a->moe_experts.E);
+        break;
+    case MSM_OP_SAMPLE: fprintf(out, " [V=%d V_pad=%d]", a->sample.V, a->sample.V_pad); break;
+    default: break;
+    }
+}
+
 void msm_graph_dump(const msm_graph *g, FILE *out) {
     fprintf(out, "# rank %d of %d: %d nodes, %d values, arena %zu bytes\n", g->rank, g->tp,
             g->n_nodes, g->n_vals, g->arena_bytes);
@@ -253,7 +297,7 @@ void msm_graph_dump(const msm_graph *g, FILE *out) {
         char layer[16];
         if (n->layer >= 0) snprintf(layer, sizeof layer, "L%d", n->layer);
         else snprintf(layer, sizeof layer, "-");
-        fprintf(out, "%-4s %-4s %-12s", layer, msm_stream_name(n->stream), msm_op_name(n->op));
+        fprintf(out, "%-4s %-4s %-16s", layer, msm_stream_name(n->stream), msm_op_name(n->op));
         if (n->op == MSM_OP_EVENT_RECORD || n->op == MSM_OP_EVENT_WAIT) {
             fprintf(out, " ev%d\n", n->event);
             continue;
@@ -261,6 +305,7 @@ void msm_graph_dump(const msm_graph *g, FILE *out) {
         for (int j = 0; j < n->n_in; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->in[j]].name);
         fprintf(out, " ->");
         for (int j = 0; j < n->n_out; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->out[j]].name);
+        dump_attr(n, out);
         fputc('\n', out);
     }
 }

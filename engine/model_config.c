@@ -430,7 +430,7 @@ static int parse_root(const char *src, struct json_object *root, msm_model_confi
 int msm_model_config_parse(const char *json, size_t len, const char *source,
                            msm_model_config *ret_cfg, msm_err *err) {
     const char *src = source ? source : "config.json";
-    struct json_object *root;
+    struct json_object *root = NULL; /* set when rc is 0 (-O3 cannot see that it is then) */
     int rc = parse_json(json, len, src, &root, err);
     if (rc < 0) return rc;
     msm_model_config *c = calloc(1, sizeof *c);

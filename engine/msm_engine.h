@@ -37,6 +37,7 @@ typedef struct msm_engine_opts {
     bool elide_collectives;    /* pass elide_tp1_collectives (default on; no-op at tp > 1) */
     bool fuse_add_norm;        /* pass fuse_add_rmsnorm (default on) */
     bool fuse_moe_combine;     /* pass fuse_moe_combine (default on) */
+    bool fuse_rope_kv;         /* pass fuse_rope_kv_write (default on) */
     int kv_blocks;             /* KV blocks of MSM_KV_BLOCK tokens (default 1024) */
     int max_step_tokens;       /* tokens one step may carry (prefill chunk + decode rows; 512) */
     int max_seqs;              /* sequences one step may carry (default 64) */
@@ -70,6 +71,15 @@ const char *msm_engine_backend_name(const msm_engine *e);
 /* The block pool shared by the ranks (each rank stores its own heads of every block). */
 msm_kv_pool *msm_engine_kv(msm_engine *e);
 
+/* What a step returns for one sequence. */
+typedef enum msm_step_output {
+    MSM_STEP_OUTPUT_NONE = 0,       /* nothing (a prompt chunk before the last): token -1 */
+    MSM_STEP_OUTPUT_SAMPLE = 1,     /* a token sampled after the last fed token (+ its logits
+                                       with want_logits) */
+    MSM_STEP_OUTPUT_ALL_LOGITS = 2, /* as SAMPLE, and the logits of every fed token
+                                       (dump/scoring) */
+} msm_step_output;
+
 /* One sequence's share of a step. */
 typedef struct msm_step_seq {
     const int32_t *tokens;  /* [n_tokens] to feed: a prompt chunk, or the last sampled token */
@@ -77,16 +87,15 @@ typedef struct msm_step_seq {
     int pos0;               /* position of tokens[0] (= tokens of this sequence already cached) */
     const int32_t *blocks;  /* block table: >= ceil((pos0 + n_tokens) / MSM_KV_BLOCK) ids */
     int n_blocks;
-    int output;             /* 0: none (a prompt chunk before the last); 1: sample after the
-                               last token; 2: also return logits of every token (dump/scoring) */
-    bool want_logits;       /* return the sampled row's logits (for logprobs) */
+    msm_step_output output; /* what to return for this sequence */
+    bool want_logits;       /* SAMPLE: return the sampled row's logits (for logprobs) */
     msm_sample_params sampling; /* counter = index of the generated token, for reproducibility */
 } msm_step_seq;
 
 typedef struct msm_step_out {
-    int32_t *tokens;        /* [n_seqs], owned by the engine: sampled token, -1 for output 0 */
-    const float *logits;    /* [n_rows, vocab] rows in seq order: every token of output-2 seqs,
-                               the last token of output-1 seqs with want_logits; else NULL */
+    int32_t *tokens;        /* [n_seqs], owned by the engine: sampled token, -1 for OUTPUT_NONE */
+    const float *logits;    /* [n_rows, vocab] rows in seq order: every token of ALL_LOGITS seqs,
+                               the last token of SAMPLE seqs with want_logits; else NULL */
     int n_rows;
 } msm_step_out;
 

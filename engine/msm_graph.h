@@ -23,13 +23,15 @@
 
 typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS } msm_stream;
 
+/* The ops. Attributes: the msm_attr member named after the op (see msm_attr). */
 #define MSM_OPS(X)                                                                                 \
     X(EMBED)        /* in: tokens            w: table [V,H]             out: [T,H] */            \
     X(RMSNORM)      /* in: x [rows,C]        w: [C]                     out: same shape */       \
     X(QK_NORM)      /* in: qkv               w: q_norm [hd], k_norm [hd] out: qkv */             \
     X(LINEAR)       /* in: x [rows,K]        w: W [N,K] (+ bias [N])    out: [rows,N] */         \
     X(ROPE)         /* in: qkv, pos          (q and k heads rotated)    out: qkv */              \
-    X(ATTENTION)    /* in: qkv, seq, pos, slot, block_tables (writes KV) out: [T, nh*hd] */      \
+    X(ATTENTION)    /* in: qkv, seq, pos, slot, block_tables            out: [T, nh*hd]          \
+                       writes the layer's KV cache from qkv first, unless attr kv_written */    \
     X(ADD)          /* in: a, b                                         out: a + b */            \
     X(MUL)          /* in: x [rows,C], s [rows,1]                       out: x * s per row */    \
     X(SIGMOID)      /* in: x                                            out: sigmoid(x) */       \
@@ -44,7 +46,9 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
     X(EVENT_WAIT)   /* event: this stream waits for the last record of the event */            \
     X(ADD_RMSNORM)  /* in: a, b [rows,C]     w: [C]     out: a + b, rmsnorm(a + b) (pass-made) */ \
     X(MOE_COMBINE_NORM) /* in: x, routed, shared, h [rows,C]  w: gate [1,C], norm [C]           \
-                       out: s = x + (routed + sigmoid(h . gate) * shared), rmsnorm(s) (pass-made) */
+                       out: s = x + (routed + sigmoid(h . gate) * shared), rmsnorm(s) (pass-made) */ \
+    X(ROPE_KV_WRITE) /* in: qkv, pos, slot   out: qkv (q and k heads rotated); also writes the    \
+                        rotated k heads and the v heads to the layer's KV cache (pass-made) */
 
 typedef enum msm_op {
 #define MSM_OP_ENUM(n) MSM_OP_##n,
@@ -82,6 +86,40 @@ typedef struct msm_value {
     size_t offset;    /* byte offset in the rank's arena (planner) */
 } msm_value;
 
+/* Named op attributes: a node keeps them in n->attr.<member>, the member named after its op (ops
+ * with the same layout share one: see msm_attr); ops without attributes leave attr zero. Every
+ * field is 4 bytes (an int or a float), so no struct has padding; nodes start zeroed and the bytes
+ * a member does not use stay zero, which lets msm_graph_equal compare attributes as bytes. Heads
+ * (nh, kvh) and sizes (N, I) are this rank's shares; hd is head_dim. */
+typedef struct msm_attr_embed { int H; } msm_attr_embed;
+typedef struct msm_attr_rmsnorm { int dim; float eps; } msm_attr_rmsnorm;
+typedef struct msm_attr_qk_norm { int nh, kvh, hd; float eps; } msm_attr_qk_norm;
+typedef struct msm_attr_linear { int N, K; } msm_attr_linear;   /* outputs, inputs */
+typedef struct msm_attr_rope { int nh, kvh, hd; float theta; } msm_attr_rope;
+typedef struct msm_attr_attention {
+    int nh, kvh, hd;
+    int kv_written; /* 1: the ROPE_KV_WRITE producing its qkv input wrote this layer's K/V (pass
+                       fuse_rope_kv_write); 0: it writes K/V from its qkv input itself */
+    float scale;    /* softmax scale, 1/sqrt(hd) */
+} msm_attr_attention;
+typedef struct msm_attr_swiglu { int I; } msm_attr_swiglu;      /* gu has 2I columns */
+typedef struct msm_attr_router_topk { int E, k, norm; } msm_attr_router_topk; /* norm: renormalise */
+typedef struct msm_attr_moe_experts { int H, I, k, E; } msm_attr_moe_experts;
+typedef struct msm_attr_sample { int V, V_pad; } msm_attr_sample; /* vocabulary, logits row length */
+
+typedef union msm_attr {
+    msm_attr_embed embed;
+    msm_attr_rmsnorm rmsnorm;         /* RMSNORM, ADD_RMSNORM, MOE_COMBINE_NORM */
+    msm_attr_qk_norm qk_norm;
+    msm_attr_linear linear;
+    msm_attr_rope rope;               /* ROPE, ROPE_KV_WRITE */
+    msm_attr_attention attention;
+    msm_attr_swiglu swiglu;
+    msm_attr_router_topk router_topk;
+    msm_attr_moe_experts moe_experts;
+    msm_attr_sample sample;
+} msm_attr;
+
 #define MSM_NODE_MAX_IN 6
 #define MSM_NODE_MAX_W 3
 
@@ -95,8 +133,13 @@ typedef struct msm_node {
     int out[2];
     int w[MSM_NODE_MAX_W];     /* weight ids, -1 when unused */
     int event;                 /* EVENT_RECORD / EVENT_WAIT */
-    int a[4];                  /* op attributes (see msm_graph.c: attr names per op) */
-    float f;                   /* float attribute: eps (RMSNORM/QK_NORM), theta (ROPE), scale */
+    union {
+        msm_attr attr;         /* the op's attributes, by name */
+        int a[4];              /* Deprecated: the first four words of attr by position, read only
+                                  by cuda_prepare in engine/cuda/backend_cuda.c until it moves to
+                                  attr (graph.c asserts the positions it relies on). New code uses
+                                  attr. */
+    };
 } msm_node;
 
 /* One part of a weight: a block copied from a checkpoint tensor (rows x cols sub-matrix) into
@@ -160,7 +203,7 @@ size_t msm_value_bytes_max(const msm_graph *g, const msm_value *v);
  * join that ends their aux region, so no two streams ever share bytes concurrently. */
 int msm_graph_plan(msm_graph *g, msm_err *err);
 
-/* Prints one node a line: "L<layer> <stream> <OP> <inputs> -> <outputs>". */
+/* Prints one node a line: "L<layer> <stream> <OP> <inputs> -> <outputs> [<attributes>]". */
 void msm_graph_dump(const msm_graph *g, FILE *out);
 
 /* Builds the plain TP graph of rank `rank` of `tp` (every row-parallel linear followed by its
@@ -171,7 +214,8 @@ typedef struct msm_build_opts {
 int msm_graph_build(const msm_model_config *c, int rank, int tp, const msm_build_opts *o,
                     msm_graph **ret, msm_err *err);
 
-/* Hash of the collective sequence (op, dtype, cols) on the main stream in issue order. */
+/* Hash of the collective sequence (op, dtype, cols, rows) in issue order (the verifier keeps every
+ * collective on the main stream). */
 uint64_t msm_graph_collective_hash(const msm_graph *g);
 
 #endif

@@ -20,6 +20,7 @@ typedef struct msm_pass_opts {
     bool elide_collectives;/* elide_tp1_collectives (no-op at tp > 1) */
     bool fuse_add_norm;    /* fuse_add_rmsnorm */
     bool fuse_moe_combine; /* fuse_moe_combine */
+    bool fuse_rope_kv;     /* fuse_rope_kv_write */
     msm_warn_fn warn;
     void *warn_ud;
     /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)
@@ -54,8 +55,16 @@ int msm_pass_fuse_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_g
 int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                               msm_err *err);
 
+/* ROPE + the ATTENTION reading its output → ROPE_KV_WRITE (rotates and writes the layer's K/V
+ * cache) + an ATTENTION with kv_written (skips its own K/V write), per layer: the same cache, the
+ * same bits, one CUDA launch less. */
+int msm_pass_fuse_rope_kv_write(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
+                                msm_err *err);
+
 /* V1 every collective on MAIN; V2 every cross-stream read covered by a RECORD after the producer
- * and a WAIT before the reader; V3 every aux node joined into MAIN before the end; plus SSA and
+ * and a WAIT before the reader; V3 every aux node joined into MAIN before the end; KV every
+ * ATTENTION with kv_written reads a ROPE_KV_WRITE of its layer, and every ROPE_KV_WRITE feeds
+ * such an ATTENTION (so each layer's cache is written once, before it is read); plus SSA and
  * event sanity. The message names the first offending node. */
 int msm_graph_verify(const msm_graph *g, msm_err *err);
 

@@ -159,7 +159,7 @@ static int parse_entry(const st_file *f, const char *tname, struct json_object *
         return msm_err_set(err, -EINVAL, P_ ": truncated: tensor '" N_ "' ends at byte %llu "
                            "but the file has %zu bytes", f->path, tname,
                            (unsigned long long)(hdr + end), f->size);
-    uint64_t want;
+    uint64_t want = 0; /* the tensor's byte size; unset (and unused) when it overflows */
     if (overflow || __builtin_mul_overflow(numel, (uint64_t)msm_dtype_size(t->dtype), &want) ||
         want != end - begin) {
         char shp[160];

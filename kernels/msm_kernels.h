@@ -2,8 +2,10 @@
  *
  * These are the oracle: every CUDA kernel (kernels/cuda, msm_cuda_kernels.h) computes the same
  * function with the same argument order, plus its stream, and is tested against these over a
- * table of shapes. All activations are float32, row-major; weights are float32 here (the CPU
- * backend converts bf16/f16 weights once at upload), bf16 on the GPU.
+ * table of shapes. kernels/cpu/X.c holds the twins of kernels/cuda/X.cu (msm_cpu_<op> ~
+ * msm_cuda_<op>); the CPU KV cache is float32, so the kernels that write it take a trailing bf16
+ * flag where the CUDA ones always store bf16. All activations are float32, row-major; weights are
+ * float32 here (the CPU backend converts bf16/f16 weights once at upload), bf16 on the GPU.
  *
  * Shapes use T = tokens in the step, H = hidden, nh/kvh = query/kv heads of this rank,
  * hd = head_dim, E = experts, k = experts per token, I = intermediate size of this rank.
@@ -27,31 +29,47 @@ typedef struct msm_sample_params {
     uint64_t counter; /* index of the token being generated in its sequence */
 } msm_sample_params;
 
+/* ---- kernels/cpu/elementwise.c (twins in kernels/cuda/elementwise.cu) ----------------------- */
+
 /* out[t,:] = table[ids[t],:]   out [T,H], table [V,H] */
 void msm_cpu_embed(float *out, const float *table, const int32_t *ids, int T, int H);
+
+/* out[r,:] = x[rows[r],:]   out [R,C], x [T,C] (GATHER_ROWS: the output rows of a step). */
+void msm_cpu_gather_rows(float *out, const float *x, const int32_t *rows, int R, int C);
 
 /* Row-wise RMSNorm: out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w[:]  (x, out [rows,dim]).
  * Per-head q/k norm is the same call with rows = T*heads, dim = hd. out may equal x. */
 void msm_cpu_rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps);
 
-/* y[T,N] = x[T,K] @ w[N,K]^T (+ bias[N] when not NULL). */
-void msm_cpu_linear(float *y, const float *x, const float *w, const float *bias, int T, int N,
-                    int K);
+/* QK_NORM: out = x [T, C] with each of the nh q heads RMS-normalised with wq [hd] and each of the
+ * next kvh k heads with wk [hd] (per head, eps), the other columns copied. out may equal x. */
+void msm_cpu_qk_norm(float *out, const float *x, const float *wq, const float *wk, int T, int C,
+                     int nh, int kvh, int hd, float eps);
 
 /* In-place rotate-half RoPE on x [T, nheads, hd] at positions pos[T]. */
 void msm_cpu_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float theta);
 
+/* out = x [T, C] with its first nrot heads of hd (per row) rotated as msm_cpu_rope; the other
+ * C - nrot*hd columns copied (ROPE over qkv rows: nrot = nh + kvh). out may equal x. */
+void msm_cpu_rope_copy(float *out, const float *x, const int32_t *pos, int T, int C, int nrot,
+                       int hd, float theta);
+
+/* msm_cpu_rope_copy of qkv rows [T, (nh + 2*kvh)*hd] (q and k heads rotated, v copied) that also
+ * writes the rotated k heads and the v heads to the caches at slot[t], exactly as
+ * msm_cpu_kv_write_ld from out would (ROPE_KV_WRITE). bf16 as in msm_cpu_kv_write_ld. */
+void msm_cpu_rope_kv(float *out, const float *x, const int32_t *pos, const int32_t *slot,
+                     float *kc, float *vc, int T, int nh, int kvh, int hd, float theta, bool bf16);
+
 /* Writes k, v [T, kvh, hd] into the paged caches kc, vc [n_blocks, MSM_KV_BLOCK, kvh, hd] at
- * slot[t] = block * MSM_KV_BLOCK + offset. */
+ * slot[t] = block * MSM_KV_BLOCK + offset. A negative slot skips the token (a padding row). */
 void msm_cpu_kv_write(float *kc, float *vc, const float *k, const float *v, const int32_t *slot,
                       int T, int kvh, int hd);
 
-/* Causal paged attention: token t (of sequence seq[t], at position pos[t]) attends to positions
- * 0..pos[t] of its sequence, read through block_tables[seq[t] * max_blocks + p / MSM_KV_BLOCK].
- * q, out [T, nh, hd]; GQA: query head h reads kv head h / (nh / kvh). Softmax in fp32. */
-void msm_cpu_attention(float *out, const float *q, const float *kc, const float *vc,
-                       const int32_t *seq, const int32_t *pos, const int32_t *block_tables,
-                       int max_blocks, int T, int nh, int kvh, int hd, float scale);
+/* msm_cpu_kv_write with k, v rows ld floats apart (read in place from qkv rows). The CPU caches
+ * are float32; bf16 rounds every value to bf16 (nearest even) as it is stored, which is what the
+ * CUDA cache holds, so CPU and CUDA results can be compared on equal terms. */
+void msm_cpu_kv_write_ld(float *kc, float *vc, const float *k, const float *v, size_t ld,
+                         const int32_t *slot, int T, int kvh, int hd, bool bf16);
 
 /* y[i] = a[i] + b[i]. y may alias a or b. */
 void msm_cpu_add(float *y, const float *a, const float *b, size_t n);
@@ -79,10 +97,29 @@ void msm_cpu_sigmoid(float *y, const float *x, size_t n);
 /* y[t,i] = silu(gu[t,i]) * gu[t,I+i]   (gu [T,2I]: gate half then up half; y [T,I]). */
 void msm_cpu_swiglu(float *y, const float *gu, int T, int I);
 
+/* ---- kernels/cpu/linear.c (twins in kernels/cuda/linear.cu) --------------------------------- */
+
+/* y[T,N] = x[T,K] @ w[N,K]^T (+ bias[N] when not NULL). */
+void msm_cpu_linear(float *y, const float *x, const float *w, const float *bias, int T, int N,
+                    int K);
+
+/* ---- kernels/cpu/attention.c (twins in kernels/cuda/attention.cu) --------------------------- */
+
+/* Causal paged attention: token t (of sequence seq[t], at position pos[t]) attends to positions
+ * 0..pos[t] of its sequence, read through block_tables[seq[t] * max_blocks + p / MSM_KV_BLOCK].
+ * q, out [T, nh, hd]; GQA: query head h reads kv head h / (nh / kvh). Softmax in fp32. */
+void msm_cpu_attention(float *out, const float *q, const float *kc, const float *vc,
+                       const int32_t *seq, const int32_t *pos, const int32_t *block_tables,
+                       int max_blocks, int T, int nh, int kvh, int hd, float scale);
+
+/* ---- kernels/cpu/router.c (twins in kernels/cuda/router.cu) --------------------------------- */
+
 /* Router: softmax over logits[t,:E] in fp32, top-k (highest first, lowest id on ties),
  * renormalised to sum 1 when norm. ids, w [T,k]. */
 void msm_cpu_router_topk(int32_t *ids, float *w, const float *logits, int T, int E, int k,
                          bool norm);
+
+/* ---- kernels/cpu/moe.c (twins in kernels/cuda/moe.cu) --------------------------------------- */
 
 /* Routed experts of this rank: y[t,:] = sum_j w[t,j] * down_e(swiglu(gate_up_e x[t,:])),
  * e = ids[t,j]. gate_up [E, 2I, H] (gate rows then up rows), down [E, H, I], x, y [T,H].
@@ -90,6 +127,8 @@ void msm_cpu_router_topk(int32_t *ids, float *w, const float *logits, int T, int
 void msm_cpu_moe_experts(float *y, const float *x, const int32_t *ids, const float *w,
                          const float *gate_up, const float *down, int T, int H, int I, int k,
                          float *scratch);
+
+/* ---- kernels/cpu/sample.c (twins in kernels/cuda/sample.cu) --------------------------------- */
 
 /* Samples one token per row of logits [R,V] with params p[R] into out[R].
  * scratch: at least 2*V floats. */

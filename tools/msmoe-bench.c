@@ -123,7 +123,7 @@ int main(int argc, char **argv) {
             for (int s = 0; s < B; s++)
                 sq[s] = (msm_step_seq){.tokens = &tok[s], .n_tokens = 1, .pos0 = context + (st < 0 ? 0 : st),
                                        .blocks = blocks + (size_t)s * per_seq, .n_blocks = per_seq,
-                                       .output = 1, .sampling = {.temperature = 0, .top_p = 1}};
+                                       .output = MSM_STEP_OUTPUT_SAMPLE, .sampling = {.temperature = 0, .top_p = 1}};
             msm_step_out out;
             double a = now_ms();
             rc = msm_engine_step(e, sq, B, &out, &err);

@@ -117,63 +117,51 @@ static msm_cuda_exec exec_on(const cuda_backend *cb, msm_stream s, const msm_ste
     return (msm_cuda_exec){.stream = cb->st[s], .tune = decode ? &cb->tune_decode : &cb->tune};
 }
 
-/* Whether node i is a ROPE whose output feeds the next node, the ATTENTION of the same layer on
- * the same stream, over plain qkv rows [T, (nh + 2 kvh) hd]. Then the ROPE kernel also writes the
- * rotated K and the V rows to that layer's cache (msm_cuda_rope_kv) and the ATTENTION skips its
- * own K/V write: one launch less per layer, the same cache contents. */
-static bool rope_feeds_attention(const msm_graph *g, int i) {
-    if (i < 0 || i + 1 >= g->n_nodes) return false;
-    const msm_node *r = &g->nodes[i], *at = &g->nodes[i + 1];
-    return r->op == MSM_OP_ROPE && at->op == MSM_OP_ATTENTION && at->in[0] == r->out[0] &&
-           at->stream == r->stream && at->layer == r->layer && r->a[0] == at->a[0] &&
-           r->a[1] == at->a[1] && r->a[2] == at->a[2] &&
-           g->vals[r->in[0]].cols == (r->a[0] + 2 * r->a[1]) * r->a[2];
-}
-
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
     if (cb->skip_ops >> n->op & 1) return 0;
     msm_cuda_exec s = exec_on(cb, n->stream, d);
     void *ws = cb->ws[n->stream];
-    const int *a = n->a;
+    const msm_attr *a = &n->attr;
     int in0 = n->in[0], out0 = n->out[0];
     switch (n->op) {
     case MSM_OP_EMBED:
-        KTRY(msm_cuda_embed(F(out0), cb->w[n->w[0]], I32(in0), d->T, a[0], s));
+        KTRY(msm_cuda_embed(F(out0), cb->w[n->w[0]], I32(in0), d->T, a->embed.H, s));
         break;
     case MSM_OP_RMSNORM:
-        KTRY(msm_cuda_rmsnorm(F(out0), F(in0), cb->w[n->w[0]], ROWS(in0), a[0], n->f, s));
+        KTRY(msm_cuda_rmsnorm(F(out0), F(in0), cb->w[n->w[0]], ROWS(in0), a->rmsnorm.dim, a->rmsnorm.eps, s));
         break;
     case MSM_OP_QK_NORM:
         KTRY(msm_cuda_qk_norm(F(out0), F(in0), cb->w[n->w[0]], cb->w[n->w[1]], ROWS(in0), g->vals[in0].cols,
-                              a[0], a[1], a[2], n->f, s));
+                              a->qk_norm.nh, a->qk_norm.kvh, a->qk_norm.hd, a->qk_norm.eps, s));
         break;
     case MSM_OP_LINEAR:
         KTRY(msm_cuda_linear(F(out0), F(in0), cb->w[n->w[0]], n->w[1] >= 0 ? cb->w[n->w[1]] : NULL,
-                             ROWS(in0), a[0], a[1], cb->ctx, ws, cb->ws_bytes, s));
+                             ROWS(in0), a->linear.N, a->linear.K, cb->ctx, ws, cb->ws_bytes, s));
         break;
-    case MSM_OP_ROPE: {
-        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
-        if (rope_feeds_attention(g, idx)) { /* also writes this layer's K/V cache (see above) */
-            const msm_node *at = &g->nodes[idx + 1];
-            KTRY(msm_cuda_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(at->in[3]), cb->kc[at->layer],
-                                  cb->vc[at->layer], T, nh, kvh, hd, n->f, s));
-        } else { /* q and k heads lead every row: rotate them and copy the v heads, one launch */
-            KTRY(msm_cuda_rope_copy(F(out0), F(in0), I32(n->in[1]), T, C, nh + kvh, hd, n->f, s));
-        }
+    case MSM_OP_ROPE: /* q and k heads lead every row: rotate them and copy the v heads, one launch */
+        KTRY(msm_cuda_rope_copy(F(out0), F(in0), I32(n->in[1]), ROWS(in0), g->vals[in0].cols,
+                                a->rope.nh + a->rope.kvh, a->rope.hd, a->rope.theta, s));
         break;
-    }
+    case MSM_OP_ROPE_KV_WRITE: /* the same, and the rotated K and the V rows into this layer's cache */
+        if (!cb->kc[n->layer])
+            return msm_err_set(err, -EINVAL, "rank %d (GPU %d): layer %d has no KV cache (no ATTENTION)",
+                               cb->b.rank, cb->device, n->layer);
+        KTRY(msm_cuda_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
+                              ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.theta, s));
+        break;
     case MSM_OP_ATTENTION: {
-        int nh = a[0], kvh = a[1], hd = a[2], C = g->vals[in0].cols, T = ROWS(in0);
+        int nh = a->attention.nh, kvh = a->attention.kvh, hd = a->attention.hd;
+        int C = g->vals[in0].cols, T = ROWS(in0);
         const float *qkv = F(in0);
         /* k, v and q read in place from the qkv rows (row stride C); q_tmp is the split-context
-         * workspace. The K/V write is skipped when the ROPE before wrote the cache already. */
-        if (idx == 0 || !rope_feeds_attention(g, idx - 1))
+         * workspace. The K/V write is skipped when the ROPE_KV_WRITE before wrote the cache. */
+        if (!a->attention.kv_written)
             KTRY(msm_cuda_kv_write_ld(cb->kc[n->layer], cb->vc[n->layer], qkv + (size_t)nh * hd,
                                       qkv + (size_t)(nh + kvh) * hd, (size_t)C, I32(n->in[3]), T, kvh, hd, s));
         KTRY(msm_cuda_attention_ex(F(out0), qkv, (size_t)C, cb->kc[n->layer], cb->vc[n->layer], I32(n->in[1]),
-                                   I32(n->in[2]), I32(n->in[4]), g->max_blocks, T, nh, kvh, hd, n->f,
+                                   I32(n->in[2]), I32(n->in[4]), g->max_blocks, T, nh, kvh, hd, a->attention.scale,
                                    cb->q_tmp[n->stream], cb->q_tmp_bytes, s));
         break;
     }
@@ -182,11 +170,12 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     case MSM_OP_ADD_RMSNORM:
         KTRY(msm_cuda_add_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), cb->w[n->w[0]], ROWS(in0),
-                                  a[0], n->f, s));
+                                  a->rmsnorm.dim, a->rmsnorm.eps, s));
         break;
     case MSM_OP_MOE_COMBINE_NORM:
         KTRY(msm_cuda_moe_combine_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), F(n->in[2]), F(n->in[3]),
-                                          cb->w[n->w[0]], cb->w[n->w[1]], ROWS(in0), a[0], n->f, s));
+                                          cb->w[n->w[0]], cb->w[n->w[1]], ROWS(in0), a->rmsnorm.dim,
+                                          a->rmsnorm.eps, s));
         break;
     case MSM_OP_MUL:
         KTRY(msm_cuda_scale_rows(F(out0), F(in0), F(n->in[1]), ROWS(in0), g->vals[in0].cols, s));
@@ -195,19 +184,19 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_sigmoid(F(out0), F(in0), (size_t)ROWS(in0) * g->vals[in0].cols, s));
         break;
     case MSM_OP_SWIGLU:
-        KTRY(msm_cuda_swiglu(F(out0), F(in0), ROWS(in0), a[0], s));
+        KTRY(msm_cuda_swiglu(F(out0), F(in0), ROWS(in0), a->swiglu.I, s));
         break;
     case MSM_OP_ROUTER_TOPK:
-        KTRY(msm_cuda_router_topk(I32(out0), F(n->out[1]), F(in0), ROWS(in0), a[0], a[1], a[2] != 0, s));
+        KTRY(msm_cuda_router_topk(I32(out0), F(n->out[1]), F(in0), ROWS(in0), a->router_topk.E, a->router_topk.k,
+                                  a->router_topk.norm != 0, s));
         break;
     case MSM_OP_MOE_EXPERTS:
         KTRY(msm_cuda_moe_experts(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), cb->w[n->w[0]], cb->w[n->w[1]],
-                                  ROWS(in0), a[0], a[1], a[2], a[3], ws, cb->ws_bytes, s));
+                                  ROWS(in0), a->moe_experts.H, a->moe_experts.I, a->moe_experts.k,
+                                  a->moe_experts.E, ws, cb->ws_bytes, s));
         break;
     case MSM_OP_GATHER_ROWS: {
-        /* rows are a device index list: gather with one copy per row would need the host; use
-         * scale_rows-free path: a tiny kernel is overkill, so copy rows by index via embed's
-         * gather semantics on a float table. */
+        /* the row indices are on the device: one gather launch, no host round trip */
         int R = ROWS(out0), C = g->vals[in0].cols;
         KTRY(msm_cuda_gather_rows(F(out0), F(in0), I32(n->in[1]), R, C, s));
         break;
@@ -221,7 +210,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
             return msm_err_set(err, -EINVAL, "collective on a non-main stream reached the CUDA backend");
         return nccl_allgather(&cb->comm, F(in0), F(out0), (size_t)ROWS(in0), sizeof(float) * g->vals[in0].cols, err);
     case MSM_OP_SAMPLE: {
-        int R = ROWS(in0), V = a[0], Vp = a[1];
+        int R = ROWS(in0), V = a->sample.V, Vp = a->sample.V_pad;
         const msm_sample_params *p = (const msm_sample_params *)I32(n->in[1]);
         if (V == Vp) {
             KTRY(msm_cuda_sample(I32(out0), F(in0), p, R, V, s));

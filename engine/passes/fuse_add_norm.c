@@ -22,15 +22,14 @@ int msm_pass_fuse_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_g
             const msm_node *nx = &g->nodes[i + 1];
             const msm_value *s = &g->vals[n.out[0]];
             if (nx->op == MSM_OP_RMSNORM && nx->stream == n.stream && nx->in[0] == n.out[0] &&
-                s->dtype == MSM_F32 && nx->a[0] == s->cols) {
+                s->dtype == MSM_F32 && nx->attr.rmsnorm.dim == s->cols) {
                 msm_node f = n;
                 f.op = MSM_OP_ADD_RMSNORM;
                 f.n_out = 2;
                 f.out[1] = nx->out[0];
                 f.w[0] = nx->w[0];
                 f.w[1] = f.w[2] = -1;
-                f.a[0] = nx->a[0];
-                f.f = nx->f;
+                f.attr.rmsnorm = nx->attr.rmsnorm; /* an ADD has no attributes to keep */
                 g->nodes[w++] = f;
                 i++; /* the RMSNORM is absorbed */
                 continue;

@@ -46,7 +46,7 @@ int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_g
     for (int i = 0; i < g->n_nodes; i++) {
         msm_node *n = &g->nodes[i];
         if (n->op != MSM_OP_ADD_RMSNORM) continue;
-        int C = n->a[0];
+        int C = n->attr.rmsnorm.dim;
         for (int side = 1; side >= 0; side--) {
             int moe = n->in[side], x = n->in[1 - side];
             int c = producer(g, moe, i);
@@ -69,14 +69,14 @@ int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_g
             int shared = mn->in[0], s = producer(g, mn->in[1], m);
             if (s < 0 || g->nodes[s].op != MSM_OP_SIGMOID || readers(g, mn->in[1]) != 1) continue;
             int l = producer(g, g->nodes[s].in[0], s);
-            if (l < 0 || g->nodes[l].op != MSM_OP_LINEAR || g->nodes[l].a[0] != 1 ||
+            if (l < 0 || g->nodes[l].op != MSM_OP_LINEAR || g->nodes[l].attr.linear.N != 1 ||
                 g->nodes[l].w[1] >= 0 || g->nodes[l].role != MSM_ROLE_SHARED ||
                 readers(g, g->nodes[s].in[0]) != 1)
                 continue;
             const msm_node *ln = &g->nodes[l];
             int h = ln->in[0];
             const msm_value *v[4] = {&g->vals[x], &g->vals[routed], &g->vals[shared], &g->vals[h]};
-            bool ok = ln->a[1] == C;
+            bool ok = ln->attr.linear.K == C;
             for (int q = 0; q < 4; q++)
                 ok &= v[q]->dtype == MSM_F32 && v[q]->cols == C && v[q]->rows == v[0]->rows &&
                       v[q]->fixed_rows == v[0]->fixed_rows;

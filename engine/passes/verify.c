@@ -5,12 +5,24 @@
  * its nodes; EVENT_RECORD snapshots the recording stream's clock; EVENT_WAIT merges the last
  * snapshot of its event into the waiting stream's clock (a wait issued before any record of the
  * event orders nothing, as in CUDA). A node may read a value produced on another stream only
- * when its stream's clock covers the producer. */
+ * when its stream's clock covers the producer. The KV cache is state outside the values: the
+ * rule KV pairs every ROPE_KV_WRITE with the kv_written ATTENTION reading its output, so V2 on
+ * that value also orders the cache write before the read. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "msm_pass.h"
+
+/* Whether node p (-1: none) is a ROPE_KV_WRITE that writes the K/V cache ATTENTION node a reads:
+ * the same layer and heads. */
+static bool writes_kv_for(const msm_graph *g, int p, const msm_node *a) {
+    if (p < 0 || g->nodes[p].op != MSM_OP_ROPE_KV_WRITE) return false;
+    const msm_node *w = &g->nodes[p];
+    const msm_attr_rope *wr = &w->attr.rope;
+    const msm_attr_attention *at = &a->attr.attention;
+    return w->layer == a->layer && wr->nh == at->nh && wr->kvh == at->kvh && wr->hd == at->hd;
+}
 
 static int fail(msm_err *err, const msm_graph *g, int i, const char *rule, const char *what) {
     const msm_node *n = &g->nodes[i];
@@ -23,14 +35,19 @@ static int fail(msm_err *err, const msm_graph *g, int i, const char *rule, const
 int msm_graph_verify(const msm_graph *g, msm_err *err) {
     int nv = g->n_vals, ne = g->n_events > 0 ? g->n_events : 1;
     int *prod_stream = malloc(sizeof(int) * (size_t)nv), *prod_pos = malloc(sizeof(int) * (size_t)nv);
+    int *prod_node = malloc(sizeof(int) * (size_t)nv);
     int (*ev_clock)[MSM_N_STREAMS] = calloc((size_t)ne, sizeof *ev_clock);
     int *ev_records = calloc((size_t)ne, sizeof(int));
+    bool *kv_read = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *kv_read);
     int r = 0;
-    if (!prod_stream || !prod_pos || !ev_clock || !ev_records) {
+    if (!prod_stream || !prod_pos || !prod_node || !ev_clock || !ev_records || !kv_read) {
         r = msm_err_set(err, -ENOMEM, "out of memory in the verifier");
         goto out;
     }
-    for (int v = 0; v < nv; v++) prod_stream[v] = g->vals[v].io ? -1 : -2; /* -2: not yet produced */
+    for (int v = 0; v < nv; v++) {
+        prod_stream[v] = g->vals[v].io ? -1 : -2; /* -2: not yet produced */
+        prod_node[v] = -1;
+    }
     int vc[MSM_N_STREAMS][MSM_N_STREAMS];
     memset(vc, 0, sizeof vc);
     for (int i = 0; i < g->n_nodes && r == 0; i++) {
@@ -66,6 +83,17 @@ int msm_graph_verify(const msm_graph *g, msm_err *err) {
             }
         }
         if (r) break;
+        /* KV: an ATTENTION that skips its K/V write reads the rows whose writer filled the cache */
+        if (n->op == MSM_OP_ATTENTION && n->attr.attention.kv_written) {
+            int p = n->n_in > 0 ? prod_node[n->in[0]] : -1;
+            if (!writes_kv_for(g, p, n)) {
+                r = fail(err, g, i, "KV", "skips its K/V write (kv_written) but its qkv input is not "
+                                          "the output of a ROPE_KV_WRITE of its layer with the same "
+                                          "heads: nothing writes this layer's KV cache");
+                break;
+            }
+            kv_read[p] = true;
+        }
         vc[s][s]++;
         if (n->op == MSM_OP_EVENT_RECORD || n->op == MSM_OP_EVENT_WAIT) {
             if (n->event < 0 || n->event >= g->n_events) {
@@ -97,9 +125,16 @@ int msm_graph_verify(const msm_graph *g, msm_err *err) {
             } else {
                 prod_stream[v] = s;
                 prod_pos[v] = vc[s][s];
+                prod_node[v] = i;
             }
         }
     }
+    /* KV: every K/V-cache writer feeds the ATTENTION of its layer (the backends size a layer's
+     * cache from that ATTENTION, and an ATTENTION that writes K/V again would do it twice) */
+    for (int i = 0; r == 0 && i < g->n_nodes; i++)
+        if (g->nodes[i].op == MSM_OP_ROPE_KV_WRITE && !kv_read[i])
+            r = fail(err, g, i, "KV", "writes its layer's KV cache but no ATTENTION of that layer "
+                                      "with kv_written reads its output");
     /* V3: all aux work joined into main before the step ends */
     if (r == 0 && vc[MSM_STREAM_MAIN][MSM_STREAM_AUX] < vc[MSM_STREAM_AUX][MSM_STREAM_AUX]) {
         r = msm_err_set(err, -EINVAL,
@@ -111,46 +146,34 @@ int msm_graph_verify(const msm_graph *g, msm_err *err) {
 out:
     free(prod_stream);
     free(prod_pos);
+    free(prod_node);
+    free(kv_read);
     free(ev_clock);
     free(ev_records);
     return r;
 }
 
+typedef int (*pass_fn)(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret, msm_err *err);
+
 int msm_passes_apply(const msm_graph *plain, const msm_pass_opts *o, msm_graph **ret,
                      msm_err *err) {
+    /* The order matters: the MoE passes find branches by role and plain ADD / ALLREDUCE nodes,
+     * elide_tp1_collectives runs after them, fuse_moe_combine needs its ADD_RMSNORM; the RoPE
+     * fusion touches none of those. */
+    const struct { bool on; pass_fn run; } passes[] = {
+        {o->fuse_allreduce, msm_pass_fuse_moe_allreduce},
+        {o->multi_stream || o->test_buggy_placement, msm_pass_multi_stream_moe},
+        {o->fuse_add_norm, msm_pass_fuse_add_rmsnorm},
+        {o->elide_collectives, msm_pass_elide_tp1_collectives},
+        {o->fuse_moe_combine, msm_pass_fuse_moe_combine},
+        {o->fuse_rope_kv, msm_pass_fuse_rope_kv_write},
+    };
     msm_graph *g = msm_graph_clone(plain), *next = NULL;
     if (!g) return msm_err_set(err, -ENOMEM, "out of memory applying passes");
     int r = 0;
-    if (o->fuse_allreduce) {
-        r = msm_pass_fuse_moe_allreduce(g, o, &next, err);
-        if (r == 0) {
-            msm_graph_free(g);
-            g = next;
-        }
-    }
-    if (r == 0 && (o->multi_stream || o->test_buggy_placement)) {
-        r = msm_pass_multi_stream_moe(g, o, &next, err);
-        if (r == 0) {
-            msm_graph_free(g);
-            g = next;
-        }
-    }
-    if (r == 0 && o->fuse_add_norm) {
-        r = msm_pass_fuse_add_rmsnorm(g, o, &next, err);
-        if (r == 0) {
-            msm_graph_free(g);
-            g = next;
-        }
-    }
-    if (r == 0 && o->elide_collectives) {
-        r = msm_pass_elide_tp1_collectives(g, o, &next, err);
-        if (r == 0) {
-            msm_graph_free(g);
-            g = next;
-        }
-    }
-    if (r == 0 && o->fuse_moe_combine) {
-        r = msm_pass_fuse_moe_combine(g, o, &next, err);
+    for (size_t i = 0; r == 0 && i < sizeof passes / sizeof passes[0]; i++) {
+        if (!passes[i].on) continue;
+        r = passes[i].run(g, o, &next, err);
         if (r == 0) {
             msm_graph_free(g);
             g = next;

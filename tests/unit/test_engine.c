@@ -24,19 +24,19 @@ Test(engine, step_rejects_bad_input_with_a_message) {
     cr_assert_eq(msm_kv_pool_alloc(msm_engine_kv(e), 2, blocks), 0);
     msm_step_out out;
     msm_err err = {{0}};
-    msm_step_seq s = {.tokens = tok_bad, .n_tokens = 1, .blocks = blocks, .n_blocks = 2, .output = 1};
+    msm_step_seq s = {.tokens = tok_bad, .n_tokens = 1, .blocks = blocks, .n_blocks = 2, .output = MSM_STEP_OUTPUT_SAMPLE};
     cr_expect_eq(msm_engine_step(e, &s, 1, &out, &err), -EINVAL);
     cr_expect(strstr(err.msg, "token id 256") && strstr(err.msg, "vocabulary"), "%s", err.msg);
-    s = (msm_step_seq){.tokens = tok_ok, .n_tokens = 3, .blocks = bad_blocks, .n_blocks = 1, .output = 1};
+    s = (msm_step_seq){.tokens = tok_ok, .n_tokens = 3, .blocks = bad_blocks, .n_blocks = 1, .output = MSM_STEP_OUTPUT_SAMPLE};
     cr_expect_eq(msm_engine_step(e, &s, 1, &out, &err), -EINVAL);
     cr_expect(strstr(err.msg, "block id 9999"), "%s", err.msg);
-    s = (msm_step_seq){.tokens = tok_ok, .n_tokens = 0, .blocks = blocks, .n_blocks = 2, .output = 1};
+    s = (msm_step_seq){.tokens = tok_ok, .n_tokens = 0, .blocks = blocks, .n_blocks = 2, .output = MSM_STEP_OUTPUT_SAMPLE};
     cr_expect_eq(msm_engine_step(e, &s, 1, &out, &err), -EINVAL);
-    s = (msm_step_seq){.tokens = tok_ok, .n_tokens = 3, .pos0 = 510, .blocks = blocks, .n_blocks = 2, .output = 1};
+    s = (msm_step_seq){.tokens = tok_ok, .n_tokens = 3, .pos0 = 510, .blocks = blocks, .n_blocks = 2, .output = MSM_STEP_OUTPUT_SAMPLE};
     cr_expect_eq(msm_engine_step(e, &s, 1, &out, &err), -EINVAL);
     cr_expect(strstr(err.msg, "context"), "%s", err.msg);
     /* and the engine still works */
-    s = (msm_step_seq){.tokens = tok_ok, .n_tokens = 3, .blocks = blocks, .n_blocks = 2, .output = 1};
+    s = (msm_step_seq){.tokens = tok_ok, .n_tokens = 3, .blocks = blocks, .n_blocks = 2, .output = MSM_STEP_OUTPUT_SAMPLE};
     cr_expect_eq(msm_engine_step(e, &s, 1, &out, &err), 0, "%s", err.msg);
     msm_engine_free(e);
 }
@@ -53,7 +53,7 @@ Test(engine, batched_step_equals_single_sequence_runs) {
     for (int i = 0; i < n; i++) {
         cr_assert_eq(msm_kv_pool_alloc(msm_engine_kv(e), 4, blocks[i]), 0);
         s[i] = (msm_step_seq){.tokens = g.prompt[i], .n_tokens = g.prompt_len[i], .blocks = blocks[i],
-                              .n_blocks = 4, .output = 1};
+                              .n_blocks = 4, .output = MSM_STEP_OUTPUT_SAMPLE};
         pos[i] = g.prompt_len[i];
     }
     msm_step_out out;
@@ -65,7 +65,7 @@ Test(engine, batched_step_equals_single_sequence_runs) {
     for (int t = 1; t < 12; t++) {
         for (int i = 0; i < n; i++)
             s[i] = (msm_step_seq){.tokens = &last[i], .n_tokens = 1, .pos0 = pos[i]++, .blocks = blocks[i],
-                                  .n_blocks = 4, .output = 1};
+                                  .n_blocks = 4, .output = MSM_STEP_OUTPUT_SAMPLE};
         cr_assert_eq(msm_engine_step(e, s, n, &out, &err), 0, "%s", err.msg);
         for (int i = 0; i < n; i++) {
             cr_expect_eq(out.tokens[i], g.gen[i][t], "prompt %d token %d", i, t);
@@ -130,7 +130,7 @@ static int prefill_logits(bool kv_bf16, float **ret, int *rows, int *vocab) {
     for (int i = 0; i < g.prompt_len[0]; i++) toks[P++] = g.prompt[0][i];
     for (int i = 0; i < 12; i++) toks[P++] = g.gen[0][i]; /* a longer context than the prompt */
     cr_assert_eq(msm_kv_pool_alloc(msm_engine_kv(e), 4, blocks), 0);
-    msm_step_seq s = {.tokens = toks, .n_tokens = P, .blocks = blocks, .n_blocks = 4, .output = 2};
+    msm_step_seq s = {.tokens = toks, .n_tokens = P, .blocks = blocks, .n_blocks = 4, .output = MSM_STEP_OUTPUT_ALL_LOGITS};
     msm_step_out out;
     cr_assert_eq(msm_engine_step(e, &s, 1, &out, &err), 0, "%s", err.msg);
     *vocab = msm_engine_model(e)->vocab;

@@ -309,16 +309,24 @@ Test(graph_plan, aux_values_never_share_bytes_with_the_concurrent_main_work) {
     msm_graph_free(g);
 }
 
-Test(graph_dump, shows_allreduce_on_main_and_shared_expert_on_aux) {
-    msm_graph *g = plain("tests/data/qwen2moe-gqa", 2), *out;
+/* msm_graph_dump of model dir's rank-0 graph at tp after the passes o (the caller frees it). */
+static char *dump_of(const char *dir, int tp, const msm_pass_opts *o) {
+    msm_graph *g = plain(dir, tp), *out;
     msm_err err = {{0}};
-    msm_pass_opts o = {.multi_stream = true, .fuse_allreduce = false};
-    cr_assert_eq(msm_passes_apply(g, &o, &out, &err), 0, "%s", err.msg);
+    cr_assert_eq(msm_passes_apply(g, o, &out, &err), 0, "%s", err.msg);
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     msm_graph_dump(out, f);
     fclose(f);
+    msm_graph_free(out);
+    msm_graph_free(g);
+    return buf;
+}
+
+Test(graph_dump, shows_allreduce_on_main_and_shared_expert_on_aux) {
+    msm_pass_opts o = {.multi_stream = true, .fuse_allreduce = false};
+    char *buf = dump_of("tests/data/qwen2moe-gqa", 2, &o);
     int ar_main = 0, ar_aux = 0, shared_aux = 0;
     for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
         if (strstr(line, "ALLREDUCE")) {
@@ -331,8 +339,6 @@ Test(graph_dump, shows_allreduce_on_main_and_shared_expert_on_aux) {
     cr_expect_eq(ar_main, 4 + 1 + 2 * 3, "attention x4, dense mlp x1, routed+shared x3: got %d", ar_main);
     cr_expect_eq(shared_aux, 3);
     free(buf);
-    msm_graph_free(out);
-    msm_graph_free(g);
 }
 
 /* ---- elide_tp1_collectives, fuse_add_rmsnorm ---- */
@@ -432,4 +438,137 @@ Test(graph_pass, add_rmsnorm_fuses_both_residual_norms_of_every_layer) {
     cr_expect_eq(count_op(p, MSM_OP_RMSNORM), count_op(g, MSM_OP_RMSNORM) - 2 * g->n_layers);
     cr_expect_eq(count_op(p, MSM_OP_ADD), count_op(g, MSM_OP_ADD) - 2 * g->n_layers);
     msm_graph_free(p), msm_graph_free(g);
+}
+
+/* ---- fuse_rope_kv_write ---- */
+
+static int count_kv_written(const msm_graph *g) {
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        n += g->nodes[i].op == MSM_OP_ATTENTION && g->nodes[i].attr.attention.kv_written;
+    return n;
+}
+
+static msm_graph *pass_rope_kv(const msm_graph *g) {
+    msm_graph *out;
+    msm_err err = {{0}};
+    msm_pass_opts o = {.fuse_rope_kv = true};
+    cr_assert_eq(msm_pass_fuse_rope_kv_write(g, &o, &out, &err), 0, "%s", err.msg);
+    return out;
+}
+
+Test(graph_pass, rope_kv_write_fuses_once_per_layer_in_every_combination) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen2moe-mha-tied", "tests/data/qwen3moe",
+                          "tests/data/mixtral"};
+    for (int d = 0; d < 4; d++)
+        for (int tp = 1; tp <= 2; tp++)
+            for (int m = 0; m < 4; m++) {
+                msm_graph *g = plain(dirs[d], tp);
+                msm_pass_opts o = {.fuse_allreduce = m & 1, .multi_stream = m & 2, .fuse_add_norm = true,
+                                   .elide_collectives = true, .fuse_moe_combine = true, .fuse_rope_kv = true};
+                msm_graph *p = apply(g, &o); /* plans and verifies */
+                cr_expect_eq(count_op(p, MSM_OP_ROPE_KV_WRITE), g->n_layers, "%s tp %d combo %d", dirs[d], tp, m);
+                cr_expect_eq(count_op(p, MSM_OP_ROPE), 0, "%s tp %d combo %d", dirs[d], tp, m);
+                cr_expect_eq(count_kv_written(p), g->n_layers, "%s tp %d combo %d", dirs[d], tp, m);
+                cr_expect_gt(p->arena_bytes, 0);
+                /* each writer: (qkv, pos, slot) of its layer, read by its layer's ATTENTION next */
+                for (int i = 0; i < p->n_nodes; i++) {
+                    const msm_node *w = &p->nodes[i], *at = &p->nodes[i + 1];
+                    if (w->op != MSM_OP_ROPE_KV_WRITE) continue;
+                    cr_expect(w->n_in == 3 && w->in[1] == p->v_pos && w->in[2] == p->v_slot);
+                    cr_expect(at->op == MSM_OP_ATTENTION && at->in[0] == w->out[0] && at->layer == w->layer &&
+                              at->stream == w->stream, "%s layer %d", dirs[d], w->layer);
+                }
+                /* idempotent */
+                msm_graph *q = pass_rope_kv(p);
+                cr_expect(msm_graph_equal(p, q), "fuse_rope_kv_write is not idempotent");
+                msm_graph_free(q), msm_graph_free(p), msm_graph_free(g);
+            }
+}
+
+Test(graph_pass, rope_kv_write_keeps_everything_but_the_rope_and_the_flag) {
+    msm_graph *g = plain("tests/data/qwen3moe", 2), *p = pass_rope_kv(g);
+    cr_assert_eq(p->n_nodes, g->n_nodes);
+    cr_expect_eq(msm_graph_collective_hash(p), msm_graph_collective_hash(g));
+    for (int i = 0; i < g->n_nodes; i++) {
+        msm_node a = g->nodes[i], b = p->nodes[i];
+        if (a.op == MSM_OP_ROPE) {
+            cr_expect_eq(b.op, MSM_OP_ROPE_KV_WRITE);
+            cr_expect(memcmp(&a.attr, &b.attr, sizeof a.attr) == 0, "theta and heads kept");
+            b.op = a.op, b.n_in = a.n_in, b.in[2] = a.in[2];
+        } else if (a.op == MSM_OP_ATTENTION) {
+            cr_expect_eq(b.attr.attention.kv_written, 1);
+            b.attr.attention.kv_written = 0;
+        }
+        cr_expect(memcmp(&a, &b, sizeof a) == 0, "node %d (%s) changed", i, msm_op_name(a.op));
+    }
+    msm_graph_free(p), msm_graph_free(g);
+}
+
+Test(graph_pass, rope_kv_write_leaves_a_rope_whose_attention_is_on_another_stream) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 1);
+    int at = find(g, 0, MSM_OP_ATTENTION, MSM_ROLE_ATTN, 0);
+    cr_assert_geq(at, 0);
+    g->nodes[at].stream = MSM_STREAM_AUX; /* not a runnable graph: only what the pass matches */
+    msm_graph *p = pass_rope_kv(g);
+    cr_expect_eq(count_op(p, MSM_OP_ROPE_KV_WRITE), g->n_layers - 1);
+    cr_expect_eq(p->nodes[at].attr.attention.kv_written, 0);
+    msm_graph_free(p), msm_graph_free(g);
+}
+
+static void expect_refused(msm_graph *g, const char *rule, const char *op) {
+    msm_err err = {{0}};
+    cr_assert_eq(msm_graph_plan(g, &err), 0, "%s", err.msg);
+    cr_expect_neq(msm_graph_verify(g, &err), 0, "expected a %s refusal", rule);
+    cr_expect(strstr(err.msg, rule) && strstr(err.msg, op), "message: %s", err.msg);
+}
+
+Test(graph_verify, refuses_an_attention_that_skips_its_kv_write_after_a_plain_rope) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 1);
+    int at = find(g, 2, MSM_OP_ATTENTION, MSM_ROLE_ATTN, 0);
+    g->nodes[at].attr.attention.kv_written = 1; /* nothing writes layer 2's cache */
+    expect_refused(g, "KV", "ATTENTION");
+    msm_graph_free(g);
+}
+
+Test(graph_verify, refuses_a_kv_writer_whose_attention_writes_again) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 1), *p = pass_rope_kv(g);
+    int at = find(p, 1, MSM_OP_ATTENTION, MSM_ROLE_ATTN, 0);
+    p->nodes[at].attr.attention.kv_written = 0;
+    expect_refused(p, "KV", "ROPE_KV_WRITE");
+    msm_graph_free(p), msm_graph_free(g);
+}
+
+Test(graph_verify, refuses_a_kv_writer_of_another_layer) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 1), *p = pass_rope_kv(g);
+    int w = find(p, 3, MSM_OP_ROPE_KV_WRITE, MSM_ROLE_ATTN, 0);
+    p->nodes[w].layer = 2; /* writes layer 2's cache; layer 3's ATTENTION reads layer 3's */
+    expect_refused(p, "KV", "ATTENTION");
+    msm_graph_free(p), msm_graph_free(g);
+}
+
+/* The cache write is ordered by the writer's output: a ROPE_KV_WRITE forked onto the aux stream
+ * whose ATTENTION on main reads it without a join is a V2 refusal, like any cross-stream read. */
+Test(graph_verify, refuses_a_kv_writer_on_aux_read_without_a_join) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 1), *p = pass_rope_kv(g);
+    int w = find(p, 0, MSM_OP_ROPE_KV_WRITE, MSM_ROLE_ATTN, 0);
+    p->nodes[w].stream = MSM_STREAM_AUX;
+    int ev = p->n_events++;
+    msm_node fork_r = {.op = MSM_OP_EVENT_RECORD, .stream = MSM_STREAM_MAIN, .layer = 0, .event = ev, .w = {-1, -1, -1}};
+    msm_node fork_w = {.op = MSM_OP_EVENT_WAIT, .stream = MSM_STREAM_AUX, .layer = 0, .event = ev, .w = {-1, -1, -1}};
+    msm_graph_insert(p, w, &fork_w); /* the writer's own read of qkv is covered */
+    msm_graph_insert(p, w, &fork_r);
+    expect_refused(p, "V2", "ATTENTION");
+    msm_graph_free(p), msm_graph_free(g);
+}
+
+Test(graph_dump, shows_the_rope_kv_write_and_named_attributes) {
+    msm_pass_opts o = {.fuse_rope_kv = true};
+    char *buf = dump_of("tests/data/qwen3moe", 1, &o);
+    cr_expect(strstr(buf, "ROPE_KV_WRITE    qkv_norm0, pos, slot -> qkv_rope0 [nh=8 kvh=4 hd=16 theta=10000]"),
+              "dump:\n%s", buf);
+    cr_expect(strstr(buf, "ATTENTION        qkv_rope0, seq, pos, slot, block_tables -> attn0 [nh=8 kvh=4 hd=16 "
+                          "scale=0.25 kv_written=1]"), "dump:\n%s", buf);
+    cr_expect(strstr(buf, "LINEAR           attn_in0 -> qkv0 [N=256 K=64]"), "dump:\n%s", buf);
+    free(buf);
 }

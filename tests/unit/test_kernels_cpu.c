@@ -1,9 +1,12 @@
 /* CPU reference kernels: the properties the rest of the engine relies on (sampling rules,
- * routing, attention against a naive softmax, RoPE rotation). */
+ * routing, attention against a naive softmax, RoPE rotation), and the qkv-row kernels (QK norm,
+ * RoPE over rows, the K/V-cache write, RoPE + K/V write, row gather) against their definitions. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "msm_dtype.h"
 #include "msm_kernels.h"
 
 static float frand(uint64_t *s) {
@@ -148,4 +151,130 @@ Test(kernels_cpu, add_rmsnorm_equals_add_then_rmsnorm) {
     msm_cpu_add(s2, a, b, R * D);
     msm_cpu_rmsnorm(o2, s2, w, R, D, 1e-6f);
     cr_expect(memcmp(s1, s2, sizeof s1) == 0 && memcmp(o1, o2, sizeof o1) == 0);
+}
+
+/* ---- the qkv-row kernels the CPU backend runs for QK_NORM, ROPE, ROPE_KV_WRITE, ATTENTION's K/V
+ * write and GATHER_ROWS, over a table of shapes {T, nh, kvh, hd} ---- */
+
+static const int qkv_shapes[][4] = {{1, 4, 2, 8}, {5, 6, 2, 16}, {3, 2, 2, 32}, {17, 8, 1, 4}};
+#define N_QKV_SHAPES (sizeof qkv_shapes / sizeof qkv_shapes[0])
+
+static float *rand_floats(size_t n, uint64_t seed) {
+    float *p = malloc(sizeof(float) * n);
+    cr_assert(p);
+    for (size_t i = 0; i < n; i++) p[i] = frand(&seed) * 3.0f;
+    return p;
+}
+
+Test(kernels_cpu, qk_norm_normalises_q_and_k_heads_and_copies_v) {
+    for (size_t s = 0; s < N_QKV_SHAPES; s++) {
+        int T = qkv_shapes[s][0], nh = qkv_shapes[s][1], kvh = qkv_shapes[s][2], hd = qkv_shapes[s][3];
+        int C = (nh + 2 * kvh) * hd;
+        size_t n = (size_t)T * C;
+        float *x = rand_floats(n, 3 + s), *wq = rand_floats((size_t)hd, 4), *wk = rand_floats((size_t)hd, 5);
+        float *out = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n), *inplace = malloc(sizeof(float) * n);
+        msm_cpu_qk_norm(out, x, wq, wk, T, C, nh, kvh, hd, 1e-6f);
+        memcpy(inplace, x, sizeof(float) * n);
+        msm_cpu_qk_norm(inplace, inplace, wq, wk, T, C, nh, kvh, hd, 1e-6f);
+        for (int t = 0; t < T; t++) { /* per head: rmsnorm rows of hd */
+            const float *xr = x + (size_t)t * C;
+            float *rr = ref + (size_t)t * C;
+            msm_cpu_rmsnorm(rr, xr, wq, nh, hd, 1e-6f);
+            msm_cpu_rmsnorm(rr + (size_t)nh * hd, xr + (size_t)nh * hd, wk, kvh, hd, 1e-6f);
+            memcpy(rr + (size_t)(nh + kvh) * hd, xr + (size_t)(nh + kvh) * hd, sizeof(float) * (size_t)kvh * hd);
+        }
+        cr_expect(memcmp(out, ref, sizeof(float) * n) == 0, "T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
+        cr_expect(memcmp(inplace, ref, sizeof(float) * n) == 0, "in place: T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
+        free(x), free(wq), free(wk), free(out), free(ref), free(inplace);
+    }
+}
+
+Test(kernels_cpu, rope_copy_rotates_q_and_k_heads_and_copies_v) {
+    for (size_t s = 0; s < N_QKV_SHAPES; s++) {
+        int T = qkv_shapes[s][0], nh = qkv_shapes[s][1], kvh = qkv_shapes[s][2], hd = qkv_shapes[s][3];
+        int C = (nh + 2 * kvh) * hd;
+        size_t n = (size_t)T * C;
+        float *x = rand_floats(n, 7 + s), *out = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n);
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
+        for (int t = 0; t < T; t++) pos[t] = 3 * t + 1;
+        msm_cpu_rope_copy(out, x, pos, T, C, nh + kvh, hd, 1e6f);
+        memcpy(ref, x, sizeof(float) * n);
+        for (int t = 0; t < T; t++) msm_cpu_rope(ref + (size_t)t * C, pos + t, 1, nh + kvh, hd, 1e6f);
+        cr_expect(memcmp(out, ref, sizeof(float) * n) == 0, "T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
+        /* the v heads are the input's, untouched */
+        for (int t = 0; t < T; t++)
+            cr_expect(memcmp(out + (size_t)t * C + (size_t)(nh + kvh) * hd, x + (size_t)t * C + (size_t)(nh + kvh) * hd,
+                             sizeof(float) * (size_t)kvh * hd) == 0);
+        msm_cpu_rope_copy(x, x, pos, T, C, nh + kvh, hd, 1e6f); /* in place */
+        cr_expect(memcmp(x, ref, sizeof(float) * n) == 0, "in place: T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
+        free(x), free(out), free(ref), free(pos);
+    }
+}
+
+/* kv_write_ld from strided qkv rows: float or bf16-rounded values at their slots, padding rows
+ * (slot -1) and untouched slots left as they were. */
+Test(kernels_cpu, kv_write_ld_stores_rows_at_slots_rounded_when_bf16) {
+    for (size_t s = 0; s < N_QKV_SHAPES; s++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            int T = qkv_shapes[s][0], nh = qkv_shapes[s][1], kvh = qkv_shapes[s][2], hd = qkv_shapes[s][3];
+            int C = (nh + 2 * kvh) * hd, nslots = 2 * MSM_KV_BLOCK + T, row = kvh * hd;
+            size_t cache = (size_t)nslots * row;
+            float *qkv = rand_floats((size_t)T * C, 11 + s), *kc = malloc(sizeof(float) * cache),
+                  *vc = malloc(sizeof(float) * cache);
+            int32_t *slot = malloc(sizeof(int32_t) * (size_t)T);
+            for (size_t i = 0; i < cache; i++) kc[i] = vc[i] = -7.0f;
+            for (int t = 0; t < T; t++) slot[t] = t == T - 1 && T > 1 ? -1 : (t * 5 + 3) % nslots;
+            msm_cpu_kv_write_ld(kc, vc, qkv + (size_t)nh * hd, qkv + (size_t)(nh + kvh) * hd, (size_t)C, slot, T,
+                                kvh, hd, bf16);
+            int written = 0;
+            for (int t = 0; t < T; t++) {
+                if (slot[t] < 0) continue;
+                written++;
+                for (int j = 0; j < row; j++) {
+                    float k = qkv[(size_t)t * C + (size_t)nh * hd + j], v = qkv[(size_t)t * C + (size_t)(nh + kvh) * hd + j];
+                    if (bf16) k = msm_bf16_to_f32(msm_f32_to_bf16(k)), v = msm_bf16_to_f32(msm_f32_to_bf16(v));
+                    cr_assert(kc[(size_t)slot[t] * row + j] == k && vc[(size_t)slot[t] * row + j] == v,
+                              "T=%d kvh=%d hd=%d bf16 %d: t %d j %d", T, kvh, hd, bf16, t, j);
+                }
+            }
+            size_t untouched = 0;
+            for (size_t i = 0; i < cache; i++) untouched += kc[i] == -7.0f && vc[i] == -7.0f;
+            cr_expect_eq(untouched, cache - (size_t)written * row, "T=%d: a padding row or a stray write", T);
+            free(qkv), free(kc), free(vc), free(slot);
+        }
+}
+
+/* ROPE_KV_WRITE's kernel = rope_copy then kv_write_ld from its output, bitwise (rows and caches),
+ * which is what makes the fuse_rope_kv_write pass exact on the CPU backend. */
+Test(kernels_cpu, rope_kv_equals_rope_copy_then_kv_write_ld) {
+    for (size_t s = 0; s < N_QKV_SHAPES; s++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            int T = qkv_shapes[s][0], nh = qkv_shapes[s][1], kvh = qkv_shapes[s][2], hd = qkv_shapes[s][3];
+            int C = (nh + 2 * kvh) * hd, nslots = 2 * MSM_KV_BLOCK + T;
+            size_t n = (size_t)T * C, cache = (size_t)nslots * kvh * hd;
+            float *x = rand_floats(n, 21 + s), *o1 = malloc(sizeof(float) * n), *o2 = malloc(sizeof(float) * n);
+            float *k1 = calloc(cache, sizeof(float)), *v1 = calloc(cache, sizeof(float));
+            float *k2 = calloc(cache, sizeof(float)), *v2 = calloc(cache, sizeof(float));
+            int32_t *pos = malloc(sizeof(int32_t) * (size_t)T), *slot = malloc(sizeof(int32_t) * (size_t)T);
+            for (int t = 0; t < T; t++) pos[t] = 100 + t, slot[t] = t == 0 && T > 1 ? -1 : (t * 3) % nslots;
+            msm_cpu_rope_copy(o1, x, pos, T, C, nh + kvh, hd, 1e4f);
+            msm_cpu_kv_write_ld(k1, v1, o1 + (size_t)nh * hd, o1 + (size_t)(nh + kvh) * hd, (size_t)C, slot, T, kvh,
+                                hd, bf16);
+            msm_cpu_rope_kv(o2, x, pos, slot, k2, v2, T, nh, kvh, hd, 1e4f, bf16);
+            cr_expect(memcmp(o1, o2, sizeof(float) * n) == 0, "rows: T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
+            cr_expect(memcmp(k1, k2, sizeof(float) * cache) == 0 && memcmp(v1, v2, sizeof(float) * cache) == 0,
+                      "caches: T=%d nh=%d kvh=%d hd=%d bf16 %d", T, nh, kvh, hd, bf16);
+            free(x), free(o1), free(o2), free(k1), free(v1), free(k2), free(v2), free(pos), free(slot);
+        }
+}
+
+Test(kernels_cpu, gather_rows_copies_the_indexed_rows) {
+    enum { T = 9, C = 13, R = 4 };
+    uint64_t s = 17;
+    float x[T * C], out[R * C];
+    for (int i = 0; i < T * C; i++) x[i] = frand(&s);
+    const int32_t rows[R] = {8, 0, 3, 3};
+    msm_cpu_gather_rows(out, x, rows, R, C);
+    for (int r = 0; r < R; r++)
+        cr_expect(memcmp(out + r * C, x + rows[r] * C, sizeof(float) * C) == 0, "row %d", r);
 }

@@ -1,5 +1,6 @@
 /* Tensor parallelism on host collectives and the passes, numerically: every pass combination
- * equals passes-off, TP=2/4 equal TP=1, and the original bug reproduced: the buggy placement
+ * (fuse_moe_allreduce x multi_stream_moe x fuse_rope_kv_write, the other speed passes with the
+ * first two) equals passes-off, TP=2/4 equal TP=1, and the original bug reproduced: the buggy placement
  * (shared all-reduce on aux, two all-reduces in flight) corrupts results or times out under a
  * skewed per-rank timing, the verifier refuses it, and the fixed placement stays right. */
 #include <criterion/criterion.h>
@@ -30,22 +31,24 @@ static void combos(const char *dir, int max_tp) {
         cr_assert_eq(run(&o, &g, i, &ref, &err), 0, "%s", err.msg);
         size_t n = (size_t)ref.n_rows * (size_t)g.cols[i];
         for (int tp = 1; tp <= max_tp; tp *= 2)
-            for (int c = 0; c < 4; c++) {
-                bool fuse = c & 1, ms = c & 2;
+            for (int c = 0; c < 8; c++) {
+                bool fuse = c & 1, ms = c & 2, rope_kv = c & 4;
                 msm_generation got;
                 o = test_engine_opts(dir, tp, fuse, ms);
+                o.fuse_rope_kv = rope_kv;
                 cr_assert_eq(run(&o, &g, i, &got, &err), 0, "%s", err.msg);
                 cr_assert_eq(got.n_rows, ref.n_rows);
                 double rel = rel_max_diff(got.logits, ref.logits, n);
                 if (tp == 1)
                     cr_expect_eq(memcmp(got.logits, ref.logits, n * sizeof(float)), 0,
-                                 "%s prompt %d tp 1 fuse %d multi-stream %d: not bitwise equal to "
-                                 "passes-off (rel %g)", dir, i, fuse, ms, rel);
+                                 "%s prompt %d tp 1 fuse %d multi-stream %d rope-kv %d: not bitwise "
+                                 "equal to passes-off (rel %g)", dir, i, fuse, ms, rope_kv, rel);
                 else
-                    cr_expect_leq(rel, 1e-4, "%s prompt %d tp %d fuse %d multi-stream %d: rel %g", dir,
-                                  i, tp, fuse, ms, rel);
+                    cr_expect_leq(rel, 1e-4, "%s prompt %d tp %d fuse %d multi-stream %d rope-kv %d: "
+                                  "rel %g", dir, i, tp, fuse, ms, rope_kv, rel);
                 cr_expect_eq(memcmp(got.ids, ref.ids, sizeof(int32_t) * (size_t)ref.n), 0,
-                             "%s prompt %d tp %d fuse %d ms %d: tokens differ", dir, i, tp, fuse, ms);
+                             "%s prompt %d tp %d fuse %d ms %d rope-kv %d: tokens differ", dir, i, tp,
+                             fuse, ms, rope_kv);
                 msm_generation_done(&got);
             }
         msm_generation_done(&ref);
@@ -57,6 +60,32 @@ Test(tp, qwen2moe_gqa_every_pass_combination_and_tp_matches, .timeout = 120) { c
 Test(tp, qwen2moe_mha_tied_every_pass_combination_and_tp_matches, .timeout = 120) { combos("tests/data/qwen2moe-mha-tied", 4); }
 Test(tp, qwen3moe_tp_matches, .timeout = 120) { combos("tests/data/qwen3moe", 4); }
 Test(tp, mixtral_tp_matches, .timeout = 120) { combos("tests/data/mixtral", 4); }
+
+/* With the CUDA backend's cache format (K/V rounded to bf16 as written) the RoPE + K/V-write
+ * fusion still changes no bit, at TP 1 and 2, with every other pass on. */
+Test(tp, rope_kv_write_is_bitwise_exact_with_a_bf16_kv_cache, .timeout = 120) {
+    const char *dirs[] = {"tests/data/qwen3moe", "tests/data/qwen2moe-gqa"};
+    for (int d = 0; d < 2; d++) {
+        golden g;
+        cr_assert_eq(golden_load(dirs[d], &g), 0);
+        for (int tp = 1; tp <= 2; tp++) {
+            msm_err err = {{0}};
+            msm_generation ref, got;
+            msm_engine_opts o = test_engine_opts(dirs[d], tp, true, true);
+            o.kv_bf16 = true;
+            o.fuse_rope_kv = false;
+            cr_assert_eq(run(&o, &g, 0, &ref, &err), 0, "%s", err.msg);
+            o.fuse_rope_kv = true;
+            cr_assert_eq(run(&o, &g, 0, &got, &err), 0, "%s", err.msg);
+            cr_assert_eq(got.n_rows, ref.n_rows);
+            cr_expect_eq(memcmp(got.logits, ref.logits, (size_t)ref.n_rows * (size_t)g.cols[0] * sizeof(float)), 0,
+                         "%s tp %d: fused RoPE + K/V write differs from the pair", dirs[d], tp);
+            msm_generation_done(&got);
+            msm_generation_done(&ref);
+        }
+        golden_done(&g);
+    }
+}
 
 Test(tp, refuses_a_tp_size_that_does_not_divide_the_heads) {
     msm_engine_opts o = test_engine_opts("tests/data/qwen2moe-gqa", 3, true, true);
