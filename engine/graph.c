@@ -6,12 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The deprecated positional view msm_node.a (see msm_graph.h) must keep meaning what its last
- * reader, cuda_prepare, expects: LINEAR N, K; MOE_EXPERTS H, I, k, E; ATTENTION nh, kvh, hd. */
-_Static_assert(offsetof(msm_attr, linear.K) == 1 * sizeof(int), "a[1] is LINEAR K");
-_Static_assert(offsetof(msm_attr, moe_experts.E) == 3 * sizeof(int), "a[3] is MOE_EXPERTS E");
-_Static_assert(offsetof(msm_attr, attention.hd) == 2 * sizeof(int), "a[2] is ATTENTION hd");
-
 static const char *op_names[] = {
 #define MSM_OP_NAME(n) #n,
     MSM_OPS(MSM_OP_NAME)

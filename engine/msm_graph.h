@@ -133,13 +133,7 @@ typedef struct msm_node {
     int out[2];
     int w[MSM_NODE_MAX_W];     /* weight ids, -1 when unused */
     int event;                 /* EVENT_RECORD / EVENT_WAIT */
-    union {
-        msm_attr attr;         /* the op's attributes, by name */
-        int a[4];              /* Deprecated: the first four words of attr by position, read only
-                                  by cuda_prepare in engine/cuda/backend_cuda.c until it moves to
-                                  attr (graph.c asserts the positions it relies on). New code uses
-                                  attr. */
-    };
+    msm_attr attr;             /* the op's attributes, by name */
 } msm_node;
 
 /* One part of a weight: a block copied from a checkpoint tensor (rows x cols sub-matrix) into

@@ -322,19 +322,22 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
         const msm_node *n = &g->nodes[i];
         size_t need = 0;
         if (n->op == MSM_OP_LINEAR) {
-            need = msm_cuda_linear_ws_bytes(g->max_T, n->a[0], n->a[1]);
-            for (int t = MSM_CUDA_GEMV_MAX_T + 1; t <= g->max_T; t *= 2) msm_cuda_linear_prepare(cb->ctx, t, n->a[0], n->a[1]);
+            const msm_attr_linear *at = &n->attr.linear;
+            need = msm_cuda_linear_ws_bytes(g->max_T, at->N, at->K);
+            for (int t = MSM_CUDA_GEMV_MAX_T + 1; t <= g->max_T; t *= 2) msm_cuda_linear_prepare(cb->ctx, t, at->N, at->K);
         } else if (n->op == MSM_OP_MOE_EXPERTS) {
-            need = msm_cuda_moe_experts_ws_bytes(g->max_T, n->a[0], n->a[1], n->a[2], n->a[3]);
+            const msm_attr_moe_experts *at = &n->attr.moe_experts;
+            need = msm_cuda_moe_experts_ws_bytes(g->max_T, at->H, at->I, at->k, at->E);
         } else if (n->op == MSM_OP_ATTENTION) {
-            size_t kv = (size_t)n_kv_blocks * MSM_KV_BLOCK * n->a[1] * n->a[2];
+            const msm_attr_attention *at = &n->attr.attention;
+            size_t kv = (size_t)n_kv_blocks * MSM_KV_BLOCK * at->kvh * at->hd;
             if (!cb->kc[n->layer]) {
                 TRY(cudaMalloc((void **)&cb->kc[n->layer], 2 * kv));
                 TRY(cudaMalloc((void **)&cb->vc[n->layer], 2 * kv));
                 TRY(cudaMemset(cb->kc[n->layer], 0, 2 * kv));
                 TRY(cudaMemset(cb->vc[n->layer], 0, 2 * kv));
             }
-            size_t q = msm_cuda_attention_ws_bytes(g->max_T < 32 ? g->max_T : 32, n->a[0], n->a[2]);
+            size_t q = msm_cuda_attention_ws_bytes(g->max_T < 32 ? g->max_T : 32, at->nh, at->hd);
             if (q > qtmp) qtmp = q;
         } else if (n->op == MSM_OP_ALLGATHER) {
             size_t gb = sizeof(float) * (size_t)g->max_R * g->vals[n->in[0]].cols * (size_t)cb->tp;

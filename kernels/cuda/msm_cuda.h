@@ -258,7 +258,7 @@ static inline cudaError_t msm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 b
     return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
 }
 
-/* Exactly msm_rng_uniform (kernels/cpu/kernels.c): the counter-based generator that sampling
+/* Exactly msm_rng_uniform (kernels/cpu/sample.c): the counter-based generator that sampling
  * and the dummy weights share, so seeded GPU results equal the CPU's. */
 static __device__ __forceinline__ float msm_rng_uniform_dev(uint64_t seed, uint64_t counter) {
     uint64_t z = seed * 0x9E3779B97F4A7C15ull + counter * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
