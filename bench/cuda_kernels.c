@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
         CK(msm_bench_fill_bf16(dn, dnn, 3, 0.02f, st));
         /* {T, path, kernel variants}: the defaults, then the variants of the grouped path */
         enum { PR = MSM_CUDA_MOE_PATH_PAIR, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV,
-               WM = MSM_CUDA_MOE_PATH_WMMA, SIMT = MSM_CUDA_MOE_K_SIMT, MMA = MSM_CUDA_MOE_K_MMA,
+               WM = MSM_CUDA_MOE_PATH_WMMA, TL = MSM_CUDA_MOE_PATH_TILED, SIMT = MSM_CUDA_MOE_K_SIMT, MMA = MSM_CUDA_MOE_K_MMA,
                NP = MSM_CUDA_MOE_K_NO_PREFETCH, NT4 = MSM_CUDA_MOE_K_NT4 };
         static const int Ts[][3] = {{1, 0, 0},        {2, 0, 0},        {4, 0, 0},   {4, GG, 0},
                                     {8, 0, 0},        {8, PR, 0},       {16, 0, 0},  {16, 0, MMA},
@@ -159,7 +159,8 @@ int main(int argc, char **argv) {
                                     {64, WM, 0},      {128, 0, 0},      {128, GG, 0},
                                     {256, 0, 0},      {256, GG, 0},     {128, GG, NT4},
                                     {256, GG, NT4},   {128, WM, 0},     {256, WM, 0},
-                                    {512, 0, 0},      {512, WM, 0}};
+                                    {512, 0, 0},      {512, WM, 0},     {16, TL, 0},
+                                    {32, TL, 0},      {48, TL, 0},      {64, TL, 0}};
         static const char *pname[] = {"auto", "pair", "grouped_gemv", "wmma", "tiled"};
         static const char *kname[] = {"", " simt", " mma", "", " no_prefetch", "", "", "", " nt4"};
         for (size_t s = 0; s < sizeof Ts / sizeof *Ts; s++) {

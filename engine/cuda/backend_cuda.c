@@ -448,6 +448,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_LT_SPLIT_MIN_T=N           cuBLASLt hi + lo split from N tokens on (prefill)
  *   MSM_CUDA_LT_SPLIT_DECODE=1          ... and for pure decode steps too (see tuning_for_decode)
  *   MSM_CUDA_MOE_PATH=pair|grouped_gemv|tiled|wmma   force a MoE path
+ *   MSM_CUDA_MOE_TILED_MIN_T=N          the tiled MoE GEMMs from N tokens on
  *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch,nt4  MoE kernel variants
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
@@ -480,6 +481,7 @@ static void tuning_from_env(msm_cuda_tuning *t, uint64_t *skip_ops) {
     if (env_int("MSM_CUDA_MMV_MIN_T", &v)) t->mmv_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_MAX_T", &v)) t->mmv_max_t = v < 0 ? 0 : v > 64 ? 64 : v;
     if (env_int("MSM_CUDA_LT_SPLIT_MIN_T", &v)) t->lt_split_min_t = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_MOE_TILED_MIN_T", &v)) t->moe_tiled_min_t = v < 1 ? 1 : v;
     if ((s = getenv("MSM_CUDA_MOE_PATH")))
         t->moe_path = !strcmp(s, "pair")           ? MSM_CUDA_MOE_PATH_PAIR
                       : !strcmp(s, "grouped_gemv") ? MSM_CUDA_MOE_PATH_GROUPED_GEMV

@@ -470,12 +470,16 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
     if (T == 0) return 0;
     const msm_cuda_tuning *tn = ex.tune;
     int gemv_max = tn->gemv_max_t < MSM_CUDA_GEMV_MAX_T ? MSM_CUDA_GEMV_MAX_T : tn->gemv_max_t > 64 ? 64 : tn->gemv_max_t;
-    if (T <= 64 && mmv_use(tn, T, N, K, w, x)) return mmv_run(y, x, w, bias, T, N, K, ex);
+    /* routers (N <= MSM_CUDA_GEMV_SMALL_N) keep the fp32 GEMV: their top-k must not flip on
+     * rounding, and at T = 8 the MMV took 7 us for a 60-row router against 3.5 us (H200) */
+    if (T <= 64 && N > MSM_CUDA_GEMV_SMALL_N && mmv_use(tn, T, N, K, w, x))
+        return mmv_run(y, x, w, bias, T, N, K, ex);
     if (T <= gemv_max || N <= MSM_CUDA_GEMV_SMALL_N) {
         bool vec = K % 8 == 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
-        if (T > gemv_max && T <= 65535) {
-            /* a router over many tokens: one warp per (row, token), the few weight rows re-read
-             * from L2 (8-token chunks gave a 60-row router at T = 32 only 16 blocks: 34 us) */
+        if ((T > gemv_max || (N <= MSM_CUDA_GEMV_SMALL_N && T > 1)) && T <= 65535) {
+            /* a router over several tokens: one warp per (row, token), the few weight rows re-read
+             * from L2 (token chunks leave a 60-row router with 4-16 blocks: 34 us at T = 32, and
+             * ~15 us at T = 8 against ~3.5 us this way, H200) */
             if (vec)
                 gemv_launch<1, true>(y, x, w, bias, T, N, K, ex);
             else

@@ -5,7 +5,7 @@
  *
  * Paths, by T (msm_cuda_tuning.moe_path can force one), each in its own file:
  *   - small T (decode, T <= MSM_CUDA_MOE_GEMV_MAX_T): "pair" GEMVs, moe_pair.cu;
- *   - medium T (up to MSM_CUDA_MOE_GROUPED_GEMV_MAX_T): grouped GEMVs, moe_grouped.cu;
+ *   - medium T (below MSM_CUDA_MOE_TILED_MIN_T): grouped GEMVs, moe_grouped.cu;
  *   - large decode batches (up to MSM_CUDA_MOE_TILED_MAX_T): tiled GEMMs, moe_tiled.cu;
  *   - larger T (prefill chunks): grouped WMMA GEMMs, moe_gemm.cu.
  * This file holds what the grouped paths share: one block groups the T*k pairs by expert on the
@@ -128,8 +128,9 @@ static int moe_path(const msm_cuda_tuning *tn, int T, int H, int I) {
     if (p == MSM_CUDA_MOE_PATH_TILED && !msm__moe_tiled_fits(H, I)) p = 0;
     if (p) return p;
     if (T <= MSM_CUDA_MOE_GEMV_MAX_T) return MSM_CUDA_MOE_PATH_PAIR;
+    bool tiled = T >= tn->moe_tiled_min_t && T <= MSM_CUDA_MOE_TILED_MAX_T && msm__moe_tiled_fits(H, I);
+    if (tiled) return MSM_CUDA_MOE_PATH_TILED;
     if (T <= MSM_CUDA_MOE_GROUPED_GEMV_MAX_T) return MSM_CUDA_MOE_PATH_GROUPED_GEMV;
-    if (T <= MSM_CUDA_MOE_TILED_MAX_T && msm__moe_tiled_fits(H, I)) return MSM_CUDA_MOE_PATH_TILED;
     return msm__moe_gemm_fits(H, I) ? MSM_CUDA_MOE_PATH_WMMA : MSM_CUDA_MOE_PATH_GROUPED_GEMV;
 }
 

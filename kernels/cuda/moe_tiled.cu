@@ -1,4 +1,4 @@
-/* moe_tiled.cu: the routed experts at large decode batches (MSM_CUDA_MOE_GROUPED_GEMV_MAX_T < T <=
+/* moe_tiled.cu: the routed experts at large decode batches (MSM_CUDA_MOE_TILED_MIN_T <= T <=
  * MSM_CUDA_MOE_TILED_MAX_T), after moe.cu has grouped the (token, slot) pairs by expert: tiled
  * tensor-core GEMMs that stream each selected expert's weights from HBM once, through a
  * multi-stage shared-memory pipeline, for all of that expert's tokens.

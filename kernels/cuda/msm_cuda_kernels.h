@@ -44,14 +44,18 @@ extern "C" {
 /* Linears with at most this many outputs (routers) take the GEMV at any T. */
 #define MSM_CUDA_GEMV_SMALL_N 256
 /* MoE with at most this many tokens uses the per-(token, slot) fp32 GEMV kernels; larger T
- * groups the (token, slot) pairs by expert on the device, then up to
- * MSM_CUDA_MOE_GROUPED_GEMV_MAX_T tokens runs grouped GEMVs (each selected expert's weights
- * streamed once: fp32 SIMT below 48 tokens, tensor-core GEMVs with x split into bf16 hi + lo
- * from 48 on, as the MMV linear), up to MSM_CUDA_MOE_TILED_MAX_T tiled tensor-core GEMMs (weights
- * streamed once through shared memory, x and the activations split into bf16 hi + lo: near-fp32)
- * and beyond that (prefill chunks) grouped WMMA GEMMs (x and the activations rounded to bf16). */
+ * groups the (token, slot) pairs by expert on the device, then runs grouped fp32 SIMT GEMVs (each
+ * selected expert's weights streamed once) below MSM_CUDA_MOE_TILED_MIN_T tokens, tiled
+ * tensor-core GEMMs (weights streamed once through shared memory, x and the activations split
+ * into bf16 hi + lo: near-fp32) up to MSM_CUDA_MOE_TILED_MAX_T, and beyond that (prefill chunks)
+ * grouped WMMA GEMMs (x and the activations rounded to bf16). The grouped tensor-core GEMVs
+ * (x split in their inner loop) remain as a forced variant up to
+ * MSM_CUDA_MOE_GROUPED_GEMV_MAX_T. Thresholds measured on the H200 at the Qwen1.5-MoE shapes
+ * (bench/results/2026-11-30-h200): tiled against SIMT 203 vs 176 us at T = 16, 261 vs 257 at
+ * T = 32, 271 vs 320 (tensor-core GEMVs) at T = 48; step at batch 64 14.59 -> 10.39 ms. */
 #define MSM_CUDA_MOE_GEMV_MAX_T 4
 #define MSM_CUDA_MOE_GROUPED_GEMV_MAX_T 64
+#define MSM_CUDA_MOE_TILED_MIN_T 33
 #define MSM_CUDA_MOE_TILED_MAX_T 512
 enum { MSM_CUDA_MOE_PATH_AUTO = 0, MSM_CUDA_MOE_PATH_PAIR = 1, MSM_CUDA_MOE_PATH_GROUPED_GEMV = 2,
        MSM_CUDA_MOE_PATH_WMMA = 3, MSM_CUDA_MOE_PATH_TILED = 4 };
@@ -86,6 +90,7 @@ typedef struct msm_cuda_tuning {
     int mmv_min_t, mmv_max_t; /* the MMV range (see above; max <= 64, 0 = off) */
     int lt_split_min_t;       /* cuBLASLt hi + lo split from this T on */
     int moe_path;             /* MSM_CUDA_MOE_PATH_*; AUTO picks by T */
+    int moe_tiled_min_t;      /* AUTO takes the tiled GEMMs from this T (default: past the grouped GEMVs) */
     int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */
     /* resident blocks per SM of the persistent / wave-sized kernels (occupancy, queried once) */
     int moe_gateup_mma_per_sm, moe_down_mma_per_sm;   /* 16 tokens a pass */

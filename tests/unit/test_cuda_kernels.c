@@ -663,13 +663,13 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
            TL = MSM_CUDA_MOE_PATH_TILED };
     enum { SIMT = MSM_CUDA_MOE_K_SIMT, MMA = MSM_CUDA_MOE_K_MMA, NP = MSM_CUDA_MOE_K_NO_PREFETCH,
            NT4 = MSM_CUDA_MOE_K_NT4 };
-    /* Qwen1.5-MoE shapes: every default (pair at T <= 4, grouped SIMT below 48 tokens, grouped
-     * tensor-core GEMVs from 48) and each variant */
+    /* Qwen1.5-MoE shapes: every default (pair at T <= 4, grouped SIMT GEMVs below 33 tokens, tiled
+     * GEMMs from 33) and each variant (the grouped tensor-core GEMVs forced from 48 tokens) */
     static const moe_run qwen[] = {{1, A, 0},     {4, A, 0},    {5, A, 0},    {8, A, 0},
-                                   {16, A, 0},    {32, A, 0},   {48, A, 0},   {64, A, 0},
-                                   {64, A, NP},   {64, A, SIMT}, {32, A, MMA}, {8, GG, MMA},
+                                   {16, A, 0},    {32, A, 0},   {48, A, 0},   {64, A, 0},   {48, GG, 0},  {64, GG, 0},
+                                   {64, GG, NP},  {64, GG, SIMT}, {32, A, MMA}, {8, GG, MMA},
                                    {1, GG, MMA},  {1, GG, 0},   {8, PR, 0},   {32, PR, 0},
-                                   {64, A, NT4},  {256, GG, 0}, {256, GG, NT4}, {130, GG, NT4},
+                                   {64, GG, NT4}, {256, GG, 0}, {256, GG, NT4}, {130, GG, NT4},
                                    {65, A, 0},    {128, A, 0},  {256, A, 0},  {1, TL, 0},
                                    {5, TL, 0},    {33, TL, 0},  {512, A, 0}};
     moe_cases(qwen, sizeof qwen / sizeof *qwen, 2048, 1408, 4, 60, 2e-5);
@@ -685,8 +685,8 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
     moe_cases(k1, sizeof k1 / sizeof *k1, 512, 256, 1, 8, 2e-5);
     /* many tokens an expert: several 16-token passes (grouped GEMVs), several 64-token passes
      * (tiled GEMMs: 200 x 2 pairs over 3 experts) */
-    static const moe_run skew[] = {{64, A, 0},  {64, A, SIMT}, {48, GG, NP}, {12, GG, MMA},
-                                   {12, A, 0},  {64, A, NT4},  {40, GG, MMA | NT4},
+    static const moe_run skew[] = {{64, A, 0},  {64, GG, SIMT}, {48, GG, NP}, {12, GG, MMA},
+                                   {12, A, 0},  {64, GG, NT4},  {40, GG, MMA | NT4},
                                    {100, A, 0}, {200, TL, 0},  {37, TL, 0}};
     moe_cases(skew, sizeof skew / sizeof *skew, 256, 128, 2, 3, 2e-5);
 }
