@@ -31,6 +31,8 @@ typedef struct rank_ctx {
     bool started;
     msm_backend *be;
     msm_graph *plain, *graph;
+    msm_graph *graph_1s; /* the same passes but one stream, for steps past multi_stream_max_tokens
+                          * (NULL when there is no such limit); shares the arena with graph */
     int r;          /* result of the last command */
     msm_err err;
 } rank_ctx;
@@ -84,7 +86,13 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->test_skew_rank = -1;
 }
 
-static int write_inputs(rank_ctx *rc);
+static int write_inputs(rank_ctx *rc, const msm_graph *g);
+
+/* The graph a step of T tokens runs: the one-stream graph past the multi-stream token limit. */
+static const msm_graph *graph_for(const rank_ctx *rc, int T) {
+    int lim = rc->e->o.multi_stream_max_tokens;
+    return rc->graph_1s && lim > 0 && T > lim ? rc->graph_1s : rc->graph;
+}
 
 /* Decode CUDA graphs: for each bucket B, one eager warm-up step of B padded rows (it also runs
  * NCCL's first collectives outside any capture), then a capture of the same issue sequence.
@@ -98,11 +106,12 @@ static int rank_capture(rank_ctx *rc) {
         /* the inputs are written by whoever posts the command; here every rank writes the
          * same padding itself (the step channel is idle during init) */
         msm_step_dims d = {.T = B, .R = B, .S = B};
-        int r = write_inputs(rc);
-        if (r == 0) r = msm_exec_step(b, rc->graph, &d, &rc->err);
+        const msm_graph *g = graph_for(rc, B);
+        int r = write_inputs(rc, g);
+        if (r == 0) r = msm_exec_step(b, g, &d, &rc->err);
         if (r == 0) r = b->vt->capture_begin(b, &rc->err);
         if (r == 0) {
-            r = msm_exec_issue(b, rc->graph, &d, &rc->err);
+            r = msm_exec_issue(b, g, &d, &rc->err);
             int r2 = b->vt->capture_end(b, B, r ? NULL : &rc->err);
             if (r == 0) r = r2;
         }
@@ -126,6 +135,19 @@ static int rank_init(rank_ctx *rc) {
                         .test_skip_verify = e->o.test_skip_verify};
     r = msm_passes_apply(rc->plain, &po, &rc->graph, err);
     if (r) return r;
+    if (e->o.multi_stream && e->o.multi_stream_max_tokens > 0 &&
+        e->o.multi_stream_max_tokens < e->o.max_step_tokens) {
+        po.multi_stream = false;
+        r = msm_passes_apply(rc->plain, &po, &rc->graph_1s, err);
+        if (r) return r;
+        /* one arena serves both: the backend allocates the larger plan (the step inputs sit at
+         * each graph's own offsets, written before each step) */
+        size_t a = rc->graph->arena_bytes, b1 = rc->graph_1s->arena_bytes;
+        rc->graph->arena_bytes = rc->graph_1s->arena_bytes = a > b1 ? a : b1;
+        if (msm_graph_collective_hash(rc->graph) != msm_graph_collective_hash(rc->graph_1s))
+            return msm_err_set(err, -EPROTO, "graph verify: the one-stream graph's collective "
+                                             "sequence differs from the multi-stream graph's");
+    }
     if (e->o.backend == MSM_BACKEND_CUDA) {
 #ifdef MSM_HAVE_CUDA
         r = msm_backend_cuda_new(e->o.first_device + rc->rank, rc->rank, e->tp, e->nccl_id,
@@ -163,9 +185,8 @@ static int rank_init(rank_ctx *rc) {
     return r;
 }
 
-static int write_inputs(rank_ctx *rc) {
+static int write_inputs(rank_ctx *rc, const msm_graph *g) {
     msm_engine *e = rc->e;
-    const msm_graph *g = rc->graph;
     msm_backend *b = rc->be;
     msm_err *err = &rc->err;
     const msm_step_dims *d = &e->dims;
@@ -187,11 +208,11 @@ static int write_inputs(rank_ctx *rc) {
 
 static int rank_step(rank_ctx *rc) {
     msm_engine *e = rc->e;
-    const msm_graph *g = rc->graph;
     msm_backend *b = rc->be;
     msm_err *err = &rc->err;
     const msm_step_dims *d = &e->dims;
-    int r = write_inputs(rc);
+    const msm_graph *g = graph_for(rc, d->T);
+    int r = write_inputs(rc, g);
     if (r) return r;
     if (e->replay_bucket > 0) r = b->vt->replay(b, e->replay_bucket, err);
     else r = msm_exec_step(b, g, d, err);
@@ -365,6 +386,7 @@ void msm_engine_free(msm_engine *e) {
             if (rc->started) pthread_join(rc->thread, NULL);
             msm_backend_free(rc->be);
             msm_graph_free(rc->graph);
+            msm_graph_free(rc->graph_1s);
             msm_graph_free(rc->plain);
         }
     }

@@ -1,13 +1,19 @@
-/* msmoe-bench decode: engine decode-step benchmark. For each batch size, B sequences at context
- * C (their KV blocks allocated; the cache content does not change the work) take `steps` decode
- * steps; the median wall time of msm_engine_step (inputs up, replay or eager run, sampled tokens
- * down) is reported with the bytes the step must read (weights of the experts it selects —
- * expected under uniform routing — plus dense weights, lm_head and the KV cache) over that time.
+/* msmoe-bench: engine step benchmarks. It is a benchmark, never a test.
  *
- *   msmoe-bench decode --preset config/models/qwen1.5-moe-a2.7b.json [--backend cuda]
- *                      [--batches 1,8,32,128,256] [--context 512] [--steps 30]
- *                      [--no-cuda-graphs] [--no-multi-stream] [--no-fuse-allreduce] [--tp N]
- * Prints one table row per batch; it is a benchmark, never a test. */
+ * decode: for each batch size, B sequences at context C (their KV blocks allocated; the cache
+ * content does not change the work) take `steps` decode steps; the median wall time of
+ * msm_engine_step (inputs up, replay or eager run, sampled tokens down) is reported with the bytes
+ * the step must read (weights of the experts it selects — expected under uniform routing — plus
+ * dense weights, lm_head and the KV cache) over that time.
+ * prefill: for each length L, one sequence's prompt of L tokens from position 0 in one step
+ * (output: the last token sampled), median of `steps`; reported as ms and prompt tokens/s.
+ *
+ *   msmoe-bench decode  --preset config/models/qwen1.5-moe-a2.7b.json [--backend cuda]
+ *                       [--batches 1,8,32,128,256] [--context 512] [--steps 30]
+ *   msmoe-bench prefill --preset ... [--lengths 128,512,1024,2048] [--steps 10]
+ *   common: [--no-cuda-graphs] [--no-multi-stream] [--multi-stream-max-tokens N]
+ *           [--no-fuse-allreduce] [--tp N]
+ * Prints one table row per batch or length. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -48,65 +54,10 @@ static double step_bytes(const msm_model_config *c, int B, int C) {
     return 2.0 * (w + kv);
 }
 
-int main(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "decode") != 0) {
-        fprintf(stderr, "usage: msmoe-bench decode --preset FILE.json | --model DIR [options]\n");
-        return 2;
-    }
-    msm_engine_opts o;
-    msm_engine_opts_default(&o);
-    const char *batches = "1,8,32,128,256";
-    int context = 512, steps = 30;
-    double ceiling = 4300.0; /* GB/s: the measured device-copy ceiling of the H200 */
-    static const struct option lo[] = {
-        {"preset", required_argument, 0, 'p'}, {"model", required_argument, 0, 'm'},
-        {"backend", required_argument, 0, 'b'}, {"batches", required_argument, 0, 'B'},
-        {"context", required_argument, 0, 'c'}, {"steps", required_argument, 0, 's'},
-        {"no-cuda-graphs", no_argument, 0, 'G'}, {"no-multi-stream", no_argument, 0, 'M'},
-        {"no-fuse-allreduce", no_argument, 0, 'F'}, {"tp", required_argument, 0, 't'},
-        {"ceiling", required_argument, 0, 'C'}, {0, 0, 0, 0}};
-    int ch;
-    optind = 2;
-    while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        switch (ch) {
-        case 'p': o.dummy_preset = optarg; break;
-        case 'm': o.model_dir = optarg; break;
-        case 'b': o.backend = strcmp(optarg, "cuda") == 0 ? MSM_BACKEND_CUDA : MSM_BACKEND_CPU; break;
-        case 'B': batches = optarg; break;
-        case 'c': context = atoi(optarg); break;
-        case 's': steps = atoi(optarg); break;
-        case 'G': o.cuda_graphs = false; break;
-        case 'M': o.multi_stream = false; break;
-        case 'F': o.fuse_allreduce = false; break;
-        case 't': o.tp = atoi(optarg); break;
-        case 'C': ceiling = atof(optarg); break;
-        default: return 2;
-        }
-    }
-    int bl[32], nb = 0, maxb = 1;
-    for (char *s = (char *)batches; *s && nb < 32;) {
-        bl[nb] = (int)strtol(s, &s, 10);
-        if (bl[nb] > maxb) maxb = bl[nb];
-        nb++;
-        if (*s == ',') s++;
-    }
+/* Decode steps of B sequences at `context` for each batch in bl: one table row each. */
+static int bench_decode(msm_engine *e, const msm_model_config *c, const int *bl, int nb, int maxb,
+                        int context, int steps, double ceiling, msm_err *errp) {
     int per_seq = (context + steps + 16) / 16 + 1;
-    o.max_seqs = maxb;
-    o.max_step_tokens = maxb;
-    o.max_context = context + steps + 16;
-    o.kv_blocks = maxb * per_seq + 1;
-    msm_engine *e;
-    msm_err err = {{0}};
-    double t0 = now_ms();
-    if (msm_engine_new(&o, &e, &err) < 0) {
-        fprintf(stderr, "msmoe-bench: %s\n", err.msg);
-        return 1;
-    }
-    const msm_model_config *c = msm_engine_model(e);
-    printf("# %s, backend %s, tp %d, graphs %s, multi-stream %s, fuse-allreduce %s, context %d, "
-           "%d steps (median), start-up %.1f s\n", c->arch_name, msm_engine_backend_name(e), o.tp,
-           o.cuda_graphs && o.backend == MSM_BACKEND_CUDA ? "on" : "off", o.multi_stream ? "on" : "off",
-           o.fuse_allreduce ? "on" : "off", context, steps, (now_ms() - t0) / 1e3);
     printf("%6s %10s %10s %10s %10s %8s\n", "batch", "ms/step", "p90 ms", "tok/s", "GB/step", "%HBM");
     int32_t *blocks = malloc(sizeof(int32_t) * (size_t)maxb * per_seq), *tok = malloc(sizeof(int32_t) * maxb);
     msm_step_seq *sq = malloc(sizeof *sq * (size_t)maxb);
@@ -126,13 +77,13 @@ int main(int argc, char **argv) {
                                        .output = MSM_STEP_OUTPUT_SAMPLE, .sampling = {.temperature = 0, .top_p = 1}};
             msm_step_out out;
             double a = now_ms();
-            rc = msm_engine_step(e, sq, B, &out, &err);
+            rc = msm_engine_step(e, sq, B, &out, errp);
             double dt = now_ms() - a;
             if (st >= 0) ms[st] = dt;
             for (int s = 0; s < B && rc == 0; s++) tok[s] = out.tokens[s];
         }
         if (rc) {
-            fprintf(stderr, "msmoe-bench: batch %d: %s\n", B, err.msg);
+            fprintf(stderr, "msmoe-bench: batch %d: %s\n", B, errp->msg);
             return 1;
         }
         msm_kv_pool_release(msm_engine_kv(e), blocks, B * per_seq);
@@ -146,6 +97,132 @@ int main(int argc, char **argv) {
     free(tok);
     free(sq);
     free(ms);
-    msm_engine_free(e);
     return 0;
+}
+
+/* One prompt of L tokens from position 0 for each length in bl: one table row each. */
+static int bench_prefill(msm_engine *e, const msm_model_config *c, const int *bl, int nb, int steps,
+                         msm_err *err) {
+    printf("%6s %10s %10s %12s\n", "tokens", "ms/step", "p90 ms", "prompt tok/s");
+    int maxl = 1;
+    for (int i = 0; i < nb; i++) maxl = bl[i] > maxl ? bl[i] : maxl;
+    int nblk = (maxl + 15) / 16;
+    int32_t *blocks = malloc(sizeof(int32_t) * (size_t)nblk), *tok = malloc(sizeof(int32_t) * (size_t)maxl);
+    double *ms = malloc(sizeof(double) * (size_t)steps);
+    if (!blocks || !tok || !ms || msm_kv_pool_alloc(msm_engine_kv(e), nblk, blocks) < 0) {
+        fprintf(stderr, "msmoe-bench: out of memory or KV blocks\n");
+        free(blocks), free(tok), free(ms);
+        return 1;
+    }
+    for (int t = 0; t < maxl; t++) tok[t] = (int32_t)((t * 7919 + 13) % c->vocab);
+    int rc = 0;
+    for (int i = 0; i < nb && rc == 0; i++) {
+        int L = bl[i];
+        for (int st = -2; st < steps && rc == 0; st++) { /* 2 warm-up steps */
+            msm_step_seq sq = {.tokens = tok, .n_tokens = L, .pos0 = 0, .blocks = blocks,
+                               .n_blocks = (L + 15) / 16, .output = MSM_STEP_OUTPUT_SAMPLE,
+                               .sampling = {.temperature = 0, .top_p = 1}};
+            msm_step_out out;
+            double a = now_ms();
+            rc = msm_engine_step(e, &sq, 1, &out, err);
+            if (st >= 0) ms[st] = now_ms() - a;
+        }
+        if (rc) {
+            fprintf(stderr, "msmoe-bench: prefill %d: %s\n", L, err->msg);
+            break;
+        }
+        qsort(ms, (size_t)steps, sizeof *ms, cmp_d);
+        double med = ms[steps / 2], p90 = ms[(steps * 9) / 10];
+        printf("%6d %10.3f %10.3f %12.0f\n", L, med, p90, L / med * 1e3);
+        fflush(stdout);
+    }
+    msm_kv_pool_release(msm_engine_kv(e), blocks, nblk);
+    free(blocks), free(tok), free(ms);
+    return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || (strcmp(argv[1], "decode") != 0 && strcmp(argv[1], "prefill") != 0)) {
+        fprintf(stderr, "usage: msmoe-bench decode|prefill --preset FILE.json | --model DIR [options]\n");
+        return 2;
+    }
+    bool prefill = strcmp(argv[1], "prefill") == 0;
+    msm_engine_opts o;
+    msm_engine_opts_default(&o);
+    static const char default_batches[] = "1,8,32,128,256";
+    const char *batches = default_batches;
+    int context = 512, steps = 30;
+    double ceiling = 4300.0; /* GB/s: the measured device-copy ceiling of the H200 */
+    static const struct option lo[] = {
+        {"preset", required_argument, 0, 'p'}, {"model", required_argument, 0, 'm'},
+        {"backend", required_argument, 0, 'b'}, {"batches", required_argument, 0, 'B'},
+        {"context", required_argument, 0, 'c'}, {"steps", required_argument, 0, 's'},
+        {"no-cuda-graphs", no_argument, 0, 'G'}, {"no-multi-stream", no_argument, 0, 'M'},
+        {"no-fuse-allreduce", no_argument, 0, 'F'}, {"tp", required_argument, 0, 't'},
+        {"ceiling", required_argument, 0, 'C'}, {"lengths", required_argument, 0, 'L'},
+        {"multi-stream-max-tokens", required_argument, 0, 'X'}, {0, 0, 0, 0}};
+    int ch;
+    optind = 2;
+    while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (ch) {
+        case 'p': o.dummy_preset = optarg; break;
+        case 'm': o.model_dir = optarg; break;
+        case 'b': o.backend = strcmp(optarg, "cuda") == 0 ? MSM_BACKEND_CUDA : MSM_BACKEND_CPU; break;
+        case 'B': batches = optarg; break;
+        case 'c': context = atoi(optarg); break;
+        case 's': steps = atoi(optarg); break;
+        case 'G': o.cuda_graphs = false; break;
+        case 'M': o.multi_stream = false; break;
+        case 'F': o.fuse_allreduce = false; break;
+        case 't': o.tp = atoi(optarg); break;
+        case 'C': ceiling = atof(optarg); break;
+        case 'L': batches = optarg; break;
+        case 'X': o.multi_stream_max_tokens = atoi(optarg); break;
+        default: return 2;
+        }
+    }
+    int bl[32], nb = 0, maxb = 1;
+    for (char *s = (char *)batches; *s && nb < 32;) {
+        bl[nb] = (int)strtol(s, &s, 10);
+        if (bl[nb] > maxb) maxb = bl[nb];
+        nb++;
+        if (*s == ',') s++;
+    }
+    if (prefill) {
+        if (batches == default_batches) nb = 4, bl[0] = 128, bl[1] = 512, bl[2] = 1024, bl[3] = 2048, maxb = 2048;
+        if (steps == 30) steps = 10;
+        o.max_seqs = 1;
+        o.max_step_tokens = maxb;
+        o.max_context = maxb + 16;
+        o.kv_blocks = (maxb + 15) / 16 + 2;
+        o.cuda_graphs = false; /* prefill steps run eagerly */
+    } else {
+        int per_seq = (context + steps + 16) / 16 + 1;
+        o.max_seqs = maxb;
+        o.max_step_tokens = maxb;
+        o.max_context = context + steps + 16;
+        o.kv_blocks = maxb * per_seq + 1;
+    }
+    msm_engine *e;
+    msm_err err = {{0}};
+    double t0 = now_ms();
+    if (msm_engine_new(&o, &e, &err) < 0) {
+        fprintf(stderr, "msmoe-bench: %s\n", err.msg);
+        return 1;
+    }
+    const msm_model_config *c = msm_engine_model(e);
+    char ms_desc[48];
+    if (o.multi_stream && o.multi_stream_max_tokens > 0)
+        snprintf(ms_desc, sizeof ms_desc, "on up to %d tokens", o.multi_stream_max_tokens);
+    else
+        snprintf(ms_desc, sizeof ms_desc, "%s", o.multi_stream ? "on" : "off");
+    char ctx_desc[32] = "";
+    if (!prefill) snprintf(ctx_desc, sizeof ctx_desc, "context %d, ", context);
+    printf("# %s %s, backend %s, tp %d, graphs %s, multi-stream %s, fuse-allreduce %s, %s%d steps "
+           "(median), start-up %.1f s\n", c->arch_name, prefill ? "prefill" : "decode", msm_engine_backend_name(e),
+           o.tp, o.cuda_graphs && o.backend == MSM_BACKEND_CUDA ? "on" : "off", ms_desc,
+           o.fuse_allreduce ? "on" : "off", ctx_desc, steps, (now_ms() - t0) / 1e3);
+    int rc = prefill ? bench_prefill(e, c, bl, nb, steps, &err) : bench_decode(e, c, bl, nb, maxb, context, steps, ceiling, &err);
+    msm_engine_free(e);
+    return rc;
 }

@@ -87,6 +87,39 @@ Test(tp, rope_kv_write_is_bitwise_exact_with_a_bf16_kv_cache, .timeout = 120) {
     }
 }
 
+/* A multi-stream token limit: steps past it (the prompts here) run the one-stream graph, the
+ * decode steps the multi-stream one, in the same arena; every step stays bitwise the passes-off
+ * result at TP 1 and within 1e-4 at TP 2. */
+Test(tp, multi_stream_token_limit_switches_graphs_and_stays_exact, .timeout = 120) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen2moe-mha-tied"};
+    for (int d = 0; d < 2; d++) {
+        golden g;
+        cr_assert_eq(golden_load(dirs[d], &g), 0);
+        msm_err err = {{0}};
+        msm_generation ref;
+        msm_engine_opts o = test_engine_opts(dirs[d], 1, false, false);
+        cr_assert_eq(run(&o, &g, 1, &ref, &err), 0, "%s", err.msg);
+        cr_assert_gt(g.prompt_len[1], 2, "the prompt must pass the limit");
+        size_t n = (size_t)ref.n_rows * (size_t)g.cols[1];
+        for (int tp = 1; tp <= 2; tp++) {
+            msm_generation got;
+            o = test_engine_opts(dirs[d], tp, true, true);
+            o.multi_stream_max_tokens = 2;
+            cr_assert_eq(run(&o, &g, 1, &got, &err), 0, "%s", err.msg);
+            cr_assert_eq(got.n_rows, ref.n_rows);
+            double rel = rel_max_diff(got.logits, ref.logits, n);
+            if (tp == 1)
+                cr_expect_eq(memcmp(got.logits, ref.logits, n * sizeof(float)), 0,
+                             "%s: not bitwise equal to passes-off (rel %g)", dirs[d], rel);
+            else
+                cr_expect_leq(rel, 1e-4, "%s tp 2: rel %g", dirs[d], rel);
+            msm_generation_done(&got);
+        }
+        msm_generation_done(&ref);
+        golden_done(&g);
+    }
+}
+
 Test(tp, refuses_a_tp_size_that_does_not_divide_the_heads) {
     msm_engine_opts o = test_engine_opts("tests/data/qwen2moe-gqa", 3, true, true);
     msm_engine *e;
