@@ -6,11 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cuda_runtime_api.h> /* outside extern "C": a library header declares its own linkage */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#include <cuda_runtime_api.h>
 
 int msm_cuda_fill_dummy(uint16_t *w, size_t n, uint64_t seed, float scale, int ones, cudaStream_t stream);
 int msm_cuda_gather_rows(float *out, const float *x, const int32_t *rows, int R, int C, cudaStream_t stream);

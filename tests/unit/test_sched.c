@@ -14,6 +14,7 @@
 
 #include <unistr.h>
 
+#include "msm_code.h"
 #include "msm_fake_engine.h"
 #include "msm_metrics.h"
 #include "msm_sched.h"
@@ -26,7 +27,7 @@ typedef struct result {
     int n;
     msm_finish finish;
     int prompt_tokens, completion_tokens;
-    msm_code error_code;
+    int error;                /* with MSM_FINISH_ERROR: the negative errno */
     bool has_logprob;
     float logprob[MAX_OUT];
     int n_top;
@@ -74,7 +75,7 @@ static void on_event(void *ctx, msm_sched_event *ev) {
         r->finish = ev->finish;
         r->prompt_tokens = ev->prompt_tokens;
         r->completion_tokens = ev->completion_tokens;
-        r->error_code = ev->error_code;
+        r->error = ev->error;
     }
     pthread_mutex_unlock(&h->mu);
     free(ev);
@@ -127,9 +128,9 @@ static void expected(const msm_gen_request *r, int n_out, int32_t *out) {
 }
 
 static void submit_ok(harness *h, msm_gen_request *r) {
-    char msg[256];
+    msm_err err = {{0}};
     msm_gen_request *rr = r;
-    cr_assert_eq(msm_sched_submit(h->s, &rr, msg, sizeof msg), MSM_CODE_OK, "%s", msg);
+    cr_assert_eq(msm_sched_submit(h->s, &rr, &err), 0, "%s", err.msg);
     cr_assert_null(rr);
 }
 
@@ -338,24 +339,24 @@ Test(sched, cancel_of_a_waiting_request) {
 
 Test(sched, limits_answer_with_codes) {
     harness *h = harness_new(9, 64, 2, 2, 64); /* 8 usable blocks, context 64, queue 2 */
-    char msg[256];
+    msm_err err = {{0}};
     msm_gen_request *r = req(1, 64, 1, 0, 0);
-    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_INVALID_ARGUMENT);
-    cr_assert(strstr(msg, "max context is 64"), "%s", msg);
+    cr_assert_eq(msm_sched_submit(h->s, &r, &err), -EINVAL);
+    cr_assert(strstr(err.msg, "max context is 64"), "%s", err.msg);
     msm_gen_request_free(r);
     msm_fake_engine_free(NULL);
     harness_free(h);
 
     h = harness_new(3, 64, 2, 2, 256); /* 2 usable blocks = 32 tokens */
     r = req(1, 10, 40, 0, 0);
-    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_RESOURCE_EXHAUSTED);
-    cr_assert(strstr(msg, "KV blocks"), "%s", msg);
+    cr_assert_eq(msm_sched_submit(h->s, &r, &err), -ENOSPC);
+    cr_assert(strstr(err.msg, "KV blocks"), "%s", err.msg);
     msm_gen_request_free(r);
     submit_ok(h, req(1, 4, 4, 0, 0));
     submit_ok(h, req(2, 4, 4, 0, 0));
     r = req(3, 4, 4, 0, 0);
-    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_RESOURCE_EXHAUSTED);
-    cr_assert(strstr(msg, "max_queue"), "%s", msg);
+    cr_assert_eq(msm_sched_submit(h->s, &r, &err), -EAGAIN);
+    cr_assert(strstr(err.msg, "max_queue"), "%s", err.msg);
     msm_gen_request_free(r);
     run_until_idle(h, 100);
     harness_free(h);
@@ -468,7 +469,8 @@ Test(sched, engine_failure_ends_the_step_with_an_error_and_keeps_serving) {
     h->fe->fail_steps = 1;
     cr_assert_lt(msm_sched_iterate(h->s), 0);
     cr_assert_eq(h->r[1].finish, MSM_FINISH_ERROR);
-    cr_assert_eq(h->r[1].error_code, MSM_CODE_INTERNAL);
+    cr_assert_eq(h->r[1].error, -EIO);
+    cr_assert_eq(msm_code_from_errno(h->r[1].error), MSM_CODE_INTERNAL);
     msm_gen_request *r = req(2, 4, 5, 0, 0), *c = dup_req(r);
     submit_ok(h, r);
     run_until_idle(h, 100);
@@ -741,9 +743,9 @@ Test(sched_text, stop_strings_without_a_tokenizer_are_refused) {
     msm_gen_request *r = text_req(1, 3, 5, stops, 1);
     for (int i = 0; i < 3; i++)
         r->prompt[i] = i;
-    char msg[256];
-    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_FAILED_PRECONDITION);
-    cr_assert(strstr(msg, "stop_strings"), "%s", msg);
+    msm_err err = {{0}};
+    cr_assert_eq(msm_sched_submit(h->s, &r, &err), -ENOTSUP);
+    cr_assert(strstr(err.msg, "stop_strings"), "%s", err.msg);
     msm_gen_request_free(r);
     /* And events carry no text field. */
     submit_ok(h, req(2, 3, 4, 0, 0));
