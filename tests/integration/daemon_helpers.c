@@ -171,6 +171,26 @@ void stream_read(msm_client *c, stream *s) {
     }
 }
 
+void streams_read(msm_client *c, uint64_t rid0, stream *s, int n) {
+    memset(s, 0, (size_t)n * sizeof *s);
+    for (int done = 0; done < n;) {
+        Msmoe__V1__ServerFrame *f = recv_frame(c);
+        int i = (int)(f->request_id - rid0);
+        cr_assert(i >= 0 && i < n, "a frame for request %llu", (unsigned long long)f->request_id);
+        done += stream_add(&s[i], f);
+        msmoe__v1__server_frame__free_unpacked(f, NULL);
+    }
+}
+
+void stream_start(msm_client *c, uint64_t rid, const msm_client_gen *g, stream *s) {
+    msm_err err;
+    memset(s, 0, sizeof *s);
+    cr_assert_eq(msm_client_send_generate(c, rid, g, &err), 0, "%s", err.msg);
+    Msmoe__V1__ServerFrame *f = recv_reply(c, rid);
+    stream_add(s, f);
+    msmoe__v1__server_frame__free_unpacked(f, NULL);
+}
+
 void generate(msm_client *c, uint64_t rid, const msm_client_gen *g, stream *s) {
     msm_err err;
     memset(s, 0, sizeof *s);

@@ -75,6 +75,11 @@ void make_prompt(int p, int a, int b, int32_t *ids, int n, char *ids_arg, size_t
 
 /* Reads frames into s until its stream ends (one request in flight on c). */
 void stream_read(msm_client *c, stream *s);
+/* Reads frames until the n streams of requests rid0 .. rid0 + n - 1 on c have all ended, in
+ * whatever order they interleave; s[i] (zeroed first) collects request rid0 + i's. */
+void streams_read(msm_client *c, uint64_t rid0, stream *s, int n);
+/* Sends a Generate and reads its first frame into s (zeroed first): the stream is under way. */
+void stream_start(msm_client *c, uint64_t rid, const msm_client_gen *g, stream *s);
 /* Sends a Generate and collects its whole stream into s (checking every frame's request id). */
 void generate(msm_client *c, uint64_t rid, const msm_client_gen *g, stream *s);
 /* A token-id Generate request: prompt p[0..n), max_tokens, everything else the defaults. */

@@ -82,16 +82,8 @@ Test(daemon, sixty_four_requests_on_eight_connections, .timeout = 240) {
         }
     }
     static stream s[CONNS][PER];
-    memset(s, 0, sizeof s);
     for (int k = 0; k < CONNS; k++) {
-        int done = 0;
-        while (done < PER) {
-            Msmoe__V1__ServerFrame *f = recv_frame(c[k]);
-            int p = (int)f->request_id - 100;
-            cr_assert(p >= 0 && p < PER);
-            done += stream_add(&s[k][p], f);
-            msmoe__v1__server_frame__free_unpacked(f, NULL);
-        }
+        streams_read(c[k], 100, s[k], PER);
         for (int p = 0; p < PER; p++) {
             int q = (p + k) % PER;
             cr_assert_gt(s[k][p].finish, 0, "conn %d req %d: %s", k, p, s[k][p].msg);

@@ -79,15 +79,8 @@ Test(daemon_groups, two_cpu_replicas_serve_32_requests_equal_to_msmoe_run, .time
             cr_assert_eq(msm_client_send_generate(c[k], (uint64_t)(100 + p), &g, &err), 0, "%s", err.msg);
         }
     static stream s[CONNS][PER];
-    memset(s, 0, sizeof s);
     for (int k = 0; k < CONNS; k++) {
-        for (int done = 0; done < PER;) {
-            f = recv_frame(c[k]);
-            int p = (int)f->request_id - 100;
-            cr_assert(p >= 0 && p < PER);
-            done += stream_add(&s[k][p], f);
-            msmoe__v1__server_frame__free_unpacked(f, NULL);
-        }
+        streams_read(c[k], 100, s[k], PER);
         for (int p = 0; p < PER; p++) {
             int q = (p + k) % PER;
             cr_assert_eq(s[k][p].finish, MSMOE__V1__FINISH_REASON__FINISH_LENGTH, "conn %d req %d: %s", k, p, s[k][p].msg);

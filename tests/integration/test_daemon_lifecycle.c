@@ -120,11 +120,8 @@ Test(daemon_lifecycle, sigterm_drains_in_flight_requests, .timeout = 60) {
     static const int32_t prompt[] = {7, 8, 9};
     msm_client_gen g;
     ids_gen_init(&g, prompt, 3, 60);
-    cr_assert_eq(msm_client_send_generate(c, 1, &g, &err), 0);
-    stream s = {0};
-    Msmoe__V1__ServerFrame *f = recv_frame(c);
-    stream_add(&s, f);
-    msmoe__v1__server_frame__free_unpacked(f, NULL);
+    stream s;
+    stream_start(c, 1, &g, &s);
     kill(d.pid, SIGTERM);
     usleep(50000);
     /* No new connections while draining. */
@@ -146,15 +143,11 @@ Test(daemon_lifecycle, sigterm_cancels_after_the_drain_timeout, .timeout = 60) {
     const char *extra[] = {"scheduler.drain_timeout_s=1", NULL};
     start_slow_fake(&d, extra);
     msm_client *c = connect_to(&d);
-    msm_err err;
     static const int32_t prompt[] = {7, 8, 9};
     msm_client_gen g;
     ids_gen_init(&g, prompt, 3, 2000); /* 10 s at 5 ms a step */
-    cr_assert_eq(msm_client_send_generate(c, 1, &g, &err), 0);
-    stream s = {0};
-    Msmoe__V1__ServerFrame *f = recv_frame(c);
-    stream_add(&s, f);
-    msmoe__v1__server_frame__free_unpacked(f, NULL);
+    stream s;
+    stream_start(c, 1, &g, &s);
     kill(d.pid, SIGTERM);
     stream_read(c, &s);
     cr_assert_eq(s.finish, MSMOE__V1__FINISH_REASON__FINISH_CANCELLED);

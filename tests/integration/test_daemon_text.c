@@ -93,14 +93,7 @@ Test(daemon_text, text_generate_equals_msmoe_run, .timeout = 180) {
         cr_assert_eq(msm_client_send_generate(c, (uint64_t)(10 + k), &g, &err), 0, "%s", err.msg);
     }
     static stream s[N];
-    memset(s, 0, sizeof s);
-    for (int done = 0; done < N;) {
-        f = recv_frame(c);
-        int k = (int)f->request_id - 10;
-        cr_assert(k >= 0 && k < N);
-        done += stream_add(&s[k], f);
-        msmoe__v1__server_frame__free_unpacked(f, NULL);
-    }
+    streams_read(c, 10, s, N);
     for (int k = 0; k < N; k++) {
         cr_assert_gt(s[k].finish, 0, "'%s': %s", prompts[k], s[k].msg);
         cr_assert_eq(s[k].n, n_want[k], "'%s': %d tokens, msmoe-run %d", prompts[k], s[k].n, n_want[k]);
