@@ -1,13 +1,17 @@
 # Thin wrapper over meson. The two commands of the README's quick start:
 #   make run   install what is missing, build, start msmoed on the embedded model, show a reply
 #   make test  install what is missing, build, run every test (unit, integration, the ASan+UBSan
-#              pass of the unit tests, and each libFuzzer target for a bounded time)
+#              pass of the unit tests, and each libFuzzer target for a bounded time), and compile
+#              the release configuration too
+# Every build here passes -Dwerror=true: meson.build defaults to werror=false for users, and CI
+# (`make test`) must still fail on any new warning, -O3-only ones included (build-release).
 export PATH := /usr/local/cuda/bin:$(PATH)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
-MESON_ARGS ?=
+RELEASE_BUILD ?= build-release
+MESON_ARGS ?= -Dwerror=true
 
-.PHONY: all deps build run test test-asan clean
+.PHONY: all deps build build-release run test test-asan clean
 
 all: build
 
@@ -25,20 +29,28 @@ run: build
 
 test: build
 	meson test -C $(BUILD) --print-errorlogs --num-processes 2
+	$(MAKE) build-release
 	$(MAKE) test-asan
 	$(MAKE) test-fuzz FUZZ_TIME=10
+
+# The release configuration (-O3, what the GPU bundles use), compiled only: warnings that only
+# -O3 shows must not come back.
+build-release: deps
+	@[ -f $(RELEASE_BUILD)/build.ninja ] || meson setup $(RELEASE_BUILD) -Dbuildtype=release \
+		-Dfuzz=disabled -Dwerror=true
+	ninja -C $(RELEASE_BUILD)
 
 # Unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (host code; CUDA off).
 test-asan: deps
 	@[ -f $(ASAN_BUILD)/build.ninja ] || meson setup $(ASAN_BUILD) -Dcuda=disabled -Dfuzz=disabled \
-		-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+		-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Dwerror=true
 	ninja -C $(ASAN_BUILD)
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
 		LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 		meson test -C $(ASAN_BUILD) --suite unit --print-errorlogs --num-processes 2
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(RELEASE_BUILD) $(FUZZ_BUILD)
 
 # libFuzzer targets (tests/fuzz) under ASan + UBSan, built with clang in their own build dir,
 # each run for FUZZ_TIME seconds from its committed seed corpus (tests/fuzz/corpus/<name>/).
@@ -50,7 +62,7 @@ FUZZ_TARGETS := $(notdir $(wildcard tests/fuzz/corpus/*))
 .PHONY: test-fuzz
 test-fuzz: deps
 	@[ -f $(FUZZ_BUILD)/build.ninja ] || CC=clang meson setup $(FUZZ_BUILD) -Dcuda=disabled \
-		-Dfuzz=enabled -Db_sanitize=address,undefined -Db_lundef=false
+		-Dfuzz=enabled -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true
 	ninja -C $(FUZZ_BUILD) $(addprefix tests/fuzz/fuzz_,$(FUZZ_TARGETS))
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		mkdir -p $(FUZZ_BUILD)/corpus/$$t; \

@@ -3,43 +3,32 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <unistr.h>
 
+#include "msm_code.h"
 #include "msm_frame.h"
 #include "msmoe.pb-c.h"
 
 #define MAX_STOP_STRING 256
 
-static int fail(msm_status *st, msm_code code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(msm_status *st, msm_code code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(st->msg, sizeof st->msg, fmt, ap);
-    va_end(ap);
-    st->code = code;
-    return -EINVAL;
-}
-
 /* Unknown fields are refused: a client option this daemon does not understand must not be
  * silently ignored. */
-static int check_unknown(const ProtobufCMessage *m, const char *what, msm_status *st) {
+static int check_unknown(const ProtobufCMessage *m, const char *what, msm_err *err) {
     if (m && m->n_unknown_fields > 0)
-        return fail(st, MSM_CODE_INVALID_ARGUMENT, "unknown field number %u in %s",
-                    m->unknown_fields[0].tag, what);
+        return msm_err_set(err, -EINVAL, "unknown field number %u in %s", m->unknown_fields[0].tag, what);
     return 0;
 }
 
 static const char no_tokenizer[] =
     "needs a tokenizer, and this daemon has none (no tokenizer.json in the model directory)";
 
-static int tok_fail(msm_status *st, int rc, const char *field, const msm_err *err) {
-    return fail(st, rc == -ENOMEM ? MSM_CODE_RESOURCE_EXHAUSTED : MSM_CODE_INVALID_ARGUMENT, "%s: %s", field,
-                err->msg);
+/* A tokenizer failure: out of memory, or else something wrong with the client's text or ids. */
+static int tok_fail(int rc, const char *field, const msm_err *tok_err, msm_err *err) {
+    return msm_err_set(err, rc == -ENOMEM ? -ENOMEM : -EINVAL, "%s: %s", field, tok_err->msg);
 }
 
 static bool valid_utf8(const char *s, size_t n) {
@@ -48,156 +37,174 @@ static bool valid_utf8(const char *s, size_t n) {
 
 /* A prompt_text or Tokenize text -> ids. */
 static int encode_text(const msm_api_limits *lim, const char *field, const char *text, bool add_special,
-                       bool parse_special, int32_t **ret_ids, size_t *ret_n, msm_status *st) {
+                       bool parse_special, int32_t **ret_ids, size_t *ret_n, msm_err *err) {
     if (!lim->tok)
-        return fail(st, MSM_CODE_FAILED_PRECONDITION, "%s %s; send token ids", field, no_tokenizer);
+        return msm_err_set(err, -ENOTSUP, "%s %s; send token ids", field, no_tokenizer);
     size_t len = strlen(text);
     if (len > MSM_API_MAX_TEXT_BYTES)
-        return fail(st, MSM_CODE_INVALID_ARGUMENT, "%s has %zu bytes: at most %u", field, len,
-                    MSM_API_MAX_TEXT_BYTES);
+        return msm_err_set(err, -EINVAL, "%s has %zu bytes: at most %u", field, len, MSM_API_MAX_TEXT_BYTES);
     unsigned flags = (add_special ? MSM_TOK_ADD_SPECIAL : 0) | (parse_special ? MSM_TOK_PARSE_SPECIAL : 0);
-    msm_err err = {{0}};
-    int rc = msm_tokenizer_encode_flags(lim->tok, text, len, flags, ret_ids, ret_n, &err);
+    msm_err tok_err = {{0}};
+    int rc = msm_tokenizer_encode_flags(lim->tok, text, len, flags, ret_ids, ret_n, &tok_err);
     if (rc < 0)
-        return tok_fail(st, rc, field, &err);
+        return tok_fail(rc, field, &tok_err, err);
     return 0;
 }
 
-static int convert_generate(const Msmoe__V1__GenerateRequest *g, const msm_api_limits *lim,
-                            msm_gen_request **ret, msm_status *st) {
-    if (check_unknown(&g->base, "generate", st) < 0)
-        return -EINVAL;
-    if (g->sampling && check_unknown(&g->sampling->base, "generate.sampling", st) < 0)
-        return -EINVAL;
-    /* The prompt: exactly one of ids and text. An empty prompt_text is a text prompt (with a BOS it
-     * is llama2.c's unconditional generation). */
+/* ---- Generate: checks (cheap ones first), then the native request ---- */
+
+/* The prompt: exactly one of ids and text, ids inside the vocabulary and the context. An empty
+ * prompt_text is a text prompt (with a BOS it is llama2.c's unconditional generation). */
+static int check_prompt(const Msmoe__V1__GenerateRequest *g, const msm_api_limits *lim, msm_err *err) {
     bool text = g->prompt_text != NULL;
     if (text && g->n_prompt_ids > 0)
-        return fail(st, MSM_CODE_INVALID_ARGUMENT, "generate: set prompt_ids or prompt_text, not both");
+        return msm_err_set(err, -EINVAL, "generate: set prompt_ids or prompt_text, not both");
     if (!text && g->n_prompt_ids == 0)
-        return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                    "generate: the prompt is missing: set prompt_ids or prompt_text (prompt_ids is empty)");
+        return msm_err_set(err, -EINVAL,
+                           "generate: the prompt is missing: set prompt_ids or prompt_text (prompt_ids is empty)");
     if (text && !lim->tok)
-        return fail(st, MSM_CODE_FAILED_PRECONDITION, "generate.prompt_text %s; send generate.prompt_ids",
-                    no_tokenizer);
-    if (!text) {
-        if (g->n_prompt_ids >= (size_t)lim->max_context)
-            return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                        "generate.prompt_ids has %zu tokens; max context is %d tokens (prompt + generated)",
-                        g->n_prompt_ids, lim->max_context);
-        for (size_t i = 0; i < g->n_prompt_ids; i++)
-            if (g->prompt_ids[i] < 0 || g->prompt_ids[i] >= lim->vocab)
-                return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                            "generate.prompt_ids[%zu] = %d is outside the vocabulary [0, %d)", i,
-                            g->prompt_ids[i], lim->vocab);
-    }
-    if (g->has_max_tokens && (g->max_tokens < 1 || g->max_tokens > (uint32_t)lim->max_tokens_limit))
-        return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                    "generate.max_tokens = %u: must be in [1, %d] (scheduler.max_tokens_limit)", g->max_tokens,
-                    lim->max_tokens_limit);
+        return msm_err_set(err, -ENOTSUP, "generate.prompt_text %s; send generate.prompt_ids", no_tokenizer);
+    if (text)
+        return 0;
+    if (g->n_prompt_ids >= (size_t)lim->max_context)
+        return msm_err_set(err, -EINVAL,
+                           "generate.prompt_ids has %zu tokens; max context is %d tokens (prompt + generated)",
+                           g->n_prompt_ids, lim->max_context);
+    for (size_t i = 0; i < g->n_prompt_ids; i++)
+        if (g->prompt_ids[i] < 0 || g->prompt_ids[i] >= lim->vocab)
+            return msm_err_set(err, -EINVAL, "generate.prompt_ids[%zu] = %d is outside the vocabulary [0, %d)", i,
+                               g->prompt_ids[i], lim->vocab);
+    return 0;
+}
+
+/* Sampling parameters; unset ones keep the defaults (temperature 1, all of top-k and top-p). */
+static int convert_sampling(const Msmoe__V1__SamplingParams *s, const msm_api_limits *lim,
+                            msm_sample_params *ret, msm_err *err) {
     msm_sample_params sp = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
-    if (g->sampling) {
-        const Msmoe__V1__SamplingParams *s = g->sampling;
-        if (s->has_temperature) {
-            if (!isfinite(s->temperature) || s->temperature < 0)
-                return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                            "generate.sampling.temperature = %g: must be finite and >= 0", (double)s->temperature);
-            sp.temperature = s->temperature;
-        }
-        if (s->has_top_k) {
-            if (s->top_k < 0 || s->top_k > lim->vocab)
-                return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                            "generate.sampling.top_k = %d: must be in [0, %d] (0 = all)", s->top_k, lim->vocab);
-            sp.top_k = s->top_k;
-        }
-        if (s->has_top_p) {
-            if (!(s->top_p > 0.0f && s->top_p <= 1.0f))
-                return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                            "generate.sampling.top_p = %g: must be in (0, 1]", (double)s->top_p);
-            sp.top_p = s->top_p;
-        }
-        if (s->has_seed)
-            sp.seed = s->seed;
+    if (s && s->has_temperature) {
+        if (!isfinite(s->temperature) || s->temperature < 0)
+            return msm_err_set(err, -EINVAL, "generate.sampling.temperature = %g: must be finite and >= 0",
+                               (double)s->temperature);
+        sp.temperature = s->temperature;
     }
+    if (s && s->has_top_k) {
+        if (s->top_k < 0 || s->top_k > lim->vocab)
+            return msm_err_set(err, -EINVAL, "generate.sampling.top_k = %d: must be in [0, %d] (0 = all)", s->top_k,
+                               lim->vocab);
+        sp.top_k = s->top_k;
+    }
+    if (s && s->has_top_p) {
+        if (!(s->top_p > 0.0f && s->top_p <= 1.0f))
+            return msm_err_set(err, -EINVAL, "generate.sampling.top_p = %g: must be in (0, 1]", (double)s->top_p);
+        sp.top_p = s->top_p;
+    }
+    if (s && s->has_seed)
+        sp.seed = s->seed;
+    *ret = sp;
+    return 0;
+}
+
+static int check_max_tokens(const Msmoe__V1__GenerateRequest *g, const msm_api_limits *lim, msm_err *err) {
+    if (g->has_max_tokens && (g->max_tokens < 1 || g->max_tokens > (uint32_t)lim->max_tokens_limit))
+        return msm_err_set(err, -EINVAL, "generate.max_tokens = %u: must be in [1, %d] (scheduler.max_tokens_limit)",
+                           g->max_tokens, lim->max_tokens_limit);
+    return 0;
+}
+
+/* Stop ids and strings, and logprobs, against their limits. */
+static int check_stops(const Msmoe__V1__GenerateRequest *g, const msm_api_limits *lim, msm_err *err) {
     if (g->n_stop_token_ids + g->n_stop_strings > (size_t)lim->max_stop)
-        return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                    "generate: %zu stop token ids + %zu stop strings exceed scheduler.max_stop = %d",
-                    g->n_stop_token_ids, g->n_stop_strings, lim->max_stop);
+        return msm_err_set(err, -EINVAL, "generate: %zu stop token ids + %zu stop strings exceed scheduler.max_stop = %d",
+                           g->n_stop_token_ids, g->n_stop_strings, lim->max_stop);
     for (size_t i = 0; i < g->n_stop_token_ids; i++)
         if (g->stop_token_ids[i] < 0 || g->stop_token_ids[i] >= lim->vocab)
-            return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                        "generate.stop_token_ids[%zu] = %d is outside the vocabulary [0, %d)", i,
-                        g->stop_token_ids[i], lim->vocab);
+            return msm_err_set(err, -EINVAL, "generate.stop_token_ids[%zu] = %d is outside the vocabulary [0, %d)", i,
+                               g->stop_token_ids[i], lim->vocab);
     for (size_t i = 0; i < g->n_stop_strings; i++) {
         size_t L = strlen(g->stop_strings[i]);
         if (L == 0 || L > MAX_STOP_STRING)
-            return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                        "generate.stop_strings[%zu] has %zu bytes: must be 1..%d", i, L, MAX_STOP_STRING);
+            return msm_err_set(err, -EINVAL, "generate.stop_strings[%zu] has %zu bytes: must be 1..%d", i, L,
+                               MAX_STOP_STRING);
         if (!valid_utf8(g->stop_strings[i], L))
-            return fail(st, MSM_CODE_INVALID_ARGUMENT, "generate.stop_strings[%zu] is not valid UTF-8", i);
+            return msm_err_set(err, -EINVAL, "generate.stop_strings[%zu] is not valid UTF-8", i);
     }
     if (g->n_stop_strings > 0 && !lim->tok)
-        return fail(st, MSM_CODE_FAILED_PRECONDITION, "generate.stop_strings %s", no_tokenizer);
+        return msm_err_set(err, -ENOTSUP, "generate.stop_strings %s", no_tokenizer);
     if (g->has_logprobs && g->logprobs > (uint32_t)lim->max_logprobs)
-        return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                    "generate.logprobs = %u: must be in [0, %d] (scheduler.max_logprobs)", g->logprobs,
-                    lim->max_logprobs);
+        return msm_err_set(err, -EINVAL, "generate.logprobs = %u: must be in [0, %d] (scheduler.max_logprobs)",
+                           g->logprobs, lim->max_logprobs);
+    return 0;
+}
 
-    msm_gen_request *r = calloc(1, sizeof *r);
-    if (!r)
-        return fail(st, MSM_CODE_RESOURCE_EXHAUSTED, "out of memory");
-    if (text) {
-        /* Encoded last: everything cheap was checked first. */
-        size_t n = 0;
-        if (encode_text(lim, "generate.prompt_text", g->prompt_text, !g->has_add_special || g->add_special,
-                        g->has_parse_special && g->parse_special, &r->prompt, &n, st) < 0) {
-            msm_gen_request_free(r);
-            return -EINVAL;
-        }
-        r->n_prompt = (int)(n < INT32_MAX ? n : INT32_MAX);
-        int rc = 0;
-        if (n == 0)
-            rc = fail(st, MSM_CODE_INVALID_ARGUMENT, "generate.prompt_text encodes to no tokens (the tokenizer "
-                      "adds no BOS); give some text");
-        else if (n >= (size_t)lim->max_context)
-            rc = fail(st, MSM_CODE_INVALID_ARGUMENT,
-                      "generate.prompt_text encodes to %zu tokens; max context is %d tokens (prompt + generated)",
-                      n, lim->max_context);
-        for (size_t i = 0; rc == 0 && i < n; i++)
-            if (r->prompt[i] >= lim->vocab)
-                rc = fail(st, MSM_CODE_FAILED_PRECONDITION,
-                          "generate.prompt_text: the tokenizer gave id %d, outside the model's vocabulary [0, %d) "
-                          "(tokenizer.json does not match the model)", r->prompt[i], lim->vocab);
-        if (rc < 0) {
-            msm_gen_request_free(r);
-            return rc;
-        }
-    } else {
+/* r's prompt: prompt_text encoded (last: everything cheap was checked first), or prompt_ids copied. */
+static int fill_prompt(const Msmoe__V1__GenerateRequest *g, const msm_api_limits *lim, msm_gen_request *r,
+                       msm_err *err) {
+    if (!g->prompt_text) {
         r->n_prompt = (int)g->n_prompt_ids;
         r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt);
-        if (r->prompt)
-            memcpy(r->prompt, g->prompt_ids, (size_t)r->n_prompt * sizeof *r->prompt);
+        if (!r->prompt)
+            return msm_err_set(err, -ENOMEM, "out of memory");
+        memcpy(r->prompt, g->prompt_ids, (size_t)r->n_prompt * sizeof *r->prompt);
+        return 0;
     }
-    int max_tokens = lim->max_tokens_default;
-    if (g->has_max_tokens)
-        max_tokens = (int)g->max_tokens;
-    else if (max_tokens > lim->max_context - r->n_prompt)
-        max_tokens = lim->max_context - r->n_prompt; /* the default never asks for more than fits */
+    size_t n = 0;
+    int rc = encode_text(lim, "generate.prompt_text", g->prompt_text, !g->has_add_special || g->add_special,
+                         g->has_parse_special && g->parse_special, &r->prompt, &n, err);
+    if (rc < 0)
+        return rc;
+    r->n_prompt = (int)(n < INT32_MAX ? n : INT32_MAX);
+    if (n == 0)
+        return msm_err_set(err, -EINVAL, "generate.prompt_text encodes to no tokens (the tokenizer adds no BOS); "
+                           "give some text");
+    if (n >= (size_t)lim->max_context)
+        return msm_err_set(err, -EINVAL,
+                           "generate.prompt_text encodes to %zu tokens; max context is %d tokens (prompt + generated)",
+                           n, lim->max_context);
+    for (size_t i = 0; i < n; i++)
+        if (r->prompt[i] >= lim->vocab)
+            return msm_err_set(err, -ENOTSUP, "generate.prompt_text: the tokenizer gave id %d, outside the model's "
+                               "vocabulary [0, %d) (tokenizer.json does not match the model)", r->prompt[i], lim->vocab);
+    return 0;
+}
+
+/* r's stop rules, copied. */
+static int fill_stops(const Msmoe__V1__GenerateRequest *g, msm_gen_request *r, msm_err *err) {
     r->n_stop_ids = (int)g->n_stop_token_ids;
     r->stop_ids = r->n_stop_ids ? malloc((size_t)r->n_stop_ids * sizeof *r->stop_ids) : NULL;
     r->n_stop_strings = (int)g->n_stop_strings;
     r->stop_strings = r->n_stop_strings ? calloc((size_t)r->n_stop_strings, sizeof *r->stop_strings) : NULL;
-    bool oom = !r->prompt || (r->n_stop_ids && !r->stop_ids) || (r->n_stop_strings && !r->stop_strings);
+    bool oom = (r->n_stop_ids && !r->stop_ids) || (r->n_stop_strings && !r->stop_strings);
     for (int i = 0; !oom && i < r->n_stop_strings; i++)
         oom = !(r->stop_strings[i] = strdup(g->stop_strings[i]));
-    if (oom) {
-        msm_gen_request_free(r);
-        return fail(st, MSM_CODE_RESOURCE_EXHAUSTED, "out of memory");
-    }
+    if (oom)
+        return msm_err_set(err, -ENOMEM, "out of memory");
     if (r->n_stop_ids)
         memcpy(r->stop_ids, g->stop_token_ids, (size_t)r->n_stop_ids * sizeof *r->stop_ids);
+    return 0;
+}
+
+static int convert_generate(const Msmoe__V1__GenerateRequest *g, const msm_api_limits *lim,
+                            msm_gen_request **ret, msm_err *err) {
+    msm_sample_params sp;
+    int rc;
+    if ((rc = check_unknown(&g->base, "generate", err)) < 0 ||
+        (g->sampling && (rc = check_unknown(&g->sampling->base, "generate.sampling", err)) < 0) ||
+        (rc = check_prompt(g, lim, err)) < 0 || (rc = check_max_tokens(g, lim, err)) < 0 ||
+        (rc = convert_sampling(g->sampling, lim, &sp, err)) < 0 || (rc = check_stops(g, lim, err)) < 0)
+        return rc;
+    msm_gen_request *r = calloc(1, sizeof *r);
+    if (!r)
+        return msm_err_set(err, -ENOMEM, "out of memory");
+    if ((rc = fill_prompt(g, lim, r, err)) < 0 || (rc = fill_stops(g, r, err)) < 0) {
+        msm_gen_request_free(r);
+        return rc;
+    }
     r->sampling = sp;
-    r->max_tokens = max_tokens;
+    r->max_tokens = lim->max_tokens_default;
+    if (g->has_max_tokens)
+        r->max_tokens = (int)g->max_tokens;
+    else if (r->max_tokens > lim->max_context - r->n_prompt)
+        r->max_tokens = lim->max_context - r->n_prompt; /* the default never asks for more than fits */
     r->top_logprobs = g->has_logprobs ? (int)g->logprobs : 0;
     r->want_logprob = (g->has_return_logprob && g->return_logprob) || r->top_logprobs > 0;
     r->ignore_eos = g->has_ignore_eos && g->ignore_eos;
@@ -205,36 +212,38 @@ static int convert_generate(const Msmoe__V1__GenerateRequest *g, const msm_api_l
     return 0;
 }
 
+/* ---- Tokenize, Detokenize ---- */
+
 static int convert_tokenize(const Msmoe__V1__TokenizeRequest *t, const msm_api_limits *lim, msm_call *call,
-                            msm_status *st) {
-    if (check_unknown(&t->base, "tokenize", st) < 0)
-        return -EINVAL;
+                            msm_err *err) {
+    int rc = check_unknown(&t->base, "tokenize", err);
+    if (rc < 0)
+        return rc;
     if (!lim->tok)
-        return fail(st, MSM_CODE_FAILED_PRECONDITION, "tokenize %s", no_tokenizer);
+        return msm_err_set(err, -ENOTSUP, "tokenize %s", no_tokenizer);
     return encode_text(lim, "tokenize.text", t->text ? t->text : "", !t->has_add_special || t->add_special,
-                       t->has_parse_special && t->parse_special, &call->ids, &call->n_ids, st);
+                       t->has_parse_special && t->parse_special, &call->ids, &call->n_ids, err);
 }
 
 static int convert_detokenize(const Msmoe__V1__DetokenizeRequest *d, const msm_api_limits *lim, msm_call *call,
-                              msm_status *st) {
-    if (check_unknown(&d->base, "detokenize", st) < 0)
-        return -EINVAL;
+                              msm_err *err) {
+    int rc = check_unknown(&d->base, "detokenize", err);
+    if (rc < 0)
+        return rc;
     if (!lim->tok)
-        return fail(st, MSM_CODE_FAILED_PRECONDITION, "detokenize %s", no_tokenizer);
+        return msm_err_set(err, -ENOTSUP, "detokenize %s", no_tokenizer);
     if (d->n_ids > MSM_API_MAX_DETOK_IDS)
-        return fail(st, MSM_CODE_INVALID_ARGUMENT, "detokenize.ids has %zu ids: at most %u", d->n_ids,
-                    MSM_API_MAX_DETOK_IDS);
+        return msm_err_set(err, -EINVAL, "detokenize.ids has %zu ids: at most %u", d->n_ids, MSM_API_MAX_DETOK_IDS);
     int vocab = msm_tokenizer_vocab_size(lim->tok);
     for (size_t i = 0; i < d->n_ids; i++)
         if (d->ids[i] < 0 || d->ids[i] >= vocab)
-            return fail(st, MSM_CODE_INVALID_ARGUMENT,
-                        "detokenize.ids[%zu] = %d is outside the tokenizer's vocabulary [0, %d)", i, d->ids[i],
-                        vocab);
-    msm_err err = {{0}};
-    int rc = msm_tokenizer_decode(lim->tok, d->ids, d->n_ids, d->has_skip_special && d->skip_special, &call->text,
-                                  &call->text_len, &err);
+            return msm_err_set(err, -EINVAL, "detokenize.ids[%zu] = %d is outside the tokenizer's vocabulary [0, %d)",
+                               i, d->ids[i], vocab);
+    msm_err tok_err = {{0}};
+    rc = msm_tokenizer_decode(lim->tok, d->ids, d->n_ids, d->has_skip_special && d->skip_special, &call->text,
+                              &call->text_len, &tok_err);
     if (rc < 0)
-        return tok_fail(st, rc, "detokenize", &err);
+        return tok_fail(rc, "detokenize", &tok_err, err);
     /* The API's strings cannot carry NUL characters: they are dropped. */
     size_t k = 0;
     for (size_t i = 0; i < call->text_len; i++)
@@ -255,73 +264,58 @@ void msm_call_done(msm_call *c) {
     c->n_ids = c->text_len = 0;
 }
 
-int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, msm_call *ret, msm_status *st) {
-    memset(st, 0, sizeof *st);
-    Msmoe__V1__ClientFrame *f = msmoe__v1__client_frame__unpack(NULL, len, buf);
-    if (!f) {
-        st->fatal = true;
-        fail(st, MSM_CODE_INVALID_ARGUMENT, "malformed frame: %zu bytes are not a msmoe.v1.ClientFrame", len);
-        return -EBADMSG;
-    }
-    int rc = -EINVAL;
-    msm_call call = {0};
-    st->request_id = f->has_request_id ? f->request_id : 0;
-    if (check_unknown(&f->base, "ClientFrame", st) < 0)
-        goto out;
-    if (!f->has_request_id || f->request_id == 0) {
-        fail(st, MSM_CODE_INVALID_ARGUMENT, "request_id must be set and nonzero");
-        goto out;
-    }
-    call.request_id = f->request_id;
+/* The call a decoded frame carries, converted into *call. */
+static int convert_call(const Msmoe__V1__ClientFrame *f, const msm_api_limits *lim, msm_call *call, msm_err *err) {
     switch (f->call_case) {
     case MSMOE__V1__CLIENT_FRAME__CALL_GENERATE:
-        call.kind = MSM_CALL_GENERATE;
-        if (convert_generate(f->generate, lim, &call.gen, st) < 0)
-            goto out;
-        call.gen->request_id = f->request_id;
-        break;
+        call->kind = MSM_CALL_GENERATE;
+        return convert_generate(f->generate, lim, &call->gen, err);
     case MSMOE__V1__CLIENT_FRAME__CALL_CANCEL:
-        call.kind = MSM_CALL_CANCEL;
-        if (check_unknown(&f->cancel->base, "cancel", st) < 0)
-            goto out;
-        break;
+        call->kind = MSM_CALL_CANCEL;
+        return check_unknown(&f->cancel->base, "cancel", err);
     case MSMOE__V1__CLIENT_FRAME__CALL_HEALTH:
-        call.kind = MSM_CALL_HEALTH;
-        if (check_unknown(&f->health->base, "health", st) < 0)
-            goto out;
-        break;
+        call->kind = MSM_CALL_HEALTH;
+        return check_unknown(&f->health->base, "health", err);
     case MSMOE__V1__CLIENT_FRAME__CALL_MODEL_INFO:
-        call.kind = MSM_CALL_MODEL_INFO;
-        if (check_unknown(&f->model_info->base, "model_info", st) < 0)
-            goto out;
-        break;
+        call->kind = MSM_CALL_MODEL_INFO;
+        return check_unknown(&f->model_info->base, "model_info", err);
     case MSMOE__V1__CLIENT_FRAME__CALL_METRICS:
-        call.kind = MSM_CALL_METRICS;
-        if (check_unknown(&f->metrics->base, "metrics", st) < 0)
-            goto out;
-        break;
+        call->kind = MSM_CALL_METRICS;
+        return check_unknown(&f->metrics->base, "metrics", err);
     case MSMOE__V1__CLIENT_FRAME__CALL_TOKENIZE:
-        call.kind = MSM_CALL_TOKENIZE;
-        if (convert_tokenize(f->tokenize, lim, &call, st) < 0) {
-            msm_call_done(&call);
-            goto out;
-        }
-        break;
+        call->kind = MSM_CALL_TOKENIZE;
+        return convert_tokenize(f->tokenize, lim, call, err);
     case MSMOE__V1__CLIENT_FRAME__CALL_DETOKENIZE:
-        call.kind = MSM_CALL_DETOKENIZE;
-        if (convert_detokenize(f->detokenize, lim, &call, st) < 0) {
-            msm_call_done(&call);
-            goto out;
-        }
-        break;
+        call->kind = MSM_CALL_DETOKENIZE;
+        return convert_detokenize(f->detokenize, lim, call, err);
     default:
-        fail(st, MSM_CODE_INVALID_ARGUMENT,
-             "frame carries no call (generate, cancel, health, model_info, metrics, tokenize, detokenize)");
-        goto out;
+        return msm_err_set(err, -EINVAL,
+                           "frame carries no call (generate, cancel, health, model_info, metrics, tokenize, detokenize)");
     }
-    *ret = call;
-    rc = 0;
-out:
+}
+
+int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, msm_call *ret, uint64_t *reply_id,
+                   msm_err *err) {
+    *reply_id = 0;
+    Msmoe__V1__ClientFrame *f = msmoe__v1__client_frame__unpack(NULL, len, buf);
+    if (!f)
+        return msm_err_set(err, -EBADMSG, "malformed frame: %zu bytes are not a msmoe.v1.ClientFrame", len);
+    msm_call call = {0};
+    *reply_id = f->has_request_id ? f->request_id : 0;
+    int rc = check_unknown(&f->base, "ClientFrame", err);
+    if (rc == 0 && (!f->has_request_id || f->request_id == 0))
+        rc = msm_err_set(err, -EINVAL, "request_id must be set and nonzero");
+    if (rc == 0) {
+        call.request_id = f->request_id;
+        rc = convert_call(f, lim, &call, err);
+    }
+    if (rc == 0) {
+        if (call.gen)
+            call.gen->request_id = f->request_id;
+        *ret = call;
+    } else {
+        msm_call_done(&call);
+    }
     msmoe__v1__client_frame__free_unpacked(f, NULL);
     return rc;
 }
@@ -384,15 +378,15 @@ uint8_t *msm_api_encode_event(const msm_sched_event *ev, size_t *ret_len) {
         c.usage = &u;
         if (ev->finish == MSM_FINISH_ERROR) {
             err.has_code = 1;
-            err.code = (Msmoe__V1__Code)ev->error_code;
-            err.message = (char *)ev->error_msg;
+            err.code = (Msmoe__V1__Code)msm_code_from_errno(ev->error);
+            err.message = (char *)ev->error_msg.msg;
             c.error = &err;
         }
     }
     return pack(&f, ret_len);
 }
 
-uint8_t *msm_api_encode_error(uint64_t request_id, msm_code code, const char *msg, size_t *ret_len) {
+uint8_t *msm_api_encode_error(uint64_t request_id, int err, const char *msg, size_t *ret_len) {
     Msmoe__V1__ServerFrame f = MSMOE__V1__SERVER_FRAME__INIT;
     Msmoe__V1__Status st = MSMOE__V1__STATUS__INIT;
     f.has_request_id = 1;
@@ -400,7 +394,7 @@ uint8_t *msm_api_encode_error(uint64_t request_id, msm_code code, const char *ms
     f.reply_case = MSMOE__V1__SERVER_FRAME__REPLY_ERROR;
     f.error = &st;
     st.has_code = 1;
-    st.code = (Msmoe__V1__Code)code;
+    st.code = (Msmoe__V1__Code)msm_code_from_errno(err);
     st.message = (char *)msg;
     return pack(&f, ret_len);
 }

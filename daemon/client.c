@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "msm_code.h"
 #include "msm_frame.h"
 #include "msm_sched.h"
 

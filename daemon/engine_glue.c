@@ -5,10 +5,8 @@
 #include <unistd.h>
 
 #include "msm_config.h"
+#include "msm_engine.h"
 #include "msm_sched.h"
-#ifdef MSM_HAVE_CUDA
-#include "msm_cuda_backend.h"
-#endif
 
 static int eg_step(void *ctx, const msm_step_seq *seqs, int n_seqs, msm_step_out *ret, msm_err *err) {
     return msm_engine_step(ctx, seqs, n_seqs, ret, err);
@@ -73,13 +71,4 @@ void msm_config_engine_opts(const msm_config *c, msm_engine_opts *o) {
     o->cuda_graphs = c->cuda_graphs;
     o->n_buckets = c->n_buckets;
     memcpy(o->buckets, c->buckets, sizeof o->buckets);
-}
-
-int msm_config_visible_gpus(void) {
-#ifdef MSM_HAVE_CUDA
-    int n = msm_cuda_device_count();
-    return n > 0 ? n : 0;
-#else
-    return -ENOTSUP;
-#endif
 }

@@ -1,7 +1,10 @@
 /* msmoed: the daemon's entry point. Reads the config, splits the node into TP groups, loads the
  * tokenizer and then the model once per group (telling systemd, group by group, while it does),
  * starts one scheduler thread per group and the libuv loop, signals READY=1 once every group is
- * resident and the sockets listen, and on SIGTERM drains and exits 0. */
+ * resident and the sockets listen, and on SIGTERM drains and exits 0.
+ *
+ * main runs the phases below in order; each says what it sets up in the daemon_state and returns
+ * 0 or the process's exit status (2: the configuration is wrong, 1: start-up failed). */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -29,6 +32,37 @@
 #define MSM_VERSION "0"
 #endif
 
+/* The command line. */
+typedef struct args {
+    const char *config_path;   /* NULL: the default file when it exists, else built-in defaults */
+    const char **sets;         /* [n_sets] --set overrides, in order */
+    int n_sets;
+    bool check_only;
+    bool dump_graph;
+} args;
+
+/* Everything main sets up, in the order it does. */
+typedef struct daemon_state {
+    msm_config cfg;
+    const char *config_path;
+    bool fake, cuda;
+    char model_dir[PATH_MAX];  /* "" for the fake engine and dummy weights */
+    const char *what;          /* the model as messages name it */
+    msm_engine_opts eo;
+    msm_group_plan plan;
+    char tok_path[PATH_MAX + 32];
+    msm_tokenizer *tok;        /* NULL: ids only */
+    int n_groups;
+    msm_engine **engines;      /* [n_groups] NULL entries with the fake engine */
+    msm_fake_engine **fakes;   /* [n_groups] NULL entries with a real one */
+    msm_sched_engine *se;      /* [n_groups] each group's engine as its scheduler sees it */
+    msm_sched **scheds;        /* [n_groups] */
+    msm_api_model_info info;
+    uv_loop_t loop;
+    bool have_loop;
+    msm_server *srv;
+} daemon_state;
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: msmoed [--config FILE] [--set SECTION.KEY=VALUE]... [--check-config] [--dump-graph]\n"
@@ -39,6 +73,88 @@ static void usage(FILE *f) {
             "  --dump-graph       load the model, print rank 0's step graph schedule, exit\n"
             "  --version, --help\n",
             MSM_SYSCONFDIR);
+}
+
+/* Returns -1 to go on, or the exit status (--help, --version, a usage error). a->sets is
+ * malloc'd when it goes on. */
+static int parse_args(int argc, char **argv, args *a) {
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
+        {"check-config", no_argument, NULL, 'k'}, {"dump-graph", no_argument, NULL, 'g'},
+        {"version", no_argument, NULL, 'V'},     {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    memset(a, 0, sizeof *a);
+    a->sets = calloc((size_t)argc + 1, sizeof *a->sets);
+    if (!a->sets) {
+        fprintf(stderr, "msmoed: out of memory\n");
+        return 1;
+    }
+    int opt, status = -1;
+    while (status < 0 && (opt = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'c': a->config_path = optarg; break;
+        case 's': a->sets[a->n_sets++] = optarg; break;
+        case 'k': a->check_only = true; break;
+        case 'g': a->dump_graph = true; break;
+        case 'V': printf("msmoed %s\n", MSM_VERSION); status = 0; break;
+        case 'h': usage(stdout); status = 0; break;
+        default: usage(stderr); status = 2; break;
+        }
+    }
+    if (status < 0 && optind < argc) {
+        fprintf(stderr, "msmoed: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        status = 2;
+    }
+    if (status >= 0)
+        free(a->sets);
+    return status;
+}
+
+/* Phase 1: the configuration: defaults < file < --set, checked. */
+static int load_config(const args *a, daemon_state *d) {
+    static char default_path[PATH_MAX];
+    msm_err err = {{0}};
+    msm_config_defaults(&d->cfg);
+    snprintf(default_path, sizeof default_path, "%s/msmoed/msmoed.conf", MSM_SYSCONFDIR);
+    d->config_path = a->config_path;
+    if (!d->config_path && access(default_path, F_OK) == 0)
+        d->config_path = default_path;
+    int rc = d->config_path ? msm_config_load(&d->cfg, d->config_path, &err) : 0;
+    for (int i = 0; rc == 0 && i < a->n_sets; i++)
+        rc = msm_config_set(&d->cfg, a->sets[i], &err);
+    if (rc == 0)
+        rc = msm_config_check(&d->cfg, &err);
+    if (rc < 0) {
+        fprintf(stderr, "msmoed: %s\n", err.msg);
+        return 2;
+    }
+    return 0;
+}
+
+/* Phase 2: what to load and where: the model directory, the engine options and the TP groups
+ * (engine.gpus cut in runs of engine.tp on CUDA, engine.replicas on the CPU). */
+static int plan_groups(daemon_state *d) {
+    msm_config *cfg = &d->cfg;
+    msm_err err = {{0}};
+    d->fake = strcmp(cfg->backend, "fake") == 0;
+    if (!d->fake && !cfg->dummy_preset[0] && msm_config_model_dir(cfg, d->model_dir, sizeof d->model_dir, &err) < 0) {
+        fprintf(stderr, "msmoed: %s\n", err.msg);
+        return 2;
+    }
+    d->what = d->fake ? "fake engine" : cfg->dummy_preset[0] ? cfg->dummy_preset : d->model_dir;
+    msm_config_engine_opts(cfg, &d->eo);
+    d->cuda = !d->fake && d->eo.backend == MSM_BACKEND_CUDA;
+    int n_visible = d->cuda ? msm_engine_device_count() : -1;
+    if (n_visible == -ENOTSUP) {
+        fprintf(stderr, "msmoed: engine.backend = cuda, but this build has no CUDA backend (built with -Dcuda=disabled)\n");
+        return 2;
+    }
+    if (msm_config_plan_groups(cfg, d->cuda, n_visible, &d->plan, &err) < 0) {
+        fprintf(stderr, "msmoed: %s\n", err.msg);
+        return 2;
+    }
+    return 0;
 }
 
 /* Where the tokenizer comes from: engine.tokenizer (must load), else <model>/tokenizer.json (may be
@@ -58,31 +174,229 @@ static bool tokenizer_path(const msm_config *cfg, const char *model_dir, char *r
     return true;
 }
 
-/* 0 with *ret NULL when there is no tokenizer to load (a warning says what is off), 0 with *ret
- * set, or -errno with err naming the file (a broken tokenizer.json is a start-up error). */
-static int load_tokenizer(const msm_config *cfg, const char *model_dir, char *path, size_t cap,
-                          msm_tokenizer **ret, msm_err *err) {
+/* --check-config: the model directory and the tokenizer are readable; prints a summary. */
+static int check_config(const daemon_state *d) {
+    msm_err err = {{0}};
+    if (d->model_dir[0]) {
+        char p[PATH_MAX + 16];
+        snprintf(p, sizeof p, "%s/config.json", d->model_dir);
+        if (access(p, R_OK) < 0) {
+            fprintf(stderr, "msmoed: model %s: cannot read %s: %s\n", d->model_dir, p, strerror(errno));
+            return 2;
+        }
+    }
+    char tp[PATH_MAX + 32];
     bool required;
-    *ret = NULL;
-    if (!tokenizer_path(cfg, model_dir, path, cap, &required)) {
-        path[0] = 0;
-        return 0;
+    if (tokenizer_path(&d->cfg, d->model_dir, tp, sizeof tp, &required) && (required || access(tp, F_OK) == 0)) {
+        msm_tokenizer *t = NULL;
+        if (msm_tokenizer_load(tp, &t, &err) < 0) {
+            fprintf(stderr, "msmoed: cannot load the tokenizer: %s\n", err.msg);
+            return 2;
+        }
+        msm_tokenizer_free(t);
     }
-    if (!required && access(path, F_OK) < 0) {
+    printf("msmoed: configuration OK (%s; model %s; %d TP group(s) of tp %d)\n",
+           d->config_path ? d->config_path : "built-in defaults", d->what, d->plan.n_groups, d->cfg.tp);
+    return 0;
+}
+
+/* Phase 3: the tokenizer, before the model: it is quick, and a broken file should not wait for
+ * the model. None to load (a warning says what is off) leaves d->tok NULL; a broken one fails. */
+static int load_tokenizer(daemon_state *d) {
+    msm_err err = {{0}};
+    bool required;
+    if (!tokenizer_path(&d->cfg, d->model_dir, d->tok_path, sizeof d->tok_path, &required))
+        return 0;
+    if (!required && access(d->tok_path, F_OK) < 0) {
         msm_log_warn("no tokenizer: %s does not exist; text prompts, text in replies, stop strings and "
-                     "Tokenize/Detokenize are off (token ids work; set engine.tokenizer to enable them)", path);
-        path[0] = 0;
+                     "Tokenize/Detokenize are off (token ids work; set engine.tokenizer to enable them)", d->tok_path);
         return 0;
     }
-    int rc = msm_tokenizer_load(path, ret, err);
+    int rc = msm_tokenizer_load(d->tok_path, &d->tok, &err);
     if (rc < 0) {
-        char why[sizeof err->msg];
-        snprintf(why, sizeof why, "%s", err->msg);
         /* The tokenizer's message names the file. */
-        return msm_err_set(err, rc, "cannot load the tokenizer: %s (engine.tokenizer = none serves ids only)",
-                           why);
+        msm_err_wrap(&err, rc, "cannot load the tokenizer");
+        msm_log_error("%s (engine.tokenizer = none serves ids only)", err.msg);
+        msm_notify_status("failed: %s (engine.tokenizer = none serves ids only)", err.msg);
+        return 1;
+    }
+    msm_log_info("tokenizer %s: %d ids", d->tok_path, msm_tokenizer_vocab_size(d->tok));
+    return 0;
+}
+
+/* Group g's engine: the fake one or the real one on its devices. */
+static int load_group(daemon_state *d, int g, msm_err *err) {
+    const msm_config *cfg = &d->cfg;
+    if (d->fake) {
+        const char *delay = getenv("MSMOED_FAKE_STEP_US");
+        msm_fake_engine_opts fo = {.vocab = 512, .max_context = cfg->max_context ? cfg->max_context : 2048,
+                                   .kv_blocks = cfg->kv_blocks, .eos_id = -1,
+                                   .max_step_tokens = cfg->max_step_tokens, .max_seqs = cfg->max_seqs,
+                                   .step_delay_us = delay ? atoi(delay) : 0};
+        int rc = msm_fake_engine_new(&fo, &d->fakes[g]);
+        if (rc < 0)
+            return msm_err_set(err, rc, "fake engine: %s", strerror(-rc));
+        msm_fake_engine_vtable(d->fakes[g], &d->se[g]);
+    } else {
+        d->eo.model_dir = cfg->dummy_preset[0] ? NULL : d->model_dir;
+        d->eo.first_device = d->plan.first_device[g];
+        int rc = msm_engine_new(&d->eo, &d->engines[g], err);
+        if (rc < 0)
+            return rc;
+        msm_sched_engine_from(&d->se[g], d->engines[g]);
+    }
+    d->se[g].tok = d->tok;
+    return 0;
+}
+
+/* Phase 4: the model, once per group, one group after the other (each with its own STATUS=). */
+static int load_groups(daemon_state *d, bool dump_graph) {
+    msm_err err = {{0}};
+    char status[1400];
+    d->n_groups = dump_graph ? 1 : d->plan.n_groups;
+    d->engines = calloc((size_t)d->n_groups, sizeof *d->engines);
+    d->fakes = calloc((size_t)d->n_groups, sizeof *d->fakes);
+    d->se = calloc((size_t)d->n_groups, sizeof *d->se);
+    d->scheds = calloc((size_t)d->n_groups, sizeof *d->scheds);
+    if (!d->engines || !d->fakes || !d->se || !d->scheds) {
+        msm_log_error("out of memory");
+        return 1;
+    }
+    msm_log_info("msmoed %s: loading %s in %d TP group(s) of tp %d", MSM_VERSION, d->what, d->n_groups, d->cfg.tp);
+    for (int g = 0; g < d->n_groups; g++) {
+        char where[64];
+        int first = d->plan.first_device[g];
+        if (d->cuda && d->cfg.tp > 1)
+            snprintf(where, sizeof where, "GPUs %d-%d", first, first + d->cfg.tp - 1);
+        else if (d->cuda)
+            snprintf(where, sizeof where, "GPU %d", first);
+        else
+            snprintf(where, sizeof where, "%s", d->fake ? "fake" : "CPU");
+        snprintf(status, sizeof status, "loading %.1200s: group %d/%d (%s)", d->what, g + 1, d->n_groups, where);
+        msm_log_info("%s", status);
+        msm_notify_status("%s", status);
+        msm_notify_loading *loading = NULL;
+        msm_notify_loading_start(status, 5, &loading);
+        int rc = load_group(d, g, &err);
+        msm_notify_loading_stop(loading);
+        if (rc < 0) {
+            if (d->n_groups > 1)
+                msm_log_error("group %d (%s): cannot load the model: %s", g, where, err.msg);
+            else
+                msm_log_error("cannot load the model: %s", err.msg);
+            msm_notify_status("failed: group %d (%s): %s", g, where, err.msg);
+            return 1;
+        }
     }
     return 0;
+}
+
+/* Phase 5: what ModelInfo reports. Sizes are per group: a request lives in one group's KV pool
+ * and batch. */
+static void describe_model(daemon_state *d) {
+    msm_api_model_info *info = &d->info;
+    const msm_sched_engine *se = &d->se[0];
+    memset(info, 0, sizeof *info);
+    if (d->engines[0]) {
+        const msm_model_config *mc = msm_engine_model(d->engines[0]);
+        const msm_engine_opts *o0 = msm_engine_options(d->engines[0]);
+        info->architecture = mc->arch_name;
+        info->backend = msm_engine_backend_name(d->engines[0]);
+        info->hidden = mc->hidden;
+        info->layers = mc->n_layers;
+        info->experts = mc->n_experts;
+        info->experts_per_token = mc->top_k;
+        info->tp = o0->tp;
+        info->multi_stream = o0->multi_stream;
+        info->fuse_allreduce = o0->fuse_allreduce;
+        info->cuda_graphs = o0->cuda_graphs && o0->backend == MSM_BACKEND_CUDA;
+    } else {
+        info->architecture = "fake";
+        info->backend = "fake";
+        info->tp = 1;
+    }
+    info->model = d->what;
+    info->version = MSM_VERSION;
+    info->tp_groups = d->n_groups;
+    info->vocab = se->vocab;
+    info->max_context = se->max_context;
+    info->eos_ids = se->eos_ids;
+    info->n_eos = se->n_eos;
+    info->kv_blocks = se->kv_total(se->ctx);
+    info->kv_block_tokens = MSM_KV_BLOCK;
+    info->max_seqs = d->cfg.max_seqs;
+    info->max_step_tokens = d->cfg.max_step_tokens;
+    info->tokenizer = d->tok ? d->tok_path : NULL;
+    info->tokenizer_vocab = d->tok ? msm_tokenizer_vocab_size(d->tok) : 0;
+    if (d->tok && msm_tokenizer_vocab_size(d->tok) > se->vocab)
+        msm_log_warn("the tokenizer knows %d ids, the model %d: text that encodes to an id >= %d is refused",
+                     msm_tokenizer_vocab_size(d->tok), se->vocab, se->vocab);
+}
+
+/* Phase 6: the server, one scheduler per group, signals, the scheduler threads, the sockets;
+ * READY=1; then the loop runs until the shutdown has closed every handle. */
+static int serve(daemon_state *d) {
+    const msm_config *cfg = &d->cfg;
+    msm_err err = {{0}};
+    msm_api_limits limits = {
+        .vocab = d->se[0].vocab, .max_context = d->se[0].max_context, .max_tokens_default = cfg->max_tokens_default,
+        .max_tokens_limit = cfg->max_tokens_limit, .max_logprobs = cfg->max_logprobs, .max_stop = cfg->max_stop,
+        .tok = d->tok};
+    msm_sched_opts so = {.max_step_tokens = cfg->max_step_tokens, .max_seqs = cfg->max_seqs,
+                         .max_queue = cfg->max_queue};
+    uv_loop_init(&d->loop);
+    d->have_loop = true;
+    int rc = msm_server_new(&d->loop, cfg, &limits, &d->info, d->n_groups, &d->srv, &err);
+    for (int g = 0; g < d->n_groups && rc == 0; g++) {
+        rc = msm_sched_new(&so, &d->se[g], msm_server_emit, msm_server_group_ctx(d->srv, g), &d->scheds[g], &err);
+        if (rc == 0)
+            msm_server_set_sched(d->srv, g, d->scheds[g]);
+    }
+    if (rc < 0) {
+        msm_log_error("%s", err.msg);
+        return 1;
+    }
+    rc = msm_server_install_signals(d->srv, &err);
+    for (int g = 0; g < d->n_groups && rc == 0; g++)
+        if (msm_sched_start(d->scheds[g]) < 0)
+            rc = msm_err_set(&err, -EAGAIN, "cannot start the scheduler thread of group %d", g);
+    if (rc == 0)
+        rc = msm_server_listen(d->srv, &err);
+    if (rc < 0) {
+        msm_log_error("%s", err.msg);
+        msm_notify_status("failed: %s", err.msg);
+        msm_server_shutdown(d->srv); /* closes what was opened; the loop below then returns */
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+        return 1;
+    }
+    /* READY=1 only now: every group is loaded and the sockets listen. */
+    char status[1400];
+    snprintf(status, sizeof status, "serving %.1200s (%s, %d TP group(s) of tp %d, vocab %d, context %d)",
+             d->info.model, d->info.backend, d->n_groups, d->info.tp, d->info.vocab, d->info.max_context);
+    msm_log_info("ready: %s", status);
+    msm_notify_ready(status);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    return 0;
+}
+
+/* Frees whatever the phases set up (any prefix of them). */
+static void teardown(daemon_state *d) {
+    for (int g = 0; d->scheds && g < d->n_groups; g++)
+        msm_sched_free(d->scheds[g]);
+    if (d->have_loop && uv_loop_close(&d->loop) == UV_EBUSY) {
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&d->loop);
+    }
+    msm_server_free(d->srv);
+    for (int g = 0; g < d->n_groups; g++) {
+        msm_engine_free(d->engines ? d->engines[g] : NULL);
+        msm_fake_engine_free(d->fakes ? d->fakes[g] : NULL);
+    }
+    free(d->engines);
+    free(d->fakes);
+    free(d->se);
+    free(d->scheds);
+    msm_tokenizer_free(d->tok);
 }
 
 static void raise_nofile(void) {
@@ -94,285 +408,35 @@ static void raise_nofile(void) {
 }
 
 int main(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
-        {"check-config", no_argument, NULL, 'k'}, {"dump-graph", no_argument, NULL, 'g'},
-        {"version", no_argument, NULL, 'V'},     {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
-    const char *config_path = NULL;
-    char **sets = calloc((size_t)argc + 1, sizeof *sets);
-    int n_sets = 0, opt;
-    bool check_only = false, dump_graph = false;
-    while ((opt = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
-        switch (opt) {
-        case 'c': config_path = optarg; break;
-        case 's': sets[n_sets++] = optarg; break;
-        case 'k': check_only = true; break;
-        case 'g': dump_graph = true; break;
-        case 'V': printf("msmoed %s\n", MSM_VERSION); free(sets); return 0;
-        case 'h': usage(stdout); free(sets); return 0;
-        default: usage(stderr); free(sets); return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "msmoed: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        free(sets);
-        return 2;
-    }
+    static daemon_state d;
+    args a;
+    int status = parse_args(argc, argv, &a);
+    if (status >= 0)
+        return status;
+    status = load_config(&a, &d);
+    free(a.sets);
+    if (status == 0)
+        status = plan_groups(&d);
+    if (status != 0 || a.check_only)
+        return status != 0 ? status : check_config(&d);
 
-    /* Configuration: defaults < file < --set. */
-    static msm_config cfg;
-    msm_err err = {{0}};
-    msm_config_defaults(&cfg);
-    char default_path[PATH_MAX];
-    snprintf(default_path, sizeof default_path, "%s/msmoed/msmoed.conf", MSM_SYSCONFDIR);
-    if (!config_path && access(default_path, F_OK) == 0)
-        config_path = default_path;
-    if (config_path && msm_config_load(&cfg, config_path, &err) < 0) {
-        fprintf(stderr, "msmoed: %s\n", err.msg);
-        free(sets);
-        return 2;
-    }
-    for (int i = 0; i < n_sets; i++)
-        if (msm_config_set(&cfg, sets[i], &err) < 0) {
-            fprintf(stderr, "msmoed: %s\n", err.msg);
-            free(sets);
-            return 2;
-        }
-    free(sets);
-    if (msm_config_check(&cfg, &err) < 0) {
-        fprintf(stderr, "msmoed: %s\n", err.msg);
-        return 2;
-    }
-    bool fake = strcmp(cfg.backend, "fake") == 0;
-    char model_dir[PATH_MAX] = "";
-    if (!fake && !cfg.dummy_preset[0] && msm_config_model_dir(&cfg, model_dir, sizeof model_dir, &err) < 0) {
-        fprintf(stderr, "msmoed: %s\n", err.msg);
-        return 2;
-    }
-    /* The TP groups: engine.gpus cut in runs of engine.tp on CUDA, engine.replicas on the CPU. */
-    msm_engine_opts eo;
-    msm_config_engine_opts(&cfg, &eo);
-    bool cuda = !fake && eo.backend == MSM_BACKEND_CUDA;
-    static msm_group_plan plan;
-    int n_visible = cuda ? msm_config_visible_gpus() : -1;
-    if (n_visible == -ENOTSUP) {
-        fprintf(stderr, "msmoed: engine.backend = cuda, but this build has no CUDA backend (built with -Dcuda=disabled)\n");
-        return 2;
-    }
-    if (msm_config_plan_groups(&cfg, cuda, n_visible, &plan, &err) < 0) {
-        fprintf(stderr, "msmoed: %s\n", err.msg);
-        return 2;
-    }
-    if (check_only) {
-        if (model_dir[0]) {
-            char p[PATH_MAX + 16];
-            snprintf(p, sizeof p, "%s/config.json", model_dir);
-            if (access(p, R_OK) < 0) {
-                fprintf(stderr, "msmoed: model %s: cannot read %s: %s\n", model_dir, p, strerror(errno));
-                return 2;
-            }
-        }
-        char tp[PATH_MAX + 32];
-        bool required;
-        if (tokenizer_path(&cfg, model_dir, tp, sizeof tp, &required) && (required || access(tp, F_OK) == 0)) {
-            msm_tokenizer *t = NULL;
-            if (msm_tokenizer_load(tp, &t, &err) < 0) {
-                fprintf(stderr, "msmoed: cannot load the tokenizer: %s\n", err.msg);
-                return 2;
-            }
-            msm_tokenizer_free(t);
-        }
-        printf("msmoed: configuration OK (%s; model %s; %d TP group(s) of tp %d)\n",
-               config_path ? config_path : "built-in defaults",
-               fake ? "fake" : cfg.dummy_preset[0] ? cfg.dummy_preset : model_dir, plan.n_groups, cfg.tp);
-        return 0;
-    }
-
-    int rc = msm_log_open(cfg.log_file, cfg.log_level);
+    int rc = msm_log_open(d.cfg.log_file, d.cfg.log_level);
     if (rc < 0)
-        fprintf(stderr, "msmoed: cannot open log.file %s: %s; logging to stderr\n", cfg.log_file, strerror(-rc));
+        fprintf(stderr, "msmoed: cannot open log.file %s: %s; logging to stderr\n", d.cfg.log_file, strerror(-rc));
     signal(SIGPIPE, SIG_IGN);
     raise_nofile();
-
-    /* The tokenizer first: it is quick, and a broken file should not wait for the model. */
-    static char tok_path[PATH_MAX + 32];
-    msm_tokenizer *tok = NULL;
-    if ((rc = load_tokenizer(&cfg, model_dir, tok_path, sizeof tok_path, &tok, &err)) < 0) {
-        msm_log_error("%s", err.msg);
-        msm_notify_status("failed: %s", err.msg);
-        msm_log_close();
-        return 1;
+    status = load_tokenizer(&d);
+    if (status == 0)
+        status = load_groups(&d, a.dump_graph);
+    if (status == 0 && a.dump_graph)
+        status = d.engines[0] && msm_engine_dump_graph(d.engines[0], 0, stdout) < 0 ? 1 : 0;
+    else if (status == 0) {
+        describe_model(&d);
+        status = serve(&d);
     }
-    if (tok)
-        msm_log_info("tokenizer %s: %d ids", tok_path, msm_tokenizer_vocab_size(tok));
-
-    /* Load the model once per group, one group after the other (each with its own STATUS=). */
-    int n_groups = dump_graph ? 1 : plan.n_groups;
-    msm_engine **engines = calloc((size_t)n_groups, sizeof *engines);
-    msm_fake_engine **fks = calloc((size_t)n_groups, sizeof *fks);
-    msm_sched_engine *se = calloc((size_t)n_groups, sizeof *se);
-    msm_sched **scheds = calloc((size_t)n_groups, sizeof *scheds);
-    msm_api_model_info info = {0};
-    uv_loop_t loop;
-    bool have_loop = false;
-    msm_server *srv = NULL;
-    int exit_code = 0;
-    const char *what = fake ? "fake engine" : cfg.dummy_preset[0] ? cfg.dummy_preset : model_dir;
-    char status[1400];
-    if (!engines || !fks || !se || !scheds) {
-        msm_log_error("out of memory");
-        exit_code = 1;
-        goto out;
-    }
-    msm_log_info("msmoed %s: loading %s in %d TP group(s) of tp %d", MSM_VERSION, what, n_groups, cfg.tp);
-    for (int g = 0; g < n_groups; g++) {
-        char where[64];
-        if (cuda && cfg.tp > 1)
-            snprintf(where, sizeof where, "GPUs %d-%d", plan.first_device[g], plan.first_device[g] + cfg.tp - 1);
-        else if (cuda)
-            snprintf(where, sizeof where, "GPU %d", plan.first_device[g]);
-        else
-            snprintf(where, sizeof where, "%s", fake ? "fake" : "CPU");
-        snprintf(status, sizeof status, "loading %.1200s: group %d/%d (%s)", what, g + 1, n_groups, where);
-        msm_log_info("%s", status);
-        msm_notify_status("%s", status);
-        msm_notify_loading *loading = NULL;
-        msm_notify_loading_start(status, 5, &loading);
-        if (fake) {
-            const char *delay = getenv("MSMOED_FAKE_STEP_US");
-            msm_fake_engine_opts fo = {.vocab = 512, .max_context = cfg.max_context ? cfg.max_context : 2048,
-                                       .kv_blocks = cfg.kv_blocks, .eos_id = -1,
-                                       .max_step_tokens = cfg.max_step_tokens, .max_seqs = cfg.max_seqs,
-                                       .step_delay_us = delay ? atoi(delay) : 0};
-            rc = msm_fake_engine_new(&fo, &fks[g]);
-            if (rc < 0)
-                msm_err_set(&err, rc, "fake engine: %s", strerror(-rc));
-            else
-                msm_fake_engine_vtable(fks[g], &se[g]);
-        } else {
-            eo.model_dir = cfg.dummy_preset[0] ? NULL : model_dir;
-            eo.first_device = plan.first_device[g];
-            rc = msm_engine_new(&eo, &engines[g], &err);
-            if (rc == 0)
-                msm_sched_engine_from(&se[g], engines[g]);
-        }
-        msm_notify_loading_stop(loading);
-        if (rc < 0) {
-            if (n_groups > 1)
-                msm_log_error("group %d (%s): cannot load the model: %s", g, where, err.msg);
-            else
-                msm_log_error("cannot load the model: %s", err.msg);
-            msm_notify_status("failed: group %d (%s): %s", g, where, err.msg);
-            exit_code = 1;
-            goto out;
-        }
-        se[g].tok = tok;
-    }
-    if (dump_graph) {
-        rc = engines[0] ? msm_engine_dump_graph(engines[0], 0, stdout) : 0;
-        exit_code = rc < 0 ? 1 : 0;
-        goto out;
-    }
-    if (tok && msm_tokenizer_vocab_size(tok) > se[0].vocab)
-        msm_log_warn("the tokenizer knows %d ids, the model %d: text that encodes to an id >= %d is refused",
-                     msm_tokenizer_vocab_size(tok), se[0].vocab, se[0].vocab);
-
-    if (engines[0]) {
-        const msm_model_config *mc = msm_engine_model(engines[0]);
-        const msm_engine_opts *o0 = msm_engine_options(engines[0]);
-        info.architecture = mc->arch_name;
-        info.backend = msm_engine_backend_name(engines[0]);
-        info.hidden = mc->hidden;
-        info.layers = mc->n_layers;
-        info.experts = mc->n_experts;
-        info.experts_per_token = mc->top_k;
-        info.tp = o0->tp;
-        info.multi_stream = o0->multi_stream;
-        info.fuse_allreduce = o0->fuse_allreduce;
-        info.cuda_graphs = o0->cuda_graphs && o0->backend == MSM_BACKEND_CUDA;
-    } else {
-        info.architecture = "fake";
-        info.backend = "fake";
-        info.tp = 1;
-    }
-    /* Sizes are per group: a request lives in one group's KV pool and batch. */
-    info.model = what;
-    info.version = MSM_VERSION;
-    info.tp_groups = n_groups;
-    info.vocab = se[0].vocab;
-    info.max_context = se[0].max_context;
-    info.eos_ids = se[0].eos_ids;
-    info.n_eos = se[0].n_eos;
-    info.kv_blocks = se[0].kv_total(se[0].ctx);
-    info.kv_block_tokens = 16;
-    info.max_seqs = cfg.max_seqs;
-    info.max_step_tokens = cfg.max_step_tokens;
-    info.tokenizer = tok ? tok_path : NULL;
-    info.tokenizer_vocab = tok ? msm_tokenizer_vocab_size(tok) : 0;
-
-    msm_api_limits limits = {
-        .vocab = se[0].vocab, .max_context = se[0].max_context, .max_tokens_default = cfg.max_tokens_default,
-        .max_tokens_limit = cfg.max_tokens_limit, .max_logprobs = cfg.max_logprobs, .max_stop = cfg.max_stop,
-        .tok = tok};
-
-    uv_loop_init(&loop);
-    have_loop = true;
-    msm_sched_opts so = {.max_step_tokens = cfg.max_step_tokens, .max_seqs = cfg.max_seqs,
-                         .max_queue = cfg.max_queue};
-    if ((rc = msm_server_new(&loop, &cfg, &limits, &info, n_groups, &srv, &err)) < 0) {
-        msm_log_error("%s", err.msg);
-        exit_code = 1;
-        goto out;
-    }
-    for (int g = 0; g < n_groups; g++) {
-        if ((rc = msm_sched_new(&so, &se[g], msm_server_emit, msm_server_group_ctx(srv, g), &scheds[g], &err)) < 0) {
-            msm_log_error("%s", err.msg);
-            exit_code = 1;
-            goto out;
-        }
-        msm_server_set_sched(srv, g, scheds[g]);
-    }
-    rc = msm_server_install_signals(srv, &err);
-    for (int g = 0; g < n_groups && rc == 0; g++)
-        if (msm_sched_start(scheds[g]) < 0)
-            rc = msm_err_set(&err, -EAGAIN, "cannot start the scheduler thread of group %d", g);
-    if (rc == 0)
-        rc = msm_server_listen(srv, &err);
-    if (rc < 0) {
-        msm_log_error("%s", err.msg);
-        msm_notify_status("failed: %s", err.msg);
-        exit_code = 1;
-        msm_server_shutdown(srv); /* closes what was opened; uv_run below returns */
-        uv_run(&loop, UV_RUN_DEFAULT);
-        goto out;
-    }
-    /* READY=1 only now: every group is loaded and the sockets listen. */
-    snprintf(status, sizeof status, "serving %.1200s (%s, %d TP group(s) of tp %d, vocab %d, context %d)", info.model,
-             info.backend, n_groups, info.tp, info.vocab, info.max_context);
-    msm_log_info("ready: %s", status);
-    msm_notify_ready(status);
-    uv_run(&loop, UV_RUN_DEFAULT);
-out:
-    for (int g = 0; scheds && g < n_groups; g++)
-        msm_sched_free(scheds[g]);
-    if (have_loop && uv_loop_close(&loop) == UV_EBUSY) {
-        uv_run(&loop, UV_RUN_DEFAULT);
-        uv_loop_close(&loop);
-    }
-    msm_server_free(srv);
-    for (int g = 0; g < n_groups; g++) {
-        msm_engine_free(engines ? engines[g] : NULL);
-        msm_fake_engine_free(fks ? fks[g] : NULL);
-    }
-    free(engines);
-    free(fks);
-    free(se);
-    free(scheds);
-    msm_tokenizer_free(tok);
-    if (!dump_graph)
-        msm_log_info("exiting with status %d", exit_code);
+    teardown(&d);
+    if (!a.dump_graph)
+        msm_log_info("exiting with status %d", status);
     msm_log_close();
-    return exit_code;
+    return status;
 }

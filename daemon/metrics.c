@@ -1,6 +1,8 @@
 /* msm_metrics: see msm_metrics.h. */
 #include "msm_metrics.h"
 
+#include "msm_code.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +32,8 @@ static int add_groups(msm_metric_sample *out, int n, int cap, const char *name, 
         total += v[g];
     n = add(out, n, cap, name, labels, total, counter, help);
     for (int g = 0; g < n_groups; g++) {
-        char l[64];
-        snprintf(l, sizeof l, "%s%sgroup=\"%d\"", labels ? labels : "", labels ? "," : "", g);
+        char l[64]; /* the series' own labels are short (finish="cancelled"): 40 bytes always fit */
+        snprintf(l, sizeof l, "%.40s%sgroup=\"%d\"", labels ? labels : "", labels ? "," : "", g);
         n = add(out, n, cap, name, l, v[g], counter, help);
     }
     return n;
@@ -69,7 +71,7 @@ int msm_metrics_collect(const msm_metrics *m, const msm_sched_stats *st, int n_g
         n = add_groups(out, n, cap, "msmoed_requests_finished_total", l, v, n_groups, true,
                        "Generate requests finished, by finish reason.");
     }
-    for (int c = 1; c < 16; c++) {
+    for (int c = 1; c < MSM_CODE_LIMIT; c++) {
         if (!m->requests_rejected[c])
             continue;
         char l[64];

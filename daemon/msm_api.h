@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "msm_err.h"
 #include "msm_metrics.h"
 #include "msm_sched.h"
 #include "msm_tokenizer.h"
@@ -58,16 +59,13 @@ typedef struct msm_call {
 /* Frees ids and text (not gen, which the caller took). */
 void msm_call_done(msm_call *c);
 
-typedef struct msm_status {
-    msm_code code;
-    bool fatal;               /* the frame itself is malformed: reply, then close the connection */
-    uint64_t request_id;      /* the id to answer (0 when the frame could not be decoded) */
-    char msg[256];
-} msm_status;
-
 /* Decodes and validates one ClientFrame body. 0: *ret filled (conn_id of a request is left 0 for
- * the caller). -EINVAL / -EBADMSG: *st says what to answer. */
-int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, msm_call *ret, msm_status *st);
+ * the caller). On failure err says what to answer, and with which code (msm_code_from_errno):
+ * -EBADMSG when the frame itself is malformed (answer, then close the connection), another
+ * negative errno when only the request is refused. *reply_id is always written: the request id to
+ * answer (0 when the frame could not be decoded). */
+int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, msm_call *ret, uint64_t *reply_id,
+                   msm_err *err);
 
 /* Native ModelInfo. */
 typedef struct msm_api_model_info {
@@ -83,7 +81,8 @@ typedef struct msm_api_model_info {
 
 /* Encoders: a malloc'd buffer holding the 4-byte header and the ServerFrame, or NULL (ENOMEM). */
 uint8_t *msm_api_encode_event(const msm_sched_event *ev, size_t *ret_len);
-uint8_t *msm_api_encode_error(uint64_t request_id, msm_code code, const char *msg, size_t *ret_len);
+/* An Error reply: the code derived from err (a negative errno), the message msg. */
+uint8_t *msm_api_encode_error(uint64_t request_id, int err, const char *msg, size_t *ret_len);
 uint8_t *msm_api_encode_health(uint64_t request_id, bool serving, const char *status, size_t *ret_len);
 uint8_t *msm_api_encode_model_info(uint64_t request_id, const msm_api_model_info *mi, size_t *ret_len);
 uint8_t *msm_api_encode_metrics(uint64_t request_id, const msm_metric_sample *s, int n, size_t *ret_len);

@@ -10,8 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "msm_engine.h"
 #include "msm_err.h"
+#include "msm_types.h" /* MSM_MAX_BUCKETS */
+
+struct msm_engine_opts; /* msm_engine.h */
 
 typedef enum msm_log_level {
     MSM_LOG_ERROR = 0,
@@ -88,13 +90,14 @@ int msm_config_check(const msm_config *c, msm_err *err);
 int msm_config_model_dir(const msm_config *c, char *ret, size_t cap, msm_err *err);
 
 /* Fills engine options from the config (first_device = 0: the caller sets each group's). */
-void msm_config_engine_opts(const msm_config *c, msm_engine_opts *o);
+void msm_config_engine_opts(const msm_config *c, struct msm_engine_opts *o);
 
 /* The node split into TP groups, one engine (own KV pool, own scheduler thread) each.
  *
  * CUDA: engine.gpus (or GPUs 0 .. n_visible-1 when it is empty) cut in runs of engine.tp; every
  * run must be consecutive ids (an engine's ranks sit on first_device .. first_device+tp-1).
- * n_visible < 0 means unknown (only the list itself is checked). engine.replicas must be 1.
+ * n_visible < 0 means unknown (only the list itself is checked; msm_engine_device_count gives
+ * it). engine.replicas must be 1.
  * CPU and fake backends: engine.replicas groups; engine.gpus is not used.
  * Errors name the key and, for engine.gpus, where it was set (file:line). */
 typedef struct msm_group_plan {
@@ -103,9 +106,6 @@ typedef struct msm_group_plan {
 } msm_group_plan;
 
 int msm_config_plan_groups(const msm_config *c, bool cuda, int n_visible, msm_group_plan *ret, msm_err *err);
-
-/* GPUs the CUDA runtime sees; -ENOTSUP in a build without CUDA. */
-int msm_config_visible_gpus(void);
 
 /* "0-3,6" for a list of ids (for messages). */
 void msm_config_format_gpus(const int *ids, int n, char *buf, size_t cap);

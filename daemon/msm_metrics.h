@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "msm_code.h"
 #include "msm_sched.h"
 
 typedef struct msm_metrics {
@@ -20,7 +21,7 @@ typedef struct msm_metrics {
     uint64_t connections_refused;     /* over server.max_connections */
     int connections;                  /* open now */
     uint64_t requests_total;          /* generate requests received */
-    uint64_t requests_rejected[16];   /* by msm_code: refused before reaching the scheduler */
+    uint64_t requests_rejected[MSM_CODE_LIMIT]; /* by msm_code: refused before reaching the scheduler */
     uint64_t frames_malformed;        /* frames that closed their connection */
     uint64_t slow_readers_closed;     /* connections closed over server.max_queued_bytes */
     uint64_t bytes_in, bytes_out;

@@ -12,12 +12,13 @@
  * The engine is reached through msm_sched_engine, a small vtable (step, KV pool, model limits), so
  * the unit tests drive the scheduler on a fake engine and the daemon on the real one.
  *
- * Text: when msm_sched_engine.tok is set, every sequence has a streaming detokenizer and every
- * event carries the UTF-8 text its token adds (never half a character). Stop strings match on
- * that text: the generation stops (FINISH_STOP) at the token that completes one, and the text
- * handed out ends just before the match. Text that could be the start of a stop string is held
- * back until it is known not to be; the last event of a sequence carries everything still held
- * (the detokenizer's flush included), except after a stop-string match. */
+ * Text: when msm_sched_engine.tok is set, every sequence streams its text (msm_textstream.h) and
+ * every event carries the UTF-8 text its token adds (never half a character). Stop strings match
+ * on that text: the generation stops (FINISH_STOP) at the token that completes one, and the text
+ * handed out ends just before the match; the last event carries whatever was held back.
+ *
+ * The daemon drives it from one scheduler thread per TP group; msm_generate (msmoe-run, the
+ * engine tests) drives it in-process, calling msm_sched_iterate itself. */
 #ifndef MSM_SCHED_H
 #define MSM_SCHED_H
 
@@ -27,24 +28,7 @@
 
 #include "msm_engine.h"
 #include "msm_err.h"
-#include "msm_kernels.h"
 #include "msm_tokenizer.h"
-
-/* gRPC-style status codes (values of msmoe.v1.Code). */
-typedef enum msm_code {
-    MSM_CODE_OK = 0,
-    MSM_CODE_CANCELLED = 1,
-    MSM_CODE_INVALID_ARGUMENT = 3,
-    MSM_CODE_DEADLINE_EXCEEDED = 4,
-    MSM_CODE_NOT_FOUND = 5,
-    MSM_CODE_RESOURCE_EXHAUSTED = 8,
-    MSM_CODE_FAILED_PRECONDITION = 9,
-    MSM_CODE_UNIMPLEMENTED = 12,
-    MSM_CODE_INTERNAL = 13,
-    MSM_CODE_UNAVAILABLE = 14,
-} msm_code;
-
-const char *msm_code_name(msm_code c);
 
 /* Values of msmoe.v1.FinishReason. */
 typedef enum msm_finish {
@@ -76,6 +60,12 @@ typedef struct msm_gen_request {
     int top_logprobs;         /* top-n logprobs per token, 0..MSM_MAX_TOP_LOGPROBS */
     bool want_logprob;        /* the chosen token's logprob (implied by top_logprobs > 0) */
     bool ignore_eos;
+    /* Offline scoring (msm_generate: msmoe-run --dump-logits, the golden tests; the API never sets
+     * it): the logits row of every fed token, prompt and generated (the last generated token is
+     * never fed), is copied to logits_sink + position * vocab, for positions < sink_rows. The
+     * buffer is the caller's and must live until the request's last event. */
+    float *logits_sink;       /* [sink_rows, vocab] or NULL */
+    int sink_rows;
 } msm_gen_request;
 
 void msm_gen_request_free(msm_gen_request *r);
@@ -95,8 +85,8 @@ typedef struct msm_sched_event {
     msm_finish finish;             /* NONE: more follow */
     int prompt_tokens;             /* usage, with a finish */
     int completion_tokens;
-    msm_code error_code;           /* with MSM_FINISH_ERROR */
-    char error_msg[256];
+    int error;                     /* with MSM_FINISH_ERROR: a negative errno (msm_code.h) ... */
+    msm_err error_msg;             /* ... and what went wrong */
     /* With a tokenizer: the text delta, NUL-terminated, stored in the same allocation as the event
      * (so free(ev) frees it); NULL without a tokenizer. */
     char *text;
@@ -146,10 +136,11 @@ int msm_sched_start(msm_sched *s);
 void msm_sched_stop(msm_sched *s);
 
 /* Thread-safe. Takes ownership of *req on success (and sets *req NULL). Checks the limits that
- * depend on the engine and queue: returns a msm_code (OK, RESOURCE_EXHAUSTED when the queue is full
- * or the request can never fit the KV pool, INVALID_ARGUMENT when its prompt does not fit the
- * context) with a message naming the limit. */
-msm_code msm_sched_submit(msm_sched *s, msm_gen_request **req, char *msg, size_t msg_cap);
+ * depend on the engine and queue; the error names the limit: -EINVAL when the prompt is empty or
+ * does not fit the context, -ENOTSUP for stop strings without a tokenizer, -ENOSPC when the
+ * request can never fit the KV pool, -EAGAIN when the queue is full, -ESHUTDOWN once stopping,
+ * -ENOMEM. */
+int msm_sched_submit(msm_sched *s, msm_gen_request **req, msm_err *err);
 /* Thread-safe. The request's stream ends with FINISH_CANCELLED and its blocks are freed at the
  * start of the next iteration. Unknown ids are ignored (the caller tracks what is in flight). */
 void msm_sched_cancel(msm_sched *s, uint64_t conn_id, uint64_t request_id);

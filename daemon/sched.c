@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "msm_textstream.h"
+
 typedef struct seq {
     msm_gen_request *req;
     int32_t *tokens;          /* [n_tokens] prompt + generated so far */
@@ -22,12 +24,7 @@ typedef struct seq {
     int n_generated;
     int32_t *blocks;          /* [n_blocks] block table */
     int n_blocks, cap_blocks;
-    /* Text (engine tok set): the streaming detokenizer of the generated tokens, the text so far,
-     * how much of it events have carried (text_sent), and where a stop string cut it. */
-    msm_detok detok;
-    char *text;               /* [text_len] generated text, NUL-terminated */
-    size_t text_len, text_cap, text_sent;
-    bool text_cut;            /* a stop string matched: text_len was cut back to its start */
+    msm_textstream text;      /* with a tokenizer (engine tok): text deltas and stop strings */
     struct seq *next;         /* waiting-queue link */
 } seq;
 
@@ -74,22 +71,6 @@ struct msm_sched {
     msm_sched_stats stats;
 };
 
-const char *msm_code_name(msm_code c) {
-    switch (c) {
-    case MSM_CODE_OK: return "OK";
-    case MSM_CODE_CANCELLED: return "CANCELLED";
-    case MSM_CODE_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case MSM_CODE_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case MSM_CODE_NOT_FOUND: return "NOT_FOUND";
-    case MSM_CODE_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case MSM_CODE_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case MSM_CODE_UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case MSM_CODE_INTERNAL: return "INTERNAL";
-    case MSM_CODE_UNAVAILABLE: return "UNAVAILABLE";
-    }
-    return "UNKNOWN";
-}
-
 const char *msm_finish_name(msm_finish f) {
     static const char *names[] = {"none", "length", "stop", "eos", "cancelled", "error"};
     return (unsigned)f < MSM_FINISH_COUNT_ ? names[f] : "unknown";
@@ -112,8 +93,26 @@ static void seq_free(seq *q) {
     msm_gen_request_free(q->req);
     free(q->tokens);
     free(q->blocks);
-    free(q->text);
+    msm_textstream_done(&q->text);
     free(q);
+}
+
+/* A sequence for r (not yet owning it): the prompt copied as its first tokens. NULL: no memory. */
+static seq *seq_new(const msm_sched *s, msm_gen_request *r) {
+    seq *q = calloc(1, sizeof *q);
+    if (!q)
+        return NULL;
+    q->cap_tokens = r->n_prompt + 16;
+    q->tokens = malloc((size_t)q->cap_tokens * sizeof *q->tokens);
+    if (!q->tokens) {
+        free(q);
+        return NULL;
+    }
+    memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
+    q->n_tokens = r->n_prompt;
+    if (s->e.tok)
+        msm_textstream_init(&q->text, s->e.tok, r->stop_strings, r->n_stop_strings);
+    return q;
 }
 
 int msm_sched_new(const msm_sched_opts *o, const msm_sched_engine *engine, msm_sched_emit_fn emit,
@@ -184,65 +183,40 @@ void msm_sched_free(msm_sched *s) {
 
 /* ---- submission (any thread) ---- */
 
-msm_code msm_sched_submit(msm_sched *s, msm_gen_request **reqp, char *msg, size_t msg_cap) {
+int msm_sched_submit(msm_sched *s, msm_gen_request **reqp, msm_err *err) {
     msm_gen_request *r = *reqp;
-    if (r->n_prompt < 1) {
-        snprintf(msg, msg_cap, "generate.prompt_ids is empty");
-        return MSM_CODE_INVALID_ARGUMENT;
-    }
-    if (r->n_prompt >= s->e.max_context) {
-        snprintf(msg, msg_cap, "prompt has %d tokens; max context is %d tokens (prompt + generated)",
-                 r->n_prompt, s->e.max_context);
-        return MSM_CODE_INVALID_ARGUMENT;
-    }
-    if (r->n_stop_strings > 0 && !s->e.tok) {
-        snprintf(msg, msg_cap, "generate.stop_strings need a tokenizer, and this daemon has none "
-                 "(no tokenizer.json in the model directory)");
-        return MSM_CODE_FAILED_PRECONDITION;
-    }
+    if (r->n_prompt < 1)
+        return msm_err_set(err, -EINVAL, "generate.prompt_ids is empty");
+    if (r->n_prompt >= s->e.max_context)
+        return msm_err_set(err, -EINVAL, "prompt has %d tokens; max context is %d tokens (prompt + generated)",
+                           r->n_prompt, s->e.max_context);
+    if (r->n_stop_strings > 0 && !s->e.tok)
+        return msm_err_set(err, -ENOTSUP, "generate.stop_strings need a tokenizer, and this daemon has none "
+                           "(no tokenizer.json in the model directory)");
     /* The sequence at its longest feeds prompt + max_tokens - 1 tokens (the last is not fed back).
      * It must fit the pool on its own, or preemption could never make room for it. */
     long longest = (long)r->n_prompt + r->max_tokens - 1;
     if (longest > s->e.max_context)
         longest = s->e.max_context;
     int need = msm_kv_blocks_for((int)longest), total = s->e.kv_total(s->e.ctx);
-    if (need > total) {
-        snprintf(msg, msg_cap, "prompt (%d tokens) + max_tokens (%d) needs %d KV blocks; the pool has %d "
-                 "(engine.kv_blocks)", r->n_prompt, r->max_tokens, need, total);
-        return MSM_CODE_RESOURCE_EXHAUSTED;
-    }
-    seq *q = calloc(1, sizeof *q);
-    if (q) {
-        q->cap_tokens = r->n_prompt + 16;
-        q->tokens = malloc((size_t)q->cap_tokens * sizeof *q->tokens);
-    }
-    if (!q || !q->tokens) {
-        if (q)
-            free(q);
-        snprintf(msg, msg_cap, "out of memory");
-        return MSM_CODE_RESOURCE_EXHAUSTED;
-    }
-    memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
-    q->n_tokens = r->n_prompt;
-    /* The generated text continues the prompt: keep the SentencePiece space of its first word. */
-    if (s->e.tok)
-        msm_detok_init(&q->detok, s->e.tok, MSM_DETOK_SKIP_SPECIAL | MSM_DETOK_CONTINUE);
+    if (need > total)
+        return msm_err_set(err, -ENOSPC, "prompt (%d tokens) + max_tokens (%d) needs %d KV blocks; the pool has "
+                           "%d (engine.kv_blocks)", r->n_prompt, r->max_tokens, need, total);
+    seq *q = seq_new(s, r);
+    if (!q)
+        return msm_err_set(err, -ENOMEM, "out of memory");
 
     pthread_mutex_lock(&s->mu);
-    if (s->stop) {
+    int rc = 0;
+    if (s->stop)
+        rc = msm_err_set(err, -ESHUTDOWN, "the daemon is shutting down");
+    else if (atomic_load(&s->n_waiting) >= s->o.max_queue)
+        rc = msm_err_set(err, -EAGAIN, "queue is full: %d requests waiting (scheduler.max_queue = %d)",
+                         s->o.max_queue, s->o.max_queue);
+    if (rc < 0) {
         pthread_mutex_unlock(&s->mu);
-        free(q->tokens);
-        free(q);
-        snprintf(msg, msg_cap, "the daemon is shutting down");
-        return MSM_CODE_UNAVAILABLE;
-    }
-    if (atomic_load(&s->n_waiting) >= s->o.max_queue) {
-        pthread_mutex_unlock(&s->mu);
-        free(q->tokens);
-        free(q);
-        snprintf(msg, msg_cap, "queue is full: %d requests waiting (scheduler.max_queue = %d)",
-                 s->o.max_queue, s->o.max_queue);
-        return MSM_CODE_RESOURCE_EXHAUSTED;
+        seq_free(q); /* the request is still the caller's */
+        return rc;
     }
     q->req = r;
     *reqp = NULL;
@@ -254,7 +228,7 @@ msm_code msm_sched_submit(msm_sched *s, msm_gen_request **reqp, char *msg, size_
     atomic_fetch_add(&s->n_waiting, 1);
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    return MSM_CODE_OK;
+    return 0;
 }
 
 static void push_cancel(msm_sched *s, cancel_kind kind, uint64_t conn_id, uint64_t request_id) {
@@ -302,124 +276,43 @@ static void emit(msm_sched *s, msm_sched_event *ev) {
         s->emit(s->emit_ctx, ev);
 }
 
-/* ---- text ---- */
-
-static int text_reserve(seq *q, size_t more) {
-    if (q->text_cap - q->text_len > more)
-        return 0;
-    size_t cap = q->text_cap ? q->text_cap : 256;
-    while (cap - q->text_len <= more)
-        cap *= 2;
-    char *p = realloc(q->text, cap);
-    if (!p)
-        return -ENOMEM;
-    q->text = p;
-    q->text_cap = cap;
-    return 0;
-}
-
-/* Appends what the detokenizer emits for token t (or its flush, t < 0). NUL characters are
- * dropped: the API's strings cannot carry them. An id the tokenizer does not know (a model vocab
- * padded past the tokenizer's) adds no text. */
-static int text_push(msm_sched *s, seq *q, int32_t t) {
-    size_t max = msm_detok_max_out(s->e.tok), n = 0;
-    if (text_reserve(q, max) < 0)
-        return -ENOMEM;
-    char *out = q->text + q->text_len;
-    int rc = t >= 0 ? msm_detok_push(&q->detok, t, out, max, &n, NULL) : msm_detok_flush(&q->detok, out, max, &n);
-    if (rc < 0)
-        n = 0;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (out[i])
-            out[k++] = out[i];
-    q->text_len += k;
-    q->text[q->text_len] = 0;
-    return 0;
-}
-
-/* Looks for a stop string that ends in the text after byte `from` (the text before it was checked
- * already). The first match to end wins (the earliest start among those ending there): that is
- * where a character-by-character generation would have stopped. Cuts the text at its start. */
-static bool text_stop_match(seq *q, size_t from) {
-    size_t best_end = SIZE_MAX, best_start = 0;
-    for (int i = 0; i < q->req->n_stop_strings; i++) {
-        const char *st = q->req->stop_strings[i];
-        size_t L = strlen(st);
-        if (L == 0 || L > q->text_len)
-            continue;
-        for (size_t end = from + 1 > L ? from + 1 : L; end <= q->text_len && end <= best_end; end++)
-            if (memcmp(q->text + end - L, st, L) == 0) {
-                if (end < best_end || end - L < best_start) {
-                    best_end = end;
-                    best_start = end - L;
-                }
-                break;
-            }
-    }
-    if (best_end == SIZE_MAX)
-        return false;
-    q->text_len = best_start;
-    q->text[q->text_len] = 0;
-    q->text_cut = true;
-    return true;
-}
-
-/* Bytes at the end of the unsent text that could be the start of a stop string: they wait for the
- * next token to tell. (A held suffix starts at a character boundary: stop strings are UTF-8.) */
-static size_t text_holdback(const seq *q) {
-    size_t unsent = q->text_len - q->text_sent, hold = 0;
-    for (int i = 0; i < q->req->n_stop_strings; i++) {
-        const char *st = q->req->stop_strings[i];
-        size_t L = strlen(st);
-        if (L == 0)
-            continue;
-        for (size_t k = (L - 1 < unsent ? L - 1 : unsent); k > hold; k--)
-            if (memcmp(q->text + q->text_len - k, st, k) == 0) {
-                hold = k;
-                break;
-            }
-    }
-    return hold;
-}
-
-/* Moves the text from text_sent up to `upto` into the event (reallocated to hold it). */
-static msm_sched_event *event_attach_text(msm_sched_event *ev, seq *q, size_t upto) {
+/* Moves the text ready to go out (all of it when final) into the event, reallocated to hold it. */
+static msm_sched_event *event_attach_text(msm_sched_event *ev, seq *q, bool final) {
     if (!ev)
         return NULL;
-    size_t n = upto > q->text_sent ? upto - q->text_sent : 0;
+    size_t n;
+    const char *delta = msm_textstream_ready(&q->text, final, &n);
     msm_sched_event *e = realloc(ev, sizeof *e + n + 1);
     if (!e) {
-        ev->text = NULL; /* the delta is lost; the event still goes out */
+        ev->text = NULL; /* this event goes out without text; the next one carries it */
         return ev;
     }
     e->text = (char *)(e + 1);
-    memcpy(e->text, q->text ? q->text + q->text_sent : "", n);
+    memcpy(e->text, delta, n);
     e->text[n] = 0;
     e->text_len = n;
-    q->text_sent += n;
+    msm_textstream_sent(&q->text, n);
     return e;
 }
 
 /* Ends a sequence: blocks back to the pool, a final event (unless ev already carries the last
- * token, in which case the finish rides on it), the sequence freed. The caller has unlinked it. */
-static void finish_seq(msm_sched *s, seq *q, msm_finish why, msm_sched_event *ev, msm_code code,
-                       const char *msg) {
+ * token, in which case the finish rides on it), the sequence freed. The caller has unlinked it.
+ * With MSM_FINISH_ERROR, error (a negative errno) and msg say what went wrong. */
+static void finish_seq(msm_sched *s, seq *q, msm_finish why, msm_sched_event *ev, int error, const msm_err *msg) {
     if (!ev)
         ev = event_for(q);
     if (s->e.tok) {
         /* The last event carries all the text still held, unless a stop string cut it. */
-        if (!q->text_cut)
-            text_push(s, q, -1);
-        ev = event_attach_text(ev, q, q->text_len);
+        msm_textstream_finish(&q->text);
+        ev = event_attach_text(ev, q, true);
     }
     if (ev) {
         ev->finish = why;
         ev->prompt_tokens = q->req->n_prompt;
         ev->completion_tokens = q->n_generated;
         if (why == MSM_FINISH_ERROR) {
-            ev->error_code = code;
-            snprintf(ev->error_msg, sizeof ev->error_msg, "%s", msg ? msg : "");
+            ev->error = error;
+            ev->error_msg = *msg;
         }
     }
     release_blocks(s, q);
@@ -447,7 +340,7 @@ static void apply_cancel(msm_sched *s, const cancel_msg *c) {
         if (cancel_matches(c, s->running[i])) {
             seq *q = s->running[i];
             remove_running(s, i);
-            finish_seq(s, q, MSM_FINISH_CANCELLED, NULL, MSM_CODE_OK, NULL);
+            finish_seq(s, q, MSM_FINISH_CANCELLED, NULL, 0, NULL);
         } else {
             i++;
         }
@@ -459,7 +352,7 @@ static void apply_cancel(msm_sched *s, const cancel_msg *c) {
         if (cancel_matches(c, q)) {
             *pp = q->next;
             atomic_fetch_sub(&s->n_waiting, 1);
-            finish_seq(s, q, MSM_FINISH_CANCELLED, NULL, MSM_CODE_OK, NULL);
+            finish_seq(s, q, MSM_FINISH_CANCELLED, NULL, 0, NULL);
         } else {
             s->wait_tail = q;
             pp = &q->next;
@@ -655,17 +548,32 @@ void msm_sched_get_stats(msm_sched *s, msm_sched_stats *ret) {
     pthread_mutex_unlock(&s->stats_mu);
 }
 
-int msm_sched_iterate(msm_sched *s) {
+/* ---- one iteration: inbox, plan, engine step, outputs ---- */
+
+static void unlink_running(msm_sched *s, const seq *q) {
+    for (int j = 0; j < s->n_running; j++)
+        if (s->running[j] == q) {
+            remove_running(s, j);
+            return;
+        }
+}
+
+static bool wants_logprobs(const msm_gen_request *r) {
+    return r->want_logprob || r->top_logprobs > 0;
+}
+
+/* Takes the inbox (new requests and cancels) out from under the loop thread. */
+static void take_inbox(msm_sched *s, seq **ret_in, cancel_msg **ret_cancels) {
     pthread_mutex_lock(&s->mu);
-    seq *in = s->in_head;
-    cancel_msg *cancels = s->cancels_head;
+    *ret_in = s->in_head;
+    *ret_cancels = s->cancels_head;
     s->in_head = s->in_tail = NULL;
     s->cancels_head = s->cancels_tail = NULL;
     pthread_mutex_unlock(&s->mu);
+}
 
-    /* The stats counters below are touched without the lock by this (the only writing) thread;
-     * readers copy them under stats_mu, so take it for the whole bookkeeping part. */
-    pthread_mutex_lock(&s->stats_mu);
+/* New requests join the waiting queue, then the cancels apply (to them too). */
+static void apply_inbox(msm_sched *s, seq *in, cancel_msg *cancels) {
     while (in) {
         seq *q = in;
         in = in->next;
@@ -682,18 +590,20 @@ int msm_sched_iterate(msm_sched *s) {
         apply_cancel(s, c);
         free(c);
     }
-    int n = build_step(s);
-    pthread_mutex_unlock(&s->stats_mu);
-    s->busy = s->n_running > 0 || s->wait_head;
-    if (n == 0) {
-        update_stats(s);
-        return 0;
-    }
+}
 
+/* The rows of msm_step_out.logits that belong to the step entry st (the engine's layout). */
+static int logit_rows(const msm_step_seq *st) {
+    if (st->output == MSM_STEP_OUTPUT_ALL_LOGITS) return st->n_tokens;
+    return st->output == MSM_STEP_OUTPUT_SAMPLE && st->want_logits ? 1 : 0;
+}
+
+/* The engine's view of the batch the scheduler built. Returns whether any entry wants logits. */
+static bool plan_step(msm_sched *s, int n) {
     bool any_logits = false;
     for (int i = 0; i < n; i++) {
-        batch_entry *b = &s->batch[i];
-        seq *q = b->s;
+        const batch_entry *b = &s->batch[i];
+        const seq *q = b->s;
         msm_step_seq *st = &s->step[i];
         memset(st, 0, sizeof *st);
         st->tokens = q->tokens + q->n_cached;
@@ -701,112 +611,161 @@ int msm_sched_iterate(msm_sched *s) {
         st->pos0 = q->n_cached;
         st->blocks = q->blocks;
         st->n_blocks = q->n_blocks;
-        st->output = b->output;
-        st->want_logits = b->output && (q->req->want_logprob || q->req->top_logprobs > 0);
-        any_logits |= st->want_logits;
+        st->output = b->output ? MSM_STEP_OUTPUT_SAMPLE : MSM_STEP_OUTPUT_NONE;
+        st->want_logits = b->output && wants_logprobs(q->req);
+        if (q->req->logits_sink) {
+            /* Every fed token's row: prompt chunks whole (ALL_LOGITS), a decode row as SAMPLE with
+             * its logits, which keeps the step eligible for CUDA-graph replay. */
+            if (q->n_generated == 0)
+                st->output = MSM_STEP_OUTPUT_ALL_LOGITS;
+            else if (b->output)
+                st->want_logits = true;
+        }
+        any_logits |= logit_rows(st) > 0;
         st->sampling = q->req->sampling;
         st->sampling.counter = (uint64_t)q->n_generated;
     }
+    return any_logits;
+}
 
+/* The engine refused or failed the step: its sequences end with an error; the rest (and later
+ * requests) are still served. */
+static void fail_step(msm_sched *s, int n, int rc, const msm_err *engine_err) {
+    msm_err msg = {{0}};
+    int error = msm_err_set(&msg, -EIO, "engine step failed: %s", rc < 0 ? engine_err->msg : "no output");
+    s->stats.engine_errors++;
+    s->stats.engine_failed = true;
+    for (int i = 0; i < n; i++) {
+        seq *q = s->batch[i].s;
+        unlink_running(s, q);
+        finish_seq(s, q, MSM_FINISH_ERROR, NULL, error, &msg);
+    }
+}
+
+/* Copies the n_rows logits rows of step entry st (the last fed tokens') into r's sink, each at
+ * its token's position. */
+static void sink_logits(const msm_sched *s, const msm_gen_request *r, const msm_step_seq *st,
+                        const float *rows, int n_rows) {
+    size_t V = (size_t)s->e.vocab;
+    int first = st->pos0 + st->n_tokens - n_rows;
+    for (int k = 0; k < n_rows && first + k < r->sink_rows; k++)
+        memcpy(r->logits_sink + (size_t)(first + k) * V, rows + (size_t)k * V, V * sizeof *rows);
+}
+
+/* Token t, sampled for q: appended, reported in ev (with its logprobs from the logits row, when
+ * given), and checked against the stop rules. Returns why q finishes (NONE: it goes on); with
+ * MSM_FINISH_ERROR, *ret_error (a negative errno) and msg say why. */
+static msm_finish take_token(msm_sched *s, seq *q, int32_t t, const float *logits, msm_sched_event *ev,
+                             int *ret_error, msm_err *msg) {
+    const msm_gen_request *r = q->req;
+    if (t < 0 || t >= s->e.vocab) {
+        *ret_error = msm_err_set(msg, -EIO, "engine sampled a token id outside the vocabulary");
+        return MSM_FINISH_ERROR;
+    }
+    if (append_token(q, t) < 0) {
+        *ret_error = msm_err_set(msg, -ENOMEM, "out of memory");
+        return MSM_FINISH_ERROR;
+    }
+    q->n_generated++;
+    s->stats.tokens_generated++;
+    if (ev) {
+        ev->has_token = true;
+        ev->token = t;
+        if (logits) {
+            msm_sched_logprobs(logits, s->e.vocab, t, r->top_logprobs, &ev->logprob, ev->top_ids, ev->top_logprobs);
+            ev->has_logprob = true;
+            ev->n_top = r->top_logprobs < s->e.vocab ? r->top_logprobs : s->e.vocab;
+        }
+    }
+    msm_finish why = MSM_FINISH_NONE;
+    for (int k = 0; k < r->n_stop_ids && why == MSM_FINISH_NONE; k++)
+        if (r->stop_ids[k] == t)
+            why = MSM_FINISH_STOP;
+    for (int k = 0; k < s->e.n_eos && why == MSM_FINISH_NONE && !r->ignore_eos; k++)
+        if (s->e.eos_ids[k] == t)
+            why = MSM_FINISH_EOS;
+    if (s->e.tok) {
+        int rc = msm_textstream_push(&q->text, t);
+        if (rc < 0) {
+            *ret_error = msm_err_set(msg, rc, "out of memory");
+            return MSM_FINISH_ERROR;
+        }
+        if (rc == 1)
+            why = MSM_FINISH_STOP; /* also after a stop id: its text must not show a stop string either */
+    }
+    if (why == MSM_FINISH_NONE && (q->n_generated >= r->max_tokens || q->n_tokens >= s->e.max_context))
+        why = MSM_FINISH_LENGTH;
+    return why;
+}
+
+/* The step's outputs: caches advance, sinks fill, sampled tokens go out as events, finished
+ * sequences end. */
+static void take_outputs(msm_sched *s, int n, const msm_step_out *out) {
+    int row = 0;
+    for (int i = 0; i < n; i++) {
+        const batch_entry *b = &s->batch[i];
+        const msm_step_seq *st = &s->step[i];
+        seq *q = b->s;
+        int n_rows = out->logits ? logit_rows(st) : 0;
+        const float *rows = n_rows ? out->logits + (size_t)row * (size_t)s->e.vocab : NULL;
+        row += n_rows;
+        q->n_cached += b->n_feed;
+        if (q->req->logits_sink && n_rows)
+            sink_logits(s, q->req, st, rows, n_rows);
+        if (!b->output)
+            continue;
+        /* The sampled token's row is the entry's last. */
+        const float *logits = n_rows && wants_logprobs(q->req) ? rows + (size_t)(n_rows - 1) * (size_t)s->e.vocab : NULL;
+        msm_sched_event *ev = event_for(q);
+        msm_err msg = {{0}};
+        int error = 0;
+        msm_finish why = take_token(s, q, out->tokens[i], logits, ev, &error, &msg);
+        if (why == MSM_FINISH_NONE) {
+            if (s->e.tok)
+                ev = event_attach_text(ev, q, false);
+            emit(s, ev);
+            continue;
+        }
+        unlink_running(s, q);
+        finish_seq(s, q, why, ev, error, &msg);
+    }
+}
+
+/* Runs the batch build_step made on the engine and hands out its outputs. 1, or the negative
+ * errno of a failed step. */
+static int run_step(msm_sched *s, int n) {
+    bool any_logits = plan_step(s, n);
     msm_step_out out = {0};
     msm_err err = {{0}};
     int rc = s->e.step(s->e.ctx, s->step, n, &out, &err);
     pthread_mutex_lock(&s->stats_mu);
     s->stats.steps++;
     if (rc < 0 || !out.tokens || (any_logits && !out.logits)) {
-        /* The engine refused or failed the step: its sequences end with an error; the rest (and
-         * later requests) are still served. */
-        char msg[sizeof err.msg + 32];
-        snprintf(msg, sizeof msg, "engine step failed: %s", rc < 0 ? err.msg : "no output");
-        s->stats.engine_errors++;
-        s->stats.engine_failed = true;
-        for (int i = 0; i < n; i++) {
-            seq *q = s->batch[i].s;
-            for (int j = 0; j < s->n_running; j++)
-                if (s->running[j] == q) {
-                    remove_running(s, j);
-                    break;
-                }
-            finish_seq(s, q, MSM_FINISH_ERROR, NULL, MSM_CODE_INTERNAL, msg);
-        }
-        pthread_mutex_unlock(&s->stats_mu);
-        s->busy = s->n_running > 0 || s->wait_head;
-        update_stats(s);
-        return rc < 0 ? rc : -EIO;
-    }
-    s->stats.engine_failed = false;
-
-    int row = 0;
-    for (int i = 0; i < n; i++) {
-        batch_entry *b = &s->batch[i];
-        seq *q = b->s;
-        q->n_cached += b->n_feed;
-        if (!b->output)
-            continue;
-        const float *logits = NULL;
-        if (s->step[i].want_logits)
-            logits = out.logits + (size_t)row++ * (size_t)s->e.vocab;
-        int32_t t = out.tokens[i];
-        msm_sched_event *ev = event_for(q);
-        msm_finish why = MSM_FINISH_NONE;
-        const char *emsg = NULL;
-        if (t < 0 || t >= s->e.vocab) {
-            why = MSM_FINISH_ERROR;
-            emsg = "engine sampled a token id outside the vocabulary";
-        } else if (append_token(q, t) < 0) {
-            why = MSM_FINISH_ERROR;
-            emsg = "out of memory";
-        } else {
-            q->n_generated++;
-            s->stats.tokens_generated++;
-            if (ev) {
-                ev->has_token = true;
-                ev->token = t;
-                if (logits) {
-                    int topn = q->req->top_logprobs;
-                    msm_sched_logprobs(logits, s->e.vocab, t, topn, &ev->logprob, ev->top_ids,
-                                       ev->top_logprobs);
-                    ev->has_logprob = true;
-                    ev->n_top = topn < s->e.vocab ? topn : s->e.vocab;
-                }
-            }
-            for (int k = 0; k < q->req->n_stop_ids && why == MSM_FINISH_NONE; k++)
-                if (q->req->stop_ids[k] == t)
-                    why = MSM_FINISH_STOP;
-            for (int k = 0; k < s->e.n_eos && why == MSM_FINISH_NONE && !q->req->ignore_eos; k++)
-                if (s->e.eos_ids[k] == t)
-                    why = MSM_FINISH_EOS;
-            if (s->e.tok) {
-                size_t old = q->text_len;
-                if (text_push(s, q, t) < 0) {
-                    why = MSM_FINISH_ERROR;
-                    emsg = "out of memory";
-                } else if (q->req->n_stop_strings > 0 && text_stop_match(q, old)) {
-                    /* Also after a stop id: its text must not show a stop string either. */
-                    why = MSM_FINISH_STOP;
-                }
-            }
-            if (why == MSM_FINISH_NONE &&
-                (q->n_generated >= q->req->max_tokens || q->n_tokens >= s->e.max_context))
-                why = MSM_FINISH_LENGTH;
-        }
-        if (why == MSM_FINISH_NONE) {
-            if (s->e.tok)
-                ev = event_attach_text(ev, q, q->text_len - text_holdback(q));
-            emit(s, ev);
-            continue;
-        }
-        for (int j = 0; j < s->n_running; j++)
-            if (s->running[j] == q) {
-                remove_running(s, j);
-                break;
-            }
-        finish_seq(s, q, why, ev, MSM_CODE_INTERNAL, emsg);
+        fail_step(s, n, rc, &err);
+        rc = rc < 0 ? rc : -EIO;
+    } else {
+        s->stats.engine_failed = false;
+        take_outputs(s, n, &out);
+        rc = 1;
     }
     pthread_mutex_unlock(&s->stats_mu);
+    return rc;
+}
+
+int msm_sched_iterate(msm_sched *s) {
+    seq *in;
+    cancel_msg *cancels;
+    take_inbox(s, &in, &cancels);
+    /* The stats counters are touched without the lock by this (the only writing) thread; readers
+     * copy them under stats_mu, so hold it over the bookkeeping (not over the engine step). */
+    pthread_mutex_lock(&s->stats_mu);
+    apply_inbox(s, in, cancels);
+    int n = build_step(s);
+    pthread_mutex_unlock(&s->stats_mu);
+    int rc = n > 0 ? run_step(s, n) : 0;
     s->busy = s->n_running > 0 || s->wait_head;
     update_stats(s);
-    return 1;
+    return rc;
 }
 
 /* ---- thread ---- */

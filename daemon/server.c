@@ -1,5 +1,5 @@
 /* msm_server: listeners, connections, request routing over the TP groups, graceful shutdown (see
- * msm_server.h).
+ * msm_server.h). The HTTP /metrics listener is its own module (msm_http_metrics.h).
  *
  * Threads: everything here runs on the loop thread except msm_server_emit, which the scheduler
  * threads call; it touches only the event queue (under ev_mu) and uv_async_send.
@@ -20,16 +20,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "msm_code.h"
 #include "msm_frame.h"
+#include "msm_http_metrics.h"
+#include "msm_listen.h"
 #include "msm_log.h"
 #include "msm_metrics.h"
 #include "msm_notify.h"
 
 #define READ_BUF (64 * 1024)
 #define CONN_BUCKETS 1024
-#define HTTP_MAX_REQUEST 8192
-
-typedef enum conn_kind { CONN_API, CONN_HTTP } conn_kind;
 
 typedef struct conn {
     union {
@@ -39,7 +39,6 @@ typedef struct conn {
         uv_tcp_t tcp;
     } u;
     msm_server *srv;
-    conn_kind kind;
     uint64_t id;
     msm_frame_reader rd;
     uint8_t *rbuf;              /* [READ_BUF] */
@@ -51,8 +50,6 @@ typedef struct conn {
     struct conn *hnext;         /* hash chain */
     struct conn *prev, *next;   /* all connections */
     uv_shutdown_t shutdown_req;
-    char *http;                 /* HTTP request bytes */
-    size_t http_len;
 } conn;
 
 typedef struct write_req {
@@ -82,8 +79,9 @@ struct msm_server {
     msm_metrics metrics;
 
     uv_pipe_t unix_listener;
-    uv_tcp_t tcp_listener, http_listener;
-    bool have_unix, have_tcp, have_http;
+    uv_tcp_t tcp_listener;
+    bool have_unix, have_tcp;
+    msm_http_metrics *http;     /* server.metrics_port; NULL when off */
 
     uv_async_t async;
     pthread_mutex_t ev_mu;
@@ -248,6 +246,23 @@ static msm_metric_sample *collect_metrics(msm_server *s, int *ret_n) {
     return samples;
 }
 
+/* The Prometheus text of every metric: the body of GET /metrics (msm_http_metrics_body_fn). */
+static char *metrics_text(void *ctx, size_t *ret_len) {
+    int n;
+    msm_metric_sample *samples = collect_metrics(ctx, &n);
+    char *body = NULL;
+    if (samples) {
+        size_t len = msm_metrics_render(samples, n, NULL, 0);
+        body = malloc(len + 1);
+        if (body) {
+            msm_metrics_render(samples, n, body, len + 1);
+            *ret_len = len;
+        }
+    }
+    free(samples);
+    return body;
+}
+
 /* ---- closing ---- */
 
 static void on_conn_closed(uv_handle_t *h) {
@@ -259,13 +274,11 @@ static void on_conn_closed(uv_handle_t *h) {
         s->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    if (c->kind == CONN_API)
-        s->metrics.connections--;
+    s->metrics.connections--;
     msm_frame_reader_done(&c->rd);
     free(c->rbuf);
     free(c->inflight);
     free(c->inflight_group);
-    free(c->http);
     free(c);
 }
 
@@ -339,7 +352,7 @@ static void conn_write(conn *c, uint8_t *buf, size_t len) {
     c->srv->metrics.bytes_out += len;
     /* a client that does not read: the kernel's buffer is full and libuv queues the rest */
     size_t queued = uv_stream_get_write_queue_size(&c->u.s);
-    if (c->kind == CONN_API && queued > (size_t)c->srv->cfg->max_queued_bytes) {
+    if (queued > (size_t)c->srv->cfg->max_queued_bytes) {
         c->srv->metrics.slow_readers_closed++;
         msm_log_warn("connection %llu: the client is not reading its replies (%zu bytes queued > "
                      "server.max_queued_bytes = %d); closing it and cancelling its %d request(s)",
@@ -348,126 +361,133 @@ static void conn_write(conn *c, uint8_t *buf, size_t len) {
     }
 }
 
-static void reply_error(conn *c, uint64_t rid, msm_code code, const char *msg) {
-    size_t len;
-    msm_server *s = c->srv;
-    if ((unsigned)code < 16)
-        s->metrics.requests_rejected[code]++;
+/* An Error reply to request rid: err (a negative errno) gives its code, msg its message. */
+static void reply_error(conn *c, uint64_t rid, int err, const msm_err *msg) {
+    size_t len = 0;
+    msm_code code = msm_code_from_errno(err);
+    if ((unsigned)code < MSM_CODE_LIMIT)
+        c->srv->metrics.requests_rejected[code]++;
     msm_log_debug("connection %llu request %llu: %s: %s", (unsigned long long)c->id,
-                  (unsigned long long)rid, msm_code_name(code), msg);
-    { uint8_t *b_ = msm_api_encode_error(rid, code, msg, &len); conn_write(c, b_, len); }
+                  (unsigned long long)rid, msm_code_name(code), msg->msg);
+    uint8_t *out = msm_api_encode_error(rid, err, msg->msg, &len);
+    conn_write(c, out, len);
 }
 
 /* Malformed input: one error frame, then the connection closes once it is flushed. */
-static void conn_fail(conn *c, msm_code code, const char *msg) {
+static void conn_fail(conn *c, int err, const msm_err *msg) {
     if (c->closing)
         return;
     c->srv->metrics.frames_malformed++;
-    msm_log_info("connection %llu: %s: %s; closing it", (unsigned long long)c->id, msm_code_name(code), msg);
-    reply_error(c, 0, code, msg);
+    msm_log_info("connection %llu: %s: %s; closing it", (unsigned long long)c->id,
+                 msm_code_name(msm_code_from_errno(err)), msg->msg);
+    reply_error(c, 0, err, msg);
     conn_close(c, true);
 }
 
 /* ---- requests ---- */
 
+/* A Generate: checked against the connection's limits, then submitted to the least-loaded group
+ * (which owns it from then on). Takes r. */
+static void submit_generate(conn *c, uint64_t rid, msm_gen_request *r) {
+    msm_server *s = c->srv;
+    msm_err err = {{0}};
+    int rc;
+    s->metrics.requests_total++;
+    r->conn_id = c->id;
+    int limit = (s->cfg->max_queue + s->cfg->max_seqs) * s->n_groups;
+    if (inflight_find(c, rid) >= 0)
+        rc = msm_err_set(&err, -EINVAL, "request_id %llu is already in flight on this connection",
+                         (unsigned long long)rid);
+    else if (s->draining)
+        rc = msm_err_set(&err, -ESHUTDOWN, "the daemon is shutting down");
+    else if (c->n_inflight >= limit)
+        rc = msm_err_set(&err, -EAGAIN, "%d requests in flight on this connection (limit: (scheduler.max_queue "
+                         "+ engine.max_seqs) x %d TP group(s) = %d)", c->n_inflight, s->n_groups, limit);
+    else {
+        int g = pick_group(s);
+        if ((rc = inflight_add(c, rid, g)) < 0)
+            msm_err_set(&err, rc, "out of memory");
+        else if ((rc = msm_sched_submit(s->groups[g].sched, &r, &err)) < 0)
+            inflight_del(c, rid);
+        else
+            s->groups[g].load++;
+    }
+    if (rc < 0) {
+        reply_error(c, rid, rc, &err);
+        msm_gen_request_free(r);
+    }
+}
+
+static void cancel_request(conn *c, uint64_t rid) {
+    int i = inflight_find(c, rid);
+    if (i < 0) {
+        msm_err err = {{0}};
+        int rc = msm_err_set(&err, -ENOENT, "cancel: request_id %llu is not in flight on this connection",
+                             (unsigned long long)rid);
+        reply_error(c, rid, rc, &err);
+        return;
+    }
+    msm_sched_cancel(c->srv->groups[c->inflight_group[i]].sched, c->id, rid);
+}
+
+static void reply_metrics(conn *c, uint64_t rid) {
+    int n;
+    size_t len = 0;
+    msm_metric_sample *samples = collect_metrics(c->srv, &n);
+    if (!samples) {
+        msm_err err = {{0}};
+        reply_error(c, rid, msm_err_set(&err, -ENOMEM, "out of memory"), &err);
+        return;
+    }
+    uint8_t *out = msm_api_encode_metrics(rid, samples, n, &len);
+    free(samples);
+    conn_write(c, out, len);
+}
+
 static void handle_frame(conn *c, const uint8_t *buf, uint32_t len) {
     msm_server *s = c->srv;
     msm_call call;
-    msm_status st;
-    size_t out_len;
-
-    if (msm_api_decode(buf, len, &s->limits, &call, &st) < 0) {
-        if (st.fatal)
-            conn_fail(c, st.code, st.msg);
-        else
-            reply_error(c, st.request_id, st.code, st.msg);
+    msm_err err = {{0}};
+    uint64_t rid;
+    int rc = msm_api_decode(buf, len, &s->limits, &call, &rid, &err);
+    if (rc == -EBADMSG)
+        conn_fail(c, rc, &err);
+    else if (rc < 0)
+        reply_error(c, rid, rc, &err);
+    if (rc < 0)
         return;
-    }
+    uint8_t *out = NULL; /* the reply of a call answered right here */
+    size_t out_len = 0;
+    char why[128];
     switch (call.kind) {
-    case MSM_CALL_GENERATE: {
-        msm_gen_request *r = call.gen;
-        char msg[256];
-        s->metrics.requests_total++;
-        r->conn_id = c->id;
-        if (inflight_find(c, call.request_id) >= 0) {
-            snprintf(msg, sizeof msg, "request_id %llu is already in flight on this connection",
-                     (unsigned long long)call.request_id);
-            reply_error(c, call.request_id, MSM_CODE_INVALID_ARGUMENT, msg);
-            msm_gen_request_free(r);
-            return;
-        }
-        if (s->draining) {
-            reply_error(c, call.request_id, MSM_CODE_UNAVAILABLE, "the daemon is shutting down");
-            msm_gen_request_free(r);
-            return;
-        }
-        int limit = (s->cfg->max_queue + s->cfg->max_seqs) * s->n_groups;
-        if (c->n_inflight >= limit) {
-            snprintf(msg, sizeof msg, "%d requests in flight on this connection (limit: (scheduler.max_queue "
-                     "+ engine.max_seqs) x %d TP group(s) = %d)", c->n_inflight, s->n_groups, limit);
-            reply_error(c, call.request_id, MSM_CODE_RESOURCE_EXHAUSTED, msg);
-            msm_gen_request_free(r);
-            return;
-        }
-        int g = pick_group(s);
-        if (inflight_add(c, call.request_id, g) < 0) {
-            reply_error(c, call.request_id, MSM_CODE_RESOURCE_EXHAUSTED, "out of memory");
-            msm_gen_request_free(r);
-            return;
-        }
-        msm_code code = msm_sched_submit(s->groups[g].sched, &r, msg, sizeof msg);
-        if (code != MSM_CODE_OK) {
-            inflight_del(c, call.request_id);
-            reply_error(c, call.request_id, code, msg);
-            msm_gen_request_free(r);
-            return;
-        }
-        s->groups[g].load++;
-        return;
-    }
-    case MSM_CALL_CANCEL: {
-        int i = inflight_find(c, call.request_id);
-        if (i < 0) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "cancel: request_id %llu is not in flight on this connection",
-                     (unsigned long long)call.request_id);
-            reply_error(c, call.request_id, MSM_CODE_NOT_FOUND, msg);
-            return;
-        }
-        msm_sched_cancel(s->groups[c->inflight_group[i]].sched, c->id, call.request_id);
-        return;
-    }
+    case MSM_CALL_GENERATE:
+        submit_generate(c, call.request_id, call.gen);
+        break;
+    case MSM_CALL_CANCEL:
+        cancel_request(c, call.request_id);
+        break;
     case MSM_CALL_HEALTH: {
-        char why[128];
         bool ok = health(s, why, sizeof why);
-        { uint8_t *b_ = msm_api_encode_health(call.request_id, ok, why, &out_len); conn_write(c, b_, out_len); }
-        return;
+        out = msm_api_encode_health(call.request_id, ok, why, &out_len);
+        break;
     }
     case MSM_CALL_MODEL_INFO:
-        { uint8_t *b_ = msm_api_encode_model_info(call.request_id, &s->info, &out_len); conn_write(c, b_, out_len); }
-        return;
-    case MSM_CALL_METRICS: {
-        int n;
-        msm_metric_sample *samples = collect_metrics(s, &n);
-        if (!samples) {
-            reply_error(c, call.request_id, MSM_CODE_RESOURCE_EXHAUSTED, "out of memory");
-            return;
-        }
-        { uint8_t *b_ = msm_api_encode_metrics(call.request_id, samples, n, &out_len); conn_write(c, b_, out_len); }
-        free(samples);
-        return;
-    }
+        out = msm_api_encode_model_info(call.request_id, &s->info, &out_len);
+        break;
+    case MSM_CALL_METRICS:
+        reply_metrics(c, call.request_id);
+        break;
     case MSM_CALL_TOKENIZE:
         /* The text was encoded by msm_api_decode, here on the loop thread (bounded by
          * MSM_API_MAX_TEXT_BYTES); only the reply is left. */
-        { uint8_t *b_ = msm_api_encode_tokenize(call.request_id, call.ids, call.n_ids, &out_len); conn_write(c, b_, out_len); }
-        msm_call_done(&call);
-        return;
+        out = msm_api_encode_tokenize(call.request_id, call.ids, call.n_ids, &out_len);
+        break;
     case MSM_CALL_DETOKENIZE:
-        { uint8_t *b_ = msm_api_encode_detokenize(call.request_id, call.text, &out_len); conn_write(c, b_, out_len); }
-        msm_call_done(&call);
-        return;
+        out = msm_api_encode_detokenize(call.request_id, call.text, &out_len);
+        break;
     }
+    conn_write(c, out, out_len);
+    msm_call_done(&call);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -482,13 +502,13 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     if (nread < 0) {
         if (nread == UV_EOF && msm_frame_reader_partial(&c->rd)) {
             uint32_t have, want;
-            char msg[160];
+            msm_err err = {{0}};
             msm_frame_reader_progress(&c->rd, &have, &want);
             if (want)
-                snprintf(msg, sizeof msg, "truncated frame: connection closed after %u of %u body bytes", have, want);
+                msm_err_set(&err, -EBADMSG, "truncated frame: connection closed after %u of %u body bytes", have, want);
             else
-                snprintf(msg, sizeof msg, "truncated frame: connection closed after %u of 4 header bytes", have);
-            conn_fail(c, MSM_CODE_INVALID_ARGUMENT, msg);
+                msm_err_set(&err, -EBADMSG, "truncated frame: connection closed after %u of 4 header bytes", have);
+            conn_fail(c, -EBADMSG, &err);
             return;
         }
         conn_close(c, nread == UV_EOF);
@@ -505,7 +525,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
         int rc = msm_frame_reader_feed(&c->rd, data + off, n - off, &used, &frame, &len, &err);
         off += used;
         if (rc < 0) {
-            conn_fail(c, rc == -EMSGSIZE ? MSM_CODE_RESOURCE_EXHAUSTED : MSM_CODE_INTERNAL, err.msg);
+            conn_fail(c, rc, &err);
             return;
         }
         if (rc == 0)
@@ -514,78 +534,16 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     }
 }
 
-/* ---- HTTP /metrics ---- */
-
-static void http_respond(conn *c) {
-    msm_server *s = c->srv;
-    char head[256];
-    const char *status = "404 Not Found";
-    char *body = NULL;
-    size_t body_len = 0;
-    if (strncmp(c->http, "GET /metrics ", 13) == 0 || strncmp(c->http, "GET /metrics?", 13) == 0) {
-        int n;
-        msm_metric_sample *samples = collect_metrics(s, &n);
-        if (samples) {
-            body_len = msm_metrics_render(samples, n, NULL, 0);
-            body = malloc(body_len + 1);
-            if (body)
-                msm_metrics_render(samples, n, body, body_len + 1);
-            status = "200 OK";
-        }
-        free(samples);
-    }
-    if (!body) {
-        body = strdup("not found: try GET /metrics\n");
-        body_len = body ? strlen(body) : 0;
-    }
-    int hl = snprintf(head, sizeof head,
-                      "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %zu\r\n"
-                      "Connection: close\r\n\r\n", status, body_len);
-    uint8_t *out = malloc((size_t)hl + body_len);
-    if (out) {
-        memcpy(out, head, (size_t)hl);
-        if (body)
-            memcpy(out + hl, body, body_len);
-        conn_write(c, out, (size_t)hl + body_len);
-    }
-    free(body);
-    conn_close(c, true);
-}
-
-static void on_http_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
-    conn *c = stream->data;
-    if (c->closing)
-        return;
-    if (nread < 0) {
-        conn_close(c, false);
-        return;
-    }
-    if (c->http_len + (size_t)nread >= HTTP_MAX_REQUEST) {
-        conn_close(c, false);
-        return;
-    }
-    memcpy(c->http + c->http_len, buf->base, (size_t)nread);
-    c->http_len += (size_t)nread;
-    c->http[c->http_len] = 0;
-    if (strstr(c->http, "\r\n\r\n") || strstr(c->http, "\n\n"))
-        http_respond(c);
-}
-
 /* ---- accepting ---- */
 
-static conn *conn_new(msm_server *s, conn_kind kind) {
+static conn *conn_new(msm_server *s) {
     conn *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
     c->srv = s;
-    c->kind = kind;
     c->id = ++s->next_conn_id;
     c->rbuf = malloc(READ_BUF);
-    if (kind == CONN_HTTP)
-        c->http = malloc(HTTP_MAX_REQUEST);
-    if (!c->rbuf || (kind == CONN_HTTP && !c->http)) {
-        free(c->rbuf);
-        free(c->http);
+    if (!c->rbuf) {
         free(c);
         return NULL;
     }
@@ -599,8 +557,7 @@ static void on_connection(uv_stream_t *listener, int status) {
         msm_log_warn("accept failed: %s", uv_strerror(status));
         return;
     }
-    bool http = listener == (uv_stream_t *)&s->http_listener;
-    conn *c = conn_new(s, http ? CONN_HTTP : CONN_API);
+    conn *c = conn_new(s);
     if (!c) {
         msm_log_error("out of memory accepting a connection");
         return;
@@ -610,7 +567,6 @@ static void on_connection(uv_stream_t *listener, int status) {
     if (rc < 0) {
         msm_frame_reader_done(&c->rd);
         free(c->rbuf);
-        free(c->http);
         free(c);
         return;
     }
@@ -619,22 +575,17 @@ static void on_connection(uv_stream_t *listener, int status) {
     if (s->conns)
         s->conns->prev = c;
     s->conns = c;
-    if (!http)
-        s->metrics.connections++;
+    s->metrics.connections++;
     if (uv_accept(listener, &c->u.s) < 0) {
         uv_close(&c->u.h, on_conn_closed);
         return;
     }
-    if (http) {
-        uv_read_start(&c->u.s, on_alloc, on_http_read);
-        return;
-    }
     s->metrics.connections_total++;
     if (s->metrics.connections > s->cfg->max_connections) {
-        char msg[128];
+        msm_err err = {{0}};
         s->metrics.connections_refused++;
-        snprintf(msg, sizeof msg, "too many connections (server.max_connections = %d)", s->cfg->max_connections);
-        reply_error(c, 0, MSM_CODE_RESOURCE_EXHAUSTED, msg);
+        rc = msm_err_set(&err, -EMFILE, "too many connections (server.max_connections = %d)", s->cfg->max_connections);
+        reply_error(c, 0, rc, &err);
         conn_close(c, true);
         return;
     }
@@ -673,7 +624,8 @@ static void on_async(uv_async_t *a) {
         conn *c = conn_find(s, ev->conn_id);
         if (c && !c->closing) {
             size_t len;
-            { uint8_t *b_ = msm_api_encode_event(ev, &len); conn_write(c, b_, len); }
+            uint8_t *out = msm_api_encode_event(ev, &len);
+            conn_write(c, out, len);
             if (ev->finish != MSM_FINISH_NONE)
                 inflight_del(c, ev->request_id);
         }
@@ -685,6 +637,7 @@ static void on_async(uv_async_t *a) {
 /* ---- lifecycle ---- */
 
 static void server_free_mem(msm_server *s) {
+    msm_http_metrics_free(s->http);
     free(s->groups);
     free(s->pick_load);
     free(s->pick_healthy);
@@ -701,7 +654,8 @@ int msm_server_new(uv_loop_t *loop, const msm_config *cfg, const msm_api_limits 
     s->groups = calloc((size_t)n_groups, sizeof *s->groups);
     s->pick_load = calloc((size_t)n_groups, sizeof *s->pick_load);
     s->pick_healthy = calloc((size_t)n_groups, sizeof *s->pick_healthy);
-    if (!s->groups || !s->pick_load || !s->pick_healthy) {
+    if (!s->groups || !s->pick_load || !s->pick_healthy ||
+        (cfg->metrics_port && msm_http_metrics_new(loop, metrics_text, s, &s->metrics.bytes_out, &s->http, err) < 0)) {
         server_free_mem(s);
         return msm_err_set(err, -ENOMEM, "out of memory");
     }
@@ -770,36 +724,14 @@ static int listen_unix(msm_server *s, msm_err *err) {
     return 0;
 }
 
-static int listen_tcp(msm_server *s, uv_tcp_t *t, const char *host, int port, const char *what, msm_err *err) {
-    struct sockaddr_storage addr;
-    int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
-    if (rc < 0)
-        rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
-    if (rc < 0)
-        return msm_err_set(err, rc, "%s host '%s' is not an IPv4 or IPv6 address", what, host);
-    if ((rc = uv_tcp_init(s->loop, t)) < 0)
-        return msm_err_set(err, rc, "uv_tcp_init: %s", uv_strerror(rc));
-    t->data = s;
-    if (t == &s->tcp_listener)
-        s->have_tcp = true;
-    else
-        s->have_http = true;
-    if ((rc = uv_tcp_bind(t, (const struct sockaddr *)&addr, 0)) < 0 ||
-        (rc = uv_listen((uv_stream_t *)t, 512, on_connection)) < 0)
-        return msm_err_set(err, rc, "cannot listen on %s %s:%d: %s", what, host, port, uv_strerror(rc));
-    msm_log_info("listening on %s %s:%d", what, host, port);
-    return 0;
-}
-
 int msm_server_listen(msm_server *s, msm_err *err) {
     int rc;
     if (s->cfg->socket[0] && (rc = listen_unix(s, err)) < 0)
         return rc;
-    if (s->cfg->tcp_port &&
-        (rc = listen_tcp(s, &s->tcp_listener, s->cfg->tcp_host, s->cfg->tcp_port, "tcp", err)) < 0)
+    if (s->cfg->tcp_port && (rc = msm_listen_tcp(s->loop, &s->tcp_listener, s, s->cfg->tcp_host, s->cfg->tcp_port,
+                                                 "tcp", on_connection, &s->have_tcp, err)) < 0)
         return rc;
-    if (s->cfg->metrics_port &&
-        (rc = listen_tcp(s, &s->http_listener, s->cfg->metrics_host, s->cfg->metrics_port, "metrics http", err)) < 0)
+    if (s->http && (rc = msm_http_metrics_listen(s->http, s->cfg->metrics_host, s->cfg->metrics_port, err)) < 0)
         return rc;
     return 0;
 }
@@ -812,8 +744,8 @@ static void close_listeners(msm_server *s) {
     }
     if (s->have_tcp && !uv_is_closing((uv_handle_t *)&s->tcp_listener))
         uv_close((uv_handle_t *)&s->tcp_listener, NULL);
-    if (s->have_http && !uv_is_closing((uv_handle_t *)&s->http_listener))
-        uv_close((uv_handle_t *)&s->http_listener, NULL);
+    if (s->http)
+        msm_http_metrics_stop(s->http);
 }
 
 static void close_if(uv_handle_t *h, bool have) {
@@ -832,6 +764,8 @@ static void finish_shutdown(msm_server *s) {
     close_listeners(s);
     for (conn *c = s->conns; c; c = c->next)
         conn_close(c, true);
+    if (s->http)
+        msm_http_metrics_close(s->http);
     close_if((uv_handle_t *)&s->drain_timer, s->have_drain_timer);
     close_if((uv_handle_t *)&s->watchdog, s->have_watchdog);
     close_if((uv_handle_t *)&s->sig_term, s->have_signals);

@@ -587,3 +587,12 @@ int msm_engine_dump_graph(msm_engine *e, int rank, FILE *out) {
     msm_graph_dump(e->ranks[rank].graph, out);
     return 0;
 }
+
+int msm_engine_device_count(void) {
+#ifdef MSM_HAVE_CUDA
+    int n = msm_cuda_device_count();
+    return n > 0 ? n : 0;
+#else
+    return -ENOTSUP;
+#endif
+}

@@ -14,16 +14,14 @@
 #include <stdio.h>
 
 #include "msm_err.h"
-#include "msm_kernels.h"
 #include "msm_kv.h"
 #include "msm_model_config.h"
+#include "msm_types.h"
 
 typedef enum msm_backend_kind {
     MSM_BACKEND_CPU = 0,
     MSM_BACKEND_CUDA,
 } msm_backend_kind;
-
-#define MSM_MAX_BUCKETS 32
 
 typedef struct msm_engine_opts {
     const char *model_dir;     /* HF checkpoint directory */
@@ -105,6 +103,10 @@ typedef struct msm_step_out {
  * until the next step. */
 int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_step_out *ret,
                     msm_err *err);
+
+/* GPUs the CUDA runtime sees (0 when none or the driver fails); -ENOTSUP in a build without the
+ * CUDA backend. For planning TP groups before any engine exists. */
+int msm_engine_device_count(void);
 
 /* Prints the schedule of rank `rank`'s step graph: one node a line (layer, stream, op, in -> out). */
 int msm_engine_dump_graph(msm_engine *e, int rank, FILE *out);

@@ -1,8 +1,9 @@
-/* msm_err: the error channel of libmsmoe.
+/* msm_err: the error channel of libmsmoe and of the daemon.
  *
  * Functions return 0 or a negative errno. When they can fail for a reason a user must read
  * (a file, a tensor, a limit), they also take an `msm_err *` and write one sentence into it
- * that names what was wrong and where. The daemon logs it once; tools print it. */
+ * that names what was wrong and where. The daemon logs it once, or answers the client with it (the
+ * gRPC-style code of the answer is derived from the errno: daemon/msm_code.h); tools print it. */
 #ifndef MSM_ERR_H
 #define MSM_ERR_H
 

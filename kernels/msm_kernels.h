@@ -17,17 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MSM_KV_BLOCK 16 /* tokens per KV-cache block */
-
-/* Per output row sampling parameters. temperature <= 0 means greedy (argmax, lowest id on ties). */
-typedef struct msm_sample_params {
-    float temperature;
-    int32_t top_k;    /* 0 = all */
-    float top_p;      /* 1 = all */
-    uint32_t pad_;
-    uint64_t seed;    /* with counter: a counter-based RNG, independent of batch composition */
-    uint64_t counter; /* index of the token being generated in its sequence */
-} msm_sample_params;
+#include "msm_types.h" /* MSM_KV_BLOCK, msm_sample_params: the one engine header kernels use */
 
 /* ---- kernels/cpu/elementwise.c (twins in kernels/cuda/elementwise.cu) ----------------------- */
 

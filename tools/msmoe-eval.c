@@ -398,8 +398,6 @@ static int load_mmlu(const char *dir, const opts *o, msm_eval_item **ret, int *r
     return 0;
 }
 
-/* ---- MMLU letters ---- */
-
 /* ---- Talking to the daemon ---- */
 
 typedef struct run {
@@ -408,7 +406,7 @@ typedef struct run {
     msm_eval_item *items;
     int n;
     msm_tokenizer *tok;    /* MMLU letters and --prompt-ids; NULL otherwise */
-    int32_t letters[4];
+    int32_t letters[4];    /* MMLU: the ids scored for A..D (msm_eval_mmlu_letter_ids, eval/mmlu.c) */
     bool letters_exact;
     msm_client *conn[MAX_CONNECTIONS];
     int n_conn;

@@ -1,7 +1,8 @@
-/* msmoe-run: offline generation with the engine (no daemon). Loads a checkpoint (or dummy
- * weights from a shape preset), feeds a prompt, decodes, prints the generated ids as one line of
- * comma-separated integers; optionally dumps the logits HF would return, prints the step graph,
- * or times the engine. Also the tokenizer's command line (--encode / --decode).
+/* msmoe-run: offline generation (no daemon, no sockets). Loads a checkpoint (or dummy weights from
+ * a shape preset), feeds a prompt, decodes through the daemon's scheduler run in-process
+ * (msm_generate), prints the generated ids as one line of comma-separated integers; optionally
+ * dumps the logits HF would return, prints the step graph, or times the engine. Also the
+ * tokenizer's command line (--encode / --decode).
  *
  *   msmoe-run --model DIR --prompt-ids 1,2,3 --max-new-tokens N [--greedy]
  *             [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
@@ -161,15 +162,74 @@ out:
     return rc;
 }
 
-int main(int argc, char **argv) {
-    msm_engine_opts o;
-    msm_engine_opts_default(&o);
-    const char *prompt_ids = NULL, *prompt_text = NULL, *dump_logits = NULL, *tokenizer = NULL;
-    int max_new = 16, dump_graph = 0, bench = 0, ignore_eos = 0, text_out = 0, encode = -1;
-    msm_sample_params sp = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
-    enum { O_PROMPT_IDS = 256, O_MAX_NEW, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DUMP_LOGITS,
-           O_TP, O_DUMP_GRAPH, O_NO_MS, O_NO_FUSE, O_BENCH, O_DUMMY, O_IGNORE_EOS, O_TOKENIZER,
-           O_ENCODE, O_DECODE, O_PROMPT, O_TEXT, O_KV, O_MAXTOK, O_BACKEND, O_NO_GRAPHS, O_DEVICE, O_KV_BF16 };
+/* The command line. */
+typedef struct run_opts {
+    msm_engine_opts engine;
+    const char *prompt_ids, *prompt_text, *dump_logits, *tokenizer;
+    int max_new;
+    bool dump_graph, bench, ignore_eos, text_out;
+    int encode;                 /* --encode 1, --decode 0, neither -1 */
+    msm_sample_params sampling;
+} run_opts;
+
+enum { O_PROMPT_IDS = 256, O_MAX_NEW, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DUMP_LOGITS,
+       O_TP, O_DUMP_GRAPH, O_NO_MS, O_NO_FUSE, O_BENCH, O_DUMMY, O_IGNORE_EOS, O_TOKENIZER,
+       O_ENCODE, O_DECODE, O_PROMPT, O_TEXT, O_KV, O_MAXTOK, O_BACKEND, O_NO_GRAPHS, O_DEVICE, O_KV_BF16 };
+
+/* Applies the option c with argument arg to ro. 0, or the exit status of a bad value. */
+static int set_option(run_opts *ro, int c, const char *arg) {
+    msm_engine_opts *o = &ro->engine;
+    msm_sample_params *sp = &ro->sampling;
+    char *end;
+    switch (c) {
+    case 'm': o->model_dir = arg; break;
+    case O_PROMPT_IDS: ro->prompt_ids = arg; break;
+    case O_PROMPT: ro->prompt_text = arg; break;
+    case O_MAX_NEW:
+        ro->max_new = (int)strtol(arg, &end, 10);
+        if (*end || ro->max_new < 1) {
+            fprintf(stderr, "msmoe-run: --max-new-tokens must be a positive integer\n");
+            return 2;
+        }
+        break;
+    case O_GREEDY: sp->temperature = 0.0f; break;
+    case O_TEMP: sp->temperature = strtof(arg, &end); if (*end || !(sp->temperature >= 0)) { fprintf(stderr, "msmoe-run: bad --temperature\n"); return 2; } break;
+    case O_TOPK: sp->top_k = (int)strtol(arg, &end, 10); if (*end || sp->top_k < 0) { fprintf(stderr, "msmoe-run: bad --top-k\n"); return 2; } break;
+    case O_TOPP: sp->top_p = strtof(arg, &end); if (*end || !(sp->top_p > 0 && sp->top_p <= 1)) { fprintf(stderr, "msmoe-run: --top-p must be in (0, 1]\n"); return 2; } break;
+    case O_SEED: sp->seed = strtoull(arg, &end, 10); if (*end) { fprintf(stderr, "msmoe-run: bad --seed\n"); return 2; } break;
+    case O_DUMP_LOGITS: ro->dump_logits = arg; break;
+    case O_TP: o->tp = (int)strtol(arg, &end, 10); if (*end || o->tp < 1) { fprintf(stderr, "msmoe-run: bad --tp\n"); return 2; } break;
+    case O_DUMP_GRAPH: ro->dump_graph = true; break;
+    case O_NO_MS: o->multi_stream = false; break;
+    case O_NO_FUSE: o->fuse_allreduce = false; break;
+    case O_BENCH: ro->bench = true; break;
+    case O_DUMMY: o->dummy_preset = arg; break;
+    case O_IGNORE_EOS: ro->ignore_eos = true; break;
+    case O_TOKENIZER: ro->tokenizer = arg; break;
+    case O_ENCODE: ro->encode = 1; break;
+    case O_DECODE: ro->encode = 0; break;
+    case O_TEXT: ro->text_out = true; break;
+    case O_KV: o->kv_blocks = (int)strtol(arg, &end, 10); break;
+    case O_MAXTOK: o->max_step_tokens = (int)strtol(arg, &end, 10); break;
+    case O_BACKEND:
+        if (strcmp(arg, "cpu") == 0) o->backend = MSM_BACKEND_CPU;
+        else if (strcmp(arg, "cuda") == 0) o->backend = MSM_BACKEND_CUDA;
+        else {
+            fprintf(stderr, "msmoe-run: --backend is cpu or cuda\n");
+            return 2;
+        }
+        break;
+    case O_NO_GRAPHS: o->cuda_graphs = false; break;
+    case O_DEVICE: o->first_device = (int)strtol(arg, &end, 10); break;
+    case O_KV_BF16: o->kv_bf16 = true; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+    return 0;
+}
+
+/* Returns -1 to go on, or the exit status (--help, a bad option). */
+static int parse_args(int argc, char **argv, run_opts *ro) {
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'}, {"prompt-ids", required_argument, 0, O_PROMPT_IDS},
         {"max-new-tokens", required_argument, 0, O_MAX_NEW}, {"greedy", no_argument, 0, O_GREEDY},
@@ -185,150 +245,139 @@ int main(int argc, char **argv) {
         {"max-step-tokens", required_argument, 0, O_MAXTOK}, {"backend", required_argument, 0, O_BACKEND},
         {"no-cuda-graphs", no_argument, 0, O_NO_GRAPHS}, {"device", required_argument, 0, O_DEVICE},
         {"kv-bf16", no_argument, 0, O_KV_BF16}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    memset(ro, 0, sizeof *ro);
+    msm_engine_opts_default(&ro->engine);
+    ro->max_new = 16;
+    ro->encode = -1;
+    ro->sampling = (msm_sample_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
     int c;
-    char *end;
     while ((c = getopt_long(argc, argv, "m:h", lo, NULL)) != -1) {
-        switch (c) {
-        case 'm': o.model_dir = optarg; break;
-        case O_PROMPT_IDS: prompt_ids = optarg; break;
-        case O_PROMPT: prompt_text = optarg; break;
-        case O_MAX_NEW:
-            max_new = (int)strtol(optarg, &end, 10);
-            if (*end || max_new < 1) {
-                fprintf(stderr, "msmoe-run: --max-new-tokens must be a positive integer\n");
-                return 2;
-            }
-            break;
-        case O_GREEDY: sp.temperature = 0.0f; break;
-        case O_TEMP: sp.temperature = strtof(optarg, &end); if (*end || !(sp.temperature >= 0)) { fprintf(stderr, "msmoe-run: bad --temperature\n"); return 2; } break;
-        case O_TOPK: sp.top_k = (int)strtol(optarg, &end, 10); if (*end || sp.top_k < 0) { fprintf(stderr, "msmoe-run: bad --top-k\n"); return 2; } break;
-        case O_TOPP: sp.top_p = strtof(optarg, &end); if (*end || !(sp.top_p > 0 && sp.top_p <= 1)) { fprintf(stderr, "msmoe-run: --top-p must be in (0, 1]\n"); return 2; } break;
-        case O_SEED: sp.seed = strtoull(optarg, &end, 10); if (*end) { fprintf(stderr, "msmoe-run: bad --seed\n"); return 2; } break;
-        case O_DUMP_LOGITS: dump_logits = optarg; break;
-        case O_TP: o.tp = (int)strtol(optarg, &end, 10); if (*end || o.tp < 1) { fprintf(stderr, "msmoe-run: bad --tp\n"); return 2; } break;
-        case O_DUMP_GRAPH: dump_graph = 1; break;
-        case O_NO_MS: o.multi_stream = false; break;
-        case O_NO_FUSE: o.fuse_allreduce = false; break;
-        case O_BENCH: bench = 1; break;
-        case O_DUMMY: o.dummy_preset = optarg; break;
-        case O_IGNORE_EOS: ignore_eos = 1; break;
-        case O_TOKENIZER: tokenizer = optarg; break;
-        case O_ENCODE: encode = 1; break;
-        case O_DECODE: encode = 0; break;
-        case O_TEXT: text_out = 1; break;
-        case O_KV: o.kv_blocks = (int)strtol(optarg, &end, 10); break;
-        case O_MAXTOK: o.max_step_tokens = (int)strtol(optarg, &end, 10); break;
-        case O_BACKEND:
-            if (strcmp(optarg, "cpu") == 0) o.backend = MSM_BACKEND_CPU;
-            else if (strcmp(optarg, "cuda") == 0) o.backend = MSM_BACKEND_CUDA;
-            else {
-                fprintf(stderr, "msmoe-run: --backend is cpu or cuda\n");
-                return 2;
-            }
-            break;
-        case O_NO_GRAPHS: o.cuda_graphs = false; break;
-        case O_DEVICE: o.first_device = (int)strtol(optarg, &end, 10); break;
-        case O_KV_BF16: o.kv_bf16 = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
+        int rc = set_option(ro, c, optarg);
+        if (rc != 0 || c == 'h')
+            return rc;
     }
-    if (encode >= 0) {
-        if (!tokenizer) {
-            fprintf(stderr, "msmoe-run: --encode/--decode need --tokenizer FILE\n");
-            return 2;
-        }
-        return tokenizer_mode(tokenizer, encode == 1);
-    }
-    if (!o.model_dir && !o.dummy_preset) {
-        fprintf(stderr, "msmoe-run: give --model DIR (a Hugging Face checkpoint directory)\n");
-        usage(stderr);
-        return 2;
-    }
+    return -1;
+}
+
+/* The prompt: --prompt encoded with the model's (or --tokenizer's) tokenizer, or --prompt-ids.
+ * The tokenizer is loaded for --prompt and --text. 0 or the exit status. */
+static int load_prompt(const run_opts *ro, msm_tokenizer **ret_tok, int32_t **ret_prompt, int *ret_n) {
     msm_err err = {{0}};
+    msm_tokenizer *tok = NULL;
     int32_t *prompt = NULL;
     int P = 0;
-    msm_tokenizer *tok = NULL;
-    if ((prompt_text || text_out) && o.model_dir) {
+    if ((ro->prompt_text || ro->text_out) && ro->engine.model_dir) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/tokenizer.json", tokenizer ? "" : o.model_dir);
-        if (msm_tokenizer_load(tokenizer ? tokenizer : path, &tok, &err) < 0) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", ro->tokenizer ? "" : ro->engine.model_dir);
+        if (msm_tokenizer_load(ro->tokenizer ? ro->tokenizer : path, &tok, &err) < 0) {
             fprintf(stderr, "msmoe-run: %s\n", err.msg);
             return 1;
         }
     }
-    if (prompt_text) {
+    if (ro->prompt_text) {
         size_t n;
-        if (!tok || msm_tokenizer_encode(tok, prompt_text, strlen(prompt_text), true, &prompt, &n, &err) < 0) {
+        if (!tok || msm_tokenizer_encode(tok, ro->prompt_text, strlen(ro->prompt_text), true, &prompt, &n, &err) < 0) {
             fprintf(stderr, "msmoe-run: cannot encode the prompt: %s\n", tok ? err.msg : "no tokenizer");
             msm_tokenizer_free(tok);
             return 1;
         }
         P = (int)n;
-    } else if (prompt_ids) {
-        P = parse_ids(prompt_ids, &prompt);
-        if (P < 0) return 2;
+    } else if (ro->prompt_ids) {
+        P = parse_ids(ro->prompt_ids, &prompt);
+        if (P < 0) {
+            msm_tokenizer_free(tok);
+            return 2;
+        }
     }
-    if (P <= 0 && !dump_graph) {
+    if (P <= 0 && !ro->dump_graph) {
         fprintf(stderr, "msmoe-run: the prompt is empty: give --prompt-ids 1,2,3 (at least one id)\n");
         free(prompt);
         msm_tokenizer_free(tok);
         return 2;
     }
+    *ret_tok = tok;
+    *ret_prompt = prompt;
+    *ret_n = P;
+    return 0;
+}
+
+/* Generates and prints: the ids on one line, the text (--text), the logits (--dump-logits), the
+ * timings (--bench). 0 or the exit status. */
+static int generate(const run_opts *ro, msm_engine *e, const msm_tokenizer *tok, const int32_t *prompt, int P,
+                    double t_load) {
+    const msm_model_config *cfg = msm_engine_model(e);
+    msm_err err = {{0}};
+    for (int i = 0; i < P; i++)
+        if (prompt[i] >= cfg->vocab) {
+            fprintf(stderr, "msmoe-run: prompt id %d (index %d) is outside the vocabulary (0..%d)\n",
+                    prompt[i], i, cfg->vocab - 1);
+            return 1;
+        }
+    msm_generate_opts go = {.max_new = ro->max_new, .sampling = ro->sampling, .ignore_eos = ro->ignore_eos,
+                            .dump_logits = ro->dump_logits != NULL};
+    msm_generation gen;
+    if (msm_generate(e, prompt, P, &go, &gen, &err) < 0) {
+        fprintf(stderr, "msmoe-run: %s\n", err.msg);
+        return 1;
+    }
+    int n_gen = gen.n, rc = 0;
+    for (int i = 0; i < n_gen; i++) printf(i ? ",%d" : "%d", gen.ids[i]);
+    printf("\n");
+    char *text;
+    size_t tl;
+    if (ro->text_out && tok && msm_tokenizer_decode(tok, gen.ids, (size_t)n_gen, true, &text, &tl, &err) == 0) {
+        fwrite(text, 1, tl, stdout);
+        printf("\n");
+        free(text);
+    }
+    if (ro->dump_logits && write_npy(ro->dump_logits, gen.logits, gen.n_rows, cfg->vocab) < 0) {
+        fprintf(stderr, "msmoe-run: cannot write %s\n", ro->dump_logits);
+        rc = 1;
+    } else if (ro->bench) {
+        fprintf(stderr, "msmoe-run: backend %s tp %d: load %.3f s, prefill %d tokens %.4f s (%.1f tok/s), "
+                        "decode %d tokens %.4f s (%.1f tok/s)\n", msm_engine_backend_name(e), ro->engine.tp,
+                t_load, P, gen.prefill_s, P / gen.prefill_s, n_gen - 1, gen.decode_s,
+                n_gen > 1 ? (n_gen - 1) / gen.decode_s : 0.0);
+    }
+    msm_generation_done(&gen);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    run_opts ro;
+    int rc = parse_args(argc, argv, &ro);
+    if (rc >= 0)
+        return rc;
+    if (ro.encode >= 0) {
+        if (!ro.tokenizer) {
+            fprintf(stderr, "msmoe-run: --encode/--decode need --tokenizer FILE\n");
+            return 2;
+        }
+        return tokenizer_mode(ro.tokenizer, ro.encode == 1);
+    }
+    if (!ro.engine.model_dir && !ro.engine.dummy_preset) {
+        fprintf(stderr, "msmoe-run: give --model DIR (a Hugging Face checkpoint directory)\n");
+        usage(stderr);
+        return 2;
+    }
+    msm_tokenizer *tok;
+    int32_t *prompt;
+    int P;
+    if ((rc = load_prompt(&ro, &tok, &prompt, &P)) != 0)
+        return rc;
+    msm_err err = {{0}};
     double t0 = now_s();
     msm_engine *e;
-    if (msm_engine_new(&o, &e, &err) < 0) {
+    if (msm_engine_new(&ro.engine, &e, &err) < 0) {
         fprintf(stderr, "msmoe-run: %s\n", err.msg);
         free(prompt);
         msm_tokenizer_free(tok);
         return 1;
     }
-    double t_load = now_s() - t0;
-    const msm_model_config *cfg = msm_engine_model(e);
-    int rc = 1;
-    if (dump_graph) {
-        msm_engine_dump_graph(e, 0, stdout);
-        rc = 0;
-        goto out;
-    }
-    for (int i = 0; i < P; i++)
-        if (prompt[i] >= cfg->vocab) {
-            fprintf(stderr, "msmoe-run: prompt id %d (index %d) is outside the vocabulary (0..%d)\n",
-                    prompt[i], i, cfg->vocab - 1);
-            goto out;
-        }
-    msm_generate_opts go = {.max_new = max_new, .sampling = sp, .ignore_eos = ignore_eos,
-                            .dump_logits = dump_logits != NULL};
-    msm_generation gen;
-    if (msm_generate(e, prompt, P, &go, &gen, &err) < 0) {
-        fprintf(stderr, "msmoe-run: %s\n", err.msg);
-        goto out;
-    }
-    int n_gen = gen.n;
-    for (int i = 0; i < n_gen; i++) printf(i ? ",%d" : "%d", gen.ids[i]);
-    printf("\n");
-    if (text_out && tok) {
-        char *text;
-        size_t tl;
-        if (msm_tokenizer_decode(tok, gen.ids, (size_t)n_gen, true, &text, &tl, &err) == 0) {
-            fwrite(text, 1, tl, stdout);
-            printf("\n");
-            free(text);
-        }
-    }
-    if (dump_logits && write_npy(dump_logits, gen.logits, gen.n_rows, cfg->vocab) < 0) {
-        fprintf(stderr, "msmoe-run: cannot write %s\n", dump_logits);
-        msm_generation_done(&gen);
-        goto out;
-    }
-    if (bench)
-        fprintf(stderr, "msmoe-run: backend %s tp %d: load %.3f s, prefill %d tokens %.4f s (%.1f tok/s), "
-                        "decode %d tokens %.4f s (%.1f tok/s)\n", msm_engine_backend_name(e), o.tp,
-                t_load, P, gen.prefill_s, P / gen.prefill_s, n_gen - 1, gen.decode_s,
-                n_gen > 1 ? (n_gen - 1) / gen.decode_s : 0.0);
-    msm_generation_done(&gen);
-    rc = 0;
-out:
+    if (ro.dump_graph)
+        rc = msm_engine_dump_graph(e, 0, stdout) < 0 ? 1 : 0;
+    else
+        rc = generate(&ro, e, tok, prompt, P, now_s() - t0);
     free(prompt);
     msm_engine_free(e);
     msm_tokenizer_free(tok);

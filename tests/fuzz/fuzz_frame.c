@@ -4,6 +4,7 @@
  * The embedded model's tokenizer (models/stories260k-moe/tokenizer.json from the repository root,
  * or MSM_FUZZ_FRAME_TOKENIZER) is loaded once so text prompts, stop strings and Tokenize /
  * Detokenize are fuzzed too; without it those are refused, which is checked instead. */
+#include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -85,12 +86,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (rc == 0)
                 break;
             msm_call call;
-            msm_status st;
-            if (msm_api_decode(frame, flen, &lim, &call, &st) == 0) {
+            uint64_t rid;
+            int drc = msm_api_decode(frame, flen, &lim, &call, &rid, &err);
+            if (drc == 0) {
                 check(&call);
                 msm_gen_request_free(call.gen);
                 msm_call_done(&call);
-            } else if (st.fatal) {
+            } else if (drc == -EBADMSG) {
                 goto out;
             }
         }

@@ -9,14 +9,23 @@
 #include <string.h>
 
 #include "msm_api.h"
+#include "msm_code.h"
 #include "msmoe.pb-c.h"
 
 static const msm_api_limits lim = {.vocab = 100, .max_context = 64, .max_tokens_default = 16,
                                    .max_tokens_limit = 1000, .max_logprobs = 5, .max_stop = 4};
 
+/* What msm_api_decode answered: its return value (a negative errno on failure), the message and
+ * the request id to answer. */
+typedef struct answer {
+    int rc;
+    msm_err err;
+    uint64_t request_id;
+} answer;
+
 typedef void (*mutate_fn)(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp);
 
-static int decode_gen_lim(mutate_fn m, const msm_api_limits *l, msm_call *call, msm_status *st) {
+static int decode_gen_lim(mutate_fn m, const msm_api_limits *l, msm_call *call, answer *st) {
     Msmoe__V1__ClientFrame f = MSMOE__V1__CLIENT_FRAME__INIT;
     Msmoe__V1__GenerateRequest g = MSMOE__V1__GENERATE_REQUEST__INIT;
     Msmoe__V1__SamplingParams sp = MSMOE__V1__SAMPLING_PARAMS__INIT;
@@ -35,23 +44,24 @@ static int decode_gen_lim(mutate_fn m, const msm_api_limits *l, msm_call *call, 
     size_t n = msmoe__v1__client_frame__get_packed_size(&f);
     uint8_t *buf = malloc(n + 1);
     msmoe__v1__client_frame__pack(&f, buf);
-    int rc = msm_api_decode(buf, n, l, call, st);
+    int rc = st->rc = msm_api_decode(buf, n, l, call, &st->request_id, &st->err);
     free(buf);
     return rc;
 }
 
-static int decode_gen(mutate_fn m, msm_call *call, msm_status *st) {
+static int decode_gen(mutate_fn m, msm_call *call, answer *st) {
     return decode_gen_lim(m, &lim, call, st);
 }
 
 static void expect_code_lim(mutate_fn m, const msm_api_limits *l, msm_code code, const char *field) {
     msm_call call;
-    msm_status st;
-    cr_assert_eq(decode_gen_lim(m, l, &call, &st), -EINVAL, "%s accepted", field);
-    cr_assert_eq(st.code, code, "%s: code %d (%s)", field, st.code, st.msg);
-    cr_assert(!st.fatal);
+    answer st;
+    int rc = decode_gen_lim(m, l, &call, &st);
+    cr_assert_lt(rc, 0, "%s accepted", field);
+    cr_assert_neq(rc, -EBADMSG, "%s: the connection would close", field);
+    cr_assert_eq(msm_code_from_errno(rc), code, "%s: code %d (%s)", field, msm_code_from_errno(rc), st.err.msg);
     cr_assert_eq(st.request_id, 42);
-    cr_assert(strstr(st.msg, field), "message '%s' does not name %s", st.msg, field);
+    cr_assert(strstr(st.err.msg, field), "message '%s' does not name %s", st.err.msg, field);
 }
 
 static void expect_invalid(mutate_fn m, const char *field) {
@@ -139,8 +149,8 @@ static void m_full(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingParams *sp)
 
 Test(api, valid_generate_becomes_a_native_request) {
     msm_call call;
-    msm_status st;
-    cr_assert_eq(decode_gen(m_full, &call, &st), 0, "%s", st.msg);
+    answer st;
+    cr_assert_eq(decode_gen(m_full, &call, &st), 0, "%s", st.err.msg);
     cr_assert_eq(call.kind, MSM_CALL_GENERATE);
     msm_gen_request *r = call.gen;
     cr_assert_eq(r->request_id, 42);
@@ -158,8 +168,8 @@ Test(api, valid_generate_becomes_a_native_request) {
 
 Test(api, defaults_when_unset) {
     msm_call call;
-    msm_status st;
-    cr_assert_eq(decode_gen(NULL, &call, &st), 0, "%s", st.msg);
+    answer st;
+    cr_assert_eq(decode_gen(NULL, &call, &st), 0, "%s", st.err.msg);
     cr_assert_float_eq(call.gen->sampling.temperature, 1.0f, 0);
     cr_assert_float_eq(call.gen->sampling.top_p, 1.0f, 0);
     cr_assert_eq(call.gen->max_tokens, 16);
@@ -168,27 +178,54 @@ Test(api, defaults_when_unset) {
 
 Test(api, malformed_and_unknown) {
     msm_call call;
-    msm_status st;
+    answer st;
     uint8_t junk[] = {0xff, 0xff, 0xff, 0x07, 0x12};
-    cr_assert_eq(msm_api_decode(junk, sizeof junk, &lim, &call, &st), -EBADMSG);
-    cr_assert(st.fatal);
-    cr_assert_eq(st.code, MSM_CODE_INVALID_ARGUMENT);
+    cr_assert_eq(msm_api_decode(junk, sizeof junk, &lim, &call, &st.request_id, &st.err), -EBADMSG,
+                 "malformed: the connection closes");
+    cr_assert_eq(msm_code_from_errno(-EBADMSG), MSM_CODE_INVALID_ARGUMENT);
     /* request_id 5 + an unknown varint field 99. */
     uint8_t unk[] = {0x08, 0x05, 0x98, 0x06, 0x01};
-    cr_assert_eq(msm_api_decode(unk, sizeof unk, &lim, &call, &st), -EINVAL);
-    cr_assert(!st.fatal);
-    cr_assert(strstr(st.msg, "unknown field number 99"), "%s", st.msg);
+    cr_assert_eq(msm_api_decode(unk, sizeof unk, &lim, &call, &st.request_id, &st.err), -EINVAL);
+    cr_assert(strstr(st.err.msg, "unknown field number 99"), "%s", st.err.msg);
     cr_assert_eq(st.request_id, 5);
     /* No call. */
     uint8_t nocall[] = {0x08, 0x05};
-    cr_assert_eq(msm_api_decode(nocall, sizeof nocall, &lim, &call, &st), -EINVAL);
-    cr_assert(strstr(st.msg, "no call"), "%s", st.msg);
+    cr_assert_eq(msm_api_decode(nocall, sizeof nocall, &lim, &call, &st.request_id, &st.err), -EINVAL);
+    cr_assert(strstr(st.err.msg, "no call"), "%s", st.err.msg);
     /* No request id. */
     uint8_t noid[] = {0x22, 0x00};
-    cr_assert_eq(msm_api_decode(noid, sizeof noid, &lim, &call, &st), -EINVAL);
-    cr_assert(strstr(st.msg, "request_id"), "%s", st.msg);
+    cr_assert_eq(msm_api_decode(noid, sizeof noid, &lim, &call, &st.request_id, &st.err), -EINVAL);
+    cr_assert(strstr(st.err.msg, "request_id"), "%s", st.err.msg);
     /* Empty frame. */
-    cr_assert_eq(msm_api_decode(noid, 0, &lim, &call, &st), -EINVAL);
+    cr_assert_eq(msm_api_decode(noid, 0, &lim, &call, &st.request_id, &st.err), -EINVAL);
+}
+
+/* The one errno -> code table (msm_code.h): what each errno the daemon uses answers with. */
+Test(api, errno_maps_to_the_documented_code) {
+    static const struct {
+        int err;
+        msm_code code;
+    } table[] = {
+        {0, MSM_CODE_OK},
+        {-EINVAL, MSM_CODE_INVALID_ARGUMENT},
+        {-EBADMSG, MSM_CODE_INVALID_ARGUMENT},
+        {-ENOTSUP, MSM_CODE_FAILED_PRECONDITION},
+        {-ENOMEM, MSM_CODE_RESOURCE_EXHAUSTED},
+        {-ENOSPC, MSM_CODE_RESOURCE_EXHAUSTED},
+        {-EAGAIN, MSM_CODE_RESOURCE_EXHAUSTED},
+        {-EMSGSIZE, MSM_CODE_RESOURCE_EXHAUSTED},
+        {-EMFILE, MSM_CODE_RESOURCE_EXHAUSTED},
+        {-ENOENT, MSM_CODE_NOT_FOUND},
+        {-ESHUTDOWN, MSM_CODE_UNAVAILABLE},
+        {-ETIMEDOUT, MSM_CODE_DEADLINE_EXCEEDED},
+        {-ECANCELED, MSM_CODE_CANCELLED},
+        {-ENOSYS, MSM_CODE_UNIMPLEMENTED},
+        {-EIO, MSM_CODE_INTERNAL},
+        {-EPROTO, MSM_CODE_INTERNAL},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        cr_expect_eq(msm_code_from_errno(table[i].err), table[i].code, "errno %d: %s, want %s", -table[i].err,
+                     msm_code_name(msm_code_from_errno(table[i].err)), msm_code_name(table[i].code));
 }
 
 Test(api, event_encoding_round_trips) {
@@ -286,29 +323,29 @@ static void m_special_parsed(Msmoe__V1__GenerateRequest *g, Msmoe__V1__SamplingP
 Test(api_text, prompt_text_is_encoded_with_bos) {
     msm_api_limits l = text_lim();
     msm_call call;
-    msm_status st;
-    cr_assert_eq(decode_gen_lim(m_once, &l, &call, &st), 0, "%s", st.msg);
+    answer st;
+    cr_assert_eq(decode_gen_lim(m_once, &l, &call, &st), 0, "%s", st.err.msg);
     static const int32_t want[] = {1, 403, 407, 261, 378}; /* llama2.c's encoding, with BOS */
     cr_assert_eq(call.gen->n_prompt, 5);
     cr_assert_arr_eq(call.gen->prompt, want, sizeof want);
     cr_assert_eq(call.gen->max_tokens, 16);
     msm_gen_request_free(call.gen);
-    cr_assert_eq(decode_gen_lim(m_once_no_bos, &l, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(decode_gen_lim(m_once_no_bos, &l, &call, &st), 0, "%s", st.err.msg);
     cr_assert_eq(call.gen->n_prompt, 4);
     cr_assert_arr_eq(call.gen->prompt, want + 1, 4 * sizeof(int32_t));
     msm_gen_request_free(call.gen);
     /* An empty text is BOS alone: llama2.c's unconditional generation. */
-    cr_assert_eq(decode_gen_lim(m_empty_text, &l, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(decode_gen_lim(m_empty_text, &l, &call, &st), 0, "%s", st.err.msg);
     cr_assert_eq(call.gen->n_prompt, 1);
     cr_assert_eq(call.gen->prompt[0], 1);
     msm_gen_request_free(call.gen);
     /* Special tokens in the text are text unless the request asks. */
-    cr_assert_eq(decode_gen_lim(m_special, &l, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(decode_gen_lim(m_special, &l, &call, &st), 0, "%s", st.err.msg);
     cr_assert_gt(call.gen->n_prompt, 2);
     for (int i = 0; i < call.gen->n_prompt; i++)
         cr_assert_neq(call.gen->prompt[i], 1, "<s> in untrusted text became the BOS token");
     msm_gen_request_free(call.gen);
-    cr_assert_eq(decode_gen_lim(m_special_parsed, &l, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(decode_gen_lim(m_special_parsed, &l, &call, &st), 0, "%s", st.err.msg);
     cr_assert_eq(call.gen->prompt[0], 1);
     msm_gen_request_free(call.gen);
 }
@@ -328,23 +365,23 @@ Test(api_text, prompt_errors_are_named) {
     expect_code_lim(m_once, &small, MSM_CODE_FAILED_PRECONDITION, "outside the model's vocabulary");
     /* With a tokenizer, stop strings are accepted. */
     msm_call call;
-    msm_status st;
-    cr_assert_eq(decode_gen_lim(m_stop_str, &l, &call, &st), 0, "%s", st.msg);
+    answer st;
+    cr_assert_eq(decode_gen_lim(m_stop_str, &l, &call, &st), 0, "%s", st.err.msg);
     cr_assert_eq(call.gen->n_stop_strings, 1);
     cr_assert_str_eq(call.gen->stop_strings[0], "\n\n");
     msm_gen_request_free(call.gen);
 }
 
-static int decode_frame(const Msmoe__V1__ClientFrame *f, const msm_api_limits *l, msm_call *call, msm_status *st) {
+static int decode_frame(const Msmoe__V1__ClientFrame *f, const msm_api_limits *l, msm_call *call, answer *st) {
     size_t n = msmoe__v1__client_frame__get_packed_size(f);
     uint8_t *buf = malloc(n + 1);
     msmoe__v1__client_frame__pack(f, buf);
-    int rc = msm_api_decode(buf, n, l, call, st);
+    int rc = st->rc = msm_api_decode(buf, n, l, call, &st->request_id, &st->err);
     free(buf);
     return rc;
 }
 
-static int tokenize(const msm_api_limits *l, const char *text, int add_special, msm_call *call, msm_status *st) {
+static int tokenize(const msm_api_limits *l, const char *text, int add_special, msm_call *call, answer *st) {
     Msmoe__V1__ClientFrame f = MSMOE__V1__CLIENT_FRAME__INIT;
     Msmoe__V1__TokenizeRequest t = MSMOE__V1__TOKENIZE_REQUEST__INIT;
     f.has_request_id = 1;
@@ -360,7 +397,7 @@ static int tokenize(const msm_api_limits *l, const char *text, int add_special, 
 }
 
 static int detokenize(const msm_api_limits *l, const int32_t *ids, size_t n, bool skip, msm_call *call,
-                      msm_status *st) {
+                      answer *st) {
     Msmoe__V1__ClientFrame f = MSMOE__V1__CLIENT_FRAME__INIT;
     Msmoe__V1__DetokenizeRequest d = MSMOE__V1__DETOKENIZE_REQUEST__INIT;
     f.has_request_id = 1;
@@ -377,35 +414,35 @@ static int detokenize(const msm_api_limits *l, const int32_t *ids, size_t n, boo
 Test(api_text, tokenize_and_detokenize_round_trip) {
     msm_api_limits l = text_lim();
     msm_call call;
-    msm_status st;
+    answer st;
     static const int32_t want[] = {1, 403, 407, 261, 378};
-    cr_assert_eq(tokenize(&l, "Once upon a time", -1, &call, &st), 0, "%s", st.msg); /* default: BOS */
+    cr_assert_eq(tokenize(&l, "Once upon a time", -1, &call, &st), 0, "%s", st.err.msg); /* default: BOS */
     cr_assert_eq(call.kind, MSM_CALL_TOKENIZE);
     cr_assert_eq(call.request_id, 7);
     cr_assert_eq(call.n_ids, 5);
     cr_assert_arr_eq(call.ids, want, sizeof want);
     msm_call_done(&call);
-    cr_assert_eq(tokenize(&l, "Once upon a time", 0, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(tokenize(&l, "Once upon a time", 0, &call, &st), 0, "%s", st.err.msg);
     cr_assert_eq(call.n_ids, 4);
     msm_call_done(&call);
     /* An emoji is byte-fallback tokens; decoding them gives it back whole. */
-    cr_assert_eq(tokenize(&l, "A smile \xf0\x9f\x99\x82!", 1, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(tokenize(&l, "A smile \xf0\x9f\x99\x82!", 1, &call, &st), 0, "%s", st.err.msg);
     int32_t ids[32];
     size_t n = call.n_ids;
     cr_assert_leq(n, 32);
     memcpy(ids, call.ids, n * sizeof *ids);
     msm_call_done(&call);
-    cr_assert_eq(detokenize(&l, ids, n, true, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(detokenize(&l, ids, n, true, &call, &st), 0, "%s", st.err.msg);
     cr_assert_eq(call.kind, MSM_CALL_DETOKENIZE);
     cr_assert_str_eq(call.text, "A smile \xf0\x9f\x99\x82!");
     cr_assert_eq(call.text_len, strlen(call.text));
     msm_call_done(&call);
-    cr_assert_eq(detokenize(&l, want, 5, false, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(detokenize(&l, want, 5, false, &call, &st), 0, "%s", st.err.msg);
     cr_assert(strstr(call.text, "<s>"), "skip_special = false keeps <s>: '%s'", call.text);
     msm_call_done(&call);
     /* Half a character: U+FFFD, never invalid UTF-8. */
     static const int32_t half[] = {243, 162};
-    cr_assert_eq(detokenize(&l, half, 2, true, &call, &st), 0, "%s", st.msg);
+    cr_assert_eq(detokenize(&l, half, 2, true, &call, &st), 0, "%s", st.err.msg);
     cr_assert(strstr(call.text, "\xef\xbf\xbd"), "'%s'", call.text);
     msm_call_done(&call);
 }
@@ -413,23 +450,23 @@ Test(api_text, tokenize_and_detokenize_round_trip) {
 Test(api_text, tokenize_and_detokenize_errors) {
     msm_api_limits l = text_lim();
     msm_call call;
-    msm_status st;
+    answer st;
     static const int32_t bad[] = {1, 512};
     cr_assert_eq(detokenize(&l, bad, 2, false, &call, &st), -EINVAL);
-    cr_assert_eq(st.code, MSM_CODE_INVALID_ARGUMENT);
-    cr_assert(strstr(st.msg, "detokenize.ids[1] = 512") && strstr(st.msg, "[0, 512)"), "%s", st.msg);
+    cr_assert_eq(msm_code_from_errno(st.rc), MSM_CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(st.err.msg, "detokenize.ids[1] = 512") && strstr(st.err.msg, "[0, 512)"), "%s", st.err.msg);
     static const int32_t neg[] = {-1};
     cr_assert_eq(detokenize(&l, neg, 1, false, &call, &st), -EINVAL);
-    cr_assert(strstr(st.msg, "detokenize.ids[0] = -1"), "%s", st.msg);
+    cr_assert(strstr(st.err.msg, "detokenize.ids[0] = -1"), "%s", st.err.msg);
     cr_assert_eq(tokenize(&l, "bad \xff utf-8", 1, &call, &st), -EINVAL);
-    cr_assert_eq(st.code, MSM_CODE_INVALID_ARGUMENT);
-    cr_assert(strstr(st.msg, "tokenize.text"), "%s", st.msg);
+    cr_assert_eq(msm_code_from_errno(st.rc), MSM_CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(st.err.msg, "tokenize.text"), "%s", st.err.msg);
     /* No tokenizer: both calls refused with FAILED_PRECONDITION. */
-    cr_assert_eq(tokenize(&lim, "hi", 1, &call, &st), -EINVAL);
-    cr_assert_eq(st.code, MSM_CODE_FAILED_PRECONDITION);
-    cr_assert(strstr(st.msg, "needs a tokenizer"), "%s", st.msg);
-    cr_assert_eq(detokenize(&lim, bad, 1, false, &call, &st), -EINVAL);
-    cr_assert_eq(st.code, MSM_CODE_FAILED_PRECONDITION);
+    cr_assert_eq(tokenize(&lim, "hi", 1, &call, &st), -ENOTSUP);
+    cr_assert_eq(msm_code_from_errno(st.rc), MSM_CODE_FAILED_PRECONDITION);
+    cr_assert(strstr(st.err.msg, "needs a tokenizer"), "%s", st.err.msg);
+    cr_assert_eq(detokenize(&lim, bad, 1, false, &call, &st), -ENOTSUP);
+    cr_assert_eq(msm_code_from_errno(st.rc), MSM_CODE_FAILED_PRECONDITION);
 }
 
 Test(api_text, text_replies_encode) {

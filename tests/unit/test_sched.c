@@ -14,9 +14,11 @@
 
 #include <unistr.h>
 
+#include "msm_code.h"
 #include "msm_fake_engine.h"
 #include "msm_metrics.h"
 #include "msm_sched.h"
+#include "testutil.h"
 
 #define MAX_REQ 128
 #define MAX_OUT 512
@@ -26,7 +28,7 @@ typedef struct result {
     int n;
     msm_finish finish;
     int prompt_tokens, completion_tokens;
-    msm_code error_code;
+    int error;                /* with MSM_FINISH_ERROR: the negative errno */
     bool has_logprob;
     float logprob[MAX_OUT];
     int n_top;
@@ -74,7 +76,7 @@ static void on_event(void *ctx, msm_sched_event *ev) {
         r->finish = ev->finish;
         r->prompt_tokens = ev->prompt_tokens;
         r->completion_tokens = ev->completion_tokens;
-        r->error_code = ev->error_code;
+        r->error = ev->error;
     }
     pthread_mutex_unlock(&h->mu);
     free(ev);
@@ -127,9 +129,9 @@ static void expected(const msm_gen_request *r, int n_out, int32_t *out) {
 }
 
 static void submit_ok(harness *h, msm_gen_request *r) {
-    char msg[256];
+    msm_err err = {{0}};
     msm_gen_request *rr = r;
-    cr_assert_eq(msm_sched_submit(h->s, &rr, msg, sizeof msg), MSM_CODE_OK, "%s", msg);
+    cr_assert_eq(msm_sched_submit(h->s, &rr, &err), 0, "%s", err.msg);
     cr_assert_null(rr);
 }
 
@@ -338,24 +340,24 @@ Test(sched, cancel_of_a_waiting_request) {
 
 Test(sched, limits_answer_with_codes) {
     harness *h = harness_new(9, 64, 2, 2, 64); /* 8 usable blocks, context 64, queue 2 */
-    char msg[256];
+    msm_err err = {{0}};
     msm_gen_request *r = req(1, 64, 1, 0, 0);
-    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_INVALID_ARGUMENT);
-    cr_assert(strstr(msg, "max context is 64"), "%s", msg);
+    cr_assert_eq(msm_sched_submit(h->s, &r, &err), -EINVAL);
+    cr_assert(strstr(err.msg, "max context is 64"), "%s", err.msg);
     msm_gen_request_free(r);
     msm_fake_engine_free(NULL);
     harness_free(h);
 
     h = harness_new(3, 64, 2, 2, 256); /* 2 usable blocks = 32 tokens */
     r = req(1, 10, 40, 0, 0);
-    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_RESOURCE_EXHAUSTED);
-    cr_assert(strstr(msg, "KV blocks"), "%s", msg);
+    cr_assert_eq(msm_sched_submit(h->s, &r, &err), -ENOSPC);
+    cr_assert(strstr(err.msg, "KV blocks"), "%s", err.msg);
     msm_gen_request_free(r);
     submit_ok(h, req(1, 4, 4, 0, 0));
     submit_ok(h, req(2, 4, 4, 0, 0));
     r = req(3, 4, 4, 0, 0);
-    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_RESOURCE_EXHAUSTED);
-    cr_assert(strstr(msg, "max_queue"), "%s", msg);
+    cr_assert_eq(msm_sched_submit(h->s, &r, &err), -EAGAIN);
+    cr_assert(strstr(err.msg, "max_queue"), "%s", err.msg);
     msm_gen_request_free(r);
     run_until_idle(h, 100);
     harness_free(h);
@@ -468,7 +470,8 @@ Test(sched, engine_failure_ends_the_step_with_an_error_and_keeps_serving) {
     h->fe->fail_steps = 1;
     cr_assert_lt(msm_sched_iterate(h->s), 0);
     cr_assert_eq(h->r[1].finish, MSM_FINISH_ERROR);
-    cr_assert_eq(h->r[1].error_code, MSM_CODE_INTERNAL);
+    cr_assert_eq(h->r[1].error, -EIO);
+    cr_assert_eq(msm_code_from_errno(h->r[1].error), MSM_CODE_INTERNAL);
     msm_gen_request *r = req(2, 4, 5, 0, 0), *c = dup_req(r);
     submit_ok(h, r);
     run_until_idle(h, 100);
@@ -508,15 +511,8 @@ Test(sched, thread_serves_submissions_from_another_thread, .timeout = 30) {
     harness_free(h);
 }
 
-/* ---- text: deltas and stop strings (the embedded model's tokenizer, vocab 512) ---- */
-
-static msm_tokenizer *stories_tok(void) {
-    static msm_tokenizer *t;
-    msm_err err;
-    if (!t)
-        cr_assert_eq(msm_tokenizer_load("models/stories260k-moe/tokenizer.json", &t, &err), 0, "%s", err.msg);
-    return t;
-}
+/* ---- text: the scheduler's side of text deltas and stop strings (the embedded model's tokenizer,
+ * vocab 512); the text logic itself is tested in test_textstream.c ---- */
 
 /* The fake engine, with its sampled tokens replaced by a script (generated token i = script[i]),
  * so a test decides what text comes out. All requests of a scripted harness share n_prompt. */
@@ -564,7 +560,7 @@ static harness *text_harness(int kv_blocks, int max_seqs, const int32_t *script,
     se.kv_release = sc_release;
     se.kv_n_free = sc_n_free;
     se.kv_total = sc_total;
-    se.tok = stories_tok();
+    se.tok = test_stories_tokenizer();
     msm_sched_opts so = {.max_step_tokens = 256, .max_seqs = max_seqs, .max_queue = 64};
     msm_err err;
     cr_assert_eq(msm_sched_new(&so, &se, on_event, h, &h->s, &err), 0, "%s", err.msg);
@@ -582,39 +578,6 @@ static msm_gen_request *text_req(uint64_t id, int n_prompt, int max_tokens, cons
     return r;
 }
 
-/* The script of a generation whose streamed text is `text` (which starts with a space: the
- * normalizer prepends the SentencePiece space the streamed continuation keeps). */
-static int script_of(const char *text, int32_t *out, int cap) {
-    int32_t *ids;
-    size_t n;
-    msm_err err;
-    cr_assert_eq(text[0], ' ');
-    text++;
-    cr_assert_eq(msm_tokenizer_encode_flags(stories_tok(), text, strlen(text), 0, &ids, &n, &err), 0, "%s", err.msg);
-    cr_assert_leq(n, (size_t)cap);
-    memcpy(out, ids, n * sizeof *ids);
-    free(ids);
-    return (int)n;
-}
-
-/* What the deltas must add up to: one streaming decode of the ids, continuing the prompt. */
-static void streamed_text(const int32_t *ids, int n, char *out, size_t cap) {
-    msm_detok d;
-    msm_detok_init(&d, stories_tok(), MSM_DETOK_SKIP_SPECIAL | MSM_DETOK_CONTINUE);
-    size_t len = 0, k;
-    char buf[256];
-    for (int i = 0; i < n; i++) {
-        cr_assert_eq(msm_detok_push(&d, ids[i], buf, sizeof buf, &k, NULL), 0);
-        cr_assert_lt(len + k, cap);
-        memcpy(out + len, buf, k);
-        len += k;
-    }
-    cr_assert_eq(msm_detok_flush(&d, buf, sizeof buf, &k), 0);
-    cr_assert_lt(len + k, cap);
-    memcpy(out + len, buf, k);
-    out[len + k] = 0;
-}
-
 Test(sched_text, deltas_add_up_to_the_decode_of_the_ids) {
     /* The fake engine's own tokens over the whole vocabulary: byte tokens included, so characters
      * are split over tokens and invalid sequences occur; several requests at once, one preempted. */
@@ -629,12 +592,12 @@ Test(sched_text, deltas_add_up_to_the_decode_of_the_ids) {
         cr_assert_eq(r->n_text_events, 40, "every event carries a text field");
         cr_assert_eq(r->bad_deltas, 0, "request %d: a delta split a character", i);
         char want[16384];
-        streamed_text(r->tokens, r->n, want, sizeof want);
+        test_streamed_text(r->tokens, r->n, want, sizeof want);
         cr_assert_str_eq(r->text, want, "request %d", i);
         /* The same as a one-shot decode, up to the leading space a stand-alone decode strips. */
         char *dec;
         size_t dl;
-        cr_assert_eq(msm_tokenizer_decode(stories_tok(), r->tokens, (size_t)r->n, true, &dec, &dl, NULL), 0);
+        cr_assert_eq(msm_tokenizer_decode(test_stories_tokenizer(), r->tokens, (size_t)r->n, true, &dec, &dl, NULL), 0);
         cr_assert(!strcmp(r->text, dec) || (r->text[0] == ' ' && !strcmp(r->text + 1, dec)), "'%s' vs '%s'",
                   r->text, dec);
         free(dec);
@@ -645,24 +608,9 @@ Test(sched_text, deltas_add_up_to_the_decode_of_the_ids) {
     harness_free(h);
 }
 
-Test(sched_text, a_character_split_over_byte_tokens_is_never_split_in_a_delta) {
-    /* "né 🙂 ok": the emoji is four byte tokens, é is a byte pair or a piece. */
-    static const char text[] = " n\xc3\xa9 \xf0\x9f\x99\x82 ok";
-    int32_t script[64];
-    int n = script_of(text, script, 64);
-    harness *h = text_harness(64, 2, script, n, 4);
-    submit_ok(h, text_req(1, 4, n, NULL, 0));
-    run_until_idle(h, 200);
-    result *r = &h->r[1];
-    cr_assert_eq(r->n, n);
-    cr_assert_eq(r->bad_deltas, 0);
-    cr_assert_str_eq(r->text, text);
-    harness_free(h);
-}
-
 Test(sched_text, stop_string_stops_and_is_cut_from_the_text) {
     int32_t script[128];
-    int n = script_of(" Tom ran home.\nQ: what next? Tom slept.", script, 128);
+    int n = test_script_of(" Tom ran home.\nQ: what next? Tom slept.", script, 128);
     static const char *const stops[] = {"Q:"};
     harness *h = text_harness(64, 2, script, n, 4);
     submit_ok(h, text_req(1, 4, 100, stops, 1));
@@ -674,7 +622,7 @@ Test(sched_text, stop_string_stops_and_is_cut_from_the_text) {
     /* The ids run up to the token that completed "Q:". */
     char *dec;
     size_t dl;
-    cr_assert_eq(msm_tokenizer_decode(stories_tok(), r->tokens, (size_t)r->n, true, &dec, &dl, NULL), 0);
+    cr_assert_eq(msm_tokenizer_decode(test_stories_tokenizer(), r->tokens, (size_t)r->n, true, &dec, &dl, NULL), 0);
     cr_assert(strstr(dec, "Q:") && !strstr(dec, "what"), "ids decode to '%s'", dec);
     free(dec);
     cr_assert_eq(r->completion_tokens, r->n);
@@ -682,43 +630,9 @@ Test(sched_text, stop_string_stops_and_is_cut_from_the_text) {
     harness_free(h);
 }
 
-Test(sched_text, held_back_prefix_of_a_stop_string_is_released_when_it_does_not_match) {
-    int32_t script[128];
-    static const char text[] = " The dog was big. The dog was happy.";
-    int n = script_of(text, script, 128);
-    static const char *const stops[] = {"The cat", "dog was sad"};
-    harness *h = text_harness(64, 2, script, n, 4);
-    submit_ok(h, text_req(1, 4, n, stops, 2));
-    /* Step by step: a delta never ends inside "The" while "The cat" could still follow. */
-    for (int i = 0; i < 200 && msm_sched_iterate(h->s) > 0; i++) {
-        result *r = &h->r[1];
-        if (r->finish == MSM_FINISH_NONE && r->text_len >= 3)
-            cr_assert(strcmp(r->text + r->text_len - 3, "The") != 0 &&
-                          strcmp(r->text + r->text_len - 3, "dog") != 0,
-                      "a possible stop-string start was sent: '%s'", r->text);
-    }
-    result *r = &h->r[1];
-    cr_assert_eq(r->finish, MSM_FINISH_LENGTH);
-    cr_assert_str_eq(r->text, text, "everything held back came out at the end");
-    harness_free(h);
-}
-
-Test(sched_text, first_stop_string_to_complete_wins) {
-    int32_t script[128];
-    int n = script_of(" one two three four", script, 128);
-    /* "two three" starts earlier but "two" completes first. */
-    static const char *const stops[] = {"two three", "o t"};
-    harness *h = text_harness(64, 2, script, n, 4);
-    submit_ok(h, text_req(1, 4, n, stops, 2));
-    run_until_idle(h, 200);
-    cr_assert_eq(h->r[1].finish, MSM_FINISH_STOP);
-    cr_assert_str_eq(h->r[1].text, " one tw");
-    harness_free(h);
-}
-
 Test(sched_text, cancel_flushes_the_held_text) {
     int32_t script[128];
-    int n = script_of(" a b c d e f g h", script, 128);
+    int n = test_script_of(" a b c d e f g h", script, 128);
     static const char *const stops[] = {"b x"};
     harness *h = text_harness(64, 2, script, n, 4);
     submit_ok(h, text_req(1, 4, n, stops, 1));
@@ -741,9 +655,9 @@ Test(sched_text, stop_strings_without_a_tokenizer_are_refused) {
     msm_gen_request *r = text_req(1, 3, 5, stops, 1);
     for (int i = 0; i < 3; i++)
         r->prompt[i] = i;
-    char msg[256];
-    cr_assert_eq(msm_sched_submit(h->s, &r, msg, sizeof msg), MSM_CODE_FAILED_PRECONDITION);
-    cr_assert(strstr(msg, "stop_strings"), "%s", msg);
+    msm_err err = {{0}};
+    cr_assert_eq(msm_sched_submit(h->s, &r, &err), -ENOTSUP);
+    cr_assert(strstr(err.msg, "stop_strings"), "%s", err.msg);
     msm_gen_request_free(r);
     /* And events carry no text field. */
     submit_ok(h, req(2, 3, 4, 0, 0));

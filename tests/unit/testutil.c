@@ -1,6 +1,7 @@
-/* Shared helpers of the engine tests (see testutil.h). */
+/* Shared helpers of the unit tests (see testutil.h). */
 #include "testutil.h"
 
+#include <criterion/criterion.h>
 #include <errno.h>
 #include <json-c/json.h>
 #include <math.h>
@@ -105,4 +106,43 @@ double rel_max_diff(const float *a, const float *b, size_t n) {
         if (fabs((double)b[i]) > mr) mr = fabs((double)b[i]);
     }
     return mr > 0 ? md / mr : md;
+}
+
+const msm_tokenizer *test_stories_tokenizer(void) {
+    static msm_tokenizer *t;
+    msm_err err;
+    if (!t)
+        cr_assert_eq(msm_tokenizer_load("models/stories260k-moe/tokenizer.json", &t, &err), 0, "%s", err.msg);
+    return t;
+}
+
+int test_script_of(const char *text, int32_t *out, int cap) {
+    int32_t *ids;
+    size_t n;
+    msm_err err;
+    cr_assert_eq(text[0], ' ');
+    text++;
+    cr_assert_eq(msm_tokenizer_encode_flags(test_stories_tokenizer(), text, strlen(text), 0, &ids, &n, &err), 0,
+                 "%s", err.msg);
+    cr_assert_leq(n, (size_t)cap);
+    memcpy(out, ids, n * sizeof *ids);
+    free(ids);
+    return (int)n;
+}
+
+void test_streamed_text(const int32_t *ids, int n, char *out, size_t cap) {
+    msm_detok d;
+    msm_detok_init(&d, test_stories_tokenizer(), MSM_DETOK_SKIP_SPECIAL | MSM_DETOK_CONTINUE);
+    size_t len = 0, k;
+    char buf[256];
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(msm_detok_push(&d, ids[i], buf, sizeof buf, &k, NULL), 0);
+        cr_assert_lt(len + k, cap);
+        memcpy(out + len, buf, k);
+        len += k;
+    }
+    cr_assert_eq(msm_detok_flush(&d, buf, sizeof buf, &k), 0);
+    cr_assert_lt(len + k, cap);
+    memcpy(out + len, buf, k);
+    out[len + k] = 0;
 }

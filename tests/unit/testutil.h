@@ -1,4 +1,5 @@
-/* Shared helpers of the engine tests: golden data (tests/data/<model>/golden.json + .npy). */
+/* Shared helpers of the unit tests: golden data (tests/data/<model>/golden.json + .npy), and the
+ * embedded model's tokenizer for the text tests (scheduler, text streams). */
 #ifndef MSM_TESTUTIL_H
 #define MSM_TESTUTIL_H
 
@@ -6,6 +7,7 @@
 #include <stdint.h>
 
 #include "msm_engine.h"
+#include "msm_tokenizer.h"
 
 #define GOLDEN_MAX_PROMPTS 8
 
@@ -31,5 +33,17 @@ msm_engine_opts test_engine_opts(const char *model_dir, int tp, bool fuse, bool 
 
 /* max |a - b| / max |b| over n elements. */
 double rel_max_diff(const float *a, const float *b, size_t n);
+
+/* The embedded model's tokenizer (models/stories260k-moe/tokenizer.json, 512 ids), loaded once;
+ * the tests run from the repository root. */
+const msm_tokenizer *test_stories_tokenizer(void);
+
+/* The ids of a generation whose streamed text is `text`, which starts with a space: the
+ * normalizer prepends the SentencePiece space that a streamed continuation keeps. Returns n. */
+int test_script_of(const char *text, int32_t *out, int cap);
+
+/* One streaming decode of ids continuing a prompt (special tokens skipped, flushed at the end):
+ * what the text deltas of a sequence generating them must add up to. */
+void test_streamed_text(const int32_t *ids, int n, char *out, size_t cap);
 
 #endif

@@ -1,5 +1,10 @@
-/* msm_generate: single-sequence generation on an engine (prefill in chunks, then decode), the
- * loop msmoe-run and the tests share. The daemon's scheduler batches many sequences instead. */
+/* msm_generate: one sequence generated offline, through the daemon's scheduler (msm_sched.h) run
+ * in-process on the caller's thread: no sockets, no scheduler thread. msmoe-run and the engine
+ * tests use it, so the daemon and the offline tool share one generation loop: prefill in chunks
+ * under the step budget, then decode, with the same stop rules and per-token sampling counters.
+ *
+ * The engine is used as the daemon uses it (msm_sched_engine_from); the scheduler gets one
+ * sequence at a time (max_seqs 1) and the engine's step budget. */
 #ifndef MSM_GENERATE_H
 #define MSM_GENERATE_H
 
@@ -20,10 +25,12 @@ typedef struct msm_generation {
     int n;
     float *logits;              /* [n_rows, vocab] when dump_logits, else NULL */
     int n_rows;
-    double prefill_s, decode_s; /* wall time of the prefill and decode steps */
+    double prefill_s, decode_s; /* wall time of the scheduler iterations before the first token
+                                   (prefill) and after it (decode) */
 } msm_generation;
 
-/* Allocates KV blocks for P + max_new tokens, generates, releases the blocks. */
+/* Checks that P + max_new tokens fit the context and the free KV blocks, generates, and leaves
+ * the pool as it was. Errors name the limit, or are the engine's. */
 int msm_generate(msm_engine *e, const int32_t *prompt, int P, const msm_generate_opts *o,
                  msm_generation *ret, msm_err *err);
 void msm_generation_done(msm_generation *g);
