@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "msm_err.h"
-#include "msm_types.h" /* MSM_MAX_BUCKETS */
+#include "msm_types.h" /* MSM_MAX_BUCKETS, MSM_MULTI_STREAM_MAX_TOKENS */
 
 struct msm_engine_opts; /* msm_engine.h */
 
@@ -48,6 +48,7 @@ typedef struct msm_config {
     char gpus_where[128];      /* "file:line" or "--set" that set engine.gpus (for errors); "" = default */
     int replicas;              /* CPU (and fake) backend: how many engines (TP groups) */
     bool multi_stream;
+    int multi_stream_max_tokens; /* steps of more tokens run on one stream (0: no limit) */
     bool fuse_allreduce;
     int kv_blocks;
     int max_step_tokens;

@@ -73,6 +73,7 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->backend = MSM_BACKEND_CPU;
     o->tp = 1;
     o->multi_stream = true;
+    o->multi_stream_max_tokens = MSM_MULTI_STREAM_MAX_TOKENS;
     o->fuse_allreduce = true;
     o->elide_collectives = true;
     o->fuse_add_norm = true;

@@ -31,7 +31,8 @@ typedef struct msm_engine_opts {
     int tp;                    /* tensor-parallel size: ranks in the group (default 1) */
     int first_device;          /* CUDA: the group's GPUs are first_device .. first_device+tp-1 */
     bool multi_stream;         /* pass multi_stream_moe (default on) */
-    int multi_stream_max_tokens; /* steps of more tokens run a one-stream graph (0: no limit) */
+    int multi_stream_max_tokens; /* steps of more tokens run a one-stream graph (0: no limit;
+                                    default MSM_MULTI_STREAM_MAX_TOKENS) */
     bool fuse_allreduce;       /* pass fuse_moe_allreduce (default on) */
     bool elide_collectives;    /* pass elide_tp1_collectives (default on; no-op at tp > 1) */
     bool fuse_add_norm;        /* pass fuse_add_rmsnorm (default on) */

@@ -13,6 +13,13 @@
 
 #define MSM_MAX_BUCKETS 32 /* decode batch buckets an engine (and engine.buckets) may list */
 
+/* Default of msm_engine_opts.multi_stream_max_tokens: overlapping the shared expert with the
+ * routed experts on the aux stream paid at every decode batch (1-256) and prompt chunk up to
+ * 1024 tokens on the H200 (Qwen1.5-MoE shapes: a 1024-token prefill 48.9 ms on against 49.7 ms
+ * off), not at 2048 (126.2 against 125.3 ms): bench/results/2026-11-30-h200/run6-prefill.txt. */
+#define MSM_MULTI_STREAM_MAX_TOKENS 1024
+
+
 /* Per output row sampling parameters. temperature <= 0 means greedy (argmax, lowest id on ties). */
 typedef struct msm_sample_params {
     float temperature;
