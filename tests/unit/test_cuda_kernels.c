@@ -226,10 +226,10 @@ Test(cuda_kernels, rope_copy_matches_copy_then_rope, .timeout = 60) {
         int32_t *pos = malloc(T * 4);
         for (int t = 0; t < T; t++) pos[t] = rndi(4000);
         memcpy(ref, x, n * 4);
-        for (int t = 0; t < T; t++) msm_cpu_rope(ref + (size_t)t * C, pos + t, 1, nh + kvh, hd, 1e6f);
+        for (int t = 0; t < T; t++) msm_cpu_rope(ref + (size_t)t * C, pos + t, 1, nh + kvh, hd, hd, 1e6f);
         float *dx = dev_up(x, n * 4), *dout = dev_poison(n * 4);
         int32_t *dpos = dev_up(pos, T * 4);
-        CK(msm_cuda_rope_copy(dout, dx, dpos, T, C, nh + kvh, hd, 1e6f, EX));
+        CK(msm_cuda_rope_copy(dout, dx, dpos, T, C, nh + kvh, hd, hd, 1e6f, EX));
         down(out, dout, n * 4);
         CHECK_ERR(out, ref, n, 1e-5, "rope_copy T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
         cudaFree(dx), cudaFree(dout), cudaFree(dpos);
@@ -340,10 +340,10 @@ Test(cuda_kernels, rope_matches_cpu, .timeout = 60) {
         int32_t *pos = malloc(T * 4);
         for (int t = 0; t < T; t++) pos[t] = rndi(4096);
         memcpy(ref, x, n * 4);
-        msm_cpu_rope(ref, pos, T, nh, hd, shapes[s].theta);
+        msm_cpu_rope(ref, pos, T, nh, hd, hd, shapes[s].theta);
         float *dx = dev_up(x, n * 4);
         int32_t *dp = dev_up(pos, T * 4);
-        CK(msm_cuda_rope(dx, dp, T, nh, hd, shapes[s].theta, EX));
+        CK(msm_cuda_rope(dx, dp, T, nh, hd, hd, shapes[s].theta, EX));
         down(out, dx, n * 4);
         CHECK_ERR(out, ref, n, 1e-5, "rope T=%d nh=%d hd=%d", T, nh, hd);
         cudaFree(dx), cudaFree(dp);
@@ -837,9 +837,9 @@ Test(cuda_kernels, rope_kv_equals_rope_copy_then_kv_write, .timeout = 60) {
         int32_t *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
         uint16_t *k1 = dev_poison(cache * 2), *v1 = dev_poison(cache * 2), *k2 = dev_poison(cache * 2),
                  *v2 = dev_poison(cache * 2);
-        CK(msm_cuda_rope_copy(o1, dx, dpos, T, C, nh + kvh, hd, 1e6f, EX));
+        CK(msm_cuda_rope_copy(o1, dx, dpos, T, C, nh + kvh, hd, hd, 1e6f, EX));
         CK(msm_cuda_kv_write_ld(k1, v1, o1 + (size_t)nh * hd, o1 + (size_t)(nh + kvh) * hd, (size_t)C, dslot, T, kvh, hd, EX));
-        CK(msm_cuda_rope_kv(o2, dx, dpos, dslot, k2, v2, T, nh, kvh, hd, 1e6f, EX));
+        CK(msm_cuda_rope_kv(o2, dx, dpos, dslot, k2, v2, T, nh, kvh, hd, hd, 1e6f, EX));
         float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
         uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
         down(h1, o1, n * 4), down(h2, o2, n * 4);

@@ -118,9 +118,9 @@ Test(kernels_cpu, rope_at_position_zero_is_identity_and_preserves_norm) {
     uint64_t s = 5;
     for (int i = 0; i < 32; i++) x[i] = y[i] = frand(&s);
     int32_t p0 = 0, p7 = 7;
-    msm_cpu_rope(y, &p0, 1, 2, 16, 10000.0f);
+    msm_cpu_rope(y, &p0, 1, 2, 16, 16, 10000.0f);
     cr_expect_eq(memcmp(x, y, sizeof x), 0);
-    msm_cpu_rope(y, &p7, 1, 2, 16, 10000.0f);
+    msm_cpu_rope(y, &p7, 1, 2, 16, 16, 10000.0f);
     double n0 = 0, n1 = 0;
     for (int i = 0; i < 32; i++) n0 += x[i] * x[i], n1 += y[i] * y[i];
     cr_expect_float_eq(n0, n1, 1e-4);
@@ -197,15 +197,15 @@ Test(kernels_cpu, rope_copy_rotates_q_and_k_heads_and_copies_v) {
         float *x = rand_floats(n, 7 + s), *out = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n);
         int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
         for (int t = 0; t < T; t++) pos[t] = 3 * t + 1;
-        msm_cpu_rope_copy(out, x, pos, T, C, nh + kvh, hd, 1e6f);
+        msm_cpu_rope_copy(out, x, pos, T, C, nh + kvh, hd, hd, 1e6f);
         memcpy(ref, x, sizeof(float) * n);
-        for (int t = 0; t < T; t++) msm_cpu_rope(ref + (size_t)t * C, pos + t, 1, nh + kvh, hd, 1e6f);
+        for (int t = 0; t < T; t++) msm_cpu_rope(ref + (size_t)t * C, pos + t, 1, nh + kvh, hd, hd, 1e6f);
         cr_expect(memcmp(out, ref, sizeof(float) * n) == 0, "T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
         /* the v heads are the input's, untouched */
         for (int t = 0; t < T; t++)
             cr_expect(memcmp(out + (size_t)t * C + (size_t)(nh + kvh) * hd, x + (size_t)t * C + (size_t)(nh + kvh) * hd,
                              sizeof(float) * (size_t)kvh * hd) == 0);
-        msm_cpu_rope_copy(x, x, pos, T, C, nh + kvh, hd, 1e6f); /* in place */
+        msm_cpu_rope_copy(x, x, pos, T, C, nh + kvh, hd, hd, 1e6f); /* in place */
         cr_expect(memcmp(x, ref, sizeof(float) * n) == 0, "in place: T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
         free(x), free(out), free(ref), free(pos);
     }
@@ -257,10 +257,10 @@ Test(kernels_cpu, rope_kv_equals_rope_copy_then_kv_write_ld) {
             float *k2 = calloc(cache, sizeof(float)), *v2 = calloc(cache, sizeof(float));
             int32_t *pos = malloc(sizeof(int32_t) * (size_t)T), *slot = malloc(sizeof(int32_t) * (size_t)T);
             for (int t = 0; t < T; t++) pos[t] = 100 + t, slot[t] = t == 0 && T > 1 ? -1 : (t * 3) % nslots;
-            msm_cpu_rope_copy(o1, x, pos, T, C, nh + kvh, hd, 1e4f);
+            msm_cpu_rope_copy(o1, x, pos, T, C, nh + kvh, hd, hd, 1e4f);
             msm_cpu_kv_write_ld(k1, v1, o1 + (size_t)nh * hd, o1 + (size_t)(nh + kvh) * hd, (size_t)C, slot, T, kvh,
                                 hd, bf16);
-            msm_cpu_rope_kv(o2, x, pos, slot, k2, v2, T, nh, kvh, hd, 1e4f, bf16);
+            msm_cpu_rope_kv(o2, x, pos, slot, k2, v2, T, nh, kvh, hd, hd, 1e4f, bf16);
             cr_expect(memcmp(o1, o2, sizeof(float) * n) == 0, "rows: T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
             cr_expect(memcmp(k1, k2, sizeof(float) * cache) == 0 && memcmp(v1, v2, sizeof(float) * cache) == 0,
                       "caches: T=%d nh=%d kvh=%d hd=%d bf16 %d", T, nh, kvh, hd, bf16);
