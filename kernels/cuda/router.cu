@@ -131,11 +131,13 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
     const float *l = logits + (size_t)t * E;
     int per = E / n_group;
     float s[ROUTER_PER_LANE], c[ROUTER_PER_LANE];
+    int grp[ROUTER_PER_LANE]; /* the group of this lane's element i; -1 past E */
 #pragma unroll
     for (int i = 0; i < ROUTER_PER_LANE; i++) {
         int e = i * 32 + lane;
         s[i] = e < E ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
         c[i] = e < E ? s[i] + bias[e] : -INFINITY;
+        grp[i] = e < E ? e / per : -1;
     }
 
     unsigned kept = 0xffffffffu; /* bit g: group g kept */
@@ -145,8 +147,7 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
             float a1 = -INFINITY, a2 = -INFINITY;
 #pragma unroll
             for (int i = 0; i < ROUTER_PER_LANE; i++) {
-                int e = i * 32 + lane;
-                if (e < E && e / per == g) {
+                if (grp[i] == g) {
                     if (c[i] > a1) a2 = a1, a1 = c[i];
                     else if (c[i] > a2) a2 = c[i];
                 }
@@ -163,10 +164,8 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
             kept |= 1u << bi;
         }
 #pragma unroll
-        for (int i = 0; i < ROUTER_PER_LANE; i++) {
-            int e = i * 32 + lane;
-            if (e < E && !(kept >> (e / per) & 1u)) c[i] = -INFINITY;
-        }
+        for (int i = 0; i < ROUTER_PER_LANE; i++)
+            if (grp[i] >= 0 && !(kept >> grp[i] & 1u)) c[i] = -INFINITY;
     }
 
     unsigned taken = 0; /* bit i: this lane's element i already selected */
