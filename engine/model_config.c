@@ -508,11 +508,13 @@ static int parse_root(const char *src, struct json_object *root, msm_model_confi
         (rc = parse_rope(src, root, c, &rot_factor, err)) < 0 || (rc = parse_dtype(src, root, &c->dtype, err)) < 0)
         return rc;
     /* HF: dim = int(head_dim * partial_rotary_factor) dims rotated, as rotate-half pairs i with
-     * i + dim/2, so dim must be even; the rest of each head passes through. */
-    c->rope_dim = (int)((double)c->head_dim * rot_factor);
-    if (c->rope_dim == c->head_dim && c->head_dim % 2 != 0)
+     * i + dim/2, so dim must be even; the rest of each head passes through. The kernels also
+     * keep head_dim even (every real model's is), so an odd one is refused even when a partial
+     * rotation would be even. */
+    if (c->head_dim % 2 != 0)
         return msm_err_set(err, -EINVAL, S_ ": key 'head_dim' must be even for RoPE (got %d)",
                            src, c->head_dim);
+    c->rope_dim = (int)((double)c->head_dim * rot_factor);
     if (c->rope_dim < 2 || c->rope_dim % 2 != 0)
         return msm_err_set(err, -EINVAL, S_ ": key 'partial_rotary_factor' (%g) rotates %d of "
                            "head_dim %d dimensions; RoPE needs a positive even number", src,
