@@ -2,10 +2,10 @@
  * immutable msm_model_config (see msm_model_config.h).
  *
  * Each family is a row of `families`: which keys name the expert count and sizes, whether it
- * has a shared expert (and how its size is given), q/k bias or q/k norm, its router, and how
- * sparse layers are chosen. Keys are read
- * through a handful of typed getters that refuse a wrong JSON type or an out-of-range value with
- * a message naming the file and the key, so nothing downstream sees a half-checked config.
+ * has a shared expert (and how its size is given), q/k bias or q/k norm, its router, its default
+ * rotary fraction, and how sparse layers are chosen. Keys are read through a handful of typed
+ * getters that refuse a wrong JSON type or an out-of-range value with a message naming the file
+ * and the key, so nothing downstream sees a half-checked config.
  * json-c's own getters coerce ("12" reads as 12), which is why every getter checks the type. */
 #include "msm_model_config.h"
 #include "msm_file.h"

@@ -48,7 +48,7 @@ typedef struct msm_model_config {
     int shared_intermediate;   /* shared_expert_intermediate_size (GLM: moe_intermediate_size *
                                   n_shared_experts); 0 = no shared expert */
     bool shared_gate;          /* the shared expert's output is scaled by sigmoid(h . gate) (Qwen2) */
-    int n_experts;             /* num_experts (Mixtral: num_local_experts) */
+    int n_experts;             /* num_experts (Mixtral: num_local_experts; GLM: n_routed_experts) */
     int top_k;                 /* num_experts_per_tok */
     bool norm_topk_prob;       /* renormalise the top-k weights (Mixtral: always true) */
     msm_router_kind router;    /* softmax or sigmoid + bias + groups */
@@ -56,9 +56,12 @@ typedef struct msm_model_config {
                                   topk_group best groups (1, 1 elsewhere: no grouping) */
     float routed_scale;        /* routed_scaling_factor: scales the routed weights (1 elsewhere) */
     bool tie_word_embeddings;  /* lm_head shares the embedding; no lm_head.weight on disk */
-    bool qkv_bias;             /* q/k/v projections have a bias (Qwen2-MoE; Qwen3 attention_bias) */
-    bool qk_norm;              /* per-head RMSNorm of q and k before RoPE (Qwen3-MoE) */
-    bool sparse[MSM_MAX_LAYERS]; /* layer i uses the MoE block (else a dense SwiGLU MLP) */
+    bool qkv_bias;             /* q/k/v projections have a bias (Qwen2-MoE; Qwen3 and GLM
+                                  attention_bias) */
+    bool qk_norm;              /* per-head RMSNorm of q and k before RoPE (Qwen3-MoE; GLM
+                                  use_qk_norm) */
+    bool sparse[MSM_MAX_LAYERS]; /* layer i uses the MoE block (else a dense SwiGLU MLP); GLM:
+                                    i >= first_k_dense_replace */
     float rms_eps;             /* rms_norm_eps */
     float rope_theta;          /* rope_theta or rope_parameters.rope_theta (default 10000) */
     int rope_dim;              /* rotated dims at the start of every head: head_dim *

@@ -226,7 +226,7 @@ int msm_cuda_router_topk(int32_t *ids, float *w, const float *logits, int T, int
 
 /* Group-limited sigmoid router, msm_cpu_router_group_topk on the device: bias [E] float32 (the
  * one weight kept in fp32: bf16 would move the selection), all math fp32, the same ids (lowest id
- * on ties) and weights up to expf's last bit. E <= 256, k <= 8, n_group <= 32 dividing E with
+ * on ties) and weights up to expf's last bits (2 ulp). E <= 256, k <= 8, n_group <= 32 dividing E with
  * E / n_group >= 2, topk_group <= n_group, k <= topk_group * E / n_group. No workspace. */
 int msm_cuda_router_group_topk(int32_t *ids, float *w, const float *logits, const float *bias,
                                int T, int E, int k, int n_group, int topk_group, bool norm,

@@ -15,6 +15,44 @@
 #define ROUTER_WARPS 4
 #define ROUTER_PER_LANE 8 /* E <= 256 */
 
+#define NO_ID 0x7fffffff /* an arg-max candidate slot holding nothing */
+
+/* Warp arg-max over (v, i) pairs, value descending then id ascending (i == NO_ID: no candidate);
+ * with CARRY, x travels with the winner. Every lane ends with the winner. */
+template <bool CARRY>
+static __device__ __forceinline__ void warp_argmax(float &v, int &i, float &x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(MSM_FULL_MASK, v, o), ox = CARRY ? __shfl_xor_sync(MSM_FULL_MASK, x, o) : x;
+        int oi = __shfl_xor_sync(MSM_FULL_MASK, i, o);
+        bool better = oi != NO_ID && (i == NO_ID || ov > v || (ov == v && oi < i));
+        if (better) v = ov, i = oi, x = ox;
+    }
+}
+
+/* One round of a top-k selection over the warp's elements (lane l holds v[i] of element
+ * i * 32 + l, i < ROUTER_PER_LANE, up to E): this lane's best element not yet taken, then the
+ * warp's; the lane holding the winner marks it taken. Returns its id, with its value in *bv and,
+ * with CARRY, its x[i] in *bx. */
+template <bool CARRY>
+static __device__ __forceinline__ int select_next(const float (&v)[ROUTER_PER_LANE],
+                                                  const float (&x)[ROUTER_PER_LANE], unsigned &taken,
+                                                  int E, int lane, float &bv, float &bx) {
+    int bi = NO_ID;
+    bv = -INFINITY, bx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROUTER_PER_LANE; i++) {
+        int e = i * 32 + lane;
+        if (e < E && !(taken >> i & 1u) && (bi == NO_ID || v[i] > bv)) {
+            bv = v[i], bi = e;
+            if (CARRY) bx = x[i];
+        }
+    }
+    warp_argmax<CARRY>(bv, bi, bx);
+    if ((bi & 31) == lane) taken |= 1u << (bi / 32);
+    return bi;
+}
+
 static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
     router_topk_kernel(int32_t *ids, float *w, const float *logits, int T, int E, int k,
                        bool norm) {
@@ -44,23 +82,8 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
 #pragma unroll
     for (int j = 0; j < 8; j++) { /* unrolled so wt/id stay in registers */
         if (j >= k) break;
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < ROUTER_PER_LANE; i++) {
-            int e = i * 32 + lane;
-            if (e < E && !(taken >> i & 1u) && (bi == 0x7fffffff || v[i] > bv)) bv = v[i], bi = e;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(MSM_FULL_MASK, bv, o);
-            int oi = __shfl_xor_sync(MSM_FULL_MASK, bi, o);
-            bool better = oi != 0x7fffffff &&
-                          (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi));
-            if (better) bv = ov, bi = oi;
-        }
-        if ((bi & 31) == lane) taken |= 1u << (bi / 32);
-        id[j] = bi;
+        float bv, unused;
+        id[j] = select_next<false>(v, v, taken, E, lane, bv, unused);
         wt[j] = expf(bv - mx) / sum;
     }
     float s = 0.0f;
@@ -94,8 +117,10 @@ extern "C" int msm_cuda_router_topk(int32_t *ids, float *w, const float *logits,
  * over those lanes (value descending, group ascending) pick the kept groups, which is the CPU's
  * rank rule. The other groups' experts get -inf, then k rounds of the arg-max above pick the
  * experts, each winner's s travelling with it. Weights: s, / (their sum in slot order + 1e-20)
- * when norm, * scale: the CPU's sequence of float operations, so only expf may differ (by an ulp
- * at most from the C library's). */
+ * when norm, * scale: the CPU's sequence of float operations, so only expf may differ (CUDA's is
+ * within 2 ulp, the C library's within 1), and with it a selection at a near-tie. The warp
+ * algorithm was checked bitwise against the CPU rule in a lane-by-lane simulation (exact ties,
+ * 1 to 32 groups). */
 #define ROUTER_MAX_GROUPS 32 /* group scores live one per lane */
 
 /* Merges this lane's top-2 pair (a1 >= a2) with every other lane's: the warp's top 2. */
@@ -106,18 +131,6 @@ static __device__ __forceinline__ void warp_top2(float &a1, float &a2) {
         float n2 = a1 >= b1 ? fmaxf(a2, b1) : fmaxf(a1, b2);
         a1 = fmaxf(a1, b1);
         a2 = n2;
-    }
-}
-
-/* Warp arg-max over (v, i) pairs, value descending then id ascending; i == INT_MAX: no candidate.
- * x travels with the winner. Every lane ends with the winner. */
-static __device__ __forceinline__ void warp_argmax(float &v, int &i, float &x) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(MSM_FULL_MASK, v, o), ox = __shfl_xor_sync(MSM_FULL_MASK, x, o);
-        int oi = __shfl_xor_sync(MSM_FULL_MASK, i, o);
-        bool better = oi != 0x7fffffff && (i == 0x7fffffff || ov > v || (ov == v && oi < i));
-        if (better) v = ov, i = oi, x = ox;
     }
 }
 
@@ -159,8 +172,8 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
         for (int j = 0; j < topk_group; j++) {
             bool cand = lane < n_group && !(kept >> lane & 1u);
             float bv = cand ? gs : -INFINITY, unused = 0.0f;
-            int bi = cand ? lane : 0x7fffffff;
-            warp_argmax(bv, bi, unused);
+            int bi = cand ? lane : NO_ID;
+            warp_argmax<false>(bv, bi, unused);
             kept |= 1u << bi;
         }
 #pragma unroll
@@ -174,17 +187,8 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
 #pragma unroll
     for (int j = 0; j < 8; j++) { /* unrolled so wt/id stay in registers */
         if (j >= k) break;
-        float bv = -INFINITY, bs = 0.0f;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < ROUTER_PER_LANE; i++) {
-            int e = i * 32 + lane;
-            if (e < E && !(taken >> i & 1u) && (bi == 0x7fffffff || c[i] > bv)) bv = c[i], bi = e, bs = s[i];
-        }
-        warp_argmax(bv, bi, bs);
-        if ((bi & 31) == lane) taken |= 1u << (bi / 32);
-        id[j] = bi;
-        wt[j] = bs;
+        float bv;
+        id[j] = select_next<true>(c, s, taken, E, lane, bv, wt[j]); /* the choice by c, the weight s */
     }
     float den = 1.0f;
     if (norm) {
