@@ -300,6 +300,9 @@ static void describe_model(daemon_state *d) {
     if (d->engines[0]) {
         const msm_model_config *mc = msm_engine_model(d->engines[0]);
         const msm_engine_opts *o0 = msm_engine_options(d->engines[0]);
+        if (mc->n_mtp_layers > 0) /* GLM-4.5's speculative-decoding layers: present, never used */
+            msm_log_info("the model has %d multi-token-prediction layer(s) (num_nextn_predict_layers); "
+                         "they are not loaded or used", mc->n_mtp_layers);
         info->architecture = mc->arch_name;
         info->backend = msm_engine_backend_name(d->engines[0]);
         info->hidden = mc->hidden;

@@ -77,13 +77,14 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         break;
     case MSM_OP_ROPE: /* q and k heads lead every row: rotate them, copy the v heads */
         msm_cpu_rope_copy(F(out0), F(in0), I32(n->in[1]), ROWS(in0), g->vals[in0].cols,
-                          a->rope.nh + a->rope.kvh, a->rope.hd, a->rope.theta);
+                          a->rope.nh + a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta);
         break;
     case MSM_OP_ROPE_KV_WRITE: /* ROPE, then the rotated k heads and the v heads to the cache */
         if (!cb->kc[n->layer])
             return msm_err_set(err, -EINVAL, "cpu backend: layer %d has no KV cache (no ATTENTION)", n->layer);
         msm_cpu_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
-                        ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.theta, cb->kv_bf16);
+                        ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta,
+                        cb->kv_bf16);
         break;
     case MSM_OP_ATTENTION: {
         int nh = a->attention.nh, kvh = a->attention.kvh, hd = a->attention.hd;
@@ -127,6 +128,12 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         msm_cpu_router_topk(I32(out0), F(n->out[1]), F(in0), ROWS(in0), a->router_topk.E, a->router_topk.k,
                             a->router_topk.norm != 0);
         break;
+    case MSM_OP_ROUTER_GROUP_TOPK: {
+        const msm_attr_router_group *r = &a->router_group;
+        msm_cpu_router_group_topk(I32(out0), F(n->out[1]), F(in0), cb->weights[n->w[0]], ROWS(in0), r->E, r->k,
+                                  r->n_group, r->topk_group, r->norm != 0, r->scale, scratch);
+        break;
+    }
     case MSM_OP_MOE_EXPERTS:
         msm_cpu_moe_experts(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), cb->weights[n->w[0]],
                             cb->weights[n->w[1]], ROWS(in0), a->moe_experts.H, a->moe_experts.I,
@@ -324,6 +331,8 @@ static int cpu_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm_
             need = (size_t)g->max_T * (size_t)at->nh * (size_t)at->hd; /* q gathered [T, nh*hd] */
         } else if (n->op == MSM_OP_MOE_EXPERTS) {
             need = 3 * (size_t)n->attr.moe_experts.I;
+        } else if (n->op == MSM_OP_ROUTER_GROUP_TOPK) {
+            need = 2 * (size_t)n->attr.router_group.E + (size_t)n->attr.router_group.n_group;
         } else if (n->op == MSM_OP_SAMPLE) {
             need = 2 * (size_t)n->attr.sample.V_pad;
         }

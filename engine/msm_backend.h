@@ -20,7 +20,8 @@ typedef struct msm_backend msm_backend;
 typedef struct msm_backend_vt {
     const char *name;
     void (*free)(msm_backend *b);
-    /* Stores weight wi of the graph from host float32 data [n_expert, rows, cols]. */
+    /* Stores weight wi of the graph from host float32 data [n_expert, rows, cols] (in the
+     * backend's weight type, bf16 on CUDA; float32 everywhere when w->keep_f32). */
     int (*load_weight)(msm_backend *b, int wi, const msm_weight *w, const float *data, msm_err *err);
     /* Allocates the arena, the KV cache (n_kv_blocks blocks) and scratch for graph g. */
     int (*prepare)(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm_err *err);
@@ -32,7 +33,8 @@ typedef struct msm_backend_vt {
     int (*wait)(msm_backend *b, msm_stream s, int event, msm_err *err);
     int (*sync)(msm_backend *b, msm_err *err);
     /* Optional (NULL when unsupported): weights generated on the device for --dummy-weights,
-     * uniform in ±scale from (seed, index), or ones for norms; and graph capture/replay. */
+     * uniform in ±scale from (seed, index), or ones for norms (never asked for keep_f32
+     * weights: those come through load_weight); and graph capture/replay. */
     int (*dummy_weight)(msm_backend *b, int wi, const msm_weight *w, uint64_t seed, float scale,
                         msm_err *err);
     int (*capture_begin)(msm_backend *b, msm_err *err);

@@ -53,7 +53,7 @@ int msm_weights_dummy(const msm_graph *g, uint64_t seed, msm_backend *b, msm_err
         /* uniform in ±sqrt(3)/sqrt(fan_in): unit-variance outputs, so activations stay sane */
         uint64_t s = seed ^ name_hash(w->name);
         float scale = w->is_norm ? 0.0f : sqrtf(3.0f / (float)(w->cols > 1 ? w->cols : w->rows));
-        if (b->vt->dummy_weight) {
+        if (b->vt->dummy_weight && !w->keep_f32) { /* the backend's fill writes bf16 */
             int r = b->vt->dummy_weight(b, wi, w, s, scale, err);
             if (r) return r;
             continue;

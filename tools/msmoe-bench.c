@@ -44,7 +44,7 @@ static double step_bytes(const msm_model_config *c, int B, int C) {
         w += attn + 2 * H;
         if (c->sparse[l]) {
             w += uniq * expert + (double)c->n_experts * H;
-            if (c->shared_intermediate) w += 3.0 * H * c->shared_intermediate + H;
+            if (c->shared_intermediate) w += 3.0 * H * c->shared_intermediate + (c->shared_gate ? H : 0);
         } else {
             w += 3.0 * H * c->intermediate;
         }

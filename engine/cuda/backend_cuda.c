@@ -33,7 +33,7 @@ typedef struct cuda_backend {
     msm_cuda_tuning tune;        /* this rank's kernel choices (defaults + environment) */
     msm_cuda_tuning tune_decode; /* the same for pure decode steps (see tuning_for_decode) */
     uint64_t skip_ops;           /* benchmark-only: ops not issued (MSM_CUDA_SKIP_OPS) */
-    uint16_t **w;                /* [n_weights] bf16 */
+    uint16_t **w;                /* [n_weights] bf16 (float32 for keep_f32 weights) */
     int n_weights;
     char *arena;
     size_t arena_bytes;
@@ -142,14 +142,14 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     case MSM_OP_ROPE: /* q and k heads lead every row: rotate them and copy the v heads, one launch */
         KTRY(msm_cuda_rope_copy(F(out0), F(in0), I32(n->in[1]), ROWS(in0), g->vals[in0].cols,
-                                a->rope.nh + a->rope.kvh, a->rope.hd, a->rope.theta, s));
+                                a->rope.nh + a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta, s));
         break;
     case MSM_OP_ROPE_KV_WRITE: /* the same, and the rotated K and the V rows into this layer's cache */
         if (!cb->kc[n->layer])
             return msm_err_set(err, -EINVAL, "rank %d (GPU %d): layer %d has no KV cache (no ATTENTION)",
                                cb->b.rank, cb->device, n->layer);
         KTRY(msm_cuda_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
-                              ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.theta, s));
+                              ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta, s));
         break;
     case MSM_OP_ATTENTION: {
         int nh = a->attention.nh, kvh = a->attention.kvh, hd = a->attention.hd;
@@ -190,6 +190,12 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_router_topk(I32(out0), F(n->out[1]), F(in0), ROWS(in0), a->router_topk.E, a->router_topk.k,
                                   a->router_topk.norm != 0, s));
         break;
+    case MSM_OP_ROUTER_GROUP_TOPK: { /* its bias is a keep_f32 weight: float32 on the device */
+        const msm_attr_router_group *r = &a->router_group;
+        KTRY(msm_cuda_router_group_topk(I32(out0), F(n->out[1]), F(in0), (const float *)cb->w[n->w[0]], ROWS(in0),
+                                        r->E, r->k, r->n_group, r->topk_group, r->norm != 0, r->scale, s));
+        break;
+    }
     case MSM_OP_MOE_EXPERTS:
         KTRY(msm_cuda_moe_experts(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), cb->w[n->w[0]], cb->w[n->w[1]],
                                   ROWS(in0), a->moe_experts.H, a->moe_experts.I, a->moe_experts.k,
@@ -283,6 +289,11 @@ static int cuda_load_weight(msm_backend *b, int wi, const msm_weight *w, const f
     int r = grow_weights(cb, wi, err);
     if (r) return r;
     size_t n = (size_t)w->n_expert * w->rows * w->cols;
+    if (w->keep_f32) { /* stored as float32; cb->w[wi] then points at floats */
+        TRY(cudaMalloc((void **)&cb->w[wi], 4 * (n ? n : 1)));
+        TRY(cudaMemcpy(cb->w[wi], data, 4 * n, cudaMemcpyHostToDevice));
+        return 0;
+    }
     uint16_t *h = malloc(2 * (n ? n : 1));
     if (!h) return msm_err_set(err, -ENOMEM, "out of memory converting %s", w->name);
     for (size_t i = 0; i < n; i++) h[i] = msm_f32_to_bf16(data[i]);

@@ -16,6 +16,12 @@ Per variant directory:
 Golden model = the bf16 checkpoint loaded back with dtype=float32 (weights are exactly the bf16
 values upcast), eval(), attn_implementation="eager", experts_implementation="eager".
 Greedy decoding is plain argmax over full (uncached) forwards.
+
+GLM-4.5 (glm4moe): the router's e_score_correction_bias is random (HF initialises it to zero)
+and stays float32 on disk, as in the real checkpoints (HF keeps it fp32:
+_keep_in_fp32_modules_strict); the checkpoint also carries a few tensors of a multi-token-
+prediction layer (model.layers.<num_hidden_layers>.*, num_nextn_predict_layers = 1) that neither
+HF nor msmoed uses, so a loader that refused unknown tensors would fail on it.
 """
 import argparse
 import json
@@ -61,8 +67,19 @@ VARIANTS = {
                 num_key_value_heads=4, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
                 intermediate_size=32, tie_word_embeddings=False, sliding_window=None,
                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "glm4moe": dict(
+        cls="Glm4MoeForCausalLM", cfg="Glm4MoeConfig", style="hf5", shard=None, seed=11, init=0.2,
+        kw=dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=4, head_dim=16, n_routed_experts=16, num_experts_per_tok=4,
+                n_group=4, topk_group=2, moe_intermediate_size=32, n_shared_experts=2,
+                intermediate_size=96, first_k_dense_replace=1, norm_topk_prob=True,
+                routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True,
+                num_nextn_predict_layers=1, tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "partial_rotary_factor": 0.5})),
 }
 COMMON = dict(rms_norm_eps=1e-6, max_position_embeddings=512, hidden_act="silu")
+BIAS_STD = 0.3  # GLM's e_score_correction_bias: large enough to change which experts are chosen
 
 # Per-expert Hub names (what real checkpoints hold) and the fused names transformers 5 uses in memory.
 HUB_EXPERT_RE = re.compile(r"\.(mlp|block_sparse_moe)\.experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
@@ -134,6 +151,20 @@ def unfuse_to_hub(d, family):
         json.dump(j, open(idx, "w"), indent=2)
 
 
+def add_mtp_tensors(d, kw, gen):
+    """A few tensors of GLM's multi-token-prediction layer (named as in GLM-4.5 checkpoints:
+    model.layers.<num_hidden_layers>.*), which the causal LM does not use."""
+    p = os.path.join(d, "model.safetensors")
+    with safe_open(p, "pt") as f:
+        meta = f.metadata()
+        ts = {k: f.get_tensor(k) for k in f.keys()}
+    L, H = kw["num_hidden_layers"], kw["hidden_size"]
+    ts[f"model.layers.{L}.eh_proj.weight"] = torch.randn(H, 2 * H, generator=gen).to(torch.bfloat16)
+    ts[f"model.layers.{L}.enorm.weight"] = torch.ones(H, dtype=torch.bfloat16)
+    ts[f"model.layers.{L}.hnorm.weight"] = torch.ones(H, dtype=torch.bfloat16)
+    save_file(ts, p, metadata=meta or {"format": "pt"})
+
+
 def to_hub_style(d):
     p = os.path.join(d, "config.json")
     c = json.load(open(p))
@@ -158,13 +189,38 @@ def forward(model, ids):
         return model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False).logits[0].float()
 
 
+def group_router_gaps(mod, logits, topk):
+    """GLM's sigmoid router: the smallest gaps its two choices can flip on: between the
+    topk_group-th and the next group score, and between the k-th and (k+1)-th choice score
+    (score + bias) of the kept groups' experts."""
+    s = logits.float().sigmoid()
+    c = s + mod.e_score_correction_bias.float()
+    G, tg = mod.num_group, mod.topk_group
+    per = c.shape[-1] // G
+    gs = c.view(-1, G, per).topk(2, dim=-1)[0].sum(dim=-1)
+    gaps = []
+    if tg < G:
+        sg = gs.sort(dim=-1, descending=True).values
+        gaps.append((sg[:, tg - 1] - sg[:, tg]).min().item())
+    keep = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, gs.topk(tg, dim=-1)[1], True)
+    c = c.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))
+    if tg * per > topk:
+        sc = c.sort(dim=-1, descending=True).values
+        gaps.append((sc[:, topk - 1] - sc[:, topk]).min().item())
+    return gaps
+
+
 def router_gaps(model, ids, topk):
-    """Smallest gap between the k-th and (k+1)-th router probability over all tokens/sparse layers."""
+    """Smallest gap between the k-th and (k+1)-th router probability over all tokens/sparse layers
+    (for GLM's sigmoid router: group_router_gaps)."""
     gaps = []
     hooks = []
 
     def hook(mod, inp, out):
         logits = out[0] if isinstance(out, tuple) else out
+        if hasattr(mod, "e_score_correction_bias"):
+            gaps.extend(group_router_gaps(mod, logits, topk))
+            return
         pr = torch.softmax(logits.float(), dim=-1).sort(dim=-1, descending=True).values
         if pr.shape[-1] > topk:
             gaps.append((pr[:, topk - 1] - pr[:, topk]).min().item())
@@ -206,8 +262,14 @@ def attempt(name, spec, outroot, seed):
                                   bos_token_id=1, eos_token_id=2)
     torch.manual_seed(seed)
     model = getattr(T, spec["cls"])(cfg)
-    randomize(model, torch.Generator().manual_seed(seed), spec["init"])
+    gen = torch.Generator().manual_seed(seed)
+    randomize(model, gen, spec["init"])
+    biases = {n: BIAS_STD * torch.randn(b.shape, generator=gen)
+              for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")}
     model = model.to(torch.bfloat16)
+    for n, b in biases.items():  # float32 after the cast, as HF keeps it and real checkpoints hold it
+        mod, attr = model.get_submodule(n.rsplit(".", 1)[0]), n.rsplit(".", 1)[1]
+        setattr(mod, attr, torch.nn.Buffer(b))
     if spec["shard"]:
         model.save_pretrained(d, max_shard_size=spec["shard"])
     else:
@@ -216,6 +278,8 @@ def attempt(name, spec, outroot, seed):
         if f not in ("config.json", "generation_config.json", "model.safetensors",
                      "model.safetensors.index.json") and not re.match(r"model-\d+-of-\d+\.safetensors$", f):
             os.remove(os.path.join(d, f))
+    if spec["kw"].get("num_nextn_predict_layers"):
+        add_mtp_tensors(d, spec["kw"], gen)
 
     family = "mixtral" if spec["cls"].startswith("Mixtral") else "qwen"
     names = tensor_names(d)
@@ -225,7 +289,9 @@ def attempt(name, spec, outroot, seed):
         names = tensor_names(d)
     assert not any(FUSED_RE.search(k) for k in names), "fused expert tensors remain"
     assert any(HUB_EXPERT_RE.search(k) for k in names), "no per-expert tensors found"
-    assert all(v[2] == "BF16" for v in names.values()), "non-bf16 tensor on disk"
+    assert all(v[2] == "BF16" or (k.endswith("e_score_correction_bias") and v[2] == "F32")
+               for k, v in names.items()), "non-bf16 tensor on disk"
+    assert all(v[2] == "F32" for k, v in names.items() if k.endswith("e_score_correction_bias"))
     if spec["kw"].get("tie_word_embeddings"):
         assert "lm_head.weight" not in names
     if spec["shard"]:

@@ -40,7 +40,7 @@ def check(name, ok, detail=""):
     print(f"{'PASS' if ok else 'FAIL'} {name} {detail}", flush=True)
 
 
-MODELS = ["qwen2moe-gqa", "qwen2moe-mha-tied", "qwen3moe", "mixtral", "../../models/stories260k-moe"]
+MODELS = ["qwen2moe-gqa", "qwen2moe-mha-tied", "qwen3moe", "mixtral", "glm4moe", "../../models/stories260k-moe"]
 if os.environ.get("CHECK_MODELS"):  # e.g. CHECK_MODELS=qwen3moe,mixtral for a quicker partial run
     MODELS = [m for m in MODELS if m.split("/")[-1] in os.environ["CHECK_MODELS"].split(",")]
 for m in MODELS:

@@ -37,6 +37,9 @@ Test(golden, qwen2moe_gqa_dense_layer_matches_hf) { check_model("tests/data/qwen
 Test(golden, qwen2moe_mha_tied_sharded_matches_hf) { check_model("tests/data/qwen2moe-mha-tied"); }
 Test(golden, qwen3moe_qk_norm_matches_hf) { check_model("tests/data/qwen3moe"); }
 Test(golden, mixtral_matches_hf) { check_model("tests/data/mixtral"); }
+/* dense layer 0, sigmoid router with a random selection bias over 4 groups (2 kept), 2 shared
+ * experts, partial RoPE (8 of 16 dims), qkv bias, q/k norm, MTP tensors left unused */
+Test(golden, glm4moe_grouped_router_partial_rope_matches_hf) { check_model("tests/data/glm4moe"); }
 
 Test(golden, stories260k_moe_reproduces_llama2c_run_c) {
     json_object *root = json_object_from_file("tests/data/stories260k_dragon.json");
