@@ -282,8 +282,10 @@ static int cpu_sync(msm_backend *b, msm_err *err) {
 }
 
 /* Weights: one anonymous mapping carved at 64-byte boundaries. Its pages arrive zeroed, lazily,
- * on the first write of whichever reader thread converts into them (transparent huge pages where
- * the kernel allows, so a 10 GB model takes thousands of faults, not millions). */
+ * on the first write of whichever reader thread converts into them, so the page faults are spread
+ * over the readers. (MADV_HUGEPAGE was tried: with the kernel's default `defrag = madvise` a fault
+ * may compact memory first, and loads of 0.6 GB took 0.7 to 5.6 s instead of a steady 0.7 s on the
+ * 2-core test machine.) */
 static int cpu_alloc_weights(msm_backend *b, const msm_graph *g, msm_err *err) {
     cpu_backend *cb = (cpu_backend *)b;
     if (cb->weights) return msm_err_set(err, -EINVAL, "cpu backend: weights are allocated already");
@@ -298,7 +300,6 @@ static int cpu_alloc_weights(msm_backend *b, const msm_graph *g, msm_err *err) {
     void *p = mmap(NULL, total ? total : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return msm_err_set(err, -ENOMEM, "out of memory for the weights (%.2f GB of float32)", (double)total / 1e9);
-    madvise(p, total ? total : 1, MADV_HUGEPAGE); /* a hint: refused where THP is off, and that is fine */
     cb->wmem = p;
     cb->wmem_bytes = total ? total : 1;
     size_t off = 0;

@@ -224,7 +224,11 @@ static int rank_init(rank_ctx *rc) {
     }
     r = rc->be->vt->prepare(rc->be, rc->graph, e->o.kv_blocks, err);
     if (r) return r;
-    msm_load_opts lo = {.threads = load_threads(e), .slot_bytes = e->o.load_slot_bytes,
+    /* CUDA: 3 pinned slots of 8 MiB per reader, so copies overlap reads; CPU: one slot of 1 MiB,
+     * converted while it is still in the core's cache */
+    bool cuda = e->o.backend == MSM_BACKEND_CUDA;
+    size_t slot = e->o.load_slot_bytes ? e->o.load_slot_bytes : cuda ? 8u << 20 : 1u << 20;
+    msm_load_opts lo = {.threads = load_threads(e), .slot_bytes = slot, .slots = cuda ? 3 : 1,
                         .progress = rank_load_progress, .ctx = rc};
     r = e->st ? msm_weights_load(rc->plain, e->st, rc->be, &lo, &rc->load, err)
               : msm_weights_dummy(rc->plain, e->o.dummy_seed, rc->be, err);

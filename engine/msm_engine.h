@@ -64,7 +64,7 @@ typedef struct msm_engine_opts {
     int buckets[MSM_MAX_BUCKETS]; /* decode batch buckets, ascending; n_buckets 0 = defaults */
     int n_buckets;
     int load_threads;          /* checkpoint reader threads per rank (0: online CPUs / tp, 1..8) */
-    size_t load_slot_bytes;    /* largest single read into staging (0: 8 MiB) */
+    size_t load_slot_bytes;    /* largest single read into staging (0: 8 MiB on CUDA, 1 MiB on CPU) */
     msm_load_progress_fn load_progress; /* NULL: no progress reports */
     void *load_progress_ctx;
     /* Test-only: skip the verifier and misplace the shared all-reduce on the aux stream as the

@@ -31,6 +31,9 @@ typedef struct msm_load_opts {
     int threads;          /* reader threads, the caller's included (0: 4; at most 64) */
     size_t slot_bytes;    /* one staging slot = the largest single read (0: 8 MiB; at least 16) */
     int slots;            /* slots per reader (0: 3): CUDA copies overlap the next reads */
+    size_t row_gap;       /* a column slice whose rows lie further apart than this is read row by
+                             row (0: 16 KiB, where a pread costs about what copying that much more
+                             from the page cache does); tests make it small */
     /* Called once planning is done (done = 0) and after each chunk, with this load's bytes read
      * so far and in all. Readers call it from their own threads, several at once, so `done` may
      * arrive out of order; it must be quick and thread-safe. Tests use it as a fault hook. */

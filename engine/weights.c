@@ -5,7 +5,7 @@
  * contiguous span of the file when the part takes whole rows (most weights), or when a column
  * slice (a row-parallel TP weight) leaves little between its rows; there the span includes the
  * columns of the other ranks, which costs less than a system call per row. Otherwise (more than
- * ROWS_GAP bytes between the rows) it reads row by row, packed. A row longer than a slot is cut
+ * row_gap bytes between the rows) it reads row by row, packed. A row longer than a slot is cut
  * into column pieces. */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,9 +26,7 @@
 #define MAX_THREADS 64
 #define DEFAULT_SLOT (8u << 20)
 #define DEFAULT_SLOTS 3
-/* Read a column slice row by row when more than this lies between two of its rows: a pread costs
- * about as much as copying 16 KiB more from the page cache. */
-#define ROWS_GAP (16u << 10)
+#define DEFAULT_ROW_GAP (16u << 10)
 
 typedef struct chunk {
     uint64_t off;            /* file offset of the chunk's first element */
@@ -46,7 +44,7 @@ typedef struct loader {
     msm_backend *b;
     const msm_load_opts *o;
     chunk *chunks;
-    size_t n_chunks, cap_chunks, slot_bytes;
+    size_t n_chunks, cap_chunks, slot_bytes, row_gap;
     int slots;
     uint64_t total;          /* bytes to read */
     uint64_t stored;         /* elements' bytes handed to the backend */
@@ -113,7 +111,7 @@ static int plan_part(loader *L, int wi, int p, const msm_st_tensor *t, msm_err *
         return r;
     }
     k.cols = C;
-    k.by_row = pitch - seg > ROWS_GAP;
+    k.by_row = pitch - seg > L->row_gap;
     size_t per = k.by_row ? slot / seg : (slot - seg) / pitch + 1; /* rows per chunk, >= 1 */
     for (size_t i = 0; i < R && r == 0; i += per) {
         k.rows = R - i < per ? R - i : per;
@@ -284,6 +282,7 @@ int msm_weights_load(const msm_graph *g, const msm_safetensors *st, msm_backend 
     loader L = {.g = g, .st = st, .b = b, .o = o};
     L.slot_bytes = o && o->slot_bytes ? (o->slot_bytes < 16 ? 16 : o->slot_bytes) : DEFAULT_SLOT;
     L.slots = o && o->slots > 0 ? o->slots : DEFAULT_SLOTS;
+    L.row_gap = o && o->row_gap ? o->row_gap : DEFAULT_ROW_GAP;
     int threads = o && o->threads > 0 ? o->threads : DEFAULT_THREADS;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     size_t n_files = msm_safetensors_file_count(st);
