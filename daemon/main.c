@@ -93,6 +93,21 @@ static void raise_nofile(void) {
     }
 }
 
+/* The engine's load progress as STATUS= (systemctl status shows "loading ...: 45%  12.3 of 27.0 GB"). */
+static void notify_load_progress(void *ctx, const msm_load_progress *p) {
+    char line[160];
+    msm_load_progress_format(line, sizeof line, p, 0);
+    msm_notify_loading_progress(ctx, line);
+}
+
+static void log_load_summary(int g, const msm_load_summary *s) {
+    if (s->bytes_read)
+        msm_log_info("group %d: weights %.2f GB read in %.2f s (%.2f GB/s, %d reader threads per rank, %.0f MB "
+                     "staging); engine ready in %.2f s; peak RSS %.2f GB", g, (double)s->bytes_read / 1e9, s->load_s,
+                     s->load_s > 0 ? (double)s->bytes_read / 1e9 / s->load_s : 0.0, s->threads,
+                     (double)s->staging_bytes / 1e6, s->start_s, (double)s->peak_rss_bytes / 1e9);
+}
+
 int main(int argc, char **argv) {
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
@@ -240,6 +255,8 @@ int main(int argc, char **argv) {
         msm_notify_status("%s", status);
         msm_notify_loading *loading = NULL;
         msm_notify_loading_start(status, 5, &loading);
+        eo.load_progress = notify_load_progress;
+        eo.load_progress_ctx = loading;
         if (fake) {
             const char *delay = getenv("MSMOED_FAKE_STEP_US");
             msm_fake_engine_opts fo = {.vocab = 512, .max_context = cfg.max_context ? cfg.max_context : 2048,
@@ -257,6 +274,8 @@ int main(int argc, char **argv) {
             rc = msm_engine_new(&eo, &engines[g], &err);
             if (rc == 0)
                 msm_sched_engine_from(&se[g], engines[g]);
+            if (rc == 0)
+                log_load_summary(g, msm_engine_load_summary(engines[g]));
         }
         msm_notify_loading_stop(loading);
         if (rc < 0) {

@@ -152,8 +152,9 @@ int msm_load_progress_format(char *buf, size_t cap, const msm_load_progress *p, 
         bar[w + 3] = 0;
     }
     double gbps = p->seconds > 0 ? (double)p->done_bytes / 1e9 / p->seconds : 0.0;
-    return snprintf(buf, cap, "%s%3d%%  %.1f of %.1f GB  %.1f GB/s", bar, (int)(p->fraction * 100.0 + 1e-9),
-                    (double)p->done_bytes / 1e9, (double)p->total_bytes / 1e9, gbps);
+    int prec = p->total_bytes < 10000000000ull ? 2 : 1; /* 0.63 GB, 27.1 GB */
+    return snprintf(buf, cap, "%s%3d%%  %.*f of %.*f GB  %.1f GB/s", bar, (int)(p->fraction * 100.0 + 1e-9), prec,
+                    (double)p->done_bytes / 1e9, prec, (double)p->total_bytes / 1e9, gbps);
 }
 
 /* Reader threads per rank when the options name none: the online CPUs shared by the ranks,

@@ -37,7 +37,8 @@ typedef struct msm_load_progress {
  * moves on (the first call and the final one at fraction 1 always come); must be quick. */
 typedef void (*msm_load_progress_fn)(void *ctx, const msm_load_progress *p);
 
-/* "[#########-----------]  45%  12.3 of 27.0 GB  5.1 GB/s" (no bar when bar_width is 0) into
+/* "[#########-----------]  45%  12.3 of 27.0 GB  5.1 GB/s" (no bar when bar_width is 0; two
+ * decimals under 10 GB) into
  * buf; returns what snprintf returns. */
 int msm_load_progress_format(char *buf, size_t cap, const msm_load_progress *p, int bar_width);
 

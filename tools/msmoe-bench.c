@@ -18,8 +18,9 @@
  * First two plain reads of the checkpoint's files: `cat`-like (one thread, 128 KiB read()s, in
  * file order) and parallel (pread of 8 MiB chunks by as many threads as the engine's readers,
  * every rank's together), then msm_engine_new (repeat times): its weight load (GB read, seconds,
- * GB/s) and start to ready (graphs captured). Each line has the process's peak resident memory
- * during that phase (VmHWM, reset before each). --cold drops the files from the page cache
+ * GB/s) and start to ready (graphs captured). Each line has the CPU time the process spent (user +
+ * system, since the phase began: the engine's two lines share one start) and its peak resident
+ * memory during that phase (VmHWM, reset before each). --cold drops the files from the page cache
  * (posix_fadvise DONTNEED, after which the resident share is printed) before every measurement;
  * without it a first untimed read warms the cache. */
 #include <errno.h>
@@ -32,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -293,9 +295,20 @@ static int read_parallel(const ckpt_files *cf, int threads) {
     return 0;
 }
 
-static void print_row(const char *what, uint64_t bytes, double s, uint64_t rss) {
-    printf("%-52s %8.3f %8.3f %8.2f %10.2f\n", what, (double)bytes / 1e9, s, s > 0 ? (double)bytes / 1e9 / s : 0.0,
-           (double)rss / 1e9);
+/* CPU seconds of the process so far: user and system. */
+static void cpu_s(double *user, double *sys) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    *user = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6;
+    *sys = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* One line: what, GB, wall seconds, GB/s, CPU seconds (user + sys) since u0/s0, peak RSS. */
+static void print_row(const char *what, uint64_t bytes, double s, double u0, double s0, uint64_t rss) {
+    double u, y;
+    cpu_s(&u, &y);
+    printf("%-52s %8.3f %8.3f %8.2f %6.2f+%-5.2f %8.2f\n", what, (double)bytes / 1e9, s,
+           s > 0 ? (double)bytes / 1e9 / s : 0.0, u - u0, y - s0, (double)rss / 1e9);
     fflush(stdout);
 }
 
@@ -357,13 +370,14 @@ static int bench_load(int argc, char **argv) {
            "page cache %s\n", o.model_dir, cf.n, (double)cf.bytes / 1e9,
            o.backend == MSM_BACKEND_CUDA ? "cuda" : "cpu", o.tp, per_rank, ncpu,
            cold ? "dropped before each line (--cold)" : "warm");
-    printf("%-52s %8s %8s %8s %10s\n", "what", "GB", "s", "GB/s", "peak RSS GB");
+    printf("%-52s %8s %8s %8s %12s %8s\n", "what", "GB", "s", "GB/s", "CPU usr+sys", "peak RSS");
     if (!cold) read_cat(&cf); /* warm the cache */
     char what[128];
     for (int pass = 0; pass < 2; pass++) {
         if (cold) printf("# page cache dropped: %.1f%% of the files still resident\n", 100.0 * drop_cache(&cf));
         reset_peak_rss();
-        double t = now_ms();
+        double u0, s0, t = now_ms();
+        cpu_s(&u0, &s0);
         int rc = pass == 0 ? read_cat(&cf) : read_parallel(&cf, par);
         t = (now_ms() - t) / 1e3;
         if (rc < 0) {
@@ -372,14 +386,15 @@ static int bench_load(int argc, char **argv) {
         }
         if (pass == 0) snprintf(what, sizeof what, "plain read, cat-like (1 thread, 128 KiB reads)");
         else snprintf(what, sizeof what, "plain read, pread (%d threads, 8 MiB chunks)", par);
-        print_row(what, cf.bytes, t, peak_rss());
+        print_row(what, cf.bytes, t, u0, s0, peak_rss());
     }
     int rc = 0;
     for (int i = 0; i < repeat && rc == 0; i++) {
         if (cold) printf("# page cache dropped: %.1f%% of the files still resident\n", 100.0 * drop_cache(&cf));
         reset_peak_rss();
         msm_engine *e;
-        double t = now_ms();
+        double u0, s0, t = now_ms();
+        cpu_s(&u0, &s0);
         if (msm_engine_new(&o, &e, &err) < 0) {
             fprintf(stderr, "msmoe-bench: %s\n", err.msg);
             rc = 1;
@@ -390,10 +405,10 @@ static int bench_load(int argc, char **argv) {
         uint64_t rss = peak_rss();
         snprintf(what, sizeof what, "engine %d: weights read (%d threads/rank, %.0f MB staging)", i + 1,
                  sm->threads, (double)sm->staging_bytes / 1e6);
-        print_row(what, sm->bytes_read, sm->load_s, rss);
+        print_row(what, sm->bytes_read, sm->load_s, u0, s0, rss);
         snprintf(what, sizeof what, "engine %d: start to ready (%s)", i + 1,
                  o.backend == MSM_BACKEND_CUDA && o.cuda_graphs ? "graphs captured" : "no graphs");
-        print_row(what, cf.bytes, t, rss);
+        print_row(what, cf.bytes, t, u0, s0, rss);
         msm_engine_free(e);
     }
     if (o.backend == MSM_BACKEND_CPU)
