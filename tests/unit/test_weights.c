@@ -8,17 +8,18 @@
  * weights equal the reference rounded to bf16, bit for bit, from each source dtype. */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <ftw.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "msm_backend.h"
 #include "msm_engine.h"
 #include "msm_safetensors.h"
 #include "msm_weights.h"
+#include "testutil.h"
 #ifdef MSM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -34,17 +35,8 @@ static const char *const golden_models[] = {"tests/data/qwen2moe-gqa", "tests/da
 
 static char tmp[64];
 
-static void setup(void) {
-    strcpy(tmp, "/tmp/msm-weights-XXXXXX");
-    cr_assert_not_null(mkdtemp(tmp));
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void teardown(void) { nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+static void setup(void) { cr_assert_eq(tmpdir_make(tmp, sizeof tmp, "weights"), 0); }
+static void teardown(void) { tmpdir_remove(tmp); }
 
 TestSuite(weights, .init = setup, .fini = teardown);
 
@@ -249,73 +241,64 @@ Test(weights, f16_f32_and_mixed_sources_load_like_the_float32_path, .timeout = 1
 
 typedef struct fault {
     const char *path;   /* the file to break */
-    bool unlink;        /* delete it, else truncate it to `size` */
-    off_t size;
+    off_t size;         /* truncate it to this size; < 0: delete it */
     bool done;
 } fault;
+
+static void break_now(fault *f) {
+    f->done = true;
+    if (f->size < 0) cr_assert_eq(unlink(f->path), 0);
+    else cr_assert_eq(truncate(f->path, f->size), 0);
+}
 
 /* A progress hook: breaks the file once the first chunk has been read. */
 static void break_file(void *ctx, uint64_t done, uint64_t total) {
     fault *f = ctx;
     (void)total;
-    if (done == 0 || f->done) return;
-    f->done = true;
-    if (f->unlink) cr_assert_eq(unlink(f->path), 0);
-    else cr_assert_eq(truncate(f->path, f->size), 0);
-}
-
-/* Loads dir (opened before `before` runs) with one reader, 1 KiB slots and the fault hook;
- * expects failure `code` and returns the message. */
-static const char *load_fails(const char *dir, fault *f, void (*before)(fault *), int code) {
-    static msm_err err;
-    msm_graph *g = rank_graph(dir, 0, 1);
-    msm_safetensors *st;
-    cr_assert_eq(msm_safetensors_open_dir(dir, &st, &err), 0, "%s", err.msg);
-    if (before) before(f);
-    msm_backend *b;
-    cr_assert_eq(msm_backend_cpu_new(NULL, 0, 1000, false, &b, &err), 0);
-    msm_load_opts o = {.threads = 1, .slot_bytes = 1024, .progress = before ? NULL : break_file, .ctx = f};
-    int r = msm_weights_load(g, st, b, &o, NULL, &err);
-    cr_assert_eq(r, code, "rc %d (%s), expected %d", r, r ? err.msg : "loaded", code);
-    msm_backend_free(b);
-    msm_safetensors_free(st);
-    msm_graph_free(g);
-    return err.msg;
+    if (done > 0 && !f->done) break_now(f);
 }
 
 #define assert_has(msg, s) cr_assert_not_null(strstr((msg), (s)), "'%s' not in: %s", (s), (msg))
 
-Test(weights, a_file_truncated_while_it_is_read_names_file_tensor_and_bytes) {
-    const char *dir = copy_model("tests/data/qwen2moe-gqa", "m");
+/* Breaks `file` of a copy of `model` right after its header was read (`at_open`) or once the
+ * first chunk is in, loads it with one reader and 1 KiB slots, and expects failure `code` with
+ * the file's path and every one of `needles` in the message. */
+static void expect_fault(const char *model, const char *file, off_t size, bool at_open, int code,
+                         const char *const *needles) {
+    const char *dir = copy_model(model, "m");
     char path[256];
-    fault f = {.path = join(path, sizeof path, dir, "model.safetensors"), .size = 20000};
-    const char *msg = load_fails(dir, &f, NULL, -EIO);
-    assert_has(msg, path);
-    assert_has(msg, "truncated during the load");
-    assert_has(msg, "tensor 'lm_head.weight' needs bytes");
-    assert_has(msg, "ends at byte 20000");
+    fault f = {.path = join(path, sizeof path, dir, file), .size = size};
+    msm_err err = {{0}};
+    msm_graph *g = rank_graph(dir, 0, 1);
+    msm_safetensors *st;
+    cr_assert_eq(msm_safetensors_open_dir(dir, &st, &err), 0, "%s", err.msg);
+    if (at_open) break_now(&f);
+    msm_backend *b;
+    cr_assert_eq(msm_backend_cpu_new(NULL, 0, 1000, false, &b, &err), 0);
+    msm_load_opts o = {.threads = 1, .slot_bytes = 1024, .progress = break_file, .ctx = &f};
+    int r = msm_weights_load(g, st, b, &o, NULL, &err);
+    cr_assert(f.done);
+    cr_assert_eq(r, code, "rc %d (%s), expected %d", r, r ? err.msg : "loaded", code);
+    assert_has(err.msg, path);
+    for (; *needles; needles++) assert_has(err.msg, *needles);
+    msm_backend_free(b);
+    msm_safetensors_free(st);
+    msm_graph_free(g);
 }
 
-static void truncate_now(fault *f) { cr_assert_eq(truncate(f->path, f->size), 0); }
+Test(weights, a_file_truncated_while_it_is_read_names_file_tensor_and_bytes) {
+    const char *needles[] = {"truncated during the load", "tensor 'lm_head.weight' needs bytes", "ends at byte 20000", NULL};
+    expect_fault("tests/data/qwen2moe-gqa", "model.safetensors", 20000, false, -EIO, needles);
+}
 
 Test(weights, a_shard_truncated_after_its_header_was_read_is_refused_before_reading_it) {
-    const char *dir = copy_model("tests/data/qwen2moe-mha-tied", "m");
-    char path[256];
-    fault f = {.path = join(path, sizeof path, dir, "model-00002-of-00002.safetensors"), .size = 4096};
-    const char *msg = load_fails(dir, &f, truncate_now, -ESTALE);
-    assert_has(msg, path);
-    assert_has(msg, "changed since its header was read");
-    assert_has(msg, "4096 now");
+    const char *needles[] = {"changed since its header was read", "4096 now", NULL};
+    expect_fault("tests/data/qwen2moe-mha-tied", "model-00002-of-00002.safetensors", 4096, true, -ESTALE, needles);
 }
 
 Test(weights, a_shard_deleted_during_the_load_names_the_shard) {
-    const char *dir = copy_model("tests/data/qwen2moe-mha-tied", "m");
-    char path[256];
-    fault f = {.path = join(path, sizeof path, dir, "model-00002-of-00002.safetensors"), .unlink = true};
-    const char *msg = load_fails(dir, &f, NULL, -ENOENT);
-    assert_has(msg, path);
-    assert_has(msg, "cannot open");
-    assert_has(msg, "removed or renamed during the load");
+    const char *needles[] = {"cannot open", "removed or renamed during the load", NULL};
+    expect_fault("tests/data/qwen2moe-mha-tied", "model-00002-of-00002.safetensors", -1, false, -ENOENT, needles);
 }
 
 /* An engine progress hook: truncates the file on the first report (every rank has planned). */
