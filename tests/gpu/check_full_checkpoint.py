@@ -162,6 +162,8 @@ def daemon_ready(label):
     logf = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
     cmd = [os.path.join(BIN, "msmoed"), "--set", f"engine.model={CKPT}", "--set", f"engine.backend={BACKEND}",
            "--set", f"server.socket={sock}", "--set", "log.level=info"]
+    if BACKEND == "cuda":  # one group on GPU 0 (empty engine.gpus: a group per visible GPU, loaded in turn)
+        cmd += ["--set", "engine.gpus=0"]
     log("$ " + " ".join(cmd))
     t0 = time.time()
     d = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=e)
