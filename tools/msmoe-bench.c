@@ -307,7 +307,7 @@ static void cpu_s(double *user, double *sys) {
 static void print_row(const char *what, uint64_t bytes, double s, double u0, double s0, uint64_t rss) {
     double u, y;
     cpu_s(&u, &y);
-    printf("%-52s %8.3f %8.3f %8.2f %6.2f+%-5.2f %8.2f\n", what, (double)bytes / 1e9, s,
+    printf("%-52s %8.4f %8.3f %8.2f %6.2f+%-5.2f %8.2f\n", what, (double)bytes / 1e9, s,
            s > 0 ? (double)bytes / 1e9 / s : 0.0, u - u0, y - s0, (double)rss / 1e9);
     fflush(stdout);
 }
