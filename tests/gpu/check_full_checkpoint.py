@@ -228,17 +228,31 @@ HF = r'''
 import json, sys, time, numpy as np, torch, transformers as T
 d, ids, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def load(dtype, **kw):
+    # device_map="cuda" needs accelerate; without it, load on the host and move (said in the output)
+    tries = [(dict(kw, device_map="cuda"), "device_map=cuda"), (kw, "host, then .to(cuda)"),
+             ({}, "host, then .to(cuda), default attention and experts")]
+    for extra, how in tries:
+        try:
+            return T.AutoModelForCausalLM.from_pretrained(d, dtype=dtype, **extra).to("cuda"), how
+        except (TypeError, ValueError, ImportError) as e:
+            print(f"from_pretrained({extra}) failed: {e}", flush=True)
+    raise RuntimeError("from_pretrained failed")
+
+
 t = time.time()
-m = T.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16, device_map="cuda")
+m, how = load(torch.bfloat16)
 torch.cuda.synchronize()
-print(f"HF from_pretrained bf16: {time.time() - t:.1f} s", flush=True)
+print(f"HF from_pretrained bf16 ({how}): {time.time() - t:.1f} s", flush=True)
 del m
 torch.cuda.empty_cache()
 t = time.time()
-m = T.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, device_map="cuda", attn_implementation="eager",
-                                           experts_implementation="eager").eval()
+m, how = load(torch.float32, attn_implementation="eager", experts_implementation="eager")
+m.eval()
 torch.cuda.synchronize()
-print(f"HF from_pretrained float32: {time.time() - t:.1f} s", flush=True)
+print(f"HF from_pretrained float32 ({how}): {time.time() - t:.1f} s", flush=True)
 with torch.no_grad():
     lg = m(input_ids=torch.tensor([ids], device="cuda"), use_cache=False).logits[0].float().cpu().numpy()
 np.save(out, lg)
