@@ -307,7 +307,7 @@ static void cpu_s(double *user, double *sys) {
 static void print_row(const char *what, uint64_t bytes, double s, double u0, double s0, uint64_t rss) {
     double u, y;
     cpu_s(&u, &y);
-    printf("%-52s %8.4f %8.3f %8.2f %6.2f+%-5.2f %8.2f\n", what, (double)bytes / 1e9, s,
+    printf("%-58s %8.4f %8.3f %8.2f %6.2f+%-5.2f %8.2f\n", what, (double)bytes / 1e9, s,
            s > 0 ? (double)bytes / 1e9 / s : 0.0, u - u0, y - s0, (double)rss / 1e9);
     fflush(stdout);
 }
@@ -370,7 +370,7 @@ static int bench_load(int argc, char **argv) {
            "page cache %s\n", o.model_dir, cf.n, (double)cf.bytes / 1e9,
            o.backend == MSM_BACKEND_CUDA ? "cuda" : "cpu", o.tp, per_rank, ncpu,
            cold ? "dropped before each line (--cold)" : "warm");
-    printf("%-52s %8s %8s %8s %12s %8s\n", "what", "GB", "s", "GB/s", "CPU usr+sys", "peak RSS");
+    printf("%-58s %8s %8s %8s %12s %8s\n", "what", "GB", "s", "GB/s", "CPU usr+sys", "peak RSS");
     if (!cold) read_cat(&cf); /* warm the cache */
     char what[128];
     for (int pass = 0; pass < 2; pass++) {
