@@ -75,7 +75,7 @@ def env():
 
 def run(cmd, timeout, check_rc=True):
     log("$ " + " ".join(cmd))
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT)
     if check_rc and p.returncode:
         raise RuntimeError(f"{cmd[0]} exited {p.returncode}: {(p.stderr or p.stdout).strip()[-1500:]}")
     return p
