@@ -19,7 +19,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "msm_kernels.h"
 #include "msm_weights.h"
 
 #define DEFAULT_THREADS 4
