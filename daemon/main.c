@@ -224,6 +224,21 @@ static int load_tokenizer(daemon_state *d) {
     return 0;
 }
 
+/* The engine's load progress as STATUS= (systemctl status shows "loading ...: 45%  12.3 of 27.0 GB"). */
+static void notify_load_progress(void *ctx, const msm_load_progress *p) {
+    char line[160];
+    msm_load_progress_format(line, sizeof line, p, 0);
+    msm_notify_loading_progress(ctx, line);
+}
+
+static void log_load_summary(int g, const msm_load_summary *s) {
+    if (s->bytes_read)
+        msm_log_info("group %d: weights %.2f GB read in %.2f s (%.2f GB/s, %d reader threads per rank, %.0f MB "
+                     "staging); engine ready in %.2f s; peak RSS %.2f GB", g, (double)s->bytes_read / 1e9, s->load_s,
+                     s->load_s > 0 ? (double)s->bytes_read / 1e9 / s->load_s : 0.0, s->threads,
+                     (double)s->staging_bytes / 1e6, s->start_s, (double)s->peak_rss_bytes / 1e9);
+}
+
 /* Group g's engine: the fake one or the real one on its devices. */
 static int load_group(daemon_state *d, int g, msm_err *err) {
     const msm_config *cfg = &d->cfg;
@@ -244,6 +259,7 @@ static int load_group(daemon_state *d, int g, msm_err *err) {
         if (rc < 0)
             return rc;
         msm_sched_engine_from(&d->se[g], d->engines[g]);
+        log_load_summary(g, msm_engine_load_summary(d->engines[g]));
     }
     d->se[g].tok = d->tok;
     return 0;
@@ -277,6 +293,8 @@ static int load_groups(daemon_state *d, bool dump_graph) {
         msm_notify_status("%s", status);
         msm_notify_loading *loading = NULL;
         msm_notify_loading_start(status, 5, &loading);
+        d->eo.load_progress = notify_load_progress; /* STATUS= with GB and percent */
+        d->eo.load_progress_ctx = loading;
         int rc = load_group(d, g, &err);
         msm_notify_loading_stop(loading);
         if (rc < 0) {

@@ -17,12 +17,44 @@ typedef struct msm_step_dims {
 
 typedef struct msm_backend msm_backend;
 
+/* A reader thread's way into a backend's weights while a checkpoint loads (msm_weights.c): a few
+ * staging slots of host memory (pinned on CUDA, with a stream of its own), filled by the reader
+ * with pread and stored into the weights by chan_put. */
+typedef struct msm_wchan msm_wchan;
+
+/* A block of one weight, read into a staging slot: rows x cols elements of the checkpoint's dtype,
+ * src_pitch bytes from row to row, stored from element dst_off of weight wi on, dst_pitch elements
+ * from row to row (the weight is [n_expert, rows, cols] in the backend's own element type). */
+typedef struct msm_wblock {
+    int wi;
+    msm_dtype src_dtype;       /* F32, F16 or BF16 */
+    const void *src;           /* inside the slot chan_slot returned last */
+    size_t src_pitch;          /* bytes */
+    size_t dst_off, dst_pitch; /* elements */
+    size_t rows, cols;
+} msm_wblock;
+
 typedef struct msm_backend_vt {
     const char *name;
     void (*free)(msm_backend *b);
-    /* Stores weight wi of the graph from host float32 data [n_expert, rows, cols] (in the
-     * backend's weight type, bf16 on CUDA; float32 everywhere when w->keep_f32). */
-    int (*load_weight)(msm_backend *b, int wi, const msm_weight *w, const float *data, msm_err *err);
+    /* Storage for every weight of g, zeroed; called once, before any weight is filled. Weights
+     * are in the backend's type (float32 on the CPU, bf16 on CUDA) except keep_f32 ones, which
+     * every backend stores, fills (dummy_weight) and loads (chan_put) as float32. */
+    int (*alloc_weights)(msm_backend *b, const msm_graph *g, msm_err *err);
+    /* --dummy-weights: fills weight wi uniform in ±scale from (seed, element index), or with
+     * ones for norms (msm_rng_uniform, the same numbers on every backend). */
+    int (*dummy_weight)(msm_backend *b, int wi, const msm_weight *w, uint64_t seed, float scale,
+                        msm_err *err);
+    /* Loading a checkpoint, on any thread (several at once, one channel each): chan_open makes
+     * n_slots slots of slot_bytes; chan_slot hands out the next one once the backend is done with
+     * what it held; chan_put stores a block read into it (the CPU converts it to float32 in
+     * place; CUDA copies it in the checkpoint's dtype and converts f16/f32 to bf16 on the device,
+     * asynchronously); chan_close waits for every put and frees the channel (accepts NULL; err
+     * may be NULL when an error is already being reported). */
+    int (*chan_open)(msm_backend *b, size_t slot_bytes, int n_slots, msm_wchan **ret, msm_err *err);
+    int (*chan_slot)(msm_wchan *c, void **ret, msm_err *err);
+    int (*chan_put)(msm_wchan *c, const msm_wblock *blk, msm_err *err);
+    int (*chan_close)(msm_wchan *c, msm_err *err);
     /* Allocates the arena, the KV cache (n_kv_blocks blocks) and scratch for graph g. */
     int (*prepare)(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm_err *err);
     int (*write)(msm_backend *b, size_t off, const void *src, size_t n, msm_err *err);
@@ -32,11 +64,7 @@ typedef struct msm_backend_vt {
     int (*record)(msm_backend *b, msm_stream s, int event, msm_err *err);
     int (*wait)(msm_backend *b, msm_stream s, int event, msm_err *err);
     int (*sync)(msm_backend *b, msm_err *err);
-    /* Optional (NULL when unsupported): weights generated on the device for --dummy-weights,
-     * uniform in ±scale from (seed, index), or ones for norms (never asked for keep_f32
-     * weights: those come through load_weight); and graph capture/replay. */
-    int (*dummy_weight)(msm_backend *b, int wi, const msm_weight *w, uint64_t seed, float scale,
-                        msm_err *err);
+    /* Optional (NULL when unsupported): graph capture/replay. */
     int (*capture_begin)(msm_backend *b, msm_err *err);
     int (*capture_end)(msm_backend *b, int key, msm_err *err);
     int (*replay)(msm_backend *b, int key, msm_err *err); /* -ENOENT: no graph for key */
@@ -56,6 +84,8 @@ struct msm_backend {
  * results can be compared with CUDA ones on equal terms; off, the cache is float32. */
 int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, bool kv_bf16, msm_backend **ret,
                         msm_err *err);
+/* Weight wi of a CPU backend, float32 [n_expert, rows, cols] (NULL when absent): for tests. */
+const float *msm_backend_cpu_weight(const msm_backend *b, int wi);
 
 static inline void msm_backend_free(msm_backend *b) {
     if (b) b->vt->free(b);

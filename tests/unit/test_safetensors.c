@@ -4,27 +4,18 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <errno.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "msm_safetensors.h"
+#include "testutil.h"
 
 static char dir[64];
 
-static void setup(void) {
-    strcpy(dir, "/tmp/msm-st-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void teardown(void) { nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+static void setup(void) { cr_assert_eq(tmpdir_make(dir, sizeof dir, "st"), 0); }
+static void teardown(void) { tmpdir_remove(dir); }
 
 TestSuite(safetensors, .init = setup, .fini = teardown);
 
