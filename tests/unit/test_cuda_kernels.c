@@ -914,7 +914,9 @@ Test(cuda_kernels, partial_rope_matches_cpu, .timeout = 60) {
     static const int shapes[][5] = {{1, 96, 8, 128, 64}, {7, 6, 2, 64, 32}, {70, 4, 4, 32, 8}, {3, 8, 1, 16, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int T = shapes[s][0], nh = shapes[s][1], kvh = shapes[s][2], hd = shapes[s][3], rot = shapes[s][4];
-        int C = (nh + 2 * kvh) * hd, nslots = 4 * MSM_KV_BLOCK;
+        /* distinct slots for every token (t * 7 mod nslots, nslots > T): two tokens writing one
+         * slot would race, and the two cache writers below need not race the same way */
+        int C = (nh + 2 * kvh) * hd, nslots = 8 * MSM_KV_BLOCK;
         size_t n = (size_t)T * C, cache = (size_t)nslots * kvh * hd;
         float *x = host_f32(n, 1.0f), *ref = malloc(n * 4), *out = malloc(n * 4);
         int32_t *pos = malloc(T * 4), *slot = malloc(T * 4);
