@@ -386,20 +386,12 @@ static int parse_prompt(const msm_api_limits *lim, json_object *o, msm_oai_reque
     return 0;
 }
 
-/* The longest request must fit the context: prompt + max_tokens. */
+/* As on the socket API, generation stops at the context (finish_reason "length") when prompt +
+ * max_tokens exceed it; a default max_tokens is cut to what fits. */
 static int check_fits(const msm_api_limits *lim, msm_oai_request *r, bool clamp, msm_oai_error *e) {
-    for (int i = 0; i < r->n_prompts; i++) {
-        long long need = (long long)r->prompts[i].n + r->max_tokens;
-        if (need <= lim->max_context)
-            continue;
-        if (clamp) { /* a default max_tokens never asks for more than fits */
+    for (int i = 0; clamp && i < r->n_prompts; i++)
+        if ((long long)r->prompts[i].n + r->max_tokens > lim->max_context)
             r->max_tokens = lim->max_context - r->prompts[i].n;
-            continue;
-        }
-        return msm_oai_fail(e, 400, "max_tokens", "This model's maximum context length is %d tokens; the prompt%s "
-                            "has %d tokens and max_tokens is %d", lim->max_context, r->n_prompts > 1 ? " list" : "",
-                            r->prompts[i].n, r->max_tokens);
-    }
     if (r->n_prompts * r->n > MSM_OAI_MAX_CHOICES)
         return msm_oai_fail(e, 400, "n", "%d prompts x n = %d choices: at most %d", r->n_prompts, r->n,
                             MSM_OAI_MAX_CHOICES);

@@ -6,7 +6,7 @@
 set -eu
 build=$1
 venv=$build/pyenv
-want="openai==3.57.0 lm-eval==0.4.13"
+want="openai==3.57.0 lm-eval[api]==0.4.13"
 exec 9>"$build/pyenv.lock"
 flock 9
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.msm-pins" 2>/dev/null)" != "$want" ]; then
