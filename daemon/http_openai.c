@@ -144,6 +144,24 @@ static int check_model(const msm_oai_ctx *c, json_object *o, msm_oai_error *e) {
     return 0;
 }
 
+/* The body parsed as a JSON object with only known keys and the served model (or none). On
+ * failure *ret is NULL. */
+static int open_request(const msm_oai_ctx *c, const char *body, size_t len, const char *const *known,
+                        json_object **ret, msm_oai_error *e) {
+    json_object *o = NULL;
+    int rc = parse_body(body, len, &o, e);
+    if (rc == 0)
+        rc = check_keys(o, known, e);
+    if (rc == 0)
+        rc = check_model(c, o, e);
+    if (rc < 0) {
+        json_object_put(o);
+        o = NULL;
+    }
+    *ret = o;
+    return rc;
+}
+
 /* Options accepted only at their neutral value (the daemon does not implement them). */
 static int check_unsupported(json_object *o, msm_oai_error *e) {
     static const char *const zero_ok[] = {"presence_penalty", "frequency_penalty", "repetition_penalty", NULL};
@@ -408,11 +426,7 @@ int msm_oai_parse_completion(const msm_oai_ctx *c, const char *body, size_t len,
     json_object *o = NULL;
     msm_oai_request r = {.kind = MSM_OAI_COMPLETION, .logprobs = -1};
     long long lp = -1;
-    int rc = parse_body(body, len, &o, e);
-    if (rc == 0)
-        rc = check_keys(o, known, e);
-    if (rc == 0)
-        rc = check_model(c, o, e);
+    int rc = open_request(c, body, len, known, &o, e);
     if (rc == 0)
         rc = check_unsupported(o, e);
     if (rc == 0 && field(o, "suffix") && !(json_object_is_type(field(o, "suffix"), json_type_string) &&
@@ -554,11 +568,7 @@ int msm_oai_parse_chat(const msm_oai_ctx *c, const char *body, size_t len, msm_o
     msm_oai_request r = {.kind = MSM_OAI_CHAT, .logprobs = -1};
     bool want_lp = false, agp = true;
     long long top = 0;
-    int rc = parse_body(body, len, &o, e);
-    if (rc == 0)
-        rc = check_keys(o, known, e);
-    if (rc == 0)
-        rc = check_model(c, o, e);
+    int rc = open_request(c, body, len, known, &o, e);
     if (rc == 0)
         rc = check_unsupported(o, e);
     if (rc == 0 && field(o, "response_format")) {
@@ -1025,11 +1035,7 @@ char *msm_oai_tokenize(const msm_oai_ctx *c, const char *body, size_t len, size_
     static const char *const known[] = {"model", "prompt", "add_special_tokens", NULL};
     json_object *o = NULL;
     bool add = true;
-    int rc = parse_body(body, len, &o, e);
-    if (rc == 0)
-        rc = check_keys(o, known, e);
-    if (rc == 0)
-        rc = check_model(c, o, e);
+    int rc = open_request(c, body, len, known, &o, e);
     if (rc == 0)
         rc = get_bool(o, "add_special_tokens", &add, e);
     json_object *p = rc >= 0 ? field(o, "prompt") : NULL;
@@ -1067,11 +1073,7 @@ char *msm_oai_tokenize(const msm_oai_ctx *c, const char *body, size_t len, size_
 char *msm_oai_detokenize(const msm_oai_ctx *c, const char *body, size_t len, size_t *ret_len, msm_oai_error *e) {
     static const char *const known[] = {"model", "tokens", NULL};
     json_object *o = NULL;
-    int rc = parse_body(body, len, &o, e);
-    if (rc == 0)
-        rc = check_keys(o, known, e);
-    if (rc == 0)
-        rc = check_model(c, o, e);
+    int rc = open_request(c, body, len, known, &o, e);
     json_object *t = rc >= 0 ? field(o, "tokens") : NULL;
     if (rc >= 0 && (!t || !json_object_is_type(t, json_type_array)))
         rc = msm_oai_fail(e, 400, "tokens", "'tokens' must be a list of token ids");
