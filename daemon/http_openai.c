@@ -184,8 +184,8 @@ static int check_unsupported(json_object *o, msm_oai_error *e) {
 }
 
 static int parse_sampling(json_object *o, const msm_api_limits *lim, msm_oai_request *r, msm_oai_error *e) {
-    double x;
-    long long k;
+    double x = 0;
+    long long k = 0;
     int rc;
     r->sampling = (msm_sample_params){.temperature = 1.0f, .top_k = 0, .top_p = 1.0f};
     if ((rc = get_num(o, "temperature", &x, e)) < 0)
