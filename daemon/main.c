@@ -404,11 +404,11 @@ static int serve(daemon_state *d) {
 static void teardown(daemon_state *d) {
     for (int g = 0; d->scheds && g < d->n_groups; g++)
         msm_sched_free(d->scheds[g]);
+    msm_server_free(d->srv); /* first: its HTTP listeners close their library's handles on the loop */
     if (d->have_loop && uv_loop_close(&d->loop) == UV_EBUSY) {
         uv_run(&d->loop, UV_RUN_DEFAULT);
         uv_loop_close(&d->loop);
     }
-    msm_server_free(d->srv);
     for (int g = 0; g < d->n_groups; g++) {
         msm_engine_free(d->engines ? d->engines[g] : NULL);
         msm_fake_engine_free(d->fakes ? d->fakes[g] : NULL);

@@ -1,5 +1,5 @@
 /* msm_listen: a TCP listener on the loop, shared by the API's TCP socket (msm_server) and the
- * metrics HTTP port (msm_http_metrics). */
+ * HTTP listeners (msm_http). */
 #ifndef MSM_LISTEN_H
 #define MSM_LISTEN_H
 
