@@ -293,7 +293,8 @@ static int cpu_sync(msm_backend *b, msm_err *err) {
  * over the readers. (MADV_HUGEPAGE was tried: with the kernel's default `defrag = madvise` a fault
  * may compact memory first, and loads of 0.6 GB took 0.7 to 5.6 s instead of a steady 0.7 s on the
  * 2-core test machine.) */
-static int cpu_alloc_weights(msm_backend *b, const msm_graph *g, msm_err *err) {
+static int cpu_alloc_weights(msm_backend *b, const msm_graph *g, const msm_wsource *src, msm_err *err) {
+    (void)src; /* float32 whatever the checkpoint holds: FP8 is dequantised as it is loaded */
     cpu_backend *cb = (cpu_backend *)b;
     if (cb->weights) return msm_err_set(err, -EINVAL, "cpu backend: weights are allocated already");
     size_t total = 0;
@@ -353,12 +354,23 @@ static int cpu_chan_slot(msm_wchan *wc, void **ret, msm_err *err) {
     return 0;
 }
 
-/* Converts straight into the float32 weight, row by row (the slot is still in this core's cache). */
+/* Converts straight into the float32 weight, row by row (the slot is still in this core's cache);
+ * FP8 rows are dequantised with the scales of their blocks (DeepSeek-V3's weight_dequant: one
+ * float32 multiply an element, so the result does not depend on how the loader cut the chunks). */
 static int cpu_chan_put(msm_wchan *wc, const msm_wblock *k, msm_err *err) {
     cpu_backend *cb = ((cpu_chan *)wc)->cb;
     if (k->wi < 0 || k->wi >= cb->n_weights) return msm_err_set(err, -EINVAL, "cpu backend: no weight %d", k->wi);
     float *dst = cb->weights[k->wi] + k->dst_off;
     const char *src = k->src;
+    if (k->src_dtype == MSM_F8_E4M3) {
+        if (!k->scale || k->scale_block <= 0)
+            return msm_err_set(err, -EINVAL, "cpu backend: an FP8 block of weight %d came without its scales", k->wi);
+        size_t B = (size_t)k->scale_block;
+        for (size_t r = 0; r < k->rows; r++)
+            msm_fp8_dequant_row(dst + r * k->dst_pitch, (const uint8_t *)src + r * k->src_pitch, k->cols,
+                                k->scale + (k->scale_r0 + r) / B * k->scale_pitch, k->scale_c0, B);
+        return 0;
+    }
     for (size_t r = 0; r < k->rows; r++) msm_convert_to_f32(dst + r * k->dst_pitch, src + r * k->src_pitch, k->src_dtype, k->cols);
     return 0;
 }

@@ -373,6 +373,7 @@ int msm_graph_build(const msm_model_config *c, int rank, int tp, const msm_build
     g->max_blocks = o->max_blocks;
     g->n_layers = c->n_layers;
     g->vocab = c->vocab;
+    g->fp8_block = c->fp8_block;
     int Vl = (c->vocab + tp - 1) / tp;
     g->vocab_pad = Vl * tp;
 

@@ -12,12 +12,13 @@ size_t msm_dtype_size(msm_dtype t) {
     case MSM_F16: return 2;
     case MSM_BF16: return 2;
     case MSM_I32: return 4;
+    case MSM_F8_E4M3: return 1;
     default: return 0;
     }
 }
 
 const char *msm_dtype_name(msm_dtype t) {
-    static const char *names[] = {"f32", "f16", "bf16", "i32"};
+    static const char *names[] = {"f32", "f16", "bf16", "i32", "f8_e4m3"};
     return (unsigned)t < MSM_DTYPE_COUNT ? names[t] : "?";
 }
 
@@ -66,5 +67,19 @@ void msm_convert_to_f32(float *dst, const void *src, msm_dtype t, size_t n) {
         }
         break;
     default: break;
+    }
+}
+
+void msm_fp8_dequant_row(float *dst, const uint8_t *src, size_t n, const float *scale, size_t c0,
+                         size_t block) {
+    /* block by block: one scale per run of up to `block` columns (the first may be partial) */
+    for (size_t j = 0; j < n;) {
+        size_t b = (c0 + j) / block, end = (b + 1) * block - c0;
+        if (end > n) end = n;
+        float s = scale[b];
+        for (; j < end; j++) {
+            float f = msm_f8e4m3_to_f32(src[j]);
+            dst[j] = isnan(f) ? f : f * s;
+        }
     }
 }

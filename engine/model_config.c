@@ -300,6 +300,81 @@ static int parse_dtype(const char *src, struct json_object *root, msm_dtype *ret
     return 0;
 }
 
+/* ---- quantization_config ---------------------------------------------------------------- */
+
+#define Q_ "quantization_config."
+
+/* Optional list of module names (modules_to_not_convert, ignored_layers): a list of strings. */
+static int check_name_list(const char *src, struct json_object *q, const char *key, msm_err *err) {
+    struct json_object *v = get(q, key);
+    if (!v) return 0;
+    bool ok = json_object_is_type(v, json_type_array);
+    for (size_t i = 0; ok && i < json_object_array_length(v); i++)
+        ok = json_object_is_type(json_object_array_get_idx(v, i), json_type_string);
+    if (!ok)
+        return msm_err_set(err, -EINVAL, S_ ": key '" Q_ "%s' must be a list of module names (got %s)",
+                           src, key, json_kind(v));
+    return 0;
+}
+
+/* quantization_config: only DeepSeek-V3-style FP8 block scales are understood: quant_method
+ * "fp8", fmt "e4m3" (the default: transformers' FineGrainedFP8Config writes none),
+ * weight_block_size [128, 128], activation_scheme "dynamic" (activations stay float32 / bf16
+ * here: only the weights are FP8). The modules the quantizer left alone (modules_to_not_convert,
+ * ignored_layers) are stored in bf16 and the loader goes by each tensor's dtype, so the lists are
+ * only checked for their type. Anything else is refused, naming what was found: GPTQ, AWQ,
+ * compressed-tensors, bitsandbytes, per-tensor or per-channel FP8 (no weight_block_size), other
+ * block sizes, e5m2, static activation scales. */
+static int parse_quant(const char *src, struct json_object *root, msm_model_config *c, msm_err *err) {
+    c->fp8_block = 0;
+    struct json_object *q = get(root, "quantization_config");
+    if (!q) return 0;
+    if (!json_object_is_type(q, json_type_object))
+        return msm_err_set(err, -EINVAL, S_ ": key 'quantization_config' must be an object (got %s)", src,
+                           json_kind(q));
+    const char *method, *fmt, *act;
+    int rc;
+    if ((rc = get_str(src, q, "quant_method", Q_, &method, err)) < 0 ||
+        (rc = get_str(src, q, "fmt", Q_, &fmt, err)) < 0 ||
+        (rc = get_str(src, q, "activation_scheme", Q_, &act, err)) < 0)
+        return rc;
+    if (!method)
+        return msm_err_set(err, -EINVAL, S_ ": key '" Q_ "quant_method' is missing (only \"fp8\" with "
+                           "[128, 128] block scales is supported)", src);
+    if (strcmp(method, "fp8") != 0)
+        return msm_err_set(err, -EINVAL, S_ ": " Q_ "quant_method \"%.40s\" is not supported (only "
+                           "\"fp8\": float8_e4m3fn weights with [128, 128] block scales)", src, method);
+    if (fmt && strcmp(fmt, "e4m3") != 0)
+        return msm_err_set(err, -EINVAL, S_ ": " Q_ "fmt \"%.40s\" is not supported (only \"e4m3\", "
+                           "float8_e4m3fn)", src, fmt);
+    if (act && strcmp(act, "dynamic") != 0)
+        return msm_err_set(err, -EINVAL, S_ ": " Q_ "activation_scheme \"%.40s\" is not supported "
+                           "(only \"dynamic\": msmoed keeps activations in float32/bf16 and would ignore "
+                           "static activation scales)", src, act);
+    struct json_object *bs = get(q, "weight_block_size");
+    if (!bs)
+        return msm_err_set(err, -EINVAL, S_ ": " Q_ "weight_block_size is missing: per-tensor or "
+                           "per-channel FP8 scales are not supported (only [128, 128] block scales)", src);
+    int64_t b[2] = {0, 0};
+    bool two = json_object_is_type(bs, json_type_array) && json_object_array_length(bs) == 2;
+    for (size_t i = 0; two && i < 2; i++) {
+        struct json_object *e = json_object_array_get_idx(bs, i);
+        two = json_object_is_type(e, json_type_int);
+        if (two) b[i] = json_object_get_int64(e);
+    }
+    if (!two)
+        return msm_err_set(err, -EINVAL, S_ ": key '" Q_ "weight_block_size' must be a list of two "
+                           "integers (got %s)", src, json_kind(bs));
+    if (b[0] != 128 || b[1] != 128)
+        return msm_err_set(err, -EINVAL, S_ ": " Q_ "weight_block_size [%lld, %lld] is not supported "
+                           "(only [128, 128])", src, (long long)b[0], (long long)b[1]);
+    if ((rc = check_name_list(src, q, "modules_to_not_convert", err)) < 0 ||
+        (rc = check_name_list(src, q, "ignored_layers", err)) < 0)
+        return rc;
+    c->fp8_block = 128;
+    return 0;
+}
+
 /* ---- sparse layers --------------------------------------------------------------------- */
 
 static int parse_sparse(const char *src, struct json_object *root, const family *fam,
@@ -537,6 +612,7 @@ static int parse_root(const char *src, struct json_object *root, msm_model_confi
     if ((rc = get_int(src, root, "bos_token_id", false, 0, c->vocab - 1, -1, &c->bos_id, err)) < 0 ||
         (rc = get_eos(src, root, c->vocab, c, err)) < 0)
         return rc;
+    if ((rc = parse_quant(src, root, c, err)) < 0) return rc;
     return check_unsupported(src, root, c, err);
 }
 

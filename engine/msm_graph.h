@@ -180,6 +180,9 @@ typedef struct msm_graph {
     int n_nodes, cap_nodes;
     msm_weight *weights;       /* shared (not copied) by graphs derived through passes */
     int n_weights, cap_weights;
+    int fp8_block;             /* the checkpoint's FP8 scale block (msm_model_config.fp8_block):
+                                  F8_E4M3 parts are loaded with their block scales; 0: the config
+                                  declares no FP8 quantization and an F8_E4M3 tensor is refused */
     bool owns_weights;
     int n_events;
     /* step inputs and outputs (value ids) */

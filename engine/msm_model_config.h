@@ -4,7 +4,8 @@
  * Families: Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM. Both
  * config styles are accepted: Hub style (top-level `rope_theta`, `partial_rotary_factor`,
  * `torch_dtype`) and transformers-5 style (`rope_parameters: {rope_theta, partial_rotary_factor}`,
- * `dtype`). */
+ * `dtype`). A `quantization_config` is understood for DeepSeek-V3-style FP8 block scales only
+ * (docs/adr/0006-fp8.md); any other quantization is refused with what was found. */
 #ifndef MSM_MODEL_CONFIG_H
 #define MSM_MODEL_CONFIG_H
 
@@ -68,6 +69,10 @@ typedef struct msm_model_config {
                                   partial_rotary_factor (head_dim for full RoPE), even */
     int max_position;          /* max_position_embeddings */
     msm_dtype dtype;           /* torch_dtype / dtype: the checkpoint's weight type */
+    int fp8_block;             /* quantization_config of an FP8 block-scaled checkpoint (quant_method
+                                  "fp8", fmt "e4m3", weight_block_size [128, 128]): the scale block,
+                                  128; its F8_E4M3 weights come with float32 `weight_scale_inv`
+                                  [ceil(N/128), ceil(K/128)]. 0: no quantization_config */
     int bos_id;                /* bos_token_id, -1 if none */
     int eos_ids[MSM_MAX_EOS];  /* eos_token_id(s), from generation_config.json when present */
     int n_eos;

@@ -21,7 +21,8 @@
 typedef struct msm_st_tensor {
     const char *name;                 /* tensor name, as in the header */
     const char *file;                 /* path of the file holding it */
-    msm_dtype dtype;                  /* F32, F16 or BF16 (other dtypes are refused at open) */
+    msm_dtype dtype;                  /* F32, F16, BF16 or F8_E4M3 (other dtypes are refused at
+                                         open) */
     int ndim;
     int64_t shape[MSM_ST_MAX_DIMS];
     const void *data;                 /* points into the mapping */

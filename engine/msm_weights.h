@@ -17,7 +17,11 @@
  * SIGBUS). A file is opened when its first chunk is read and must still be the file whose header
  * was parsed (device, inode, size, mtime); a read that comes back short or fails names the file,
  * the tensor and the bytes. On any error the other readers stop, every channel is closed and the
- * error of the first failure is returned: the caller frees the backend. */
+ * error of the first failure is returned: the caller frees the backend.
+ *
+ * FP8 block-scaled checkpoints (docs/adr/0006-fp8.md): an F8_E4M3 weight's scale_inv tensor is
+ * checked and read while planning, and every chunk of it reaches the backend with the scales of
+ * the blocks it covers (msm_wblock). */
 #ifndef MSM_WEIGHTS_H
 #define MSM_WEIGHTS_H
 
@@ -42,12 +46,18 @@ typedef struct msm_load_opts {
 } msm_load_opts;
 
 typedef struct msm_load_stats {
-    uint64_t bytes_read;   /* from the checkpoint's files (column slices read whole rows) */
+    uint64_t bytes_read;   /* of weights from the checkpoint's files (column slices read whole
+                              rows; FP8 block scales, read while planning, not counted) */
     uint64_t bytes_stored; /* of checkpoint-dtype elements handed to the backend */
     double seconds;        /* planning, allocation, reading and storing, until every put landed */
     int threads;           /* readers that ran */
     size_t staging_bytes;  /* host staging the readers held: threads x slots x slot_bytes */
 } msm_load_stats;
+
+/* Every part of every weight of g is in st with the shape g expects, and every F8_E4M3 one has
+ * block scales of the right shape and dtype (and the config declared FP8): what msm_weights_load
+ * checks before it reads anything, with no byte read (for validating a model before a load). */
+int msm_weights_check(const msm_graph *g, const msm_safetensors *st, msm_err *err);
 
 /* Loads every weight of g from st into b (which allocates them). ret_stats may be NULL. */
 int msm_weights_load(const msm_graph *g, const msm_safetensors *st, msm_backend *b,

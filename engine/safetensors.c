@@ -58,8 +58,9 @@ struct msm_safetensors {
 
 /* ---- dtypes ---------------------------------------------------------------------------- */
 
-/* Every dtype the format defines. Only the first three are weights we can load; the others are
- * recognised so the message can say "unsupported" rather than "unknown". */
+/* Every dtype the format defines. F32, F16, BF16 and F8_E4M3 (float8_e4m3fn, the weights of FP8
+ * block-scaled checkpoints, whose scales are F32/BF16 tensors) are weights we can load; the others
+ * are recognised so the message can say "unsupported" rather than "unknown". */
 static const struct {
     const char *name;
     bool supported;
@@ -69,7 +70,7 @@ static const struct {
     {"F64", false, 0},          {"I64", false, 0},           {"I32", false, 0},
     {"I16", false, 0},          {"I8", false, 0},            {"U64", false, 0},
     {"U32", false, 0},          {"U16", false, 0},           {"U8", false, 0},
-    {"BOOL", false, 0},         {"F8_E4M3", false, 0},       {"F8_E5M2", false, 0},
+    {"BOOL", false, 0},         {"F8_E4M3", true, MSM_F8_E4M3},       {"F8_E5M2", false, 0},
     {"F8_E8M0", false, 0},      {"F6_E2M3", false, 0},       {"F6_E3M2", false, 0},
     {"F4", false, 0},           {"C64", false, 0},
 };
@@ -84,13 +85,13 @@ static int parse_dtype(const st_file *f, const char *tname, struct json_object *
         if (strcmp(s, st_dtypes[i].name) != 0) continue;
         if (!st_dtypes[i].supported)
             return msm_err_set(err, -EINVAL,
-                               P_ ": tensor '" N_ "' has dtype %s; only F32, F16 and BF16 "
-                               "weights are supported", f->path, tname, s);
+                               P_ ": tensor '" N_ "' has dtype %s; only F32, F16, BF16 and "
+                               "F8_E4M3 (block-scaled FP8) weights are supported", f->path, tname, s);
         *ret = st_dtypes[i].dtype;
         return 0;
     }
     return msm_err_set(err, -EINVAL, P_ ": tensor '" N_ "' has unknown dtype '%.32s' "
-                       "(expected F32, F16 or BF16)", f->path, tname, s);
+                       "(expected F32, F16, BF16 or F8_E4M3)", f->path, tname, s);
 }
 
 /* ---- one file's header ----------------------------------------------------------------- */

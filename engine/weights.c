@@ -6,7 +6,14 @@
  * slice (a row-parallel TP weight) leaves little between its rows; there the span includes the
  * columns of the other ranks, which costs less than a system call per row. Otherwise (more than
  * row_gap bytes between the rows) it reads row by row, packed. A row longer than a slot is cut
- * into column pieces. */
+ * into column pieces.
+ *
+ * FP8 block-scaled checkpoints: an F8_E4M3 tensor X.weight comes with X.weight_scale_inv, one
+ * scale per 128 x 128 block (docs/adr/0006-fp8.md). Planning checks the scales' shape and reads
+ * them all (they are 1/16384 of their weights' elements) with pread like any chunk; each chunk of
+ * an FP8 part then carries a pointer to its tensor's scales and its first element's row and
+ * column in the tensor, so the backend finds every element's block wherever the chunk (a TP slice,
+ * a piece of a row) starts. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -32,6 +39,9 @@ typedef struct chunk {
     size_t src_pitch;        /* bytes from row to row in the file */
     size_t rows, cols;       /* elements */
     size_t dst_off, dst_pitch; /* where it goes in the weight, in elements */
+    int64_t src_row, src_col;  /* its first element's row and column in the checkpoint tensor */
+    const float *scale;      /* F8_E4M3: the tensor's scale_inv [ceil(R/B), ceil(C/B)]; else NULL */
+    size_t scale_cols;       /* ceil(C/B) */
     int file, wi, part;      /* part: weights[wi].parts[part], for messages */
     msm_dtype dtype;
     bool by_row;             /* one pread per row, rows packed in the slot */
@@ -54,6 +64,9 @@ typedef struct loader {
     int *fd;                 /* per file; -1 until its first chunk opens it */
     int rc;
     msm_err err;             /* the first failure's message */
+    msm_wsource *wsrc;       /* [n_weights]: what each weight is made of, for alloc_weights */
+    float **scales;          /* every FP8 part's scales, read while planning (freed at the end) */
+    size_t n_scales, cap_scales;
 } loader;
 
 static size_t chunk_span(const chunk *k) {
@@ -75,8 +88,9 @@ static int add_chunk(loader *L, const chunk *k, msm_err *err) {
     return 0;
 }
 
-/* Cuts part p of weight wi (tensor t) into chunks of at most slot_bytes. */
-static int plan_part(loader *L, int wi, int p, const msm_st_tensor *t, msm_err *err) {
+/* Cuts part p of weight wi (tensor t; scale: its FP8 block scales or NULL) into chunks of at most
+ * slot_bytes. */
+static int plan_part(loader *L, int wi, int p, const msm_st_tensor *t, const float *scale, msm_err *err) {
     const msm_weight *w = &L->g->weights[wi];
     const msm_wpart *pt = &w->parts[p];
     size_t es = msm_dtype_size(t->dtype), slot = L->slot_bytes;
@@ -91,8 +105,10 @@ static int plan_part(loader *L, int wi, int p, const msm_st_tensor *t, msm_err *
                            (long long)pt->src_cols, w->n_expert, w->rows, w->cols);
     size_t pitch = (size_t)pt->src_cols * es, R = (size_t)pt->n_rows, C = (size_t)pt->n_cols;
     size_t seg = C * es;
+    int64_t B = L->g->fp8_block;
     chunk k = {.src_pitch = pitch, .dst_pitch = (size_t)w->cols, .file = t->file_index, .wi = wi,
-               .part = p, .dtype = t->dtype};
+               .part = p, .dtype = t->dtype, .scale = scale,
+               .scale_cols = scale ? (size_t)((pt->src_cols + B - 1) / B) : 0};
     uint64_t base = t->offset + ((uint64_t)pt->row0 * (uint64_t)pt->src_cols + (uint64_t)pt->col0) * es;
     size_t dst0 = ((size_t)pt->expert * (size_t)w->rows + (size_t)pt->dst_row) * (size_t)w->cols;
     if (R == 0 || C == 0) return 0;
@@ -105,6 +121,8 @@ static int plan_part(loader *L, int wi, int p, const msm_st_tensor *t, msm_err *
                 k.cols = C - c0 < cmax ? C - c0 : cmax;
                 k.off = base + i * pitch + c0 * es;
                 k.dst_off = dst0 + i * (size_t)w->cols + c0;
+                k.src_row = pt->row0 + (int64_t)i;
+                k.src_col = pt->col0 + (int64_t)c0;
                 r = add_chunk(L, &k, err);
             }
         return r;
@@ -116,6 +134,8 @@ static int plan_part(loader *L, int wi, int p, const msm_st_tensor *t, msm_err *
         k.rows = R - i < per ? R - i : per;
         k.off = base + i * pitch;
         k.dst_off = dst0 + i * (size_t)w->cols;
+        k.src_row = pt->row0 + (int64_t)i;
+        k.src_col = pt->col0;
         r = add_chunk(L, &k, err);
     }
     return r;
@@ -127,18 +147,141 @@ static int cmp_chunk(const void *a, const void *b) {
     return (x->off > y->off) - (x->off < y->off);
 }
 
-/* Every part's tensor looked up and shape-checked, cut into chunks, sorted by file and offset. */
+static void fmt_shape(char *buf, size_t cap, const msm_st_tensor *t) {
+    size_t o = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < t->ndim && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+}
+
+/* The block scales of F8_E4M3 tensor t (part pt): X.weight_scale_inv next to X.weight, float32
+ * (bf16 and f16 are read too: some checkpoints store them so), one per B x B block:
+ * [ceil(R/B), ceil(C/B)] for an [R, C] weight, the last block of a row or column partial. A
+ * scalar or one scale per row is another FP8 layout, refused with what was found. */
+static int find_scales(const msm_graph *g, const msm_safetensors *st, const msm_wpart *pt,
+                       const msm_st_tensor *t, const msm_st_tensor **ret, msm_err *err) {
+    int64_t B = g->fp8_block;
+    if (B <= 0)
+        return msm_err_set(err, -EINVAL, "%.200s: tensor '%.128s' is F8_E4M3 but config.json declares no FP8 "
+                           "quantization (quantization_config with quant_method \"fp8\" and weight_block_size "
+                           "[128, 128])", t->file, pt->src);
+    if (pt->src_ndim != 2)
+        return msm_err_set(err, -EINVAL, "%.200s: tensor '%.128s' is F8_E4M3 but has %d dimension(s): only "
+                           "matrices are FP8 block-scaled", t->file, pt->src, pt->src_ndim);
+    int64_t want[2] = {(pt->src_rows + B - 1) / B, (pt->src_cols + B - 1) / B};
+    char name[sizeof pt->src + 16];
+    snprintf(name, sizeof name, "%s_scale_inv", pt->src);
+    const msm_st_tensor *s = msm_safetensors_find(st, name);
+    if (!s)
+        return msm_err_set(err, -ENOENT, "%.200s: tensor '%.128s' is F8_E4M3 but its block scales '%.140s' "
+                           "(float32 [%lld, %lld]) are missing", t->file, pt->src, name,
+                           (long long)want[0], (long long)want[1]);
+    if (s->dtype != MSM_F32 && s->dtype != MSM_BF16 && s->dtype != MSM_F16)
+        return msm_err_set(err, -EINVAL, "%.200s: tensor '%.140s' (the block scales of an FP8 weight) is %s; "
+                           "expected float32 (or bf16, f16)", s->file, name, msm_dtype_name(s->dtype));
+    if (s->ndim == 2 && s->shape[0] == want[0] && s->shape[1] == want[1]) {
+        *ret = s;
+        return 0;
+    }
+    int64_t n = 1;
+    for (int i = 0; i < s->ndim; i++) n *= s->shape[i];
+    const char *what = n == 1 ? "a per-tensor scale" :
+                       (s->ndim == 1 && s->shape[0] == pt->src_rows) ||
+                       (s->ndim == 2 && s->shape[0] == pt->src_rows && s->shape[1] == 1) ? "per-channel scales" :
+                       s->ndim == 2 ? "block scales of another block size" : "not block scales";
+    char have[128];
+    fmt_shape(have, sizeof have, s);
+    return msm_err_set(err, -EINVAL, "%.200s: tensor '%.140s' has shape %s (%s); FP8 weight [%lld, %lld] in "
+                       "%lld x %lld blocks needs block scales [%lld, %lld] (only 128 x 128 block scales are "
+                       "supported)", s->file, name, have, what, (long long)pt->src_rows, (long long)pt->src_cols,
+                       (long long)B, (long long)B, (long long)want[0], (long long)want[1]);
+}
+
+/* Part pt's checkpoint tensor, shape-checked, and, when it is F8_E4M3, its block scales (else
+ * NULL). No byte is read. */
+static int find_part(const msm_graph *g, const msm_safetensors *st, const msm_wpart *pt,
+                     const msm_st_tensor **ret_t, const msm_st_tensor **ret_s, msm_err *err) {
+    const msm_st_tensor *t, *s = NULL;
+    int64_t shape[2] = {pt->src_rows, pt->src_cols};
+    int r = msm_safetensors_get(st, pt->src, pt->src_ndim, shape, &t, err);
+    if (r == 0 && t->dtype == MSM_F8_E4M3) r = find_scales(g, st, pt, t, &s, err);
+    if (r) return r;
+    *ret_t = t;
+    *ret_s = s;
+    return 0;
+}
+
+int msm_weights_check(const msm_graph *g, const msm_safetensors *st, msm_err *err) {
+    for (int wi = 0; wi < g->n_weights; wi++)
+        for (int p = 0; p < g->weights[wi].n_parts; p++) {
+            const msm_st_tensor *t, *s;
+            int r = find_part(g, st, &g->weights[wi].parts[p], &t, &s, err);
+            if (r) return r;
+        }
+    return 0;
+}
+
+static int file_fd(loader *L, int i, int *ret, msm_err *err);
+static int read_at(loader *L, int file, const char *tname, int fd, void *dst, size_t n, uint64_t off,
+                   msm_err *err);
+
+/* Reads scale tensor s as float32 (pread, like the chunks; kept until the load ends); a scale
+ * that is not finite would make its whole block NaN or infinite, so it is refused. */
+static int read_scales(loader *L, const msm_st_tensor *s, const float **ret, msm_err *err) {
+    if (L->n_scales == L->cap_scales) {
+        size_t cap = L->cap_scales ? 2 * L->cap_scales : 64;
+        float **p = realloc(L->scales, cap * sizeof *p);
+        if (!p) return msm_err_set(err, -ENOMEM, "out of memory for the FP8 scales");
+        L->scales = p;
+        L->cap_scales = cap;
+    }
+    size_t n = (size_t)(s->shape[0] * s->shape[1]);
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    void *raw = s->dtype == MSM_F32 ? (void *)f : malloc(s->nbytes ? s->nbytes : 1);
+    if (!f || !raw) {
+        free(f);
+        return msm_err_set(err, -ENOMEM, "out of memory for the FP8 scales of '%.140s'", s->name);
+    }
+    L->scales[L->n_scales++] = f;
+    int fd, r = file_fd(L, s->file_index, &fd, err);
+    if (r == 0) r = read_at(L, s->file_index, s->name, fd, raw, s->nbytes, s->offset, err);
+    if (raw != (void *)f) {
+        if (r == 0) msm_convert_to_f32(f, raw, s->dtype, n);
+        free(raw);
+    }
+    for (size_t i = 0; r == 0 && i < n; i++)
+        if (!isfinite(f[i]))
+            r = msm_err_set(err, -EINVAL, "%.200s: tensor '%.140s' holds a non-finite scale (%g) for block "
+                            "[%lld, %lld]", s->file, s->name, (double)f[i], (long long)(i / (size_t)s->shape[1]),
+                            (long long)(i % (size_t)s->shape[1]));
+    if (r == 0) *ret = f;
+    return r;
+}
+
+/* Every part's tensor looked up and shape-checked (and an FP8 one's scales read), cut into chunks,
+ * sorted by file and offset; what each weight is made of noted for alloc_weights. */
 static int plan(loader *L, msm_err *err) {
     const msm_graph *g = L->g;
+    int64_t B = g->fp8_block;
     for (int wi = 0; wi < g->n_weights; wi++) {
         const msm_weight *w = &g->weights[wi];
+        msm_wsource *ws = &L->wsrc[wi];
+        bool aligned = true;
+        *ws = (msm_wsource){.dtype = MSM_DTYPE_COUNT};
         for (int p = 0; p < w->n_parts; p++) {
             const msm_wpart *pt = &w->parts[p];
-            const msm_st_tensor *t;
-            int64_t shape[2] = {pt->src_rows, pt->src_cols};
-            int r = msm_safetensors_get(L->st, pt->src, pt->src_ndim, shape, &t, err);
-            if (r == 0) r = plan_part(L, wi, p, t, err);
+            const msm_st_tensor *t, *s;
+            const float *scale = NULL;
+            int r = find_part(g, L->st, pt, &t, &s, err);
+            if (r == 0 && s) r = read_scales(L, s, &scale, err);
+            if (r == 0) r = plan_part(L, wi, p, t, scale, err);
             if (r) return r;
+            ws->dtype = p == 0 || ws->dtype == t->dtype ? t->dtype : MSM_DTYPE_COUNT;
+            if (s) aligned &= pt->row0 % B == 0 && pt->col0 % B == 0 && pt->dst_row % B == 0;
+        }
+        if (ws->dtype == MSM_F8_E4M3) {
+            ws->fp8_block = (int)B;
+            ws->fp8_aligned = aligned;
         }
     }
     qsort(L->chunks, L->n_chunks, sizeof *L->chunks, cmp_chunk);
@@ -195,10 +338,11 @@ static int file_fd(loader *L, int i, int *ret, msm_err *err) {
     return r;
 }
 
-/* n bytes at file offset off into dst; a short read is the file having been truncated. */
-static int read_at(loader *L, const chunk *k, int fd, void *dst, size_t n, uint64_t off, msm_err *err) {
-    const msm_st_file *f = msm_safetensors_file(L->st, (size_t)k->file);
-    const char *tname = L->g->weights[k->wi].parts[k->part].src;
+/* n bytes of tensor tname at offset off of file `file` into dst; a short read is the file having
+ * been truncated. */
+static int read_at(loader *L, int file, const char *tname, int fd, void *dst, size_t n, uint64_t off,
+                   msm_err *err) {
+    const msm_st_file *f = msm_safetensors_file(L->st, (size_t)file);
     if (fd < 0) { /* an image in memory: bounds were checked when its header was parsed */
         memcpy(dst, (const char *)f->base + off, n);
         return 0;
@@ -228,9 +372,10 @@ static int read_chunk(loader *L, const chunk *k, void *slot, msm_err *err) {
     int fd;
     int r = file_fd(L, k->file, &fd, err);
     size_t seg = k->cols * msm_dtype_size(k->dtype);
-    if (r == 0 && !k->by_row) return read_at(L, k, fd, slot, chunk_span(k), k->off, err);
+    const char *tname = L->g->weights[k->wi].parts[k->part].src;
+    if (r == 0 && !k->by_row) return read_at(L, k->file, tname, fd, slot, chunk_span(k), k->off, err);
     for (size_t i = 0; r == 0 && i < k->rows; i++)
-        r = read_at(L, k, fd, (char *)slot + i * seg, seg, k->off + i * k->src_pitch, err);
+        r = read_at(L, k->file, tname, fd, (char *)slot + i * seg, seg, k->off + i * k->src_pitch, err);
     return r;
 }
 
@@ -250,6 +395,14 @@ static int reader_run(loader *L, msm_err *err) {
             msm_wblock blk = {.wi = k->wi, .src_dtype = k->dtype, .src = slot,
                               .src_pitch = k->by_row ? k->cols * msm_dtype_size(k->dtype) : k->src_pitch,
                               .dst_off = k->dst_off, .dst_pitch = k->dst_pitch, .rows = k->rows, .cols = k->cols};
+            if (k->scale) { /* the block holding the chunk's first element, and where in it that is */
+                size_t B = (size_t)L->g->fp8_block, r0 = (size_t)k->src_row, c0 = (size_t)k->src_col;
+                blk.scale = k->scale + (r0 / B) * k->scale_cols + c0 / B;
+                blk.scale_pitch = k->scale_cols;
+                blk.scale_r0 = r0 % B;
+                blk.scale_c0 = c0 % B;
+                blk.scale_block = (int)B;
+            }
             r = vt->chan_put(c, &blk, err);
         }
         if (r == 0 && L->o && L->o->progress) {
@@ -287,10 +440,11 @@ int msm_weights_load(const msm_graph *g, const msm_safetensors *st, msm_backend 
     size_t n_files = msm_safetensors_file_count(st);
     pthread_mutex_init(&L.mu, NULL);
     L.fd = malloc((n_files ? n_files : 1) * sizeof *L.fd);
-    int r = L.fd ? 0 : msm_err_set(err, -ENOMEM, "out of memory");
+    L.wsrc = calloc((size_t)(g->n_weights ? g->n_weights : 1), sizeof *L.wsrc);
+    int r = L.fd && L.wsrc ? 0 : msm_err_set(err, -ENOMEM, "out of memory");
     for (size_t i = 0; L.fd && i < n_files; i++) L.fd[i] = -1;
     if (r == 0) r = plan(&L, err);
-    if (r == 0) r = b->vt->alloc_weights(b, g, err);
+    if (r == 0) r = b->vt->alloc_weights(b, g, L.wsrc, err);
     if (r == 0 && o && o->progress) o->progress(o->ctx, 0, L.total);
     if (r == 0) {
         if ((size_t)threads > L.n_chunks) threads = L.n_chunks ? (int)L.n_chunks : 1;
@@ -310,6 +464,9 @@ int msm_weights_load(const msm_graph *g, const msm_safetensors *st, msm_backend 
         if (L.fd[i] >= 0) close(L.fd[i]);
     free(L.fd);
     free(L.chunks);
+    free(L.wsrc);
+    for (size_t i = 0; i < L.n_scales; i++) free(L.scales[i]);
+    free(L.scales);
     pthread_mutex_destroy(&L.mu);
     if (r == 0 && ret_stats)
         *ret_stats = (msm_load_stats){.bytes_read = L.total, .bytes_stored = L.stored,
@@ -328,7 +485,7 @@ static uint64_t name_hash(const char *s) {
 }
 
 int msm_weights_dummy(const msm_graph *g, uint64_t seed, msm_backend *b, msm_err *err) {
-    int r = b->vt->alloc_weights(b, g, err);
+    int r = b->vt->alloc_weights(b, g, NULL, err); /* no checkpoint: every backend's own type */
     for (int wi = 0; wi < g->n_weights && r == 0; wi++) {
         const msm_weight *w = &g->weights[wi];
         /* uniform in ±sqrt(3)/sqrt(fan_in): unit-variance outputs, so activations stay sane */

@@ -26,6 +26,13 @@ int msm_cuda_load_rows(uint16_t *dst, size_t dst_pitch, const void *src, size_t 
 /* The same into a float32 weight (keep_f32), exact from every source dtype. */
 int msm_cuda_load_rows_f32(float *dst, size_t dst_pitch, const void *src, size_t src_pitch,
                            int src_dtype, size_t rows, size_t cols, msm_cuda_exec ex);
+/* rows x cols F8_E4M3 elements at src (device, src_pitch bytes from row to row) dequantised with
+ * their block scales (device: element (r, c) uses scale[((scale_r0 + r) / block) * scale_pitch +
+ * (scale_c0 + c) / block]) exactly as msm_fp8_dequant_row on the host, into dst: bf16 (rounded as
+ * msm_f32_to_bf16) or, with dst_f32, float32; dst_pitch elements from row to row. */
+int msm_cuda_load_rows_fp8(void *dst, int dst_f32, size_t dst_pitch, const void *src, size_t src_pitch,
+                           size_t rows, size_t cols, const float *scale, size_t scale_pitch,
+                           size_t scale_r0, size_t scale_c0, int block, msm_cuda_exec ex);
 
 #ifdef __cplusplus
 }
