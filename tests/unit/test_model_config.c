@@ -701,3 +701,89 @@ Test(model_config, glm45_air_preset_parses) {
     cr_assert_eq(msm_model_config_load("config/models/glm-4.5-air.json", &c, &err), 0, "%s", err.msg);
     check_glm45_air(&c);
 }
+
+/* ---- quantization_config: FP8 block scales, and what else is refused --------------------- */
+
+/* Sets key quantization_config of `base` to the JSON text q and parses it. */
+static int parse_quant(const char *base, const char *q, msm_model_config *c, msm_err *err) {
+    struct json_object *root = json_tokener_parse(base);
+    cr_assert_not_null(root);
+    json_object_object_add(root, "quantization_config", json_tokener_parse(q));
+    int rc = parse(json_object_to_json_string(root), c, err);
+    json_object_put(root);
+    return rc;
+}
+
+Test(model_config, fp8_block_scaled_quantization_config_is_read) {
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(parse_quant(qwen3_hub, "{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", \"quant_method\": "
+                             "\"fp8\", \"weight_block_size\": [128, 128], \"modules_to_not_convert\": [\"lm_head\", "
+                             "\"model.layers.0.mlp.gate\"]}", &c, &err), 0, "%s", err.msg);
+    cr_expect_eq(c.fp8_block, 128);
+    cr_expect_eq(c.hidden, 2048);
+    /* fmt and activation_scheme absent (transformers' FineGrainedFP8Config), ignored_layers, null lists */
+    cr_assert_eq(parse_quant(glm45_air_hub, "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128], "
+                             "\"ignored_layers\": [\"lm_head\"], \"modules_to_not_convert\": null}", &c, &err),
+                 0, "%s", err.msg);
+    cr_expect_eq(c.fp8_block, 128);
+    parse_ok(qwen3_hub, &c);
+    cr_expect_eq(c.fp8_block, 0, "no quantization_config: no FP8");
+}
+
+/* Every FP8 layout or quantization msmoed does not know is refused, naming what was found. */
+typedef struct bad_quant_cfg {
+    char value[160];   /* quantization_config's JSON text */
+    char want[120];
+} bad_quant_cfg;
+
+static bad_quant_cfg bad_quant[] = {
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": [64, 64]}", "weight_block_size [64, 64] is not supported (only [128, 128])"},
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 64]}", "weight_block_size [128, 64] is not supported"},
+    {"{\"quant_method\": \"fp8\"}", "weight_block_size is missing: per-tensor or per-channel FP8 scales are not supported"},
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128]}", "'quantization_config.weight_block_size' must be a list of two integers"},
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": 128}", "must be a list of two integers (got an integer)"},
+    {"{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\", \"weight_block_size\": [128, 128]}", "fmt \"e5m2\" is not supported (only \"e4m3\""},
+    {"{\"quant_method\": \"fp8\", \"activation_scheme\": \"static\", \"weight_block_size\": [128, 128]}", "activation_scheme \"static\" is not supported"},
+    {"{\"quant_method\": \"compressed-tensors\", \"format\": \"float-quantized\"}", "quant_method \"compressed-tensors\" is not supported"},
+    {"{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128}", "quant_method \"gptq\" is not supported"},
+    {"{\"quant_method\": \"awq\", \"bits\": 4}", "quant_method \"awq\" is not supported"},
+    {"{\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true}", "quant_method \"bitsandbytes\" is not supported"},
+    {"{\"bits\": 4}", "quantization_config.quant_method' is missing"},
+    {"{\"quant_method\": 8}", "key 'quantization_config.quant_method' must be a string (got an integer)"},
+    {"[\"fp8\"]", "key 'quantization_config' must be an object (got a list)"},
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128], \"modules_to_not_convert\": \"lm_head\"}", "'quantization_config.modules_to_not_convert' must be a list of module names"},
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128], \"ignored_layers\": [1]}", "'quantization_config.ignored_layers' must be a list of module names"},
+};
+
+ParameterizedTestParameters(model_config, unknown_quantization_is_refused_naming_what_was_found) {
+    return cr_make_param_array(bad_quant_cfg, bad_quant, sizeof bad_quant / sizeof bad_quant[0]);
+}
+
+ParameterizedTest(bad_quant_cfg *b, model_config, unknown_quantization_is_refused_naming_what_was_found) {
+    msm_model_config c;
+    msm_err err = {0};
+    int rc = parse_quant(qwen3_hub, b->value, &c, &err);
+    cr_assert_eq(rc, -EINVAL, "%s: rc %d (%s)", b->value, rc, err.msg);
+    assert_has(err.msg, "config.json");
+    assert_has(err.msg, b->want);
+}
+
+Test(model_config, fp8_presets_are_the_bf16_presets_with_block_scales) {
+    const char *pairs[][2] = {{"config/models/qwen3-30b-a3b-fp8.json", "config/models/qwen3-30b-a3b.json"},
+                              {"config/models/glm-4.5-air-fp8.json", "config/models/glm-4.5-air.json"}};
+    for (int i = 0; i < 2; i++) {
+        msm_model_config q, b;
+        msm_err err = {0};
+        cr_assert_eq(msm_model_config_load(pairs[i][0], &q, &err), 0, "%s", err.msg);
+        cr_assert_eq(msm_model_config_load(pairs[i][1], &b, &err), 0, "%s", err.msg);
+        cr_expect_eq(q.fp8_block, 128, "%s", pairs[i][0]);
+        cr_expect_eq(b.fp8_block, 0);
+        cr_expect(q.arch == b.arch && q.hidden == b.hidden && q.n_layers == b.n_layers && q.n_heads == b.n_heads &&
+                  q.n_kv_heads == b.n_kv_heads && q.head_dim == b.head_dim && q.vocab == b.vocab &&
+                  q.n_experts == b.n_experts && q.top_k == b.top_k && q.moe_intermediate == b.moe_intermediate &&
+                  q.intermediate == b.intermediate && q.shared_intermediate == b.shared_intermediate &&
+                  q.rope_dim == b.rope_dim && q.n_group == b.n_group,
+                  "%s has other shapes than %s", pairs[i][0], pairs[i][1]);
+    }
+}

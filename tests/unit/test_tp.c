@@ -62,6 +62,9 @@ Test(tp, qwen3moe_tp_matches, .timeout = 120) { combos("tests/data/qwen3moe", 4)
 Test(tp, mixtral_tp_matches, .timeout = 120) { combos("tests/data/mixtral", 4); }
 /* the ungated shared experts' all-reduce fused with the routed one, on the aux stream or not */
 Test(tp, glm4moe_every_pass_combination_and_tp_matches, .timeout = 120) { combos("tests/data/glm4moe", 4); }
+/* FP8: every rank dequantises its own slices (column slices starting mid-block at TP 2 and 4) */
+Test(tp, qwen3moe_fp8_tp_matches, .timeout = 120) { combos("tests/data/qwen3moe-fp8", 4); }
+Test(tp, glm4moe_fp8_tp_matches, .timeout = 120) { combos("tests/data/glm4moe-fp8", 4); }
 
 /* With the CUDA backend's cache format (K/V rounded to bf16 as written) the RoPE + K/V-write
  * fusion still changes no bit, at TP 1 and 2, with every other pass on. */

@@ -2,13 +2,17 @@
  * bitwise those of the previous loader (each part converted to float32 from the mapped tensor,
  * row by row, into a zeroed buffer; reimplemented here as the reference) for every golden model,
  * at TP 1 and 2, with one and several reader threads and with slots small enough to cut rows
- * into pieces; f16, f32 and mixed sources; a shard truncated, rewritten or deleted during the
+ * into pieces; f16, f32 and mixed sources; FP8 block-scaled checkpoints at TP 1, 2 and 4 equal
+ * the whole tensors' element-by-element dequantisation however the chunks are cut, and FP8
+ * layouts msmoed does not know (no scales, per-tensor, per-channel, other blocks, no
+ * quantization_config) are refused naming the tensor and what was found; a shard truncated, rewritten or deleted during the
  * load gives an error naming the file and the tensor, with nothing leaked (the ASan pass runs
  * these); the engine's progress reaches exactly 100%. With a GPU, the CUDA backend's bf16
  * weights equal the reference rounded to bf16, bit for bit, from each source dtype. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <json-c/json.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +34,8 @@ static const char *const golden_models[] = {"tests/data/qwen2moe-gqa", "tests/da
                                             "tests/data/qwen3moe", "tests/data/mixtral",
                                             "models/stories260k-moe"};
 #define N_GOLDEN (sizeof golden_models / sizeof golden_models[0])
+
+#define assert_has(msg, s) cr_assert_not_null(strstr((msg), (s)), "'%s' not in: %s", (s), (msg))
 
 /* ---- scratch directories ------------------------------------------------------------------ */
 
@@ -140,6 +146,27 @@ static const char *rewrite_model(const char *src, const char *name, const msm_dt
 
 /* ---- the reference: the previous loader's float32 weights ---------------------------------- */
 
+/* The float32 values of FP8 tensor t (as DeepSeek-V3's weight_dequant defines them, element by
+ * element from the whole tensor: w[n, k] = f8(q[n, k]) * scale_inv[n / 128, k / 128]). */
+static float *dequant_tensor(const msm_safetensors *st, const msm_st_tensor *t) {
+    char name[256];
+    snprintf(name, sizeof name, "%s_scale_inv", t->name);
+    const msm_st_tensor *s = msm_safetensors_find(st, name);
+    cr_assert_not_null(s, "%s", name);
+    size_t R = (size_t)t->shape[0], C = (size_t)t->shape[1], sc = (size_t)s->shape[1];
+    float *scale = malloc(sizeof(float) * (size_t)(s->shape[0] * s->shape[1])), *w = malloc(sizeof(float) * R * C);
+    cr_assert(scale && w);
+    msm_convert_to_f32(scale, s->data, s->dtype, (size_t)(s->shape[0] * s->shape[1]));
+    const uint8_t *q = t->data;
+    for (size_t r = 0; r < R; r++)
+        for (size_t c = 0; c < C; c++) {
+            float f = msm_f8e4m3_to_f32(q[r * C + c]);
+            w[r * C + c] = isnan(f) ? f : f * scale[(r / 128) * sc + c / 128];
+        }
+    free(scale);
+    return w;
+}
+
 static float *reference_weight(const msm_weight *w, const msm_safetensors *st) {
     size_t n = (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols;
     float *buf = calloc(n ? n : 1, sizeof(float));
@@ -148,12 +175,15 @@ static float *reference_weight(const msm_weight *w, const msm_safetensors *st) {
         const msm_wpart *pt = &w->parts[p];
         const msm_st_tensor *t = msm_safetensors_find(st, pt->src);
         cr_assert_not_null(t, "%s", pt->src);
+        float *deq = t->dtype == MSM_F8_E4M3 ? dequant_tensor(st, t) : NULL;
         size_t es = msm_dtype_size(t->dtype);
         for (int64_t i = 0; i < pt->n_rows; i++) {
-            const char *src = (const char *)t->data + ((size_t)(pt->row0 + i) * (size_t)pt->src_cols + (size_t)pt->col0) * es;
+            size_t at = (size_t)(pt->row0 + i) * (size_t)pt->src_cols + (size_t)pt->col0;
             float *dst = buf + ((size_t)pt->expert * (size_t)w->rows + (size_t)(pt->dst_row + i)) * (size_t)w->cols;
-            msm_convert_to_f32(dst, src, t->dtype, (size_t)pt->n_cols);
+            if (deq) memcpy(dst, deq + at, sizeof(float) * (size_t)pt->n_cols);
+            else msm_convert_to_f32(dst, (const char *)t->data + at * es, t->dtype, (size_t)pt->n_cols);
         }
+        free(deq);
     }
     return buf;
 }
@@ -237,6 +267,265 @@ Test(weights, f16_f32_and_mixed_sources_load_like_the_float32_path, .timeout = 1
     free((void *)dmx);
 }
 
+/* ---- FP8 block-scaled checkpoints ------------------------------------------------------------ */
+
+static const char *const fp8_models[] = {"tests/data/qwen3moe-fp8", "tests/data/glm4moe-fp8"};
+
+/* Slots that cut FP8 rows (192 bytes) into pieces starting mid-block (100, 64 and 37 bytes), a
+ * column slice read row by row, several readers. */
+static const msm_load_opts fp8_variants[] = {
+    {.threads = 1},
+    {.threads = 3, .slot_bytes = 100, .slots = 2, .row_gap = 16},
+    {.threads = 2, .slot_bytes = 64, .row_gap = 1},
+    {.threads = 2, .slot_bytes = 37},
+    {.threads = 2, .slot_bytes = 4096},
+};
+
+/* Every weight of every rank, at TP 1, 2 and 4 (slices of 96, 48 and 16 rows or columns: TP slices
+ * starting mid-block), bitwise the element-by-element dequantisation of the whole tensor, however
+ * the chunks are cut. */
+Test(weights, fp8_checkpoints_dequantise_bitwise_at_tp_1_2_4_however_the_chunks_are_cut, .timeout = 240) {
+    for (size_t m = 0; m < 2; m++)
+        for (int tp = 1; tp <= 4; tp *= 2)
+            for (int rank = 0; rank < tp; rank++)
+                for (size_t v = 0; v < sizeof fp8_variants / sizeof fp8_variants[0]; v++)
+                    check_cpu_load(fp8_models[m], fp8_models[m], rank, tp, &fp8_variants[v]);
+}
+
+/* The loader tells the backend what each weight is made of (alloc_weights' msm_wsource, recorded
+ * here by wrapping the CPU backend's): FP8 where every part is, "mixed" for a weight of FP8 and
+ * bf16 parts, bf16 where modules_to_not_convert kept it, and whether the weight's own 128-blocks
+ * line up with the checkpoint's (not for a slice starting mid-block, nor for gate and up rows
+ * packed at row 192). */
+static const msm_backend_vt *cpu_vt;
+static msm_wsource seen_src[1024];
+
+static int record_alloc(msm_backend *b, const msm_graph *g, const msm_wsource *src, msm_err *err) {
+    cr_assert_leq(g->n_weights, 1024);
+    cr_assert_not_null(src);
+    memcpy(seen_src, src, sizeof *src * (size_t)g->n_weights);
+    return cpu_vt->alloc_weights(b, g, src, err);
+}
+
+/* msm_wsource of weight `name` when rank `rank` of `tp` of glm4moe-fp8 loads. */
+static msm_wsource source_of(int rank, int tp, const char *name) {
+    msm_graph *g = rank_graph("tests/data/glm4moe-fp8", rank, tp);
+    msm_safetensors *st;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_safetensors_open_dir("tests/data/glm4moe-fp8", &st, &err), 0, "%s", err.msg);
+    msm_backend *b;
+    cr_assert_eq(msm_backend_cpu_new(NULL, rank, 1000, false, &b, &err), 0);
+    cpu_vt = b->vt;
+    msm_backend_vt vt = *b->vt;
+    vt.alloc_weights = record_alloc;
+    b->vt = &vt;
+    cr_assert_eq(msm_weights_load(g, st, b, NULL, NULL, &err), 0, "%s", err.msg);
+    b->vt = cpu_vt;
+    int wi = -1;
+    for (int i = 0; i < g->n_weights; i++)
+        if (!strcmp(g->weights[i].name, name)) wi = i;
+    cr_assert_geq(wi, 0, "no weight %s", name);
+    msm_wsource ws = seen_src[wi];
+    msm_backend_free(b);
+    msm_safetensors_free(st);
+    msm_graph_free(g);
+    return ws;
+}
+
+#define expect_source(rank, tp, name, dt, aligned)                                                       \
+    do {                                                                                                  \
+        msm_wsource ws_ = source_of(rank, tp, name);                                                      \
+        cr_expect_eq(ws_.dtype, dt, "%s at %d/%d: dtype %d", name, rank, tp, (int)ws_.dtype);             \
+        cr_expect_eq(ws_.fp8_block, dt == MSM_F8_E4M3 ? 128 : 0, "%s at %d/%d", name, rank, tp);          \
+        cr_expect_eq(ws_.fp8_aligned, aligned, "%s at %d/%d: fp8_aligned %d", name, rank, tp, ws_.fp8_aligned); \
+    } while (0)
+
+Test(weights, fp8_weight_sources_reach_the_backend) {
+    expect_source(0, 1, "layers.0.mlp_down", MSM_F8_E4M3, true);           /* [64, 192] whole */
+    expect_source(1, 2, "layers.0.mlp_down", MSM_F8_E4M3, false);          /* columns 96..191 */
+    expect_source(0, 2, "layers.0.mlp_down", MSM_F8_E4M3, true);           /* columns 0..95 */
+    expect_source(0, 1, "layers.0.mlp_gate_up", MSM_F8_E4M3, false);       /* up rows packed at row 192 */
+    expect_source(0, 1, "layers.1.experts_down", MSM_F8_E4M3, true);
+    expect_source(0, 1, "layers.2.shared_gate_up", MSM_DTYPE_COUNT, false); /* FP8 gate, bf16 up */
+    expect_source(0, 1, "layers.1.o_proj", MSM_BF16, false);               /* modules_to_not_convert */
+    expect_source(0, 1, "model.embed_tokens.weight", MSM_BF16, false);
+}
+
+/* ---- FP8 checkpoints that are refused ------------------------------------------------------- */
+
+/* An edit of one checkpoint tensor: drop it, or replace it by `ndim` dims `shape` of `st_dtype`
+ * holding `data` (nbytes). */
+typedef struct edit {
+    const char *name;
+    bool drop;
+    const char *st_dtype;
+    int ndim;
+    int64_t shape[2];
+    const void *data;
+    size_t nbytes;
+} edit;
+
+/* Writes glm4moe-fp8 again under tmp/`dir` with one tensor edited (a single file), and its
+ * config.json, less its quantization_config when `drop_quant`. */
+static const char *edit_fp8_model(const char *dir, const edit *ed, bool drop_quant) {
+    const char *dst = copy_model("tests/data/glm4moe-fp8", dir);
+    msm_safetensors *st;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_safetensors_open_dir("tests/data/glm4moe-fp8", &st, &err), 0, "%s", err.msg);
+    static const char *names[] = {"F32", "F16", "BF16", "I32", "F8_E4M3"};
+    json_object *hdr = json_object_new_object();
+    size_t off = 0, n = msm_safetensors_count(st);
+    for (int pass = 0; pass < 2; pass++) {
+        char out[512];
+        FILE *o = pass ? fopen(join(out, sizeof out, dst, "model.safetensors"), "wb") : NULL;
+        if (pass) {
+            const char *h = json_object_to_json_string_ext(hdr, JSON_C_TO_STRING_PLAIN);
+            uint64_t hl = strlen(h);
+            uint8_t len8[8];
+            for (int k = 0; k < 8; k++) len8[k] = (uint8_t)(hl >> (8 * k));
+            cr_assert_not_null(o);
+            fwrite(len8, 1, 8, o);
+            fwrite(h, 1, hl, o);
+        }
+        for (size_t i = 0; i < n; i++) {
+            const msm_st_tensor *t = msm_safetensors_at(st, i);
+            bool hit = !strcmp(t->name, ed->name);
+            if (hit && ed->drop) continue;
+            const void *data = hit ? ed->data : t->data;
+            size_t nb = hit ? ed->nbytes : t->nbytes;
+            if (pass) {
+                fwrite(data, 1, nb, o);
+                continue;
+            }
+            json_object *e = json_object_new_object(), *shape = json_object_new_array(), *offs = json_object_new_array();
+            json_object_object_add(e, "dtype", json_object_new_string(hit ? ed->st_dtype : names[t->dtype]));
+            for (int d = 0; d < (hit ? ed->ndim : t->ndim); d++)
+                json_object_array_add(shape, json_object_new_int64(hit ? ed->shape[d] : t->shape[d]));
+            json_object_object_add(e, "shape", shape);
+            json_object_array_add(offs, json_object_new_int64((int64_t)off));
+            json_object_array_add(offs, json_object_new_int64((int64_t)(off + nb)));
+            json_object_object_add(e, "data_offsets", offs);
+            json_object_object_add(hdr, t->name, e);
+            off += nb;
+        }
+        if (pass) cr_assert_eq(fclose(o), 0);
+    }
+    json_object_put(hdr);
+    msm_safetensors_free(st);
+    if (drop_quant) {
+        char path[512];
+        json_object *cfg = json_object_from_file(join(path, sizeof path, dst, "config.json"));
+        cr_assert_not_null(cfg);
+        json_object_object_del(cfg, "quantization_config");
+        cr_assert_eq(json_object_to_file(path, cfg), 0);
+        json_object_put(cfg);
+    }
+    return dst;
+}
+
+/* Loads rank 0 of 1 of dir: refused with `code` and every needle in the message; msm_weights_check
+ * refuses it the same way without reading a weight. */
+static void expect_fp8_refused(const char *dir, int code, const char *const *needles) {
+    msm_graph *g = rank_graph(dir, 0, 1);
+    msm_safetensors *st;
+    msm_err err = {{0}}, err2 = {{0}};
+    cr_assert_eq(msm_safetensors_open_dir(dir, &st, &err), 0, "%s", err.msg);
+    msm_backend *b;
+    cr_assert_eq(msm_backend_cpu_new(NULL, 0, 1000, false, &b, &err), 0);
+    int r = msm_weights_load(g, st, b, &(msm_load_opts){.threads = 2, .slot_bytes = 256}, NULL, &err);
+    cr_assert_eq(r, code, "rc %d (%s), expected %d", r, r ? err.msg : "loaded", code);
+    for (const char *const *n = needles; *n; n++) assert_has(err.msg, *n);
+    cr_assert_eq(msm_weights_check(g, st, &err2), code);
+    cr_expect_str_eq(err2.msg, err.msg);
+    msm_backend_free(b);
+    msm_safetensors_free(st);
+    msm_graph_free(g);
+}
+
+#define EXPERT "model.layers.1.mlp.experts.3.gate_proj.weight" /* [32, 64] FP8: scales [1, 1] */
+#define DENSE "model.layers.0.mlp.up_proj.weight"            /* [192, 64] FP8: scales [2, 1] */
+
+Test(weights, fp8_weight_without_its_scales_is_refused_naming_both) {
+    const char *dir = edit_fp8_model("m", &(edit){.name = DENSE "_scale_inv", .drop = true}, false);
+    const char *needles[] = {"model.safetensors: tensor '" DENSE "' is F8_E4M3 but its block scales '" DENSE
+                             "_scale_inv' (float32 [2, 1]) are missing", NULL};
+    expect_fp8_refused(dir, -ENOENT, needles);
+}
+
+Test(weights, fp8_per_tensor_scale_is_refused) {
+    float one = 0.01f;
+    const char *dir = edit_fp8_model("m", &(edit){.name = DENSE "_scale_inv", .st_dtype = "F32", .ndim = 0,
+                                                  .data = &one, .nbytes = 4}, false);
+    const char *needles[] = {"tensor '" DENSE "_scale_inv' has shape [] (a per-tensor scale)",
+                             "FP8 weight [192, 64] in 128 x 128 blocks needs block scales [2, 1]", NULL};
+    expect_fp8_refused(dir, -EINVAL, needles);
+}
+
+Test(weights, fp8_per_channel_scales_are_refused) {
+    static float rows[192];
+    for (int i = 0; i < 192; i++) rows[i] = 0.01f;
+    const char *dir = edit_fp8_model("m", &(edit){.name = DENSE "_scale_inv", .st_dtype = "F32", .ndim = 1,
+                                                  .shape = {192}, .data = rows, .nbytes = sizeof rows}, false);
+    const char *needles[] = {"has shape [192] (per-channel scales)", NULL};
+    expect_fp8_refused(dir, -EINVAL, needles);
+    const char *dir2 = edit_fp8_model("m2", &(edit){.name = DENSE "_scale_inv", .st_dtype = "F32", .ndim = 2,
+                                                    .shape = {192, 1}, .data = rows, .nbytes = sizeof rows}, false);
+    const char *needles2[] = {"has shape [192, 1] (per-channel scales)", NULL};
+    expect_fp8_refused(dir2, -EINVAL, needles2);
+}
+
+Test(weights, fp8_scales_of_another_block_size_are_refused) {
+    float s[2] = {0.01f, 0.02f}; /* [1, 2]: 64-wide column blocks of a [32, 64] weight */
+    const char *dir = edit_fp8_model("m", &(edit){.name = EXPERT "_scale_inv", .st_dtype = "F32", .ndim = 2,
+                                                  .shape = {1, 2}, .data = s, .nbytes = sizeof s}, false);
+    const char *needles[] = {"has shape [1, 2] (block scales of another block size)", "needs block scales [1, 1]", NULL};
+    expect_fp8_refused(dir, -EINVAL, needles);
+}
+
+Test(weights, fp8_scales_that_are_not_float_or_not_finite_are_refused) {
+    uint8_t q = 0x38;
+    const char *dir = edit_fp8_model("m", &(edit){.name = EXPERT "_scale_inv", .st_dtype = "F8_E4M3", .ndim = 2,
+                                                  .shape = {1, 1}, .data = &q, .nbytes = 1}, false);
+    const char *needles[] = {"tensor '" EXPERT "_scale_inv' (the block scales of an FP8 weight) is f8_e4m3; expected "
+                             "float32", NULL};
+    expect_fp8_refused(dir, -EINVAL, needles);
+    float inf = INFINITY;
+    const char *dir2 = edit_fp8_model("m2", &(edit){.name = EXPERT "_scale_inv", .st_dtype = "F32", .ndim = 2,
+                                                    .shape = {1, 1}, .data = &inf, .nbytes = 4}, false);
+    msm_graph *g = rank_graph(dir2, 0, 1);
+    msm_safetensors *st;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_safetensors_open_dir(dir2, &st, &err), 0, "%s", err.msg);
+    msm_backend *b;
+    cr_assert_eq(msm_backend_cpu_new(NULL, 0, 1000, false, &b, &err), 0);
+    cr_assert_eq(msm_weights_load(g, st, b, NULL, NULL, &err), -EINVAL);
+    assert_has(err.msg, "tensor '" EXPERT "_scale_inv' holds a non-finite scale (inf) for block [0, 0]");
+    msm_backend_free(b);
+    msm_safetensors_free(st);
+    msm_graph_free(g);
+}
+
+Test(weights, fp8_tensors_without_a_quantization_config_are_refused) {
+    const char *dir = edit_fp8_model("m", &(edit){.name = "none"}, true);
+    const char *needles[] = {"is F8_E4M3 but config.json declares no FP8 quantization", NULL};
+    expect_fp8_refused(dir, -EINVAL, needles);
+}
+
+/* Scales stored as bf16 (as some FP8 checkpoints do): read exactly, the weights dequantised with them. */
+Test(weights, fp8_scales_in_bf16_are_read) {
+    const msm_st_tensor *t;
+    msm_safetensors *st;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_safetensors_open_dir("tests/data/glm4moe-fp8", &st, &err), 0, "%s", err.msg);
+    t = msm_safetensors_find(st, DENSE "_scale_inv");
+    uint16_t h[2];
+    for (int i = 0; i < 2; i++) h[i] = msm_f32_to_bf16(((const float *)t->data)[i]);
+    msm_safetensors_free(st);
+    const char *dir = edit_fp8_model("m", &(edit){.name = DENSE "_scale_inv", .st_dtype = "BF16", .ndim = 2,
+                                                  .shape = {2, 1}, .data = h, .nbytes = sizeof h}, false);
+    for (size_t v = 0; v < 3; v++) check_cpu_load(dir, dir, 0, 1, &fp8_variants[v]);
+}
+
 /* ---- faults during the load --------------------------------------------------------------- */
 
 typedef struct fault {
@@ -258,7 +547,6 @@ static void break_file(void *ctx, uint64_t done, uint64_t total) {
     if (done > 0 && !f->done) break_now(f);
 }
 
-#define assert_has(msg, s) cr_assert_not_null(strstr((msg), (s)), "'%s' not in: %s", (s), (msg))
 
 /* Breaks `file` of a copy of `model` right after its header was read (`at_open`) or once the
  * first chunk is in, loads it with one reader and 1 KiB slots, and expects failure `code` with
@@ -434,6 +722,18 @@ Test(weights, cuda_weights_equal_the_float32_path_rounded_to_bf16_from_every_sou
             for (int rank = 0; rank < tp; rank++)
                 for (size_t v = 0; v < sizeof load_variants / sizeof load_variants[0]; v++)
                     check_cuda_load(dirs[m], rank, tp, &load_variants[v]);
+}
+
+/* FP8: dequantised on the device (load.cu) to the host's dequantised value rounded to bf16, bit
+ * for bit, at TP 1, 2 and 4, with slots that cut rows mid-block. */
+Test(weights, cuda_fp8_weights_equal_the_host_dequantisation_rounded_to_bf16, .timeout = 300) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) cr_skip_test("no GPU");
+    for (size_t m = 0; m < 2; m++)
+        for (int tp = 1; tp <= 4; tp *= 2)
+            for (int rank = 0; rank < tp; rank++)
+                for (size_t v = 0; v < sizeof fp8_variants / sizeof fp8_variants[0]; v++)
+                    check_cuda_load(fp8_models[m], rank, tp, &fp8_variants[v]);
 }
 #else
 Test(weights, cuda_skipped_without_cuda) { cr_skip_test("built without CUDA"); }
