@@ -429,22 +429,23 @@ static int cuda_chan_slot(msm_wchan *wc, void **ret, msm_err *err) {
 
 /* An FP8 block: its bytes and the scales of the blocks it covers (nrb x ncb of them, a sub-block
  * of the tensor's scale_inv at k->scale, packed) go to the device, and one kernel dequantises it
- * into the weight (bf16, or float32 for a keep_f32 one). The scale buffer is grown when a block
- * covers more scales than any before: after the copies in flight on this stream, which may still
- * read it. */
+ * into the weight (bf16, or float32 for a keep_f32 one). The scale buffer is allocated at the
+ * first FP8 block and grown if a block covers more scales than it holds: after the work in flight
+ * on this stream, which may still read it. */
 static int chan_put_fp8(cuda_chan *c, const msm_wblock *k, size_t span, msm_err *err) {
     cuda_backend *cb = c->cb;
     if (!k->scale || k->scale_block <= 0)
         return msm_err_set(err, -EINVAL, "rank %d: an FP8 block of weight %d came without its scales", cb->b.rank, k->wi);
     size_t B = (size_t)k->scale_block, nrb = (k->scale_r0 + k->rows - 1) / B + 1,
            ncb = (k->scale_c0 + k->cols - 1) / B + 1;
-    if (nrb * ncb > c->dev_scale_n) {
+    if (nrb * ncb > c->dev_scale_n) { /* 16 Ki scales: more than any chunk of a real model covers */
+        size_t n = nrb * ncb > 16384 ? nrb * ncb : 16384;
         TRY(cudaStreamSynchronize(c->stream));
         if (c->dev_scale) TRY(cudaFree(c->dev_scale));
         c->dev_scale = NULL;
         c->dev_scale_n = 0;
-        TRY(cudaMalloc((void **)&c->dev_scale, nrb * ncb * sizeof(float)));
-        c->dev_scale_n = nrb * ncb;
+        TRY(cudaMalloc((void **)&c->dev_scale, n * sizeof(float)));
+        c->dev_scale_n = n;
     }
     /* the scales are the loader's (pageable) host memory: copied into staging before the call
      * returns, and they outlive the load anyway */
