@@ -84,6 +84,34 @@ static uint16_t f32_to_f16(float f) {
     return u;
 }
 
+/* Adds tensor `name` (st_dtype, ndim dims `shape`, nb bytes at *off) to a safetensors header. */
+static void header_add(json_object *hdr, const char *name, const char *st_dtype, int ndim, const int64_t *shape,
+                       size_t *off, size_t nb) {
+    json_object *e = json_object_new_object(), *sh = json_object_new_array(), *offs = json_object_new_array();
+    json_object_object_add(e, "dtype", json_object_new_string(st_dtype));
+    for (int d = 0; d < ndim; d++) json_object_array_add(sh, json_object_new_int64(shape[d]));
+    json_object_object_add(e, "shape", sh);
+    json_object_array_add(offs, json_object_new_int64((int64_t)*off));
+    json_object_array_add(offs, json_object_new_int64((int64_t)(*off + nb)));
+    json_object_object_add(e, "data_offsets", offs);
+    json_object_object_add(hdr, name, e);
+    *off += nb;
+}
+
+/* Creates dir/name holding the 8-byte length and the header; the caller writes the data. */
+static FILE *start_file(const char *dir, const char *name, json_object *hdr) {
+    char out[512];
+    FILE *o = fopen(join(out, sizeof out, dir, name), "wb");
+    cr_assert_not_null(o);
+    const char *h = json_object_to_json_string_ext(hdr, JSON_C_TO_STRING_PLAIN);
+    uint64_t hl = strlen(h);
+    uint8_t len8[8];
+    for (int k = 0; k < 8; k++) len8[k] = (uint8_t)(hl >> (8 * k));
+    fwrite(len8, 1, 8, o);
+    fwrite(h, 1, hl, o);
+    return o;
+}
+
 /* Writes model `src` again under tmp/name with tensor i (in name order) stored as
  * dtypes[i % n_dtypes]: values converted from the source through float32 (exact for f32,
  * rounded for f16). Same files, same shard names, same index. */
@@ -101,28 +129,11 @@ static const char *rewrite_model(const char *src, const char *name, const msm_dt
             const msm_st_tensor *t = msm_safetensors_at(st, i);
             if ((size_t)t->file_index != f) continue;
             msm_dtype dt = dtypes[i % (size_t)n_dtypes];
-            size_t n = t->nbytes / msm_dtype_size(t->dtype), nb = n * msm_dtype_size(dt);
-            json_object *e = json_object_new_object(), *shape = json_object_new_array(),
-                        *offs = json_object_new_array();
-            json_object_object_add(e, "dtype", json_object_new_string(st_names[dt]));
-            for (int d = 0; d < t->ndim; d++) json_object_array_add(shape, json_object_new_int64(t->shape[d]));
-            json_object_object_add(e, "shape", shape);
-            json_object_array_add(offs, json_object_new_int64((int64_t)off));
-            json_object_array_add(offs, json_object_new_int64((int64_t)(off + nb)));
-            json_object_object_add(e, "data_offsets", offs);
-            json_object_object_add(hdr, t->name, e);
-            off += nb;
+            size_t n = t->nbytes / msm_dtype_size(t->dtype);
+            header_add(hdr, t->name, st_names[dt], t->ndim, t->shape, &off, n * msm_dtype_size(dt));
         }
-        const char *h = json_object_to_json_string_ext(hdr, JSON_C_TO_STRING_PLAIN);
-        char out[512];
         const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-        FILE *o = fopen(join(out, sizeof out, dst, base), "wb");
-        cr_assert_not_null(o);
-        uint64_t hl = strlen(h);
-        uint8_t len8[8];
-        for (int k = 0; k < 8; k++) len8[k] = (uint8_t)(hl >> (8 * k));
-        fwrite(len8, 1, 8, o);
-        fwrite(h, 1, hl, o);
+        FILE *o = start_file(dst, base, hdr);
         for (size_t i = 0; i < msm_safetensors_count(st); i++) {
             const msm_st_tensor *t = msm_safetensors_at(st, i);
             if ((size_t)t->file_index != f) continue;
@@ -375,18 +386,8 @@ static const char *edit_fp8_model(const char *dir, const edit *ed, bool drop_qua
     static const char *names[] = {"F32", "F16", "BF16", "I32", "F8_E4M3"};
     json_object *hdr = json_object_new_object();
     size_t off = 0, n = msm_safetensors_count(st);
-    for (int pass = 0; pass < 2; pass++) {
-        char out[512];
-        FILE *o = pass ? fopen(join(out, sizeof out, dst, "model.safetensors"), "wb") : NULL;
-        if (pass) {
-            const char *h = json_object_to_json_string_ext(hdr, JSON_C_TO_STRING_PLAIN);
-            uint64_t hl = strlen(h);
-            uint8_t len8[8];
-            for (int k = 0; k < 8; k++) len8[k] = (uint8_t)(hl >> (8 * k));
-            cr_assert_not_null(o);
-            fwrite(len8, 1, 8, o);
-            fwrite(h, 1, hl, o);
-        }
+    for (int pass = 0; pass < 2; pass++) { /* the header, then the data */
+        FILE *o = pass ? start_file(dst, "model.safetensors", hdr) : NULL;
         for (size_t i = 0; i < n; i++) {
             const msm_st_tensor *t = msm_safetensors_at(st, i);
             bool hit = !strcmp(t->name, ed->name);
@@ -397,16 +398,8 @@ static const char *edit_fp8_model(const char *dir, const edit *ed, bool drop_qua
                 fwrite(data, 1, nb, o);
                 continue;
             }
-            json_object *e = json_object_new_object(), *shape = json_object_new_array(), *offs = json_object_new_array();
-            json_object_object_add(e, "dtype", json_object_new_string(hit ? ed->st_dtype : names[t->dtype]));
-            for (int d = 0; d < (hit ? ed->ndim : t->ndim); d++)
-                json_object_array_add(shape, json_object_new_int64(hit ? ed->shape[d] : t->shape[d]));
-            json_object_object_add(e, "shape", shape);
-            json_object_array_add(offs, json_object_new_int64((int64_t)off));
-            json_object_array_add(offs, json_object_new_int64((int64_t)(off + nb)));
-            json_object_object_add(e, "data_offsets", offs);
-            json_object_object_add(hdr, t->name, e);
-            off += nb;
+            header_add(hdr, t->name, hit ? ed->st_dtype : names[t->dtype], hit ? ed->ndim : t->ndim,
+                       hit ? ed->shape : t->shape, &off, nb);
         }
         if (pass) cr_assert_eq(fclose(o), 0);
     }
