@@ -230,8 +230,8 @@ int main(int argc, char **argv) {
            o.tp, o.cuda_graphs && o.backend == MSM_BACKEND_CUDA ? "on" : "off", ms_desc,
            o.fuse_allreduce ? "on" : "off", ctx_desc, steps, (msm_bench_now_ms() - t0) / 1e3);
     if (c->fp8_block) /* docs/adr/0006-fp8.md: FP8-resident weights are the next step */
-        printf("# FP8 preset: its dummy weights are bf16 on every backend for now (as FP8 checkpoints load "
-               "today, docs/adr/0006-fp8.md); GB/step counts bf16 weights\n");
+        printf("# FP8 preset: dummy weights as for the bf16 preset for now (bf16 on CUDA, as FP8 checkpoints "
+               "load today: docs/adr/0006-fp8.md); GB/step counts bf16 weights\n");
     int rc = prefill ? bench_prefill(e, c, bl, nb, steps, &err) : bench_decode(e, c, bl, nb, maxb, context, steps, ceiling, &err);
     msm_engine_free(e);
     return rc;
