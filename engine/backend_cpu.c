@@ -152,6 +152,15 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         if (n->op == MSM_OP_ALLREDUCE) return msm_comm_allreduce(cb->b.comm, F(in0), F(out0), rows * cols, err);
         return msm_comm_allgather(cb->b.comm, F(in0), F(out0), rows, cols * sizeof(float), err);
     }
+    case MSM_OP_ALLREDUCE_ADD_RMSNORM: { /* the pair it fused: the partial (its only reader is this
+                                            node) reduced in place, then the residual add + norm */
+        if (cb->b.skew_us > 0 && cb->b.skew_stream == s) usleep((useconds_t)cb->b.skew_us);
+        int r = msm_comm_allreduce(cb->b.comm, F(in0), F(in0), (size_t)ROWS(in0) * g->vals[in0].cols, err);
+        if (r) return r;
+        msm_cpu_add_rmsnorm(F(out0), F(n->out[1]), F(n->in[1]), F(in0), cb->weights[n->w[0]], ROWS(in0),
+                            a->rmsnorm.dim, a->rmsnorm.eps);
+        break;
+    }
     case MSM_OP_SAMPLE: {
         int R = ROWS(in0), V = a->sample.V, Vp = a->sample.V_pad;
         const msm_sample_params *p = (const msm_sample_params *)I32(n->in[1]);

@@ -16,7 +16,9 @@ const char *msm_op_name(msm_op op) { return (unsigned)op < MSM_OP_COUNT ? op_nam
 
 const char *msm_stream_name(msm_stream s) { return s == MSM_STREAM_AUX ? "aux" : "main"; }
 
-bool msm_op_is_collective(msm_op op) { return op == MSM_OP_ALLREDUCE || op == MSM_OP_ALLGATHER; }
+bool msm_op_is_collective(msm_op op) {
+    return op == MSM_OP_ALLREDUCE || op == MSM_OP_ALLGATHER || op == MSM_OP_ALLREDUCE_ADD_RMSNORM;
+}
 
 msm_graph *msm_graph_new(int rank, int tp) {
     msm_graph *g = calloc(1, sizeof *g);
@@ -254,6 +256,7 @@ static void dump_attr(const msm_node *n, FILE *out) {
     case MSM_OP_RMSNORM:
     case MSM_OP_ADD_RMSNORM:
     case MSM_OP_MOE_COMBINE_NORM:
+    case MSM_OP_ALLREDUCE_ADD_RMSNORM:
         fprintf(out, " [dim=%d eps=%g]", a->rmsnorm.dim, (double)a->rmsnorm.eps);
         break;
     case MSM_OP_QK_NORM:

@@ -50,7 +50,9 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
     X(MOE_COMBINE_NORM) /* in: x, routed, shared, h [rows,C]  w: gate [1,C], norm [C]           \
                        out: s = x + (routed + sigmoid(h . gate) * shared), rmsnorm(s) (pass-made) */ \
     X(ROPE_KV_WRITE) /* in: qkv, pos, slot   out: qkv (q and k heads rotated); also writes the    \
-                        rotated k heads and the v heads to the layer's KV cache (pass-made) */
+                        rotated k heads and the v heads to the layer's KV cache (pass-made) */ \
+    X(ALLREDUCE_ADD_RMSNORM) /* in: partial, x [rows,C]  w: [C]  out: s = x + sum over ranks of  \
+                        partial, rmsnorm(s) (pass-made; a collective: on MAIN, in V4's sequence) */
 
 typedef enum msm_op {
 #define MSM_OP_ENUM(n) MSM_OP_##n,
@@ -123,7 +125,7 @@ typedef struct msm_attr_sample { int V, V_pad; } msm_attr_sample; /* vocabulary,
 
 typedef union msm_attr {
     msm_attr_embed embed;
-    msm_attr_rmsnorm rmsnorm;         /* RMSNORM, ADD_RMSNORM, MOE_COMBINE_NORM */
+    msm_attr_rmsnorm rmsnorm;         /* RMSNORM, ADD_RMSNORM, MOE_COMBINE_NORM, ALLREDUCE_ADD_RMSNORM */
     msm_attr_qk_norm qk_norm;
     msm_attr_linear linear;
     msm_attr_rope rope;               /* ROPE, ROPE_KV_WRITE */

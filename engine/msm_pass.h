@@ -21,6 +21,7 @@ typedef struct msm_pass_opts {
     bool fuse_add_norm;    /* fuse_add_rmsnorm */
     bool fuse_moe_combine; /* fuse_moe_combine */
     bool fuse_rope_kv;     /* fuse_rope_kv_write */
+    bool fuse_allreduce_norm; /* fuse_allreduce_add_rmsnorm */
     msm_warn_fn warn;
     void *warn_ud;
     /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)
@@ -56,6 +57,14 @@ int msm_pass_fuse_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_g
  * experts (GLM-4.5) have no MUL and are left alone. */
 int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                               msm_err *err);
+
+/* ALLREDUCE(p) -> a immediately followed on MAIN by the ADD_RMSNORM(x, a) that is a's only
+ * reader → one ALLREDUCE_ADD_RMSNORM(p, x) writing the ADD_RMSNORM's two values: the residual
+ * add and the next norm ride in the collective (the CUDA backend's one-shot all-reduce does them
+ * in its kernel). Only where p has no other reader (a backend may reduce it in place). At tp 1
+ * after elide_tp1_collectives nothing is left to fuse. Idempotent. */
+int msm_pass_fuse_allreduce_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
+                                        msm_err *err);
 
 /* ROPE + the ATTENTION reading its output → ROPE_KV_WRITE (rotates and writes the layer's K/V
  * cache) + an ATTENTION with kv_written (skips its own K/V write), per layer: the same cache, the

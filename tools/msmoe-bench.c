@@ -167,7 +167,8 @@ int main(int argc, char **argv) {
         {"no-cuda-graphs", no_argument, 0, 'G'}, {"no-multi-stream", no_argument, 0, 'M'},
         {"no-fuse-allreduce", no_argument, 0, 'F'}, {"tp", required_argument, 0, 't'},
         {"ceiling", required_argument, 0, 'C'}, {"lengths", required_argument, 0, 'L'},
-        {"multi-stream-max-tokens", required_argument, 0, 'X'}, {0, 0, 0, 0}};
+        {"multi-stream-max-tokens", required_argument, 0, 'X'},
+        {"no-fuse-allreduce-norm", no_argument, 0, 'N'}, {0, 0, 0, 0}};
     int ch;
     optind = 2;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -181,6 +182,7 @@ int main(int argc, char **argv) {
         case 'G': o.cuda_graphs = false; break;
         case 'M': o.multi_stream = false; break;
         case 'F': o.fuse_allreduce = false; break;
+        case 'N': o.fuse_allreduce_norm = false; break;
         case 't': o.tp = atoi(optarg); break;
         case 'C': ceiling = atof(optarg); break;
         case 'L': batches = optarg; break;
@@ -225,14 +227,19 @@ int main(int argc, char **argv) {
         snprintf(ms_desc, sizeof ms_desc, "%s", o.multi_stream ? "on" : "off");
     char ctx_desc[32] = "";
     if (!prefill) snprintf(ctx_desc, sizeof ctx_desc, "context %d, ", context);
-    printf("# %s %s, backend %s, tp %d, graphs %s, multi-stream %s, fuse-allreduce %s, %s%d steps "
-           "(median), start-up %.1f s\n", c->arch_name, prefill ? "prefill" : "decode", msm_engine_backend_name(e),
-           o.tp, o.cuda_graphs && o.backend == MSM_BACKEND_CUDA ? "on" : "off", ms_desc,
-           o.fuse_allreduce ? "on" : "off", ctx_desc, steps, (msm_bench_now_ms() - t0) / 1e3);
+    printf("# %s %s, backend %s, tp %d, graphs %s, multi-stream %s, fuse-allreduce %s, fuse-allreduce-norm %s, "
+           "%s%d steps (median), start-up %.1f s\n", c->arch_name, prefill ? "prefill" : "decode",
+           msm_engine_backend_name(e), o.tp, o.cuda_graphs && o.backend == MSM_BACKEND_CUDA ? "on" : "off", ms_desc,
+           o.fuse_allreduce ? "on" : "off", o.fuse_allreduce_norm ? "on" : "off", ctx_desc, steps,
+           (msm_bench_now_ms() - t0) / 1e3);
     if (c->fp8_block) /* docs/adr/0006-fp8.md: FP8-resident weights are the next step */
         printf("# FP8 preset: dummy weights as for the bf16 preset for now (bf16 on CUDA, as FP8 checkpoints "
                "load today: docs/adr/0006-fp8.md); GB/step counts bf16 weights\n");
-    int rc = prefill ? bench_prefill(e, c, bl, nb, steps, &err) : bench_decode(e, c, bl, nb, maxb, context, steps, ceiling, &err);
+    /* a TP group of tp GPUs reads the step's bytes (split between them) at tp GPUs' ceilings */
+    if (!prefill && o.tp > 1)
+        printf("# %%HBM: GB/step over %d GPUs' ceilings (%d x %.0f GB/s)\n", o.tp, o.tp, ceiling);
+    int rc = prefill ? bench_prefill(e, c, bl, nb, steps, &err)
+                     : bench_decode(e, c, bl, nb, maxb, context, steps, ceiling * (o.tp > 1 ? o.tp : 1), &err);
     msm_engine_free(e);
     return rc;
 }

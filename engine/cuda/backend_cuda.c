@@ -48,6 +48,13 @@ typedef struct cuda_backend {
     size_t q_tmp_bytes;
     void *gather_tmp;            /* all-gather staging [tp, rows, cols] */
     size_t gather_bytes;
+    /* one-shot all-reduce (kernels/cuda/allreduce.cu): on when every rank reaches every other's
+     * memory (set up in cuda_prepare); `ar_fault` is host-mapped, set by a kernel whose peer never
+     * arrived; `broken` after a collective failed: the group's state is unknown, no more steps */
+    bool ar_on, broken;
+    msm_cuda_ar_peers ar;
+    uint32_t *ar_sig;
+    uint32_t *ar_fault;
     cudaGraphExec_t graphs[MAX_GRAPHS];
     int graph_key[MAX_GRAPHS], n_graphs;
     cudaGraph_t capturing;
@@ -106,6 +113,43 @@ static int nccl_allgather(msm_comm *c, const void *in, void *out, size_t rows, s
 }
 
 static const msm_comm_vt nccl_vt = {nccl_allreduce, nccl_allgather};
+
+/* An ALLREDUCE node: the one-shot kernel over peer memory for messages up to the tuning's limit
+ * when the group has it (same bits on every rank; the verifier's rule, collectives on MAIN, holds
+ * for it as for NCCL), else NCCL. The input must lie in the arena, where every rank's graph put it
+ * at the same offset, and out must not overlap it (planned values never do). */
+static int allreduce_node(cuda_backend *cb, const float *in, float *out, size_t n, msm_cuda_exec ex,
+                          msm_err *err) {
+    size_t bytes = n * sizeof(float), off = (size_t)((const char *)in - cb->arena);
+    bool inside = (const char *)in >= cb->arena && off + bytes <= cb->arena_bytes;
+    bool overlap = (const char *)out < (const char *)in + bytes && (const char *)in < (const char *)out + bytes;
+    if (cb->ar_on && inside && !overlap && bytes <= ex.tune->ar_oneshot_max_bytes) {
+        KTRY(msm_cuda_allreduce_oneshot(out, off, n, &cb->ar, ex));
+        return 0;
+    }
+    return nccl_allreduce(&cb->comm, in, out, n, err);
+}
+
+/* An ALLREDUCE_ADD_RMSNORM node: the one-shot kernel with the add and norm fused, under the same
+ * conditions as allreduce_node; else NCCL in place on the partial (its only reader is this node)
+ * and the add_rmsnorm kernel. Either way the pair's bits. */
+static int allreduce_add_rmsnorm_node(cuda_backend *cb, float *p, const float *x, float *sum, float *out,
+                                      const uint16_t *w, int rows, int dim, float eps, msm_cuda_exec ex,
+                                      msm_err *err) {
+    size_t n = (size_t)rows * dim, bytes = n * sizeof(float), off = (size_t)((const char *)p - cb->arena);
+    bool inside = (const char *)p >= cb->arena && off + bytes <= cb->arena_bytes;
+    bool overlap = false;
+    for (const float *o = sum; o; o = o == sum ? out : NULL)
+        overlap |= (const char *)o < (const char *)p + bytes && (const char *)p < (const char *)o + bytes;
+    if (cb->ar_on && inside && !overlap && bytes <= ex.tune->ar_oneshot_max_bytes) {
+        KTRY(msm_cuda_allreduce_add_rmsnorm(sum, out, off, x, w, rows, dim, eps, &cb->ar, ex));
+        return 0;
+    }
+    int r = nccl_allreduce(&cb->comm, p, p, n, err);
+    if (r) return r;
+    KTRY(msm_cuda_add_rmsnorm(sum, out, x, p, w, rows, dim, eps, ex));
+    return 0;
+}
 
 /* ---- nodes ------------------------------------------------------------------------------- */
 
@@ -213,7 +257,12 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     case MSM_OP_ALLREDUCE:
         if (n->stream != MSM_STREAM_MAIN)
             return msm_err_set(err, -EINVAL, "collective on a non-main stream reached the CUDA backend");
-        return nccl_allreduce(&cb->comm, F(in0), F(out0), (size_t)ROWS(in0) * g->vals[in0].cols, err);
+        return allreduce_node(cb, F(in0), F(out0), (size_t)ROWS(in0) * g->vals[in0].cols, s, err);
+    case MSM_OP_ALLREDUCE_ADD_RMSNORM:
+        if (n->stream != MSM_STREAM_MAIN)
+            return msm_err_set(err, -EINVAL, "collective on a non-main stream reached the CUDA backend");
+        return allreduce_add_rmsnorm_node(cb, F(in0), F(n->in[1]), F(out0), F(n->out[1]), cb->w[n->w[0]], ROWS(in0),
+                                          a->rmsnorm.dim, a->rmsnorm.eps, s, err);
     case MSM_OP_ALLGATHER:
         if (n->stream != MSM_STREAM_MAIN)
             return msm_err_set(err, -EINVAL, "collective on a non-main stream reached the CUDA backend");
@@ -256,6 +305,9 @@ static int cuda_begin(msm_backend *b, msm_err *err) {
 static int cuda_sync(msm_backend *b, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     if (cb->capturing) return 0;
+    if (cb->broken)
+        return msm_err_set(err, -EIO, "rank %d (GPU %d): a collective of this group failed earlier; the "
+                                      "group cannot run more steps", cb->b.rank, cb->device);
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (unsigned spin = 0;; spin++) {
@@ -265,6 +317,7 @@ static int cuda_sync(msm_backend *b, msm_err *err) {
         clock_gettime(CLOCK_MONOTONIC, &t);
         double ms = (double)(t.tv_sec - t0.tv_sec) * 1e3 + (double)(t.tv_nsec - t0.tv_nsec) * 1e-6;
         if (ms > cb->b.deadline_ms) {
+            cb->broken = true;
             ncclCommAbort(cb->nccl);
             cb->nccl = NULL;
             return msm_err_set(err, -ETIMEDOUT, "rank %d (GPU %d): the step did not finish within %d ms; "
@@ -273,6 +326,14 @@ static int cuda_sync(msm_backend *b, msm_err *err) {
         if (spin > 64) usleep(20);
     }
     TRY(cudaStreamQuery(cb->st[MSM_STREAM_AUX]));
+    if (cb->ar_fault && *(volatile uint32_t *)cb->ar_fault) {
+        cb->broken = true;
+        if (cb->nccl) ncclCommAbort(cb->nccl);
+        cb->nccl = NULL;
+        return msm_err_set(err, -ETIMEDOUT, "rank %d (GPU %d): a peer of the one-shot all-reduce did not arrive "
+                                            "within %d ms; NCCL communicator aborted", cb->b.rank, cb->device,
+                           cb->b.deadline_ms);
+    }
     return 0;
 }
 
@@ -503,6 +564,81 @@ const uint16_t *msm_backend_cuda_weight(const msm_backend *b, int wi, size_t *re
     return cb->w[wi];
 }
 
+/* What a rank tells its group at prepare time (through one NCCL all-gather). */
+typedef struct ar_info {
+    uint64_t arena, sig, arena_bytes;
+    int32_t device, can_reach_all; /* can_reach_all: second round only */
+} ar_info;
+
+/* One all-gather of an ar_info per rank, eager on the main stream (so it is also the eager
+ * collective NCCL wants before any capture). */
+static int ar_exchange(cuda_backend *cb, const ar_info *mine, ar_info *all, msm_err *err) {
+    ar_info *d = NULL;
+    cudaStream_t s = cb->st[MSM_STREAM_MAIN];
+    TRY(cudaMalloc((void **)&d, sizeof *d * (size_t)(cb->tp + 1)));
+    cudaError_t e = cudaMemcpyAsync(d + cb->tp, mine, sizeof *mine, cudaMemcpyHostToDevice, s);
+    ncclResult_t n = e == cudaSuccess ? ncclAllGather(d + cb->tp, d, sizeof *mine, ncclChar, cb->nccl, s) : ncclSuccess;
+    if (e == cudaSuccess && n == ncclSuccess) e = cudaMemcpyAsync(all, d, sizeof *all * (size_t)cb->tp, cudaMemcpyDeviceToHost, s);
+    int r = e == cudaSuccess && n == ncclSuccess ? cuda_sync(&cb->b, err) : 0;
+    cudaFree(d);
+    if (n != ncclSuccess)
+        return msm_err_set(err, -EIO, "rank %d (GPU %d): all-gather of the peer table failed: %s", cb->b.rank,
+                           cb->device, ncclGetErrorString(n));
+    TRY(e);
+    return r;
+}
+
+/* The one-shot all-reduce's setup: a signal area and a host-mapped fault word per rank, the
+ * group's arena and signal pointers, peer access to every other rank's GPU. It stays off (NCCL
+ * only) unless every rank reaches every other and all arenas have the same size; MSM_CUDA_AR=nccl
+ * keeps it off (read with the tuning). */
+static int ar_setup(cuda_backend *cb, msm_err *err) {
+    if (cb->tp < 2 || cb->tp > MSM_CUDA_AR_MAX_RANKS) return 0;
+    size_t sb = msm_cuda_ar_signal_bytes();
+    TRY(cudaMalloc((void **)&cb->ar_sig, sb));
+    TRY(cudaMemset(cb->ar_sig, 0, sb));
+    TRY(cudaHostAlloc((void **)&cb->ar_fault, sizeof *cb->ar_fault, cudaHostAllocMapped));
+    *cb->ar_fault = 0;
+    ar_info mine = {.arena = (uint64_t)(uintptr_t)cb->arena, .sig = (uint64_t)(uintptr_t)cb->ar_sig,
+                    .arena_bytes = cb->arena_bytes, .device = cb->device}, all[MSM_CUDA_AR_MAX_RANKS];
+    KTRY(ar_exchange(cb, &mine, all, err));
+    int reach = cb->tune.ar_oneshot_max_bytes > 0;
+    for (int r = 0; r < cb->tp && reach; r++) {
+        if (all[r].arena_bytes != cb->arena_bytes) reach = 0;
+        if (all[r].device == cb->device) continue; /* ranks sharing a GPU (tests) */
+        int can = 0;
+        if (cudaDeviceCanAccessPeer(&can, cb->device, all[r].device) != cudaSuccess || !can) {
+            reach = 0;
+            break;
+        }
+        cudaError_t e = cudaDeviceEnablePeerAccess(all[r].device, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+        else if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            reach = 0;
+        }
+    }
+    /* second round: on only if every rank can reach every other */
+    ar_info vote = mine, votes[MSM_CUDA_AR_MAX_RANKS];
+    vote.can_reach_all = reach;
+    KTRY(ar_exchange(cb, &vote, votes, err));
+    bool on = true;
+    for (int r = 0; r < cb->tp; r++) on = on && votes[r].can_reach_all;
+    cb->ar = (msm_cuda_ar_peers){.rank = cb->b.rank, .size = cb->tp, .fault = cb->ar_fault,
+                                 .timeout_ns = (unsigned long long)cb->b.deadline_ms * 1000000ull};
+    cudaError_t e = cudaHostGetDevicePointer((void **)&cb->ar.fault, cb->ar_fault, 0);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        on = false;
+    }
+    for (int r = 0; r < cb->tp; r++) {
+        cb->ar.base[r] = (const char *)(uintptr_t)all[r].arena;
+        cb->ar.sig[r] = (uint32_t *)(uintptr_t)all[r].sig;
+    }
+    cb->ar_on = on;
+    return 0;
+}
+
 static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     cb->arena_bytes = g->arena_bytes;
@@ -553,7 +689,7 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
     cb->gather_bytes = gather;
     TRY(cudaMalloc(&cb->gather_tmp, gather ? gather : 256));
     TRY(cudaDeviceSynchronize());
-    return 0;
+    return ar_setup(cb, err);
 }
 
 static int cuda_write(msm_backend *b, size_t off, const void *src, size_t n, msm_err *err) {
@@ -626,6 +762,8 @@ static void cuda_free(msm_backend *b) {
     }
     cudaFree(cb->gather_tmp);
     cudaFree(cb->arena);
+    cudaFree(cb->ar_sig);
+    if (cb->ar_fault) cudaFreeHost(cb->ar_fault);
     msm_cuda_ctx_free(cb->ctx);
     if (cb->nccl) ncclCommDestroy(cb->nccl);
     free(cb);
@@ -650,6 +788,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_LT_SPLIT_DECODE=1          ... and for pure decode steps too (see tuning_for_decode)
  *   MSM_CUDA_MOE_PATH=pair|grouped_gemv|tiled|wmma   force a MoE path
  *   MSM_CUDA_MOE_TILED_MIN_T=N          the tiled MoE GEMMs from N tokens on
+ *   MSM_CUDA_AR=nccl                    every all-reduce through NCCL (no one-shot kernel)
+ *   MSM_CUDA_AR_ONESHOT_MAX_BYTES=N     the one-shot all-reduce up to N bytes (0: off)
  *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch,nt4  MoE kernel variants
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
@@ -683,6 +823,8 @@ static void tuning_from_env(msm_cuda_tuning *t, uint64_t *skip_ops) {
     if (env_int("MSM_CUDA_MMV_MAX_T", &v)) t->mmv_max_t = v < 0 ? 0 : v > 64 ? 64 : v;
     if (env_int("MSM_CUDA_LT_SPLIT_MIN_T", &v)) t->lt_split_min_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MOE_TILED_MIN_T", &v)) t->moe_tiled_min_t = v < 1 ? 1 : v;
+    if (env_int("MSM_CUDA_AR_ONESHOT_MAX_BYTES", &v)) t->ar_oneshot_max_bytes = v < 0 ? 0 : (size_t)v;
+    if ((s = getenv("MSM_CUDA_AR")) && !strcmp(s, "nccl")) t->ar_oneshot_max_bytes = 0;
     if ((s = getenv("MSM_CUDA_MOE_PATH")))
         t->moe_path = !strcmp(s, "pair")           ? MSM_CUDA_MOE_PATH_PAIR
                       : !strcmp(s, "grouped_gemv") ? MSM_CUDA_MOE_PATH_GROUPED_GEMV

@@ -158,7 +158,8 @@ typedef int (*pass_fn)(const msm_graph *in, const msm_pass_opts *o, msm_graph **
 int msm_passes_apply(const msm_graph *plain, const msm_pass_opts *o, msm_graph **ret,
                      msm_err *err) {
     /* The order matters: the MoE passes find branches by role and plain ADD / ALLREDUCE nodes,
-     * elide_tp1_collectives runs after them, fuse_moe_combine needs its ADD_RMSNORM; the RoPE
+     * elide_tp1_collectives runs after them, fuse_moe_combine needs its ADD_RMSNORM (and
+     * fuse_allreduce_add_rmsnorm takes the ADD_RMSNORMs behind an all-reduce, after it); the RoPE
      * fusion touches none of those. */
     const struct { bool on; pass_fn run; } passes[] = {
         {o->fuse_allreduce, msm_pass_fuse_moe_allreduce},
@@ -166,6 +167,7 @@ int msm_passes_apply(const msm_graph *plain, const msm_pass_opts *o, msm_graph *
         {o->fuse_add_norm, msm_pass_fuse_add_rmsnorm},
         {o->elide_collectives, msm_pass_elide_tp1_collectives},
         {o->fuse_moe_combine, msm_pass_fuse_moe_combine},
+        {o->fuse_allreduce_norm, msm_pass_fuse_allreduce_add_rmsnorm},
         {o->fuse_rope_kv, msm_pass_fuse_rope_kv_write},
     };
     msm_graph *g = msm_graph_clone(plain), *next = NULL;

@@ -32,34 +32,10 @@ extern "C" int msm_cuda_embed(float *out, const uint16_t *table, const int32_t *
     return 0;
 }
 
-/* ---- row norms: one block per row, the row held in registers ----
- * Thread i of a block owns elements i, i + threads, i + 2*threads, ... (V of them); the sum of
- * squares adds them in that order, then warp sums, then the warps in order. rmsnorm and
- * add_rmsnorm pick the thread count and V the same way, so add_rmsnorm equals add + rmsnorm
- * bitwise. All loads of a row are issued before the first store (sum may alias a or b). */
-static int norm_threads(int dim) {
-    if (dim <= 8192) return dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
-    int t = (dim + 31) / 32;
-    return (t + 31) / 32 * 32;
-}
-
-/* Values per thread: the smallest of 1, 2, 4, ..., 32 that covers dim (dim <= 32 * 1024). */
-static int norm_vals(int dim, int threads) {
-    int v = 1;
-    while (v * threads < dim) v *= 2;
-    return v;
-}
-
-static __device__ float block_sum(float v, float *part) {
-    v = msm_warp_sum(v);
-    int warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    __syncthreads(); /* part may still be read from a previous call */
-    if ((threadIdx.x & 31) == 0) part[warp] = v;
-    __syncthreads();
-    float tot = 0.0f;
-    for (int i = 0; i < nwarps; i++) tot += part[i];
-    return tot;
-}
+/* ---- row norms: one block per row, the row held in registers (msm_norm_threads and
+ * msm_norm_vals in msm_cuda.h say how many threads and values: rmsnorm, add_rmsnorm and the
+ * all-reduce's fused norm pick them the same way, so they agree bitwise). All loads of a row are
+ * issued before the first store (sum may alias a or b). */
 
 /* sum = a (+ b), out = rmsnorm(sum) * w; sum NULL: not stored. */
 template <int V>
@@ -84,7 +60,7 @@ static __global__ void add_rmsnorm_kernel(float *sum, float *out, const float *a
             ss += v[j] * v[j];
         }
     }
-    float tot = block_sum(ss, part);
+    float tot = msm_block_sum(ss, part);
     float inv = 1.0f / sqrtf(tot / (float)dim + eps);
 #pragma unroll
     for (int j = 0; j < V; j++) {
@@ -97,8 +73,8 @@ static int add_rmsnorm_launch(float *sum, float *out, const float *a, const floa
                               const uint16_t *w, int rows, int dim, float eps, msm_cuda_exec ex) {
     if (rows < 0 || dim <= 0 || dim > 32 * 1024) return -EINVAL;
     if (rows == 0) return 0;
-    int threads = norm_threads(dim);
-    switch (norm_vals(dim, threads)) {
+    int threads = msm_norm_threads(dim);
+    switch (msm_norm_vals(dim, threads)) {
 #define NORM_CASE(V)                                                                               \
     case V:                                                                                        \
         CUDA_TRY(msm_launch(add_rmsnorm_kernel<V>, dim3((unsigned)rows), dim3((unsigned)threads), 0, \
@@ -147,7 +123,7 @@ static __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const 
 #pragma unroll
     for (int j = 0; j < V; j++)
         if (threadIdx.x + j * blockDim.x < dim) g = fmaf(hv[j], gv[j], g);
-    g = block_sum(g, part);
+    g = msm_block_sum(g, part);
     float s = 1.0f / (1.0f + expf(-g));
     float ss = 0.0f;
 #pragma unroll
@@ -159,7 +135,7 @@ static __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const 
             ss += xv[j] * xv[j];
         }
     }
-    ss = block_sum(ss, part);
+    ss = msm_block_sum(ss, part);
     float inv = 1.0f / sqrtf(ss / (float)dim + eps);
 #pragma unroll
     for (int j = 0; j < V; j++) {
@@ -177,7 +153,7 @@ extern "C" int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float 
     int threads = dim >= 2048 ? 512 : dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
     if (dim > 16 * threads) threads = (((dim + 15) / 16 + 31) / 32) * 32;
     if (threads > 1024) return -EINVAL;
-    switch (norm_vals(dim, threads)) {
+    switch (msm_norm_vals(dim, threads)) {
 #define COMBINE_CASE(V)                                                                            \
     case V:                                                                                        \
         CUDA_TRY(msm_launch(moe_combine_rmsnorm_kernel<V>, dim3((unsigned)rows), dim3((unsigned)threads), \

@@ -56,6 +56,23 @@ int msm__moe_tiled_prepare(void);
 /* After every <<<>>>: a launch error (bad grid, too much shared memory) surfaces here. */
 #define CUDA_LAUNCH_CHECK() CUDA_TRY(cudaGetLastError())
 
+/* Row norms (RMSNorm and the kernels that fuse it): one block per row, thread i owning elements
+ * i, i + threads, i + 2*threads, ... (msm_norm_vals of them); the sum of squares adds them in
+ * that order, then warp sums, then the warps in order (msm_block_sum). Every kernel that norms a
+ * row picks threads and values with these two, so they all agree bitwise. */
+static inline int msm_norm_threads(int dim) {
+    if (dim <= 8192) return dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
+    int t = (dim + 31) / 32;
+    return (t + 31) / 32 * 32;
+}
+
+/* Values per thread: the smallest of 1, 2, 4, ..., 32 that covers dim (dim <= 32 * 1024). */
+static inline int msm_norm_vals(int dim, int threads) {
+    int v = 1;
+    while (v * threads < dim) v *= 2;
+    return v;
+}
+
 #ifdef __CUDACC__
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -72,6 +89,19 @@ static __device__ __forceinline__ float msm_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(MSM_FULL_MASK, v, o));
     return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32): warp sums, then the warps in order; every
+ * thread gets the total. part: shared memory of 32 floats. */
+static __device__ __forceinline__ float msm_block_sum(float v, float *part) {
+    v = msm_warp_sum(v);
+    int warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    __syncthreads(); /* part may still be read from a previous call */
+    if ((threadIdx.x & 31) == 0) part[warp] = v;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int i = 0; i < nwarps; i++) tot += part[i];
+    return tot;
 }
 
 /* bf16 bits to float: exact (a bf16 is the top half of a float). */

@@ -96,6 +96,8 @@ typedef struct msm_cuda_tuning {
     int moe_gateup_mma_per_sm, moe_down_mma_per_sm;   /* 16 tokens a pass */
     int moe_gateup_mma4_per_sm, moe_down_mma4_per_sm; /* 32 tokens a pass (MSM_CUDA_MOE_K_NT4) */
     int att_per_sm[4][2];     /* attention_kernel<L = 4, 8, 16, 32 chunks><vec 0/1> */
+    size_t ar_oneshot_max_bytes; /* all-reduces up to this size take the one-shot kernel where the
+                                    group has peer access (MSM_CUDA_AR_ONESHOT_MAX_BYTES); 0: NCCL always */
 } msm_cuda_tuning;
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the
@@ -254,6 +256,40 @@ int msm_cuda_gather_rows(float *out, const float *x, const int32_t *rows, int R,
  * the counter-based RNG exactly as msm_cpu_sample. Needs no scratch. */
 int msm_cuda_sample(int32_t *out, const float *logits, const msm_sample_params *p, int R, int V,
                     msm_cuda_exec ex);
+
+/* ---- one-shot all-reduce over peer memory (allreduce.cu) ----
+ * For the collectives of a TP group whose ranks' GPUs reach each other's memory (NVLink peer
+ * access, enabled by the backend). Not a twin of a CPU kernel: its oracle is the host group's
+ * all-reduce (msm_comm), and NCCL's all-reduce on the same data. */
+#define MSM_CUDA_AR_MAX_RANKS 8
+#define MSM_CUDA_AR_MAX_BLOCKS 256
+/* Default of msm_cuda_tuning.ar_oneshot_max_bytes (measured: bench/cuda_allreduce.c). */
+#define MSM_CUDA_AR_ONESHOT_MAX_BYTES (8u << 20)
+/* A rank's view of its group, passed by value into every call (so a captured graph keeps it). */
+typedef struct msm_cuda_ar_peers {
+    int rank, size;
+    const char *base[MSM_CUDA_AR_MAX_RANKS]; /* each rank's buffer (the arena), same layout everywhere */
+    uint32_t *sig[MSM_CUDA_AR_MAX_RANKS];    /* each rank's signal area (msm_cuda_ar_signal_bytes, zeroed) */
+    uint32_t *fault;                          /* host-mapped word this rank's kernels set on a timeout */
+    unsigned long long timeout_ns;            /* how long a block waits for a peer */
+} msm_cuda_ar_peers;
+
+/* Bytes of one rank's signal area. */
+size_t msm_cuda_ar_signal_bytes(void);
+
+/* out[i] = sum over ranks r = 0..size-1 (in that order) of ((float *)(base[r] + off))[i], i < n.
+ * Every rank of the group must make the same sequence of calls (same n). out must not overlap
+ * this rank's input. A peer that does not arrive within timeout_ns sets *fault and leaves out
+ * undefined. */
+int msm_cuda_allreduce_oneshot(float *out, size_t off, size_t n, const msm_cuda_ar_peers *p,
+                               msm_cuda_exec ex);
+
+/* sum = x + (the one-shot all-reduce of the [rows, dim] floats at off), out = rmsnorm(sum) * w:
+ * bit for bit msm_cuda_allreduce_oneshot then msm_cuda_add_rmsnorm(sum, out, x, that, w, ...).
+ * sum and out must not overlap this rank's input (x may equal sum). */
+int msm_cuda_allreduce_add_rmsnorm(float *sum, float *out, size_t off, const float *x, const uint16_t *w,
+                                   int rows, int dim, float eps, const msm_cuda_ar_peers *p,
+                                   msm_cuda_exec ex);
 
 #ifdef __cplusplus
 }

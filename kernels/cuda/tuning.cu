@@ -18,6 +18,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;
     t->moe_path = MSM_CUDA_MOE_PATH_AUTO;
     t->moe_tiled_min_t = MSM_CUDA_MOE_TILED_MIN_T;
+    t->ar_oneshot_max_bytes = MSM_CUDA_AR_ONESHOT_MAX_BYTES;
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;
     msm__moe_tuning(t);

@@ -6,7 +6,9 @@ For every golden prompt: greedy tokens equal, logits within bf16 tolerance of th
 tiny std-0.2 models that rounding alone moves logits by up to 5e-1 and flips greedy tokens, so
 comparing against a float32 cache would measure the cache format, not the kernels);
 CUDA-graph replay vs eager bitwise; multi-stream on vs off bitwise; a 100-token run replays the
-decode graph 100 times and must equal eager bitwise. Prints one line per check, exits non-zero
+decode graph 100 times and must equal eager bitwise. With --tp 2 in MSMOE_CUDA_ARGS also: the
+all-reduce fused with the residual add + norm on vs off bitwise, and the one-shot all-reduce vs
+NCCL's bitwise (two ranks: both sum a + b). Prints one line per check, exits non-zero
 on any failure."""
 import json, os, subprocess, sys, tempfile
 import numpy as np
@@ -14,6 +16,7 @@ import numpy as np
 BIN = os.environ.get("MSMOE_RUN", "gpu-run/bin/msmoe-run")
 # MSMOE_CUDA_ARGS, e.g. "--tp 2" on a two-GPU machine: every CUDA run gets these (CPU stays tp 1)
 CUDA_EXTRA = os.environ.get("MSMOE_CUDA_ARGS", "").split()
+TP2 = "--tp" in CUDA_EXTRA and CUDA_EXTRA[CUDA_EXTRA.index("--tp") + 1] == "2"
 fails = 0
 
 
@@ -66,6 +69,9 @@ for m in MODELS:
             st, sl = run(d, p, n, "--backend", "cuda", "--no-multi-stream")
             # programmatic dependent launch off: kernels strictly serialised (must not change a bit)
             pt, pl = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_PDL": "0"})
+            if TP2:  # the all-reduce + add + norm unfused, and NCCL for every all-reduce
+                ut, ul = run(d, p, n, "--backend", "cuda", "--no-fuse-allreduce-norm")
+                nt, nl = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_AR": "nccl"})
         except Exception as e:  # noqa
             check(f"{m}[{i}] runs", False, str(e)[:400])
             continue
@@ -106,6 +112,11 @@ for m in MODELS:
               f"maxdiff={float(np.abs(gl - sl).max()):.3e}")
         check(f"{m}[{i}] PDL on vs off bitwise", np.array_equal(gl, pl) and gt == pt,
               f"maxdiff={float(np.abs(gl - pl).max()):.3e}")
+        if TP2:
+            check(f"{m}[{i}] all-reduce + add + norm fused vs not bitwise", np.array_equal(gl, ul) and gt == ut,
+                  f"maxdiff={float(np.abs(gl - ul).max()):.3e}")
+            check(f"{m}[{i}] one-shot all-reduce vs NCCL bitwise", np.array_equal(gl, nl) and gt == nt,
+                  f"maxdiff={float(np.abs(gl - nl).max()):.3e}")
 
 # 100 replays of the decode graph vs eager
 d = "tests/data/qwen2moe-gqa"

@@ -958,6 +958,110 @@ Test(cuda_kernels, partial_rope_matches_cpu, .timeout = 60) {
     }
 }
 
+/* ---- one-shot all-reduce ---- */
+
+/* Three "ranks" on GPU 0, each a buffer, a signal area and a stream of its own; their kernels
+ * run concurrently and meet at the barriers as ranks on three GPUs would. The sum equals the host's
+ * in rank order bit for bit, on every rank, over calls of several sizes and offsets (the flags count
+ * on between calls); a rank whose peers never come sets the fault word and returns. */
+Test(cuda_kernels, allreduce_oneshot_sums_in_rank_order, .timeout = 60) {
+    need_gpu();
+    enum { R = 3 };
+    const size_t cap = 1 << 20; /* floats per rank buffer: input at some offset, output after */
+    msm_cuda_ar_peers p[R];
+    cudaStream_t st[R];
+    char *buf[R];
+    uint32_t *sig[R], *fault[R];
+    for (int r = 0; r < R; r++) {
+        buf[r] = dev(2 * cap * sizeof(float));
+        sig[r] = dev(msm_cuda_ar_signal_bytes());
+        cr_assert_eq(cudaMemset(sig[r], 0, msm_cuda_ar_signal_bytes()), cudaSuccess);
+        cr_assert_eq(cudaHostAlloc((void **)&fault[r], 4, cudaHostAllocMapped), cudaSuccess);
+        *fault[r] = 0;
+        cr_assert_eq(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking), cudaSuccess);
+    }
+    for (int r = 0; r < R; r++) {
+        p[r] = (msm_cuda_ar_peers){.rank = r, .size = R, .fault = fault[r], .timeout_ns = 5000000000ull};
+        for (int q = 0; q < R; q++) p[r].base[q] = buf[q], p[r].sig[q] = sig[q];
+    }
+    static const size_t cases[][2] = {{2048, 0}, {5, 3}, {1 << 19, 64}, {2048, 0}, {777777, 1001}, {1, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        size_t n = cases[c][0], off = cases[c][1] * sizeof(float);
+        float *in[R], *ref = malloc(n * 4), *out = malloc(n * 4);
+        for (int r = 0; r < R; r++) {
+            in[r] = host_f32(n, r + 1.0f);
+            cr_assert_eq(cudaMemcpy(buf[r] + off, in[r], n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+            cr_assert_eq(cudaMemset(buf[r] + cap * 4, 0xff, n * 4), cudaSuccess);
+        }
+        for (size_t i = 0; i < n; i++) {
+            float s = in[0][i];
+            for (int r = 1; r < R; r++) s += in[r][i];
+            ref[i] = s;
+        }
+        for (int r = 0; r < R; r++) {
+            msm_cuda_exec ex = {.stream = st[r], .tune = &tune0};
+            CK(msm_cuda_allreduce_oneshot((float *)(buf[r] + cap * 4), off, n, &p[r], ex));
+        }
+        cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+        for (int r = 0; r < R; r++) {
+            cr_assert_eq(*fault[r], 0u, "case %zu: rank %d timed out", c, r);
+            down(out, buf[r] + cap * 4, n * 4);
+            cr_assert(memcmp(out, ref, n * 4) == 0, "case %zu (n=%zu off=%zu): rank %d differs from the rank-order sum",
+                      c, n, off, r);
+        }
+        for (int r = 0; r < R; r++) free(in[r]);
+        free(ref), free(out);
+    }
+    /* fused with the residual add + norm: bit for bit the one-shot sum then add_rmsnorm (checked on
+     * rank 0; rows past the grid loop, dims of several values-per-thread classes) */
+    static const int fused[][2] = {{1, 2048}, {5, 2048}, {300, 64}, {3, 5000}, {2, 4096}};
+    for (size_t c = 0; c < sizeof fused / sizeof *fused; c++) {
+        int rows = fused[c][0], dim = fused[c][1];
+        size_t n = (size_t)rows * dim, off = 4096;
+        float *w32, *x = host_f32(n, 1.0f), *a = malloc(n * 4), *b = malloc(n * 4);
+        uint16_t *w = host_bf16((size_t)dim, 1.0f, &w32);
+        float *dx = dev_up(x, n * 4), *s1 = dev_poison(n * 4), *o1 = dev_poison(n * 4), *s2 = dev_poison(n * 4),
+              *o2 = dev_poison(n * 4);
+        uint16_t *dw = dev_up(w, (size_t)dim * 2);
+        for (int r = 0; r < R; r++) {
+            float *in = host_f32(n, r + 1.0f);
+            cr_assert_eq(cudaMemcpy(buf[r] + off, in, n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+            free(in);
+        }
+        for (int r = 0; r < R; r++) {
+            msm_cuda_exec ex = {.stream = st[r], .tune = &tune0};
+            CK(msm_cuda_allreduce_add_rmsnorm(r ? (float *)(buf[r] + cap * 4) : s1, r ? (float *)(buf[r] + cap * 4) : o1,
+                                              off, dx, dw, rows, dim, 1e-6f, &p[r], ex));
+        }
+        cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+        for (int r = 0; r < R; r++) /* the unfused pair on rank 0 */
+            CK(msm_cuda_allreduce_oneshot((float *)(buf[r] + cap * 4), off, n, &p[r],
+                                          (msm_cuda_exec){.stream = st[r], .tune = &tune0}));
+        cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+        CK(msm_cuda_add_rmsnorm(s2, o2, dx, (float *)(buf[0] + cap * 4), dw, rows, dim, 1e-6f, EX));
+        cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+        for (int r = 0; r < R; r++) cr_assert_eq(*fault[r], 0u, "fused %zu: rank %d timed out", c, r);
+        down(a, s1, n * 4), down(b, s2, n * 4);
+        cr_assert(memcmp(a, b, n * 4) == 0, "fused rows=%d dim=%d: the residual sum differs from the pair", rows, dim);
+        down(a, o1, n * 4), down(b, o2, n * 4);
+        cr_assert(memcmp(a, b, n * 4) == 0, "fused rows=%d dim=%d: the norm differs from the pair", rows, dim);
+        cudaFree(dx), cudaFree(s1), cudaFree(o1), cudaFree(s2), cudaFree(o2), cudaFree(dw);
+        free(x), free(a), free(b), free(w), free(w32);
+    }
+    /* rank 0 alone: its peers never come */
+    p[0].timeout_ns = 20000000ull;
+    msm_cuda_exec ex = {.stream = st[0], .tune = &tune0};
+    CK(msm_cuda_allreduce_oneshot((float *)(buf[0] + cap * 4), 0, 4096, &p[0], ex));
+    cr_assert_eq(cudaStreamSynchronize(st[0]), cudaSuccess);
+    cr_expect_eq(*fault[0], 1u, "a lone rank did not report its timeout");
+    p[0].size = 0;
+    cr_expect_eq(msm_cuda_allreduce_oneshot((float *)buf[0], 0, 4, &p[0], ex), -EINVAL);
+    for (int r = 0; r < R; r++) {
+        cudaFree(buf[r]), cudaFree(sig[r]), cudaFreeHost(fault[r]);
+        cudaStreamDestroy(st[r]);
+    }
+}
+
 #else /* no CUDA toolkit in this build */
 
 Test(cuda_kernels, skipped_without_cuda) { cr_skip_test("built without CUDA"); }

@@ -714,3 +714,48 @@ Test(graph_build, glm45_air_preset_builds_and_verifies_at_every_tp) {
         msm_graph_free(p), msm_graph_free(g);
     }
 }
+
+/* tp 2: every all-reduce followed by the residual add + norm becomes one ALLREDUCE_ADD_RMSNORM
+ * (two per layer with the MoE all-reduces fused, every model, with and without multi-stream): the
+ * collective sequence keeps its length and place (V4's hash differs only by the op), the pass is
+ * idempotent, and the verifier holds the fused node to V1 like any collective. */
+Test(graph_pass, allreduce_add_rmsnorm_fuses_every_residual_allreduce) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen3moe", "tests/data/mixtral", "tests/data/glm4moe"};
+    for (int d = 0; d < 4; d++)
+        for (int m = 0; m < 2; m++) {
+            msm_graph *g = plain(dirs[d], 2);
+            msm_pass_opts o0 = {.fuse_allreduce = true, .multi_stream = m, .elide_collectives = true,
+                                .fuse_add_norm = true, .fuse_moe_combine = true, .fuse_rope_kv = true};
+            msm_pass_opts o = o0;
+            o.fuse_allreduce_norm = true;
+            msm_graph *p0 = apply(g, &o0), *p = apply(g, &o);
+            cr_expect_eq(count_op(p, MSM_OP_ALLREDUCE_ADD_RMSNORM), 2 * g->n_layers, "%s ms %d", dirs[d], m);
+            cr_expect_eq(count_op(p, MSM_OP_ALLREDUCE), 0, "%s ms %d", dirs[d], m);
+            cr_expect_eq(count_op(p, MSM_OP_ADD_RMSNORM), count_op(p0, MSM_OP_ADD_RMSNORM) - 2 * g->n_layers);
+            cr_expect_eq(count_op(p0, MSM_OP_ALLREDUCE), 2 * g->n_layers);
+            int c0 = 0, c = 0;
+            for (int i = 0; i < p0->n_nodes; i++) c0 += msm_op_is_collective(p0->nodes[i].op);
+            for (int i = 0; i < p->n_nodes; i++) c += msm_op_is_collective(p->nodes[i].op);
+            cr_expect_eq(c, c0, "%s: the collective sequence changed length", dirs[d]);
+            msm_graph *q;
+            msm_err err = {{0}};
+            cr_assert_eq(msm_pass_fuse_allreduce_add_rmsnorm(p, &o, &q, &err), 0);
+            cr_expect(msm_graph_equal(p, q), "fuse_allreduce_add_rmsnorm is not idempotent");
+            /* moved to aux: V1 */
+            for (int i = 0; i < q->n_nodes; i++)
+                if (q->nodes[i].op == MSM_OP_ALLREDUCE_ADD_RMSNORM) {
+                    q->nodes[i].stream = MSM_STREAM_AUX;
+                    break;
+                }
+            cr_expect_neq(msm_graph_verify(q, &err), 0);
+            cr_expect(strstr(err.msg, "V1") && strstr(err.msg, "ALLREDUCE_ADD_RMSNORM"), "message: %s", err.msg);
+            msm_graph_free(q), msm_graph_free(p), msm_graph_free(p0), msm_graph_free(g);
+        }
+    /* tp 1: the collectives are elided first, nothing is left to fuse */
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 1);
+    msm_pass_opts o = {.fuse_allreduce = true, .elide_collectives = true, .fuse_add_norm = true,
+                       .fuse_allreduce_norm = true};
+    msm_graph *p = apply(g, &o);
+    cr_expect_eq(count_op(p, MSM_OP_ALLREDUCE_ADD_RMSNORM), 0);
+    msm_graph_free(p), msm_graph_free(g);
+}

@@ -93,6 +93,34 @@ Test(tp, rope_kv_write_is_bitwise_exact_with_a_bf16_kv_cache, .timeout = 120) {
     }
 }
 
+/* The all-reduce fused with the residual add + norm equals the pair bit for bit on host
+ * collectives (the partial reduced in place, then the same add_rmsnorm), at TP 2 and 4, with every
+ * other pass on, multi-stream on and off. */
+Test(tp, allreduce_add_rmsnorm_is_bitwise_the_pair, .timeout = 120) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/glm4moe", "tests/data/mixtral"};
+    for (int d = 0; d < 3; d++) {
+        golden g;
+        cr_assert_eq(golden_load(dirs[d], &g), 0);
+        for (int tp = 2; tp <= 4; tp *= 2)
+            for (int ms = 0; ms < 2; ms++) {
+                msm_err err = {{0}};
+                msm_generation ref, got;
+                msm_engine_opts o = test_engine_opts(dirs[d], tp, true, ms);
+                o.fuse_allreduce_norm = false;
+                cr_assert_eq(run(&o, &g, 0, &ref, &err), 0, "%s", err.msg);
+                o.fuse_allreduce_norm = true;
+                cr_assert_eq(run(&o, &g, 0, &got, &err), 0, "%s", err.msg);
+                cr_assert_eq(got.n_rows, ref.n_rows);
+                cr_expect_eq(memcmp(got.logits, ref.logits, (size_t)ref.n_rows * (size_t)g.cols[0] * sizeof(float)), 0,
+                             "%s tp %d multi-stream %d: the fused all-reduce + add + norm differs from the pair",
+                             dirs[d], tp, ms);
+                msm_generation_done(&got);
+                msm_generation_done(&ref);
+            }
+        golden_done(&g);
+    }
+}
+
 /* A multi-stream token limit: steps past it (the prompts here) run the one-stream graph, the
  * decode steps the multi-stream one, in the same arena; every step stays bitwise the passes-off
  * result at TP 1 and within 1e-4 at TP 2. */
