@@ -118,6 +118,10 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
                                     cb->weights[n->w[0]], cb->weights[n->w[1]], ROWS(in0), a->rmsnorm.dim,
                                     a->rmsnorm.eps);
         break;
+    case MSM_OP_MOE_COMBINE:
+        msm_cpu_moe_combine(F(out0), F(in0), F(n->in[1]), F(n->in[2]), cb->weights[n->w[0]], ROWS(in0),
+                            g->vals[in0].cols);
+        break;
     case MSM_OP_MUL:
         msm_cpu_scale_rows(F(out0), F(in0), F(n->in[1]), ROWS(in0), g->vals[in0].cols);
         break;

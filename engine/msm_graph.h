@@ -52,7 +52,9 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
     X(ROPE_KV_WRITE) /* in: qkv, pos, slot   out: qkv (q and k heads rotated); also writes the    \
                         rotated k heads and the v heads to the layer's KV cache (pass-made) */ \
     X(ALLREDUCE_ADD_RMSNORM) /* in: partial, x [rows,C]  w: [C]  out: s = x + sum over ranks of  \
-                        partial, rmsnorm(s) (pass-made; a collective: on MAIN, in V4's sequence) */
+                        partial, rmsnorm(s) (pass-made; a collective: on MAIN, in V4's sequence) */ \
+    X(MOE_COMBINE)  /* in: routed, shared, h [rows,C]  w: gate [1,C]                            \
+                       out: routed + sigmoid(h . gate) * shared (pass-made, tp > 1) */
 
 typedef enum msm_op {
 #define MSM_OP_ENUM(n) MSM_OP_##n,

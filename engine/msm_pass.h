@@ -52,8 +52,9 @@ int msm_pass_fuse_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_g
                               msm_err *err);
 
 /* Shared-expert gate (LINEAR N=1, SIGMOID, MUL) + combine ADD + the following ADD_RMSNORM → one
- * MOE_COMBINE_NORM node per MoE layer with a gated shared expert (only where no collective sits
- * between the combine and the residual add: tp 1 after elide_tp1_collectives). Ungated shared
+ * MOE_COMBINE_NORM node per MoE layer with a gated shared expert (where no collective sits
+ * between the combine and the residual add: tp 1 after elide_tp1_collectives); at tp > 1, where
+ * the combine feeds the ALLREDUCE, gate + SIGMOID + MUL + ADD → one MOE_COMBINE. Ungated shared
  * experts (GLM-4.5) have no MUL and are left alone. */
 int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                               msm_err *err);

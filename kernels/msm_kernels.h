@@ -82,6 +82,12 @@ void msm_cpu_moe_combine_rmsnorm(float *sum, float *out, const float *x, const f
                                  const float *shared, const float *h, const float *wg,
                                  const float *w, int rows, int dim, float eps);
 
+/* The same without the residual add and norm (tp > 1, where the all-reduce comes between): per
+ * row out = routed + shared * sigmoid(h . wg), the arithmetic of linear (N=1), sigmoid,
+ * scale_rows, add. out must not alias the inputs. */
+void msm_cpu_moe_combine(float *out, const float *routed, const float *shared, const float *h,
+                         const float *wg, int rows, int dim);
+
 /* y[t,:] = x[t,:] * s[t]   (x, y [T,D], s [T]). */
 void msm_cpu_scale_rows(float *y, const float *x, const float *s, int T, int D);
 

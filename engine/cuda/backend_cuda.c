@@ -224,6 +224,10 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                                           cb->w[n->w[0]], cb->w[n->w[1]], ROWS(in0), a->rmsnorm.dim,
                                           a->rmsnorm.eps, s));
         break;
+    case MSM_OP_MOE_COMBINE:
+        KTRY(msm_cuda_moe_combine(F(out0), F(in0), F(n->in[1]), F(n->in[2]), cb->w[n->w[0]], ROWS(in0),
+                                  g->vals[in0].cols, s));
+        break;
     case MSM_OP_MUL:
         KTRY(msm_cuda_scale_rows(F(out0), F(in0), F(n->in[1]), ROWS(in0), g->vals[in0].cols, s));
         break;

@@ -14,7 +14,13 @@
  * has no gate (GLM-4.5: the combine ADD reads the shared output itself, no MUL). Runs after
  * elide_tp1_collectives and fuse_add_rmsnorm; the shared branch's remaining nodes (gate_up,
  * SwiGLU, down) keep their role and stream, and the join that ordered the MUL's (or the ADD's)
- * read of aux values precedes the fused node. Idempotent: a fused layer has no ADD_RMSNORM fed by a combine ADD left. */
+ * read of aux values precedes the fused node. Idempotent: a fused layer has no ADD_RMSNORM fed by a combine ADD left.
+ *
+ * At tp > 1 the combine ADD feeds the layer's ALLREDUCE instead: there the gate LINEAR, SIGMOID,
+ * MUL and ADD become one MOE_COMBINE(routed, shared, h) -> the same partial, at the ADD's place
+ * (after the join, on MAIN), and the all-reduce (with the residual add and norm, after
+ * fuse_allreduce_add_rmsnorm) follows it: four launches become one, three of them off the shared
+ * branch, which is the longer one of a decode step. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -35,6 +41,45 @@ static int readers(const msm_graph *g, int v) {
     return c;
 }
 
+/* The gated combine ending at node c: moe = ADD(routed, MUL(shared, SIGMOID(LINEAR(h, wg)))), each
+ * intermediate read once, every [rows, C] value float32 with the same rows. */
+typedef struct chain {
+    int routed, shared, h, wg; /* values, and the gate weight */
+    int mul, sig, lin;         /* nodes */
+} chain;
+
+static bool match_chain(const msm_graph *g, int c, int C, chain *ch) {
+    const msm_node *cn = &g->nodes[c];
+    if (cn->op != MSM_OP_ADD || cn->role != MSM_ROLE_MOE_COMBINE || readers(g, cn->out[0]) != 1) return false;
+    /* which ADD input is the gated shared output */
+    int m = -1, routed = -1;
+    for (int q = 0; q < 2 && m < 0; q++) {
+        int pm = producer(g, cn->in[q], c);
+        if (pm >= 0 && g->nodes[pm].op == MSM_OP_MUL && g->nodes[pm].role == MSM_ROLE_SHARED) {
+            m = pm;
+            routed = cn->in[1 - q];
+        }
+    }
+    if (m < 0 || readers(g, g->nodes[m].out[0]) != 1) return false;
+    const msm_node *mn = &g->nodes[m];
+    int shared = mn->in[0], s = producer(g, mn->in[1], m);
+    if (s < 0 || g->nodes[s].op != MSM_OP_SIGMOID || readers(g, mn->in[1]) != 1) return false;
+    int l = producer(g, g->nodes[s].in[0], s);
+    if (l < 0 || g->nodes[l].op != MSM_OP_LINEAR || g->nodes[l].attr.linear.N != 1 || g->nodes[l].w[1] >= 0 ||
+        g->nodes[l].role != MSM_ROLE_SHARED || readers(g, g->nodes[s].in[0]) != 1)
+        return false;
+    const msm_node *ln = &g->nodes[l];
+    int h = ln->in[0];
+    const msm_value *v[3] = {&g->vals[routed], &g->vals[shared], &g->vals[h]};
+    bool ok = ln->attr.linear.K == C;
+    for (int q = 0; q < 3; q++)
+        ok &= v[q]->dtype == MSM_F32 && v[q]->cols == C && v[q]->rows == v[0]->rows &&
+              v[q]->fixed_rows == v[0]->fixed_rows;
+    if (!ok) return false;
+    *ch = (chain){.routed = routed, .shared = shared, .h = h, .wg = ln->w[0], .mul = m, .sig = s, .lin = l};
+    return true;
+}
+
 int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                               msm_err *err) {
     (void)o;
@@ -46,52 +91,46 @@ int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_g
     }
     for (int i = 0; i < g->n_nodes; i++) {
         msm_node *n = &g->nodes[i];
-        if (n->op != MSM_OP_ADD_RMSNORM) continue;
-        int C = n->attr.rmsnorm.dim;
-        for (int side = 1; side >= 0; side--) {
-            int moe = n->in[side], x = n->in[1 - side];
-            int c = producer(g, moe, i);
-            if (c < 0 || drop[c]) continue;
-            const msm_node *cn = &g->nodes[c];
-            if (cn->op != MSM_OP_ADD || cn->role != MSM_ROLE_MOE_COMBINE || cn->stream != n->stream ||
-                readers(g, moe) != 1)
-                continue;
-            /* which ADD input is the gated shared output */
-            int m = -1, routed = -1;
-            for (int q = 0; q < 2 && m < 0; q++) {
-                int pm = producer(g, cn->in[q], c);
-                if (pm >= 0 && g->nodes[pm].op == MSM_OP_MUL && g->nodes[pm].role == MSM_ROLE_SHARED) {
-                    m = pm;
-                    routed = cn->in[1 - q];
-                }
+        if (n->op == MSM_OP_ADD_RMSNORM) {
+            for (int side = 1; side >= 0; side--) {
+                int c = producer(g, n->in[side], i);
+                chain ch;
+                if (c < 0 || drop[c] || g->nodes[c].stream != n->stream || !match_chain(g, c, n->attr.rmsnorm.dim, &ch))
+                    continue;
+                int x = n->in[1 - side];
+                const msm_value *xv = &g->vals[x], *rv = &g->vals[ch.routed];
+                if (xv->dtype != MSM_F32 || xv->cols != rv->cols || xv->rows != rv->rows || xv->fixed_rows != rv->fixed_rows)
+                    continue;
+                msm_node f = *n;
+                f.op = MSM_OP_MOE_COMBINE_NORM;
+                f.role = MSM_ROLE_MOE_COMBINE;
+                f.layer = g->nodes[c].layer;
+                f.n_in = 4;
+                f.in[0] = x, f.in[1] = ch.routed, f.in[2] = ch.shared, f.in[3] = ch.h;
+                f.w[0] = ch.wg, f.w[1] = n->w[0], f.w[2] = -1;
+                *n = f;
+                drop[c] = drop[ch.mul] = drop[ch.sig] = drop[ch.lin] = true;
+                break;
             }
-            if (m < 0 || readers(g, g->nodes[m].out[0]) != 1) continue;
-            const msm_node *mn = &g->nodes[m];
-            int shared = mn->in[0], s = producer(g, mn->in[1], m);
-            if (s < 0 || g->nodes[s].op != MSM_OP_SIGMOID || readers(g, mn->in[1]) != 1) continue;
-            int l = producer(g, g->nodes[s].in[0], s);
-            if (l < 0 || g->nodes[l].op != MSM_OP_LINEAR || g->nodes[l].attr.linear.N != 1 ||
-                g->nodes[l].w[1] >= 0 || g->nodes[l].role != MSM_ROLE_SHARED ||
-                readers(g, g->nodes[s].in[0]) != 1)
+        } else if (n->op == MSM_OP_ALLREDUCE && n->stream == MSM_STREAM_MAIN) {
+            /* tp > 1: the combine feeding the all-reduce */
+            int c = producer(g, n->in[0], i);
+            chain ch;
+            if (c < 0 || drop[c] || g->nodes[c].stream != MSM_STREAM_MAIN ||
+                !match_chain(g, c, g->vals[n->in[0]].cols, &ch))
                 continue;
-            const msm_node *ln = &g->nodes[l];
-            int h = ln->in[0];
-            const msm_value *v[4] = {&g->vals[x], &g->vals[routed], &g->vals[shared], &g->vals[h]};
-            bool ok = ln->attr.linear.K == C;
-            for (int q = 0; q < 4; q++)
-                ok &= v[q]->dtype == MSM_F32 && v[q]->cols == C && v[q]->rows == v[0]->rows &&
-                      v[q]->fixed_rows == v[0]->fixed_rows;
-            if (!ok) continue;
-            msm_node f = *n;
-            f.op = MSM_OP_MOE_COMBINE_NORM;
-            f.role = MSM_ROLE_MOE_COMBINE;
-            f.layer = cn->layer;
-            f.n_in = 4;
-            f.in[0] = x, f.in[1] = routed, f.in[2] = shared, f.in[3] = h;
-            f.w[0] = ln->w[0], f.w[1] = n->w[0], f.w[2] = -1;
-            *n = f;
-            drop[c] = drop[m] = drop[s] = drop[l] = true;
-            break;
+            msm_node *cn = &g->nodes[c];
+            int out = cn->out[0];
+            msm_node f = *cn;
+            f.op = MSM_OP_MOE_COMBINE;
+            f.n_in = 3;
+            f.in[0] = ch.routed, f.in[1] = ch.shared, f.in[2] = ch.h;
+            f.n_out = 1;
+            f.out[0] = out;
+            f.w[0] = ch.wg, f.w[1] = f.w[2] = -1;
+            f.attr = (msm_attr){0};
+            *cn = f;
+            drop[ch.mul] = drop[ch.sig] = drop[ch.lin] = true;
         }
     }
     int w = 0;

@@ -108,18 +108,23 @@ void msm_cpu_add_rmsnorm(float *sum, float *out, const float *a, const float *b,
     msm_cpu_rmsnorm(out, sum, w, rows, dim, eps);
 }
 
-void msm_cpu_moe_combine_rmsnorm(float *sum, float *out, const float *x, const float *routed,
-                                 const float *shared, const float *h, const float *wg,
-                                 const float *w, int rows, int dim, float eps) {
+void msm_cpu_moe_combine(float *out, const float *routed, const float *shared, const float *h,
+                         const float *wg, int rows, int dim) {
     for (int r = 0; r < rows; r++) {
         size_t o = (size_t)r * (size_t)dim;
         float g, s;
         msm_cpu_linear(&g, h + o, wg, NULL, 1, 1, dim);
         msm_cpu_sigmoid(&s, &g, 1);
-        msm_cpu_scale_rows(sum + o, shared + o, &s, 1, dim); /* shared * gate */
-        msm_cpu_add(sum + o, routed + o, sum + o, (size_t)dim); /* routed + that */
-        msm_cpu_add_rmsnorm(sum + o, out + o, x + o, sum + o, w, 1, dim, eps);
+        msm_cpu_scale_rows(out + o, shared + o, &s, 1, dim); /* shared * gate */
+        msm_cpu_add(out + o, routed + o, out + o, (size_t)dim); /* routed + that */
     }
+}
+
+void msm_cpu_moe_combine_rmsnorm(float *sum, float *out, const float *x, const float *routed,
+                                 const float *shared, const float *h, const float *wg,
+                                 const float *w, int rows, int dim, float eps) {
+    msm_cpu_moe_combine(sum, routed, shared, h, wg, rows, dim);
+    msm_cpu_add_rmsnorm(sum, out, x, sum, w, rows, dim, eps);
 }
 
 void msm_cpu_scale_rows(float *y, const float *x, const float *s, int T, int D) {

@@ -100,7 +100,8 @@ extern "C" int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, cons
 }
 
 /* ---- MoE combine + residual add + rmsnorm: one block per row; block sums in a fixed order ---- */
-template <int V>
+/* NORM false: only the combine (x, w, eps unused; sum gets routed + shared * gate). */
+template <int V, bool NORM>
 static __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const float *x, const float *routed,
                                            const float *shared, const float *h, const uint16_t *wg,
                                            const uint16_t *w, int dim, float eps) {
@@ -115,7 +116,7 @@ static __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const 
         bool ok = i < dim;
         hv[j] = ok ? h[off + i] : 0.0f;
         gv[j] = ok ? msm_bf(wg[i]) : 0.0f;
-        xv[j] = ok ? x[off + i] : 0.0f;
+        xv[j] = ok && NORM ? x[off + i] : 0.0f;
         rv[j] = ok ? routed[off + i] : 0.0f;
         sv[j] = ok ? shared[off + i] : 0.0f;
     }
@@ -125,6 +126,14 @@ static __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const 
         if (threadIdx.x + j * blockDim.x < dim) g = fmaf(hv[j], gv[j], g);
     g = msm_block_sum(g, part);
     float s = 1.0f / (1.0f + expf(-g));
+    if (!NORM) {
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int i = threadIdx.x + j * blockDim.x;
+            if (i < dim) sum[off + i] = rv[j] + sv[j] * s;
+        }
+        return;
+    }
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < V; j++) {
@@ -144,10 +153,10 @@ static __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const 
     }
 }
 
-extern "C" int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float *x, const float *routed,
-                                            const float *shared, const float *h, const uint16_t *wg,
-                                            const uint16_t *w, int rows, int dim, float eps,
-                                            msm_cuda_exec ex) {
+template <bool NORM>
+static int moe_combine_launch(float *sum, float *out, const float *x, const float *routed, const float *shared,
+                              const float *h, const uint16_t *wg, const uint16_t *w, int rows, int dim, float eps,
+                              msm_cuda_exec ex) {
     if (rows < 0 || dim <= 0 || dim > 32 * 1024) return -EINVAL;
     if (rows == 0) return 0;
     int threads = dim >= 2048 ? 512 : dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
@@ -156,13 +165,25 @@ extern "C" int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float 
     switch (msm_norm_vals(dim, threads)) {
 #define COMBINE_CASE(V)                                                                            \
     case V:                                                                                        \
-        CUDA_TRY(msm_launch(moe_combine_rmsnorm_kernel<V>, dim3((unsigned)rows), dim3((unsigned)threads), \
+        CUDA_TRY(msm_launch(moe_combine_rmsnorm_kernel<V, NORM>, dim3((unsigned)rows), dim3((unsigned)threads), \
                             0, ex, sum, out, x, routed, shared, h, wg, w, dim, eps));          \
         break;
         COMBINE_CASE(1) COMBINE_CASE(2) COMBINE_CASE(4) COMBINE_CASE(8) COMBINE_CASE(16)
     default: return -EINVAL;
     }
     return 0;
+}
+
+extern "C" int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float *x, const float *routed,
+                                            const float *shared, const float *h, const uint16_t *wg,
+                                            const uint16_t *w, int rows, int dim, float eps,
+                                            msm_cuda_exec ex) {
+    return moe_combine_launch<true>(sum, out, x, routed, shared, h, wg, w, rows, dim, eps, ex);
+}
+
+extern "C" int msm_cuda_moe_combine(float *out, const float *routed, const float *shared, const float *h,
+                                    const uint16_t *wg, int rows, int dim, msm_cuda_exec ex) {
+    return moe_combine_launch<false>(out, NULL, NULL, routed, shared, h, wg, NULL, rows, dim, 0.0f, ex);
 }
 
 /* ---- rope: one thread per (token, frequency), rotating that pair in every head ----

@@ -200,6 +200,10 @@ int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, const uint16_
 /* y[i] = a[i] + b[i]; y may alias a or b. */
 int msm_cuda_add(float *y, const float *a, const float *b, size_t n, msm_cuda_exec ex);
 
+/* msm_cpu_moe_combine on the GPU: wg bf16; one block per row, the gate dot summed as in
+ * msm_cuda_moe_combine_rmsnorm. */
+int msm_cuda_moe_combine(float *out, const float *routed, const float *shared, const float *h,
+                         const uint16_t *wg, int rows, int dim, msm_cuda_exec ex);
 /* msm_cpu_moe_combine_rmsnorm on the GPU: wg, w bf16; one block per row (the gate dot and the
  * sum of squares reduced in a fixed order; fused multiply-adds, so not bitwise the op chain). */
 int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float *x, const float *routed,

@@ -191,7 +191,7 @@ Test(cuda_kernels, add_rmsnorm_matches_cpu, .timeout = 60) {
     }
 }
 
-Test(cuda_kernels, moe_combine_rmsnorm_matches_cpu, .timeout = 60) {
+Test(cuda_kernels, moe_combine_and_combine_rmsnorm_match_cpu, .timeout = 60) {
     need_gpu();
     static const int shapes[][2] = {{1, 2048}, {5, 129}, {70, 2048}, {32, 2048}, {3, 64}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -210,6 +210,11 @@ Test(cuda_kernels, moe_combine_rmsnorm_matches_cpu, .timeout = 60) {
         down(ho, dout, n * 4);
         CHECK_ERR(hs, rs, n, 1e-5, "sum rows=%d dim=%d", rows, dim);
         CHECK_ERR(ho, ro, n, 1e-5, "norm rows=%d dim=%d", rows, dim);
+        /* the combine alone (tp > 1) */
+        msm_cpu_moe_combine(rs, rt, sh, h, wgf, rows, dim);
+        CK(msm_cuda_moe_combine(ds, drt, dsh, dh, dwg, rows, dim, EX));
+        down(hs, ds, n * 4);
+        CHECK_ERR(hs, rs, n, 1e-5, "combine rows=%d dim=%d", rows, dim);
         cudaFree(dx), cudaFree(drt), cudaFree(dsh), cudaFree(dh), cudaFree(ds), cudaFree(dout), cudaFree(dw), cudaFree(dwg);
         free(x), free(rt), free(sh), free(h), free(wf), free(wb), free(wgf), free(wgb);
         free(rs), free(ro), free(hs), free(ho);

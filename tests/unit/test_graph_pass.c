@@ -420,13 +420,26 @@ Test(graph_pass, moe_combine_fuses_every_gated_shared_layer_in_every_combination
             cr_expect(msm_graph_equal(p, q), "fuse_moe_combine is not idempotent");
             msm_graph_free(q), msm_graph_free(p), msm_graph_free(g);
         }
-    /* tp 2: an all-reduce sits between the combine and the residual add: nothing to fuse */
+    /* tp 2: an all-reduce sits between the combine and the residual add: the gate, sigmoid, scale
+     * and combine fuse into MOE_COMBINE (on MAIN, after the join), the norm stays apart */
     msm_graph *g = plain("tests/data/qwen2moe-gqa", 2);
     msm_pass_opts o = {.fuse_allreduce = true, .multi_stream = true, .elide_collectives = true,
                        .fuse_add_norm = true, .fuse_moe_combine = true};
     msm_graph *p = apply(g, &o);
     cr_expect_eq(count_op(p, MSM_OP_MOE_COMBINE_NORM), 0);
-    msm_graph_free(p), msm_graph_free(g);
+    cr_expect_eq(count_op(p, MSM_OP_MOE_COMBINE), 3); /* sparse_layers */
+    cr_expect_eq(count_op(p, MSM_OP_SIGMOID) + count_op(p, MSM_OP_MUL), 0);
+    for (int i = 0; i < p->n_nodes; i++)
+        if (p->nodes[i].op == MSM_OP_MOE_COMBINE) {
+            cr_expect_eq(p->nodes[i].stream, MSM_STREAM_MAIN);
+            cr_expect_eq(p->nodes[i - 1].op, MSM_OP_EVENT_WAIT, "MOE_COMBINE must follow the join");
+            cr_expect_eq(p->nodes[i + 1].op, MSM_OP_ALLREDUCE);
+        }
+    msm_graph *q;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_pass_fuse_moe_combine(p, &o, &q, &err), 0);
+    cr_expect(msm_graph_equal(p, q), "fuse_moe_combine is not idempotent at tp 2");
+    msm_graph_free(q), msm_graph_free(p), msm_graph_free(g);
 }
 
 Test(graph_pass, add_rmsnorm_fuses_both_residual_norms_of_every_layer) {
