@@ -141,6 +141,13 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         msm_cpu_router_topk(I32(out0), F(n->out[1]), F(in0), ROWS(in0), a->router_topk.E, a->router_topk.k,
                             a->router_topk.norm != 0);
         break;
+    case MSM_OP_ROUTER_LINEAR_TOPK: { /* the pair it fused, the logits in scratch */
+        const msm_attr_router_topk *r = &a->router_topk;
+        int T = ROWS(in0), K = g->vals[in0].cols;
+        msm_cpu_linear(scratch, F(in0), cb->weights[n->w[0]], NULL, T, r->E, K);
+        msm_cpu_router_topk(I32(out0), F(n->out[1]), scratch, T, r->E, r->k, r->norm != 0);
+        break;
+    }
     case MSM_OP_ROUTER_GROUP_TOPK: {
         const msm_attr_router_group *r = &a->router_group;
         msm_cpu_router_group_topk(I32(out0), F(n->out[1]), F(in0), cb->weights[n->w[0]], ROWS(in0), r->E, r->k,
@@ -450,6 +457,8 @@ static int cpu_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm_
             need = (size_t)g->max_T * (size_t)at->nh * (size_t)at->hd; /* q gathered [T, nh*hd] */
         } else if (n->op == MSM_OP_MOE_EXPERTS) {
             need = 3 * (size_t)n->attr.moe_experts.I;
+        } else if (n->op == MSM_OP_ROUTER_LINEAR_TOPK) {
+            need = (size_t)g->max_T * (size_t)n->attr.router_topk.E; /* the logits */
         } else if (n->op == MSM_OP_ROUTER_GROUP_TOPK) {
             need = 2 * (size_t)n->attr.router_group.E + (size_t)n->attr.router_group.n_group;
         } else if (n->op == MSM_OP_SAMPLE) {

@@ -92,6 +92,7 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->fuse_moe_combine = true;
     o->fuse_rope_kv = true;
     o->fuse_allreduce_norm = true;
+    o->fuse_router = true;
     o->kv_blocks = 1024;
     o->max_step_tokens = 512;
     o->max_seqs = 64;
@@ -213,6 +214,7 @@ static int rank_init(rank_ctx *rc) {
                         .fuse_moe_combine = e->o.fuse_moe_combine,
                         .fuse_rope_kv = e->o.fuse_rope_kv,
                         .fuse_allreduce_norm = e->o.fuse_allreduce_norm,
+                        .fuse_router = e->o.fuse_router,
                         .test_buggy_placement = e->o.test_buggy_placement,
                         .test_skip_verify = e->o.test_skip_verify};
     r = msm_passes_apply(rc->plain, &po, &rc->graph, err);

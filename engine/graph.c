@@ -277,6 +277,7 @@ static void dump_attr(const msm_node *n, FILE *out) {
         break;
     case MSM_OP_SWIGLU: fprintf(out, " [I=%d]", a->swiglu.I); break;
     case MSM_OP_ROUTER_TOPK:
+    case MSM_OP_ROUTER_LINEAR_TOPK:
         fprintf(out, " [E=%d k=%d norm=%d]", a->router_topk.E, a->router_topk.k, a->router_topk.norm);
         break;
     case MSM_OP_ROUTER_GROUP_TOPK:

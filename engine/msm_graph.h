@@ -54,7 +54,9 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
     X(ALLREDUCE_ADD_RMSNORM) /* in: partial, x [rows,C]  w: [C]  out: s = x + sum over ranks of  \
                         partial, rmsnorm(s) (pass-made; a collective: on MAIN, in V4's sequence) */ \
     X(MOE_COMBINE)  /* in: routed, shared, h [rows,C]  w: gate [1,C]                            \
-                       out: routed + sigmoid(h . gate) * shared (pass-made, tp > 1) */
+                       out: routed + sigmoid(h . gate) * shared (pass-made, tp > 1) */          \
+    X(ROUTER_LINEAR_TOPK) /* in: x [T,K]   w: router [E,K]   out: ids [T,k] i32, w [T,k]         \
+                       the router LINEAR and ROUTER_TOPK in one node (pass-made) */
 
 typedef enum msm_op {
 #define MSM_OP_ENUM(n) MSM_OP_##n,
@@ -133,7 +135,7 @@ typedef union msm_attr {
     msm_attr_rope rope;               /* ROPE, ROPE_KV_WRITE */
     msm_attr_attention attention;
     msm_attr_swiglu swiglu;
-    msm_attr_router_topk router_topk;
+    msm_attr_router_topk router_topk; /* ROUTER_TOPK, ROUTER_LINEAR_TOPK */
     msm_attr_router_group router_group; /* ROUTER_GROUP_TOPK */
     msm_attr_moe_experts moe_experts;
     msm_attr_sample sample;

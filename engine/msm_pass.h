@@ -22,6 +22,7 @@ typedef struct msm_pass_opts {
     bool fuse_moe_combine; /* fuse_moe_combine */
     bool fuse_rope_kv;     /* fuse_rope_kv_write */
     bool fuse_allreduce_norm; /* fuse_allreduce_add_rmsnorm */
+    bool fuse_router;      /* fuse_router_topk */
     msm_warn_fn warn;
     void *warn_ud;
     /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)
@@ -66,6 +67,10 @@ int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_g
  * after elide_tp1_collectives nothing is left to fuse. Idempotent. */
 int msm_pass_fuse_allreduce_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                                         msm_err *err);
+
+/* The router LINEAR (N = E <= 256, no bias) and the ROUTER_TOPK right after it, its only reader
+ * → one ROUTER_LINEAR_TOPK. Idempotent. */
+int msm_pass_fuse_router_topk(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret, msm_err *err);
 
 /* ROPE + the ATTENTION reading its output → ROPE_KV_WRITE (rotates and writes the layer's K/V
  * cache) + an ATTENTION with kv_written (skips its own K/V write), per layer: the same cache, the

@@ -45,6 +45,8 @@ typedef struct cuda_backend {
     void *ws[MSM_N_STREAMS];     /* per-stream workspace (cuBLASLt input, MoE grouping) */
     size_t ws_bytes;
     float *q_tmp[MSM_N_STREAMS]; /* attention: split-context workspace */
+    void *router_ws[MSM_N_STREAMS]; /* ROUTER_LINEAR_TOPK: logits + counters (zero between calls) */
+    size_t router_ws_bytes;
     size_t q_tmp_bytes;
     void *gather_tmp;            /* all-gather staging [tp, rows, cols] */
     size_t gather_bytes;
@@ -241,6 +243,13 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_router_topk(I32(out0), F(n->out[1]), F(in0), ROWS(in0), a->router_topk.E, a->router_topk.k,
                                   a->router_topk.norm != 0, s));
         break;
+    case MSM_OP_ROUTER_LINEAR_TOPK: {
+        const msm_attr_router_topk *r = &a->router_topk;
+        KTRY(msm_cuda_router_linear_topk(I32(out0), F(n->out[1]), F(in0), cb->w[n->w[0]], ROWS(in0), r->E,
+                                         g->vals[in0].cols, r->k, r->norm != 0, cb->router_ws[n->stream],
+                                         cb->router_ws_bytes, s));
+        break;
+    }
     case MSM_OP_ROUTER_GROUP_TOPK: { /* its bias is a keep_f32 weight: float32 on the device */
         const msm_attr_router_group *r = &a->router_group;
         KTRY(msm_cuda_router_group_topk(I32(out0), F(n->out[1]), F(in0), (const float *)cb->w[n->w[0]], ROWS(in0),
@@ -677,6 +686,9 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
             }
             size_t q = msm_cuda_attention_ws_bytes(g->max_T < 32 ? g->max_T : 32, at->nh, at->hd);
             if (q > qtmp) qtmp = q;
+        } else if (n->op == MSM_OP_ROUTER_LINEAR_TOPK) {
+            size_t rb = msm_cuda_router_ws_bytes(g->max_T, n->attr.router_topk.E);
+            if (rb > cb->router_ws_bytes) cb->router_ws_bytes = rb;
         } else if (n->op == MSM_OP_ALLGATHER) {
             size_t gb = sizeof(float) * (size_t)g->max_R * g->vals[n->in[0]].cols * (size_t)cb->tp;
             if (gb > gather) gather = gb;
@@ -689,6 +701,8 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
         TRY(cudaMalloc(&cb->ws[s], ws ? ws : 256));
         TRY(cudaMalloc((void **)&cb->q_tmp[s], qtmp ? qtmp : 256));
         TRY(cudaMemset(cb->q_tmp[s], 0, qtmp ? qtmp : 256)); /* attention's counters start at 0 */
+        TRY(cudaMalloc(&cb->router_ws[s], cb->router_ws_bytes ? cb->router_ws_bytes : 256));
+        TRY(cudaMemset(cb->router_ws[s], 0, cb->router_ws_bytes ? cb->router_ws_bytes : 256)); /* counters */
     }
     cb->gather_bytes = gather;
     TRY(cudaMalloc(&cb->gather_tmp, gather ? gather : 256));
@@ -762,6 +776,7 @@ static void cuda_free(msm_backend *b) {
     for (int s = 0; s < MSM_N_STREAMS; s++) {
         cudaFree(cb->ws[s]);
         cudaFree(cb->q_tmp[s]);
+        cudaFree(cb->router_ws[s]);
         if (cb->st[s]) cudaStreamDestroy(cb->st[s]);
     }
     cudaFree(cb->gather_tmp);

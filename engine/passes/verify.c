@@ -168,6 +168,7 @@ int msm_passes_apply(const msm_graph *plain, const msm_pass_opts *o, msm_graph *
         {o->elide_collectives, msm_pass_elide_tp1_collectives},
         {o->fuse_moe_combine, msm_pass_fuse_moe_combine},
         {o->fuse_allreduce_norm, msm_pass_fuse_allreduce_add_rmsnorm},
+        {o->fuse_router, msm_pass_fuse_router_topk},
         {o->fuse_rope_kv, msm_pass_fuse_rope_kv_write},
     };
     msm_graph *g = msm_graph_clone(plain), *next = NULL;

@@ -261,6 +261,16 @@ int msm_cuda_gather_rows(float *out, const float *x, const int32_t *rows, int R,
 int msm_cuda_sample(int32_t *out, const float *logits, const msm_sample_params *p, int R, int V,
                     msm_cuda_exec ex);
 
+/* The router GEMV and msm_cuda_router_topk in one launch (graph op ROUTER_LINEAR_TOPK): wr [E,K]
+ * bf16, x [T,K]; ids/w as msm_cuda_router_topk, bitwise msm_cuda_linear (N = E, no bias) then
+ * msm_cuda_router_topk. ws: msm_cuda_router_ws_bytes(T, E) bytes, 16-byte aligned, zeroed once
+ * before the first call (its counters return to zero after every call), one per stream. Above
+ * MSM_CUDA_ROUTER_FUSED_MAX_T tokens: the two launches. */
+#define MSM_CUDA_ROUTER_FUSED_MAX_T 64
+size_t msm_cuda_router_ws_bytes(int T, int E);
+int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
+                                int K, int k, bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex);
+
 /* ---- one-shot all-reduce over peer memory (allreduce.cu) ----
  * For the collectives of a TP group whose ranks' GPUs reach each other's memory (NVLink peer
  * access, enabled by the backend). Not a twin of a CPU kernel: its oracle is the host group's

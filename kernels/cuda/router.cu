@@ -53,20 +53,16 @@ static __device__ __forceinline__ int select_next(const float (&v)[ROUTER_PER_LA
     return bi;
 }
 
-static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
-    router_topk_kernel(int32_t *ids, float *w, const float *logits, int T, int E, int k,
-                       bool norm) {
-    msm_pdl_trigger();
-    msm_pdl_wait();
-    int t = blockIdx.x * ROUTER_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (t >= T) return;
-    const float *l = logits + (size_t)t * E;
+/* Softmax + top-k of token t's E logits at l, by one warp. The logits are read through L2
+ * (__ldcg): the fused router's last block reads what other blocks of its grid wrote. */
+static __device__ __forceinline__ void topk_token(int32_t *ids, float *w, const float *l, int t, int E, int k,
+                                                  bool norm, int lane) {
     float v[ROUTER_PER_LANE];
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < ROUTER_PER_LANE; i++) {
         int e = i * 32 + lane;
-        v[i] = e < E ? l[e] : -INFINITY;
+        v[i] = e < E ? __ldcg(l + e) : -INFINITY;
         mx = fmaxf(mx, v[i]);
     }
     mx = msm_warp_max(mx);
@@ -98,6 +94,77 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
             w[(size_t)t * k + j] = norm ? wt[j] / s : wt[j];
         }
     }
+}
+
+static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
+    router_topk_kernel(int32_t *ids, float *w, const float *logits, int T, int E, int k,
+                       bool norm) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    int t = blockIdx.x * ROUTER_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (t >= T) return;
+    topk_token(ids, w, logits + (size_t)t * E, t, E, k, norm, lane);
+}
+
+/* ---- router GEMV + top-k in one launch (msm_cuda_router_linear_topk) ----
+ * Block (bx, t): warp i computes logit bx * ROUTER_WARPS + i of token t with the GEMV kernel's
+ * arithmetic for one row and one token (msm_rows_dot<1, 1, 4>, then a warp sum: linear.cu's
+ * gemv_kernel<1, 1, 4>), so the logits are bitwise msm_cuda_linear's. Each block then counts
+ * itself in on token t's counter (after a fence); the block arriving last runs the top-k of
+ * topk_token over the logits and resets the counter to zero for the next call or replay. */
+template <bool VEC>
+static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
+    router_linear_topk_kernel(int32_t *ids, float *w, float *logits, unsigned *ctr, const float *x,
+                              const uint16_t *wr, int T, int E, int K, int k, bool norm) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.y;
+    int n = blockIdx.x * ROUTER_WARPS + warp;
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    if (n < E) {
+        const uint16_t *rows[1] = {wr + (size_t)n * K};
+        const float *xs[1] = {x + (size_t)t * K};
+        float acc[1][1] = {{0.0f}};
+        msm_rows_dot<1, 1, 4, VEC>(acc, rows, xs, 1, K, lane);
+        float s = msm_warp_sum(acc[0][0]);
+        if (lane == 0) logits[(size_t)t * E + n] = s + 0.0f; /* as gemv_kernel adds its (zero) bias */
+    }
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(ctr + t, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (warp == 0) topk_token(ids, w, logits + (size_t)t * E, t, E, k, norm, lane);
+    if (threadIdx.x == 0) ctr[t] = 0;
+}
+
+extern "C" size_t msm_cuda_router_ws_bytes(int T, int E) {
+    return MSM_CUDA_ROUTER_FUSED_MAX_T * sizeof(unsigned) + (size_t)T * E * sizeof(float);
+}
+
+extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
+                                           int K, int k, bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex) {
+    if (T < 0 || E <= 0 || E > 32 * ROUTER_PER_LANE || K <= 0 || k <= 0 || k > 8 || k > E) return -EINVAL;
+    if (T == 0) return 0;
+    if (!ws || ws_bytes < msm_cuda_router_ws_bytes(T, E) || (uintptr_t)ws % 16) return -EINVAL;
+    unsigned *ctr = (unsigned *)ws;
+    float *logits = (float *)((char *)ws + MSM_CUDA_ROUTER_FUSED_MAX_T * sizeof(unsigned));
+    if (T > MSM_CUDA_ROUTER_FUSED_MAX_T || T > 65535) { /* the pair, through the same logits buffer */
+        int r = msm_cuda_linear(logits, x, wr, NULL, T, E, K, NULL, NULL, 0, ex);
+        return r ? r : msm_cuda_router_topk(ids, w, logits, T, E, k, norm, ex);
+    }
+    dim3 grid((unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T);
+    bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0;
+    if (vec)
+        CUDA_TRY(msm_launch(router_linear_topk_kernel<true>, grid, dim3(ROUTER_WARPS * 32), 0, ex, ids, w, logits,
+                            ctr, x, wr, T, E, K, k, norm));
+    else
+        CUDA_TRY(msm_launch(router_linear_topk_kernel<false>, grid, dim3(ROUTER_WARPS * 32), 0, ex, ids, w, logits,
+                            ctr, x, wr, T, E, K, k, norm));
+    return 0;
 }
 
 extern "C" int msm_cuda_router_topk(int32_t *ids, float *w, const float *logits, int T, int E,

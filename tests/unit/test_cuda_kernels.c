@@ -563,6 +563,43 @@ Test(cuda_kernels, router_topk_matches_cpu, .timeout = 60) {
 /* Group-limited sigmoid router (GLM-4.5, DeepSeek-V3 shapes and odd ones): ids equal the CPU's
  * (or tie with them in choice score), weights within fp32 rounding; an exact tie of two experts
  * goes to the lower id on both. */
+/* The router GEMV + top-k in one launch equals msm_cuda_linear then msm_cuda_router_topk bit for
+ * bit (ids, weights), over repeated calls (the counters return to zero), T past the fused range
+ * (the pair inside the launcher) and K not a multiple of 8. */
+Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
+    need_gpu();
+    static const int shapes[][5] = {{1, 60, 2048, 4, 1}, {8, 60, 2048, 4, 0}, {64, 128, 512, 8, 1},
+                                    {70, 60, 256, 4, 0}, {3, 7, 100, 7, 1},   {1, 256, 4096, 8, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s][0], E = shapes[s][1], K = shapes[s][2], k = shapes[s][3];
+        bool norm = shapes[s][4];
+        float *wf, *x = host_f32((size_t)T * K, 1.0f);
+        uint16_t *wb = host_bf16((size_t)E * K, 0.05f, &wf);
+        float *dx = dev_up(x, (size_t)T * K * 4), *dl = dev_poison((size_t)T * E * 4);
+        uint16_t *dwr = dev_up(wb, (size_t)E * K * 2);
+        size_t wsb = msm_cuda_router_ws_bytes(T, E);
+        void *ws = dev(wsb);
+        cr_assert_eq(cudaMemset(ws, 0, wsb), cudaSuccess);
+        int32_t *i1 = dev_poison(T * k * 4), *i2 = dev_poison(T * k * 4);
+        float *w1 = dev_poison(T * k * 4), *w2 = dev_poison(T * k * 4);
+        CK(msm_cuda_linear(dl, dx, dwr, NULL, T, E, K, NULL, NULL, 0, EX));
+        CK(msm_cuda_router_topk(i1, w1, dl, T, E, k, norm, EX));
+        int32_t *h1 = malloc(T * k * 4), *h2 = malloc(T * k * 4);
+        float *g1 = malloc(T * k * 4), *g2 = malloc(T * k * 4);
+        down(h1, i1, T * k * 4), down(g1, w1, T * k * 4);
+        for (int rep = 0; rep < 3; rep++) {
+            cr_assert_eq(cudaMemset(i2, 0xff, T * k * 4), cudaSuccess);
+            CK(msm_cuda_router_linear_topk(i2, w2, dx, dwr, T, E, K, k, norm, ws, wsb, EX));
+            down(h2, i2, T * k * 4), down(g2, w2, T * k * 4);
+            cr_assert(memcmp(h1, h2, T * k * 4) == 0, "T=%d E=%d K=%d call %d: ids differ", T, E, K, rep);
+            cr_assert(memcmp(g1, g2, T * k * 4) == 0, "T=%d E=%d K=%d call %d: weights differ", T, E, K, rep);
+        }
+        cr_expect_eq(msm_cuda_router_linear_topk(i2, w2, dx, dwr, T, E, K, k, norm, ws, wsb - 4, EX), -EINVAL);
+        cudaFree(dx), cudaFree(dl), cudaFree(dwr), cudaFree(ws), cudaFree(i1), cudaFree(i2), cudaFree(w1), cudaFree(w2);
+        free(x), free(wf), free(wb), free(h1), free(h2), free(g1), free(g2);
+    }
+}
+
 Test(cuda_kernels, router_group_topk_matches_cpu, .timeout = 60) {
     need_gpu();
     static const struct { int T, E, k, G, TG, norm; float scale; } shapes[] = {

@@ -772,3 +772,26 @@ Test(graph_pass, allreduce_add_rmsnorm_fuses_every_residual_allreduce) {
     cr_expect_eq(count_op(p, MSM_OP_ALLREDUCE_ADD_RMSNORM), 0);
     msm_graph_free(p), msm_graph_free(g);
 }
+
+/* The router LINEAR + ROUTER_TOPK of every softmax-routed MoE layer → one ROUTER_LINEAR_TOPK, at
+ * tp 1 and 2, idempotent; GLM-4.5's group router is left alone. */
+Test(graph_pass, router_linear_topk_fuses_every_softmax_router) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen3moe", "tests/data/mixtral", "tests/data/glm4moe"};
+    for (int d = 0; d < 4; d++)
+        for (int tp = 1; tp <= 2; tp++) {
+            msm_graph *g = plain(dirs[d], tp);
+            int routers = count_op(g, MSM_OP_ROUTER_TOPK);
+            msm_pass_opts o = {.fuse_allreduce = true, .multi_stream = true, .elide_collectives = true,
+                               .fuse_add_norm = true, .fuse_router = true};
+            msm_graph *p = apply(g, &o);
+            cr_expect_eq(count_op(p, MSM_OP_ROUTER_LINEAR_TOPK), routers, "%s tp %d", dirs[d], tp);
+            cr_expect_eq(count_op(p, MSM_OP_ROUTER_TOPK), 0, "%s tp %d", dirs[d], tp);
+            cr_expect_eq(count_op(p, MSM_OP_LINEAR), count_op(g, MSM_OP_LINEAR) - routers, "%s tp %d", dirs[d], tp);
+            if (d == 3) cr_expect_gt(count_op(p, MSM_OP_ROUTER_GROUP_TOPK), 0);
+            msm_graph *q;
+            msm_err err = {{0}};
+            cr_assert_eq(msm_pass_fuse_router_topk(p, &o, &q, &err), 0);
+            cr_expect(msm_graph_equal(p, q), "fuse_router_topk is not idempotent");
+            msm_graph_free(q), msm_graph_free(p), msm_graph_free(g);
+        }
+}
