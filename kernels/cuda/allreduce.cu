@@ -158,17 +158,27 @@ static __global__ void ar_add_rmsnorm_kernel(float *sum, float *out, size_t off,
     for (int r = 0; r < AR_MAXR; r++) src[r] = (const float *)(p.base[r < p.size ? r : 0] + off);
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         size_t ro = (size_t)row * dim;
-        float v[V];
+        /* all V loads of one rank in flight together (a peer's load crosses NVLink, ~1 us): the
+         * rank-order sum is unchanged */
+        float v[V], b[V];
 #pragma unroll
         for (int j = 0; j < V; j++) {
             int i = threadIdx.x + j * blockDim.x;
-            float b = 0.0f;
-            if (i < dim) {
-                b = src[0][ro + i];
-                for (int r = 1; r < p.size; r++) b += src[r][ro + i];
-            }
-            v[j] = i < dim ? x[ro + i] + b : 0.0f;
+            b[j] = i < dim ? src[0][ro + i] : 0.0f;
+            v[j] = i < dim ? x[ro + i] : 0.0f;
         }
+        for (int r = 1; r < p.size; r++) {
+            float c[V];
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                int i = threadIdx.x + j * blockDim.x;
+                c[j] = i < dim ? src[r][ro + i] : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < V; j++) b[j] += c[j];
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++) v[j] = threadIdx.x + j * blockDim.x < dim ? v[j] + b[j] : 0.0f;
         float ss = 0.0f;
 #pragma unroll
         for (int j = 0; j < V; j++) {
