@@ -22,6 +22,7 @@ typedef struct http_conn {
     size_t len;
     bool closing;
     uv_shutdown_t shutdown_req;
+    msm_conn_guard guard;       /* the connection limit and timeouts of every listener */
     struct http_conn *prev, *next;
 } http_conn;
 
@@ -35,13 +36,14 @@ struct msm_http_metrics {
     msm_http_metrics_body_fn body;
     void *ctx;
     uint64_t *bytes_out;
+    msm_conn_set *guards;
     uv_tcp_t listener;
     bool have_listener;
     http_conn *conns;
 };
 
 int msm_http_metrics_new(uv_loop_t *loop, msm_http_metrics_body_fn body, void *ctx, uint64_t *bytes_out,
-                         msm_http_metrics **ret, msm_err *err) {
+                         msm_conn_set *guards, msm_http_metrics **ret, msm_err *err) {
     msm_http_metrics *h = calloc(1, sizeof *h);
     if (!h)
         return msm_err_set(err, -ENOMEM, "out of memory");
@@ -49,6 +51,7 @@ int msm_http_metrics_new(uv_loop_t *loop, msm_http_metrics_body_fn body, void *c
     h->body = body;
     h->ctx = ctx;
     h->bytes_out = bytes_out;
+    h->guards = guards;
     *ret = h;
     return 0;
 }
@@ -67,6 +70,7 @@ static void on_conn_closed(uv_handle_t *handle) {
         c->h->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
+    msm_conn_guard_remove(&c->guard);
     free(c);
 }
 
@@ -92,6 +96,8 @@ static void conn_close(http_conn *c, bool flush) {
 
 static void on_write(uv_write_t *req, int status) {
     http_write *w = (http_write *)req;
+    if (status == 0)
+        msm_conn_guard_wrote(w->req.data);
     free(w->buf);
     free(w);
 }
@@ -104,7 +110,9 @@ static void conn_write(http_conn *c, char *buf, size_t len) {
         return;
     }
     w->buf = buf;
+    w->req.data = &c->guard;
     uv_buf_t b = uv_buf_init(buf, (unsigned)len);
+    msm_conn_guard_write_start(&c->guard);
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write) < 0) {
         free(buf);
         free(w);
@@ -157,10 +165,16 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
         conn_close(c, false); /* the peer went away, or the request is too large */
         return;
     }
+    msm_conn_guard_read(&c->guard);
     c->len += (size_t)nread;
     c->req[c->len] = 0;
-    if (strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n"))
+    /* memmem, not strstr: a NUL byte in the request must not hide its end */
+    if (memmem(c->req, c->len, "\r\n\r\n", 4) || memmem(c->req, c->len, "\n\n", 2))
         respond(c);
+}
+
+static void on_timeout(msm_conn_guard *g, msm_conn_timeout why) {
+    conn_close(g->owner, false);
 }
 
 static void on_connection(uv_stream_t *listener, int status) {
@@ -186,6 +200,10 @@ static void on_connection(uv_stream_t *listener, int status) {
     h->conns = c;
     if (uv_accept(listener, (uv_stream_t *)&c->tcp) < 0) {
         uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+        return;
+    }
+    if (msm_conn_guard_add(h->guards, &c->guard, (uv_stream_t *)&c->tcp, on_timeout, c) < 0) {
+        conn_close(c, false); /* over server.max_connections */
         return;
     }
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);

@@ -14,15 +14,18 @@
 #include <uv.h>
 
 #include "msm_err.h"
+#include "msm_listen.h"
 
 typedef struct msm_http_metrics msm_http_metrics;
 
 /* The body of a 200 answer: a malloc'd text of *ret_len bytes, or NULL (out of memory: 404). */
 typedef char *(*msm_http_metrics_body_fn)(void *ctx, size_t *ret_len);
 
-/* bytes_out (may be NULL) is increased by every byte written. No handle is opened yet. */
+/* bytes_out (may be NULL) is increased by every byte written. Its connections count in guards
+ * (server.max_connections, idle and write timeouts: msm_listen.h), which must be initialised
+ * before it listens. No handle is opened yet. */
 int msm_http_metrics_new(uv_loop_t *loop, msm_http_metrics_body_fn body, void *ctx, uint64_t *bytes_out,
-                         msm_http_metrics **ret, msm_err *err);
+                         msm_conn_set *guards, msm_http_metrics **ret, msm_err *err);
 /* Binds and listens on host:port (IPv4 or IPv6 address). Errors name the address. After a failure
  * the listener is still closed by msm_http_metrics_close. */
 int msm_http_metrics_listen(msm_http_metrics *h, const char *host, int port, msm_err *err);
