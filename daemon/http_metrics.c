@@ -76,8 +76,10 @@ static void on_conn_closed(uv_handle_t *handle) {
 
 static void on_shutdown(uv_shutdown_t *req, int status) {
     http_conn *c = req->data;
-    if (!uv_is_closing((uv_handle_t *)&c->tcp))
+    if (!uv_is_closing((uv_handle_t *)&c->tcp)) {
+        msm_conn_guard_remove(&c->guard);
         uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+    }
 }
 
 /* Closes c, after flushing what it has written when flush is set. */
@@ -91,6 +93,7 @@ static void conn_close(http_conn *c, bool flush) {
         if (flush && uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, on_shutdown) == 0)
             return;
     }
+    msm_conn_guard_remove(&c->guard);
     uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
 }
 

@@ -11,7 +11,8 @@
  *   before each uv_write   msm_conn_guard_write_start
  *   in each write callback msm_conn_guard_wrote
  *   work in flight or not  msm_conn_guard_set_busy (a connection with work in flight is not idle)
- *   in the close callback  msm_conn_guard_remove
+ *   when it closes         msm_conn_guard_remove, right before uv_close (which releases the
+ *                          descriptor at once: the limit must count it free from then on)
  *
  * and the set calls the connection's timeout callback (on the loop thread) when it is idle
  * (nothing in flight, nothing received or written for server.idle_timeout_s) or stalled (replies
@@ -87,7 +88,8 @@ void msm_conn_set_shutdown(msm_conn_set *cs, int flush_ms);
  * max_connections (g is added all the same: remove it in the close callback). */
 int msm_conn_guard_add(msm_conn_set *cs, msm_conn_guard *g, uv_stream_t *stream, msm_conn_timeout_fn fn,
                        void *owner);
-/* In the connection's close callback. Accepts a guard never added. */
+/* Right before uv_close of the connection (and again in its close callback: harmless). Accepts a
+ * guard never added or removed already. */
 void msm_conn_guard_remove(msm_conn_guard *g);
 void msm_conn_guard_read(msm_conn_guard *g);
 void msm_conn_guard_write_start(msm_conn_guard *g);

@@ -312,8 +312,10 @@ static void conn_close(conn *c, bool flush);
 
 static void on_shutdown(uv_shutdown_t *req, int status) {
     conn *c = req->data;
-    if (!uv_is_closing(&c->u.h))
+    if (!uv_is_closing(&c->u.h)) {
+        msm_conn_guard_remove(&c->guard);
         uv_close(&c->u.h, on_conn_closed);
+    }
 }
 
 static void conn_close(conn *c, bool flush) {
@@ -332,6 +334,7 @@ static void conn_close(conn *c, bool flush) {
                 return;
         }
     }
+    msm_conn_guard_remove(&c->guard);
     uv_close(&c->u.h, on_conn_closed);
 }
 
