@@ -341,7 +341,8 @@ static int convert_detokenize(const Msmoe__V1__DetokenizeRequest *d, const msm_a
     call->in_ids = malloc((d->n_ids ? d->n_ids : 1) * sizeof *call->in_ids);
     if (!call->in_ids)
         return msm_err_set(err, -ENOMEM, "out of memory");
-    memcpy(call->in_ids, d->ids, d->n_ids * sizeof *call->in_ids);
+    if (d->n_ids)
+        memcpy(call->in_ids, d->ids, d->n_ids * sizeof *call->in_ids);
     call->n_in_ids = d->n_ids;
     call->skip_special = d->has_skip_special && d->skip_special;
     call->text_pending = true;
