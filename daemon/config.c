@@ -523,7 +523,7 @@ int msm_config_model_dir(const msm_config *c, char *ret, size_t cap, msm_err *er
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     bool in_build = false;
-    if (n > 0 && MSM_BUILD_ROOT[0]) {
+    if (n > 0 && strlen(MSM_BUILD_ROOT) > 0) {
         exe[n] = 0;
         in_build = strncmp(exe, MSM_BUILD_ROOT, strlen(MSM_BUILD_ROOT)) == 0;
     }
