@@ -741,6 +741,27 @@ static conn *conn_new(msm_server *s) {
     return c;
 }
 
+/* A connection over server.max_connections: told why in one frame written at once (into the
+ * socket buffer, which a fresh connection has room for), then closed at once, so that a burst of
+ * connections cannot run the daemon out of descriptors (libuv would then reset clients without a
+ * word). */
+static void refuse_connection(conn *c) {
+    msm_server *s = c->srv;
+    msm_err err = {{0}};
+    int rc = msm_err_set(&err, -EMFILE, "too many connections (server.max_connections = %d, over every listener)",
+                         s->cfg->max_connections);
+    size_t len = 0;
+    uint8_t *out = msm_api_encode_error(0, rc, err.msg, &len);
+    s->metrics.requests_rejected[msm_code_from_errno(rc)]++;
+    if (out) {
+        uv_buf_t b = uv_buf_init((char *)out, (unsigned)len);
+        if (uv_try_write(&c->u.s, &b, 1) > 0)
+            s->metrics.bytes_out += len;
+        free(out);
+    }
+    conn_close(c, false);
+}
+
 /* The guard set's verdict (msm_listen.h): closed abruptly, its requests cancelled. */
 static void on_conn_timeout(msm_conn_guard *g, msm_conn_timeout why) {
     conn *c = g->owner;
@@ -790,11 +811,7 @@ static void on_connection(uv_stream_t *listener, int status) {
     }
     s->metrics.connections_total++;
     if (msm_conn_guard_add(&s->guards, &c->guard, &c->u.s, on_conn_timeout, c) < 0) {
-        msm_err err = {{0}};
-        rc = msm_err_set(&err, -EMFILE, "too many connections (server.max_connections = %d, over every listener)",
-                         s->cfg->max_connections);
-        reply_error(c, 0, rc, &err);
-        conn_close(c, true);
+        refuse_connection(c);
         return;
     }
     conn_hash_add(s, c);

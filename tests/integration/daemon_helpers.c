@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -71,8 +72,12 @@ void start_daemon(daemon_proc *d, const char **sets, const char *env1, const cha
     if (d->pid == 0) {
         /* A failed assertion ends the test process: take the daemon with it. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (env1)
+        if (env1 && !strncmp(env1, "NOFILE=", 7)) {
+            struct rlimit rl = {(rlim_t)atoi(env1 + 7), (rlim_t)atoi(env1 + 7)};
+            setrlimit(RLIMIT_NOFILE, &rl);
+        } else if (env1) {
             putenv((char *)env1);
+        }
         if (env2)
             putenv((char *)env2);
         execv(argv[0], (char **)argv);

@@ -49,7 +49,8 @@ bool have_model(void);
 void need_model(void);
 
 /* Starts msmoed with extra "--set" assignments (NULL-terminated) and the given extra environment
- * (NAME=VALUE or NULL); with wait_ready, waits until it accepts connections. The daemon dies with
+ * (NAME=VALUE or NULL; env1 "NOFILE=N" instead sets the daemon's RLIMIT_NOFILE, soft and hard, to
+ * N); with wait_ready, waits until it accepts connections. The daemon dies with
  * the test process. */
 void start_daemon(daemon_proc *d, const char **sets, const char *env1, const char *env2, bool wait_ready);
 /* start_daemon on the fake engine with a 5 ms step (so "mid-stream" is guaranteed), plus extra

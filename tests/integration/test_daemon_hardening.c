@@ -837,3 +837,39 @@ Test(daemon_hardening, a_rank_with_a_different_collective_schedule_is_refused_at
     cr_assert_eq(st, 1, "status %d: %s", st, out);
     cr_assert(strstr(out, "graph verify V4") && strstr(out, "refusing to serve"), "%s", out);
 }
+
+/* Out of descriptors, accept fails and libuv resets the client without a word: server.max_connections
+ * is kept below RLIMIT_NOFILE (with a warning), so every client over the limit is told why. */
+Test(daemon_hardening, max_connections_stays_below_the_descriptor_limit, .timeout = 60) {
+    daemon_proc d;
+    const char *sets[] = {"engine.backend=fake", NULL};
+    start_daemon(&d, sets, "NOFILE=320", NULL, true); /* max_connections 1024 -> 64 */
+    usleep(200000);
+    enum { N = 330 };
+    static msm_client *c[N];
+    int refused = 0, served = 0;
+    msm_err err;
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(msm_client_connect(d.sock, &c[i], &err), 0, "connect %d: %s", i, err.msg);
+        msm_client_set_timeout_ms(c[i], 5000);
+    }
+    for (int i = 0; i < N; i++) {
+        Msmoe__V1__ServerFrame *f = NULL;
+        /* a refused connection has its error waiting (the send may then fail: it is closed) */
+        msm_client_send_simple(c[i], 1, MSMOE__V1__CLIENT_FRAME__CALL_HEALTH, &err);
+        if (msm_client_recv(c[i], &f, &err) < 0)
+            cr_assert_fail("connection %d was dropped without a reply: %s", i, err.msg);
+        if (f->reply_case == MSMOE__V1__SERVER_FRAME__REPLY_ERROR) {
+            cr_assert_eq(f->error->code, MSMOE__V1__CODE__RESOURCE_EXHAUSTED);
+            refused++;
+        } else {
+            served++;
+        }
+        msmoe__v1__server_frame__free_unpacked(f, NULL);
+    }
+    fprintf(stderr, "RLIMIT_NOFILE 320: %d connections served, %d refused with a reply\n", served, refused);
+    cr_assert_eq(served, 64);
+    for (int i = 0; i < N; i++)
+        msm_client_free(c[i]);
+    cr_assert_eq(stop_daemon(&d), 0);
+}
