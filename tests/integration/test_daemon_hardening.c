@@ -85,21 +85,28 @@ static size_t raw_string_frame(uint8_t *out, uint64_t rid, int call, int field, 
     return (size_t)(p - out);
 }
 
+/* A client with a small receive buffer that sends `requests` Generates of max_tokens each and
+ * never reads: its replies pile up in the daemon. */
+static msm_client *a_client_that_does_not_read(const daemon_proc *d, int requests, int max_tokens) {
+    msm_client *c = connect_to(d);
+    int small = 4096;
+    setsockopt(msm_client_fd(c), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    static const int32_t prompt[] = {3, 4, 5};
+    msm_client_gen g;
+    ids_gen_init(&g, prompt, 3, max_tokens);
+    msm_err err;
+    for (int r = 1; r <= requests; r++)
+        cr_assert_eq(msm_client_send_generate(c, (uint64_t)r, &g, &err), 0, "%s", err.msg);
+    return c;
+}
+
 /* ---- bug 1: a client that stops reading must not hold the shutdown ---- */
 
 Test(daemon_hardening, a_client_that_stops_reading_does_not_hold_the_shutdown, .timeout = 90) {
     daemon_proc d;
     start_fake(&d, "0", NULL, NULL);
-    msm_client *slow = connect_to(&d), *other = connect_to(&d);
-    int small = 4096;
-    setsockopt(msm_client_fd(slow), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    static const int32_t prompt[] = {3, 4, 5};
-    msm_client_gen g;
-    ids_gen_init(&g, prompt, 3, 1000);
-    msm_err err;
     /* ~32,000 token frames (~800 KB): far past the socket buffers, far below max_queued_bytes */
-    for (int r = 1; r <= 32; r++)
-        cr_assert_eq(msm_client_send_generate(slow, (uint64_t)r, &g, &err), 0, "%s", err.msg);
+    msm_client *slow = a_client_that_does_not_read(&d, 32, 1000), *other = connect_to(&d);
     double active = 1;
     for (int i = 0; i < 1000 && active != 0; i++) {
         usleep(10000);
@@ -358,15 +365,8 @@ Test(daemon_hardening, a_client_not_taking_its_replies_is_closed_after_the_write
     daemon_proc d;
     const char *extra[] = {"server.write_timeout_s=1", NULL};
     start_fake(&d, "0", extra, NULL);
-    msm_client *slow = connect_to(&d), *other = connect_to(&d);
-    int small = 4096;
-    setsockopt(msm_client_fd(slow), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    static const int32_t prompt[] = {4, 5};
-    msm_client_gen g;
-    ids_gen_init(&g, prompt, 2, 30000); /* to the end of the context: 2,046 tokens each */
-    msm_err err;
-    for (int r = 1; r <= 8; r++)
-        cr_assert_eq(msm_client_send_generate(slow, (uint64_t)r, &g, &err), 0);
+    /* to the end of the context: 2,045 tokens each */
+    msm_client *slow = a_client_that_does_not_read(&d, 8, 30000), *other = connect_to(&d);
     double closed = 0;
     for (int i = 0; i < 1000 && closed < 1; i++) {
         usleep(10000);
@@ -378,6 +378,17 @@ Test(daemon_hardening, a_client_not_taking_its_replies_is_closed_after_the_write
     msm_client_free(slow);
     msm_client_free(other);
     cr_assert_eq(stop_daemon(&d), 0);
+}
+
+/* Reads frames until the first Error reply, which it returns (the caller frees it); the request's
+ * other frames (chunks of the streams under way) are skipped. */
+static Msmoe__V1__ServerFrame *first_refusal(msm_client *c) {
+    for (;;) {
+        Msmoe__V1__ServerFrame *f = recv_frame(c);
+        if (f->reply_case == MSMOE__V1__SERVER_FRAME__REPLY_ERROR)
+            return f;
+        msmoe__v1__server_frame__free_unpacked(f, NULL);
+    }
 }
 
 /* ---- per-connection limits and fairness ---- */
@@ -393,19 +404,12 @@ Test(daemon_hardening, one_connection_has_a_request_limit, .timeout = 60) {
     msm_err err;
     for (int r = 1; r <= 5; r++)
         cr_assert_eq(msm_client_send_generate(c, (uint64_t)r, &g, &err), 0);
-    for (;;) {
-        Msmoe__V1__ServerFrame *f = recv_frame(c);
-        bool refusal = f->reply_case == MSMOE__V1__SERVER_FRAME__REPLY_ERROR;
-        if (refusal) {
-            cr_assert_eq(f->request_id, 5);
-            cr_assert_eq(f->error->code, MSMOE__V1__CODE__RESOURCE_EXHAUSTED);
-            cr_assert(strstr(f->error->message, "4 requests in flight on this connection") &&
-                      strstr(f->error->message, "server.max_requests_per_connection = 4"), "%s", f->error->message);
-        }
-        msmoe__v1__server_frame__free_unpacked(f, NULL);
-        if (refusal)
-            break;
-    }
+    Msmoe__V1__ServerFrame *f = first_refusal(c);
+    cr_assert_eq(f->request_id, 5);
+    cr_assert_eq(f->error->code, MSMOE__V1__CODE__RESOURCE_EXHAUSTED);
+    cr_assert(strstr(f->error->message, "4 requests in flight on this connection") &&
+              strstr(f->error->message, "server.max_requests_per_connection = 4"), "%s", f->error->message);
+    msmoe__v1__server_frame__free_unpacked(f, NULL);
     msm_client_free(c);
     cr_assert_eq(stop_daemon(&d), 0);
 }
@@ -449,18 +453,11 @@ Test(daemon_hardening, queue_full_names_the_count_and_the_limit, .timeout = 60) 
     msm_err err;
     for (int r = 1; r <= 5; r++)
         cr_assert_eq(msm_client_send_generate(c, (uint64_t)r, &g, &err), 0);
-    for (;;) {
-        Msmoe__V1__ServerFrame *f = recv_frame(c);
-        bool refusal = f->reply_case == MSMOE__V1__SERVER_FRAME__REPLY_ERROR;
-        if (refusal) {
-            cr_assert_eq(f->error->code, MSMOE__V1__CODE__RESOURCE_EXHAUSTED);
-            cr_assert(strstr(f->error->message, "queue is full: 2 requests waiting (scheduler.max_queue = 2)"), "%s",
-                      f->error->message);
-        }
-        msmoe__v1__server_frame__free_unpacked(f, NULL);
-        if (refusal)
-            break;
-    }
+    Msmoe__V1__ServerFrame *f = first_refusal(c);
+    cr_assert_eq(f->error->code, MSMOE__V1__CODE__RESOURCE_EXHAUSTED);
+    cr_assert(strstr(f->error->message, "queue is full: 2 requests waiting (scheduler.max_queue = 2)"), "%s",
+              f->error->message);
+    msmoe__v1__server_frame__free_unpacked(f, NULL);
     msm_client_free(c);
     cr_assert_eq(stop_daemon(&d), 0);
 }
