@@ -8,10 +8,10 @@
  * 0 or the process's exit status (2: the configuration is wrong, 1: start-up failed).
  * `--check-config` runs the same validation as start-up (validate_model) and stops before loading.
  *
- * Signals: SIGTERM and SIGINT are blocked in every thread from the start; until the loop takes
- * them over (serve), a watcher thread waits for them, and one arriving while the model loads ends
- * the process at once with status 0 (a load of many GB is not worth finishing only to drain
- * nothing: no client has connected yet). */
+ * Signals: SIGTERM, SIGINT and SIGHUP are blocked in every thread from the start; until the loop
+ * takes them over (serve), a watcher thread waits for them: SIGTERM or SIGINT while the model
+ * loads ends the process at once with status 0 (a load of many GB is not worth finishing only to
+ * drain nothing: no client has connected yet), SIGHUP reopens the log. */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -423,15 +423,22 @@ static void raise_nofile(msm_config *cfg) {
 
 /* ---- signals during start-up (see the top of the file) ---- */
 
+static void start_up_signals(sigset_t *set) {
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
+}
+
 static void *sig_main(void *arg) {
     daemon_state *d = arg;
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
+    start_up_signals(&set);
     while (!atomic_load(&d->sig_stop)) {
         struct timespec t = {0, 50000000L};
         int sig = sigtimedwait(&set, NULL, &t);
+        if (sig == SIGHUP)
+            msm_log_reopen();
         if (sig == SIGTERM || sig == SIGINT) {
             msm_log_info("received %s while loading: exiting", sig == SIGTERM ? "SIGTERM" : "SIGINT");
             msm_notify_stopping("stopped while loading");
@@ -442,20 +449,18 @@ static void *sig_main(void *arg) {
     return NULL;
 }
 
-/* Blocks SIGTERM and SIGINT in this thread and every thread it starts later, and starts the
+/* Blocks the start-up signals in this thread and every thread it starts later, and starts the
  * watcher. */
 static void signals_to_watcher(daemon_state *d) {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
+    start_up_signals(&set);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     atomic_init(&d->sig_stop, false);
     d->have_sig_thread = pthread_create(&d->sig_thread, NULL, sig_main, d) == 0;
 }
 
-/* The loop's handlers are installed: stop the watcher and unblock SIGTERM and SIGINT on this (the
- * loop's) thread; one that arrived meanwhile is delivered now, to the loop. */
+/* The loop's handlers are installed: stop the watcher and unblock the signals on this (the loop's)
+ * thread; one that arrived meanwhile is delivered now, to the loop. */
 static void signals_to_loop(daemon_state *d) {
     if (!d->have_sig_thread)
         return;
@@ -463,9 +468,7 @@ static void signals_to_loop(daemon_state *d) {
     pthread_join(d->sig_thread, NULL);
     d->have_sig_thread = false;
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
+    start_up_signals(&set);
     pthread_sigmask(SIG_UNBLOCK, &set, NULL);
 }
 
