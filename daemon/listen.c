@@ -53,9 +53,13 @@ static void close_sweep(msm_conn_set *cs) {
         uv_close((uv_handle_t *)&cs->sweep, sweep_closed);
 }
 
-/* Why g should be closed now, or -1. */
-static int overdue(const msm_conn_set *cs, const msm_conn_guard *g, uint64_t now) {
+/* Why g should be closed now, or -1. A backlog that shrank since the last sweep is progress too
+ * (a large reply taken slowly, piece by piece, completes no write for a while). */
+static int overdue(const msm_conn_set *cs, msm_conn_guard *g, uint64_t now) {
     size_t queued = uv_stream_get_write_queue_size(g->stream);
+    if (queued < g->last_queued)
+        g->write_since_ms = now;
+    g->last_queued = queued;
     if (queued > 0)
         return cs->write_ms && now - g->write_since_ms >= cs->write_ms ? MSM_CONN_STALLED : -1;
     if (cs->shutting_down)

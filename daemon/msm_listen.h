@@ -16,7 +16,8 @@
  *
  * and the set calls the connection's timeout callback (on the loop thread) when it is idle
  * (nothing in flight, nothing received or written for server.idle_timeout_s) or stalled (replies
- * queued and no byte of them taken by the peer for server.write_timeout_s); the callback closes
+ * queued and none of them taken by the peer for server.write_timeout_s: no write completed and
+ * the backlog did not shrink); the callback closes
  * it abruptly (uv_close; what the peer would not take is dropped). At shutdown
  * msm_conn_set_shutdown bounds the last flush of every connection the same way, with a shorter
  * limit, and closes the set's timer once the last connection is gone. Everything here runs on
@@ -60,6 +61,7 @@ struct msm_conn_guard {
     void *owner;                /* the connection (the callback's to use) */
     uint64_t last_ms;           /* last byte received or written */
     uint64_t write_since_ms;    /* start of the current write backlog, or its last progress */
+    size_t last_queued;         /* the backlog at the last sweep */
     bool busy;
     bool timed_out;             /* the callback ran (it is not called twice) */
     struct msm_conn_guard *prev, *next;
