@@ -78,6 +78,15 @@ static const key_def keys[] = {
     INT("scheduler", "drain_timeout_s", drain_timeout_s, 0, 86400),
     {"log", "level", K_LEVEL, offsetof(msm_config, log_level), sizeof(msm_log_level), 0, 0},
     STR("log", "file", log_file),
+    BOOL("http", "enabled", http_enabled),
+    STR("http", "host", http_host),
+    INT("http", "port", http_port, 1, 65535),
+    INT("http", "max_body_bytes", http_max_body_bytes, 1024, 1 << 30),
+    INT("http", "max_header_bytes", http_max_header_bytes, 1024, 256 * 1024),
+    INT("http", "read_timeout_ms", http_read_timeout_ms, 100, 3600000),
+    INT("http", "max_connections", http_max_connections, 1, 1000000),
+    STR("http", "api_key_file", http_api_key_file),
+    STR("http", "model_name", http_model_name),
 };
 
 void msm_config_defaults(msm_config *c) {
@@ -110,6 +119,12 @@ void msm_config_defaults(msm_config *c) {
     c->max_stop = 16;
     c->drain_timeout_s = 30;
     c->log_level = MSM_LOG_INFO;
+    snprintf(c->http_host, sizeof c->http_host, "127.0.0.1");
+    c->http_port = 8000;
+    c->http_max_body_bytes = 8 << 20;
+    c->http_max_header_bytes = 16 << 10;
+    c->http_read_timeout_ms = 10000;
+    c->http_max_connections = 256;
 }
 
 static char *trim(char *s) {
@@ -204,7 +219,7 @@ static int set_key(msm_config *c, const char *where, const char *section, const 
         }
     }
     if (!section_known)
-        return msm_err_set(err, -EINVAL, "%s: unknown section [%s] (known: server, engine, scheduler, log)",
+        return msm_err_set(err, -EINVAL, "%s: unknown section [%s] (known: server, engine, scheduler, log, http)",
                            where, section);
     if (!k && !strcmp(section, "engine") && !strcmp(name, "first_device"))
         return msm_err_set(err, -EINVAL, "%s: engine.first_device was replaced by engine.gpus (e.g. first_device = 2 "

@@ -54,11 +54,16 @@ static void close_sweep(msm_conn_set *cs) {
 }
 
 /* Why g should be closed now, or -1. A backlog that shrank since the last sweep is progress too
- * (a large reply taken slowly, piece by piece, completes no write for a while). */
+ * (a large reply taken slowly, piece by piece, completes no write for a while). A backlog that was
+ * not there at the last sweep started after it: for an owner that reports its writes this changes
+ * nothing (msm_conn_guard_write_start has dated it already); for one whose library writes (H2O)
+ * it is the only date there is. */
 static int overdue(const msm_conn_set *cs, msm_conn_guard *g, uint64_t now) {
     size_t queued = uv_stream_get_write_queue_size(g->stream);
     if (queued < g->last_queued)
         g->write_since_ms = now;
+    else if (g->last_queued == 0 && queued > 0 && g->write_since_ms < cs->last_sweep_ms)
+        g->write_since_ms = cs->last_sweep_ms;
     g->last_queued = queued;
     if (queued > 0)
         return cs->write_ms && now - g->write_since_ms >= cs->write_ms ? MSM_CONN_STALLED : -1;
@@ -79,6 +84,7 @@ static void on_sweep(uv_timer_t *t) {
         cs->timed_out[why]++;
         g->on_timeout(g, (msm_conn_timeout)why);
     }
+    cs->last_sweep_ms = now;
 }
 
 /* The sweep period: a quarter of the shortest timeout, between 50 ms and 1 s. */
@@ -100,6 +106,7 @@ int msm_conn_set_init(msm_conn_set *cs, uv_loop_t *loop, int max_connections, in
                       int write_timeout_s, msm_err *err) {
     memset(cs, 0, sizeof *cs);
     cs->loop = loop;
+    cs->last_sweep_ms = uv_now(loop);
     cs->max = max_connections;
     cs->idle_ms = (uint64_t)idle_timeout_s * 1000;
     cs->write_ms = (uint64_t)write_timeout_s * 1000;

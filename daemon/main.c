@@ -281,6 +281,21 @@ static int load_tokenizer(daemon_state *d) {
     return 0;
 }
 
+/* The engine's load progress as STATUS= (systemctl status shows "loading ...: 45%  12.3 of 27.0 GB"). */
+static void notify_load_progress(void *ctx, const msm_load_progress *p) {
+    char line[160];
+    msm_load_progress_format(line, sizeof line, p, 0);
+    msm_notify_loading_progress(ctx, line);
+}
+
+static void log_load_summary(int g, const msm_load_summary *s) {
+    if (s->bytes_read)
+        msm_log_info("group %d: weights %.2f GB read in %.2f s (%.2f GB/s, %d reader threads per rank, %.0f MB "
+                     "staging); engine ready in %.2f s; peak RSS %.2f GB", g, (double)s->bytes_read / 1e9, s->load_s,
+                     s->load_s > 0 ? (double)s->bytes_read / 1e9 / s->load_s : 0.0, s->threads,
+                     (double)s->staging_bytes / 1e6, s->start_s, (double)s->peak_rss_bytes / 1e9);
+}
+
 /* Group g's engine: the fake one or the real one on its devices. */
 static int load_group(daemon_state *d, int g, msm_err *err) {
     const msm_config *cfg = &d->cfg;
@@ -308,6 +323,7 @@ static int load_group(daemon_state *d, int g, msm_err *err) {
         if (rc < 0)
             return rc;
         msm_sched_engine_from(&d->se[g], d->engines[g]);
+        log_load_summary(g, msm_engine_load_summary(d->engines[g]));
     }
     d->se[g].tok = d->tok;
     return 0;
@@ -341,6 +357,8 @@ static int load_groups(daemon_state *d, bool dump_graph) {
         msm_notify_status("%s", status);
         msm_notify_loading *loading = NULL;
         msm_notify_loading_start(status, 5, &loading);
+        d->eo.load_progress = notify_load_progress; /* STATUS= with GB and percent */
+        d->eo.load_progress_ctx = loading;
         int rc = load_group(d, g, &err);
         msm_notify_loading_stop(loading);
         if (rc < 0) {
@@ -364,6 +382,9 @@ static void describe_model(daemon_state *d) {
     if (d->engines[0]) {
         const msm_model_config *mc = msm_engine_model(d->engines[0]);
         const msm_engine_opts *o0 = msm_engine_options(d->engines[0]);
+        if (mc->n_mtp_layers > 0) /* GLM-4.5's speculative-decoding layers: present, never used */
+            msm_log_info("the model has %d multi-token-prediction layer(s) (num_nextn_predict_layers); "
+                         "they are not loaded or used", mc->n_mtp_layers);
         info->architecture = mc->arch_name;
         info->backend = msm_engine_backend_name(d->engines[0]);
         info->hidden = mc->hidden;
@@ -527,6 +548,7 @@ static void teardown(daemon_state *d) {
     signals_to_loop(d);
     for (int g = 0; d->scheds && g < d->n_groups; g++)
         msm_sched_free(d->scheds[g]);
+    msm_server_free(d->srv); /* first: its HTTP listeners close their library's handles on the loop */
     if (d->have_loop && uv_loop_close(&d->loop) == UV_EBUSY) {
         /* a handle left open (never expected: every path closes its own) must not keep the
          * process from exiting */
@@ -535,7 +557,6 @@ static void teardown(daemon_state *d) {
         uv_run(&d->loop, UV_RUN_DEFAULT);
         uv_loop_close(&d->loop);
     }
-    msm_server_free(d->srv);
     for (int g = 0; g < d->n_groups; g++) {
         msm_engine_free(d->engines ? d->engines[g] : NULL);
         msm_fake_engine_free(d->fakes ? d->fakes[g] : NULL);

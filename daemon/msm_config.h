@@ -34,7 +34,7 @@ typedef struct msm_config {
     char tcp_host[64];
     bool tcp_allow_remote;     /* tcp_host may be a non-loopback address (the API has no authentication) */
     int max_frame_bytes;
-    int max_connections;       /* over every listener (API socket, TCP, metrics HTTP) */
+    int max_connections;       /* over every listener (API socket, TCP, metrics port, [http]) */
     int max_requests_per_connection; /* Generate requests in flight on one connection */
     int max_queued_bytes;      /* replies queued for a connection that does not read; over: closed */
     int idle_timeout_s;        /* a connection with nothing in flight and no traffic is closed; 0 = never */
@@ -72,6 +72,17 @@ typedef struct msm_config {
     /* [log] */
     msm_log_level log_level;
     char log_file[1024];       /* empty = stderr (the journal under systemd) */
+    /* [http]: the OpenAI-compatible HTTP API (msm_http.h) */
+    bool http_enabled;         /* off unless configured (make run turns it on) */
+    char http_host[64];        /* IPv4 or IPv6 address */
+    int http_port;
+    int http_max_body_bytes;   /* request body cap: over it, 413 */
+    int http_max_header_bytes; /* request line + headers cap: over it, 431 */
+    int http_read_timeout_ms;  /* a request (headers and body) must arrive within it; also the
+                                  keep-alive idle timeout (slowloris) */
+    int http_max_connections;
+    char http_api_key_file[1024]; /* a file holding the bearer token; empty = no authentication */
+    char http_model_name[256]; /* the model id of /v1/models; empty = the model directory's name */
 } msm_config;
 
 void msm_config_defaults(msm_config *c);

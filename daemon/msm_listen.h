@@ -1,6 +1,6 @@
 /* msm_listen: what every listener of msmoed shares: binding a TCP listener (the API's TCP socket
- * and the metrics HTTP port), and the connection guard, one connection limit and one set of
- * timeouts over the connections of every listener.
+ * and the HTTP listeners, msm_http), and the connection guard, one connection limit and one set
+ * of timeouts over the connections of every listener.
  *
  * The guard. A listener's module embeds an msm_conn_guard in each connection and tells the
  * guard set (one per daemon, owned by msm_server) what happens to it:
@@ -21,7 +21,14 @@
  * it abruptly (uv_close; what the peer would not take is dropped). At shutdown
  * msm_conn_set_shutdown bounds the last flush of every connection the same way, with a shorter
  * limit, and closes the set's timer once the last connection is gone. Everything here runs on
- * the loop thread. */
+ * the loop thread.
+ *
+ * A connection whose socket a library reads and writes (H2O's, in msm_http) reports no reads or
+ * writes: its owner adds it, marks it busy for good (its idle time is the library's own timeout)
+ * and removes it in its close callback. The set still watches its write backlog
+ * (uv_stream_get_write_queue_size: a backlog not there at the last sweep started after it), so a
+ * peer that takes nothing is caught as stalled; the callback then makes the library close it (a
+ * shutdown(2) of the socket fails the pending write). */
 #ifndef MSM_LISTEN_H
 #define MSM_LISTEN_H
 
@@ -51,7 +58,7 @@ typedef enum msm_conn_timeout {
     MSM_CONN_TIMEOUT_COUNT_,
 } msm_conn_timeout;
 
-/* Called on the loop thread; must close the connection (uv_close). */
+/* Called on the loop thread; must close the connection (uv_close, or make its library close it). */
 typedef void (*msm_conn_timeout_fn)(msm_conn_guard *g, msm_conn_timeout why);
 
 struct msm_conn_guard {
@@ -70,6 +77,7 @@ struct msm_conn_guard {
 typedef struct msm_conn_set {
     uv_loop_t *loop;
     uv_timer_t sweep;
+    uint64_t last_sweep_ms;
     bool have_sweep, shutting_down;
     int n, max;
     uint64_t idle_ms, write_ms;   /* 0: never */

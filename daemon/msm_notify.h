@@ -21,6 +21,9 @@ uint64_t msm_notify_watchdog_usec(void);
  * operation (the model load) runs on the caller's thread. */
 typedef struct msm_notify_loading msm_notify_loading;
 int msm_notify_loading_start(const char *what, int period_s, msm_notify_loading **ret);
+/* Appends `progress` ("45%  12.3 of 27.0 GB ...") to the status and sends it now; the periodic
+ * updates repeat it. Thread-safe; l may be NULL (then only STATUS= is sent). */
+void msm_notify_loading_progress(msm_notify_loading *l, const char *progress);
 void msm_notify_loading_stop(msm_notify_loading *l);
 
 #endif

@@ -45,6 +45,16 @@ const char *msm_finish_name(msm_finish f);
 
 #define MSM_MAX_TOP_LOGPROBS 20
 
+/* One token's logprob and the top-n alternatives at its position (log-softmax of the logits row
+ * that predicted it), best first. */
+typedef struct msm_token_logprob {
+    int32_t token;
+    float logprob;
+    int n_top;
+    int32_t top_ids[MSM_MAX_TOP_LOGPROBS];
+    float top_logprobs[MSM_MAX_TOP_LOGPROBS];
+} msm_token_logprob;
+
 /* A validated generation request (native; protobuf structs never get this far). */
 typedef struct msm_gen_request {
     uint64_t conn_id;         /* routing key of the reply: connection ... */
@@ -52,7 +62,8 @@ typedef struct msm_gen_request {
     int32_t *prompt;          /* [n_prompt] token ids, each < vocab (owned) */
     int n_prompt;
     msm_sample_params sampling; /* counter is set per token by the scheduler */
-    int max_tokens;           /* >= 1 */
+    int max_tokens;           /* >= 1; 0 only with want_prompt_logprobs (score the prompt, generate
+                                 nothing: the request ends after its prefill with FINISH_LENGTH) */
     int32_t *stop_ids;        /* [n_stop_ids] (owned) */
     int n_stop_ids;
     char **stop_strings;      /* [n_stop_strings] NUL-terminated UTF-8 (owned); need engine->tok */
@@ -60,6 +71,13 @@ typedef struct msm_gen_request {
     int top_logprobs;         /* top-n logprobs per token, 0..MSM_MAX_TOP_LOGPROBS */
     bool want_logprob;        /* the chosen token's logprob (implied by top_logprobs > 0) */
     bool ignore_eos;
+    /* Prompt logprobs (the HTTP API's echo + logprobs, lm-eval's loglikelihood): the logprob of
+     * every prompt token after the first given the ones before it, with the prompt_top_logprobs
+     * best alternatives, handed out in events before the first generated token. The prefill chunks
+     * of such a request run with MSM_STEP_OUTPUT_ALL_LOGITS and the scheduler thread reduces the
+     * rows to msm_token_logprob entries; no logits row leaves the scheduler. */
+    bool want_prompt_logprobs;
+    int prompt_top_logprobs;  /* 0..MSM_MAX_TOP_LOGPROBS */
     /* Offline scoring (msm_generate: msmoe-run --dump-logits, the golden tests; the API never sets
      * it): the logits row of every fed token, prompt and generated (the last generated token is
      * never fed), is copied to logits_sink + position * vocab, for positions < sink_rows. The
@@ -91,6 +109,13 @@ typedef struct msm_sched_event {
      * (so free(ev) frees it); NULL without a tokenizer. */
     char *text;
     size_t text_len;
+    /* Prompt logprobs (want_prompt_logprobs), in events that carry no token: the entries of prompt
+     * positions prompt_lp_first .. prompt_lp_first + n_prompt_lp - 1 (position 0 has none), in the
+     * same allocation as the event. One event per prefill chunk; all of them come before the
+     * request's first token event. */
+    int prompt_lp_first;
+    int n_prompt_lp;
+    msm_token_logprob *prompt_lp;
     int group;                     /* the consumer's use: the daemon's emit marks the TP group */
     struct msm_sched_event *next;  /* queue link for the consumer's use */
 } msm_sched_event;

@@ -1,6 +1,6 @@
 /* msm_server: the libuv side of msmoed. The loop thread owns every socket and handle: the Unix
  * and TCP listeners, the client connections (framing via msm_frame, decoding and validation via
- * msm_api), the optional HTTP /metrics listener (msm_http_metrics), signals and timers. Requests go to the scheduler
+ * msm_api), the HTTP listeners (msm_http: the OpenAI API and the metrics port), signals and timers. Requests go to the scheduler
  * of one TP group through msm_sched_submit; the schedulers' events come back through
  * msm_server_emit (a queue + uv_async_send), whose callback drains the whole queue into streamed
  * ServerFrames. */

@@ -48,6 +48,7 @@ struct msm_notify_loading {
     bool done;
     int period_s;
     char what[256];
+    char progress[160];
 };
 
 static void *loading_main(void *arg) {
@@ -59,8 +60,9 @@ static void *loading_main(void *arg) {
         struct timespec now, until;
         clock_gettime(CLOCK_MONOTONIC, &now);
         /* Ask for three more periods each time: a single late wake-up must not kill the load. */
-        sd_notifyf(0, "EXTEND_TIMEOUT_USEC=%llu\nSTATUS=%s (%lds)",
-                   (unsigned long long)l->period_s * 3000000ull, l->what, (long)(now.tv_sec - t0.tv_sec));
+        sd_notifyf(0, "EXTEND_TIMEOUT_USEC=%llu\nSTATUS=%s%s%s (%lds)",
+                   (unsigned long long)l->period_s * 3000000ull, l->what, l->progress[0] ? ": " : "",
+                   l->progress, (long)(now.tv_sec - t0.tv_sec));
         until = now;
         until.tv_sec += l->period_s;
         while (!l->done && pthread_cond_timedwait(&l->cv, &l->mu, &until) != ETIMEDOUT)
@@ -89,6 +91,17 @@ int msm_notify_loading_start(const char *what, int period_s, msm_notify_loading 
     }
     *ret = l;
     return 0;
+}
+
+void msm_notify_loading_progress(msm_notify_loading *l, const char *progress) {
+    if (!l) {
+        sd_notifyf(0, "STATUS=%s", progress);
+        return;
+    }
+    pthread_mutex_lock(&l->mu);
+    snprintf(l->progress, sizeof l->progress, "%s", progress);
+    sd_notifyf(0, "STATUS=%s: %s", l->what, l->progress);
+    pthread_mutex_unlock(&l->mu);
 }
 
 void msm_notify_loading_stop(msm_notify_loading *l) {

@@ -23,6 +23,7 @@ typedef struct seq {
     int n_tokens, cap_tokens;
     int n_cached;             /* tokens whose K/V are in the cache */
     int n_generated;
+    int n_prompt_lp;          /* prompt positions whose logprobs went out (want_prompt_logprobs) */
     int32_t *blocks;          /* [n_blocks] block table */
     int n_blocks, cap_blocks;
     msm_textstream text;      /* with a tokenizer (engine tok): text deltas and stop strings */
@@ -204,9 +205,15 @@ int msm_sched_submit(msm_sched *s, msm_gen_request **reqp, msm_err *err) {
     if (r->n_stop_strings > 0 && !s->e.tok)
         return msm_err_set(err, -ENOTSUP, "generate.stop_strings need a tokenizer, and this daemon has none "
                            "(no tokenizer.json in the model directory)");
+    if (r->max_tokens < 0 || (r->max_tokens == 0 && !r->want_prompt_logprobs))
+        return msm_err_set(err, -EINVAL, "max_tokens = %d: must be >= 1 (0 only when scoring the prompt)",
+                           r->max_tokens);
+    if (r->prompt_top_logprobs < 0 || r->prompt_top_logprobs > MSM_MAX_TOP_LOGPROBS)
+        return msm_err_set(err, -EINVAL, "prompt top logprobs = %d: must be in [0, %d]", r->prompt_top_logprobs,
+                           MSM_MAX_TOP_LOGPROBS);
     /* The sequence at its longest feeds prompt + max_tokens - 1 tokens (the last is not fed back).
      * It must fit the pool on its own, or preemption could never make room for it. */
-    long longest = (long)r->n_prompt + r->max_tokens - 1;
+    long longest = (long)r->n_prompt + (r->max_tokens > 0 ? r->max_tokens - 1 : 0);
     if (longest > s->e.max_context)
         longest = s->e.max_context;
     int need = msm_kv_blocks_for((int)longest), total = s->e.kv_total(s->e.ctx);
@@ -630,6 +637,8 @@ static bool plan_step(msm_sched *s, int n) {
         st->n_blocks = q->n_blocks;
         st->output = b->output ? MSM_STEP_OUTPUT_SAMPLE : MSM_STEP_OUTPUT_NONE;
         st->want_logits = b->output && wants_logprobs(q->req);
+        if (q->req->want_prompt_logprobs && q->n_prompt_lp < q->req->n_prompt - 1 && q->n_generated == 0)
+            st->output = MSM_STEP_OUTPUT_ALL_LOGITS; /* every prompt row, reduced in prompt_logprobs */
         if (q->req->logits_sink) {
             /* Every fed token's row: prompt chunks whole (ALL_LOGITS), a decode row as SAMPLE with
              * its logits, which keeps the step eligible for CUDA-graph replay. */
@@ -683,6 +692,40 @@ static void sink_logits(const msm_sched *s, const msm_gen_request *r, const msm_
     int first = st->pos0 + st->n_tokens - n_rows;
     for (int k = 0; k < n_rows && first + k < r->sink_rows; k++)
         memcpy(r->logits_sink + (size_t)(first + k) * V, rows + (size_t)k * V, V * sizeof *rows);
+}
+
+/* The logprobs of the prompt tokens that step entry st's rows predict (row k, at position
+ * pos0 + k, predicts the token at pos0 + k + 1), for the prompt positions not handed out yet: one
+ * event without a token. A preempted sequence recomputes its rows; positions already sent are
+ * skipped, so each goes out once. */
+static void prompt_logprobs(msm_sched *s, seq *q, const msm_step_seq *st, const float *rows) {
+    const msm_gen_request *r = q->req;
+    int first = st->pos0 + 1 > q->n_prompt_lp + 1 ? st->pos0 + 1 : q->n_prompt_lp + 1;
+    int last = st->pos0 + st->n_tokens; /* the position the last row predicts */
+    if (last > r->n_prompt - 1)
+        last = r->n_prompt - 1;
+    if (first > last)
+        return;
+    int n = last - first + 1;
+    msm_sched_event *ev = calloc(1, sizeof *ev + (size_t)n * sizeof(msm_token_logprob));
+    if (!ev)
+        return; /* the consumer then sees fewer positions: it answers with an error */
+    ev->conn_id = r->conn_id;
+    ev->request_id = r->request_id;
+    ev->prompt_lp = (msm_token_logprob *)(ev + 1);
+    ev->prompt_lp_first = first;
+    ev->n_prompt_lp = n;
+    int top = r->prompt_top_logprobs < s->e.vocab ? r->prompt_top_logprobs : s->e.vocab;
+    for (int i = 0; i < n; i++) {
+        int p = first + i;
+        msm_token_logprob *lp = &ev->prompt_lp[i];
+        lp->token = r->prompt[p];
+        lp->n_top = top;
+        msm_sched_logprobs(rows + (size_t)(p - 1 - st->pos0) * (size_t)s->e.vocab, s->e.vocab, lp->token, top,
+                           &lp->logprob, lp->top_ids, lp->top_logprobs);
+    }
+    q->n_prompt_lp = last;
+    emit(s, ev);
 }
 
 /* Token t, sampled for q: appended, reported in ev (with its logprobs from the logits row, when
@@ -751,8 +794,15 @@ static void take_outputs(msm_sched *s, int n, const msm_step_out *out) {
         q->n_cached += b->n_feed;
         if (q->req->logits_sink && n_rows)
             sink_logits(s, q->req, st, rows, n_rows);
+        if (q->req->want_prompt_logprobs && st->output == MSM_STEP_OUTPUT_ALL_LOGITS && n_rows == st->n_tokens)
+            prompt_logprobs(s, q, st, rows);
         if (!b->output)
             continue;
+        if (q->req->max_tokens == 0) { /* scoring only: the prompt is done, nothing is generated */
+            unlink_running(s, q);
+            finish_seq(s, q, MSM_FINISH_LENGTH, NULL, 0, NULL);
+            continue;
+        }
         /* The sampled token's row is the entry's last. */
         const float *logits = n_rows && wants_logprobs(q->req) ? rows + (size_t)(n_rows - 1) * (size_t)s->e.vocab : NULL;
         msm_sched_event *ev = event_for(q);

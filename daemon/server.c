@@ -1,5 +1,6 @@
 /* msm_server: listeners, connections, request routing over the TP groups, graceful shutdown (see
- * msm_server.h). The HTTP /metrics listener is its own module (msm_http_metrics.h).
+ * msm_server.h). The HTTP listeners (the OpenAI API of [http], the Prometheus port of
+ * server.metrics_port) are msm_http instances (msm_http.h); this file is their host.
  *
  * Threads: everything here runs on the loop thread except msm_server_emit, which the scheduler
  * threads call; it touches only the event queue (under ev_mu) and uv_async_send.
@@ -28,7 +29,7 @@
 
 #include "msm_code.h"
 #include "msm_frame.h"
-#include "msm_http_metrics.h"
+#include "msm_http.h"
 #include "msm_listen.h"
 #include "msm_log.h"
 #include "msm_metrics.h"
@@ -95,7 +96,7 @@ struct msm_server {
     int *pick_load;             /* [n_groups] scratch of the pick */
     bool *pick_healthy;         /* [n_groups] */
     msm_metrics metrics;
-    msm_conn_set guards;        /* every connection, the metrics port's too */
+    msm_conn_set guards;        /* every connection, the HTTP listeners' too */
     bool have_guards;
     int lock_fd;                /* flock on <socket>.lock while we own the socket path; -1 */
     int exit_status;            /* what msmoed exits with (1 after a fatal engine failure) */
@@ -103,7 +104,8 @@ struct msm_server {
     uv_pipe_t unix_listener;
     uv_tcp_t tcp_listener;
     bool have_unix, have_tcp;
-    msm_http_metrics *http;     /* server.metrics_port; NULL when off */
+    msm_http *http;             /* server.metrics_port (GET /metrics only); NULL when off */
+    msm_http *http_api;         /* [http]: the OpenAI-compatible API; NULL when off */
 
     uv_async_t async;
     pthread_mutex_t ev_mu;
@@ -270,7 +272,7 @@ static msm_metric_sample *collect_metrics(msm_server *s, int *ret_n) {
     return samples;
 }
 
-/* The Prometheus text of every metric: the body of GET /metrics (msm_http_metrics_body_fn). */
+/* The Prometheus text of every metric: the body of GET /metrics (msm_http_host.metrics_text). */
 static char *metrics_text(void *ctx, size_t *ret_len) {
     int n;
     msm_metric_sample *samples = collect_metrics(ctx, &n);
@@ -285,6 +287,66 @@ static char *metrics_text(void *ctx, size_t *ret_len) {
     }
     free(samples);
     return body;
+}
+
+/* ---- the HTTP listeners' host (msm_http_host) ---- */
+
+static uint64_t http_new_conn_id(void *ctx) {
+    msm_server *s = ctx;
+    return ++s->next_conn_id;
+}
+
+/* An HTTP choice: the same routing as a socket Generate (least-loaded healthy group). */
+static int http_submit(void *ctx, msm_gen_request *r, int *ret_group, msm_err *err) {
+    msm_server *s = ctx;
+    s->metrics.requests_total++;
+    if (s->draining)
+        return msm_err_set(err, -ESHUTDOWN, "the daemon is shutting down");
+    int g = pick_group(s);
+    int rc = msm_sched_submit(s->groups[g].sched, &r, err);
+    if (rc < 0) {
+        msm_code code = msm_code_from_errno(rc);
+        if ((unsigned)code < MSM_CODE_LIMIT)
+            s->metrics.requests_rejected[code]++;
+        return rc;
+    }
+    s->groups[g].load++;
+    *ret_group = g;
+    return 0;
+}
+
+static void http_cancel(void *ctx, int group, uint64_t conn_id) {
+    msm_server *s = ctx;
+    if (group >= 0 && group < s->n_groups && s->groups[group].sched)
+        msm_sched_cancel_conn(s->groups[group].sched, conn_id);
+}
+
+static bool health(msm_server *s, char *why, size_t cap);
+
+static bool http_health(void *ctx, char *why, size_t cap) {
+    return health(ctx, why, cap);
+}
+
+/* The HTTP listeners the config asks for: [http] and the metrics port. */
+static int http_new(msm_server *s, msm_err *err) {
+    const msm_config *c = s->cfg;
+    msm_http_host host = {.ctx = s, .new_conn_id = http_new_conn_id, .submit = http_submit,
+                          .cancel = http_cancel, .health = http_health, .metrics_text = metrics_text};
+    msm_http_opts o = {.what = "http", .max_body_bytes = c->http_max_body_bytes,
+                       .max_header_bytes = c->http_max_header_bytes, .read_timeout_ms = c->http_read_timeout_ms,
+                       .max_connections = c->http_max_connections, .api_key_file = c->http_api_key_file,
+                       .model_name = c->http_model_name, .limits = &s->limits, .info = &s->info,
+                       .guards = &s->guards};
+    int rc = 0;
+    if (c->http_enabled)
+        rc = msm_http_new(s->loop, &o, &host, &s->http_api, err);
+    if (rc == 0 && c->metrics_port) {
+        o.what = "metrics http";
+        o.metrics_only = true;
+        o.max_connections = c->max_connections;
+        rc = msm_http_new(s->loop, &o, &host, &s->http, err);
+    }
+    return rc;
 }
 
 /* ---- closing ---- */
@@ -857,6 +919,8 @@ static void on_async(uv_async_t *a) {
                 inflight_del(c, ev->request_id);
                 conn_maybe_done(c);
             }
+        } else if (!c) {
+            msm_http_event(s->http_api, ev); /* an HTTP request's, or one whose client is gone */
         }
         free(ev);
         ev = next;
@@ -868,7 +932,8 @@ static void on_async(uv_async_t *a) {
 static void server_free_mem(msm_server *s) {
     if (s->lock_fd >= 0)
         close(s->lock_fd);
-    msm_http_metrics_free(s->http);
+    msm_http_free(s->http_api);
+    msm_http_free(s->http);
     free(s->groups);
     free(s->pick_load);
     free(s->pick_healthy);
@@ -886,9 +951,7 @@ int msm_server_new(uv_loop_t *loop, const msm_config *cfg, const msm_api_limits 
     s->groups = calloc((size_t)n_groups, sizeof *s->groups);
     s->pick_load = calloc((size_t)n_groups, sizeof *s->pick_load);
     s->pick_healthy = calloc((size_t)n_groups, sizeof *s->pick_healthy);
-    if (!s->groups || !s->pick_load || !s->pick_healthy ||
-        (cfg->metrics_port &&
-         msm_http_metrics_new(loop, metrics_text, s, &s->metrics.bytes_out, &s->guards, &s->http, err) < 0)) {
+    if (!s->groups || !s->pick_load || !s->pick_healthy) {
         server_free_mem(s);
         return msm_err_set(err, -ENOMEM, "out of memory");
     }
@@ -909,6 +972,13 @@ int msm_server_new(uv_loop_t *loop, const msm_config *cfg, const msm_api_limits 
         return msm_err_set(err, rc, "uv_async_init: %s", uv_strerror(rc));
     }
     s->async.data = s;
+    if ((rc = http_new(s, err)) < 0) {
+        uv_close((uv_handle_t *)&s->async, NULL);
+        uv_run(loop, UV_RUN_NOWAIT);
+        pthread_mutex_destroy(&s->ev_mu);
+        server_free_mem(s);
+        return rc;
+    }
     *ret = s;
     return 0;
 }
@@ -1041,7 +1111,9 @@ int msm_server_listen(msm_server *s, msm_err *err) {
                                  on_connection, &s->have_tcp, err)) < 0)
             return rc;
     }
-    if (s->http && (rc = msm_http_metrics_listen(s->http, s->cfg->metrics_host, s->cfg->metrics_port, err)) < 0)
+    if (s->http && (rc = msm_http_listen(s->http, s->cfg->metrics_host, s->cfg->metrics_port, err)) < 0)
+        return rc;
+    if (s->http_api && (rc = msm_http_listen(s->http_api, s->cfg->http_host, s->cfg->http_port, err)) < 0)
         return rc;
     return 0;
 }
@@ -1055,7 +1127,9 @@ static void close_listeners(msm_server *s) {
     if (s->have_tcp && !uv_is_closing((uv_handle_t *)&s->tcp_listener))
         uv_close((uv_handle_t *)&s->tcp_listener, NULL);
     if (s->http)
-        msm_http_metrics_stop(s->http);
+        msm_http_stop(s->http);
+    if (s->http_api)
+        msm_http_stop(s->http_api);
 }
 
 static void close_if(uv_handle_t *h, bool have) {
@@ -1075,7 +1149,9 @@ static void finish_shutdown(msm_server *s) {
     for (conn *c = s->conns; c; c = c->next)
         conn_close(c, true);
     if (s->http)
-        msm_http_metrics_close(s->http);
+        msm_http_close(s->http);
+    if (s->http_api)
+        msm_http_close(s->http_api);
     /* A client that stopped reading must not hold the exit: the last flush is bounded. */
     if (s->have_guards)
         msm_conn_set_shutdown(&s->guards, SHUTDOWN_FLUSH_MS);

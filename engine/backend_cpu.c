@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,8 +27,10 @@ typedef struct item {
 
 typedef struct cpu_backend {
     msm_backend b;
-    float **weights;          /* [n_weights] float32 copies */
+    float **weights;          /* [n_weights] float32, carved from `wmem` */
     int n_weights;
+    void *wmem;               /* every weight, one anonymous mapping */
+    size_t wmem_bytes;
     char *arena;
     size_t arena_bytes;
     float **kc, **vc;         /* [n_layers] [n_blocks, MSM_KV_BLOCK, kvh, hd] */
@@ -78,13 +81,14 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         break;
     case MSM_OP_ROPE: /* q and k heads lead every row: rotate them, copy the v heads */
         msm_cpu_rope_copy(F(out0), F(in0), I32(n->in[1]), ROWS(in0), g->vals[in0].cols,
-                          a->rope.nh + a->rope.kvh, a->rope.hd, a->rope.theta);
+                          a->rope.nh + a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta);
         break;
     case MSM_OP_ROPE_KV_WRITE: /* ROPE, then the rotated k heads and the v heads to the cache */
         if (!cb->kc[n->layer])
             return msm_err_set(err, -EINVAL, "cpu backend: layer %d has no KV cache (no ATTENTION)", n->layer);
         msm_cpu_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
-                        ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.theta, cb->kv_bf16);
+                        ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta,
+                        cb->kv_bf16);
         break;
     case MSM_OP_ATTENTION: {
         int nh = a->attention.nh, kvh = a->attention.kvh, hd = a->attention.hd;
@@ -128,6 +132,12 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         msm_cpu_router_topk(I32(out0), F(n->out[1]), F(in0), ROWS(in0), a->router_topk.E, a->router_topk.k,
                             a->router_topk.norm != 0);
         break;
+    case MSM_OP_ROUTER_GROUP_TOPK: {
+        const msm_attr_router_group *r = &a->router_group;
+        msm_cpu_router_group_topk(I32(out0), F(n->out[1]), F(in0), cb->weights[n->w[0]], ROWS(in0), r->E, r->k,
+                                  r->n_group, r->topk_group, r->norm != 0, r->scale, scratch);
+        break;
+    }
     case MSM_OP_MOE_EXPERTS:
         msm_cpu_moe_experts(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), cb->weights[n->w[0]],
                             cb->weights[n->w[1]], ROWS(in0), a->moe_experts.H, a->moe_experts.I,
@@ -283,22 +293,104 @@ static int cpu_sync(msm_backend *b, msm_err *err) {
     return r;
 }
 
-static int cpu_load_weight(msm_backend *b, int wi, const msm_weight *w, const float *data, msm_err *err) {
+/* Weights: one anonymous mapping carved at 64-byte boundaries. Its pages arrive zeroed, lazily,
+ * on the first write of whichever reader thread converts into them, so the page faults are spread
+ * over the readers. (MADV_HUGEPAGE was tried: with the kernel's default `defrag = madvise` a fault
+ * may compact memory first, and loads of 0.6 GB took 0.7 to 5.6 s instead of a steady 0.7 s on the
+ * 2-core test machine.) */
+static int cpu_alloc_weights(msm_backend *b, const msm_graph *g, const msm_wsource *src, msm_err *err) {
+    (void)src; /* float32 whatever the checkpoint holds: FP8 is dequantised as it is loaded */
     cpu_backend *cb = (cpu_backend *)b;
-    if (wi >= cb->n_weights) {
-        float **nw = realloc(cb->weights, sizeof *nw * (size_t)(wi + 1));
-        if (!nw) return msm_err_set(err, -ENOMEM, "out of memory for weights");
-        for (int i = cb->n_weights; i <= wi; i++) nw[i] = NULL;
-        cb->weights = nw;
-        cb->n_weights = wi + 1;
+    if (cb->weights) return msm_err_set(err, -EINVAL, "cpu backend: weights are allocated already");
+    size_t total = 0;
+    for (int i = 0; i < g->n_weights; i++) {
+        const msm_weight *w = &g->weights[i];
+        total += ((size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols * sizeof(float) + 63) & ~(size_t)63;
     }
-    size_t n = (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols;
-    float *p = malloc(sizeof(float) * (n ? n : 1));
-    if (!p) return msm_err_set(err, -ENOMEM, "out of memory for weight %s (%zu floats)", w->name, n);
-    memcpy(p, data, sizeof(float) * n);
-    free(cb->weights[wi]);
-    cb->weights[wi] = p;
+    cb->weights = calloc((size_t)(g->n_weights ? g->n_weights : 1), sizeof *cb->weights);
+    if (!cb->weights) return msm_err_set(err, -ENOMEM, "out of memory for the weight table");
+    cb->n_weights = g->n_weights;
+    void *p = mmap(NULL, total ? total : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return msm_err_set(err, -ENOMEM, "out of memory for the weights (%.2f GB of float32)", (double)total / 1e9);
+    cb->wmem = p;
+    cb->wmem_bytes = total ? total : 1;
+    size_t off = 0;
+    for (int i = 0; i < g->n_weights; i++) {
+        const msm_weight *w = &g->weights[i];
+        cb->weights[i] = (float *)((char *)p + off);
+        off += ((size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols * sizeof(float) + 63) & ~(size_t)63;
+    }
     return 0;
+}
+
+static int cpu_dummy_weight(msm_backend *b, int wi, const msm_weight *w, uint64_t seed, float scale,
+                            msm_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (wi < 0 || wi >= cb->n_weights) return msm_err_set(err, -EINVAL, "cpu backend: no weight %d", wi);
+    float *p = cb->weights[wi];
+    size_t n = (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols;
+    for (size_t i = 0; i < n; i++) p[i] = w->is_norm ? 1.0f : (2.0f * msm_rng_uniform(seed, i) - 1.0f) * scale;
+    return 0;
+}
+
+/* A loading channel: one staging slot (a put converts before it returns, so one is enough). */
+typedef struct cpu_chan {
+    cpu_backend *cb;
+    void *slot;
+} cpu_chan;
+
+static int cpu_chan_open(msm_backend *b, size_t slot_bytes, int n_slots, msm_wchan **ret, msm_err *err) {
+    (void)n_slots;
+    cpu_chan *c = calloc(1, sizeof *c);
+    if (c) c->slot = aligned_alloc(64, (slot_bytes + 63) & ~(size_t)63);
+    if (!c || !c->slot) {
+        free(c);
+        return msm_err_set(err, -ENOMEM, "out of memory for a %zu-byte staging buffer", slot_bytes);
+    }
+    c->cb = (cpu_backend *)b;
+    *ret = (msm_wchan *)c;
+    return 0;
+}
+
+static int cpu_chan_slot(msm_wchan *wc, void **ret, msm_err *err) {
+    (void)err;
+    *ret = ((cpu_chan *)wc)->slot;
+    return 0;
+}
+
+/* Converts straight into the float32 weight, row by row (the slot is still in this core's cache);
+ * FP8 rows are dequantised with the scales of their blocks (DeepSeek-V3's weight_dequant: one
+ * float32 multiply an element, so the result does not depend on how the loader cut the chunks). */
+static int cpu_chan_put(msm_wchan *wc, const msm_wblock *k, msm_err *err) {
+    cpu_backend *cb = ((cpu_chan *)wc)->cb;
+    if (k->wi < 0 || k->wi >= cb->n_weights) return msm_err_set(err, -EINVAL, "cpu backend: no weight %d", k->wi);
+    float *dst = cb->weights[k->wi] + k->dst_off;
+    const char *src = k->src;
+    if (k->src_dtype == MSM_F8_E4M3) {
+        if (!k->scale || k->scale_block <= 0)
+            return msm_err_set(err, -EINVAL, "cpu backend: an FP8 block of weight %d came without its scales", k->wi);
+        size_t B = (size_t)k->scale_block;
+        for (size_t r = 0; r < k->rows; r++)
+            msm_fp8_dequant_row(dst + r * k->dst_pitch, (const uint8_t *)src + r * k->src_pitch, k->cols,
+                                k->scale + (k->scale_r0 + r) / B * k->scale_pitch, k->scale_c0, B);
+        return 0;
+    }
+    for (size_t r = 0; r < k->rows; r++) msm_convert_to_f32(dst + r * k->dst_pitch, src + r * k->src_pitch, k->src_dtype, k->cols);
+    return 0;
+}
+
+static int cpu_chan_close(msm_wchan *wc, msm_err *err) {
+    (void)err;
+    cpu_chan *c = (cpu_chan *)wc;
+    if (c) free(c->slot);
+    free(c);
+    return 0;
+}
+
+const float *msm_backend_cpu_weight(const msm_backend *b, int wi) {
+    const cpu_backend *cb = (const cpu_backend *)b;
+    return b && wi >= 0 && wi < cb->n_weights ? cb->weights[wi] : NULL;
 }
 
 static int cpu_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm_err *err) {
@@ -329,6 +421,8 @@ static int cpu_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm_
             need = (size_t)g->max_T * (size_t)at->nh * (size_t)at->hd; /* q gathered [T, nh*hd] */
         } else if (n->op == MSM_OP_MOE_EXPERTS) {
             need = 3 * (size_t)n->attr.moe_experts.I;
+        } else if (n->op == MSM_OP_ROUTER_GROUP_TOPK) {
+            need = 2 * (size_t)n->attr.router_group.E + (size_t)n->attr.router_group.n_group;
         } else if (n->op == MSM_OP_SAMPLE) {
             need = 2 * (size_t)n->attr.sample.V_pad;
         }
@@ -369,7 +463,7 @@ static void cpu_free(msm_backend *b) {
         pthread_mutex_unlock(&cb->mu);
         pthread_join(cb->worker, NULL);
     }
-    for (int i = 0; i < cb->n_weights; i++) free(cb->weights[i]);
+    if (cb->wmem) munmap(cb->wmem, cb->wmem_bytes);
     free(cb->weights);
     for (int l = 0; cb->kc && l < cb->n_layers; l++) {
         free(cb->kc[l]);
@@ -397,7 +491,9 @@ static int cpu_test_fault(msm_backend *b, int kind, msm_err *err) {
 }
 
 static const msm_backend_vt cpu_vt = {
-    .name = "cpu", .free = cpu_free, .load_weight = cpu_load_weight, .prepare = cpu_prepare,
+    .name = "cpu", .free = cpu_free, .alloc_weights = cpu_alloc_weights,
+    .dummy_weight = cpu_dummy_weight, .chan_open = cpu_chan_open, .chan_slot = cpu_chan_slot,
+    .chan_put = cpu_chan_put, .chan_close = cpu_chan_close, .prepare = cpu_prepare,
     .write = cpu_write, .read = cpu_read, .begin = cpu_begin, .run = cpu_run,
     .record = cpu_record, .wait = cpu_wait, .sync = cpu_sync, .test_fault = cpu_test_fault,
 };

@@ -1,4 +1,5 @@
-/* Graph builders: the plain TP step graph of one rank for Qwen2-MoE, Qwen3-MoE and Mixtral.
+/* Graph builders: the plain TP step graph of one rank for Qwen2-MoE, Qwen3-MoE, Mixtral and
+ * GLM-4.5 (Glm4Moe).
  *
  * Column-parallel: q/k/v (heads split), gate/up (intermediate split, experts' too).
  * Row-parallel, each followed by its own ALLREDUCE: o_proj, down (dense, routed, shared). This
@@ -231,7 +232,7 @@ static int attention_block(builder *b, int x, int in_seq, int in_pos, int in_slo
         qkv = y;
     }
     int rq = val(b, "qkv_rope", MSM_F32, MSM_ROWS_T, qkv_n);
-    node(b, MSM_OP_ROPE, 2, IN(qkv, in_pos), 1, IN(rq), NULL, ATTR(rope, nh, kvh, hd, c->rope_theta));
+    node(b, MSM_OP_ROPE, 2, IN(qkv, in_pos), 1, IN(rq), NULL, ATTR(rope, nh, kvh, hd, c->rope_theta, c->rope_dim));
     int att = val(b, "attn", MSM_F32, MSM_ROWS_T, nh * hd);
     node(b, MSM_OP_ATTENTION, 5, IN(rq, in_seq, in_pos, in_slot, in_btab), 1, IN(att), NULL,
          ATTR(attention, nh, kvh, hd, .kv_written = 0, .scale = 1.0f / sqrtf((float)hd)));
@@ -270,6 +271,27 @@ static int swiglu_mlp(builder *b, int h, const char *prefix, const char *gn, con
     return linear(b, vn, act, wd, -1, H, Il);
 }
 
+/* The router: logits = LINEAR(h, gate) [T,E] (replicated), then the family's top-k op writing
+ * ids and tw [T,k]. */
+static void router(builder *b, int h, const char *pre, int ids, int tw) {
+    const msm_model_config *c = b->c;
+    int H = c->hidden, E = c->n_experts, k = c->top_k;
+    char s[160];
+    snprintf(s, sizeof s, "%sgate.weight", pre);
+    int wr = w_full(b, s, E, H, 2);
+    int rl = linear(b, "router", h, wr, -1, E, H);
+    if (c->router == MSM_ROUTER_SOFTMAX) {
+        node(b, MSM_OP_ROUTER_TOPK, 1, IN(rl), 2, IN(ids, tw), NULL, ATTR(router_topk, E, k, c->norm_topk_prob));
+        return;
+    }
+    /* GLM: the selection bias is a float32 buffer in HF (_keep_in_fp32_modules_strict) */
+    snprintf(s, sizeof s, "%sgate.e_score_correction_bias", pre);
+    int wb = w_full(b, s, E, 1, 1);
+    if (wb >= 0) b->g->weights[wb].keep_f32 = true;
+    node(b, MSM_OP_ROUTER_GROUP_TOPK, 1, IN(rl), 2, IN(ids, tw), IN(wb, -1, -1),
+         ATTR(router_group, E, k, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scale));
+}
+
 static int moe_block(builder *b, int h) {
     const msm_model_config *c = b->c;
     int L = b->layer, H = c->hidden, E = c->n_experts, k = c->top_k, I = c->moe_intermediate;
@@ -279,12 +301,9 @@ static int moe_block(builder *b, int h) {
     snprintf(pre, sizeof pre, mixtral ? "model.layers.%d.block_sparse_moe." : "model.layers.%d.mlp.", L);
 
     b->role = MSM_ROLE_ROUTED;
-    snprintf(s, sizeof s, "%sgate.weight", pre);
-    int wr = w_full(b, s, E, H, 2);
-    int rl = linear(b, "router", h, wr, -1, E, H);
     int ids = val(b, "topk_ids", MSM_I32, MSM_ROWS_T, k);
     int tw = val(b, "topk_w", MSM_F32, MSM_ROWS_T, k);
-    node(b, MSM_OP_ROUTER_TOPK, 1, IN(rl), 2, IN(ids, tw), NULL, ATTR(router_topk, E, k, c->norm_topk_prob));
+    router(b, h, pre, ids, tw);
     int wgu = weight_new(b, E, 2 * Il, H, "layers.%d.experts_gate_up", L);
     int wd = weight_new(b, E, H, Il, "layers.%d.experts_down", L);
     for (int e = 0; e < E; e++) {
@@ -300,9 +319,13 @@ static int moe_block(builder *b, int h) {
     if (!msm_model_config_has_shared(c, L)) return routed;
 
     b->role = MSM_ROLE_SHARED;
-    snprintf(s, sizeof s, "%sshared_expert.", pre);
+    snprintf(s, sizeof s, c->shared_gate ? "%sshared_expert." : "%sshared_experts.", pre);
     int sh = swiglu_mlp(b, h, s, "gate_proj", "up_proj", "down_proj", c->shared_intermediate, "shared");
     sh = allreduce(b, "shared_sum", sh);
+    if (!c->shared_gate) { /* GLM: routed + shared, no gate */
+        b->role = MSM_ROLE_MOE_COMBINE;
+        return add(b, "moe_out", routed, sh);
+    }
     snprintf(s, sizeof s, "%sshared_expert_gate.weight", pre);
     int wsg = w_full(b, s, 1, H, 2);
     int gl = linear(b, "shared_gate", h, wsg, -1, 1, H);
@@ -319,7 +342,8 @@ static int check_divisible(const msm_model_config *c, int tp, msm_err *err) {
         {"num_attention_heads", c->n_heads},
         {"num_key_value_heads", c->n_kv_heads},
         {"moe_intermediate_size", c->moe_intermediate},
-        {"shared_expert_intermediate_size", c->shared_intermediate},
+        {c->shared_gate ? "shared_expert_intermediate_size" : "moe_intermediate_size * n_shared_experts",
+         c->shared_intermediate},
         {"intermediate_size", c->intermediate},
     };
     bool any_dense = false;
@@ -349,6 +373,7 @@ int msm_graph_build(const msm_model_config *c, int rank, int tp, const msm_build
     g->max_blocks = o->max_blocks;
     g->n_layers = c->n_layers;
     g->vocab = c->vocab;
+    g->fp8_block = c->fp8_block;
     int Vl = (c->vocab + tp - 1) / tp;
     g->vocab_pad = Vl * tp;
 

@@ -8,6 +8,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "msm_backend.h"
 #include "msm_comm.h"
@@ -35,6 +38,9 @@ typedef struct rank_ctx {
                           * (NULL when there is no such limit); shares the arena with graph */
     int r;          /* result of the last command */
     msm_err err;
+    msm_load_stats load;           /* this rank's weight load */
+    uint64_t load_done, load_total; /* progress, under e->load_mu */
+    bool load_planned;
 } rank_ctx;
 
 enum { CMD_NONE, CMD_INIT, CMD_STEP, CMD_QUIT };
@@ -69,6 +75,12 @@ struct msm_engine {
     uint64_t n_steps;   /* steps posted (1 = the first after start-up) */
     bool faulted;       /* a step failed in execution: no step runs again */
     msm_err fault;      /* why */
+    /* weight-load progress over every rank (opts.load_progress) */
+    pthread_mutex_t load_mu;
+    double load_t0, load_last_s;
+    int load_last_permille;        /* of the last report; -1 before the first */
+    bool load_reported_end;
+    msm_load_summary summary;
 };
 
 void msm_engine_opts_default(msm_engine_opts *o) {
@@ -97,6 +109,73 @@ static int write_inputs(rank_ctx *rc, const msm_graph *g);
 static const msm_graph *graph_for(const rank_ctx *rc, int T) {
     int lim = rc->e->o.multi_stream_max_tokens;
     return rc->graph_1s && lim > 0 && T > lim ? rc->graph_1s : rc->graph;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A rank's loader reports (from its reader threads); the engine sums every rank and passes a
+ * report on when the permille moved on and 0.1 s went by, and always the first and the last. */
+static void rank_load_progress(void *ctx, uint64_t done, uint64_t total) {
+    rank_ctx *rc = ctx;
+    msm_engine *e = rc->e;
+    pthread_mutex_lock(&e->load_mu);
+    if (done > rc->load_done) rc->load_done = done;
+    rc->load_total = total;
+    rc->load_planned = true;
+    msm_load_progress p = {0};
+    bool complete = true;
+    double frac = 0;
+    for (int q = 0; q < e->tp; q++) {
+        const rank_ctx *o = &e->ranks[q];
+        p.done_bytes += o->load_done;
+        p.total_bytes += o->load_total;
+        frac += !o->load_planned ? 0.0 : o->load_total ? (double)o->load_done / (double)o->load_total : 1.0;
+        complete &= o->load_planned && o->load_done == o->load_total;
+    }
+    double now = now_s();
+    if (e->load_last_permille < 0) e->load_t0 = now;
+    p.fraction = complete ? 1.0 : frac / e->tp;
+    p.seconds = now - e->load_t0;
+    int permille = (int)(p.fraction * 1000.0);
+    bool due = e->load_last_permille < 0 || (complete && !e->load_reported_end) ||
+               (permille > e->load_last_permille && now - e->load_last_s >= 0.1 && !complete);
+    if (due && e->o.load_progress) {
+        e->load_last_permille = permille;
+        e->load_last_s = now;
+        e->load_reported_end |= complete;
+        e->o.load_progress(e->o.load_progress_ctx, &p);
+    } else if (e->load_last_permille < 0) {
+        e->load_last_permille = 0;
+    }
+    pthread_mutex_unlock(&e->load_mu);
+}
+
+int msm_load_progress_format(char *buf, size_t cap, const msm_load_progress *p, int bar_width) {
+    char bar[128] = "";
+    if (bar_width > 0) {
+        int w = bar_width > 100 ? 100 : bar_width, fill = (int)(p->fraction * w + 1e-9);
+        bar[0] = '[';
+        for (int i = 0; i < w; i++) bar[1 + i] = i < fill ? '#' : '-';
+        bar[w + 1] = ']';
+        bar[w + 2] = ' ';
+        bar[w + 3] = 0;
+    }
+    double gbps = p->seconds > 0 ? (double)p->done_bytes / 1e9 / p->seconds : 0.0;
+    int prec = p->total_bytes < 10000000000ull ? 2 : 1; /* 0.63 GB, 27.1 GB */
+    return snprintf(buf, cap, "%s%3d%%  %.*f of %.*f GB  %.1f GB/s", bar, (int)(p->fraction * 100.0 + 1e-9), prec,
+                    (double)p->done_bytes / 1e9, prec, (double)p->total_bytes / 1e9, gbps);
+}
+
+/* Reader threads per rank when the options name none: the online CPUs shared by the ranks,
+ * 1 to 8 each (past 8, reads from the page cache stop getting faster). */
+static int load_threads(const msm_engine *e) {
+    if (e->o.load_threads > 0) return e->o.load_threads;
+    long n = sysconf(_SC_NPROCESSORS_ONLN) / e->tp;
+    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
 }
 
 /* Decode CUDA graphs: for each bucket B, one eager warm-up step of B padded rows (it also runs
@@ -182,7 +261,13 @@ static int rank_init(rank_ctx *rc) {
     }
     r = rc->be->vt->prepare(rc->be, rc->graph, e->o.kv_blocks, err);
     if (r) return r;
-    r = e->st ? msm_weights_load(rc->plain, e->st, rc->be, err)
+    /* CUDA: 3 pinned slots of 8 MiB per reader, so copies overlap reads; CPU: one slot of 1 MiB,
+     * converted while it is still in the core's cache */
+    bool cuda = e->o.backend == MSM_BACKEND_CUDA;
+    size_t slot = e->o.load_slot_bytes ? e->o.load_slot_bytes : cuda ? 8u << 20 : 1u << 20;
+    msm_load_opts lo = {.threads = load_threads(e), .slot_bytes = slot, .slots = cuda ? 3 : 1,
+                        .progress = rank_load_progress, .ctx = rc};
+    r = e->st ? msm_weights_load(rc->plain, e->st, rc->be, &lo, &rc->load, err)
               : msm_weights_dummy(rc->plain, e->o.dummy_seed, rc->be, err);
     if (r) return r;
     /* V4: every rank must issue the same collective sequence */
@@ -319,19 +404,6 @@ static int open_model(const msm_engine_opts *o, msm_model_config *cfg, msm_safet
     return 0;
 }
 
-/* Every weight part of graph g is in the checkpoint with the shape g expects (no byte read). */
-static int check_weights(const msm_graph *g, const msm_safetensors *st, msm_err *err) {
-    for (int wi = 0; wi < g->n_weights; wi++)
-        for (int p = 0; p < g->weights[wi].n_parts; p++) {
-            const msm_wpart *pt = &g->weights[wi].parts[p];
-            const msm_st_tensor *t;
-            int64_t shape[2] = {pt->src_rows, pt->src_cols};
-            int r = msm_safetensors_get(st, pt->src, pt->src_ndim, shape, &t, err);
-            if (r) return r;
-        }
-    return 0;
-}
-
 int msm_engine_validate(const msm_engine_opts *o, msm_model_config *ret_cfg, int *ret_max_context, msm_err *err) {
     msm_model_config cfg;
     msm_safetensors *st = NULL;
@@ -339,7 +411,7 @@ int msm_engine_validate(const msm_engine_opts *o, msm_model_config *ret_cfg, int
     for (int q = 0; r == 0 && q < o->tp; q++) {
         msm_graph *plain = NULL, *graph = NULL, *graph_1s = NULL;
         r = rank_graphs(o, &cfg, msm_kv_blocks_for(ctx), q, &plain, &graph, &graph_1s, err);
-        if (r == 0 && st) r = check_weights(plain, st, err);
+        if (r == 0 && st) r = msm_weights_check(plain, st, err);
         msm_graph_free(graph);
         msm_graph_free(graph_1s);
         msm_graph_free(plain);
@@ -354,9 +426,12 @@ int msm_engine_validate(const msm_engine_opts *o, msm_model_config *ret_cfg, int
 int msm_engine_new(const msm_engine_opts *o, msm_engine **ret, msm_err *err) {
     msm_engine *e = calloc(1, sizeof *e);
     if (!e) return msm_err_set(err, -ENOMEM, "out of memory");
+    double t0 = now_s();
     e->o = *o;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    pthread_mutex_init(&e->load_mu, NULL);
+    e->load_last_permille = -1;
     int r = open_model(o, &e->cfg, &e->st, &e->o.max_context, err);
     if (r) goto fail;
     e->max_blocks = msm_kv_blocks_for(e->o.max_context);
@@ -428,6 +503,17 @@ int msm_engine_new(const msm_engine_opts *o, msm_engine **ret, msm_err *err) {
     }
     r = run_cmd(e, CMD_INIT, err);
     if (r) goto fail;
+    msm_load_summary *sm = &e->summary;
+    for (int q = 0; q < e->tp; q++) {
+        const msm_load_stats *ls = &e->ranks[q].load;
+        sm->bytes_read += ls->bytes_read;
+        sm->staging_bytes += ls->staging_bytes;
+        if (ls->seconds > sm->load_s) sm->load_s = ls->seconds;
+        if (ls->threads > sm->threads) sm->threads = ls->threads;
+    }
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) sm->peak_rss_bytes = (uint64_t)ru.ru_maxrss * 1024u;
+    sm->start_s = now_s() - t0;
     *ret = e;
     return 0;
 fail:
@@ -474,10 +560,12 @@ void msm_engine_free(msm_engine *e) {
     free(e->logits_out);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->load_mu);
     free(e);
 }
 
 const msm_model_config *msm_engine_model(const msm_engine *e) { return &e->cfg; }
+const msm_load_summary *msm_engine_load_summary(const msm_engine *e) { return &e->summary; }
 const msm_engine_opts *msm_engine_options(const msm_engine *e) { return &e->o; }
 const char *msm_engine_backend_name(const msm_engine *e) {
     return e->o.backend == MSM_BACKEND_CUDA ? "cuda" : "cpu";

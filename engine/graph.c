@@ -263,8 +263,10 @@ static void dump_attr(const msm_node *n, FILE *out) {
     case MSM_OP_LINEAR: fprintf(out, " [N=%d K=%d]", a->linear.N, a->linear.K); break;
     case MSM_OP_ROPE:
     case MSM_OP_ROPE_KV_WRITE:
-        fprintf(out, " [nh=%d kvh=%d hd=%d theta=%g]", a->rope.nh, a->rope.kvh, a->rope.hd,
+        fprintf(out, " [nh=%d kvh=%d hd=%d theta=%g", a->rope.nh, a->rope.kvh, a->rope.hd,
                 (double)a->rope.theta);
+        if (a->rope.rot != a->rope.hd) fprintf(out, " rot=%d", a->rope.rot); /* partial RoPE only */
+        fputc(']', out);
         break;
     case MSM_OP_ATTENTION:
         fprintf(out, " [nh=%d kvh=%d hd=%d scale=%g kv_written=%d]", a->attention.nh, a->attention.kvh,
@@ -273,6 +275,11 @@ static void dump_attr(const msm_node *n, FILE *out) {
     case MSM_OP_SWIGLU: fprintf(out, " [I=%d]", a->swiglu.I); break;
     case MSM_OP_ROUTER_TOPK:
         fprintf(out, " [E=%d k=%d norm=%d]", a->router_topk.E, a->router_topk.k, a->router_topk.norm);
+        break;
+    case MSM_OP_ROUTER_GROUP_TOPK:
+        fprintf(out, " [E=%d k=%d n_group=%d topk_group=%d norm=%d scale=%g]", a->router_group.E,
+                a->router_group.k, a->router_group.n_group, a->router_group.topk_group,
+                a->router_group.norm, (double)a->router_group.scale);
         break;
     case MSM_OP_MOE_EXPERTS:
         fprintf(out, " [H=%d I=%d k=%d E=%d]", a->moe_experts.H, a->moe_experts.I, a->moe_experts.k,

@@ -2,9 +2,10 @@
  * immutable msm_model_config (see msm_model_config.h).
  *
  * Each family is a row of `families`: which keys name the expert count and sizes, whether it
- * has a shared expert, q/k bias or q/k norm, and how sparse layers are chosen. Keys are read
- * through a handful of typed getters that refuse a wrong JSON type or an out-of-range value with
- * a message naming the file and the key, so nothing downstream sees a half-checked config.
+ * has a shared expert (and how its size is given), q/k bias or q/k norm, its router, its default
+ * rotary fraction, and how sparse layers are chosen. Keys are read through a handful of typed
+ * getters that refuse a wrong JSON type or an out-of-range value with a message naming the file
+ * and the key, so nothing downstream sees a half-checked config.
  * json-c's own getters coerce ("12" reads as 12), which is why every getter checks the type. */
 #include "msm_model_config.h"
 #include "msm_file.h"
@@ -32,9 +33,16 @@
 #define MAX_EXPERTS 4096
 
 typedef enum sparse_rule {
-    SPARSE_STEP, /* layer ∉ mlp_only_layers and (layer+1) % decoder_sparse_step == 0 */
-    SPARSE_ALL,  /* every layer is MoE */
+    SPARSE_STEP,    /* layer ∉ mlp_only_layers and (layer+1) % decoder_sparse_step == 0 */
+    SPARSE_ALL,     /* every layer is MoE */
+    SPARSE_FIRST_K, /* layer >= first_k_dense_replace */
 } sparse_rule;
+
+typedef enum shared_rule {
+    SHARED_NONE,  /* no shared expert */
+    SHARED_GATED, /* shared_expert_intermediate_size (required), sigmoid-gated (Qwen2-MoE) */
+    SHARED_COUNT, /* n_shared_experts x moe_intermediate_size, ungated (GLM-4.5) */
+} shared_rule;
 
 typedef struct family {
     const char *name;
@@ -42,23 +50,41 @@ typedef struct family {
     const char *experts_key;     /* key holding the number of routed experts ... */
     const char *experts_alt;     /* ... or this one (transformers 5 writes num_local_experts) */
     const char *expert_size_key; /* key holding one expert's intermediate size */
-    bool shared_expert;          /* shared_expert_intermediate_size is required */
+    shared_rule shared;
     const char *bias_key;        /* key switching q/k/v bias (NULL: never a bias) ... */
     bool bias_default;           /* ... and its value when absent */
-    bool qk_norm;
-    bool norm_topk_always;       /* renormalise regardless of the config */
+    const char *qk_norm_key;     /* key switching q/k norm (NULL: always qk_norm) ... */
+    bool qk_norm;                /* ... and its value when absent */
+    bool norm_topk_always;       /* renormalise regardless of the config ... */
+    bool norm_topk_default;      /* ... else norm_topk_prob's value when absent */
+    msm_router_kind router;
     sparse_rule sparse;
     float rms_eps_default;       /* transformers' defaults, for presets that leave them out */
     int max_position_default;
+    double partial_rotary_default; /* partial_rotary_factor when absent (transformers' Glm4MoeConfig
+                                      sets 0.5 "for BC") */
 } family;
 
 static const family families[] = {
-    {"Qwen2MoeForCausalLM", MSM_ARCH_QWEN2_MOE, "num_experts", "num_local_experts",
-     "moe_intermediate_size", true, "qkv_bias", true, false, false, SPARSE_STEP, 1e-6f, 8192},
-    {"Qwen3MoeForCausalLM", MSM_ARCH_QWEN3_MOE, "num_experts", "num_local_experts",
-     "moe_intermediate_size", false, "attention_bias", false, true, false, SPARSE_STEP, 1e-6f, 32768},
-    {"MixtralForCausalLM", MSM_ARCH_MIXTRAL, "num_local_experts", "num_experts",
-     "intermediate_size", false, NULL, false, false, true, SPARSE_ALL, 1e-5f, 4096 * 32},
+    {.name = "Qwen2MoeForCausalLM", .arch = MSM_ARCH_QWEN2_MOE, .experts_key = "num_experts",
+     .experts_alt = "num_local_experts", .expert_size_key = "moe_intermediate_size",
+     .shared = SHARED_GATED, .bias_key = "qkv_bias", .bias_default = true, .router = MSM_ROUTER_SOFTMAX,
+     .sparse = SPARSE_STEP, .rms_eps_default = 1e-6f, .max_position_default = 8192,
+     .partial_rotary_default = 1.0},
+    {.name = "Qwen3MoeForCausalLM", .arch = MSM_ARCH_QWEN3_MOE, .experts_key = "num_experts",
+     .experts_alt = "num_local_experts", .expert_size_key = "moe_intermediate_size",
+     .shared = SHARED_NONE, .bias_key = "attention_bias", .qk_norm = true, .router = MSM_ROUTER_SOFTMAX,
+     .sparse = SPARSE_STEP, .rms_eps_default = 1e-6f, .max_position_default = 32768,
+     .partial_rotary_default = 1.0},
+    {.name = "MixtralForCausalLM", .arch = MSM_ARCH_MIXTRAL, .experts_key = "num_local_experts",
+     .experts_alt = "num_experts", .expert_size_key = "intermediate_size", .shared = SHARED_NONE,
+     .norm_topk_always = true, .router = MSM_ROUTER_SOFTMAX, .sparse = SPARSE_ALL,
+     .rms_eps_default = 1e-5f, .max_position_default = 4096 * 32, .partial_rotary_default = 1.0},
+    {.name = "Glm4MoeForCausalLM", .arch = MSM_ARCH_GLM4_MOE, .experts_key = "n_routed_experts",
+     .experts_alt = "num_local_experts", .expert_size_key = "moe_intermediate_size",
+     .shared = SHARED_COUNT, .bias_key = "attention_bias", .qk_norm_key = "use_qk_norm",
+     .norm_topk_default = true, .router = MSM_ROUTER_SIGMOID_GROUP, .sparse = SPARSE_FIRST_K,
+     .rms_eps_default = 1e-5f, .max_position_default = 131072, .partial_rotary_default = 0.5},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
@@ -209,9 +235,29 @@ static int check_rope_type(const char *src, struct json_object *obj, const char 
     return 0;
 }
 
-static int parse_rope(const char *src, struct json_object *root, msm_model_config *c, msm_err *err) {
+/* Reads partial_rotary_factor of `o` (a number in (0, 1]) into *ret; absent leaves *ret alone.
+ * A double, as Python computes int(head_dim * factor) in double precision. */
+static int get_rotary_factor(const char *src, struct json_object *o, const char *prefix,
+                             double *ret, msm_err *err) {
+    struct json_object *v = get(o, "partial_rotary_factor");
+    if (!v) return 0;
+    if (!json_object_is_type(v, json_type_int) && !json_object_is_type(v, json_type_double))
+        return msm_err_set(err, -EINVAL, S_ ": key '%spartial_rotary_factor' must be a number in "
+                           "(0, 1] (got %s)", src, prefix, json_kind(v));
+    double x = json_object_get_double(v);
+    if (!(x > 0 && x <= 1))
+        return msm_err_set(err, -EINVAL, S_ ": key '%spartial_rotary_factor' must be a number in "
+                           "(0, 1] (got %g)", src, prefix, x);
+    *ret = x;
+    return 0;
+}
+
+/* rope_theta and partial_rotary_factor: top level (Hub style) or in rope_parameters
+ * (transformers 5), which wins; *factor starts at the family's default. */
+static int parse_rope(const char *src, struct json_object *root, msm_model_config *c,
+                      double *factor, msm_err *err) {
     int rc = get_pos_float(src, root, "", "rope_theta", 10000.0f, &c->rope_theta, err);
-    if (rc < 0) return rc;
+    if (rc < 0 || (rc = get_rotary_factor(src, root, "", factor, err)) < 0) return rc;
     static const char *const objs[] = {"rope_parameters", "rope_scaling"};
     for (int i = 0; i < 2; i++) {
         struct json_object *p = get(root, objs[i]);
@@ -223,7 +269,8 @@ static int parse_rope(const char *src, struct json_object *root, msm_model_confi
         /* transformers 5 keeps the base here; it wins over a stale top-level copy. */
         char prefix[48];
         snprintf(prefix, sizeof prefix, "%s.", objs[i]);
-        if ((rc = get_pos_float(src, p, prefix, "rope_theta", c->rope_theta, &c->rope_theta, err)) < 0)
+        if ((rc = get_pos_float(src, p, prefix, "rope_theta", c->rope_theta, &c->rope_theta, err)) < 0 ||
+            (rc = get_rotary_factor(src, p, prefix, factor, err)) < 0)
             return rc;
     }
     return 0;
@@ -253,12 +300,94 @@ static int parse_dtype(const char *src, struct json_object *root, msm_dtype *ret
     return 0;
 }
 
+/* ---- quantization_config ---------------------------------------------------------------- */
+
+#define Q_ "quantization_config."
+
+/* Optional list of module names (modules_to_not_convert, ignored_layers): a list of strings. */
+static int check_name_list(const char *src, struct json_object *q, const char *key, msm_err *err) {
+    struct json_object *v = get(q, key);
+    if (!v) return 0;
+    bool ok = json_object_is_type(v, json_type_array);
+    for (size_t i = 0; ok && i < json_object_array_length(v); i++)
+        ok = json_object_is_type(json_object_array_get_idx(v, i), json_type_string);
+    if (!ok)
+        return msm_err_set(err, -EINVAL, S_ ": key '" Q_ "%s' must be a list of module names (got %s)",
+                           src, key, json_kind(v));
+    return 0;
+}
+
+/* quantization_config: only DeepSeek-V3-style FP8 block scales are understood: quant_method
+ * "fp8", fmt "e4m3" (the default: transformers' FineGrainedFP8Config writes none),
+ * weight_block_size [128, 128], activation_scheme "dynamic" (activations stay float32 / bf16
+ * here: only the weights are FP8). The modules the quantizer left alone (modules_to_not_convert,
+ * ignored_layers) are stored in bf16 and the loader goes by each tensor's dtype, so the lists are
+ * only checked for their type. Anything else is refused, naming what was found: GPTQ, AWQ,
+ * compressed-tensors, bitsandbytes, per-tensor or per-channel FP8 (no weight_block_size), other
+ * block sizes, e5m2, static activation scales. */
+static int parse_quant(const char *src, struct json_object *root, msm_model_config *c, msm_err *err) {
+    c->fp8_block = 0;
+    struct json_object *q = get(root, "quantization_config");
+    if (!q) return 0;
+    if (!json_object_is_type(q, json_type_object))
+        return msm_err_set(err, -EINVAL, S_ ": key 'quantization_config' must be an object (got %s)", src,
+                           json_kind(q));
+    const char *method, *fmt, *act;
+    int rc;
+    if ((rc = get_str(src, q, "quant_method", Q_, &method, err)) < 0 ||
+        (rc = get_str(src, q, "fmt", Q_, &fmt, err)) < 0 ||
+        (rc = get_str(src, q, "activation_scheme", Q_, &act, err)) < 0)
+        return rc;
+    if (!method)
+        return msm_err_set(err, -EINVAL, S_ ": key '" Q_ "quant_method' is missing (only \"fp8\" with "
+                           "[128, 128] block scales is supported)", src);
+    if (strcmp(method, "fp8") != 0)
+        return msm_err_set(err, -EINVAL, S_ ": " Q_ "quant_method \"%.40s\" is not supported (only "
+                           "\"fp8\": float8_e4m3fn weights with [128, 128] block scales)", src, method);
+    if (fmt && strcmp(fmt, "e4m3") != 0)
+        return msm_err_set(err, -EINVAL, S_ ": " Q_ "fmt \"%.40s\" is not supported (only \"e4m3\", "
+                           "float8_e4m3fn)", src, fmt);
+    if (act && strcmp(act, "dynamic") != 0)
+        return msm_err_set(err, -EINVAL, S_ ": " Q_ "activation_scheme \"%.40s\" is not supported "
+                           "(only \"dynamic\": msmoed keeps activations in float32/bf16 and would ignore "
+                           "static activation scales)", src, act);
+    struct json_object *bs = get(q, "weight_block_size");
+    if (!bs)
+        return msm_err_set(err, -EINVAL, S_ ": " Q_ "weight_block_size is missing: per-tensor or "
+                           "per-channel FP8 scales are not supported (only [128, 128] block scales)", src);
+    int64_t b[2] = {0, 0};
+    bool two = json_object_is_type(bs, json_type_array) && json_object_array_length(bs) == 2;
+    for (size_t i = 0; two && i < 2; i++) {
+        struct json_object *e = json_object_array_get_idx(bs, i);
+        two = json_object_is_type(e, json_type_int);
+        if (two) b[i] = json_object_get_int64(e);
+    }
+    if (!two)
+        return msm_err_set(err, -EINVAL, S_ ": key '" Q_ "weight_block_size' must be a list of two "
+                           "integers (got %s)", src, json_kind(bs));
+    if (b[0] != 128 || b[1] != 128)
+        return msm_err_set(err, -EINVAL, S_ ": " Q_ "weight_block_size [%lld, %lld] is not supported "
+                           "(only [128, 128])", src, (long long)b[0], (long long)b[1]);
+    if ((rc = check_name_list(src, q, "modules_to_not_convert", err)) < 0 ||
+        (rc = check_name_list(src, q, "ignored_layers", err)) < 0)
+        return rc;
+    c->fp8_block = 128;
+    return 0;
+}
+
 /* ---- sparse layers --------------------------------------------------------------------- */
 
 static int parse_sparse(const char *src, struct json_object *root, const family *fam,
                         msm_model_config *c, msm_err *err) {
     if (fam->sparse == SPARSE_ALL) {
         for (int l = 0; l < c->n_layers; l++) c->sparse[l] = true;
+        return 0;
+    }
+    if (fam->sparse == SPARSE_FIRST_K) { /* HF: layer_idx >= first_k_dense_replace is MoE */
+        int k;
+        int rc = get_int(src, root, "first_k_dense_replace", false, 0, INT_MAX, 1, &k, err);
+        if (rc < 0) return rc;
+        for (int l = 0; l < c->n_layers; l++) c->sparse[l] = l >= k;
         return 0;
     }
     int step;
@@ -278,6 +407,45 @@ static int parse_sparse(const char *src, struct json_object *root, const family 
                                "layer index in [0, %d)", src, i, c->n_layers);
         c->sparse[l] = false;
     }
+    return 0;
+}
+
+/* ---- GLM-4.5: routing groups, shared experts, MTP layers -------------------------------- */
+
+/* n_group / topk_group / routed_scaling_factor / n_shared_experts / num_nextn_predict_layers of
+ * a SIGMOID_GROUP family (n_experts, top_k, moe_intermediate already read). HF's router views the
+ * experts as [n_group, E / n_group], adds each group's top 2 and keeps topk_group groups, so
+ * n_group must divide E with at least 2 experts a group; top-k then picks among the kept groups'
+ * experts (the others are -inf), so there must be at least k of them. */
+static int parse_group_router(const char *src, struct json_object *root, const char *ekey,
+                              msm_model_config *c, msm_err *err) {
+    int n_shared, rc;
+    if ((rc = get_int(src, root, "n_group", false, 1, MAX_EXPERTS, 1, &c->n_group, err)) < 0 ||
+        (rc = get_int(src, root, "topk_group", false, 1, MAX_EXPERTS, 1, &c->topk_group, err)) < 0 ||
+        (rc = get_pos_float(src, root, "", "routed_scaling_factor", 1.0f, &c->routed_scale, err)) < 0 ||
+        (rc = get_int(src, root, "n_shared_experts", false, 0, MAX_EXPERTS, 1, &n_shared, err)) < 0 ||
+        (rc = get_int(src, root, "num_nextn_predict_layers", false, 0, MSM_MAX_LAYERS, 0,
+                      &c->n_mtp_layers, err)) < 0)
+        return rc;
+    if (c->n_experts % c->n_group != 0)
+        return msm_err_set(err, -EINVAL, S_ ": key 'n_group' (%d) must divide %s (%d)", src,
+                           c->n_group, ekey, c->n_experts);
+    int per = c->n_experts / c->n_group;
+    if (per < 2)
+        return msm_err_set(err, -EINVAL, S_ ": key 'n_group' (%d) leaves %d expert(s) a group; a "
+                           "group's score adds its top 2, so each needs at least 2", src, c->n_group, per);
+    if (c->topk_group > c->n_group)
+        return msm_err_set(err, -EINVAL, S_ ": key 'topk_group' (%d) must not exceed n_group (%d)",
+                           src, c->topk_group, c->n_group);
+    if (c->top_k > c->topk_group * per)
+        return msm_err_set(err, -EINVAL, S_ ": key 'num_experts_per_tok' (%d) must not exceed the "
+                           "%d experts of the topk_group (%d) groups it chooses from", src, c->top_k,
+                           c->topk_group * per, c->topk_group);
+    if ((int64_t)n_shared * c->moe_intermediate > MAX_DIM)
+        return msm_err_set(err, -EINVAL, S_ ": key 'n_shared_experts' (%d) x moe_intermediate_size "
+                           "(%d) must be at most %d", src, n_shared, c->moe_intermediate, MAX_DIM);
+    c->shared_intermediate = n_shared * c->moe_intermediate;
+    c->shared_gate = false;
     return 0;
 }
 
@@ -315,7 +483,8 @@ static int find_family(const char *src, struct json_object *root, const family *
         }
     }
     return msm_err_set(err, -EINVAL, S_ ": architecture '%.64s' is not supported (supported: "
-                       "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)", src, name);
+                       "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, "
+                       "Glm4MoeForCausalLM)", src, name);
 }
 
 /* Things the families' math leaves out: refuse them rather than compute something else. */
@@ -378,10 +547,12 @@ static int parse_root(const char *src, struct json_object *root, msm_model_confi
         (rc = get_int(src, root, "max_position_embeddings", false, 1, INT_MAX,
                       fam->max_position_default, &c->max_position, err)) < 0)
         return rc;
-    if (fam->shared_expert &&
-        (rc = get_int(src, root, "shared_expert_intermediate_size", true, 1, MAX_DIM, 0,
-                      &c->shared_intermediate, err)) < 0)
-        return rc;
+    if (fam->shared == SHARED_GATED) {
+        if ((rc = get_int(src, root, "shared_expert_intermediate_size", true, 1, MAX_DIM, 0,
+                          &c->shared_intermediate, err)) < 0)
+            return rc;
+        c->shared_gate = true;
+    }
 
     if (c->n_heads % c->n_kv_heads != 0)
         return msm_err_set(err, -EINVAL, S_ ": key 'num_key_value_heads' (%d) must divide "
@@ -395,21 +566,38 @@ static int parse_root(const char *src, struct json_object *root, msm_model_confi
     if ((rc = get_int(src, root, "head_dim", false, 1, 4096, c->hidden / c->n_heads,
                       &c->head_dim, err)) < 0)
         return rc;
-    if (c->head_dim % 2 != 0) /* rotate-half RoPE pairs dimension i with i + head_dim/2 */
-        return msm_err_set(err, -EINVAL, S_ ": key 'head_dim' must be even for RoPE (got %d)",
-                           src, c->head_dim);
 
     /* Attention and routing flags. */
     c->qkv_bias = fam->bias_default;
     if (fam->bias_key && (rc = get_bool(src, root, fam->bias_key, fam->bias_default, &c->qkv_bias, err)) < 0)
         return rc;
     c->qk_norm = fam->qk_norm;
-    if (fam->norm_topk_always) c->norm_topk_prob = true;
-    else if ((rc = get_bool(src, root, "norm_topk_prob", false, &c->norm_topk_prob, err)) < 0)
+    if (fam->qk_norm_key && (rc = get_bool(src, root, fam->qk_norm_key, fam->qk_norm, &c->qk_norm, err)) < 0)
         return rc;
+    if (fam->norm_topk_always) c->norm_topk_prob = true;
+    else if ((rc = get_bool(src, root, "norm_topk_prob", fam->norm_topk_default, &c->norm_topk_prob, err)) < 0)
+        return rc;
+    double rot_factor = fam->partial_rotary_default;
     if ((rc = get_bool(src, root, "tie_word_embeddings", false, &c->tie_word_embeddings, err)) < 0 ||
         (rc = get_pos_float(src, root, "", "rms_norm_eps", fam->rms_eps_default, &c->rms_eps, err)) < 0 ||
-        (rc = parse_rope(src, root, c, err)) < 0 || (rc = parse_dtype(src, root, &c->dtype, err)) < 0)
+        (rc = parse_rope(src, root, c, &rot_factor, err)) < 0 || (rc = parse_dtype(src, root, &c->dtype, err)) < 0)
+        return rc;
+    /* HF: dim = int(head_dim * partial_rotary_factor) dims rotated, as rotate-half pairs i with
+     * i + dim/2, so dim must be even; the rest of each head passes through. The kernels also
+     * keep head_dim even (every real model's is), so an odd one is refused even when a partial
+     * rotation would be even. */
+    if (c->head_dim % 2 != 0)
+        return msm_err_set(err, -EINVAL, S_ ": key 'head_dim' must be even for RoPE (got %d)",
+                           src, c->head_dim);
+    c->rope_dim = (int)((double)c->head_dim * rot_factor);
+    if (c->rope_dim < 2 || c->rope_dim % 2 != 0)
+        return msm_err_set(err, -EINVAL, S_ ": key 'partial_rotary_factor' (%g) rotates %d of "
+                           "head_dim %d dimensions; RoPE needs a positive even number", src,
+                           rot_factor, c->rope_dim, c->head_dim);
+    c->router = fam->router;
+    c->n_group = c->topk_group = 1;
+    c->routed_scale = 1.0f;
+    if (fam->router == MSM_ROUTER_SIGMOID_GROUP && (rc = parse_group_router(src, root, ekey, c, err)) < 0)
         return rc;
 
     /* Which layers are MoE; the others need a dense intermediate size. */
@@ -424,6 +612,7 @@ static int parse_root(const char *src, struct json_object *root, msm_model_confi
     if ((rc = get_int(src, root, "bos_token_id", false, 0, c->vocab - 1, -1, &c->bos_id, err)) < 0 ||
         (rc = get_eos(src, root, c->vocab, c, err)) < 0)
         return rc;
+    if ((rc = parse_quant(src, root, c, err)) < 0) return rc;
     return check_unsupported(src, root, c, err);
 }
 

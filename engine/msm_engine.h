@@ -23,6 +23,23 @@ typedef enum msm_backend_kind {
     MSM_BACKEND_CUDA,
 } msm_backend_kind;
 
+/* Where a checkpoint load stands (msm_engine_opts.load_progress). */
+typedef struct msm_load_progress {
+    uint64_t done_bytes;   /* checkpoint bytes read so far, every rank together */
+    uint64_t total_bytes;  /* bytes to read: every rank's, once each has planned (at once at TP 1) */
+    double fraction;       /* 0..1, the mean of the ranks' fractions; exactly 1 once, at the end */
+    double seconds;        /* since the first rank started reading */
+} msm_load_progress;
+
+/* Called from a loading thread, never two calls at once, at most every 0.1 s while the fraction
+ * moves on (the first call and the final one at fraction 1 always come); must be quick. */
+typedef void (*msm_load_progress_fn)(void *ctx, const msm_load_progress *p);
+
+/* "[#########-----------]  45%  12.3 of 27.0 GB  5.1 GB/s" (no bar when bar_width is 0; two
+ * decimals under 10 GB) into
+ * buf; returns what snprintf returns. */
+int msm_load_progress_format(char *buf, size_t cap, const msm_load_progress *p, int bar_width);
+
 typedef struct msm_engine_opts {
     const char *model_dir;     /* HF checkpoint directory */
     const char *dummy_preset;  /* instead of model_dir: a config.json-style preset, random weights */
@@ -47,6 +64,10 @@ typedef struct msm_engine_opts {
     bool kv_bf16;              /* CPU: KV cache rounded to bf16 like the CUDA one (default off) */
     int buckets[MSM_MAX_BUCKETS]; /* decode batch buckets, ascending; n_buckets 0 = defaults */
     int n_buckets;
+    int load_threads;          /* checkpoint reader threads per rank (0: online CPUs / tp, 1..8) */
+    size_t load_slot_bytes;    /* largest single read into staging (0: 8 MiB on CUDA, 1 MiB on CPU) */
+    msm_load_progress_fn load_progress; /* NULL: no progress reports */
+    void *load_progress_ctx;
     /* Test-only: skip the verifier and misplace the shared all-reduce on the aux stream as the
      * original buggy engine did, and delay the given rank's streams. Never set in production. */
     bool test_buggy_placement;
@@ -80,12 +101,25 @@ int msm_engine_new(const msm_engine_opts *o, msm_engine **ret, msm_err *err);
  * it (max_context within the model's max_position_embeddings, tp dividing the heads and experts),
  * every safetensors header, each rank's graph built, passed and verified (V1-V3; V4 compares the
  * ranks' collective sequences at load, through their communicator), and every weight of every
- * rank present in the checkpoint with the expected shape. *ret_cfg: the model's config; *ret_max_context: the context msm_engine_new
- * would serve. For `msmoed --check-config`, and before a load. */
+ * rank present in the checkpoint with the expected shape, FP8 block scales included
+ * (msm_weights_check, what the load itself checks first). *ret_cfg: the model's config;
+ * *ret_max_context: the context msm_engine_new would serve. For `msmoed --check-config`, and
+ * before a load. */
 int msm_engine_validate(const msm_engine_opts *o, msm_model_config *ret_cfg, int *ret_max_context, msm_err *err);
 /* Accepts NULL and half-built engines. Stops the rank threads. */
 void msm_engine_free(msm_engine *e);
 
+/* How the weights came in, for logs and benchmarks. */
+typedef struct msm_load_summary {
+    uint64_t bytes_read;     /* checkpoint bytes, every rank together (0 with dummy weights) */
+    double load_s;           /* weight load of the slowest rank (plan, allocate, read, store) */
+    double start_s;          /* msm_engine_new, from call to return (graphs captured) */
+    int threads;             /* reader threads per rank */
+    size_t staging_bytes;    /* host staging the readers held at most, every rank together */
+    uint64_t peak_rss_bytes; /* the process's peak resident memory when msm_engine_new returned */
+} msm_load_summary;
+
+const msm_load_summary *msm_engine_load_summary(const msm_engine *e);
 const msm_model_config *msm_engine_model(const msm_engine *e);
 const msm_engine_opts *msm_engine_options(const msm_engine *e);
 const char *msm_engine_backend_name(const msm_engine *e);

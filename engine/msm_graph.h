@@ -29,7 +29,7 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
     X(RMSNORM)      /* in: x [rows,C]        w: [C]                     out: same shape */       \
     X(QK_NORM)      /* in: qkv               w: q_norm [hd], k_norm [hd] out: qkv */             \
     X(LINEAR)       /* in: x [rows,K]        w: W [N,K] (+ bias [N])    out: [rows,N] */         \
-    X(ROPE)         /* in: qkv, pos          (q and k heads rotated)    out: qkv */              \
+    X(ROPE)         /* in: qkv, pos          (q and k heads' first rot dims rotated) out: qkv */ \
     X(ATTENTION)    /* in: qkv, seq, pos, slot, block_tables            out: [T, nh*hd]          \
                        writes the layer's KV cache from qkv first, unless attr kv_written */    \
     X(ADD)          /* in: a, b                                         out: a + b */            \
@@ -37,6 +37,8 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
     X(SIGMOID)      /* in: x                                            out: sigmoid(x) */       \
     X(SWIGLU)       /* in: gu [rows, 2I]                                out: [rows, I] */        \
     X(ROUTER_TOPK)  /* in: logits [T,E]                                 out: ids [T,k] i32, w [T,k] */ \
+    X(ROUTER_GROUP_TOPK) /* in: logits [T,E]     w: bias [E] f32            out: ids [T,k] i32, w [T,k] \
+                       sigmoid scores, group-limited top-k by score + bias (GLM-4.5) */      \
     X(MOE_EXPERTS)  /* in: x, ids, w         w: gate_up [E,2I,H], down [E,H,I] out: [T,H] */      \
     X(GATHER_ROWS)  /* in: x [T,C], rows [R] i32                        out: [R,C] */            \
     X(ALLREDUCE)    /* in: partial [rows,C]                             out: sum over ranks */   \
@@ -95,7 +97,12 @@ typedef struct msm_attr_embed { int H; } msm_attr_embed;
 typedef struct msm_attr_rmsnorm { int dim; float eps; } msm_attr_rmsnorm;
 typedef struct msm_attr_qk_norm { int nh, kvh, hd; float eps; } msm_attr_qk_norm;
 typedef struct msm_attr_linear { int N, K; } msm_attr_linear;   /* outputs, inputs */
-typedef struct msm_attr_rope { int nh, kvh, hd; float theta; } msm_attr_rope;
+typedef struct msm_attr_rope {
+    int nh, kvh, hd;
+    float theta;
+    int rot; /* rotated dims at the start of each head (rotate-half within them): hd, or fewer
+                with partial_rotary_factor (GLM-4.5); the others pass through */
+} msm_attr_rope;
 typedef struct msm_attr_attention {
     int nh, kvh, hd;
     int kv_written; /* 1: the ROPE_KV_WRITE producing its qkv input wrote this layer's K/V (pass
@@ -104,6 +111,13 @@ typedef struct msm_attr_attention {
 } msm_attr_attention;
 typedef struct msm_attr_swiglu { int I; } msm_attr_swiglu;      /* gu has 2I columns */
 typedef struct msm_attr_router_topk { int E, k, norm; } msm_attr_router_topk; /* norm: renormalise */
+typedef struct msm_attr_router_group {
+    int E, k;
+    int n_group, topk_group; /* experts in n_group groups of E / n_group; top-k within the
+                                topk_group groups of the highest top-2 sums of score + bias */
+    int norm;                /* renormalise the k weights to sum 1 (+ 1e-20) */
+    float scale;             /* routed_scaling_factor, applied after the renormalisation */
+} msm_attr_router_group;
 typedef struct msm_attr_moe_experts { int H, I, k, E; } msm_attr_moe_experts;
 typedef struct msm_attr_sample { int V, V_pad; } msm_attr_sample; /* vocabulary, logits row length */
 
@@ -116,6 +130,7 @@ typedef union msm_attr {
     msm_attr_attention attention;
     msm_attr_swiglu swiglu;
     msm_attr_router_topk router_topk;
+    msm_attr_router_group router_group; /* ROUTER_GROUP_TOPK */
     msm_attr_moe_experts moe_experts;
     msm_attr_sample sample;
 } msm_attr;
@@ -151,6 +166,8 @@ typedef struct msm_weight {
     char name[96];
     int n_expert, rows, cols;
     bool is_norm;              /* RMSNorm weight (dummy init: ones) */
+    bool keep_f32;             /* backends keep it float32 (GLM's e_score_correction_bias: a bf16
+                                  copy would move expert selection), not bf16 */
     msm_wpart *parts;
     int n_parts;
 } msm_weight;
@@ -163,6 +180,9 @@ typedef struct msm_graph {
     int n_nodes, cap_nodes;
     msm_weight *weights;       /* shared (not copied) by graphs derived through passes */
     int n_weights, cap_weights;
+    int fp8_block;             /* the checkpoint's FP8 scale block (msm_model_config.fp8_block):
+                                  F8_E4M3 parts are loaded with their block scales; 0: the config
+                                  declares no FP8 quantization and an F8_E4M3 tensor is refused */
     bool owns_weights;
     int n_events;
     /* step inputs and outputs (value ids) */

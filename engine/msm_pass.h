@@ -29,7 +29,8 @@ typedef struct msm_pass_opts {
     bool test_skip_verify;
 } msm_pass_opts;
 
-/* ALLREDUCE(routed) + ALLREDUCE(shared) → ALLREDUCE(routed + gate * shared) per MoE layer. */
+/* ALLREDUCE(routed) + ALLREDUCE(shared) → ALLREDUCE(routed + gate * shared) per MoE layer
+ * (ALLREDUCE(routed + shared) for an ungated shared expert, GLM-4.5's). */
 int msm_pass_fuse_moe_allreduce(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                                 msm_err *err);
 
@@ -51,7 +52,8 @@ int msm_pass_fuse_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_g
 
 /* Shared-expert gate (LINEAR N=1, SIGMOID, MUL) + combine ADD + the following ADD_RMSNORM → one
  * MOE_COMBINE_NORM node per MoE layer with a gated shared expert (only where no collective sits
- * between the combine and the residual add: tp 1 after elide_tp1_collectives). */
+ * between the combine and the residual add: tp 1 after elide_tp1_collectives). Ungated shared
+ * experts (GLM-4.5) have no MUL and are left alone. */
 int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                               msm_err *err);
 

@@ -41,6 +41,8 @@ typedef struct st_file {
     const uint8_t *base;     /* the whole file: the mapping, or the caller's buffer */
     size_t size;
     bool mapped;             /* base came from mmap (else it belongs to the caller) */
+    int index;               /* position in msm_safetensors.files */
+    msm_st_file info;        /* what msm_safetensors_file hands out */
     msm_st_tensor *tensors;  /* sorted by name */
     size_t n_tensors;
     char *names;             /* one allocation holding every tensor name of this file */
@@ -56,8 +58,9 @@ struct msm_safetensors {
 
 /* ---- dtypes ---------------------------------------------------------------------------- */
 
-/* Every dtype the format defines. Only the first three are weights we can load; the others are
- * recognised so the message can say "unsupported" rather than "unknown". */
+/* Every dtype the format defines. F32, F16, BF16 and F8_E4M3 (float8_e4m3fn, the weights of FP8
+ * block-scaled checkpoints, whose scales are F32/BF16 tensors) are weights we can load; the others
+ * are recognised so the message can say "unsupported" rather than "unknown". */
 static const struct {
     const char *name;
     bool supported;
@@ -67,7 +70,7 @@ static const struct {
     {"F64", false, 0},          {"I64", false, 0},           {"I32", false, 0},
     {"I16", false, 0},          {"I8", false, 0},            {"U64", false, 0},
     {"U32", false, 0},          {"U16", false, 0},           {"U8", false, 0},
-    {"BOOL", false, 0},         {"F8_E4M3", false, 0},       {"F8_E5M2", false, 0},
+    {"BOOL", false, 0},         {"F8_E4M3", true, MSM_F8_E4M3},       {"F8_E5M2", false, 0},
     {"F8_E8M0", false, 0},      {"F6_E2M3", false, 0},       {"F6_E3M2", false, 0},
     {"F4", false, 0},           {"C64", false, 0},
 };
@@ -82,13 +85,13 @@ static int parse_dtype(const st_file *f, const char *tname, struct json_object *
         if (strcmp(s, st_dtypes[i].name) != 0) continue;
         if (!st_dtypes[i].supported)
             return msm_err_set(err, -EINVAL,
-                               P_ ": tensor '" N_ "' has dtype %s; only F32, F16 and BF16 "
-                               "weights are supported", f->path, tname, s);
+                               P_ ": tensor '" N_ "' has dtype %s; only F32, F16, BF16 and "
+                               "F8_E4M3 (block-scaled FP8) weights are supported", f->path, tname, s);
         *ret = st_dtypes[i].dtype;
         return 0;
     }
     return msm_err_set(err, -EINVAL, P_ ": tensor '" N_ "' has unknown dtype '%.32s' "
-                       "(expected F32, F16 or BF16)", f->path, tname, s);
+                       "(expected F32, F16, BF16 or F8_E4M3)", f->path, tname, s);
 }
 
 /* ---- one file's header ----------------------------------------------------------------- */
@@ -172,6 +175,8 @@ static int parse_entry(const st_file *f, const char *tname, struct json_object *
     }
     t->data = data + begin;
     t->nbytes = (size_t)(end - begin);
+    t->file_index = f->index;
+    t->offset = (uint64_t)(data - f->base) + begin;
     *ret_begin = begin;
     return 0;
 }
@@ -193,6 +198,9 @@ static int cmp_span(const void *a, const void *b) {
 
 /* Parses and checks f->base[0, f->size) and fills f->tensors. */
 static int st_file_parse(st_file *f, msm_err *err) {
+    f->info.path = f->path;
+    f->info.size = f->size;
+    f->info.base = f->base;
     if (f->size < 8)
         return msm_err_set(err, -EINVAL, P_ ": truncated: the file has %zu bytes, fewer than "
                            "the 8-byte header length", f->path, f->size);
@@ -327,6 +335,9 @@ static int st_file_map(st_file *f, msm_err *err) {
             f->base = p;
             f->size = (size_t)sb.st_size;
             f->mapped = true;
+            f->info.dev = (uint64_t)sb.st_dev;
+            f->info.ino = (uint64_t)sb.st_ino;
+            f->info.mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
         }
     }
     close(fd);
@@ -367,6 +378,7 @@ static msm_safetensors *st_new(const char *where, size_t n_files) {
         return NULL;
     }
     st->n_files = n_files;
+    for (size_t i = 0; i < n_files; i++) st->files[i].index = (int)i;
     return st;
 }
 
@@ -587,6 +599,12 @@ int msm_safetensors_get(const msm_safetensors *st, const char *name, int ndim,
 }
 
 size_t msm_safetensors_count(const msm_safetensors *st) { return st ? st->n : 0; }
+
+size_t msm_safetensors_file_count(const msm_safetensors *st) { return st ? st->n_files : 0; }
+
+const msm_st_file *msm_safetensors_file(const msm_safetensors *st, size_t i) {
+    return st && i < st->n_files ? &st->files[i].info : NULL;
+}
 
 const msm_st_tensor *msm_safetensors_at(const msm_safetensors *st, size_t i) {
     return st && i < st->n ? st->sorted[i] : NULL;

@@ -36,19 +36,23 @@ void msm_cpu_rmsnorm(float *out, const float *x, const float *w, int rows, int d
 void msm_cpu_qk_norm(float *out, const float *x, const float *wq, const float *wk, int T, int C,
                      int nh, int kvh, int hd, float eps);
 
-/* In-place rotate-half RoPE on x [T, nheads, hd] at positions pos[T]. */
-void msm_cpu_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float theta);
+/* In-place rotate-half RoPE on x [T, nheads, hd] at positions pos[T], over the first rot dims of
+ * each head (rot even, <= hd; rot = hd is full RoPE): with half = rot/2 and
+ * inv_freq_i = 1 / theta^(2i/rot), dims i and i + half rotate by pos * inv_freq_i; dims
+ * [rot, hd) pass through (HF's partial_rotary_factor: Glm4Moe's apply_rotary_pos_emb). */
+void msm_cpu_rope(float *x, const int32_t *pos, int T, int nheads, int hd, int rot, float theta);
 
 /* out = x [T, C] with its first nrot heads of hd (per row) rotated as msm_cpu_rope; the other
  * C - nrot*hd columns copied (ROPE over qkv rows: nrot = nh + kvh). out may equal x. */
 void msm_cpu_rope_copy(float *out, const float *x, const int32_t *pos, int T, int C, int nrot,
-                       int hd, float theta);
+                       int hd, int rot, float theta);
 
 /* msm_cpu_rope_copy of qkv rows [T, (nh + 2*kvh)*hd] (q and k heads rotated, v copied) that also
  * writes the rotated k heads and the v heads to the caches at slot[t], exactly as
  * msm_cpu_kv_write_ld from out would (ROPE_KV_WRITE). bf16 as in msm_cpu_kv_write_ld. */
 void msm_cpu_rope_kv(float *out, const float *x, const int32_t *pos, const int32_t *slot,
-                     float *kc, float *vc, int T, int nh, int kvh, int hd, float theta, bool bf16);
+                     float *kc, float *vc, int T, int nh, int kvh, int hd, int rot, float theta,
+                     bool bf16);
 
 /* Writes k, v [T, kvh, hd] into the paged caches kc, vc [n_blocks, MSM_KV_BLOCK, kvh, hd] at
  * slot[t] = block * MSM_KV_BLOCK + offset. A negative slot skips the token (a padding row). */
@@ -108,6 +112,18 @@ void msm_cpu_attention(float *out, const float *q, const float *kc, const float 
  * renormalised to sum 1 when norm. ids, w [T,k]. */
 void msm_cpu_router_topk(int32_t *ids, float *w, const float *logits, int T, int E, int k,
                          bool norm);
+
+/* Group-limited sigmoid router (HF Glm4MoeTopkRouter, DeepSeek-V3 style), all fp32, per token t:
+ *   s[e] = 1 / (1 + exp(-logits[t,e])),  c[e] = s[e] + bias[e]   (bias: e_score_correction_bias)
+ *   the E experts form n_group groups of E / n_group (>= 2) consecutive ids; a group's score is
+ *   the sum of its two highest c; the topk_group highest groups are kept;
+ *   ids[t,:] = the k experts of highest c among the kept groups (highest first, lowest id on
+ *   ties; experts of the other groups are never chosen: -inf in HF);
+ *   w[t,j] = s[ids[t,j]] (the unbiased score), / (sum_j w[t,j] + 1e-20) when norm, then * scale.
+ * k <= topk_group * E / n_group. ids, w [T,k]; bias [E]. scratch: at least 2*E + n_group floats. */
+void msm_cpu_router_group_topk(int32_t *ids, float *w, const float *logits, const float *bias,
+                               int T, int E, int k, int n_group, int topk_group, bool norm,
+                               float scale, float *scratch);
 
 /* ---- kernels/cpu/moe.c (twins in kernels/cuda/moe.cu) --------------------------------------- */
 

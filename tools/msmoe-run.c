@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "msm_engine.h"
 #include "msm_generate.h"
@@ -30,6 +31,14 @@ static void usage(FILE *f) {
             "                 [--backend cpu|cuda] [--no-cuda-graphs] [--device N] [--kv-bf16]\n"
             "       msmoe-run --dummy-weights PRESET.json ...   (random weights of a config's shapes)\n"
             "       msmoe-run --tokenizer FILE (--encode | --decode)   (stdin → stdout)\n");
+}
+
+/* On a terminal: a progress bar on stderr while the weights load; ctx: a line is left open. */
+static void load_bar(void *ctx, const msm_load_progress *p) {
+    char line[160];
+    msm_load_progress_format(line, sizeof line, p, 30);
+    fprintf(stderr, "\r\033[Kloading %s%s", line, p->fraction >= 1.0 ? "\n" : "");
+    *(bool *)ctx = p->fraction < 1.0;
 }
 
 static double now_s(void) {
@@ -368,8 +377,13 @@ int main(int argc, char **argv) {
     msm_err err = {{0}};
     double t0 = now_s();
     msm_engine *e;
+    bool bar_open = false;
+    if (isatty(STDERR_FILENO)) {
+        ro.engine.load_progress = load_bar;
+        ro.engine.load_progress_ctx = &bar_open;
+    }
     if (msm_engine_new(&ro.engine, &e, &err) < 0) {
-        fprintf(stderr, "msmoe-run: %s\n", err.msg);
+        fprintf(stderr, "%smsmoe-run: %s\n", bar_open ? "\n" : "", err.msg);
         free(prompt);
         msm_tokenizer_free(tok);
         return 1;

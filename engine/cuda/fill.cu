@@ -20,3 +20,17 @@ extern "C" int msm_cuda_fill_dummy(uint16_t *w, size_t n, uint64_t seed, float s
     CUDA_TRY(msm_launch(fill_kernel, dim3(1024), dim3(256), 0, ex, w, n, seed, scale, ones));
     return 0;
 }
+
+static __global__ void fill_f32_kernel(float *w, size_t n, uint64_t seed, float scale, int ones) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        w[i] = ones ? 1.0f : (2.0f * msm_rng_uniform_dev(seed, i) - 1.0f) * scale;
+}
+
+extern "C" int msm_cuda_fill_dummy_f32(float *w, size_t n, uint64_t seed, float scale, int ones,
+                                       msm_cuda_exec ex) {
+    if (n == 0) return 0;
+    CUDA_TRY(msm_launch(fill_f32_kernel, dim3(1024), dim3(256), 0, ex, w, n, seed, scale, ones));
+    return 0;
+}

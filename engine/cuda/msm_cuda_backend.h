@@ -17,6 +17,25 @@ int msm_cuda_fill_dummy(uint16_t *w, size_t n, uint64_t seed, float scale, int o
 /* Test-only (fault.cu): hang = 0 launches a kernel with an impossible block size (the launch
  * fails: a negative errno); hang = 1 launches a kernel on ex's stream that spins for spin_ms. */
 int msm_cuda_test_fault(int hang, int spin_ms, msm_cuda_exec ex);
+/* The same values in float32 (keep_f32 weights; exactly the CPU backend's dummy values). */
+int msm_cuda_fill_dummy_f32(float *w, size_t n, uint64_t seed, float scale, int ones, msm_cuda_exec ex);
+
+/* Weight loading (load.cu): rows x cols elements of src_dtype (an msm_dtype: BF16, F16 or F32)
+ * at src (device, src_pitch bytes from row to row, aligned to the element size) converted to
+ * bf16 exactly as msm_f32_to_bf16(msm_*_to_f32(x)) on the host, into dst (dst_pitch elements
+ * from row to row). */
+int msm_cuda_load_rows(uint16_t *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                       int src_dtype, size_t rows, size_t cols, msm_cuda_exec ex);
+/* The same into a float32 weight (keep_f32), exact from every source dtype. */
+int msm_cuda_load_rows_f32(float *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                           int src_dtype, size_t rows, size_t cols, msm_cuda_exec ex);
+/* rows x cols F8_E4M3 elements at src (device, src_pitch bytes from row to row) dequantised with
+ * their block scales (device: element (r, c) uses scale[((scale_r0 + r) / block) * scale_pitch +
+ * (scale_c0 + c) / block]) exactly as msm_fp8_dequant_row on the host, into dst: bf16 (rounded as
+ * msm_f32_to_bf16) or, with dst_f32, float32; dst_pitch elements from row to row. */
+int msm_cuda_load_rows_fp8(void *dst, int dst_f32, size_t dst_pitch, const void *src, size_t src_pitch,
+                           size_t rows, size_t cols, const float *scale, size_t scale_pitch,
+                           size_t scale_r0, size_t scale_c0, int block, msm_cuda_exec ex);
 
 #ifdef __cplusplus
 }
@@ -31,6 +50,9 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
 /* ncclGetUniqueId into id (128 bytes). */
 int msm_cuda_nccl_unique_id(void *id, msm_err *err);
 int msm_cuda_device_count(void);
+/* Weight wi of a CUDA backend on its device, bf16 [n_expert, rows, cols] (NULL when absent), and
+ * its element count in ret_n: for tests. */
+const uint16_t *msm_backend_cuda_weight(const msm_backend *b, int wi, size_t *ret_n);
 #endif
 
 #endif

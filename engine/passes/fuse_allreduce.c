@@ -3,10 +3,12 @@
  * Both MoE branches end in partial sums of the same vector, so
  *   allreduce(routed) + g * allreduce(shared) == allreduce(routed + g * shared)
  * where g = sigmoid(shared_expert_gate · h) is a per-token scalar computed from the replicated h
- * (Qwen2-MoE), identical on every rank; gating the partial is therefore exact. The rewrite: drop
- * both all-reduces, let MUL read the shared partial and ADD read the routed partial into a new
- * value, and all-reduce that value into the ADD's old output (on MAIN). Layers already fused, or
- * without a shared expert, are left alone, which makes the pass idempotent. */
+ * (Qwen2-MoE), identical on every rank; gating the partial is therefore exact. Without a gate
+ * (GLM-4.5's shared experts) it is plain linearity: allreduce(routed) + allreduce(shared) ==
+ * allreduce(routed + shared). The rewrite: drop both all-reduces, let the MUL (when there is one)
+ * read the shared partial and the combine ADD read the partials into a new value, and all-reduce
+ * that value into the ADD's old output (on MAIN). Layers already fused, or without a shared
+ * expert, are left alone, which makes the pass idempotent. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -42,12 +44,14 @@ int msm_pass_fuse_moe_allreduce(const msm_graph *in, const msm_pass_opts *o, msm
     for (int L = 0; L < g->n_layers; L++) {
         layer_nodes ln;
         find(g, L, &ln);
-        if (ln.ar_routed < 0 || ln.ar_shared < 0 || ln.mul < 0 || ln.combine < 0) continue;
+        if (ln.ar_routed < 0 || ln.ar_shared < 0 || ln.combine < 0) continue;
         msm_node *ar_r = &g->nodes[ln.ar_routed], *ar_s = &g->nodes[ln.ar_shared];
-        msm_node *mul = &g->nodes[ln.mul], *comb = &g->nodes[ln.combine];
-        /* the expected shape: combine = ADD(routed_sum, MUL(shared_sum, gate)) */
-        if (comb->in[0] != ar_r->out[0] || mul->in[0] != ar_s->out[0] || comb->in[1] != mul->out[0])
-            continue;
+        msm_node *mul = ln.mul >= 0 ? &g->nodes[ln.mul] : NULL, *comb = &g->nodes[ln.combine];
+        /* the expected shapes: combine = ADD(routed_sum, MUL(shared_sum, gate)), or without a
+         * gate combine = ADD(routed_sum, shared_sum) */
+        if (comb->in[0] != ar_r->out[0]) continue;
+        if (mul && (mul->in[0] != ar_s->out[0] || comb->in[1] != mul->out[0])) continue;
+        if (!mul && comb->in[1] != ar_s->out[0]) continue;
         if (ar_r->stream != MSM_STREAM_MAIN || ar_s->stream != MSM_STREAM_MAIN) continue;
         int routed_part = ar_r->in[0], shared_part = ar_s->in[0], out = comb->out[0];
         char name[40];
@@ -57,7 +61,8 @@ int msm_pass_fuse_moe_allreduce(const msm_graph *in, const msm_pass_opts *o, msm
             msm_graph_free(g);
             return msm_err_set(err, part, "out of memory in fuse_moe_allreduce");
         }
-        mul->in[0] = shared_part;
+        if (mul) mul->in[0] = shared_part;
+        else comb->in[1] = shared_part;
         comb->in[0] = routed_part;
         comb->out[0] = part;
         msm_node ar = *ar_r;

@@ -10,10 +10,11 @@
  * a dot product computed inside the combine kernel. The CPU twin repeats the chain's arithmetic,
  * so the CPU graph computes bitwise what it did. Only matches when every intermediate value has
  * that single reader and moe feeds the ADD_RMSNORM directly, so at tp > 1 (an all-reduce sits
- * between the combine and the residual add) nothing changes. Runs after elide_tp1_collectives and
- * fuse_add_rmsnorm; the shared branch's remaining nodes (gate_up, SwiGLU, down) keep their role
- * and stream, and the join that ordered the MUL's (or the ADD's) read of aux values precedes the
- * fused node. Idempotent: a fused layer has no ADD_RMSNORM fed by a combine ADD left. */
+ * between the combine and the residual add) nothing changes; nor does a layer whose shared expert
+ * has no gate (GLM-4.5: the combine ADD reads the shared output itself, no MUL). Runs after
+ * elide_tp1_collectives and fuse_add_rmsnorm; the shared branch's remaining nodes (gate_up,
+ * SwiGLU, down) keep their role and stream, and the join that ordered the MUL's (or the ADD's)
+ * read of aux values precedes the fused node. Idempotent: a fused layer has no ADD_RMSNORM fed by a combine ADD left. */
 #include <errno.h>
 #include <stdlib.h>
 

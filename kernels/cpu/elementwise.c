@@ -40,12 +40,12 @@ void msm_cpu_qk_norm(float *out, const float *x, const float *wq, const float *w
     }
 }
 
-void msm_cpu_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float theta) {
-    int half = hd / 2;
+void msm_cpu_rope(float *x, const int32_t *pos, int T, int nheads, int hd, int rot, float theta) {
+    int half = rot / 2; /* dims [rot, hd) of every head pass through */
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {
-            /* as HF: inv_freq = 1 / theta^(2i/hd) in float32, angle = pos * inv_freq */
-            float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+            /* as HF: inv_freq = 1 / theta^(2i/rot) in float32, angle = pos * inv_freq */
+            float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)rot);
             float ang = (float)pos[t] * inv_freq;
             float c = cosf(ang), s = sinf(ang);
             for (int h = 0; h < nheads; h++) {
@@ -59,15 +59,16 @@ void msm_cpu_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float
 }
 
 void msm_cpu_rope_copy(float *out, const float *x, const int32_t *pos, int T, int C, int nrot,
-                       int hd, float theta) {
+                       int hd, int rot, float theta) {
     if (out != x) memcpy(out, x, sizeof(float) * (size_t)T * (size_t)C);
-    for (int t = 0; t < T; t++) msm_cpu_rope(out + (size_t)t * C, pos + t, 1, nrot, hd, theta);
+    for (int t = 0; t < T; t++) msm_cpu_rope(out + (size_t)t * C, pos + t, 1, nrot, hd, rot, theta);
 }
 
 void msm_cpu_rope_kv(float *out, const float *x, const int32_t *pos, const int32_t *slot,
-                     float *kc, float *vc, int T, int nh, int kvh, int hd, float theta, bool bf16) {
+                     float *kc, float *vc, int T, int nh, int kvh, int hd, int rot, float theta,
+                     bool bf16) {
     int C = (nh + 2 * kvh) * hd;
-    msm_cpu_rope_copy(out, x, pos, T, C, nh + kvh, hd, theta); /* q and k heads rotated */
+    msm_cpu_rope_copy(out, x, pos, T, C, nh + kvh, hd, rot, theta); /* q and k heads rotated */
     msm_cpu_kv_write_ld(kc, vc, out + (size_t)nh * hd, out + (size_t)(nh + kvh) * hd, (size_t)C, slot,
                         T, kvh, hd, bf16);
 }

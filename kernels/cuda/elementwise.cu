@@ -189,25 +189,28 @@ extern "C" int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float 
     return 0;
 }
 
-/* ---- rope: one thread per (token, frequency), rotating that pair in every head ---- */
-/* As the CPU (and HF): inv_freq = 1 / theta^(2i/hd) in float32. */
-static __device__ __forceinline__ void rope_cs(int pos, int i, int hd, float theta, float *c, float *s) {
-    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+/* ---- rope: one thread per (token, frequency), rotating that pair in every head ----
+ * Only the first rot dims of each head rotate (rot = hd: full RoPE; less with GLM's
+ * partial_rotary_factor); dims [rot, hd) pass through. */
+/* As the CPU (and HF): inv_freq = 1 / theta^(2i/rot) in float32. */
+static __device__ __forceinline__ void rope_cs(int pos, int i, int rot, float theta, float *c, float *s) {
+    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)rot);
     float ang = (float)pos * inv_freq;
     *c = cosf(ang);
     *s = sinf(ang);
 }
 
-static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nheads, int hd, float theta) {
+static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nheads, int hd, int rot,
+                                   float theta) {
     msm_pdl_trigger();
     msm_pdl_wait();
-    int half = hd / 2;
+    int half = rot / 2;
     size_t n = (size_t)T * half;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
         int t = (int)(idx / half), i = (int)(idx % half);
         float c, s;
-        rope_cs(pos[t], i, hd, theta, &c, &s);
+        rope_cs(pos[t], i, rot, theta, &c, &s);
         for (int h = 0; h < nheads; h++) {
             float *v = x + ((size_t)t * nheads + h) * hd;
             float a = v[i], b = v[i + half];
@@ -217,46 +220,56 @@ static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nhea
     }
 }
 
-extern "C" int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float theta,
-                             msm_cuda_exec ex) {
-    if (T < 0 || nheads <= 0 || hd <= 0 || hd % 2) return -EINVAL;
+static bool rope_shape_ok(int hd, int rot) { return hd > 0 && rot > 0 && rot % 2 == 0 && rot <= hd; }
+
+extern "C" int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, int hd, int rot,
+                             float theta, msm_cuda_exec ex) {
+    if (T < 0 || nheads <= 0 || !rope_shape_ok(hd, rot)) return -EINVAL;
     if (T == 0) return 0;
-    size_t n = (size_t)T * (hd / 2);
-    CUDA_TRY(msm_launch(rope_kernel, dim3(grid_for(n, 128)), dim3(128), 0, ex, x, pos, T, nheads, hd, theta));
+    size_t n = (size_t)T * (rot / 2);
+    CUDA_TRY(msm_launch(rope_kernel, dim3(grid_for(n, 128)), dim3(128), 0, ex, x, pos, T, nheads, hd,
+                        rot, theta));
     return 0;
 }
 
 /* ---- rope_copy / rope_kv: out = x with the first nrot heads of every row rotated, one thread
- * per (token, head, frequency) and per copied element (one launch instead of a copy + an in-place
- * rope); the rotation is rope_kernel's formula. With kc/vc (rope_kv), the rotated k heads
- * [nq, nrot) and the following kvh v heads are also written to the bf16 cache at slot[t] (rows
- * with slot < 0 are not written), which is exactly what msm_cuda_kv_write_ld does from `out`. */
+ * per (token, head, frequency), per passed-through dim [rot, hd) of those heads, and per copied
+ * element of the rest (one launch instead of a copy + an in-place rope); the rotation is
+ * rope_kernel's formula. With kc/vc (rope_kv), the k heads [nq, nrot) (rotated and passed-through
+ * dims) and the following kvh v heads are also written to the bf16 cache at slot[t] (rows with
+ * slot < 0 are not written), which is exactly what msm_cuda_kv_write_ld does from `out`. */
 static __global__ void rope_copy_kernel(float *__restrict__ out, const float *__restrict__ x, const int32_t *pos,
-                                 int T, int C, int nrot, int hd, float theta, const int32_t *slot,
+                                 int T, int C, int nrot, int hd, int rot, float theta, const int32_t *slot,
                                  uint16_t *kc, uint16_t *vc, int nq, int kvh) {
     msm_pdl_trigger();
     msm_pdl_wait();
-    int half = hd / 2, rest = C - nrot * hd, per_t = nrot * half;
+    /* per rotated head: half rotation items, then hd - rot pass-through items */
+    int half = rot / 2, per_h = half + (hd - rot), rest = C - nrot * hd, per_t = nrot * per_h;
     size_t n1 = (size_t)T * per_t, n = n1 + (size_t)T * rest;
     size_t krow = (size_t)kvh * hd;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
         if (idx < n1) {
-            int t = (int)(idx / per_t), r = (int)(idx % per_t), h = r / half, i = r % half;
-            float c, s;
-            rope_cs(pos[t], i, hd, theta, &c, &s);
+            int t = (int)(idx / per_t), r = (int)(idx % per_t), h = r / per_h, i = r % per_h;
             size_t o = (size_t)t * C + (size_t)h * hd;
+            int sl = kc && h >= nq ? slot[t] : -1;
+            uint16_t *kr = sl >= 0 ? kc + (size_t)sl * krow + (size_t)(h - nq) * hd : NULL;
+            if (i >= half) { /* a dim past the rotary part: copied (and cached for k heads) */
+                int d = rot + (i - half);
+                float v = x[o + d];
+                out[o + d] = v;
+                if (kr) kr[d] = msm_f2bf(v);
+                continue;
+            }
+            float c, s;
+            rope_cs(pos[t], i, rot, theta, &c, &s);
             float a = x[o + i], b = x[o + i + half];
             float ra = a * c - b * s, rb = b * c + a * s;
             out[o + i] = ra;
             out[o + i + half] = rb;
-            if (kc && h >= nq) {
-                int sl = slot[t];
-                if (sl >= 0) {
-                    uint16_t *kr = kc + (size_t)sl * krow + (size_t)(h - nq) * hd;
-                    kr[i] = msm_f2bf(ra);
-                    kr[i + half] = msm_f2bf(rb);
-                }
+            if (kr) {
+                kr[i] = msm_f2bf(ra);
+                kr[i + half] = msm_f2bf(rb);
             }
         } else {
             size_t j = idx - n1;
@@ -272,25 +285,30 @@ static __global__ void rope_copy_kernel(float *__restrict__ out, const float *__
     }
 }
 
+/* Threads of rope_copy_kernel: per row, (rot/2 + hd - rot) per rotated head, then the rest. */
+static size_t rope_copy_items(int T, int C, int nrot, int hd, int rot) {
+    return (size_t)T * nrot * (size_t)(rot / 2 + hd - rot) + (size_t)T * (size_t)(C - nrot * hd);
+}
+
 extern "C" int msm_cuda_rope_copy(float *out, const float *x, const int32_t *pos, int T, int C,
-                                  int nrot, int hd, float theta, msm_cuda_exec ex) {
-    if (T < 0 || nrot <= 0 || hd <= 0 || hd % 2 || C < nrot * hd) return -EINVAL;
+                                  int nrot, int hd, int rot, float theta, msm_cuda_exec ex) {
+    if (T < 0 || nrot <= 0 || !rope_shape_ok(hd, rot) || C < nrot * hd) return -EINVAL;
     if (T == 0) return 0;
-    size_t n = (size_t)T * nrot * (hd / 2) + (size_t)T * (C - nrot * hd);
+    size_t n = rope_copy_items(T, C, nrot, hd, rot);
     CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, ex, out, x, pos, T,
-                        C, nrot, hd, theta, (const int32_t *)NULL, (uint16_t *)NULL, (uint16_t *)NULL, 0, 0));
+                        C, nrot, hd, rot, theta, (const int32_t *)NULL, (uint16_t *)NULL, (uint16_t *)NULL, 0, 0));
     return 0;
 }
 
 extern "C" int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, const int32_t *slot,
-                                uint16_t *kc, uint16_t *vc, int T, int nh, int kvh, int hd,
+                                uint16_t *kc, uint16_t *vc, int T, int nh, int kvh, int hd, int rot,
                                 float theta, msm_cuda_exec ex) {
-    if (T < 0 || nh <= 0 || kvh <= 0 || hd <= 0 || hd % 2 || !slot || !kc || !vc) return -EINVAL;
+    if (T < 0 || nh <= 0 || kvh <= 0 || !rope_shape_ok(hd, rot) || !slot || !kc || !vc) return -EINVAL;
     if (T == 0) return 0;
     int nrot = nh + kvh, C = (nh + 2 * kvh) * hd;
-    size_t n = (size_t)T * nrot * (hd / 2) + (size_t)T * (C - nrot * hd);
+    size_t n = rope_copy_items(T, C, nrot, hd, rot);
     CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, ex, out, x, pos, T,
-                        C, nrot, hd, theta, slot, kc, vc, nh, kvh));
+                        C, nrot, hd, rot, theta, slot, kc, vc, nh, kvh));
     return 0;
 }
 

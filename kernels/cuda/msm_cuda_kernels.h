@@ -140,21 +140,22 @@ size_t msm_cuda_linear_ws_bytes(int T, int N, int K);
 int msm_cuda_linear(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                     int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, msm_cuda_exec ex);
 
-/* In-place rotate-half RoPE on x [T, nheads, hd] f32 at positions pos[T]. hd even. */
-int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, int hd, float theta,
+/* In-place rotate-half RoPE on x [T, nheads, hd] f32 at positions pos[T], over the first rot
+ * dims of each head (rot even, <= hd; rot = hd: full RoPE), as msm_cpu_rope. */
+int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, int hd, int rot, float theta,
                   msm_cuda_exec ex);
 
 /* out = x [T, C] with its first nrot heads of hd (per row) rotated as msm_cuda_rope; the other
  * C - nrot*hd columns copied. One launch. */
 int msm_cuda_rope_copy(float *out, const float *x, const int32_t *pos, int T, int C, int nrot,
-                       int hd, float theta, msm_cuda_exec ex);
+                       int hd, int rot, float theta, msm_cuda_exec ex);
 
 /* msm_cuda_rope_copy of qkv rows [T, (nh + 2*kvh)*hd] (q and k heads rotated, v copied) that also
- * writes the rotated k heads and the v heads to the bf16 caches at slot[t] (as msm_cuda_kv_write_ld
+ * writes the k heads and the v heads to the bf16 caches at slot[t] (as msm_cuda_kv_write_ld
  * from out would), one launch. */
 int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, const int32_t *slot,
-                     uint16_t *kc, uint16_t *vc, int T, int nh, int kvh, int hd, float theta,
-                     msm_cuda_exec ex);
+                     uint16_t *kc, uint16_t *vc, int T, int nh, int kvh, int hd, int rot,
+                     float theta, msm_cuda_exec ex);
 
 /* QK_NORM: out = x [T, C] with each of the nh q heads RMS-normalised with wq [hd] and each of the
  * next kvh k heads with wk [hd] (per head, eps), the other columns copied; C % hd == 0,
@@ -222,6 +223,14 @@ int msm_cuda_swiglu(float *y, const float *gu, int T, int I, msm_cuda_exec ex);
  * renormalised to sum 1 when norm. ids, w [T,k] stay on the device. E <= 256, k <= 8. */
 int msm_cuda_router_topk(int32_t *ids, float *w, const float *logits, int T, int E, int k,
                          bool norm, msm_cuda_exec ex);
+
+/* Group-limited sigmoid router, msm_cpu_router_group_topk on the device: bias [E] float32 (the
+ * one weight kept in fp32: bf16 would move the selection), all math fp32, the same ids (lowest id
+ * on ties) and weights up to expf's last bits (2 ulp). E <= 256, k <= 8, n_group <= 32 dividing E with
+ * E / n_group >= 2, topk_group <= n_group, k <= topk_group * E / n_group. No workspace. */
+int msm_cuda_router_group_topk(int32_t *ids, float *w, const float *logits, const float *bias,
+                               int T, int E, int k, int n_group, int topk_group, bool norm,
+                               float scale, msm_cuda_exec ex);
 
 /* Workspace bytes msm_cuda_moe_experts needs: the f32 SwiGLU activations [T*k, I] on the GEMV
  * path; grouping tables, bf16 activations and per-pair outputs [T*k, H] f32 on the grouped path. */

@@ -1,4 +1,5 @@
-/* router.cu: MoE router softmax + top-k on the device, one warp per token.
+/* router.cu: the MoE routers on the device, one warp per token: softmax + top-k (Qwen2/3-MoE,
+ * Mixtral) and the group-limited sigmoid router with a selection bias (GLM-4.5).
  *
  * Lane l holds logits l, l+32, ... (E <= 256: at most 8 a lane, in registers). The softmax max
  * and denominator are warp reductions; selection runs k rounds of a warp arg-max over the logits
@@ -13,6 +14,44 @@
 
 #define ROUTER_WARPS 4
 #define ROUTER_PER_LANE 8 /* E <= 256 */
+
+#define NO_ID 0x7fffffff /* an arg-max candidate slot holding nothing */
+
+/* Warp arg-max over (v, i) pairs, value descending then id ascending (i == NO_ID: no candidate);
+ * with CARRY, x travels with the winner. Every lane ends with the winner. */
+template <bool CARRY>
+static __device__ __forceinline__ void warp_argmax(float &v, int &i, float &x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(MSM_FULL_MASK, v, o), ox = CARRY ? __shfl_xor_sync(MSM_FULL_MASK, x, o) : x;
+        int oi = __shfl_xor_sync(MSM_FULL_MASK, i, o);
+        bool better = oi != NO_ID && (i == NO_ID || ov > v || (ov == v && oi < i));
+        if (better) v = ov, i = oi, x = ox;
+    }
+}
+
+/* One round of a top-k selection over the warp's elements (lane l holds v[i] of element
+ * i * 32 + l, i < ROUTER_PER_LANE, up to E): this lane's best element not yet taken, then the
+ * warp's; the lane holding the winner marks it taken. Returns its id, with its value in *bv and,
+ * with CARRY, its x[i] in *bx. */
+template <bool CARRY>
+static __device__ __forceinline__ int select_next(const float (&v)[ROUTER_PER_LANE],
+                                                  const float (&x)[ROUTER_PER_LANE], unsigned &taken,
+                                                  int E, int lane, float &bv, float &bx) {
+    int bi = NO_ID;
+    bv = -INFINITY, bx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROUTER_PER_LANE; i++) {
+        int e = i * 32 + lane;
+        if (e < E && !(taken >> i & 1u) && (bi == NO_ID || v[i] > bv)) {
+            bv = v[i], bi = e;
+            if (CARRY) bx = x[i];
+        }
+    }
+    warp_argmax<CARRY>(bv, bi, bx);
+    if ((bi & 31) == lane) taken |= 1u << (bi / 32);
+    return bi;
+}
 
 static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
     router_topk_kernel(int32_t *ids, float *w, const float *logits, int T, int E, int k,
@@ -43,23 +82,8 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
 #pragma unroll
     for (int j = 0; j < 8; j++) { /* unrolled so wt/id stay in registers */
         if (j >= k) break;
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < ROUTER_PER_LANE; i++) {
-            int e = i * 32 + lane;
-            if (e < E && !(taken >> i & 1u) && (bi == 0x7fffffff || v[i] > bv)) bv = v[i], bi = e;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(MSM_FULL_MASK, bv, o);
-            int oi = __shfl_xor_sync(MSM_FULL_MASK, bi, o);
-            bool better = oi != 0x7fffffff &&
-                          (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi));
-            if (better) bv = ov, bi = oi;
-        }
-        if ((bi & 31) == lane) taken |= 1u << (bi / 32);
-        id[j] = bi;
+        float bv, unused;
+        id[j] = select_next<false>(v, v, taken, E, lane, bv, unused);
         wt[j] = expf(bv - mx) / sum;
     }
     float s = 0.0f;
@@ -82,5 +106,118 @@ extern "C" int msm_cuda_router_topk(int32_t *ids, float *w, const float *logits,
     if (T == 0) return 0;
     unsigned blocks = (unsigned)((T + ROUTER_WARPS - 1) / ROUTER_WARPS);
     CUDA_TRY(msm_launch(router_topk_kernel, dim3(blocks), dim3(ROUTER_WARPS * 32), 0, ex, ids, w, logits, T, E, k, norm));
+    return 0;
+}
+
+/* ---- group-limited sigmoid router (msm_cpu_router_group_topk's twin) ----
+ * Lane l holds experts l, l+32, ...: their sigmoid scores s and choice scores c = s + bias, in
+ * registers. A group's score is the sum of its two highest c: each lane keeps the top 2 of its own
+ * experts of the group, and a butterfly merges the pairs (exact: the same two values the CPU finds,
+ * added once, on every lane). Lane g keeps group g's score; topk_group rounds of a warp arg-max
+ * over those lanes (value descending, group ascending) pick the kept groups, which is the CPU's
+ * rank rule. The other groups' experts get -inf, then k rounds of the arg-max above pick the
+ * experts, each winner's s travelling with it. Weights: s, / (their sum in slot order + 1e-20)
+ * when norm, * scale: the CPU's sequence of float operations, so only expf may differ (CUDA's is
+ * within 2 ulp, the C library's within 1), and with it a selection at a near-tie. The warp
+ * algorithm was checked bitwise against the CPU rule in a lane-by-lane simulation (exact ties,
+ * 1 to 32 groups). */
+#define ROUTER_MAX_GROUPS 32 /* group scores live one per lane */
+
+/* Merges this lane's top-2 pair (a1 >= a2) with every other lane's: the warp's top 2. */
+static __device__ __forceinline__ void warp_top2(float &a1, float &a2) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float b1 = __shfl_xor_sync(MSM_FULL_MASK, a1, o), b2 = __shfl_xor_sync(MSM_FULL_MASK, a2, o);
+        float n2 = a1 >= b1 ? fmaxf(a2, b1) : fmaxf(a1, b2);
+        a1 = fmaxf(a1, b1);
+        a2 = n2;
+    }
+}
+
+static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
+    router_group_topk_kernel(int32_t *ids, float *w, const float *logits, const float *bias, int T,
+                             int E, int k, int n_group, int topk_group, bool norm, float scale) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    int t = blockIdx.x * ROUTER_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (t >= T) return;
+    const float *l = logits + (size_t)t * E;
+    int per = E / n_group;
+    float s[ROUTER_PER_LANE], c[ROUTER_PER_LANE];
+    int grp[ROUTER_PER_LANE]; /* the group of this lane's element i; -1 past E */
+#pragma unroll
+    for (int i = 0; i < ROUTER_PER_LANE; i++) {
+        int e = i * 32 + lane;
+        s[i] = e < E ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
+        c[i] = e < E ? s[i] + bias[e] : -INFINITY;
+        grp[i] = e < E ? e / per : -1;
+    }
+
+    unsigned kept = 0xffffffffu; /* bit g: group g kept */
+    if (topk_group < n_group) {
+        float gs = -INFINITY; /* lane g: group g's score */
+        for (int g = 0; g < n_group; g++) {
+            float a1 = -INFINITY, a2 = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < ROUTER_PER_LANE; i++) {
+                if (grp[i] == g) {
+                    if (c[i] > a1) a2 = a1, a1 = c[i];
+                    else if (c[i] > a2) a2 = c[i];
+                }
+            }
+            warp_top2(a1, a2);
+            if (lane == g) gs = a1 + a2;
+        }
+        kept = 0;
+        for (int j = 0; j < topk_group; j++) {
+            bool cand = lane < n_group && !(kept >> lane & 1u);
+            float bv = cand ? gs : -INFINITY, unused = 0.0f;
+            int bi = cand ? lane : NO_ID;
+            warp_argmax<false>(bv, bi, unused);
+            kept |= 1u << bi;
+        }
+#pragma unroll
+        for (int i = 0; i < ROUTER_PER_LANE; i++)
+            if (grp[i] >= 0 && !(kept >> grp[i] & 1u)) c[i] = -INFINITY;
+    }
+
+    unsigned taken = 0; /* bit i: this lane's element i already selected */
+    float wt[8];
+    int id[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) { /* unrolled so wt/id stay in registers */
+        if (j >= k) break;
+        float bv;
+        id[j] = select_next<true>(c, s, taken, E, lane, bv, wt[j]); /* the choice by c, the weight s */
+    }
+    float den = 1.0f;
+    if (norm) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < k) sum += wt[j];
+        den = sum + 1e-20f;
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (j >= k) break;
+            ids[(size_t)t * k + j] = id[j];
+            w[(size_t)t * k + j] = (norm ? wt[j] / den : wt[j]) * scale;
+        }
+    }
+}
+
+extern "C" int msm_cuda_router_group_topk(int32_t *ids, float *w, const float *logits,
+                                          const float *bias, int T, int E, int k, int n_group,
+                                          int topk_group, bool norm, float scale, msm_cuda_exec ex) {
+    if (T < 0 || E <= 0 || E > 32 * ROUTER_PER_LANE || k <= 0 || k > 8 || n_group <= 0 ||
+        n_group > ROUTER_MAX_GROUPS || E % n_group || E / n_group < 2 || topk_group <= 0 ||
+        topk_group > n_group || k > topk_group * (E / n_group) || !bias)
+        return -EINVAL;
+    if (T == 0) return 0;
+    unsigned blocks = (unsigned)((T + ROUTER_WARPS - 1) / ROUTER_WARPS);
+    CUDA_TRY(msm_launch(router_group_topk_kernel, dim3(blocks), dim3(ROUTER_WARPS * 32), 0, ex, ids, w,
+                        logits, bias, T, E, k, n_group, topk_group, norm, scale));
     return 0;
 }

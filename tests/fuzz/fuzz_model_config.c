@@ -18,6 +18,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         c.moe_intermediate < 1 || c.n_eos < 0 || c.n_eos > MSM_MAX_EOS || !(c.rms_eps > 0) ||
         !(c.rope_theta > 0) || c.bos_id < -1 || c.bos_id >= c.vocab)
         __builtin_trap();
+    /* RoPE over the first rope_dim dims; the routing groups (GLM-4.5) */
+    if (c.rope_dim < 2 || c.rope_dim % 2 != 0 || c.rope_dim > c.head_dim || c.n_group < 1 ||
+        c.n_experts % c.n_group != 0 || c.topk_group < 1 || c.topk_group > c.n_group ||
+        !(c.routed_scale > 0) || c.shared_intermediate < 0 || c.n_mtp_layers < 0)
+        __builtin_trap();
+    if (c.router == MSM_ROUTER_SIGMOID_GROUP &&
+        (c.n_experts / c.n_group < 2 || c.top_k > c.topk_group * (c.n_experts / c.n_group)))
+        __builtin_trap();
     for (int l = 0; l < c.n_layers; l++)
         if (!c.sparse[l] && c.intermediate < 1) __builtin_trap();
     for (int i = 0; i < c.n_eos; i++)

@@ -14,6 +14,7 @@
 #include <criterion/criterion.h>
 
 #ifdef MSM_HAVE_CUDA
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,10 +227,10 @@ Test(cuda_kernels, rope_copy_matches_copy_then_rope, .timeout = 60) {
         int32_t *pos = malloc(T * 4);
         for (int t = 0; t < T; t++) pos[t] = rndi(4000);
         memcpy(ref, x, n * 4);
-        for (int t = 0; t < T; t++) msm_cpu_rope(ref + (size_t)t * C, pos + t, 1, nh + kvh, hd, 1e6f);
+        for (int t = 0; t < T; t++) msm_cpu_rope(ref + (size_t)t * C, pos + t, 1, nh + kvh, hd, hd, 1e6f);
         float *dx = dev_up(x, n * 4), *dout = dev_poison(n * 4);
         int32_t *dpos = dev_up(pos, T * 4);
-        CK(msm_cuda_rope_copy(dout, dx, dpos, T, C, nh + kvh, hd, 1e6f, EX));
+        CK(msm_cuda_rope_copy(dout, dx, dpos, T, C, nh + kvh, hd, hd, 1e6f, EX));
         down(out, dout, n * 4);
         CHECK_ERR(out, ref, n, 1e-5, "rope_copy T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
         cudaFree(dx), cudaFree(dout), cudaFree(dpos);
@@ -340,10 +341,10 @@ Test(cuda_kernels, rope_matches_cpu, .timeout = 60) {
         int32_t *pos = malloc(T * 4);
         for (int t = 0; t < T; t++) pos[t] = rndi(4096);
         memcpy(ref, x, n * 4);
-        msm_cpu_rope(ref, pos, T, nh, hd, shapes[s].theta);
+        msm_cpu_rope(ref, pos, T, nh, hd, hd, shapes[s].theta);
         float *dx = dev_up(x, n * 4);
         int32_t *dp = dev_up(pos, T * 4);
-        CK(msm_cuda_rope(dx, dp, T, nh, hd, shapes[s].theta, EX));
+        CK(msm_cuda_rope(dx, dp, T, nh, hd, hd, shapes[s].theta, EX));
         down(out, dx, n * 4);
         CHECK_ERR(out, ref, n, 1e-5, "rope T=%d nh=%d hd=%d", T, nh, hd);
         cudaFree(dx), cudaFree(dp);
@@ -552,6 +553,56 @@ Test(cuda_kernels, router_topk_matches_cpu, .timeout = 60) {
         cudaFree(dl), cudaFree(dw), cudaFree(di);
         free(l), free(ids), free(gids), free(w), free(gw);
     }
+}
+
+/* Group-limited sigmoid router (GLM-4.5, DeepSeek-V3 shapes and odd ones): ids equal the CPU's
+ * (or tie with them in choice score), weights within fp32 rounding; an exact tie of two experts
+ * goes to the lower id on both. */
+Test(cuda_kernels, router_group_topk_matches_cpu, .timeout = 60) {
+    need_gpu();
+    static const struct { int T, E, k, G, TG, norm; float scale; } shapes[] = {
+        {1, 128, 8, 1, 1, 1, 1.0f},   /* GLM-4.5-Air */
+        {70, 160, 8, 1, 1, 1, 2.5f},  /* GLM-4.5 */
+        {33, 256, 8, 8, 4, 1, 2.5f},  /* DeepSeek-V3 */
+        {5, 16, 4, 4, 2, 1, 2.5f},    /* tests/data/glm4moe */
+        {130, 64, 6, 32, 5, 0, 1.0f}, /* 32 groups of 2 */
+        {9, 30, 3, 5, 2, 1, 1.5f},    /* odd sizes */
+        {4, 12, 2, 3, 1, 0, 1.0f},
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s].T, E = shapes[s].E, k = shapes[s].k, G = shapes[s].G, TG = shapes[s].TG;
+        bool norm = shapes[s].norm;
+        float *l = host_f32((size_t)T * E, 1.5f), *bias = host_f32(E, 0.2f);
+        if (T > 1) l[E + 3] = l[E + 5] = 4.0f, bias[5] = bias[3]; /* an exact tie: lowest id first */
+        int32_t *ids = malloc(T * k * 4), *gids = malloc(T * k * 4);
+        float *w = malloc(T * k * 4), *gw = malloc(T * k * 4), *scratch = malloc((2 * E + G) * 4);
+        msm_cpu_router_group_topk(ids, w, l, bias, T, E, k, G, TG, norm, shapes[s].scale, scratch);
+        float *dl = dev_up(l, (size_t)T * E * 4), *db = dev_up(bias, E * 4), *dw = dev_poison(T * k * 4);
+        int32_t *di = dev_poison(T * k * 4);
+        CK(msm_cuda_router_group_topk(di, dw, dl, db, T, E, k, G, TG, norm, shapes[s].scale, EX));
+        down(gids, di, T * k * 4), down(gw, dw, T * k * 4);
+        for (int i = 0; i < T * k; i++) {
+            const float *lt = l + (size_t)(i / k) * E;
+            cr_assert(gids[i] >= 0 && gids[i] < E, "id out of range");
+            float cg = 1.0f / (1.0f + expf(-lt[gids[i]])) + bias[gids[i]];
+            float cc = 1.0f / (1.0f + expf(-lt[ids[i]])) + bias[ids[i]];
+            cr_assert(gids[i] == ids[i] || fabsf(cg - cc) < 1e-6f, "T=%d E=%d k=%d groups %d/%d: slot %d id %d, cpu %d",
+                      T, E, k, TG, G, i, gids[i], ids[i]);
+        }
+        for (int j = 0; T > 1 && j < k; j++) /* the tied pair, where chosen: in the CPU's order */
+            if (ids[k + j] == 3 || ids[k + j] == 5)
+                cr_assert_eq(gids[k + j], ids[k + j], "E=%d: the exact tie of experts 3 and 5 is not broken by id", E);
+        CHECK_ERR(gw, w, (size_t)T * k, 1e-5, "group router weights T=%d E=%d k=%d", T, E, k);
+        cudaFree(dl), cudaFree(db), cudaFree(dw), cudaFree(di);
+        free(l), free(bias), free(ids), free(gids), free(w), free(gw), free(scratch);
+    }
+    /* refused shapes: more than 32 groups, groups of one expert, k beyond the kept groups */
+    int32_t *di = dev_poison(64);
+    float *dw = dev_poison(64), *dl = dev_poison(4096), *db = dev_poison(1024);
+    cr_expect_eq(msm_cuda_router_group_topk(di, dw, dl, db, 1, 128, 4, 64, 8, true, 1.0f, EX), -EINVAL);
+    cr_expect_eq(msm_cuda_router_group_topk(di, dw, dl, db, 1, 16, 4, 16, 8, true, 1.0f, EX), -EINVAL);
+    cr_expect_eq(msm_cuda_router_group_topk(di, dw, dl, db, 1, 16, 8, 4, 1, true, 1.0f, EX), -EINVAL);
+    cudaFree(di), cudaFree(dw), cudaFree(dl), cudaFree(db);
 }
 
 /* ---- moe_experts ---- */
@@ -868,9 +919,9 @@ Test(cuda_kernels, rope_kv_equals_rope_copy_then_kv_write, .timeout = 60) {
         int32_t *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
         uint16_t *k1 = dev_poison(cache * 2), *v1 = dev_poison(cache * 2), *k2 = dev_poison(cache * 2),
                  *v2 = dev_poison(cache * 2);
-        CK(msm_cuda_rope_copy(o1, dx, dpos, T, C, nh + kvh, hd, 1e6f, EX));
+        CK(msm_cuda_rope_copy(o1, dx, dpos, T, C, nh + kvh, hd, hd, 1e6f, EX));
         CK(msm_cuda_kv_write_ld(k1, v1, o1 + (size_t)nh * hd, o1 + (size_t)(nh + kvh) * hd, (size_t)C, dslot, T, kvh, hd, EX));
-        CK(msm_cuda_rope_kv(o2, dx, dpos, dslot, k2, v2, T, nh, kvh, hd, 1e6f, EX));
+        CK(msm_cuda_rope_kv(o2, dx, dpos, dslot, k2, v2, T, nh, kvh, hd, hd, 1e6f, EX));
         float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
         uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
         down(h1, o1, n * 4), down(h2, o2, n * 4);
@@ -882,6 +933,59 @@ Test(cuda_kernels, rope_kv_equals_rope_copy_then_kv_write, .timeout = 60) {
         cudaFree(dx), cudaFree(o1), cudaFree(o2), cudaFree(dpos), cudaFree(dslot);
         cudaFree(k1), cudaFree(v1), cudaFree(k2), cudaFree(v2);
         free(x), free(pos), free(slot), free(h1), free(h2), free(c1), free(c2);
+    }
+}
+
+/* Partial RoPE (GLM-4.5's partial_rotary_factor): the first rot dims of each head rotate with
+ * frequencies from rot, the rest pass through, in the in-place, copying and cache-writing kernels;
+ * rope_kv still equals rope_copy then kv_write_ld bitwise (the pass-through dims of the k heads
+ * reach the cache too). */
+Test(cuda_kernels, partial_rope_matches_cpu, .timeout = 60) {
+    need_gpu();
+    static const int shapes[][5] = {{1, 96, 8, 128, 64}, {7, 6, 2, 64, 32}, {70, 4, 4, 32, 8}, {3, 8, 1, 16, 2}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s][0], nh = shapes[s][1], kvh = shapes[s][2], hd = shapes[s][3], rot = shapes[s][4];
+        /* distinct slots for every token (t * 7 mod nslots, nslots > T): two tokens writing one
+         * slot would race, and the two cache writers below need not race the same way */
+        int C = (nh + 2 * kvh) * hd, nslots = 8 * MSM_KV_BLOCK;
+        size_t n = (size_t)T * C, cache = (size_t)nslots * kvh * hd;
+        float *x = host_f32(n, 1.0f), *ref = malloc(n * 4), *out = malloc(n * 4);
+        int32_t *pos = malloc(T * 4), *slot = malloc(T * 4);
+        for (int t = 0; t < T; t++) pos[t] = rndi(4000), slot[t] = t == T - 1 && T > 1 ? -1 : (t * 7) % nslots;
+        float *dx = dev_up(x, n * 4), *o1 = dev_poison(n * 4), *o2 = dev_poison(n * 4);
+        int32_t *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
+        /* in place over whole rows of heads */
+        msm_cpu_rope(memcpy(ref, x, n * 4), pos, T, C / hd, hd, rot, 1e6f);
+        CK(msm_cuda_rope(dx, dpos, T, C / hd, hd, rot, 1e6f, EX));
+        down(out, dx, n * 4);
+        CHECK_ERR(out, ref, n, 1e-5, "rope T=%d heads=%d hd=%d rot=%d", T, C / hd, hd, rot);
+        cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice);
+        /* over qkv rows: q and k heads rotated, v copied */
+        msm_cpu_rope_copy(ref, x, pos, T, C, nh + kvh, hd, rot, 1e6f);
+        CK(msm_cuda_rope_copy(o1, dx, dpos, T, C, nh + kvh, hd, rot, 1e6f, EX));
+        down(out, o1, n * 4);
+        CHECK_ERR(out, ref, n, 1e-5, "rope_copy T=%d nh=%d kvh=%d hd=%d rot=%d", T, nh, kvh, hd, rot);
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < nh + kvh; h++)
+                cr_assert(memcmp(out + (size_t)t * C + (size_t)h * hd + rot, x + (size_t)t * C + (size_t)h * hd + rot,
+                                 (size_t)(hd - rot) * 4) == 0, "pass-through dims of head %d changed", h);
+        uint16_t *k1 = dev_poison(cache * 2), *v1 = dev_poison(cache * 2), *k2 = dev_poison(cache * 2),
+                 *v2 = dev_poison(cache * 2);
+        CK(msm_cuda_kv_write_ld(k1, v1, o1 + (size_t)nh * hd, o1 + (size_t)(nh + kvh) * hd, (size_t)C, dslot, T, kvh, hd, EX));
+        CK(msm_cuda_rope_kv(o2, dx, dpos, dslot, k2, v2, T, nh, kvh, hd, rot, 1e6f, EX));
+        float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
+        uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
+        down(h1, o1, n * 4), down(h2, o2, n * 4);
+        cr_assert(memcmp(h1, h2, n * 4) == 0, "rotated rows differ (T=%d hd=%d rot=%d)", T, hd, rot);
+        down(c1, k1, cache * 2), down(c2, k2, cache * 2);
+        cr_assert(memcmp(c1, c2, cache * 2) == 0, "K caches differ (T=%d hd=%d rot=%d)", T, hd, rot);
+        down(c1, v1, cache * 2), down(c2, v2, cache * 2);
+        cr_assert(memcmp(c1, c2, cache * 2) == 0, "V caches differ (T=%d hd=%d rot=%d)", T, hd, rot);
+        cr_expect_eq(msm_cuda_rope(dx, dpos, T, nh, hd, rot + 1, 1e6f, EX), -EINVAL, "odd rot");
+        cr_expect_eq(msm_cuda_rope_copy(o1, dx, dpos, T, C, nh, hd, hd + 2, 1e6f, EX), -EINVAL, "rot > hd");
+        cudaFree(dx), cudaFree(o1), cudaFree(o2), cudaFree(dpos), cudaFree(dslot);
+        cudaFree(k1), cudaFree(v1), cudaFree(k2), cudaFree(v2);
+        free(x), free(ref), free(out), free(pos), free(slot), free(h1), free(h2), free(c1), free(c2);
     }
 }
 

@@ -1,5 +1,5 @@
 /* The CPU engine against HF transformers: logits of every golden prompt within 1e-3 of the
- * reference's largest magnitude, identical greedy tokens; and the stories260K MoE reproduces
+ * reference's largest magnitude, identical greedy tokens (FP8 checkpoints included); and the stories260K MoE reproduces
  * llama2.c's run.c greedy sample. Goldens: tests/golden/make_golden.py (committed outputs). */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -37,6 +37,15 @@ Test(golden, qwen2moe_gqa_dense_layer_matches_hf) { check_model("tests/data/qwen
 Test(golden, qwen2moe_mha_tied_sharded_matches_hf) { check_model("tests/data/qwen2moe-mha-tied"); }
 Test(golden, qwen3moe_qk_norm_matches_hf) { check_model("tests/data/qwen3moe"); }
 Test(golden, mixtral_matches_hf) { check_model("tests/data/mixtral"); }
+/* dense layer 0, sigmoid router with a random selection bias over 4 groups (2 kept), 2 shared
+ * experts, partial RoPE (8 of 16 dims), qkv bias, q/k norm, MTP tensors left unused */
+Test(golden, glm4moe_grouped_router_partial_rope_matches_hf) { check_model("tests/data/glm4moe"); }
+/* FP8 block-scaled checkpoints against HF float32 on the same weights dequantised by the
+ * generator (DeepSeek-V3's weight_dequant): qwen3moe-fp8 has hidden 192 (every projection has a
+ * full and a partial 128-block along it) in 6 shards, scales apart from their weights; glm4moe-fp8
+ * a dense layer of intermediate 192, a bf16 o_proj and a shared expert half FP8, half bf16 */
+Test(golden, qwen3moe_fp8_block_scaled_matches_hf_on_the_dequantised_weights) { check_model("tests/data/qwen3moe-fp8"); }
+Test(golden, glm4moe_fp8_block_scaled_matches_hf_on_the_dequantised_weights) { check_model("tests/data/glm4moe-fp8"); }
 
 Test(golden, stories260k_moe_reproduces_llama2c_run_c) {
     json_object *root = json_object_from_file("tests/data/stories260k_dragon.json");

@@ -572,3 +572,145 @@ Test(graph_dump, shows_the_rope_kv_write_and_named_attributes) {
     cr_expect(strstr(buf, "LINEAR           attn_in0 -> qkv0 [N=256 K=64]"), "dump:\n%s", buf);
     free(buf);
 }
+
+/* ---- GLM-4.5: the group-limited router op and the ungated shared expert ---- */
+
+/* glm4moe: 4 layers, layer 0 dense (first_k_dense_replace 1), 16 experts in 4 groups (2 kept),
+ * top-4, 2 shared experts without a gate, partial RoPE (8 of 16 dims) */
+static const int glm_sparse[] = {1, 2, 3};
+
+Test(graph_build, glm_router_is_one_group_topk_node_reading_its_f32_bias) {
+    msm_graph *g = plain("tests/data/glm4moe", 2);
+    cr_expect_eq(count_op(g, MSM_OP_ROUTER_TOPK), 0);
+    cr_expect_eq(count_op(g, MSM_OP_ROUTER_GROUP_TOPK), 3, "one router per MoE layer");
+    cr_expect_eq(find(g, 0, MSM_OP_ROUTER_GROUP_TOPK, MSM_ROLE_ROUTED, 0), -1, "layer 0 is dense");
+    for (int k = 0; k < 3; k++) {
+        int L = glm_sparse[k], r = find(g, L, MSM_OP_ROUTER_GROUP_TOPK, MSM_ROLE_ROUTED, 0);
+        cr_assert_geq(r, 0, "layer %d", L);
+        const msm_node *n = &g->nodes[r];
+        const msm_attr_router_group *a = &n->attr.router_group;
+        cr_expect(a->E == 16 && a->k == 4 && a->n_group == 4 && a->topk_group == 2 && a->norm == 1 &&
+                  a->scale == 2.5f, "layer %d attributes", L);
+        /* it reads the router LINEAR's logits and writes the ids and weights MOE_EXPERTS reads */
+        int lin = find(g, L, MSM_OP_LINEAR, MSM_ROLE_ROUTED, 0), moe = find(g, L, MSM_OP_MOE_EXPERTS, MSM_ROLE_ROUTED, 0);
+        cr_assert(lin >= 0 && lin < r && moe > r);
+        cr_expect_eq(n->in[0], g->nodes[lin].out[0]);
+        cr_expect(g->nodes[moe].in[1] == n->out[0] && g->nodes[moe].in[2] == n->out[1]);
+        /* the selection bias: a replicated float32 weight from the checkpoint's buffer */
+        cr_assert_geq(n->w[0], 0);
+        const msm_weight *w = &g->weights[n->w[0]];
+        char want[96];
+        snprintf(want, sizeof want, "model.layers.%d.mlp.gate.e_score_correction_bias", L);
+        cr_expect(w->keep_f32 && !w->is_norm && w->n_expert == 1 && w->rows == 16 && w->cols == 1);
+        cr_expect(w->n_parts == 1 && strcmp(w->parts[0].src, want) == 0, "bias source %s", w->parts[0].src);
+    }
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == MSM_OP_ROPE) cr_expect(g->nodes[i].attr.rope.rot == 8 && g->nodes[i].attr.rope.hd == 16);
+    msm_graph_free(g);
+}
+
+Test(graph_pass, glm_ungated_shared_expert_goes_to_aux_with_its_allreduce_on_main) {
+    msm_graph *g = plain("tests/data/glm4moe", 2);
+    msm_pass_opts o = {.multi_stream = true};
+    msm_graph *m = pass_ms(g, &o);
+    cr_expect_eq(m->n_events, 6, "two events per MoE layer, none for the dense one");
+    for (int k = 0; k < 3; k++) {
+        int L = glm_sparse[k];
+        int ar = find(m, L, MSM_OP_ALLREDUCE, MSM_ROLE_SHARED, 0), first_routed = find(m, L, MSM_OP_LINEAR, MSM_ROLE_ROUTED, 0);
+        cr_assert(ar >= 0 && first_routed >= 0);
+        cr_expect_eq(m->nodes[ar].stream, MSM_STREAM_MAIN);
+        int n_aux = 0;
+        for (int i = 0; i < m->n_nodes; i++) {
+            const msm_node *n = &m->nodes[i];
+            if (n->layer != L || n->stream != MSM_STREAM_AUX || n->op == MSM_OP_EVENT_WAIT || n->op == MSM_OP_EVENT_RECORD)
+                continue;
+            n_aux++;
+            cr_expect_eq(n->role, MSM_ROLE_SHARED);
+            cr_expect_lt(i, first_routed, "layer %d: aux node issued after the routed work", L);
+        }
+        cr_expect_eq(n_aux, 3, "layer %d: gate_up, swiglu, down on aux (no gate): got %d", L, n_aux);
+    }
+    cr_expect_eq(count(m, 0, MSM_OP_EVENT_RECORD, MSM_STREAM_MAIN), 0, "the dense layer has no fork");
+    verify_ok(m);
+    msm_graph_free(m), msm_graph_free(g);
+}
+
+/* ALLREDUCE(routed) + ALLREDUCE(shared) -> ALLREDUCE(routed + shared): the combine ADD reads both
+ * partial sums and one all-reduce on main writes the layer's MoE output; with multi-stream on too
+ * the whole shared branch runs on aux and the single collective follows the join. */
+Test(graph_pass, glm_ungated_shared_allreduce_fuses_with_the_routed_one) {
+    msm_graph *g = plain("tests/data/glm4moe", 2), *f = pass_fuse(g);
+    cr_expect_eq(count_op(g, MSM_OP_ALLREDUCE) - count_op(f, MSM_OP_ALLREDUCE), 3);
+    for (int k = 0; k < 3; k++) {
+        int L = glm_sparse[k];
+        cr_expect_eq(find(f, L, MSM_OP_ALLREDUCE, MSM_ROLE_SHARED, 0), -1);
+        cr_expect_eq(find(f, L, MSM_OP_ALLREDUCE, MSM_ROLE_ROUTED, 0), -1);
+        int add = find(f, L, MSM_OP_ADD, MSM_ROLE_MOE_COMBINE, 0), ar = find(f, L, MSM_OP_ALLREDUCE, MSM_ROLE_MOE_COMBINE, 0);
+        cr_assert(add >= 0 && ar == add + 1, "layer %d: the fused all-reduce follows the combine", L);
+        int moe = find(f, L, MSM_OP_MOE_EXPERTS, MSM_ROLE_ROUTED, 0), down = -1;
+        for (int i = 0; i < f->n_nodes; i++)
+            if (f->nodes[i].layer == L && f->nodes[i].op == MSM_OP_LINEAR && f->nodes[i].role == MSM_ROLE_SHARED) down = i;
+        cr_assert(moe >= 0 && down >= 0);
+        cr_expect(f->nodes[add].in[0] == f->nodes[moe].out[0] && f->nodes[add].in[1] == f->nodes[down].out[0],
+                  "layer %d: the combine reads the two partial sums", L);
+        cr_expect_eq(f->nodes[ar].in[0], f->nodes[add].out[0]);
+    }
+    verify_ok(f);
+    msm_pass_opts o = {.multi_stream = true};
+    msm_graph *fm = pass_ms(f, &o), *f2 = pass_fuse(f), *fm2 = pass_ms(fm, &o);
+    cr_expect(msm_graph_equal(f, f2), "fuse_moe_allreduce is not idempotent");
+    cr_expect(msm_graph_equal(fm, fm2), "multi_stream_moe is not idempotent");
+    for (int k = 0; k < 3; k++) {
+        int L = glm_sparse[k];
+        cr_expect_eq(count(fm, L, MSM_OP_LINEAR, MSM_STREAM_AUX), 2);
+        cr_expect_eq(count(fm, L, MSM_OP_ALLREDUCE, MSM_STREAM_MAIN), 2, "attention + the fused MoE one");
+        cr_expect_eq(count(fm, L, MSM_OP_ALLREDUCE, MSM_STREAM_AUX), 0);
+    }
+    verify_ok(fm);
+    msm_graph_free(fm), msm_graph_free(fm2), msm_graph_free(f2), msm_graph_free(f), msm_graph_free(g);
+}
+
+/* fuse_moe_combine is the gated combine's fusion: an ungated shared expert has no MUL to match, so
+ * at tp 1 with every pass on the combine stays an ADD before the ADD_RMSNORM. */
+Test(graph_pass, moe_combine_leaves_an_ungated_shared_expert_alone) {
+    for (int m = 0; m < 4; m++) {
+        msm_graph *g = plain("tests/data/glm4moe", 1);
+        msm_pass_opts o = {.fuse_allreduce = m & 1, .multi_stream = m & 2, .fuse_add_norm = true,
+                           .elide_collectives = true, .fuse_moe_combine = true, .fuse_rope_kv = true};
+        msm_graph *p = apply(g, &o); /* plans and verifies */
+        cr_expect_eq(count_op(p, MSM_OP_MOE_COMBINE_NORM), 0, "combo %d", m);
+        cr_expect_eq(count_op(p, MSM_OP_ADD), 3, "combo %d: one combine ADD per MoE layer", m);
+        cr_expect_eq(count_op(p, MSM_OP_ADD_RMSNORM), 2 * g->n_layers, "combo %d", m);
+        cr_expect_eq(count_op(p, MSM_OP_ROPE_KV_WRITE), g->n_layers, "combo %d", m);
+        msm_graph_free(p), msm_graph_free(g);
+    }
+}
+
+Test(graph_dump, shows_the_group_router_and_partial_rope_attributes) {
+    msm_pass_opts o = {.fuse_rope_kv = true};
+    char *buf = dump_of("tests/data/glm4moe", 1, &o);
+    cr_expect(strstr(buf, "ROUTER_GROUP_TOPK router1 -> topk_ids1, topk_w1 [E=16 k=4 n_group=4 topk_group=2 "
+                          "norm=1 scale=2.5]"), "dump:\n%s", buf);
+    cr_expect(strstr(buf, "ROPE_KV_WRITE    qkv_norm0, pos, slot -> qkv_rope0 [nh=8 kvh=4 hd=16 theta=10000 rot=8]"),
+              "dump:\n%s", buf);
+    free(buf);
+}
+
+/* The GLM-4.5-Air shape preset (msmoe-bench's dummy-weights model) builds, passes and verifies at
+ * every TP size that divides its heads: 46 layers, layer 0 dense, 45 MoE layers each with one
+ * group router and an ungated shared expert on the aux stream. */
+Test(graph_build, glm45_air_preset_builds_and_verifies_at_every_tp) {
+    const int tps[] = {1, 2, 4, 8};
+    for (int i = 0; i < 4; i++) {
+        msm_graph *g = plain("config/models/glm-4.5-air.json", tps[i]);
+        cr_expect_eq(count_op(g, MSM_OP_ROUTER_GROUP_TOPK), 45, "tp %d", tps[i]);
+        msm_pass_opts o = {.fuse_allreduce = true, .multi_stream = true, .fuse_add_norm = true,
+                           .elide_collectives = true, .fuse_moe_combine = true, .fuse_rope_kv = true};
+        msm_graph *p = apply(g, &o); /* plans and verifies */
+        cr_expect_eq(p->n_events, 2 * 45, "tp %d: a fork and a join per MoE layer", tps[i]);
+        cr_expect_eq(count_op(p, MSM_OP_ALLREDUCE), tps[i] == 1 ? 0 : 46 + 46, "tp %d: attention + one per MLP", tps[i]);
+        for (int n = 0; n < p->n_nodes; n++)
+            if (p->nodes[n].op == MSM_OP_ROPE_KV_WRITE) cr_expect_eq(p->nodes[n].attr.rope.rot, 64);
+        msm_graph_free(p), msm_graph_free(g);
+    }
+}

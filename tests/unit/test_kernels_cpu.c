@@ -137,9 +137,9 @@ Test(kernels_cpu, rope_at_position_zero_is_identity_and_preserves_norm) {
     uint64_t s = 5;
     for (int i = 0; i < 32; i++) x[i] = y[i] = frand(&s);
     int32_t p0 = 0, p7 = 7;
-    msm_cpu_rope(y, &p0, 1, 2, 16, 10000.0f);
+    msm_cpu_rope(y, &p0, 1, 2, 16, 16, 10000.0f);
     cr_expect_eq(memcmp(x, y, sizeof x), 0);
-    msm_cpu_rope(y, &p7, 1, 2, 16, 10000.0f);
+    msm_cpu_rope(y, &p7, 1, 2, 16, 16, 10000.0f);
     double n0 = 0, n1 = 0;
     for (int i = 0; i < 32; i++) n0 += x[i] * x[i], n1 += y[i] * y[i];
     cr_expect_float_eq(n0, n1, 1e-4);
@@ -216,15 +216,15 @@ Test(kernels_cpu, rope_copy_rotates_q_and_k_heads_and_copies_v) {
         float *x = rand_floats(n, 7 + s), *out = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n);
         int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
         for (int t = 0; t < T; t++) pos[t] = 3 * t + 1;
-        msm_cpu_rope_copy(out, x, pos, T, C, nh + kvh, hd, 1e6f);
+        msm_cpu_rope_copy(out, x, pos, T, C, nh + kvh, hd, hd, 1e6f);
         memcpy(ref, x, sizeof(float) * n);
-        for (int t = 0; t < T; t++) msm_cpu_rope(ref + (size_t)t * C, pos + t, 1, nh + kvh, hd, 1e6f);
+        for (int t = 0; t < T; t++) msm_cpu_rope(ref + (size_t)t * C, pos + t, 1, nh + kvh, hd, hd, 1e6f);
         cr_expect(memcmp(out, ref, sizeof(float) * n) == 0, "T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
         /* the v heads are the input's, untouched */
         for (int t = 0; t < T; t++)
             cr_expect(memcmp(out + (size_t)t * C + (size_t)(nh + kvh) * hd, x + (size_t)t * C + (size_t)(nh + kvh) * hd,
                              sizeof(float) * (size_t)kvh * hd) == 0);
-        msm_cpu_rope_copy(x, x, pos, T, C, nh + kvh, hd, 1e6f); /* in place */
+        msm_cpu_rope_copy(x, x, pos, T, C, nh + kvh, hd, hd, 1e6f); /* in place */
         cr_expect(memcmp(x, ref, sizeof(float) * n) == 0, "in place: T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
         free(x), free(out), free(ref), free(pos);
     }
@@ -276,10 +276,10 @@ Test(kernels_cpu, rope_kv_equals_rope_copy_then_kv_write_ld) {
             float *k2 = calloc(cache, sizeof(float)), *v2 = calloc(cache, sizeof(float));
             int32_t *pos = malloc(sizeof(int32_t) * (size_t)T), *slot = malloc(sizeof(int32_t) * (size_t)T);
             for (int t = 0; t < T; t++) pos[t] = 100 + t, slot[t] = t == 0 && T > 1 ? -1 : (t * 3) % nslots;
-            msm_cpu_rope_copy(o1, x, pos, T, C, nh + kvh, hd, 1e4f);
+            msm_cpu_rope_copy(o1, x, pos, T, C, nh + kvh, hd, hd, 1e4f);
             msm_cpu_kv_write_ld(k1, v1, o1 + (size_t)nh * hd, o1 + (size_t)(nh + kvh) * hd, (size_t)C, slot, T, kvh,
                                 hd, bf16);
-            msm_cpu_rope_kv(o2, x, pos, slot, k2, v2, T, nh, kvh, hd, 1e4f, bf16);
+            msm_cpu_rope_kv(o2, x, pos, slot, k2, v2, T, nh, kvh, hd, hd, 1e4f, bf16);
             cr_expect(memcmp(o1, o2, sizeof(float) * n) == 0, "rows: T=%d nh=%d kvh=%d hd=%d", T, nh, kvh, hd);
             cr_expect(memcmp(k1, k2, sizeof(float) * cache) == 0 && memcmp(v1, v2, sizeof(float) * cache) == 0,
                       "caches: T=%d nh=%d kvh=%d hd=%d bf16 %d", T, nh, kvh, hd, bf16);
@@ -296,4 +296,117 @@ Test(kernels_cpu, gather_rows_copies_the_indexed_rows) {
     msm_cpu_gather_rows(out, x, rows, R, C);
     for (int r = 0; r < R; r++)
         cr_expect(memcmp(out + r * C, x + rows[r] * C, sizeof(float) * C) == 0, "row %d", r);
+}
+
+/* ---- GLM-4.5: group-limited sigmoid router, partial RoPE ---- */
+
+static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* 8 experts in 4 groups of 2, 2 groups kept, top-2. Group scores (top-2 sums of sigmoid + bias):
+ * g0 0.6 + 0.6, g1 0.95 + 0.1, g2 (sigmoid(1) + 0.3) + 0.5, g3 0.5 + 0.5: g2 and g0 are kept, so
+ * expert 2 (choice score 0.95, the second highest) is never chosen; among the kept experts 4 leads,
+ * then 0 and 1 tie at 0.6 and the lower id wins. The weights are the unbiased sigmoid scores,
+ * renormalised, then scaled. */
+Test(kernels_cpu, group_router_keeps_the_best_groups_and_weighs_by_unbiased_scores) {
+    const float logits[8] = {0, 0, 0, 0, 1, 0, 0, 0};
+    const float bias[8] = {0.1f, 0.1f, 0.45f, -0.4f, 0.3f, 0.0f, 0.0f, 0.0f};
+    int32_t ids[2];
+    float w[2], scratch[2 * 8 + 4];
+    msm_cpu_router_group_topk(ids, w, logits, bias, 1, 8, 2, 4, 2, true, 2.0f, scratch);
+    cr_expect(ids[0] == 4 && ids[1] == 0, "ids %d %d", ids[0], ids[1]);
+    float s4 = sigm(1.0f), den = s4 + 0.5f + 1e-20f;
+    cr_expect_float_eq(w[0], s4 / den * 2.0f, 1e-6f);
+    cr_expect_float_eq(w[1], 0.5f / den * 2.0f, 1e-6f);
+    /* without renormalisation: the scaled scores; with every group kept expert 2 comes second */
+    msm_cpu_router_group_topk(ids, w, logits, bias, 1, 8, 2, 4, 2, false, 2.0f, scratch);
+    cr_expect(ids[0] == 4 && ids[1] == 0 && w[0] == s4 * 2.0f && w[1] == 1.0f);
+    msm_cpu_router_group_topk(ids, w, logits, bias, 1, 8, 2, 4, 4, false, 1.0f, scratch);
+    cr_expect(ids[0] == 4 && ids[1] == 2 && w[1] == 0.5f, "ids %d %d", ids[0], ids[1]);
+    msm_cpu_router_group_topk(ids, w, logits, bias, 1, 8, 2, 1, 1, false, 1.0f, scratch);
+    cr_expect(ids[0] == 4 && ids[1] == 2, "one group: plain top-k of score + bias");
+}
+
+/* Against an independent brute force over random tokens: every kept group ranks in the top
+ * topk_group by its top-2 sum, ids are distinct, in kept groups, in descending choice order, and
+ * no expert outside them beats the last chosen. */
+Test(kernels_cpu, group_router_choices_are_the_best_of_the_best_groups) {
+    static const int shapes[][4] = {{16, 4, 4, 2}, {64, 8, 8, 3}, {12, 3, 2, 1}, {32, 1, 6, 1}}; /* E, G, k, kept */
+    uint64_t st = 99;
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int E = shapes[c][0], G = shapes[c][1], k = shapes[c][2], TG = shapes[c][3], per = E / G, T = 9;
+        float *l = malloc(sizeof(float) * (size_t)T * E), *bias = malloc(sizeof(float) * (size_t)E);
+        float *w = malloc(sizeof(float) * (size_t)T * k), *scratch = malloc(sizeof(float) * (size_t)(2 * E + G));
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * k);
+        for (int i = 0; i < T * E; i++) l[i] = 3.0f * frand(&st);
+        for (int e = 0; e < E; e++) bias[e] = 0.5f * frand(&st);
+        msm_cpu_router_group_topk(ids, w, l, bias, T, E, k, G, TG, true, 1.5f, scratch);
+        for (int t = 0; t < T; t++) {
+            const float *lt = l + (size_t)t * E;
+            float gs[8], sum = 0, den = 0;
+            for (int j = 0; j < k; j++) den += sigm(lt[ids[t * k + j]]);
+            for (int g = 0; g < G; g++) {
+                float a = -INFINITY, b = -INFINITY;
+                for (int e = g * per; e < (g + 1) * per; e++) {
+                    float v = sigm(lt[e]) + bias[e];
+                    if (v > a) b = a, a = v;
+                    else if (v > b) b = v;
+                }
+                gs[g] = a + b;
+            }
+            for (int j = 0; j < k; j++) {
+                int e = ids[t * k + j], g = e / per, better = 0;
+                for (int q = 0; q < G; q++) better += gs[q] > gs[g];
+                cr_assert_lt(better, TG, "shape %zu token %d: expert %d of a dropped group", c, t, e);
+                for (int q = 0; q < j; q++) cr_assert_neq(ids[t * k + q], e);
+                if (j) cr_assert_geq(sigm(lt[ids[t * k + j - 1]]) + bias[ids[t * k + j - 1]], sigm(lt[e]) + bias[e]);
+                sum += w[t * k + j];
+                cr_assert_float_eq(w[t * k + j], sigm(lt[e]) / den * 1.5f, 1e-5f, "the unbiased score, renormalised, scaled");
+            }
+            cr_expect_float_eq(sum, 1.5f, 1e-5f, "renormalised to 1, then scaled");
+            /* no expert of a kept group outside the choice beats the last chosen */
+            float last = sigm(lt[ids[t * k + k - 1]]) + bias[ids[t * k + k - 1]];
+            for (int e = 0; e < E; e++) {
+                bool chosen = false, kept_group = false;
+                for (int j = 0; j < k; j++) chosen |= ids[t * k + j] == e;
+                for (int j = 0; j < k; j++) kept_group |= ids[t * k + j] / per == e / per;
+                if (!chosen && kept_group) cr_assert_leq(sigm(lt[e]) + bias[e], last);
+            }
+        }
+        free(l), free(bias), free(w), free(scratch), free(ids);
+    }
+}
+
+/* rot < hd: the first rot dims of each head turn as a rot-dim head would (frequencies from rot),
+ * the rest pass through; rope_kv still equals rope_copy then the K/V write. */
+Test(kernels_cpu, partial_rope_rotates_the_leading_dims_and_passes_the_rest) {
+    enum { T = 3, NH = 4, HD = 16, ROT = 8 };
+    uint64_t s = 31;
+    float x[T * NH * HD], y[T * NH * HD], sub[T * NH * ROT];
+    int32_t pos[T] = {0, 5, 123};
+    for (int i = 0; i < T * NH * HD; i++) x[i] = y[i] = frand(&s);
+    for (int i = 0; i < T * NH; i++) memcpy(sub + i * ROT, x + i * HD, sizeof(float) * ROT);
+    msm_cpu_rope(y, pos, T, NH, HD, ROT, 10000.0f);
+    msm_cpu_rope(sub, pos, T, NH, ROT, ROT, 10000.0f);
+    for (int i = 0; i < T * NH; i++) {
+        cr_expect(memcmp(y + i * HD, sub + i * ROT, sizeof(float) * ROT) == 0, "head row %d: rotated dims", i);
+        cr_expect(memcmp(y + i * HD + ROT, x + i * HD + ROT, sizeof(float) * (HD - ROT)) == 0, "head row %d: pass-through", i);
+    }
+    for (size_t c = 0; c < N_QKV_SHAPES; c++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            int Tq = qkv_shapes[c][0], nh = qkv_shapes[c][1], kvh = qkv_shapes[c][2], hd = qkv_shapes[c][3];
+            int rot = hd / 2 < 2 ? 2 : hd / 2, C = (nh + 2 * kvh) * hd, nslots = 2 * MSM_KV_BLOCK + Tq;
+            size_t n = (size_t)Tq * C, cache = (size_t)nslots * kvh * hd;
+            float *xq = rand_floats(n, 41 + c), *o1 = malloc(sizeof(float) * n), *o2 = malloc(sizeof(float) * n);
+            float *k1 = calloc(cache, sizeof(float)), *v1 = calloc(cache, sizeof(float));
+            float *k2 = calloc(cache, sizeof(float)), *v2 = calloc(cache, sizeof(float));
+            int32_t *pq = malloc(sizeof(int32_t) * (size_t)Tq), *slot = malloc(sizeof(int32_t) * (size_t)Tq);
+            for (int t = 0; t < Tq; t++) pq[t] = 7 * t + 2, slot[t] = (t * 5) % nslots;
+            msm_cpu_rope_copy(o1, xq, pq, Tq, C, nh + kvh, hd, rot, 1e4f);
+            msm_cpu_kv_write_ld(k1, v1, o1 + (size_t)nh * hd, o1 + (size_t)(nh + kvh) * hd, (size_t)C, slot, Tq, kvh,
+                                hd, bf16);
+            msm_cpu_rope_kv(o2, xq, pq, slot, k2, v2, Tq, nh, kvh, hd, rot, 1e4f, bf16);
+            cr_expect(memcmp(o1, o2, sizeof(float) * n) == 0 && memcmp(k1, k2, sizeof(float) * cache) == 0 &&
+                      memcmp(v1, v2, sizeof(float) * cache) == 0, "shape %zu bf16 %d", c, bf16);
+            free(xq), free(o1), free(o2), free(k1), free(v1), free(k2), free(v2), free(pq), free(slot);
+        }
 }

@@ -1,6 +1,7 @@
 /* Unit tests of the listener code every listener shares (daemon/listen.c): the loopback rule of
  * server.tcp_host, and the connection guard set on a real libuv loop: the limit, the idle
- * timeout (not while busy), the write stall, the bounded flush at shutdown. */
+ * timeout (not while busy), the write stall (also of a connection whose library writes, which
+ * reports no writes), the bounded flush at shutdown. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <string.h>
@@ -25,6 +26,7 @@ Test(listen, loopback_addresses) {
 typedef struct tconn {
     uv_pipe_t pipe;
     msm_conn_guard guard;
+    uv_write_t wr;
     int peer;
     int timed_out;            /* -1, or the reason */
     bool closed;
@@ -61,6 +63,14 @@ static void tconn_close(tconn *c) {
     close(c->peer);
 }
 
+/* Queues 1 MiB on c that its peer never reads (a socket buffer's worth and more). */
+static void queue_unread(tconn *c) {
+    static char junk[1 << 20];
+    uv_buf_t buf = uv_buf_init(junk, sizeof junk);
+    cr_assert_eq(uv_write(&c->wr, (uv_stream_t *)&c->pipe, &buf, 1, NULL), 0);
+    cr_assert_gt(uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe), 0);
+}
+
 static void stop_loop(uv_timer_t *t) {
     uv_stop(t->loop);
 }
@@ -79,13 +89,9 @@ Test(listen, guard_limit_idle_busy_and_stall, .timeout = 30) {
     cr_assert_eq(cs.refused, 1);
     tconn_close(&d);
     msm_conn_guard_set_busy(&b.guard, true);
-    /* c: replies queued and never read (a socket buffer's worth and more) */
-    static char junk[1 << 20];
-    uv_buf_t buf = uv_buf_init(junk, sizeof junk);
-    static uv_write_t wr;
+    /* c: replies queued and never read */
     msm_conn_guard_write_start(&c.guard);
-    cr_assert_eq(uv_write(&wr, (uv_stream_t *)&c.pipe, &buf, 1, NULL), 0);
-    cr_assert_gt(uv_stream_get_write_queue_size((uv_stream_t *)&c.pipe), 0);
+    queue_unread(&c);
     uv_timer_t t;
     uv_timer_init(&loop, &t);
     uv_timer_start(&t, stop_loop, 1600, 0);
@@ -101,6 +107,41 @@ Test(listen, guard_limit_idle_busy_and_stall, .timeout = 30) {
     tconn_close(&b);
     tconn_close(&c);
     uv_close((uv_handle_t *)&t, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    cr_assert_eq(cs.n, 0);
+    cr_assert_eq(uv_loop_close(&loop), 0, "a handle is left open");
+}
+
+/* Runs loop for ms milliseconds. */
+static void run_for(uv_loop_t *loop, uint64_t ms) {
+    uv_timer_t t;
+    uv_timer_init(loop, &t);
+    uv_timer_start(&t, stop_loop, ms, 0);
+    uv_run(loop, UV_RUN_DEFAULT);
+    uv_close((uv_handle_t *)&t, NULL);
+    uv_run(loop, UV_RUN_NOWAIT);
+}
+
+/* An HTTP connection (H2O writes its socket): busy for good, no write reported. Its backlog is
+ * dated from the sweep that first sees it, not from when it was accepted long before. */
+Test(listen, a_backlog_nobody_reports_stalls_from_the_sweep_that_sees_it, .timeout = 30) {
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    msm_conn_set cs;
+    msm_err err;
+    cr_assert_eq(msm_conn_set_init(&cs, &loop, 3, 1, 1, &err), 0);
+    tconn c;
+    tconn_open(&loop, &cs, &c, 0);
+    msm_conn_guard_set_busy(&c.guard, true);
+    run_for(&loop, 1500); /* open, quiet, for longer than the write timeout */
+    cr_assert_eq(c.timed_out, -1, "a busy connection is not idle");
+    queue_unread(&c); /* no write_start */
+    run_for(&loop, 500);
+    cr_assert_eq(c.timed_out, -1, "closed before server.write_timeout_s had passed since its backlog began");
+    run_for(&loop, 1000);
+    cr_assert_eq(c.timed_out, MSM_CONN_STALLED, "stalled: %d", c.timed_out);
+    msm_conn_set_shutdown(&cs, 500);
+    tconn_close(&c);
     uv_run(&loop, UV_RUN_DEFAULT);
     cr_assert_eq(cs.n, 0);
     cr_assert_eq(uv_loop_close(&loop), 0, "a handle is left open");

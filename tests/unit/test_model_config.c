@@ -66,6 +66,38 @@ static const char *mixtral_hub =
     " \"sliding_window\": null, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
     " \"vocab_size\": 32000}";
 
+/* GLM-4.5-Air's config.json, Hub style (transformers 4.54: top-level rope_theta and
+ * partial_rotary_factor, torch_dtype). */
+static const char *glm45_air_hub =
+    "{\"architectures\": [\"Glm4MoeForCausalLM\"], \"attention_bias\": true,"
+    " \"attention_dropout\": 0.0, \"pad_token_id\": 151329,"
+    " \"eos_token_id\": [151329, 151336, 151338], \"head_dim\": 128, \"hidden_act\": \"silu\","
+    " \"hidden_size\": 4096, \"partial_rotary_factor\": 0.5, \"initializer_range\": 0.02,"
+    " \"intermediate_size\": 10944, \"max_position_embeddings\": 131072, \"model_type\": \"glm4_moe\","
+    " \"moe_intermediate_size\": 1408, \"norm_topk_prob\": true, \"num_attention_heads\": 96,"
+    " \"n_group\": 1, \"topk_group\": 1, \"n_routed_experts\": 128, \"n_shared_experts\": 1,"
+    " \"routed_scaling_factor\": 1.0, \"num_experts_per_tok\": 8, \"first_k_dense_replace\": 1,"
+    " \"num_hidden_layers\": 46, \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05,"
+    " \"rope_scaling\": null, \"rope_theta\": 1000000, \"num_nextn_predict_layers\": 1,"
+    " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+    " \"transformers_version\": \"4.54.0\", \"use_cache\": true, \"use_qk_norm\": false,"
+    " \"vocab_size\": 151552}";
+
+/* The same model as transformers 5 writes it: `dtype`, `rope_parameters` holding the base and the
+ * rotary fraction (a top-level copy of the fraction too), `num_nextn_predict_layers`. */
+static const char *glm45_air_tf5 =
+    "{\"architectures\": [\"Glm4MoeForCausalLM\"], \"attention_bias\": true,"
+    " \"dtype\": \"bfloat16\", \"eos_token_id\": [151329, 151336, 151338], \"head_dim\": 128,"
+    " \"hidden_act\": \"silu\", \"hidden_size\": 4096, \"intermediate_size\": 10944,"
+    " \"max_position_embeddings\": 131072, \"moe_intermediate_size\": 1408, \"n_group\": 1,"
+    " \"n_routed_experts\": 128, \"n_shared_experts\": 1, \"norm_topk_prob\": true,"
+    " \"num_attention_heads\": 96, \"num_experts_per_tok\": 8, \"num_hidden_layers\": 46,"
+    " \"num_key_value_heads\": 8, \"num_nextn_predict_layers\": 1, \"first_k_dense_replace\": 1,"
+    " \"pad_token_id\": 151329, \"partial_rotary_factor\": 0.5, \"rms_norm_eps\": 1e-05,"
+    " \"rope_parameters\": {\"partial_rotary_factor\": 0.5, \"rope_theta\": 1000000,"
+    " \"rope_type\": \"default\"}, \"routed_scaling_factor\": 1.0, \"tie_word_embeddings\": false,"
+    " \"topk_group\": 1, \"use_qk_norm\": false, \"vocab_size\": 151552}";
+
 static int parse(const char *json, msm_model_config *c, msm_err *err) {
     return msm_model_config_parse(json, strlen(json), "config.json", c, err);
 }
@@ -251,7 +283,8 @@ Test(model_config, unknown_architecture_lists_the_supported_ones) {
     const char *j = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64}";
     cr_assert_eq(parse(j, &c, &err), -EINVAL);
     cr_assert_str_eq(err.msg, "config.json: architecture 'LlamaForCausalLM' is not supported "
-                              "(supported: Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)");
+                              "(supported: Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, "
+                              "Glm4MoeForCausalLM)");
 }
 
 Test(model_config, scaled_rope_is_refused_in_either_style) {
@@ -379,8 +412,9 @@ ParameterizedTestParameters(model_config, each_invalid_key_is_named_in_the_error
     return cr_make_param_array(bad_key, bad_keys, sizeof bad_keys / sizeof bad_keys[0]);
 }
 
-ParameterizedTest(bad_key *b, model_config, each_invalid_key_is_named_in_the_error) {
-    struct json_object *root = json_tokener_parse(qwen3_hub);
+/* Parses `base` with key b->key set to b->value (deleted when empty): refused, naming it. */
+static void expect_bad_key(const char *base, const bad_key *b) {
+    struct json_object *root = json_tokener_parse(base);
     cr_assert_not_null(root);
     if (b->value[0]) json_object_object_add(root, b->key, json_tokener_parse(b->value));
     else json_object_object_del(root, b->key);
@@ -392,6 +426,8 @@ ParameterizedTest(bad_key *b, model_config, each_invalid_key_is_named_in_the_err
     assert_has(err.msg, b->want);
     json_object_put(root);
 }
+
+ParameterizedTest(bad_key *b, model_config, each_invalid_key_is_named_in_the_error) { expect_bad_key(qwen3_hub, b); }
 
 /* ---- files: config.json + generation_config.json ---------------------------------------- */
 
@@ -491,4 +527,263 @@ Test(model_config, load_of_a_file_reads_it_as_a_preset, .init = setup_dir, .fini
     cr_assert_eq(msm_model_config_load(path, &c, &err), 0, "%s", err.msg);
     cr_assert_eq(c.arch, MSM_ARCH_MIXTRAL);
     cr_assert_eq(c.eos_ids[0], 2, "a preset is read alone");
+}
+
+/* ---- GLM-4.5 (Glm4MoeForCausalLM) ----------------------------------------------------- */
+
+static void check_glm45_air(const msm_model_config *c) {
+    cr_assert_eq(c->arch, MSM_ARCH_GLM4_MOE);
+    cr_assert_str_eq(c->arch_name, "Glm4MoeForCausalLM");
+    cr_assert_eq(c->hidden, 4096);
+    cr_assert_eq(c->n_layers, 46);
+    cr_assert_eq(c->n_heads, 96);
+    cr_assert_eq(c->n_kv_heads, 8);
+    cr_assert_eq(c->head_dim, 128, "head_dim is its own key (4096 / 96 is not an integer)");
+    cr_assert_eq(c->rope_dim, 64, "partial_rotary_factor 0.5 of head_dim 128");
+    cr_assert_eq(c->vocab, 151552);
+    cr_assert_eq(c->intermediate, 10944);
+    cr_assert_eq(c->moe_intermediate, 1408);
+    cr_assert_eq(c->shared_intermediate, 1408, "1 shared expert of moe_intermediate_size");
+    cr_assert_not(c->shared_gate);
+    cr_assert_eq(c->n_experts, 128);
+    cr_assert_eq(c->top_k, 8);
+    cr_assert_eq(c->router, MSM_ROUTER_SIGMOID_GROUP);
+    cr_assert_eq(c->n_group, 1);
+    cr_assert_eq(c->topk_group, 1);
+    cr_assert_float_eq(c->routed_scale, 1.0f, 0);
+    cr_assert(c->norm_topk_prob);
+    cr_assert(c->qkv_bias);
+    cr_assert_not(c->qk_norm);
+    cr_assert_not(c->tie_word_embeddings);
+    cr_assert_not(c->sparse[0], "first_k_dense_replace 1: layer 0 is dense");
+    for (int l = 1; l < c->n_layers; l++) {
+        cr_assert(c->sparse[l], "layer %d", l);
+        cr_assert(msm_model_config_has_shared(c, l), "layer %d", l);
+    }
+    cr_assert_not(msm_model_config_has_shared(c, 0));
+    cr_assert_float_eq(c->rms_eps, 1e-5f, 1e-12f);
+    cr_assert_float_eq(c->rope_theta, 1e6f, 1e-3f);
+    cr_assert_eq(c->max_position, 131072);
+    cr_assert_eq(c->dtype, MSM_BF16);
+    cr_assert_eq(c->bos_id, -1);
+    cr_assert_eq(c->n_eos, 3);
+    cr_assert_eq(c->eos_ids[2], 151338);
+    cr_assert_eq(c->n_mtp_layers, 1);
+}
+
+Test(model_config, glm45_air_hub_and_transformers5_styles_agree) {
+    msm_model_config hub, tf5;
+    parse_ok(glm45_air_hub, &hub);
+    parse_ok(glm45_air_tf5, &tf5);
+    check_glm45_air(&hub);
+    check_glm45_air(&tf5);
+    cr_assert_eq(memcmp(&hub, &tf5, sizeof hub), 0);
+}
+
+Test(model_config, other_families_rotate_the_whole_head_with_a_softmax_router) {
+    msm_model_config c;
+    const char *all[] = {qwen2_hub, qwen3_hub, qwen3_tf5, mixtral_hub};
+    for (int i = 0; i < 4; i++) {
+        parse_ok(all[i], &c);
+        cr_assert_eq(c.rope_dim, c.head_dim, "config %d", i);
+        cr_assert_eq(c.router, MSM_ROUTER_SOFTMAX, "config %d", i);
+        cr_assert(c.n_group == 1 && c.topk_group == 1 && c.routed_scale == 1.0f && c.n_mtp_layers == 0);
+        cr_assert_eq(c.shared_gate, c.shared_intermediate > 0, "config %d: Qwen2's shared expert is gated", i);
+    }
+}
+
+/* A small GLM config with only the required keys, then `extra`. */
+#define MINI_GLM(extra)                                                                        \
+    "{\"architectures\": [\"Glm4MoeForCausalLM\"], \"hidden_size\": 64,"                      \
+    " \"num_hidden_layers\": 5, \"num_attention_heads\": 4, \"vocab_size\": 128,"               \
+    " \"n_routed_experts\": 16, \"num_experts_per_tok\": 4, \"moe_intermediate_size\": 32,"     \
+    " \"intermediate_size\": 96" extra "}"
+
+Test(model_config, glm_absent_keys_take_transformers_defaults) {
+    msm_model_config c;
+    parse_ok(MINI_GLM(""), &c);
+    cr_assert_eq(c.head_dim, 16);
+    cr_assert_eq(c.rope_dim, 8, "Glm4MoeConfig sets partial_rotary_factor 0.5 when absent");
+    cr_assert_eq(c.shared_intermediate, 32, "n_shared_experts defaults to 1");
+    cr_assert(c.norm_topk_prob, "norm_topk_prob defaults to true for GLM");
+    cr_assert_not(c.qkv_bias);
+    cr_assert_not(c.qk_norm);
+    cr_assert(c.n_group == 1 && c.topk_group == 1 && c.routed_scale == 1.0f);
+    cr_assert_not(c.sparse[0]);
+    for (int l = 1; l < 5; l++) cr_assert(c.sparse[l], "layer %d", l);
+    cr_assert_float_eq(c.rms_eps, 1e-5f, 1e-12f);
+    cr_assert_eq(c.max_position, 131072);
+    cr_assert_eq(c.n_mtp_layers, 0);
+}
+
+Test(model_config, glm_routing_groups_shared_experts_and_dense_layers_are_read) {
+    msm_model_config c;
+    parse_ok(MINI_GLM(", \"n_group\": 4, \"topk_group\": 2, \"routed_scaling_factor\": 2.5,"
+                      " \"n_shared_experts\": 3, \"first_k_dense_replace\": 3, \"use_qk_norm\": true,"
+                      " \"attention_bias\": true, \"norm_topk_prob\": false, \"num_experts_per_tok\": 8"), &c);
+    cr_assert(c.n_group == 4 && c.topk_group == 2);
+    cr_assert_float_eq(c.routed_scale, 2.5f, 0);
+    cr_assert_eq(c.shared_intermediate, 96);
+    cr_assert(c.qk_norm && c.qkv_bias);
+    cr_assert_not(c.norm_topk_prob);
+    const bool want[5] = {false, false, false, true, true};
+    for (int l = 0; l < 5; l++) cr_assert_eq(c.sparse[l], want[l], "layer %d", l);
+    /* no shared experts; every layer dense with first_k_dense_replace past the last layer */
+    parse_ok(MINI_GLM(", \"n_shared_experts\": 0, \"first_k_dense_replace\": 0"), &c);
+    cr_assert_eq(c.shared_intermediate, 0);
+    for (int l = 0; l < 5; l++) cr_assert(c.sparse[l] && !msm_model_config_has_shared(&c, l));
+    parse_ok(MINI_GLM(", \"first_k_dense_replace\": 9"), &c);
+    for (int l = 0; l < 5; l++) cr_assert_not(c.sparse[l]);
+}
+
+Test(model_config, partial_rotary_factor_in_rope_parameters_wins_over_the_top_level) {
+    msm_model_config c;
+    parse_ok(MINI_GLM(", \"head_dim\": 32, \"partial_rotary_factor\": 0.25"), &c);
+    cr_assert_eq(c.rope_dim, 8);
+    parse_ok(MINI_GLM(", \"head_dim\": 32, \"partial_rotary_factor\": 0.25,"
+                      " \"rope_parameters\": {\"rope_type\": \"default\", \"partial_rotary_factor\": 1.0,"
+                      " \"rope_theta\": 500000}"), &c);
+    cr_assert_eq(c.rope_dim, 32);
+    cr_assert_float_eq(c.rope_theta, 500000.0f, 1e-3f);
+    /* int(head_dim * factor), truncated as Python's int() does: 24 * 0.75 = 18 */
+    parse_ok(MINI_GLM(", \"head_dim\": 24, \"partial_rotary_factor\": 0.75"), &c);
+    cr_assert_eq(c.rope_dim, 18);
+    /* any family may carry it (transformers 5's default RoPE reads it for all) */
+    parse_ok(MINI_QWEN2(", \"rope_parameters\": {\"rope_theta\": 10000, \"partial_rotary_factor\": 0.5}"), &c);
+    cr_assert_eq(c.rope_dim, 8);
+}
+
+/* One refused GLM config per check, starting from GLM-4.5-Air. */
+static bad_key glm_bad_keys[] = {
+    {"n_group", "3", "key 'n_group' (3) must divide n_routed_experts (128)"},
+    {"n_group", "0", "key 'n_group' must be a positive integer (got 0)"},
+    {"n_group", "128", "key 'n_group' (128) leaves 1 expert(s) a group"},
+    {"topk_group", "2", "key 'topk_group' (2) must not exceed n_group (1)"},
+    {"topk_group", "0", "key 'topk_group' must be a positive integer (got 0)"},
+    {"routed_scaling_factor", "0", "key 'routed_scaling_factor' must be a positive number"},
+    {"routed_scaling_factor", "\"2.5\"", "key 'routed_scaling_factor' must be a positive number (got a string)"},
+    {"n_shared_experts", "-1", "key 'n_shared_experts' must be a non-negative integer (got -1)"},
+    {"n_shared_experts", "4096", "key 'n_shared_experts' (4096) x moe_intermediate_size (1408) must be at most"},
+    {"first_k_dense_replace", "-1", "key 'first_k_dense_replace' must be a non-negative integer (got -1)"},
+    {"first_k_dense_replace", "true", "key 'first_k_dense_replace' must be a non-negative integer (got a boolean)"},
+    {"num_nextn_predict_layers", "-2", "key 'num_nextn_predict_layers' must be a non-negative integer"},
+    {"n_routed_experts", "", "key 'n_routed_experts' must be a positive integer (missing)"},
+    {"partial_rotary_factor", "0", "key 'partial_rotary_factor' must be a number in (0, 1] (got 0)"},
+    {"partial_rotary_factor", "1.5", "key 'partial_rotary_factor' must be a number in (0, 1] (got 1.5)"},
+    {"partial_rotary_factor", "\"half\"", "key 'partial_rotary_factor' must be a number in (0, 1] (got a string)"},
+    {"partial_rotary_factor", "0.0078125", "key 'partial_rotary_factor' (0.0078125) rotates 1 of head_dim 128"},
+    {"partial_rotary_factor", "0.2", "key 'partial_rotary_factor' (0.2) rotates 25 of head_dim 128"},
+    {"rope_parameters", "{\"partial_rotary_factor\": -1}", "key 'rope_parameters.partial_rotary_factor' must be"},
+    {"use_qk_norm", "1", "key 'use_qk_norm' must be true or false"},
+    {"attention_bias", "\"yes\"", "key 'attention_bias' must be true or false"},
+};
+
+ParameterizedTestParameters(model_config, each_invalid_glm_key_is_named_in_the_error) {
+    return cr_make_param_array(bad_key, glm_bad_keys, sizeof glm_bad_keys / sizeof glm_bad_keys[0]);
+}
+
+ParameterizedTest(bad_key *b, model_config, each_invalid_glm_key_is_named_in_the_error) {
+    expect_bad_key(glm45_air_hub, b);
+}
+
+Test(model_config, glm_top_k_beyond_the_kept_groups_is_refused) {
+    msm_model_config c;
+    msm_err err = {0};
+    /* 16 experts in 4 groups of 4, 2 groups kept: 8 candidates for top-9 */
+    cr_assert_eq(parse(MINI_GLM(", \"n_group\": 4, \"topk_group\": 2, \"num_experts_per_tok\": 9"), &c, &err),
+                 -EINVAL);
+    assert_has(err.msg, "key 'num_experts_per_tok' (9) must not exceed the 8 experts of the topk_group (2) groups");
+}
+
+Test(model_config, glm45_air_preset_parses) {
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(msm_model_config_load("config/models/glm-4.5-air.json", &c, &err), 0, "%s", err.msg);
+    check_glm45_air(&c);
+}
+
+/* ---- quantization_config: FP8 block scales, and what else is refused --------------------- */
+
+/* Sets key quantization_config of `base` to the JSON text q and parses it. */
+static int parse_quant(const char *base, const char *q, msm_model_config *c, msm_err *err) {
+    struct json_object *root = json_tokener_parse(base);
+    cr_assert_not_null(root);
+    json_object_object_add(root, "quantization_config", json_tokener_parse(q));
+    int rc = parse(json_object_to_json_string(root), c, err);
+    json_object_put(root);
+    return rc;
+}
+
+Test(model_config, fp8_block_scaled_quantization_config_is_read) {
+    msm_model_config c;
+    msm_err err = {0};
+    cr_assert_eq(parse_quant(qwen3_hub, "{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", \"quant_method\": "
+                             "\"fp8\", \"weight_block_size\": [128, 128], \"modules_to_not_convert\": [\"lm_head\", "
+                             "\"model.layers.0.mlp.gate\"]}", &c, &err), 0, "%s", err.msg);
+    cr_expect_eq(c.fp8_block, 128);
+    cr_expect_eq(c.hidden, 2048);
+    /* fmt and activation_scheme absent (transformers' FineGrainedFP8Config), ignored_layers, null lists */
+    cr_assert_eq(parse_quant(glm45_air_hub, "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128], "
+                             "\"ignored_layers\": [\"lm_head\"], \"modules_to_not_convert\": null}", &c, &err),
+                 0, "%s", err.msg);
+    cr_expect_eq(c.fp8_block, 128);
+    parse_ok(qwen3_hub, &c);
+    cr_expect_eq(c.fp8_block, 0, "no quantization_config: no FP8");
+}
+
+/* Every FP8 layout or quantization msmoed does not know is refused, naming what was found. */
+typedef struct bad_quant_cfg {
+    char value[160];   /* quantization_config's JSON text */
+    char want[120];
+} bad_quant_cfg;
+
+static bad_quant_cfg bad_quant[] = {
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": [64, 64]}", "weight_block_size [64, 64] is not supported (only [128, 128])"},
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 64]}", "weight_block_size [128, 64] is not supported"},
+    {"{\"quant_method\": \"fp8\"}", "weight_block_size is missing: per-tensor or per-channel FP8 scales are not supported"},
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128]}", "'quantization_config.weight_block_size' must be a list of two integers"},
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": 128}", "must be a list of two integers (got an integer)"},
+    {"{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\", \"weight_block_size\": [128, 128]}", "fmt \"e5m2\" is not supported (only \"e4m3\""},
+    {"{\"quant_method\": \"fp8\", \"activation_scheme\": \"static\", \"weight_block_size\": [128, 128]}", "activation_scheme \"static\" is not supported"},
+    {"{\"quant_method\": \"compressed-tensors\", \"format\": \"float-quantized\"}", "quant_method \"compressed-tensors\" is not supported"},
+    {"{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128}", "quant_method \"gptq\" is not supported"},
+    {"{\"quant_method\": \"awq\", \"bits\": 4}", "quant_method \"awq\" is not supported"},
+    {"{\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true}", "quant_method \"bitsandbytes\" is not supported"},
+    {"{\"bits\": 4}", "quantization_config.quant_method' is missing"},
+    {"{\"quant_method\": 8}", "key 'quantization_config.quant_method' must be a string (got an integer)"},
+    {"[\"fp8\"]", "key 'quantization_config' must be an object (got a list)"},
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128], \"modules_to_not_convert\": \"lm_head\"}", "'quantization_config.modules_to_not_convert' must be a list of module names"},
+    {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128], \"ignored_layers\": [1]}", "'quantization_config.ignored_layers' must be a list of module names"},
+};
+
+ParameterizedTestParameters(model_config, unknown_quantization_is_refused_naming_what_was_found) {
+    return cr_make_param_array(bad_quant_cfg, bad_quant, sizeof bad_quant / sizeof bad_quant[0]);
+}
+
+ParameterizedTest(bad_quant_cfg *b, model_config, unknown_quantization_is_refused_naming_what_was_found) {
+    msm_model_config c;
+    msm_err err = {0};
+    int rc = parse_quant(qwen3_hub, b->value, &c, &err);
+    cr_assert_eq(rc, -EINVAL, "%s: rc %d (%s)", b->value, rc, err.msg);
+    assert_has(err.msg, "config.json");
+    assert_has(err.msg, b->want);
+}
+
+Test(model_config, fp8_presets_are_the_bf16_presets_with_block_scales) {
+    const char *pairs[][2] = {{"config/models/qwen3-30b-a3b-fp8.json", "config/models/qwen3-30b-a3b.json"},
+                              {"config/models/glm-4.5-air-fp8.json", "config/models/glm-4.5-air.json"}};
+    for (int i = 0; i < 2; i++) {
+        msm_model_config q, b;
+        msm_err err = {0};
+        cr_assert_eq(msm_model_config_load(pairs[i][0], &q, &err), 0, "%s", err.msg);
+        cr_assert_eq(msm_model_config_load(pairs[i][1], &b, &err), 0, "%s", err.msg);
+        cr_expect_eq(q.fp8_block, 128, "%s", pairs[i][0]);
+        cr_expect_eq(b.fp8_block, 0);
+        cr_expect(q.arch == b.arch && q.hidden == b.hidden && q.n_layers == b.n_layers && q.n_heads == b.n_heads &&
+                  q.n_kv_heads == b.n_kv_heads && q.head_dim == b.head_dim && q.vocab == b.vocab &&
+                  q.n_experts == b.n_experts && q.top_k == b.top_k && q.moe_intermediate == b.moe_intermediate &&
+                  q.intermediate == b.intermediate && q.shared_intermediate == b.shared_intermediate &&
+                  q.rope_dim == b.rope_dim && q.n_group == b.n_group,
+                  "%s has other shapes than %s", pairs[i][0], pairs[i][1]);
+    }
 }

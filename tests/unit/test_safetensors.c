@@ -4,27 +4,18 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <errno.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "msm_safetensors.h"
+#include "testutil.h"
 
 static char dir[64];
 
-static void setup(void) {
-    strcpy(dir, "/tmp/msm-st-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void teardown(void) { nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+static void setup(void) { cr_assert_eq(tmpdir_make(dir, sizeof dir, "st"), 0); }
+static void teardown(void) { tmpdir_remove(dir); }
 
 TestSuite(safetensors, .init = setup, .fini = teardown);
 
@@ -354,7 +345,7 @@ static bad_header bad_headers[] = {
     {"{\"__metadata__\": 5}", 0, "__metadata__", ""},
     {"{\"a\": {\"dtype\": 7, \"shape\": [1], \"data_offsets\": [0, 4]}}", 4, "tensor 'a'", "dtype"},
     {"{\"a\": {\"dtype\": \"Q4\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4,
-     "tensor 'a' has unknown dtype 'Q4'", "F32, F16 or BF16"},
+     "tensor 'a' has unknown dtype 'Q4'", "BF16 or F8_E4M3"},
     {"{\"a\": {\"dtype\": \"F32\", \"shape\": 4, \"data_offsets\": [0, 16]}}", 16,
      "tensor 'a': shape must be a list of non-negative integers", ""},
     {"{\"a\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}", 4,
@@ -401,7 +392,7 @@ typedef struct refused_dtype {
 } refused_dtype;
 
 static refused_dtype refused[] = {
-    {"I64", 8}, {"I32", 4}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F64", 8},
+    {"I64", 8}, {"I32", 4}, {"U8", 1}, {"BOOL", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1}, {"F64", 8},
 };
 
 ParameterizedTestParameters(safetensors, unsupported_dtype_names_tensor_and_dtype) {
@@ -414,6 +405,32 @@ ParameterizedTest(refused_dtype *d, safetensors, unsupported_dtype_names_tensor_
              "\"data_offsets\": [0, %d]}}", d->name, 2 * d->size);
     write_st("model.safetensors", h, (size_t)(2 * d->size));
     snprintf(want, sizeof want, "model.safetensors: tensor 'model.embed_tokens.weight' has dtype %s; "
-             "only F32, F16 and BF16", d->name);
+             "only F32, F16, BF16 and F8_E4M3", d->name);
     assert_has(open_fails("model.safetensors", -EINVAL), want);
+}
+
+/* FP8 block-scaled checkpoints: F8_E4M3 weights (1 byte an element) next to float32 scales and
+ * bf16 tensors in one file. */
+Test(safetensors, f8_e4m3_weights_open_with_their_scales_and_bf16_neighbours) {
+    write_st("model.safetensors",
+             "{\"a.weight\": {\"dtype\": \"F8_E4M3\", \"shape\": [3, 130], \"data_offsets\": [0, 390]},"
+             " \"a.weight_scale_inv\": {\"dtype\": \"F32\", \"shape\": [1, 2], \"data_offsets\": [392, 400]},"
+             " \"n.weight\": {\"dtype\": \"BF16\", \"shape\": [4], \"data_offsets\": [400, 408]}}", 408);
+    msm_safetensors *st;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_safetensors_open_file(path_of("model.safetensors"), &st, &err), 0, "%s", err.msg);
+    const msm_st_tensor *t = msm_safetensors_find(st, "a.weight");
+    cr_assert_not_null(t);
+    cr_expect_eq(t->dtype, MSM_F8_E4M3);
+    cr_expect_eq(t->nbytes, 390);
+    cr_expect_eq(msm_dtype_size(t->dtype), 1);
+    cr_expect_str_eq(msm_dtype_name(t->dtype), "f8_e4m3");
+    cr_expect_eq(msm_safetensors_find(st, "a.weight_scale_inv")->dtype, MSM_F32);
+    msm_safetensors_free(st);
+}
+
+Test(safetensors, f8_e4m3_with_the_wrong_byte_count_names_the_dtype) {
+    write_st("model.safetensors",
+             "{\"a.weight\": {\"dtype\": \"F8_E4M3\", \"shape\": [3, 4], \"data_offsets\": [0, 24]}}", 24);
+    assert_has(open_fails("model.safetensors", -EINVAL), "holds 24 bytes but shape [3, 4] of f8_e4m3 needs 12");
 }

@@ -15,6 +15,7 @@
 #include <unistr.h>
 
 #include "msm_code.h"
+#include "msm_engine.h"
 #include "msm_fake_engine.h"
 #include "msm_metrics.h"
 #include "msm_sched.h"
@@ -945,4 +946,92 @@ Test(sched_groups, metrics_of_one_group_keep_the_unlabeled_series) {
     cr_assert_eq(sample(s, n, "msmoed_kv_blocks_free", ""), 7);
     cr_assert_eq(sample(s, n, "msmoed_kv_blocks_free", "group=\"0\""), 7);
     free(s);
+}
+
+/* ---- prompt logprobs (the HTTP API's echo + logprobs) on the embedded model ---- */
+
+typedef struct lp_capture {
+    msm_token_logprob lp[64];
+    int got[64];              /* times each position was reported */
+    int n_tokens;
+    msm_finish finish;
+    bool token_before_prompt_done;
+} lp_capture;
+
+static void on_lp_event(void *ctx, msm_sched_event *ev) {
+    lp_capture *c = ctx;
+    for (int i = 0; i < ev->n_prompt_lp; i++) {
+        int p = ev->prompt_lp_first + i;
+        cr_assert(p >= 1 && p < 64);
+        c->lp[p] = ev->prompt_lp[i];
+        c->got[p]++;
+        cr_assert_eq(c->n_tokens, 0, "prompt logprobs after a generated token");
+    }
+    if (ev->has_token)
+        c->n_tokens++;
+    if (ev->finish != MSM_FINISH_NONE)
+        c->finish = ev->finish;
+    free(ev);
+}
+
+/* Every prompt position's logprob and top-n equal the log-softmax of the logits row before it (the
+ * logits sink of the same run), across prefill chunks; max_tokens 0 scores without generating. */
+static void check_prompt_logprobs(int max_step_tokens, int max_tokens) {
+    msm_engine_opts o = test_engine_opts("models/stories260k-moe", 1, true, true);
+    o.max_step_tokens = max_step_tokens;
+    msm_engine *e = NULL;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_engine_new(&o, &e, &err), 0, "%s", err.msg);
+    msm_sched_engine se;
+    msm_sched_engine_from(&se, e);
+    lp_capture cap = {0};
+    msm_sched *s = NULL;
+    msm_sched_opts so = {.max_step_tokens = max_step_tokens, .max_seqs = 4, .max_queue = 4};
+    cr_assert_eq(msm_sched_new(&so, &se, on_lp_event, &cap, &s, &err), 0, "%s", err.msg);
+    enum { P = 23 };
+    float *sink = calloc((size_t)(P + 8) * (size_t)se.vocab, sizeof *sink);
+    msm_gen_request *r = calloc(1, sizeof *r);
+    r->conn_id = 1;
+    r->request_id = 1;
+    r->n_prompt = P;
+    r->prompt = malloc(P * sizeof *r->prompt);
+    for (int i = 0; i < P; i++)
+        r->prompt[i] = i == 0 ? 1 : 3 + (i * 37) % 500;
+    r->max_tokens = max_tokens;
+    r->sampling = (msm_sample_params){.temperature = 0, .top_p = 1};
+    r->want_prompt_logprobs = true;
+    r->prompt_top_logprobs = 5;
+    r->logits_sink = sink;
+    r->sink_rows = P + 8;
+    int32_t prompt[P];
+    memcpy(prompt, r->prompt, sizeof prompt);
+    cr_assert_eq(msm_sched_submit(s, &r, &err), 0, "%s", err.msg);
+    for (int i = 0; i < 200 && msm_sched_iterate(s) > 0; i++)
+        ;
+    cr_assert_eq(cap.finish, MSM_FINISH_LENGTH);
+    cr_assert_eq(cap.n_tokens, max_tokens);
+    for (int p = 1; p < P; p++) {
+        cr_assert_eq(cap.got[p], 1, "position %d reported %d times", p, cap.got[p]);
+        float want;
+        int32_t ids[5];
+        float lps[5];
+        msm_sched_logprobs(sink + (size_t)(p - 1) * (size_t)se.vocab, se.vocab, prompt[p], 5, &want, ids, lps);
+        cr_assert_eq(cap.lp[p].token, prompt[p]);
+        cr_assert_float_eq(cap.lp[p].logprob, want, 1e-6, "position %d", p);
+        cr_assert_eq(cap.lp[p].n_top, 5);
+        for (int k = 0; k < 5; k++)
+            cr_assert_eq(cap.lp[p].top_ids[k], ids[k]);
+    }
+    cr_assert_eq(cap.got[0], 0, "the first prompt token has no logprob");
+    msm_sched_free(s);
+    msm_engine_free(e);
+    free(sink);
+}
+
+Test(sched_prompt_logprobs, one_prefill_then_tokens) {
+    check_prompt_logprobs(64, 3);
+}
+
+Test(sched_prompt_logprobs, chunked_prefill_and_score_only) {
+    check_prompt_logprobs(8, 0);
 }

@@ -61,12 +61,18 @@ Test(tp, qwen2moe_gqa_every_pass_combination_and_tp_matches, .timeout = 120) { c
 Test(tp, qwen2moe_mha_tied_every_pass_combination_and_tp_matches, .timeout = 120) { combos("tests/data/qwen2moe-mha-tied", 4); }
 Test(tp, qwen3moe_tp_matches, .timeout = 120) { combos("tests/data/qwen3moe", 4); }
 Test(tp, mixtral_tp_matches, .timeout = 120) { combos("tests/data/mixtral", 4); }
+/* the ungated shared experts' all-reduce fused with the routed one, on the aux stream or not */
+Test(tp, glm4moe_every_pass_combination_and_tp_matches, .timeout = 120) { combos("tests/data/glm4moe", 4); }
+/* FP8: every rank dequantises its own slices (column slices starting mid-block at TP 2 and 4) */
+Test(tp, qwen3moe_fp8_tp_matches, .timeout = 120) { combos("tests/data/qwen3moe-fp8", 4); }
+Test(tp, glm4moe_fp8_tp_matches, .timeout = 120) { combos("tests/data/glm4moe-fp8", 4); }
 
 /* With the CUDA backend's cache format (K/V rounded to bf16 as written) the RoPE + K/V-write
  * fusion still changes no bit, at TP 1 and 2, with every other pass on. */
 Test(tp, rope_kv_write_is_bitwise_exact_with_a_bf16_kv_cache, .timeout = 120) {
-    const char *dirs[] = {"tests/data/qwen3moe", "tests/data/qwen2moe-gqa"};
-    for (int d = 0; d < 2; d++) {
+    /* glm4moe: partial RoPE, the pass-through dims of the k heads are cached too */
+    const char *dirs[] = {"tests/data/qwen3moe", "tests/data/qwen2moe-gqa", "tests/data/glm4moe"};
+    for (int d = 0; d < 3; d++) {
         golden g;
         cr_assert_eq(golden_load(dirs[d], &g), 0);
         for (int tp = 1; tp <= 2; tp++) {

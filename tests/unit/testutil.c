@@ -3,11 +3,13 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <ftw.h>
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int npy_load_f32(const char *path, float **ret, int *rows, int *cols) {
     FILE *f = fopen(path, "rb");
@@ -146,3 +148,15 @@ void test_streamed_text(const int32_t *ids, int n, char *out, size_t cap) {
     memcpy(out + len, buf, k);
     out[len + k] = 0;
 }
+
+int tmpdir_make(char *buf, size_t cap, const char *tag) {
+    if ((size_t)snprintf(buf, cap, "/tmp/msm-%s-XXXXXX", tag) >= cap) return -ENAMETOOLONG;
+    return mkdtemp(buf) ? 0 : -errno;
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+void tmpdir_remove(const char *dir) { nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS); }

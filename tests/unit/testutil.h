@@ -4,6 +4,7 @@
 #define MSM_TESTUTIL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "msm_engine.h"
@@ -30,6 +31,11 @@ int npy_load_f32(const char *path, float **ret, int *rows, int *cols);
 
 /* Engine options for a model dir with the given tp and passes. */
 msm_engine_opts test_engine_opts(const char *model_dir, int tp, bool fuse, bool multi_stream);
+
+/* Makes a fresh directory /tmp/msm-<tag>-XXXXXX (its path into buf); returns 0 or -errno. */
+int tmpdir_make(char *buf, size_t cap, const char *tag);
+/* Removes dir and everything below it. */
+void tmpdir_remove(const char *dir);
 
 /* max |a - b| / max |b| over n elements. */
 double rel_max_diff(const float *a, const float *b, size_t n);
