@@ -35,6 +35,13 @@ static bool valid_utf8(const char *s, size_t n) {
     return u8_check((const uint8_t *)s, n) == NULL;
 }
 
+/* A token covers at most msm_detok_max_out bytes of its text (3 times the longest piece, with room
+ * for U+FFFD), and a normaliser shrinks the input at most 3 times (NFC of a decomposed Hangul
+ * syllable), so a text of len bytes encodes to at least len / (2 * max_out) tokens. */
+size_t msm_api_min_tokens(const msm_api_limits *lim, size_t len) {
+    return len / (2 * msm_detok_max_out(lim->tok));
+}
+
 /* A prompt_text or Tokenize text, before any encoding: a tokenizer, and a length within the cap. */
 static int check_text(const msm_api_limits *lim, const char *field, size_t len, msm_err *err) {
     if (!lim->tok)
@@ -138,14 +145,10 @@ static int check_prompt(const Msmoe__V1__GenerateRequest *g, const msm_api_limit
     if (text && !lim->tok)
         return msm_err_set(err, -ENOTSUP, "generate.prompt_text %s; send generate.prompt_ids", no_tokenizer);
     if (text) {
-        /* Before any encoding: a token covers at most msm_detok_max_out bytes of its text (3 times
-         * the longest piece, with room for U+FFFD), and a normaliser shrinks the input at most 3
-         * times (NFC of a decomposed Hangul syllable), so a text of len bytes encodes to at least
-         * len / (2 * max_out) tokens; one that can never fit the context is refused unread. */
-        size_t len = strlen(g->prompt_text), per = 2 * msm_detok_max_out(lim->tok);
-        if (len / per >= (size_t)lim->max_context)
+        size_t len = strlen(g->prompt_text), at_least = msm_api_min_tokens(lim, len);
+        if (at_least >= (size_t)lim->max_context)
             return msm_err_set(err, -EINVAL, "generate.prompt_text has %zu bytes: it encodes to at least %zu tokens, "
-                               "and max context is %d tokens (prompt + generated)", len, len / per, lim->max_context);
+                               "and max context is %d tokens (prompt + generated)", len, at_least, lim->max_context);
         return check_text(lim, "generate.prompt_text", len, err);
     }
     if (g->n_prompt_ids >= (size_t)lim->max_context)

@@ -88,6 +88,10 @@ int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, ms
  * call->request_id with err and frees the call (msm_gen_request_free(gen), msm_call_done). */
 int msm_api_text(msm_call *call, const msm_api_limits *lim, msm_err *err);
 
+/* The fewest tokens a text of len bytes can encode to with lim->tok (non-NULL), known without
+ * reading it: a prompt whose bound reaches the context is refused unread. */
+size_t msm_api_min_tokens(const msm_api_limits *lim, size_t len);
+
 /* Native ModelInfo. */
 typedef struct msm_api_model_info {
     const char *architecture, *backend, *model, *version;

@@ -6,6 +6,7 @@ model, through the official openai Python client and raw HTTP:
   - every kind of bad request answers 4xx with OpenAI's error object naming the field, and the
     daemon keeps serving; a stream cut by its client cancels the request and frees its KV blocks;
   - the API key, the connection cap and the read timeout (slowloris) of [http];
+  - text work off the loop thread: /health answers while MiBs are being tokenized;
   - the connection guard of every listener (docs/adr/0007-hardening.md) on [http]: its
     connections count against server.max_connections, and one whose client takes none of its
     replies is closed after server.write_timeout_s.
@@ -17,6 +18,7 @@ import select
 import socket
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -298,6 +300,41 @@ class Limits(unittest.TestCase):
             s.close()
         time.sleep(0.2)
         self.assertEqual(self.d.request("GET", "/health")[0], 200, "connections are accepted again")
+
+
+class TextOffTheLoop(unittest.TestCase):
+    """Encoding runs on libuv's thread pool (docs/adr/0007-hardening.md): MiBs of text being
+    tokenized do not hold up another client's /health, and a prompt that cannot fit the context is
+    refused before it is encoded."""
+
+    def test_tokenization_does_not_stall_other_clients(self):
+        text = ("Once upon a time, there was a little dog. " * 25000)[:(1 << 20) - 64]
+        t0 = time.time()
+        st, data, _ = D.request("POST", "/tokenize", {"prompt": text})
+        one = time.time() - t0
+        self.assertEqual(st, 200, data[:200])
+        done = []
+        workers = [threading.Thread(target=lambda: done.append(D.request("POST", "/tokenize", {"prompt": text})[0]))
+                   for _ in range(8)]
+        for w in workers:
+            w.start()
+        worst = 0
+        for _ in range(20):
+            h0 = time.time()
+            self.assertEqual(D.request("GET", "/health")[0], 200)
+            worst = max(worst, time.time() - h0)
+            time.sleep(0.02)
+        for w in workers:
+            w.join()
+        self.assertEqual(done, [200] * 8)
+        print(f"\ntokenizing 1 MiB: {one * 1000:.0f} ms; /health with 8 MiB being tokenized: worst "
+              f"{worst * 1000:.1f} ms", file=sys.stderr)
+        self.assertLess(worst, max(one / 2, 0.05), "/health waited behind tokenization")
+        t0 = time.time()
+        st, data, _ = D.request("POST", "/v1/completions", {"prompt": text, "max_tokens": 1})
+        self.assertEqual(st, 400)
+        self.assertIn("encodes to at least", json.loads(data)["error"]["message"])
+        self.assertLess(time.time() - t0, max(one / 2, 0.05), "encoded before it was refused")
 
 
 class Guard(unittest.TestCase):
