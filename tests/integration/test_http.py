@@ -271,10 +271,12 @@ class Limits(unittest.TestCase):
         self.assertEqual(self.d.request("POST", "/v1/completions", body, {"Authorization": "Bearer wrong-key"})[0], 401)
         self.assertEqual(self.d.request("POST", "/v1/completions", body, {"Authorization": "Bearer s3cret-key"})[0], 200)
         self.assertEqual(self.d.request("GET", "/health")[0], 200, "probes need no key")
-        c = openai.OpenAI(base_url=self.d.base_url, api_key="s3cret-key", max_retries=0)
-        self.assertEqual(len(c.completions.create(model="stories260k-moe", prompt="Once", max_tokens=3).choices), 1)
-        with self.assertRaises(openai.AuthenticationError):
-            openai.OpenAI(base_url=self.d.base_url, api_key="nope", max_retries=0).models.list()
+        with openai.OpenAI(base_url=self.d.base_url, api_key="s3cret-key", max_retries=0) as c:
+            self.assertEqual(len(c.completions.create(model="stories260k-moe", prompt="Once", max_tokens=3).choices),
+                             1)
+        with self.assertRaises(openai.AuthenticationError), \
+                openai.OpenAI(base_url=self.d.base_url, api_key="nope", max_retries=0) as c:
+            c.models.list()
 
     def test_chat_without_a_template_answers_501(self):
         st, data, _ = self.d.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]},
@@ -283,6 +285,9 @@ class Limits(unittest.TestCase):
         self.assertIn("tokenizer_config.json", json.loads(data)["error"]["message"])
 
     def test_connection_cap_and_slowloris(self):
+        # Keep-alive connections of earlier tests are gone (closed by http.read_timeout_ms at the
+        # latest): one closing between the three below and the fourth would let the fourth in.
+        time.sleep(0.8)
         idle = [socket.create_connection(("127.0.0.1", self.d.port)) for _ in range(3)]
         time.sleep(0.1)
         extra = socket.create_connection(("127.0.0.1", self.d.port))
