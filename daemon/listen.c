@@ -72,11 +72,22 @@ static int overdue(const msm_conn_set *cs, msm_conn_guard *g, uint64_t now) {
     return !g->busy && cs->idle_ms && now - g->last_ms >= cs->idle_ms ? MSM_CONN_IDLE : -1;
 }
 
+/* A connection whose handle is closing has released its descriptor (uv_close closes it at once):
+ * it no longer counts, even when its owner removes it only in the close callback (H2O's). */
+static bool released(msm_conn_guard *g) {
+    if (!uv_is_closing((uv_handle_t *)g->stream))
+        return false;
+    msm_conn_guard_remove(g);
+    return true;
+}
+
 static void on_sweep(uv_timer_t *t) {
     msm_conn_set *cs = t->data;
     uint64_t now = uv_now(cs->loop);
     for (msm_conn_guard *g = cs->head, *next; g; g = next) {
         next = g->next; /* the callback may not free g (that waits for the close callback) */
+        if (released(g))
+            continue;
         int why = g->timed_out ? -1 : overdue(cs, g, now);
         if (why < 0)
             continue;
@@ -143,6 +154,10 @@ int msm_conn_guard_add(msm_conn_set *cs, msm_conn_guard *g, uv_stream_t *stream,
         cs->head->prev = g;
     cs->head = g;
     cs->n++;
+    for (msm_conn_guard *o = g->next, *next; o && cs->n > cs->max; o = next) {
+        next = o->next;
+        released(o);
+    }
     if (cs->n <= cs->max)
         return 0;
     cs->refused++;

@@ -12,7 +12,9 @@
  *   in each write callback msm_conn_guard_wrote
  *   work in flight or not  msm_conn_guard_set_busy (a connection with work in flight is not idle)
  *   when it closes         msm_conn_guard_remove, right before uv_close (which releases the
- *                          descriptor at once: the limit must count it free from then on)
+ *                          descriptor at once: the limit must count it free from then on; a
+ *                          connection whose handle is closing stops counting anyway, for owners
+ *                          that can remove it only in the close callback)
  *
  * and the set calls the connection's timeout callback (on the loop thread) when it is idle
  * (nothing in flight, nothing received or written for server.idle_timeout_s) or stalled (replies
@@ -25,10 +27,11 @@
  *
  * A connection whose socket a library reads and writes (H2O's, in msm_http) reports no reads or
  * writes: its owner adds it, marks it busy for good (its idle time is the library's own timeout)
- * and removes it in its close callback. The set still watches its write backlog
- * (uv_stream_get_write_queue_size: a backlog not there at the last sweep started after it), so a
- * peer that takes nothing is caught as stalled; the callback then makes the library close it (a
- * shutdown(2) of the socket fails the pending write). */
+ * and removes it in its close callback (from the library's uv_close on, the set counts it free).
+ * The set still watches its write backlog (uv_stream_get_write_queue_size: a backlog not there at
+ * the last sweep started after it), so a peer that takes nothing is caught as stalled; the
+ * callback then makes the library close it (a shutdown(2) of the socket fails the pending
+ * write). */
 #ifndef MSM_LISTEN_H
 #define MSM_LISTEN_H
 
@@ -95,7 +98,8 @@ int msm_conn_set_init(msm_conn_set *cs, uv_loop_t *loop, int max_connections, in
 void msm_conn_set_shutdown(msm_conn_set *cs, int flush_ms);
 
 /* Adds g (the connection behind stream, accepted). 0, or -EMFILE when that makes more than
- * max_connections (g is added all the same: remove it in the close callback). */
+ * max_connections, not counting connections whose handle is closing (g is added all the same:
+ * remove it in the close callback). */
 int msm_conn_guard_add(msm_conn_set *cs, msm_conn_guard *g, uv_stream_t *stream, msm_conn_timeout_fn fn,
                        void *owner);
 /* Right before uv_close of the connection (and again in its close callback: harmless). Accepts a

@@ -1,7 +1,8 @@
 /* Unit tests of the listener code every listener shares (daemon/listen.c): the loopback rule of
  * server.tcp_host, and the connection guard set on a real libuv loop: the limit, the idle
  * timeout (not while busy), the write stall (also of a connection whose library writes, which
- * reports no writes), the bounded flush at shutdown. */
+ * reports no writes), a connection whose handle is closing no longer counting, the bounded
+ * flush at shutdown. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <string.h>
@@ -141,6 +142,33 @@ Test(listen, a_backlog_nobody_reports_stalls_from_the_sweep_that_sees_it, .timeo
     run_for(&loop, 1000);
     cr_assert_eq(c.timed_out, MSM_CONN_STALLED, "stalled: %d", c.timed_out);
     msm_conn_set_shutdown(&cs, 500);
+    tconn_close(&c);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    cr_assert_eq(cs.n, 0);
+    cr_assert_eq(uv_loop_close(&loop), 0, "a handle is left open");
+}
+
+/* A connection whose handle a library closes (H2O's) is removed in its close callback only; from
+ * uv_close on (the descriptor is released) it no longer counts against the limit. */
+Test(listen, a_closing_connection_does_not_count, .timeout = 30) {
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    msm_conn_set cs;
+    msm_err err;
+    cr_assert_eq(msm_conn_set_init(&cs, &loop, 2, 0, 0, &err), 0);
+    tconn a, b, c;
+    tconn_open(&loop, &cs, &a, 0);
+    tconn_open(&loop, &cs, &b, 0);
+    uv_close((uv_handle_t *)&a.pipe, on_closed); /* the library closes it; its guard is still on the list */
+    tconn_open(&loop, &cs, &c, 0);
+    cr_assert_eq(cs.n, 2);
+    cr_assert_eq(cs.refused, 0);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    msm_conn_guard_remove(&a.guard); /* the close callback's removal: harmless */
+    cr_assert_eq(cs.n, 2);
+    msm_conn_set_shutdown(&cs, 500);
+    tconn_close(&a);
+    tconn_close(&b);
     tconn_close(&c);
     uv_run(&loop, UV_RUN_DEFAULT);
     cr_assert_eq(cs.n, 0);
