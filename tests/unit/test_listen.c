@@ -76,12 +76,24 @@ static void stop_loop(uv_timer_t *t) {
     uv_stop(t->loop);
 }
 
+/* A loop and a guard set on it (max connections, idle and write timeouts in seconds). */
+static void set_open(uv_loop_t *loop, msm_conn_set *cs, int max, int idle_s, int write_s) {
+    msm_err err;
+    uv_loop_init(loop);
+    cr_assert_eq(msm_conn_set_init(cs, loop, max, idle_s, write_s, &err), 0, "%s", err.msg);
+}
+
+/* Runs the loop until the shut-down set has closed everything, and closes it. */
+static void set_done(uv_loop_t *loop, msm_conn_set *cs) {
+    uv_run(loop, UV_RUN_DEFAULT);
+    cr_assert_eq(cs->n, 0);
+    cr_assert_eq(uv_loop_close(loop), 0, "a handle is left open");
+}
+
 Test(listen, guard_limit_idle_busy_and_stall, .timeout = 30) {
     uv_loop_t loop;
-    uv_loop_init(&loop);
     msm_conn_set cs;
-    msm_err err;
-    cr_assert_eq(msm_conn_set_init(&cs, &loop, 3, 1, 1, &err), 0);
+    set_open(&loop, &cs, 3, 1, 1);
     tconn a, b, c, d;
     tconn_open(&loop, &cs, &a, 0);
     tconn_open(&loop, &cs, &b, 0);
@@ -108,9 +120,7 @@ Test(listen, guard_limit_idle_busy_and_stall, .timeout = 30) {
     tconn_close(&b);
     tconn_close(&c);
     uv_close((uv_handle_t *)&t, NULL);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    cr_assert_eq(cs.n, 0);
-    cr_assert_eq(uv_loop_close(&loop), 0, "a handle is left open");
+    set_done(&loop, &cs);
 }
 
 /* Runs loop for ms milliseconds. */
@@ -127,10 +137,8 @@ static void run_for(uv_loop_t *loop, uint64_t ms) {
  * dated from the sweep that first sees it, not from when it was accepted long before. */
 Test(listen, a_backlog_nobody_reports_stalls_from_the_sweep_that_sees_it, .timeout = 30) {
     uv_loop_t loop;
-    uv_loop_init(&loop);
     msm_conn_set cs;
-    msm_err err;
-    cr_assert_eq(msm_conn_set_init(&cs, &loop, 3, 1, 1, &err), 0);
+    set_open(&loop, &cs, 3, 1, 1);
     tconn c;
     tconn_open(&loop, &cs, &c, 0);
     msm_conn_guard_set_busy(&c.guard, true);
@@ -143,19 +151,15 @@ Test(listen, a_backlog_nobody_reports_stalls_from_the_sweep_that_sees_it, .timeo
     cr_assert_eq(c.timed_out, MSM_CONN_STALLED, "stalled: %d", c.timed_out);
     msm_conn_set_shutdown(&cs, 500);
     tconn_close(&c);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    cr_assert_eq(cs.n, 0);
-    cr_assert_eq(uv_loop_close(&loop), 0, "a handle is left open");
+    set_done(&loop, &cs);
 }
 
 /* A connection whose handle a library closes (H2O's) is removed in its close callback only; from
  * uv_close on (the descriptor is released) it no longer counts against the limit. */
 Test(listen, a_closing_connection_does_not_count, .timeout = 30) {
     uv_loop_t loop;
-    uv_loop_init(&loop);
     msm_conn_set cs;
-    msm_err err;
-    cr_assert_eq(msm_conn_set_init(&cs, &loop, 2, 0, 0, &err), 0);
+    set_open(&loop, &cs, 2, 0, 0);
     tconn a, b, c;
     tconn_open(&loop, &cs, &a, 0);
     tconn_open(&loop, &cs, &b, 0);
@@ -170,7 +174,5 @@ Test(listen, a_closing_connection_does_not_count, .timeout = 30) {
     tconn_close(&a);
     tconn_close(&b);
     tconn_close(&c);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    cr_assert_eq(cs.n, 0);
-    cr_assert_eq(uv_loop_close(&loop), 0, "a handle is left open");
+    set_done(&loop, &cs);
 }
