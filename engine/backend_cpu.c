@@ -1,4 +1,6 @@
 /* CPU backend: float32 weights and activations, the reference kernels, and real streams.
+ * Two switches (msm_backend_cpu_opts) make it store what the CUDA backend stores, for like-for-like
+ * comparisons: a bf16 KV cache, and FP8 weights rounded to bf16 as the CUDA loader rounds them.
  *
  * MAIN runs on the calling (rank) thread. AUX is a worker thread fed by a FIFO of items (run a
  * node, record an event, wait for an event), so aux work really runs concurrently with main work
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "msm_backend.h"
+#include "msm_dtype.h"
 #include "msm_engine.h" /* MSM_TEST_FAULT_* */
 #include "msm_file.h"
 #include "msm_kernels.h"
@@ -28,6 +31,8 @@ typedef struct item {
 typedef struct cpu_backend {
     msm_backend b;
     float **weights;          /* [n_weights] float32, carved from `wmem` */
+    bool *fp8_round;          /* [n_weights] FP8 blocks are rounded to bf16 after dequantisation
+                                 (fp8_as_bf16, and not a keep_f32 weight) */
     int n_weights;
     void *wmem;               /* every weight, one anonymous mapping */
     size_t wmem_bytes;
@@ -35,6 +40,7 @@ typedef struct cpu_backend {
     size_t arena_bytes;
     float **kc, **vc;         /* [n_layers] [n_blocks, MSM_KV_BLOCK, kvh, hd] */
     bool kv_bf16;             /* K/V rounded to bf16 when written (as the CUDA cache stores them) */
+    bool fp8_as_bf16;         /* FP8 weights rounded to bf16 once dequantised (as CUDA stores them) */
     int n_layers;
     float *scratch[MSM_N_STREAMS];
     size_t scratch_floats;
@@ -308,7 +314,11 @@ static int cpu_alloc_weights(msm_backend *b, const msm_graph *g, const msm_wsour
         total += ((size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols * sizeof(float) + 63) & ~(size_t)63;
     }
     cb->weights = calloc((size_t)(g->n_weights ? g->n_weights : 1), sizeof *cb->weights);
-    if (!cb->weights) return msm_err_set(err, -ENOMEM, "out of memory for the weight table");
+    cb->fp8_round = calloc((size_t)(g->n_weights ? g->n_weights : 1), sizeof *cb->fp8_round);
+    if (!cb->weights || !cb->fp8_round) return msm_err_set(err, -ENOMEM, "out of memory for the weight table");
+    /* the CUDA backend stores keep_f32 weights as float32 whatever their source, FP8 included
+     * (load.cu's float32 path: the dequantised value, unrounded), the others as bf16 */
+    for (int i = 0; i < g->n_weights; i++) cb->fp8_round[i] = cb->fp8_as_bf16 && !g->weights[i].keep_f32;
     cb->n_weights = g->n_weights;
     void *p = mmap(NULL, total ? total : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
@@ -359,9 +369,16 @@ static int cpu_chan_slot(msm_wchan *wc, void **ret, msm_err *err) {
     return 0;
 }
 
+/* n float32 values rounded to bf16 in place: msm_f32_to_bf16 (nearest even, NaN stays NaN) and
+ * back, exactly what the CUDA loader's kernel stores and its kernels read back. */
+static void round_to_bf16(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = msm_bf16_to_f32(msm_f32_to_bf16(x[i]));
+}
+
 /* Converts straight into the float32 weight, row by row (the slot is still in this core's cache);
  * FP8 rows are dequantised with the scales of their blocks (DeepSeek-V3's weight_dequant: one
- * float32 multiply an element, so the result does not depend on how the loader cut the chunks). */
+ * float32 multiply an element, so the result does not depend on how the loader cut the chunks),
+ * then rounded to bf16 with fp8_as_bf16 (after the multiply, as load.cu does: the CUDA weights). */
 static int cpu_chan_put(msm_wchan *wc, const msm_wblock *k, msm_err *err) {
     cpu_backend *cb = ((cpu_chan *)wc)->cb;
     if (k->wi < 0 || k->wi >= cb->n_weights) return msm_err_set(err, -EINVAL, "cpu backend: no weight %d", k->wi);
@@ -371,9 +388,13 @@ static int cpu_chan_put(msm_wchan *wc, const msm_wblock *k, msm_err *err) {
         if (!k->scale || k->scale_block <= 0)
             return msm_err_set(err, -EINVAL, "cpu backend: an FP8 block of weight %d came without its scales", k->wi);
         size_t B = (size_t)k->scale_block;
-        for (size_t r = 0; r < k->rows; r++)
-            msm_fp8_dequant_row(dst + r * k->dst_pitch, (const uint8_t *)src + r * k->src_pitch, k->cols,
+        bool round = cb->fp8_round[k->wi];
+        for (size_t r = 0; r < k->rows; r++) {
+            float *d = dst + r * k->dst_pitch;
+            msm_fp8_dequant_row(d, (const uint8_t *)src + r * k->src_pitch, k->cols,
                                 k->scale + (k->scale_r0 + r) / B * k->scale_pitch, k->scale_c0, B);
+            if (round) round_to_bf16(d, k->cols);
+        }
         return 0;
     }
     for (size_t r = 0; r < k->rows; r++) msm_convert_to_f32(dst + r * k->dst_pitch, src + r * k->src_pitch, k->src_dtype, k->cols);
@@ -465,6 +486,7 @@ static void cpu_free(msm_backend *b) {
     }
     if (cb->wmem) munmap(cb->wmem, cb->wmem_bytes);
     free(cb->weights);
+    free(cb->fp8_round);
     for (int l = 0; cb->kc && l < cb->n_layers; l++) {
         free(cb->kc[l]);
         free(cb->vc[l]);
@@ -498,11 +520,14 @@ static const msm_backend_vt cpu_vt = {
     .record = cpu_record, .wait = cpu_wait, .sync = cpu_sync, .test_fault = cpu_test_fault,
 };
 
-int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, bool kv_bf16, msm_backend **ret,
-                        msm_err *err) {
+int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, const msm_backend_cpu_opts *o,
+                        msm_backend **ret, msm_err *err) {
     cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return msm_err_set(err, -ENOMEM, "out of memory for the cpu backend");
-    cb->kv_bf16 = kv_bf16;
+    if (o) {
+        cb->kv_bf16 = o->kv_bf16;
+        cb->fp8_as_bf16 = o->fp8_as_bf16;
+    }
     cb->b = (msm_backend){.vt = &cpu_vt, .comm = comm, .rank = rank, .deadline_ms = deadline_ms};
     pthread_mutex_init(&cb->mu, NULL);
     pthread_condattr_t ca;

@@ -65,7 +65,8 @@ typedef struct msm_backend_vt {
     void (*free)(msm_backend *b);
     /* Storage for every weight of g, zeroed; called once, before any weight is filled. Weights
      * are in the backend's type (float32 on the CPU, bf16 on CUDA) except keep_f32 ones, which
-     * every backend stores, fills (dummy_weight) and loads (chan_put) as float32. src: where each
+     * every backend stores, fills (dummy_weight) and loads (chan_put) as float32. (A CPU backend
+     * with fp8_as_bf16 stores its FP8 weights' values rounded to bf16, in float32.) src: where each
      * weight comes from ([g->n_weights], see msm_wsource), NULL for dummy weights. */
     int (*alloc_weights)(msm_backend *b, const msm_graph *g, const msm_wsource *src, msm_err *err);
     /* --dummy-weights: fills weight wi uniform in ±scale from (seed, element index), or with
@@ -75,10 +76,10 @@ typedef struct msm_backend_vt {
     /* Loading a checkpoint, on any thread (several at once, one channel each): chan_open makes
      * n_slots slots of slot_bytes; chan_slot hands out the next one once the backend is done with
      * what it held; chan_put stores a block read into it (the CPU converts it to float32 in
-     * place, FP8 dequantised with its block scales; CUDA copies it in the checkpoint's dtype and
-     * converts f16/f32, and dequantises FP8, to bf16 on the device, asynchronously); chan_close
-     * waits for every put and frees the channel (accepts NULL; err may be NULL when an error is
-     * already being reported). */
+     * place, FP8 dequantised with its block scales, then rounded to bf16 with fp8_as_bf16; CUDA
+     * copies it in the checkpoint's dtype and converts f16/f32, and dequantises FP8, to bf16 on
+     * the device, asynchronously); chan_close waits for every put and frees the channel (accepts
+     * NULL; err may be NULL when an error is already being reported). */
     int (*chan_open)(msm_backend *b, size_t slot_bytes, int n_slots, msm_wchan **ret, msm_err *err);
     int (*chan_slot)(msm_wchan *c, void **ret, msm_err *err);
     int (*chan_put)(msm_wchan *c, const msm_wblock *blk, msm_err *err);
@@ -112,10 +113,18 @@ struct msm_backend {
     msm_stream skew_stream;
 };
 
-/* kv_bf16: K/V are rounded to bf16 as they are written (the CUDA backend's cache format), so CPU
- * results can be compared with CUDA ones on equal terms; off, the cache is float32. */
-int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, bool kv_bf16, msm_backend **ret,
-                        msm_err *err);
+/* What a CPU backend stores. Off (the default, and what NULL options mean), everything is float32:
+ * the oracle. Each switch makes it store what the CUDA backend stores instead, so CPU results can
+ * be compared with CUDA ones on equal terms, the kernels being the only difference. */
+typedef struct msm_backend_cpu_opts {
+    bool kv_bf16;     /* K/V rounded to bf16 as they are written (the CUDA backend's cache format) */
+    bool fp8_as_bf16; /* FP8 weights: the float32 dequantised values rounded to bf16 with
+                         msm_f32_to_bf16 (nearest even, NaN kept), as the CUDA loader stores them
+                         (held as float32 values); keep_f32 weights stay float32, as on CUDA */
+} msm_backend_cpu_opts;
+
+int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, const msm_backend_cpu_opts *o,
+                        msm_backend **ret, msm_err *err);
 /* Weight wi of a CPU backend, float32 [n_expert, rows, cols] (NULL when absent): for tests. */
 const float *msm_backend_cpu_weight(const msm_backend *b, int wi);
 

@@ -1,6 +1,7 @@
 #!/bin/sh
-# msmoe-run from the command line: the embedded model's llama2.c sample, the dump format, and
-# the errors a user can trigger (each: non-zero exit and a message saying what was wrong).
+# msmoe-run from the command line: the embedded model's llama2.c sample, the dump format,
+# --fp8-as-bf16, and the errors a user can trigger (each: non-zero exit and a message saying what
+# was wrong).
 # usage: test_msmoe_run.sh path/to/msmoe-run   (run from the repository root)
 set -u
 RUN=$1
@@ -48,6 +49,24 @@ if grep -q "aux  ALLREDUCE" "$tmp/g" || ! grep -q "aux  LINEAR" "$tmp/g" || ! gr
     echo "FAIL dump_graph"; fails=$((fails + 1))
 else
     echo "PASS dump_graph"
+fi
+
+# --fp8-as-bf16 reaches the CPU backend: an FP8 checkpoint's logits move (its weights are rounded
+# to bf16 as the CUDA backend holds them), a bf16 checkpoint's stay bitwise the same
+for m in qwen3moe-fp8 qwen3moe; do
+    "$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-f32.npy" >/dev/null
+    "$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --fp8-as-bf16 \
+        --dump-logits "$tmp/$m-bf16.npy" >/dev/null
+done
+if cmp -s "$tmp/qwen3moe-fp8-f32.npy" "$tmp/qwen3moe-fp8-bf16.npy" || [ ! -s "$tmp/qwen3moe-fp8-bf16.npy" ]; then
+    echo "FAIL fp8_as_bf16_moves_fp8_logits"; fails=$((fails + 1))
+else
+    echo "PASS fp8_as_bf16_moves_fp8_logits"
+fi
+if cmp -s "$tmp/qwen3moe-f32.npy" "$tmp/qwen3moe-bf16.npy"; then
+    echo "PASS fp8_as_bf16_leaves_bf16_checkpoints"
+else
+    echo "FAIL fp8_as_bf16_leaves_bf16_checkpoints"; fails=$((fails + 1))
 fi
 
 echo "$fails failed"

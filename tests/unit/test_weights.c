@@ -3,7 +3,8 @@
  * row by row, into a zeroed buffer; reimplemented here as the reference) for every golden model,
  * at TP 1 and 2, with one and several reader threads and with slots small enough to cut rows
  * into pieces; f16, f32 and mixed sources; FP8 block-scaled checkpoints at TP 1, 2 and 4 equal
- * the whole tensors' element-by-element dequantisation however the chunks are cut, and FP8
+ * the whole tensors' element-by-element dequantisation however the chunks are cut (with the CPU
+ * backend's fp8_as_bf16, that rounded to bf16 as the CUDA backend stores it), and FP8
  * layouts msmoed does not know (no scales, per-tensor, per-channel, other blocks, no
  * quantization_config) are refused naming the tensor and what was found; a shard truncated, rewritten or deleted during the
  * load gives an error naming the file and the tensor, with nothing leaked (the ASan pass runs
@@ -178,7 +179,10 @@ static float *dequant_tensor(const msm_safetensors *st, const msm_st_tensor *t) 
     return w;
 }
 
-static float *reference_weight(const msm_weight *w, const msm_safetensors *st) {
+/* Weight w as the float32 path loads it from st; with fp8_bf16, the parts from FP8 tensors rounded
+ * to bf16 with msm_f32_to_bf16 (what a CPU backend with fp8_as_bf16 holds; keep_f32 weights are
+ * left float32), and the elements that rounding changed are added to *changed (when given). */
+static float *reference_weight(const msm_weight *w, const msm_safetensors *st, bool fp8_bf16, size_t *changed) {
     size_t n = (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols;
     float *buf = calloc(n ? n : 1, sizeof(float));
     cr_assert_not_null(buf);
@@ -193,6 +197,11 @@ static float *reference_weight(const msm_weight *w, const msm_safetensors *st) {
             float *dst = buf + ((size_t)pt->expert * (size_t)w->rows + (size_t)(pt->dst_row + i)) * (size_t)w->cols;
             if (deq) memcpy(dst, deq + at, sizeof(float) * (size_t)pt->n_cols);
             else msm_convert_to_f32(dst, (const char *)t->data + at * es, t->dtype, (size_t)pt->n_cols);
+            for (int64_t j = 0; deq && fp8_bf16 && !w->keep_f32 && j < pt->n_cols; j++) {
+                float r = msm_bf16_to_f32(msm_f32_to_bf16(dst[j]));
+                if (changed && memcmp(&r, &dst[j], 4) != 0) (*changed)++;
+                dst[j] = r;
+            }
         }
         free(deq);
     }
@@ -209,23 +218,27 @@ static msm_graph *rank_graph(const char *dir, int rank, int tp) {
     return g;
 }
 
-/* Loads rank `rank` of `tp` of dir on a CPU backend with `o` and compares every weight with the
- * reference computed from `ref_dir` (the same model, possibly in other dtypes), bit for bit. */
-static void check_cpu_load(const char *dir, const char *ref_dir, int rank, int tp, const msm_load_opts *o) {
+/* Loads rank `rank` of `tp` of dir on a CPU backend made with `co` (NULL: the defaults) with `o`
+ * and compares every weight with the reference computed from `ref_dir` (the same model, possibly
+ * in other dtypes), bit for bit: FP8 parts rounded to bf16 when co->fp8_as_bf16. Returns how many
+ * elements that rounding changed. */
+static size_t check_cpu_load_with(const char *dir, const char *ref_dir, int rank, int tp, const msm_load_opts *o,
+                                  const msm_backend_cpu_opts *co) {
+    size_t changed = 0;
     msm_graph *g = rank_graph(dir, rank, tp);
     msm_safetensors *st, *ref;
     msm_err err = {{0}};
     cr_assert_eq(msm_safetensors_open_dir(dir, &st, &err), 0, "%s", err.msg);
     cr_assert_eq(msm_safetensors_open_dir(ref_dir, &ref, &err), 0, "%s", err.msg);
     msm_backend *b;
-    cr_assert_eq(msm_backend_cpu_new(NULL, rank, 1000, false, &b, &err), 0);
+    cr_assert_eq(msm_backend_cpu_new(NULL, rank, 1000, co, &b, &err), 0);
     msm_load_stats ls;
     cr_assert_eq(msm_weights_load(g, st, b, o, &ls, &err), 0, "%s rank %d/%d: %s", dir, rank, tp, err.msg);
     cr_expect_gt(ls.bytes_read, 0);
     cr_expect_geq(ls.bytes_read, ls.bytes_stored);
     for (int wi = 0; wi < g->n_weights; wi++) {
         const msm_weight *w = &g->weights[wi];
-        float *want = reference_weight(w, ref);
+        float *want = reference_weight(w, ref, co && co->fp8_as_bf16, &changed);
         size_t n = (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols;
         const float *got = msm_backend_cpu_weight(b, wi);
         cr_assert_not_null(got);
@@ -241,6 +254,11 @@ static void check_cpu_load(const char *dir, const char *ref_dir, int rank, int t
     msm_safetensors_free(st);
     msm_safetensors_free(ref);
     msm_graph_free(g);
+    return changed;
+}
+
+static void check_cpu_load(const char *dir, const char *ref_dir, int rank, int tp, const msm_load_opts *o) {
+    check_cpu_load_with(dir, ref_dir, rank, tp, o, NULL);
 }
 
 /* One reader with the default slot; three with 256-byte slots (rows cut into column pieces,
@@ -303,6 +321,81 @@ Test(weights, fp8_checkpoints_dequantise_bitwise_at_tp_1_2_4_however_the_chunks_
                     check_cpu_load(fp8_models[m], fp8_models[m], rank, tp, &fp8_variants[v]);
 }
 
+/* fp8_as_bf16 (msmoe-run --fp8-as-bf16, for CUDA vs CPU checks): the CPU backend holds what the
+ * CUDA backend holds (tests below, GPU part), every FP8 weight's float32 dequantisation rounded
+ * with msm_f32_to_bf16, bit for bit, at TP 1, 2 and 4 however the chunks are cut; bf16 parts are
+ * as before. Without it they are the float32 values (the test above), and the rounding does
+ * change some of them. */
+Test(weights, fp8_as_bf16_cpu_weights_are_the_dequantisation_rounded_to_bf16, .timeout = 240) {
+    const msm_backend_cpu_opts co = {.fp8_as_bf16 = true};
+    for (size_t m = 0; m < 2; m++) {
+        size_t changed = 0;
+        for (int tp = 1; tp <= 4; tp *= 2)
+            for (int rank = 0; rank < tp; rank++)
+                for (size_t v = 0; v < sizeof fp8_variants / sizeof fp8_variants[0]; v += 2)
+                    changed += check_cpu_load_with(fp8_models[m], fp8_models[m], rank, tp, &fp8_variants[v], &co);
+        cr_expect_gt(changed, 1000, "%s: rounding to bf16 changed only %zu weights", fp8_models[m], changed);
+    }
+}
+
+/* The same through the backend's loading interface, on a block built by hand: the 256 FP8 codes on
+ * two rows of two column blocks each, with a scale of 1 + 2^-8 (so q * scale lies exactly halfway
+ * between two bf16 values for every code 1.000 x 2^e: a tie, rounded to even, down), 0.3, 448 and
+ * 2^-10. With fp8_as_bf16 a plain weight holds msm_f32_to_bf16 of the float32 dequantisation
+ * (load.cu's bf16 path), the two NaN codes as the bf16 NaN 0x7fc0 / 0xffc0 as the CUDA kernel
+ * stores them; a keep_f32 weight keeps the float32 value (load.cu's float32 path). Without it,
+ * both hold the float32 values. */
+Test(weights, fp8_as_bf16_rounds_each_code_like_the_cuda_loader_and_leaves_keep_f32_weights) {
+    msm_weight ws[2] = {{.name = "plain", .n_expert = 1, .rows = 2, .cols = 256},
+                        {.name = "keep_f32", .n_expert = 1, .rows = 2, .cols = 256, .keep_f32 = true}};
+    msm_graph g = {.weights = ws, .n_weights = 2};
+    /* [2 block rows, 2 block columns]; the block's first element is row 127 of its block, so its
+     * rows 0 and 1 take block rows 0 and 1 */
+    const float scale[4] = {1.0f + 0x1p-8f, 0.3f, 448.0f, 0x1p-10f};
+    uint8_t codes[2 * 256];
+    for (int i = 0; i < 2 * 256; i++) codes[i] = (uint8_t)(i % 256);
+    for (int on = 0; on <= 1; on++) {
+        const msm_backend_cpu_opts co = {.fp8_as_bf16 = on};
+        msm_backend *b;
+        msm_err err = {{0}};
+        cr_assert_eq(msm_backend_cpu_new(NULL, 0, 1000, &co, &b, &err), 0);
+        cr_assert_eq(b->vt->alloc_weights(b, &g, NULL, &err), 0, "%s", err.msg);
+        msm_wchan *c;
+        cr_assert_eq(b->vt->chan_open(b, sizeof codes, 1, &c, &err), 0, "%s", err.msg);
+        for (int wi = 0; wi < 2; wi++) {
+            void *slot;
+            cr_assert_eq(b->vt->chan_slot(c, &slot, &err), 0, "%s", err.msg);
+            memcpy(slot, codes, sizeof codes);
+            msm_wblock k = {.wi = wi, .src_dtype = MSM_F8_E4M3, .src = slot, .src_pitch = 256, .dst_pitch = 256,
+                            .rows = 2, .cols = 256, .scale = scale, .scale_pitch = 2, .scale_r0 = 127,
+                            .scale_block = 128};
+            cr_assert_eq(b->vt->chan_put(c, &k, &err), 0, "%s", err.msg);
+        }
+        cr_assert_eq(b->vt->chan_close(c, &err), 0, "%s", err.msg);
+        for (int wi = 0; wi < 2; wi++) {
+            const float *got = msm_backend_cpu_weight(b, wi);
+            for (int i = 0; i < 2 * 256; i++) {
+                float f = msm_f8e4m3_to_f32(codes[i]), want = isnan(f) ? f : f * scale[(i / 256) * 2 + (i % 256) / 128];
+                if (on && !ws[wi].keep_f32) want = msm_bf16_to_f32(msm_f32_to_bf16(want));
+                uint32_t gu, wu;
+                memcpy(&gu, &got[i], 4);
+                memcpy(&wu, &want, 4);
+                cr_expect_eq(gu, wu, "fp8_as_bf16 %d, weight %s, row %d, code 0x%02x: 0x%08x, want 0x%08x", on,
+                             ws[wi].name, i / 256, codes[i], gu, wu);
+            }
+        }
+        const float *plain = msm_backend_cpu_weight(b, 0);
+        uint32_t nan_pos, nan_neg;
+        memcpy(&nan_pos, &plain[0x7f], 4);
+        memcpy(&nan_neg, &plain[0xff], 4);
+        cr_expect_eq(nan_pos, 0x7fc00000u, "code 0x7f: 0x%08x", nan_pos);
+        cr_expect_eq(nan_neg, 0xffc00000u, "code 0xff: 0x%08x", nan_neg);
+        /* code 0x38 is 1.0: (1 + 2^-8) is a tie in bf16, rounded to the even 1.0 */
+        cr_expect_eq(plain[0x38], on ? 1.0f : 1.0f + 0x1p-8f, "code 0x38: %a", (double)plain[0x38]);
+        msm_backend_free(b);
+    }
+}
+
 /* The loader tells the backend what each weight is made of (alloc_weights' msm_wsource, recorded
  * here by wrapping the CPU backend's): FP8 where every part is, "mixed" for a weight of FP8 and
  * bf16 parts, bf16 where modules_to_not_convert kept it, and whether the weight's own 128-blocks
@@ -325,7 +418,7 @@ static msm_wsource source_of(int rank, int tp, const char *name) {
     msm_err err = {{0}};
     cr_assert_eq(msm_safetensors_open_dir("tests/data/glm4moe-fp8", &st, &err), 0, "%s", err.msg);
     msm_backend *b;
-    cr_assert_eq(msm_backend_cpu_new(NULL, rank, 1000, false, &b, &err), 0);
+    cr_assert_eq(msm_backend_cpu_new(NULL, rank, 1000, NULL, &b, &err), 0);
     cpu_vt = b->vt;
     msm_backend_vt vt = *b->vt;
     vt.alloc_weights = record_alloc;
@@ -424,7 +517,7 @@ static void expect_fp8_refused(const char *dir, int code, const char *const *nee
     msm_err err = {{0}}, err2 = {{0}};
     cr_assert_eq(msm_safetensors_open_dir(dir, &st, &err), 0, "%s", err.msg);
     msm_backend *b;
-    cr_assert_eq(msm_backend_cpu_new(NULL, 0, 1000, false, &b, &err), 0);
+    cr_assert_eq(msm_backend_cpu_new(NULL, 0, 1000, NULL, &b, &err), 0);
     int r = msm_weights_load(g, st, b, &(msm_load_opts){.threads = 2, .slot_bytes = 256}, NULL, &err);
     cr_assert_eq(r, code, "rc %d (%s), expected %d", r, r ? err.msg : "loaded", code);
     for (const char *const *n = needles; *n; n++) assert_has(err.msg, *n);
@@ -490,7 +583,7 @@ Test(weights, fp8_scales_that_are_not_float_or_not_finite_are_refused) {
     msm_err err = {{0}};
     cr_assert_eq(msm_safetensors_open_dir(dir2, &st, &err), 0, "%s", err.msg);
     msm_backend *b;
-    cr_assert_eq(msm_backend_cpu_new(NULL, 0, 1000, false, &b, &err), 0);
+    cr_assert_eq(msm_backend_cpu_new(NULL, 0, 1000, NULL, &b, &err), 0);
     cr_assert_eq(msm_weights_load(g, st, b, NULL, NULL, &err), -EINVAL);
     assert_has(err.msg, "tensor '" EXPERT "_scale_inv' holds a non-finite scale (inf) for block [0, 0]");
     msm_backend_free(b);
@@ -555,7 +648,7 @@ static void expect_fault(const char *model, const char *file, off_t size, bool a
     cr_assert_eq(msm_safetensors_open_dir(dir, &st, &err), 0, "%s", err.msg);
     if (at_open) break_now(&f);
     msm_backend *b;
-    cr_assert_eq(msm_backend_cpu_new(NULL, 0, 1000, false, &b, &err), 0);
+    cr_assert_eq(msm_backend_cpu_new(NULL, 0, 1000, NULL, &b, &err), 0);
     msm_load_opts o = {.threads = 1, .slot_bytes = 1024, .progress = break_file, .ctx = &f};
     int r = msm_weights_load(g, st, b, &o, NULL, &err);
     cr_assert(f.done);
@@ -674,7 +767,7 @@ static void check_cuda_load(const char *dir, int rank, int tp, const msm_load_op
     cr_assert_eq(msm_weights_load(g, st, b, o, NULL, &err), 0, "%s rank %d/%d: %s", dir, rank, tp, err.msg);
     for (int wi = 0; wi < g->n_weights; wi++) {
         const msm_weight *w = &g->weights[wi];
-        float *want = reference_weight(w, st);
+        float *want = reference_weight(w, st, false, NULL);
         size_t n = 0;
         const uint16_t *dev = msm_backend_cuda_weight(b, wi, &n);
         cr_assert_eq(n, (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols);
