@@ -35,19 +35,99 @@ static bool valid_utf8(const char *s, size_t n) {
     return u8_check((const uint8_t *)s, n) == NULL;
 }
 
-/* A prompt_text or Tokenize text -> ids. */
-static int encode_text(const msm_api_limits *lim, const char *field, const char *text, bool add_special,
-                       bool parse_special, int32_t **ret_ids, size_t *ret_n, msm_err *err) {
+/* A token covers at most msm_detok_max_out bytes of its text (3 times the longest piece, with room
+ * for U+FFFD), and a normaliser shrinks the input at most 3 times (NFC of a decomposed Hangul
+ * syllable), so a text of len bytes encodes to at least len / (2 * max_out) tokens. */
+size_t msm_api_min_tokens(const msm_api_limits *lim, size_t len) {
+    return len / (2 * msm_detok_max_out(lim->tok));
+}
+
+/* A prompt_text or Tokenize text, before any encoding: a tokenizer, and a length within the cap. */
+static int check_text(const msm_api_limits *lim, const char *field, size_t len, msm_err *err) {
     if (!lim->tok)
         return msm_err_set(err, -ENOTSUP, "%s %s; send token ids", field, no_tokenizer);
-    size_t len = strlen(text);
     if (len > MSM_API_MAX_TEXT_BYTES)
         return msm_err_set(err, -EINVAL, "%s has %zu bytes: at most %u", field, len, MSM_API_MAX_TEXT_BYTES);
-    unsigned flags = (add_special ? MSM_TOK_ADD_SPECIAL : 0) | (parse_special ? MSM_TOK_PARSE_SPECIAL : 0);
+    return 0;
+}
+
+/* Takes a copy of the text for msm_api_text (the unpacked frame is freed before it runs). */
+static int defer_text(msm_call *call, const char *text, bool add_special, bool parse_special, msm_err *err) {
+    size_t len = strlen(text);
+    call->in_text = malloc(len + 1);
+    if (!call->in_text)
+        return msm_err_set(err, -ENOMEM, "out of memory");
+    memcpy(call->in_text, text, len + 1);
+    call->in_len = len;
+    call->tok_flags = (add_special ? MSM_TOK_ADD_SPECIAL : 0) | (parse_special ? MSM_TOK_PARSE_SPECIAL : 0);
+    call->text_pending = true;
+    return 0;
+}
+
+/* The deferred text -> ids. */
+static int encode_text(const msm_api_limits *lim, const char *field, const msm_call *call, int32_t **ret_ids,
+                       size_t *ret_n, msm_err *err) {
     msm_err tok_err = {{0}};
-    int rc = msm_tokenizer_encode_flags(lim->tok, text, len, flags, ret_ids, ret_n, &tok_err);
+    int rc = msm_tokenizer_encode_flags(lim->tok, call->in_text, call->in_len, call->tok_flags, ret_ids, ret_n,
+                                        &tok_err);
     if (rc < 0)
         return tok_fail(rc, field, &tok_err, err);
+    return 0;
+}
+
+/* Strings cannot carry a NUL byte: protobuf-c unpacks a string field into a NUL-terminated copy,
+ * so text after a NUL would silently vanish ("Once\0 upon a time" would be served as "Once").
+ * The frame's wire bytes are walked field by field through the message descriptors (nested
+ * messages too) and a string field holding a NUL is refused, named. Runs after a successful
+ * unpack, so the wire is well formed; anything unexpected just ends the walk. */
+static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret) {
+    uint64_t v = 0;
+    for (int shift = 0; *p < end && shift < 64; shift += 7) {
+        uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *ret = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int find_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n, const char *prefix,
+                    int depth, msm_err *err) {
+    const uint8_t *end = p + n;
+    while (p < end && depth < 8) {
+        uint64_t tag, v;
+        if (!wire_varint(&p, end, &tag))
+            return 0;
+        unsigned wt = (unsigned)(tag & 7);
+        if (wt == 0 && !wire_varint(&p, end, &v))
+            return 0;
+        if (wt == 1 || wt == 5) {
+            size_t k = wt == 1 ? 8 : 4;
+            if ((size_t)(end - p) < k)
+                return 0;
+            p += k;
+        }
+        if (wt != 2)
+            continue;
+        if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
+            return 0;
+        const ProtobufCFieldDescriptor *f =
+            tag >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3)) : NULL;
+        char path[128];
+        snprintf(path, sizeof path, "%s%s%s", prefix, prefix[0] ? "." : "", f ? f->name : "");
+        const uint8_t *nul = f && f->type == PROTOBUF_C_TYPE_STRING ? memchr(p, 0, (size_t)v) : NULL;
+        if (nul)
+            return msm_err_set(err, -EINVAL, "%s contains a NUL byte (at byte %zu of %llu): strings cannot carry NUL",
+                               path, (size_t)(nul - p), (unsigned long long)v);
+        if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+            int rc = find_nul(f->descriptor, p, (size_t)v, path, depth + 1, err);
+            if (rc < 0)
+                return rc;
+        }
+        p += v;
+    }
     return 0;
 }
 
@@ -64,8 +144,13 @@ static int check_prompt(const Msmoe__V1__GenerateRequest *g, const msm_api_limit
                            "generate: the prompt is missing: set prompt_ids or prompt_text (prompt_ids is empty)");
     if (text && !lim->tok)
         return msm_err_set(err, -ENOTSUP, "generate.prompt_text %s; send generate.prompt_ids", no_tokenizer);
-    if (text)
-        return 0;
+    if (text) {
+        size_t len = strlen(g->prompt_text), at_least = msm_api_min_tokens(lim, len);
+        if (at_least >= (size_t)lim->max_context)
+            return msm_err_set(err, -EINVAL, "generate.prompt_text has %zu bytes: it encodes to at least %zu tokens, "
+                               "and max context is %d tokens (prompt + generated)", len, at_least, lim->max_context);
+        return check_text(lim, "generate.prompt_text", len, err);
+    }
     if (g->n_prompt_ids >= (size_t)lim->max_context)
         return msm_err_set(err, -EINVAL,
                            "generate.prompt_ids has %zu tokens; max context is %d tokens (prompt + generated)",
@@ -136,20 +221,28 @@ static int check_stops(const Msmoe__V1__GenerateRequest *g, const msm_api_limits
     return 0;
 }
 
-/* r's prompt: prompt_text encoded (last: everything cheap was checked first), or prompt_ids copied. */
-static int fill_prompt(const Msmoe__V1__GenerateRequest *g, const msm_api_limits *lim, msm_gen_request *r,
-                       msm_err *err) {
-    if (!g->prompt_text) {
-        r->n_prompt = (int)g->n_prompt_ids;
-        r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt);
-        if (!r->prompt)
-            return msm_err_set(err, -ENOMEM, "out of memory");
-        memcpy(r->prompt, g->prompt_ids, (size_t)r->n_prompt * sizeof *r->prompt);
-        return 0;
-    }
+/* r's prompt_ids, copied. */
+static int fill_prompt(const Msmoe__V1__GenerateRequest *g, msm_gen_request *r, msm_err *err) {
+    r->n_prompt = (int)g->n_prompt_ids;
+    r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt);
+    if (!r->prompt)
+        return msm_err_set(err, -ENOMEM, "out of memory");
+    memcpy(r->prompt, g->prompt_ids, (size_t)r->n_prompt * sizeof *r->prompt);
+    return 0;
+}
+
+/* The default max_tokens never asks for more than fits the context. */
+static void default_max_tokens(const msm_api_limits *lim, msm_gen_request *r) {
+    if (r->max_tokens > lim->max_context - r->n_prompt)
+        r->max_tokens = lim->max_context - r->n_prompt;
+}
+
+/* A deferred prompt_text: encoded into r's prompt, then checked against the context and the
+ * model's vocabulary. */
+static int text_prompt(const msm_api_limits *lim, msm_call *call, msm_err *err) {
+    msm_gen_request *r = call->gen;
     size_t n = 0;
-    int rc = encode_text(lim, "generate.prompt_text", g->prompt_text, !g->has_add_special || g->add_special,
-                         g->has_parse_special && g->parse_special, &r->prompt, &n, err);
+    int rc = encode_text(lim, "generate.prompt_text", call, &r->prompt, &n, err);
     if (rc < 0)
         return rc;
     r->n_prompt = (int)(n < INT32_MAX ? n : INT32_MAX);
@@ -164,6 +257,8 @@ static int fill_prompt(const Msmoe__V1__GenerateRequest *g, const msm_api_limits
         if (r->prompt[i] >= lim->vocab)
             return msm_err_set(err, -ENOTSUP, "generate.prompt_text: the tokenizer gave id %d, outside the model's "
                                "vocabulary [0, %d) (tokenizer.json does not match the model)", r->prompt[i], lim->vocab);
+    if (call->max_tokens_default)
+        default_max_tokens(lim, r);
     return 0;
 }
 
@@ -183,8 +278,8 @@ static int fill_stops(const Msmoe__V1__GenerateRequest *g, msm_gen_request *r, m
     return 0;
 }
 
-static int convert_generate(const Msmoe__V1__GenerateRequest *g, const msm_api_limits *lim,
-                            msm_gen_request **ret, msm_err *err) {
+static int convert_generate(const Msmoe__V1__GenerateRequest *g, const msm_api_limits *lim, msm_call *call,
+                            msm_err *err) {
     msm_sample_params sp;
     int rc;
     if ((rc = check_unknown(&g->base, "generate", err)) < 0 ||
@@ -195,20 +290,24 @@ static int convert_generate(const Msmoe__V1__GenerateRequest *g, const msm_api_l
     msm_gen_request *r = calloc(1, sizeof *r);
     if (!r)
         return msm_err_set(err, -ENOMEM, "out of memory");
-    if ((rc = fill_prompt(g, lim, r, err)) < 0 || (rc = fill_stops(g, r, err)) < 0) {
-        msm_gen_request_free(r);
+    call->gen = r;
+    if (g->prompt_text)
+        rc = defer_text(call, g->prompt_text, !g->has_add_special || g->add_special,
+                        g->has_parse_special && g->parse_special, err);
+    else
+        rc = fill_prompt(g, r, err);
+    if (rc < 0 || (rc = fill_stops(g, r, err)) < 0)
         return rc;
-    }
     r->sampling = sp;
     r->max_tokens = lim->max_tokens_default;
+    call->max_tokens_default = !g->has_max_tokens;
     if (g->has_max_tokens)
         r->max_tokens = (int)g->max_tokens;
-    else if (r->max_tokens > lim->max_context - r->n_prompt)
-        r->max_tokens = lim->max_context - r->n_prompt; /* the default never asks for more than fits */
+    else if (!g->prompt_text)
+        default_max_tokens(lim, r);
     r->top_logprobs = g->has_logprobs ? (int)g->logprobs : 0;
     r->want_logprob = (g->has_return_logprob && g->return_logprob) || r->top_logprobs > 0;
     r->ignore_eos = g->has_ignore_eos && g->ignore_eos;
-    *ret = r;
     return 0;
 }
 
@@ -221,8 +320,11 @@ static int convert_tokenize(const Msmoe__V1__TokenizeRequest *t, const msm_api_l
         return rc;
     if (!lim->tok)
         return msm_err_set(err, -ENOTSUP, "tokenize %s", no_tokenizer);
-    return encode_text(lim, "tokenize.text", t->text ? t->text : "", !t->has_add_special || t->add_special,
-                       t->has_parse_special && t->parse_special, &call->ids, &call->n_ids, err);
+    const char *text = t->text ? t->text : "";
+    if ((rc = check_text(lim, "tokenize.text", strlen(text), err)) < 0)
+        return rc;
+    return defer_text(call, text, !t->has_add_special || t->add_special, t->has_parse_special && t->parse_special,
+                      err);
 }
 
 static int convert_detokenize(const Msmoe__V1__DetokenizeRequest *d, const msm_api_limits *lim, msm_call *call,
@@ -239,12 +341,25 @@ static int convert_detokenize(const Msmoe__V1__DetokenizeRequest *d, const msm_a
         if (d->ids[i] < 0 || d->ids[i] >= vocab)
             return msm_err_set(err, -EINVAL, "detokenize.ids[%zu] = %d is outside the tokenizer's vocabulary [0, %d)",
                                i, d->ids[i], vocab);
+    call->in_ids = malloc((d->n_ids ? d->n_ids : 1) * sizeof *call->in_ids);
+    if (!call->in_ids)
+        return msm_err_set(err, -ENOMEM, "out of memory");
+    if (d->n_ids)
+        memcpy(call->in_ids, d->ids, d->n_ids * sizeof *call->in_ids);
+    call->n_in_ids = d->n_ids;
+    call->skip_special = d->has_skip_special && d->skip_special;
+    call->text_pending = true;
+    return 0;
+}
+
+/* The deferred Detokenize: ids -> text, NUL characters dropped (the API's strings cannot carry
+ * them). */
+static int text_detokenize(const msm_api_limits *lim, msm_call *call, msm_err *err) {
     msm_err tok_err = {{0}};
-    rc = msm_tokenizer_decode(lim->tok, d->ids, d->n_ids, d->has_skip_special && d->skip_special, &call->text,
-                              &call->text_len, &tok_err);
+    int rc = msm_tokenizer_decode(lim->tok, call->in_ids, call->n_in_ids, call->skip_special, &call->text,
+                                  &call->text_len, &tok_err);
     if (rc < 0)
         return tok_fail(rc, "detokenize", &tok_err, err);
-    /* The API's strings cannot carry NUL characters: they are dropped. */
     size_t k = 0;
     for (size_t i = 0; i < call->text_len; i++)
         if (call->text[i])
@@ -254,14 +369,37 @@ static int convert_detokenize(const Msmoe__V1__DetokenizeRequest *d, const msm_a
     return 0;
 }
 
+int msm_api_text(msm_call *call, const msm_api_limits *lim, msm_err *err) {
+    int rc = 0;
+    if (!call->text_pending)
+        return 0;
+    if (call->kind == MSM_CALL_GENERATE)
+        rc = text_prompt(lim, call, err);
+    else if (call->kind == MSM_CALL_TOKENIZE)
+        rc = encode_text(lim, "tokenize.text", call, &call->ids, &call->n_ids, err);
+    else if (call->kind == MSM_CALL_DETOKENIZE)
+        rc = text_detokenize(lim, call, err);
+    free(call->in_text);
+    free(call->in_ids);
+    call->in_text = NULL;
+    call->in_ids = NULL;
+    call->text_pending = false;
+    return rc;
+}
+
 void msm_call_done(msm_call *c) {
     if (!c)
         return;
     free(c->ids);
     free(c->text);
+    free(c->in_text);
+    free(c->in_ids);
     c->ids = NULL;
     c->text = NULL;
+    c->in_text = NULL;
+    c->in_ids = NULL;
     c->n_ids = c->text_len = 0;
+    c->text_pending = false;
 }
 
 /* The call a decoded frame carries, converted into *call. */
@@ -269,7 +407,7 @@ static int convert_call(const Msmoe__V1__ClientFrame *f, const msm_api_limits *l
     switch (f->call_case) {
     case MSMOE__V1__CLIENT_FRAME__CALL_GENERATE:
         call->kind = MSM_CALL_GENERATE;
-        return convert_generate(f->generate, lim, &call->gen, err);
+        return convert_generate(f->generate, lim, call, err);
     case MSMOE__V1__CLIENT_FRAME__CALL_CANCEL:
         call->kind = MSM_CALL_CANCEL;
         return check_unknown(&f->cancel->base, "cancel", err);
@@ -294,8 +432,8 @@ static int convert_call(const Msmoe__V1__ClientFrame *f, const msm_api_limits *l
     }
 }
 
-int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, msm_call *ret, uint64_t *reply_id,
-                   msm_err *err) {
+int msm_api_parse(const uint8_t *buf, size_t len, const msm_api_limits *lim, msm_call *ret, uint64_t *reply_id,
+                  msm_err *err) {
     *reply_id = 0;
     Msmoe__V1__ClientFrame *f = msmoe__v1__client_frame__unpack(NULL, len, buf);
     if (!f)
@@ -305,6 +443,8 @@ int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, ms
     int rc = check_unknown(&f->base, "ClientFrame", err);
     if (rc == 0 && (!f->has_request_id || f->request_id == 0))
         rc = msm_err_set(err, -EINVAL, "request_id must be set and nonzero");
+    if (rc == 0)
+        rc = find_nul(&msmoe__v1__client_frame__descriptor, buf, len, "", 0, err);
     if (rc == 0) {
         call.request_id = f->request_id;
         rc = convert_call(f, lim, &call, err);
@@ -314,9 +454,21 @@ int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, ms
             call.gen->request_id = f->request_id;
         *ret = call;
     } else {
+        msm_gen_request_free(call.gen);
         msm_call_done(&call);
     }
     msmoe__v1__client_frame__free_unpacked(f, NULL);
+    return rc;
+}
+
+int msm_api_decode(const uint8_t *buf, size_t len, const msm_api_limits *lim, msm_call *ret, uint64_t *reply_id,
+                   msm_err *err) {
+    int rc = msm_api_parse(buf, len, lim, ret, reply_id, err);
+    if (rc == 0 && (rc = msm_api_text(ret, lim, err)) < 0) {
+        msm_gen_request_free(ret->gen);
+        ret->gen = NULL;
+        msm_call_done(ret);
+    }
     return rc;
 }
 

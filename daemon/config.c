@@ -10,7 +10,10 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include "msm_listen.h"
 
 #ifndef MSM_SOURCE_ROOT
 #define MSM_SOURCE_ROOT ""
@@ -41,9 +44,13 @@ static const key_def keys[] = {
     {"server", "socket_mode", K_MODE, offsetof(msm_config, socket_mode), sizeof(int), 0, 0777},
     INT("server", "tcp", tcp_port, 0, 65535),
     STR("server", "tcp_host", tcp_host),
+    BOOL("server", "tcp_allow_remote", tcp_allow_remote),
     INT("server", "max_frame_bytes", max_frame_bytes, 64, 1 << 30),
     INT("server", "max_connections", max_connections, 1, 1000000),
+    INT("server", "max_requests_per_connection", max_requests_per_connection, 1, 1000000),
     INT("server", "max_queued_bytes", max_queued_bytes, 4096, 1 << 30),
+    INT("server", "idle_timeout_s", idle_timeout_s, 0, 86400),
+    INT("server", "write_timeout_s", write_timeout_s, 0, 86400),
     INT("server", "metrics_port", metrics_port, 0, 65535),
     STR("server", "metrics_host", metrics_host),
     STR("engine", "model", model),
@@ -89,7 +96,10 @@ void msm_config_defaults(msm_config *c) {
     snprintf(c->tcp_host, sizeof c->tcp_host, "127.0.0.1");
     c->max_frame_bytes = 4 << 20;
     c->max_connections = 1024;
+    c->max_requests_per_connection = 256;
     c->max_queued_bytes = 16 << 20;
+    c->idle_timeout_s = 300;
+    c->write_timeout_s = 30;
     snprintf(c->metrics_host, sizeof c->metrics_host, "127.0.0.1");
     snprintf(c->backend, sizeof c->backend, "auto");
     c->tp = 1;
@@ -296,7 +306,9 @@ static int set_key(msm_config *c, const char *where, const char *section, const 
 }
 
 /* inih gives its handler no line number (Debian builds it without INI_HANDLER_LINENO), so the
- * reader callback counts the lines it hands out. */
+ * reader callback counts the lines it hands out. inih reads a line into a fixed buffer (`num`
+ * bytes) and would split a longer one, parsing the rest as a line of its own (text past ~200
+ * characters of a comment would become a key): the reader refuses such a line instead, naming it. */
 typedef struct parse_ctx {
     msm_config *c;
     const char *source;
@@ -304,14 +316,25 @@ typedef struct parse_ctx {
     const char *text;         /* ... string source */
     size_t text_off;
     int line;
-    bool mid_line;
     int err_line;
     int rc;
     msm_err *err;
 } parse_ctx;
 
+/* The next byte of the source without consuming it, or EOF. */
+static int peek(parse_ctx *p) {
+    if (!p->f)
+        return p->text[p->text_off] ? (unsigned char)p->text[p->text_off] : EOF;
+    int ch = getc(p->f);
+    if (ch != EOF)
+        ungetc(ch, p->f);
+    return ch;
+}
+
 static char *reader(char *str, int num, void *stream) {
     parse_ctx *p = stream;
+    if (p->rc < 0)
+        return NULL;
     if (p->f) {
         if (!fgets(str, num, p->f))
             return NULL;
@@ -327,11 +350,23 @@ static char *reader(char *str, int num, void *stream) {
         }
         str[k] = 0;
     }
-    /* A line longer than inih's buffer arrives in pieces: count it once, at its first piece. */
-    if (!p->mid_line)
-        p->line++;
+    p->line++;
     size_t n = strlen(str);
-    p->mid_line = !(n && str[n - 1] == '\n');
+    if (n && str[n - 1] == '\n')
+        return str;
+    /* No newline: the end of the source, a line of exactly num - 1 bytes, or a longer one. */
+    int next = peek(p);
+    if (next == '\n') {
+        if (p->f)
+            getc(p->f);
+        else
+            p->text_off++;
+    } else if (next != EOF) {
+        p->rc = msm_err_set(p->err, -EINVAL, "%s:%d: line longer than %d characters (comments too): shorten it",
+                            p->source, p->line, num - 2);
+        p->err_line = p->line;
+        return NULL;
+    }
     return str;
 }
 
@@ -403,6 +438,22 @@ int msm_config_check(const msm_config *c, msm_err *err) {
                            c->max_step_tokens, c->max_seqs);
     if (c->socket[0] && c->socket[0] != '/')
         return msm_err_set(err, -EINVAL, "server.socket = '%s' must be an absolute path", c->socket);
+    size_t sun_path = sizeof ((struct sockaddr_un *)0)->sun_path;
+    if (strlen(c->socket) >= sun_path)
+        return msm_err_set(err, -ENAMETOOLONG, "server.socket is %zu bytes long: a Unix socket path has at most %zu "
+                           "(the kernel's sun_path limit); use a shorter path", strlen(c->socket), sun_path - 1);
+    int loopback = msm_listen_loopback(c->tcp_host);
+    if (c->tcp_port && loopback < 0)
+        return msm_err_set(err, -EINVAL, "server.tcp_host = '%s' is not an IPv4 or IPv6 address (127.0.0.1 or ::1 "
+                           "for this machine only)", c->tcp_host);
+    if (c->tcp_port && !loopback && !c->tcp_allow_remote)
+        return msm_err_set(err, -EINVAL, "server.tcp_host = %s is not a loopback address: the TCP API has no "
+                           "authentication, so anyone who can reach %s:%d could use the model; set "
+                           "server.tcp_allow_remote = true to serve it anyway (behind a firewall)",
+                           c->tcp_host, c->tcp_host, c->tcp_port);
+    if (c->max_context == 1)
+        return msm_err_set(err, -EINVAL, "engine.max_context = 1: a sequence needs at least 2 tokens (a prompt token "
+                           "and a generated one); 0 takes the model's max_position_embeddings");
     int rc = check_gpu_groups(c, c->gpus, c->n_gpus, c->gpus_where, err);
     if (rc < 0)
         return rc;
@@ -487,7 +538,7 @@ int msm_config_model_dir(const msm_config *c, char *ret, size_t cap, msm_err *er
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     bool in_build = false;
-    if (n > 0 && MSM_BUILD_ROOT[0]) {
+    if (n > 0 && strlen(MSM_BUILD_ROOT) > 0) {
         exe[n] = 0;
         in_build = strncmp(exe, MSM_BUILD_ROOT, strlen(MSM_BUILD_ROOT)) == 0;
     }

@@ -102,6 +102,10 @@ static int fk_step(void *ctx, const msm_step_seq *seqs, int n_seqs, msm_step_out
         f->fail_steps--;
         return msm_err_set(err, -EIO, "fake engine: injected failure");
     }
+    bool fault = f->o.fault_step > 0 && f->steps + 1 >= (uint64_t)f->o.fault_step;
+    if (fault && !f->o.fault_nonfinite)
+        return msm_err_set(err, -ENOTRECOVERABLE, "fake engine: injected device fault at step %llu",
+                           (unsigned long long)f->steps + 1);
     if (n_seqs < 1 || n_seqs > f->o.max_seqs)
         return msm_err_set(err, -EINVAL, "fake engine: %d sequences in a step (max %d)", n_seqs, f->o.max_seqs);
     /* Validate everything first, as the real engine does. */
@@ -143,7 +147,7 @@ static int fk_step(void *ctx, const msm_step_seq *seqs, int n_seqs, msm_step_out
         for (int p = 0; p < n; p++)
             h = mix(h, (uint64_t)(uint32_t)f->cache[s->blocks[p / BLOCK] * BLOCK + p % BLOCK] * 131 + (uint64_t)p);
         int32_t tok = next_token(h, &s->sampling, f->o.vocab);
-        f->out_tokens[i] = tok;
+        f->out_tokens[i] = fault ? MSM_SAMPLE_NONFINITE : tok;
         if (s->want_logits) {
             float *row = f->out_logits + (size_t)rows++ * (size_t)f->o.vocab;
             for (int v = 0; v < f->o.vocab; v++)

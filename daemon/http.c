@@ -8,7 +8,9 @@
  * request's choices on the scheduler and frees the gen_req; when the response is sent first, the
  * gen_req unties itself before it is freed. Buffers handed to h2o_send live in the request's pool
  * (H2O writes them after h2o_send returns). Events of a request that is gone find no gen_req and
- * are dropped by the server. */
+ * are dropped by the server. Before a gen_req exists, the body is parsed (its text encoded) on
+ * libuv's thread pool by a text_job, tied to the h2o_req_t the same way; so are /tokenize and
+ * /detokenize. */
 #include "msm_http.h"
 
 #include <errno.h>
@@ -32,6 +34,7 @@
 typedef struct hconn {
     uv_tcp_t tcp;             /* first: H2O's close callback gets the handle */
     msm_http *h;
+    msm_conn_guard guard;     /* server.max_connections and server.write_timeout_s (msm_listen.h) */
     struct hconn *prev, *next;
 } hconn;
 
@@ -64,6 +67,7 @@ struct msm_http {
     char what[32];
     bool metrics_only;
     int max_header_bytes, max_connections;
+    msm_conn_set *guards;     /* NULL: no guard */
     char *api_key;
     size_t api_key_len;
     char model[256];
@@ -410,19 +414,115 @@ static route find_route(h2o_iovec_t path, bool *ret_post) {
     return R_NONE;
 }
 
-static void generation(msm_http *h, h2o_req_t *req, route r) {
-    msm_oai_request oreq;
+/* ---- text work, off the loop thread ----
+ * A generation request's parse encodes its prompts (and renders chat messages), /tokenize encodes
+ * and /detokenize decodes: up to http.max_body_bytes of text, hundreds of milliseconds a MiB. As
+ * on the socket API (docs/adr/0007-hardening.md), that runs on libuv's thread pool, with a copy of
+ * the body, and comes back on the loop thread. The parsers only read h->oai and the tokenizer,
+ * both immutable. A link in the request's pool ties the job to the h2o_req_t, as for gen_req:
+ * when H2O disposes of the request first, the job's answer is dropped. */
+typedef struct text_job text_job;
+
+typedef struct text_link {
+    text_job *j;
+} text_link;
+
+struct text_job {
+    uv_work_t work;
+    msm_http *h;
+    h2o_req_t *req;           /* NULL once H2O disposed of it */
+    text_link *link;
+    route r;
+    char *body;               /* [len + 1] a copy, NUL-terminated */
+    size_t len;
+    int rc;                   /* completions, chat: the parse's */
+    msm_oai_request oreq;     /* completions, chat: the request when rc == 0 */
+    char *out;                /* tokenize, detokenize: the JSON answer, or NULL */
+    size_t out_len;
     msm_oai_error e;
-    const char *body = req->entity.base ? req->entity.base : "";
-    int rc = r == R_CHAT ? msm_oai_parse_chat(&h->oai, body, req->entity.len, &oreq, &e)
-                         : msm_oai_parse_completion(&h->oai, body, req->entity.len, &oreq, &e);
-    if (rc < 0) {
+};
+
+static void on_text_req_dispose(void *p) {
+    text_link *l = p;
+    if (l->j)
+        l->j->req = NULL;
+}
+
+static void text_work(uv_work_t *w) {
+    text_job *j = w->data;
+    const msm_oai_ctx *c = &j->h->oai;
+    switch (j->r) {
+    case R_CHAT:
+        j->rc = msm_oai_parse_chat(c, j->body, j->len, &j->oreq, &j->e);
+        break;
+    case R_COMPLETIONS:
+        j->rc = msm_oai_parse_completion(c, j->body, j->len, &j->oreq, &j->e);
+        break;
+    case R_TOKENIZE:
+        j->out = msm_oai_tokenize(c, j->body, j->len, &j->out_len, &j->e);
+        break;
+    default:
+        j->out = msm_oai_detokenize(c, j->body, j->len, &j->out_len, &j->e);
+        break;
+    }
+}
+
+static void text_done(uv_work_t *w, int status) {
+    text_job *j = w->data;
+    msm_http *h = j->h;
+    h2o_req_t *req = j->req;
+    bool generation = j->r == R_CHAT || j->r == R_COMPLETIONS;
+    (void)status; /* never cancelled */
+    if (req)
+        j->link->j = NULL;
+    if (!req) {
+        if (generation && j->rc == 0)
+            msm_oai_request_done(&j->oreq); /* its client is gone */
+    } else if (generation && j->rc < 0) {
         msm_log_debug("%s: %.*s: %d %s", h->what, (int)req->path_normalized.len, req->path_normalized.base,
-                      e.status, e.msg.msg);
-        send_error(req, &e);
+                      j->e.status, j->e.msg.msg);
+        send_error(req, &j->e);
+    } else if (generation) {
+        start_generation(h, req, &j->oreq); /* takes oreq */
+    } else if (!j->out) {
+        send_error(req, &j->e);
+    } else {
+        send_json(req, 200, j->out, j->out_len); /* takes out */
+        j->out = NULL;
+    }
+    free(j->out);
+    free(j->body);
+    free(j);
+}
+
+/* Hands route r's text work on the request's body to the thread pool; the answer follows. */
+static void queue_text(msm_http *h, h2o_req_t *req, route r) {
+    text_job *j = calloc(1, sizeof *j);
+    char *body = malloc(req->entity.len + 1);
+    if (!j || !body) {
+        free(j);
+        free(body);
+        fail(req, 503, "", "%s", "out of memory");
         return;
     }
-    start_generation(h, req, &oreq);
+    if (req->entity.len)
+        memcpy(body, req->entity.base, req->entity.len);
+    body[req->entity.len] = 0;
+    j->body = body;
+    j->len = req->entity.len;
+    j->h = h;
+    j->req = req;
+    j->r = r;
+    j->work.data = j;
+    int rc = uv_queue_work(h->loop, &j->work, text_work, text_done);
+    if (rc < 0) {
+        free(j->body);
+        free(j);
+        fail(req, 503, "", "cannot queue the text work: %s", uv_strerror(rc));
+        return;
+    }
+    j->link = h2o_mem_alloc_shared(&req->pool, sizeof *j->link, on_text_req_dispose);
+    j->link->j = j;
 }
 
 static int on_req(h2o_handler_t *self, h2o_req_t *req) {
@@ -447,7 +547,6 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         return fail(req, 401, "", "%s", "Incorrect or missing API key: send \"Authorization: Bearer <key>\"");
     size_t len = 0;
     char *out = NULL;
-    msm_oai_error e;
     char why[160];
     switch (r) {
     case R_HEALTH: {
@@ -474,18 +573,9 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
         return 0;
     case R_TOKENIZE:
     case R_DETOKENIZE:
-        out = r == R_TOKENIZE ? msm_oai_tokenize(&h->oai, req->entity.base ? req->entity.base : "", req->entity.len,
-                                                 &len, &e)
-                              : msm_oai_detokenize(&h->oai, req->entity.base ? req->entity.base : "",
-                                                   req->entity.len, &len, &e);
-        if (!out)
-            send_error(req, &e);
-        else
-            send_json(req, 200, out, len);
-        return 0;
     case R_COMPLETIONS:
     case R_CHAT:
-        generation(h, req, r);
+        queue_text(h, req, r);
         return 0;
     case R_NONE:
         break;
@@ -505,11 +595,40 @@ static void on_conn_closed(uv_handle_t *handle) {
     if (c->next)
         c->next->prev = c->prev;
     h->n_conns--;
+    msm_conn_guard_remove(&c->guard);
     free(c);
 }
 
 static void on_refused_closed(uv_handle_t *handle) {
     free(handle);
+}
+
+/* A connection over a connection cap (`cap` names it): a 503 written at once (into the socket
+ * buffer, which a fresh connection has room for), then closed before H2O sees it. */
+static void refuse(hconn *c, const char *cap) {
+    char body[192], msg[384];
+    int n = snprintf(body, sizeof body, "{\"error\":{\"message\":\"too many connections (%s)\","
+                     "\"type\":\"server_error\",\"param\":null,\"code\":null}}", cap);
+    int m = snprintf(msg, sizeof msg, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     "Connection: close\r\nContent-Length: %d\r\n\r\n%s", n, body);
+    uv_buf_t b = uv_buf_init(msg, (unsigned)m);
+    uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+    msm_conn_guard_remove(&c->guard);
+    uv_close((uv_handle_t *)&c->tcp, on_refused_closed);
+}
+
+/* The guard set's verdict: the client took none of its reply for server.write_timeout_s (or for
+ * the last flush at shutdown). H2O has no call that closes a connection from outside: shutting
+ * the socket down fails the pending write, and H2O closes the connection its own way. */
+static void on_guard_timeout(msm_conn_guard *g, msm_conn_timeout why) {
+    hconn *c = g->owner;
+    (void)why; /* MSM_CONN_STALLED: the guard is busy for good, never idle */
+    msm_log_warn("%s: a client took none of its %zu queued reply bytes in time (server.write_timeout_s, or the "
+                 "last flush at shutdown); closing its connection", c->h->what,
+                 uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp));
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+        shutdown(fd, SHUT_RDWR);
 }
 
 static void on_connection(uv_stream_t *listener, int status) {
@@ -528,14 +647,15 @@ static void on_connection(uv_stream_t *listener, int status) {
         return;
     }
     if (h->n_conns >= h->max_connections) {
-        static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                   "Connection: close\r\nContent-Length: 124\r\n\r\n"
-                                   "{\"error\":{\"message\":\"too many connections (http.max_connections)\","
-                                   "\"type\":\"server_error\",\"param\":null,\"code\":null}}      ";
-        uv_buf_t b = uv_buf_init((char *)busy, sizeof busy - 1);
-        uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-        uv_close((uv_handle_t *)&c->tcp, on_refused_closed);
+        refuse(c, "http.max_connections");
         return;
+    }
+    if (h->guards) {
+        if (msm_conn_guard_add(h->guards, &c->guard, (uv_stream_t *)&c->tcp, on_guard_timeout, c) < 0) {
+            refuse(c, "server.max_connections, over every listener");
+            return;
+        }
+        msm_conn_guard_set_busy(&c->guard, true); /* its idle time is H2O's (http.read_timeout_ms) */
     }
     c->h = h;
     c->next = h->conns;
@@ -627,6 +747,7 @@ int msm_http_new(uv_loop_t *loop, const msm_http_opts *o, const msm_http_host *h
     h->metrics_only = o->metrics_only;
     h->max_header_bytes = o->max_header_bytes;
     h->max_connections = o->max_connections;
+    h->guards = o->guards;
     h->limits = *o->limits;
     h->info = o->info;
     const char *model = o->model_name && o->model_name[0] ? o->model_name : NULL;

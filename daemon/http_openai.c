@@ -1,5 +1,6 @@
-/* msm_openai: OpenAI request parsing and reply rendering (see msm_openai.h). Loop thread only
- * (the tokenizer it encodes and decodes with is immutable). */
+/* msm_openai: OpenAI request parsing and reply rendering (see msm_openai.h). Nothing here keeps
+ * state between calls: parsing and the tokenizer routes run on libuv's thread pool, several at
+ * once (the context and the tokenizer they read are immutable), rendering on the loop thread. */
 #include "msm_openai.h"
 
 #include <errno.h>
@@ -329,6 +330,11 @@ static int encode(const msm_api_limits *lim, const char *param, const char *text
         return msm_oai_fail(e, 400, param, "'%s' has %zu bytes: at most %u", param, len, MSM_API_MAX_TEXT_BYTES);
     if (memchr(text, 0, len))
         return msm_oai_fail(e, 400, param, "'%s' contains a NUL character", param);
+    size_t at_least = msm_api_min_tokens(lim, len);
+    if (at_least >= (size_t)lim->max_context) /* refused unread */
+        return msm_oai_fail(e, 400, param, "'%s' has %zu bytes: it encodes to at least %zu tokens; this model's "
+                            "maximum context length is %d tokens (prompt + generated)", param, len, at_least,
+                            lim->max_context);
     int32_t *ids = NULL;
     size_t n = 0;
     msm_err terr = {{0}};

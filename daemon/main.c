@@ -1,18 +1,28 @@
-/* msmoed: the daemon's entry point. Reads the config, splits the node into TP groups, loads the
- * tokenizer and then the model once per group (telling systemd, group by group, while it does),
- * starts one scheduler thread per group and the libuv loop, signals READY=1 once every group is
- * resident and the sockets listen, and on SIGTERM drains and exits 0.
+/* msmoed: the daemon's entry point. Reads the config, splits the node into TP groups, validates
+ * the model without loading it, loads the tokenizer and then the model once per group (telling
+ * systemd, group by group, while it does), starts one scheduler thread per group and the libuv
+ * loop, signals READY=1 once every group is resident and the sockets listen, and on SIGTERM drains
+ * and exits 0 (1 when an engine failed for good, so that systemd restarts it).
  *
  * main runs the phases below in order; each says what it sets up in the daemon_state and returns
- * 0 or the process's exit status (2: the configuration is wrong, 1: start-up failed). */
+ * 0 or the process's exit status (2: the configuration is wrong, 1: start-up failed).
+ * `--check-config` runs the same validation as start-up (validate_model) and stops before loading.
+ *
+ * Signals: SIGTERM, SIGINT and SIGHUP are blocked in every thread from the start; until the loop
+ * takes them over (serve), a watcher thread waits for them: SIGTERM or SIGINT while the model
+ * loads ends the process at once with status 0 (a load of many GB is not worth finishing only to
+ * drain nothing: no client has connected yet), SIGHUP reopens the log. */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -61,6 +71,9 @@ typedef struct daemon_state {
     uv_loop_t loop;
     bool have_loop;
     msm_server *srv;
+    pthread_t sig_thread;      /* the signal watcher of start-up (see the top of the file) */
+    bool have_sig_thread;
+    atomic_bool sig_stop;
 } daemon_state;
 
 static void usage(FILE *f) {
@@ -132,6 +145,23 @@ static int load_config(const args *a, daemon_state *d) {
     return 0;
 }
 
+/* Test-only switches, from the environment (never set in production; the integration tests and
+ * tests/gpu/check_faults.sh use them): MSMOED_TEST_FAULT=launch@N|hang@N|nan@N injects a fault
+ * from engine step N on (msm_engine_opts.test_fault; nan@N is the fake engine's only), and
+ * MSMOED_TEST_V4_RANK=R gives rank R a different collective schedule. */
+static void test_switches(msm_engine_opts *eo) {
+    const char *f = getenv("MSMOED_TEST_FAULT"), *v4 = getenv("MSMOED_TEST_V4_RANK");
+    const char *at = f ? strchr(f, '@') : NULL;
+    if (at) {
+        eo->test_fault = !strncmp(f, "launch@", 7) ? MSM_TEST_FAULT_LAUNCH
+                         : !strncmp(f, "hang@", 5) ? MSM_TEST_FAULT_HANG
+                                                   : MSM_TEST_FAULT_NONE;
+        eo->test_fault_step = atoi(at + 1);
+    }
+    if (v4 && *v4)
+        eo->test_diverge_rank = atoi(v4);
+}
+
 /* Phase 2: what to load and where: the model directory, the engine options and the TP groups
  * (engine.gpus cut in runs of engine.tp on CUDA, engine.replicas on the CPU). */
 static int plan_groups(daemon_state *d) {
@@ -144,6 +174,7 @@ static int plan_groups(daemon_state *d) {
     }
     d->what = d->fake ? "fake engine" : cfg->dummy_preset[0] ? cfg->dummy_preset : d->model_dir;
     msm_config_engine_opts(cfg, &d->eo);
+    test_switches(&d->eo);
     d->cuda = !d->fake && d->eo.backend == MSM_BACKEND_CUDA;
     int n_visible = d->cuda ? msm_engine_device_count() : -1;
     if (n_visible == -ENOTSUP) {
@@ -174,16 +205,33 @@ static bool tokenizer_path(const msm_config *cfg, const char *model_dir, char *r
     return true;
 }
 
-/* --check-config: the model directory and the tokenizer are readable; prints a summary. */
-static int check_config(const daemon_state *d) {
+/* Phase 3 (and --check-config): what can be checked without loading the model, the same for a
+ * start-up and for --check-config: the model's config.json (or the preset), every safetensors
+ * header and every weight's shape for every rank, the graphs and the verifier, and
+ * engine.max_context within the model's max_position_embeddings (msm_engine_validate). The fake
+ * engine has no model. */
+static int validate_model(daemon_state *d, msm_err *err) {
+    if (d->fake)
+        return 0;
+    d->eo.model_dir = d->cfg.dummy_preset[0] ? NULL : d->model_dir;
+    d->eo.first_device = d->plan.first_device[0];
+    msm_model_config mc;
+    int max_context, rc = msm_engine_validate(&d->eo, &mc, &max_context, err);
+    if (rc < 0)
+        return rc; /* the message names the file */
+    if (d->cfg.max_context > mc.max_position)
+        return msm_err_set(err, -EINVAL, "engine.max_context = %d exceeds the model's max_position_embeddings = %d "
+                           "(%s)", d->cfg.max_context, mc.max_position, d->what);
+    return 0;
+}
+
+/* --check-config: start-up's validation (the configuration, the model, the tokenizer, the
+ * socket's directory), then a summary; nothing is loaded and nothing listens. */
+static int check_config(daemon_state *d) {
     msm_err err = {{0}};
-    if (d->model_dir[0]) {
-        char p[PATH_MAX + 16];
-        snprintf(p, sizeof p, "%s/config.json", d->model_dir);
-        if (access(p, R_OK) < 0) {
-            fprintf(stderr, "msmoed: model %s: cannot read %s: %s\n", d->model_dir, p, strerror(errno));
-            return 2;
-        }
+    if (validate_model(d, &err) < 0) {
+        fprintf(stderr, "msmoed: %s\n", err.msg);
+        return 2;
     }
     char tp[PATH_MAX + 32];
     bool required;
@@ -195,12 +243,21 @@ static int check_config(const daemon_state *d) {
         }
         msm_tokenizer_free(t);
     }
+    /* A missing directory is only a warning here: systemd creates /run/msmoed (RuntimeDirectory=)
+     * when it starts the unit, after an administrator's --check-config. */
+    int rc = d->cfg.socket[0] ? msm_server_check_socket_dir(d->cfg.socket, &err) : 0;
+    if (rc == -ENOENT)
+        fprintf(stderr, "msmoed: warning: %s; start-up fails unless it is created first\n", err.msg);
+    else if (rc < 0) {
+        fprintf(stderr, "msmoed: %s\n", err.msg);
+        return 2;
+    }
     printf("msmoed: configuration OK (%s; model %s; %d TP group(s) of tp %d)\n",
            d->config_path ? d->config_path : "built-in defaults", d->what, d->plan.n_groups, d->cfg.tp);
     return 0;
 }
 
-/* Phase 3: the tokenizer, before the model: it is quick, and a broken file should not wait for
+/* Phase 4: the tokenizer, before the model: it is quick, and a broken file should not wait for
  * the model. None to load (a warning says what is off) leaves d->tok NULL; a broken one fails. */
 static int load_tokenizer(daemon_state *d) {
     msm_err err = {{0}};
@@ -243,11 +300,18 @@ static void log_load_summary(int g, const msm_load_summary *s) {
 static int load_group(daemon_state *d, int g, msm_err *err) {
     const msm_config *cfg = &d->cfg;
     if (d->fake) {
-        const char *delay = getenv("MSMOED_FAKE_STEP_US");
+        /* test-only: MSMOED_FAKE_STEP_US (a delay per step), MSMOED_FAKE_LOAD_MS (a slow load),
+         * MSMOED_TEST_FAULT (launch@N and hang@N: a fatal step failure; nan@N: non-finite logits) */
+        const char *delay = getenv("MSMOED_FAKE_STEP_US"), *load = getenv("MSMOED_FAKE_LOAD_MS");
+        const char *fault = getenv("MSMOED_TEST_FAULT"), *at = fault ? strchr(fault, '@') : NULL;
         msm_fake_engine_opts fo = {.vocab = 512, .max_context = cfg->max_context ? cfg->max_context : 2048,
                                    .kv_blocks = cfg->kv_blocks, .eos_id = -1,
                                    .max_step_tokens = cfg->max_step_tokens, .max_seqs = cfg->max_seqs,
-                                   .step_delay_us = delay ? atoi(delay) : 0};
+                                   .step_delay_us = delay ? atoi(delay) : 0,
+                                   .fault_step = at ? atoi(at + 1) : 0,
+                                   .fault_nonfinite = fault && !strncmp(fault, "nan@", 4)};
+        for (int ms = load ? atoi(load) : 0; ms > 0; ms -= 10)
+            nanosleep(&(struct timespec){0, 10000000L}, NULL);
         int rc = msm_fake_engine_new(&fo, &d->fakes[g]);
         if (rc < 0)
             return msm_err_set(err, rc, "fake engine: %s", strerror(-rc));
@@ -265,7 +329,7 @@ static int load_group(daemon_state *d, int g, msm_err *err) {
     return 0;
 }
 
-/* Phase 4: the model, once per group, one group after the other (each with its own STATUS=). */
+/* Phase 5: the model, once per group, one group after the other (each with its own STATUS=). */
 static int load_groups(daemon_state *d, bool dump_graph) {
     msm_err err = {{0}};
     char status[1400];
@@ -309,7 +373,7 @@ static int load_groups(daemon_state *d, bool dump_graph) {
     return 0;
 }
 
-/* Phase 5: what ModelInfo reports. Sizes are per group: a request lives in one group's KV pool
+/* Phase 6: what ModelInfo reports. Sizes are per group: a request lives in one group's KV pool
  * and batch. */
 static void describe_model(daemon_state *d) {
     msm_api_model_info *info = &d->info;
@@ -354,7 +418,82 @@ static void describe_model(daemon_state *d) {
                      msm_tokenizer_vocab_size(d->tok), se->vocab, se->vocab);
 }
 
-/* Phase 6: the server, one scheduler per group, signals, the scheduler threads, the sockets;
+/* Descriptors the daemon needs besides its connections: the listeners, libuv's, the log, the
+ * model's files, the GPU driver's (a few dozen per GPU). */
+#define RESERVED_FDS 256
+
+/* The soft descriptor limit raised to the hard one, and server.max_connections kept below it: a
+ * daemon out of descriptors cannot even refuse a connection with a message (accept fails, and the
+ * client is reset). */
+static void raise_nofile(msm_config *cfg) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && (rlim_t)cfg->max_connections + RESERVED_FDS > rl.rlim_cur) {
+        int max = rl.rlim_cur > RESERVED_FDS + 1 ? (int)(rl.rlim_cur - RESERVED_FDS) : 1;
+        msm_log_warn("server.max_connections = %d does not fit the descriptor limit (RLIMIT_NOFILE %llu, %d kept "
+                     "for the daemon itself): accepting at most %d connections (raise LimitNOFILE=)",
+                     cfg->max_connections, (unsigned long long)rl.rlim_cur, RESERVED_FDS, max);
+        cfg->max_connections = max;
+    }
+}
+
+/* ---- signals during start-up (see the top of the file) ---- */
+
+static void start_up_signals(sigset_t *set) {
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
+}
+
+static void *sig_main(void *arg) {
+    daemon_state *d = arg;
+    sigset_t set;
+    start_up_signals(&set);
+    while (!atomic_load(&d->sig_stop)) {
+        struct timespec t = {0, 50000000L};
+        int sig = sigtimedwait(&set, NULL, &t);
+        if (sig == SIGHUP)
+            msm_log_reopen();
+        if (sig == SIGTERM || sig == SIGINT) {
+            msm_log_info("received %s while loading: exiting", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+            msm_notify_stopping("stopped while loading");
+            msm_log_close();
+            _exit(0); /* nothing to drain or save yet: no client has connected */
+        }
+    }
+    return NULL;
+}
+
+/* Blocks the start-up signals in this thread and every thread it starts later, and starts the
+ * watcher. */
+static void signals_to_watcher(daemon_state *d) {
+    sigset_t set;
+    start_up_signals(&set);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    atomic_init(&d->sig_stop, false);
+    d->have_sig_thread = pthread_create(&d->sig_thread, NULL, sig_main, d) == 0;
+}
+
+/* The loop's handlers are installed: stop the watcher and unblock the signals on this (the loop's)
+ * thread; one that arrived meanwhile is delivered now, to the loop. */
+static void signals_to_loop(daemon_state *d) {
+    if (!d->have_sig_thread)
+        return;
+    atomic_store(&d->sig_stop, true);
+    pthread_join(d->sig_thread, NULL);
+    d->have_sig_thread = false;
+    sigset_t set;
+    start_up_signals(&set);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/* Phase 7: the server, one scheduler per group, signals, the scheduler threads, the sockets;
  * READY=1; then the loop runs until the shutdown has closed every handle. */
 static int serve(daemon_state *d) {
     const msm_config *cfg = &d->cfg;
@@ -373,11 +512,8 @@ static int serve(daemon_state *d) {
         if (rc == 0)
             msm_server_set_sched(d->srv, g, d->scheds[g]);
     }
-    if (rc < 0) {
-        msm_log_error("%s", err.msg);
-        return 1;
-    }
-    rc = msm_server_install_signals(d->srv, &err);
+    if (rc == 0 && (rc = msm_server_install_signals(d->srv, &err)) == 0)
+        signals_to_loop(d);
     for (int g = 0; g < d->n_groups && rc == 0; g++)
         if (msm_sched_start(d->scheds[g]) < 0)
             rc = msm_err_set(&err, -EAGAIN, "cannot start the scheduler thread of group %d", g);
@@ -386,8 +522,10 @@ static int serve(daemon_state *d) {
     if (rc < 0) {
         msm_log_error("%s", err.msg);
         msm_notify_status("failed: %s", err.msg);
-        msm_server_shutdown(d->srv); /* closes what was opened; the loop below then returns */
-        uv_run(&d->loop, UV_RUN_DEFAULT);
+        if (d->srv) {
+            msm_server_close(d->srv); /* closes what was opened; the loop below then returns */
+            uv_run(&d->loop, UV_RUN_DEFAULT);
+        }
         return 1;
     }
     /* READY=1 only now: every group is loaded and the sockets listen. */
@@ -397,15 +535,25 @@ static int serve(daemon_state *d) {
     msm_log_info("ready: %s", status);
     msm_notify_ready(status);
     uv_run(&d->loop, UV_RUN_DEFAULT);
-    return 0;
+    return msm_server_exit_status(d->srv);
+}
+
+static void close_handle(uv_handle_t *h, void *arg) {
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
 }
 
 /* Frees whatever the phases set up (any prefix of them). */
 static void teardown(daemon_state *d) {
+    signals_to_loop(d);
     for (int g = 0; d->scheds && g < d->n_groups; g++)
         msm_sched_free(d->scheds[g]);
     msm_server_free(d->srv); /* first: its HTTP listeners close their library's handles on the loop */
     if (d->have_loop && uv_loop_close(&d->loop) == UV_EBUSY) {
+        /* a handle left open (never expected: every path closes its own) must not keep the
+         * process from exiting */
+        msm_log_error("internal: libuv handles left open at exit; closing them");
+        uv_walk(&d->loop, close_handle, NULL);
         uv_run(&d->loop, UV_RUN_DEFAULT);
         uv_loop_close(&d->loop);
     }
@@ -418,14 +566,6 @@ static void teardown(daemon_state *d) {
     free(d->se);
     free(d->scheds);
     msm_tokenizer_free(d->tok);
-}
-
-static void raise_nofile(void) {
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
 }
 
 int main(int argc, char **argv) {
@@ -445,8 +585,16 @@ int main(int argc, char **argv) {
     if (rc < 0)
         fprintf(stderr, "msmoed: cannot open log.file %s: %s; logging to stderr\n", d.cfg.log_file, strerror(-rc));
     signal(SIGPIPE, SIG_IGN);
-    raise_nofile();
-    status = load_tokenizer(&d);
+    signals_to_watcher(&d);
+    raise_nofile(&d.cfg);
+    msm_err err = {{0}};
+    if (!a.dump_graph && validate_model(&d, &err) < 0) {
+        msm_log_error("%s", err.msg);
+        msm_notify_status("failed: %s", err.msg);
+        status = 2;
+    }
+    if (status == 0)
+        status = load_tokenizer(&d);
     if (status == 0)
         status = load_groups(&d, a.dump_graph);
     if (status == 0 && a.dump_graph)

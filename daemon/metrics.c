@@ -20,8 +20,8 @@ static int add(msm_metric_sample *out, int n, int cap, const char *name, const c
 }
 
 int msm_metrics_capacity(int n_groups) {
-    /* 23 daemon-wide series (15 of them rejected codes) + 16 scheduler series per group and total. */
-    return 25 + 16 * (n_groups + 1);
+    /* 25 daemon-wide series (15 of them rejected codes) + 17 scheduler series per group and total. */
+    return 27 + 17 * (n_groups + 1);
 }
 
 /* One scheduler series: the total (labels as given), then each group's value with group="N". */
@@ -95,6 +95,9 @@ int msm_metrics_collect(const msm_metrics *m, const msm_sched_stats *st, int n_g
                    "Sequences preempted (recompute) for lack of KV blocks.");
     GROUP_VALUES(s_->engine_errors);
     n = add_groups(out, n, cap, "msmoed_engine_errors_total", NULL, v, n_groups, true, "Engine steps that failed.");
+    GROUP_VALUES(s_->nonfinite_logits);
+    n = add_groups(out, n, cap, "msmoed_nonfinite_logits_total", NULL, v, n_groups, true,
+                   "Generate requests failed because their logits were NaN or infinite.");
     GROUP_VALUES(!s_->engine_failed);
     n = add_groups(out, n, cap, "msmoed_groups_healthy", NULL, v, n_groups, false,
                    "TP groups whose last engine step succeeded (per group: 1 or 0).");
@@ -103,7 +106,14 @@ int msm_metrics_collect(const msm_metrics *m, const msm_sched_stats *st, int n_g
     n = add(out, n, cap, "msmoed_connections_total", NULL, (double)m->connections_total, true,
             "Client connections accepted.");
     n = add(out, n, cap, "msmoed_connections_refused_total", NULL, (double)m->connections_refused, true,
-            "Connections refused over server.max_connections.");
+            "Connections refused over server.max_connections (every listener).");
+    n = add(out, n, cap, "msmoed_connections_timed_out_total", "reason=\"idle\"", (double)m->connections_idle_closed,
+            true, "Connections closed by a timeout: idle (server.idle_timeout_s) or not taking their replies "
+            "(server.write_timeout_s).");
+    n = add(out, n, cap, "msmoed_connections_timed_out_total", "reason=\"stalled\"",
+            (double)m->connections_stalled_closed, true,
+            "Connections closed by a timeout: idle (server.idle_timeout_s) or not taking their replies "
+            "(server.write_timeout_s).");
     n = add(out, n, cap, "msmoed_frames_malformed_total", NULL, (double)m->frames_malformed, true,
             "Malformed frames (the connection was closed).");
     n = add(out, n, cap, "msmoed_slow_readers_closed_total", NULL, (double)m->slow_readers_closed, true,

@@ -18,7 +18,8 @@
  *   -ETIMEDOUT                                                        DEADLINE_EXCEEDED
  *   -ECANCELED                                                        CANCELLED
  *   -ENOSYS                                                           UNIMPLEMENTED
- *   anything else (-EIO: the engine failed a step)                    INTERNAL */
+ *   anything else (-EIO: the engine failed a step; -ENOTRECOVERABLE:
+ *   it failed for good, and the daemon exits to be restarted)          INTERNAL */
 #ifndef MSM_CODE_H
 #define MSM_CODE_H
 

@@ -32,9 +32,13 @@ typedef struct msm_config {
     int socket_mode;           /* permission bits of the socket (octal in the file) */
     int tcp_port;              /* 0 = no TCP listener */
     char tcp_host[64];
+    bool tcp_allow_remote;     /* tcp_host may be a non-loopback address (the API has no authentication) */
     int max_frame_bytes;
-    int max_connections;
+    int max_connections;       /* over every listener (API socket, TCP, metrics port, [http]) */
+    int max_requests_per_connection; /* Generate requests in flight on one connection */
     int max_queued_bytes;      /* replies queued for a connection that does not read; over: closed */
+    int idle_timeout_s;        /* a connection with nothing in flight and no traffic is closed; 0 = never */
+    int write_timeout_s;       /* a connection whose queued replies make no progress is closed; 0 = never */
     int metrics_port;          /* HTTP GET /metrics (Prometheus text); 0 = off */
     char metrics_host[64];
     /* [engine] */

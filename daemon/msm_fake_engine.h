@@ -5,7 +5,8 @@
  * chunk or a bad recompute after preemption changes the output: the unit tests compare against
  * msm_fake_engine_expected, which computes the same function from the plain token list. It checks
  * every block id, position and budget the way the real engine does, and can be told to fail or to
- * sleep per step. Used by tests/unit/test_sched.c and by `msmoed` with engine.backend = fake (a
+ * sleep per step, to fail for good (-ENOTRECOVERABLE, as the real engine does after a device
+ * fault) or to sample MSM_SAMPLE_NONFINITE (as for NaN logits) from a given step on. Used by tests/unit/test_sched.c and by `msmoed` with engine.backend = fake (a
  * test-only backend for the daemon's integration tests). */
 #ifndef MSM_FAKE_ENGINE_H
 #define MSM_FAKE_ENGINE_H
@@ -23,6 +24,8 @@ typedef struct msm_fake_engine_opts {
     int max_step_tokens;      /* the engine refuses larger steps */
     int max_seqs;
     int step_delay_us;
+    int fault_step;           /* from this step on (1 = the first; 0 = never) ... */
+    bool fault_nonfinite;     /* ... sample MSM_SAMPLE_NONFINITE, else fail with -ENOTRECOVERABLE */
 } msm_fake_engine_opts;
 
 typedef struct msm_fake_engine {

@@ -22,7 +22,10 @@
  * Limits: the request body (http.max_body_bytes: 413), request line + headers
  * (http.max_header_bytes: 431), the time a request may take to arrive, also the keep-alive idle
  * time (http.read_timeout_ms: the connection is closed), and open connections
- * (http.max_connections: 503 and close). */
+ * (http.max_connections: 503 and close). With the daemon's guard set (msm_http_opts.guards,
+ * msm_listen.h) each connection also counts against server.max_connections over every listener
+ * (503 and close) and is closed when its client takes none of its reply for
+ * server.write_timeout_s; its idle time stays H2O's (http.read_timeout_ms). */
 #ifndef MSM_HTTP_H
 #define MSM_HTTP_H
 
@@ -33,6 +36,7 @@
 
 #include "msm_api.h"
 #include "msm_err.h"
+#include "msm_listen.h"
 #include "msm_sched.h"
 
 /* What msm_http needs from the server that owns the schedulers (msm_server). Loop thread. */
@@ -59,6 +63,8 @@ typedef struct msm_http_opts {
     const char *model_name;        /* NULL or "": the last component of info->model */
     const msm_api_limits *limits;  /* copied */
     const msm_api_model_info *info; /* borrowed: must outlive the msm_http */
+    msm_conn_set *guards;          /* NULL, or the daemon's connection guard set (borrowed;
+                                      initialised before msm_http_listen) */
 } msm_http_opts;
 
 typedef struct msm_http msm_http;

@@ -18,7 +18,9 @@
 
 typedef struct msm_metrics {
     uint64_t connections_total;
-    uint64_t connections_refused;     /* over server.max_connections */
+    uint64_t connections_refused;     /* over server.max_connections (every listener) */
+    uint64_t connections_idle_closed; /* idle past server.idle_timeout_s (every listener) */
+    uint64_t connections_stalled_closed; /* replies not taken for server.write_timeout_s */
     int connections;                  /* open now */
     uint64_t requests_total;          /* generate requests received */
     uint64_t requests_rejected[MSM_CODE_LIMIT]; /* by msm_code: refused before reaching the scheduler */

@@ -10,7 +10,11 @@
  *
  * Rendering builds the JSON of a finished completion, of one streamed chunk (a server-sent event
  * "data: {...}\n\n") and of the tokenizer routes, from msm_oai_choice accumulators that the HTTP
- * layer fills from scheduler events. */
+ * layer fills from scheduler events.
+ *
+ * Parsing and the tokenizer routes (msm_oai_parse_*, msm_oai_tokenize, msm_oai_detokenize) only
+ * read the msm_oai_ctx and the tokenizer: msm_http runs them on libuv's thread pool, several at
+ * once, to keep text work off the loop thread. */
 #ifndef MSM_OPENAI_H
 #define MSM_OPENAI_H
 

@@ -176,7 +176,13 @@ void msm_sched_cancel_all(msm_sched *s);
 
 /* One iteration on the caller's thread: inbox, then one engine step if there is work. Returns 1
  * if a step ran, 0 if idle, negative errno when the engine failed (the step's requests then end
- * with FINISH_ERROR / INTERNAL; the scheduler keeps serving). Tests call this directly. */
+ * with FINISH_ERROR / INTERNAL; the scheduler keeps serving). When the engine's step returns
+ * -ENOTRECOVERABLE (it cannot run another: a device fault, a step past its deadline) every
+ * request of the scheduler ends with FINISH_ERROR and that error (INTERNAL), requests submitted
+ * later are refused or end the same way, no step runs again, and the stats say engine_dead: the
+ * daemon then exits non-zero. A sampled token MSM_SAMPLE_NONFINITE (the sequence's logits were
+ * NaN or infinite) ends that request alone with FINISH_ERROR / INTERNAL and counts in
+ * nonfinite_logits. Tests call this directly. */
 int msm_sched_iterate(msm_sched *s);
 
 typedef struct msm_sched_stats {
@@ -190,7 +196,9 @@ typedef struct msm_sched_stats {
     uint64_t prompt_tokens;   /* prompt tokens prefilled (recomputation included) */
     uint64_t finished[MSM_FINISH_COUNT_];
     uint64_t engine_errors;
+    uint64_t nonfinite_logits; /* requests failed because their logits were NaN or infinite */
     bool engine_failed;       /* the last step failed */
+    bool engine_dead;         /* a step failed with -ENOTRECOVERABLE: no more steps run */
 } msm_sched_stats;
 
 /* Thread-safe snapshot (updated once per iteration). */

@@ -36,13 +36,28 @@ void msm_server_emit(void *group_ctx, msm_sched_event *ev);
  * last engine step succeeded (the status names the first failed group); the systemd watchdog
  * follows the same rule. Metrics sum the groups and add group="N" series (msm_metrics.h). */
 
-/* Binds and listens on every configured socket. Errors name the address. */
+/* The directory of the Unix socket path exists, is a directory and is writable (for
+ * --check-config; msm_server_listen checks it too). Errors name the path. */
+int msm_server_check_socket_dir(const char *path, msm_err *err);
+
+/* Binds and listens on every configured socket. Errors name the address. The Unix socket's path is
+ * taken under a lock ("<socket>.lock"): a second daemon on a live socket is refused (a stale
+ * socket file is replaced). Every listener's connections share server.max_connections and the
+ * idle and write timeouts (msm_listen.h). */
 int msm_server_listen(msm_server *s, msm_err *err);
 
 /* Starts the graceful shutdown (what SIGTERM does): stop accepting, drain in-flight requests
  * within scheduler.drain_timeout_s, then cancel the rest, stop the scheduler, close everything;
  * uv_run then returns. */
 void msm_server_shutdown(msm_server *s);
+
+/* Closes everything at once, without a drain (a start-up that failed before serving); uv_run then
+ * returns. */
+void msm_server_close(msm_server *s);
+
+/* The daemon's exit status once uv_run has returned: 0, or 1 when an engine failed for good
+ * (-ENOTRECOVERABLE; the shutdown then started by itself). */
+int msm_server_exit_status(const msm_server *s);
 
 /* Installs SIGTERM/SIGINT (shutdown), SIGHUP (log reopen) handlers and the systemd watchdog timer. */
 int msm_server_install_signals(msm_server *s, msm_err *err);

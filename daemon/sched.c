@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "msm_fairq.h"
 #include "msm_textstream.h"
 
 typedef struct seq {
@@ -26,14 +27,19 @@ typedef struct seq {
     int32_t *blocks;          /* [n_blocks] block table */
     int n_blocks, cap_blocks;
     msm_textstream text;      /* with a tokenizer (engine tok): text deltas and stop strings */
-    struct seq *next;         /* waiting-queue link */
+    uint64_t inbox_order;     /* its place among the inbox's requests and cancels */
+    struct seq *next;         /* inbox link */
+    msm_fairq_node wait;      /* waiting-queue link */
 } seq;
+
+#define SEQ_OF(node) ((seq *)((char *)(node) - offsetof(seq, wait)))
 
 typedef enum cancel_kind { CANCEL_ONE, CANCEL_CONN, CANCEL_ALL } cancel_kind;
 
 typedef struct cancel_msg {
     cancel_kind kind;
     uint64_t conn_id, request_id;
+    uint64_t inbox_order;     /* it applies to the requests submitted before it, never to later ones */
     struct cancel_msg *next;
 } cancel_msg;
 
@@ -54,16 +60,20 @@ struct msm_sched {
     pthread_cond_t cv;
     seq *in_head, *in_tail;
     cancel_msg *cancels_head, *cancels_tail;
+    uint64_t inbox_order;
     bool stop;
     atomic_int n_waiting;     /* inbox + waiting queue, for the max_queue check */
+    atomic_bool dead;         /* the engine failed for good (-ENOTRECOVERABLE) */
 
     /* Scheduler-thread state. */
-    seq *wait_head, *wait_tail;
+    msm_fairq waitq;          /* waiting requests, round-robin over connections */
     seq **running;            /* [max_seqs] in admission order */
     int n_running;
     batch_entry *batch;       /* [max_seqs] */
     msm_step_seq *step;       /* [max_seqs] */
     bool busy;
+    int dead_error;           /* once dead: what every request still here, or arriving, ends with */
+    msm_err dead_msg;
 
     pthread_t thread;
     bool thread_started;
@@ -134,6 +144,8 @@ int msm_sched_new(const msm_sched_opts *o, const msm_sched_engine *engine, msm_s
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->stats_mu, NULL);
     atomic_init(&s->n_waiting, 0);
+    atomic_init(&s->dead, false);
+    msm_fairq_init(&s->waitq);
     s->running = calloc((size_t)o->max_seqs, sizeof *s->running);
     s->batch = calloc((size_t)o->max_seqs, sizeof *s->batch);
     s->step = calloc((size_t)o->max_seqs, sizeof *s->step);
@@ -165,10 +177,9 @@ void msm_sched_free(msm_sched *s) {
         n = c->next;
         free(c);
     }
-    for (seq *q = s->wait_head, *n; q; q = n) {
-        n = q->next;
-        seq_free(q);
-    }
+    for (msm_fairq_node *w; (w = msm_fairq_pop(&s->waitq));)
+        seq_free(SEQ_OF(w));
+    msm_fairq_done(&s->waitq);
     for (int i = 0; i < s->n_running; i++) {
         release_blocks(s, s->running[i]);
         seq_free(s->running[i]);
@@ -215,11 +226,14 @@ int msm_sched_submit(msm_sched *s, msm_gen_request **reqp, msm_err *err) {
 
     pthread_mutex_lock(&s->mu);
     int rc = 0;
+    int waiting = atomic_load(&s->n_waiting);
     if (s->stop)
         rc = msm_err_set(err, -ESHUTDOWN, "the daemon is shutting down");
-    else if (atomic_load(&s->n_waiting) >= s->o.max_queue)
-        rc = msm_err_set(err, -EAGAIN, "queue is full: %d requests waiting (scheduler.max_queue = %d)",
-                         s->o.max_queue, s->o.max_queue);
+    else if (atomic_load(&s->dead))
+        rc = msm_err_set(err, -ESHUTDOWN, "the engine failed and cannot run another step; the daemon is going down");
+    else if (waiting >= s->o.max_queue)
+        rc = msm_err_set(err, -EAGAIN, "queue is full: %d requests waiting (scheduler.max_queue = %d)", waiting,
+                         s->o.max_queue);
     if (rc < 0) {
         pthread_mutex_unlock(&s->mu);
         seq_free(q); /* the request is still the caller's */
@@ -227,6 +241,7 @@ int msm_sched_submit(msm_sched *s, msm_gen_request **reqp, msm_err *err) {
     }
     q->req = r;
     *reqp = NULL;
+    q->inbox_order = ++s->inbox_order;
     if (s->in_tail)
         s->in_tail->next = q;
     else
@@ -246,6 +261,7 @@ static void push_cancel(msm_sched *s, cancel_kind kind, uint64_t conn_id, uint64
     c->conn_id = conn_id;
     c->request_id = request_id;
     pthread_mutex_lock(&s->mu);
+    c->inbox_order = ++s->inbox_order;
     if (s->cancels_tail)
         s->cancels_tail->next = c;
     else
@@ -352,17 +368,15 @@ static void apply_cancel(msm_sched *s, const cancel_msg *c) {
             i++;
         }
     }
-    seq **pp = &s->wait_head;
-    s->wait_tail = NULL;
-    while (*pp) {
-        seq *q = *pp;
+    for (msm_fairq_node *prev = NULL, *w = s->waitq.head, *next; w; w = next) {
+        next = w->next;
+        seq *q = SEQ_OF(w);
         if (cancel_matches(c, q)) {
-            *pp = q->next;
+            msm_fairq_remove(&s->waitq, prev, w);
             atomic_fetch_sub(&s->n_waiting, 1);
             finish_seq(s, q, MSM_FINISH_CANCELLED, NULL, 0, NULL);
         } else {
-            s->wait_tail = q;
-            pp = &q->next;
+            prev = w;
         }
     }
 }
@@ -370,23 +384,20 @@ static void apply_cancel(msm_sched *s, const cancel_msg *c) {
 /* ---- scheduling ---- */
 
 static void wait_push_front(msm_sched *s, seq *q) {
-    q->next = s->wait_head;
-    s->wait_head = q;
-    if (!s->wait_tail)
-        s->wait_tail = q;
+    msm_fairq_push_front(&s->waitq, &q->wait, q->req->conn_id);
     atomic_fetch_add(&s->n_waiting, 1);
 }
 
+static seq *wait_head(const msm_sched *s) {
+    return s->waitq.head ? SEQ_OF(s->waitq.head) : NULL;
+}
+
 static seq *wait_pop(msm_sched *s) {
-    seq *q = s->wait_head;
-    if (q) {
-        s->wait_head = q->next;
-        if (!s->wait_head)
-            s->wait_tail = NULL;
-        q->next = NULL;
-        atomic_fetch_sub(&s->n_waiting, 1);
-    }
-    return q;
+    msm_fairq_node *w = msm_fairq_pop(&s->waitq);
+    if (!w)
+        return NULL;
+    atomic_fetch_sub(&s->n_waiting, 1);
+    return SEQ_OF(w);
 }
 
 static int ensure_block_cap(seq *q, int n) {
@@ -460,9 +471,10 @@ static int build_step(msm_sched *s) {
                                       chunk == pending ? MSM_STEP_OUTPUT_SAMPLE : MSM_STEP_OUTPUT_NONE};
         budget -= chunk;
     }
-    /* 3. Admission, first come first served, while blocks for the whole prompt are free. */
-    while (s->wait_head && s->n_running < s->o.max_seqs && budget > 0) {
-        seq *q = s->wait_head;
+    /* 3. Admission, in the waiting queue's order (round-robin over connections: msm_fairq.h),
+     * while blocks for the whole prompt are free. */
+    while (wait_head(s) && s->n_running < s->o.max_seqs && budget > 0) {
+        seq *q = wait_head(s);
         int need = msm_kv_blocks_for(q->n_tokens);
         if (s->e.kv_n_free(s->e.ctx) < need)
             break;
@@ -579,19 +591,24 @@ static void take_inbox(msm_sched *s, seq **ret_in, cancel_msg **ret_cancels) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* New requests join the waiting queue, then the cancels apply (to them too). */
+/* New requests join the waiting queue and cancels apply, in the order the loop thread issued
+ * them: a cancel reaches only requests submitted before it. (A Cancel of request X that crosses
+ * X's last token, followed by a new Generate reusing id X, must not cancel the new one.) Once the
+ * engine is dead, new requests fail at once. */
 static void apply_inbox(msm_sched *s, seq *in, cancel_msg *cancels) {
-    while (in) {
-        seq *q = in;
-        in = in->next;
-        q->next = NULL;
-        if (s->wait_tail)
-            s->wait_tail->next = q;
-        else
-            s->wait_head = q;
-        s->wait_tail = q;
-    }
-    while (cancels) {
+    while (in || cancels) {
+        if (in && (!cancels || in->inbox_order < cancels->inbox_order)) {
+            seq *q = in;
+            in = in->next;
+            q->next = NULL;
+            if (atomic_load(&s->dead)) {
+                atomic_fetch_sub(&s->n_waiting, 1);
+                finish_seq(s, q, MSM_FINISH_ERROR, NULL, s->dead_error, &s->dead_msg);
+                continue;
+            }
+            msm_fairq_push(&s->waitq, &q->wait, q->req->conn_id);
+            continue;
+        }
         cancel_msg *c = cancels;
         cancels = c->next;
         apply_cancel(s, c);
@@ -638,10 +655,13 @@ static bool plan_step(msm_sched *s, int n) {
 }
 
 /* The engine refused or failed the step: its sequences end with an error; the rest (and later
- * requests) are still served. */
+ * requests) are still served. When the engine cannot run another step (-ENOTRECOVERABLE: a
+ * device fault, a step past its deadline), every request of the group ends with that error, now
+ * and from now on, and the scheduler runs no more steps (msm_sched_stats.engine_dead). */
 static void fail_step(msm_sched *s, int n, int rc, const msm_err *engine_err) {
     msm_err msg = {{0}};
-    int error = msm_err_set(&msg, -EIO, "engine step failed: %s", rc < 0 ? engine_err->msg : "no output");
+    bool fatal = rc == -ENOTRECOVERABLE;
+    int error = msm_err_set(&msg, fatal ? rc : -EIO, "engine step failed: %s", rc < 0 ? engine_err->msg : "no output");
     s->stats.engine_errors++;
     s->stats.engine_failed = true;
     for (int i = 0; i < n; i++) {
@@ -649,6 +669,19 @@ static void fail_step(msm_sched *s, int n, int rc, const msm_err *engine_err) {
         unlink_running(s, q);
         finish_seq(s, q, MSM_FINISH_ERROR, NULL, error, &msg);
     }
+    if (!fatal)
+        return;
+    s->dead_error = error;
+    s->dead_msg = msg;
+    s->stats.engine_dead = true;
+    atomic_store(&s->dead, true);
+    while (s->n_running > 0) {
+        seq *q = s->running[s->n_running - 1];
+        s->n_running--;
+        finish_seq(s, q, MSM_FINISH_ERROR, NULL, error, &msg);
+    }
+    for (seq *q; (q = wait_pop(s));)
+        finish_seq(s, q, MSM_FINISH_ERROR, NULL, error, &msg);
 }
 
 /* Copies the n_rows logits rows of step entry st (the last fed tokens') into r's sink, each at
@@ -701,6 +734,12 @@ static void prompt_logprobs(msm_sched *s, seq *q, const msm_step_seq *st, const 
 static msm_finish take_token(msm_sched *s, seq *q, int32_t t, const float *logits, msm_sched_event *ev,
                              int *ret_error, msm_err *msg) {
     const msm_gen_request *r = q->req;
+    if (t == MSM_SAMPLE_NONFINITE) {
+        s->stats.nonfinite_logits++;
+        *ret_error = msm_err_set(msg, -EIO, "the model's logits for this sequence are not finite (NaN or "
+                                 "infinity) at token %d: no token can be sampled", q->n_generated);
+        return MSM_FINISH_ERROR;
+    }
     if (t < 0 || t >= s->e.vocab) {
         *ret_error = msm_err_set(msg, -EIO, "engine sampled a token id outside the vocabulary");
         return MSM_FINISH_ERROR;
@@ -813,7 +852,7 @@ int msm_sched_iterate(msm_sched *s) {
     int n = build_step(s);
     pthread_mutex_unlock(&s->stats_mu);
     int rc = n > 0 ? run_step(s, n) : 0;
-    s->busy = s->n_running > 0 || s->wait_head;
+    s->busy = !atomic_load(&s->dead) && (s->n_running > 0 || s->waitq.head);
     update_stats(s);
     return rc;
 }

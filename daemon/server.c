@@ -13,12 +13,18 @@
 #include "msm_server.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <poll.h>
 #include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "msm_code.h"
@@ -31,6 +37,16 @@
 
 #define READ_BUF (64 * 1024)
 #define CONN_BUCKETS 1024
+/* At shutdown, a connection gets this long to take its last replies before it is dropped. */
+#define SHUTDOWN_FLUSH_MS 2000
+
+/* A Generate in flight on a connection: the TP group that owns it, or -1 while its prompt_text
+ * is being encoded (then a Cancel only marks it). */
+typedef struct inflight {
+    uint64_t rid;
+    int group;
+    bool cancelled;
+} inflight;
 
 typedef struct conn {
     union {
@@ -43,11 +59,13 @@ typedef struct conn {
     uint64_t id;
     msm_frame_reader rd;
     uint8_t *rbuf;              /* [READ_BUF] */
-    uint64_t *inflight;         /* [n_inflight] generate request ids in flight */
-    int *inflight_group;        /* [n_inflight] the TP group that owns each */
+    inflight *inflight;         /* [n_inflight] Generate requests in flight */
     int n_inflight, cap_inflight;
+    int n_text_jobs;            /* Tokenize / Detokenize calls being worked on */
     bool closing;               /* no more reads, no more writes except the pending ones */
+    bool read_eof;              /* the client half-closed: it still gets the replies in flight */
     bool hashed;
+    msm_conn_guard guard;       /* connection limit and timeouts (msm_listen.h) */
     struct conn *hnext;         /* hash chain */
     struct conn *prev, *next;   /* all connections */
     uv_shutdown_t shutdown_req;
@@ -78,6 +96,10 @@ struct msm_server {
     int *pick_load;             /* [n_groups] scratch of the pick */
     bool *pick_healthy;         /* [n_groups] */
     msm_metrics metrics;
+    msm_conn_set guards;        /* every connection, the HTTP listeners' too */
+    bool have_guards;
+    int lock_fd;                /* flock on <socket>.lock while we own the socket path; -1 */
+    int exit_status;            /* what msmoed exits with (1 after a fatal engine failure) */
 
     uv_pipe_t unix_listener;
     uv_tcp_t tcp_listener;
@@ -130,36 +152,35 @@ static conn *conn_find(msm_server *s, uint64_t id) {
 
 static int inflight_find(const conn *c, uint64_t rid) {
     for (int i = 0; i < c->n_inflight; i++)
-        if (c->inflight[i] == rid)
+        if (c->inflight[i].rid == rid)
             return i;
     return -1;
+}
+
+/* A connection with requests in flight or text being worked on is not idle. */
+static void conn_update_busy(conn *c) {
+    msm_conn_guard_set_busy(&c->guard, c->n_inflight > 0 || c->n_text_jobs > 0);
 }
 
 static void inflight_del(conn *c, uint64_t rid) {
     int i = inflight_find(c, rid);
     if (i >= 0) {
-        c->n_inflight--;
-        c->inflight[i] = c->inflight[c->n_inflight];
-        c->inflight_group[i] = c->inflight_group[c->n_inflight];
+        c->inflight[i] = c->inflight[--c->n_inflight];
+        conn_update_busy(c);
     }
 }
 
 static int inflight_add(conn *c, uint64_t rid, int grp) {
     if (c->n_inflight == c->cap_inflight) {
         int cap = c->cap_inflight ? c->cap_inflight * 2 : 16;
-        uint64_t *p = realloc(c->inflight, (size_t)cap * sizeof *p);
+        inflight *p = realloc(c->inflight, (size_t)cap * sizeof *p);
         if (!p)
             return -ENOMEM;
         c->inflight = p;
-        int *q = realloc(c->inflight_group, (size_t)cap * sizeof *q);
-        if (!q)
-            return -ENOMEM;
-        c->inflight_group = q;
         c->cap_inflight = cap;
     }
-    c->inflight[c->n_inflight] = rid;
-    c->inflight_group[c->n_inflight] = grp;
-    c->n_inflight++;
+    c->inflight[c->n_inflight++] = (inflight){.rid = rid, .group = grp};
+    conn_update_busy(c);
     return 0;
 }
 
@@ -177,7 +198,7 @@ static void inflight_cancel_all(msm_server *s, conn *c) {
         if (!s->groups[g].sched)
             continue;
         for (int i = 0; i < c->n_inflight; i++)
-            if (c->inflight_group[i] == g) {
+            if (c->inflight[i].group == g) {
                 msm_sched_cancel_conn(s->groups[g].sched, c->id);
                 break;
             }
@@ -239,6 +260,9 @@ static msm_metric_sample *collect_metrics(msm_server *s, int *ret_n) {
     msm_metric_sample *samples = malloc((size_t)cap * sizeof *samples);
     msm_sched_stats *st = calloc((size_t)s->n_groups, sizeof *st);
     *ret_n = 0;
+    s->metrics.connections_refused = s->guards.refused;
+    s->metrics.connections_idle_closed = s->guards.timed_out[MSM_CONN_IDLE];
+    s->metrics.connections_stalled_closed = s->guards.timed_out[MSM_CONN_STALLED];
     if (samples && st) {
         for (int g = 0; g < s->n_groups; g++)
             group_stats(s, g, &st[g]);
@@ -311,7 +335,8 @@ static int http_new(msm_server *s, msm_err *err) {
     msm_http_opts o = {.what = "http", .max_body_bytes = c->http_max_body_bytes,
                        .max_header_bytes = c->http_max_header_bytes, .read_timeout_ms = c->http_read_timeout_ms,
                        .max_connections = c->http_max_connections, .api_key_file = c->http_api_key_file,
-                       .model_name = c->http_model_name, .limits = &s->limits, .info = &s->info};
+                       .model_name = c->http_model_name, .limits = &s->limits, .info = &s->info,
+                       .guards = &s->guards};
     int rc = 0;
     if (c->http_enabled)
         rc = msm_http_new(s->loop, &o, &host, &s->http_api, err);
@@ -336,10 +361,10 @@ static void on_conn_closed(uv_handle_t *h) {
     if (c->next)
         c->next->prev = c->prev;
     s->metrics.connections--;
+    msm_conn_guard_remove(&c->guard);
     msm_frame_reader_done(&c->rd);
     free(c->rbuf);
     free(c->inflight);
-    free(c->inflight_group);
     free(c);
 }
 
@@ -349,8 +374,10 @@ static void conn_close(conn *c, bool flush);
 
 static void on_shutdown(uv_shutdown_t *req, int status) {
     conn *c = req->data;
-    if (!uv_is_closing(&c->u.h))
+    if (!uv_is_closing(&c->u.h)) {
+        msm_conn_guard_remove(&c->guard);
         uv_close(&c->u.h, on_conn_closed);
+    }
 }
 
 static void conn_close(conn *c, bool flush) {
@@ -369,6 +396,7 @@ static void conn_close(conn *c, bool flush) {
                 return;
         }
     }
+    msm_conn_guard_remove(&c->guard);
     uv_close(&c->u.h, on_conn_closed);
 }
 
@@ -379,6 +407,8 @@ static void on_write(uv_write_t *req, int status) {
     conn *c = req->data;
     free(w->buf);
     free(w);
+    if (status == 0)
+        msm_conn_guard_wrote(&c->guard);
     if (status < 0 && status != UV_ECANCELED && !c->closing) {
         msm_log_debug("connection %llu: write failed: %s", (unsigned long long)c->id, uv_strerror(status));
         conn_close(c, false);
@@ -403,6 +433,7 @@ static void conn_write(conn *c, uint8_t *buf, size_t len) {
     w->len = len;
     w->req.data = c;
     uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+    msm_conn_guard_write_start(&c->guard);
     int rc = uv_write(&w->req, &c->u.s, &b, 1, on_write);
     if (rc < 0) {
         free(buf);
@@ -447,36 +478,55 @@ static void conn_fail(conn *c, int err, const msm_err *msg) {
 
 /* ---- requests ---- */
 
-/* A Generate: checked against the connection's limits, then submitted to the least-loaded group
- * (which owns it from then on). Takes r. */
-static void submit_generate(conn *c, uint64_t rid, msm_gen_request *r) {
+/* A half-closed connection (the client shut its sending side) is closed, after flushing, once the
+ * last reply it waits for is out. */
+static void conn_maybe_done(conn *c) {
+    if (c->read_eof && !c->closing && c->n_inflight == 0 && c->n_text_jobs == 0)
+        conn_close(c, true);
+}
+
+static void fatal_engine(msm_server *s, int g, const msm_err *why);
+
+/* A Generate admitted on c (its inflight entry made): submitted to the least-loaded group, which
+ * owns it from then on. Takes r. */
+static void route_generate(conn *c, uint64_t rid, msm_gen_request *r) {
     msm_server *s = c->srv;
     msm_err err = {{0}};
-    int rc;
-    s->metrics.requests_total++;
+    int rc, i = inflight_find(c, rid);
     r->conn_id = c->id;
-    int limit = (s->cfg->max_queue + s->cfg->max_seqs) * s->n_groups;
-    if (inflight_find(c, rid) >= 0)
-        rc = msm_err_set(&err, -EINVAL, "request_id %llu is already in flight on this connection",
-                         (unsigned long long)rid);
-    else if (s->draining)
+    if (s->draining) {
         rc = msm_err_set(&err, -ESHUTDOWN, "the daemon is shutting down");
-    else if (c->n_inflight >= limit)
-        rc = msm_err_set(&err, -EAGAIN, "%d requests in flight on this connection (limit: (scheduler.max_queue "
-                         "+ engine.max_seqs) x %d TP group(s) = %d)", c->n_inflight, s->n_groups, limit);
-    else {
+    } else {
         int g = pick_group(s);
-        if ((rc = inflight_add(c, rid, g)) < 0)
-            msm_err_set(&err, rc, "out of memory");
-        else if ((rc = msm_sched_submit(s->groups[g].sched, &r, &err)) < 0)
-            inflight_del(c, rid);
-        else
+        c->inflight[i].group = g;
+        if ((rc = msm_sched_submit(s->groups[g].sched, &r, &err)) == 0)
             s->groups[g].load++;
     }
     if (rc < 0) {
+        inflight_del(c, rid);
         reply_error(c, rid, rc, &err);
         msm_gen_request_free(r);
+        conn_maybe_done(c);
     }
+}
+
+/* A Generate's checks against the connection's limits; on success its inflight entry exists
+ * (group -1 until it is routed). */
+static int admit_generate(conn *c, uint64_t rid, msm_err *err) {
+    msm_server *s = c->srv;
+    int limit = s->cfg->max_requests_per_connection, rc;
+    s->metrics.requests_total++;
+    if (inflight_find(c, rid) >= 0)
+        return msm_err_set(err, -EINVAL, "request_id %llu is already in flight on this connection",
+                           (unsigned long long)rid);
+    if (s->draining)
+        return msm_err_set(err, -ESHUTDOWN, "the daemon is shutting down");
+    if (c->n_inflight + c->n_text_jobs >= limit)
+        return msm_err_set(err, -EAGAIN, "%d requests in flight on this connection (server.max_requests_per_connection "
+                           "= %d)", c->n_inflight + c->n_text_jobs, limit);
+    if ((rc = inflight_add(c, rid, -1)) < 0)
+        return msm_err_set(err, rc, "out of memory");
+    return 0;
 }
 
 static void cancel_request(conn *c, uint64_t rid) {
@@ -488,7 +538,10 @@ static void cancel_request(conn *c, uint64_t rid) {
         reply_error(c, rid, rc, &err);
         return;
     }
-    msm_sched_cancel(c->srv->groups[c->inflight_group[i]].sched, c->id, rid);
+    if (c->inflight[i].group < 0)
+        c->inflight[i].cancelled = true; /* its text is being encoded: it ends when that is done */
+    else
+        msm_sched_cancel(c->srv->groups[c->inflight[i].group].sched, c->id, rid);
 }
 
 static void reply_metrics(conn *c, uint64_t rid) {
@@ -505,12 +558,112 @@ static void reply_metrics(conn *c, uint64_t rid) {
     conn_write(c, out, len);
 }
 
+/* ---- text work, off the loop thread ----
+ * A prompt_text, a Tokenize text or a Detokenize id list can take long to convert (hundreds of
+ * milliseconds for a MiB of text), so msm_api_text runs on libuv's thread pool (uv_queue_work,
+ * whose completion comes back to this thread through libuv's own queue and async handle). The
+ * job carries the connection's id, not a pointer: the connection may be gone when it is done. A
+ * Generate's inflight entry exists while its text is encoded, so a duplicate id is refused and a
+ * Cancel marks it; Tokenize and Detokenize count in n_text_jobs. Both count against the
+ * connection's request limit and keep it from being idle. */
+typedef struct text_job {
+    uv_work_t work;
+    msm_server *srv;
+    uint64_t conn_id;
+    msm_call call;
+    int rc;
+    msm_err err;
+} text_job;
+
+static void text_work(uv_work_t *w) {
+    text_job *j = w->data;
+    j->rc = msm_api_text(&j->call, &j->srv->limits, &j->err);
+}
+
+/* The reply of a finished text job on c. Takes the call's request. */
+static void text_reply(conn *c, text_job *j) {
+    msm_call *call = &j->call;
+    uint64_t rid = call->request_id;
+    uint8_t *out = NULL;
+    size_t len = 0;
+    if (call->kind == MSM_CALL_GENERATE) {
+        msm_gen_request *r = call->gen;
+        int i = inflight_find(c, rid);
+        call->gen = NULL;
+        if (i >= 0 && c->inflight[i].cancelled) {
+            /* cancelled before it started: the stream ends here, with nothing generated */
+            msm_sched_event ev = {.conn_id = c->id, .request_id = rid, .finish = MSM_FINISH_CANCELLED};
+            inflight_del(c, rid);
+            out = msm_api_encode_event(&ev, &len);
+            msm_gen_request_free(r);
+        } else if (i >= 0 && j->rc == 0) {
+            route_generate(c, rid, r);
+            return;
+        } else {
+            inflight_del(c, rid);
+            msm_gen_request_free(r);
+            if (j->rc < 0)
+                reply_error(c, rid, j->rc, &j->err);
+        }
+    } else {
+        c->n_text_jobs--;
+        conn_update_busy(c);
+        if (j->rc < 0)
+            reply_error(c, rid, j->rc, &j->err);
+        else if (call->kind == MSM_CALL_TOKENIZE)
+            out = msm_api_encode_tokenize(rid, call->ids, call->n_ids, &len);
+        else
+            out = msm_api_encode_detokenize(rid, call->text, &len);
+    }
+    conn_write(c, out, len);
+}
+
+static void text_done(uv_work_t *w, int status) {
+    text_job *j = w->data;
+    conn *c = conn_find(j->srv, j->conn_id);
+    if (c && !c->closing) {
+        text_reply(c, j);
+        conn_maybe_done(c);
+    }
+    msm_gen_request_free(j->call.gen);
+    msm_call_done(&j->call);
+    free(j);
+}
+
+/* Hands the text work of call to the thread pool. Takes the call. */
+static void queue_text(conn *c, msm_call *call) {
+    msm_err err = {{0}};
+    text_job *j = calloc(1, sizeof *j);
+    int rc = j ? 0 : msm_err_set(&err, -ENOMEM, "out of memory");
+    if (j) {
+        j->srv = c->srv;
+        j->conn_id = c->id;
+        j->call = *call;
+        j->work.data = j;
+        if ((rc = uv_queue_work(c->srv->loop, &j->work, text_work, text_done)) < 0)
+            msm_err_set(&err, rc, "cannot queue the text work: %s", uv_strerror(rc));
+    }
+    if (rc == 0) {
+        if (call->kind != MSM_CALL_GENERATE) {
+            c->n_text_jobs++;
+            conn_update_busy(c);
+        }
+        return;
+    }
+    if (call->kind == MSM_CALL_GENERATE)
+        inflight_del(c, call->request_id);
+    reply_error(c, call->request_id, rc, &err);
+    msm_gen_request_free(call->gen);
+    msm_call_done(call);
+    free(j);
+}
+
 static void handle_frame(conn *c, const uint8_t *buf, uint32_t len) {
     msm_server *s = c->srv;
     msm_call call;
     msm_err err = {{0}};
     uint64_t rid;
-    int rc = msm_api_decode(buf, len, &s->limits, &call, &rid, &err);
+    int rc = msm_api_parse(buf, len, &s->limits, &call, &rid, &err);
     if (rc == -EBADMSG)
         conn_fail(c, rc, &err);
     else if (rc < 0)
@@ -522,7 +675,16 @@ static void handle_frame(conn *c, const uint8_t *buf, uint32_t len) {
     char why[128];
     switch (call.kind) {
     case MSM_CALL_GENERATE:
-        submit_generate(c, call.request_id, call.gen);
+        if ((rc = admit_generate(c, call.request_id, &err)) < 0) {
+            reply_error(c, call.request_id, rc, &err);
+            msm_gen_request_free(call.gen);
+            break;
+        }
+        if (call.text_pending) {
+            queue_text(c, &call);
+            return;
+        }
+        route_generate(c, call.request_id, call.gen);
         break;
     case MSM_CALL_CANCEL:
         cancel_request(c, call.request_id);
@@ -539,13 +701,16 @@ static void handle_frame(conn *c, const uint8_t *buf, uint32_t len) {
         reply_metrics(c, call.request_id);
         break;
     case MSM_CALL_TOKENIZE:
-        /* The text was encoded by msm_api_decode, here on the loop thread (bounded by
-         * MSM_API_MAX_TEXT_BYTES); only the reply is left. */
-        out = msm_api_encode_tokenize(call.request_id, call.ids, call.n_ids, &out_len);
-        break;
     case MSM_CALL_DETOKENIZE:
-        out = msm_api_encode_detokenize(call.request_id, call.text, &out_len);
-        break;
+        if (c->n_inflight + c->n_text_jobs >= s->cfg->max_requests_per_connection) {
+            rc = msm_err_set(&err, -EAGAIN, "%d requests in flight on this connection "
+                             "(server.max_requests_per_connection = %d)", c->n_inflight + c->n_text_jobs,
+                             s->cfg->max_requests_per_connection);
+            reply_error(c, call.request_id, rc, &err);
+            break;
+        }
+        queue_text(c, &call);
+        return;
     }
     conn_write(c, out, out_len);
     msm_call_done(&call);
@@ -556,25 +721,51 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     *buf = uv_buf_init((char *)c->rbuf, READ_BUF);
 }
 
+/* Whether the peer has gone both ways (not merely shut its sending side): a Unix socket whose
+ * peer closed polls HUP. (A TCP peer's close looks like a half-close until a write fails.) */
+static bool peer_gone(conn *c) {
+    uv_os_fd_t fd;
+    if (uv_fileno(&c->u.h, &fd) < 0)
+        return true;
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
+}
+
+/* End of the client's bytes: a truncated frame is malformed; a clean end is a half-close (the
+ * client still gets what is in flight) unless the peer is gone. */
+static void on_eof(conn *c) {
+    if (msm_frame_reader_partial(&c->rd)) {
+        uint32_t have, want;
+        msm_err err = {{0}};
+        msm_frame_reader_progress(&c->rd, &have, &want);
+        if (want)
+            msm_err_set(&err, -EBADMSG, "truncated frame: connection closed after %u of %u body bytes", have, want);
+        else
+            msm_err_set(&err, -EBADMSG, "truncated frame: connection closed after %u of 4 header bytes", have);
+        conn_fail(c, -EBADMSG, &err);
+        return;
+    }
+    if (peer_gone(c)) {
+        conn_close(c, false);
+        return;
+    }
+    c->read_eof = true;
+    uv_read_stop(&c->u.s);
+    conn_maybe_done(c);
+}
+
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     conn *c = stream->data;
     if (c->closing)
         return;
     if (nread < 0) {
-        if (nread == UV_EOF && msm_frame_reader_partial(&c->rd)) {
-            uint32_t have, want;
-            msm_err err = {{0}};
-            msm_frame_reader_progress(&c->rd, &have, &want);
-            if (want)
-                msm_err_set(&err, -EBADMSG, "truncated frame: connection closed after %u of %u body bytes", have, want);
-            else
-                msm_err_set(&err, -EBADMSG, "truncated frame: connection closed after %u of 4 header bytes", have);
-            conn_fail(c, -EBADMSG, &err);
-            return;
-        }
-        conn_close(c, nread == UV_EOF);
+        if (nread == UV_EOF)
+            on_eof(c);
+        else
+            conn_close(c, false);
         return;
     }
+    msm_conn_guard_read(&c->guard);
     c->srv->metrics.bytes_in += (uint64_t)nread;
     const uint8_t *data = (const uint8_t *)buf->base;
     size_t n = (size_t)nread, off = 0;
@@ -612,6 +803,45 @@ static conn *conn_new(msm_server *s) {
     return c;
 }
 
+/* A connection over server.max_connections: told why in one frame written at once (into the
+ * socket buffer, which a fresh connection has room for), then closed at once, so that a burst of
+ * connections cannot run the daemon out of descriptors (libuv would then reset clients without a
+ * word). */
+static void refuse_connection(conn *c) {
+    msm_server *s = c->srv;
+    msm_err err = {{0}};
+    int rc = msm_err_set(&err, -EMFILE, "too many connections (server.max_connections = %d, over every listener)",
+                         s->cfg->max_connections);
+    size_t len = 0;
+    uint8_t *out = msm_api_encode_error(0, rc, err.msg, &len);
+    s->metrics.requests_rejected[msm_code_from_errno(rc)]++;
+    if (out) {
+        uv_buf_t b = uv_buf_init((char *)out, (unsigned)len);
+        if (uv_try_write(&c->u.s, &b, 1) > 0)
+            s->metrics.bytes_out += len;
+        free(out);
+    }
+    conn_close(c, false);
+}
+
+/* The guard set's verdict (msm_listen.h): closed abruptly, its requests cancelled. */
+static void on_conn_timeout(msm_conn_guard *g, msm_conn_timeout why) {
+    conn *c = g->owner;
+    msm_server *s = c->srv;
+    if (why == MSM_CONN_IDLE)
+        msm_log_info("connection %llu: idle for server.idle_timeout_s = %d s; closing it", (unsigned long long)c->id,
+                     s->cfg->idle_timeout_s);
+    else if (!s->finished)
+        msm_log_warn("connection %llu: the client took none of its %zu queued reply bytes for server.write_timeout_s = "
+                     "%d s; closing it and cancelling its %d request(s)", (unsigned long long)c->id,
+                     uv_stream_get_write_queue_size(&c->u.s), s->cfg->write_timeout_s, c->n_inflight);
+    else
+        msm_log_warn("connection %llu: the client did not take its last %zu reply bytes within %d ms of the shutdown; "
+                     "dropping them", (unsigned long long)c->id, uv_stream_get_write_queue_size(&c->u.s),
+                     SHUTDOWN_FLUSH_MS);
+    conn_close(c, false);
+}
+
 static void on_connection(uv_stream_t *listener, int status) {
     msm_server *s = listener->data;
     if (status < 0) {
@@ -642,12 +872,8 @@ static void on_connection(uv_stream_t *listener, int status) {
         return;
     }
     s->metrics.connections_total++;
-    if (s->metrics.connections > s->cfg->max_connections) {
-        msm_err err = {{0}};
-        s->metrics.connections_refused++;
-        rc = msm_err_set(&err, -EMFILE, "too many connections (server.max_connections = %d)", s->cfg->max_connections);
-        reply_error(c, 0, rc, &err);
-        conn_close(c, true);
+    if (msm_conn_guard_add(&s->guards, &c->guard, &c->u.s, on_conn_timeout, c) < 0) {
+        refuse_connection(c);
         return;
     }
     conn_hash_add(s, c);
@@ -682,13 +908,17 @@ static void on_async(uv_async_t *a) {
         /* The group's count drops at every finish, whether or not the connection is still here. */
         if (ev->finish != MSM_FINISH_NONE && ev->group >= 0 && ev->group < s->n_groups)
             s->groups[ev->group].load--;
+        if (ev->finish == MSM_FINISH_ERROR && ev->error == -ENOTRECOVERABLE)
+            fatal_engine(s, ev->group, &ev->error_msg);
         conn *c = conn_find(s, ev->conn_id);
         if (c && !c->closing) {
             size_t len;
             uint8_t *out = msm_api_encode_event(ev, &len);
             conn_write(c, out, len);
-            if (ev->finish != MSM_FINISH_NONE)
+            if (ev->finish != MSM_FINISH_NONE) {
                 inflight_del(c, ev->request_id);
+                conn_maybe_done(c);
+            }
         } else if (!c) {
             msm_http_event(s->http_api, ev); /* an HTTP request's, or one whose client is gone */
         }
@@ -700,6 +930,8 @@ static void on_async(uv_async_t *a) {
 /* ---- lifecycle ---- */
 
 static void server_free_mem(msm_server *s) {
+    if (s->lock_fd >= 0)
+        close(s->lock_fd);
     msm_http_free(s->http_api);
     msm_http_free(s->http);
     free(s->groups);
@@ -715,6 +947,7 @@ int msm_server_new(uv_loop_t *loop, const msm_config *cfg, const msm_api_limits 
     msm_server *s = calloc(1, sizeof *s);
     if (!s)
         return msm_err_set(err, -ENOMEM, "out of memory");
+    s->lock_fd = -1;
     s->groups = calloc((size_t)n_groups, sizeof *s->groups);
     s->pick_load = calloc((size_t)n_groups, sizeof *s->pick_load);
     s->pick_healthy = calloc((size_t)n_groups, sizeof *s->pick_healthy);
@@ -770,16 +1003,83 @@ void msm_server_free(msm_server *s) {
     server_free_mem(s);
 }
 
+/* The socket path belongs to the one daemon holding an exclusive flock on "<socket>.lock" (kept
+ * for its life; the lock file stays). A second daemon on the same path is refused, naming the
+ * first's pid, instead of unlinking the live socket (and later, on its exit, the socket of the
+ * daemon that took over). A socket file left by a daemon that crashed is stale: removed. */
+static int lock_socket_path(msm_server *s, msm_err *err) {
+    const char *path = s->cfg->socket;
+    char lock[sizeof s->cfg->socket + 8], pid[32] = "";
+    snprintf(lock, sizeof lock, "%s.lock", path);
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return msm_err_set(err, -errno, "cannot open %s (the lock of server.socket): %s", lock, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        int e = errno;
+        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return msm_err_set(err, -EADDRINUSE, "server.socket %s is served by another running msmoed (pid %s, "
+                               "holding %s); stop it first or choose another path", path, pid[0] ? pid : "?", lock);
+        return msm_err_set(err, -e, "cannot lock %s: %s", lock, strerror(e));
+    }
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) < 0) {
+        /* the pid is only for the message above */
+    }
+    s->lock_fd = fd;
+    return 0;
+}
+
+/* Whether something accepts connections on the Unix socket at path (a live socket, not a stale
+ * file): a non-blocking connect, refused at once when no one listens. */
+static bool socket_is_live(const char *path) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof sa.sun_path)
+        return false; /* msm_config_check refuses such a path */
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    bool live = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 || errno == EAGAIN || errno == EINPROGRESS;
+    close(fd);
+    return live;
+}
+
+/* The socket's directory must exist (libuv reports a missing one as "permission denied"). */
+int msm_server_check_socket_dir(const char *path, msm_err *err) {
+    char dir[sizeof ((msm_config *)0)->socket];
+    snprintf(dir, sizeof dir, "%s", path);
+    const char *d = dirname(dir);
+    struct stat st;
+    if (stat(d, &st) < 0)
+        return msm_err_set(err, -errno, "server.socket %s: the directory %s %s", path, d,
+                           errno == ENOENT ? "does not exist (create it; under systemd, RuntimeDirectory= does)"
+                                           : strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return msm_err_set(err, -ENOTDIR, "server.socket %s: %s is not a directory", path, d);
+    if (access(d, W_OK | X_OK) < 0)
+        return msm_err_set(err, -errno, "server.socket %s: cannot create a socket in %s: %s", path, d, strerror(errno));
+    return 0;
+}
+
 static int listen_unix(msm_server *s, msm_err *err) {
     const char *path = s->cfg->socket;
     struct stat st;
-    /* A stale socket from a crashed run would make bind fail: remove it, but only a socket. */
+    int rc;
+    if ((rc = msm_server_check_socket_dir(path, err)) < 0 || (rc = lock_socket_path(s, err)) < 0)
+        return rc;
     if (lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode))
             return msm_err_set(err, -EEXIST, "server.socket %s exists and is not a socket", path);
-        unlink(path);
+        if (socket_is_live(path))
+            return msm_err_set(err, -EADDRINUSE, "server.socket %s is in use by another process (not an msmoed "
+                               "holding %s.lock); stop it first or choose another path", path, path);
+        unlink(path); /* stale: left by a daemon that crashed */
     }
-    int rc = uv_pipe_init(s->loop, &s->unix_listener, 0);
+    rc = uv_pipe_init(s->loop, &s->unix_listener, 0);
     if (rc < 0)
         return msm_err_set(err, rc, "uv_pipe_init: %s", uv_strerror(rc));
     s->unix_listener.data = s;
@@ -795,12 +1095,22 @@ static int listen_unix(msm_server *s, msm_err *err) {
 }
 
 int msm_server_listen(msm_server *s, msm_err *err) {
-    int rc;
+    int rc = msm_conn_set_init(&s->guards, s->loop, s->cfg->max_connections, s->cfg->idle_timeout_s,
+                               s->cfg->write_timeout_s, err);
+    if (rc < 0)
+        return rc;
+    s->have_guards = true;
     if (s->cfg->socket[0] && (rc = listen_unix(s, err)) < 0)
         return rc;
-    if (s->cfg->tcp_port && (rc = msm_listen_tcp(s->loop, &s->tcp_listener, s, s->cfg->tcp_host, s->cfg->tcp_port,
-                                                 "tcp", on_connection, &s->have_tcp, err)) < 0)
-        return rc;
+    if (s->cfg->tcp_port) {
+        if (msm_listen_loopback(s->cfg->tcp_host) == 0)
+            msm_log_warn("server.tcp_host = %s is not a loopback address (server.tcp_allow_remote = true): the TCP API "
+                         "has no authentication; anyone who can reach %s:%d can use the model",
+                         s->cfg->tcp_host, s->cfg->tcp_host, s->cfg->tcp_port);
+        if ((rc = msm_listen_tcp(s->loop, &s->tcp_listener, s, s->cfg->tcp_host, s->cfg->tcp_port, "tcp",
+                                 on_connection, &s->have_tcp, err)) < 0)
+            return rc;
+    }
     if (s->http && (rc = msm_http_listen(s->http, s->cfg->metrics_host, s->cfg->metrics_port, err)) < 0)
         return rc;
     if (s->http_api && (rc = msm_http_listen(s->http_api, s->cfg->http_host, s->cfg->http_port, err)) < 0)
@@ -811,8 +1121,8 @@ int msm_server_listen(msm_server *s, msm_err *err) {
 static void close_listeners(msm_server *s) {
     if (s->have_unix && !uv_is_closing((uv_handle_t *)&s->unix_listener)) {
         uv_close((uv_handle_t *)&s->unix_listener, NULL);
-        if (s->cfg->socket[0])
-            unlink(s->cfg->socket);
+        if (s->lock_fd >= 0)
+            unlink(s->cfg->socket); /* ours: we hold its lock */
     }
     if (s->have_tcp && !uv_is_closing((uv_handle_t *)&s->tcp_listener))
         uv_close((uv_handle_t *)&s->tcp_listener, NULL);
@@ -842,6 +1152,9 @@ static void finish_shutdown(msm_server *s) {
         msm_http_close(s->http);
     if (s->http_api)
         msm_http_close(s->http_api);
+    /* A client that stopped reading must not hold the exit: the last flush is bounded. */
+    if (s->have_guards)
+        msm_conn_set_shutdown(&s->guards, SHUTDOWN_FLUSH_MS);
     close_if((uv_handle_t *)&s->drain_timer, s->have_drain_timer);
     close_if((uv_handle_t *)&s->watchdog, s->have_watchdog);
     close_if((uv_handle_t *)&s->sig_term, s->have_signals);
@@ -880,6 +1193,27 @@ static void on_drain_timer(uv_timer_t *t) {
         msm_log_error("requests still in flight 5 s after cancelling them; closing anyway");
         finish_shutdown(s);
     }
+}
+
+void msm_server_close(msm_server *s) {
+    s->draining = true;
+    finish_shutdown(s);
+}
+
+int msm_server_exit_status(const msm_server *s) {
+    return s->exit_status;
+}
+
+/* A group's engine failed for good (its requests have ended with the error): health is no longer
+ * serving, and the daemon drains the other groups and exits non-zero, so that systemd restarts
+ * it on a fresh device context. */
+static void fatal_engine(msm_server *s, int g, const msm_err *why) {
+    if (s->exit_status)
+        return;
+    s->exit_status = 1;
+    msm_log_error("group %d: %s; shutting down to be restarted", g, why->msg);
+    msm_notify_status("failed: group %d: %s", g, why->msg);
+    msm_server_shutdown(s);
 }
 
 void msm_server_shutdown(msm_server *s) {

@@ -15,10 +15,11 @@
 
 #include "msm_backend.h"
 #include "msm_dtype.h"
+#include "msm_engine.h" /* MSM_TEST_FAULT_* */
 #include "msm_file.h"
 #include "msm_kernels.h"
 
-typedef enum { ITEM_RUN, ITEM_RECORD, ITEM_WAIT } item_kind;
+typedef enum { ITEM_RUN, ITEM_RECORD, ITEM_WAIT, ITEM_SLEEP } item_kind;
 
 typedef struct item {
     item_kind kind;
@@ -219,6 +220,10 @@ static void *aux_main(void *arg) {
             pthread_cond_broadcast(&cb->cv);
         } else if (it.kind == ITEM_WAIT) {
             r = wait_event(cb, it.event, &cb->aux_msg);
+        } else if (it.kind == ITEM_SLEEP) {
+            pthread_mutex_unlock(&cb->mu);
+            usleep((useconds_t)it.event * 1000u); /* test-only: a stream stuck past the deadline */
+            pthread_mutex_lock(&cb->mu);
         } else {
             pthread_mutex_unlock(&cb->mu);
             msm_err e;
@@ -519,12 +524,22 @@ static void cpu_free(msm_backend *b) {
     free(cb);
 }
 
+/* Test-only (msm_engine_opts.test_fault): LAUNCH fails the step at once; HANG queues aux work that
+ * sleeps past the deadline, so the step's waits on the aux stream time out, as a GPU kernel that
+ * never finishes would make the CUDA backend's. */
+static int cpu_test_fault(msm_backend *b, int kind, msm_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (kind != MSM_TEST_FAULT_HANG)
+        return msm_err_set(err, -EIO, "rank %d: injected fault: a kernel launch failed (test-only)", cb->b.rank);
+    return push(cb, (item){.kind = ITEM_SLEEP, .event = cb->b.deadline_ms + 200}, err);
+}
+
 static const msm_backend_vt cpu_vt = {
     .name = "cpu", .free = cpu_free, .alloc_weights = cpu_alloc_weights,
     .dummy_weight = cpu_dummy_weight, .chan_open = cpu_chan_open, .chan_slot = cpu_chan_slot,
     .chan_put = cpu_chan_put, .chan_close = cpu_chan_close, .prepare = cpu_prepare,
     .write = cpu_write, .read = cpu_read, .begin = cpu_begin, .run = cpu_run,
-    .record = cpu_record, .wait = cpu_wait, .sync = cpu_sync,
+    .record = cpu_record, .wait = cpu_wait, .sync = cpu_sync, .test_fault = cpu_test_fault,
 };
 
 int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, const msm_backend_cpu_opts *o,

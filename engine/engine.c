@@ -72,6 +72,9 @@ struct msm_engine {
     unsigned char nccl_id[128];
     int buckets[MSM_MAX_BUCKETS], n_buckets; /* decode buckets captured as CUDA graphs */
     int replay_bucket;  /* this step replays the graph of this bucket (0: eager) */
+    uint64_t n_steps;   /* steps posted (1 = the first after start-up) */
+    bool faulted;       /* a step failed in execution: no step runs again */
+    msm_err fault;      /* why */
     /* weight-load progress over every rank (opts.load_progress) */
     pthread_mutex_t load_mu;
     double load_t0, load_last_s;
@@ -99,6 +102,7 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->deadline_ms = 30000;
     o->cuda_graphs = true;
     o->test_skew_rank = -1;
+    o->test_diverge_rank = -1;
 }
 
 static int write_inputs(rank_ctx *rc, const msm_graph *g);
@@ -202,36 +206,45 @@ static int rank_capture(rank_ctx *rc) {
     return 0;
 }
 
-static int rank_init(rank_ctx *rc) {
-    msm_engine *e = rc->e;
-    msm_err *err = &rc->err;
-    msm_build_opts bo = {.max_T = e->o.max_step_tokens, .max_S = e->o.max_seqs, .max_blocks = e->max_blocks};
-    int r = msm_graph_build(&e->cfg, rc->rank, e->tp, &bo, &rc->plain, err);
+/* Rank `rank`'s graphs: the plain one built, then the passes (and the verifier) applied; the
+ * one-stream variant too when the options ask for it. Shared by the load and msm_engine_validate. */
+static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, int max_blocks, int rank,
+                       msm_graph **ret_plain, msm_graph **ret_graph, msm_graph **ret_graph_1s, msm_err *err) {
+    msm_build_opts bo = {.max_T = o->max_step_tokens, .max_S = o->max_seqs, .max_blocks = max_blocks};
+    int r = msm_graph_build(cfg, rank, o->tp, &bo, ret_plain, err);
     if (r) return r;
-    msm_pass_opts po = {.fuse_allreduce = e->o.fuse_allreduce, .multi_stream = e->o.multi_stream,
-                        .elide_collectives = e->o.elide_collectives,
-                        .fuse_add_norm = e->o.fuse_add_norm,
-                        .fuse_moe_combine = e->o.fuse_moe_combine,
-                        .fuse_rope_kv = e->o.fuse_rope_kv,
-                        .fuse_allreduce_norm = e->o.fuse_allreduce_norm,
-                        .fuse_router = e->o.fuse_router,
-                        .test_buggy_placement = e->o.test_buggy_placement,
-                        .test_skip_verify = e->o.test_skip_verify};
-    r = msm_passes_apply(rc->plain, &po, &rc->graph, err);
+    msm_pass_opts po = {.fuse_allreduce = o->fuse_allreduce, .multi_stream = o->multi_stream,
+                        .elide_collectives = o->elide_collectives,
+                        .fuse_add_norm = o->fuse_add_norm,
+                        .fuse_moe_combine = o->fuse_moe_combine,
+                        .fuse_rope_kv = o->fuse_rope_kv,
+                        .fuse_allreduce_norm = o->fuse_allreduce_norm,
+                        .fuse_router = o->fuse_router,
+                        .test_buggy_placement = o->test_buggy_placement,
+                        .test_skip_verify = o->test_skip_verify};
+    if (rank == o->test_diverge_rank) po.fuse_allreduce = !po.fuse_allreduce; /* test-only: V4 */
+    r = msm_passes_apply(*ret_plain, &po, ret_graph, err);
     if (r) return r;
-    if (e->o.multi_stream && e->o.multi_stream_max_tokens > 0 &&
-        e->o.multi_stream_max_tokens < e->o.max_step_tokens) {
+    if (o->multi_stream && o->multi_stream_max_tokens > 0 && o->multi_stream_max_tokens < o->max_step_tokens) {
         po.multi_stream = false;
-        r = msm_passes_apply(rc->plain, &po, &rc->graph_1s, err);
+        r = msm_passes_apply(*ret_plain, &po, ret_graph_1s, err);
         if (r) return r;
         /* one arena serves both: the backend allocates the larger plan (the step inputs sit at
          * each graph's own offsets, written before each step) */
-        size_t a = rc->graph->arena_bytes, b1 = rc->graph_1s->arena_bytes;
-        rc->graph->arena_bytes = rc->graph_1s->arena_bytes = a > b1 ? a : b1;
-        if (msm_graph_collective_hash(rc->graph) != msm_graph_collective_hash(rc->graph_1s))
+        size_t a = (*ret_graph)->arena_bytes, b1 = (*ret_graph_1s)->arena_bytes;
+        (*ret_graph)->arena_bytes = (*ret_graph_1s)->arena_bytes = a > b1 ? a : b1;
+        if (msm_graph_collective_hash(*ret_graph) != msm_graph_collective_hash(*ret_graph_1s))
             return msm_err_set(err, -EPROTO, "graph verify: the one-stream graph's collective "
                                              "sequence differs from the multi-stream graph's");
     }
+    return 0;
+}
+
+static int rank_init(rank_ctx *rc) {
+    msm_engine *e = rc->e;
+    msm_err *err = &rc->err;
+    int r = rank_graphs(&e->o, &e->cfg, e->max_blocks, rc->rank, &rc->plain, &rc->graph, &rc->graph_1s, err);
+    if (r) return r;
     if (e->o.backend == MSM_BACKEND_CUDA) {
 #ifdef MSM_HAVE_CUDA
         r = msm_backend_cuda_new(e->o.first_device + rc->rank, rc->rank, e->tp, e->nccl_id,
@@ -305,6 +318,13 @@ static int rank_step(rank_ctx *rc) {
     const msm_graph *g = graph_for(rc, d->T);
     int r = write_inputs(rc, g);
     if (r) return r;
+    if (e->o.test_fault && rc->rank == 0 && e->n_steps >= (uint64_t)e->o.test_fault_step) {
+        /* test-only: a real failing launch, or a real kernel (CPU: aux work) that overruns the
+         * deadline; the step's own work follows and its sync reports the overrun */
+        r = b->vt->test_fault ? b->vt->test_fault(b, e->o.test_fault, err)
+                              : msm_err_set(err, -ENOTSUP, "backend %s has no fault injection", b->vt->name);
+        if (r) return r;
+    }
     if (e->replay_bucket > 0) r = b->vt->replay(b, e->replay_bucket, err);
     else r = msm_exec_step(b, g, d, err);
     if (r || rc->rank != 0) return r;
@@ -357,6 +377,57 @@ static int run_cmd(msm_engine *e, int cmd, msm_err *err) {
     return r;
 }
 
+/* The model's config (and, for a checkpoint, its safetensors headers: *ret_st), the options
+ * checked against it, and the context the engine serves: o->max_context, at most the model's
+ * max_position_embeddings (0: that, at most 32768). Shared by the load and msm_engine_validate. */
+static int open_model(const msm_engine_opts *o, msm_model_config *cfg, msm_safetensors **ret_st,
+                      int *ret_max_context, msm_err *err) {
+    int r;
+    if (o->model_dir) {
+        r = msm_model_config_load(o->model_dir, cfg, err);
+        if (r == 0) r = msm_safetensors_open_dir(o->model_dir, ret_st, err);
+    } else if (o->dummy_preset) {
+        r = msm_model_config_load(o->dummy_preset, cfg, err);
+    } else {
+        r = msm_err_set(err, -EINVAL, "no model: give a model directory or a dummy-weights preset");
+    }
+    if (r) return r;
+    if (o->tp < 1 || o->tp > 64) return msm_err_set(err, -EINVAL, "tp must be between 1 and 64, got %d", o->tp);
+    if (o->max_step_tokens < 1 || o->max_seqs < 1 || o->kv_blocks < 2 || o->deadline_ms < 1)
+        return msm_err_set(err, -EINVAL, "engine limits must be positive (max_step_tokens %d, max_seqs "
+                                         "%d, kv_blocks %d)", o->max_step_tokens, o->max_seqs, o->kv_blocks);
+    if (cfg->max_position < 2)
+        return msm_err_set(err, -EINVAL, "%s%s: max_position_embeddings = %d: a sequence needs at least 2 "
+                                         "positions (a prompt token and a generated one)",
+                           o->model_dir ? o->model_dir : o->dummy_preset, o->model_dir ? "/config.json" : "",
+                           cfg->max_position);
+    int ctx = o->max_context;
+    if (ctx <= 0 || ctx > cfg->max_position) ctx = cfg->max_position < 32768 ? cfg->max_position : 32768;
+    if (ctx < 2)
+        return msm_err_set(err, -EINVAL, "max_context = %d: a sequence needs at least 2 tokens", ctx);
+    *ret_max_context = ctx;
+    return 0;
+}
+
+int msm_engine_validate(const msm_engine_opts *o, msm_model_config *ret_cfg, int *ret_max_context, msm_err *err) {
+    msm_model_config cfg;
+    msm_safetensors *st = NULL;
+    int ctx = 0, r = open_model(o, &cfg, &st, &ctx, err);
+    for (int q = 0; r == 0 && q < o->tp; q++) {
+        msm_graph *plain = NULL, *graph = NULL, *graph_1s = NULL;
+        r = rank_graphs(o, &cfg, msm_kv_blocks_for(ctx), q, &plain, &graph, &graph_1s, err);
+        if (r == 0 && st) r = msm_weights_check(plain, st, err);
+        msm_graph_free(graph);
+        msm_graph_free(graph_1s);
+        msm_graph_free(plain);
+    }
+    msm_safetensors_free(st);
+    if (r) return r;
+    *ret_cfg = cfg;
+    *ret_max_context = ctx;
+    return 0;
+}
+
 int msm_engine_new(const msm_engine_opts *o, msm_engine **ret, msm_err *err) {
     msm_engine *e = calloc(1, sizeof *e);
     if (!e) return msm_err_set(err, -ENOMEM, "out of memory");
@@ -366,27 +437,8 @@ int msm_engine_new(const msm_engine_opts *o, msm_engine **ret, msm_err *err) {
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->load_mu, NULL);
     e->load_last_permille = -1;
-    int r;
-    if (o->model_dir) {
-        r = msm_model_config_load(o->model_dir, &e->cfg, err);
-        if (r == 0) r = msm_safetensors_open_dir(o->model_dir, &e->st, err);
-    } else if (o->dummy_preset) {
-        r = msm_model_config_load(o->dummy_preset, &e->cfg, err);
-    } else {
-        r = msm_err_set(err, -EINVAL, "no model: give a model directory or a dummy-weights preset");
-    }
+    int r = open_model(o, &e->cfg, &e->st, &e->o.max_context, err);
     if (r) goto fail;
-    if (o->tp < 1 || o->tp > 64) {
-        r = msm_err_set(err, -EINVAL, "tp must be between 1 and 64, got %d", o->tp);
-        goto fail;
-    }
-    if (o->max_step_tokens < 1 || o->max_seqs < 1 || o->kv_blocks < 2 || o->deadline_ms < 1) {
-        r = msm_err_set(err, -EINVAL, "engine limits must be positive (max_step_tokens %d, max_seqs "
-                                      "%d, kv_blocks %d)", o->max_step_tokens, o->max_seqs, o->kv_blocks);
-        goto fail;
-    }
-    if (e->o.max_context <= 0 || e->o.max_context > e->cfg.max_position)
-        e->o.max_context = e->cfg.max_position < 32768 ? e->cfg.max_position : 32768;
     e->max_blocks = msm_kv_blocks_for(e->o.max_context);
     e->tp = o->tp;
     int T = e->o.max_step_tokens, S = e->o.max_seqs;
@@ -658,6 +710,10 @@ static void collect_outputs(msm_engine *e, const msm_step_seq *seqs, int n_seqs,
 
 int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_step_out *ret,
                     msm_err *err) {
+    if (e->faulted) {
+        if (err) *err = e->fault;
+        return -ENOTRECOVERABLE;
+    }
     if (n_seqs < 1 || n_seqs > e->o.max_seqs)
         return msm_err_set(err, -EINVAL, "a step carries 1..%d sequences, got %d", e->o.max_seqs, n_seqs);
     int T = 0, want_rows = 0;
@@ -680,8 +736,17 @@ int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_ste
         if (r) return r;
     }
     e->dims = (msm_step_dims){.T = T, .R = R, .S = e->replay_bucket ? e->replay_bucket : n_seqs};
-    int r = run_cmd(e, CMD_STEP, err);
-    if (r) return r;
+    e->n_steps++;
+    msm_err fault = {{0}};
+    int r = run_cmd(e, CMD_STEP, &fault);
+    if (r) {
+        /* the inputs were checked: an execution failure is the device's (or a deadline's), and a
+         * device context that faulted, or a communicator a deadline aborted, is not trusted again */
+        e->faulted = true;
+        msm_err_set(&e->fault, -ENOTRECOVERABLE, "%s (the engine cannot run another step)", fault.msg);
+        if (err) *err = e->fault;
+        return -ENOTRECOVERABLE;
+    }
     collect_outputs(e, seqs, n_seqs, logits, vpad);
     ret->tokens = e->seq_tokens;
     ret->logits = logits ? e->logits_out : NULL;

@@ -97,6 +97,10 @@ typedef struct msm_backend_vt {
     int (*capture_begin)(msm_backend *b, msm_err *err);
     int (*capture_end)(msm_backend *b, int key, msm_err *err);
     int (*replay)(msm_backend *b, int key, msm_err *err); /* -ENOENT: no graph for key */
+    /* Test-only (msm_engine_opts.test_fault, MSM_TEST_FAULT_*): before a step, fail it now
+     * (LAUNCH: a negative errno) or make it overrun the deadline (HANG: 0, the step's sync then
+     * times out). NULL when unsupported. */
+    int (*test_fault)(msm_backend *b, int kind, msm_err *err);
 } msm_backend_vt;
 
 struct msm_backend {

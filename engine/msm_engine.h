@@ -78,7 +78,19 @@ typedef struct msm_engine_opts {
     bool test_skip_verify;
     int test_skew_rank;        /* rank whose main stream sleeps before each collective */
     int test_skew_us;
+    /* Test-only: this rank (>= 0; default -1) builds its graph with fuse_allreduce flipped, so it
+     * issues a different collective sequence; start-up must refuse it (verifier rule V4). */
+    int test_diverge_rank;
+    /* Test-only fault injection: from step test_fault_step on (1 = the first step after start-up),
+     * rank 0's backend fails the step (MSM_TEST_FAULT_LAUNCH: a kernel launch that fails; on the
+     * CPU an injected error) or makes it overrun engine deadline_ms (MSM_TEST_FAULT_HANG: a kernel
+     * that spins past the deadline; on the CPU the aux stream sleeps past it). */
+    int test_fault;
+    int test_fault_step;
 } msm_engine_opts;
+
+/* Values of msm_engine_opts.test_fault. */
+enum { MSM_TEST_FAULT_NONE = 0, MSM_TEST_FAULT_LAUNCH, MSM_TEST_FAULT_HANG };
 
 void msm_engine_opts_default(msm_engine_opts *o);
 
@@ -87,6 +99,17 @@ typedef struct msm_engine msm_engine;
 /* Loads config and weights, builds and verifies the graphs of every rank, checks the collective
  * sequence hash across ranks, and starts the rank threads. Errors name the file/tensor/limit. */
 int msm_engine_new(const msm_engine_opts *o, msm_engine **ret, msm_err *err);
+
+/* What msm_engine_new checks before it reads a weight byte, without loading anything (no device
+ * is touched, no weight is read): the model's config.json (or the preset), the options against
+ * it (max_context within the model's max_position_embeddings, tp dividing the heads and experts),
+ * every safetensors header, each rank's graph built, passed and verified (V1-V3; V4 compares the
+ * ranks' collective sequences at load, through their communicator), and every weight of every
+ * rank present in the checkpoint with the expected shape, FP8 block scales included
+ * (msm_weights_check, what the load itself checks first). *ret_cfg: the model's config;
+ * *ret_max_context: the context msm_engine_new would serve. For `msmoed --check-config`, and
+ * before a load. */
+int msm_engine_validate(const msm_engine_opts *o, msm_model_config *ret_cfg, int *ret_max_context, msm_err *err);
 /* Accepts NULL and half-built engines. Stops the rank threads. */
 void msm_engine_free(msm_engine *e);
 
@@ -137,7 +160,9 @@ typedef struct msm_step_out {
 
 /* Runs one step over n_seqs sequences. Validates every id, position and block id against the
  * model and the pool first (-EINVAL with a message), then executes. The output arrays stay valid
- * until the next step. */
+ * until the next step. A sequence whose logits row was not finite gets MSM_SAMPLE_NONFINITE as
+ * its token. When the execution itself fails (a kernel or NCCL error, a step past deadline_ms)
+ * the engine cannot be trusted again: the step and every later one return -ENOTRECOVERABLE. */
 int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_step_out *ret,
                     msm_err *err);
 

@@ -11,6 +11,10 @@
 
 #define MSM_KV_BLOCK 16 /* tokens per KV-cache block */
 
+/* What the samplers write for a row whose logits are not all finite (a NaN or an infinity): no
+ * token can be drawn from such a row, and the engine hands this on as the sequence's token. */
+#define MSM_SAMPLE_NONFINITE (-2)
+
 #define MSM_MAX_BUCKETS 32 /* decode batch buckets an engine (and engine.buckets) may list */
 
 /* Default of msm_engine_opts.multi_stream_max_tokens: overlapping the shared expert with the

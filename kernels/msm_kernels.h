@@ -142,8 +142,8 @@ void msm_cpu_moe_experts(float *y, const float *x, const int32_t *ids, const flo
 
 /* ---- kernels/cpu/sample.c (twins in kernels/cuda/sample.cu) --------------------------------- */
 
-/* Samples one token per row of logits [R,V] with params p[R] into out[R].
- * scratch: at least 2*V floats. */
+/* Samples one token per row of logits [R,V] with params p[R] into out[R]; a row holding a NaN or
+ * an infinity gets MSM_SAMPLE_NONFINITE. scratch: at least 2*V floats. */
 void msm_cpu_sample(int32_t *out, const float *logits, const msm_sample_params *p, int R, int V,
                     float *scratch);
 

@@ -18,6 +18,7 @@
 #include "msm_cuda.h"
 #include "msm_cuda_backend.h"
 #include "msm_cuda_kernels.h"
+#include "msm_engine.h" /* MSM_TEST_FAULT_* */
 
 #define MAX_GRAPHS 64
 
@@ -788,13 +789,22 @@ static void cuda_free(msm_backend *b) {
     free(cb);
 }
 
+/* Test-only (msm_engine_opts.test_fault): a launch that fails, or a kernel on the main stream that
+ * spins for twice the deadline, so the step's sync times out and aborts the communicator. */
+static int cuda_test_fault(msm_backend *b, int kind, msm_err *err) {
+    cuda_backend *cb = (cuda_backend *)b;
+    bool hang = kind == MSM_TEST_FAULT_HANG;
+    KTRY(msm_cuda_test_fault(hang, 2 * cb->b.deadline_ms, exec_on(cb, MSM_STREAM_MAIN, NULL)));
+    return 0;
+}
+
 static const msm_backend_vt cuda_vt = {
     .name = "cuda", .free = cuda_free, .alloc_weights = cuda_alloc_weights,
     .dummy_weight = cuda_dummy_weight, .chan_open = cuda_chan_open, .chan_slot = cuda_chan_slot,
     .chan_put = cuda_chan_put, .chan_close = cuda_chan_close, .prepare = cuda_prepare,
     .write = cuda_write, .read = cuda_read, .begin = cuda_begin, .run = cuda_run,
     .record = cuda_record, .wait = cuda_wait, .sync = cuda_sync, .capture_begin = cuda_capture_begin,
-    .capture_end = cuda_capture_end, .replay = cuda_replay,
+    .capture_end = cuda_capture_end, .replay = cuda_replay, .test_fault = cuda_test_fault,
 };
 
 /* ---- tuning from the environment ---------------------------------------------------------

@@ -14,6 +14,9 @@ extern "C" {
 
 /* --dummy-weights on the device (fill.cu): w[i] uniform in ±scale from (seed, i), or ones. */
 int msm_cuda_fill_dummy(uint16_t *w, size_t n, uint64_t seed, float scale, int ones, msm_cuda_exec ex);
+/* Test-only (fault.cu): hang = 0 launches a kernel with an impossible block size (the launch
+ * fails: a negative errno); hang = 1 launches a kernel on ex's stream that spins for spin_ms. */
+int msm_cuda_test_fault(int hang, int spin_ms, msm_cuda_exec ex);
 /* The same values in float32 (keep_f32 weights; exactly the CPU backend's dummy values). */
 int msm_cuda_fill_dummy_f32(float *w, size_t n, uint64_t seed, float scale, int ones, msm_cuda_exec ex);
 

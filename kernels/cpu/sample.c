@@ -21,12 +21,22 @@ static int argmax(const float *l, int V) {
     return best;
 }
 
+static bool all_finite(const float *l, int V) {
+    for (int v = 0; v < V; v++)
+        if (!isfinite(l[v])) return false;
+    return true;
+}
+
 void msm_cpu_sample(int32_t *out, const float *logits, const msm_sample_params *p, int R, int V,
                     float *scratch) {
     float *prob = scratch;
     for (int r = 0; r < R; r++) {
         const float *l = logits + (size_t)r * V;
         const msm_sample_params *sp = p + r;
+        if (!all_finite(l, V)) {
+            out[r] = MSM_SAMPLE_NONFINITE; /* nothing can be drawn from NaN or infinite logits */
+            continue;
+        }
         if (!(sp->temperature > 0.0f)) {
             out[r] = argmax(l, V);
             continue;

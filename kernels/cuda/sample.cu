@@ -1,6 +1,6 @@
 /* sample.cu: token sampling on the device, one 1024-thread block per row of logits.
  *
- * The function is msm_cpu_sample's: greedy (arg-max, lowest id on ties) when temperature <= 0;
+ * The function is msm_cpu_sample's (a row with a NaN or an infinity gets MSM_SAMPLE_NONFINITE): greedy (arg-max, lowest id on ties) when temperature <= 0;
  * otherwise probabilities at temperature, a keep-threshold from top-k (the k-th largest
  * probability, counted with multiplicity) and top-p (the probability level at which the mass of
  * the most likely tokens first reaches top_p), then the first token in id order whose cumulative
@@ -182,10 +182,16 @@ static __global__ void __launch_bounds__(S_THREADS)
     const msm_sample_params sp = params[r];
 
     float bv = -INFINITY;
-    int bi = INT_MAX;
+    int bi = INT_MAX, bad = 0;
     for (int v = threadIdx.x; v < V; v += S_THREADS) {
         float x = l[v];
+        bad |= !isfinite(x);
         if (bi == INT_MAX || x > bv) bv = x, bi = v;
+    }
+    /* nothing can be drawn from NaN or infinite logits: say so (as msm_cpu_sample does) */
+    if (__syncthreads_or(bad)) {
+        if (threadIdx.x == 0) out[r] = MSM_SAMPLE_NONFINITE;
+        return;
     }
     block_argmax(bv, bi, sm);
     int amax = bi == INT_MAX ? 0 : bi;

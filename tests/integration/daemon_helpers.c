@@ -10,9 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <unistr.h>
 
@@ -68,8 +72,12 @@ void start_daemon(daemon_proc *d, const char **sets, const char *env1, const cha
     if (d->pid == 0) {
         /* A failed assertion ends the test process: take the daemon with it. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (env1)
+        if (env1 && !strncmp(env1, "NOFILE=", 7)) {
+            struct rlimit rl = {(rlim_t)atoi(env1 + 7), (rlim_t)atoi(env1 + 7)};
+            setrlimit(RLIMIT_NOFILE, &rl);
+        } else if (env1) {
             putenv((char *)env1);
+        }
         if (env2)
             putenv((char *)env2);
         execv(argv[0], (char **)argv);
@@ -111,6 +119,41 @@ int stop_daemon(daemon_proc *d) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+int wait_exit(daemon_proc *d, int timeout_ms) {
+    int st = 0;
+    for (int waited = 0; waited <= timeout_ms; waited += 10) {
+        pid_t r = waitpid(d->pid, &st, WNOHANG);
+        if (r == d->pid) {
+            d->pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        usleep(10000);
+    }
+    return -1;
+}
+
+int run_msmoed(const char *args, char *out, size_t cap) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", env_or("MSMOED", "build/daemon/msmoed"), args);
+    return sh(cmd, out, cap);
+}
+
+double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
 Msmoe__V1__ServerFrame *recv_frame(msm_client *c) {
     Msmoe__V1__ServerFrame *f = NULL;
     msm_err err;
@@ -141,6 +184,9 @@ bool stream_add(stream *s, const Msmoe__V1__ServerFrame *f) {
     }
     if (f->chunk->has_finish_reason && f->chunk->finish_reason != MSMOE__V1__FINISH_REASON__FINISH_NONE) {
         s->finish = (int)f->chunk->finish_reason;
+        if (f->chunk->error && f->chunk->error->message)
+            snprintf(s->msg, sizeof s->msg, "%s: %s", msm_client_code_name(f->chunk->error->code),
+                     f->chunk->error->message);
         s->completion_tokens = f->chunk->usage ? (int)f->chunk->usage->completion_tokens : -1;
         return true;
     }

@@ -49,7 +49,8 @@ bool have_model(void);
 void need_model(void);
 
 /* Starts msmoed with extra "--set" assignments (NULL-terminated) and the given extra environment
- * (NAME=VALUE or NULL); with wait_ready, waits until it accepts connections. The daemon dies with
+ * (NAME=VALUE or NULL; env1 "NOFILE=N" instead sets the daemon's RLIMIT_NOFILE, soft and hard, to
+ * N); with wait_ready, waits until it accepts connections. The daemon dies with
  * the test process. */
 void start_daemon(daemon_proc *d, const char **sets, const char *env1, const char *env2, bool wait_ready);
 /* start_daemon on the fake engine with a 5 ms step (so "mid-stream" is guaranteed), plus extra
@@ -58,6 +59,16 @@ void start_slow_fake(daemon_proc *d, const char **extra);
 /* SIGTERM, then waits up to 30 s (SIGKILL and a failure after that); removes its directory.
  * Returns the exit status (128 + signal when killed). */
 int stop_daemon(daemon_proc *d);
+/* Waits up to timeout_ms for d to exit by itself: its exit status (128 + signal when killed), or
+ * -1 when it is still running (d->pid is then kept). */
+int wait_exit(daemon_proc *d, int timeout_ms);
+/* Runs msmoed to its end with the given arguments (a shell word list): its stdout and stderr into
+ * out (NUL-terminated), returns its exit status. */
+int run_msmoed(const char *args, char *out, size_t cap);
+/* Milliseconds of a monotonic clock. */
+double now_ms(void);
+/* A TCP port that was free a moment ago (bound to 127.0.0.1:0, then closed). */
+int free_port(void);
 
 /* A client connection to d with a 20 s receive timeout. */
 msm_client *connect_to(const daemon_proc *d);

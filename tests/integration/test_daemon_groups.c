@@ -109,6 +109,53 @@ Test(daemon_groups, two_cpu_replicas_serve_32_requests_equal_to_msmoe_run, .time
     cr_assert_eq(stop_daemon(&d), 0);
 }
 
+/* Two replicas of TP=2 on the CPU (two groups of two rank threads on host collectives): 16
+ * greedy requests on two connections equal msmoe-run --tp 2 token for token. (Also what the
+ * ThreadSanitizer pass, `make test-tsan`, runs at TP=2 x 2 replicas.) */
+Test(daemon_groups, tp2_times_two_replicas_equal_msmoe_run_tp2, .timeout = 240) {
+    need_model();
+    daemon_proc d;
+    const char *sets[] = {"engine.backend=cpu", "engine.tp=2", "engine.replicas=2", NULL};
+    start_daemon(&d, sets, NULL, NULL, true);
+    enum { CONNS = 2, PER = 8, MAXT = 16 };
+    int32_t prompts[PER][5], want[PER][MAXT];
+    int n_want[PER];
+    for (int p = 0; p < PER; p++) {
+        char args[256], ids[128];
+        make_prompt(p, 29, 13, prompts[p], 5, ids, sizeof ids);
+        snprintf(args, sizeof args, "--prompt-ids %s --max-new-tokens %d --greedy --ignore-eos --tp 2", ids, MAXT);
+        n_want[p] = run_msmoe_run(args, want[p], MAXT);
+        cr_assert_eq(n_want[p], MAXT);
+    }
+    msm_client *c[CONNS];
+    msm_err err;
+    for (int k = 0; k < CONNS; k++) {
+        c[k] = connect_to(&d);
+        for (int p = 0; p < PER; p++) {
+            msm_client_gen g;
+            ids_gen_init(&g, prompts[p], 5, MAXT);
+            g.temperature = 0;
+            g.set_temperature = true;
+            g.ignore_eos = true;
+            cr_assert_eq(msm_client_send_generate(c[k], (uint64_t)(10 + p), &g, &err), 0, "%s", err.msg);
+        }
+    }
+    static stream s[CONNS][PER];
+    for (int k = 0; k < CONNS; k++) {
+        streams_read(c[k], 10, s[k], PER);
+        for (int p = 0; p < PER; p++) {
+            cr_assert_eq(s[k][p].finish, MSMOE__V1__FINISH_REASON__FINISH_LENGTH, "conn %d req %d: %s", k, p, s[k][p].msg);
+            cr_assert_arr_eq(s[k][p].ids, want[p], (size_t)MAXT * sizeof(int32_t), "conn %d req %d", k, p);
+        }
+    }
+    cr_assert_gt(metric(c[0], "msmoed_requests_finished_total", "reason=\"length\",group=\"0\""), 0);
+    cr_assert_gt(metric(c[0], "msmoed_requests_finished_total", "reason=\"length\",group=\"1\""), 0);
+    cr_assert_eq(metric_settles(c[0], "msmoed_kv_blocks_used", NULL, 0), 0);
+    for (int k = 0; k < CONNS; k++)
+        msm_client_free(c[k]);
+    cr_assert_eq(stop_daemon(&d), 0);
+}
+
 /* Cancel mid-stream on two CPU groups: 16 long generations in flight (they alternate between the
  * groups), the first 8 cancelled after their first token; the cancels reach the owning schedulers,
  * the other 8 still equal msmoe-run, and every block comes back. */

@@ -5,14 +5,20 @@ model, through the official openai Python client and raw HTTP:
   - logprobs and echo: prompt-token logprobs agree with the logprobs of generated tokens;
   - every kind of bad request answers 4xx with OpenAI's error object naming the field, and the
     daemon keeps serving; a stream cut by its client cancels the request and frees its KV blocks;
-  - the API key, the connection cap and the read timeout (slowloris) of [http].
+  - the API key, the connection cap and the read timeout (slowloris) of [http];
+  - text work off the loop thread: /health answers while MiBs are being tokenized;
+  - the connection guard of every listener (docs/adr/0007-hardening.md) on [http]: its
+    connections count against server.max_connections, and one whose client takes none of its
+    replies is closed after server.write_timeout_s.
 Run by tests/integration/test_http.sh (meson test http), stdlib unittest."""
 import http.client
 import json
 import os
+import select
 import socket
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -265,10 +271,12 @@ class Limits(unittest.TestCase):
         self.assertEqual(self.d.request("POST", "/v1/completions", body, {"Authorization": "Bearer wrong-key"})[0], 401)
         self.assertEqual(self.d.request("POST", "/v1/completions", body, {"Authorization": "Bearer s3cret-key"})[0], 200)
         self.assertEqual(self.d.request("GET", "/health")[0], 200, "probes need no key")
-        c = openai.OpenAI(base_url=self.d.base_url, api_key="s3cret-key", max_retries=0)
-        self.assertEqual(len(c.completions.create(model="stories260k-moe", prompt="Once", max_tokens=3).choices), 1)
-        with self.assertRaises(openai.AuthenticationError):
-            openai.OpenAI(base_url=self.d.base_url, api_key="nope", max_retries=0).models.list()
+        with openai.OpenAI(base_url=self.d.base_url, api_key="s3cret-key", max_retries=0) as c:
+            self.assertEqual(len(c.completions.create(model="stories260k-moe", prompt="Once", max_tokens=3).choices),
+                             1)
+        with self.assertRaises(openai.AuthenticationError), \
+                openai.OpenAI(base_url=self.d.base_url, api_key="nope", max_retries=0) as c:
+            c.models.list()
 
     def test_chat_without_a_template_answers_501(self):
         st, data, _ = self.d.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]},
@@ -277,6 +285,9 @@ class Limits(unittest.TestCase):
         self.assertIn("tokenizer_config.json", json.loads(data)["error"]["message"])
 
     def test_connection_cap_and_slowloris(self):
+        # Keep-alive connections of earlier tests are gone (closed by http.read_timeout_ms at the
+        # latest): one closing between the three below and the fourth would let the fourth in.
+        time.sleep(0.8)
         idle = [socket.create_connection(("127.0.0.1", self.d.port)) for _ in range(3)]
         time.sleep(0.1)
         extra = socket.create_connection(("127.0.0.1", self.d.port))
@@ -294,6 +305,122 @@ class Limits(unittest.TestCase):
             s.close()
         time.sleep(0.2)
         self.assertEqual(self.d.request("GET", "/health")[0], 200, "connections are accepted again")
+
+
+class TextOffTheLoop(unittest.TestCase):
+    """Encoding runs on libuv's thread pool (docs/adr/0007-hardening.md): MiBs of text being
+    tokenized do not hold up another client's /health, and a prompt that cannot fit the context is
+    refused before it is encoded."""
+
+    def test_tokenization_does_not_stall_other_clients(self):
+        text = ("Once upon a time, there was a little dog. " * 25000)[:(1 << 20) - 64]
+        t0 = time.time()
+        st, data, _ = D.request("POST", "/tokenize", {"prompt": text})
+        one = time.time() - t0
+        self.assertEqual(st, 200, data[:200])
+        done = []
+        workers = [threading.Thread(target=lambda: done.append(D.request("POST", "/tokenize", {"prompt": text})[0]))
+                   for _ in range(8)]
+        for w in workers:
+            w.start()
+        worst = 0
+        for _ in range(20):
+            h0 = time.time()
+            self.assertEqual(D.request("GET", "/health")[0], 200)
+            worst = max(worst, time.time() - h0)
+            time.sleep(0.02)
+        for w in workers:
+            w.join()
+        self.assertEqual(done, [200] * 8)
+        print(f"\ntokenizing 1 MiB: {one * 1000:.0f} ms; /health with 8 MiB being tokenized: worst "
+              f"{worst * 1000:.1f} ms", file=sys.stderr)
+        self.assertLess(worst, max(one / 2, 0.05), "/health waited behind tokenization")
+        t0 = time.time()
+        st, data, _ = D.request("POST", "/v1/completions", {"prompt": text, "max_tokens": 1})
+        self.assertEqual(st, 400)
+        self.assertIn("encodes to at least", json.loads(data)["error"]["message"])
+        self.assertLess(time.time() - t0, max(one / 2, 0.05), "encoded before it was refused")
+
+
+class Guard(unittest.TestCase):
+    """A third daemon: server.max_connections 3 (over every listener), server.write_timeout_s 1."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon("server.max_connections=3", "server.write_timeout_s=1", chat=False)
+
+    @classmethod
+    def tearDownClass(cls):
+        rc = cls.d.stop()
+        assert rc == 0, f"msmoed exited with {rc}"
+
+    def held_and_one_more(self):
+        """Three connections held open, and the answer to a fourth (b"" when it is not refused)."""
+        held = [socket.create_connection(("127.0.0.1", self.d.port)) for _ in range(3)]
+        time.sleep(0.1)
+        extra = socket.create_connection(("127.0.0.1", self.d.port))
+        extra.settimeout(1)
+        try:
+            answer = extra.recv(4096)
+        except socket.timeout:
+            answer = b""
+        extra.close()
+        return held, answer
+
+    def test_http_connections_count_against_server_max_connections(self):
+        # The connections of earlier requests may still be closing on a loaded machine (one closing
+        # between the held three and the fourth lets the fourth in): try until all three are held
+        # and the fourth is refused.
+        deadline = time.time() + 10
+        while True:
+            held, answer = self.held_and_one_more()
+            all_held = not select.select(held, [], [], 0)[0]  # a refused one would have its 503 to read
+            if (all_held and answer.startswith(b"HTTP/1.1 503")) or time.time() > deadline:
+                break
+            for s in held:
+                s.close()
+            time.sleep(0.3)
+        self.assertTrue(all_held)
+        self.assertTrue(answer.startswith(b"HTTP/1.1 503"), answer)
+        self.assertIn(b"server.max_connections", answer)
+        # the socket API shares the limit: refused with a frame naming it
+        u = socket.socket(socket.AF_UNIX)
+        u.settimeout(5)
+        u.connect(self.d.sock)
+        self.assertIn(b"server.max_connections", u.recv(4096))
+        u.close()
+        for s in held:
+            s.close()
+        time.sleep(0.2)
+        self.assertEqual(self.d.request("GET", "/health")[0], 200, "connections are accepted again")
+        self.assertGreaterEqual(self.d.metric("msmoed_connections_refused_total"), 2)
+
+    def test_a_client_that_takes_no_reply_is_closed_after_server_write_timeout_s(self):
+        name = 'msmoed_connections_timed_out_total{reason="stalled"}'
+        before = self.d.metric(name)
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", self.d.port))
+        # pipelined requests whose answers (MBs in all) the client never reads
+        s.settimeout(1)
+        req = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 100
+        try:
+            for _ in range(40):
+                s.sendall(req)
+        except socket.timeout:
+            pass  # the daemon's receive buffer is full: it is not reading them either
+        t0 = time.time()
+        while time.time() - t0 < 15 and self.d.metric(name) == before:
+            time.sleep(0.1)
+        self.assertEqual(self.d.metric(name), before + 1, "not closed after server.write_timeout_s")
+        s.settimeout(5)
+        try:
+            while s.recv(65536):
+                pass
+        except ConnectionResetError:
+            pass
+        s.close()
+        self.assertEqual(self.d.request("GET", "/health")[0], 200)
 
 
 if __name__ == "__main__":

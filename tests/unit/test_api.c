@@ -513,3 +513,84 @@ Test(api_text, text_replies_encode) {
     msmoe__v1__server_frame__free_unpacked(f, NULL);
     free(buf);
 }
+
+/* A ClientFrame{request_id = 9, generate = {prompt_ids = [1,2], field = the len bytes of str}},
+ * built by hand: protobuf-c packs strings with strlen, so it cannot write a NUL inside one. */
+static size_t nul_frame(uint8_t *out, int field, const char *str, size_t len) {
+    uint8_t *p = out;
+    *p++ = 0x08, *p++ = 9;                           /* request_id = 9 */
+    *p++ = 0x12, *p++ = (uint8_t)(len + 6);          /* generate */
+    *p++ = 0x0a, *p++ = 2, *p++ = 1, *p++ = 2;       /* prompt_ids = [1, 2] (packed) */
+    *p++ = (uint8_t)(field << 3 | 2), *p++ = (uint8_t)len;
+    memcpy(p, str, len);
+    return (size_t)(p + len - out);
+}
+
+/* Issue 16: protobuf-c unpacks a string up to its first NUL, so "Once\0 upon a time" would be
+ * served as "Once": a NUL in any string field is refused, naming the field. */
+Test(api_text, strings_with_a_nul_byte_are_refused) {
+    msm_api_limits l = text_lim();
+    uint8_t buf[128];
+    msm_call call;
+    msm_err err = {{0}};
+    uint64_t rid;
+    static const char text[] = "Once\0 upon a time", stop[] = "a\0b";
+    size_t n = nul_frame(buf, 6, stop, sizeof stop - 1); /* stop_strings */
+    cr_assert_eq(msm_api_decode(buf, n, &l, &call, &rid, &err), -EINVAL);
+    cr_assert_eq(rid, 9);
+    cr_assert(strstr(err.msg, "generate.stop_strings contains a NUL byte (at byte 1 of 3)"), "%s", err.msg);
+    n = nul_frame(buf, 6, "ab", 2);
+    cr_assert_eq(msm_api_decode(buf, n, &l, &call, &rid, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(call.gen->stop_strings[0], "ab");
+    msm_gen_request_free(call.gen);
+    msm_call_done(&call);
+    /* prompt_text (with prompt_ids too: the NUL is found before the "not both" check) */
+    n = nul_frame(buf, 2, text, sizeof text - 1);
+    cr_assert_eq(msm_api_decode(buf, n, &l, &call, &rid, &err), -EINVAL);
+    cr_assert(strstr(err.msg, "generate.prompt_text contains a NUL byte (at byte 4"), "%s", err.msg);
+}
+
+/* The daemon's split: msm_api_parse does the cheap checks and leaves the text for msm_api_text
+ * (on a worker thread); a prompt that can never fit the context is refused unencoded. */
+Test(api_text, parse_leaves_the_text_work_and_bounds_it) {
+    msm_api_limits l = text_lim();
+    Msmoe__V1__ClientFrame f = MSMOE__V1__CLIENT_FRAME__INIT;
+    Msmoe__V1__GenerateRequest g = MSMOE__V1__GENERATE_REQUEST__INIT;
+    f.has_request_id = 1;
+    f.request_id = 11;
+    f.call_case = MSMOE__V1__CLIENT_FRAME__CALL_GENERATE;
+    f.generate = &g;
+    g.prompt_text = "Once upon a time";
+    size_t n = msmoe__v1__client_frame__get_packed_size(&f);
+    uint8_t *buf = malloc(n);
+    msmoe__v1__client_frame__pack(&f, buf);
+    msm_call call;
+    msm_err err = {{0}};
+    uint64_t rid;
+    cr_assert_eq(msm_api_parse(buf, n, &l, &call, &rid, &err), 0, "%s", err.msg);
+    cr_assert(call.text_pending);
+    cr_assert_eq(call.gen->n_prompt, 0, "encoded on the loop thread");
+    cr_assert_eq(msm_api_text(&call, &l, &err), 0, "%s", err.msg);
+    cr_assert(!call.text_pending);
+    static const int32_t want[] = {1, 403, 407, 261, 378};
+    cr_assert_eq(call.gen->n_prompt, 5);
+    cr_assert_arr_eq(call.gen->prompt, want, sizeof want);
+    cr_assert_eq(call.gen->max_tokens, l.max_tokens_default < l.max_context - 5 ? l.max_tokens_default
+                                                                                : l.max_context - 5);
+    msm_gen_request_free(call.gen);
+    msm_call_done(&call);
+    free(buf);
+    /* ~1 MiB can never fit 64 tokens: refused before any encoding */
+    size_t big = (1u << 20) - 100;
+    char *text = malloc(big + 1);
+    memset(text, 'a', big);
+    text[big] = 0;
+    g.prompt_text = text;
+    n = msmoe__v1__client_frame__get_packed_size(&f);
+    buf = malloc(n);
+    msmoe__v1__client_frame__pack(&f, buf);
+    cr_assert_eq(msm_api_parse(buf, n, &l, &call, &rid, &err), -EINVAL);
+    cr_assert(strstr(err.msg, "encodes to at least") && strstr(err.msg, "max context is 64"), "%s", err.msg);
+    free(buf);
+    free(text);
+}

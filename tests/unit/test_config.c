@@ -3,7 +3,9 @@
 #include <criterion/parameterized.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "msm_config.h"
 
@@ -112,6 +114,94 @@ Test(config, cross_key_checks) {
     c.max_step_tokens = 4;
     cr_assert_eq(msm_config_check(&c, &err), -EINVAL);
     cr_assert(strstr(err.msg, "max_step_tokens"));
+}
+
+/* Issue 16: inih reads a line into a fixed buffer and would split a longer one, parsing its tail
+ * as a line of its own: a comment's tail could set a key. Such a line is an error naming it. */
+Test(config, a_line_longer_than_the_reader_is_an_error_naming_it) {
+    msm_config c;
+    msm_err err = {{0}};
+    static char ini[1024];
+    char pad[301];
+    memset(pad, 'x', 300);
+    pad[300] = 0;
+    snprintf(ini, sizeof ini, "[server]\nsocket = /tmp/a.sock\n# %ssocket_mode = 0777\n", pad);
+    msm_config_defaults(&c);
+    cr_assert_eq(msm_config_load_string(&c, ini, "t.conf", &err), -EINVAL);
+    cr_assert(strstr(err.msg, "t.conf:3: line longer than"), "%s", err.msg);
+    cr_assert_eq(c.socket_mode, 0660, "the comment's tail set socket_mode");
+    /* a long value, and a long last line without a newline, from a file */
+    char path[] = "/tmp/msmoed-conf.XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "[engine]\nmodel = /%s\n[server]\n", pad);
+    fclose(f);
+    msm_config_defaults(&c);
+    cr_assert_eq(msm_config_load(&c, path, &err), -EINVAL);
+    cr_assert(strstr(err.msg, ":2: line longer than"), "%s", err.msg);
+    f = fopen(path, "w");
+    fprintf(f, "[engine]\n\n\n# %s", pad);
+    fclose(f);
+    msm_config_defaults(&c);
+    cr_assert_eq(msm_config_load(&c, path, &err), -EINVAL);
+    cr_assert(strstr(err.msg, ":4: line longer than"), "%s", err.msg);
+    /* lines up to the limit still read, and the lines after keep their numbers */
+    f = fopen(path, "w");
+    fprintf(f, "[server]\n# %.150s\nbogus = 1\n", pad);
+    fclose(f);
+    msm_config_defaults(&c);
+    cr_assert_eq(msm_config_load(&c, path, &err), -EINVAL);
+    cr_assert(strstr(err.msg, ":3: unknown key 'bogus'"), "%s", err.msg);
+    unlink(path);
+}
+
+Test(config, a_remote_tcp_host_needs_tcp_allow_remote) {
+    msm_config c;
+    msm_err err = {{0}};
+    msm_config_defaults(&c);
+    c.tcp_port = 7070;
+    snprintf(c.tcp_host, sizeof c.tcp_host, "0.0.0.0");
+    cr_assert_eq(msm_config_check(&c, &err), -EINVAL);
+    cr_assert(strstr(err.msg, "not a loopback address") && strstr(err.msg, "server.tcp_allow_remote"), "%s", err.msg);
+    c.tcp_allow_remote = true;
+    cr_assert_eq(msm_config_check(&c, &err), 0, "%s", err.msg);
+    static const char *loopback[] = {"127.0.0.1", "127.1.2.3", "::1", "::ffff:127.0.0.1"};
+    c.tcp_allow_remote = false;
+    for (size_t i = 0; i < sizeof loopback / sizeof *loopback; i++) {
+        snprintf(c.tcp_host, sizeof c.tcp_host, "%s", loopback[i]);
+        cr_assert_eq(msm_config_check(&c, &err), 0, "%s: %s", loopback[i], err.msg);
+    }
+    snprintf(c.tcp_host, sizeof c.tcp_host, "localhost");
+    cr_assert_eq(msm_config_check(&c, &err), -EINVAL);
+    cr_assert(strstr(err.msg, "not an IPv4 or IPv6 address"), "%s", err.msg);
+    snprintf(c.tcp_host, sizeof c.tcp_host, "::");
+    cr_assert_eq(msm_config_check(&c, &err), -EINVAL);
+}
+
+Test(config, a_socket_path_past_the_kernel_limit_is_refused) {
+    msm_config c;
+    msm_err err = {{0}};
+    msm_config_defaults(&c);
+    memset(c.socket, 'a', 200);
+    c.socket[0] = '/';
+    c.socket[200] = 0;
+    cr_assert_eq(msm_config_check(&c, &err), -ENAMETOOLONG);
+    cr_assert(strstr(err.msg, "200 bytes long") && strstr(err.msg, "at most 107"), "%s", err.msg);
+    c.socket[108] = 0;
+    cr_assert_eq(msm_config_check(&c, &err), -ENAMETOOLONG);
+    c.socket[107] = 0; /* 107 bytes and the NUL fill sun_path exactly */
+    cr_assert_eq(msm_config_check(&c, &err), 0, "%s", err.msg);
+}
+
+Test(config, a_context_of_one_token_is_refused) {
+    msm_config c;
+    msm_err err = {{0}};
+    msm_config_defaults(&c);
+    c.max_context = 1;
+    cr_assert_eq(msm_config_check(&c, &err), -EINVAL);
+    cr_assert(strstr(err.msg, "engine.max_context = 1"), "%s", err.msg);
+    c.max_context = 2;
+    cr_assert_eq(msm_config_check(&c, &err), 0, "%s", err.msg);
 }
 
 Test(config, missing_file) {

@@ -881,6 +881,37 @@ Test(cuda_kernels, sample_greedy_and_seeded_match_cpu, .timeout = 60) {
     }
 }
 
+/* A NaN or an infinity in a row: MSM_SAMPLE_NONFINITE, as the CPU twin says, for greedy and
+ * sampled rows; the finite rows beside them are sampled as usual. */
+Test(cuda_kernels, sample_flags_nonfinite_rows_like_cpu, .timeout = 60) {
+    need_gpu();
+    enum { R = 8, V = 5000 };
+    float *l = host_f32((size_t)R * V, 3.0f);
+    msm_sample_params p[R];
+    for (int r = 0; r < R; r++)
+        p[r] = (msm_sample_params){.temperature = r % 2 ? 0.8f : 0.0f, .top_p = 1.0f, .seed = (uint64_t)r};
+    l[0 * V + 17] = NAN;
+    l[1 * V + 4999] = NAN;
+    l[2 * V + 0] = INFINITY;
+    l[3 * V + 2500] = -INFINITY;
+    int32_t ref[R], out[R];
+    float *scratch = malloc((size_t)2 * V * 4);
+    msm_cpu_sample(ref, l, p, R, V, scratch);
+    float *dl = dev_up(l, (size_t)R * V * 4);
+    msm_sample_params *dp = dev_up(p, sizeof p);
+    int32_t *dout = dev_poison(R * 4);
+    CK(msm_cuda_sample(dout, dl, dp, R, V, EX));
+    down(out, dout, R * 4);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(ref[r], MSM_SAMPLE_NONFINITE, "cpu row %d", r);
+        cr_assert_eq(out[r], MSM_SAMPLE_NONFINITE, "row %d: %d", r, out[r]);
+    }
+    for (int r = 4; r < R; r++)
+        cr_assert(out[r] >= 0 && out[r] < V, "row %d: %d", r, out[r]);
+    cudaFree(dl), cudaFree(dp), cudaFree(dout);
+    free(l), free(scratch);
+}
+
 /* ---- timing (benchmark; runs only with MSM_CUDA_BENCH set) ---- */
 
 /* QK_NORM in one launch: per-head RMSNorm of the q and k heads, v copied; in place too. */

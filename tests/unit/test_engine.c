@@ -166,3 +166,61 @@ Test(engine, kv_bf16_rounds_the_cache_like_the_cuda_backend) {
     free(a);
     free(b);
 }
+
+/* msm_engine_validate: what msm_engine_new checks before reading a weight byte, on every golden
+ * model, and the errors of a model that cannot serve. */
+Test(engine, validate_checks_without_loading) {
+    static const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen2moe-mha-tied", "tests/data/qwen3moe",
+                                 "tests/data/mixtral"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+        msm_engine_opts o = test_engine_opts(dirs[i], 2, true, true);
+        msm_model_config mc;
+        int ctx = 0;
+        msm_err err = {{0}};
+        cr_assert_eq(msm_engine_validate(&o, &mc, &ctx, &err), 0, "%s: %s", dirs[i], err.msg);
+        cr_assert_gt(ctx, 1);
+        cr_assert_leq(ctx, mc.max_position);
+    }
+    msm_engine_opts o = test_engine_opts("tests/data/qwen2moe-gqa", 3, true, true);
+    msm_model_config mc;
+    int ctx;
+    msm_err err = {{0}};
+    cr_assert_neq(msm_engine_validate(&o, &mc, &ctx, &err), 0, "tp 3 does not divide the heads");
+    cr_assert(strstr(err.msg, "does not divide"), "%s", err.msg);
+    o = test_engine_opts("/nonexistent", 1, true, true);
+    cr_assert_neq(msm_engine_validate(&o, &mc, &ctx, &err), 0);
+    cr_assert(strstr(err.msg, "/nonexistent"), "%s", err.msg);
+}
+
+/* After an execution failure (here the test switch's injected failure on the CPU backend) the
+ * engine is not trusted again: that step and every later one return -ENOTRECOVERABLE. */
+Test(engine, an_execution_failure_is_unrecoverable, .timeout = 60) {
+    msm_engine_opts o = test_engine_opts("tests/data/qwen2moe-gqa", 1, true, true);
+    o.test_fault = MSM_TEST_FAULT_LAUNCH;
+    o.test_fault_step = 2;
+    msm_engine *e;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_engine_new(&o, &e, &err), 0, "%s", err.msg);
+    int32_t blocks[2], tok[3] = {1, 2, 3};
+    cr_assert_eq(msm_kv_pool_alloc(msm_engine_kv(e), 2, blocks), 0);
+    msm_step_seq s = {.tokens = tok, .n_tokens = 3, .blocks = blocks, .n_blocks = 2, .output = MSM_STEP_OUTPUT_SAMPLE};
+    msm_step_out out;
+    cr_assert_eq(msm_engine_step(e, &s, 1, &out, &err), 0, "%s", err.msg);
+    s.pos0 = 3;
+    s.tokens = out.tokens;
+    s.n_tokens = 1;
+    cr_assert_eq(msm_engine_step(e, &s, 1, &out, &err), -ENOTRECOVERABLE);
+    cr_assert(strstr(err.msg, "injected fault") && strstr(err.msg, "cannot run another step"), "%s", err.msg);
+    cr_assert_eq(msm_engine_step(e, &s, 1, &out, &err), -ENOTRECOVERABLE);
+    msm_engine_free(e);
+    /* a step past the deadline (the aux stream stuck) */
+    o.test_fault = MSM_TEST_FAULT_HANG;
+    o.test_fault_step = 1;
+    o.deadline_ms = 100;
+    cr_assert_eq(msm_engine_new(&o, &e, &err), 0, "%s", err.msg);
+    cr_assert_eq(msm_kv_pool_alloc(msm_engine_kv(e), 2, blocks), 0);
+    s = (msm_step_seq){.tokens = tok, .n_tokens = 3, .blocks = blocks, .n_blocks = 2, .output = MSM_STEP_OUTPUT_SAMPLE};
+    cr_assert_eq(msm_engine_step(e, &s, 1, &out, &err), -ENOTRECOVERABLE);
+    cr_assert(strstr(err.msg, "timed out") || strstr(err.msg, "did not finish"), "%s", err.msg);
+    msm_engine_free(e);
+}

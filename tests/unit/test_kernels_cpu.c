@@ -23,6 +23,25 @@ Test(kernels_cpu, greedy_picks_the_lowest_id_among_ties) {
     cr_expect_eq(out, 1);
 }
 
+/* A NaN or an infinity anywhere in a row: nothing can be drawn from it, greedy or sampled; the
+ * sampler says so (MSM_SAMPLE_NONFINITE) instead of returning token 0. Other rows are unaffected. */
+Test(kernels_cpu, a_row_with_nan_or_inf_samples_nonfinite) {
+    float l[3][6] = {{0.1f, 3.0f, NAN, 3.0f, 2.0f, 0.0f},
+                     {0.1f, 1.0f, 2.0f, 3.0f, INFINITY, 0.0f},
+                     {0.1f, 1.0f, 2.0f, 5.0f, 2.0f, 0.0f}};
+    float scratch[12];
+    int32_t out[3];
+    for (int t = 0; t < 2; t++) {
+        msm_sample_params p[3] = {{.temperature = (float)t, .top_p = 1.0f, .seed = 1},
+                                  {.temperature = (float)t, .top_p = 1.0f, .seed = 1},
+                                  {.temperature = 0, .top_p = 1.0f}};
+        msm_cpu_sample(out, &l[0][0], p, 3, 6, scratch);
+        cr_expect_eq(out[0], MSM_SAMPLE_NONFINITE, "temperature %d", t);
+        cr_expect_eq(out[1], MSM_SAMPLE_NONFINITE, "temperature %d", t);
+        cr_expect_eq(out[2], 3);
+    }
+}
+
 Test(kernels_cpu, top_k_1_and_tiny_top_p_equal_greedy) {
     uint64_t s = 7;
     float l[64], scratch[128];

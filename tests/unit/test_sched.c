@@ -38,12 +38,15 @@ typedef struct result {
     size_t text_len;
     int n_text_events;        /* events that carried a text field */
     int bad_deltas;           /* deltas that were not whole UTF-8 characters */
+    int finish_order;         /* 1 for the first request to finish, 2 for the next, ... */
+    char error_msg[512];
 } result;
 
 typedef struct harness {
     msm_fake_engine *fe;
     msm_sched *s;
     pthread_mutex_t mu;
+    int n_finished;
     result r[MAX_REQ];
 } harness;
 
@@ -78,6 +81,8 @@ static void on_event(void *ctx, msm_sched_event *ev) {
         r->prompt_tokens = ev->prompt_tokens;
         r->completion_tokens = ev->completion_tokens;
         r->error = ev->error;
+        r->finish_order = ++h->n_finished;
+        snprintf(r->error_msg, sizeof r->error_msg, "%s", ev->error_msg.msg);
     }
     pthread_mutex_unlock(&h->mu);
     free(ev);
@@ -482,6 +487,123 @@ Test(sched, engine_failure_ends_the_step_with_an_error_and_keeps_serving) {
     cr_assert_eq(st.kv_used, 0);
     cr_assert_eq(st.engine_errors, 1);
     msm_gen_request_free(c);
+    harness_free(h);
+}
+
+/* Issue 16, bug 3: a Cancel of request 1 that crosses its end, then a new request reusing id 1,
+ * both in the inbox at once: the Cancel must not reach the new request. */
+Test(sched, a_cancel_reaches_only_requests_submitted_before_it) {
+    harness *h = harness_new(64, 64, 4, 8, 256);
+    submit_ok(h, req(1, 4, 3, 0, 0));
+    run_until_idle(h, 100);
+    cr_assert_eq(h->r[1].finish, MSM_FINISH_LENGTH);
+    memset(&h->r[1], 0, sizeof h->r[1]);
+    msm_sched_cancel(h->s, 1, 1); /* stale: request 1 has finished */
+    msm_gen_request *r = req(1, 4, 3, 0, 0), *c = dup_req(r);
+    submit_ok(h, r);
+    run_until_idle(h, 100);
+    cr_assert_eq(h->r[1].finish, MSM_FINISH_LENGTH, "the new request 1 ended %s", msm_finish_name(h->r[1].finish));
+    check_output(h, 1, c, 3);
+    /* a Cancel after the submission still reaches it */
+    memset(&h->r[1], 0, sizeof h->r[1]);
+    submit_ok(h, req(1, 4, 3, 0, 0));
+    msm_sched_cancel(h->s, 1, 1);
+    run_until_idle(h, 100);
+    cr_assert_eq(h->r[1].finish, MSM_FINISH_CANCELLED);
+    msm_gen_request_free(c);
+    harness_free(h);
+}
+
+/* One sequence at a time: connection 1 queues five requests, then connection 2 one; connection
+ * 2's goes second, not sixth (round-robin over connections, msm_fairq.h). */
+Test(sched, admission_is_round_robin_over_connections) {
+    harness *h = harness_new(64, 64, 1, 16, 256);
+    for (int i = 1; i <= 5; i++)
+        submit_ok(h, req((uint64_t)i, 4, 2, 0, 0));
+    msm_gen_request *r = req(10, 4, 2, 0, 0);
+    r->conn_id = 2;
+    submit_ok(h, r);
+    run_until_idle(h, 200);
+    cr_assert_eq(h->r[1].finish_order, 1);
+    cr_assert_eq(h->r[10].finish_order, 2, "connection 2's request finished %d-th", h->r[10].finish_order);
+    for (int i = 2; i <= 5; i++)
+        cr_assert_eq(h->r[i].finish_order, i + 1, "connection 1's requests keep their order");
+    harness_free(h);
+}
+
+/* The refusal of a full queue says how many wait, which (after a preemption puts a sequence back)
+ * can be more than the limit. */
+Test(sched, queue_full_names_the_count_and_the_limit) {
+    harness *h = harness_new(9, 64, 2, 1, 256); /* 8 usable blocks, 2 sequences, a queue of 1 */
+    submit_ok(h, req(1, 16, 100, 0, 0));
+    msm_sched_iterate(h->s);
+    submit_ok(h, req(2, 16, 100, 0, 0));
+    msm_sched_iterate(h->s);                    /* both admitted: the queue is empty */
+    submit_ok(h, req(3, 16, 100, 0, 0));        /* waits (max_seqs 2) */
+    msm_sched_stats st;
+    for (int i = 0; i < 200; i++) {             /* 1 and 2 grow until one is preempted */
+        msm_sched_iterate(h->s);
+        stats(h, &st);
+        if (st.preemptions > 0)
+            break;
+    }
+    cr_assert_gt(st.preemptions, 0);
+    cr_assert_eq(st.waiting, 2);
+    msm_err err = {{0}};
+    msm_gen_request *r = req(4, 4, 2, 0, 0);
+    cr_assert_eq(msm_sched_submit(h->s, &r, &err), -EAGAIN);
+    cr_assert_str_eq(err.msg, "queue is full: 2 requests waiting (scheduler.max_queue = 1)");
+    msm_gen_request_free(r);
+    run_until_idle(h, 2000);
+    harness_free(h);
+}
+
+/* An engine that cannot run another step (-ENOTRECOVERABLE, as after a device fault): every
+ * request ends with that error, running or waiting; later ones are refused; no step runs again. */
+Test(sched, an_unrecoverable_engine_failure_ends_every_request) {
+    harness *h = harness_new(64, 64, 1, 8, 256);
+    h->fe->o.fault_step = 3;
+    for (int i = 1; i <= 3; i++)
+        submit_ok(h, req((uint64_t)i, 4, 10, 0, 0));
+    for (int i = 0; i < 10 && h->r[3].finish == MSM_FINISH_NONE; i++)
+        msm_sched_iterate(h->s);
+    for (int i = 1; i <= 3; i++) {
+        cr_assert_eq(h->r[i].finish, MSM_FINISH_ERROR, "request %d", i);
+        cr_assert_eq(h->r[i].error, -ENOTRECOVERABLE);
+        cr_assert_eq(msm_code_from_errno(h->r[i].error), MSM_CODE_INTERNAL);
+    }
+    cr_assert_eq(h->r[1].n, 2, "tokens before the fault");
+    msm_sched_stats st;
+    stats(h, &st);
+    cr_assert(st.engine_dead && st.engine_failed);
+    cr_assert_eq(st.kv_used, 0);
+    uint64_t steps = h->fe->steps;
+    msm_err err = {{0}};
+    msm_gen_request *r = req(4, 4, 2, 0, 0);
+    cr_assert_eq(msm_sched_submit(h->s, &r, &err), -ESHUTDOWN);
+    msm_gen_request_free(r);
+    cr_assert_eq(msm_sched_iterate(h->s), 0);
+    cr_assert_eq(h->fe->steps, steps, "a step ran on a dead engine");
+    harness_free(h);
+}
+
+/* Non-finite logits (MSM_SAMPLE_NONFINITE from the sampler) end that request with INTERNAL and
+ * count; the engine keeps serving. */
+Test(sched, nonfinite_logits_end_the_request_with_an_error) {
+    harness *h = harness_new(64, 64, 4, 8, 256);
+    h->fe->o.fault_step = 2;
+    h->fe->o.fault_nonfinite = true;
+    submit_ok(h, req(1, 4, 10, 0, 0));
+    run_until_idle(h, 100);
+    cr_assert_eq(h->r[1].finish, MSM_FINISH_ERROR);
+    cr_assert_eq(h->r[1].n, 1);
+    cr_assert_eq(msm_code_from_errno(h->r[1].error), MSM_CODE_INTERNAL);
+    cr_assert(strstr(h->r[1].error_msg, "not finite"), "%s", h->r[1].error_msg);
+    msm_sched_stats st;
+    stats(h, &st);
+    cr_assert_eq(st.nonfinite_logits, 1);
+    cr_assert(!st.engine_dead);
+    cr_assert_eq(st.kv_used, 0);
     harness_free(h);
 }
 

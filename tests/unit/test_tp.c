@@ -4,6 +4,7 @@
  * (shared all-reduce on aux, two all-reduces in flight) corrupts results or times out under a
  * skewed per-rank timing, the verifier refuses it, and the fixed placement stays right. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -225,4 +226,20 @@ Test(aux_stream_bug, fixed_placement_under_the_same_skew_stays_exact, .timeout =
     }
     msm_generation_done(&ref);
     golden_done(&g);
+}
+
+/* Verifier rule V4 on host collectives: a rank built with a different collective schedule (the
+ * test switch flips fuse_allreduce on rank 1: three all-reduces per MoE layer instead of two) is
+ * caught at start-up, when the ranks all-gather their hashes, and the engine refuses to serve. */
+Test(tp, a_rank_with_a_different_collective_schedule_is_refused, .timeout = 60) {
+    msm_engine_opts o = test_engine_opts("tests/data/qwen2moe-gqa", 2, true, true);
+    o.test_diverge_rank = 1;
+    msm_engine *e = NULL;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_engine_new(&o, &e, &err), -EPROTO, "%s", err.msg);
+    cr_assert(strstr(err.msg, "graph verify V4") && strstr(err.msg, "refusing to serve"), "%s", err.msg);
+    /* without the switch the same options serve */
+    o.test_diverge_rank = -1;
+    cr_assert_eq(msm_engine_new(&o, &e, &err), 0, "%s", err.msg);
+    msm_engine_free(e);
 }
