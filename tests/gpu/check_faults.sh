@@ -11,7 +11,12 @@
 #      the request ends INTERNAL ("not finite", from the device sampler), the daemon keeps serving,
 #      msmoed_nonfinite_logits_total counts it;
 #   5. with 2 GPUs or more: a rank with a different collective schedule (MSMOED_TEST_V4_RANK=1,
-#      engine.tp=2) is refused at start-up with the V4 message, through NCCL's all-gather.
+#      engine.tp=2) is refused at start-up with the V4 message, through NCCL's all-gather;
+#   6. with 2 GPUs or more (issue 13): a collective that never completes at engine.tp=2 (hang@3
+#      stalls rank 0's main stream for twice the deadline, so rank 1 waits in the step's first
+#      all-reduce), once through the one-shot all-reduce and once through NCCL's
+#      (MSM_CUDA_AR=nccl): the deadline hits, the communicator is aborted, the request ends
+#      INTERNAL, health is not serving and msmoed exits 1, within the deadline and a margin.
 # usage: tests/gpu/check_faults.sh      (BACKEND=cpu: the same checks on the CPU backend, a dry run
 #                                       without a GPU; the V4 case then runs on host collectives)
 # Prints one PASS or FAIL line per case (SKIP for the V4 case on one GPU) and "PASS all faults"
@@ -52,22 +57,34 @@ wait_exit() {
     done
 }
 
-# Cases 1 and 2: a fault from step 3 on.
-for kind in launch hang; do
-    start MSMOED_TEST_FAULT=$kind@3 "$MSMOED" --set engine.model=$model --set engine.backend=$BACKEND \
-        --set engine.deadline_ms=1000 --set server.socket=$sock --set log.level=info ||
-        { fail "$kind fault: msmoed did not start"; continue; }
+# A fault from step 3 on: $1 the fault (launch|hang), $2 a label, the rest environment words and
+# msmoed settings (engine.KEY=VALUE, passed with --set). The request must end INTERNAL, health must not say serving, msmoed
+# must exit 1 (within 30 s; the time from the request to the exit is printed).
+fault_case() {
+    local kind=$1 label=$2 envs=() sets=() t0 took
+    shift 2
+    for w in "$@"; do if [[ $w == engine.* ]]; then sets+=(--set "$w"); else envs+=("$w"); fi; done
+    start MSMOED_TEST_FAULT=$kind@3 "${envs[@]}" "$MSMOED" --set engine.model=$model --set engine.backend=$BACKEND \
+        --set engine.deadline_ms=1000 --set server.socket=$sock --set log.level=info "${sets[@]}" ||
+        { fail "$label: msmoed did not start"; return; }
+    t0=$(date +%s%N)
     out=$("$MSMOE" --socket $sock generate --ids 1,403,407 --max-tokens 50 --print-ids --no-echo 2>&1); rc=$?
     health=$("$MSMOE" --socket $sock health 2>&1)
     wait_exit 30
-    echo "  $kind: client exit $rc: $(echo "$out" | grep -m1 'msmoe:'); health: ${health:-(closed)}; msmoed exit $status"
+    took=$((($(date +%s%N) - t0) / 1000000))
+    echo "  $label: client exit $rc: $(echo "$out" | grep -m1 'msmoe:'); health: ${health:-(closed)}; msmoed exit $status after ${took} ms"
+    grep -m2 -E "did not (finish|arrive)|aborted" "$log" | sed 's/^/    log: /'
     if [ $rc -ne 0 ] && echo "$out" | grep -q "INTERNAL" && ! echo "$health" | grep -q "^serving" && [ "$status" = 1 ]; then
-        pass "$kind fault: the request ended INTERNAL, health not serving, msmoed exited 1"
+        pass "$label: the request ended INTERNAL, health not serving, msmoed exited 1"
     else
-        fail "$kind fault"
+        fail "$label"
         [ "$status" = running ] && kill -KILL $pid
     fi
-done
+}
+
+# Cases 1 and 2.
+fault_case launch "launch fault"
+fault_case hang "hang fault"
 
 # Case 3: SIGTERM during the load.
 rm -f "$sock" "$sock.lock"
@@ -76,12 +93,12 @@ rm -f "$sock" "$sock.lock"
 pid=$!
 sleep 2
 if kill -0 $pid 2>/dev/null && ! "$MSMOE" --socket $sock health >/dev/null 2>&1; then
-    t0=$(date +%s.%N)
+    t0=$(date +%s%N) # (no bc on the GPU machine)
     kill -TERM $pid
     wait_exit 3
-    took=$(echo "$(date +%s.%N) - $t0" | bc)
-    echo "  SIGTERM 2 s into the load of $PRESET: msmoed exit $status after ${took} s"
-    [ "$status" = 0 ] && pass "SIGTERM during the load: exit 0 in ${took} s" || { fail "SIGTERM during the load"; kill -KILL $pid 2>/dev/null; }
+    took=$((($(date +%s%N) - t0) / 1000000))
+    echo "  SIGTERM 2 s into the load of $PRESET: msmoed exit $status after ${took} ms"
+    [ "$status" = 0 ] && pass "SIGTERM during the load: exit 0 in ${took} ms" || { fail "SIGTERM during the load"; kill -KILL $pid 2>/dev/null; }
 else
     echo "  the load of $PRESET took under 2 s (or failed): not a load-time SIGTERM"
     kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null
@@ -128,8 +145,11 @@ if [ "$ngpu" -ge 2 ]; then
     echo "  V4: msmoed exit $rc: $(echo "$out" | grep -m1 'V4')"
     [ $rc = 1 ] && echo "$out" | grep -q "graph verify V4.*refusing to serve" &&
         pass "V4: a rank with a different collective schedule refused at start-up" || fail "V4 refusal"
+    # Case 6: a collective that never completes, at tp 2 (one-shot all-reduce, then NCCL's)
+    fault_case hang "stalled rank at tp 2 (one-shot all-reduce)" engine.tp=2
+    fault_case hang "stalled rank at tp 2 (NCCL all-reduce)" MSM_CUDA_AR=nccl engine.tp=2
 else
-    echo "SKIP V4 on NCCL: one GPU (the two-GPU check runs it)"
+    echo "SKIP V4 on NCCL and the stalled rank at tp 2: one GPU (the two-GPU check runs them)"
 fi
 
 [ $fails = 0 ] && echo "PASS all faults ($BACKEND)" || echo "FAIL $fails case(s) ($BACKEND)"
