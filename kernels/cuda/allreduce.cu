@@ -15,9 +15,11 @@
  *          overwrite its input's bytes (the planner reuses them).
  * A block's flag value is its call count (kept in the signal area, so CUDA graph replays count
  * on: nothing in the kernel's arguments changes between calls). Waits poll %globaltimer and give
- * up after timeout_ns: the kernel then sets the host-mapped fault word and returns without a
- * result, so a stalled peer turns into an error the host sees, never a hang. The group is then
- * broken (flags out of step) and the backend refuses further steps.
+ * up after timeout_ns: the kernel then sets the host-mapped fault word, raises the abort word in
+ * every rank's signal area (every later call of every rank, and every wait in flight, then
+ * returns at once with its fault word set) and returns without a result, so a stalled peer turns
+ * into an error the host sees within one timeout, never a hang. The group is then broken and the
+ * backends refuse further steps.
  *
  * Launched with programmatic dependent launch like the other kernels (msm_launch): every block
  * waits (msm_pdl_wait) for the previous kernel of its stream to complete before its first
@@ -36,13 +38,13 @@
 
 #include <errno.h>
 
-/* signal area layout: uint32 start[MAXB][MAXR], end[MAXB][MAXR], count[MAXB] */
+/* signal area layout: uint32 start[MAXB][MAXR], end[MAXB][MAXR], count[MAXB], abort */
 #define AR_MAXB MSM_CUDA_AR_MAX_BLOCKS
 #define AR_MAXR MSM_CUDA_AR_MAX_RANKS
 #define AR_THREADS 512
 
 extern "C" size_t msm_cuda_ar_signal_bytes(void) {
-    return sizeof(uint32_t) * (2 * AR_MAXB * AR_MAXR + AR_MAXB);
+    return sizeof(uint32_t) * (2 * AR_MAXB * AR_MAXR + AR_MAXB + 1);
 }
 
 static __device__ __forceinline__ void st_release_sys(uint32_t *p, uint32_t v) {
@@ -61,9 +63,33 @@ static __device__ __forceinline__ uint64_t global_ns(void) {
     return t;
 }
 
+#define AR_ABORT (2 * AR_MAXB * AR_MAXR + AR_MAXB) /* index of the abort word */
+
+/* The group is broken: this rank's fault word set (the host sees it after the step), and the
+ * abort word of every rank's signal area, so every later call of every rank returns at once
+ * instead of waiting out its own timeout (a graph of 48 all-reduces would otherwise take 48
+ * timeouts to drain). */
+static __device__ void ar_abort(const msm_cuda_ar_peers &p) {
+    *(volatile uint32_t *)p.fault = 1;
+    for (int r = 0; r < p.size; r++) st_release_sys(p.sig[r] + AR_ABORT, 1);
+}
+
+/* At a call's start: false (with the fault word set) once the group was aborted. Thread 0
+ * reads the word and the block follows it, so the whole block returns or none does. */
+static __device__ bool ar_alive(const msm_cuda_ar_peers &p) {
+    __shared__ int alive;
+    if (threadIdx.x == 0) {
+        alive = ld_acquire_sys(p.sig[p.rank] + AR_ABORT) == 0;
+        if (!alive) *(volatile uint32_t *)p.fault = 1;
+    }
+    __syncthreads();
+    return alive != 0;
+}
+
 /* Barrier `which` (0 start, 1 end) of this block with the same block of every rank. Thread r
  * (r < size) posts `flag` into rank r's slot for this rank, then waits for rank r's post in this
- * rank's area. False when a peer did not post within the timeout (the fault word is set). */
+ * rank's area. False when a peer did not post within the timeout, or the group was aborted
+ * meanwhile (ar_abort: the fault word is set). */
 static __device__ bool ar_barrier(const msm_cuda_ar_peers &p, int which, uint32_t flag) {
     __shared__ int ok;
     if (threadIdx.x == 0) ok = 1;
@@ -72,12 +98,17 @@ static __device__ bool ar_barrier(const msm_cuda_ar_peers &p, int which, uint32_
         int r = threadIdx.x;
         size_t slot = ((size_t)which * AR_MAXB + blockIdx.x) * AR_MAXR;
         st_release_sys(p.sig[r] + slot + p.rank, flag);
-        const uint32_t *mine = p.sig[p.rank] + slot + r;
+        const uint32_t *mine = p.sig[p.rank] + slot + r, *abort = p.sig[p.rank] + AR_ABORT;
         uint64_t t0 = global_ns();
         while ((int32_t)(ld_acquire_sys(mine) - flag) < 0) {
-            if (global_ns() - t0 > p.timeout_ns) {
-                ok = 0;
+            if (ld_acquire_sys(abort) != 0) {
                 *(volatile uint32_t *)p.fault = 1;
+                ok = 0;
+                break;
+            }
+            if (global_ns() - t0 > p.timeout_ns) {
+                ar_abort(p);
+                ok = 0;
                 break;
             }
         }
@@ -91,6 +122,7 @@ static __global__ void __launch_bounds__(AR_THREADS) ar_oneshot_kernel(float *ou
                                                                         msm_cuda_ar_peers p) {
     msm_pdl_trigger();
     msm_pdl_wait();
+    if (!ar_alive(p)) return;
     uint32_t *count = p.sig[p.rank] + 2 * AR_MAXB * AR_MAXR + blockIdx.x;
     uint32_t flag = *count + 1;
     if (!ar_barrier(p, 0, flag)) return;
@@ -150,6 +182,7 @@ static __global__ void ar_add_rmsnorm_kernel(float *sum, float *out, size_t off,
     msm_pdl_trigger();
     msm_pdl_wait();
     __shared__ float part[32];
+    if (!ar_alive(p)) return;
     uint32_t *count = p.sig[p.rank] + 2 * AR_MAXB * AR_MAXR + blockIdx.x;
     uint32_t flag = *count + 1;
     if (!ar_barrier(p, 0, flag)) return;

@@ -1127,6 +1127,23 @@ Test(cuda_kernels, allreduce_oneshot_sums_in_rank_order, .timeout = 60) {
     CK(msm_cuda_allreduce_oneshot((float *)(buf[0] + cap * 4), 0, 4096, &p[0], ex));
     cr_assert_eq(cudaStreamSynchronize(st[0]), cudaSuccess);
     cr_expect_eq(*fault[0], 1u, "a lone rank did not report its timeout");
+    /* its timeout aborted the group: a later call of another rank returns at once (well before
+     * its own 5 s timeout) with its fault word set */
+    cudaEvent_t e0, e1;
+    cr_assert_eq(cudaEventCreate(&e0), cudaSuccess);
+    cr_assert_eq(cudaEventCreate(&e1), cudaSuccess);
+    msm_cuda_exec ex1 = {.stream = st[1], .tune = &tune0};
+    cr_assert_eq(cudaEventRecord(e0, st[1]), cudaSuccess);
+    CK(msm_cuda_allreduce_add_rmsnorm((float *)(buf[1] + cap * 4), (float *)(buf[1] + cap * 4), 0, (const float *)buf[1],
+                                      (const uint16_t *)buf[1], 2, 64, 1e-6f, &p[1], ex1));
+    CK(msm_cuda_allreduce_oneshot((float *)(buf[1] + cap * 4), 0, 4096, &p[1], ex1));
+    cr_assert_eq(cudaEventRecord(e1, st[1]), cudaSuccess);
+    cr_assert_eq(cudaStreamSynchronize(st[1]), cudaSuccess);
+    float ms = 0;
+    cr_assert_eq(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+    cr_expect_eq(*fault[1], 1u, "rank 1 did not see the group's abort");
+    cr_expect_lt(ms, 100.0f, "rank 1's calls after the abort took %.1f ms", (double)ms);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
     p[0].size = 0;
     cr_expect_eq(msm_cuda_allreduce_oneshot((float *)buf[0], 0, 4, &p[0], ex), -EINVAL);
     for (int r = 0; r < R; r++) {
