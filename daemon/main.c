@@ -574,6 +574,10 @@ int main(int argc, char **argv) {
     int status = parse_args(argc, argv, &a);
     if (status >= 0)
         return status;
+    /* first, before anything starts a thread: planning the groups counts GPUs, which starts the
+     * CUDA runtime's threads, and a thread without the signals blocked would take a SIGTERM with
+     * its default action (seen on the H200: exit 143 during the load) */
+    signals_to_watcher(&d);
     status = load_config(&a, &d);
     free(a.sets);
     if (status == 0)
@@ -585,7 +589,6 @@ int main(int argc, char **argv) {
     if (rc < 0)
         fprintf(stderr, "msmoed: cannot open log.file %s: %s; logging to stderr\n", d.cfg.log_file, strerror(-rc));
     signal(SIGPIPE, SIG_IGN);
-    signals_to_watcher(&d);
     raise_nofile(&d.cfg);
     msm_err err = {{0}};
     if (!a.dump_graph && validate_model(&d, &err) < 0) {

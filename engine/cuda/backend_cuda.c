@@ -55,6 +55,7 @@ typedef struct cuda_backend {
      * memory (set up in cuda_prepare); `ar_fault` is host-mapped, set by a kernel whose peer never
      * arrived; `broken` after a collective failed: the group's state is unknown, no more steps */
     bool ar_on, broken;
+    bool revoked;                /* the NCCL communicator was revoked (group_failed, tp > 1) */
     msm_cuda_ar_peers ar;
     uint32_t *ar_sig;
     uint32_t *ar_fault;
@@ -315,6 +316,25 @@ static int cuda_begin(msm_backend *b, msm_err *err) {
     return 0;
 }
 
+/* The group failed (a step past its deadline, a one-shot peer that never arrived): no more
+ * steps. At TP 1 the NCCL communicator is aborted at once (nothing of it runs on the device; the
+ * hang check passes this way on the H200). At TP > 1 it is revoked instead: NCCL stops its
+ * operations in flight and marks the communicator busy until it is quiescent, without the
+ * teardown of ncclCommAbort, whose device-wide synchronisation can wait on a kernel that waits
+ * on a peer (a two-GPU stalled-rank check hung the daemon that way: no reply within 100 s).
+ * cuda_free aborts a revoked communicator once it is quiescent, within a deadline. */
+static void group_failed(cuda_backend *cb) {
+    cb->broken = true;
+    if (!cb->nccl || cb->revoked) return;
+    if (cb->tp == 1) {
+        ncclCommAbort(cb->nccl);
+        cb->nccl = NULL;
+    } else {
+        ncclCommRevoke(cb->nccl, NCCL_REVOKE_DEFAULT);
+        cb->revoked = true;
+    }
+}
+
 /* Polls the main stream (the aux stream is always joined into it) until done or the deadline. */
 static int cuda_sync(msm_backend *b, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
@@ -331,22 +351,19 @@ static int cuda_sync(msm_backend *b, msm_err *err) {
         clock_gettime(CLOCK_MONOTONIC, &t);
         double ms = (double)(t.tv_sec - t0.tv_sec) * 1e3 + (double)(t.tv_nsec - t0.tv_nsec) * 1e-6;
         if (ms > cb->b.deadline_ms) {
-            cb->broken = true;
-            ncclCommAbort(cb->nccl);
-            cb->nccl = NULL;
+            group_failed(cb);
             return msm_err_set(err, -ETIMEDOUT, "rank %d (GPU %d): the step did not finish within %d ms; "
-                                                "NCCL communicator aborted", cb->b.rank, cb->device, cb->b.deadline_ms);
+                                                "NCCL communicator %s", cb->b.rank, cb->device, cb->b.deadline_ms,
+                               cb->revoked ? "revoked" : "aborted");
         }
         if (spin > 64) usleep(20);
     }
     TRY(cudaStreamQuery(cb->st[MSM_STREAM_AUX]));
     if (cb->ar_fault && *(volatile uint32_t *)cb->ar_fault) {
-        cb->broken = true;
-        if (cb->nccl) ncclCommAbort(cb->nccl);
-        cb->nccl = NULL;
+        group_failed(cb);
         return msm_err_set(err, -ETIMEDOUT, "rank %d (GPU %d): a peer of the one-shot all-reduce did not arrive "
-                                            "within %d ms; NCCL communicator aborted", cb->b.rank, cb->device,
-                           cb->b.deadline_ms);
+                                            "within %d ms; NCCL communicator %s", cb->b.rank, cb->device,
+                           cb->b.deadline_ms, cb->revoked ? "revoked" : "aborted");
     }
     return 0;
 }
@@ -757,9 +774,39 @@ static int cuda_replay(msm_backend *b, int key, msm_err *err) {
     return -ENOENT;
 }
 
+/* A failed group's teardown: true when this rank's streams drained and its revoked communicator
+ * (if any) went quiescent and was aborted, each within the deadline; false leaves the device
+ * memory to the process's exit (a cudaFree would synchronise with work that may never end). */
+static bool failed_teardown(cuda_backend *cb) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        bool idle = true;
+        for (int s = 0; s < MSM_N_STREAMS; s++)
+            if (cb->st[s] && cudaStreamQuery(cb->st[s]) == cudaErrorNotReady) idle = false;
+        ncclResult_t st = ncclSuccess;
+        if (cb->nccl && cb->revoked && ncclCommGetAsyncError(cb->nccl, &st) != ncclSuccess) st = ncclSuccess;
+        if (idle && st != ncclInProgress) break;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) * 1e3 + (double)(t.tv_nsec - t0.tv_nsec) * 1e-6 > cb->b.deadline_ms)
+            return false;
+        usleep(1000);
+    }
+    if (cb->nccl) ncclCommAbort(cb->nccl);
+    cb->nccl = NULL;
+    return true;
+}
+
 static void cuda_free(msm_backend *b) {
     cuda_backend *cb = (cuda_backend *)b;
     cudaSetDevice(cb->device);
+    if (cb->broken && !failed_teardown(cb)) {
+        fprintf(stderr, "msmoe: rank %d (GPU %d): the failed group's work did not drain within %d ms; its device "
+                        "memory is left to the process's exit\n", cb->b.rank, cb->device, cb->b.deadline_ms);
+        free(cb->w), free(cb->w_elems), free(cb->w_f32), free(cb->kc), free(cb->vc), free(cb->ev);
+        free(cb);
+        return;
+    }
     cudaDeviceSynchronize();
     for (int i = 0; i < cb->n_graphs; i++) cudaGraphExecDestroy(cb->graphs[i]);
     cudaFree(cb->wmem);
