@@ -103,6 +103,8 @@ static int fk_step(void *ctx, const msm_step_seq *seqs, int n_seqs, msm_step_out
         return msm_err_set(err, -EIO, "fake engine: injected failure");
     }
     bool fault = f->o.fault_step > 0 && f->steps + 1 >= (uint64_t)f->o.fault_step;
+    while (fault && f->o.fault_stall) /* test-only: the process exits around it */
+        nanosleep(&(struct timespec){1, 0}, NULL);
     if (fault && !f->o.fault_nonfinite)
         return msm_err_set(err, -ENOTRECOVERABLE, "fake engine: injected device fault at step %llu",
                            (unsigned long long)f->steps + 1);

@@ -146,8 +146,9 @@ static int load_config(const args *a, daemon_state *d) {
 }
 
 /* Test-only switches, from the environment (never set in production; the integration tests and
- * tests/gpu/check_faults.sh use them): MSMOED_TEST_FAULT=launch@N|hang@N|nan@N injects a fault
- * from engine step N on (msm_engine_opts.test_fault; nan@N is the fake engine's only), and
+ * tests/gpu/check_faults.sh use them): MSMOED_TEST_FAULT=launch@N|hang@N|nan@N|stall@N injects a
+ * fault from engine step N on (msm_engine_opts.test_fault; nan@N and stall@N are the fake
+ * engine's only), and
  * MSMOED_TEST_V4_RANK=R gives rank R a different collective schedule. */
 static void test_switches(msm_engine_opts *eo) {
     const char *f = getenv("MSMOED_TEST_FAULT"), *v4 = getenv("MSMOED_TEST_V4_RANK");
@@ -301,7 +302,8 @@ static int load_group(daemon_state *d, int g, msm_err *err) {
     const msm_config *cfg = &d->cfg;
     if (d->fake) {
         /* test-only: MSMOED_FAKE_STEP_US (a delay per step), MSMOED_FAKE_LOAD_MS (a slow load),
-         * MSMOED_TEST_FAULT (launch@N and hang@N: a fatal step failure; nan@N: non-finite logits) */
+         * MSMOED_TEST_FAULT (launch@N and hang@N: a fatal step failure; nan@N: non-finite logits;
+         * stall@N: a step that never returns) */
         const char *delay = getenv("MSMOED_FAKE_STEP_US"), *load = getenv("MSMOED_FAKE_LOAD_MS");
         const char *fault = getenv("MSMOED_TEST_FAULT"), *at = fault ? strchr(fault, '@') : NULL;
         msm_fake_engine_opts fo = {.vocab = 512, .max_context = cfg->max_context ? cfg->max_context : 2048,
@@ -309,7 +311,8 @@ static int load_group(daemon_state *d, int g, msm_err *err) {
                                    .max_step_tokens = cfg->max_step_tokens, .max_seqs = cfg->max_seqs,
                                    .step_delay_us = delay ? atoi(delay) : 0,
                                    .fault_step = at ? atoi(at + 1) : 0,
-                                   .fault_nonfinite = fault && !strncmp(fault, "nan@", 4)};
+                                   .fault_nonfinite = fault && !strncmp(fault, "nan@", 4),
+                                   .fault_stall = fault && !strncmp(fault, "stall@", 6)};
         for (int ms = load ? atoi(load) : 0; ms > 0; ms -= 10)
             nanosleep(&(struct timespec){0, 10000000L}, NULL);
         int rc = msm_fake_engine_new(&fo, &d->fakes[g]);
@@ -535,6 +538,12 @@ static int serve(daemon_state *d) {
     msm_log_info("ready: %s", status);
     msm_notify_ready(status);
     uv_run(&d->loop, UV_RUN_DEFAULT);
+    if (msm_server_stuck(d->srv)) {
+        /* an engine step never returned: its threads cannot be joined nor its device freed */
+        msm_log_error("exiting with status 1 without tearing down the stuck group");
+        msm_log_close();
+        _exit(1);
+    }
     return msm_server_exit_status(d->srv);
 }
 

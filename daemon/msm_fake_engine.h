@@ -26,6 +26,7 @@ typedef struct msm_fake_engine_opts {
     int step_delay_us;
     int fault_step;           /* from this step on (1 = the first; 0 = never) ... */
     bool fault_nonfinite;     /* ... sample MSM_SAMPLE_NONFINITE, else fail with -ENOTRECOVERABLE */
+    bool fault_stall;         /* ... never return from the step (a device or collective stuck) */
 } msm_fake_engine_opts;
 
 typedef struct msm_fake_engine {

@@ -156,6 +156,9 @@ int msm_sched_new(const msm_sched_opts *o, const msm_sched_engine *engine, msm_s
 /* Stops the thread if running; frees every request without emitting. Accepts NULL. */
 void msm_sched_free(msm_sched *s);
 
+/* Milliseconds the engine step in progress has been running, 0 when none is (any thread). */
+uint64_t msm_sched_step_running_ms(msm_sched *s);
+
 /* Starts / stops the scheduler thread (which calls msm_sched_iterate while there is work). */
 int msm_sched_start(msm_sched *s);
 void msm_sched_stop(msm_sched *s);

@@ -58,6 +58,9 @@ void msm_server_close(msm_server *s);
 /* The daemon's exit status once uv_run has returned: 0, or 1 when an engine failed for good
  * (-ENOTRECOVERABLE; the shutdown then started by itself). */
 int msm_server_exit_status(const msm_server *s);
+/* True when a group's engine step never returned: its threads cannot be joined, so the caller
+ * must exit without tearing the groups down (msmoed's main does, with status 1). */
+bool msm_server_stuck(const msm_server *s);
 
 /* Installs SIGTERM/SIGINT (shutdown), SIGHUP (log reopen) handlers and the systemd watchdog timer. */
 int msm_server_install_signals(msm_server *s, msm_err *err);

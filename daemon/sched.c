@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "msm_fairq.h"
 #include "msm_textstream.h"
@@ -64,6 +65,7 @@ struct msm_sched {
     bool stop;
     atomic_int n_waiting;     /* inbox + waiting queue, for the max_queue check */
     atomic_bool dead;         /* the engine failed for good (-ENOTRECOVERABLE) */
+    _Atomic uint64_t step_since_ms; /* CLOCK_MONOTONIC ms at which the step in progress began; 0: none */
 
     /* Scheduler-thread state. */
     msm_fairq waitq;          /* waiting requests, round-robin over connections */
@@ -820,13 +822,29 @@ static void take_outputs(msm_sched *s, int n, const msm_step_out *out) {
     }
 }
 
+static uint64_t mono_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000 + 1; /* never 0 */
+}
+
+uint64_t msm_sched_step_running_ms(msm_sched *s) {
+    uint64_t t0 = atomic_load(&s->step_since_ms);
+    if (!t0)
+        return 0;
+    uint64_t now = mono_ms();
+    return now > t0 ? now - t0 : 1;
+}
+
 /* Runs the batch build_step made on the engine and hands out its outputs. 1, or the negative
  * errno of a failed step. */
 static int run_step(msm_sched *s, int n) {
     bool any_logits = plan_step(s, n);
     msm_step_out out = {0};
     msm_err err = {{0}};
+    atomic_store(&s->step_since_ms, mono_ms());
     int rc = s->e.step(s->e.ctx, s->step, n, &out, &err);
+    atomic_store(&s->step_since_ms, 0);
     pthread_mutex_lock(&s->stats_mu);
     s->stats.steps++;
     if (rc < 0 || !out.tokens || (any_logits && !out.logits)) {

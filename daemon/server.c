@@ -83,6 +83,7 @@ typedef struct group {
     int index;
     msm_sched *sched;
     int load;                   /* requests submitted and not yet finished (loop thread) */
+    bool stuck;                 /* an engine step never returned (on_step_watchdog) */
 } group;
 
 struct msm_server {
@@ -112,8 +113,9 @@ struct msm_server {
     msm_sched_event *ev_head, *ev_tail;
 
     uv_signal_t sig_term, sig_int, sig_hup;
-    uv_timer_t watchdog, drain_timer;
-    bool have_signals, have_watchdog, have_drain_timer;
+    uv_timer_t watchdog, drain_timer, step_watchdog;
+    bool have_signals, have_watchdog, have_drain_timer, have_step_watchdog;
+    bool stuck;                 /* a group is stuck: its threads cannot be joined (msm_server_stuck) */
 
     conn *conns;
     conn *buckets[CONN_BUCKETS];
@@ -241,10 +243,12 @@ static bool health(msm_server *s, char *why, size_t cap) {
     return true;
 }
 
-/* Running and waiting requests over every group. */
+/* Running and waiting requests over every group (a stuck group's never finish: not counted). */
 static void totals(msm_server *s, int *ret_running, int *ret_waiting) {
     int running = 0, waiting = 0;
     for (int g = 0; g < s->n_groups; g++) {
+        if (s->groups[g].stuck)
+            continue;
         msm_sched_stats st;
         group_stats(s, g, &st);
         running += st.running;
@@ -1143,7 +1147,8 @@ static void finish_shutdown(msm_server *s) {
         return;
     s->finished = true;
     for (int g = 0; g < s->n_groups; g++)
-        msm_sched_stop(s->groups[g].sched);
+        if (!s->groups[g].stuck) /* a stuck scheduler thread cannot be joined */
+            msm_sched_stop(s->groups[g].sched);
     on_async(&s->async); /* deliver the last events (cancellations) */
     close_listeners(s);
     for (conn *c = s->conns; c; c = c->next)
@@ -1157,6 +1162,7 @@ static void finish_shutdown(msm_server *s) {
         msm_conn_set_shutdown(&s->guards, SHUTDOWN_FLUSH_MS);
     close_if((uv_handle_t *)&s->drain_timer, s->have_drain_timer);
     close_if((uv_handle_t *)&s->watchdog, s->have_watchdog);
+    close_if((uv_handle_t *)&s->step_watchdog, s->have_step_watchdog);
     close_if((uv_handle_t *)&s->sig_term, s->have_signals);
     close_if((uv_handle_t *)&s->sig_int, s->have_signals);
     close_if((uv_handle_t *)&s->sig_hup, s->have_signals);
@@ -1263,6 +1269,64 @@ static void on_watchdog(uv_timer_t *t) {
         msm_notify_watchdog();
 }
 
+bool msm_server_stuck(const msm_server *s) {
+    return s->stuck;
+}
+
+/* How long an engine step may run before its group counts as stuck: every wait inside a step
+ * gives up at engine.deadline_ms, so a step still running at twice that (plus a margin for the
+ * compute itself) is blocked where no deadline reaches, e.g. inside a collective library's
+ * teardown. */
+static uint64_t step_limit_ms(const msm_server *s) {
+    return 2 * (uint64_t)s->cfg->deadline_ms + 5000;
+}
+
+/* A group's engine step never returned: its requests end with INTERNAL now (the scheduler that
+ * owns them is blocked inside the step), health stops serving, and the daemon drains the other
+ * groups and exits 1 without joining that group's threads (msm_server_stuck; main exits at once),
+ * so systemd restarts it on a fresh device context. */
+static void stuck_group(msm_server *s, int g, uint64_t ms) {
+    group *gr = &s->groups[g];
+    gr->stuck = true;
+    s->stuck = true;
+    s->exit_status = 1;
+    msm_err why;
+    msm_err_set(&why, -ENOTRECOVERABLE, "group %d: an engine step has not returned for %llu ms (engine.deadline_ms "
+                                        "%d): the device or a collective is stuck", g, (unsigned long long)ms,
+                s->cfg->deadline_ms);
+    msm_log_error("%s; ending its requests and exiting to be restarted", why.msg);
+    msm_notify_status("failed: %s", why.msg);
+    for (conn *c = s->conns; c; c = c->next) {
+        for (int i = 0; i < c->n_inflight;) {
+            inflight *f = &c->inflight[i];
+            if (f->group != g) {
+                i++;
+                continue;
+            }
+            /* the stream's end, as the scheduler would have sent it (FINISH_ERROR, INTERNAL) */
+            msm_sched_event ev = {.conn_id = c->id, .request_id = f->rid, .finish = MSM_FINISH_ERROR,
+                                  .error = -ENOTRECOVERABLE, .error_msg = why};
+            size_t len;
+            uint8_t *out = c->closing ? NULL : msm_api_encode_event(&ev, &len);
+            if (out)
+                conn_write(c, out, len);
+            inflight_del(c, f->rid); /* moves the last one here */
+        }
+        conn_maybe_done(c);
+    }
+    gr->load = 0; /* (HTTP requests of the group end when the daemon exits and closes them) */
+    msm_server_shutdown(s);
+}
+
+static void on_step_watchdog(uv_timer_t *t) {
+    msm_server *s = t->data;
+    for (int g = 0; g < s->n_groups; g++) {
+        uint64_t ms = s->groups[g].sched && !s->groups[g].stuck ? msm_sched_step_running_ms(s->groups[g].sched) : 0;
+        if (ms > step_limit_ms(s))
+            stuck_group(s, g, ms);
+    }
+}
+
 int msm_server_install_signals(msm_server *s, msm_err *err) {
     int rc;
     uv_signal_init(s->loop, &s->sig_term);
@@ -1274,6 +1338,10 @@ int msm_server_install_signals(msm_server *s, msm_err *err) {
         (rc = uv_signal_start(&s->sig_int, on_signal, SIGINT)) < 0 ||
         (rc = uv_signal_start(&s->sig_hup, on_signal, SIGHUP)) < 0)
         return msm_err_set(err, rc, "cannot install signal handlers: %s", uv_strerror(rc));
+    uv_timer_init(s->loop, &s->step_watchdog);
+    s->have_step_watchdog = true;
+    s->step_watchdog.data = s;
+    uv_timer_start(&s->step_watchdog, on_step_watchdog, 500, 500);
     uint64_t wd = msm_notify_watchdog_usec();
     if (wd > 0) {
         uv_timer_init(s->loop, &s->watchdog);

@@ -787,6 +787,17 @@ Test(daemon_hardening, a_fatal_engine_fault_ends_requests_and_the_daemon, .timeo
     fault_ends_the_daemon(&d);
 }
 
+/* An engine step that never returns (a device or a collective stuck where no deadline reaches, as
+ * an NCCL teardown can be): at 2 x engine.deadline_ms + 5 s the step watchdog ends the group's
+ * requests with INTERNAL, health stops serving, and msmoed exits 1 without joining the stuck
+ * threads. */
+Test(daemon_hardening, an_engine_step_that_never_returns_ends_requests_and_the_daemon, .timeout = 60) {
+    daemon_proc d;
+    const char *sets[] = {"engine.deadline_ms=100", NULL};
+    start_fake(&d, "1000", sets, "MSMOED_TEST_FAULT=stall@3");
+    fault_ends_the_daemon(&d);
+}
+
 Test(daemon_hardening, a_cpu_step_past_its_deadline_ends_requests_and_the_daemon, .timeout = 120) {
     need_model();
     daemon_proc d;
