@@ -288,6 +288,37 @@ static void finish_plain(gen_req *q) {
     send_json(req, status, body, len);
 }
 
+void msm_http_fail_group(msm_http *h, int group, int error, const msm_err *msg) {
+    if (!h)
+        return;
+    /* the (conn, choice) pairs first: an event may finish and free its request */
+    size_t n = 0, cap = 0;
+    struct { uint64_t conn_id; int k; } *todo = NULL;
+    for (int b = 0; b < REQ_BUCKETS; b++)
+        for (gen_req *q = h->buckets[b]; q; q = q->hnext)
+            for (int k = 0; k < q->n; k++) {
+                if (q->group[k] != group || q->chs[k].done)
+                    continue;
+                if (n == cap) {
+                    size_t c2 = cap ? 2 * cap : 16;
+                    void *t = realloc(todo, c2 * sizeof *todo);
+                    if (!t)
+                        goto out; /* out of memory: those requests end when the daemon exits */
+                    todo = t;
+                    cap = c2;
+                }
+                todo[n].conn_id = q->conn_id;
+                todo[n++].k = k;
+            }
+out:
+    for (size_t i = 0; i < n; i++) {
+        msm_sched_event ev = {.conn_id = todo[i].conn_id, .request_id = (uint64_t)todo[i].k + 1,
+                              .finish = MSM_FINISH_ERROR, .error = error, .error_msg = *msg};
+        msm_http_event(h, &ev);
+    }
+    free(todo);
+}
+
 bool msm_http_event(msm_http *h, const msm_sched_event *ev) {
     gen_req *q = h ? req_find(h, ev->conn_id) : NULL;
     if (!q)

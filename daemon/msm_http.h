@@ -85,5 +85,9 @@ void msm_http_free(msm_http *h);
 /* A scheduler event on the loop thread: true when it belonged to one of this instance's requests
  * (then it is consumed, though still the caller's to free). */
 bool msm_http_event(msm_http *h, const msm_sched_event *ev);
+/* Ends every choice still running on TP group `group` with an error event (FINISH_ERROR, `error`,
+ * msg), as the group's scheduler would have: for a group whose engine step never returned, whose
+ * scheduler will send nothing more. Loop thread; h may be NULL. */
+void msm_http_fail_group(msm_http *h, int group, int error, const msm_err *msg);
 
 #endif

@@ -1314,7 +1314,8 @@ static void stuck_group(msm_server *s, int g, uint64_t ms) {
         }
         conn_maybe_done(c);
     }
-    gr->load = 0; /* (HTTP requests of the group end when the daemon exits and closes them) */
+    msm_http_fail_group(s->http_api, g, -ENOTRECOVERABLE, &why);
+    gr->load = 0;
     msm_server_shutdown(s);
 }
 

@@ -43,7 +43,7 @@ def chat_model_copy(tmp):
 
 
 class Daemon:
-    def __init__(self, *sets, model=None, chat=True):
+    def __init__(self, *sets, model=None, chat=True, env=None):
         self.tmp = tempfile.mkdtemp(prefix="msm_http_")
         self.port = free_port()
         self.sock = os.path.join(self.tmp, "msmoed.sock")
@@ -56,7 +56,8 @@ class Daemon:
             args += ["--set", f"engine.model={model}"]
         for s in sets:
             args += ["--set", s]
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.proc.poll() is not None:

@@ -9,7 +9,9 @@ model, through the official openai Python client and raw HTTP:
   - text work off the loop thread: /health answers while MiBs are being tokenized;
   - the connection guard of every listener (docs/adr/0007-hardening.md) on [http]: its
     connections count against server.max_connections, and one whose client takes none of its
-    replies is closed after server.write_timeout_s.
+    replies is closed after server.write_timeout_s;
+  - an engine step that never returns: the step watchdog answers the HTTP request with an error
+    and msmoed exits 1.
 Run by tests/integration/test_http.sh (meson test http), stdlib unittest."""
 import http.client
 import json
@@ -425,3 +427,26 @@ class Guard(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
+
+
+class StuckStep(unittest.TestCase):
+    """A fake engine whose step 3 never returns (MSMOED_TEST_FAULT=stall@3), deadline 100 ms: at
+    2 x 100 ms + 5 s the step watchdog ends the HTTP request with INTERNAL (500, OpenAI's error
+    object naming what is stuck), and msmoed exits 1."""
+
+    def test_the_request_ends_and_the_daemon_exits_1(self):
+        d = Daemon("engine.backend=fake", "engine.deadline_ms=100",
+                   "engine.tokenizer=" + os.path.join(os.environ.get("MSM_SOURCE_ROOT", os.getcwd()),
+                                                      "models", "stories260k-moe", "tokenizer.json"),
+                   chat=False, env={"MSMOED_TEST_FAULT": "stall@3", "MSMOED_FAKE_STEP_US": "1000"})
+        try:
+            t0 = time.time()
+            st, data, _ = d.request("POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 50},
+                                    timeout=30)
+            took = time.time() - t0
+            self.assertEqual(st, 500, data)
+            self.assertIn("has not returned", json.loads(data)["error"]["message"])
+            self.assertLess(took, 20)
+            self.assertEqual(d.proc.wait(timeout=30), 1, d.logtext())
+        finally:
+            d.stop()
