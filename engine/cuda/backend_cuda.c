@@ -323,10 +323,12 @@ static int cuda_begin(msm_backend *b, msm_err *err) {
  * teardown of ncclCommAbort, whose device-wide synchronisation can wait on a kernel that waits
  * on a peer (a two-GPU stalled-rank check hung the daemon that way: no reply within 100 s).
  * cuda_free aborts a revoked communicator once it is quiescent, within a deadline. */
+#pragma weak ncclCommRevoke /* NCCL 2.28; with an older libnccl at run time: abort */
+
 static void group_failed(cuda_backend *cb) {
     cb->broken = true;
     if (!cb->nccl || cb->revoked) return;
-    if (cb->tp == 1) {
+    if (cb->tp == 1 || !ncclCommRevoke) {
         ncclCommAbort(cb->nccl);
         cb->nccl = NULL;
     } else {
