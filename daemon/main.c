@@ -583,10 +583,13 @@ int main(int argc, char **argv) {
     int status = parse_args(argc, argv, &a);
     if (status >= 0)
         return status;
-    /* first, before anything starts a thread: planning the groups counts GPUs, which starts the
-     * CUDA runtime's threads, and a thread without the signals blocked would take a SIGTERM with
-     * its default action (seen on the H200: exit 143 during the load) */
-    signals_to_watcher(&d);
+    /* blocked first, before anything starts a thread: planning the groups counts GPUs, which
+     * starts the CUDA runtime's threads, and a thread without them blocked would take a SIGTERM
+     * with its default action (seen on the H200: exit 143 during the load); one that arrives
+     * before the watcher runs stays pending for it */
+    sigset_t startup;
+    start_up_signals(&startup);
+    pthread_sigmask(SIG_BLOCK, &startup, NULL);
     status = load_config(&a, &d);
     free(a.sets);
     if (status == 0)
@@ -598,6 +601,7 @@ int main(int argc, char **argv) {
     if (rc < 0)
         fprintf(stderr, "msmoed: cannot open log.file %s: %s; logging to stderr\n", d.cfg.log_file, strerror(-rc));
     signal(SIGPIPE, SIG_IGN);
+    signals_to_watcher(&d);
     raise_nofile(&d.cfg);
     msm_err err = {{0}};
     if (!a.dump_graph && validate_model(&d, &err) < 0) {
