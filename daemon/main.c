@@ -538,12 +538,6 @@ static int serve(daemon_state *d) {
     msm_log_info("ready: %s", status);
     msm_notify_ready(status);
     uv_run(&d->loop, UV_RUN_DEFAULT);
-    if (msm_server_stuck(d->srv)) {
-        /* an engine step never returned: its threads cannot be joined nor its device freed */
-        msm_log_error("exiting with status 1 without tearing down the stuck group");
-        msm_log_close();
-        _exit(1);
-    }
     return msm_server_exit_status(d->srv);
 }
 
@@ -618,6 +612,12 @@ int main(int argc, char **argv) {
     else if (status == 0) {
         describe_model(&d);
         status = serve(&d);
+        if (d.srv && msm_server_stuck(d.srv)) {
+            /* an engine step never returned: its threads cannot be joined nor its device freed */
+            msm_log_error("exiting with status 1 without tearing down the stuck group");
+            msm_log_close();
+            _exit(1);
+        }
     }
     teardown(&d);
     if (!a.dump_graph)

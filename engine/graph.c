@@ -20,6 +20,13 @@ bool msm_op_is_collective(msm_op op) {
     return op == MSM_OP_ALLREDUCE || op == MSM_OP_ALLGATHER || op == MSM_OP_ALLREDUCE_ADD_RMSNORM;
 }
 
+int msm_graph_readers(const msm_graph *g, int v) {
+    int c = 0;
+    for (int j = 0; j < g->n_nodes; j++)
+        for (int k = 0; k < g->nodes[j].n_in; k++) c += g->nodes[j].in[k] == v;
+    return c;
+}
+
 msm_graph *msm_graph_new(int rank, int tp) {
     msm_graph *g = calloc(1, sizeof *g);
     if (!g) return NULL;

@@ -203,6 +203,8 @@ typedef struct msm_graph {
 const char *msm_op_name(msm_op op);
 const char *msm_stream_name(msm_stream s);
 bool msm_op_is_collective(msm_op op);
+/* How many node inputs read value v (a node reading it twice counts twice). */
+int msm_graph_readers(const msm_graph *g, int v);
 
 msm_graph *msm_graph_new(int rank, int tp);
 void msm_graph_free(msm_graph *g);

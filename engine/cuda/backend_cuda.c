@@ -118,34 +118,42 @@ static int nccl_allgather(msm_comm *c, const void *in, void *out, size_t rows, s
 
 static const msm_comm_vt nccl_vt = {nccl_allreduce, nccl_allgather};
 
-/* An ALLREDUCE node: the one-shot kernel over peer memory for messages up to the tuning's limit
- * when the group has it (same bits on every rank; the verifier's rule, collectives on MAIN, holds
- * for it as for NCCL), else NCCL. The input must lie in the arena, where every rank's graph put it
- * at the same offset, and out must not overlap it (planned values never do). */
+static bool overlaps(const void *a, const void *b, size_t bytes) {
+    return (const char *)a < (const char *)b + bytes && (const char *)b < (const char *)a + bytes;
+}
+
+/* Whether the all-reduce of `bytes` at `in` takes the one-shot kernel: the group has it (same
+ * bits on every rank; the verifier's rule, collectives on MAIN, holds for it as for NCCL), the
+ * message is within the tuning's limit, the input lies in the arena (where every rank's graph put
+ * it at the same offset: *ret_off) and no output (NULL: none) overlaps it (planned values never
+ * do). */
+static bool oneshot_takes(const cuda_backend *cb, const float *in, size_t bytes, const float *out1, const float *out2,
+                          msm_cuda_exec ex, size_t *ret_off) {
+    size_t off = (size_t)((const char *)in - cb->arena);
+    *ret_off = off;
+    return cb->ar_on && bytes <= ex.tune->ar_oneshot_max_bytes && (const char *)in >= cb->arena &&
+           off + bytes <= cb->arena_bytes && !(out1 && overlaps(out1, in, bytes)) && !(out2 && overlaps(out2, in, bytes));
+}
+
+/* An ALLREDUCE node: the one-shot kernel when oneshot_takes, else NCCL. */
 static int allreduce_node(cuda_backend *cb, const float *in, float *out, size_t n, msm_cuda_exec ex,
                           msm_err *err) {
-    size_t bytes = n * sizeof(float), off = (size_t)((const char *)in - cb->arena);
-    bool inside = (const char *)in >= cb->arena && off + bytes <= cb->arena_bytes;
-    bool overlap = (const char *)out < (const char *)in + bytes && (const char *)in < (const char *)out + bytes;
-    if (cb->ar_on && inside && !overlap && bytes <= ex.tune->ar_oneshot_max_bytes) {
+    size_t off;
+    if (oneshot_takes(cb, in, n * sizeof(float), out, NULL, ex, &off)) {
         KTRY(msm_cuda_allreduce_oneshot(out, off, n, &cb->ar, ex));
         return 0;
     }
     return nccl_allreduce(&cb->comm, in, out, n, err);
 }
 
-/* An ALLREDUCE_ADD_RMSNORM node: the one-shot kernel with the add and norm fused, under the same
- * conditions as allreduce_node; else NCCL in place on the partial (its only reader is this node)
- * and the add_rmsnorm kernel. Either way the pair's bits. */
+/* An ALLREDUCE_ADD_RMSNORM node: the one-shot kernel with the add and norm fused when
+ * oneshot_takes; else NCCL in place on the partial (its only reader is this node) and the
+ * add_rmsnorm kernel. Either way the pair's bits. */
 static int allreduce_add_rmsnorm_node(cuda_backend *cb, float *p, const float *x, float *sum, float *out,
                                       const uint16_t *w, int rows, int dim, float eps, msm_cuda_exec ex,
                                       msm_err *err) {
-    size_t n = (size_t)rows * dim, bytes = n * sizeof(float), off = (size_t)((const char *)p - cb->arena);
-    bool inside = (const char *)p >= cb->arena && off + bytes <= cb->arena_bytes;
-    bool overlap = false;
-    for (const float *o = sum; o; o = o == sum ? out : NULL)
-        overlap |= (const char *)o < (const char *)p + bytes && (const char *)p < (const char *)o + bytes;
-    if (cb->ar_on && inside && !overlap && bytes <= ex.tune->ar_oneshot_max_bytes) {
+    size_t n = (size_t)rows * dim, off;
+    if (oneshot_takes(cb, p, n * sizeof(float), sum, out, ex, &off)) {
         KTRY(msm_cuda_allreduce_add_rmsnorm(sum, out, off, x, w, rows, dim, eps, &cb->ar, ex));
         return 0;
     }

@@ -14,13 +14,6 @@
 
 #include "msm_pass.h"
 
-static int readers(const msm_graph *g, int v) {
-    int c = 0;
-    for (int j = 0; j < g->n_nodes; j++)
-        for (int k = 0; k < g->nodes[j].n_in; k++) c += g->nodes[j].in[k] == v;
-    return c;
-}
-
 int msm_pass_fuse_allreduce_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                                         msm_err *err) {
     (void)o;
@@ -34,8 +27,8 @@ int msm_pass_fuse_allreduce_add_rmsnorm(const msm_graph *in, const msm_pass_opts
             int a = n.out[0], p = n.in[0];
             int side = nx->op == MSM_OP_ADD_RMSNORM ? (nx->in[1] == a ? 1 : nx->in[0] == a ? 0 : -1) : -1;
             const msm_value *pv = &g->vals[p], *av = &g->vals[a];
-            if (side >= 0 && nx->stream == MSM_STREAM_MAIN && nx->in[1 - side] != a && readers(g, a) == 1 &&
-                readers(g, p) == 1 && pv->dtype == MSM_F32 && av->dtype == MSM_F32 && !pv->io && !av->io &&
+            if (side >= 0 && nx->stream == MSM_STREAM_MAIN && nx->in[1 - side] != a && msm_graph_readers(g, a) == 1 &&
+                msm_graph_readers(g, p) == 1 && pv->dtype == MSM_F32 && av->dtype == MSM_F32 && !pv->io && !av->io &&
                 pv->cols == nx->attr.rmsnorm.dim) {
                 msm_node f = *nx;
                 f.op = MSM_OP_ALLREDUCE_ADD_RMSNORM;

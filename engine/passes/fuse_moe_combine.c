@@ -34,13 +34,6 @@ static int producer(const msm_graph *g, int v, int end) {
     return -1;
 }
 
-static int readers(const msm_graph *g, int v) {
-    int c = 0;
-    for (int j = 0; j < g->n_nodes; j++)
-        for (int k = 0; k < g->nodes[j].n_in; k++) c += g->nodes[j].in[k] == v;
-    return c;
-}
-
 /* The gated combine ending at node c: moe = ADD(routed, MUL(shared, SIGMOID(LINEAR(h, wg)))), each
  * intermediate read once, every [rows, C] value float32 with the same rows. */
 typedef struct chain {
@@ -50,7 +43,7 @@ typedef struct chain {
 
 static bool match_chain(const msm_graph *g, int c, int C, chain *ch) {
     const msm_node *cn = &g->nodes[c];
-    if (cn->op != MSM_OP_ADD || cn->role != MSM_ROLE_MOE_COMBINE || readers(g, cn->out[0]) != 1) return false;
+    if (cn->op != MSM_OP_ADD || cn->role != MSM_ROLE_MOE_COMBINE || msm_graph_readers(g, cn->out[0]) != 1) return false;
     /* which ADD input is the gated shared output */
     int m = -1, routed = -1;
     for (int q = 0; q < 2 && m < 0; q++) {
@@ -60,13 +53,13 @@ static bool match_chain(const msm_graph *g, int c, int C, chain *ch) {
             routed = cn->in[1 - q];
         }
     }
-    if (m < 0 || readers(g, g->nodes[m].out[0]) != 1) return false;
+    if (m < 0 || msm_graph_readers(g, g->nodes[m].out[0]) != 1) return false;
     const msm_node *mn = &g->nodes[m];
     int shared = mn->in[0], s = producer(g, mn->in[1], m);
-    if (s < 0 || g->nodes[s].op != MSM_OP_SIGMOID || readers(g, mn->in[1]) != 1) return false;
+    if (s < 0 || g->nodes[s].op != MSM_OP_SIGMOID || msm_graph_readers(g, mn->in[1]) != 1) return false;
     int l = producer(g, g->nodes[s].in[0], s);
     if (l < 0 || g->nodes[l].op != MSM_OP_LINEAR || g->nodes[l].attr.linear.N != 1 || g->nodes[l].w[1] >= 0 ||
-        g->nodes[l].role != MSM_ROLE_SHARED || readers(g, g->nodes[s].in[0]) != 1)
+        g->nodes[l].role != MSM_ROLE_SHARED || msm_graph_readers(g, g->nodes[s].in[0]) != 1)
         return false;
     const msm_node *ln = &g->nodes[l];
     int h = ln->in[0];

@@ -12,13 +12,6 @@
 
 #include "msm_pass.h"
 
-static int readers(const msm_graph *g, int v) {
-    int c = 0;
-    for (int j = 0; j < g->n_nodes; j++)
-        for (int k = 0; k < g->nodes[j].n_in; k++) c += g->nodes[j].in[k] == v;
-    return c;
-}
-
 int msm_pass_fuse_router_topk(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret, msm_err *err) {
     (void)o;
     msm_graph *g = msm_graph_clone(in);
@@ -30,7 +23,7 @@ int msm_pass_fuse_router_topk(const msm_graph *in, const msm_pass_opts *o, msm_g
             const msm_node *nx = &g->nodes[i + 1];
             const msm_value *x = &g->vals[n.in[0]], *l = &g->vals[n.out[0]];
             if (nx->op == MSM_OP_ROUTER_TOPK && nx->stream == n.stream && nx->in[0] == n.out[0] && n.w[1] < 0 &&
-                n.attr.linear.N == nx->attr.router_topk.E && n.attr.linear.N <= 256 && readers(g, n.out[0]) == 1 &&
+                n.attr.linear.N == nx->attr.router_topk.E && n.attr.linear.N <= 256 && msm_graph_readers(g, n.out[0]) == 1 &&
                 x->dtype == MSM_F32 && l->dtype == MSM_F32 && x->cols == n.attr.linear.K && !l->io) {
                 msm_node f = *nx;
                 f.in[0] = n.in[0];

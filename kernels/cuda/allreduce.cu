@@ -63,7 +63,8 @@ static __device__ __forceinline__ uint64_t global_ns(void) {
     return t;
 }
 
-#define AR_ABORT (2 * AR_MAXB * AR_MAXR + AR_MAXB) /* index of the abort word */
+#define AR_COUNT (2 * AR_MAXB * AR_MAXR)          /* index of count[0] */
+#define AR_ABORT (AR_COUNT + AR_MAXB)             /* index of the abort word */
 
 /* The group is broken: this rank's fault word set (the host sees it after the step), and the
  * abort word of every rank's signal area, so every later call of every rank returns at once
@@ -117,18 +118,37 @@ static __device__ bool ar_barrier(const msm_cuda_ar_peers &p, int which, uint32_
     return ok != 0;
 }
 
+/* A call's start, for a whole block: the previous kernel of the stream done (PDL), the group not
+ * aborted, every rank arrived (the start barrier); *flag: this block's call count, for
+ * ar_finish. False: return at once (the fault word is set). */
+static __device__ bool ar_start(const msm_cuda_ar_peers &p, uint32_t *flag) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    if (!ar_alive(p)) return false;
+    *flag = p.sig[p.rank][AR_COUNT + blockIdx.x] + 1;
+    return ar_barrier(p, 0, *flag);
+}
+
+/* A call's end: every rank done reading (the end barrier), then this block's count moves on. */
+static __device__ void ar_finish(const msm_cuda_ar_peers &p, uint32_t flag) {
+    if (!ar_barrier(p, 1, flag)) return;
+    if (threadIdx.x == 0) p.sig[p.rank][AR_COUNT + blockIdx.x] = flag;
+}
+
+/* src[r]: rank r's floats at off (ranks past size alias rank 0; never read). */
+static __device__ __forceinline__ void ar_sources(const msm_cuda_ar_peers &p, size_t off,
+                                                  const float *(&src)[AR_MAXR]) {
+#pragma unroll
+    for (int r = 0; r < AR_MAXR; r++) src[r] = (const float *)(p.base[r < p.size ? r : 0] + off);
+}
+
 /* out[i] = sum over r in rank order of base[r][off + i], i < n (floats). */
 static __global__ void __launch_bounds__(AR_THREADS) ar_oneshot_kernel(float *out, size_t off, size_t n,
                                                                         msm_cuda_ar_peers p) {
-    msm_pdl_trigger();
-    msm_pdl_wait();
-    if (!ar_alive(p)) return;
-    uint32_t *count = p.sig[p.rank] + 2 * AR_MAXB * AR_MAXR + blockIdx.x;
-    uint32_t flag = *count + 1;
-    if (!ar_barrier(p, 0, flag)) return;
+    uint32_t flag;
+    if (!ar_start(p, &flag)) return;
     const float *src[AR_MAXR];
-#pragma unroll
-    for (int r = 0; r < AR_MAXR; r++) src[r] = (const float *)(p.base[r < p.size ? r : 0] + off);
+    ar_sources(p, off, src);
     size_t stride = (size_t)gridDim.x * blockDim.x, i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (((off | (size_t)out) & 15) == 0) {
         size_t n4 = n / 4;
@@ -150,8 +170,7 @@ static __global__ void __launch_bounds__(AR_THREADS) ar_oneshot_kernel(float *ou
         for (int r = 1; r < p.size; r++) s += src[r][i];
         out[i] = s;
     }
-    if (!ar_barrier(p, 1, flag)) return;
-    if (threadIdx.x == 0) *count = flag;
+    ar_finish(p, flag);
 }
 
 static bool peers_ok(const msm_cuda_ar_peers *p) {
@@ -179,16 +198,11 @@ extern "C" int msm_cuda_allreduce_oneshot(float *out, size_t off, size_t n, cons
 template <int V>
 static __global__ void ar_add_rmsnorm_kernel(float *sum, float *out, size_t off, const float *x, const uint16_t *w,
                                              int rows, int dim, float eps, msm_cuda_ar_peers p) {
-    msm_pdl_trigger();
-    msm_pdl_wait();
     __shared__ float part[32];
-    if (!ar_alive(p)) return;
-    uint32_t *count = p.sig[p.rank] + 2 * AR_MAXB * AR_MAXR + blockIdx.x;
-    uint32_t flag = *count + 1;
-    if (!ar_barrier(p, 0, flag)) return;
+    uint32_t flag;
+    if (!ar_start(p, &flag)) return;
     const float *src[AR_MAXR];
-#pragma unroll
-    for (int r = 0; r < AR_MAXR; r++) src[r] = (const float *)(p.base[r < p.size ? r : 0] + off);
+    ar_sources(p, off, src);
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         size_t ro = (size_t)row * dim;
         /* all V loads of one rank in flight together (a peer's load crosses NVLink, ~1 us): the
@@ -212,25 +226,9 @@ static __global__ void ar_add_rmsnorm_kernel(float *sum, float *out, size_t off,
         }
 #pragma unroll
         for (int j = 0; j < V; j++) v[j] = threadIdx.x + j * blockDim.x < dim ? v[j] + b[j] : 0.0f;
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            int i = threadIdx.x + j * blockDim.x;
-            if (i < dim) {
-                sum[ro + i] = v[j];
-                ss += v[j] * v[j];
-            }
-        }
-        float tot = msm_block_sum(ss, part);
-        float inv = 1.0f / sqrtf(tot / (float)dim + eps);
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            int i = threadIdx.x + j * blockDim.x;
-            if (i < dim) out[ro + i] = msm_bf(w[i]) * (v[j] * inv);
-        }
+        msm_norm_row_store<V>(v, sum, out, ro, w, dim, eps, part);
     }
-    if (!ar_barrier(p, 1, flag)) return;
-    if (threadIdx.x == 0) *count = flag;
+    ar_finish(p, flag);
 }
 
 extern "C" int msm_cuda_allreduce_add_rmsnorm(float *sum, float *out, size_t off, const float *x, const uint16_t *w,

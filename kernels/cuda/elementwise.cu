@@ -51,22 +51,7 @@ static __global__ void add_rmsnorm_kernel(float *sum, float *out, const float *a
         int i = threadIdx.x + j * blockDim.x;
         v[j] = i < dim ? (b ? a[off + i] + b[off + i] : a[off + i]) : 0.0f;
     }
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        int i = threadIdx.x + j * blockDim.x;
-        if (i < dim) {
-            if (sum) sum[off + i] = v[j];
-            ss += v[j] * v[j];
-        }
-    }
-    float tot = msm_block_sum(ss, part);
-    float inv = 1.0f / sqrtf(tot / (float)dim + eps);
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        int i = threadIdx.x + j * blockDim.x;
-        if (i < dim) out[off + i] = msm_bf(w[i]) * (v[j] * inv);
-    }
+    msm_norm_row_store<V>(v, sum, out, off, w, dim, eps, part);
 }
 
 static int add_rmsnorm_launch(float *sum, float *out, const float *a, const float *b,

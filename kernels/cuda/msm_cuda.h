@@ -109,6 +109,31 @@ static __device__ __forceinline__ float msm_bf(uint16_t h) {
     return __uint_as_float((uint32_t)h << 16);
 }
 
+/* The tail of a row norm (msm_norm_threads/msm_norm_vals layout): v[j] is element
+ * threadIdx.x + j * blockDim.x of the row at off (0 past dim); stores it into sum (unless NULL),
+ * then out = rmsnorm(row) * w, the sum of squares in j order, then msm_block_sum. Every kernel that
+ * ends in a residual norm calls this, so they agree bitwise. part: shared memory of 32 floats. */
+template <int V>
+static __device__ __forceinline__ void msm_norm_row_store(const float (&v)[V], float *sum, float *out, size_t off,
+                                                          const uint16_t *w, int dim, float eps, float *part) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (i < dim) {
+            if (sum) sum[off + i] = v[j];
+            ss += v[j] * v[j];
+        }
+    }
+    float tot = msm_block_sum(ss, part);
+    float inv = 1.0f / sqrtf(tot / (float)dim + eps);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (i < dim) out[off + i] = msm_bf(w[i]) * (v[j] * inv);
+    }
+}
+
 /* The two bf16 packed in one 32-bit word, low half first (memory order). */
 static __device__ __forceinline__ float2 msm_bf2(uint32_t w) {
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));

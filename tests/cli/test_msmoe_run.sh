@@ -51,6 +51,17 @@ else
     echo "PASS dump_graph"
 fi
 
+# the all-reduce fused with the residual add + norm at TP=2 by default; --no-fuse-allreduce-norm
+# keeps the pair
+"$RUN" --model tests/data/qwen2moe-gqa --tp 2 --dump-graph >"$tmp/g1"
+"$RUN" --model tests/data/qwen2moe-gqa --tp 2 --no-fuse-allreduce-norm --dump-graph >"$tmp/g2"
+if grep -q "main ALLREDUCE_ADD_RMSNORM" "$tmp/g1" && ! grep -q "ALLREDUCE " "$tmp/g1" &&
+    grep -q "main ALLREDUCE " "$tmp/g2" && ! grep -q "ALLREDUCE_ADD_RMSNORM" "$tmp/g2"; then
+    echo "PASS no_fuse_allreduce_norm"
+else
+    echo "FAIL no_fuse_allreduce_norm"; fails=$((fails + 1))
+fi
+
 # --fp8-as-bf16 reaches the CPU backend: an FP8 checkpoint's logits move (its weights are rounded
 # to bf16 as the CUDA backend holds them), a bf16 checkpoint's stay bitwise the same
 for m in qwen3moe-fp8 qwen3moe; do
