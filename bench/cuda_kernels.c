@@ -69,6 +69,29 @@ static double median(double *v, int n) {
 #define BENCH_REPS 15
 #define BENCH_BATCH 20
 
+/* Median ms of one msm_cuda_linear call (3 warm-up calls first); the weights rotate over the
+ * pool, so each launch streams them from HBM, not L2. */
+static double time_linear(float *y, const float *x, const uint16_t *pool, size_t pool_elems, int T, int N, int K,
+                          msm_cuda_ctx *ctx, void *ws, size_t wsb, msm_cuda_exec ex, cudaEvent_t e0,
+                          cudaEvent_t e1) {
+    size_t welem = (size_t)N * K, nbuf = pool_elems / welem;
+    if (nbuf < 1) nbuf = 1;
+    double times[BENCH_REPS];
+    for (int i = 0; i < 3; i++) CK(msm_cuda_linear(y, x, pool, NULL, T, N, K, ctx, ws, wsb, ex));
+    int it = 0;
+    for (int r = 0; r < BENCH_REPS; r++) {
+        cudaEventRecord(e0, ex.stream);
+        for (int b = 0; b < BENCH_BATCH; b++, it++)
+            CK(msm_cuda_linear(y, x, pool + (it % nbuf) * welem, NULL, T, N, K, ctx, ws, wsb, ex));
+        cudaEventRecord(e1, ex.stream);
+        CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, e0, e1);
+        times[r] = ms / BENCH_BATCH;
+    }
+    return median(times, BENCH_REPS);
+}
+
 int main(int argc, char **argv) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -77,7 +100,7 @@ int main(int argc, char **argv) {
     }
     msm_cuda_tuning tune0;
     CK(msm_cuda_tuning_init(&tune0, 0));
-    static char buf[32768];
+    static char buf[65536];
     int len = 0;
     struct cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
@@ -120,20 +143,8 @@ int main(int argc, char **argv) {
                                  {8, 2048, 2048},  {8, 11264, 2048}, {8, 151936, 2048}};
     for (size_t s = 0; s < sizeof lin / sizeof *lin; s++) {
         int T = lin[s][0], N = lin[s][1], K = lin[s][2];
-        size_t welem = (size_t)N * K, nbuf = pool_elems / welem;
-        if (nbuf < 1) nbuf = 1;
-        for (int i = 0; i < 3; i++) CK(msm_cuda_linear(y, x, pool, NULL, T, N, K, NULL, NULL, 0, ex));
-        int it = 0;
-        for (int r = 0; r < BENCH_REPS; r++) {
-            cudaEventRecord(e0, st);
-            for (int b = 0; b < BENCH_BATCH; b++, it++)
-                CK(msm_cuda_linear(y, x, pool + (it % nbuf) * welem, NULL, T, N, K, NULL, NULL, 0, ex));
-            cudaEventRecord(e1, st);
-            CHECK(cudaEventSynchronize(e1) == cudaSuccess);
-            cudaEventElapsedTime(&ms, e0, e1);
-            times[r] = ms / BENCH_BATCH;
-        }
-        double t = median(times, BENCH_REPS);
+        size_t welem = (size_t)N * K;
+        double t = time_linear(y, x, pool, pool_elems, T, N, K, NULL, NULL, 0, ex, e0, e1);
         double bytes = (double)welem * 2 + (double)T * K * 4 + (double)T * N * 4;
         double gbs = bytes / (t * 1e6);
         len += snprintf(buf + len, sizeof buf - len,
@@ -223,43 +234,38 @@ int main(int argc, char **argv) {
         cudaFree(gu), cudaFree(dn);
     }
 
-    /* T=32 linears: the GEMV kernel (forced) vs cuBLASLt */
+    /* dense linears of the model's shapes at decode batches: the default path against each path
+     * forced (tiled GEMM, MMV, cuBLASLt with x rounded to bf16; cuBLASLt only past the GEMV's T) */
     {
         msm_cuda_ctx *ctx;
         CK(msm_cuda_ctx_new(&ctx));
-        static const int l32[][3] = {{32, 6144, 2048}, {32, 2048, 2048}, {32, 11264, 2048}, {32, 2048, 5632}};
-        float *x32 = dev_f32((size_t)32 * 5632);
-        for (int gemv = 0; gemv < 3; gemv++) /* 0 cuBLASLt, 1 GEMV forced, 2 MMV */
-            for (size_t s = 0; s < sizeof l32 / sizeof *l32; s++) {
-                int T = l32[s][0], N = l32[s][1], K = l32[s][2];
-                msm_cuda_tuning tl = tune0;
-                tl.gemv_max_t = gemv == 1 ? 64 : MSM_CUDA_GEMV_MAX_T;
-                tl.mmv_min_t = 1, tl.mmv_max_t = gemv == 2 ? 64 : 0;
-                msm_cuda_exec exl = {.stream = st, .tune = &tl};
-                size_t wsb = msm_cuda_linear_ws_bytes(T, N, K);
-                void *ws = dev(wsb ? wsb : 256);
-                size_t welem = (size_t)N * K, nbuf = pool_elems / welem;
-                for (int i = 0; i < 3; i++) CK(msm_cuda_linear(y, x32, pool, NULL, T, N, K, ctx, ws, wsb, exl));
-                int it = 0;
-                for (int r = 0; r < BENCH_REPS; r++) {
-                    cudaEventRecord(e0, st);
-                    for (int b = 0; b < BENCH_BATCH; b++, it++)
-                        CK(msm_cuda_linear(y, x32, pool + (it % nbuf) * welem, NULL, T, N, K, ctx, ws, wsb, exl));
-                    cudaEventRecord(e1, st);
-                    CHECK(cudaEventSynchronize(e1) == cudaSuccess);
-                    cudaEventElapsedTime(&ms, e0, e1);
-                    times[r] = ms / BENCH_BATCH;
+        static const int lnk[][2] = {{6144, 2048}, {2048, 2048}, {11264, 2048}, {2048, 5632}};
+        static const int lts[] = {1, 4, 8, 16, 32, 64};
+        static const char *lname[] = {"default", "tiled", "MMV", "cuBLASLt"};
+        float *xl = dev_f32((size_t)64 * 5632);
+        for (size_t ti = 0; ti < sizeof lts / sizeof *lts; ti++)
+            for (int path = 0; path < 4; path++)
+                for (size_t s = 0; s < sizeof lnk / sizeof *lnk; s++) {
+                    int T = lts[ti], N = lnk[s][0], K = lnk[s][1];
+                    if (path >= 3 && T <= MSM_CUDA_GEMV_MAX_T) continue;
+                    msm_cuda_tuning tl = tune0;
+                    if (path == 1) tl.linear_tiled_min_t = 1;
+                    if (path >= 2) tl.linear_tiled_min_t = 1 << 30;
+                    if (path == 2) tl.mmv_min_t = 1, tl.mmv_max_t = 64;
+                    if (path >= 3) tl.mmv_max_t = 0;
+                    msm_cuda_exec exl = {.stream = st, .tune = &tl};
+                    size_t wsb = msm_cuda_linear_ws_bytes(T, N, K);
+                    void *ws = dev(wsb ? wsb : 256);
+                    size_t welem = (size_t)N * K;
+                    double t = time_linear(y, xl, pool, pool_elems, T, N, K, ctx, ws, wsb, exl, e0, e1);
+                    double bytes = (double)welem * 2 + (double)T * K * 4 + (double)T * N * 4;
+                    double gbs = bytes / (t * 1e6);
+                    len += snprintf(buf + len, sizeof buf - len,
+                                    "| linear %s | T=%d N=%d K=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n", lname[path],
+                                    T, N, K, t, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
+                    cudaFree(ws);
                 }
-                double t = median(times, BENCH_REPS);
-                double bytes = (double)welem * 2 + (double)T * K * 4 + (double)T * N * 4;
-                double gbs = bytes / (t * 1e6);
-                len += snprintf(buf + len, sizeof buf - len,
-                                "| linear %s | T=%d N=%d K=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n",
-                                gemv == 2 ? "MMV" : gemv ? "GEMV (forced)" : "cuBLASLt", T, N, K, t, bytes / 1e6, gbs,
-                                100.0 * gbs / copy_gbs);
-                cudaFree(ws);
-            }
-        cudaFree(x32);
+        cudaFree(xl);
         msm_cuda_ctx_free(ctx);
     }
     /* attention decode at Qwen1.5-MoE shapes: nh = kvh = 16, hd 128, every sequence at position

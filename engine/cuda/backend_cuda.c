@@ -868,8 +868,10 @@ static const msm_backend_vt cuda_vt = {
  * Benchmark and bisection switches, read once per rank when the backend is created (unset: the
  * defaults of msm_cuda_tuning_init):
  *   MSM_CUDA_PDL=0                      programmatic dependent launch off
+ *   MSM_CUDA_GEMV_PREFETCH=1            the GEMV pulls its weight rows towards L2 before its PDL wait
  *   MSM_CUDA_GEMV_MAX_T=N               raise the GEMV / cuBLASLt threshold (never lowered)
  *   MSM_CUDA_MMV_MIN_T / _MAX_T=N       the tensor-core GEMV range (max 0: off)
+ *   MSM_CUDA_LINEAR_TILED_MIN_T=N       the tiled linear from N tokens on (> 64: off)
  *   MSM_CUDA_LT_SPLIT_MIN_T=N           cuBLASLt hi + lo split from N tokens on (prefill)
  *   MSM_CUDA_LT_SPLIT_DECODE=1          ... and for pure decode steps too (see tuning_for_decode)
  *   MSM_CUDA_MOE_PATH=pair|grouped_gemv|tiled|wmma   force a MoE path
@@ -904,9 +906,11 @@ static void tuning_from_env(msm_cuda_tuning *t, uint64_t *skip_ops) {
     int v;
     const char *s;
     if ((s = getenv("MSM_CUDA_PDL")) && s[0] == '0') t->pdl = false;
+    if ((s = getenv("MSM_CUDA_GEMV_PREFETCH"))) t->gemv_prefetch = s[0] == '1';
     if (env_int("MSM_CUDA_GEMV_MAX_T", &v) && v > t->gemv_max_t) t->gemv_max_t = v > 64 ? 64 : v;
     if (env_int("MSM_CUDA_MMV_MIN_T", &v)) t->mmv_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_MAX_T", &v)) t->mmv_max_t = v < 0 ? 0 : v > 64 ? 64 : v;
+    if (env_int("MSM_CUDA_LINEAR_TILED_MIN_T", &v)) t->linear_tiled_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_LT_SPLIT_MIN_T", &v)) t->lt_split_min_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MOE_TILED_MIN_T", &v)) t->moe_tiled_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_AR_ONESHOT_MAX_BYTES", &v)) t->ar_oneshot_max_bytes = v < 0 ? 0 : (size_t)v;
@@ -930,13 +934,14 @@ static void tuning_from_env(msm_cuda_tuning *t, uint64_t *skip_ops) {
 /* Pure decode steps (one token a sequence: T == S) round x to bf16 for cuBLASLt at every batch
  * size: their dense linears are bound by the weights' memory traffic, which the hi + lo split
  * doubles (measured on the H200, 2026-11-30: batch 128 21.67 -> 20.62 ms, batch 256 26.57 ->
- * 25.29 ms without it). That is the rounding decode batches of 9..64 tokens always had; prefill
- * chunks keep the split from lt_split_min_t tokens on. MSM_CUDA_LT_SPLIT_DECODE=1 keeps the
- * split for decode too. */
+ * 25.29 ms without it). For the same reason they leave 9..64 tokens to cuBLASLt rather than the
+ * near-fp32 tiled linear (2026-12-01: batch 16 6.65 -> 7.23 ms, batch 32 9.28 -> 10.48 ms with
+ * it). Prefill chunks stay near-fp32 at every size: the tiled linear up to 64 tokens, the split
+ * from lt_split_min_t on. MSM_CUDA_LT_SPLIT_DECODE=1 keeps both for decode too. */
 static void tuning_for_decode(const msm_cuda_tuning *t, msm_cuda_tuning *ret) {
     *ret = *t;
     const char *s = getenv("MSM_CUDA_LT_SPLIT_DECODE");
-    if (!(s && s[0] == '1')) ret->lt_split_min_t = 1 << 30;
+    if (!(s && s[0] == '1')) ret->lt_split_min_t = 1 << 30, ret->linear_tiled_min_t = 1 << 30;
 }
 
 int msm_cuda_device_count(void) {

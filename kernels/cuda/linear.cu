@@ -173,14 +173,14 @@ extern "C" int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K) {
 template <int NT, int R, int U, bool VEC>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
-                int K) {
+                int K, bool prefetch) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int n0 = (blockIdx.x * GEMV_WARPS + warp) * R;
     int t0 = blockIdx.y * NT;
     msm_pdl_trigger();
     /* Until the previous kernel is done (PDL), pull this warp's weight rows towards L2: weights
      * are never written during a step. The rows of one warp are contiguous. */
-    if (n0 < N) {
+    if (prefetch && n0 < N) {
         const char *wb = (const char *)(w + (size_t)n0 * K);
         size_t bytes = (size_t)min(R, N - n0) * K * 2;
         for (size_t o = (size_t)lane * 128; o < bytes; o += 32 * 128)
@@ -223,7 +223,8 @@ static void gemv_launch(float *y, const float *x, const uint16_t *w, const uint1
     dim3 grid((unsigned)((N + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)), (unsigned)((T + NT - 1) / NT));
     /* (8 loads in flight for R = 1 measured the same at batch 1-32: 2.391 vs 2.363 ms, H200,
      * 2026-11-29; bench/results/2026-11-29-h200-s3) */
-    (void)msm_launch(gemv_kernel<NT, R, U, VEC>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, bias, T, N, K);
+    (void)msm_launch(gemv_kernel<NT, R, U, VEC>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, bias, T, N, K,
+                     ex.tune->gemv_prefetch);
 }
 
 template <bool VEC>
@@ -263,12 +264,12 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
                int K) {
     __shared__ float part[MT * 16 * MMV_ROWS]; /* [token][row in block] */
     msm_pdl_trigger();
-    msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int rank = S > 1 ? (int)cg::this_cluster().block_rank() : 0;
     int nb0 = blockIdx.y * MMV_ROWS;
     int nch = K / 32, per = (nch + S - 1) / S;
     int c0 = rank * per, c1 = min(nch, c0 + per);
+    msm_pdl_wait();
     const uint16_t *wr[2];
 #pragma unroll
     for (int j = 0; j < 2; j++) /* rows past N repeat row N-1; never stored */
@@ -364,24 +365,8 @@ template <int MT, int S>
 static cudaError_t mmv_launch_s(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
                          int N, int K, msm_cuda_exec ex) {
     dim3 grid((unsigned)S, (unsigned)((N + MMV_ROWS - 1) / MMV_ROWS));
-    if (S > 1) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[2];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = S;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[1].val.programmaticStreamSerializationAllowed = 1;
-        cfg.gridDim = grid;
-        cfg.blockDim = dim3(MMV_WARPS * 32);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = ex.stream;
-        cfg.attrs = attr;
-        cfg.numAttrs = ex.tune->pdl ? 2 : 1;
-        return cudaLaunchKernelEx(&cfg, mmv_kernel<MT, S>, y, x, w, bias, T, N, K);
-    }
-    return msm_launch(mmv_kernel<MT, S>, grid, dim3(MMV_WARPS * 32), 0, ex, y, x, w, bias, T, N, K);
+    return msm_launch_cluster(mmv_kernel<MT, S>, grid, dim3(MMV_WARPS * 32), 0, (unsigned)S, ex, y, x, w, bias,
+                              T, N, K);
 }
 
 template <int MT>
@@ -472,6 +457,8 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
     int gemv_max = tn->gemv_max_t < MSM_CUDA_GEMV_MAX_T ? MSM_CUDA_GEMV_MAX_T : tn->gemv_max_t > 64 ? 64 : tn->gemv_max_t;
     /* routers (N <= MSM_CUDA_GEMV_SMALL_N) keep the fp32 GEMV: their top-k must not flip on
      * rounding, and at T = 8 the MMV took 7 us for a 60-row router against 3.5 us (H200) */
+    if (T >= tn->linear_tiled_min_t && N > MSM_CUDA_GEMV_SMALL_N && msm__linear_tiled_fits(T, N, K, w, x))
+        return msm__linear_tiled_run(y, x, w, bias, T, N, K, ex);
     if (T <= 64 && N > MSM_CUDA_GEMV_SMALL_N && mmv_use(tn, T, N, K, w, x))
         return mmv_run(y, x, w, bias, T, N, K, ex);
     if (T <= gemv_max || N <= MSM_CUDA_GEMV_SMALL_N) {

@@ -39,35 +39,6 @@
 
 static_assert(TL_BM == 64 && TL_BK == 64, "the copy and fragment loops assume 64 x 64 tiles");
 
-/* ---- PTX helpers ---- */
-
-static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* 16 bytes global -> shared, L2 only; src_bytes 0 zero-fills (src must still be a valid address). */
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;"); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait(void) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
-static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-/* Byte offset of 16-byte chunk c (0..7) of row r in a tile of 128-byte rows: the chunk index is
- * XORed with the row's low 3 bits, so the 8 rows an ldmatrix phase reads hit 8 distinct bank
- * groups. */
-static __device__ __forceinline__ uint32_t swz(int r, int c) {
-    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
-}
-
 /* ---- x in grouped order as bf16 hi + lo ---- */
 
 /* xh[r,:] = bf16(x[t,:]), xl[r,:] = bf16(x[t,:] - xh[r,:]) with t = perm[r] / k, for the grouped
@@ -107,14 +78,14 @@ static __device__ __forceinline__ void tl_gemm(float acc[8][4], unsigned char *s
     const uint16_t *wsrc[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) wsrc[j] = w_row(tid / 8 + 32 * j) + (tid % 8) * 8;
-    uint32_t base = smem_addr(smem);
+    uint32_t base = msm_smem_addr(smem);
     auto load = [&](int stage, int kc) {
         uint32_t sb = base + stage * TL_STAGE_BYTES;
         size_t k0 = (size_t)kc * TL_BK;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int r = tid / 8 + 32 * j;
-            cp_async16(sb + swz(r, tid % 8), wsrc[j] + k0, 16);
+            msm_cp_async16(sb + msm_swz128(r, tid % 8), wsrc[j] + k0, 16);
         }
         /* x: 2 x 64 rows x 8 chunks = 1024 chunks, only the live rows */
 #pragma unroll
@@ -123,46 +94,24 @@ static __device__ __forceinline__ void tl_gemm(float acc[8][4], unsigned char *s
             if (m >= xrows) continue;
             int rr = rb + m;
             const uint16_t *src = (half ? xl : xh) + (size_t)(rr < r1 ? rr : rb) * K + k0 + c * 8;
-            cp_async16(sb + TL_W_BYTES + half * TL_X_BYTES + swz(m, c), src, rr < r1 ? 16 : 0);
+            msm_cp_async16(sb + TL_W_BYTES + half * TL_X_BYTES + msm_swz128(m, c), src, rr < r1 ? 16 : 0);
         }
     };
 #pragma unroll
     for (int s = 0; s < TL_STAGES - 1; s++) {
         if (s < nk) load(s, s);
-        cp_async_commit();
+        msm_cp_async_commit();
     }
-    /* ldmatrix lane addresses: A rows warp*16 + (lane & 15), chunk +1 for lanes >= 16; B rows
-     * 16p + (lane & 7) + 8 * (lane >= 16), chunk +1 for lanes 8..15 and 24..31 */
-    int a_row = warp * 16 + (lane & 15), a_hi = lane >> 4;
-    int b_row = (lane & 7) + ((lane >> 4) << 3), b_hi = (lane >> 3) & 1;
     for (int kc = 0; kc < nk; kc++) {
-        cp_async_wait<TL_STAGES - 2>();
+        msm_cp_async_wait<TL_STAGES - 2>();
         __syncthreads();
         uint32_t sb = base + (kc % TL_STAGES) * TL_STAGE_BYTES;
-#pragma unroll
-        for (int kk = 0; kk < TL_BK / 16; kk++) {
-            uint32_t a[4];
-            ldmatrix_x4(a, sb + swz(a_row, 2 * kk + a_hi));
-#pragma unroll
-            for (int p = 0; p < 4; p++) {
-                if (2 * p >= ntile) break;
-                uint32_t bh[4], bl[4];
-                int row = 16 * p + b_row;
-                ldmatrix_x4(bh, sb + TL_W_BYTES + swz(row, 2 * kk + b_hi));
-                ldmatrix_x4(bl, sb + TL_W_BYTES + TL_X_BYTES + swz(row, 2 * kk + b_hi));
-                msm_mma_bf16(acc[2 * p], a[0], a[1], a[2], a[3], bh[0], bh[1]);
-                msm_mma_bf16(acc[2 * p], a[0], a[1], a[2], a[3], bl[0], bl[1]);
-                if (2 * p + 1 < ntile) {
-                    msm_mma_bf16(acc[2 * p + 1], a[0], a[1], a[2], a[3], bh[2], bh[3]);
-                    msm_mma_bf16(acc[2 * p + 1], a[0], a[1], a[2], a[3], bl[2], bl[3]);
-                }
-            }
-        }
+        msm_tile_mma_k64(acc, sb, sb + TL_W_BYTES, sb + TL_W_BYTES + TL_X_BYTES, warp, lane, ntile);
         int nx = kc + TL_STAGES - 1;
         if (nx < nk) load(nx % TL_STAGES, nx);
-        cp_async_commit();
+        msm_cp_async_commit();
     }
-    cp_async_wait<0>();
+    msm_cp_async_wait<0>();
 }
 
 /* Gate/up + SwiGLU: block b = (s-th selected expert, 64 columns from i0). Warp w's rows are the

@@ -35,6 +35,11 @@ void msm__moe_tuning(msm_cuda_tuning *t);
 void msm__attention_tuning(msm_cuda_tuning *t);
 /* The tiled MoE kernels' shared-memory limit on the current device (moe_tiled.cu). */
 int msm__moe_tiled_prepare(void);
+/* The tiled linear (linear_tiled.cu): its shared-memory limit, whether a call fits it, the launch. */
+int msm__linear_tiled_prepare(void);
+bool msm__linear_tiled_fits(int T, int N, int K, const void *w, const void *x);
+int msm__linear_tiled_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
+                          int N, int K, msm_cuda_exec ex);
 
 #ifdef __cplusplus
 }
@@ -266,6 +271,66 @@ static __device__ __forceinline__ void msm_mma_bf16(float c[4], uint32_t a0, uin
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* ---- Shared-memory tiles for the tensor-core GEMMs (moe_tiled.cu, linear_tiled.cu) ---- */
+
+static __device__ __forceinline__ uint32_t msm_smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared, L2 only; src_bytes 0 zero-fills (src must still be a valid address). */
+static __device__ __forceinline__ void msm_cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+static __device__ __forceinline__ void msm_cp_async_commit(void) { asm volatile("cp.async.commit_group;"); }
+template <int N>
+static __device__ __forceinline__ void msm_cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+static __device__ __forceinline__ void msm_ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* Byte offset of 16-byte chunk c (0..7) of row r in a tile of 128-byte rows: the chunk index is
+ * XORed with the row's low 3 bits, so the 8 rows an ldmatrix phase reads hit 8 distinct bank
+ * groups. */
+static __device__ __forceinline__ uint32_t msm_swz128(int r, int c) {
+    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+/* One 64-wide K step of the tiled tensor-core GEMMs: acc[t] (t < ntile <= 8) += the warp's 16
+ * weight rows . the 8 token rows 8t.. of x hi and of x lo (both into the same accumulator).
+ * w: the 128 x 64 bf16 weight tile, xh / xl: the token tiles, all msm_swz128 layouts in shared
+ * memory. ldmatrix lane addresses: A rows warp*16 + (lane & 15), chunk +1 for lanes >= 16; B rows
+ * 16p + (lane & 7) + 8 * (lane >= 16), chunk +1 for lanes 8..15 and 24..31. C fragment:
+ * acc[t][j] = (weight row warp*16 + g + 8*(j>>1), token 8t + 2q + (j&1)), g = lane/4, q = lane%4. */
+static __device__ __forceinline__ void msm_tile_mma_k64(float acc[8][4], uint32_t w, uint32_t xh, uint32_t xl,
+                                                        int warp, int lane, int ntile) {
+    const int a_row = warp * 16 + (lane & 15), a_hi = lane >> 4;
+    const int b_row = (lane & 7) + ((lane >> 4) << 3), b_hi = (lane >> 3) & 1;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t a[4];
+        msm_ldmatrix_x4(a, w + msm_swz128(a_row, 2 * kk + a_hi));
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            if (2 * p >= ntile) break;
+            uint32_t bh[4], bl[4];
+            int row = 16 * p + b_row;
+            msm_ldmatrix_x4(bh, xh + msm_swz128(row, 2 * kk + b_hi));
+            msm_ldmatrix_x4(bl, xl + msm_swz128(row, 2 * kk + b_hi));
+            msm_mma_bf16(acc[2 * p], a[0], a[1], a[2], a[3], bh[0], bh[1]);
+            msm_mma_bf16(acc[2 * p], a[0], a[1], a[2], a[3], bl[0], bl[1]);
+            if (2 * p + 1 < ntile) {
+                msm_mma_bf16(acc[2 * p + 1], a[0], a[1], a[2], a[3], bh[2], bh[3]);
+                msm_mma_bf16(acc[2 * p + 1], a[0], a[1], a[2], a[3], bl[2], bl[3]);
+            }
+        }
+    }
+}
+
 /* ---- Programmatic dependent launch (Hopper) ----
  * A kernel launched with msm_launch() may be scheduled while the kernel before it in the stream
  * is still running. Such a kernel must call msm_pdl_wait() before it reads anything an earlier
@@ -294,23 +359,41 @@ static __device__ __forceinline__ void msm_prefetch_l2(const void *p, size_t n) 
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
 }
 
-/* kernel<<<grid, block, smem, ex.stream>>>(args...), with programmatic stream serialisation
+/* kernel<<<grid, block, smem, ex.stream>>>(args...) as a grid of thread-block clusters of
+ * cluster_x blocks along x when cluster_x > 1 (the kernel syncs and reads its cluster's shared
+ * memory through cooperative_groups::this_cluster()), with programmatic stream serialisation
  * allowed when the rank's tuning says so (ex.tune->pdl; see above: every kernel launched this way
  * calls msm_pdl_wait()). Returns the launch error. */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t msm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                     msm_cuda_exec ex, Args... args) {
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+static inline cudaError_t msm_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                             unsigned cluster_x, msm_cuda_exec ex, Args... args) {
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    if (cluster_x > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = cluster_x;
+        at[n].val.clusterDim.y = 1;
+        at[n++].val.clusterDim.z = 1;
+    }
+    if (ex.tune->pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = ex.stream;
     cfg.attrs = at;
-    cfg.numAttrs = ex.tune->pdl ? 1 : 0;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
+
+/* The same without clusters: every kernel launch of ours goes through one of the two. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t msm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                     msm_cuda_exec ex, Args... args) {
+    return msm_launch_cluster(kernel, grid, block, smem, 1u, ex, args...);
 }
 
 /* Exactly msm_rng_uniform (kernels/cpu/sample.c): the counter-based generator that sampling

@@ -74,6 +74,12 @@ enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFET
  * cuBLASLt there), hence max 8. */
 #define MSM_CUDA_MMV_MIN_T 5
 #define MSM_CUDA_MMV_MAX_T 8
+/* Linears with linear_tiled_min_t <= T <= MSM_CUDA_LINEAR_TILED_MAX_T (N > MSM_CUDA_GEMV_SMALL_N,
+ * K % 64 == 0, w and x 16-byte aligned) run the split-K tiled tensor-core GEMM (linear_tiled.cu:
+ * weights streamed once through a shared-memory pipeline, x split into bf16 hi + lo, near-fp32,
+ * deterministic); it takes precedence over the MMV, GEMV and cuBLASLt paths in that range. */
+#define MSM_CUDA_LINEAR_TILED_MIN_T 9
+#define MSM_CUDA_LINEAR_TILED_MAX_T 64
 /* cuBLASLt splits x into bf16 hi + lo (two matmuls, near-fp32) from this many tokens on (prefill
  * chunks); below it (decode batches, where a second pass would double the weight traffic) x is
  * rounded to bf16 (~3e-3 relative error per linear). */
@@ -88,7 +94,10 @@ typedef struct msm_cuda_tuning {
     bool pdl;                 /* programmatic dependent launch (msm_launch) */
     int gemv_max_t;           /* linears with T <= this take the GEMV (>= MSM_CUDA_GEMV_MAX_T, <= 64) */
     int mmv_min_t, mmv_max_t; /* the MMV range (see above; max <= 64, 0 = off) */
+    int linear_tiled_min_t;   /* the tiled linear from this T on (> MSM_CUDA_LINEAR_TILED_MAX_T: off) */
     int lt_split_min_t;       /* cuBLASLt hi + lo split from this T on */
+    bool gemv_prefetch;       /* the GEMV pulls its weight rows towards L2 before its PDL wait (off:
+                                 measured 2.31 -> 2.11 ms at batch 1 without it, H200, 2026-12-01) */
     int moe_path;             /* MSM_CUDA_MOE_PATH_*; AUTO picks by T */
     int moe_tiled_min_t;      /* AUTO takes the tiled GEMMs from this T (default: past the grouped GEMVs) */
     int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */

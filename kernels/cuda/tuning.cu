@@ -12,9 +12,11 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     memset(t, 0, sizeof *t);
     t->device = device;
     t->pdl = true;
+    t->gemv_prefetch = false; /* measured slower at batch 1 (bench/results/2026-12-01-h200) */
     t->gemv_max_t = MSM_CUDA_GEMV_MAX_T;
     t->mmv_min_t = MSM_CUDA_MMV_MIN_T;
     t->mmv_max_t = MSM_CUDA_MMV_MAX_T;
+    t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
     t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;
     t->moe_path = MSM_CUDA_MOE_PATH_AUTO;
     t->moe_tiled_min_t = MSM_CUDA_MOE_TILED_MIN_T;
@@ -23,6 +25,8 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     if (t->sms < 1) return -ENODEV;
     msm__moe_tuning(t);
     int r = msm__moe_tiled_prepare();
+    if (r) return r;
+    r = msm__linear_tiled_prepare();
     if (r) return r;
     msm__attention_tuning(t);
     return 0;

@@ -263,6 +263,22 @@ static void linear_case(msm_cuda_ctx *ctx, msm_cuda_exec ex, int T, int N, int K
     free(x), free(wf), free(wb), free(bf), free(bb), free(ref), free(out);
 }
 
+/* The same linear call twice on the same inputs must give the same bits. */
+static void linear_deterministic(msm_cuda_ctx *ctx, msm_cuda_exec ex, int T, int N, int K, const char *what) {
+    float *x = host_f32((size_t)T * K, 1.0f), *wf;
+    uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf);
+    float *dx = dev_up(x, (size_t)T * K * 4), *d1 = dev_poison((size_t)T * N * 4), *d2 = dev_poison((size_t)T * N * 4);
+    uint16_t *dw = dev_up(wb, (size_t)N * K * 2);
+    float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
+    CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, ex));
+    CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, ex));
+    down(o1, d1, (size_t)T * N * 4);
+    down(o2, d2, (size_t)T * N * 4);
+    cr_assert(memcmp(o1, o2, (size_t)T * N * 4) == 0, "%s linear is not deterministic (T=%d N=%d K=%d)", what, T, N, K);
+    cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw);
+    free(x), free(wf), free(wb), free(o1), free(o2);
+}
+
 Test(cuda_kernels, linear_gemv_small_T_matches_cpu, .timeout = 60) {
     need_gpu();
     /* T, N, K, bias: K % 8 != 0 takes the scalar path */
@@ -284,6 +300,7 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
     CK(msm_cuda_ctx_new(&ctx));
     msm_cuda_tuning t = tune0;
     t.mmv_min_t = 1, t.mmv_max_t = 64;
+    t.linear_tiled_min_t = 1 << 30; /* the MMV kernel itself, not the tiled path */
     static const int shapes[][4] = {{1, 64, 128, 0},     {2, 129, 256, 1},    {5, 257, 1024, 1},
                                     {8, 2048, 2048, 0},   {9, 60, 2048, 0},    {16, 1000, 64, 1},
                                     {17, 300, 2048, 1},   {32, 2048, 2048, 0}, {32, 6144, 2048, 1},
@@ -292,22 +309,32 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         linear_case(ctx, EX_T(&t), shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 2e-5);
     /* determinism: the same call twice gives the same bits */
-    {
-        int T = 32, N = 2048, K = 2048;
-        float *x = host_f32((size_t)T * K, 1.0f), *wf;
-        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf);
-        float *dx = dev_up(x, (size_t)T * K * 4), *d1 = dev_poison((size_t)T * N * 4),
-              *d2 = dev_poison((size_t)T * N * 4);
-        uint16_t *dw = dev_up(wb, (size_t)N * K * 2);
-        float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
-        CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&t)));
-        CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&t)));
-        down(o1, d1, (size_t)T * N * 4);
-        down(o2, d2, (size_t)T * N * 4);
-        cr_assert(memcmp(o1, o2, (size_t)T * N * 4) == 0, "mmv linear is not deterministic");
-        cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw);
-        free(x), free(wf), free(wb), free(o1), free(o2);
-    }
+    linear_deterministic(ctx, EX_T(&t), 32, 2048, 2048, "mmv");
+    msm_cuda_ctx_free(ctx);
+}
+
+/* The split-K tiled GEMM (bf16 hi+lo split of x): every token-tile count 1..8, partial tiles,
+ * rows not a multiple of the block's 128, one K step (K = 64) to 88 (K = 5632), K slices 1..8
+ * (cluster reduction), bias; the model's shapes at the default range (9..64 tokens, tune0); and
+ * a K the tiles cannot take (falls back). Then bitwise determinism over repeated calls. */
+Test(cuda_kernels, linear_tiled_matches_cpu, .timeout = 120) {
+    need_gpu();
+    msm_cuda_ctx *ctx = NULL;
+    CK(msm_cuda_ctx_new(&ctx));
+    msm_cuda_tuning t = tune0;
+    t.linear_tiled_min_t = 1;
+    static const int shapes[][4] = {{1, 300, 64, 1},      {1, 2048, 2048, 0},  {3, 257, 1408, 1},
+                                    {8, 2048, 5632, 0},   {9, 777, 128, 1},    {15, 6144, 2048, 0},
+                                    {17, 300, 2048, 1},   {24, 11264, 2048, 0}, {32, 2048, 2048, 1},
+                                    {33, 2048, 5632, 0},  {40, 129, 1408, 1},  {57, 4096, 640, 0},
+                                    {63, 1000, 4096, 1},  {64, 2048, 2048, 0}, {64, 151936, 128, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        linear_case(ctx, EX_T(&t), shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 2e-5);
+    /* the default range (tune0): 9..64 tokens take the tiled path at 2e-5, K % 64 != 0 does not */
+    linear_case(ctx, EX_T(&tune0), 32, 6144, 2048, 1, 2e-5);
+    linear_case(ctx, EX_T(&tune0), 9, 2048, 5632, 0, 2e-5);
+    linear_case(ctx, EX_T(&tune0), 16, 512, 96, 0, 1e-2); /* cuBLASLt, x rounded to bf16 */
+    linear_deterministic(ctx, EX_T(&t), 40, 2048, 5632, "tiled");
     msm_cuda_ctx_free(ctx);
 }
 
@@ -324,7 +351,8 @@ Test(cuda_kernels, linear_cublaslt_large_T_matches_cpu, .timeout = 60) {
         {300, 96, 64, 0, 2e-5},     {512, 60, 2048, 0, 2e-5},   {9, 256, 512, 0, 2e-5},
         {32, 60, 2048, 0, 2e-5},    {33, 1, 2048, 1, 2e-5}};
     msm_cuda_tuning t = tune0;
-    t.mmv_max_t = 0; /* cuBLASLt itself, not the MMV path */
+    t.mmv_max_t = 0; /* cuBLASLt itself, not the MMV or the tiled path */
+    t.linear_tiled_min_t = 1 << 30;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         /* twice: the second call reuses the cached plan */
         linear_case(ctx, EX_T(&t), shapes[s].T, shapes[s].N, shapes[s].K, shapes[s].bias, shapes[s].tol);
