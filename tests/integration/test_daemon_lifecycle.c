@@ -46,7 +46,14 @@ Test(daemon_lifecycle, cancel_mid_stream_frees_blocks, .timeout = 60) {
     stream_read(c, &s);
     cr_assert_eq(s.finish, MSMOE__V1__FINISH_REASON__FINISH_CANCELLED);
     cr_assert_lt(s.n, 100, "cancelled promptly (%d tokens)", s.n);
-    cr_assert_eq(metric(c, "msmoed_kv_blocks_used", NULL), 0);
+    /* the scheduler frees the blocks at its step boundary, which may come just after the
+     * terminal frame reached us (seen under ASan in CI): wait for it, bounded */
+    double used = 1;
+    for (int i = 0; i < 200 && used > 0; i++) {
+        used = metric(c, "msmoed_kv_blocks_used", NULL);
+        if (used > 0) usleep(5000);
+    }
+    cr_assert_eq(used, 0, "blocks freed after the cancel");
     cr_assert_eq(metric(c, "msmoed_requests_finished_total", "reason=\"cancelled\""), 1);
     msm_client_free(c);
     cr_assert_eq(stop_daemon(&d), 0);
