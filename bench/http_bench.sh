@@ -3,15 +3,17 @@
 # API at STREAMS concurrent streams (results: bench/results/http-*.md).
 #   bench/http_bench.sh [--set key=value ...]      extra settings go to msmoed
 # Environment: BIN (directory with msmoed and http_bench; default build/daemon + build/bench, or
-# gpu-run/bin when it exists), STREAMS (64), MAX_TOKENS (256), ROUNDS (5), PORT (18100).
+# gpu-run/bin where there is no build/, as on the GPU machine), STREAMS (64), MAX_TOKENS (256),
+# ROUNDS (5), PORT (18100).
 # On the GPU machine: `bench/http_bench.sh --set engine.backend=cuda --set engine.gpus=0`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${BIN:-}" ]; then msmoed=$BIN/msmoed bench=$BIN/http_bench
-elif [ -x gpu-run/bin/msmoed ]; then
+elif [ -x build/daemon/msmoed ]; then msmoed=build/daemon/msmoed bench=build/bench/http_bench
+else
     msmoed=gpu-run/bin/msmoed bench=gpu-run/bin/http_bench
     export LD_LIBRARY_PATH=$PWD/gpu-run/lib:${LD_LIBRARY_PATH:-}
-else msmoed=build/daemon/msmoed bench=build/bench/http_bench; fi
+fi
 port=${PORT:-18100} sock=/tmp/msm-http-bench.sock log=/tmp/msm-http-bench.log
 "$msmoed" --set server.socket=$sock --set http.enabled=true --set http.port="$port" \
     --set log.level=warn "$@" > "$log" 2>&1 &

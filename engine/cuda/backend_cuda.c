@@ -935,7 +935,7 @@ static void tuning_from_env(msm_cuda_tuning *t, uint64_t *skip_ops) {
  * size: their dense linears are bound by the weights' memory traffic, which the hi + lo split
  * doubles (measured on the H200, 2026-11-30: batch 128 21.67 -> 20.62 ms, batch 256 26.57 ->
  * 25.29 ms without it). For the same reason they leave 9..64 tokens to cuBLASLt rather than the
- * near-fp32 tiled linear (2026-12-01: batch 16 6.65 -> 7.23 ms, batch 32 9.28 -> 10.48 ms with
+ * near-fp32 tiled linear (2026-12-01: batch 16 6.65 -> 7.04 ms, batch 32 9.06 -> 10.38 ms with
  * it). Prefill chunks stay near-fp32 at every size: the tiled linear up to 64 tokens, the split
  * from lt_split_min_t on. MSM_CUDA_LT_SPLIT_DECODE=1 keeps both for decode too. */
 static void tuning_for_decode(const msm_cuda_tuning *t, msm_cuda_tuning *ret) {

@@ -178,8 +178,9 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     int n0 = (blockIdx.x * GEMV_WARPS + warp) * R;
     int t0 = blockIdx.y * NT;
     msm_pdl_trigger();
-    /* Until the previous kernel is done (PDL), pull this warp's weight rows towards L2: weights
-     * are never written during a step. The rows of one warp are contiguous. */
+    /* With prefetch (MSM_CUDA_GEMV_PREFETCH=1; off by default, slower at batch 1), pull this
+     * warp's weight rows towards L2 until the previous kernel is done (PDL): weights are never
+     * written during a step. The rows of one warp are contiguous. */
     if (prefetch && n0 < N) {
         const char *wb = (const char *)(w + (size_t)n0 * K);
         size_t bytes = (size_t)min(R, N - n0) * K * 2;
@@ -264,12 +265,12 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
                int K) {
     __shared__ float part[MT * 16 * MMV_ROWS]; /* [token][row in block] */
     msm_pdl_trigger();
+    msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int rank = S > 1 ? (int)cg::this_cluster().block_rank() : 0;
     int nb0 = blockIdx.y * MMV_ROWS;
     int nch = K / 32, per = (nch + S - 1) / S;
     int c0 = rank * per, c1 = min(nch, c0 + per);
-    msm_pdl_wait();
     const uint16_t *wr[2];
 #pragma unroll
     for (int j = 0; j < 2; j++) /* rows past N repeat row N-1; never stored */
