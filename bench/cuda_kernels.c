@@ -100,7 +100,7 @@ int main(int argc, char **argv) {
     }
     msm_cuda_tuning tune0;
     CK(msm_cuda_tuning_init(&tune0, 0));
-    static char buf[65536];
+    static char buf[131072];
     int len = 0;
     struct cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
@@ -266,6 +266,137 @@ int main(int argc, char **argv) {
                     cudaFree(ws);
                 }
         cudaFree(xl);
+        msm_cuda_ctx_free(ctx);
+    }
+    /* FP8-resident weights (docs/adr/0006-fp8.md): the FP8 linear (FP8 GEMV up to
+     * fp8_native_max_t, dequantised to bf16 past it: "FP8 deq") against the bf16 default on the
+     * same shapes (Qwen3-30B-A3B's qkv, o_proj; Qwen1.5-MoE's qkv, o_proj), codes rotating over the
+     * pool like the bf16 weights; then the routed experts at Qwen3-30B-A3B's shapes. Bytes: one per
+     * code plus a float32 scale per row and 128 columns. */
+    {
+        msm_cuda_ctx *ctx;
+        CK(msm_cuda_ctx_new(&ctx));
+        static const int fnk[][2] = {{5120, 2048}, {2048, 4096}, {6144, 2048}, {2048, 2048}};
+        static const int fts[] = {1, 4, 8, 16, 32, 64};
+        size_t max_sc = (size_t)6144 * 32;
+        float *hsc = malloc(max_sc * 4);
+        for (size_t i = 0; i < max_sc; i++) hsc[i] = 1.0f / 448.0f / 32.0f;
+        float *dsc = dev_up(hsc, max_sc * 4), *xl = dev_f32((size_t)64 * 5632);
+        const uint8_t *qpool = (const uint8_t *)c0;
+        for (size_t ti = 0; ti < sizeof fts / sizeof *fts; ti++)
+            for (size_t s = 0; s < sizeof fnk / sizeof *fnk; s++)
+                for (int v = 0; v < 4; v++) { /* FP8 (MMV8), FP8 dequantised, bf16, FP8 SIMT GEMV */
+                    int T = fts[ti], N = fnk[s][0], K = fnk[s][1];
+                    if (v == 1 && T < 16) continue;
+                    msm_cuda_tuning tf = tune0;
+                    if (v == 1) tf.fp8_native_max_t = 0;
+                    if (v == 3) tf.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT;
+                    msm_cuda_exec exf = {.stream = st, .tune = &tf};
+                    size_t wsb = msm_cuda_linear_ws_bytes(T, N, K), dqb = msm_cuda_linear_fp8_deq_bytes(N, K);
+                    void *ws = dev(wsb ? wsb : 256);
+                    uint16_t *dq = dev(dqb);
+                    size_t welem = (size_t)N * K, nbuf = cb / welem;
+                    double t;
+                    if (v == 2) {
+                        t = time_linear(y, xl, pool, pool_elems, T, N, K, ctx, ws, wsb, exf, e0, e1);
+                    } else {
+                        for (int i = 0; i < 3; i++)
+                            CK(msm_cuda_linear_fp8(y, xl, (msm_cuda_fp8w){qpool, dsc, 0}, NULL, T, N, K, ctx, ws, wsb,
+                                                   dq, dqb, exf));
+                        int it = 0;
+                        for (int r = 0; r < BENCH_REPS; r++) {
+                            cudaEventRecord(e0, st);
+                            for (int b = 0; b < BENCH_BATCH; b++, it++) {
+                                msm_cuda_fp8w w = {qpool + (it % nbuf) * welem, dsc, 0};
+                                CK(msm_cuda_linear_fp8(y, xl, w, NULL, T, N, K, ctx, ws, wsb, dq, dqb, exf));
+                            }
+                            cudaEventRecord(e1, st);
+                            CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+                            cudaEventElapsedTime(&ms, e0, e1);
+                            times[r] = ms / BENCH_BATCH;
+                        }
+                        t = median(times, BENCH_REPS);
+                    }
+                    double wb = v == 2 ? (double)welem * 2 : (double)welem + (double)N * ((K + 127) / 128) * 4;
+                    double bytes = wb + (double)T * K * 4 + (double)T * N * 4, gbs = bytes / (t * 1e6);
+                    static const char *vn[] = {"FP8", "FP8 deq", "bf16", "FP8 simt"};
+                    len += snprintf(buf + len, sizeof buf - len,
+                                    "| linear %s | T=%d N=%d K=%d | %.4f | %.1f MB | %.0f | %.0f%% |\n", vn[v], T, N,
+                                    K, t, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
+                    cudaFree(ws), cudaFree(dq);
+                }
+        /* experts: Qwen3-30B-A3B (E 128, k 8, I 768, H 2048), 16 routing sets; FP8 (pair GEMVs to 4
+         * tokens, grouped SIMT GEMVs to fp8_native_max_t), FP8 dequantised, bf16 default */
+        int E = 128, k = 8, I = 768, H = 2048, NSET = 16;
+        size_t gun = (size_t)E * 2 * I * H, dnn = (size_t)E * H * I;
+        size_t gus = msm_cuda_fp8_scales(E, 2 * I, H, 0), dns = msm_cuda_fp8_scales(E, H, I, 0);
+        uint16_t *gu = dev(gun * 2), *dn = dev(dnn * 2);
+        CK(msm_bench_fill_bf16(gu, gun, 2, 0.02f, st));
+        CK(msm_bench_fill_bf16(dn, dnn, 3, 0.02f, st));
+        float *hs = malloc((gus > dns ? gus : dns) * 4);
+        for (size_t i = 0; i < (gus > dns ? gus : dns); i++) hs[i] = 1.0f / 448.0f / 32.0f;
+        float *gsc = dev_up(hs, gus * 4), *dnsc = dev_up(hs, dns * 4);
+        msm_cuda_fp8w fgu = {(const uint8_t *)gu, gsc, 0}, fdn = {(const uint8_t *)dn, dnsc, 0};
+        size_t dqb = msm_cuda_moe_fp8_deq_bytes(H, I, E);
+        void *dq = dev(dqb);
+        static const int mts[] = {1, 4, 8, 16, 32, 64, 128};
+        for (size_t ti = 0; ti < sizeof mts / sizeof *mts; ti++)
+            for (int v = 0; v < 3; v++) {
+                int T = mts[ti];
+                msm_cuda_tuning tm = tune0;
+                if (v == 1) tm.fp8_native_max_t = 0;
+                msm_cuda_exec exm = {.stream = st, .tune = &tm};
+                int32_t *hid = malloc((size_t)NSET * T * k * 4);
+                float *hw = malloc((size_t)NSET * T * k * 4);
+                double uniq_sum = 0;
+                for (int q = 0; q < NSET; q++) {
+                    bool used[128] = {0};
+                    for (int t = 0; t < T; t++)
+                        for (int j = 0; j < k; j++) {
+                            int e;
+                            bool dup;
+                            do {
+                                e = rndi(E);
+                                dup = false;
+                                for (int z = 0; z < j; z++) dup |= hid[((size_t)q * T + t) * k + z] == e;
+                            } while (dup);
+                            hid[((size_t)q * T + t) * k + j] = e;
+                            hw[((size_t)q * T + t) * k + j] = 0.125f;
+                            if (!used[e]) used[e] = true, uniq_sum += 1;
+                        }
+                }
+                int32_t *did = dev_up(hid, (size_t)NSET * T * k * 4);
+                float *dw = dev_up(hw, (size_t)NSET * T * k * 4);
+                size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
+                void *ws = dev(wsb);
+                int it = 0;
+                for (int r = -1; r < BENCH_REPS; r++) { /* r = -1: warm-up */
+                    cudaEventRecord(e0, st);
+                    for (int b = 0; b < BENCH_BATCH; b++, it++) {
+                        size_t o = (size_t)(it % NSET) * T * k;
+                        if (v == 2)
+                            CK(msm_cuda_moe_experts(y, xl, did + o, dw + o, gu, dn, T, H, I, k, E, ws, wsb, exm));
+                        else
+                            CK(msm_cuda_moe_experts_fp8(y, xl, did + o, dw + o, fgu, fdn, T, H, I, k, E, ws, wsb, dq,
+                                                        dqb, exm));
+                    }
+                    cudaEventRecord(e1, st);
+                    CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    if (r >= 0) times[r] = ms / BENCH_BATCH;
+                }
+                double t = median(times, BENCH_REPS), uniq = uniq_sum / NSET;
+                double per_expert = v == 2 ? 3.0 * I * H * 2 : 3.0 * I * H * (1.0 + 4.0 / 128);
+                double bytes = uniq * per_expert + (double)T * H * 8, gbs = bytes / (t * 1e6);
+                static const char *vn[] = {"FP8", "FP8 deq", "bf16"};
+                len += snprintf(buf + len, sizeof buf - len,
+                                "| moe_experts %s | T=%d E=128 k=8 I=768 H=2048 (%.1f distinct experts) | %.4f | %.1f MB "
+                                "| %.0f | %.0f%% |\n", vn[v], T, uniq, t, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
+                cudaFree(did), cudaFree(dw), cudaFree(ws);
+                free(hid), free(hw);
+            }
+        cudaFree(gu), cudaFree(dn), cudaFree(gsc), cudaFree(dnsc), cudaFree(dq), cudaFree(dsc), cudaFree(xl);
+        free(hs), free(hsc);
         msm_cuda_ctx_free(ctx);
     }
     /* attention decode at Qwen1.5-MoE shapes: nh = kvh = 16, hd 128, every sequence at position

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "msm_backend.h"
+#include "msm_weights.h" /* msm_weights_fp8_resident */
 #include "msm_dtype.h"
 #include "msm_engine.h" /* MSM_TEST_FAULT_* */
 #include "msm_file.h"
@@ -41,6 +42,7 @@ typedef struct cpu_backend {
     float **kc, **vc;         /* [n_layers] [n_blocks, MSM_KV_BLOCK, kvh, hd] */
     bool kv_bf16;             /* K/V rounded to bf16 when written (as the CUDA cache stores them) */
     bool fp8_as_bf16;         /* FP8 weights rounded to bf16 once dequantised (as CUDA stores them) */
+    bool fp8_as_cuda;         /* ... only those the CUDA backend does not keep FP8 (msm_weights_fp8_resident) */
     int n_layers;
     float *scratch[MSM_N_STREAMS];
     size_t scratch_floats;
@@ -325,7 +327,8 @@ static int cpu_sync(msm_backend *b, msm_err *err) {
  * may compact memory first, and loads of 0.6 GB took 0.7 to 5.6 s instead of a steady 0.7 s on the
  * 2-core test machine.) */
 static int cpu_alloc_weights(msm_backend *b, const msm_graph *g, const msm_wsource *src, msm_err *err) {
-    (void)src; /* float32 whatever the checkpoint holds: FP8 is dequantised as it is loaded */
+    /* float32 whatever the checkpoint holds: FP8 is dequantised as it is loaded (src only tells
+     * fp8_as_cuda which weights the CUDA backend keeps FP8) */
     cpu_backend *cb = (cpu_backend *)b;
     if (cb->weights) return msm_err_set(err, -EINVAL, "cpu backend: weights are allocated already");
     size_t total = 0;
@@ -338,7 +341,12 @@ static int cpu_alloc_weights(msm_backend *b, const msm_graph *g, const msm_wsour
     if (!cb->weights || !cb->fp8_round) return msm_err_set(err, -ENOMEM, "out of memory for the weight table");
     /* the CUDA backend stores keep_f32 weights as float32 whatever their source, FP8 included
      * (load.cu's float32 path: the dequantised value, unrounded), the others as bf16 */
-    for (int i = 0; i < g->n_weights; i++) cb->fp8_round[i] = cb->fp8_as_bf16 && !g->weights[i].keep_f32;
+    bool *resident = calloc((size_t)(g->n_weights ? g->n_weights : 1), sizeof *resident);
+    if (!resident) return msm_err_set(err, -ENOMEM, "out of memory for the weight table");
+    if (cb->fp8_as_cuda) msm_weights_fp8_resident(g, src, resident);
+    for (int i = 0; i < g->n_weights; i++)
+        cb->fp8_round[i] = (cb->fp8_as_bf16 || (cb->fp8_as_cuda && !resident[i])) && !g->weights[i].keep_f32;
+    free(resident);
     cb->n_weights = g->n_weights;
     void *p = mmap(NULL, total ? total : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
@@ -549,6 +557,7 @@ int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, const msm_bac
     if (o) {
         cb->kv_bf16 = o->kv_bf16;
         cb->fp8_as_bf16 = o->fp8_as_bf16;
+        cb->fp8_as_cuda = o->fp8_as_cuda;
     }
     cb->b = (msm_backend){.vt = &cpu_vt, .comm = comm, .rank = rank, .deadline_ms = deadline_ms};
     pthread_mutex_init(&cb->mu, NULL);

@@ -253,7 +253,8 @@ static int rank_init(rank_ctx *rc) {
         r = msm_err_set(err, -ENOTSUP, "this build has no CUDA backend (built with -Dcuda=disabled)");
 #endif
     } else {
-        msm_backend_cpu_opts co = {.kv_bf16 = e->o.kv_bf16, .fp8_as_bf16 = e->o.fp8_as_bf16};
+        msm_backend_cpu_opts co = {.kv_bf16 = e->o.kv_bf16, .fp8_as_bf16 = e->o.fp8_as_bf16,
+                                   .fp8_as_cuda = e->o.fp8_as_cuda};
         r = msm_backend_cpu_new(msm_comm_group_rank(e->comm, rc->rank), rc->rank, e->o.deadline_ms, &co,
                                 &rc->be, err);
     }

@@ -58,6 +58,8 @@ typedef struct msm_wsource {
     bool fp8_aligned;          /* F8_E4M3: every part starts on a block boundary of its tensor (row0,
                                   col0) and of the weight (dst_row), so each B x B block of the weight
                                   lies inside one block of one checkpoint tensor */
+    int fp8_phase;             /* F8_E4M3: col0 % B, the same for every part (a weight's parts all
+                                  start at its column 0), or -1 when they differ */
 } msm_wsource;
 
 typedef struct msm_backend_vt {
@@ -121,6 +123,9 @@ typedef struct msm_backend_cpu_opts {
     bool fp8_as_bf16; /* FP8 weights: the float32 dequantised values rounded to bf16 with
                          msm_f32_to_bf16 (nearest even, NaN kept), as the CUDA loader stores them
                          (held as float32 values); keep_f32 weights stay float32, as on CUDA */
+    bool fp8_as_cuda; /* the same rounding for the FP8 weights the CUDA backend does not keep FP8
+                         (msm_weights_fp8_resident: routers, gates, unusual TP slices); the ones it
+                         keeps stay float32, the value its FP8 kernels multiply by */
 } msm_backend_cpu_opts;
 
 int msm_backend_cpu_new(msm_comm *comm, int rank, int deadline_ms, const msm_backend_cpu_opts *o,

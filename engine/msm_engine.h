@@ -66,6 +66,8 @@ typedef struct msm_engine_opts {
     bool kv_bf16;              /* CPU: KV cache rounded to bf16 like the CUDA one (default off) */
     bool fp8_as_bf16;          /* CPU: FP8 weights rounded to bf16 once dequantised, as the CUDA
                                   backend holds them; keep_f32 ones stay float32 (default off) */
+    bool fp8_as_cuda;          /* CPU: only the FP8 weights the CUDA backend does not keep FP8 are
+                                  rounded so (msm_backend_cpu_opts.fp8_as_cuda; default off) */
     int buckets[MSM_MAX_BUCKETS]; /* decode batch buckets, ascending; n_buckets 0 = defaults */
     int n_buckets;
     int load_threads;          /* checkpoint reader threads per rank (0: online CPUs / tp, 1..8) */

@@ -59,9 +59,23 @@ typedef struct msm_load_stats {
  * checks before it reads anything, with no byte read (for validating a model before a load). */
 int msm_weights_check(const msm_graph *g, const msm_safetensors *st, msm_err *err);
 
+/* What each weight of g is made of in st (ret: [g->n_weights]), as msm_weights_load hands it to
+ * alloc_weights, with no byte read. */
+int msm_weights_sources(const msm_graph *g, const msm_safetensors *st, msm_wsource *ret, msm_err *err);
+
 /* Loads every weight of g from st into b (which allocates them). ret_stats may be NULL. */
 int msm_weights_load(const msm_graph *g, const msm_safetensors *st, msm_backend *b,
                      const msm_load_opts *o, msm_load_stats *ret_stats, msm_err *err);
 int msm_weights_dummy(const msm_graph *g, uint64_t seed, msm_backend *b, msm_err *err);
+
+/* Which weights a GPU backend keeps FP8 on the device (docs/adr/0006-fp8.md); the CUDA backend
+ * and the CPU oracle that mirrors it (msm_backend_cpu_opts.fp8_as_cuda) share this rule. A weight
+ * qualifies when its source (src, [g->n_weights]; NULL: none) is F8_E4M3 in 128 x 128 blocks,
+ * all its parts start at the same column phase col0 % 128, a multiple of 16 (the FP8 GEMVs read
+ * 16 codes under one scale), it is not keep_f32, and only ops with FP8 kernels read it in g (the
+ * plain graph): a LINEAR as its matrix, unless that LINEAR feeds a router's top-k or a gate's
+ * sigmoid (the passes fuse those into ops that read bf16), or MOE_EXPERTS when both its weights
+ * qualify. ret[i] for every weight; false everywhere when out of memory. */
+void msm_weights_fp8_resident(const msm_graph *g, const msm_wsource *src, bool *ret);
 
 #endif

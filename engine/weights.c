@@ -260,14 +260,48 @@ static int read_scales(loader *L, const msm_st_tensor *s, const float **ret, msm
 
 /* Every part's tensor looked up and shape-checked (and an FP8 one's scales read), cut into chunks,
  * sorted by file and offset; what each weight is made of noted for alloc_weights. */
+/* msm_wsource of a weight, part by part: dtype (or mixed), and for FP8 parts whether each
+ * starts on block boundaries and the column phase they share (fp8_phase -2 while none seen). */
+static void source_begin(msm_wsource *ws) {
+    *ws = (msm_wsource){.dtype = MSM_DTYPE_COUNT, .fp8_aligned = true, .fp8_phase = -2};
+}
+static void source_add(msm_wsource *ws, int p, const msm_wpart *pt, const msm_st_tensor *t, bool scaled, int64_t B) {
+    ws->dtype = p == 0 || ws->dtype == t->dtype ? t->dtype : MSM_DTYPE_COUNT;
+    if (!scaled) return;
+    ws->fp8_aligned &= pt->row0 % B == 0 && pt->col0 % B == 0 && pt->dst_row % B == 0;
+    int ph = (int)(pt->col0 % B);
+    ws->fp8_phase = ws->fp8_phase == -2 || ws->fp8_phase == ph ? ph : -1;
+}
+static void source_end(msm_wsource *ws, int64_t B) {
+    if (ws->dtype == MSM_F8_E4M3) {
+        ws->fp8_block = (int)B;
+        if (ws->fp8_phase < 0) ws->fp8_phase = -1;
+    } else {
+        ws->fp8_aligned = false, ws->fp8_phase = 0;
+    }
+}
+
+int msm_weights_sources(const msm_graph *g, const msm_safetensors *st, msm_wsource *ret, msm_err *err) {
+    for (int wi = 0; wi < g->n_weights; wi++) {
+        source_begin(&ret[wi]);
+        for (int p = 0; p < g->weights[wi].n_parts; p++) {
+            const msm_st_tensor *t, *s;
+            int r = find_part(g, st, &g->weights[wi].parts[p], &t, &s, err);
+            if (r) return r;
+            source_add(&ret[wi], p, &g->weights[wi].parts[p], t, s != NULL, g->fp8_block);
+        }
+        source_end(&ret[wi], g->fp8_block);
+    }
+    return 0;
+}
+
 static int plan(loader *L, msm_err *err) {
     const msm_graph *g = L->g;
     int64_t B = g->fp8_block;
     for (int wi = 0; wi < g->n_weights; wi++) {
         const msm_weight *w = &g->weights[wi];
         msm_wsource *ws = &L->wsrc[wi];
-        bool aligned = true;
-        *ws = (msm_wsource){.dtype = MSM_DTYPE_COUNT};
+        source_begin(ws);
         for (int p = 0; p < w->n_parts; p++) {
             const msm_wpart *pt = &w->parts[p];
             const msm_st_tensor *t, *s;
@@ -276,13 +310,9 @@ static int plan(loader *L, msm_err *err) {
             if (r == 0 && s) r = read_scales(L, s, &scale, err);
             if (r == 0) r = plan_part(L, wi, p, t, scale, err);
             if (r) return r;
-            ws->dtype = p == 0 || ws->dtype == t->dtype ? t->dtype : MSM_DTYPE_COUNT;
-            if (s) aligned &= pt->row0 % B == 0 && pt->col0 % B == 0 && pt->dst_row % B == 0;
+            source_add(ws, p, pt, t, s != NULL, B);
         }
-        if (ws->dtype == MSM_F8_E4M3) {
-            ws->fp8_block = (int)B;
-            ws->fp8_aligned = aligned;
-        }
+        source_end(ws, B);
     }
     qsort(L->chunks, L->n_chunks, sizeof *L->chunks, cmp_chunk);
     return 0;
@@ -484,8 +514,69 @@ static uint64_t name_hash(const char *s) {
     return h;
 }
 
+/* Whether value v feeds an op the passes fuse a LINEAR into (a router's top-k, a shared-expert
+ * gate's sigmoid): that LINEAR's weight must stay bf16. */
+static bool feeds_fused_op(const msm_graph *g, int v) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        const msm_node *n = &g->nodes[i];
+        if (n->op != MSM_OP_ROUTER_TOPK && n->op != MSM_OP_ROUTER_GROUP_TOPK && n->op != MSM_OP_SIGMOID) continue;
+        for (int j = 0; j < n->n_in; j++)
+            if (n->in[j] == v) return true;
+    }
+    return false;
+}
+
+void msm_weights_fp8_resident(const msm_graph *g, const msm_wsource *src, bool *ret) {
+    for (int i = 0; i < g->n_weights; i++)
+        ret[i] = src && src[i].dtype == MSM_F8_E4M3 && src[i].fp8_block == 128 && src[i].fp8_phase >= 0 &&
+                 src[i].fp8_phase % 16 == 0 && !g->weights[i].keep_f32;
+    bool *ok = calloc((size_t)g->n_weights + 1, sizeof *ok);
+    for (int i = 0; i < g->n_weights; i++) {
+        if (!ok) ret[i] = false;
+        else ok[i] = true;
+    }
+    if (!ok) return;
+    for (int ni = 0; ni < g->n_nodes; ni++) {
+        const msm_node *n = &g->nodes[ni];
+        bool lin = n->op == MSM_OP_LINEAR && !feeds_fused_op(g, n->out[0]);
+        bool moe = n->op == MSM_OP_MOE_EXPERTS && n->w[0] >= 0 && n->w[1] >= 0 && ret[n->w[0]] && ret[n->w[1]];
+        for (int j = 0; j < MSM_NODE_MAX_W; j++) {
+            int wi = n->w[j];
+            if (wi >= 0 && wi < g->n_weights && !((lin && j == 0) || (moe && j < 2))) ok[wi] = false;
+        }
+    }
+    for (int i = 0; i < g->n_weights; i++) ret[i] = ret[i] && ok[i];
+    free(ok);
+}
+
+static bool ends_with(const char *s, const char *t) {
+    size_t n = strlen(s), m = strlen(t);
+    return n >= m && !strcmp(s + n - m, t);
+}
+
+/* Dummy weights of an FP8 preset (the config declares FP8 block scales): the weights an FP8
+ * checkpoint of it holds in FP8 (the attention, MLP and expert projections, as the official FP8
+ * releases do; not embeddings, lm_head, norms, routers, gates or biases) are described as aligned
+ * F8_E4M3 sources, so a backend that keeps FP8 weights resident stores and fills them as FP8 (the
+ * CPU backend fills float32 as for any preset). Else NULL: every backend's own type. */
+static msm_wsource *dummy_sources(const msm_graph *g) {
+    if (!g->fp8_block || g->n_weights <= 0) return NULL;
+    msm_wsource *src = calloc((size_t)g->n_weights, sizeof *src);
+    for (int i = 0; src && i < g->n_weights; i++) {
+        const char *nm = g->weights[i].name;
+        bool q = !g->weights[i].is_norm && !g->weights[i].keep_f32 &&
+                 (ends_with(nm, ".qkv") || ends_with(nm, ".o_proj") || ends_with(nm, "gate_up") || ends_with(nm, "_down"));
+        src[i] = q ? (msm_wsource){.dtype = MSM_F8_E4M3, .fp8_block = g->fp8_block, .fp8_aligned = true, .fp8_phase = 0}
+                   : (msm_wsource){.dtype = MSM_BF16};
+    }
+    return src;
+}
+
 int msm_weights_dummy(const msm_graph *g, uint64_t seed, msm_backend *b, msm_err *err) {
-    int r = b->vt->alloc_weights(b, g, NULL, err); /* no checkpoint: every backend's own type */
+    msm_wsource *src = dummy_sources(g);
+    if (g->fp8_block && g->n_weights > 0 && !src) return msm_err_set(err, -ENOMEM, "out of memory");
+    int r = b->vt->alloc_weights(b, g, src, err);
+    free(src);
     for (int wi = 0; wi < g->n_weights && r == 0; wi++) {
         const msm_weight *w = &g->weights[wi];
         /* uniform in ±sqrt(3)/sqrt(fan_in): unit-variance outputs, so activations stay sane */

@@ -39,28 +39,30 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 /* Bytes one decode step of B sequences at context C must read (bf16 weights and KV). */
-static double step_bytes(const msm_model_config *c, int B, int C) {
-    double H = c->hidden, hd = c->head_dim, w = 0;
+static double step_bytes(const msm_model_config *c, int B, int C, bool fp8) {
+    /* bytes an element: the projections of an FP8-resident preset are one-byte codes plus a
+     * float32 scale per row and 128 columns; everything else is bf16 */
+    double H = c->hidden, hd = c->head_dim, w = 0, p = fp8 ? 1.0 + 4.0 / 128.0 : 2.0;
     double attn = H * hd * (c->n_heads + 2 * c->n_kv_heads) + hd * c->n_heads * H;
     double expert = 3.0 * H * c->moe_intermediate;
     double uniq = c->n_experts * (1.0 - pow(1.0 - (double)c->top_k / c->n_experts, B));
     for (int l = 0; l < c->n_layers; l++) {
-        w += attn + 2 * H;
+        w += p * attn + 2 * 2 * H;
         if (c->sparse[l]) {
-            w += uniq * expert + (double)c->n_experts * H;
-            if (c->shared_intermediate) w += 3.0 * H * c->shared_intermediate + (c->shared_gate ? H : 0);
+            w += p * uniq * expert + 2.0 * c->n_experts * H;
+            if (c->shared_intermediate) w += p * 3.0 * H * c->shared_intermediate + (c->shared_gate ? 2 * H : 0);
         } else {
-            w += 3.0 * H * c->intermediate;
+            w += p * 3.0 * H * c->intermediate;
         }
     }
-    w += (double)c->vocab * H + H + (double)B * H; /* lm_head, final norm, embedding rows */
+    w += 2.0 * ((double)c->vocab * H + H + (double)B * H); /* lm_head, final norm, embedding rows */
     double kv = (double)B * C * c->n_layers * 2.0 * c->n_kv_heads * hd;
-    return 2.0 * (w + kv);
+    return w + 2.0 * kv;
 }
 
 /* Decode steps of B sequences at `context` for each batch in bl: one table row each. */
 static int bench_decode(msm_engine *e, const msm_model_config *c, const int *bl, int nb, int maxb,
-                        int context, int steps, double ceiling, msm_err *errp) {
+                        int context, int steps, double ceiling, bool fp8, msm_err *errp) {
     int per_seq = (context + steps + 16) / 16 + 1;
     printf("%6s %10s %10s %10s %10s %8s\n", "batch", "ms/step", "p90 ms", "tok/s", "GB/step", "%HBM");
     int32_t *blocks = malloc(sizeof(int32_t) * (size_t)maxb * per_seq), *tok = malloc(sizeof(int32_t) * maxb);
@@ -92,7 +94,7 @@ static int bench_decode(msm_engine *e, const msm_model_config *c, const int *bl,
         }
         msm_kv_pool_release(msm_engine_kv(e), blocks, B * per_seq);
         qsort(ms, (size_t)steps, sizeof *ms, cmp_d);
-        double med = ms[steps / 2], p90 = ms[(steps * 9) / 10], gb = step_bytes(c, B, context) / 1e9;
+        double med = ms[steps / 2], p90 = ms[(steps * 9) / 10], gb = step_bytes(c, B, context, fp8) / 1e9;
         printf("%6d %10.3f %10.3f %10.0f %10.3f %7.1f%%\n", B, med, p90, B / med * 1e3, gb,
                gb / (med / 1e3) / ceiling * 100.0);
         fflush(stdout);
@@ -232,14 +234,19 @@ int main(int argc, char **argv) {
            msm_engine_backend_name(e), o.tp, o.cuda_graphs && o.backend == MSM_BACKEND_CUDA ? "on" : "off", ms_desc,
            o.fuse_allreduce ? "on" : "off", o.fuse_allreduce_norm ? "on" : "off", ctx_desc, steps,
            (msm_bench_now_ms() - t0) / 1e3);
-    if (c->fp8_block) /* docs/adr/0006-fp8.md: FP8-resident weights are the next step */
-        printf("# FP8 preset: dummy weights as for the bf16 preset for now (bf16 on CUDA, as FP8 checkpoints "
-               "load today: docs/adr/0006-fp8.md); GB/step counts bf16 weights\n");
+    /* docs/adr/0006-fp8.md: the CUDA backend keeps an FP8 preset's projections FP8 (dummy codes and
+     * scales) unless MSM_CUDA_FP8_RESIDENT=0; the CPU backend holds float32 values of them */
+    const char *res = getenv("MSM_CUDA_FP8_RESIDENT");
+    bool fp8 = c->fp8_block && o.backend == MSM_BACKEND_CUDA && !(res && res[0] == '0');
+    if (c->fp8_block)
+        printf("# FP8 preset: %s; GB/step counts %s\n",
+               fp8 ? "projections FP8-resident (codes + per-row block scales)" : "weights bf16 on the device",
+               fp8 ? "1 + 4/128 bytes per projection weight" : "bf16 weights");
     /* a TP group of tp GPUs reads the step's bytes (split between them) at tp GPUs' ceilings */
     if (!prefill && o.tp > 1)
         printf("# %%HBM: GB/step over %d GPUs' ceilings (%d x %.0f GB/s)\n", o.tp, o.tp, ceiling);
     int rc = prefill ? bench_prefill(e, c, bl, nb, steps, &err)
-                     : bench_decode(e, c, bl, nb, maxb, context, steps, ceiling * (o.tp > 1 ? o.tp : 1), &err);
+                     : bench_decode(e, c, bl, nb, maxb, context, steps, ceiling * (o.tp > 1 ? o.tp : 1), fp8, &err);
     msm_engine_free(e);
     return rc;
 }

@@ -8,7 +8,7 @@
  *             [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
  *             [--dump-logits FILE.npy] [--tp N] [--dump-graph] [--no-multi-stream]
  *             [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--bench] [--backend cpu|cuda]
- *             [--kv-bf16] [--fp8-as-bf16] */
+ *             [--kv-bf16] [--fp8-as-bf16 | --fp8-as-cuda] */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -31,11 +31,12 @@ static void usage(FILE *f) {
             "                 [--no-multi-stream] [--no-fuse-allreduce] [--no-fuse-allreduce-norm]\n"
             "                 [--bench] [--text]\n"
             "                 [--backend cpu|cuda] [--no-cuda-graphs] [--device N] [--kv-bf16]\n"
-            "                 [--fp8-as-bf16]\n"
+            "                 [--fp8-as-bf16 | --fp8-as-cuda]\n"
             "       msmoe-run --dummy-weights PRESET.json ...   (random weights of a config's shapes)\n"
             "       msmoe-run --tokenizer FILE (--encode | --decode)   (stdin → stdout)\n"
             "  --kv-bf16, --fp8-as-bf16: the CPU backend stores its KV cache, and its FP8 weights once\n"
-            "  dequantised, rounded to bf16 as the CUDA backend stores them (for CUDA vs CPU checks)\n");
+            "  dequantised, rounded to bf16 as the CUDA backend stores them (for CUDA vs CPU checks);\n"
+            "  --fp8-as-cuda: only the FP8 weights the CUDA backend does not keep FP8 (routers, gates)\n");
 }
 
 /* On a terminal: a progress bar on stderr while the weights load; ctx: a line is left open. */
@@ -189,7 +190,7 @@ typedef struct run_opts {
 enum { O_PROMPT_IDS = 256, O_MAX_NEW, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DUMP_LOGITS,
        O_TP, O_DUMP_GRAPH, O_NO_MS, O_NO_FUSE, O_BENCH, O_DUMMY, O_IGNORE_EOS, O_TOKENIZER,
        O_ENCODE, O_DECODE, O_PROMPT, O_TEXT, O_KV, O_MAXTOK, O_BACKEND, O_NO_GRAPHS, O_DEVICE, O_KV_BF16,
-       O_FP8_BF16, O_NO_FUSE_AR_NORM };
+       O_FP8_BF16, O_FP8_CUDA, O_NO_FUSE_AR_NORM };
 
 /* Applies the option c with argument arg to ro. 0, or the exit status of a bad value. */
 static int set_option(run_opts *ro, int c, const char *arg) {
@@ -239,6 +240,7 @@ static int set_option(run_opts *ro, int c, const char *arg) {
     case O_DEVICE: o->first_device = (int)strtol(arg, &end, 10); break;
     case O_KV_BF16: o->kv_bf16 = true; break;
     case O_FP8_BF16: o->fp8_as_bf16 = true; break;
+    case O_FP8_CUDA: o->fp8_as_cuda = true; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -263,6 +265,7 @@ static int parse_args(int argc, char **argv, run_opts *ro) {
         {"max-step-tokens", required_argument, 0, O_MAXTOK}, {"backend", required_argument, 0, O_BACKEND},
         {"no-cuda-graphs", no_argument, 0, O_NO_GRAPHS}, {"device", required_argument, 0, O_DEVICE},
         {"kv-bf16", no_argument, 0, O_KV_BF16}, {"fp8-as-bf16", no_argument, 0, O_FP8_BF16},
+        {"fp8-as-cuda", no_argument, 0, O_FP8_CUDA},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     memset(ro, 0, sizeof *ro);
     msm_engine_opts_default(&ro->engine);

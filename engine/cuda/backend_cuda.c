@@ -19,6 +19,7 @@
 #include "msm_cuda_backend.h"
 #include "msm_cuda_kernels.h"
 #include "msm_engine.h" /* MSM_TEST_FAULT_* */
+#include "msm_weights.h"  /* msm_weights_fp8_resident */
 
 #define MAX_GRAPHS 64
 
@@ -34,9 +35,16 @@ typedef struct cuda_backend {
     msm_cuda_tuning tune;        /* this rank's kernel choices (defaults + environment) */
     msm_cuda_tuning tune_decode; /* the same for pure decode steps (see tuning_for_decode) */
     uint64_t skip_ops;           /* benchmark-only: ops not issued (MSM_CUDA_SKIP_OPS) */
-    uint16_t **w;                /* [n_weights] bf16 (float32 for keep_f32 weights), carved from `wmem` */
+    uint16_t **w;                /* [n_weights] bf16 (float32 for keep_f32 weights), carved from `wmem`;
+                                    NULL for an FP8-resident one */
+    uint8_t **w8;                /* [n_weights] FP8-resident: the e4m3 codes (else NULL) ... */
+    float **wsc;                 /* ... and their block scales (msm_cuda_fp8_scales of them) */
     size_t *w_elems;             /* [n_weights] elements of each */
+    int (*w_shape)[4];           /* [n_weights] n_expert, rows, cols, FP8 column phase */
+    char (*w_name)[96];          /* [n_weights] msm_weight.name, for messages */
     bool *w_f32;                 /* [n_weights] stored as float32 (msm_weight.keep_f32) */
+    void *deq[MSM_N_STREAMS];    /* per stream: bf16 scratch of the FP8 paths that dequantise */
+    size_t deq_bytes;
     int n_weights;
     void *wmem;                  /* every weight, one allocation */
     char *arena;
@@ -176,6 +184,11 @@ static msm_cuda_exec exec_on(const cuda_backend *cb, msm_stream s, const msm_ste
     return (msm_cuda_exec){.stream = cb->st[s], .tune = decode ? &cb->tune_decode : &cb->tune};
 }
 
+/* An FP8-resident weight as the kernels take it. */
+static msm_cuda_fp8w fp8w(const cuda_backend *cb, int wi) {
+    return (msm_cuda_fp8w){.q = cb->w8[wi], .scale = cb->wsc[wi], .phase = cb->w_shape[wi][3]};
+}
+
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
@@ -184,6 +197,13 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     void *ws = cb->ws[n->stream];
     const msm_attr *a = &n->attr;
     int in0 = n->in[0], out0 = n->out[0];
+    /* an FP8-resident weight reaches only the ops pick_fp8 chose it for (the bias slot of a LINEAR
+     * is never one); anything else is a bug in that choice, reported rather than read as bf16 */
+    for (int j = 0; j < MSM_NODE_MAX_W; j++)
+        if (n->w[j] >= 0 && cb->w8[n->w[j]] &&
+            !((n->op == MSM_OP_LINEAR && j == 0) || (n->op == MSM_OP_MOE_EXPERTS && j < 2)))
+            return msm_err_set(err, -ENOTSUP, "rank %d (GPU %d): op %s has no kernel for the FP8 weight %d",
+                               cb->b.rank, cb->device, msm_op_name(n->op), n->w[j]);
     switch (n->op) {
     case MSM_OP_EMBED:
         KTRY(msm_cuda_embed(F(out0), cb->w[n->w[0]], I32(in0), d->T, a->embed.H, s));
@@ -196,8 +216,13 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                               a->qk_norm.nh, a->qk_norm.kvh, a->qk_norm.hd, a->qk_norm.eps, s));
         break;
     case MSM_OP_LINEAR:
-        KTRY(msm_cuda_linear(F(out0), F(in0), cb->w[n->w[0]], n->w[1] >= 0 ? cb->w[n->w[1]] : NULL,
-                             ROWS(in0), a->linear.N, a->linear.K, cb->ctx, ws, cb->ws_bytes, s));
+        if (cb->w8[n->w[0]])
+            KTRY(msm_cuda_linear_fp8(F(out0), F(in0), fp8w(cb, n->w[0]), n->w[1] >= 0 ? cb->w[n->w[1]] : NULL,
+                                     ROWS(in0), a->linear.N, a->linear.K, cb->ctx, ws, cb->ws_bytes,
+                                     cb->deq[n->stream], cb->deq_bytes, s));
+        else
+            KTRY(msm_cuda_linear(F(out0), F(in0), cb->w[n->w[0]], n->w[1] >= 0 ? cb->w[n->w[1]] : NULL,
+                                 ROWS(in0), a->linear.N, a->linear.K, cb->ctx, ws, cb->ws_bytes, s));
         break;
     case MSM_OP_ROPE: /* q and k heads lead every row: rotate them and copy the v heads, one launch */
         KTRY(msm_cuda_rope_copy(F(out0), F(in0), I32(n->in[1]), ROWS(in0), g->vals[in0].cols,
@@ -267,6 +292,13 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     }
     case MSM_OP_MOE_EXPERTS:
+        if (cb->w8[n->w[0]]) { /* both FP8-resident (pick_fp8) */
+            KTRY(msm_cuda_moe_experts_fp8(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), fp8w(cb, n->w[0]),
+                                          fp8w(cb, n->w[1]), ROWS(in0), a->moe_experts.H, a->moe_experts.I,
+                                          a->moe_experts.k, a->moe_experts.E, ws, cb->ws_bytes, cb->deq[n->stream],
+                                          cb->deq_bytes, s));
+            break;
+        }
         KTRY(msm_cuda_moe_experts(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), cb->w[n->w[0]], cb->w[n->w[1]],
                                   ROWS(in0), a->moe_experts.H, a->moe_experts.I, a->moe_experts.k,
                                   a->moe_experts.E, ws, cb->ws_bytes, s));
@@ -378,35 +410,89 @@ static int cuda_sync(msm_backend *b, msm_err *err) {
     return 0;
 }
 
+/* Which weights stay FP8 on the device: msm_weights_fp8_resident's rule (docs/adr/0006-fp8.md),
+ * unless the tuning says no (MSM_CUDA_FP8_RESIDENT=0). */
+static void pick_fp8(const cuda_backend *cb, const msm_graph *g, const msm_wsource *src, bool *fp8) {
+    msm_weights_fp8_resident(g, cb->tune.fp8_resident ? src : NULL, fp8);
+}
+
+static size_t al256(size_t v) { return (v + 255) & ~(size_t)255; }
+
 /* Every weight in one allocation, carved at 256-byte boundaries, zeroed before any load writes. */
 static int cuda_alloc_weights(msm_backend *b, const msm_graph *g, const msm_wsource *src, msm_err *err) {
-    /* bf16 whatever the checkpoint holds, for now: FP8 weights are dequantised to bf16 as they load.
-     * Keeping them FP8 (src[i].dtype == F8_E4M3 && fp8_aligned: bytes + block scales) is the next
-     * step (docs/adr/0006-fp8.md); the loader already hands over what that needs. */
-    (void)src;
     cuda_backend *cb = (cuda_backend *)b;
     if (cb->w) return msm_err_set(err, -EINVAL, "rank %d: weights are allocated already", cb->b.rank);
-    cb->w = calloc((size_t)(g->n_weights ? g->n_weights : 1), sizeof *cb->w);
-    cb->w_elems = calloc((size_t)(g->n_weights ? g->n_weights : 1), sizeof *cb->w_elems);
-    cb->w_f32 = calloc((size_t)(g->n_weights ? g->n_weights : 1), sizeof *cb->w_f32);
-    if (!cb->w || !cb->w_elems || !cb->w_f32) return msm_err_set(err, -ENOMEM, "out of memory");
+    size_t nw = (size_t)(g->n_weights ? g->n_weights : 1);
+    cb->w = calloc(nw, sizeof *cb->w);
+    cb->w8 = calloc(nw, sizeof *cb->w8);
+    cb->wsc = calloc(nw, sizeof *cb->wsc);
+    cb->w_elems = calloc(nw, sizeof *cb->w_elems);
+    cb->w_f32 = calloc(nw, sizeof *cb->w_f32);
+    cb->w_shape = calloc(nw, sizeof *cb->w_shape);
+    cb->w_name = calloc(nw, sizeof *cb->w_name);
+    bool *fp8 = calloc(nw, sizeof *fp8);
+    if (!cb->w || !cb->w8 || !cb->wsc || !cb->w_elems || !cb->w_f32 || !cb->w_shape || !cb->w_name || !fp8) {
+        free(fp8);
+        return msm_err_set(err, -ENOMEM, "out of memory");
+    }
     cb->n_weights = g->n_weights;
+    pick_fp8(cb, g, src, fp8);
     size_t total = 0;
     for (int i = 0; i < g->n_weights; i++) {
         const msm_weight *w = &g->weights[i];
         cb->w_elems[i] = (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols;
         cb->w_f32[i] = w->keep_f32;
-        total += ((w->keep_f32 ? 4 : 2) * cb->w_elems[i] + 255) & ~(size_t)255;
+        cb->w_shape[i][0] = w->n_expert, cb->w_shape[i][1] = w->rows, cb->w_shape[i][2] = w->cols;
+        cb->w_shape[i][3] = fp8[i] ? src[i].fp8_phase : 0;
+        snprintf(cb->w_name[i], sizeof cb->w_name[i], "%s", w->name);
+        if (fp8[i])
+            total += al256(cb->w_elems[i]) + al256(4 * msm_cuda_fp8_scales(w->n_expert, w->rows, w->cols,
+                                                                               cb->w_shape[i][3]));
+        else
+            total += al256((w->keep_f32 ? 4 : 2) * cb->w_elems[i]);
     }
     cudaError_t e = cudaMalloc(&cb->wmem, total ? total : 256);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+        free(fp8);
         return msm_err_set(err, msm_cuda_errno(e), "rank %d (GPU %d): cannot allocate %.2f GB for the weights: %s",
                            cb->b.rank, cb->device, (double)total / 1e9, cudaGetErrorString(e));
+    }
     TRY(cudaMemsetAsync(cb->wmem, 0, total ? total : 256, cb->st[MSM_STREAM_MAIN]));
     size_t off = 0;
     for (int i = 0; i < g->n_weights; i++) {
-        cb->w[i] = (uint16_t *)((char *)cb->wmem + off);
-        off += ((cb->w_f32[i] ? 4 : 2) * cb->w_elems[i] + 255) & ~(size_t)255;
+        const msm_weight *w = &g->weights[i];
+        if (fp8[i]) {
+            cb->w8[i] = (uint8_t *)cb->wmem + off;
+            off += al256(cb->w_elems[i]);
+            cb->wsc[i] = (float *)((char *)cb->wmem + off);
+            off += al256(4 * msm_cuda_fp8_scales(w->n_expert, w->rows, w->cols, cb->w_shape[i][3]));
+        } else {
+            cb->w[i] = (uint16_t *)((char *)cb->wmem + off);
+            off += al256((cb->w_f32[i] ? 4 : 2) * cb->w_elems[i]);
+        }
+    }
+    free(fp8);
+    /* FP8 weights dequantised for T past fp8_native_max_t: a bf16 copy of the largest one (all of
+     * a layer's experts for MOE_EXPERTS) per stream, as the aux stream's shared expert may run
+     * beside the main stream's routed experts; none when every step stays within the FP8 GEMVs */
+    size_t deq = 0;
+    for (int i = 0; i < g->n_nodes && g->max_T > cb->tune.fp8_native_max_t; i++) {
+        const msm_node *n = &g->nodes[i];
+        size_t dq = 0;
+        if (n->op == MSM_OP_LINEAR && cb->w8[n->w[0]])
+            dq = msm_cuda_linear_fp8_deq_bytes(n->attr.linear.N, n->attr.linear.K);
+        else if (n->op == MSM_OP_MOE_EXPERTS && cb->w8[n->w[0]])
+            dq = msm_cuda_moe_fp8_deq_bytes(n->attr.moe_experts.H, n->attr.moe_experts.I, n->attr.moe_experts.E);
+        if (dq > deq) deq = dq;
+    }
+    cb->deq_bytes = deq;
+    for (int s = 0; s < MSM_N_STREAMS && deq; s++) {
+        e = cudaMalloc(&cb->deq[s], deq);
+        if (e != cudaSuccess)
+            return msm_err_set(err, msm_cuda_errno(e), "rank %d (GPU %d): cannot allocate %.2f GB of bf16 scratch for "
+                               "the FP8 weights (steps of more than %d tokens; MSM_CUDA_FP8_NATIVE_MAX_T): %s",
+                               cb->b.rank, cb->device, (double)deq / 1e9, cb->tune.fp8_native_max_t,
+                               cudaGetErrorString(e));
     }
     return cuda_sync(b, err); /* the loaders' streams write after the zeroing */
 }
@@ -417,7 +503,11 @@ static int cuda_dummy_weight(msm_backend *b, int wi, const msm_weight *w, uint64
     cuda_backend *cb = (cuda_backend *)b;
     if (wi < 0 || wi >= cb->n_weights) return msm_err_set(err, -EINVAL, "rank %d: no weight %d", cb->b.rank, wi);
     msm_cuda_exec ex = exec_on(cb, MSM_STREAM_MAIN, NULL);
-    if (cb->w_f32[wi]) /* float32 values, as the CPU backend's (not rounded to bf16) */
+    if (cb->w8[wi]) /* FP8-resident: codes of the same uniform values, scale / 448 per block */
+        KTRY(msm_cuda_fill_dummy_fp8(cb->w8[wi], cb->wsc[wi], cb->w_elems[wi],
+                                     msm_cuda_fp8_scales(w->n_expert, w->rows, w->cols, cb->w_shape[wi][3]), seed,
+                                     scale, ex));
+    else if (cb->w_f32[wi]) /* float32 values, as the CPU backend's (not rounded to bf16) */
         KTRY(msm_cuda_fill_dummy_f32((float *)cb->w[wi], cb->w_elems[wi], seed, scale, w->is_norm, ex));
     else
         KTRY(msm_cuda_fill_dummy(cb->w[wi], cb->w_elems[wi], seed, scale, w->is_norm, ex));
@@ -444,6 +534,7 @@ typedef struct cuda_chan {
     void *dev;                   /* device staging, slot_bytes */
     float *dev_scale;            /* device staging for an FP8 block's scales, dev_scale_n floats */
     size_t dev_scale_n;
+    uint32_t *dev_nan;           /* 1 + the first FP8-resident weight found holding a NaN code, or 0 */
 } cuda_chan;
 
 /* Polls ev until it completed, or the backend's deadline passes. */
@@ -469,6 +560,12 @@ static int chan_done(cuda_chan *c, bool wait, msm_err *err) {
     int r = 0;
     for (int i = 0; wait && r == 0 && i < c->n_slots; i++)
         if (c->pending[i]) r = poll_event(cb, c->ev[i], err);
+    uint32_t nan = 0;
+    if (wait && r == 0 && c->dev_nan && cudaMemcpy(&nan, c->dev_nan, sizeof nan, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        nan)
+        r = msm_err_set(err, -EINVAL, "rank %d (GPU %d): FP8 weight %s holds NaN codes (S.1111.111), which its FP8 "
+                        "kernels cannot carry; MSM_CUDA_FP8_RESIDENT=0 loads it dequantised to bf16 instead",
+                        cb->b.rank, cb->device, cb->w_name[nan - 1]);
     if (c->stream) cudaStreamSynchronize(c->stream); /* after a failure: nothing may still read a slot */
     for (int i = 0; i < c->n_slots; i++) {
         if (c->slot && c->slot[i]) cudaFreeHost(c->slot[i]);
@@ -476,6 +573,7 @@ static int chan_done(cuda_chan *c, bool wait, msm_err *err) {
     }
     if (c->dev) cudaFree(c->dev);
     if (c->dev_scale) cudaFree(c->dev_scale);
+    if (c->dev_nan) cudaFree(c->dev_nan);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c->slot);
     free(c->ev);
@@ -493,6 +591,8 @@ static int chan_init(cuda_chan *c, msm_err *err) {
         TRY(cudaEventCreateWithFlags(&c->ev[i], cudaEventDisableTiming));
     }
     TRY(cudaMalloc(&c->dev, c->slot_bytes));
+    TRY(cudaMalloc((void **)&c->dev_nan, sizeof *c->dev_nan));
+    TRY(cudaMemset(c->dev_nan, 0, sizeof *c->dev_nan));
     return 0;
 }
 
@@ -564,6 +664,48 @@ static int chan_put_fp8(cuda_chan *c, const msm_wblock *k, size_t span, msm_err 
     return 0;
 }
 
+/* An FP8 block of an FP8-resident weight: its codes copied as they are (one copy, or a 2D copy
+ * when rows are not back to back), and the scales of its rows: the nrb x ncb checkpoint block
+ * scales it covers go to the channel's scale staging, and load.cu writes each row's run of them
+ * into the weight's per-row scales, from the row's scale column (dc + phase) / 128 on. A chunk
+ * cut inside a block writes the scales it shares with the next one again, the same values. */
+static int chan_put_fp8_resident(cuda_chan *c, const msm_wblock *k, msm_err *err) {
+    cuda_backend *cb = c->cb;
+    size_t rows = (size_t)cb->w_shape[k->wi][1], cols = (size_t)cb->w_shape[k->wi][2];
+    size_t ph = (size_t)cb->w_shape[k->wi][3], B = MSM_CUDA_FP8_BLOCK, per = rows * cols;
+    size_t e = k->dst_off / per, dr = k->dst_off % per / cols, dc = k->dst_off % cols;
+    if (!k->scale || (size_t)k->scale_block != B || (dc + ph) % B != k->scale_c0 || k->dst_pitch != cols)
+        return msm_err_set(err, -EINVAL, "rank %d: an FP8 block of weight %d does not line up with the weight's "
+                                         "column phase %zu (column %zu; in its block %zu)", cb->b.rank, k->wi, ph, dc,
+                           k->scale_c0);
+    size_t nrb = (k->scale_r0 + k->rows - 1) / B + 1, ncb = (k->scale_c0 + k->cols - 1) / B + 1;
+    if (nrb * ncb > c->dev_scale_n) { /* as chan_put_fp8 */
+        size_t n = nrb * ncb > 16384 ? nrb * ncb : 16384;
+        TRY(cudaStreamSynchronize(c->stream));
+        if (c->dev_scale) TRY(cudaFree(c->dev_scale));
+        c->dev_scale = NULL;
+        c->dev_scale_n = 0;
+        TRY(cudaMalloc((void **)&c->dev_scale, n * sizeof(float)));
+        c->dev_scale_n = n;
+    }
+    TRY(cudaMemcpy2DAsync(c->dev_scale, ncb * sizeof(float), k->scale, k->scale_pitch * sizeof(float),
+                          ncb * sizeof(float), nrb, cudaMemcpyHostToDevice, c->stream));
+    size_t ncs = (cols + ph + B - 1) / B;
+    float *dsc = cb->wsc[k->wi] + (e * rows + dr) * ncs + (dc + ph) / B;
+    msm_cuda_exec ex = {.stream = c->stream, .tune = &cb->tune};
+    KTRY(msm_cuda_load_fp8_row_scales(dsc, ncs, c->dev_scale, ncb, k->rows, k->scale_r0, (int)B, ex));
+    uint8_t *dst = cb->w8[k->wi] + k->dst_off;
+    if (k->rows == 1 || (k->src_pitch == k->cols && k->dst_pitch == k->cols))
+        TRY(cudaMemcpyAsync(dst, k->src, k->rows * k->cols, cudaMemcpyHostToDevice, c->stream));
+    else
+        TRY(cudaMemcpy2DAsync(dst, k->dst_pitch, k->src, k->src_pitch, k->cols, k->rows, cudaMemcpyHostToDevice,
+                              c->stream));
+    KTRY(msm_cuda_fp8_find_nan(dst, k->dst_pitch, k->rows, k->cols, c->dev_nan, (uint32_t)k->wi + 1, ex));
+    TRY(cudaEventRecord(c->ev[c->cur], c->stream));
+    c->pending[c->cur] = true;
+    return 0;
+}
+
 static int cuda_chan_put(msm_wchan *wc, const msm_wblock *k, msm_err *err) {
     cuda_chan *c = (cuda_chan *)wc;
     cuda_backend *cb = c->cb;
@@ -572,6 +714,7 @@ static int cuda_chan_put(msm_wchan *wc, const msm_wblock *k, msm_err *err) {
         span > c->slot_bytes || k->dst_off + (k->rows - 1) * k->dst_pitch + k->cols > cb->w_elems[k->wi])
         return msm_err_set(err, -EINVAL, "rank %d: a weight block for weight %d does not fit its slot or weight",
                            cb->b.rank, k->wi);
+    if (k->src_dtype == MSM_F8_E4M3 && cb->w8[k->wi]) return chan_put_fp8_resident(c, k, err);
     if (k->src_dtype == MSM_F8_E4M3) return chan_put_fp8(c, k, span, err);
     msm_cuda_exec ex = {.stream = c->stream, .tune = &cb->tune};
     if (cb->w_f32[k->wi]) { /* a keep_f32 weight: staged, converted to float32 on the device */
@@ -603,6 +746,14 @@ const uint16_t *msm_backend_cuda_weight(const msm_backend *b, int wi, size_t *re
     if (!b || wi < 0 || wi >= cb->n_weights) return NULL;
     if (ret_n) *ret_n = cb->w_elems[wi];
     return cb->w[wi];
+}
+
+const uint8_t *msm_backend_cuda_weight_fp8(const msm_backend *b, int wi, const float **ret_scale, int *ret_phase) {
+    const cuda_backend *cb = (const cuda_backend *)b;
+    if (!b || wi < 0 || wi >= cb->n_weights || !cb->w8[wi]) return NULL;
+    *ret_scale = cb->wsc[wi];
+    *ret_phase = cb->w_shape[wi][3];
+    return cb->w8[wi];
 }
 
 /* What a rank tells its group at prepare time (through one NCCL all-gather). */
@@ -699,10 +850,12 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
         if (n->op == MSM_OP_LINEAR) {
             const msm_attr_linear *at = &n->attr.linear;
             need = msm_cuda_linear_ws_bytes(g->max_T, at->N, at->K);
+
             for (int t = MSM_CUDA_GEMV_MAX_T + 1; t <= g->max_T; t *= 2) msm_cuda_linear_prepare(cb->ctx, t, at->N, at->K);
         } else if (n->op == MSM_OP_MOE_EXPERTS) {
             const msm_attr_moe_experts *at = &n->attr.moe_experts;
             need = msm_cuda_moe_experts_ws_bytes(g->max_T, at->H, at->I, at->k, at->E);
+
         } else if (n->op == MSM_OP_ATTENTION) {
             const msm_attr_attention *at = &n->attr.attention;
             size_t kv = (size_t)n_kv_blocks * MSM_KV_BLOCK * at->kvh * at->hd;
@@ -725,6 +878,7 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
     }
     cb->ws_bytes = ws;
     cb->q_tmp_bytes = qtmp;
+
     for (int s = 0; s < MSM_N_STREAMS; s++) {
         TRY(cudaMalloc(&cb->ws[s], ws ? ws : 256));
         TRY(cudaMalloc((void **)&cb->q_tmp[s], qtmp ? qtmp : 256));
@@ -813,7 +967,9 @@ static void cuda_free(msm_backend *b) {
     if (cb->broken && !failed_teardown(cb)) {
         fprintf(stderr, "msmoe: rank %d (GPU %d): the failed group's work did not drain within %d ms; its device "
                         "memory is left to the process's exit\n", cb->b.rank, cb->device, cb->b.deadline_ms);
-        free(cb->w), free(cb->w_elems), free(cb->w_f32), free(cb->kc), free(cb->vc), free(cb->ev);
+        free(cb->w), free(cb->w8), free(cb->wsc), free(cb->w_shape), free(cb->w_name), free(cb->w_elems);
+        free(cb->w_f32);
+        free(cb->kc), free(cb->vc), free(cb->ev);
         free(cb);
         return;
     }
@@ -821,6 +977,10 @@ static void cuda_free(msm_backend *b) {
     for (int i = 0; i < cb->n_graphs; i++) cudaGraphExecDestroy(cb->graphs[i]);
     cudaFree(cb->wmem);
     free(cb->w);
+    free(cb->w8);
+    free(cb->wsc);
+    free(cb->w_shape);
+    free(cb->w_name);
     free(cb->w_elems);
     free(cb->w_f32);
     for (int l = 0; cb->kc && l < cb->n_layers; l++) {
@@ -835,6 +995,7 @@ static void cuda_free(msm_backend *b) {
         cudaFree(cb->ws[s]);
         cudaFree(cb->q_tmp[s]);
         cudaFree(cb->router_ws[s]);
+        cudaFree(cb->deq[s]);
         if (cb->st[s]) cudaStreamDestroy(cb->st[s]);
     }
     cudaFree(cb->gather_tmp);
@@ -879,6 +1040,10 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_AR=nccl                    every all-reduce through NCCL (no one-shot kernel)
  *   MSM_CUDA_AR_ONESHOT_MAX_BYTES=N     the one-shot all-reduce up to N bytes (0: off)
  *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch,nt4  MoE kernel variants
+ *   MSM_CUDA_FP8_RESIDENT=0             FP8 checkpoint weights dequantised to bf16 at load
+ *   MSM_CUDA_FP8_NATIVE_MAX_T=N         FP8-resident weights take the FP8 GEMVs up to N tokens
+ *   MSM_CUDA_FP8_LINEAR=mma|simt|simt_hw the FP8 linear kernel (tensor cores; SIMT GEMV, integer or hardware decode)
+ *   MSM_CUDA_FP8_MMA_MIN_T=N            ... mma: the SIMT GEMV below N tokens
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
 
@@ -913,6 +1078,12 @@ static void tuning_from_env(msm_cuda_tuning *t, uint64_t *skip_ops) {
     if (env_int("MSM_CUDA_LINEAR_TILED_MIN_T", &v)) t->linear_tiled_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_LT_SPLIT_MIN_T", &v)) t->lt_split_min_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MOE_TILED_MIN_T", &v)) t->moe_tiled_min_t = v < 1 ? 1 : v;
+    if ((s = getenv("MSM_CUDA_FP8_RESIDENT"))) t->fp8_resident = s[0] != '0';
+    if (env_int("MSM_CUDA_FP8_NATIVE_MAX_T", &v)) t->fp8_native_max_t = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_FP8_MMA_MIN_T", &v)) t->fp8_mma_min_t = v < 1 ? 1 : v;
+    if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
+        t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
+                        : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;
     if (env_int("MSM_CUDA_AR_ONESHOT_MAX_BYTES", &v)) t->ar_oneshot_max_bytes = v < 0 ? 0 : (size_t)v;
     if ((s = getenv("MSM_CUDA_AR")) && !strcmp(s, "nccl")) t->ar_oneshot_max_bytes = 0;
     if ((s = getenv("MSM_CUDA_MOE_PATH")))

@@ -150,3 +150,46 @@ extern "C" int msm_cuda_load_rows_fp8(void *dst, int dst_f32, size_t dst_pitch, 
     return load_rows_fp8((uint16_t *)dst, dst_pitch, src, src_pitch, rows, cols, scale, scale_pitch, scale_r0,
                          scale_c0, block, ex);
 }
+
+static __global__ void fp8_row_scales_kernel(float *dst, size_t dst_pitch, const float *src, size_t ncb, size_t rows,
+                                             size_t r0, size_t block) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    size_t n = rows * ncb;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / ncb, j = i % ncb;
+        dst[r * dst_pitch + j] = src[(r0 + r) / block * ncb + j];
+    }
+}
+
+extern "C" int msm_cuda_load_fp8_row_scales(float *dst, size_t dst_pitch, const float *src, size_t ncb, size_t rows,
+                                            size_t r0, int block, msm_cuda_exec ex) {
+    if (rows == 0 || ncb == 0) return 0;
+    if (block <= 0 || !src || !dst) return -EINVAL;
+    size_t n = rows * ncb, blocks = (n + 255) / 256;
+    CUDA_TRY(msm_launch(fp8_row_scales_kernel, dim3((unsigned)(blocks > 1024 ? 1024 : blocks)), dim3(256), 0, ex, dst,
+                        dst_pitch, src, ncb, rows, r0, (size_t)block));
+    return 0;
+}
+
+/* *flag = tag (the first to arrive) when rows x cols codes at q (pitch bytes apart) hold an e4m3
+ * NaN code (S.1111.111). */
+static __global__ void fp8_find_nan_kernel(const uint8_t *q, size_t pitch, size_t rows, size_t cols, uint32_t *flag,
+                                           uint32_t tag) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    size_t n = rows * cols;
+    bool nan = false;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        nan |= (q[i / cols * pitch + i % cols] & 0x7f) == 0x7f;
+    if (__syncthreads_or(nan) && threadIdx.x == 0) atomicCAS(flag, 0u, tag);
+}
+
+extern "C" int msm_cuda_fp8_find_nan(const uint8_t *q, size_t pitch, size_t rows, size_t cols, uint32_t *flag,
+                                     uint32_t tag, msm_cuda_exec ex) {
+    if (rows == 0 || cols == 0) return 0;
+    size_t n = rows * cols, blocks = (n + 1023) / 1024;
+    CUDA_TRY(msm_launch(fp8_find_nan_kernel, dim3((unsigned)(blocks > 512 ? 512 : blocks)), dim3(256), 0, ex, q, pitch,
+                        rows, cols, flag, tag));
+    return 0;
+}

@@ -17,6 +17,10 @@ int msm_cuda_fill_dummy(uint16_t *w, size_t n, uint64_t seed, float scale, int o
 /* Test-only (fault.cu): hang = 0 launches a kernel with an impossible block size (the launch
  * fails: a negative errno); hang = 1 launches a kernel on ex's stream that spins for spin_ms. */
 int msm_cuda_test_fault(int hang, int spin_ms, msm_cuda_exec ex);
+/* An FP8-resident weight's dummy (fill.cu): q[i] the e4m3 code of the uniform value in ±448 from
+ * (seed, i), saturating, round to nearest even; every one of its n_scales scales scale / 448. */
+int msm_cuda_fill_dummy_fp8(uint8_t *q, float *sc, size_t n, size_t n_scales, uint64_t seed, float scale,
+                            msm_cuda_exec ex);
 /* The same values in float32 (keep_f32 weights; exactly the CPU backend's dummy values). */
 int msm_cuda_fill_dummy_f32(float *w, size_t n, uint64_t seed, float scale, int ones, msm_cuda_exec ex);
 
@@ -36,6 +40,16 @@ int msm_cuda_load_rows_f32(float *dst, size_t dst_pitch, const void *src, size_t
 int msm_cuda_load_rows_fp8(void *dst, int dst_f32, size_t dst_pitch, const void *src, size_t src_pitch,
                            size_t rows, size_t cols, const float *scale, size_t scale_pitch,
                            size_t scale_r0, size_t scale_c0, int block, msm_cuda_exec ex);
+/* An FP8-resident weight's per-row scales of a chunk of `rows` rows whose first row is row r0 of
+ * its block: dst[i * dst_pitch + j] = src[((r0 + i) / block) * ncb + j] for i < rows, j < ncb
+ * (src: the chunk's nrb x ncb block scales, packed, on the device). */
+int msm_cuda_load_fp8_row_scales(float *dst, size_t dst_pitch, const float *src, size_t ncb, size_t rows,
+                                 size_t r0, int block, msm_cuda_exec ex);
+/* *flag (device) = tag, unless already set, when the rows x cols FP8 codes at q (pitch bytes from
+ * row to row) hold a NaN code: the FP8 kernels decode codes with integer operations that make
+ * NaN codes finite (kernels/cuda/msm_cuda.h), so the backend refuses such a weight. */
+int msm_cuda_fp8_find_nan(const uint8_t *q, size_t pitch, size_t rows, size_t cols, uint32_t *flag, uint32_t tag,
+                          msm_cuda_exec ex);
 
 #ifdef __cplusplus
 }
@@ -53,6 +67,9 @@ int msm_cuda_device_count(void);
 /* Weight wi of a CUDA backend on its device, bf16 [n_expert, rows, cols] (NULL when absent), and
  * its element count in ret_n: for tests. */
 const uint16_t *msm_backend_cuda_weight(const msm_backend *b, int wi, size_t *ret_n);
+/* Weight wi's e4m3 codes [n_expert, rows, cols], its scales (ret_scale) and column phase
+ * (ret_phase; msm_cuda_fp8w) on the device when it is FP8-resident, else NULL: for tests. */
+const uint8_t *msm_backend_cuda_weight_fp8(const msm_backend *b, int wi, const float **ret_scale, int *ret_phase);
 #endif
 
 #endif

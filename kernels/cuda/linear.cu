@@ -169,11 +169,12 @@ extern "C" int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K) {
 #define GEMV_WARPS 4
 
 /* Warp (blockIdx.x, warp) owns rows n0..n0+R-1; blockIdx.y the token chunk t0..t0+NT-1. */
-/* U: 16-byte weight loads in flight per lane per row (R * U per lane in all). */
-template <int NT, int R, int U, bool VEC>
+/* U: 16-byte weight loads in flight per lane per row (R * U per lane in all). FP8: w holds e4m3
+ * codes and wsc their block scales (msm_rows_dot_fp8); else w is bf16 and wsc unused. */
+template <int NT, int R, int U, bool VEC, bool FP8, bool HW>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
-                int K, bool prefetch) {
+    gemv_kernel(float *y, const float *x, const void *w, const float *wsc, int ph, const uint16_t *bias,
+                int T, int N, int K, bool prefetch) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int n0 = (blockIdx.x * GEMV_WARPS + warp) * R;
     int t0 = blockIdx.y * NT;
@@ -182,18 +183,22 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
      * warp's weight rows towards L2 until the previous kernel is done (PDL): weights are never
      * written during a step. The rows of one warp are contiguous. */
     if (prefetch && n0 < N) {
-        const char *wb = (const char *)(w + (size_t)n0 * K);
-        size_t bytes = (size_t)min(R, N - n0) * K * 2;
+        const char *wb = (const char *)msm_wrow<FP8>(w, 0, n0, K);
+        size_t bytes = (size_t)min(R, N - n0) * K * (FP8 ? 1 : 2);
         for (size_t o = (size_t)lane * 128; o < bytes; o += 32 * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + o));
     }
     msm_pdl_wait();
     if (n0 >= N) return;
     int nt = min(NT, T - t0);
-    const uint16_t *wr[R];
+    const void *wr[R];
+    const float *sr[R];
     const float *xs[NT];
 #pragma unroll
-    for (int r = 0; r < R; r++) wr[r] = n0 + r < N ? w + (size_t)(n0 + r) * K : NULL;
+    for (int r = 0; r < R; r++) {
+        wr[r] = n0 + r < N ? msm_wrow<FP8>(w, 0, n0 + r, K) : NULL;
+        sr[r] = FP8 ? msm_srow(wsc, n0 + r, K, ph) : NULL;
+    }
 #pragma unroll
     for (int t = 0; t < NT; t++) xs[t] = x + (size_t)(t0 + min(t, nt - 1)) * K;
     float acc[R][NT];
@@ -201,7 +206,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    msm_rows_dot<R, NT, U, VEC>(acc, wr, xs, nt, K, lane);
+    msm_rows_dot_w<R, NT, U, VEC, FP8, false, HW>(acc, wr, sr, xs, nt, K, ph, lane);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float b = (bias && n0 + r < N) ? msm_bf(bias[n0 + r]) : 0.0f;
@@ -213,33 +218,35 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-template <int NT, bool VEC>
-static void gemv_launch(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
-                        int N, int K, msm_cuda_exec ex) {
+template <int NT, bool VEC, bool FP8 = false, bool HW = false>
+static void gemv_launch(float *y, const float *x, const void *w, const uint16_t *bias, int T,
+                        int N, int K, msm_cuda_exec ex, const float *wsc = NULL, int ph = 0) {
     /* More rows per warp as T grows: each x load (from L1) then feeds R rows, which keeps the
      * L1 traffic for x below the weight stream's share of DRAM bandwidth (measured on the H200:
      * T=8 with R=2 ran at 39% of the copy ceiling on the lm_head). R*U stays 4-8 loads. */
-    constexpr int R = NT >= 5 ? 4 : NT >= 3 ? 2 : 1;
+    constexpr int R = NT >= 5 || FP8 ? 4 : NT >= 3 ? 2 : 1;
     constexpr int U = R >= 4 ? 2 : 4;
+    /* FP8: 4 rows a warp at every T, so each x value read from L1 feeds 4 rows (16 codes a
+     * 16-byte load read x at 4 bytes a code: one row a warp went L1-bound at 0.9 TB/s, H200) */
     dim3 grid((unsigned)((N + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)), (unsigned)((T + NT - 1) / NT));
     /* (8 loads in flight for R = 1 measured the same at batch 1-32: 2.391 vs 2.363 ms, H200,
      * 2026-11-29; bench/results/2026-11-29-h200-s3) */
-    (void)msm_launch(gemv_kernel<NT, R, U, VEC>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, bias, T, N, K,
-                     ex.tune->gemv_prefetch);
+    (void)msm_launch(gemv_kernel<NT, R, U, VEC, FP8, HW>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, wsc, ph, bias,
+                     T, N, K, ex.tune->gemv_prefetch);
 }
 
-template <bool VEC>
-static void gemv_dispatch(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
-                          int N, int K, msm_cuda_exec ex) {
+template <bool VEC, bool FP8 = false, bool HW = false>
+static void gemv_dispatch(float *y, const float *x, const void *w, const uint16_t *bias, int T,
+                          int N, int K, msm_cuda_exec ex, const float *wsc = NULL, int ph = 0) {
     switch (T < 8 ? T : 8) {
-    case 1: gemv_launch<1, VEC>(y, x, w, bias, T, N, K, ex); break;
-    case 2: gemv_launch<2, VEC>(y, x, w, bias, T, N, K, ex); break;
-    case 3: gemv_launch<3, VEC>(y, x, w, bias, T, N, K, ex); break;
-    case 4: gemv_launch<4, VEC>(y, x, w, bias, T, N, K, ex); break;
-    case 5: gemv_launch<5, VEC>(y, x, w, bias, T, N, K, ex); break;
-    case 6: gemv_launch<6, VEC>(y, x, w, bias, T, N, K, ex); break;
-    case 7: gemv_launch<7, VEC>(y, x, w, bias, T, N, K, ex); break;
-    default: gemv_launch<8, VEC>(y, x, w, bias, T, N, K, ex); break;
+    case 1: gemv_launch<1, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph); break;
+    case 2: gemv_launch<2, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph); break;
+    case 3: gemv_launch<3, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph); break;
+    case 4: gemv_launch<4, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph); break;
+    case 5: gemv_launch<5, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph); break;
+    case 6: gemv_launch<6, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph); break;
+    case 7: gemv_launch<7, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph); break;
+    default: gemv_launch<8, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph); break;
     }
 }
 
@@ -504,4 +511,39 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
         CUDA_TRY(msm_launch(add_bias_kernel, dim3(grid_for((size_t)T * N, 256)), dim3(256), 0, ex, y, bias, T, N));
     }
     return 0;
+}
+
+/* ---- FP8-resident weights (docs/adr/0006-fp8.md) ---- */
+
+extern "C" size_t msm_cuda_linear_fp8_deq_bytes(int N, int K) {
+    return N > 0 && K > 0 ? ((size_t)N * K * 2 + 255) / 256 * 256 : 0;
+}
+
+extern "C" int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N,
+                                   int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, uint16_t *deq,
+                                   size_t deq_bytes, msm_cuda_exec ex) {
+    if (T < 0 || N <= 0 || K <= 0 || !w.q || !w.scale || w.phase < 0 || w.phase >= MSM_CUDA_FP8_BLOCK) return -EINVAL;
+    if (T == 0) return 0;
+    /* the tensor-core MMV8, else the SIMT FP8 GEMV (each code read once per 8-token chunk): float32
+     * weights either way (see linear_fp8.cu, msm_rows_dot_fp8) */
+    int kern = ex.tune->fp8_linear;
+    if (T <= ex.tune->fp8_native_max_t && kern == MSM_CUDA_FP8_LINEAR_MMA && T >= ex.tune->fp8_mma_min_t &&
+        msm__linear_fp8_mma_fits(T, N, K, w, x, ex.tune->sms))
+        return msm__linear_fp8_mma_run(y, x, w, bias, T, N, K, ex);
+    if (T <= ex.tune->fp8_native_max_t && K % 16 == 0 && w.phase % 16 == 0 &&
+        ((uintptr_t)w.q | (uintptr_t)x) % 16 == 0) {
+        if (T > 1 && N <= MSM_CUDA_GEMV_SMALL_N && T <= 65535) /* few rows: one warp per (row, token) */
+            gemv_launch<1, true, true>(y, x, w.q, bias, T, N, K, ex, w.scale, w.phase);
+        else if (kern == MSM_CUDA_FP8_LINEAR_SIMT_HW) /* the hardware decode, for comparison */
+            gemv_dispatch<true, true, true>(y, x, w.q, bias, T, N, K, ex, w.scale, w.phase);
+        else
+            gemv_dispatch<true, true>(y, x, w.q, bias, T, N, K, ex, w.scale, w.phase);
+        CUDA_LAUNCH_CHECK();
+        return 0;
+    }
+    /* larger T: the weight dequantised to bf16 (as a bf16-resident one would be) for the bf16 paths */
+    if (!deq || deq_bytes < msm_cuda_linear_fp8_deq_bytes(N, K)) return -EINVAL;
+    int r = msm_cuda_fp8_dequant(deq, w, 1, N, K, NULL, ex);
+    if (r) return r;
+    return msm_cuda_linear(y, x, deq, bias, T, N, K, ctx, ws, ws_bytes, ex);
 }

@@ -166,8 +166,8 @@ extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids
     bool vec_h = H % 8 == 0 && aligned16(x) && aligned16(gate_up);
     bool vec_i = I % 8 == 0 && aligned16(down);
     if (path == MSM_CUDA_MOE_PATH_PAIR)
-        return msm__moe_pair_run(y, x, ids, w, gate_up, down, (float *)ws.act, T, H, I, k, E, vec_h,
-                                 vec_i, ex);
+        return msm__moe_pair_run(y, x, ids, w, gate_up, NULL, 0, down, NULL, 0, (float *)ws.act, T, H, I, k, E,
+                                 vec_h, vec_i, ex);
     CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
     int r = path == MSM_CUDA_MOE_PATH_WMMA    ? msm__moe_gemm_run(ws, x, gate_up, down, T, H, I, k, E, ex)
             : path == MSM_CUDA_MOE_PATH_TILED ? msm__moe_tiled_run(ws, x, gate_up, down, T, H, I, k, E, ex)
@@ -176,4 +176,52 @@ extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids
     if (r) return r;
     CUDA_TRY(combine_launch(y, ws, w, T, H, k, ex));
     return 0;
+}
+
+/* ---- FP8-resident experts (docs/adr/0006-fp8.md) ---- */
+
+/* The bf16 scratch of the dequantising path: gate_up [E, 2I, H], down [E, H, I], used [E]. */
+extern "C" size_t msm_cuda_moe_fp8_deq_bytes(int H, int I, int E) {
+    if (H <= 0 || I <= 0 || E <= 0) return 0;
+    return round_up((size_t)E * 2 * I * H * 2, 256) + round_up((size_t)E * H * I * 2, 256) + round_up((size_t)E * 4, 256);
+}
+
+extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t *ids, const float *w,
+                                        msm_cuda_fp8w gu, msm_cuda_fp8w dn, int T, int H, int I, int k, int E,
+                                        void *ws_base, size_t ws_bytes, void *deq, size_t deq_bytes,
+                                        msm_cuda_exec ex) {
+    if (T < 0 || H <= 0 || I <= 0 || k <= 0 || E <= 0 || E > 256 || k > 8 || !gu.q || !gu.scale || !dn.q ||
+        !dn.scale || gu.phase < 0 || gu.phase >= MSM_CUDA_FP8_BLOCK || dn.phase < 0 || dn.phase >= MSM_CUDA_FP8_BLOCK)
+        return -EINVAL;
+    if (T == 0) return 0;
+    if (!ws_base || (uintptr_t)ws_base % 256 || ws_bytes < msm_cuda_moe_experts_ws_bytes(T, H, I, k, E))
+        return -EINVAL;
+    const msm_cuda_tuning *tn = ex.tune;
+    int forced = tn->moe_path;
+    bool native = T <= tn->fp8_native_max_t && H % 16 == 0 && I % 16 == 0 && gu.phase % 16 == 0 &&
+                  dn.phase % 16 == 0 && aligned16(x) && aligned16(gu.q) && aligned16(dn.q) &&
+                  forced != MSM_CUDA_MOE_PATH_TILED && forced != MSM_CUDA_MOE_PATH_WMMA;
+    if (native) {
+        moe_ws ws;
+        moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);
+        bool pair = forced == MSM_CUDA_MOE_PATH_PAIR || (forced == MSM_CUDA_MOE_PATH_AUTO && T <= MSM_CUDA_MOE_GEMV_MAX_T);
+        if (pair)
+            return msm__moe_pair_run(y, x, ids, w, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase,
+                                     (float *)ws.act, T, H, I, k, E, true, true, ex);
+        CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
+        int r = msm__moe_grouped_fp8_run(ws, x, gu, dn, H, I, k, E, ex);
+        if (r) return r;
+        CUDA_TRY(combine_launch(y, ws, w, T, H, k, ex));
+        return 0;
+    }
+    /* the selected experts dequantised to bf16, then the bf16 paths */
+    if (!deq || (uintptr_t)deq % 256 || deq_bytes < msm_cuda_moe_fp8_deq_bytes(H, I, E)) return -EINVAL;
+    uint16_t *gb = (uint16_t *)deq;
+    uint16_t *db = (uint16_t *)((char *)deq + round_up((size_t)E * 2 * I * H * 2, 256));
+    int32_t *used = (int32_t *)((char *)db + round_up((size_t)E * H * I * 2, 256));
+    int r = msm_cuda_fp8_mark(used, ids, T * k, E, ex);
+    if (!r) r = msm_cuda_fp8_dequant(gb, gu, E, 2 * I, H, used, ex);
+    if (!r) r = msm_cuda_fp8_dequant(db, dn, E, H, I, used, ex);
+    if (r) return r;
+    return msm_cuda_moe_experts(y, x, ids, w, gb, db, T, H, I, k, E, ws_base, ws_bytes, ex);
 }

@@ -44,10 +44,10 @@
 #define GG_NT 4
 #define GG_U 2
 
-template <int R, bool VEC>
+template <int R, bool VEC, bool FP8>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_gateup_grouped_gemv_kernel(moe_ws ws, const float *x, const uint16_t *gate_up, int H,
-                                   int I, int k) {
+    moe_gateup_grouped_gemv_kernel(moe_ws ws, const float *x, const void *gate_up, const float *gu_sc,
+                                   int gu_ph, int H, int I, int k) {
     msm_pdl_wait();
     msm_pdl_trigger();
     int e = blockIdx.y;
@@ -57,13 +57,17 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     int i0 = (blockIdx.x * MOE_WARPS + warp) * R;
     if (i0 >= I) return;
     float *act = (float *)ws.act;
-    const uint16_t *ge = gate_up + (size_t)e * 2 * I * H;
-    const uint16_t *wr[2 * R];
+    size_t eb = (size_t)e * 2 * I * H;
+    const float *se = FP8 ? gu_sc + (size_t)e * msm_cuda_fp8_scales(1, 2 * I, H, gu_ph) : NULL;
+    const void *wr[2 * R];
+    const float *sr[2 * R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         int i = min(i0 + r, I - 1); /* rows past I duplicate the last one; never stored */
-        wr[r] = ge + (size_t)i * H;
-        wr[R + r] = ge + (size_t)(I + i) * H;
+        wr[r] = msm_wrow<FP8>(gate_up, eb, i, H);
+        wr[R + r] = msm_wrow<FP8>(gate_up, eb, I + i, H);
+        sr[r] = msm_srow(se, i, H, gu_ph);
+        sr[R + r] = msm_srow(se, I + i, H, gu_ph);
     }
     for (int gb = g0; gb < g1; gb += GG_NT) {
         int nt = min(GG_NT, g1 - gb);
@@ -75,7 +79,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
         for (int r = 0; r < 2 * R; r++)
 #pragma unroll
             for (int t = 0; t < GG_NT; t++) acc[r][t] = 0.0f;
-        msm_rows_dot<2 * R, GG_NT, GG_U, VEC>(acc, wr, xs, nt, H, lane);
+        msm_rows_dot_w<2 * R, GG_NT, GG_U, VEC, FP8>(acc, wr, sr, xs, nt, H, gu_ph, lane);
         /* only the nt live token columns are reduced (nt is warp-uniform; an expert mostly has
          * 1-3 tokens at T=32, so reducing all GG_NT cost as much as the loads) */
 #pragma unroll
@@ -91,9 +95,9 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 }
 
 /* outp[g, h] = dot(down_e[h, :], act[g, :]) for the grouped rows g of expert e. */
-template <int R, bool VEC>
+template <int R, bool VEC, bool FP8>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_down_grouped_gemv_kernel(moe_ws ws, const uint16_t *down, int H, int I) {
+    moe_down_grouped_gemv_kernel(moe_ws ws, const void *down, const float *dn_sc, int dn_ph, int H, int I) {
     msm_pdl_wait();
     msm_pdl_trigger();
     int e = blockIdx.y;
@@ -103,10 +107,14 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     int h0 = (blockIdx.x * MOE_WARPS + warp) * R;
     if (h0 >= H) return;
     const float *act = (const float *)ws.act;
-    const uint16_t *de = down + (size_t)e * H * I;
-    const uint16_t *wr[R];
+    const float *se = FP8 ? dn_sc + (size_t)e * msm_cuda_fp8_scales(1, H, I, dn_ph) : NULL;
+    const void *wr[R];
+    const float *sr[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) wr[r] = de + (size_t)min(h0 + r, H - 1) * I;
+    for (int r = 0; r < R; r++) {
+        wr[r] = msm_wrow<FP8>(down, (size_t)e * H * I, min(h0 + r, H - 1), I);
+        sr[r] = msm_srow(se, min(h0 + r, H - 1), I, dn_ph);
+    }
     for (int gb = g0; gb < g1; gb += GG_NT) {
         int nt = min(GG_NT, g1 - gb);
         const float *xs[GG_NT];
@@ -117,7 +125,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < GG_NT; t++) acc[r][t] = 0.0f;
-        msm_rows_dot<R, GG_NT, GG_U, VEC>(acc, wr, xs, nt, I, lane);
+        msm_rows_dot_w<R, GG_NT, GG_U, VEC, FP8>(acc, wr, sr, xs, nt, I, dn_ph, lane);
 #pragma unroll
         for (int t = 0; t < GG_NT; t++) {
             if (t >= nt) break;
@@ -330,23 +338,39 @@ static __global__ void __launch_bounds__(NW * 32, MMA_MINB)
     }
 }
 
-static cudaError_t grouped_simt_launch(const moe_ws &ws, const float *x, const uint16_t *gate_up,
-                                       const uint16_t *down, bool vec_h, bool vec_i, bool gateup,
-                                       int H, int I, int k, int E, msm_cuda_exec ex) {
+static cudaError_t grouped_simt_launch(const moe_ws &ws, const float *x, const void *gate_up,
+                                       const float *gu_sc, int gu_ph, const void *down, const float *dn_sc,
+                                       int dn_ph, bool vec_h, bool vec_i, bool gateup, int H, int I, int k, int E,
+                                       msm_cuda_exec ex) {
     constexpr int RG = 2, RD = 4;
     dim3 blk(MOE_WARPS * 32);
     if (gateup) {
         dim3 ga((unsigned)((I + MOE_WARPS * RG - 1) / (MOE_WARPS * RG)), (unsigned)E);
+        if (gu_sc)
+            return msm_launch(moe_gateup_grouped_gemv_kernel<RG, true, true>, ga, blk, 0, ex, ws, x,
+                              gate_up, gu_sc, gu_ph, H, I, k);
         if (vec_h)
-            return msm_launch(moe_gateup_grouped_gemv_kernel<RG, true>, ga, blk, 0, ex, ws, x,
-                              gate_up, H, I, k);
-        return msm_launch(moe_gateup_grouped_gemv_kernel<RG, false>, ga, blk, 0, ex, ws, x,
-                          gate_up, H, I, k);
+            return msm_launch(moe_gateup_grouped_gemv_kernel<RG, true, false>, ga, blk, 0, ex, ws, x,
+                              gate_up, gu_sc, gu_ph, H, I, k);
+        return msm_launch(moe_gateup_grouped_gemv_kernel<RG, false, false>, ga, blk, 0, ex, ws, x,
+                          gate_up, gu_sc, gu_ph, H, I, k);
     }
     dim3 gd((unsigned)((H + MOE_WARPS * RD - 1) / (MOE_WARPS * RD)), (unsigned)E);
+    if (dn_sc)
+        return msm_launch(moe_down_grouped_gemv_kernel<RD, true, true>, gd, blk, 0, ex, ws, down, dn_sc, dn_ph, H, I);
     if (vec_i)
-        return msm_launch(moe_down_grouped_gemv_kernel<RD, true>, gd, blk, 0, ex, ws, down, H, I);
-    return msm_launch(moe_down_grouped_gemv_kernel<RD, false>, gd, blk, 0, ex, ws, down, H, I);
+        return msm_launch(moe_down_grouped_gemv_kernel<RD, true, false>, gd, blk, 0, ex, ws, down, dn_sc, dn_ph, H, I);
+    return msm_launch(moe_down_grouped_gemv_kernel<RD, false, false>, gd, blk, 0, ex, ws, down, dn_sc, dn_ph, H, I);
+}
+
+/* The FP8 grouped GEMVs (SIMT at every T: there is no FP8 tensor-core GEMV yet), after the grouping. */
+int msm__moe_grouped_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int H, int I,
+                             int k, int E, msm_cuda_exec ex) {
+    CUDA_TRY(grouped_simt_launch(ws, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, true, H, I,
+                                 k, E, ex));
+    CUDA_TRY(grouped_simt_launch(ws, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, false, H, I,
+                                 k, E, ex));
+    return 0;
 }
 
 /* Resident blocks an SM holds of a kernel with MMA_NW warps (1 if the query fails). */
@@ -387,7 +411,7 @@ int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_
                                         max_sel * ((I + 7) / 8));
         CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, x, gate_up, H, I, k));
     } else {
-        CUDA_TRY(grouped_simt_launch(ws, x, gate_up, down, vec_h, vec_i, true, H, I, k, E, ex));
+        CUDA_TRY(grouped_simt_launch(ws, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, true, H, I, k, E, ex));
     }
     if (mma && vec_i) {
         auto kern = nt4 ? moe_down_mma_kernel<MMA_NW, MMA_U, 4> : moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT>;
@@ -396,7 +420,7 @@ int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_
         CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, down, H, I,
                             !(kf & MSM_CUDA_MOE_K_NO_PREFETCH)));
     } else {
-        CUDA_TRY(grouped_simt_launch(ws, x, gate_up, down, vec_h, vec_i, false, H, I, k, E, ex));
+        CUDA_TRY(grouped_simt_launch(ws, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, false, H, I, k, E, ex));
     }
     return 0;
 }

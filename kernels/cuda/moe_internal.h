@@ -33,15 +33,21 @@ static __device__ __forceinline__ float msm__silu_mul(float g, float u) {
 }
 
 /* Small T (moe_pair.cu): act (f32 [T*k, I]) then y directly. vec_h / vec_i: 16-byte loads of
- * the gate/up and down rows are possible. */
-int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w,
-                      const uint16_t *gate_up, const uint16_t *down, float *act, int T, int H,
-                      int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex);
+ * the gate/up and down rows are possible. gate_up and down are bf16, or FP8 codes when their
+ * scales gu_sc / dn_sc are given (both or neither; H, I and the column phases gu_ph / dn_ph
+ * multiples of 16, 16-byte aligned: msm_cuda_fp8w). */
+int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w, const void *gate_up,
+                      const float *gu_sc, int gu_ph, const void *down, const float *dn_sc, int dn_ph, float *act,
+                      int T, int H, int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex);
 
 /* Medium T (moe_grouped.cu), after the grouping: act and outp in ws, grouped order. */
 int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
                          const uint16_t *down, int T, int H, int I, int k, int E, bool vec_h,
                          bool vec_i, msm_cuda_exec ex);
+
+/* Medium T with FP8-resident weights (moe_grouped.cu): the SIMT grouped GEMVs on the codes. */
+int msm__moe_grouped_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int H, int I,
+                             int k, int E, msm_cuda_exec ex);
 
 /* Large T (moe_gemm.cu), after the grouping: act (bf16) and outp in ws. H, I multiples of
  * G_BK (msm__moe_gemm_fits). */

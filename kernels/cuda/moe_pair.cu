@@ -3,7 +3,9 @@
  *   A: one warp per (pair p = t*k+j, i): the gate row i and the up row I+i of expert ids[p] are
  *      streamed with 16-byte loads and dotted with x[t]; the warp writes silu(g)*u to act[p,i].
  *   B: one warp per (t, h): y[t,h] = sum_j w[t,j] * dot(down[ids[t,j]][h,:], act[t*k+j,:]),
- *      accumulated in slot order as the CPU does. */
+ *      accumulated in slot order as the CPU does.
+ * With FP8 the weights are e4m3 codes with block scales (msm_rows_dot_fp8; the scale pointers
+ * gu_sc, dn_sc are NULL for bf16 weights). */
 #include "moe_internal.h"
 
 #include <errno.h>
@@ -13,10 +15,10 @@
 
 /* One warp per (pair p, column i). (Two columns a warp, a single wave at T = 1, measured 15%
  * slower there on the H200.) */
-template <bool VEC>
+template <bool VEC, bool FP8>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_gateup_gemv_kernel(float *act, const float *x, const int32_t *ids,
-                           const uint16_t *gate_up, int H, int I, int k, int E) {
+    moe_gateup_gemv_kernel(float *act, const float *x, const int32_t *ids, const void *gate_up,
+                           const float *gu_sc, int gu_ph, int H, int I, int k, int E) {
     msm_pdl_trigger();
     msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -24,39 +26,43 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     if (i >= I) return;
     int e = ids[p];
     if (e < 0 || e >= E) return; /* not a valid expert: the down kernel skips the pair */
-    const uint16_t *ge = gate_up + (size_t)e * 2 * I * H;
-    const uint16_t *const wr[2] = {ge + (size_t)i * H, ge + (size_t)(I + i) * H};
+    size_t eb = (size_t)e * 2 * I * H;
+    const float *se = FP8 ? gu_sc + (size_t)e * msm_cuda_fp8_scales(1, 2 * I, H, gu_ph) : NULL;
+    const void *const wr[2] = {msm_wrow<FP8>(gate_up, eb, i, H), msm_wrow<FP8>(gate_up, eb, I + i, H)};
+    const float *const sr[2] = {msm_srow(se, i, H, gu_ph), msm_srow(se, I + i, H, gu_ph)};
     const float *const xs[1] = {x + (size_t)(p / k) * H};
     float acc[2][1] = {{0.0f}, {0.0f}};
-    msm_rows_dot<2, 1, MOE_U, VEC>(acc, wr, xs, 1, H, lane);
+    msm_rows_dot_w<2, 1, MOE_U, VEC, FP8>(acc, wr, sr, xs, 1, H, gu_ph, lane);
     float g = msm_warp_sum(acc[0][0]), u = msm_warp_sum(acc[1][0]);
     if (lane == 0) act[(size_t)p * I + i] = msm__silu_mul(g, u);
 }
 
 /* One warp per (t, h): the k down rows of the token's experts are streamed together (KMAX >= k
  * slots, unused ones skipped), then combined in slot order as the CPU does. */
-template <int KMAX, bool VEC>
+template <int KMAX, bool VEC, bool FP8>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_down_gemv_kernel(float *y, const float *act, const int32_t *ids, const float *w,
-                         const uint16_t *down, int H, int I, int k, int E) {
+                         const void *down, const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
     constexpr int U = KMAX >= 8 ? 1 : KMAX >= 4 ? 2 : 4;
     msm_pdl_trigger();
     msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int h = blockIdx.x * MOE_WARPS + warp, t = blockIdx.y;
     if (h >= H) return;
-    const uint16_t *wr[KMAX];
+    const void *wr[KMAX];
+    const float *sr[KMAX];
     const float *xs[KMAX];
     float acc[KMAX][KMAX];
 #pragma unroll
     for (int j = 0; j < KMAX; j++) {
         int p = t * k + j, e = j < k ? ids[p] : -1;
         bool ok = j < k && e >= 0 && e < E;
-        wr[j] = ok ? down + ((size_t)e * H + h) * I : NULL;
+        wr[j] = ok ? msm_wrow<FP8>(down, (size_t)e * H * I, h, I) : NULL;
+        sr[j] = FP8 && ok ? msm_srow(dn_sc + (size_t)e * msm_cuda_fp8_scales(1, H, I, dn_ph), h, I, dn_ph) : NULL;
         xs[j] = act + (size_t)p * I;
         acc[j][j] = 0.0f;
     }
-    msm_rows_dot<KMAX, KMAX, U, VEC, true>(acc, wr, xs, KMAX, I, lane);
+    msm_rows_dot_w<KMAX, KMAX, U, VEC, FP8, true>(acc, wr, sr, xs, KMAX, I, dn_ph, lane);
     float y_th = 0.0f;
 #pragma unroll
     for (int j = 0; j < KMAX; j++) {
@@ -66,38 +72,92 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     if (lane == 0) y[(size_t)t * H + h] = y_th;
 }
 
+/* The FP8 down GEMV: one warp per (t, HR rows h0..h0+HR-1), the HR rows of each slot's expert
+ * sharing that slot's act row (read once for them: a warp per row read act at 4 bytes a code and
+ * went L1-bound), combined per row in slot order as the CPU does. */
+#define DOWN_FP8_HR 2
+template <int KMAX, int HR>
+static __global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_down_gemv_fp8_kernel(float *y, const float *act, const int32_t *ids, const float *w, const uint8_t *down,
+                             const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int h0 = (blockIdx.x * MOE_WARPS + warp) * HR, t = blockIdx.y;
+    if (h0 >= H) return;
+    const uint8_t *wr[KMAX * HR];
+    const float *sr[KMAX * HR];
+    const float *xs[KMAX];
+    float acc[KMAX * HR][KMAX];
+    size_t per = msm_cuda_fp8_scales(1, H, I, dn_ph);
+#pragma unroll
+    for (int j = 0; j < KMAX; j++) {
+        int p = t * k + j, e = j < k ? ids[p] : -1;
+        bool ok = j < k && e >= 0 && e < E;
+        xs[j] = act + (size_t)(ok ? p : 0) * I;
+#pragma unroll
+        for (int hr = 0; hr < HR; hr++) {
+            int r = j * HR + hr, h = h0 + hr;
+            bool okr = ok && h < H;
+            wr[r] = okr ? down + ((size_t)e * H + h) * I : NULL;
+            sr[r] = okr ? msm_srow(dn_sc + (size_t)e * per, h, I, dn_ph) : NULL;
+            acc[r][j] = 0.0f;
+        }
+    }
+    msm_rows_dot_fp8<KMAX * HR, KMAX, 1, HR>(acc, wr, sr, xs, KMAX, I, dn_ph, lane);
+#pragma unroll
+    for (int hr = 0; hr < HR; hr++) {
+        float y_th = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KMAX; j++) {
+            float d = msm_warp_sum(acc[j * HR + hr][j]);
+            if (wr[j * HR + hr]) y_th += w[t * k + j] * d;
+        }
+        if (lane == 0 && h0 + hr < H) y[(size_t)t * H + h0 + hr] = y_th;
+    }
+}
+
 template <int KMAX>
 static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float *y,
                                     const float *act, const int32_t *ids, const float *w,
-                                    const uint16_t *down, int H, int I, int k, int E) {
+                                    const void *down, const float *dn_sc, int dn_ph, int H, int I, int k,
+                                    int E) {
     dim3 blk(MOE_WARPS * 32);
+    if (dn_sc) {
+        grid.x = (unsigned)((H + MOE_WARPS * DOWN_FP8_HR - 1) / (MOE_WARPS * DOWN_FP8_HR));
+        return msm_launch(moe_down_gemv_fp8_kernel<KMAX, DOWN_FP8_HR>, grid, blk, 0, ex, y, act, ids, w,
+                          (const uint8_t *)down, dn_sc, dn_ph, H, I, k, E);
+    }
     if (vec)
-        return msm_launch(moe_down_gemv_kernel<KMAX, true>, grid, blk, 0, ex, y, act, ids, w,
-                          down, H, I, k, E);
-    return msm_launch(moe_down_gemv_kernel<KMAX, false>, grid, blk, 0, ex, y, act, ids, w, down,
-                      H, I, k, E);
+        return msm_launch(moe_down_gemv_kernel<KMAX, true, false>, grid, blk, 0, ex, y, act, ids, w,
+                          down, dn_sc, dn_ph, H, I, k, E);
+    return msm_launch(moe_down_gemv_kernel<KMAX, false, false>, grid, blk, 0, ex, y, act, ids, w, down,
+                      dn_sc, dn_ph, H, I, k, E);
 }
 
-int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w,
-                      const uint16_t *gate_up, const uint16_t *down, float *act, int T, int H,
-                      int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex) {
+int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w, const void *gate_up,
+                      const float *gu_sc, int gu_ph, const void *down, const float *dn_sc, int dn_ph, float *act,
+                      int T, int H, int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex) {
     size_t P = (size_t)T * k;
     if (P > 65535) return -EINVAL; /* grid.y of the gate/up kernel */
     dim3 ga((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)P), blk(MOE_WARPS * 32);
-    if (vec_h)
-        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true>, ga, blk, 0, ex, act, x, ids, gate_up, H,
-                            I, k, E));
+    if (gu_sc) /* FP8 (the caller checked H % 16 and the alignment) */
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
+                            gu_ph, H, I, k, E));
+    else if (vec_h)
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
+                            gu_ph, H, I, k, E));
     else
-        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<false>, ga, blk, 0, ex, act, x, ids, gate_up, H,
-                            I, k, E));
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<false, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
+                            gu_ph, H, I, k, E));
     dim3 gb((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)T);
     if (k <= 1)
-        CUDA_TRY(down_gemv_launch<1>(gb, ex, vec_i, y, act, ids, w, down, H, I, k, E));
+        CUDA_TRY(down_gemv_launch<1>(gb, ex, vec_i, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
     else if (k <= 2)
-        CUDA_TRY(down_gemv_launch<2>(gb, ex, vec_i, y, act, ids, w, down, H, I, k, E));
+        CUDA_TRY(down_gemv_launch<2>(gb, ex, vec_i, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
     else if (k <= 4)
-        CUDA_TRY(down_gemv_launch<4>(gb, ex, vec_i, y, act, ids, w, down, H, I, k, E));
+        CUDA_TRY(down_gemv_launch<4>(gb, ex, vec_i, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
     else
-        CUDA_TRY(down_gemv_launch<8>(gb, ex, vec_i, y, act, ids, w, down, H, I, k, E));
+        CUDA_TRY(down_gemv_launch<8>(gb, ex, vec_i, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
     return 0;
 }

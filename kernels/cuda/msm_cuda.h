@@ -40,6 +40,11 @@ int msm__linear_tiled_prepare(void);
 bool msm__linear_tiled_fits(int T, int N, int K, const void *w, const void *x);
 int msm__linear_tiled_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
                           int N, int K, msm_cuda_exec ex);
+/* The FP8 tensor-core linear (linear_fp8.cu): its shared-memory limit, whether a call fits, the launch. */
+int msm__linear_fp8_mma_prepare(void);
+bool msm__linear_fp8_mma_fits(int T, int N, int K, msm_cuda_fp8w w, const float *x, int sms);
+int msm__linear_fp8_mma_run(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N, int K,
+                            msm_cuda_exec ex);
 
 #ifdef __cplusplus
 }
@@ -80,6 +85,7 @@ static inline int msm_norm_vals(int dim, int threads) {
 
 #ifdef __CUDACC__
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #define MSM_FULL_MASK 0xffffffffu
@@ -250,6 +256,159 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
                 }
             }
     }
+}
+
+/* ---- FP8 block-scaled weights (docs/adr/0006-fp8.md) ----
+ * An e4m3 weight row is read 16 codes (16 bytes) at a time; every run of 16 lies inside one
+ * 128-column scale block, so a lane's 16 products share one scale: the kernels sum
+ * f32(q) * x over the 16 in the msm_fma8 order, then multiply that partial by the block's scale
+ * and add it to the accumulator (one fmaf). The weight each x meets is therefore the float32
+ * value f32(q) * scale the CPU oracle holds, up to where the rounding happens (one multiply per
+ * 16 products instead of one per weight): not bf16-rounded.
+ *
+ * Decoding: the hardware's cvt.rn.f16x2.e4m3x2 then half-to-float runs at a fraction of the HBM
+ * rate (H200, 2026-12-01: the GEMV at 0.9 TB/s against 2.5 TB/s for bf16 rows), so by default
+ * a code is decoded with integer operations as f32(q) * 2^-120: its 7 exponent and mantissa bits
+ * placed under float32's exponent bias (the code's subnormals become float32 subnormals of the
+ * same value), which needs no add and no case. x is multiplied by 2^100 as it is read (exact for
+ * |x| < 2^28) so no product underflows, and the scale by 2^20 (exact). The two NaN codes would
+ * decode as finite numbers this way: the loader refuses FP8-resident weights holding them. */
+#define MSM_FP8_X_SCALE 0x1p100f
+#define MSM_FP8_S_SCALE 0x1p20f
+
+/* Four codes (memory order) to float32: HW, exactly (NaN included); else times 2^-120. */
+template <bool HW>
+static __device__ __forceinline__ void msm_fp8x4_f32(uint32_t v, float *f) {
+    if constexpr (HW) {
+        __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+        __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v >> 16), __NV_E4M3);
+        float2 fa = __half22float2(__half2(a)), fb = __half22float2(__half2(b));
+        f[0] = fa.x, f[1] = fa.y, f[2] = fb.x, f[3] = fb.y;
+    } else {
+        f[0] = __int_as_float(((int)(v << 24) >> 4) & (int)0x87f00000);
+        f[1] = __int_as_float(((int)(v << 16) >> 4) & (int)0x87f00000);
+        f[2] = __int_as_float(((int)(v << 8) >> 4) & (int)0x87f00000);
+        f[3] = __int_as_float(((int)v >> 4) & (int)0x87f00000);
+    }
+}
+
+/* Sixteen codes (a 16-byte load) to float32. */
+template <bool HW>
+static __device__ __forceinline__ void msm_fp8x16_f32(uint4 v, float (&f)[16]) {
+    msm_fp8x4_f32<HW>(v.x, f), msm_fp8x4_f32<HW>(v.y, f + 4), msm_fp8x4_f32<HW>(v.z, f + 8),
+        msm_fp8x4_f32<HW>(v.w, f + 12);
+}
+
+/* x[0..15] * xs as four float4 (x 16-byte aligned; xs 1 or 2^100, exact). */
+static __device__ __forceinline__ void msm_x16(const float *x, float xs, float4 (&v)[4]) {
+    const float4 *xp = (const float4 *)x;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float4 a = xp[i];
+        v[i] = make_float4(a.x * xs, a.y * xs, a.z * xs, a.w * xs);
+    }
+}
+
+/* dot(16 weights, 16 x values) in the msm_fma8 order. */
+static __device__ __forceinline__ float msm_dot16(const float (&w)[16], const float4 (&x)[4]) {
+    float s = msm_fma8(w, x[0], x[1], 0.0f);
+    return msm_fma8(w + 8, x[2], x[3], s);
+}
+
+/* msm_rows_dot for FP8 rows: wr[r] points at row r's codes (16-byte aligned, K % 16 == 0), sr[r]
+ * at its scales (column k's is sr[r][(k + ph) / 128]; ph, the weight's column phase, a multiple
+ * of 16). Lane l reads k = 16l + 512u (+ 512U a step), 16 codes per 16-byte load, all R*U loads
+ * (and their scales) issued before any is used; acc[r][t] += scale * dot16 per load, in that
+ * order (deterministic). G = 0: every row with every vector, each x value read once for all R
+ * rows. G > 0: row r with vector r / G alone (NT == R / G; G = 1 is msm_rows_dot's DIAG), the
+ * sum in acc[r][r / G], each x value read once for its G rows. HW: the hardware decode. */
+template <int R, int NT, int U, int G = 0, bool HW = false>
+static __device__ __forceinline__ void msm_rows_dot_fp8(float (&acc)[R][NT], const uint8_t *const (&wr)[R],
+                                                        const float *const (&sr)[R],
+                                                        const float *const (&xs)[NT], int nt, int K,
+                                                        int ph, int lane) {
+    static_assert(G == 0 || NT * G == R, "grouped rows: R / G vectors");
+    constexpr float XS = HW ? 1.0f : MSM_FP8_X_SCALE, SS = HW ? 1.0f : MSM_FP8_S_SCALE;
+    for (int k0 = lane * 16; k0 < K; k0 += 512 * U) {
+        uint4 wv[R][U];
+        float sv[R][U];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int k = k0 + u * 512;
+                bool ok = wr[r] && k < K;
+                wv[r][u] = ok ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+                sv[r][u] = ok ? __ldg(sr[r] + ((k + ph) >> 7)) * SS : 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int k = k0 + u * 512;
+            if (k >= K) break;
+            if constexpr (G > 0) { /* a vector's x read once, its G rows decoded one by one */
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    bool any = false;
+#pragma unroll
+                    for (int g = 0; g < G; g++) any |= wr[t * G + g] != NULL;
+                    if (!any) continue;
+                    float4 xv[4];
+                    msm_x16(xs[t] + k, XS, xv);
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        int r = t * G + g;
+                        if (!wr[r]) continue;
+                        float wf[16];
+                        msm_fp8x16_f32<HW>(wv[r][u], wf);
+                        acc[r][t] = fmaf(msm_dot16(wf, xv), sv[r][u], acc[r][t]);
+                    }
+                }
+            } else { /* every row decoded once, each x value read once and used for all R rows */
+                float wf[R][16];
+#pragma unroll
+                for (int r = 0; r < R; r++) msm_fp8x16_f32<HW>(wv[r][u], wf[r]);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= nt) break;
+                    float4 xv[4];
+                    msm_x16(xs[t] + k, XS, xv);
+#pragma unroll
+                    for (int r = 0; r < R; r++) /* a NULL row's zeros: its acc is never read */
+                        acc[r][t] = fmaf(msm_dot16(wf[r], xv), sv[r][u], acc[r][t]);
+                }
+            }
+        }
+    }
+}
+
+/* Either kind of weight row: bf16 (FP8 false; sr unused) or FP8 (VEC must be true). */
+template <int R, int NT, int U, bool VEC, bool FP8, bool DIAG = false, bool HW = false>
+static __device__ __forceinline__ void msm_rows_dot_w(float (&acc)[R][NT], const void *const (&wr)[R],
+                                                      const float *const (&sr)[R],
+                                                      const float *const (&xs)[NT], int nt, int K, int ph,
+                                                      int lane) {
+    if constexpr (FP8) {
+        const uint8_t *w8[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) w8[r] = (const uint8_t *)wr[r];
+        msm_rows_dot_fp8<R, NT, U, DIAG ? 1 : 0, HW>(acc, w8, sr, xs, nt, K, ph, lane);
+    } else {
+        const uint16_t *w16[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) w16[r] = (const uint16_t *)wr[r];
+        msm_rows_dot<R, NT, U, VEC, DIAG>(acc, w16, xs, nt, K, lane);
+    }
+}
+
+/* Row n of weight w ([rows, K] of one expert, at element offset `base`): its first element and,
+ * for FP8, its scales (sc: the expert's [rows, ceil((K + ph) / 128)] scales). */
+template <bool FP8>
+static __device__ __forceinline__ const void *msm_wrow(const void *w, size_t base, int n, int K) {
+    return FP8 ? (const void *)((const uint8_t *)w + base + (size_t)n * K)
+               : (const void *)((const uint16_t *)w + base + (size_t)n * K);
+}
+static __device__ __forceinline__ const float *msm_srow(const float *sc, int n, int K, int ph) {
+    return sc ? sc + (size_t)n * (size_t)((K + ph + 127) >> 7) : NULL;
 }
 
 /* (a, b) as bf16 pairs: hi = rn(a, b), lo = rn(a - hi, b - hi), so hi + lo carries ~16 mantissa

@@ -107,6 +107,13 @@ typedef struct msm_cuda_tuning {
     int att_per_sm[4][2];     /* attention_kernel<L = 4, 8, 16, 32 chunks><vec 0/1> */
     size_t ar_oneshot_max_bytes; /* all-reduces up to this size take the one-shot kernel where the
                                     group has peer access (MSM_CUDA_AR_ONESHOT_MAX_BYTES); 0: NCCL always */
+    bool fp8_resident;        /* FP8 checkpoint weights stay FP8 on the device (else dequantised to
+                                 bf16 at load, as before) */
+    int fp8_native_max_t;     /* FP8-resident linears and experts with T <= this run the FP8 GEMVs;
+                                 larger T dequantise to bf16 for the bf16 paths (MSM_CUDA_FP8_NATIVE_MAX_T) */
+    int fp8_linear;           /* MSM_CUDA_FP8_LINEAR_*: the FP8 linear kernel up to fp8_native_max_t */
+    int fp8_mma_min_t;        /* ... MMA: the tensor-core MMV8 from this T on, the SIMT GEMV below
+                                 (MSM_CUDA_FP8_MMA_MIN_T) */
 } msm_cuda_tuning;
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the
@@ -279,6 +286,71 @@ int msm_cuda_sample(int32_t *out, const float *logits, const msm_sample_params *
 size_t msm_cuda_router_ws_bytes(int T, int E);
 int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
                                 int K, int k, bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex);
+
+/* ---- FP8 block-scaled weights resident on the device (docs/adr/0006-fp8.md) ----
+ * A weight [n_expert, rows, cols] kept as its float8_e4m3fn codes (one byte each, the same
+ * layout) plus float32 scales [n_expert, rows, ceil((cols + phase) / 128)]: one per row and
+ * 128-column block of the checkpoint tensor the row came from, so rows of several tensors (q, k
+ * and v; gate and up) and TP slices that start inside a block all keep their own scales
+ * (3% more bytes than the codes). Element (e, r, c) is
+ * f32(q) * scale[e][r][(c + phase) / 128], where phase is the column of the checkpoint tensor the
+ * weight's column 0 came from, modulo 128 (a row-parallel TP slice's offset; 0 otherwise).
+ * The FP8 GEMVs (T <= msm_cuda_tuning.fp8_native_max_t; the column count and phase multiples of
+ * 16) multiply x by that float32 value (no bf16 rounding: the CPU oracle's float32 weights, summed
+ * as in msm_rows_dot_fp8); larger T dequantise into a bf16 scratch buffer (msm_cuda_fp8_dequant:
+ * exactly the weight a bf16-resident load would hold) and run the bf16 paths. */
+#define MSM_CUDA_FP8_BLOCK 128
+/* The FP8 linear kernels: by default the SIMT GEMV up to fp8_mma_min_t - 1 tokens and the
+ * tensor-core MMV8 (linear_fp8.cu; SIMT where it does not fit) from there; or for comparison the
+ * SIMT GEMV at every T with the integer decode or the hardware cvt (MSM_CUDA_FP8_LINEAR=
+ * mma|simt|simt_hw). Default threshold measured on the H200 at Qwen3-30B-A3B's shapes
+ * (bench/results/2026-12-01-h200-fp8): T = 1, 5120 x 2048: SIMT 7.5 us, MMV8 13.1; T = 8: SIMT
+ * 22.5, MMV8 14.2 (bf16 11.1). */
+#define MSM_CUDA_FP8_MMA_MIN_T 5
+enum { MSM_CUDA_FP8_LINEAR_MMA = 0, MSM_CUDA_FP8_LINEAR_SIMT = 1, MSM_CUDA_FP8_LINEAR_SIMT_HW = 2 };
+/* Default of msm_cuda_tuning.fp8_native_max_t. */
+#define MSM_CUDA_FP8_NATIVE_MAX_T 64
+typedef struct msm_cuda_fp8w {
+    const uint8_t *q;    /* codes [n_expert, rows, cols] */
+    const float *scale;  /* [n_expert, rows, ceil((cols + phase) / 128)] */
+    int phase;           /* 0..127 */
+} msm_cuda_fp8w;
+#ifdef __CUDACC__
+#define MSM_CUDA_HD __host__ __device__
+#else
+#define MSM_CUDA_HD
+#endif
+/* Scales of an FP8 weight [n_expert, rows, cols] of column phase `phase`. */
+static inline MSM_CUDA_HD size_t msm_cuda_fp8_scales(int n_expert, int rows, int cols, int phase) {
+    return (size_t)n_expert * (size_t)rows * (size_t)((cols + phase + 127) / 128);
+}
+
+/* used[e] = whether ids[0..n) names expert e (E <= 256): for msm_cuda_fp8_dequant. */
+int msm_cuda_fp8_mark(int32_t *used, const int32_t *ids, int n, int E, msm_cuda_exec ex);
+/* dst [n_expert, rows, cols] bf16 = the FP8 weight w dequantised and rounded; with `used`
+ * (device, [n_expert]) only the experts marked there (the others' rows are left as they are). */
+int msm_cuda_fp8_dequant(uint16_t *dst, msm_cuda_fp8w w, int n_expert, int rows, int cols,
+                         const int32_t *used, msm_cuda_exec ex);
+
+/* msm_cuda_linear with an FP8-resident weight w [N, K]: the FP8 GEMV up to fp8_native_max_t
+ * tokens (K and w.phase % 16 == 0, w.q and x 16-byte aligned); otherwise w dequantised into deq
+ * (msm_cuda_linear_fp8_deq_bytes(N, K) bytes, 256-byte aligned) and msm_cuda_linear on it (ws as
+ * there). */
+size_t msm_cuda_linear_fp8_deq_bytes(int N, int K);
+int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N,
+                        int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, uint16_t *deq,
+                        size_t deq_bytes, msm_cuda_exec ex);
+
+/* msm_cuda_moe_experts with FP8-resident expert weights gate_up [E, 2I, H] and down [E, H, I]. Up
+ * to fp8_native_max_t tokens (H, I and the phases % 16 == 0, aligned) the FP8 pair GEMVs
+ * (T <= MSM_CUDA_MOE_GEMV_MAX_T) or grouped SIMT GEMVs; otherwise the selected experts are
+ * dequantised into deq (msm_cuda_moe_fp8_deq_bytes(H, I, E) bytes, 256-byte aligned) and
+ * msm_cuda_moe_experts runs on them. ws as there. */
+size_t msm_cuda_moe_fp8_deq_bytes(int H, int I, int E);
+int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t *ids, const float *w,
+                             msm_cuda_fp8w gate_up, msm_cuda_fp8w down, int T, int H, int I, int k,
+                             int E, void *ws, size_t ws_bytes, void *deq, size_t deq_bytes,
+                             msm_cuda_exec ex);
 
 /* ---- one-shot all-reduce over peer memory (allreduce.cu) ----
  * For the collectives of a TP group whose ranks' GPUs reach each other's memory (NVLink peer

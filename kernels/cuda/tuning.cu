@@ -21,12 +21,17 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->moe_path = MSM_CUDA_MOE_PATH_AUTO;
     t->moe_tiled_min_t = MSM_CUDA_MOE_TILED_MIN_T;
     t->ar_oneshot_max_bytes = MSM_CUDA_AR_ONESHOT_MAX_BYTES;
+    t->fp8_resident = true;
+    t->fp8_native_max_t = MSM_CUDA_FP8_NATIVE_MAX_T;
+    t->fp8_mma_min_t = MSM_CUDA_FP8_MMA_MIN_T;
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;
     msm__moe_tuning(t);
     int r = msm__moe_tiled_prepare();
     if (r) return r;
     r = msm__linear_tiled_prepare();
+    if (r) return r;
+    r = msm__linear_fp8_mma_prepare();
     if (r) return r;
     msm__attention_tuning(t);
     return 0;

@@ -5,8 +5,8 @@ For every golden prompt: greedy tokens equal, logits within bf16 tolerance of th
 (which is run with --kv-bf16: its KV cache rounded to bf16 as the CUDA cache stores it; on these
 tiny std-0.2 models that rounding alone moves logits by up to 5e-1 and flips greedy tokens, so
 comparing against a float32 cache would measure the cache format, not the kernels; and for FP8
-checkpoints with --fp8-as-bf16: its dequantised weights rounded to bf16 as the CUDA backend holds
-them, for the same reason);
+checkpoints with --fp8-as-cuda: the FP8 weights the CUDA backend keeps FP8 stay the float32 values
+its FP8 kernels multiply by, the others (routers) rounded to bf16 as the CUDA loader stores them);
 CUDA-graph replay vs eager bitwise; multi-stream on vs off bitwise; a 100-token run replays the
 decode graph 100 times and must equal eager bitwise. With --tp 2 in MSMOE_CUDA_ARGS also: the
 all-reduce fused with the residual add + norm on vs off bitwise, and the one-shot all-reduce vs
@@ -37,12 +37,12 @@ def run(model, prompt, n, *extra, env=None):
             extra = (*extra, *CUDA_EXTRA)
         else:
             # the oracle stores what the CUDA backend stores, so only the kernels differ: K/V
-            # rounded to bf16 (--kv-bf16) and FP8 weights rounded to bf16 once dequantised
-            # (--fp8-as-bf16). This script's --kv-f32 / --fp8-f32 keep the CPU's own float32
-            # cache / FP8 weights instead (information only).
+            # rounded to bf16 (--kv-bf16) and the FP8 weights the CUDA backend does not keep FP8
+            # rounded to bf16 once dequantised (--fp8-as-cuda). This script's --kv-f32 / --fp8-f32
+            # keep the CPU's own float32 cache / FP8 weights instead (information only).
             cpu = [] if "--kv-f32" in extra else ["--kv-bf16"]
             if is_fp8(model) and "--fp8-f32" not in extra:
-                cpu.append("--fp8-as-bf16")
+                cpu.append("--fp8-as-cuda")
             extra = (*(x for x in extra if x not in ("--kv-f32", "--fp8-f32")), *cpu)
         cmd = [BIN, "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
                "--max-new-tokens", str(n), "--ignore-eos", "--dump-logits", f.name, *extra]
@@ -59,16 +59,14 @@ def check(name, ok, detail=""):
     print(f"{'PASS' if ok else 'FAIL'} {name} {detail}", flush=True)
 
 
-# The FP8 block-scaled models (qwen3moe-fp8, glm4moe-fp8): the CUDA backend dequantises their
-# weights on the device and rounds them to bf16; the CPU oracle by default keeps the float32
-# dequantised values (what test_golden compares with HF), so the two would run different weights:
-# that rounding alone moves these tiny models' logits by ~1e-2 and more where routing flips (the
-# INFO line below), over the bf16 bound. The CPU side therefore runs with --fp8-as-bf16, which
-# rounds its dequantised weights with the same msm_f32_to_bf16 (tests/unit/test_weights.c checks
-# both backends' weights against that bit for bit): the same weights on both sides, so the bf16
-# models' tolerances apply unchanged. (When the CUDA backend keeps FP8 weights resident, the
-# oracle must hold what its kernels multiply by: --fp8-as-bf16 while they round the dequantised
-# value to bf16, as ADR 0006's first FP8 kernels will; no flag once they use the float32 value.)
+# The FP8 block-scaled models (qwen3moe-fp8, glm4moe-fp8): the CUDA backend keeps most of their
+# weights FP8 on the device (docs/adr/0006-fp8.md) and its FP8 kernels multiply by the float32
+# value f32(q) * scale, the CPU oracle's own weight; routers and gates it dequantises at load and
+# rounds to bf16. The CPU side therefore runs with --fp8-as-cuda, which rounds exactly those
+# (msm_weights_fp8_resident, one rule for both backends), so the bf16 models' tolerances apply.
+# (Until 2026-12-01 every FP8 weight was rounded to bf16 on the GPU and the CPU ran with
+# --fp8-as-bf16; that rounding alone moved these tiny models' logits by ~1e-2 and more where
+# routing flips: the INFO line below shows it against the all-float32 oracle.)
 MODELS = ["qwen2moe-gqa", "qwen2moe-mha-tied", "qwen3moe", "mixtral", "glm4moe", "qwen3moe-fp8", "glm4moe-fp8",
           "../../models/stories260k-moe"]
 if os.environ.get("CHECK_MODELS"):  # e.g. CHECK_MODELS=qwen3moe,mixtral for a quicker partial run
@@ -106,12 +104,12 @@ for m in MODELS:
         _, tcl = run(d, seq, 1, "--backend", "cpu")
         _, tgl = run(d, seq, 1, "--backend", "cuda")
         if is_fp8(d):
-            # information: the CPU with float32 FP8 weights (the golden oracle) vs rounded to bf16
-            # (what CUDA holds, the weights compared above): the rounding alone, on the same rows
+            # information: the CPU with every FP8 weight float32 (the golden oracle) vs with the
+            # routers rounded as CUDA holds them (the weights compared above), on the same rows
             _, twl = run(d, seq, 1, "--backend", "cpu", "--fp8-f32")
             wt, _ = run(d, p, n, "--backend", "cpu", "--fp8-f32")
             wdiv = next((k for k in range(min(len(wt), len(ct))) if wt[k] != ct[k]), None)
-            print(f"INFO {m}[{i}] cpu float32 fp8 weights vs bf16-rounded: teacher-forced rel "
+            print(f"INFO {m}[{i}] cpu all-float32 fp8 weights vs as cuda holds them: teacher-forced rel "
                   f"{float(np.linalg.norm(twl - tcl) / np.linalg.norm(tcl)):.2e} "
                   f"(worst element {float(np.abs(twl - tcl).max() / np.abs(tcl).max()):.2e}), greedy "
                   f"{'tokens equal' if wdiv is None else f'tokens diverge at {wdiv}'}", flush=True)

@@ -812,6 +812,214 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
     moe_cases(skew, sizeof skew / sizeof *skew, 256, 128, 2, 3, 2e-5);
 }
 
+/* ---- FP8-resident weights (docs/adr/0006-fp8.md) ---- */
+
+/* A random FP8 weight [E, rows, cols] of column phase ph on the host and the device: codes (NaN
+ * codes only with nan), per-row scales ~ 1 / (448 sqrt(cols)), its float32 value f32(q) * scale
+ * (the CPU oracle's weight) and that rounded to bf16 (what the dequantising path multiplies by). */
+typedef struct fp8_weight {
+    uint8_t *q;
+    float *sc, *f, *fb;
+    size_t n, ns;
+    msm_cuda_fp8w d;
+} fp8_weight;
+
+static fp8_weight fp8_make(int E, int rows, int cols, int ph, bool nan) {
+    fp8_weight w = {0};
+    w.n = (size_t)E * rows * cols;
+    w.ns = msm_cuda_fp8_scales(E, rows, cols, ph);
+    size_t ncs = (size_t)(cols + ph + 127) / 128;
+    w.q = malloc(w.n + 1), w.sc = malloc(w.ns * 4 + 4), w.f = malloc(w.n * 4 + 4), w.fb = malloc(w.n * 4 + 4);
+    cr_assert(w.q && w.sc && w.f && w.fb);
+    for (size_t i = 0; i < w.ns; i++) w.sc[i] = (0.5f + rndu()) / (448.0f * sqrtf((float)cols)) * 8.0f;
+    for (size_t i = 0; i < w.n; i++) {
+        uint8_t q = (uint8_t)(rnd64() & 0xff);
+        if (!nan && (q & 0x7f) == 0x7f) q ^= 1; /* no NaN codes */
+        w.q[i] = q;
+        size_t r = i / (size_t)cols, c = i % (size_t)cols;
+        w.f[i] = msm_f8e4m3_to_f32(q) * w.sc[r * ncs + (c + (size_t)ph) / 128];
+        w.fb[i] = msm_bf16_to_f32(msm_f32_to_bf16(w.f[i]));
+    }
+    w.d = (msm_cuda_fp8w){.q = dev_up(w.q, w.n), .scale = dev_up(w.sc, w.ns * 4), .phase = ph};
+    return w;
+}
+
+static void fp8_free(fp8_weight *w) {
+    cudaFree((void *)w->d.q), cudaFree((void *)w->d.scale);
+    free(w->q), free(w->sc), free(w->f), free(w->fb);
+}
+
+/* One FP8 linear against the CPU linear on the float32 weights (FP8 GEMV) or on them rounded to
+ * bf16 (the dequantising path, bf16 = true). */
+static void linear_fp8_case(msm_cuda_ctx *ctx, msm_cuda_exec ex, int T, int N, int K, int ph, bool bias, bool bf16,
+                            double tol) {
+    fp8_weight w = fp8_make(1, N, K, ph, false);
+    float *x = host_f32((size_t)T * K, 1.0f), *bf = NULL;
+    uint16_t *bb = bias ? host_bf16(N, 0.5f, &bf) : NULL;
+    float *ref = malloc((size_t)T * N * 4), *out = malloc((size_t)T * N * 4);
+    msm_cpu_linear(ref, x, bf16 ? w.fb : w.f, bf, T, N, K);
+    float *dx = dev_up(x, (size_t)T * K * 4), *dy = dev_poison((size_t)T * N * 4);
+    uint16_t *db = bias ? dev_up(bb, N * 2) : NULL;
+    size_t wsb = msm_cuda_linear_ws_bytes(T, N, K), dqb = msm_cuda_linear_fp8_deq_bytes(N, K);
+    void *ws = wsb ? dev(wsb) : NULL;
+    uint16_t *dq = dev_poison(dqb);
+    CK(msm_cuda_linear_fp8(dy, dx, w.d, db, T, N, K, ctx, ws, wsb, dq, dqb, ex));
+    down(out, dy, (size_t)T * N * 4);
+    CHECK_ERR(out, ref, (size_t)T * N, tol, "fp8 linear T=%d N=%d K=%d phase=%d bias=%d", T, N, K, ph, bias);
+    /* the same call again: the same bits */
+    float *out2 = malloc((size_t)T * N * 4);
+    cudaMemset(dy, 0xff, (size_t)T * N * 4);
+    CK(msm_cuda_linear_fp8(dy, dx, w.d, db, T, N, K, ctx, ws, wsb, dq, dqb, ex));
+    down(out2, dy, (size_t)T * N * 4);
+    cr_assert(memcmp(out, out2, (size_t)T * N * 4) == 0, "fp8 linear not deterministic T=%d N=%d K=%d", T, N, K);
+    cudaFree(dx), cudaFree(dy), cudaFree(db), cudaFree(ws), cudaFree(dq);
+    fp8_free(&w);
+    free(x), free(bf), free(bb), free(ref), free(out), free(out2);
+}
+
+/* The FP8 linears on the float32 weights (fp32 tolerance): the tensor-core MMV8 and the SIMT GEMV
+ * at every token-chunk size, phases 0, 16, 64 and 112 (scale columns straddling the weight's
+ * 128-column groups), N <= 256, bias; then past fp8_native_max_t the dequantised weight on the
+ * bf16 paths. */
+Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
+    need_gpu();
+    msm_cuda_ctx *ctx = NULL;
+    CK(msm_cuda_ctx_new(&ctx));
+    static const int shapes[][5] = {{1, 2048, 2048, 0, 0}, {1, 300, 192, 64, 1},  {2, 129, 256, 16, 0},
+                                    {3, 1000, 1408, 0, 1}, {5, 257, 768, 112, 0}, {8, 2048, 2048, 0, 1},
+                                    {9, 60, 2048, 0, 0},   {16, 4096, 512, 64, 1}, {33, 777, 1024, 0, 0},
+                                    {64, 2048, 2048, 0, 0}, {1, 151936, 256, 0, 0}};
+    /* the default (the tensor-core MMV8 where K and the phase are multiples of 64, else the SIMT
+     * GEMV), then the SIMT GEMV forced, with either decode */
+    for (int kern = 0; kern < 4; kern++) {
+        msm_cuda_tuning tk = tune0;
+        tk.fp8_linear = kern < 3 ? kern : MSM_CUDA_FP8_LINEAR_MMA;
+        if (kern == 3) tk.fp8_mma_min_t = 1; /* the MMV8 at every T */
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            linear_fp8_case(ctx, EX_T(&tk), shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4],
+                            false, 2e-5);
+    }
+    /* MMV8 at every token-tile count and K-slice count, partial row blocks, a long K (K slices
+     * forced up by the shared memory) */
+    static const int mma[][4] = {{1, 128, 64, 0},   {7, 129, 192, 64}, {8, 1000, 4096, 0}, {12, 300, 2048, 0},
+                                 {17, 2048, 768, 0}, {31, 100, 1408, 64}, {40, 513, 2048, 0}, {64, 2048, 8192, 0}};
+    msm_cuda_tuning tm = tune0;
+    tm.fp8_mma_min_t = 1;
+    for (size_t s = 0; s < sizeof mma / sizeof *mma; s++)
+        linear_fp8_case(ctx, EX_T(&tm), mma[s][0], mma[s][1], mma[s][2], mma[s][3], s % 2, false, 2e-5);
+    /* past the FP8 GEMVs: dequantised to bf16, the tiled linear (near-fp32) at 9..64 tokens,
+     * cuBLASLt's hi + lo from 65, a K the FP8 GEMV cannot take (K % 16 != 0) at any T */
+    msm_cuda_tuning t = tune0;
+    t.fp8_native_max_t = 4;
+    linear_fp8_case(ctx, EX_T(&t), 32, 2048, 2048, 0, 1, true, 2e-5);
+    linear_fp8_case(ctx, EX_T(&t), 100, 1000, 1024, 64, 0, true, 5e-5);
+    linear_fp8_case(ctx, EX, 100, 1000, 1024, 0, 1, true, 5e-5);
+    linear_fp8_case(ctx, EX, 2, 300, 200, 0, 0, true, 2e-5);
+    msm_cuda_ctx_free(ctx);
+}
+
+/* The dequantisation is bit for bit the host's msm_f32_to_bf16(f32(q) * scale), NaN codes (bf16
+ * NaN of their sign, as load.cu stores them) included; with `used`, only the marked experts. */
+Test(cuda_kernels, fp8_dequant_equals_the_host_rounding, .timeout = 60) {
+    need_gpu();
+    static const int shapes[][4] = {{1, 300, 1024, 0}, {3, 130, 192, 64}, {2, 64, 100, 0}, {4, 256, 136, 8}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int E = shapes[s][0], R = shapes[s][1], C = shapes[s][2], ph = shapes[s][3];
+        fp8_weight w = fp8_make(E, R, C, ph, true);
+        uint16_t *d = dev_poison(w.n * 2), *got = malloc(w.n * 2);
+        int32_t used[4] = {1, 0, 1, 0}, *du = dev_up(used, sizeof used);
+        CK(msm_cuda_fp8_dequant(d, w.d, E, R, C, E > 1 ? du : NULL, EX));
+        down(got, d, w.n * 2);
+        size_t per = (size_t)R * C, bad = w.n;
+        for (size_t i = 0; i < w.n && bad == w.n; i++) {
+            uint16_t want = (w.q[i] & 0x7f) == 0x7f ? (w.q[i] & 0x80 ? 0xffc0 : 0x7fc0) : msm_f32_to_bf16(w.f[i]);
+            if (E > 1 && !used[i / per]) want = 0xffff; /* untouched: the poison */
+            if (got[i] != want) bad = i;
+        }
+        cr_expect_eq(bad, w.n, "fp8 dequant E=%d R=%d C=%d phase=%d: element %zu 0x%04x (code 0x%02x)", E, R, C, ph,
+                     bad, bad < w.n ? got[bad] : 0, bad < w.n ? w.q[bad] : 0);
+        cudaFree(d), cudaFree(du);
+        free(got);
+        fp8_free(&w);
+    }
+    /* marking: experts named by ids, invalid ids ignored */
+    int32_t ids[6] = {3, 0, 3, -1, 7, 99}, *di = dev_up(ids, sizeof ids), *du = dev_poison(8 * 4), u[8];
+    CK(msm_cuda_fp8_mark(du, di, 6, 8, EX));
+    down(u, du, sizeof u);
+    for (int e = 0; e < 8; e++) cr_expect_eq(u[e], e == 0 || e == 3 || e == 7, "expert %d", e);
+    cudaFree(di), cudaFree(du);
+}
+
+/* FP8 experts against the CPU on the float32 weights (FP8 pair and grouped GEMVs) or on them
+ * rounded to bf16 (past fp8_native_max_t: the selected experts dequantised, the bf16 paths). */
+static void moe_fp8_cases(const moe_run *runs, int n, int H, int I, int k, int E, int dn_ph, int native_max) {
+    fp8_weight gu = fp8_make(E, 2 * I, H, 0, false), dn = fp8_make(E, H, I, dn_ph, false);
+    float *scratch = malloc((size_t)3 * I * 4);
+    size_t dqb = msm_cuda_moe_fp8_deq_bytes(H, I, E);
+    void *dq = dev_poison(dqb);
+    for (int c = 0; c < n; c++) {
+        int T = runs[c].T;
+        msm_cuda_tuning t = tune0;
+        if (runs[c].path >= 0) t.moe_path = runs[c].path;
+        if (native_max >= 0) t.fp8_native_max_t = native_max;
+        bool native = T <= t.fp8_native_max_t && t.moe_path != MSM_CUDA_MOE_PATH_TILED &&
+                      t.moe_path != MSM_CUDA_MOE_PATH_WMMA;
+        bool wmma = !native && (t.moe_path == MSM_CUDA_MOE_PATH_WMMA || (t.moe_path == 0 && T > MSM_CUDA_MOE_TILED_MAX_T));
+        float *x = host_f32((size_t)T * H, 1.0f);
+        int32_t *ids = malloc((size_t)T * k * 4);
+        float *w = malloc((size_t)T * k * 4);
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < k; j++) {
+                int e;
+                bool dup;
+                do {
+                    e = rndu() < 0.3f ? rndi(k + 1 < E ? k + 1 : E) : rndi(E);
+                    dup = false;
+                    for (int q = 0; q < j; q++) dup |= ids[i * k + q] == e;
+                } while (dup);
+                ids[i * k + j] = e;
+                w[i * k + j] = 0.1f + rndu();
+            }
+        float *ref = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4), *out2 = malloc((size_t)T * H * 4);
+        msm_cpu_moe_experts(ref, x, ids, w, native ? gu.f : gu.fb, native ? dn.f : dn.fb, T, H, I, k, scratch);
+        float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4), *dy = dev_poison((size_t)T * H * 4);
+        int32_t *di = dev_up(ids, (size_t)T * k * 4);
+        size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
+        void *ws = dev_poison(wsb);
+        CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, dq, dqb, EX_T(&t)));
+        down(out, dy, (size_t)T * H * 4);
+        CHECK_ERR(out, ref, (size_t)T * H, wmma ? 2e-2 : 2e-5, "fp8 moe T=%d H=%d I=%d k=%d E=%d path=%d native=%d",
+                  T, H, I, k, E, runs[c].path, native);
+        cudaMemset(dy, 0xff, (size_t)T * H * 4);
+        CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, dq, dqb, EX_T(&t)));
+        down(out2, dy, (size_t)T * H * 4);
+        cr_assert(memcmp(out, out2, (size_t)T * H * 4) == 0, "fp8 moe not deterministic T=%d path=%d", T, runs[c].path);
+        cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
+        free(x), free(ids), free(w), free(ref), free(out), free(out2);
+    }
+    cudaFree(dq);
+    fp8_free(&gu), fp8_free(&dn);
+    free(scratch);
+}
+
+Test(cuda_kernels, moe_experts_fp8_match_cpu, .timeout = 240) {
+    need_gpu();
+    enum { A = MSM_CUDA_MOE_PATH_AUTO, PR = MSM_CUDA_MOE_PATH_PAIR, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV,
+           TL = MSM_CUDA_MOE_PATH_TILED, WM = MSM_CUDA_MOE_PATH_WMMA };
+    /* Qwen3-30B-A3B expert shapes: pair (T <= 4), grouped (5..64), then dequantised (tiled GEMMs
+     * to 512 tokens, WMMA beyond) */
+    static const moe_run q3[] = {{1, A, -1}, {4, A, -1}, {5, A, -1}, {16, A, -1}, {64, A, -1}, {65, A, -1},
+                                 {200, A, -1}, {8, PR, -1}, {2, GG, -1}, {8, TL, -1}, {600, A, -1}};
+    moe_fp8_cases(q3, sizeof q3 / sizeof *q3, 2048, 768, 8, 128, 0, -1);
+    /* a row-parallel TP slice of down starting inside a block (phase 64: GLM-4.5-Air's experts at
+     * TP 2, I = 704), k = 4; and odd expert counts */
+    static const moe_run tp[] = {{1, A, -1}, {3, A, -1}, {12, A, -1}, {40, A, -1}, {100, A, -1}, {30, WM, -1}};
+    moe_fp8_cases(tp, sizeof tp / sizeof *tp, 512, 704, 4, 12, 64, -1);
+    /* everything dequantised (fp8_native_max_t = 0) */
+    static const moe_run dq[] = {{1, A, -1}, {5, A, -1}, {40, A, -1}};
+    moe_fp8_cases(dq, sizeof dq / sizeof *dq, 256, 128, 2, 6, 0, 0);
+}
+
 /* ---- sample ---- */
 
 /* For a row where GPU and CPU differ: the CPU's distance of u*kept from the nearest cumulative

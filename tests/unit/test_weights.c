@@ -230,6 +230,12 @@ static size_t check_cpu_load_with(const char *dir, const char *ref_dir, int rank
     msm_err err = {{0}};
     cr_assert_eq(msm_safetensors_open_dir(dir, &st, &err), 0, "%s", err.msg);
     cr_assert_eq(msm_safetensors_open_dir(ref_dir, &ref, &err), 0, "%s", err.msg);
+    /* fp8_as_cuda: the weights the CUDA backend keeps FP8 are not rounded */
+    bool *resident = calloc((size_t)g->n_weights + 1, sizeof *resident);
+    msm_wsource *src = calloc((size_t)g->n_weights + 1, sizeof *src);
+    cr_assert(resident && src);
+    cr_assert_eq(msm_weights_sources(g, st, src, &err), 0, "%s", err.msg);
+    msm_weights_fp8_resident(g, src, resident);
     msm_backend *b;
     cr_assert_eq(msm_backend_cpu_new(NULL, rank, 1000, co, &b, &err), 0);
     msm_load_stats ls;
@@ -238,7 +244,8 @@ static size_t check_cpu_load_with(const char *dir, const char *ref_dir, int rank
     cr_expect_geq(ls.bytes_read, ls.bytes_stored);
     for (int wi = 0; wi < g->n_weights; wi++) {
         const msm_weight *w = &g->weights[wi];
-        float *want = reference_weight(w, ref, co && co->fp8_as_bf16, &changed);
+        bool round = co && (co->fp8_as_bf16 || (co->fp8_as_cuda && !resident[wi]));
+        float *want = reference_weight(w, ref, round, &changed);
         size_t n = (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols;
         const float *got = msm_backend_cpu_weight(b, wi);
         cr_assert_not_null(got);
@@ -254,6 +261,7 @@ static size_t check_cpu_load_with(const char *dir, const char *ref_dir, int rank
     msm_safetensors_free(st);
     msm_safetensors_free(ref);
     msm_graph_free(g);
+    free(resident), free(src);
     return changed;
 }
 
@@ -336,6 +344,48 @@ Test(weights, fp8_as_bf16_cpu_weights_are_the_dequantisation_rounded_to_bf16, .t
                     changed += check_cpu_load_with(fp8_models[m], fp8_models[m], rank, tp, &fp8_variants[v], &co);
         cr_expect_gt(changed, 1000, "%s: rounding to bf16 changed only %zu weights", fp8_models[m], changed);
     }
+}
+
+/* fp8_as_cuda (msmoe-run --fp8-as-cuda, the CUDA-vs-CPU check's oracle since the CUDA backend
+ * keeps FP8 weights resident): only the FP8 weights msm_weights_fp8_resident leaves out (routers,
+ * gates, TP slices whose column phase is not a multiple of 16) are rounded, the others stay the
+ * float32 dequantisation, bit for bit at TP 1, 2 and 4. Which ones: on qwen3moe-fp8 (bf16 routers)
+ * the attention and expert weights are resident; at TP 4 the experts' down slices of 8 columns
+ * start at phases 8 and 24 on ranks 1 and 3, which are not (nor their gate_up). A weight whose
+ * source is not FP8 never is. */
+Test(weights, fp8_as_cuda_rounds_only_the_weights_the_cuda_backend_does_not_keep_fp8, .timeout = 240) {
+    const msm_backend_cpu_opts co = {.fp8_as_cuda = true};
+    for (size_t m = 0; m < 2; m++)
+        for (int tp = 1; tp <= 4; tp *= 2)
+            for (int rank = 0; rank < tp; rank++)
+                for (size_t v = 0; v < sizeof fp8_variants / sizeof fp8_variants[0]; v += 2)
+                    check_cpu_load_with(fp8_models[m], fp8_models[m], rank, tp, &fp8_variants[v], &co);
+    for (int tp = 1; tp <= 4; tp += 3) /* tp 1 and 4 */
+        for (int rank = 0; rank < tp; rank++) {
+            msm_graph *g = rank_graph(fp8_models[0], rank, tp);
+            msm_safetensors *st;
+            msm_err err = {{0}};
+            cr_assert_eq(msm_safetensors_open_dir(fp8_models[0], &st, &err), 0, "%s", err.msg);
+            msm_wsource src[256];
+            bool res[256];
+            cr_assert_lt(g->n_weights, 256);
+            cr_assert_eq(msm_weights_sources(g, st, src, &err), 0, "%s", err.msg);
+            msm_weights_fp8_resident(g, src, res);
+            int experts = 0, o_proj = 0, qkv = 0;
+            for (int i = 0; i < g->n_weights; i++) {
+                const char *nm = g->weights[i].name;
+                if (strstr(nm, "experts_") && src[i].dtype == MSM_F8_E4M3) experts += res[i];
+                if (strstr(nm, "o_proj") && src[i].dtype == MSM_F8_E4M3) o_proj += res[i];
+                if (strstr(nm, ".qkv") && src[i].dtype == MSM_F8_E4M3) qkv += res[i];
+                if (src[i].dtype != MSM_F8_E4M3) cr_expect(!res[i], "%s is not FP8 but kept FP8", nm);
+            }
+            cr_expect_gt(o_proj, 0, "tp %d rank %d: no o_proj kept FP8", tp, rank);
+            cr_expect_gt(qkv, 0, "tp %d rank %d: no qkv kept FP8", tp, rank);
+            if (tp == 1 || rank % 2 == 0) cr_expect_gt(experts, 0, "tp %d rank %d: no experts kept FP8", tp, rank);
+            else cr_expect_eq(experts, 0, "tp %d rank %d: experts of phase %d kept FP8", tp, rank, 8 * rank % 128);
+            msm_safetensors_free(st);
+            msm_graph_free(g);
+        }
 }
 
 /* The same through the backend's loading interface, on a block built by hand: the 256 FP8 codes on
@@ -755,7 +805,7 @@ Test(weights, engine_progress_reaches_exactly_100_percent_over_both_ranks, .time
 #ifdef MSM_HAVE_CUDA
 /* Loads rank `rank` of `tp` of dir on a CUDA backend (GPU 0, its own communicator of one) and
  * compares each weight with the reference rounded to bf16, bit for bit. */
-static void check_cuda_load(const char *dir, int rank, int tp, const msm_load_opts *o) {
+static void check_cuda_load(const char *dir, int rank, int tp, const msm_load_opts *o, int *fp8_resident) {
     msm_graph *g = rank_graph(dir, rank, tp);
     msm_safetensors *st;
     msm_err err = {{0}};
@@ -771,6 +821,27 @@ static void check_cuda_load(const char *dir, int rank, int tp, const msm_load_op
         size_t n = 0;
         const uint16_t *dev = msm_backend_cuda_weight(b, wi, &n);
         cr_assert_eq(n, (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols);
+        const float *dsc;
+        int ph;
+        const uint8_t *dq = msm_backend_cuda_weight_fp8(b, wi, &dsc, &ph);
+        if (dq) { /* FP8-resident: codes and per-row scales, f32(q) * scale the reference's bits */
+            (*fp8_resident)++;
+            size_t ns = msm_cuda_fp8_scales(w->n_expert, w->rows, w->cols, ph), ncs = (size_t)(w->cols + ph + 127) / 128;
+            uint8_t *q = malloc(n ? n : 1);
+            float *sc = malloc(4 * (ns ? ns : 1));
+            cr_assert_eq(cudaMemcpy(q, dq, n, cudaMemcpyDeviceToHost), cudaSuccess);
+            cr_assert_eq(cudaMemcpy(sc, dsc, 4 * ns, cudaMemcpyDeviceToHost), cudaSuccess);
+            size_t bad = n;
+            for (size_t i = 0; i < n && bad == n; i++) {
+                size_t r = i / (size_t)w->cols, c = i % (size_t)w->cols;
+                float v = msm_f8e4m3_to_f32(q[i]) * sc[r * ncs + (c + (size_t)ph) / 128];
+                if (memcmp(&v, &want[i], 4) != 0) bad = i;
+            }
+            cr_expect_eq(bad, n, "%s rank %d/%d slot %zu: FP8 weight %s (phase %d) differs at element %zu", dir, rank,
+                         tp, o->slot_bytes, w->name, ph, bad);
+            free(q), free(sc), free(want);
+            continue;
+        }
         if (w->keep_f32) { /* stored as float32 on the device: the reference's bits exactly */
             float *gotf = malloc(4 * (n ? n : 1));
             cr_assert_eq(cudaMemcpy(gotf, dev, 4 * n, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -806,20 +877,74 @@ Test(weights, cuda_weights_equal_the_float32_path_rounded_to_bf16_from_every_sou
     for (size_t m = 0; m < 7; m++)
         for (int tp = 1; tp <= 2; tp++)
             for (int rank = 0; rank < tp; rank++)
-                for (size_t v = 0; v < sizeof load_variants / sizeof load_variants[0]; v++)
-                    check_cuda_load(dirs[m], rank, tp, &load_variants[v]);
+                for (size_t v = 0; v < sizeof load_variants / sizeof load_variants[0]; v++) {
+                    int resident = 0;
+                    check_cuda_load(dirs[m], rank, tp, &load_variants[v], &resident);
+                    cr_expect_eq(resident, 0, "%s: no FP8 weights, none kept FP8", dirs[m]);
+                }
 }
 
-/* FP8: dequantised on the device (load.cu) to the host's dequantised value rounded to bf16, bit
- * for bit, at TP 1, 2 and 4, with slots that cut rows mid-block. */
-Test(weights, cuda_fp8_weights_equal_the_host_dequantisation_rounded_to_bf16, .timeout = 300) {
+/* FP8, at TP 1, 2 and 4, with slots that cut rows mid-block: the weights kept FP8 on the device
+ * (docs/adr/0006-fp8.md) hold codes and per-row scales whose product is the host's float32
+ * dequantisation bit for bit; the others (routers, gates, a TP slice whose column phase is not a
+ * multiple of 16) are dequantised on the device (load.cu) to that value rounded to bf16, bit for
+ * bit. With MSM_CUDA_FP8_RESIDENT=0 every weight takes the second way. */
+Test(weights, cuda_fp8_weights_equal_the_host_dequantisation, .timeout = 300) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) cr_skip_test("no GPU");
-    for (size_t m = 0; m < 2; m++)
-        for (int tp = 1; tp <= 4; tp *= 2)
-            for (int rank = 0; rank < tp; rank++)
-                for (size_t v = 0; v < sizeof fp8_variants / sizeof fp8_variants[0]; v++)
-                    check_cuda_load(fp8_models[m], rank, tp, &fp8_variants[v]);
+    for (int off = 0; off <= 1; off++) {
+        if (off) setenv("MSM_CUDA_FP8_RESIDENT", "0", 1);
+        for (size_t m = 0; m < 2; m++)
+            for (int tp = 1; tp <= 4; tp *= 2) {
+                int resident = 0;
+                for (int rank = 0; rank < tp; rank++)
+                    for (size_t v = 0; v < sizeof fp8_variants / sizeof fp8_variants[0]; v++)
+                        check_cuda_load(fp8_models[m], rank, tp, &fp8_variants[v], &resident);
+                if (off)
+                    cr_expect_eq(resident, 0, "%s tp %d: MSM_CUDA_FP8_RESIDENT=0 kept %d FP8", fp8_models[m], tp, resident);
+                else
+                    cr_expect_gt(resident, 0, "%s tp %d: no weight kept FP8", fp8_models[m], tp);
+            }
+    }
+    unsetenv("MSM_CUDA_FP8_RESIDENT");
+}
+/* An FP8-resident weight holding a NaN code is refused by name (the FP8 kernels decode codes
+ * with integer operations that make NaN finite); with MSM_CUDA_FP8_RESIDENT=0 it loads (bf16). */
+Test(weights, cuda_fp8_resident_weight_with_a_nan_code_is_refused, .timeout = 120) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) cr_skip_test("no GPU");
+    msm_safetensors *st;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_safetensors_open_dir("tests/data/glm4moe-fp8", &st, &err), 0, "%s", err.msg);
+    const msm_st_tensor *t = msm_safetensors_find(st, DENSE);
+    cr_assert(t && t->nbytes == 192 * 64);
+    uint8_t q[192 * 64];
+    memcpy(q, t->data, sizeof q);
+    msm_safetensors_free(st);
+    q[100 * 64 + 17] = 0xff; /* -NaN */
+    const char *dir = edit_fp8_model("nan", &(edit){.name = DENSE, .st_dtype = "F8_E4M3", .ndim = 2, .shape = {192, 64},
+                                                    .data = q, .nbytes = sizeof q}, false);
+    for (int off = 0; off <= 1; off++) {
+        if (off) setenv("MSM_CUDA_FP8_RESIDENT", "0", 1);
+        msm_graph *g = rank_graph(dir, 0, 1);
+        cr_assert_eq(msm_safetensors_open_dir(dir, &st, &err), 0, "%s", err.msg);
+        unsigned char id[128];
+        cr_assert_eq(msm_cuda_nccl_unique_id(id, &err), 0, "%s", err.msg);
+        msm_backend *b = NULL;
+        cr_assert_eq(msm_backend_cuda_new(0, 0, 1, id, 10000, &b, &err), 0, "%s", err.msg);
+        int r = msm_weights_load(g, st, b, &(msm_load_opts){.threads = 2, .slot_bytes = 4096}, NULL, &err);
+        if (off) {
+            cr_expect_eq(r, 0, "MSM_CUDA_FP8_RESIDENT=0: %s", err.msg);
+        } else {
+            cr_expect_eq(r, -EINVAL, "rc %d (%s)", r, r ? err.msg : "loaded");
+            assert_has(err.msg, "holds NaN codes");
+            assert_has(err.msg, "mlp_gate_up");
+        }
+        msm_backend_free(b);
+        msm_safetensors_free(st);
+        msm_graph_free(g);
+    }
+    unsetenv("MSM_CUDA_FP8_RESIDENT");
 }
 #else
 Test(weights, cuda_skipped_without_cuda) { cr_skip_test("built without CUDA"); }
