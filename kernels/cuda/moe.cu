@@ -209,7 +209,7 @@ extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t 
             return msm__moe_pair_run(y, x, ids, w, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase,
                                      (float *)ws.act, T, H, I, k, E, true, true, ex);
         CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
-        int r = msm__moe_grouped_fp8_run(ws, x, gu, dn, H, I, k, E, ex);
+        int r = msm__moe_grouped_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex);
         if (r) return r;
         CUDA_TRY(combine_launch(y, ws, w, T, H, k, ex));
         return 0;

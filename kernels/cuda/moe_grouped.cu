@@ -29,6 +29,7 @@
 #define MMA_U 4      /* 32-wide K chunks in flight per warp: 2 * MMA_U 16-byte loads a lane */
 #define MMA_NT 2     /* 8-token tiles a pass */
 #define MMA_MINB 5   /* blocks an SM should hold: caps the registers at 96 a thread */
+#define MMA_MINB_FP8 3 /* the FP8 ones (decoded A fragments of a whole chunk live at once): 168 */
 #define DOWN_ROWS 16 /* rows of a down MMA item */
 
 /* ---- medium T, SIMT: grouped GEMVs (fp32 FMAs) ----
@@ -204,6 +205,76 @@ static __device__ __forceinline__ void mma_rows(float acc[NT][4], const uint16_t
         for (int i = 0; i < 4; i++) acc[t][i] += lo[t][i];
 }
 
+/* Two FP8 codes at bits 8..15 and 24..31 of t as a bf16 pair of f32(q) * 2^-120 (linear_fp8.cu). */
+static __device__ __forceinline__ uint32_t fp8x2_bf16x2(uint32_t t) {
+    return ((t >> 4) & 0x07f007f0u) | (t & 0x80008000u);
+}
+
+/* mma_rows for FP8-resident rows (docs/adr/0006-fp8.md; the decode and the k permutation of
+ * linear_fp8.cu): 64-column chunks, K % 64 == 0 and the column phase ph % 64 == 0 so a chunk has
+ * one scale per row (sa, sb: the rows' scales); lane (g, q) streams codes 16q..16q+15 of rows g
+ * and g+8 per chunk, x of token g at the same columns is split into bf16 hi + lo of x * 2^100, and
+ * each chunk's MMAs go into a fresh accumulator then scaled into acc (scale * 2^20). */
+template <int NW, int U, int NT>
+static __device__ __forceinline__ void mma_rows_fp8(float acc[NT][4], const uint8_t *wa_row, const uint8_t *wb_row,
+                                                    const float *sa, const float *sb, int ph,
+                                                    const float *const xr[NT], int ntile, int K, int warp, int q) {
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[t][i] = 0.0f;
+    int nch = K / 64, per = (nch + NW - 1) / NW;
+    int c0 = warp * per, c1 = min(nch, c0 + per);
+    for (int c = c0; c < c1; c += U) {
+        uint4 wa[U], wb[U];
+        float s_a[U], s_b[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int kk = (c + u) * 64 + q * 16, blk = ((c + u) * 64 + ph) >> 7;
+            bool ok = c + u < c1;
+            wa[u] = ok ? msm_ld_stream16(wa_row + kk) : make_uint4(0, 0, 0, 0);
+            wb[u] = ok ? msm_ld_stream16(wb_row + kk) : make_uint4(0, 0, 0, 0);
+            s_a[u] = ok ? __ldg(sa + blk) * MSM_FP8_S_SCALE : 0.0f;
+            s_b[u] = ok ? __ldg(sb + blk) * MSM_FP8_S_SCALE : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (c + u >= c1) break;
+            int kk = (c + u) * 64 + q * 16;
+            const uint32_t a4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w}, b4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+            uint32_t A[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                A[j][0] = fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x1404));
+                A[j][1] = fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x1404));
+                A[j][2] = fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x3424));
+                A[j][3] = fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x3424));
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= ntile) break;
+                /* every lane runs every MMA (mma.sync needs the whole warp): a lane without a
+                 * token feeds zeros */
+                float ct[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const float4 *p = xr[t] ? (const float4 *)(xr[t] + kk) : NULL;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float4 v = xr[t] ? p[j] : make_float4(0, 0, 0, 0);
+                    uint32_t h0, l0, h1, l1;
+                    msm_split_bf16x2(v.x * MSM_FP8_X_SCALE, v.y * MSM_FP8_X_SCALE, h0, l0);
+                    msm_split_bf16x2(v.z * MSM_FP8_X_SCALE, v.w * MSM_FP8_X_SCALE, h1, l1);
+                    msm_mma_bf16(ct, A[j][0], A[j][1], A[j][2], A[j][3], h0, h1);
+                    msm_mma_bf16(ct, A[j][0], A[j][1], A[j][2], A[j][3], l0, l1);
+                }
+                acc[t][0] = fmaf(ct[0], s_a[u], acc[t][0]);
+                acc[t][1] = fmaf(ct[1], s_a[u], acc[t][1]);
+                acc[t][2] = fmaf(ct[2], s_b[u], acc[t][2]);
+                acc[t][3] = fmaf(ct[3], s_b[u], acc[t][3]);
+            }
+        }
+    }
+}
+
 /* Warp 0's acc += the other warps' partials, in warp order (deterministic). Block-wide. */
 template <int NW, int NT>
 static __device__ __forceinline__ void mma_reduce(float acc[NT][4], float4 (*red)[NT][32],
@@ -230,9 +301,10 @@ static __device__ __forceinline__ void mma_reduce(float acc[NT][4], float4 (*red
  * and the up row of column i0+g, so warp 0 ends holding matching gate and up sums: c0/c2 for
  * token 2q, c1/c3 for token 2q+1. The next item's descriptor is loaded while the current one
  * streams. Waits, then triggers (see moe_down_mma_kernel). */
-template <int NW, int U, int NT>
-static __global__ void __launch_bounds__(NW * 32, MMA_MINB)
-    moe_gateup_mma_kernel(moe_ws ws, const float *x, const uint16_t *gate_up, int H, int I, int k) {
+template <int NW, int U, int NT, bool FP8 = false>
+static __global__ void __launch_bounds__(NW * 32, FP8 ? MMA_MINB_FP8 : MMA_MINB)
+    moe_gateup_mma_kernel(moe_ws ws, const float *x, const void *gate_up, const float *gu_sc, int gu_ph, int H,
+                          int I, int k) {
     __shared__ float4 red[NW - 1][NT][32];
     msm_pdl_wait();
     msm_pdl_trigger();
@@ -247,7 +319,9 @@ static __global__ void __launch_bounds__(NW * 32, MMA_MINB)
         int e = cur.x, r0 = cur.y, r1 = cur.z;
         cur = nxt;
         int i0 = (it % nchunk) * 8, i = min(i0 + g, I - 1); /* columns past I: never stored */
-        const uint16_t *ge = gate_up + (size_t)e * 2 * I * H;
+        const uint16_t *ge = (const uint16_t *)gate_up + (size_t)e * 2 * I * H;
+        const uint8_t *ge8 = (const uint8_t *)gate_up + (size_t)e * 2 * I * H;
+        const float *se = FP8 ? gu_sc + (size_t)e * msm_cuda_fp8_scales(1, 2 * I, H, gu_ph) : NULL;
         for (int rb = r0; rb < r1; rb += NT * 8) {
             int ntile = min(NT, (r1 - rb + 7) >> 3);
             const float *xr[NT];
@@ -257,7 +331,11 @@ static __global__ void __launch_bounds__(NW * 32, MMA_MINB)
                 xr[t] = r < r1 ? x + (size_t)(ws.perm[r] / k) * H : NULL;
             }
             float acc[NT][4];
-            mma_rows<NW, U, NT>(acc, ge + (size_t)i * H, ge + (size_t)(I + i) * H, xr, ntile, H, warp, q);
+            if constexpr (FP8)
+                mma_rows_fp8<NW, U, NT>(acc, ge8 + (size_t)i * H, ge8 + (size_t)(I + i) * H, msm_srow(se, i, H, gu_ph),
+                                        msm_srow(se, I + i, H, gu_ph), gu_ph, xr, ntile, H, warp, q);
+            else
+                mma_rows<NW, U, NT>(acc, ge + (size_t)i * H, ge + (size_t)(I + i) * H, xr, ntile, H, warp, q);
             mma_reduce<NW, NT>(acc, red, ntile, warp, lane);
             if (warp == 0 && i0 + g < I)
 #pragma unroll
@@ -278,9 +356,9 @@ static __global__ void __launch_bounds__(NW * 32, MMA_MINB)
  * triggers only after its wait, so before this grid can start. A block therefore reads its first
  * item (through L2, never a stale L1 line) and pulls that item's weight rows into L2 while
  * gate/up still runs; it writes nothing before the wait. */
-template <int NW, int U, int NT>
-static __global__ void __launch_bounds__(NW * 32, MMA_MINB)
-    moe_down_mma_kernel(moe_ws ws, const uint16_t *down, int H, int I, bool prefetch) {
+template <int NW, int U, int NT, bool FP8 = false>
+static __global__ void __launch_bounds__(NW * 32, FP8 ? MMA_MINB_FP8 : MMA_MINB)
+    moe_down_mma_kernel(moe_ws ws, const void *down, const float *dn_sc, int dn_ph, int H, int I, bool prefetch) {
     __shared__ float4 red[NW - 1][NT][32];
     msm_pdl_trigger();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -293,8 +371,9 @@ static __global__ void __launch_bounds__(NW * 32, MMA_MINB)
     int4 cur = __ldcg(ws.items + it / nchunk);
     if (prefetch) { /* the item's rows are contiguous */
         int h0 = (it % nchunk) * DOWN_ROWS;
-        uintptr_t a = (uintptr_t)(down + ((size_t)cur.x * H + h0) * I) & ~(uintptr_t)127;
-        uintptr_t end = (uintptr_t)(down + ((size_t)cur.x * H + min(h0 + DOWN_ROWS, H)) * I);
+        constexpr size_t es = FP8 ? 1 : 2;
+        uintptr_t a = (uintptr_t)((const char *)down + ((size_t)cur.x * H + h0) * I * es) & ~(uintptr_t)127;
+        uintptr_t end = (uintptr_t)((const char *)down + ((size_t)cur.x * H + min(h0 + DOWN_ROWS, H)) * I * es);
         for (a += (uintptr_t)threadIdx.x * 128; a < end; a += NW * 32 * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
     }
@@ -306,7 +385,9 @@ static __global__ void __launch_bounds__(NW * 32, MMA_MINB)
         int e = cur.x, r0 = cur.y, r1 = cur.z;
         cur = nxt;
         int h0 = (it % nchunk) * DOWN_ROWS, ha = h0 + g, hb = h0 + 8 + g;
-        const uint16_t *de = down + (size_t)e * H * I;
+        const uint16_t *de = (const uint16_t *)down + (size_t)e * H * I;
+        const uint8_t *de8 = (const uint8_t *)down + (size_t)e * H * I;
+        const float *se = FP8 ? dn_sc + (size_t)e * msm_cuda_fp8_scales(1, H, I, dn_ph) : NULL;
         for (int rb = r0; rb < r1; rb += NT * 8) {
             int ntile = min(NT, (r1 - rb + 7) >> 3);
             const float *xr[NT];
@@ -316,8 +397,13 @@ static __global__ void __launch_bounds__(NW * 32, MMA_MINB)
                 xr[t] = r < r1 ? act + (size_t)r * I : NULL;
             }
             float acc[NT][4];
-            mma_rows<NW, U, NT>(acc, de + (size_t)min(ha, H - 1) * I, de + (size_t)min(hb, H - 1) * I,
-                                xr, ntile, I, warp, q);
+            if constexpr (FP8)
+                mma_rows_fp8<NW, U, NT>(acc, de8 + (size_t)min(ha, H - 1) * I, de8 + (size_t)min(hb, H - 1) * I,
+                                        msm_srow(se, min(ha, H - 1), I, dn_ph), msm_srow(se, min(hb, H - 1), I, dn_ph),
+                                        dn_ph, xr, ntile, I, warp, q);
+            else
+                mma_rows<NW, U, NT>(acc, de + (size_t)min(ha, H - 1) * I, de + (size_t)min(hb, H - 1) * I,
+                                    xr, ntile, I, warp, q);
             mma_reduce<NW, NT>(acc, red, ntile, warp, lane);
             if (warp == 0)
 #pragma unroll
@@ -363,16 +449,6 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const float *x, const v
     return msm_launch(moe_down_grouped_gemv_kernel<RD, false, false>, gd, blk, 0, ex, ws, down, dn_sc, dn_ph, H, I);
 }
 
-/* The FP8 grouped GEMVs (SIMT at every T: there is no FP8 tensor-core GEMV yet), after the grouping. */
-int msm__moe_grouped_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int H, int I,
-                             int k, int E, msm_cuda_exec ex) {
-    CUDA_TRY(grouped_simt_launch(ws, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, true, H, I,
-                                 k, E, ex));
-    CUDA_TRY(grouped_simt_launch(ws, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, false, H, I,
-                                 k, E, ex));
-    return 0;
-}
-
 /* Resident blocks an SM holds of a kernel with MMA_NW warps (1 if the query fails). */
 template <typename Kernel>
 static int blocks_per_sm(Kernel kernel) {
@@ -394,6 +470,8 @@ void msm__moe_tuning(msm_cuda_tuning *t) {
     t->moe_down_mma_per_sm = blocks_per_sm(moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT>);
     t->moe_gateup_mma4_per_sm = blocks_per_sm(moe_gateup_mma_kernel<MMA_NW, MMA_U, 4>);
     t->moe_down_mma4_per_sm = blocks_per_sm(moe_down_mma_kernel<MMA_NW, MMA_U, 4>);
+    t->moe_gateup_mma8_per_sm = blocks_per_sm(moe_gateup_mma_kernel<MMA_NW, MMA_U, MMA_NT, true>);
+    t->moe_down_mma8_per_sm = blocks_per_sm(moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT, true>);
 }
 
 int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
@@ -409,7 +487,8 @@ int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_
         auto kern = nt4 ? moe_gateup_mma_kernel<MMA_NW, MMA_U, 4> : moe_gateup_mma_kernel<MMA_NW, MMA_U, MMA_NT>;
         unsigned grid = persistent_grid(tn->sms, nt4 ? tn->moe_gateup_mma4_per_sm : tn->moe_gateup_mma_per_sm,
                                         max_sel * ((I + 7) / 8));
-        CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, x, gate_up, H, I, k));
+        CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, x, (const void *)gate_up,
+                            (const float *)NULL, 0, H, I, k));
     } else {
         CUDA_TRY(grouped_simt_launch(ws, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, true, H, I, k, E, ex));
     }
@@ -417,10 +496,34 @@ int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_
         auto kern = nt4 ? moe_down_mma_kernel<MMA_NW, MMA_U, 4> : moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT>;
         unsigned grid = persistent_grid(tn->sms, nt4 ? tn->moe_down_mma4_per_sm : tn->moe_down_mma_per_sm,
                                         max_sel * ((H + DOWN_ROWS - 1) / DOWN_ROWS));
-        CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, down, H, I,
-                            !(kf & MSM_CUDA_MOE_K_NO_PREFETCH)));
+        CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, (const void *)down, (const float *)NULL,
+                            0, H, I, !(kf & MSM_CUDA_MOE_K_NO_PREFETCH)));
     } else {
         CUDA_TRY(grouped_simt_launch(ws, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, false, H, I, k, E, ex));
     }
+    return 0;
+}
+
+/* The FP8 grouped GEMVs, after the grouping: the tensor-core ones (mma_rows_fp8) where H, I and
+ * the column phases are multiples of 64 (unless the SIMT kernels are forced), else SIMT. */
+int msm__moe_grouped_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int T, int H,
+                             int I, int k, int E, msm_cuda_exec ex) {
+    const msm_cuda_tuning *tn = ex.tune;
+    bool mma = !(tn->moe_kernels & MSM_CUDA_MOE_K_SIMT) && H % 64 == 0 && I % 64 == 0 && gu.phase % 64 == 0 &&
+               dn.phase % 64 == 0;
+    if (mma) {
+        size_t P = (size_t)T * k, max_sel = P < (size_t)E ? P : (size_t)E;
+        unsigned ga = persistent_grid(tn->sms, tn->moe_gateup_mma8_per_sm, max_sel * ((I + 7) / 8));
+        CUDA_TRY(msm_launch(moe_gateup_mma_kernel<MMA_NW, MMA_U, MMA_NT, true>, dim3(ga), dim3(MMA_NW * 32), 0, ex, ws,
+                            x, (const void *)gu.q, gu.scale, gu.phase, H, I, k));
+        unsigned gd = persistent_grid(tn->sms, tn->moe_down_mma8_per_sm, max_sel * ((H + DOWN_ROWS - 1) / DOWN_ROWS));
+        CUDA_TRY(msm_launch(moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT, true>, dim3(gd), dim3(MMA_NW * 32), 0, ex, ws,
+                            (const void *)dn.q, dn.scale, dn.phase, H, I, !(tn->moe_kernels & MSM_CUDA_MOE_K_NO_PREFETCH)));
+        return 0;
+    }
+    CUDA_TRY(grouped_simt_launch(ws, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, true, H, I,
+                                 k, E, ex));
+    CUDA_TRY(grouped_simt_launch(ws, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, false, H, I,
+                                 k, E, ex));
     return 0;
 }

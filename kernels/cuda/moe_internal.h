@@ -45,9 +45,10 @@ int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_
                          const uint16_t *down, int T, int H, int I, int k, int E, bool vec_h,
                          bool vec_i, msm_cuda_exec ex);
 
-/* Medium T with FP8-resident weights (moe_grouped.cu): the SIMT grouped GEMVs on the codes. */
-int msm__moe_grouped_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int H, int I,
-                             int k, int E, msm_cuda_exec ex);
+/* Medium T with FP8-resident weights (moe_grouped.cu): the grouped tensor-core GEMVs on the codes
+ * (SIMT where the shapes do not allow them, or when forced). */
+int msm__moe_grouped_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int T, int H,
+                             int I, int k, int E, msm_cuda_exec ex);
 
 /* Large T (moe_gemm.cu), after the grouping: act (bf16) and outp in ws. H, I multiples of
  * G_BK (msm__moe_gemm_fits). */

@@ -104,6 +104,7 @@ typedef struct msm_cuda_tuning {
     /* resident blocks per SM of the persistent / wave-sized kernels (occupancy, queried once) */
     int moe_gateup_mma_per_sm, moe_down_mma_per_sm;   /* 16 tokens a pass */
     int moe_gateup_mma4_per_sm, moe_down_mma4_per_sm; /* 32 tokens a pass (MSM_CUDA_MOE_K_NT4) */
+    int moe_gateup_mma8_per_sm, moe_down_mma8_per_sm; /* FP8 weights (docs/adr/0006-fp8.md) */
     int att_per_sm[4][2];     /* attention_kernel<L = 4, 8, 16, 32 chunks><vec 0/1> */
     size_t ar_oneshot_max_bytes; /* all-reduces up to this size take the one-shot kernel where the
                                     group has peer access (MSM_CUDA_AR_ONESHOT_MAX_BYTES); 0: NCCL always */

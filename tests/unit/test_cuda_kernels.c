@@ -961,6 +961,7 @@ static void moe_fp8_cases(const moe_run *runs, int n, int H, int I, int k, int E
         int T = runs[c].T;
         msm_cuda_tuning t = tune0;
         if (runs[c].path >= 0) t.moe_path = runs[c].path;
+        if (runs[c].kflags >= 0) t.moe_kernels = runs[c].kflags;
         if (native_max >= 0) t.fp8_native_max_t = native_max;
         bool native = T <= t.fp8_native_max_t && t.moe_path != MSM_CUDA_MOE_PATH_TILED &&
                       t.moe_path != MSM_CUDA_MOE_PATH_WMMA;
@@ -1006,14 +1007,17 @@ Test(cuda_kernels, moe_experts_fp8_match_cpu, .timeout = 240) {
     need_gpu();
     enum { A = MSM_CUDA_MOE_PATH_AUTO, PR = MSM_CUDA_MOE_PATH_PAIR, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV,
            TL = MSM_CUDA_MOE_PATH_TILED, WM = MSM_CUDA_MOE_PATH_WMMA };
-    /* Qwen3-30B-A3B expert shapes: pair (T <= 4), grouped (5..64), then dequantised (tiled GEMMs
-     * to 512 tokens, WMMA beyond) */
-    static const moe_run q3[] = {{1, A, -1}, {4, A, -1}, {5, A, -1}, {16, A, -1}, {64, A, -1}, {65, A, -1},
-                                 {200, A, -1}, {8, PR, -1}, {2, GG, -1}, {8, TL, -1}, {600, A, -1}};
+    /* Qwen3-30B-A3B expert shapes: pair (T <= 4), grouped tensor-core GEMVs (5..64; SIMT forced
+     * too), then dequantised (tiled GEMMs to 512 tokens, WMMA beyond) */
+    enum { SIMT = MSM_CUDA_MOE_K_SIMT };
+    static const moe_run q3[] = {{1, A, -1},  {4, A, -1},     {5, A, -1},      {16, A, -1},  {64, A, -1},
+                                 {65, A, -1}, {200, A, -1},   {8, PR, -1},     {2, GG, -1},  {8, TL, -1},
+                                 {600, A, -1}, {16, A, SIMT}, {1, GG, SIMT},   {40, GG, -1}};
     moe_fp8_cases(q3, sizeof q3 / sizeof *q3, 2048, 768, 8, 128, 0, -1);
     /* a row-parallel TP slice of down starting inside a block (phase 64: GLM-4.5-Air's experts at
      * TP 2, I = 704), k = 4; and odd expert counts */
-    static const moe_run tp[] = {{1, A, -1}, {3, A, -1}, {12, A, -1}, {40, A, -1}, {100, A, -1}, {30, WM, -1}};
+    static const moe_run tp[] = {{1, A, -1}, {3, A, -1}, {12, A, -1}, {40, A, -1}, {100, A, -1}, {30, WM, -1},
+                                 {12, A, SIMT}, {1, GG, -1}};
     moe_fp8_cases(tp, sizeof tp / sizeof *tp, 512, 704, 4, 12, 64, -1);
     /* everything dequantised (fp8_native_max_t = 0) */
     static const moe_run dq[] = {{1, A, -1}, {5, A, -1}, {40, A, -1}};
