@@ -39,11 +39,6 @@ namespace cg = cooperative_groups;
 #define M8_U 4                  /* 64-column chunks a round; the next round's loads fly during this one's MMAs */
 #define M8_SMEM_MAX (200 << 10)
 
-/* Two codes at bits 8..15 and 24..31 of t (the rest zero) as a bf16 pair of f32(q) * 2^-120. */
-static __device__ __forceinline__ uint32_t fp8x2_bf16x2(uint32_t t) {
-    return ((t >> 4) & 0x07f007f0u) | (t & 0x80008000u);
-}
-
 /* x slice -> shared memory: for token t < NTT*8 (zeros past T) and 4-column group i of the
  * slice, {hi(k), hi(k+1)} {hi(k+2), hi(k+3)} {lo(k), lo(k+1)} {lo(k+2), lo(k+3)} as one uint4. */
 static __device__ __forceinline__ uint4 split4(float4 v) {
@@ -120,8 +115,8 @@ static __global__ void __launch_bounds__(M8_WARPS * 32)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 /* A: rows g (a0, a2) and g+8 (a1, a3), codes 4j..4j+3 of this lane's 16 */
-                uint32_t a0 = fp8x2_bf16x2(__byte_perm(wa4[j], 0, 0x1404)), a2 = fp8x2_bf16x2(__byte_perm(wa4[j], 0, 0x3424));
-                uint32_t a1 = fp8x2_bf16x2(__byte_perm(wb4[j], 0, 0x1404)), a3 = fp8x2_bf16x2(__byte_perm(wb4[j], 0, 0x3424));
+                uint32_t a0 = msm_fp8x2_bf16x2(__byte_perm(wa4[j], 0, 0x1404)), a2 = msm_fp8x2_bf16x2(__byte_perm(wa4[j], 0, 0x3424));
+                uint32_t a1 = msm_fp8x2_bf16x2(__byte_perm(wb4[j], 0, 0x1404)), a3 = msm_fp8x2_bf16x2(__byte_perm(wb4[j], 0, 0x3424));
                 int gi = (c + u - c0) * 16 + 4 * q + j;
 #pragma unroll
                 for (int n = 0; n < NTT; n++) {

@@ -205,11 +205,6 @@ static __device__ __forceinline__ void mma_rows(float acc[NT][4], const uint16_t
         for (int i = 0; i < 4; i++) acc[t][i] += lo[t][i];
 }
 
-/* Two FP8 codes at bits 8..15 and 24..31 of t as a bf16 pair of f32(q) * 2^-120 (linear_fp8.cu). */
-static __device__ __forceinline__ uint32_t fp8x2_bf16x2(uint32_t t) {
-    return ((t >> 4) & 0x07f007f0u) | (t & 0x80008000u);
-}
-
 /* mma_rows for FP8-resident rows (docs/adr/0006-fp8.md; the decode and the k permutation of
  * linear_fp8.cu): 64-column chunks, K % 64 == 0 and the column phase ph % 64 == 0 so a chunk has
  * one scale per row (sa, sb: the rows' scales); lane (g, q) streams codes 16q..16q+15 of rows g
@@ -245,10 +240,10 @@ static __device__ __forceinline__ void mma_rows_fp8(float acc[NT][4], const uint
             uint32_t A[4][4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                A[j][0] = fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x1404));
-                A[j][1] = fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x1404));
-                A[j][2] = fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x3424));
-                A[j][3] = fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x3424));
+                A[j][0] = msm_fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x1404));
+                A[j][1] = msm_fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x1404));
+                A[j][2] = msm_fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x3424));
+                A[j][3] = msm_fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x3424));
             }
 #pragma unroll
             for (int t = 0; t < NT; t++) {

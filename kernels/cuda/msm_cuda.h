@@ -266,13 +266,16 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
  * value f32(q) * scale the CPU oracle holds, up to where the rounding happens (one multiply per
  * 16 products instead of one per weight): not bf16-rounded.
  *
- * Decoding: the hardware's cvt.rn.f16x2.e4m3x2 then half-to-float runs at a fraction of the HBM
- * rate (H200, 2026-12-01: the GEMV at 0.9 TB/s against 2.5 TB/s for bf16 rows), so by default
- * a code is decoded with integer operations as f32(q) * 2^-120: its 7 exponent and mantissa bits
+ * Decoding: a code is decoded with integer operations as f32(q) * 2^-120: its 7 exponent and
+ * mantissa bits
  * placed under float32's exponent bias (the code's subnormals become float32 subnormals of the
  * same value), which needs no add and no case. x is multiplied by 2^100 as it is read (exact for
- * |x| < 2^28) so no product underflows, and the scale by 2^20 (exact). The two NaN codes would
- * decode as finite numbers this way: the loader refuses FP8-resident weights holding them. */
+ * |x| < 2^28) so no product underflows, and the scale by 2^20 (exact). The tensor-core kernels
+ * need this decode (there is no e4m3 -> bf16 conversion instruction on sm_90); the SIMT ones use
+ * it too, so every path multiplies by the same values. On the H200 it measured as fast as
+ * cvt.rn.f16x2.e4m3x2 plus half-to-float (12.7 vs 12.5 us for a 5120 x 2048 GEMV, one row a
+ * warp; MSM_CUDA_FP8_LINEAR=simt_hw keeps that one for comparison). The two NaN codes decode as
+ * finite numbers this way: the loader refuses FP8-resident weights holding them. */
 #define MSM_FP8_X_SCALE 0x1p100f
 #define MSM_FP8_S_SCALE 0x1p20f
 
@@ -290,6 +293,13 @@ static __device__ __forceinline__ void msm_fp8x4_f32(uint32_t v, float *f) {
         f[2] = __int_as_float(((int)(v << 8) >> 4) & (int)0x87f00000);
         f[3] = __int_as_float(((int)v >> 4) & (int)0x87f00000);
     }
+}
+
+/* Two codes at bits 8..15 and 24..31 of t (the rest zero, e.g. __byte_perm(v, 0, 0x1404) for
+ * codes 0 and 1 of v) as a bf16 pair of f32(q) * 2^-120, exactly: sign to bit 15, exponent and
+ * mantissa to bits 10..4 (the tensor-core FP8 kernels; their x is scaled by 2^100). */
+static __device__ __forceinline__ uint32_t msm_fp8x2_bf16x2(uint32_t t) {
+    return ((t >> 4) & 0x07f007f0u) | (t & 0x80008000u);
 }
 
 /* Sixteen codes (a 16-byte load) to float32. */
