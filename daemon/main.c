@@ -295,6 +295,11 @@ static void log_load_summary(int g, const msm_load_summary *s) {
                      "staging); engine ready in %.2f s; peak RSS %.2f GB", g, (double)s->bytes_read / 1e9, s->load_s,
                      s->load_s > 0 ? (double)s->bytes_read / 1e9 / s->load_s : 0.0, s->threads,
                      (double)s->staging_bytes / 1e6, s->start_s, (double)s->peak_rss_bytes / 1e9);
+    if (s->weight_bytes_fp8)
+        msm_log_info("group %d: weights take %.2f GB on the devices, %.2f GB of them FP8-resident", g,
+                     (double)s->weight_bytes / 1e9, (double)s->weight_bytes_fp8 / 1e9);
+    else
+        msm_log_info("group %d: weights take %.2f GB on the devices", g, (double)s->weight_bytes / 1e9);
 }
 
 /* Group g's engine: the fake one or the real one on its devices. */

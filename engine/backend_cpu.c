@@ -353,6 +353,7 @@ static int cpu_alloc_weights(msm_backend *b, const msm_graph *g, const msm_wsour
         return msm_err_set(err, -ENOMEM, "out of memory for the weights (%.2f GB of float32)", (double)total / 1e9);
     cb->wmem = p;
     cb->wmem_bytes = total ? total : 1;
+    b->weight_bytes = total;
     size_t off = 0;
     for (int i = 0; i < g->n_weights; i++) {
         const msm_weight *w = &g->weights[i];

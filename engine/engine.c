@@ -516,6 +516,10 @@ int msm_engine_new(const msm_engine_opts *o, msm_engine **ret, msm_err *err) {
         sm->staging_bytes += ls->staging_bytes;
         if (ls->seconds > sm->load_s) sm->load_s = ls->seconds;
         if (ls->threads > sm->threads) sm->threads = ls->threads;
+        if (e->ranks[q].be) {
+            sm->weight_bytes += e->ranks[q].be->weight_bytes;
+            sm->weight_bytes_fp8 += e->ranks[q].be->weight_bytes_fp8;
+        }
     }
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0) sm->peak_rss_bytes = (uint64_t)ru.ru_maxrss * 1024u;

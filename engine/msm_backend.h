@@ -110,6 +110,9 @@ struct msm_backend {
     msm_comm *comm;
     int rank;
     int deadline_ms;
+    /* bytes alloc_weights set aside for the weights, and of them the FP8-resident codes and scales
+     * (docs/adr/0006-fp8.md); for the load summary */
+    uint64_t weight_bytes, weight_bytes_fp8;
     /* test-only: sleep this long before every collective issued on `skew_stream` */
     int skew_us;
     msm_stream skew_stream;

@@ -123,6 +123,8 @@ typedef struct msm_load_summary {
     int threads;             /* reader threads per rank */
     size_t staging_bytes;    /* host staging the readers held at most, every rank together */
     uint64_t peak_rss_bytes; /* the process's peak resident memory when msm_engine_new returned */
+    uint64_t weight_bytes;   /* the backends' weight storage, every rank together ... */
+    uint64_t weight_bytes_fp8; /* ... of which FP8-resident codes and scales (docs/adr/0006-fp8.md) */
 } msm_load_summary;
 
 const msm_load_summary *msm_engine_load_summary(const msm_engine *e);

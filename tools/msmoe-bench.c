@@ -242,6 +242,9 @@ int main(int argc, char **argv) {
         printf("# FP8 preset: %s; GB/step counts %s\n",
                fp8 ? "projections FP8-resident (codes + per-row block scales)" : "weights bf16 on the device",
                fp8 ? "1 + 4/128 bytes per projection weight" : "bf16 weights");
+    const msm_load_summary *ls = msm_engine_load_summary(e);
+    printf("# weights: %.3f GB on the devices%s", (double)ls->weight_bytes / 1e9, ls->weight_bytes_fp8 ? "" : "\n");
+    if (ls->weight_bytes_fp8) printf(", %.2f GB of them FP8-resident\n", (double)ls->weight_bytes_fp8 / 1e9);
     /* a TP group of tp GPUs reads the step's bytes (split between them) at tp GPUs' ceilings */
     if (!prefill && o.tp > 1)
         printf("# %%HBM: GB/step over %d GPUs' ceilings (%d x %.0f GB/s)\n", o.tp, o.tp, ceiling);

@@ -437,9 +437,10 @@ static int cuda_alloc_weights(msm_backend *b, const msm_graph *g, const msm_wsou
     }
     cb->n_weights = g->n_weights;
     pick_fp8(cb, g, src, fp8);
-    size_t total = 0;
+    size_t total = 0, total8 = 0;
     for (int i = 0; i < g->n_weights; i++) {
         const msm_weight *w = &g->weights[i];
+        size_t before = total;
         cb->w_elems[i] = (size_t)w->n_expert * (size_t)w->rows * (size_t)w->cols;
         cb->w_f32[i] = w->keep_f32;
         cb->w_shape[i][0] = w->n_expert, cb->w_shape[i][1] = w->rows, cb->w_shape[i][2] = w->cols;
@@ -450,7 +451,9 @@ static int cuda_alloc_weights(msm_backend *b, const msm_graph *g, const msm_wsou
                                                                                cb->w_shape[i][3]));
         else
             total += al256((w->keep_f32 ? 4 : 2) * cb->w_elems[i]);
+        if (fp8[i]) total8 += total - before;
     }
+    b->weight_bytes = total, b->weight_bytes_fp8 = total8;
     cudaError_t e = cudaMalloc(&cb->wmem, total ? total : 256);
     if (e != cudaSuccess) {
         free(fp8);

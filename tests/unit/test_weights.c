@@ -793,6 +793,9 @@ Test(weights, engine_progress_reaches_exactly_100_percent_over_both_ranks, .time
     cr_expect_eq(s.last.done_bytes, s.last.total_bytes);
     cr_expect_eq(s.last.total_bytes, sm->bytes_read);
     cr_expect_gt(sm->bytes_read, 400000); /* both ranks read most of the 0.5 MB checkpoint */
+    /* float32 on the CPU backend: at least the bytes read, none of them FP8-resident */
+    cr_expect_geq(sm->weight_bytes, sm->bytes_read);
+    cr_expect_eq(sm->weight_bytes_fp8, 0);
     cr_expect_gt(sm->start_s, 0.0);
     char line[256];
     msm_load_progress_format(line, sizeof line, &s.last, 10);
