@@ -66,6 +66,29 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* NSET routing sets of T tokens x k distinct experts (uniform over E <= 256), every weight wv,
+ * into hid / hw [NSET][T][k]; returns the distinct experts summed over the sets. */
+static double routing_sets(int32_t *hid, float *hw, int NSET, int T, int k, int E, float wv) {
+    double uniq_sum = 0;
+    for (int q = 0; q < NSET; q++) {
+        bool used[256] = {0};
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < k; j++) {
+                int e;
+                bool dup;
+                do {
+                    e = rndi(E);
+                    dup = false;
+                    for (int z = 0; z < j; z++) dup |= hid[((size_t)q * T + t) * k + z] == e;
+                } while (dup);
+                hid[((size_t)q * T + t) * k + j] = e;
+                hw[((size_t)q * T + t) * k + j] = wv;
+                if (!used[e]) used[e] = true, uniq_sum += 1;
+            }
+    }
+    return uniq_sum;
+}
+
 #define BENCH_REPS 15
 #define BENCH_BATCH 20
 
@@ -182,23 +205,7 @@ int main(int argc, char **argv) {
             msm_cuda_exec exm = {.stream = st, .tune = &tm};
             int32_t *hid = malloc((size_t)NSET * T * k * 4);
             float *hw = malloc((size_t)NSET * T * k * 4);
-            double uniq_sum = 0;
-            for (int q = 0; q < NSET; q++) {
-                bool used[60] = {0};
-                for (int t = 0; t < T; t++)
-                    for (int j = 0; j < k; j++) {
-                        int e;
-                        bool dup;
-                        do {
-                            e = rndi(E);
-                            dup = false;
-                            for (int z = 0; z < j; z++) dup |= hid[((size_t)q * T + t) * k + z] == e;
-                        } while (dup);
-                        hid[((size_t)q * T + t) * k + j] = e;
-                        hw[((size_t)q * T + t) * k + j] = 0.25f;
-                        if (!used[e]) used[e] = true, uniq_sum += 1;
-                    }
-            }
+            double uniq_sum = routing_sets(hid, hw, NSET, T, k, E, 0.25f);
             int32_t *did = dev_up(hid, (size_t)NSET * T * k * 4);
             float *dw = dev_up(hw, (size_t)NSET * T * k * 4);
             size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
@@ -351,23 +358,7 @@ int main(int argc, char **argv) {
                 msm_cuda_exec exm = {.stream = st, .tune = &tm};
                 int32_t *hid = malloc((size_t)NSET * T * k * 4);
                 float *hw = malloc((size_t)NSET * T * k * 4);
-                double uniq_sum = 0;
-                for (int q = 0; q < NSET; q++) {
-                    bool used[128] = {0};
-                    for (int t = 0; t < T; t++)
-                        for (int j = 0; j < k; j++) {
-                            int e;
-                            bool dup;
-                            do {
-                                e = rndi(E);
-                                dup = false;
-                                for (int z = 0; z < j; z++) dup |= hid[((size_t)q * T + t) * k + z] == e;
-                            } while (dup);
-                            hid[((size_t)q * T + t) * k + j] = e;
-                            hw[((size_t)q * T + t) * k + j] = 0.125f;
-                            if (!used[e]) used[e] = true, uniq_sum += 1;
-                        }
-                }
+                double uniq_sum = routing_sets(hid, hw, NSET, T, k, E, 0.125f);
                 int32_t *did = dev_up(hid, (size_t)NSET * T * k * 4);
                 float *dw = dev_up(hw, (size_t)NSET * T * k * 4);
                 size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);

@@ -530,23 +530,19 @@ void msm_weights_fp8_resident(const msm_graph *g, const msm_wsource *src, bool *
     for (int i = 0; i < g->n_weights; i++)
         ret[i] = src && src[i].dtype == MSM_F8_E4M3 && src[i].fp8_block == 128 && src[i].fp8_phase >= 0 &&
                  src[i].fp8_phase % 16 == 0 && !g->weights[i].keep_f32;
-    bool *ok = calloc((size_t)g->n_weights + 1, sizeof *ok);
-    for (int i = 0; i < g->n_weights; i++) {
-        if (!ok) ret[i] = false;
-        else ok[i] = true;
-    }
-    if (!ok) return;
-    for (int ni = 0; ni < g->n_nodes; ni++) {
+    /* bad[i]: some op reads weight i without an FP8 kernel (ret itself is still read below) */
+    bool *bad = calloc((size_t)g->n_weights + 1, sizeof *bad);
+    for (int ni = 0; bad && ni < g->n_nodes; ni++) {
         const msm_node *n = &g->nodes[ni];
         bool lin = n->op == MSM_OP_LINEAR && !feeds_fused_op(g, n->out[0]);
         bool moe = n->op == MSM_OP_MOE_EXPERTS && n->w[0] >= 0 && n->w[1] >= 0 && ret[n->w[0]] && ret[n->w[1]];
         for (int j = 0; j < MSM_NODE_MAX_W; j++) {
             int wi = n->w[j];
-            if (wi >= 0 && wi < g->n_weights && !((lin && j == 0) || (moe && j < 2))) ok[wi] = false;
+            if (wi >= 0 && wi < g->n_weights && !((lin && j == 0) || (moe && j < 2))) bad[wi] = true;
         }
     }
-    for (int i = 0; i < g->n_weights; i++) ret[i] = ret[i] && ok[i];
-    free(ok);
+    for (int i = 0; i < g->n_weights; i++) ret[i] = ret[i] && bad && !bad[i];
+    free(bad);
 }
 
 static bool ends_with(const char *s, const char *t) {

@@ -632,15 +632,12 @@ static int cuda_chan_slot(msm_wchan *wc, void **ret, msm_err *err) {
     return 0;
 }
 
-/* An FP8 block: its bytes and the scales of the blocks it covers (nrb x ncb of them, a sub-block
- * of the tensor's scale_inv at k->scale, packed) go to the device, and one kernel dequantises it
- * into the weight (bf16, or float32 for a keep_f32 one). The scale buffer is allocated at the
- * first FP8 block and grown if a block covers more scales than it holds: after the work in flight
- * on this stream, which may still read it. */
-static int chan_put_fp8(cuda_chan *c, const msm_wblock *k, size_t span, msm_err *err) {
+/* The nrb x ncb block scales an FP8 block covers (a sub-block of its tensor's scale_inv at
+ * k->scale), packed into the channel's device scale buffer, which is allocated at the first FP8
+ * block and grown (after the work in flight on this stream, which may still read it) when a block
+ * covers more scales than it holds. *ret_ncb: ncb. */
+static int chan_stage_scales(cuda_chan *c, const msm_wblock *k, size_t *ret_ncb, msm_err *err) {
     cuda_backend *cb = c->cb;
-    if (!k->scale || k->scale_block <= 0)
-        return msm_err_set(err, -EINVAL, "rank %d: an FP8 block of weight %d came without its scales", cb->b.rank, k->wi);
     size_t B = (size_t)k->scale_block, nrb = (k->scale_r0 + k->rows - 1) / B + 1,
            ncb = (k->scale_c0 + k->cols - 1) / B + 1;
     if (nrb * ncb > c->dev_scale_n) { /* 16 Ki scales: more than any chunk of a real model covers */
@@ -656,6 +653,19 @@ static int chan_put_fp8(cuda_chan *c, const msm_wblock *k, size_t span, msm_err 
      * returns, and they outlive the load anyway */
     TRY(cudaMemcpy2DAsync(c->dev_scale, ncb * sizeof(float), k->scale, k->scale_pitch * sizeof(float),
                           ncb * sizeof(float), nrb, cudaMemcpyHostToDevice, c->stream));
+    *ret_ncb = ncb;
+    return 0;
+}
+
+/* An FP8 block of a weight not kept FP8: its bytes and its block scales (chan_stage_scales) go to
+ * the device, and one kernel dequantises it into the weight (bf16, or float32 for a keep_f32 one). */
+static int chan_put_fp8(cuda_chan *c, const msm_wblock *k, size_t span, msm_err *err) {
+    cuda_backend *cb = c->cb;
+    if (!k->scale || k->scale_block <= 0)
+        return msm_err_set(err, -EINVAL, "rank %d: an FP8 block of weight %d came without its scales", cb->b.rank, k->wi);
+    size_t B = (size_t)k->scale_block, ncb;
+    int r = chan_stage_scales(c, k, &ncb, err);
+    if (r) return r;
     TRY(cudaMemcpyAsync(c->dev, k->src, span, cudaMemcpyHostToDevice, c->stream));
     msm_cuda_exec ex = {.stream = c->stream, .tune = &cb->tune};
     bool f32 = cb->w_f32[k->wi];
@@ -681,18 +691,9 @@ static int chan_put_fp8_resident(cuda_chan *c, const msm_wblock *k, msm_err *err
         return msm_err_set(err, -EINVAL, "rank %d: an FP8 block of weight %d does not line up with the weight's "
                                          "column phase %zu (column %zu; in its block %zu)", cb->b.rank, k->wi, ph, dc,
                            k->scale_c0);
-    size_t nrb = (k->scale_r0 + k->rows - 1) / B + 1, ncb = (k->scale_c0 + k->cols - 1) / B + 1;
-    if (nrb * ncb > c->dev_scale_n) { /* as chan_put_fp8 */
-        size_t n = nrb * ncb > 16384 ? nrb * ncb : 16384;
-        TRY(cudaStreamSynchronize(c->stream));
-        if (c->dev_scale) TRY(cudaFree(c->dev_scale));
-        c->dev_scale = NULL;
-        c->dev_scale_n = 0;
-        TRY(cudaMalloc((void **)&c->dev_scale, n * sizeof(float)));
-        c->dev_scale_n = n;
-    }
-    TRY(cudaMemcpy2DAsync(c->dev_scale, ncb * sizeof(float), k->scale, k->scale_pitch * sizeof(float),
-                          ncb * sizeof(float), nrb, cudaMemcpyHostToDevice, c->stream));
+    size_t ncb;
+    int r = chan_stage_scales(c, k, &ncb, err);
+    if (r) return r;
     size_t ncs = (cols + ph + B - 1) / B;
     float *dsc = cb->wsc[k->wi] + (e * rows + dr) * ncs + (dc + ph) / B;
     msm_cuda_exec ex = {.stream = c->stream, .tune = &cb->tune};

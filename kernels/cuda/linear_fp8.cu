@@ -29,10 +29,7 @@
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
 
-#include <cooperative_groups.h>
 #include <errno.h>
-
-namespace cg = cooperative_groups;
 
 #define M8_WARPS 8
 #define M8_ROWS (M8_WARPS * 16) /* weight rows a block owns */
@@ -144,21 +141,7 @@ static __global__ void __launch_bounds__(M8_WARPS * 32)
         part[t0 * M8_ROWS + col + 8] = acc[n][2];
         part[(t0 + 1) * M8_ROWS + col + 8] = acc[n][3];
     }
-    if (S > 1)
-        cg::this_cluster().sync();
-    else
-        __syncthreads();
-    int rows_t = min(T, NTT * 8) * M8_ROWS;
-    for (int idx = rank * M8_WARPS * 32 + tid; idx < rows_t; idx += S * M8_WARPS * 32) {
-        int t = idx / M8_ROWS, n = nb0 + idx % M8_ROWS;
-        float s = part[idx];
-        if (S > 1) {
-            s = 0.0f;
-            for (int r = 0; r < S; r++) s += cg::this_cluster().map_shared_rank(part, r)[idx];
-        }
-        if (n < N) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
-    }
-    if (S > 1) cg::this_cluster().sync(); /* keep part alive until every rank has read it */
+    msm_cluster_sum_store<M8_ROWS>(part, min(T, NTT * 8) * M8_ROWS, S, rank, nb0, T, N, y, bias);
 }
 
 static size_t smem_bytes(int ntt, int per) { return (size_t)ntt * 8 * per * 16 * 16 + (size_t)ntt * 8 * M8_ROWS * 4; }

@@ -23,10 +23,7 @@
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
 
-#include <cooperative_groups.h>
 #include <errno.h>
-
-namespace cg = cooperative_groups;
 
 #define LT_WARPS 8
 #define LT_ROWS (LT_WARPS * 16) /* weight rows a block owns */
@@ -140,20 +137,7 @@ static __global__ void __launch_bounds__(LT_WARPS * 32, 2)
             if (r < T) part[r * LT_ROWS + n] = acc[t][j];
         }
     }
-    if (S > 1)
-        cg::this_cluster().sync();
-    else
-        __syncthreads();
-    for (int idx = rank * LT_WARPS * 32 + tid; idx < T * LT_ROWS; idx += S * LT_WARPS * 32) {
-        int t = idx / LT_ROWS, n = nb0 + idx % LT_ROWS;
-        float s = part[idx];
-        if (S > 1) {
-            s = 0.0f;
-            for (int r = 0; r < S; r++) s += cg::this_cluster().map_shared_rank(part, r)[idx];
-        }
-        if (n < N) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
-    }
-    if (S > 1) cg::this_cluster().sync(); /* keep part alive until every rank has read it */
+    msm_cluster_sum_store<LT_ROWS>(part, T * LT_ROWS, S, rank, nb0, T, N, y, bias);
 }
 
 extern "C" int msm__linear_tiled_prepare(void) {

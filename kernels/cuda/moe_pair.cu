@@ -38,31 +38,30 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 }
 
 /* One warp per (t, h): the k down rows of the token's experts are streamed together (KMAX >= k
- * slots, unused ones skipped), then combined in slot order as the CPU does. */
-template <int KMAX, bool VEC, bool FP8>
+ * slots, unused ones skipped), then combined in slot order as the CPU does. bf16 rows (FP8 ones:
+ * moe_down_gemv_fp8_kernel). */
+template <int KMAX, bool VEC>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_down_gemv_kernel(float *y, const float *act, const int32_t *ids, const float *w,
-                         const void *down, const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
+                         const uint16_t *down, int H, int I, int k, int E) {
     constexpr int U = KMAX >= 8 ? 1 : KMAX >= 4 ? 2 : 4;
     msm_pdl_trigger();
     msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int h = blockIdx.x * MOE_WARPS + warp, t = blockIdx.y;
     if (h >= H) return;
-    const void *wr[KMAX];
-    const float *sr[KMAX];
+    const uint16_t *wr[KMAX];
     const float *xs[KMAX];
     float acc[KMAX][KMAX];
 #pragma unroll
     for (int j = 0; j < KMAX; j++) {
         int p = t * k + j, e = j < k ? ids[p] : -1;
         bool ok = j < k && e >= 0 && e < E;
-        wr[j] = ok ? msm_wrow<FP8>(down, (size_t)e * H * I, h, I) : NULL;
-        sr[j] = FP8 && ok ? msm_srow(dn_sc + (size_t)e * msm_cuda_fp8_scales(1, H, I, dn_ph), h, I, dn_ph) : NULL;
+        wr[j] = ok ? down + ((size_t)e * H + h) * I : NULL;
         xs[j] = act + (size_t)p * I;
         acc[j][j] = 0.0f;
     }
-    msm_rows_dot_w<KMAX, KMAX, U, VEC, FP8, true>(acc, wr, sr, xs, KMAX, I, dn_ph, lane);
+    msm_rows_dot<KMAX, KMAX, U, VEC, true>(acc, wr, xs, KMAX, I, lane);
     float y_th = 0.0f;
 #pragma unroll
     for (int j = 0; j < KMAX; j++) {
@@ -73,8 +72,9 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 }
 
 /* The FP8 down GEMV: one warp per (t, HR rows h0..h0+HR-1), the HR rows of each slot's expert
- * sharing that slot's act row (read once for them: a warp per row read act at 4 bytes a code and
- * went L1-bound), combined per row in slot order as the CPU does. */
+ * sharing that slot's act row (read once for them), combined per row in slot order as the CPU
+ * does. (Measured no faster than one row a warp on the H200: the kernel is latency-bound, see
+ * docs/adr/0006-fp8.md.) */
 #define DOWN_FP8_HR 2
 template <int KMAX, int HR>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
@@ -129,10 +129,10 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
                           (const uint8_t *)down, dn_sc, dn_ph, H, I, k, E);
     }
     if (vec)
-        return msm_launch(moe_down_gemv_kernel<KMAX, true, false>, grid, blk, 0, ex, y, act, ids, w,
-                          down, dn_sc, dn_ph, H, I, k, E);
-    return msm_launch(moe_down_gemv_kernel<KMAX, false, false>, grid, blk, 0, ex, y, act, ids, w, down,
-                      dn_sc, dn_ph, H, I, k, E);
+        return msm_launch(moe_down_gemv_kernel<KMAX, true>, grid, blk, 0, ex, y, act, ids, w,
+                          (const uint16_t *)down, H, I, k, E);
+    return msm_launch(moe_down_gemv_kernel<KMAX, false>, grid, blk, 0, ex, y, act, ids, w, (const uint16_t *)down,
+                      H, I, k, E);
 }
 
 int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w, const void *gate_up,

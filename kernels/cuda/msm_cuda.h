@@ -84,6 +84,7 @@ static inline int msm_norm_vals(int dim, int threads) {
 }
 
 #ifdef __CUDACC__
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
@@ -438,6 +439,32 @@ static __device__ __forceinline__ void msm_mma_bf16(float c[4], uint32_t a0, uin
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* The split-K epilogue of the cluster GEMMs (linear_tiled.cu, linear_fp8.cu): each of the S
+ * blocks of a cluster (S = 1: one block, no cluster) holds its partial [tokens][ROWS] tile in
+ * `part` (shared memory at the same offset in every block). After a cluster barrier, block `rank`
+ * takes outputs rank * threads + i, then every S * threads, sums them over the S blocks in rank
+ * order (distributed shared memory; fixed order, deterministic) and writes
+ * y[t][nb0 + n] = sum + bias[nb0 + n] for t < T and nb0 + n < N, over n_out = tokens * ROWS
+ * entries; a second barrier keeps every part alive until all ranks have read it. */
+template <int ROWS>
+static __device__ __forceinline__ void msm_cluster_sum_store(float *part, int n_out, int S, int rank, int nb0, int T,
+                                                             int N, float *y, const uint16_t *bias) {
+    if (S > 1)
+        cooperative_groups::this_cluster().sync();
+    else
+        __syncthreads();
+    for (int idx = rank * (int)blockDim.x + (int)threadIdx.x; idx < n_out; idx += S * (int)blockDim.x) {
+        int t = idx / ROWS, n = nb0 + idx % ROWS;
+        float s = part[idx];
+        if (S > 1) {
+            s = 0.0f;
+            for (int r = 0; r < S; r++) s += cooperative_groups::this_cluster().map_shared_rank(part, r)[idx];
+        }
+        if (t < T && n < N) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
+    }
+    if (S > 1) cooperative_groups::this_cluster().sync();
 }
 
 /* ---- Shared-memory tiles for the tensor-core GEMMs (moe_tiled.cu, linear_tiled.cu) ---- */

@@ -1,6 +1,6 @@
 #!/bin/sh
 # msmoe-run from the command line: the embedded model's llama2.c sample, the dump format,
-# --fp8-as-bf16, and the errors a user can trigger (each: non-zero exit and a message saying what
+# --fp8-as-bf16 and --fp8-as-cuda, and the errors a user can trigger (each: non-zero exit and a message saying what
 # was wrong).
 # usage: test_msmoe_run.sh path/to/msmoe-run   (run from the repository root)
 set -u
@@ -78,6 +78,22 @@ if cmp -s "$tmp/qwen3moe-f32.npy" "$tmp/qwen3moe-bf16.npy"; then
     echo "PASS fp8_as_bf16_leaves_bf16_checkpoints"
 else
     echo "FAIL fp8_as_bf16_leaves_bf16_checkpoints"; fails=$((fails + 1))
+fi
+
+# --fp8-as-cuda reaches the CPU backend and rounds only the weights the CUDA backend does not keep
+# FP8: none of qwen3moe-fp8's at TP 1 (the logits stay bitwise the float32 oracle's), the expert
+# slices of ranks 1 and 3 at TP 4 (column phases 8 and 24: the logits move)
+m=qwen3moe-fp8
+"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --fp8-as-cuda \
+    --dump-logits "$tmp/$m-cuda1.npy" >/dev/null
+"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --tp 4 --dump-logits "$tmp/$m-f32-4.npy" >/dev/null
+"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --tp 4 --fp8-as-cuda \
+    --dump-logits "$tmp/$m-cuda4.npy" >/dev/null
+if cmp -s "$tmp/$m-f32.npy" "$tmp/$m-cuda1.npy" && [ -s "$tmp/$m-cuda4.npy" ] &&
+    ! cmp -s "$tmp/$m-f32-4.npy" "$tmp/$m-cuda4.npy"; then
+    echo "PASS fp8_as_cuda_rounds_only_the_weights_not_kept_fp8"
+else
+    echo "FAIL fp8_as_cuda_rounds_only_the_weights_not_kept_fp8"; fails=$((fails + 1))
 fi
 
 echo "$fails failed"

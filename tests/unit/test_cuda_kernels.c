@@ -683,6 +683,23 @@ typedef struct moe_run {
     int T, path, kflags;
 } moe_run;
 
+/* Routing for T tokens: k distinct experts each, skewed so some experts get many tokens, and
+ * weights in [0.1, 1.1). */
+static void random_routing(int32_t *ids, float *w, int T, int k, int E) {
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < k; j++) {
+            int e;
+            bool dup;
+            do {
+                e = rndu() < 0.3f ? rndi(k + 1 < E ? k + 1 : E) : rndi(E);
+                dup = false;
+                for (int q = 0; q < j; q++) dup |= ids[t * k + q] == e;
+            } while (dup);
+            ids[t * k + j] = e;
+            w[t * k + j] = 0.1f + rndu();
+        }
+}
+
 /* One weight set (H, I, k, E), then each run: the CUDA result against the CPU's, and a second
  * run's bits against the first's. Routing: distinct experts per token, skewed so some experts
  * get many tokens. */
@@ -700,18 +717,7 @@ static void moe_cases(const moe_run *runs, int n, int H, int I, int k, int E, do
         float *x = host_f32((size_t)T * H, 1.0f);
         int32_t *ids = malloc((size_t)T * k * 4);
         float *w = malloc((size_t)T * k * 4);
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < k; j++) {
-                int e;
-                bool dup;
-                do {
-                    e = rndu() < 0.3f ? rndi(k + 1 < E ? k + 1 : E) : rndi(E);
-                    dup = false;
-                    for (int q = 0; q < j; q++) dup |= ids[t * k + q] == e;
-                } while (dup);
-                ids[t * k + j] = e;
-                w[t * k + j] = 0.1f + rndu();
-            }
+        random_routing(ids, w, T, k, E);
         float *ref = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4);
         float *out2 = malloc((size_t)T * H * 4);
         msm_cpu_moe_experts(ref, x, ids, w, guf, dnf, T, H, I, k, scratch);
@@ -969,18 +975,7 @@ static void moe_fp8_cases(const moe_run *runs, int n, int H, int I, int k, int E
         float *x = host_f32((size_t)T * H, 1.0f);
         int32_t *ids = malloc((size_t)T * k * 4);
         float *w = malloc((size_t)T * k * 4);
-        for (int i = 0; i < T; i++)
-            for (int j = 0; j < k; j++) {
-                int e;
-                bool dup;
-                do {
-                    e = rndu() < 0.3f ? rndi(k + 1 < E ? k + 1 : E) : rndi(E);
-                    dup = false;
-                    for (int q = 0; q < j; q++) dup |= ids[i * k + q] == e;
-                } while (dup);
-                ids[i * k + j] = e;
-                w[i * k + j] = 0.1f + rndu();
-            }
+        random_routing(ids, w, T, k, E);
         float *ref = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4), *out2 = malloc((size_t)T * H * 4);
         msm_cpu_moe_experts(ref, x, ids, w, native ? gu.f : gu.fb, native ? dn.f : dn.fb, T, H, I, k, scratch);
         float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4), *dy = dev_poison((size_t)T * H * 4);
