@@ -199,6 +199,8 @@ template <int V>
 static __global__ void ar_add_rmsnorm_kernel(float *sum, float *out, size_t off, const float *x, const uint16_t *w,
                                              int rows, int dim, float eps, msm_cuda_ar_peers p) {
     __shared__ float part[32];
+    float wv[V];
+    msm_norm_w_load<V>(w, dim, wv);
     uint32_t flag;
     if (!ar_start(p, &flag)) return;
     const float *src[AR_MAXR];
@@ -226,7 +228,7 @@ static __global__ void ar_add_rmsnorm_kernel(float *sum, float *out, size_t off,
         }
 #pragma unroll
         for (int j = 0; j < V; j++) v[j] = threadIdx.x + j * blockDim.x < dim ? v[j] + b[j] : 0.0f;
-        msm_norm_row_store<V>(v, sum, out, ro, w, dim, eps, part);
+        msm_norm_row_store<V>(v, sum, out, ro, wv, dim, eps, part);
     }
     ar_finish(p, flag);
 }

@@ -42,6 +42,8 @@ template <int V>
 static __global__ void add_rmsnorm_kernel(float *sum, float *out, const float *a, const float *b,
                                    const uint16_t *w, int dim, float eps) {
     msm_pdl_trigger();
+    float wv[V];
+    msm_norm_w_load<V>(w, dim, wv);
     msm_pdl_wait();
     __shared__ float part[32];
     size_t off = (size_t)blockIdx.x * dim;
@@ -51,7 +53,7 @@ static __global__ void add_rmsnorm_kernel(float *sum, float *out, const float *a
         int i = threadIdx.x + j * blockDim.x;
         v[j] = i < dim ? (b ? a[off + i] + b[off + i] : a[off + i]) : 0.0f;
     }
-    msm_norm_row_store<V>(v, sum, out, off, w, dim, eps, part);
+    msm_norm_row_store<V>(v, sum, out, off, wv, dim, eps, part);
 }
 
 static int add_rmsnorm_launch(float *sum, float *out, const float *a, const float *b,
@@ -91,16 +93,18 @@ static __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const 
                                            const float *shared, const float *h, const uint16_t *wg,
                                            const uint16_t *w, int dim, float eps) {
     msm_pdl_trigger();
+    float gv[V], wv[V]; /* weights: loaded before the PDL wait (msm_norm_w_load) */
+    msm_norm_w_load<V>(wg, dim, gv);
+    if (NORM) msm_norm_w_load<V>(w, dim, wv);
     msm_pdl_wait();
     __shared__ float part[32];
     size_t off = (size_t)blockIdx.x * dim;
-    float hv[V], gv[V], xv[V], rv[V], sv[V];
+    float hv[V], xv[V], rv[V], sv[V];
 #pragma unroll
     for (int j = 0; j < V; j++) {
         int i = threadIdx.x + j * blockDim.x;
         bool ok = i < dim;
         hv[j] = ok ? h[off + i] : 0.0f;
-        gv[j] = ok ? msm_bf(wg[i]) : 0.0f;
         xv[j] = ok && NORM ? x[off + i] : 0.0f;
         rv[j] = ok ? routed[off + i] : 0.0f;
         sv[j] = ok ? shared[off + i] : 0.0f;
@@ -134,7 +138,7 @@ static __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const 
 #pragma unroll
     for (int j = 0; j < V; j++) {
         int i = threadIdx.x + j * blockDim.x;
-        if (i < dim) out[off + i] = msm_bf(w[i]) * (xv[j] * inv);
+        if (i < dim) out[off + i] = wv[j] * (xv[j] * inv);
     }
 }
 

@@ -163,24 +163,26 @@ extern "C" int msm__linear_fp8_mma_prepare(void) {
     return 0;
 }
 
-/* K slices: double S while the grid stays under two blocks an SM and each slice keeps a round of
- * M8_U chunks (at T = 1 a block's whole slice is then requested before its PDL wait); then more
- * slices (up to 8) while the x slice does not fit the shared memory. 0: it never fits. */
-static int slices(int T, int N, int K, int sms) {
+/* K slices: double S while the doubled grid still fits `slots` blocks an SM in one wave (a second,
+ * partial wave doubles the time: 320 blocks of a 5120-row weight at S = 8 on the 264 slots of two
+ * blocks an SM) and each slice keeps a round of M8_U chunks (at T = 1 a block's whole slice is
+ * then requested before its PDL wait); then more slices (up to 8) while the x slice does not fit
+ * the shared memory. 0: it never fits. */
+static int slices(int T, int N, int K, int sms, int slots) {
     int rb = (N + M8_ROWS - 1) / M8_ROWS, nch = K / 64, S = 1, ntt = T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
-    while (S < 8 && rb * S < 2 * sms && nch >= M8_U * S * 2) S *= 2;
+    while (S < 8 && rb * S * 2 <= slots * sms && nch >= M8_U * S * 2) S *= 2;
     while (S < 8 && smem_bytes(ntt, (nch + S - 1) / S) > M8_SMEM_MAX) S *= 2;
     return smem_bytes(ntt, (nch + S - 1) / S) <= M8_SMEM_MAX ? S : 0;
 }
 
 extern "C" bool msm__linear_fp8_mma_fits(int T, int N, int K, msm_cuda_fp8w w, const float *x, int sms) {
     return T >= 1 && T <= 64 && N > 0 && K > 0 && K % 64 == 0 && w.phase % 64 == 0 &&
-           ((uintptr_t)w.q | (uintptr_t)x) % 16 == 0 && slices(T, N, K, sms) > 0;
+           ((uintptr_t)w.q | (uintptr_t)x) % 16 == 0 && slices(T, N, K, sms, 2) > 0; /* slots only sets S below the fit */
 }
 
 extern "C" int msm__linear_fp8_mma_run(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N,
                                        int K, msm_cuda_exec ex) {
-    int S = slices(T, N, K, ex.tune->sms);
+    int S = slices(T, N, K, ex.tune->sms, ex.tune->fp8_mmv_slots);
     if (S <= 0) return -EINVAL;
     cudaError_t e;
     if (T <= 8) e = launch<1>(y, x, w, bias, T, N, K, S, ex);

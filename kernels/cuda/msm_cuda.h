@@ -121,13 +121,27 @@ static __device__ __forceinline__ float msm_bf(uint16_t h) {
     return __uint_as_float((uint32_t)h << 16);
 }
 
+/* This thread's norm weights in the msm_norm_row_store layout (0 past dim). Norm weights are never
+ * written during a step: kernels load them before their PDL wait, so the load's latency overlaps
+ * the previous kernel instead of following the block sum (H200, 2026-12-01: a one-block
+ * add_rmsnorm cost a decode step ~3.5 us). */
+template <int V>
+static __device__ __forceinline__ void msm_norm_w_load(const uint16_t *w, int dim, float (&wv)[V]) {
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        wv[j] = i < dim ? msm_bf(__ldg(w + i)) : 0.0f;
+    }
+}
+
 /* The tail of a row norm (msm_norm_threads/msm_norm_vals layout): v[j] is element
  * threadIdx.x + j * blockDim.x of the row at off (0 past dim); stores it into sum (unless NULL),
- * then out = rmsnorm(row) * w, the sum of squares in j order, then msm_block_sum. Every kernel that
- * ends in a residual norm calls this, so they agree bitwise. part: shared memory of 32 floats. */
+ * then out = rmsnorm(row) * w (wv: msm_norm_w_load), the sum of squares in j order, then
+ * msm_block_sum. Every kernel that ends in a residual norm calls this, so they agree bitwise.
+ * part: shared memory of 32 floats. */
 template <int V>
 static __device__ __forceinline__ void msm_norm_row_store(const float (&v)[V], float *sum, float *out, size_t off,
-                                                          const uint16_t *w, int dim, float eps, float *part) {
+                                                          const float (&wv)[V], int dim, float eps, float *part) {
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < V; j++) {
@@ -142,7 +156,7 @@ static __device__ __forceinline__ void msm_norm_row_store(const float (&v)[V], f
 #pragma unroll
     for (int j = 0; j < V; j++) {
         int i = threadIdx.x + j * blockDim.x;
-        if (i < dim) out[off + i] = msm_bf(w[i]) * (v[j] * inv);
+        if (i < dim) out[off + i] = wv[j] * (v[j] * inv);
     }
 }
 

@@ -105,7 +105,7 @@ typedef struct msm_cuda_tuning {
     int moe_gateup_mma_per_sm, moe_down_mma_per_sm;   /* 16 tokens a pass */
     int moe_gateup_mma4_per_sm, moe_down_mma4_per_sm; /* 32 tokens a pass (MSM_CUDA_MOE_K_NT4) */
     int moe_gateup_mma8_per_sm, moe_down_mma8_per_sm; /* FP8 weights (docs/adr/0006-fp8.md) */
-    int att_per_sm[4][2];     /* attention_kernel<L = 4, 8, 16, 32 chunks><vec 0/1> */
+    int att_per_sm[4][2][4];  /* attention_kernel<L = 4, 8, 16, 32 chunks><vec 0/1><1..4 heads a block> */
     size_t ar_oneshot_max_bytes; /* all-reduces up to this size take the one-shot kernel where the
                                     group has peer access (MSM_CUDA_AR_ONESHOT_MAX_BYTES); 0: NCCL always */
     bool fp8_resident;        /* FP8 checkpoint weights stay FP8 on the device (else dequantised to
@@ -115,6 +115,12 @@ typedef struct msm_cuda_tuning {
     int fp8_linear;           /* MSM_CUDA_FP8_LINEAR_*: the FP8 linear kernel up to fp8_native_max_t */
     int fp8_mma_min_t;        /* ... MMA: the tensor-core MMV8 from this T on, the SIMT GEMV below
                                  (MSM_CUDA_FP8_MMA_MIN_T) */
+    int fp8_mmv_slots;        /* the MMV8's K slices fill at most this many blocks an SM in one wave
+                                 (MSM_CUDA_FP8_MMV_SLOTS) */
+    int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
+    int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
+                                 (MSM_CUDA_ATT_GROUP; 1: one head a block) ... */
+    int att_group_min;        /* ... once T * nh reaches this (0: the block slots of one wave) */
 } msm_cuda_tuning;
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the
@@ -306,8 +312,10 @@ int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const ui
  * SIMT GEMV at every T with the integer decode or the hardware cvt (MSM_CUDA_FP8_LINEAR=
  * mma|simt|simt_hw). Default threshold measured on the H200 at Qwen3-30B-A3B's shapes
  * (bench/results/2026-12-01-h200-fp8): T = 1, 5120 x 2048: SIMT 7.5 us, MMV8 13.1; T = 8: SIMT
- * 22.5, MMV8 14.2 (bf16 11.1). */
-#define MSM_CUDA_FP8_MMA_MIN_T 5
+ * 22.5, MMV8 14.2 (bf16 11.1). With the MMV8 grid in one wave (fp8_mmv_slots), the Qwen3-30B-A3B
+ * FP8 step (bench/results/2026-12-01-h200-perf): batch 3 7.86 -> 7.46 ms and 4 7.86 -> 7.44 with the
+ * MMV8 from 2 tokens on, batch 2 5.20 vs 5.26 and batch 1 4.00 vs 4.15 (from 1) with the SIMT GEMV. */
+#define MSM_CUDA_FP8_MMA_MIN_T 3
 enum { MSM_CUDA_FP8_LINEAR_MMA = 0, MSM_CUDA_FP8_LINEAR_SIMT = 1, MSM_CUDA_FP8_LINEAR_SIMT_HW = 2 };
 /* Default of msm_cuda_tuning.fp8_native_max_t. */
 #define MSM_CUDA_FP8_NATIVE_MAX_T 64

@@ -24,6 +24,9 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->fp8_resident = true;
     t->fp8_native_max_t = MSM_CUDA_FP8_NATIVE_MAX_T;
     t->fp8_mma_min_t = MSM_CUDA_FP8_MMA_MIN_T;
+    t->fp8_mmv_slots = 2;
+    t->att_max_split = 16;
+    t->att_group = 4;
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;
     msm__moe_tuning(t);

@@ -434,7 +434,7 @@ typedef struct attn_shape {
     const char *what;
 } attn_shape;
 
-static void attention_case(const attn_shape *sh) {
+static void attention_case(msm_cuda_exec ex, const attn_shape *sh) {
     int max_blocks = sh->ctx ? (sh->ctx + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK : 12;
     int nb = sh->n_seq * max_blocks + 1;
     size_t row = (size_t)sh->kvh * sh->hd, cache = (size_t)nb * MSM_KV_BLOCK * row;
@@ -466,9 +466,10 @@ static void attention_case(const attn_shape *sh) {
     int32_t *dbt = dev_up(bt, (size_t)sh->n_seq * max_blocks * 4);
     float *dq = dev_up(q, qn * 4), *dout = dev_poison(qn * 4);
     CK(msm_cuda_attention(dout, dq, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
-                          sh->hd, scale, EX));
+                          sh->hd, scale, ex));
     down(out, dout, qn * 4);
-    CHECK_ERR(out, ref, qn, 2e-5, "attention %s", sh->what);
+    CHECK_ERR(out, ref, qn, 2e-5, "attention %s (heads a block <= %d from %d pairs)", sh->what,
+              ex.tune->att_group, ex.tune->att_group_min);
     /* q read in place from wider rows (as from qkv), context split over blocks (flash-decoding);
      * run twice on the same workspace: the split blocks' arrival counters must be back at zero
      * after each call, and the result bitwise the same */
@@ -480,12 +481,13 @@ static void attention_case(const attn_shape *sh) {
         void *ws = dev(wsb);
         cr_assert_eq(cudaMemset(ws, 0, wsb ? wsb : 1), cudaSuccess); /* zeroed once, as the backend does */
         CK(msm_cuda_attention_ex(dout2, dqw, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
-                                 sh->hd, scale, ws, wsb, EX));
+                                 sh->hd, scale, ws, wsb, ex));
         down(out, dout2, qn * 4);
-        CHECK_ERR(out, ref, qn, 2e-5, "attention_ex (strided q, split) %s", sh->what);
+        CHECK_ERR(out, ref, qn, 2e-5, "attention_ex (strided q, split) %s (heads a block <= %d from %d pairs)", sh->what,
+                  ex.tune->att_group, ex.tune->att_group_min);
         cr_assert_eq(cudaMemset(dout2, 0xff, qn * 4), cudaSuccess);
         CK(msm_cuda_attention_ex(dout2, dqw, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
-                                 sh->hd, scale, ws, wsb, EX));
+                                 sh->hd, scale, ws, wsb, ex));
         down(out2, dout2, qn * 4);
         cr_assert(memcmp(out, out2, qn * 4) == 0, "attention_ex second split run differs: %s", sh->what);
         cudaFree(dqw), cudaFree(dout2), cudaFree(ws);
@@ -508,8 +510,20 @@ Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 60) {
         {2, 3, 4, 2, 36, 0, "hd36 (not a multiple of 8: scalar loads)"},
         {1, 1, 16, 16, 128, 700, "decode T=1 ctx 700 (many splits)"},
         {32, 1, 16, 16, 128, 513, "decode batch 32 MHA hd128 ctx ~512 (Qwen1.5-MoE)"},
+        {8, 1, 32, 4, 128, 513, "decode batch 8 GQA 8:1 hd128 ctx ~512 (Qwen3-30B-A3B)"},
+        {2, 1, 12, 1, 128, 700, "decode GQA 12:1 ctx 700 (many splits)"},
+        {1, 1, 6, 2, 128, 300, "decode GQA 3:1 ctx 300"},
+        {2, 9, 8, 2, 256, 0, "prefill GQA 4:1 hd256"},
+        {3, 4, 12, 2, 64, 0, "prefill GQA 6:1 hd64"},
     };
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) attention_case(&shapes[s]);
+    /* the default (GQA blocks take 4 query heads of a kv head once the pairs fill a wave), then
+     * grouping at every size, then one head a block */
+    for (int gb = 0; gb < 3; gb++) {
+        msm_cuda_tuning t = tune0;
+        t.att_group = gb == 2 ? 1 : 4;
+        t.att_group_min = gb == 1 ? 1 : 0;
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) attention_case(EX_T(&t), &shapes[s]);
+    }
 }
 
 /* ---- add / scale_rows / sigmoid / swiglu ---- */
@@ -911,8 +925,10 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
                                  {17, 2048, 768, 0}, {31, 100, 1408, 64}, {40, 513, 2048, 0}, {64, 2048, 8192, 0}};
     msm_cuda_tuning tm = tune0;
     tm.fp8_mma_min_t = 1;
-    for (size_t s = 0; s < sizeof mma / sizeof *mma; s++)
+    for (size_t s = 0; s < sizeof mma / sizeof *mma; s++) {
+        tm.fp8_mmv_slots = 1 + (int)(s % 3); /* other K-slice counts for the same shapes */
         linear_fp8_case(ctx, EX_T(&tm), mma[s][0], mma[s][1], mma[s][2], mma[s][3], s % 2, false, 2e-5);
+    }
     /* past the FP8 GEMVs: dequantised to bf16, the tiled linear (near-fp32) at 9..64 tokens,
      * cuBLASLt's hi + lo from 65, a K the FP8 GEMV cannot take (K % 16 != 0) at any T */
     msm_cuda_tuning t = tune0;
