@@ -1048,7 +1048,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_NATIVE_MAX_T=N         FP8-resident weights take the FP8 GEMVs up to N tokens
  *   MSM_CUDA_FP8_LINEAR=mma|simt|simt_hw the FP8 linear kernel (tensor cores; SIMT GEMV, integer or hardware decode)
  *   MSM_CUDA_FP8_MMA_MIN_T=N            ... mma: the SIMT GEMV below N tokens
- *   MSM_CUDA_FP8_MMV_SLOTS=N            the MMV8 grid fills at most N blocks an SM (K slices)
+ *   MSM_CUDA_MMV_SLOTS=N                the MMV and MMV8 grids fill at most N blocks an SM (K slices)
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
  *   MSM_CUDA_ATT_GROUP=N                attention blocks take up to N query heads of a kv head (1..4) ...
  *   MSM_CUDA_ATT_GROUP_MIN=N            ... from N (token, query head) pairs on (0: one wave's blocks)
@@ -1089,7 +1089,7 @@ static void tuning_from_env(msm_cuda_tuning *t, uint64_t *skip_ops) {
     if ((s = getenv("MSM_CUDA_FP8_RESIDENT"))) t->fp8_resident = s[0] != '0';
     if (env_int("MSM_CUDA_FP8_NATIVE_MAX_T", &v)) t->fp8_native_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_FP8_MMA_MIN_T", &v)) t->fp8_mma_min_t = v < 1 ? 1 : v;
-    if (env_int("MSM_CUDA_FP8_MMV_SLOTS", &v)) t->fp8_mmv_slots = v < 1 ? 1 : v;
+    if (env_int("MSM_CUDA_MMV_SLOTS", &v)) t->mmv_slots = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;
     if (env_int("MSM_CUDA_ATT_GROUP_MIN", &v)) t->att_group_min = v < 0 ? 0 : v;

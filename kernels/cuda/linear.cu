@@ -396,9 +396,12 @@ static bool mmv_use(const msm_cuda_tuning *tn, int T, int N, int K, const void *
 static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                    int K, msm_cuda_exec ex) {
     int sms = ex.tune->sms;
-    /* K slices: enough blocks for ~2 a SM, each slice at least 4 chunks of 32 */
+    /* K slices: double S while the doubled grid still fits mmv_slots blocks an SM in one wave (a
+     * second, partial wave costs a whole one: the FP8 MMV8 of a 5120-row weight took 320 blocks at S = 8
+     * on the 264 slots of two blocks an SM), each slice at least 4 chunks of 32 */
     int rb = (N + MMV_ROWS - 1) / MMV_ROWS, nch = K / 32, S = 1;
-    while (S < 8 && rb * S < 2 * sms && nch / (2 * S) >= 4) S *= 2;
+    int slots = ex.tune->mmv_slots > 0 ? ex.tune->mmv_slots : ex.tune->mmv_per_sm;
+    while (S < 8 && rb * S * 2 <= slots * sms && nch / (2 * S) >= 4) S *= 2;
     cudaError_t e;
     switch ((T + 15) / 16) {
     case 1: e = mmv_launch<1>(y, x, w, bias, T, N, K, S, ex); break;
@@ -409,6 +412,24 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
     CUDA_TRY(e);
     CUDA_LAUNCH_CHECK();
     return 0;
+}
+
+/* Resident blocks of `kern` (256 threads, dynamic shared memory smem) on one SM, 1 if the query fails. */
+template <typename K>
+static int per_sm(K kern, size_t smem) {
+    int per = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, MMV_WARPS * 32, smem) != cudaSuccess || per <= 0) {
+        (void)cudaGetLastError();
+        per = 1;
+    }
+    return per;
+}
+
+/* The occupancy fields of the MMV kernels, for msm_cuda_tuning_init (decode's MMV range is one
+ * 16-token tile). */
+void msm__linear_tuning(msm_cuda_tuning *t) {
+    t->mmv_per_sm = per_sm(mmv_kernel<1, 8>, 0);
+    msm__linear_fp8_tuning(t);
 }
 
 /* ---- cuBLASLt path helpers ---- */

@@ -163,11 +163,29 @@ extern "C" int msm__linear_fp8_mma_prepare(void) {
     return 0;
 }
 
-/* K slices: double S while the doubled grid still fits `slots` blocks an SM in one wave (a second,
- * partial wave doubles the time: 320 blocks of a 5120-row weight at S = 8 on the 264 slots of two
- * blocks an SM) and each slice keeps a round of M8_U chunks (at T = 1 a block's whole slice is
- * then requested before its PDL wait); then more slices (up to 8) while the x slice does not fit
- * the shared memory. 0: it never fits. */
+/* Resident MMV8 blocks on one SM at token tiles NTT (1 if the query fails), with a typical x slice
+ * (K = 2048 over 8 slices) in shared memory. */
+template <int NTT>
+static int mma_per_sm(void) {
+    int per = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, linear_fp8_mma_kernel<NTT>, M8_WARPS * 32,
+                                                      smem_bytes(NTT, 4)) != cudaSuccess || per <= 0) {
+        (void)cudaGetLastError();
+        per = 1;
+    }
+    return per;
+}
+
+void msm__linear_fp8_tuning(msm_cuda_tuning *t) {
+    t->mmv8_per_sm[0] = mma_per_sm<1>(), t->mmv8_per_sm[1] = mma_per_sm<2>();
+    t->mmv8_per_sm[2] = mma_per_sm<4>(), t->mmv8_per_sm[3] = mma_per_sm<8>();
+}
+
+/* K slices: double S while the doubled grid still fits `slots` blocks an SM (the kernel's
+ * occupancy) in one wave (a second, partial wave doubles the time: 320 blocks of a 5120-row
+ * weight at S = 8 on the 264 slots of two blocks an SM) and each slice keeps a round of M8_U
+ * chunks (at T = 1 a block's whole slice is then requested before its PDL wait); then more slices
+ * (up to 8) while the x slice does not fit the shared memory. 0: it never fits. */
 static int slices(int T, int N, int K, int sms, int slots) {
     int rb = (N + M8_ROWS - 1) / M8_ROWS, nch = K / 64, S = 1, ntt = T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
     while (S < 8 && rb * S * 2 <= slots * sms && nch >= M8_U * S * 2) S *= 2;
@@ -182,7 +200,8 @@ extern "C" bool msm__linear_fp8_mma_fits(int T, int N, int K, msm_cuda_fp8w w, c
 
 extern "C" int msm__linear_fp8_mma_run(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N,
                                        int K, msm_cuda_exec ex) {
-    int S = slices(T, N, K, ex.tune->sms, ex.tune->fp8_mmv_slots);
+    int ti = T <= 8 ? 0 : T <= 16 ? 1 : T <= 32 ? 2 : 3;
+    int S = slices(T, N, K, ex.tune->sms, ex.tune->mmv_slots > 0 ? ex.tune->mmv_slots : ex.tune->mmv8_per_sm[ti]);
     if (S <= 0) return -EINVAL;
     cudaError_t e;
     if (T <= 8) e = launch<1>(y, x, w, bias, T, N, K, S, ex);

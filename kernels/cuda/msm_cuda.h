@@ -33,6 +33,8 @@ int msm_cublas_errno(cublasStatus_t st);
  * are sized by it. */
 void msm__moe_tuning(msm_cuda_tuning *t);
 void msm__attention_tuning(msm_cuda_tuning *t);
+void msm__linear_tuning(msm_cuda_tuning *t); /* linear.cu, linear_fp8.cu */
+void msm__linear_fp8_tuning(msm_cuda_tuning *t);
 /* The tiled MoE kernels' shared-memory limit on the current device (moe_tiled.cu). */
 int msm__moe_tiled_prepare(void);
 /* The tiled linear (linear_tiled.cu): its shared-memory limit, whether a call fits it, the launch. */

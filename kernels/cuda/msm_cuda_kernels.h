@@ -115,8 +115,10 @@ typedef struct msm_cuda_tuning {
     int fp8_linear;           /* MSM_CUDA_FP8_LINEAR_*: the FP8 linear kernel up to fp8_native_max_t */
     int fp8_mma_min_t;        /* ... MMA: the tensor-core MMV8 from this T on, the SIMT GEMV below
                                  (MSM_CUDA_FP8_MMA_MIN_T) */
-    int fp8_mmv_slots;        /* the MMV8's K slices fill at most this many blocks an SM in one wave
-                                 (MSM_CUDA_FP8_MMV_SLOTS) */
+    int mmv_slots;            /* the MMV's and MMV8's K slices fill at most this many blocks an SM in
+                                 one wave (MSM_CUDA_MMV_SLOTS; 0: the kernel's occupancy, below) */
+    int mmv_per_sm;           /* resident blocks of the MMV (mmv_kernel<1, 8>) on one SM */
+    int mmv8_per_sm[4];       /* ... of the MMV8 at 1, 2, 4, 8 token tiles */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
     int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
                                  (MSM_CUDA_ATT_GROUP; 1: one head a block) ... */
@@ -312,7 +314,7 @@ int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const ui
  * SIMT GEMV at every T with the integer decode or the hardware cvt (MSM_CUDA_FP8_LINEAR=
  * mma|simt|simt_hw). Default threshold measured on the H200 at Qwen3-30B-A3B's shapes
  * (bench/results/2026-12-01-h200-fp8): T = 1, 5120 x 2048: SIMT 7.5 us, MMV8 13.1; T = 8: SIMT
- * 22.5, MMV8 14.2 (bf16 11.1). With the MMV8 grid in one wave (fp8_mmv_slots), the Qwen3-30B-A3B
+ * 22.5, MMV8 14.2 (bf16 11.1). With the MMV8 grid in one wave (mmv_slots), the Qwen3-30B-A3B
  * FP8 step (bench/results/2026-12-01-h200-perf): batch 3 7.86 -> 7.46 ms and 4 7.86 -> 7.44 with the
  * MMV8 from 2 tokens on, batch 2 5.20 vs 5.26 and batch 1 4.00 vs 4.15 (from 1) with the SIMT GEMV. */
 #define MSM_CUDA_FP8_MMA_MIN_T 3

@@ -24,7 +24,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->fp8_resident = true;
     t->fp8_native_max_t = MSM_CUDA_FP8_NATIVE_MAX_T;
     t->fp8_mma_min_t = MSM_CUDA_FP8_MMA_MIN_T;
-    t->fp8_mmv_slots = 2;
     t->att_max_split = 16;
     t->att_group = 4;
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
@@ -37,5 +36,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     r = msm__linear_fp8_mma_prepare();
     if (r) return r;
     msm__attention_tuning(t);
+    msm__linear_tuning(t);
     return 0;
 }

@@ -926,7 +926,7 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
     msm_cuda_tuning tm = tune0;
     tm.fp8_mma_min_t = 1;
     for (size_t s = 0; s < sizeof mma / sizeof *mma; s++) {
-        tm.fp8_mmv_slots = 1 + (int)(s % 3); /* other K-slice counts for the same shapes */
+        tm.mmv_slots = 1 + (int)(s % 3); /* other K-slice counts for the same shapes */
         linear_fp8_case(ctx, EX_T(&tm), mma[s][0], mma[s][1], mma[s][2], mma[s][3], s % 2, false, 2e-5);
     }
     /* past the FP8 GEMVs: dequantised to bf16, the tiled linear (near-fp32) at 9..64 tokens,
