@@ -250,6 +250,18 @@ static void gemv_dispatch(float *y, const float *x, const void *w, const uint16_
     }
 }
 
+/* ---- small N (routers): one block per (row n, token t), msm_small_dot ---- */
+template <bool VEC>
+static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
+    small_gemv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int N, int K) {
+    __shared__ float part[32];
+    int n = blockIdx.x, t = blockIdx.y;
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    float s = msm_small_dot<VEC>(w + (size_t)n * K, x + (size_t)t * K, K, part);
+    if (threadIdx.x == 0) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
+}
+
 /* ---- MMV: tensor-core GEMV for medium T (MSM_CUDA_MMV_MIN_T <= T <= MSM_CUDA_MMV_MAX_T) ----
  * The GEMV kernel above is bound by fp32 FMAs and x loads once T passes ~8; cuBLASLt at T = 9..64
  * runs few, K-serial tiles (13-38% of the copy ceiling on N = 2048 shapes). Here every weight is
@@ -492,8 +504,17 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
         return mmv_run(y, x, w, bias, T, N, K, ex);
     if (T <= gemv_max || N <= MSM_CUDA_GEMV_SMALL_N) {
         bool vec = K % 8 == 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
-        if ((T > gemv_max || (N <= MSM_CUDA_GEMV_SMALL_N && T > 1)) && T <= 65535) {
-            /* a router over several tokens: one warp per (row, token), the few weight rows re-read
+        if (N <= MSM_CUDA_GEMV_SMALL_N && msm_small_block(T, N)) {
+            /* a router: one block per (row, token) (msm_small_dot), the few weight rows re-read from
+             * L2 for each token (token chunks leave a 60-row router with 4-16 blocks: 34 us at
+             * T = 32; one warp a row left Qwen3-30B-A3B's 128-row router at 10 us at T = 1, H200) */
+            dim3 grid((unsigned)N, (unsigned)T);
+            if (vec)
+                (void)msm_launch(small_gemv_kernel<true>, grid, dim3(MSM_SMALL_THREADS), 0, ex, y, x, w, bias, N, K);
+            else
+                (void)msm_launch(small_gemv_kernel<false>, grid, dim3(MSM_SMALL_THREADS), 0, ex, y, x, w, bias, N, K);
+        } else if ((T > gemv_max || (N <= MSM_CUDA_GEMV_SMALL_N && T > 1)) && T <= 65535) {
+            /* a router over more tokens: one warp per (row, token), the few weight rows re-read
              * from L2 (token chunks leave a 60-row router with 4-16 blocks: 34 us at T = 32, and
              * ~15 us at T = 8 against ~3.5 us this way, H200) */
             if (vec)

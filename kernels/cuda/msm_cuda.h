@@ -275,6 +275,46 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
     }
 }
 
+/* dot(row, x) over K by a whole block of MSM_SMALL_THREADS threads (one output of a small-N
+ * linear: a router logit): VEC (K % 8 == 0, 16-byte aligned row and x), thread i reads the 8
+ * weights at 8i + 8 * MSM_SMALL_THREADS * j, all its loads in flight at once, and sums them in j
+ * order (msm_fma8); else one element at i + MSM_SMALL_THREADS * j. Then warp sums and the warps
+ * in order (msm_block_sum): every thread gets the same total, bitwise the same run to run. The
+ * small-N GEMV (linear.cu) and the fused router (router.cu) both compute their logits with it,
+ * so they agree bit for bit. K up to 8 * MSM_SMALL_THREADS * MSM_SMALL_U in one round of loads. */
+#define MSM_SMALL_THREADS 128
+#define MSM_SMALL_U 4
+/* Whether a small-N linear of T tokens takes msm_small_dot (one block an output), else the GEMV's
+ * one warp an output (gemv_kernel<1, 1, 4>); the fused router decides the same way. Blocks pay at
+ * few outputs (Qwen3-30B-A3B's router, 128 x 1: 10 -> ~5 us a layer) and cost at many (Qwen1.5-MoE
+ * batch 32, 60 x 32 outputs: the step 9.3 -> 9.56 ms with blocks; H200, 2026-12-01). */
+static inline bool msm_small_block(int T, int N) { return (long)T * N <= 1024; }
+template <bool VEC>
+static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const float *x, int K, float *part) {
+    float acc = 0.0f;
+    const int tid = threadIdx.x;
+    if constexpr (VEC) {
+        for (int k0 = tid * 8; k0 < K; k0 += 8 * MSM_SMALL_THREADS * MSM_SMALL_U) {
+            uint4 wv[MSM_SMALL_U];
+#pragma unroll
+            for (int u = 0; u < MSM_SMALL_U; u++) {
+                int k = k0 + u * 8 * MSM_SMALL_THREADS;
+                wv[u] = k < K ? msm_ld_stream16(row + k) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < MSM_SMALL_U; u++) {
+                int k = k0 + u * 8 * MSM_SMALL_THREADS;
+                if (k >= K) break;
+                const float4 *xp = (const float4 *)(x + k);
+                acc = msm_fma8_bf16(wv[u], xp[0], xp[1], acc);
+            }
+        }
+    } else {
+        for (int k = tid; k < K; k += MSM_SMALL_THREADS) acc = fmaf(msm_bf(row[k]), x[k], acc);
+    }
+    return msm_block_sum(acc, part);
+}
+
 /* ---- FP8 block-scaled weights (docs/adr/0006-fp8.md) ----
  * An e4m3 weight row is read 16 codes (16 bytes) at a time; every run of 16 lies inside one
  * 128-column scale block, so a lane's 16 products share one scale: the kernels sum

@@ -107,29 +107,39 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
 }
 
 /* ---- router GEMV + top-k in one launch (msm_cuda_router_linear_topk) ----
- * Block (bx, t): warp i computes logit bx * ROUTER_WARPS + i of token t with the GEMV kernel's
- * arithmetic for one row and one token (msm_rows_dot<1, 1, 4>, then a warp sum: linear.cu's
- * gemv_kernel<1, 1, 4>), so the logits are bitwise msm_cuda_linear's. Each block then counts
- * itself in on token t's counter (after a fence); the block arriving last runs the top-k of
- * topk_token over the logits and resets the counter to zero for the next call or replay. */
-template <bool VEC>
-static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
+ * Logit n of token t is computed with msm_cuda_linear's arithmetic for a small N, so the logits
+ * are bitwise its: BLOCK (msm_small_block): block (n, t) runs msm_small_dot (linear.cu's
+ * small_gemv_kernel); else warp i of block (bx, t) computes logit bx * ROUTER_WARPS + i with
+ * msm_rows_dot<1, 1, 4> and a warp sum (gemv_kernel<1, 1, 4>). Either then adds 0.0f for the
+ * absent bias. Each block counts itself in on token t's counter (after a fence); the block
+ * arriving last runs the top-k of topk_token over the logits and resets the counter to zero for
+ * the next call or replay. */
+template <bool VEC, bool BLOCK>
+static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     router_linear_topk_kernel(int32_t *ids, float *w, float *logits, unsigned *ctr, const float *x,
                               const uint16_t *wr, int T, int E, int K, int k, bool norm) {
+    static_assert(MSM_SMALL_THREADS == ROUTER_WARPS * 32, "one block size for both ways");
+    __shared__ float part[32];
+    __shared__ bool last;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.y;
-    int n = blockIdx.x * ROUTER_WARPS + warp;
     msm_pdl_trigger();
     msm_pdl_wait();
-    if (n < E) {
-        const uint16_t *rows[1] = {wr + (size_t)n * K};
-        const float *xs[1] = {x + (size_t)t * K};
-        float acc[1][1] = {{0.0f}};
-        msm_rows_dot<1, 1, 4, VEC>(acc, rows, xs, 1, K, lane);
-        float s = msm_warp_sum(acc[0][0]);
-        if (lane == 0) logits[(size_t)t * E + n] = s + 0.0f; /* as gemv_kernel adds its (zero) bias */
+    if constexpr (BLOCK) {
+        int n = blockIdx.x;
+        float s = msm_small_dot<VEC>(wr + (size_t)n * K, x + (size_t)t * K, K, part);
+        if (threadIdx.x == 0) logits[(size_t)t * E + n] = s + 0.0f;
+    } else {
+        int n = blockIdx.x * ROUTER_WARPS + warp;
+        if (n < E) {
+            const uint16_t *rows[1] = {wr + (size_t)n * K};
+            const float *xs[1] = {x + (size_t)t * K};
+            float acc[1][1] = {{0.0f}};
+            msm_rows_dot<1, 1, 4, VEC>(acc, rows, xs, 1, K, lane);
+            float s = msm_warp_sum(acc[0][0]);
+            if (lane == 0) logits[(size_t)t * E + n] = s + 0.0f;
+        }
+        __syncthreads();
     }
-    __shared__ bool last;
-    __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
         last = atomicAdd(ctr + t, 1u) == gridDim.x - 1;
@@ -156,14 +166,15 @@ extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *
         int r = msm_cuda_linear(logits, x, wr, NULL, T, E, K, NULL, NULL, 0, ex);
         return r ? r : msm_cuda_router_topk(ids, w, logits, T, E, k, norm, ex);
     }
-    dim3 grid((unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T);
-    bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0;
-    if (vec)
-        CUDA_TRY(msm_launch(router_linear_topk_kernel<true>, grid, dim3(ROUTER_WARPS * 32), 0, ex, ids, w, logits,
-                            ctr, x, wr, T, E, K, k, norm));
-    else
-        CUDA_TRY(msm_launch(router_linear_topk_kernel<false>, grid, dim3(ROUTER_WARPS * 32), 0, ex, ids, w, logits,
-                            ctr, x, wr, T, E, K, k, norm));
+    bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0, blk = msm_small_block(T, E);
+    dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T), block(MSM_SMALL_THREADS);
+#define ROUTER_GO(V, B) \
+    CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, norm))
+    if (vec && blk) ROUTER_GO(true, true);
+    else if (vec) ROUTER_GO(true, false);
+    else if (blk) ROUTER_GO(false, true);
+    else ROUTER_GO(false, false);
+#undef ROUTER_GO
     return 0;
 }
 
