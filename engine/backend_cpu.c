@@ -122,6 +122,12 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
         msm_cpu_add_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), cb->weights[n->w[0]], ROWS(in0),
                             a->rmsnorm.dim, a->rmsnorm.eps);
         break;
+    case MSM_OP_LINEAR_ADD_RMSNORM: /* the pair: y into s's bytes, then s = r + y and its norm */
+        msm_cpu_linear(F(out0), F(in0), cb->weights[n->w[0]], n->w[1] >= 0 ? cb->weights[n->w[1]] : NULL,
+                       ROWS(in0), a->linear_norm.N, a->linear_norm.K);
+        msm_cpu_add_rmsnorm(F(out0), F(n->out[1]), F(n->in[1]), F(out0), cb->weights[n->w[2]], ROWS(in0),
+                            a->linear_norm.N, a->linear_norm.eps);
+        break;
     case MSM_OP_MOE_COMBINE_NORM:
         msm_cpu_moe_combine_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), F(n->in[2]), F(n->in[3]),
                                     cb->weights[n->w[0]], cb->weights[n->w[1]], ROWS(in0), a->rmsnorm.dim,

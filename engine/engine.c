@@ -96,6 +96,7 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->fuse_rope_kv = true;
     o->fuse_allreduce_norm = true;
     o->fuse_router = true;
+    o->fuse_linear_norm = false; /* not yet run on a GPU (2026-12-01): on once the CUDA checks pass */
     o->kv_blocks = 1024;
     o->max_step_tokens = 512;
     o->max_seqs = 64;
@@ -220,6 +221,7 @@ static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, in
                         .fuse_rope_kv = o->fuse_rope_kv,
                         .fuse_allreduce_norm = o->fuse_allreduce_norm,
                         .fuse_router = o->fuse_router,
+                        .fuse_linear_norm = o->fuse_linear_norm,
                         .test_buggy_placement = o->test_buggy_placement,
                         .test_skip_verify = o->test_skip_verify};
     if (rank == o->test_diverge_rank) po.fuse_allreduce = !po.fuse_allreduce; /* test-only: V4 */

@@ -271,6 +271,9 @@ static void dump_attr(const msm_node *n, FILE *out) {
                 (double)a->qk_norm.eps);
         break;
     case MSM_OP_LINEAR: fprintf(out, " [N=%d K=%d]", a->linear.N, a->linear.K); break;
+    case MSM_OP_LINEAR_ADD_RMSNORM:
+        fprintf(out, " [N=%d K=%d eps=%g]", a->linear_norm.N, a->linear_norm.K, (double)a->linear_norm.eps);
+        break;
     case MSM_OP_ROPE:
     case MSM_OP_ROPE_KV_WRITE:
         fprintf(out, " [nh=%d kvh=%d hd=%d theta=%g", a->rope.nh, a->rope.kvh, a->rope.hd,

@@ -56,7 +56,10 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
     X(MOE_COMBINE)  /* in: routed, shared, h [rows,C]  w: gate [1,C]                            \
                        out: routed + sigmoid(h . gate) * shared (pass-made, tp > 1) */          \
     X(ROUTER_LINEAR_TOPK) /* in: x [T,K]   w: router [E,K]   out: ids [T,k] i32, w [T,k]         \
-                       the router LINEAR and ROUTER_TOPK in one node (pass-made) */
+                       the router LINEAR and ROUTER_TOPK in one node (pass-made) */                \
+    X(LINEAR_ADD_RMSNORM) /* in: x [rows,K], r [rows,N]  w: W [N,K], bias [N] or -1, norm [N]      \
+                       out: s = r + (x . W^T + b), rmsnorm(s): a LINEAR and the ADD_RMSNORM of   \
+                       its output in one node (pass-made) */
 
 typedef enum msm_op {
 #define MSM_OP_ENUM(n) MSM_OP_##n,
@@ -125,6 +128,7 @@ typedef struct msm_attr_router_group {
     float scale;             /* routed_scaling_factor, applied after the renormalisation */
 } msm_attr_router_group;
 typedef struct msm_attr_moe_experts { int H, I, k, E; } msm_attr_moe_experts;
+typedef struct msm_attr_linear_norm { int N, K; float eps; } msm_attr_linear_norm; /* norm dim N */
 typedef struct msm_attr_sample { int V, V_pad; } msm_attr_sample; /* vocabulary, logits row length */
 
 typedef union msm_attr {
@@ -138,6 +142,7 @@ typedef union msm_attr {
     msm_attr_router_topk router_topk; /* ROUTER_TOPK, ROUTER_LINEAR_TOPK */
     msm_attr_router_group router_group; /* ROUTER_GROUP_TOPK */
     msm_attr_moe_experts moe_experts;
+    msm_attr_linear_norm linear_norm; /* LINEAR_ADD_RMSNORM */
     msm_attr_sample sample;
 } msm_attr;
 

@@ -23,6 +23,7 @@ typedef struct msm_pass_opts {
     bool fuse_rope_kv;     /* fuse_rope_kv_write */
     bool fuse_allreduce_norm; /* fuse_allreduce_add_rmsnorm */
     bool fuse_router;      /* fuse_router_topk */
+    bool fuse_linear_norm; /* fuse_linear_add_rmsnorm */
     msm_warn_fn warn;
     void *warn_ud;
     /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)
@@ -30,6 +31,12 @@ typedef struct msm_pass_opts {
     bool test_buggy_placement;
     bool test_skip_verify;
 } msm_pass_opts;
+
+/* The pair passes' skeleton: a clone of `in` in which every node i (in issue order, i + 1 <
+ * in->n_nodes) for which fuse(in, i, &f) returns true is replaced by f, and node i + 1 dropped;
+ * matching then resumes after the pair. fuse sees the input graph, never a half-rewritten one. */
+typedef bool (*msm_pair_fn)(const msm_graph *g, int i, msm_node *ret);
+int msm_pass_fuse_pairs(const msm_graph *in, msm_pair_fn fuse, const char *name, msm_graph **ret, msm_err *err);
 
 /* ALLREDUCE(routed) + ALLREDUCE(shared) → ALLREDUCE(routed + gate * shared) per MoE layer
  * (ALLREDUCE(routed + shared) for an ungated shared expert, GLM-4.5's). */
@@ -71,6 +78,10 @@ int msm_pass_fuse_allreduce_add_rmsnorm(const msm_graph *in, const msm_pass_opts
 /* The router LINEAR (N = E <= 256, no bias) and the ROUTER_TOPK right after it, its only reader
  * → one ROUTER_LINEAR_TOPK. Idempotent. */
 int msm_pass_fuse_router_topk(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret, msm_err *err);
+
+/* A LINEAR and the ADD_RMSNORM of its output (the next node, its only reader) → one
+ * LINEAR_ADD_RMSNORM, bitwise the pair. After elide_tp1_collectives and fuse_moe_combine. */
+int msm_pass_fuse_linear_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret, msm_err *err);
 
 /* ROPE + the ATTENTION reading its output → ROPE_KV_WRITE (rotates and writes the layer's K/V
  * cache) + an ATTENTION with kv_written (skips its own K/V write), per layer: the same cache, the

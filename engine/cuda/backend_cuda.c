@@ -55,6 +55,7 @@ typedef struct cuda_backend {
     size_t ws_bytes;
     float *q_tmp[MSM_N_STREAMS]; /* attention: split-context workspace */
     void *router_ws[MSM_N_STREAMS]; /* ROUTER_LINEAR_TOPK: logits + counters (zero between calls) */
+    unsigned *ln_ctr[MSM_N_STREAMS]; /* LINEAR_ADD_RMSNORM's arrival counter (zero between calls) */
     size_t router_ws_bytes;
     size_t q_tmp_bytes;
     void *gather_tmp;            /* all-gather staging [tp, rows, cols] */
@@ -201,7 +202,8 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
      * is never one); anything else is a bug in that choice, reported rather than read as bf16 */
     for (int j = 0; j < MSM_NODE_MAX_W; j++)
         if (n->w[j] >= 0 && cb->w8[n->w[j]] &&
-            !((n->op == MSM_OP_LINEAR && j == 0) || (n->op == MSM_OP_MOE_EXPERTS && j < 2)))
+            !(((n->op == MSM_OP_LINEAR || n->op == MSM_OP_LINEAR_ADD_RMSNORM) && j == 0) ||
+              (n->op == MSM_OP_MOE_EXPERTS && j < 2)))
             return msm_err_set(err, -ENOTSUP, "rank %d (GPU %d): op %s has no kernel for the FP8 weight %d",
                                cb->b.rank, cb->device, msm_op_name(n->op), n->w[j]);
     switch (n->op) {
@@ -224,6 +226,21 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
             KTRY(msm_cuda_linear(F(out0), F(in0), cb->w[n->w[0]], n->w[1] >= 0 ? cb->w[n->w[1]] : NULL,
                                  ROWS(in0), a->linear.N, a->linear.K, cb->ctx, ws, cb->ws_bytes, s));
         break;
+    case MSM_OP_LINEAR_ADD_RMSNORM: { /* y into the sum's bytes (never an input's: the planner), then add + norm */
+        const msm_attr_linear_norm *ln = &a->linear_norm;
+        const uint16_t *bias = n->w[1] >= 0 ? cb->w[n->w[1]] : NULL;
+        if (cb->w8[n->w[0]]) {
+            KTRY(msm_cuda_linear_fp8(F(out0), F(in0), fp8w(cb, n->w[0]), bias, ROWS(in0), ln->N, ln->K, cb->ctx, ws,
+                                     cb->ws_bytes, cb->deq[n->stream], cb->deq_bytes, s));
+            KTRY(msm_cuda_add_rmsnorm(F(out0), F(n->out[1]), F(n->in[1]), F(out0), cb->w[n->w[2]], ROWS(in0), ln->N,
+                                      ln->eps, s));
+        } else {
+            KTRY(msm_cuda_linear_add_rmsnorm(F(out0), F(n->out[1]), F(in0), cb->w[n->w[0]], bias, F(n->in[1]),
+                                             cb->w[n->w[2]], ROWS(in0), ln->N, ln->K, ln->eps, cb->ln_ctr[n->stream],
+                                             cb->ctx, ws, cb->ws_bytes, s));
+        }
+        break;
+    }
     case MSM_OP_ROPE: /* q and k heads lead every row: rotate them and copy the v heads, one launch */
         KTRY(msm_cuda_rope_copy(F(out0), F(in0), I32(n->in[1]), ROWS(in0), g->vals[in0].cols,
                                 a->rope.nh + a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta, s));
@@ -484,6 +501,8 @@ static int cuda_alloc_weights(msm_backend *b, const msm_graph *g, const msm_wsou
         size_t dq = 0;
         if (n->op == MSM_OP_LINEAR && cb->w8[n->w[0]])
             dq = msm_cuda_linear_fp8_deq_bytes(n->attr.linear.N, n->attr.linear.K);
+        else if (n->op == MSM_OP_LINEAR_ADD_RMSNORM && cb->w8[n->w[0]])
+            dq = msm_cuda_linear_fp8_deq_bytes(n->attr.linear_norm.N, n->attr.linear_norm.K);
         else if (n->op == MSM_OP_MOE_EXPERTS && cb->w8[n->w[0]])
             dq = msm_cuda_moe_fp8_deq_bytes(n->attr.moe_experts.H, n->attr.moe_experts.I, n->attr.moe_experts.E);
         if (dq > deq) deq = dq;
@@ -851,11 +870,12 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
     for (int i = 0; i < g->n_nodes; i++) {
         const msm_node *n = &g->nodes[i];
         size_t need = 0;
-        if (n->op == MSM_OP_LINEAR) {
-            const msm_attr_linear *at = &n->attr.linear;
-            need = msm_cuda_linear_ws_bytes(g->max_T, at->N, at->K);
+        if (n->op == MSM_OP_LINEAR || n->op == MSM_OP_LINEAR_ADD_RMSNORM) {
+            int N = n->op == MSM_OP_LINEAR ? n->attr.linear.N : n->attr.linear_norm.N;
+            int K = n->op == MSM_OP_LINEAR ? n->attr.linear.K : n->attr.linear_norm.K;
+            need = msm_cuda_linear_ws_bytes(g->max_T, N, K);
 
-            for (int t = MSM_CUDA_GEMV_MAX_T + 1; t <= g->max_T; t *= 2) msm_cuda_linear_prepare(cb->ctx, t, at->N, at->K);
+            for (int t = MSM_CUDA_GEMV_MAX_T + 1; t <= g->max_T; t *= 2) msm_cuda_linear_prepare(cb->ctx, t, N, K);
         } else if (n->op == MSM_OP_MOE_EXPERTS) {
             const msm_attr_moe_experts *at = &n->attr.moe_experts;
             need = msm_cuda_moe_experts_ws_bytes(g->max_T, at->H, at->I, at->k, at->E);
@@ -889,6 +909,8 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
         TRY(cudaMemset(cb->q_tmp[s], 0, qtmp ? qtmp : 256)); /* attention's counters start at 0 */
         TRY(cudaMalloc(&cb->router_ws[s], cb->router_ws_bytes ? cb->router_ws_bytes : 256));
         TRY(cudaMemset(cb->router_ws[s], 0, cb->router_ws_bytes ? cb->router_ws_bytes : 256)); /* counters */
+        TRY(cudaMalloc((void **)&cb->ln_ctr[s], 256));
+        TRY(cudaMemset(cb->ln_ctr[s], 0, 256));
     }
     cb->gather_bytes = gather;
     TRY(cudaMalloc(&cb->gather_tmp, gather ? gather : 256));
@@ -999,6 +1021,7 @@ static void cuda_free(msm_backend *b) {
         cudaFree(cb->ws[s]);
         cudaFree(cb->q_tmp[s]);
         cudaFree(cb->router_ws[s]);
+        cudaFree(cb->ln_ctr[s]);
         cudaFree(cb->deq[s]);
         if (cb->st[s]) cudaStreamDestroy(cb->st[s]);
     }
@@ -1050,6 +1073,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_MMA_MIN_T=N            ... mma: the SIMT GEMV below N tokens
  *   MSM_CUDA_MMV_SLOTS=N                the MMV and MMV8 grids fill at most N blocks an SM (K slices)
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
+ *   MSM_CUDA_LINEAR_NORM=1              LINEAR_ADD_RMSNORM in one kernel (the GEMV's last block norms)
  *   MSM_CUDA_ATT_GROUP=N                attention blocks take up to N query heads of a kv head (1..4) ...
  *   MSM_CUDA_ATT_GROUP_MIN=N            ... from N (token, query head) pairs on (0: one wave's blocks)
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
@@ -1091,6 +1115,7 @@ static void tuning_from_env(msm_cuda_tuning *t, uint64_t *skip_ops) {
     if (env_int("MSM_CUDA_FP8_MMA_MIN_T", &v)) t->fp8_mma_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_SLOTS", &v)) t->mmv_slots = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;
+    if ((s = getenv("MSM_CUDA_LINEAR_NORM"))) t->linear_norm_fused = s[0] == '1';
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;
     if (env_int("MSM_CUDA_ATT_GROUP_MIN", &v)) t->att_group_min = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))

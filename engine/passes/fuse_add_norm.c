@@ -6,38 +6,28 @@
  * computes bitwise what it did. Only an ADD immediately followed in issue order by an RMSNORM of
  * its output on the same stream is fused; ADD_RMSNORM nodes are never re-matched, so the pass is
  * idempotent. Runs after the role-based MoE passes (they look for plain ADD nodes). */
-#include <errno.h>
 
 #include "msm_pass.h"
+
+static bool add_norm(const msm_graph *g, int i, msm_node *ret) {
+    const msm_node *n = &g->nodes[i], *nx = &g->nodes[i + 1];
+    const msm_value *s = &g->vals[n->out[0]];
+    if (n->op != MSM_OP_ADD || nx->op != MSM_OP_RMSNORM || nx->stream != n->stream || nx->in[0] != n->out[0] ||
+        s->dtype != MSM_F32 || nx->attr.rmsnorm.dim != s->cols)
+        return false;
+    msm_node f = *n;
+    f.op = MSM_OP_ADD_RMSNORM;
+    f.n_out = 2;
+    f.out[1] = nx->out[0];
+    f.w[0] = nx->w[0];
+    f.w[1] = f.w[2] = -1;
+    f.attr.rmsnorm = nx->attr.rmsnorm; /* an ADD has no attributes to keep */
+    *ret = f;
+    return true;
+}
 
 int msm_pass_fuse_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                               msm_err *err) {
     (void)o;
-    msm_graph *g = msm_graph_clone(in);
-    if (!g) return msm_err_set(err, -ENOMEM, "out of memory in fuse_add_rmsnorm");
-    int w = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        msm_node n = g->nodes[i];
-        if (n.op == MSM_OP_ADD && i + 1 < g->n_nodes) {
-            const msm_node *nx = &g->nodes[i + 1];
-            const msm_value *s = &g->vals[n.out[0]];
-            if (nx->op == MSM_OP_RMSNORM && nx->stream == n.stream && nx->in[0] == n.out[0] &&
-                s->dtype == MSM_F32 && nx->attr.rmsnorm.dim == s->cols) {
-                msm_node f = n;
-                f.op = MSM_OP_ADD_RMSNORM;
-                f.n_out = 2;
-                f.out[1] = nx->out[0];
-                f.w[0] = nx->w[0];
-                f.w[1] = f.w[2] = -1;
-                f.attr.rmsnorm = nx->attr.rmsnorm; /* an ADD has no attributes to keep */
-                g->nodes[w++] = f;
-                i++; /* the RMSNORM is absorbed */
-                continue;
-            }
-        }
-        g->nodes[w++] = n;
-    }
-    g->n_nodes = w;
-    *ret = g;
-    return 0;
+    return msm_pass_fuse_pairs(in, add_norm, "fuse_add_rmsnorm", ret, err);
 }

@@ -10,40 +10,31 @@
  * float sum does not depend on its operands' order), so a rank's result is the pair's bit for
  * bit given the same all-reduce. p must have no reader but the ALLREDUCE (a backend may reduce it
  * in place). Idempotent: fused nodes are never re-matched. */
-#include <errno.h>
 
 #include "msm_pass.h"
+
+static bool allreduce_norm(const msm_graph *g, int i, msm_node *ret) {
+    const msm_node *n = &g->nodes[i], *nx = &g->nodes[i + 1];
+    if (n->op != MSM_OP_ALLREDUCE || n->stream != MSM_STREAM_MAIN) return false;
+    int a = n->out[0], p = n->in[0];
+    int side = nx->op == MSM_OP_ADD_RMSNORM ? (nx->in[1] == a ? 1 : nx->in[0] == a ? 0 : -1) : -1;
+    const msm_value *pv = &g->vals[p], *av = &g->vals[a];
+    if (!(side >= 0 && nx->stream == MSM_STREAM_MAIN && nx->in[1 - side] != a && msm_graph_readers(g, a) == 1 &&
+          msm_graph_readers(g, p) == 1 && pv->dtype == MSM_F32 && av->dtype == MSM_F32 && !pv->io && !av->io &&
+          pv->cols == nx->attr.rmsnorm.dim))
+        return false;
+    msm_node f = *nx;
+    f.op = MSM_OP_ALLREDUCE_ADD_RMSNORM;
+    f.role = n->role;
+    f.n_in = 2;
+    f.in[0] = p;
+    f.in[1] = nx->in[1 - side];
+    *ret = f;
+    return true;
+}
 
 int msm_pass_fuse_allreduce_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                                         msm_err *err) {
     (void)o;
-    msm_graph *g = msm_graph_clone(in);
-    if (!g) return msm_err_set(err, -ENOMEM, "out of memory in fuse_allreduce_add_rmsnorm");
-    int w = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        msm_node n = g->nodes[i];
-        if (n.op == MSM_OP_ALLREDUCE && n.stream == MSM_STREAM_MAIN && i + 1 < g->n_nodes) {
-            const msm_node *nx = &g->nodes[i + 1];
-            int a = n.out[0], p = n.in[0];
-            int side = nx->op == MSM_OP_ADD_RMSNORM ? (nx->in[1] == a ? 1 : nx->in[0] == a ? 0 : -1) : -1;
-            const msm_value *pv = &g->vals[p], *av = &g->vals[a];
-            if (side >= 0 && nx->stream == MSM_STREAM_MAIN && nx->in[1 - side] != a && msm_graph_readers(g, a) == 1 &&
-                msm_graph_readers(g, p) == 1 && pv->dtype == MSM_F32 && av->dtype == MSM_F32 && !pv->io && !av->io &&
-                pv->cols == nx->attr.rmsnorm.dim) {
-                msm_node f = *nx;
-                f.op = MSM_OP_ALLREDUCE_ADD_RMSNORM;
-                f.role = n.role;
-                f.n_in = 2;
-                f.in[0] = p;
-                f.in[1] = nx->in[1 - side];
-                g->nodes[w++] = f;
-                i++; /* the ADD_RMSNORM is absorbed */
-                continue;
-            }
-        }
-        g->nodes[w++] = n;
-    }
-    g->n_nodes = w;
-    *ret = g;
-    return 0;
+    return msm_pass_fuse_pairs(in, allreduce_norm, "fuse_allreduce_add_rmsnorm", ret, err);
 }

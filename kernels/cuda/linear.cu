@@ -172,9 +172,8 @@ extern "C" int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K) {
 /* U: 16-byte weight loads in flight per lane per row (R * U per lane in all). FP8: w holds e4m3
  * codes and wsc their block scales (msm_rows_dot_fp8); else w is bf16 and wsc unused. */
 template <int NT, int R, int U, bool VEC, bool FP8, bool HW>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_kernel(float *y, const float *x, const void *w, const float *wsc, int ph, const uint16_t *bias,
-                int T, int N, int K, bool prefetch) {
+static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const void *w, const float *wsc, int ph,
+                                                 const uint16_t *bias, int T, int N, int K, bool prefetch) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int n0 = (blockIdx.x * GEMV_WARPS + warp) * R;
     int t0 = blockIdx.y * NT;
@@ -218,6 +217,95 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
+template <int NT, int R, int U, bool VEC, bool FP8, bool HW>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_kernel(float *y, const float *x, const void *w, const float *wsc, int ph, const uint16_t *bias,
+                int T, int N, int K, bool prefetch) {
+    gemv_rows<NT, R, U, VEC, FP8, HW>(y, x, w, wsc, ph, bias, T, N, K, prefetch);
+}
+
+/* ---- GEMV + residual add + RMSNorm (LINEAR_ADD_RMSNORM, msm_cuda_linear_add_rmsnorm) ----
+ * The GEMV blocks write y = x . W^T + b into sum; each block then counts itself in on ctr (after a
+ * fence), and the block arriving last computes, for every token row, sum = r + y and out =
+ * rmsnorm(sum) * nw with add_rmsnorm_kernel's arithmetic: the row laid out over VT =
+ * msm_norm_threads(N) virtual threads (thread i owns elements i, i + VT, ...), squares summed in
+ * that order, warp sums, then the VT / 32 warps in order; the block's GEMV_WARPS * 32 threads
+ * each play F = VT / (GEMV_WARPS * 32) virtual threads (VT = 64: half of them idle). So the node is
+ * bitwise the GEMV followed by msm_cuda_add_rmsnorm, one launch and no one-block kernel between
+ * the GEMV and its readers. It resets ctr to zero for the next call or replay. */
+template <int NT, bool VEC, int V, int F>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_norm_kernel(float *sum, float *out, const float *x, const uint16_t *w, const uint16_t *bias, const float *r,
+                     const uint16_t *nw, int T, int N, int K, float eps, int vt, unsigned *ctr, bool prefetch) {
+    constexpr int R = NT >= 3 ? 2 : 1, U = 4; /* gemv_launch's choice for NT <= 4 */
+    static_assert(NT <= 4, "the fused GEMV takes up to 4 tokens");
+    __shared__ float part[32];
+    __shared__ bool last;
+    gemv_rows<NT, R, U, VEC, false, false>(sum, x, w, NULL, 0, bias, T, N, K, prefetch);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(ctr, 1u) == gridDim.x * gridDim.y - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* the norm weights, loaded with the first row (only the last block needs them: loading them
+     * before the GEMV would hold F * V registers through it in every block) */
+    float wv[F][V];
+#pragma unroll
+    for (int f = 0; f < F; f++)
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int i = threadIdx.x + f * GEMV_WARPS * 32 + j * vt;
+            wv[f][j] = threadIdx.x + f * GEMV_WARPS * 32 < vt && i < N ? msm_bf(__ldg(nw + i)) : 0.0f;
+        }
+    for (int t = 0; t < T; t++) {
+        size_t off = (size_t)t * N;
+        float v[F][V];
+        float ss[F];
+#pragma unroll
+        for (int f = 0; f < F; f++) {
+            int tv = threadIdx.x + f * GEMV_WARPS * 32; /* this thread's virtual thread */
+            ss[f] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                int i = tv + j * vt;
+                v[f][j] = tv < vt && i < N ? r[off + i] + __ldcg(sum + off + i) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                int i = tv + j * vt;
+                if (tv < vt && i < N) ss[f] += v[f][j] * v[f][j];
+            }
+            ss[f] = msm_warp_sum(ss[f]);
+        }
+        __syncthreads(); /* part may still be read for the previous row */
+#pragma unroll
+        for (int f = 0; f < F; f++) {
+            int tv = threadIdx.x + f * GEMV_WARPS * 32;
+            if ((threadIdx.x & 31) == 0 && tv < vt) part[tv / 32] = ss[f];
+        }
+        __syncthreads();
+        float tot = 0.0f;
+        for (int i = 0; i < vt / 32; i++) tot += part[i];
+        float inv = 1.0f / sqrtf(tot / (float)N + eps);
+#pragma unroll
+        for (int f = 0; f < F; f++) {
+            int tv = threadIdx.x + f * GEMV_WARPS * 32;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                int i = tv + j * vt;
+                if (tv < vt && i < N) {
+                    sum[off + i] = v[f][j];
+                    out[off + i] = wv[f][j] * (v[f][j] * inv);
+                }
+            }
+        }
+    }
+    if (threadIdx.x == 0) *ctr = 0;
+}
+
 template <int NT, bool VEC, bool FP8 = false, bool HW = false>
 static void gemv_launch(float *y, const float *x, const void *w, const uint16_t *bias, int T,
                         int N, int K, msm_cuda_exec ex, const float *wsc = NULL, int ph = 0) {
@@ -248,6 +336,64 @@ static void gemv_dispatch(float *y, const float *x, const void *w, const uint16_
     case 7: gemv_launch<7, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph); break;
     default: gemv_launch<8, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph); break;
     }
+}
+
+template <int NT, int V, int F>
+static cudaError_t gemv_norm_launch(float *sum, float *out, const float *x, const uint16_t *w, const uint16_t *bias,
+                                    const float *r, const uint16_t *nw, int T, int N, int K, float eps, int vt,
+                                    unsigned *ctr, msm_cuda_exec ex) {
+    constexpr int R = NT >= 3 ? 2 : 1;
+    dim3 grid((unsigned)((N + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)));
+    return msm_launch(gemv_norm_kernel<NT, true, V, F>, grid, dim3(GEMV_WARPS * 32), 0, ex, sum, out, x, w, bias, r,
+                      nw, T, N, K, eps, vt, ctr, ex.tune->gemv_prefetch);
+}
+
+template <int V, int F>
+static cudaError_t gemv_norm_t(float *sum, float *out, const float *x, const uint16_t *w, const uint16_t *bias,
+                               const float *r, const uint16_t *nw, int T, int N, int K, float eps, int vt,
+                               unsigned *ctr, msm_cuda_exec ex) {
+    switch (T) {
+    case 1: return gemv_norm_launch<1, V, F>(sum, out, x, w, bias, r, nw, T, N, K, eps, vt, ctr, ex);
+    case 2: return gemv_norm_launch<2, V, F>(sum, out, x, w, bias, r, nw, T, N, K, eps, vt, ctr, ex);
+    case 3: return gemv_norm_launch<3, V, F>(sum, out, x, w, bias, r, nw, T, N, K, eps, vt, ctr, ex);
+    default: return gemv_norm_launch<4, V, F>(sum, out, x, w, bias, r, nw, T, N, K, eps, vt, ctr, ex);
+    }
+}
+
+extern "C" int msm_cuda_linear_add_rmsnorm(float *sum, float *out, const float *x, const uint16_t *w,
+                                           const uint16_t *bias, const float *r, const uint16_t *nw, int T, int N,
+                                           int K, float eps, unsigned *ctr, msm_cuda_ctx *ctx, void *ws,
+                                           size_t ws_bytes, msm_cuda_exec ex) {
+    if (T < 0 || N <= 0 || K <= 0 || N > 32 * 1024) return -EINVAL;
+    if (T == 0) return 0;
+    const msm_cuda_tuning *tn = ex.tune;
+    int vt = msm_norm_threads(N), V = msm_norm_vals(N, vt), F = vt <= GEMV_WARPS * 32 ? 1 : vt / (GEMV_WARPS * 32);
+    /* the fused kernel where msm_cuda_linear takes gemv_kernel<T, R, 4> (so its y is that GEMV's) and
+     * the norm's layout maps onto the block (F * V values a thread) */
+    bool vec = K % 8 == 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
+    bool fused = tn->linear_norm_fused && ctr && vec && T <= 4 && T < tn->mmv_min_t && T < tn->linear_tiled_min_t &&
+                 N > MSM_CUDA_GEMV_SMALL_N && F * GEMV_WARPS * 32 >= vt && (vt < GEMV_WARPS * 32 || vt % (GEMV_WARPS * 32) == 0) &&
+                 F <= 2 && F * V <= 16; /* (the tail's registers: 92 a thread at F * V = 16 against the GEMV's 42) */
+    if (!fused) {
+        int e = msm_cuda_linear(sum, x, w, bias, T, N, K, ctx, ws, ws_bytes, ex);
+        return e ? e : msm_cuda_add_rmsnorm(sum, out, r, sum, nw, T, N, eps, ex);
+    }
+    cudaError_t e;
+#define GN(V_, F_) gemv_norm_t<V_, F_>(sum, out, x, w, bias, r, nw, T, N, K, eps, vt, ctr, ex)
+    if (F == 1 && V == 1) e = GN(1, 1);
+    else if (F == 1 && V == 2) e = GN(2, 1);
+    else if (F == 1 && V == 4) e = GN(4, 1);
+    else if (F == 1 && V == 8) e = GN(8, 1);
+    else if (F == 2 && V == 4) e = GN(4, 2);
+    else if (F == 2 && V == 8) e = GN(8, 2);
+    else {
+        int r2 = msm_cuda_linear(sum, x, w, bias, T, N, K, ctx, ws, ws_bytes, ex);
+        return r2 ? r2 : msm_cuda_add_rmsnorm(sum, out, r, sum, nw, T, N, eps, ex);
+    }
+#undef GN
+    CUDA_TRY(e);
+    CUDA_LAUNCH_CHECK();
+    return 0;
 }
 
 /* ---- small N (routers): one block per (row n, token t), msm_small_dot ---- */

@@ -118,6 +118,9 @@ typedef struct msm_cuda_tuning {
     int mmv_slots;            /* the MMV's and MMV8's K slices fill at most this many blocks an SM in
                                  one wave (MSM_CUDA_MMV_SLOTS; 0: the kernel's occupancy, below) */
     int mmv_per_sm;           /* resident blocks of the MMV (mmv_kernel<1, 8>) on one SM */
+    bool linear_norm_fused;   /* LINEAR_ADD_RMSNORM: the GEMV's last block does the add + norm
+                                 (msm_cuda_linear_add_rmsnorm; MSM_CUDA_LINEAR_NORM=1); off: the two
+                                 kernels. Off by default until measured on a GPU. */
     int mmv8_per_sm[4];       /* ... of the MMV8 at 1, 2, 4, 8 token tiles */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
     int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
@@ -239,6 +242,15 @@ int msm_cuda_moe_combine_rmsnorm(float *sum, float *out, const float *x, const f
  * msm_cuda_rmsnorm, in one launch. sum may alias a or b. */
 int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, const float *b, const uint16_t *w,
                          int rows, int dim, float eps, msm_cuda_exec ex);
+
+/* LINEAR_ADD_RMSNORM: sum = r + (x . W^T + b), out = rmsnorm(sum) * nw, bitwise msm_cuda_linear
+ * into sum then msm_cuda_add_rmsnorm(sum, out, r, sum, nw): with tuning linear_norm_fused, T <= 4
+ * and the GEMV's shapes, one kernel whose last block does the add + norm (ctr: a zeroed counter of
+ * this stream, left zero); else those two calls (ctx, ws as msm_cuda_linear's). x, W, r as the
+ * linear's and the norm's; sum may not alias x or r. */
+int msm_cuda_linear_add_rmsnorm(float *sum, float *out, const float *x, const uint16_t *w, const uint16_t *bias,
+                                const float *r, const uint16_t *nw, int T, int N, int K, float eps, unsigned *ctr,
+                                msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, msm_cuda_exec ex);
 
 /* y[t,:] = x[t,:] * s[t]   (x, y [T,D], s [T]). y may equal x. */
 int msm_cuda_scale_rows(float *y, const float *x, const float *s, int T, int D,

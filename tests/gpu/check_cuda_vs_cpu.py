@@ -7,8 +7,9 @@ tiny std-0.2 models that rounding alone moves logits by up to 5e-1 and flips gre
 comparing against a float32 cache would measure the cache format, not the kernels; and for FP8
 checkpoints with --fp8-as-cuda: the FP8 weights the CUDA backend keeps FP8 stay the float32 values
 its FP8 kernels multiply by, the others (routers) rounded to bf16 as the CUDA loader stores them);
-CUDA-graph replay vs eager bitwise; multi-stream on vs off bitwise; a 100-token run replays the
-decode graph 100 times and must equal eager bitwise. With --tp 2 in MSMOE_CUDA_ARGS also: the
+CUDA-graph replay vs eager bitwise; multi-stream on vs off bitwise; the LINEAR_ADD_RMSNORM node
+(pass fuse_linear_add_rmsnorm) vs the two nodes, with and without its one-kernel path, bitwise;
+a 100-token run replays the decode graph 100 times and must equal eager bitwise. With --tp 2 in MSMOE_CUDA_ARGS also: the
 all-reduce fused with the residual add + norm on vs off bitwise, and the one-shot all-reduce vs
 NCCL's bitwise (two ranks: both sum a + b). Prints one line per check, exits non-zero
 on any failure."""
@@ -87,6 +88,10 @@ for m in MODELS:
             st, sl = run(d, p, n, "--backend", "cuda", "--no-multi-stream")
             # programmatic dependent launch off: kernels strictly serialised (must not change a bit)
             pt, pl = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_PDL": "0"})
+            # LINEAR + ADD_RMSNORM as one node (pass fuse_linear_add_rmsnorm, off by default): its two
+            # kernels, and its one kernel (the GEMV's last block norms), vs the two nodes (gl)
+            lut, lul = run(d, p, n, "--backend", "cuda", "--fuse-linear-norm")
+            lt, ll = run(d, p, n, "--backend", "cuda", "--fuse-linear-norm", env={"MSM_CUDA_LINEAR_NORM": "1"})
             if TP2:  # the all-reduce + add + norm unfused, and NCCL for every all-reduce
                 ut, ul = run(d, p, n, "--backend", "cuda", "--no-fuse-allreduce-norm")
                 nt, nl = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_AR": "nccl"})
@@ -152,6 +157,10 @@ for m in MODELS:
               f"maxdiff={float(np.abs(gl - sl).max()):.3e}")
         check(f"{m}[{i}] PDL on vs off bitwise", np.array_equal(gl, pl) and gt == pt,
               f"maxdiff={float(np.abs(gl - pl).max()):.3e}")
+        check(f"{m}[{i}] linear + add + norm one node vs two bitwise", np.array_equal(gl, lul) and gt == lut,
+              f"maxdiff={float(np.abs(gl - lul).max()):.3e}")
+        check(f"{m}[{i}] linear + add + norm one kernel vs two nodes bitwise", np.array_equal(gl, ll) and gt == lt,
+              f"maxdiff={float(np.abs(gl - ll).max()):.3e}")
         if TP2:
             check(f"{m}[{i}] all-reduce + add + norm fused vs not bitwise", np.array_equal(gl, ul) and gt == ut,
                   f"maxdiff={float(np.abs(gl - ul).max()):.3e}")

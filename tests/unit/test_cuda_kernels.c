@@ -291,6 +291,62 @@ Test(cuda_kernels, linear_gemv_small_T_matches_cpu, .timeout = 60) {
         linear_case(NULL, EX_T(&t), shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 1e-5);
 }
 
+/* LINEAR_ADD_RMSNORM: the one-kernel path (the GEMV's last block adds and norms) is bitwise the
+ * GEMV then add_rmsnorm at every T it takes (1..4), each norm layout it takes (128 and 256 norm
+ * threads, up to 16 values a thread), bias or none; twice on one counter (it must be back at
+ * zero); and beyond its range (T = 6, N = 4096, a K the GEMV reads unvectorised, N <= 256: the
+ * routers' GEMV) the two kernels themselves. */
+Test(cuda_kernels, linear_add_rmsnorm_equals_linear_then_add_rmsnorm, .timeout = 60) {
+    need_gpu();
+    msm_cuda_ctx *ctx = NULL;
+    CK(msm_cuda_ctx_new(&ctx));
+    static const int shapes[][4] = {{1, 2048, 2048, 0}, {1, 4096, 1408, 1}, {2, 300, 512, 0}, {3, 1000, 768, 1},
+                                    {4, 2048, 5632, 0}, {1, 257, 64, 1},   {2, 512, 256, 0}, {6, 2048, 512, 1},
+                                    {2, 300, 100, 0}};
+    msm_cuda_tuning t = tune0;
+    t.linear_norm_fused = true;
+    unsigned *ctr = dev(256);
+    cr_assert_eq(cudaMemset(ctr, 0, 256), cudaSuccess);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        size_t n = (size_t)T * N;
+        float *wf, *bf, *nf, *x = host_f32((size_t)T * K, 1.0f), *r = host_f32(n, 2.0f);
+        uint16_t *wb = host_bf16((size_t)N * K, 0.05f, &wf), *bb = host_bf16(N, 0.5f, &bf), *nb = host_bf16(N, 1.0f, &nf);
+        float *dx = dev_up(x, (size_t)T * K * 4), *dr = dev_up(r, n * 4);
+        uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *db = shapes[s][3] ? dev_up(bb, N * 2) : NULL, *dn = dev_up(nb, N * 2);
+        float *s1 = dev_poison(n * 4), *o1 = dev_poison(n * 4), *s2 = dev_poison(n * 4), *o2 = dev_poison(n * 4);
+        size_t wsb = msm_cuda_linear_ws_bytes(T, N, K);
+        void *ws = dev(wsb ? wsb : 256);
+        float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
+        /* reference: the GEMV into s2, then s2 = r + s2 and the norm */
+        CK(msm_cuda_linear(s2, dx, dw, db, T, N, K, ctx, ws, wsb, EX_T(&t)));
+        CK(msm_cuda_add_rmsnorm(s2, o2, dr, s2, dn, T, N, 1e-6f, EX_T(&t)));
+        for (int rep = 0; rep < 2; rep++) {
+            cr_assert_eq(cudaMemset(s1, 0xff, n * 4), cudaSuccess);
+            CK(msm_cuda_linear_add_rmsnorm(s1, o1, dx, dw, db, dr, dn, T, N, K, 1e-6f, ctr, ctx, ws, wsb, EX_T(&t)));
+            down(h1, s1, n * 4), down(h2, s2, n * 4);
+            cr_expect(memcmp(h1, h2, n * 4) == 0, "sum: T=%d N=%d K=%d call %d", T, N, K, rep);
+            down(h1, o1, n * 4), down(h2, o2, n * 4);
+            cr_expect(memcmp(h1, h2, n * 4) == 0, "norm: T=%d N=%d K=%d call %d", T, N, K, rep);
+        }
+        unsigned c = 1;
+        down(&c, ctr, sizeof c);
+        cr_expect_eq(c, 0u, "the counter is left at zero (T=%d N=%d)", T, N);
+        /* the sum against the CPU: r + (x . W^T + b) */
+        float *ry = malloc(n * 4), *rs = malloc(n * 4), *ro = malloc(n * 4);
+        msm_cpu_linear(ry, x, wf, shapes[s][3] ? bf : NULL, T, N, K);
+        msm_cpu_add_rmsnorm(rs, ro, r, ry, nf, T, N, 1e-6f);
+        down(h1, s1, n * 4);
+        CHECK_ERR(h1, rs, n, 1e-5, "sum vs cpu T=%d N=%d K=%d", T, N, K);
+        cudaFree(dx), cudaFree(dr), cudaFree(dw), cudaFree(db), cudaFree(dn), cudaFree(s1), cudaFree(o1);
+        cudaFree(s2), cudaFree(o2), cudaFree(ws);
+        free(x), free(r), free(wf), free(wb), free(bf), free(bb), free(nf), free(nb), free(h1), free(h2);
+        free(ry), free(rs), free(ro);
+    }
+    cudaFree(ctr);
+    msm_cuda_ctx_free(ctx);
+}
+
 /* The tensor-core MMV path (bf16 hi+lo split of x): every T tile count (1..4), partial tiles,
  * rows not a multiple of the block's 128, K slices 1..8 (cluster reduction), bias; and the
  * default range's shapes at the model's sizes. Then bitwise determinism over repeated calls. */

@@ -795,3 +795,49 @@ Test(graph_pass, router_linear_topk_fuses_every_softmax_router) {
             msm_graph_free(q), msm_graph_free(p), msm_graph_free(g);
         }
 }
+
+/* A LINEAR and the ADD_RMSNORM of its output (o_proj and every dense MLP's down at tp 1) → one
+ * LINEAR_ADD_RMSNORM: every layer's o_proj at least, none left adjacent, idempotent; at tp 2 an
+ * all-reduce sits between them (fuse_allreduce_add_rmsnorm takes those), so nothing fuses. */
+Test(graph_pass, linear_add_rmsnorm_fuses_every_tp1_projection) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen3moe", "tests/data/mixtral", "tests/data/glm4moe"};
+    for (int d = 0; d < 4; d++)
+        for (int tp = 1; tp <= 2; tp++) {
+            msm_graph *g = plain(dirs[d], tp);
+            msm_pass_opts o = {.fuse_allreduce = true, .multi_stream = true, .elide_collectives = true,
+                               .fuse_add_norm = true, .fuse_moe_combine = true, .fuse_allreduce_norm = true,
+                               .fuse_router = true, .fuse_linear_norm = true, .fuse_rope_kv = true};
+            msm_graph *p = apply(g, &o);
+            int fused = count_op(p, MSM_OP_LINEAR_ADD_RMSNORM);
+            if (tp == 1)
+                cr_expect_geq(fused, g->n_layers, "%s: %d fused of %d layers", dirs[d], fused, g->n_layers);
+            else
+                cr_expect_eq(fused, 0, "%s tp 2", dirs[d]);
+            for (int i = 0; i + 1 < p->n_nodes; i++) {
+                const msm_node *a = &p->nodes[i], *b = &p->nodes[i + 1];
+                bool pair = a->op == MSM_OP_LINEAR && b->op == MSM_OP_ADD_RMSNORM && b->stream == a->stream &&
+                            (b->in[0] == a->out[0] || b->in[1] == a->out[0]);
+                cr_expect(!pair, "%s tp %d: node %d LINEAR + ADD_RMSNORM left unfused", dirs[d], tp, i);
+            }
+            for (int i = 0; i < p->n_nodes; i++)
+                if (p->nodes[i].op == MSM_OP_LINEAR_ADD_RMSNORM) {
+                    const msm_node *n = &p->nodes[i];
+                    cr_expect(n->n_in == 2 && n->n_out == 2 && n->w[0] >= 0 && n->w[2] >= 0, "%s node %d", dirs[d], i);
+                    cr_expect_eq(g->vals[n->in[1]].cols, n->attr.linear_norm.N);
+                    /* the backends write the product into the sum's bytes before they read x and r: the
+                     * planner must never let the sum share bytes with them */
+                    const msm_value *sv = &p->vals[n->out[0]];
+                    for (int j = 0; j < 2; j++) {
+                        const msm_value *iv = &p->vals[n->in[j]];
+                        bool apart = sv->offset + msm_value_bytes_max(p, sv) <= iv->offset ||
+                                     iv->offset + msm_value_bytes_max(p, iv) <= sv->offset;
+                        cr_expect(apart, "%s node %d: the sum overlaps input %d", dirs[d], i, j);
+                    }
+                }
+            msm_graph *q;
+            msm_err err = {{0}};
+            cr_assert_eq(msm_pass_fuse_linear_add_rmsnorm(p, &o, &q, &err), 0);
+            cr_expect(msm_graph_equal(p, q), "fuse_linear_add_rmsnorm is not idempotent");
+            msm_graph_free(q), msm_graph_free(p), msm_graph_free(g);
+        }
+}
