@@ -4,7 +4,8 @@
  * bench/results/ (`bench/cuda_kernels [OUT.md]`; the table is printed and, with OUT.md, written).
  * Weights and caches rotate over a 1 GiB pool filled on the device, so each launch streams them
  * from HBM, not L2. Every kernel path is timed through its launcher with the rank tuning
- * (msm_cuda_tuning) set for that path. */
+ * (msm_cuda_tuning) set for that path, starting from the defaults with the CUDA backend's
+ * MSM_CUDA_* switches applied (e.g. MSM_CUDA_MMV_SLOTS=4 times the MMVs under the old rule). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -123,6 +124,7 @@ int main(int argc, char **argv) {
     }
     msm_cuda_tuning tune0;
     CK(msm_cuda_tuning_init(&tune0, 0));
+    msm_cuda_tuning_env(&tune0); /* the backend's MSM_CUDA_* switches, to time kernel variants */
     static char buf[131072];
     int len = 0;
     struct cudaDeviceProp prop;
