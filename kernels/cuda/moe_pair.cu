@@ -71,6 +71,47 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     if (lane == 0) y[(size_t)t * H + h] = y_th;
 }
 
+/* The same products with a token's k expert rows spread over warps (MSM_CUDA_MOE_K_DOWN_SPLIT):
+ * block (h-pair, t) has KMAX warps; warp j streams rows h0, h0 + 1 of slot j's expert against
+ * act[t*k+j] (msm_rows_dot with R = 2 rows and one vector: per row the same lane partials and
+ * msm_fma8 order as moe_down_gemv_kernel's diagonal dot, U = 4 loads a row in flight, so a
+ * 768-wide row is one round of loads instead of three), warp-sums them into shared memory, and
+ * thread r then combines row h0 + r in slot order as that kernel does: bitwise the same y. */
+#define DOWN_SPLIT_HB 2
+template <int KMAX, bool VEC>
+static __global__ void __launch_bounds__(KMAX * 32)
+    moe_down_split_kernel(float *y, const float *act, const int32_t *ids, const float *w,
+                          const uint16_t *down, int H, int I, int k, int E) {
+    __shared__ float d[KMAX][DOWN_SPLIT_HB];
+    __shared__ bool ok[KMAX];
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    int j = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int h0 = blockIdx.x * DOWN_SPLIT_HB, t = blockIdx.y;
+    int p = t * k + j, e = j < k ? ids[p] : -1;
+    bool okj = j < k && e >= 0 && e < E;
+    const uint16_t *wr[DOWN_SPLIT_HB];
+#pragma unroll
+    for (int r = 0; r < DOWN_SPLIT_HB; r++) wr[r] = okj && h0 + r < H ? down + ((size_t)e * H + h0 + r) * I : NULL;
+    const float *xs[1] = {act + (size_t)(okj ? p : 0) * I};
+    float acc[DOWN_SPLIT_HB][1] = {{0.0f}, {0.0f}};
+    msm_rows_dot<DOWN_SPLIT_HB, 1, 4, VEC>(acc, wr, xs, 1, I, lane);
+#pragma unroll
+    for (int r = 0; r < DOWN_SPLIT_HB; r++) {
+        float s = msm_warp_sum(acc[r][0]);
+        if (lane == 0) d[j][r] = s;
+    }
+    if (lane == 0) ok[j] = okj;
+    __syncthreads();
+    if (threadIdx.x < DOWN_SPLIT_HB && h0 + (int)threadIdx.x < H) {
+        float y_th = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < KMAX; jj++)
+            if (ok[jj]) y_th += w[t * k + jj] * d[jj][threadIdx.x];
+        y[(size_t)t * H + h0 + threadIdx.x] = y_th;
+    }
+}
+
 /* The FP8 down GEMV: one warp per (t, HR rows h0..h0+HR-1), the HR rows of each slot's expert
  * sharing that slot's act row (read once for them), combined per row in slot order as the CPU
  * does. (Measured no faster than one row a warp on the H200: the kernel is latency-bound, see
@@ -127,6 +168,14 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
         grid.x = (unsigned)((H + MOE_WARPS * DOWN_FP8_HR - 1) / (MOE_WARPS * DOWN_FP8_HR));
         return msm_launch(moe_down_gemv_fp8_kernel<KMAX, DOWN_FP8_HR>, grid, blk, 0, ex, y, act, ids, w,
                           (const uint8_t *)down, dn_sc, dn_ph, H, I, k, E);
+    }
+    if (ex.tune->moe_kernels & MSM_CUDA_MOE_K_DOWN_SPLIT) {
+        dim3 gs((unsigned)((H + DOWN_SPLIT_HB - 1) / DOWN_SPLIT_HB), grid.y), bs(KMAX * 32);
+        if (vec)
+            return msm_launch(moe_down_split_kernel<KMAX, true>, gs, bs, 0, ex, y, act, ids, w, (const uint16_t *)down,
+                              H, I, k, E);
+        return msm_launch(moe_down_split_kernel<KMAX, false>, gs, bs, 0, ex, y, act, ids, w, (const uint16_t *)down, H,
+                          I, k, E);
     }
     if (vec)
         return msm_launch(moe_down_gemv_kernel<KMAX, true>, grid, blk, 0, ex, y, act, ids, w,

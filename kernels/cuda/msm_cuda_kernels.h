@@ -64,7 +64,10 @@ enum { MSM_CUDA_MOE_PATH_AUTO = 0, MSM_CUDA_MOE_PATH_PAIR = 1, MSM_CUDA_MOE_PATH
  * from 48 tokens on); NO_PREFETCH = the tensor-core down GEMV does not pull its first rows into
  * L2 before its PDL wait; NT4 = the tensor-core GEMVs take 32 tokens a pass (16 by default). */
 enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFETCH = 4,
-       MSM_CUDA_MOE_K_NT4 = 8 };
+       MSM_CUDA_MOE_K_NT4 = 8,
+       /* the pair path's bf16 down GEMV with a token's k expert rows over k warps (moe_pair.cu);
+        * written 2026-12-01 without device time to run it: off until checked and measured */
+       MSM_CUDA_MOE_K_DOWN_SPLIT = 16 };
 /* Linears with mmv_min_t <= T <= mmv_max_t (and K % 32 == 0, w and x 16-byte aligned) run the
  * tensor-core GEMV ("MMV"): each weight read once, x split into bf16 hi + lo (near-fp32
  * products, fp32 accumulation), K slices summed in a fixed order (deterministic), no workspace.

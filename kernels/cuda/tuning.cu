@@ -55,7 +55,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
  *   MSM_CUDA_MOE_TILED_MIN_T=N          the tiled MoE GEMMs from N tokens on
  *   MSM_CUDA_AR=nccl                    every all-reduce through NCCL (no one-shot kernel)
  *   MSM_CUDA_AR_ONESHOT_MAX_BYTES=N     the one-shot all-reduce up to N bytes (0: off)
- *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch,nt4  MoE kernel variants
+ *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch,nt4,down_split  MoE kernel variants
  *   MSM_CUDA_FP8_RESIDENT=0             FP8 checkpoint weights dequantised to bf16 at load
  *   MSM_CUDA_FP8_NATIVE_MAX_T=N         FP8-resident weights take the FP8 GEMVs up to N tokens
  *   MSM_CUDA_FP8_LINEAR=mma|simt|simt_hw the FP8 linear kernel (tensor cores; SIMT GEMV, integer or hardware decode)
@@ -110,5 +110,6 @@ extern "C" void msm_cuda_tuning_env(msm_cuda_tuning *t) {
         if (strstr(s, "mma")) t->moe_kernels |= MSM_CUDA_MOE_K_MMA;
         if (strstr(s, "no_prefetch")) t->moe_kernels |= MSM_CUDA_MOE_K_NO_PREFETCH;
         if (strstr(s, "nt4")) t->moe_kernels |= MSM_CUDA_MOE_K_NT4;
+        if (strstr(s, "down_split")) t->moe_kernels |= MSM_CUDA_MOE_K_DOWN_SPLIT;
     }
 }

@@ -888,6 +888,52 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
     moe_cases(skew, sizeof skew / sizeof *skew, 256, 128, 2, 3, 2e-5);
 }
 
+/* The pair path's down GEMV with a token's experts over warps (MSM_CUDA_MOE_K_DOWN_SPLIT) is bitwise
+ * the one-warp-a-row kernel: Qwen3-30B-A3B and Qwen1.5-MoE expert shapes, k = 1, 4, 8, I not a
+ * multiple of 8 (scalar loads), H odd (a block's second row past H), T = 1..4; and against the
+ * CPU. */
+Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
+    need_gpu();
+    static const int shapes[][4] = {{2048, 768, 8, 16}, {2048, 1408, 4, 12}, {512, 256, 1, 8},
+                                    {264, 100, 8, 24},  {201, 88, 4, 12}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3];
+        float *guf, *dnf;
+        uint16_t *gub = host_bf16((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H), &guf);
+        uint16_t *dnb = host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &dnf);
+        uint16_t *dgu = dev_up(gub, (size_t)E * 2 * I * H * 2), *ddn = dev_up(dnb, (size_t)E * H * I * 2);
+        float *scratch = malloc((size_t)3 * I * 4);
+        for (int T = 1; T <= 4; T++) {
+            float *x = host_f32((size_t)T * H, 1.0f), *w = malloc((size_t)T * k * 4);
+            int32_t *ids = malloc((size_t)T * k * 4);
+            random_routing(ids, w, T, k, E);
+            if (T == 3) ids[1] = -1; /* an invalid slot: skipped by both */
+            float *ref = malloc((size_t)T * H * 4), *o1 = malloc((size_t)T * H * 4), *o2 = malloc((size_t)T * H * 4);
+            float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4), *dy = dev_poison((size_t)T * H * 4);
+            int32_t *di = dev_up(ids, (size_t)T * k * 4);
+            size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
+            void *ws = dev_poison(wsb);
+            msm_cuda_tuning t = tune0;
+            t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+            down(o1, dy, (size_t)T * H * 4);
+            t.moe_kernels = MSM_CUDA_MOE_K_DOWN_SPLIT;
+            cr_assert_eq(cudaMemset(dy, 0xff, (size_t)T * H * 4), cudaSuccess);
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+            down(o2, dy, (size_t)T * H * 4);
+            cr_expect(memcmp(o1, o2, (size_t)T * H * 4) == 0, "down split differs: T=%d H=%d I=%d k=%d", T, H, I, k);
+            if (T != 3) {
+                msm_cpu_moe_experts(ref, x, ids, w, guf, dnf, T, H, I, k, scratch);
+                CHECK_ERR(o2, ref, (size_t)T * H, 2e-5, "down split vs cpu T=%d H=%d I=%d k=%d", T, H, I, k);
+            }
+            cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(di), cudaFree(ws);
+            free(x), free(w), free(ids), free(ref), free(o1), free(o2);
+        }
+        cudaFree(dgu), cudaFree(ddn);
+        free(guf), free(gub), free(dnf), free(dnb), free(scratch);
+    }
+}
+
 /* ---- FP8-resident weights (docs/adr/0006-fp8.md) ---- */
 
 /* A random FP8 weight [E, rows, cols] of column phase ph on the host and the device: codes (NaN
