@@ -73,15 +73,17 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 
 /* The same products with a token's k expert rows spread over warps (MSM_CUDA_MOE_K_DOWN_SPLIT):
  * block (h-pair, t) has KMAX warps; warp j streams rows h0, h0 + 1 of slot j's expert against
- * act[t*k+j] (msm_rows_dot with R = 2 rows and one vector: per row the same lane partials and
- * msm_fma8 order as moe_down_gemv_kernel's diagonal dot, U = 4 loads a row in flight, so a
+ * act[t*k+j] (msm_rows_dot_w with R = 2 rows and one vector: per row the same lane partials in the
+ * same order as the one-warp kernels' dots, bf16 or FP8, with U loads a row in flight, so a
  * 768-wide row is one round of loads instead of three), warp-sums them into shared memory, and
- * thread r then combines row h0 + r in slot order as that kernel does: bitwise the same y. */
+ * thread r then combines row h0 + r in slot order as those kernels do: bitwise the same y. FP8:
+ * dn_sc the experts' scales, dn_ph the column phase. */
 #define DOWN_SPLIT_HB 2
-template <int KMAX, bool VEC>
+template <int KMAX, bool VEC, bool FP8>
 static __global__ void __launch_bounds__(KMAX * 32)
-    moe_down_split_kernel(float *y, const float *act, const int32_t *ids, const float *w,
-                          const uint16_t *down, int H, int I, int k, int E) {
+    moe_down_split_kernel(float *y, const float *act, const int32_t *ids, const float *w, const void *down,
+                          const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
+    constexpr int U = FP8 ? 2 : 4; /* 16-byte loads a row in flight: 1024 columns either way */
     __shared__ float d[KMAX][DOWN_SPLIT_HB];
     __shared__ bool ok[KMAX];
     msm_pdl_trigger();
@@ -90,12 +92,18 @@ static __global__ void __launch_bounds__(KMAX * 32)
     int h0 = blockIdx.x * DOWN_SPLIT_HB, t = blockIdx.y;
     int p = t * k + j, e = j < k ? ids[p] : -1;
     bool okj = j < k && e >= 0 && e < E;
-    const uint16_t *wr[DOWN_SPLIT_HB];
+    const float *se = FP8 && okj ? dn_sc + (size_t)e * msm_cuda_fp8_scales(1, H, I, dn_ph) : NULL;
+    const void *wr[DOWN_SPLIT_HB];
+    const float *sr[DOWN_SPLIT_HB];
 #pragma unroll
-    for (int r = 0; r < DOWN_SPLIT_HB; r++) wr[r] = okj && h0 + r < H ? down + ((size_t)e * H + h0 + r) * I : NULL;
+    for (int r = 0; r < DOWN_SPLIT_HB; r++) {
+        bool okr = okj && h0 + r < H;
+        wr[r] = okr ? msm_wrow<FP8>(down, (size_t)e * H * I, h0 + r, I) : NULL;
+        sr[r] = FP8 && okr ? msm_srow(se, h0 + r, I, dn_ph) : NULL;
+    }
     const float *xs[1] = {act + (size_t)(okj ? p : 0) * I};
     float acc[DOWN_SPLIT_HB][1] = {{0.0f}, {0.0f}};
-    msm_rows_dot<DOWN_SPLIT_HB, 1, 4, VEC>(acc, wr, xs, 1, I, lane);
+    msm_rows_dot_w<DOWN_SPLIT_HB, 1, U, VEC, FP8>(acc, wr, sr, xs, 1, I, dn_ph, lane);
 #pragma unroll
     for (int r = 0; r < DOWN_SPLIT_HB; r++) {
         float s = msm_warp_sum(acc[r][0]);
@@ -164,18 +172,21 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
                                     const void *down, const float *dn_sc, int dn_ph, int H, int I, int k,
                                     int E) {
     dim3 blk(MOE_WARPS * 32);
+    if (ex.tune->moe_kernels & MSM_CUDA_MOE_K_DOWN_SPLIT) {
+        dim3 gs((unsigned)((H + DOWN_SPLIT_HB - 1) / DOWN_SPLIT_HB), grid.y), bs(KMAX * 32);
+        if (dn_sc) /* FP8: the caller checked I % 16 and the alignment */
+            return msm_launch(moe_down_split_kernel<KMAX, true, true>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
+                              dn_ph, H, I, k, E);
+        if (vec)
+            return msm_launch(moe_down_split_kernel<KMAX, true, false>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
+                              dn_ph, H, I, k, E);
+        return msm_launch(moe_down_split_kernel<KMAX, false, false>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc, dn_ph,
+                          H, I, k, E);
+    }
     if (dn_sc) {
         grid.x = (unsigned)((H + MOE_WARPS * DOWN_FP8_HR - 1) / (MOE_WARPS * DOWN_FP8_HR));
         return msm_launch(moe_down_gemv_fp8_kernel<KMAX, DOWN_FP8_HR>, grid, blk, 0, ex, y, act, ids, w,
                           (const uint8_t *)down, dn_sc, dn_ph, H, I, k, E);
-    }
-    if (ex.tune->moe_kernels & MSM_CUDA_MOE_K_DOWN_SPLIT) {
-        dim3 gs((unsigned)((H + DOWN_SPLIT_HB - 1) / DOWN_SPLIT_HB), grid.y), bs(KMAX * 32);
-        if (vec)
-            return msm_launch(moe_down_split_kernel<KMAX, true>, gs, bs, 0, ex, y, act, ids, w, (const uint16_t *)down,
-                              H, I, k, E);
-        return msm_launch(moe_down_split_kernel<KMAX, false>, gs, bs, 0, ex, y, act, ids, w, (const uint16_t *)down, H,
-                          I, k, E);
     }
     if (vec)
         return msm_launch(moe_down_gemv_kernel<KMAX, true>, grid, blk, 0, ex, y, act, ids, w,

@@ -888,10 +888,10 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
     moe_cases(skew, sizeof skew / sizeof *skew, 256, 128, 2, 3, 2e-5);
 }
 
-/* The pair path's down GEMV with a token's experts over warps (MSM_CUDA_MOE_K_DOWN_SPLIT) is bitwise
- * the one-warp-a-row kernel: Qwen3-30B-A3B and Qwen1.5-MoE expert shapes, k = 1, 4, 8, I not a
- * multiple of 8 (scalar loads), H odd (a block's second row past H), T = 1..4; and against the
- * CPU. */
+/* The pair path's bf16 down GEMV with a token's experts over warps (MSM_CUDA_MOE_K_DOWN_SPLIT) is
+ * bitwise the one-warp-a-row kernel: Qwen3-30B-A3B and Qwen1.5-MoE expert shapes, k = 1, 4, 8, I
+ * not a multiple of 8 (scalar loads), H odd (a block's second row past H), T = 1..4; and against
+ * the CPU. (Its FP8 form: runs "DS" of moe_experts_fp8_match_cpu.) */
 Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
     need_gpu();
     static const int shapes[][4] = {{2048, 768, 8, 16}, {2048, 1408, 4, 12}, {512, 256, 1, 8},
@@ -1122,15 +1122,16 @@ Test(cuda_kernels, moe_experts_fp8_match_cpu, .timeout = 240) {
            TL = MSM_CUDA_MOE_PATH_TILED, WM = MSM_CUDA_MOE_PATH_WMMA };
     /* Qwen3-30B-A3B expert shapes: pair (T <= 4), grouped tensor-core GEMVs (5..64; SIMT forced
      * too), then dequantised (tiled GEMMs to 512 tokens, WMMA beyond) */
-    enum { SIMT = MSM_CUDA_MOE_K_SIMT };
+    enum { SIMT = MSM_CUDA_MOE_K_SIMT, DS = MSM_CUDA_MOE_K_DOWN_SPLIT };
     static const moe_run q3[] = {{1, A, -1},  {4, A, -1},     {5, A, -1},      {16, A, -1},  {64, A, -1},
                                  {65, A, -1}, {200, A, -1},   {8, PR, -1},     {2, GG, -1},  {8, TL, -1},
-                                 {600, A, -1}, {16, A, SIMT}, {1, GG, SIMT},   {40, GG, -1}};
+                                 {600, A, -1}, {16, A, SIMT}, {1, GG, SIMT},   {40, GG, -1}, {1, A, DS},
+                                 {4, A, DS},  {6, PR, DS}};
     moe_fp8_cases(q3, sizeof q3 / sizeof *q3, 2048, 768, 8, 128, 0, -1);
     /* a row-parallel TP slice of down starting inside a block (phase 64: GLM-4.5-Air's experts at
      * TP 2, I = 704), k = 4; and odd expert counts */
     static const moe_run tp[] = {{1, A, -1}, {3, A, -1}, {12, A, -1}, {40, A, -1}, {100, A, -1}, {30, WM, -1},
-                                 {12, A, SIMT}, {1, GG, -1}};
+                                 {12, A, SIMT}, {1, GG, -1}, {2, A, DS}};
     moe_fp8_cases(tp, sizeof tp / sizeof *tp, 512, 704, 4, 12, 64, -1);
     /* everything dequantised (fp8_native_max_t = 0) */
     static const moe_run dq[] = {{1, A, -1}, {5, A, -1}, {40, A, -1}};
