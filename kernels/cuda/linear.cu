@@ -420,14 +420,15 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
  * Block = 8 warps x 16 rows (two n8 tiles a warp), one K slice; a cluster of S blocks (S K slices
  * of the same 128 rows) sums its partials through distributed shared memory in rank order (fixed,
  * deterministic), each block writing 1/S of the outputs. No workspace, one launch. */
-#define MMV_WARPS 8
-#define MMV_ROWS (MMV_WARPS * 16)
 #define MMV_U 4
+/* W warps a block (tuning mmv_warps: 8, or 4 for twice the blocks on narrow weights); each warp's
+ * 16 rows and the cluster's rank-order sum are the same either way, so are the bits. */
 
-template <int MT, int S>
-static __global__ void __launch_bounds__(MMV_WARPS * 32)
+template <int MT, int S, int W>
+static __global__ void __launch_bounds__(W * 32)
     mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                int K) {
+    constexpr int MMV_ROWS = W * 16;
     __shared__ float part[MT * 16 * MMV_ROWS]; /* [token][row in block] */
     msm_pdl_trigger();
     msm_pdl_wait();
@@ -513,8 +514,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
         cg::this_cluster().sync();
     else
         __syncthreads();
-    for (int idx = rank * MMV_WARPS * 32 + threadIdx.x; idx < MT * 16 * MMV_ROWS;
-         idx += S * MMV_WARPS * 32) {
+    for (int idx = rank * W * 32 + threadIdx.x; idx < MT * 16 * MMV_ROWS; idx += S * W * 32) {
         int t = idx / MMV_ROWS, n = nb0 + idx % MMV_ROWS;
         float s = part[idx];
         if (S > 1) {
@@ -527,22 +527,21 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
     if (S > 1) cg::this_cluster().sync(); /* keep part alive until every rank has read it */
 }
 
-template <int MT, int S>
+template <int MT, int S, int W>
 static cudaError_t mmv_launch_s(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
                          int N, int K, msm_cuda_exec ex) {
-    dim3 grid((unsigned)S, (unsigned)((N + MMV_ROWS - 1) / MMV_ROWS));
-    return msm_launch_cluster(mmv_kernel<MT, S>, grid, dim3(MMV_WARPS * 32), 0, (unsigned)S, ex, y, x, w, bias,
-                              T, N, K);
+    dim3 grid((unsigned)S, (unsigned)((N + W * 16 - 1) / (W * 16)));
+    return msm_launch_cluster(mmv_kernel<MT, S, W>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T, N, K);
 }
 
-template <int MT>
+template <int MT, int W>
 static cudaError_t mmv_launch(float *y, const float *x, const uint16_t *w, const uint16_t *bias,
                               int T, int N, int K, int S, msm_cuda_exec ex) {
     switch (S) {
-    case 1: return mmv_launch_s<MT, 1>(y, x, w, bias, T, N, K, ex);
-    case 2: return mmv_launch_s<MT, 2>(y, x, w, bias, T, N, K, ex);
-    case 4: return mmv_launch_s<MT, 4>(y, x, w, bias, T, N, K, ex);
-    default: return mmv_launch_s<MT, 8>(y, x, w, bias, T, N, K, ex);
+    case 1: return mmv_launch_s<MT, 1, W>(y, x, w, bias, T, N, K, ex);
+    case 2: return mmv_launch_s<MT, 2, W>(y, x, w, bias, T, N, K, ex);
+    case 4: return mmv_launch_s<MT, 4, W>(y, x, w, bias, T, N, K, ex);
+    default: return mmv_launch_s<MT, 8, W>(y, x, w, bias, T, N, K, ex);
     }
 }
 
@@ -551,32 +550,36 @@ static bool mmv_use(const msm_cuda_tuning *tn, int T, int N, int K, const void *
            ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
 }
 
+template <int W>
+static cudaError_t mmv_go(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
+                          int S, msm_cuda_exec ex) {
+    switch ((T + 15) / 16) {
+    case 1: return mmv_launch<1, W>(y, x, w, bias, T, N, K, S, ex);
+    case 2: return mmv_launch<2, W>(y, x, w, bias, T, N, K, S, ex);
+    case 3: return mmv_launch<3, W>(y, x, w, bias, T, N, K, S, ex);
+    default: return mmv_launch<4, W>(y, x, w, bias, T, N, K, S, ex);
+    }
+}
+
 static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                    int K, msm_cuda_exec ex) {
-    int sms = ex.tune->sms;
+    int sms = ex.tune->sms, W = ex.tune->mmv_warps == 4 ? 4 : 8;
     /* K slices: double S while the doubled grid still fits mmv_slots blocks an SM in one wave (a
      * second, partial wave costs a whole one: the FP8 MMV8 of a 5120-row weight took 320 blocks at S = 8
      * on the 264 slots of two blocks an SM), each slice at least 4 chunks of 32 */
-    int rb = (N + MMV_ROWS - 1) / MMV_ROWS, nch = K / 32, S = 1;
-    int slots = ex.tune->mmv_slots > 0 ? ex.tune->mmv_slots : ex.tune->mmv_per_sm;
+    int rb = (N + W * 16 - 1) / (W * 16), nch = K / 32, S = 1;
+    int slots = ex.tune->mmv_slots > 0 ? ex.tune->mmv_slots : W == 4 ? ex.tune->mmv4_per_sm : ex.tune->mmv_per_sm;
     while (S < 8 && rb * S * 2 <= slots * sms && nch / (2 * S) >= 4) S *= 2;
-    cudaError_t e;
-    switch ((T + 15) / 16) {
-    case 1: e = mmv_launch<1>(y, x, w, bias, T, N, K, S, ex); break;
-    case 2: e = mmv_launch<2>(y, x, w, bias, T, N, K, S, ex); break;
-    case 3: e = mmv_launch<3>(y, x, w, bias, T, N, K, S, ex); break;
-    default: e = mmv_launch<4>(y, x, w, bias, T, N, K, S, ex); break;
-    }
-    CUDA_TRY(e);
+    CUDA_TRY(W == 4 ? mmv_go<4>(y, x, w, bias, T, N, K, S, ex) : mmv_go<8>(y, x, w, bias, T, N, K, S, ex));
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
-/* Resident blocks of `kern` (256 threads, dynamic shared memory smem) on one SM, 1 if the query fails. */
+/* Resident blocks of `kern` (`threads` a block, dynamic shared memory smem) on one SM, 1 if the query fails. */
 template <typename K>
-static int per_sm(K kern, size_t smem) {
+static int per_sm(K kern, int threads, size_t smem) {
     int per = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, MMV_WARPS * 32, smem) != cudaSuccess || per <= 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, threads, smem) != cudaSuccess || per <= 0) {
         (void)cudaGetLastError();
         per = 1;
     }
@@ -586,7 +589,8 @@ static int per_sm(K kern, size_t smem) {
 /* The occupancy fields of the MMV kernels, for msm_cuda_tuning_init (decode's MMV range is one
  * 16-token tile). */
 void msm__linear_tuning(msm_cuda_tuning *t) {
-    t->mmv_per_sm = per_sm(mmv_kernel<1, 8>, 0);
+    t->mmv_per_sm = per_sm(mmv_kernel<1, 8, 8>, 8 * 32, 0);
+    t->mmv4_per_sm = per_sm(mmv_kernel<1, 8, 4>, 4 * 32, 0);
     msm__linear_fp8_tuning(t);
 }
 

@@ -120,7 +120,10 @@ typedef struct msm_cuda_tuning {
                                  (MSM_CUDA_FP8_MMA_MIN_T) */
     int mmv_slots;            /* the MMV's and MMV8's K slices fill at most this many blocks an SM in
                                  one wave (MSM_CUDA_MMV_SLOTS; 0: the kernel's occupancy, below) */
-    int mmv_per_sm;           /* resident blocks of the MMV (mmv_kernel<1, 8>) on one SM */
+    int mmv_per_sm;           /* resident blocks of the MMV (mmv_kernel<1, 8, 8>) on one SM */
+    int mmv_warps;            /* the MMV's warps a block, 8 or 4 (MSM_CUDA_MMV_WARPS; 4: twice the
+                                 blocks for narrow weights, the same bits) */
+    int mmv4_per_sm;          /* ... resident blocks at 4 warps */
     bool linear_norm_fused;   /* LINEAR_ADD_RMSNORM: the GEMV's last block does the add + norm
                                  (msm_cuda_linear_add_rmsnorm; MSM_CUDA_LINEAR_NORM=1); off: the two
                                  kernels. Off by default until measured on a GPU. */

@@ -17,6 +17,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->gemv_max_t = MSM_CUDA_GEMV_MAX_T;
     t->mmv_min_t = MSM_CUDA_MMV_MIN_T;
     t->mmv_max_t = MSM_CUDA_MMV_MAX_T;
+    t->mmv_warps = 8;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
     t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;
     t->moe_path = MSM_CUDA_MOE_PATH_AUTO;
@@ -61,6 +62,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
  *   MSM_CUDA_FP8_LINEAR=mma|simt|simt_hw the FP8 linear kernel (tensor cores; SIMT GEMV, integer or hardware decode)
  *   MSM_CUDA_FP8_MMA_MIN_T=N            ... mma: the SIMT GEMV below N tokens
  *   MSM_CUDA_MMV_SLOTS=N                the MMV and MMV8 grids fill at most N blocks an SM (K slices)
+ *   MSM_CUDA_MMV_WARPS=4                the MMV with 4 warps (64 rows) a block instead of 8
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
  *   MSM_CUDA_LINEAR_NORM=1              LINEAR_ADD_RMSNORM in one kernel (the GEMV's last block norms)
  *   MSM_CUDA_ATT_GROUP=N                attention blocks take up to N query heads of a kv head (1..4) ...
@@ -89,6 +91,7 @@ extern "C" void msm_cuda_tuning_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_FP8_NATIVE_MAX_T", &v)) t->fp8_native_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_FP8_MMA_MIN_T", &v)) t->fp8_mma_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_SLOTS", &v)) t->mmv_slots = v < 1 ? 1 : v;
+    if (env_int("MSM_CUDA_MMV_WARPS", &v)) t->mmv_warps = v == 4 ? 4 : 8;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;
     if ((s = getenv("MSM_CUDA_LINEAR_NORM"))) t->linear_norm_fused = s[0] == '1';
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;

@@ -366,6 +366,29 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
         linear_case(ctx, EX_T(&t), shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 2e-5);
     /* determinism: the same call twice gives the same bits */
     linear_deterministic(ctx, EX_T(&t), 32, 2048, 2048, "mmv");
+    /* 4 warps a block (MSM_CUDA_MMV_WARPS=4): the same bits as 8 given the same K slices (N a
+     * multiple of 128, so 4 warps make exactly twice the row blocks: twice the slots for the same S) */
+    static const int w4[][3] = {{8, 2048, 2048}, {5, 384, 5632}, {16, 1024, 64}, {40, 768, 4096}};
+    for (size_t s = 0; s < sizeof w4 / sizeof *w4; s++) {
+        int T = w4[s][0], N = w4[s][1], K = w4[s][2];
+        float *x = host_f32((size_t)T * K, 1.0f), *wf;
+        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf);
+        float *dx = dev_up(x, (size_t)T * K * 4), *d1 = dev_poison((size_t)T * N * 4), *d2 = dev_poison((size_t)T * N * 4);
+        uint16_t *dw = dev_up(wb, (size_t)N * K * 2);
+        float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
+        for (int slots = 1; slots <= 8; slots *= 2) {
+            msm_cuda_tuning a = t, b = t;
+            a.mmv_slots = slots, b.mmv_slots = 2 * slots;
+            b.mmv_warps = 4;
+            CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&a)));
+            CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&b)));
+            down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
+            cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "mmv 4 vs 8 warps: T=%d N=%d K=%d slots %d", T, N, K,
+                      slots);
+        }
+        cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw);
+        free(x), free(wf), free(wb), free(o1), free(o2);
+    }
     msm_cuda_ctx_free(ctx);
 }
 
