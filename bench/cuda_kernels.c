@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_fill.h"
+#include "msm_cuda_backend.h"
 #include "msm_cuda_kernels.h"
 #include "msm_kernels.h"
 
@@ -68,8 +69,11 @@ static double median(double *v, int n) {
 }
 
 /* NSET routing sets of T tokens x k distinct experts (uniform over E <= 256), every weight wv,
- * into hid / hw [NSET][T][k]; returns the distinct experts summed over the sets. */
-static double routing_sets(int32_t *hid, float *hw, int NSET, int T, int k, int E, float wv) {
+ * on the device: *did / *dw [NSET][T][k]; returns the distinct experts summed over the sets. */
+static double routing_sets(int32_t **did, float **dw, int NSET, int T, int k, int E, float wv) {
+    int32_t *hid = malloc((size_t)NSET * T * k * 4);
+    float *hw = malloc((size_t)NSET * T * k * 4);
+    CHECK(hid && hw);
     double uniq_sum = 0;
     for (int q = 0; q < NSET; q++) {
         bool used[256] = {0};
@@ -87,6 +91,9 @@ static double routing_sets(int32_t *hid, float *hw, int NSET, int T, int k, int 
                 if (!used[e]) used[e] = true, uniq_sum += 1;
             }
     }
+    *did = dev_up(hid, (size_t)NSET * T * k * 4);
+    *dw = dev_up(hw, (size_t)NSET * T * k * 4);
+    free(hid), free(hw);
     return uniq_sum;
 }
 
@@ -124,7 +131,7 @@ int main(int argc, char **argv) {
     }
     msm_cuda_tuning tune0;
     CK(msm_cuda_tuning_init(&tune0, 0));
-    msm_cuda_tuning_env(&tune0); /* the backend's MSM_CUDA_* switches, to time kernel variants */
+    msm_cuda_tuning_from_env(&tune0); /* the backend's MSM_CUDA_* switches, to time kernel variants */
     static char buf[131072];
     int len = 0;
     struct cudaDeviceProp prop;
@@ -205,11 +212,9 @@ int main(int argc, char **argv) {
             tm.moe_path = Ts[s][1];
             tm.moe_kernels = Ts[s][2];
             msm_cuda_exec exm = {.stream = st, .tune = &tm};
-            int32_t *hid = malloc((size_t)NSET * T * k * 4);
-            float *hw = malloc((size_t)NSET * T * k * 4);
-            double uniq_sum = routing_sets(hid, hw, NSET, T, k, E, 0.25f);
-            int32_t *did = dev_up(hid, (size_t)NSET * T * k * 4);
-            float *dw = dev_up(hw, (size_t)NSET * T * k * 4);
+            int32_t *did;
+            float *dw;
+            double uniq_sum = routing_sets(&did, &dw, NSET, T, k, E, 0.25f);
             size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
             void *ws = dev(wsb);
             for (int i = 0; i < 3; i++)
@@ -238,7 +243,6 @@ int main(int argc, char **argv) {
                             pname[Ts[s][1]], kname[Ts[s][2]], T, uniq, t, bytes / 1e6, gbs,
                             100.0 * gbs / copy_gbs);
             cudaFree(did), cudaFree(dw), cudaFree(ws);
-            free(hid), free(hw);
         }
         cudaFree(gu), cudaFree(dn);
     }
@@ -358,11 +362,9 @@ int main(int argc, char **argv) {
                 if (v == 3) tm.moe_path = MSM_CUDA_MOE_PATH_GROUPED_GEMV;
                 if (v == 4) tm.moe_kernels = MSM_CUDA_MOE_K_SIMT;
                 msm_cuda_exec exm = {.stream = st, .tune = &tm};
-                int32_t *hid = malloc((size_t)NSET * T * k * 4);
-                float *hw = malloc((size_t)NSET * T * k * 4);
-                double uniq_sum = routing_sets(hid, hw, NSET, T, k, E, 0.125f);
-                int32_t *did = dev_up(hid, (size_t)NSET * T * k * 4);
-                float *dw = dev_up(hw, (size_t)NSET * T * k * 4);
+                int32_t *did;
+                float *dw;
+                double uniq_sum = routing_sets(&did, &dw, NSET, T, k, E, 0.125f);
                 size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
                 void *ws = dev(wsb);
                 int it = 0;
@@ -389,7 +391,6 @@ int main(int argc, char **argv) {
                                 "| moe_experts %s | T=%d E=128 k=8 I=768 H=2048 (%.1f distinct experts) | %.4f | %.1f MB "
                                 "| %.0f | %.0f%% |\n", vn[v], T, uniq, t, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
                 cudaFree(did), cudaFree(dw), cudaFree(ws);
-                free(hid), free(hw);
             }
         cudaFree(gu), cudaFree(dn), cudaFree(gsc), cudaFree(dnsc), cudaFree(dq), cudaFree(dsc), cudaFree(xl);
         free(hs), free(hsc);

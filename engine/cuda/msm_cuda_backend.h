@@ -12,6 +12,10 @@
 extern "C" {
 #endif
 
+/* Applies the MSM_CUDA_* benchmark and bisection switches of the environment to a rank's tuning
+ * (their list: backend_cuda.c); the backend calls it once per rank, bench/cuda_kernels too. */
+void msm_cuda_tuning_from_env(msm_cuda_tuning *t);
+
 /* --dummy-weights on the device (fill.cu): w[i] uniform in ±scale from (seed, i), or ones. */
 int msm_cuda_fill_dummy(uint16_t *w, size_t n, uint64_t seed, float scale, int ones, msm_cuda_exec ex);
 /* Test-only (fault.cu): hang = 0 launches a kernel with an impossible block size (the launch

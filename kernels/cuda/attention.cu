@@ -349,12 +349,19 @@ static int att_per_sm(void) {
  * (RND x ATT_MAX_SPLIT partial columns a thread) in registers. */
 #define ATT_GB_OK(L, GB) ((GB) * (L) <= 64)
 
+/* att_per_sm, 0 for a GB the kernel is not built for */
+template <int L, bool VEC, int GB>
+static int att_per_sm_gb(void) {
+    if constexpr (ATT_GB_OK(L, GB)) return att_per_sm<L, VEC, GB>();
+    else return 0;
+}
+
 template <int L, bool VEC>
 static void att_tuning_l(msm_cuda_tuning *t, int li) {
-    t->att_per_sm[li][VEC][0] = att_per_sm<L, VEC, 1>();
-    t->att_per_sm[li][VEC][1] = ATT_GB_OK(L, 2) ? att_per_sm<L, VEC, ATT_GB_OK(L, 2) ? 2 : 1>() : 0;
-    t->att_per_sm[li][VEC][2] = ATT_GB_OK(L, 3) ? att_per_sm<L, VEC, ATT_GB_OK(L, 3) ? 3 : 1>() : 0;
-    t->att_per_sm[li][VEC][3] = ATT_GB_OK(L, 4) ? att_per_sm<L, VEC, ATT_GB_OK(L, 4) ? 4 : 1>() : 0;
+    t->att_per_sm[li][VEC][0] = att_per_sm_gb<L, VEC, 1>();
+    t->att_per_sm[li][VEC][1] = att_per_sm_gb<L, VEC, 2>();
+    t->att_per_sm[li][VEC][2] = att_per_sm_gb<L, VEC, 3>();
+    t->att_per_sm[li][VEC][3] = att_per_sm_gb<L, VEC, 4>();
 }
 
 /* The occupancy fields of the attention kernels, for msm_cuda_tuning_init. */

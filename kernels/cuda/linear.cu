@@ -368,29 +368,28 @@ extern "C" int msm_cuda_linear_add_rmsnorm(float *sum, float *out, const float *
     if (T == 0) return 0;
     const msm_cuda_tuning *tn = ex.tune;
     int vt = msm_norm_threads(N), V = msm_norm_vals(N, vt), F = vt <= GEMV_WARPS * 32 ? 1 : vt / (GEMV_WARPS * 32);
-    /* the fused kernel where msm_cuda_linear takes gemv_kernel<T, R, 4> (so its y is that GEMV's) and
-     * the norm's layout maps onto the block (F * V values a thread) */
+    /* the fused kernel where msm_cuda_linear takes gemv_kernel<T, R, 4> (so its y is that GEMV's)
+     * and the norm's layout maps onto the block: F * V values a thread, at most 16 (the tail's
+     * registers: 92 a thread at 16 against the GEMV's 42), the built (V, F) below */
     bool vec = K % 8 == 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
     bool fused = tn->linear_norm_fused && ctr && vec && T <= 4 && T < tn->mmv_min_t && T < tn->linear_tiled_min_t &&
-                 N > MSM_CUDA_GEMV_SMALL_N && F * GEMV_WARPS * 32 >= vt && (vt < GEMV_WARPS * 32 || vt % (GEMV_WARPS * 32) == 0) &&
-                 F <= 2 && F * V <= 16; /* (the tail's registers: 92 a thread at F * V = 16 against the GEMV's 42) */
-    if (!fused) {
-        int e = msm_cuda_linear(sum, x, w, bias, T, N, K, ctx, ws, ws_bytes, ex);
-        return e ? e : msm_cuda_add_rmsnorm(sum, out, r, sum, nw, T, N, eps, ex);
-    }
-    cudaError_t e;
+                 N > MSM_CUDA_GEMV_SMALL_N && (vt <= GEMV_WARPS * 32 || vt == F * GEMV_WARPS * 32);
+    cudaError_t e = cudaSuccess;
 #define GN(V_, F_) gemv_norm_t<V_, F_>(sum, out, x, w, bias, r, nw, T, N, K, eps, vt, ctr, ex)
-    if (F == 1 && V == 1) e = GN(1, 1);
-    else if (F == 1 && V == 2) e = GN(2, 1);
-    else if (F == 1 && V == 4) e = GN(4, 1);
-    else if (F == 1 && V == 8) e = GN(8, 1);
-    else if (F == 2 && V == 4) e = GN(4, 2);
-    else if (F == 2 && V == 8) e = GN(8, 2);
-    else {
+    if (fused) {
+        if (F == 1 && V == 1) e = GN(1, 1);
+        else if (F == 1 && V == 2) e = GN(2, 1);
+        else if (F == 1 && V == 4) e = GN(4, 1);
+        else if (F == 1 && V == 8) e = GN(8, 1);
+        else if (F == 2 && V == 4) e = GN(4, 2);
+        else if (F == 2 && V == 8) e = GN(8, 2);
+        else fused = false;
+    }
+#undef GN
+    if (!fused) { /* the two kernels */
         int r2 = msm_cuda_linear(sum, x, w, bias, T, N, K, ctx, ws, ws_bytes, ex);
         return r2 ? r2 : msm_cuda_add_rmsnorm(sum, out, r, sum, nw, T, N, eps, ex);
     }
-#undef GN
     CUDA_TRY(e);
     CUDA_LAUNCH_CHECK();
     return 0;

@@ -138,10 +138,6 @@ typedef struct msm_cuda_tuning {
  * occupancy of the kernels that size their grids by it. 0 or a negative errno. */
 int msm_cuda_tuning_init(msm_cuda_tuning *t, int device);
 
-/* Applies the MSM_CUDA_* benchmark and bisection switches of the environment to t (their list:
- * kernels/cuda/tuning.cu). */
-void msm_cuda_tuning_env(msm_cuda_tuning *t);
-
 /* Where and how a launcher enqueues: the stream and the rank's tuning (never NULL). Passed by
  * value as every launcher's last argument. */
 typedef struct msm_cuda_exec {

@@ -22,6 +22,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "msm_cuda_backend.h"
 #include "msm_cuda_kernels.h"
 #include "msm_dtype.h"
 #include "msm_kernels.h"
@@ -37,7 +38,7 @@ static void need_gpu(void) {
     cr_assert_eq(msm_cuda_tuning_init(&tune0, 0), 0, "msm_cuda_tuning_init");
 }
 
-/* The MSM_CUDA_* switches (msm_cuda_tuning_env): each sets its field, out-of-range values are
+/* The MSM_CUDA_* switches (msm_cuda_tuning_from_env): each sets its field, out-of-range values are
  * clamped, unknown words leave the default, unset variables leave a field alone. Host code only:
  * runs without a GPU. */
 Test(cuda_kernels, tuning_env_applies_the_switches) {
@@ -51,7 +52,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     z = t;
-    msm_cuda_tuning_env(&t);
+    msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
     setenv("MSM_CUDA_PDL", "0", 1), setenv("MSM_CUDA_GEMV_PREFETCH", "1", 1), setenv("MSM_CUDA_MMV_MAX_T", "99", 1);
     setenv("MSM_CUDA_MMV_SLOTS", "3", 1), setenv("MSM_CUDA_MMV_WARPS", "4", 1), setenv("MSM_CUDA_ATT_MAX_SPLIT", "40", 1);
@@ -59,7 +60,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_LINEAR_NORM", "1", 1), setenv("MSM_CUDA_FP8_LINEAR", "simt_hw", 1);
     setenv("MSM_CUDA_MOE_PATH", "tiled", 1), setenv("MSM_CUDA_MOE_KERNELS", "mma,down_split", 1);
     setenv("MSM_CUDA_AR", "nccl", 1), setenv("MSM_CUDA_FP8_MMA_MIN_T", "0", 1);
-    msm_cuda_tuning_env(&t);
+    msm_cuda_tuning_from_env(&t);
     cr_expect(!t.pdl && t.gemv_prefetch);
     cr_expect_eq(t.mmv_max_t, 64, "clamped to 64");
     cr_expect_eq(t.mmv_slots, 3);
@@ -74,7 +75,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.ar_oneshot_max_bytes, 0u, "MSM_CUDA_AR=nccl: no one-shot all-reduce");
     cr_expect_eq(t.fp8_mma_min_t, 1, "clamped to 1");
     setenv("MSM_CUDA_MMV_WARPS", "6", 1), setenv("MSM_CUDA_MOE_PATH", "bogus", 1);
-    msm_cuda_tuning_env(&t);
+    msm_cuda_tuning_from_env(&t);
     cr_expect_eq(t.mmv_warps, 8, "only 4 or 8 warps");
     cr_expect_eq(t.moe_path, MSM_CUDA_MOE_PATH_AUTO, "an unknown path: automatic");
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
