@@ -1,7 +1,7 @@
 #!/bin/sh
 # msmoe-run from the command line: the embedded model's llama2.c sample, the dump format,
-# --fp8-as-bf16 and --fp8-as-cuda, and the errors a user can trigger (each: non-zero exit and a message saying what
-# was wrong).
+# --fp8-as-bf16, --fp8-as-cuda and --fuse-linear-norm, and the errors a user can trigger (each:
+# non-zero exit and a message saying what was wrong).
 # usage: test_msmoe_run.sh path/to/msmoe-run   (run from the repository root)
 set -u
 RUN=$1
@@ -94,6 +94,21 @@ if cmp -s "$tmp/$m-f32.npy" "$tmp/$m-cuda1.npy" && [ -s "$tmp/$m-cuda4.npy" ] &&
     echo "PASS fp8_as_cuda_rounds_only_the_weights_not_kept_fp8"
 else
     echo "FAIL fp8_as_cuda_rounds_only_the_weights_not_kept_fp8"; fails=$((fails + 1))
+fi
+
+# --fuse-linear-norm turns the pass on (the graph holds LINEAR_ADD_RMSNORM nodes, none without it)
+# and leaves the CPU logits bitwise the same
+m=glm4moe
+"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-ln0.npy" >/dev/null
+"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-ln1.npy" \
+    --fuse-linear-norm >/dev/null
+"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph >"$tmp/$m-ln0.txt" 2>&1
+"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph --fuse-linear-norm >"$tmp/$m-ln1.txt" 2>&1
+if [ -s "$tmp/$m-ln1.npy" ] && cmp -s "$tmp/$m-ln0.npy" "$tmp/$m-ln1.npy" &&
+    grep -q LINEAR_ADD_RMSNORM "$tmp/$m-ln1.txt" && ! grep -q LINEAR_ADD_RMSNORM "$tmp/$m-ln0.txt"; then
+    echo "PASS fuse_linear_norm_fuses_and_keeps_the_logits"
+else
+    echo "FAIL fuse_linear_norm_fuses_and_keeps_the_logits"; fails=$((fails + 1))
 fi
 
 echo "$fails failed"
