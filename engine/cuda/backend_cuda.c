@@ -1066,17 +1066,20 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_TILED_MIN_T=N          the tiled MoE GEMMs from N tokens on
  *   MSM_CUDA_AR=nccl                    every all-reduce through NCCL (no one-shot kernel)
  *   MSM_CUDA_AR_ONESHOT_MAX_BYTES=N     the one-shot all-reduce up to N bytes (0: off)
- *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch,nt4,down_split  MoE kernel variants
+ *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch,nt4,down_split,down_warp  MoE kernel variants
  *   MSM_CUDA_FP8_RESIDENT=0             FP8 checkpoint weights dequantised to bf16 at load
  *   MSM_CUDA_FP8_NATIVE_MAX_T=N         FP8-resident weights take the FP8 GEMVs up to N tokens
  *   MSM_CUDA_FP8_LINEAR=mma|simt|simt_hw the FP8 linear kernel (tensor cores; SIMT GEMV, integer or hardware decode)
  *   MSM_CUDA_FP8_MMA_MIN_T=N            ... mma: the SIMT GEMV below N tokens
  *   MSM_CUDA_MMV_SLOTS=N                the MMV and MMV8 grids fill at most N blocks an SM (K slices)
- *   MSM_CUDA_MMV_WARPS=4                the MMV with 4 warps (64 rows) a block instead of 8
+ *   MSM_CUDA_MMV_WARPS=4|8              the MMV's warps a block (default 4: 64 rows; 8: 128 rows)
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
  *   MSM_CUDA_LINEAR_NORM=1              LINEAR_ADD_RMSNORM in one kernel (the GEMV's last block norms)
  *   MSM_CUDA_ATT_GROUP=N                attention blocks take up to N query heads of a kv head (1..4) ...
  *   MSM_CUDA_ATT_GROUP_MIN=N            ... from N (token, query head) pairs on (0: one wave's blocks)
+ *   MSM_CUDA_ATT_MMA=0|1|2              the tensor-core GQA attention never / by its rule / wherever it fits
+ *   MSM_CUDA_ATT_MMA_MIN_BLOCKS=N       ... the rule: from N (token, kv head) blocks on (0: by heads a kv head)
+ *   MSM_CUDA_ROUTER_CHUNK_PER_SM=N      routers over many tokens: token chunks while N blocks an SM remain
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
 
@@ -1107,6 +1110,9 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_LINEAR_NORM"))) t->linear_norm_fused = s[0] == '1';
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;
     if (env_int("MSM_CUDA_ATT_GROUP_MIN", &v)) t->att_group_min = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_ATT_MMA", &v)) t->att_mma = v <= 0 ? MSM_CUDA_ATT_MMA_OFF : v >= 2 ? MSM_CUDA_ATT_MMA_ON : MSM_CUDA_ATT_MMA_AUTO;
+    if (env_int("MSM_CUDA_ATT_MMA_MIN_BLOCKS", &v)) t->att_mma_min_blocks = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_ROUTER_CHUNK_PER_SM", &v)) t->router_chunk_per_sm = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;
@@ -1125,6 +1131,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
         if (strstr(s, "no_prefetch")) t->moe_kernels |= MSM_CUDA_MOE_K_NO_PREFETCH;
         if (strstr(s, "nt4")) t->moe_kernels |= MSM_CUDA_MOE_K_NT4;
         if (strstr(s, "down_split")) t->moe_kernels |= MSM_CUDA_MOE_K_DOWN_SPLIT;
+        if (strstr(s, "down_warp")) t->moe_kernels |= MSM_CUDA_MOE_K_DOWN_WARP;
     }
 }
 

@@ -450,6 +450,24 @@ extern "C" int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, co
         return -EINVAL;
     if (T == 0) return 0;
     if (T > 65535) return -EINVAL; /* grid limits; prefill chunks are far smaller */
+    /* the tensor-core kernel (attention_mma.cu) once its (token, kv head) blocks are enough: with
+     * 4 or more query heads a kv head from sms / 4 blocks, with fewer (the SIMT kernel is lean
+     * there) from 4 waves' worth. It has no context split, so below that the split SIMT blocks
+     * here win (H200, 2026-12-01, context 512, ms a step, tensor-core vs SIMT: Qwen3-30B-A3B, 8
+     * heads a kv head: batch 1 3.79 vs 3.45, 4 6.99 vs 6.92, 8 9.55 vs 9.62, 16 12.77 vs 13.27,
+     * 32 17.87 vs 18.90, 256 25.60 vs 36.05; GLM-4.5-Air, 12: batch 4 16.42 vs 16.68;
+     * Qwen1.5-MoE, MHA: batch 8 5.04 vs 4.94, 32 9.26 vs 9.31, 48 9.40 vs 9.76, 256 16.72 vs
+     * 17.41) */
+    int att_mma = ex.tune->att_mma, G = nh / kvh;
+    if (att_mma != MSM_CUDA_ATT_MMA_OFF && msm__attention_mma_fits(hd, q, q_ld, kc, vc)) {
+        long blocks = (long)T * kvh * ((G + 7) / 8), sms = ex.tune->sms;
+        long min_blocks = ex.tune->att_mma_min_blocks > 0 ? ex.tune->att_mma_min_blocks
+                          : G >= 4                      ? (sms + 3) / 4
+                                                        : 4 * sms;
+        if (att_mma == MSM_CUDA_ATT_MMA_ON || blocks >= min_blocks)
+            return msm__attention_mma_run(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd,
+                                          scale, ex);
+    }
     /* 16-byte K/V loads need every row start 16-byte aligned */
     bool vec = hd % 8 == 0 && !(((uintptr_t)kc | (uintptr_t)vc) & 15);
     int chunks = (hd + 7) / 8; /* 8-dim pieces of a head: one per lane of a sub-group */

@@ -323,6 +323,18 @@ static void gemv_launch(float *y, const float *x, const void *w, const uint16_t 
                      T, N, K, ex.tune->gemv_prefetch);
 }
 
+/* The token chunk of the GEMV over many tokens with a few rows (routers): the largest NT of 8, 4,
+ * 2 whose grid (gemv_launch's rows a warp at NT) has per_sm blocks an SM (tuning
+ * router_chunk_per_sm), else 1. */
+static int router_chunk(int T, int N, int sms, int per_sm) {
+    for (int nt = 8; nt >= 2; nt /= 2) {
+        int R = nt >= 5 ? 4 : nt >= 3 ? 2 : 1;
+        long blocks = (long)((N + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)) * ((T + nt - 1) / nt);
+        if (T >= 2 * nt && blocks >= (long)per_sm * sms) return nt;
+    }
+    return 1;
+}
+
 template <bool VEC, bool FP8 = false, bool HW = false>
 static void gemv_dispatch(float *y, const float *x, const void *w, const uint16_t *bias, int T,
                           int N, int K, msm_cuda_exec ex, const float *wsc = NULL, int ph = 0) {
@@ -663,13 +675,18 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
             else
                 (void)msm_launch(small_gemv_kernel<false>, grid, dim3(MSM_SMALL_THREADS), 0, ex, y, x, w, bias, N, K);
         } else if ((T > gemv_max || (N <= MSM_CUDA_GEMV_SMALL_N && T > 1)) && T <= 65535) {
-            /* a router over more tokens: one warp per (row, token), the few weight rows re-read
-             * from L2 (token chunks leave a 60-row router with 4-16 blocks: 34 us at T = 32, and
-             * ~15 us at T = 8 against ~3.5 us this way, H200) */
-            if (vec)
-                gemv_launch<1, true>(y, x, w, bias, T, N, K, ex);
-            else
-                gemv_launch<1, false>(y, x, w, bias, T, N, K, ex);
+            /* a router over more tokens: token chunks of NT while they still give two blocks an
+             * SM (tuning router_chunk_per_sm) (each weight row then read from L2 once a chunk instead of once a token: one
+             * warp per (row, token) took Qwen3-30B-A3B's 128-row router 25.8 us at T = 256, ncu,
+             * H200), else one warp per (row, token) (token chunks leave a 60-row router with 4-16
+             * blocks: 34 us at T = 32, and ~15 us at T = 8 against ~3.5 us this way). The same
+             * bits at every NT: each lane's products are summed in one order. */
+            switch (router_chunk(T, N, tn->sms, tn->router_chunk_per_sm > 0 ? tn->router_chunk_per_sm : 2)) {
+            case 8: vec ? gemv_launch<8, true>(y, x, w, bias, T, N, K, ex) : gemv_launch<8, false>(y, x, w, bias, T, N, K, ex); break;
+            case 4: vec ? gemv_launch<4, true>(y, x, w, bias, T, N, K, ex) : gemv_launch<4, false>(y, x, w, bias, T, N, K, ex); break;
+            case 2: vec ? gemv_launch<2, true>(y, x, w, bias, T, N, K, ex) : gemv_launch<2, false>(y, x, w, bias, T, N, K, ex); break;
+            default: vec ? gemv_launch<1, true>(y, x, w, bias, T, N, K, ex) : gemv_launch<1, false>(y, x, w, bias, T, N, K, ex);
+            }
         } else if (vec) {
             gemv_dispatch<true>(y, x, w, bias, T, N, K, ex);
         } else {

@@ -172,7 +172,11 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
                                     const void *down, const float *dn_sc, int dn_ph, int H, int I, int k,
                                     int E) {
     dim3 blk(MOE_WARPS * 32);
-    if (ex.tune->moe_kernels & MSM_CUDA_MOE_K_DOWN_SPLIT) {
+    /* a token's experts over warps: by default for 8 slots (Qwen3-30B-A3B batch 1 3.69 -> 3.44 ms,
+     * batch 4 7.53 -> 6.85, FP8 3.81 -> 3.56; GLM-4.5-Air FP8 8.22 -> 7.55); at 4 slots it
+     * measured +0.03 ms (Qwen1.5-MoE batch 1), so 4 keep one warp a row (H200, 2026-12-01) */
+    int kf = ex.tune->moe_kernels;
+    if ((kf & MSM_CUDA_MOE_K_DOWN_SPLIT) || (KMAX >= 8 && !(kf & MSM_CUDA_MOE_K_DOWN_WARP))) {
         dim3 gs((unsigned)((H + DOWN_SPLIT_HB - 1) / DOWN_SPLIT_HB), grid.y), bs(KMAX * 32);
         if (dn_sc) /* FP8: the caller checked I % 16 and the alignment */
             return msm_launch(moe_down_split_kernel<KMAX, true, true>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,

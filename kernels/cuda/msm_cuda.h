@@ -33,6 +33,13 @@ int msm_cublas_errno(cublasStatus_t st);
  * are sized by it. */
 void msm__moe_tuning(msm_cuda_tuning *t);
 void msm__attention_tuning(msm_cuda_tuning *t);
+/* The tensor-core GQA attention (attention_mma.cu): its shared-memory limits, whether a call fits
+ * it (head dim 16/32/64/128, alignment), the launch. */
+int msm__attention_mma_prepare(void);
+bool msm__attention_mma_fits(int hd, const void *q, size_t q_ld, const void *kc, const void *vc);
+int msm__attention_mma_run(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
+                           const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
+                           int T, int nh, int kvh, int hd, float scale, msm_cuda_exec ex);
 void msm__linear_tuning(msm_cuda_tuning *t); /* linear.cu, linear_fp8.cu */
 void msm__linear_fp8_tuning(msm_cuda_tuning *t);
 /* The tiled MoE kernels' shared-memory limit on the current device (moe_tiled.cu). */

@@ -65,9 +65,10 @@ enum { MSM_CUDA_MOE_PATH_AUTO = 0, MSM_CUDA_MOE_PATH_PAIR = 1, MSM_CUDA_MOE_PATH
  * L2 before its PDL wait; NT4 = the tensor-core GEMVs take 32 tokens a pass (16 by default). */
 enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFETCH = 4,
        MSM_CUDA_MOE_K_NT4 = 8,
-       /* the pair path's bf16 down GEMV with a token's k expert rows over k warps (moe_pair.cu);
-        * written 2026-12-01 without device time to run it: off until checked and measured */
-       MSM_CUDA_MOE_K_DOWN_SPLIT = 16 };
+       /* the pair path's down GEMV (bf16 and FP8) with a token's k expert rows over k warps
+        * (moe_pair.cu), by default at 8 slots: DOWN_SPLIT forces it at every k, DOWN_WARP keeps
+        * one warp a row at every k */
+       MSM_CUDA_MOE_K_DOWN_SPLIT = 16, MSM_CUDA_MOE_K_DOWN_WARP = 32 };
 /* Linears with mmv_min_t <= T <= mmv_max_t (and K % 32 == 0, w and x 16-byte aligned) run the
  * tensor-core GEMV ("MMV"): each weight read once, x split into bf16 hi + lo (near-fp32
  * products, fp32 accumulation), K slices summed in a fixed order (deterministic), no workspace.
@@ -92,6 +93,9 @@ enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFET
  * GPU. Filled once per rank by msm_cuda_tuning_init (the defaults above and the device's
  * properties); the backend then applies its configuration and environment overrides. Launchers
  * only read it, so ranks on several GPUs never share mutable state. */
+/* msm_cuda_tuning.att_mma */
+enum { MSM_CUDA_ATT_MMA_OFF = 0, MSM_CUDA_ATT_MMA_AUTO = 1, MSM_CUDA_ATT_MMA_ON = 2 };
+
 typedef struct msm_cuda_tuning {
     int device, sms;          /* the rank's GPU and its multiprocessor count */
     bool pdl;                 /* programmatic dependent launch (msm_launch) */
@@ -121,8 +125,8 @@ typedef struct msm_cuda_tuning {
     int mmv_slots;            /* the MMV's and MMV8's K slices fill at most this many blocks an SM in
                                  one wave (MSM_CUDA_MMV_SLOTS; 0: the kernel's occupancy, below) */
     int mmv_per_sm;           /* resident blocks of the MMV (mmv_kernel<1, 8, 8>) on one SM */
-    int mmv_warps;            /* the MMV's warps a block, 8 or 4 (MSM_CUDA_MMV_WARPS; 4: twice the
-                                 blocks for narrow weights, the same bits) */
+    int mmv_warps;            /* the MMV's warps a block, 4 (default: twice the blocks for narrow
+                                 weights) or 8 (MSM_CUDA_MMV_WARPS); the same bits either way */
     int mmv4_per_sm;          /* ... resident blocks at 4 warps */
     bool linear_norm_fused;   /* LINEAR_ADD_RMSNORM: the GEMV's last block does the add + norm
                                  (msm_cuda_linear_add_rmsnorm; MSM_CUDA_LINEAR_NORM=1); off: the two
@@ -132,6 +136,12 @@ typedef struct msm_cuda_tuning {
     int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
                                  (MSM_CUDA_ATT_GROUP; 1: one head a block) ... */
     int att_group_min;        /* ... once T * nh reaches this (0: the block slots of one wave) */
+    int att_mma;              /* MSM_CUDA_ATT_MMA_*: the tensor-core GQA attention (attention_mma.cu)
+                                 never, by the rule below, or wherever it applies (MSM_CUDA_ATT_MMA) */
+    int router_chunk_per_sm;  /* routers over many tokens take token chunks while the chunks' grid
+                                 has this many blocks an SM (MSM_CUDA_ROUTER_CHUNK_PER_SM; 0: 2) */
+    int att_mma_min_blocks;   /* AUTO takes it once its (token, kv head) blocks reach this (0: sms / 4
+                                 with 4 or more query heads a kv head, else 4 * sms) */
 } msm_cuda_tuning;
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the

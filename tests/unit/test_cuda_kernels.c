@@ -46,7 +46,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MMV_SLOTS", "MSM_CUDA_MMV_WARPS", "MSM_CUDA_ATT_MAX_SPLIT",
                                  "MSM_CUDA_ATT_GROUP", "MSM_CUDA_ATT_GROUP_MIN", "MSM_CUDA_LINEAR_NORM",
                                  "MSM_CUDA_FP8_LINEAR", "MSM_CUDA_MOE_PATH", "MSM_CUDA_MOE_KERNELS", "MSM_CUDA_AR",
-                                 "MSM_CUDA_FP8_MMA_MIN_T"};
+                                 "MSM_CUDA_FP8_MMA_MIN_T", "MSM_CUDA_ATT_MMA", "MSM_CUDA_ATT_MMA_MIN_BLOCKS",
+                                 "MSM_CUDA_ROUTER_CHUNK_PER_SM"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -60,6 +61,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_LINEAR_NORM", "1", 1), setenv("MSM_CUDA_FP8_LINEAR", "simt_hw", 1);
     setenv("MSM_CUDA_MOE_PATH", "tiled", 1), setenv("MSM_CUDA_MOE_KERNELS", "mma,down_split", 1);
     setenv("MSM_CUDA_AR", "nccl", 1), setenv("MSM_CUDA_FP8_MMA_MIN_T", "0", 1);
+    setenv("MSM_CUDA_ATT_MMA", "5", 1), setenv("MSM_CUDA_ATT_MMA_MIN_BLOCKS", "-3", 1);
+    setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1);
     msm_cuda_tuning_from_env(&t);
     cr_expect(!t.pdl && t.gemv_prefetch);
     cr_expect_eq(t.mmv_max_t, 64, "clamped to 64");
@@ -74,8 +77,12 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.moe_kernels, MSM_CUDA_MOE_K_MMA | MSM_CUDA_MOE_K_DOWN_SPLIT);
     cr_expect_eq(t.ar_oneshot_max_bytes, 0u, "MSM_CUDA_AR=nccl: no one-shot all-reduce");
     cr_expect_eq(t.fp8_mma_min_t, 1, "clamped to 1");
-    setenv("MSM_CUDA_MMV_WARPS", "6", 1), setenv("MSM_CUDA_MOE_PATH", "bogus", 1);
+    cr_expect_eq(t.att_mma, MSM_CUDA_ATT_MMA_ON, "2 and up: wherever it fits");
+    cr_expect_eq(t.att_mma_min_blocks, 0, "clamped to 0");
+    cr_expect_eq(t.router_chunk_per_sm, 1);
+    setenv("MSM_CUDA_MMV_WARPS", "6", 1), setenv("MSM_CUDA_MOE_PATH", "bogus", 1), setenv("MSM_CUDA_ATT_MMA", "0", 1);
     msm_cuda_tuning_from_env(&t);
+    cr_expect_eq(t.att_mma, MSM_CUDA_ATT_MMA_OFF);
     cr_expect_eq(t.mmv_warps, 8, "only 4 or 8 warps");
     cr_expect_eq(t.moe_path, MSM_CUDA_MOE_PATH_AUTO, "an unknown path: automatic");
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
@@ -335,6 +342,38 @@ Test(cuda_kernels, linear_gemv_small_T_matches_cpu, .timeout = 60) {
         linear_case(NULL, EX_T(&t), shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 1e-5);
 }
 
+/* Routers over many tokens (N <= 256): token chunks of 8, 4 or 2 (router_chunk_per_sm 1, 2, the
+ * default) give the bits of one warp per (row, token) (a per_sm no grid reaches: NT = 1), and
+ * match the CPU; Qwen3-30B-A3B's 128 experts at 128 / 256 tokens, Qwen1.5-MoE's 60, odd shapes. */
+Test(cuda_kernels, linear_router_token_chunks_same_bits, .timeout = 60) {
+    need_gpu();
+    static const int shapes[][3] = {{256, 128, 2048}, {128, 128, 2048}, {512, 60, 2048}, {200, 96, 72}, {37, 8, 128}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        float *x = host_f32((size_t)T * K, 1.0f), *wf, *ref = malloc((size_t)T * N * 4);
+        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf);
+        msm_cpu_linear(ref, x, wf, NULL, T, N, K);
+        float *dx = dev_up(x, (size_t)T * K * 4), *dy = dev_poison((size_t)T * N * 4);
+        uint16_t *dw = dev_up(wb, (size_t)N * K * 2);
+        float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
+        msm_cuda_tuning t = tune0;
+        t.router_chunk_per_sm = 1 << 20; /* no chunk reaches it: one warp per (row, token) */
+        CK(msm_cuda_linear(dy, dx, dw, NULL, T, N, K, NULL, NULL, 0, EX_T(&t)));
+        down(o1, dy, (size_t)T * N * 4);
+        CHECK_ERR(o1, ref, (size_t)T * N, 2e-5, "router T=%d N=%d K=%d", T, N, K);
+        for (int per = 0; per <= 1; per++) {
+            t.router_chunk_per_sm = per;
+            cr_assert_eq(cudaMemset(dy, 0xff, (size_t)T * N * 4), cudaSuccess);
+            CK(msm_cuda_linear(dy, dx, dw, NULL, T, N, K, NULL, NULL, 0, EX_T(&t)));
+            down(o2, dy, (size_t)T * N * 4);
+            cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "router token chunks differ: T=%d N=%d K=%d per_sm %d",
+                      T, N, K, per);
+        }
+        cudaFree(dx), cudaFree(dy), cudaFree(dw);
+        free(x), free(wf), free(wb), free(ref), free(o1), free(o2);
+    }
+}
+
 /* LINEAR_ADD_RMSNORM: the one-kernel path (the GEMV's last block adds and norms) is bitwise the
  * GEMV then add_rmsnorm at every T it takes (1..4), each norm layout it takes (128 and 256 norm
  * threads, up to 16 values a thread), bias or none; twice on one counter (it must be back at
@@ -423,7 +462,7 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
         for (int slots = 1; slots <= 8; slots *= 2) {
             msm_cuda_tuning a = t, b = t;
             a.mmv_slots = slots, b.mmv_slots = 2 * slots;
-            b.mmv_warps = 4;
+            a.mmv_warps = 8, b.mmv_warps = 4;
             CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&a)));
             CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&b)));
             down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
@@ -591,8 +630,10 @@ static void attention_case(msm_cuda_exec ex, const attn_shape *sh) {
     CK(msm_cuda_attention(dout, dq, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
                           sh->hd, scale, ex));
     down(out, dout, qn * 4);
-    CHECK_ERR(out, ref, qn, 2e-5, "attention %s (heads a block <= %d from %d pairs)", sh->what,
-              ex.tune->att_group, ex.tune->att_group_min);
+    /* the tensor-core path rounds q and p to bf16 hi + lo pairs (~16 mantissa bits each) */
+    double tol = ex.tune->att_mma == MSM_CUDA_ATT_MMA_ON ? 1e-4 : 2e-5;
+    CHECK_ERR(out, ref, qn, tol, "attention %s (heads a block <= %d from %d pairs, mma %d)", sh->what,
+              ex.tune->att_group, ex.tune->att_group_min, ex.tune->att_mma);
     /* q read in place from wider rows (as from qkv), context split over blocks (flash-decoding);
      * run twice on the same workspace: the split blocks' arrival counters must be back at zero
      * after each call, and the result bitwise the same */
@@ -606,8 +647,8 @@ static void attention_case(msm_cuda_exec ex, const attn_shape *sh) {
         CK(msm_cuda_attention_ex(dout2, dqw, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
                                  sh->hd, scale, ws, wsb, ex));
         down(out, dout2, qn * 4);
-        CHECK_ERR(out, ref, qn, 2e-5, "attention_ex (strided q, split) %s (heads a block <= %d from %d pairs)", sh->what,
-                  ex.tune->att_group, ex.tune->att_group_min);
+        CHECK_ERR(out, ref, qn, tol, "attention_ex (strided q, split) %s (heads a block <= %d from %d pairs, mma %d)",
+                  sh->what, ex.tune->att_group, ex.tune->att_group_min, ex.tune->att_mma);
         cr_assert_eq(cudaMemset(dout2, 0xff, qn * 4), cudaSuccess);
         CK(msm_cuda_attention_ex(dout2, dqw, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
                                  sh->hd, scale, ws, wsb, ex));
@@ -621,7 +662,7 @@ static void attention_case(msm_cuda_exec ex, const attn_shape *sh) {
     free(q), free(ref), free(out);
 }
 
-Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 60) {
+Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 120) {
     need_gpu();
     static const attn_shape shapes[] = {
         {1, 1, 4, 4, 64, 0, "decode T=1 MHA hd64"},
@@ -638,13 +679,19 @@ Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 60) {
         {1, 1, 6, 2, 128, 300, "decode GQA 3:1 ctx 300"},
         {2, 9, 8, 2, 256, 0, "prefill GQA 4:1 hd256"},
         {3, 4, 12, 2, 64, 0, "prefill GQA 6:1 hd64"},
+        {64, 1, 32, 4, 128, 513, "decode batch 64 GQA 8:1 hd128 ctx ~512 (Qwen3-30B-A3B)"},
+        {40, 1, 96, 8, 128, 300, "decode batch 40 GQA 12:1 hd128 (GLM-4.5-Air: 8 + 4 heads a block)"},
+        {3, 1, 16, 1, 32, 40, "decode MQA 16:1 hd32 (two blocks a kv head)"},
+        {2, 20, 8, 4, 16, 0, "prefill GQA 2:1 hd16 (the golden models' shape)"},
     };
-    /* the default (GQA blocks take 4 query heads of a kv head once the pairs fill a wave), then
-     * grouping at every size, then one head a block */
-    for (int gb = 0; gb < 3; gb++) {
+    /* the SIMT kernel: the default (GQA blocks take 4 query heads of a kv head once the pairs
+     * fill a wave), then grouping at every size, then one head a block; then the tensor-core
+     * kernel wherever it fits (head dims 16..128; the others stay SIMT) */
+    for (int gb = 0; gb < 4; gb++) {
         msm_cuda_tuning t = tune0;
         t.att_group = gb == 2 ? 1 : 4;
         t.att_group_min = gb == 1 ? 1 : 0;
+        t.att_mma = gb == 3 ? MSM_CUDA_ATT_MMA_ON : MSM_CUDA_ATT_MMA_OFF;
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) attention_case(EX_T(&t), &shapes[s]);
     }
 }
@@ -955,8 +1002,8 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
     moe_cases(skew, sizeof skew / sizeof *skew, 256, 128, 2, 3, 2e-5);
 }
 
-/* The pair path's bf16 down GEMV with a token's experts over warps (MSM_CUDA_MOE_K_DOWN_SPLIT) is
- * bitwise the one-warp-a-row kernel: Qwen3-30B-A3B and Qwen1.5-MoE expert shapes, k = 1, 4, 8, I
+/* The pair path's bf16 down GEMV with a token's experts over warps (MSM_CUDA_MOE_K_DOWN_SPLIT; the
+ * default at k = 8) is bitwise the one-warp-a-row kernel (MSM_CUDA_MOE_K_DOWN_WARP): Qwen3-30B-A3B and Qwen1.5-MoE expert shapes, k = 1, 4, 8, I
  * not a multiple of 8 (scalar loads), H odd (a block's second row past H), T = 1..4; and against
  * the CPU. (Its FP8 form: runs "DS" of moe_experts_fp8_match_cpu.) */
 Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
@@ -982,6 +1029,7 @@ Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
             void *ws = dev_poison(wsb);
             msm_cuda_tuning t = tune0;
             t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
+            t.moe_kernels = MSM_CUDA_MOE_K_DOWN_WARP;
             CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(o1, dy, (size_t)T * H * 4);
             t.moe_kernels = MSM_CUDA_MOE_K_DOWN_SPLIT;
@@ -1189,11 +1237,11 @@ Test(cuda_kernels, moe_experts_fp8_match_cpu, .timeout = 240) {
            TL = MSM_CUDA_MOE_PATH_TILED, WM = MSM_CUDA_MOE_PATH_WMMA };
     /* Qwen3-30B-A3B expert shapes: pair (T <= 4), grouped tensor-core GEMVs (5..64; SIMT forced
      * too), then dequantised (tiled GEMMs to 512 tokens, WMMA beyond) */
-    enum { SIMT = MSM_CUDA_MOE_K_SIMT, DS = MSM_CUDA_MOE_K_DOWN_SPLIT };
+    enum { SIMT = MSM_CUDA_MOE_K_SIMT, DS = MSM_CUDA_MOE_K_DOWN_SPLIT, DW = MSM_CUDA_MOE_K_DOWN_WARP };
     static const moe_run q3[] = {{1, A, -1},  {4, A, -1},     {5, A, -1},      {16, A, -1},  {64, A, -1},
                                  {65, A, -1}, {200, A, -1},   {8, PR, -1},     {2, GG, -1},  {8, TL, -1},
                                  {600, A, -1}, {16, A, SIMT}, {1, GG, SIMT},   {40, GG, -1}, {1, A, DS},
-                                 {4, A, DS},  {6, PR, DS}};
+                                 {4, A, DS},  {6, PR, DS},    {1, A, DW},      {4, A, DW}};
     moe_fp8_cases(q3, sizeof q3 / sizeof *q3, 2048, 768, 8, 128, 0, -1);
     /* a row-parallel TP slice of down starting inside a block (phase 64: GLM-4.5-Air's experts at
      * TP 2, I = 704), k = 4; and odd expert counts */
