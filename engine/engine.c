@@ -96,7 +96,7 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->fuse_rope_kv = true;
     o->fuse_allreduce_norm = true;
     o->fuse_router = true;
-    o->fuse_linear_norm = false; /* not yet run on a GPU (2026-12-01): on once the CUDA checks pass */
+    o->fuse_linear_norm = false; /* bitwise on the H200 but no faster (bench/results/2026-12-01-h200-attn) */
     o->kv_blocks = 1024;
     o->max_step_tokens = 512;
     o->max_seqs = 64;

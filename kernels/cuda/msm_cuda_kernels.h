@@ -130,7 +130,10 @@ typedef struct msm_cuda_tuning {
     int mmv4_per_sm;          /* ... resident blocks at 4 warps */
     bool linear_norm_fused;   /* LINEAR_ADD_RMSNORM: the GEMV's last block does the add + norm
                                  (msm_cuda_linear_add_rmsnorm; MSM_CUDA_LINEAR_NORM=1); off: the two
-                                 kernels. Off by default until measured on a GPU. */
+                                 kernels. Off by default: checked bitwise on the H200 but no faster
+                                 (Qwen3-30B-A3B batch 1 3.715 vs 3.695 ms, batch 4 7.78 vs 7.56,
+                                 Qwen1.5-MoE batch 1 2.142 vs 2.115; 2026-12-01): the last block's
+                                 serial norm stays on the critical path, only the launch goes */
     int mmv8_per_sm[4];       /* ... of the MMV8 at 1, 2, 4, 8 token tiles */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
     int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
