@@ -182,7 +182,7 @@ static int allreduce_add_rmsnorm_node(cuda_backend *cb, float *p, const float *x
  * sequence of the step has one token). */
 static msm_cuda_exec exec_on(const cuda_backend *cb, msm_stream s, const msm_step_dims *d) {
     bool decode = d && d->T == d->S;
-    return (msm_cuda_exec){.stream = cb->st[s], .tune = decode ? &cb->tune_decode : &cb->tune};
+    return (msm_cuda_exec){.stream = cb->st[s], .tune = decode ? &cb->tune_decode : &cb->tune, .decode = decode};
 }
 
 /* An FP8-resident weight as the kernels take it. */
@@ -1080,6 +1080,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ATT_MMA=0|1|2              the tensor-core GQA attention never / by its rule / wherever it fits
  *   MSM_CUDA_ATT_MMA_MIN_BLOCKS=N       ... the rule: from N (token, kv head) blocks on (0: by heads a kv head)
  *   MSM_CUDA_ROUTER_CHUNK_PER_SM=N      routers over many tokens: token chunks while N blocks an SM remain
+ *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
+ *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
 
@@ -1113,6 +1115,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_ATT_MMA", &v)) t->att_mma = v <= 0 ? MSM_CUDA_ATT_MMA_OFF : v >= 2 ? MSM_CUDA_ATT_MMA_ON : MSM_CUDA_ATT_MMA_AUTO;
     if (env_int("MSM_CUDA_ATT_MMA_MIN_BLOCKS", &v)) t->att_mma_min_blocks = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_ROUTER_CHUNK_PER_SM", &v)) t->router_chunk_per_sm = v < 0 ? 0 : v;
+    if ((s = getenv("MSM_CUDA_ATT_CLUSTER"))) t->att_cluster = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_ATT_EARLY"))) t->att_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;

@@ -36,8 +36,11 @@
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
 
+#include <cooperative_groups.h>
 #include <errno.h>
 #include <math.h>
+
+namespace cg = cooperative_groups;
 
 #define ATT_WARPS 4
 #define ATT_THREADS (ATT_WARPS * 32)
@@ -76,28 +79,54 @@ struct att_tile {
     unsigned ok; /* bit u: position base + u * P + g is in the block's range */
 };
 
+/* The cache row offset (elements) of position p through the sequence's block table bt. */
+static __device__ __forceinline__ size_t att_row_off(const int32_t *bt, int p, size_t row) {
+    return ((size_t)__ldg(bt + p / MSM_KV_BLOCK) * MSM_KV_BLOCK + p % MSM_KV_BLOCK) * row;
+}
+
 /* Issues the loads of the positions base + u * (32 / L) + g, u < ATT_U, those < hi (none when
- * base >= hi: then it only clears the tile). */
+ * base >= hi: then it only clears the tile); of them only those < lim are loaded now (the others
+ * read as zero until att_fetch_late: the early decode fetch before the PDL wait, lim = pos[t]). */
 template <int L, bool VEC>
-static __device__ __forceinline__ void att_fetch(att_tile &tl, int base, int hi, int g,
+static __device__ __forceinline__ void att_fetch(att_tile &tl, int base, int hi, int lim, int g,
                                                  const int32_t *bt, size_t row, const uint16_t *kb,
                                                  const uint16_t *vb, int nval) {
     size_t off[ATT_U];
     tl.ok = 0;
+    unsigned now = 0;
 #pragma unroll
     for (int u = 0; u < ATT_U; u++) {
         int p = base + u * (32 / L) + g;
         bool ok = p < hi;
         tl.ok |= (unsigned)ok << u;
-        off[u] = ok ? ((size_t)__ldg(bt + p / MSM_KV_BLOCK) * MSM_KV_BLOCK + p % MSM_KV_BLOCK) * row : 0;
+        now |= (unsigned)(ok && p < lim) << u;
+        off[u] = ok && p < lim ? att_row_off(bt, p, row) : 0;
     }
     bool lane_ok = nval > 0;
 #pragma unroll
     for (int u = 0; u < ATT_U; u++)
-        tl.k[u] = (tl.ok >> u & 1) && lane_ok ? att_load8<VEC>(kb + off[u], nval) : make_uint4(0, 0, 0, 0);
+        tl.k[u] = (now >> u & 1) && lane_ok ? att_load8<VEC>(kb + off[u], nval) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < ATT_U; u++)
-        tl.v[u] = (tl.ok >> u & 1) && lane_ok ? att_load8<VEC>(vb + off[u], nval) : make_uint4(0, 0, 0, 0);
+        tl.v[u] = (now >> u & 1) && lane_ok ? att_load8<VEC>(vb + off[u], nval) : make_uint4(0, 0, 0, 0);
+}
+
+/* After the PDL wait: the tile's position p (the token's own, which the kernel before this one
+ * wrote), if it is one of this lane's, loaded now. */
+template <int L, bool VEC>
+static __device__ __forceinline__ void att_fetch_late(att_tile &tl, int base, int p, int g, const int32_t *bt,
+                                                      size_t row, const uint16_t *kb, const uint16_t *vb,
+                                                      int nval) {
+    constexpr int P = 32 / L;
+    int d = p - base;
+    bool mine = d >= 0 && d < ATT_U * P && d % P == g && nval > 0;
+    size_t off = mine ? att_row_off(bt, p, row) : 0;
+#pragma unroll
+    for (int u = 0; u < ATT_U; u++) {
+        bool take = mine && d / P == u && (tl.ok >> u & 1);
+        uint4 k = take ? att_load8<VEC>(kb + off, nval) : tl.k[u], v = take ? att_load8<VEC>(vb + off, nval) : tl.v[u];
+        tl.k[u] = k, tl.v[u] = v;
+    }
 }
 
 /* Scores a tile (fp32 dot over the lane's 8 dims, butterfly sum over the sub-group's L lanes,
@@ -143,12 +172,22 @@ static __device__ __forceinline__ void att_load_col(float ov[ATT_MAX_SPLIT], con
     for (int s = 0; s < ATT_MAX_SPLIT; s++) ov[s] = any && s < nsplit ? __ldcg(p + (size_t)s * stride) : 0.0f;
 }
 
-template <int L, bool VEC, int GB>
+/* CL: the splits of a (token, head group) are one thread-block cluster (grid (ns, nh / GB, T),
+ * cluster (ns, 1, 1)); each block leaves its partial in its shared memory and block rank 0 merges
+ * them through distributed shared memory, in split order, with the arithmetic of the last-block
+ * merge below (the same bits), with no workspace round trip, fence or counter. Else grid
+ * (nh / GB, T, ns) and the last-block merge through the workspace.
+ * early: every sequence of the step has one token (decode, msm_cuda_exec.decode): the step's
+ * inputs (seq, pos, block tables: written before its first kernel) and the cache rows below the
+ * token's position (written by earlier steps) are read before the PDL wait, so the first K/V
+ * tile is in flight while the kernel before finishes; the token's own row, which that kernel
+ * wrote, is loaded after the wait. */
+template <int L, bool VEC, int GB, bool CL>
 static __global__ void __launch_bounds__(ATT_THREADS)
     attention_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc,
                      const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                      const int32_t *block_tables, int max_blocks, int nh, int kvh, int hd,
-                     float scale, unsigned *ctr, float *part) {
+                     float scale, unsigned *ctr, float *part, bool early) {
     constexpr int P = 32 / L;                    /* positions per warp per load instruction */
     constexpr int WPOS = ATT_U * P;              /* positions per warp per iteration */
     constexpr int BPOS = ATT_WARPS * WPOS;       /* positions per block per iteration */
@@ -158,10 +197,13 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     __shared__ float sm_acc[GB][ATT_WARPS][L * 8];
     __shared__ float sm_sm[GB][ATT_MAX_SPLIT], sm_sc[GB][ATT_MAX_SPLIT];
     __shared__ int sm_last;
+    /* CL: this block's partial per head, [M, D, o[L * 8]] (read by rank 0 of the cluster) */
+    __shared__ float sm_part[CL ? GB : 1][CL ? L * 8 + 2 : 1];
     msm_pdl_trigger();
-    msm_pdl_wait();
+    if (!early) msm_pdl_wait();
 
-    const int h0 = blockIdx.x * GB, t = blockIdx.y, z = blockIdx.z, ns = gridDim.z;
+    const int h0 = (CL ? blockIdx.y : blockIdx.x) * GB, t = CL ? blockIdx.z : blockIdx.y;
+    const int z = CL ? blockIdx.x : blockIdx.z, ns = CL ? gridDim.x : gridDim.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane / L, d0 = (lane % L) * 8; /* sub-group; first of the lane's 8 dims */
     const int nval = min(8, hd - d0);            /* the lane's dims inside the head, <= 0: none */
@@ -173,15 +215,32 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         int chunk = (n + ns - 1) / ns;
         chunk = max(BPOS, (chunk + BPOS - 1) / BPOS * BPOS);
         nsplit = max(1, (n + chunk - 1) / chunk); /* <= ns */
-        if (z >= nsplit) return;                  /* short context: fewer splits (block-uniform) */
         lo = z * chunk;
         hi = min(n, lo + chunk);
+        /* short context: fewer splits; the blocks beyond exit at once (block-uniform), or with
+         * CL take part in the cluster's barriers with an empty range */
+        if (z >= nsplit) {
+            if constexpr (!CL) return;
+            lo = hi = n;
+        }
     }
 
     /* the GB query heads h0.. share kv head kh (the launcher picks GB dividing nh / kvh) */
     const int kh = h0 / (nh / kvh);
     const size_t row = (size_t)kvh * hd;
     const uint16_t *kb = kc + (size_t)kh * hd + d0, *vb = vc + (size_t)kh * hd + d0;
+
+    /* warp w takes positions [base, base + WPOS) for base = lo + w * WPOS, + BPOS, ...; the
+     * next iteration's rows are loaded while the current ones are scored (software pipeline).
+     * Each K/V row read serves the block's GB heads, each with its own online softmax, exactly
+     * the arithmetic of a block of one head. */
+    int base = lo + warp * WPOS;
+    att_tile cur, nxt;
+    att_fetch<L, VEC>(cur, base, hi, early ? n - 1 : hi, g, bt, row, kb, vb, nval);
+    if (early) {
+        msm_pdl_wait();
+        att_fetch_late<L, VEC>(cur, base, n - 1, g, bt, row, kb, vb, nval);
+    }
     float qv[GB][8];
 #pragma unroll
     for (int j = 0; j < GB; j++) {
@@ -197,16 +256,8 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[j][i] = 0.0f;
     }
-
-    /* warp w takes positions [base, base + WPOS) for base = lo + w * WPOS, + BPOS, ...; the
-     * next iteration's rows are loaded while the current ones are scored (software pipeline).
-     * Each K/V row read serves the block's GB heads, each with its own online softmax, exactly
-     * the arithmetic of a block of one head. */
-    int base = lo + warp * WPOS;
-    att_tile cur, nxt;
-    att_fetch<L, VEC>(cur, base, hi, g, bt, row, kb, vb, nval);
     for (; base < hi; base += BPOS) { /* warp-uniform */
-        att_fetch<L, VEC>(nxt, base + BPOS, hi, g, bt, row, kb, vb, nval);
+        att_fetch<L, VEC>(nxt, base + BPOS, hi, hi, g, bt, row, kb, vb, nval);
 #pragma unroll
         for (int j = 0; j < GB; j++) att_fold<L>(cur, qv[j], scale, m[j], den[j], acc[j]);
         cur = nxt;
@@ -253,7 +304,8 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         }
     }
     const size_t th0 = (size_t)t * nh + h0;
-    if (nsplit == 1) {
+    if (nsplit == 1) { /* (cluster-uniform: every split of a token computes the same nsplit) */
+        if (z > 0) return; /* CL: an idle block of a short context */
 #pragma unroll
         for (int r = 0; r < RND; r++) {
             int c = threadIdx.x + r * ATT_THREADS, j = c / (L * 8), d = c % (L * 8);
@@ -267,47 +319,71 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         return;
     }
 
-    /* split: publish each head's partial [M, D, o[hd]] (unnormalised), then count in once for
-     * the block (the counter of its first head) */
+    /* split: publish each head's partial [M, D, o[hd]] (unnormalised): CL in this block's
+     * shared memory, else in the workspace, then count in once for the block (the counter of its
+     * first head) */
     const size_t stride = (size_t)hd + 2;
 #pragma unroll
     for (int r = 0; r < RND; r++) {
         int c = threadIdx.x + r * ATT_THREADS, j = c / (L * 8), d = c % (L * 8);
         if (c >= NCOL || d >= hd) continue;
-        float *ph = part + ((th0 + j) * ns + z) * stride;
+        float *ph = CL ? sm_part[j] : part + ((th0 + j) * ns + z) * stride;
         if (d == 0) ph[0] = M[j], ph[1] = D[j];
         float o = 0.0f;
 #pragma unroll
         for (int w = 0; w < ATT_WARPS; w++) o += sm_acc[j][w][d] * cw[j][w];
         ph[2 + d] = o;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence(); /* release: the block's partials (ordered by the barrier) before the count */
-        unsigned prev = atomicAdd(ctr + th0, 1u);
-        __threadfence(); /* acquire: the other splits' partials after their counts */
-        sm_last = prev == (unsigned)nsplit - 1;
-    }
-    __syncthreads();
-    if (!sm_last) return;
-
-    /* the last block: every split's partial is visible (read from L2); merge in split order.
-     * All of a thread's partial outputs are loaded together with the maxima and denominators,
-     * so the merge costs one L2 round trip. */
     float ov[RND][ATT_MAX_SPLIT];
+    if constexpr (CL) {
+        cg::cluster_group cl = cg::this_cluster();
+        cl.sync(); /* every split's partial is in its block's shared memory */
+        if (z == 0) {
 #pragma unroll
-    for (int r = 0; r < RND; r++) {
-        int c = threadIdx.x + r * ATT_THREADS, j = c / (L * 8), d = c % (L * 8);
-        bool any = c < NCOL && d < hd;
-        att_load_col(ov[r], part + (th0 + (any ? j : 0)) * ns * stride + 2 + d, stride, nsplit, any);
+            for (int r = 0; r < RND; r++) {
+                int c = threadIdx.x + r * ATT_THREADS, j = c / (L * 8), d = c % (L * 8);
+                bool any = c < NCOL && d < hd;
+#pragma unroll
+                for (int s2 = 0; s2 < ATT_MAX_SPLIT; s2++)
+                    ov[r][s2] = any && s2 < nsplit ? cl.map_shared_rank(&sm_part[any ? j : 0][2 + d], s2)[0] : 0.0f;
+            }
+            for (int i = threadIdx.x; i < GB * nsplit; i += ATT_THREADS) {
+                const float *pp = cl.map_shared_rank(&sm_part[i / nsplit][0], i % nsplit);
+                sm_sm[i / nsplit][i % nsplit] = pp[0];
+                sm_sc[i / nsplit][i % nsplit] = pp[1];
+            }
+        }
+        cl.sync(); /* rank 0 has read every partial: the other blocks may exit */
+        if (z != 0) return;
+        __syncthreads();
+    } else {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence(); /* release: the block's partials (ordered by the barrier) before the count */
+            unsigned prev = atomicAdd(ctr + th0, 1u);
+            __threadfence(); /* acquire: the other splits' partials after their counts */
+            sm_last = prev == (unsigned)nsplit - 1;
+        }
+        __syncthreads();
+        if (!sm_last) return;
+
+        /* the last block: every split's partial is visible (read from L2); merge in split order.
+         * All of a thread's partial outputs are loaded together with the maxima and denominators,
+         * so the merge costs one L2 round trip. */
+#pragma unroll
+        for (int r = 0; r < RND; r++) {
+            int c = threadIdx.x + r * ATT_THREADS, j = c / (L * 8), d = c % (L * 8);
+            bool any = c < NCOL && d < hd;
+            att_load_col(ov[r], part + (th0 + (any ? j : 0)) * ns * stride + 2 + d, stride, nsplit, any);
+        }
+        for (int i = threadIdx.x; i < GB * nsplit; i += ATT_THREADS) {
+            const float *pp = part + ((th0 + i / nsplit) * ns + i % nsplit) * stride;
+            sm_sm[i / nsplit][i % nsplit] = __ldcg(pp);
+            sm_sc[i / nsplit][i % nsplit] = __ldcg(pp + 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) ctr[th0] = 0; /* every split has counted in: ready for the next call */
     }
-    for (int i = threadIdx.x; i < GB * nsplit; i += ATT_THREADS) {
-        const float *pp = part + ((th0 + i / nsplit) * ns + i % nsplit) * stride;
-        sm_sm[i / nsplit][i % nsplit] = __ldcg(pp);
-        sm_sc[i / nsplit][i % nsplit] = __ldcg(pp + 1);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) ctr[th0] = 0; /* every split has counted in: ready for the next call */
 #pragma unroll
     for (int j = 0; j < GB; j++) {
         M[j] = -INFINITY;
@@ -333,15 +409,19 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
-/* Resident blocks of attention_kernel<L, VEC, GB> on one SM (1 if the query fails). */
+/* Resident blocks of attention_kernel<L, VEC, GB> on one SM (1 if the query fails); the cluster
+ * form's clusters of up to 16 allowed (non-portable sizes past 8: the H100/H200 take 16). */
 template <int L, bool VEC, int GB>
 static int att_per_sm(void) {
     int per = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_kernel<L, VEC, GB>, ATT_THREADS, 0) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_kernel<L, VEC, GB, false>, ATT_THREADS, 0) !=
             cudaSuccess || per <= 0) {
         (void)cudaGetLastError();
         per = 1;
     }
+    if (cudaFuncSetAttribute(attention_kernel<L, VEC, GB, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+        cudaSuccess)
+        (void)cudaGetLastError(); /* then clusters past 8 fail to launch: att_cluster_max says 8 */
     return per;
 }
 
@@ -364,12 +444,32 @@ static void att_tuning_l(msm_cuda_tuning *t, int li) {
     t->att_per_sm[li][VEC][3] = att_per_sm_gb<L, VEC, 4>();
 }
 
+/* The largest cluster of split blocks the GPU schedules (16 or 8), asked of the kernel with the
+ * most shared memory of the cluster form (L 16, 4 heads a block). */
+static int att_cluster_max(void) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = ATT_MAX_SPLIT, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+    cfg.gridDim = dim3(ATT_MAX_SPLIT, 1, 1);
+    cfg.blockDim = dim3(ATT_THREADS);
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, attention_kernel<16, true, 4, true>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    return n > 0 ? ATT_MAX_SPLIT : 8;
+}
+
 /* The occupancy fields of the attention kernels, for msm_cuda_tuning_init. */
 void msm__attention_tuning(msm_cuda_tuning *t) {
     att_tuning_l<4, false>(t, 0), att_tuning_l<4, true>(t, 0);
     att_tuning_l<8, false>(t, 1), att_tuning_l<8, true>(t, 1);
     att_tuning_l<16, false>(t, 2), att_tuning_l<16, true>(t, 2);
     att_tuning_l<32, false>(t, 3), att_tuning_l<32, true>(t, 3);
+    t->att_cluster_max = att_cluster_max();
 }
 
 template <int L, bool VEC, int GB>
@@ -393,9 +493,18 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
     }
     unsigned *ctr = (unsigned *)ws;
     float *part = ws ? (float *)((char *)ws + ATT_PART_OFF) : NULL;
+    bool early = ex.decode && ex.tune->att_early;
+    if (ns > 1 && ex.tune->att_cluster && ns <= ex.tune->att_cluster_max) {
+        /* the splits of a (token, head group) as one cluster: the same splits, the same bits */
+        dim3 grid((unsigned)ns, (unsigned)(nh / GB), (unsigned)T);
+        CUDA_TRY(msm_launch_cluster(attention_kernel<L, VEC, GB, true>, grid, dim3(ATT_THREADS), 0, (unsigned)ns, ex,
+                                    out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr,
+                                    part, early));
+        return 0;
+    }
     dim3 grid((unsigned)(nh / GB), (unsigned)T, (unsigned)ns);
-    CUDA_TRY(msm_launch(attention_kernel<L, VEC, GB>, grid, dim3(ATT_THREADS), 0, ex, out, q, q_ld,
-                        kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr, part));
+    CUDA_TRY(msm_launch(attention_kernel<L, VEC, GB, false>, grid, dim3(ATT_THREADS), 0, ex, out, q, q_ld,
+                        kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr, part, early));
     return 0;
 }
 

@@ -145,6 +145,13 @@ typedef struct msm_cuda_tuning {
                                  has this many blocks an SM (MSM_CUDA_ROUTER_CHUNK_PER_SM; 0: 2) */
     int att_mma_min_blocks;   /* AUTO takes it once its (token, kv head) blocks reach this (0: sms / 4
                                  with 4 or more query heads a kv head, else 4 * sms) */
+    bool att_cluster;         /* the SIMT attention's context splits of a (token, head group) are one
+                                 thread-block cluster merged through distributed shared memory (else
+                                 the last block merges through the workspace; the same bits), while
+                                 the splits are at most att_cluster_max (MSM_CUDA_ATT_CLUSTER) */
+    int att_cluster_max;      /* the largest such cluster the GPU schedules (16, else 8) */
+    bool att_early;           /* decode steps (msm_cuda_exec.decode): the SIMT attention loads its first
+                                 K/V rows before its PDL wait (MSM_CUDA_ATT_EARLY) */
 } msm_cuda_tuning;
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the
@@ -152,10 +159,14 @@ typedef struct msm_cuda_tuning {
 int msm_cuda_tuning_init(msm_cuda_tuning *t, int device);
 
 /* Where and how a launcher enqueues: the stream and the rank's tuning (never NULL). Passed by
- * value as every launcher's last argument. */
+ * value as every launcher's last argument. decode: every sequence of the step has one token
+ * (T == S), so the KV cache rows below each token's position were written by earlier steps and
+ * the step's inputs (positions, sequences, block tables) before its first kernel; a kernel may
+ * then read them before its PDL wait (attention does). False is always correct. */
 typedef struct msm_cuda_exec {
     cudaStream_t stream;
     const msm_cuda_tuning *tune;
+    bool decode;
 } msm_cuda_exec;
 
 /* Per-rank CUDA context: the cuBLASLt handle and a cache of matmul plans (layouts + the

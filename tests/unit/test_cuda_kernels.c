@@ -654,6 +654,20 @@ static void attention_case(msm_cuda_exec ex, const attn_shape *sh) {
                                  sh->hd, scale, ws, wsb, ex));
         down(out2, dout2, qn * 4);
         cr_assert(memcmp(out, out2, qn * 4) == 0, "attention_ex second split run differs: %s", sh->what);
+        /* the splits merged by the last block or in a cluster, and (decode: one token a
+         * sequence) the first K/V rows loaded before the PDL wait or after: the same bits */
+        for (int v = 0; v < 4; v++) {
+            msm_cuda_tuning tv = *ex.tune;
+            tv.att_cluster = v & 1;
+            tv.att_early = v >> 1;
+            msm_cuda_exec ev = {.stream = ex.stream, .tune = &tv, .decode = sh->tokens_per_seq == 1};
+            cr_assert_eq(cudaMemset(dout2, 0xff, qn * 4), cudaSuccess);
+            CK(msm_cuda_attention_ex(dout2, dqw, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
+                                     sh->hd, scale, ws, wsb, ev));
+            down(out2, dout2, qn * 4);
+            cr_assert(memcmp(out, out2, qn * 4) == 0, "attention_ex (cluster %d, early %d, decode %d) differs: %s",
+                      tv.att_cluster, tv.att_early, ev.decode, sh->what);
+        }
         cudaFree(dqw), cudaFree(dout2), cudaFree(ws);
         free(qw), free(out2);
     }

@@ -1,0 +1,321 @@
+/* mega_probe.cu: how fast could a batch-1 decode step of Qwen1.5-MoE-A2.7B shapes stream its
+ * weights if its kernels were one persistent kernel with grid barriers between dependent phases,
+ * against the same phases launched as separate kernels (in a CUDA graph)?
+ *
+ * Standalone (no msmoed code): synthetic bf16 weights of the step's shapes, fp32 activations,
+ * one warp per output row (16-byte streaming loads, U in flight per lane, fp32 dot, warp sum).
+ * Per layer, the phases a fused batch-1 schedule needs (each phase's tasks read only what earlier
+ * phases wrote):
+ *   1 qkv [6144, 2048]            2 rope (no weights)          3 attention (KV 4 MiB, as rows)
+ *   4 o_proj [2048, 2048]         5 router [60, 2048] + shared gate_up [11264, 2048]
+ *   6 routed gate_up 4 x [2816, 2048] + shared down [2048, 5632]    7 routed down 4 x [2048, 1408]
+ * then the lm_head [151936, 2048]. Variants: persistent (grid barrier between phases, optional L2
+ * prefetch of each warp's first row of the next phase before it waits), one kernel per phase in a
+ * CUDA graph, and one phase holding every task (no dependencies: the streaming ceiling).
+ *
+ *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o mega_probe bench/mega_probe.cu
+ *   ./mega_probe            # prints ms per step (median of 50) and GB/s for each variant
+ * Results: bench/results/ (the session that ran it). */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+struct task {
+    const uint16_t *w;
+    const float *x;
+    float *y;
+    int N, K;
+};
+
+struct phase {
+    int t0, nt;      /* tasks [t0, t0 + nt) */
+    int rows;        /* rows over all its tasks */
+};
+
+static __device__ __forceinline__ uint4 ld_stream16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+static __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
+static __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+template <int U>
+static __device__ __forceinline__ float row_dot(const uint16_t *w, const float *x, int K, int lane) {
+    float acc = 0.0f;
+    for (int k0 = lane * 8; k0 < K; k0 += 256 * U) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int k = k0 + u * 256;
+            v[u] = k < K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int k = k0 + u * 256;
+            if (k >= K) break;
+            const float4 *xp = (const float4 *)(x + k);
+            float4 a = xp[0], b = xp[1];
+            acc = fmaf(bf_lo(v[u].x), a.x, acc);
+            acc = fmaf(bf_hi(v[u].x), a.y, acc);
+            acc = fmaf(bf_lo(v[u].y), a.z, acc);
+            acc = fmaf(bf_hi(v[u].y), a.w, acc);
+            acc = fmaf(bf_lo(v[u].z), b.x, acc);
+            acc = fmaf(bf_hi(v[u].z), b.y, acc);
+            acc = fmaf(bf_lo(v[u].w), b.z, acc);
+            acc = fmaf(bf_hi(v[u].w), b.w, acc);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    return acc;
+}
+
+/* The rows of phase p handled by global warp gw of nw: row r of the phase's concatenated tasks. */
+template <int U>
+static __device__ void phase_run(const task *tasks, const phase &ph, int gw, int nw, int lane) {
+    for (int r = gw; r < ph.rows; r += nw) {
+        int t = ph.t0, rr = r;
+        while (rr >= tasks[t].N) rr -= tasks[t].N, t++;
+        const task &tk = tasks[t];
+        float s = row_dot<U>(tk.w + (size_t)rr * tk.K, tk.x, tk.K, lane);
+        if (lane == 0) tk.y[rr] = s;
+    }
+}
+
+static __device__ void phase_prefetch(const task *tasks, const phase &ph, int gw, int nw, int lane, int rows) {
+    for (int i = 0, r = gw; i < rows && r < ph.rows; i++, r += nw) {
+        int t = ph.t0, rr = r;
+        while (rr >= tasks[t].N) rr -= tasks[t].N, t++;
+        const task &tk = tasks[t];
+        const char *p = (const char *)(tk.w + (size_t)rr * tk.K);
+        for (int o = lane * 128; o < tk.K * 2; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+    }
+}
+
+static __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <int U>
+static __global__ void persistent_kernel(const task *tasks, const phase *phases, int n_phases, unsigned *bar,
+                                         int prefetch_rows) {
+    int lane = threadIdx.x & 31, wpb = blockDim.x / 32;
+    int gw = blockIdx.x * wpb + threadIdx.x / 32, nw = gridDim.x * wpb;
+    for (int p = 0; p < n_phases; p++) {
+        phase ph = phases[p];
+        phase_run<U>(tasks, ph, gw, nw, lane);
+        if (p + 1 == n_phases) break;
+        if (prefetch_rows) phase_prefetch(tasks, phases[p + 1], gw, nw, lane, prefetch_rows);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(bar, 1u);
+            unsigned target = (unsigned)(p + 1) * gridDim.x;
+            while (ld_acquire(bar) < target) {
+            }
+        }
+        __syncthreads();
+    }
+    /* reset for the next launch: the last block out */
+    if (threadIdx.x == 0) {
+        unsigned done = atomicAdd(bar + 1, 1u);
+        if (done == gridDim.x - 1) {
+            bar[0] = 0;
+            bar[1] = 0;
+            __threadfence();
+        }
+    }
+}
+
+template <int U>
+static __global__ void phase_kernel(const task *tasks, const phase *phases, int p) {
+    int lane = threadIdx.x & 31, wpb = blockDim.x / 32;
+    int gw = blockIdx.x * wpb + threadIdx.x / 32, nw = gridDim.x * wpb;
+    phase ph = phases[p];
+    phase_run<U>(tasks, ph, gw, nw, lane);
+}
+
+static __global__ void fill_kernel(uint16_t *w, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 13;
+        h *= 0x5bd1e995u;
+        h ^= h >> 15;
+        float f = ((float)(h & 0xffff) / 65535.0f - 0.5f) * 0.02f;
+        w[i] = (uint16_t)(__float_as_uint(f) >> 16);
+    }
+}
+
+static double median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+int main(int argc, char **argv) {
+    int layers = argc > 1 ? atoi(argv[1]) : 24;
+    const int H = 2048, QKV = 6144, SH = 5632, E_I = 1408, TOPK = 4, V = 151936;
+    const int KV_ROWS = 16 * 512 * 2, HD = 128; /* attention as rows of 128 bf16 */
+    std::vector<std::pair<int, int>> shapes;    /* (N, K) of every task, in order */
+    std::vector<std::vector<int>> phase_tasks;  /* task indices of each phase */
+    auto add_phase = [&](std::vector<std::pair<int, int>> ts) {
+        std::vector<int> ids;
+        for (auto &s : ts) {
+            ids.push_back((int)shapes.size());
+            shapes.push_back(s);
+        }
+        phase_tasks.push_back(ids);
+    };
+    for (int l = 0; l < layers; l++) {
+        add_phase({{QKV, H}});
+        add_phase({});                  /* rope: a barrier only */
+        add_phase({{KV_ROWS, HD}});     /* attention: 4 MiB */
+        add_phase({{H, H}});
+        add_phase({{60, H}, {2 * SH, H}});
+        std::vector<std::pair<int, int>> p6;
+        for (int k = 0; k < TOPK; k++) p6.push_back({2 * E_I, H});
+        p6.push_back({H, SH});
+        add_phase(p6);
+        std::vector<std::pair<int, int>> p7;
+        for (int k = 0; k < TOPK; k++) p7.push_back({H, E_I});
+        add_phase(p7);
+    }
+    add_phase({{V, H}});
+    size_t welems = 0;
+    for (auto &s : shapes) welems += (size_t)s.first * s.second;
+    double gb = welems * 2.0 / 1e9;
+    printf("# %d layers + lm_head: %zu tasks, %zu phases, %.3f GB of weights\n", layers, shapes.size(),
+           phase_tasks.size(), gb);
+
+    uint16_t *wbuf;
+    CK(cudaMalloc(&wbuf, welems * 2));
+    fill_kernel<<<4096, 256>>>(wbuf, welems, 12345u);
+    CK(cudaGetLastError());
+    float *xbuf; /* every task reads x at offset 0 (16 KiB of ones) and writes its own y */
+    size_t ymax = 0;
+    for (auto &s : shapes) ymax += (size_t)s.first;
+    CK(cudaMalloc(&xbuf, (8192 + ymax) * sizeof(float)));
+    std::vector<float> ones(8192, 0.5f);
+    CK(cudaMemcpy(xbuf, ones.data(), 8192 * 4, cudaMemcpyHostToDevice));
+
+    std::vector<task> ht;
+    size_t wo = 0, yo = 8192;
+    for (auto &s : shapes) {
+        ht.push_back(task{wbuf + wo, xbuf, xbuf + yo, s.first, s.second});
+        wo += (size_t)s.first * s.second;
+        yo += (size_t)s.first;
+    }
+    std::vector<phase> hp;
+    for (auto &pt : phase_tasks) {
+        phase p{pt.empty() ? 0 : pt[0], (int)pt.size(), 0};
+        for (int i : pt) p.rows += shapes[i].first;
+        hp.push_back(p);
+    }
+    phase all{0, (int)shapes.size(), 0};
+    for (auto &s : shapes) all.rows += s.first;
+
+    task *dt;
+    phase *dp, *dall;
+    unsigned *bar;
+    CK(cudaMalloc(&dt, ht.size() * sizeof(task)));
+    CK(cudaMalloc(&dp, hp.size() * sizeof(phase)));
+    CK(cudaMalloc(&dall, sizeof(phase)));
+    CK(cudaMalloc(&bar, 8));
+    CK(cudaMemset(bar, 0, 8));
+    CK(cudaMemcpy(dt, ht.data(), ht.size() * sizeof(task), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dp, hp.data(), hp.size() * sizeof(phase), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dall, &all, sizeof(phase), cudaMemcpyHostToDevice));
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+
+    auto time_graph = [&](cudaGraphExec_t ge) {
+        for (int i = 0; i < 5; i++) CK(cudaGraphLaunch(ge, st));
+        std::vector<float> ms;
+        for (int i = 0; i < 50; i++) {
+            CK(cudaEventRecord(e0, st));
+            CK(cudaGraphLaunch(ge, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float m;
+            CK(cudaEventElapsedTime(&m, e0, e1));
+            ms.push_back(m);
+        }
+        return median(ms);
+    };
+    auto capture = [&](auto issue) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        issue();
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphDestroy(g));
+        return ge;
+    };
+    auto report = [&](const char *name, double ms) {
+        printf("%-52s %8.3f ms  %6.0f GB/s  %5.1f%% of 4.3 TB/s\n", name, ms, gb / ms * 1e3, gb / ms * 1e3 / 4300.0 * 100.0);
+        fflush(stdout);
+    };
+
+    /* the streaming ceiling: every task in one phase, no barrier */
+    for (int wpb : {8, 16}) {
+        cudaGraphExec_t ge = capture([&] { phase_kernel<4><<<sms * (32 / wpb) * 2, wpb * 32, 0, st>>>(dt, dall, 0); });
+        char name[64];
+        snprintf(name, sizeof name, "one phase, %d warps x %d blocks", wpb, sms * (32 / wpb) * 2);
+        report(name, time_graph(ge));
+        CK(cudaGraphExecDestroy(ge));
+    }
+    /* a kernel per phase (no PDL), in a CUDA graph */
+    for (int wpb : {4, 8}) {
+        int blocks = sms * (64 / wpb);
+        cudaGraphExec_t ge = capture([&] {
+            for (int p = 0; p < (int)hp.size(); p++) phase_kernel<4><<<blocks, wpb * 32, 0, st>>>(dt, dp, p);
+        });
+        char name[64];
+        snprintf(name, sizeof name, "kernel per phase, %d warps x %d blocks", wpb, blocks);
+        report(name, time_graph(ge));
+        CK(cudaGraphExecDestroy(ge));
+    }
+    /* persistent: one launch, grid barriers */
+    struct cfg { int wpb, per_sm, pf, u; };
+    for (cfg c : {cfg{16, 1, 0, 4}, cfg{32, 1, 0, 4}, cfg{16, 2, 0, 4}, cfg{16, 1, 1, 4}, cfg{16, 1, 2, 4},
+                  cfg{32, 1, 1, 4}, cfg{16, 1, 0, 8}, cfg{16, 2, 1, 4}}) {
+        int blocks = sms * c.per_sm;
+        cudaGraphExec_t ge = capture([&] {
+            if (c.u == 8)
+                persistent_kernel<8><<<blocks, c.wpb * 32, 0, st>>>(dt, dp, (int)hp.size(), bar, c.pf);
+            else
+                persistent_kernel<4><<<blocks, c.wpb * 32, 0, st>>>(dt, dp, (int)hp.size(), bar, c.pf);
+        });
+        char name[80];
+        snprintf(name, sizeof name, "persistent %d warps x %d blocks, U %d, prefetch %d", c.wpb, blocks, c.u, c.pf);
+        report(name, time_graph(ge));
+        CK(cudaGraphExecDestroy(ge));
+    }
+    CK(cudaDeviceSynchronize());
+    return 0;
+}
