@@ -190,6 +190,19 @@ static msm_cuda_fp8w fp8w(const cuda_backend *cb, int wi) {
     return (msm_cuda_fp8w){.q = cb->w8[wi], .scale = cb->wsc[wi], .phase = cb->w_shape[wi][3]};
 }
 
+/* Whether node i is a ROPE_KV_WRITE that the ATTENTION after it takes over at decode
+ * (msm_cuda_attention_rope: one kernel rotates, writes the cache and attends): the next node is
+ * its layer's kv_written ATTENTION on the same stream, reading its output (the only reader, so
+ * the rotated rows need not exist) with its positions and slots. */
+static bool rope_attention_pair(const cuda_backend *cb, const msm_graph *g, int i, const msm_step_dims *d) {
+    if (!(d && d->T == d->S && cb->tune_decode.att_rope) || i < 0 || i + 1 >= g->n_nodes) return false;
+    const msm_node *r = &g->nodes[i], *a = &g->nodes[i + 1];
+    return r->op == MSM_OP_ROPE_KV_WRITE && a->op == MSM_OP_ATTENTION && a->attr.attention.kv_written &&
+           a->layer == r->layer && a->stream == r->stream && a->in[0] == r->out[0] && a->in[2] == r->in[1] &&
+           a->in[3] == r->in[2] && a->attr.attention.nh == r->attr.rope.nh && a->attr.attention.kvh == r->attr.rope.kvh &&
+           a->attr.attention.hd == r->attr.rope.hd && msm_graph_readers(g, r->out[0]) == 1;
+}
+
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
@@ -249,6 +262,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         if (!cb->kc[n->layer])
             return msm_err_set(err, -EINVAL, "rank %d (GPU %d): layer %d has no KV cache (no ATTENTION)",
                                cb->b.rank, cb->device, n->layer);
+        if (rope_attention_pair(cb, g, idx, d)) break; /* the ATTENTION next does it */
         KTRY(msm_cuda_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
                               ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta, s));
         break;
@@ -258,6 +272,14 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         const float *qkv = F(in0);
         /* k, v and q read in place from the qkv rows (row stride C); q_tmp is the split-context
          * workspace. The K/V write is skipped when the ROPE_KV_WRITE before wrote the cache. */
+        if (rope_attention_pair(cb, g, idx - 1, d)) { /* decode: the ROPE_KV_WRITE before in the same launch */
+            const msm_node *rn = &g->nodes[idx - 1];
+            KTRY(msm_cuda_attention_rope(F(out0), F(rn->out[0]), F(rn->in[0]), cb->kc[n->layer], cb->vc[n->layer],
+                                         I32(n->in[1]), I32(n->in[2]), I32(n->in[3]), I32(n->in[4]), g->max_blocks, T,
+                                         nh, kvh, hd, rn->attr.rope.rot, rn->attr.rope.theta, a->attention.scale,
+                                         cb->q_tmp[n->stream], cb->q_tmp_bytes, s));
+            break;
+        }
         if (!a->attention.kv_written)
             KTRY(msm_cuda_kv_write_ld(cb->kc[n->layer], cb->vc[n->layer], qkv + (size_t)nh * hd,
                                       qkv + (size_t)(nh + kvh) * hd, (size_t)C, I32(n->in[3]), T, kvh, hd, s));
@@ -1073,6 +1095,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_MMA_MIN_T=N            ... mma: the SIMT GEMV below N tokens
  *   MSM_CUDA_MMV_SLOTS=N                the MMV and MMV8 grids fill at most N blocks an SM (K slices)
  *   MSM_CUDA_MMV_WARPS=4|8              the MMV's warps a block (default 4: 64 rows; 8: 128 rows)
+ *   MSM_CUDA_MMV_U=4|8                  the MMV's K chunks of weight loads in flight a warp (default 8)
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
  *   MSM_CUDA_LINEAR_NORM=1              LINEAR_ADD_RMSNORM in one kernel (the GEMV's last block norms)
  *   MSM_CUDA_ATT_GROUP=N                attention blocks take up to N query heads of a kv head (1..4) ...
@@ -1082,6 +1105,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ROUTER_CHUNK_PER_SM=N      routers over many tokens: token chunks while N blocks an SM remain
  *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
  *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
+ *   MSM_CUDA_ATT_ROPE=0|1               decode: ROPE_KV_WRITE + its ATTENTION in one kernel (1, default)
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
 
@@ -1108,6 +1132,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_FP8_MMA_MIN_T", &v)) t->fp8_mma_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_SLOTS", &v)) t->mmv_slots = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_WARPS", &v)) t->mmv_warps = v == 4 ? 4 : 8;
+    if (env_int("MSM_CUDA_MMV_U", &v)) t->mmv_u = v == 4 ? 4 : 8;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;
     if ((s = getenv("MSM_CUDA_LINEAR_NORM"))) t->linear_norm_fused = s[0] == '1';
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;
@@ -1117,6 +1142,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_ROUTER_CHUNK_PER_SM", &v)) t->router_chunk_per_sm = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_ATT_CLUSTER"))) t->att_cluster = s[0] != '0';
     if ((s = getenv("MSM_CUDA_ATT_EARLY"))) t->att_early = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_ATT_ROPE"))) t->att_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;

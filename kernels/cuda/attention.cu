@@ -129,6 +129,52 @@ static __device__ __forceinline__ void att_fetch_late(att_tile &tl, int base, in
     }
 }
 
+/* The tile's position p, if it is one of this lane's, takes the rows (k, v) computed in the
+ * kernel (decode with RoPE: the token's own, never read from the cache). */
+template <int L>
+static __device__ __forceinline__ void att_inject(att_tile &tl, int base, int p, int g, uint4 k, uint4 v) {
+    constexpr int P = 32 / L;
+    int d = p - base;
+    bool mine = d >= 0 && d < ATT_U * P && d % P == g;
+#pragma unroll
+    for (int u = 0; u < ATT_U; u++) {
+        bool take = mine && d / P == u && (tl.ok >> u & 1);
+        tl.k[u] = take ? k : tl.k[u];
+        tl.v[u] = take ? v : tl.v[u];
+    }
+}
+
+/* RoPE of the lane's 8 dims d0.. of a head (x in place), the first rot of the head's dims
+ * rotated (rot % 16 == 0: a chunk of 8 never straddles the halves) with msm_rope_lo / _hi and
+ * the cosines and sines cs, sn [rot / 2] of the position (msm_rope_cs, in shared memory): the
+ * arithmetic of the RoPE kernels. The partner dims (i + rot/2 for the low half, i - rot/2 for
+ * the high one) come from the lane of the same sub-group that holds them. Every lane of the warp
+ * calls it. */
+template <int L>
+static __device__ __forceinline__ void att_rope8(float x[8], int d0, int rot, const float *cs, const float *sn,
+                                                 int lane) {
+    int half = rot / 2, c = d0 / 8, hc = half / 8;
+    int pc = c < hc ? c + hc : c < 2 * hc ? c - hc : c;
+    int src = (lane & ~(L - 1)) + pc;
+    float y[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) y[e] = __shfl_sync(MSM_FULL_MASK, x[e], src);
+    if (c < hc) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[e] = msm_rope_lo(x[e], y[e], cs[d0 + e], sn[d0 + e]);
+    } else if (c < 2 * hc) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[e] = msm_rope_hi(y[e], x[e], cs[d0 - half + e], sn[d0 - half + e]);
+    }
+}
+
+static __device__ __forceinline__ uint4 att_pack8(const float f[8]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = (uint32_t)msm_f2bf(f[2 * i]) | (uint32_t)msm_f2bf(f[2 * i + 1]) << 16;
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 /* Scores a tile (fp32 dot over the lane's 8 dims, butterfly sum over the sub-group's L lanes,
  * which leaves all of them the same value) and folds it into the sub-group's online softmax. */
 template <int L>
@@ -181,13 +227,27 @@ static __device__ __forceinline__ void att_load_col(float ov[ATT_MAX_SPLIT], con
  * inputs (seq, pos, block tables: written before its first kernel) and the cache rows below the
  * token's position (written by earlier steps) are read before the PDL wait, so the first K/V
  * tile is in flight while the kernel before finishes; the token's own row, which that kernel
- * wrote, is loaded after the wait. */
+ * wrote, is loaded after the wait.
+ * rp.rot > 0 (decode with early, VEC, rot % 16 == 0): q is the unrotated qkv row (q heads, then
+ * kvh k heads, then kvh v heads; row stride q_ld) that ROPE_KV_WRITE would have rotated and
+ * cached: the kernel rotates the q heads and the token's own k head itself, with the RoPE
+ * kernels' arithmetic, rounds that k and the v head to bf16 as the cache holds them, uses them
+ * for the token's position (never reading its cache row) and the first block of each kv head's
+ * query heads whose range holds the position writes them to the cache at slot[t] (< 0: not
+ * written): the same bits as the RoPE + cache write kernel followed by this one. */
+typedef struct att_rope_args {
+    int rot;       /* rotated dims of a head; 0: no RoPE here */
+    float theta;
+    const int32_t *slot;
+    uint16_t *kw, *vw; /* the caches to write (kc, vc) */
+} att_rope_args;
+
 template <int L, bool VEC, int GB, bool CL>
 static __global__ void __launch_bounds__(ATT_THREADS)
     attention_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc,
                      const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                      const int32_t *block_tables, int max_blocks, int nh, int kvh, int hd,
-                     float scale, unsigned *ctr, float *part, bool early) {
+                     float scale, unsigned *ctr, float *part, bool early, att_rope_args rp) {
     constexpr int P = 32 / L;                    /* positions per warp per load instruction */
     constexpr int WPOS = ATT_U * P;              /* positions per warp per iteration */
     constexpr int BPOS = ATT_WARPS * WPOS;       /* positions per block per iteration */
@@ -199,6 +259,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     __shared__ int sm_last;
     /* CL: this block's partial per head, [M, D, o[L * 8]] (read by rank 0 of the cluster) */
     __shared__ float sm_part[CL ? GB : 1][CL ? L * 8 + 2 : 1];
+    __shared__ float sm_cs[L * 4], sm_sn[L * 4]; /* RoPE here: cos, sin of the token's position */
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
 
@@ -235,11 +296,17 @@ static __global__ void __launch_bounds__(ATT_THREADS)
      * Each K/V row read serves the block's GB heads, each with its own online softmax, exactly
      * the arithmetic of a block of one head. */
     int base = lo + warp * WPOS;
+    const bool rope = rp.rot > 0;
+    if (rope) { /* block-uniform; pos is a step input, read before the wait like the cache rows */
+        for (int i = threadIdx.x; i < rp.rot / 2; i += ATT_THREADS) msm_rope_cs(n - 1, i, rp.rot, rp.theta, &sm_cs[i], &sm_sn[i]);
+        __syncthreads();
+    }
+    const int lim = rope ? n - 1 : hi; /* with RoPE the token's own row is computed, not read */
     att_tile cur, nxt;
     att_fetch<L, VEC>(cur, base, hi, early ? n - 1 : hi, g, bt, row, kb, vb, nval);
     if (early) {
         msm_pdl_wait();
-        att_fetch_late<L, VEC>(cur, base, n - 1, g, bt, row, kb, vb, nval);
+        if (!rope) att_fetch_late<L, VEC>(cur, base, n - 1, g, bt, row, kb, vb, nval);
     }
     float qv[GB][8];
 #pragma unroll
@@ -247,6 +314,28 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         const float *qh = q + (size_t)t * q_ld + (size_t)(h0 + j) * hd + d0;
 #pragma unroll
         for (int i = 0; i < 8; i++) qv[j][i] = i < nval ? qh[i] : 0.0f;
+    }
+    uint4 nk = make_uint4(0, 0, 0, 0), nv = nk;
+    if (rope) { /* warp-uniform */
+        const float *qr = q + (size_t)t * q_ld + d0;
+        float kf[8], vf[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            kf[i] = i < nval ? qr[(size_t)(nh + kh) * hd + i] : 0.0f;
+            vf[i] = i < nval ? qr[(size_t)(nh + kvh + kh) * hd + i] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < GB; j++) att_rope8<L>(qv[j], d0, rp.rot, sm_cs, sm_sn, lane);
+        att_rope8<L>(kf, d0, rp.rot, sm_cs, sm_sn, lane);
+        nk = att_pack8(kf), nv = att_pack8(vf);
+        att_inject<L>(cur, base, n - 1, g, nk, nv);
+        /* the cache row of the token: written once per kv head, by the block of its first query
+         * heads that holds the position */
+        int sl = rp.slot[t];
+        if (warp == 0 && g == 0 && nval > 0 && sl >= 0 && h0 % (nh / kvh) == 0 && lo <= n - 1 && n - 1 < hi) {
+            *(uint4 *)(rp.kw + (size_t)sl * row + (size_t)kh * hd + d0) = nk;
+            *(uint4 *)(rp.vw + (size_t)sl * row + (size_t)kh * hd + d0) = nv;
+        }
     }
 
     float m[GB], den[GB], acc[GB][8];
@@ -257,7 +346,8 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         for (int i = 0; i < 8; i++) acc[j][i] = 0.0f;
     }
     for (; base < hi; base += BPOS) { /* warp-uniform */
-        att_fetch<L, VEC>(nxt, base + BPOS, hi, hi, g, bt, row, kb, vb, nval);
+        att_fetch<L, VEC>(nxt, base + BPOS, hi, lim, g, bt, row, kb, vb, nval);
+        if (rope) att_inject<L>(nxt, base + BPOS, n - 1, g, nk, nv);
 #pragma unroll
         for (int j = 0; j < GB; j++) att_fold<L>(cur, qv[j], scale, m[j], den[j], acc[j]);
         cur = nxt;
@@ -476,7 +566,7 @@ template <int L, bool VEC, int GB>
 static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *kc,
                       const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                       const int32_t *block_tables, int max_blocks, int T, int nh, int kvh, int hd,
-                      float scale, void *ws, size_t ws_bytes, msm_cuda_exec ex) {
+                      float scale, void *ws, size_t ws_bytes, const att_rope_args &rp, msm_cuda_exec ex) {
     long pairs = (long)T * (nh / GB); /* (token, head group) blocks of one split */
     int ns = 1;
     if (ws && (long)T * nh <= ATT_MAX_CTR && ws_bytes > ATT_PART_OFF) {
@@ -493,18 +583,18 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
     }
     unsigned *ctr = (unsigned *)ws;
     float *part = ws ? (float *)((char *)ws + ATT_PART_OFF) : NULL;
-    bool early = ex.decode && ex.tune->att_early;
+    bool early = (ex.decode && ex.tune->att_early) || rp.rot > 0; /* RoPE here: decode only (the caller) */
     if (ns > 1 && ex.tune->att_cluster && ns <= ex.tune->att_cluster_max) {
         /* the splits of a (token, head group) as one cluster: the same splits, the same bits */
         dim3 grid((unsigned)ns, (unsigned)(nh / GB), (unsigned)T);
         CUDA_TRY(msm_launch_cluster(attention_kernel<L, VEC, GB, true>, grid, dim3(ATT_THREADS), 0, (unsigned)ns, ex,
                                     out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr,
-                                    part, early));
+                                    part, early, rp));
         return 0;
     }
     dim3 grid((unsigned)(nh / GB), (unsigned)T, (unsigned)ns);
     CUDA_TRY(msm_launch(attention_kernel<L, VEC, GB, false>, grid, dim3(ATT_THREADS), 0, ex, out, q, q_ld,
-                        kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr, part, early));
+                        kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr, part, early, rp));
     return 0;
 }
 
@@ -517,7 +607,8 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
 template <int L, bool VEC>
 static int att_launch_gb(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
                          const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
-                         int T, int nh, int kvh, int hd, float scale, void *ws, size_t ws_bytes, msm_cuda_exec ex) {
+                         int T, int nh, int kvh, int hd, float scale, void *ws, size_t ws_bytes,
+                         const att_rope_args &rp, msm_cuda_exec ex) {
     int G = nh / kvh, gb = 1, li = L <= 4 ? 0 : L <= 8 ? 1 : L <= 16 ? 2 : 3;
     long min_pairs = ex.tune->att_group_min > 0 ? ex.tune->att_group_min
                                                 : (long)ex.tune->sms * ex.tune->att_per_sm[li][VEC][0];
@@ -526,7 +617,7 @@ static int att_launch_gb(float *out, const float *q, size_t q_ld, const uint16_t
         if (c <= ex.tune->att_group && G % c == 0 && ATT_GB_OK(L, c)) gb = c;
 #define ATT_GB(GB)                                                                                                  \
     att_launch<L, VEC, ATT_GB_OK(L, GB) ? GB : 1>(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, \
-                                                 kvh, hd, scale, ws, ws_bytes, ex)
+                                                 kvh, hd, scale, ws, ws_bytes, rp, ex)
     switch (gb) {
     case 4: return ATT_GB(4);
     case 3: return ATT_GB(3);
@@ -549,45 +640,85 @@ extern "C" int msm_cuda_attention(float *out, const float *q, const uint16_t *kc
                                  max_blocks, T, nh, kvh, hd, scale, NULL, 0, ex);
 }
 
-extern "C" int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, const uint16_t *kc,
-                                     const uint16_t *vc, const int32_t *seq, const int32_t *pos,
-                                     const int32_t *block_tables, int max_blocks, int T, int nh,
-                                     int kvh, int hd, float scale, void *ws, size_t ws_bytes,
-                                     msm_cuda_exec ex) {
-    if (T < 0 || nh <= 0 || kvh <= 0 || nh % kvh || hd <= 0 || hd > 256 || max_blocks <= 0 ||
-        q_ld < (size_t)nh * hd || (ws && ((uintptr_t)ws & 3)))
-        return -EINVAL;
-    if (T == 0) return 0;
-    if (T > 65535) return -EINVAL; /* grid limits; prefill chunks are far smaller */
-    /* the tensor-core kernel (attention_mma.cu) once its (token, kv head) blocks are enough: with
-     * 4 or more query heads a kv head from sms / 4 blocks, with fewer (the SIMT kernel is lean
-     * there) from 4 waves' worth. It has no context split, so below that the split SIMT blocks
-     * here win (H200, 2026-12-01, context 512, ms a step, tensor-core vs SIMT: Qwen3-30B-A3B, 8
-     * heads a kv head: batch 1 3.79 vs 3.45, 4 6.99 vs 6.92, 8 9.55 vs 9.62, 16 12.77 vs 13.27,
-     * 32 17.87 vs 18.90, 256 25.60 vs 36.05; GLM-4.5-Air, 12: batch 4 16.42 vs 16.68;
-     * Qwen1.5-MoE, MHA: batch 8 5.04 vs 4.94, 32 9.26 vs 9.31, 48 9.40 vs 9.76, 256 16.72 vs
-     * 17.41) */
+/* Whether the tensor-core kernel (attention_mma.cu) takes the call: once its (token, kv head)
+ * blocks are enough: with 4 or more query heads a kv head from sms / 4 blocks, with fewer (the
+ * SIMT kernel is lean there) from 4 waves' worth. It has no context split, so below that the
+ * split SIMT blocks here win (H200, 2026-12-01, context 512, ms a step, tensor-core vs SIMT:
+ * Qwen3-30B-A3B, 8 heads a kv head: batch 1 3.79 vs 3.45, 4 6.99 vs 6.92, 8 9.55 vs 9.62, 16
+ * 12.77 vs 13.27, 32 17.87 vs 18.90, 256 25.60 vs 36.05; GLM-4.5-Air, 12: batch 4 16.42 vs 16.68;
+ * Qwen1.5-MoE, MHA: batch 8 5.04 vs 4.94, 32 9.26 vs 9.31, 48 9.40 vs 9.76, 256 16.72 vs 17.41) */
+static bool att_takes_mma(const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc, int T, int nh, int kvh,
+                          int hd, msm_cuda_exec ex) {
     int att_mma = ex.tune->att_mma, G = nh / kvh;
-    if (att_mma != MSM_CUDA_ATT_MMA_OFF && msm__attention_mma_fits(hd, q, q_ld, kc, vc)) {
-        long blocks = (long)T * kvh * ((G + 7) / 8), sms = ex.tune->sms;
-        long min_blocks = ex.tune->att_mma_min_blocks > 0 ? ex.tune->att_mma_min_blocks
-                          : G >= 4                      ? (sms + 3) / 4
-                                                        : 4 * sms;
-        if (att_mma == MSM_CUDA_ATT_MMA_ON || blocks >= min_blocks)
-            return msm__attention_mma_run(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd,
-                                          scale, ex);
-    }
-    /* 16-byte K/V loads need every row start 16-byte aligned */
-    bool vec = hd % 8 == 0 && !(((uintptr_t)kc | (uintptr_t)vc) & 15);
+    if (att_mma == MSM_CUDA_ATT_MMA_OFF || !msm__attention_mma_fits(hd, q, q_ld, kc, vc)) return false;
+    long blocks = (long)T * kvh * ((G + 7) / 8), sms = ex.tune->sms;
+    long min_blocks = ex.tune->att_mma_min_blocks > 0 ? ex.tune->att_mma_min_blocks
+                      : G >= 4                      ? (sms + 3) / 4
+                                                    : 4 * sms;
+    return att_mma == MSM_CUDA_ATT_MMA_ON || blocks >= min_blocks;
+}
+
+/* 16-byte K/V loads need every row start 16-byte aligned */
+static bool att_vec(int hd, const uint16_t *kc, const uint16_t *vc) {
+    return hd % 8 == 0 && !(((uintptr_t)kc | (uintptr_t)vc) & 15);
+}
+
+/* The SIMT kernel at the sub-group width the head dim needs (8 dims a lane). */
+static int att_simt(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
+                    const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks, int T, int nh,
+                    int kvh, int hd, float scale, void *ws, size_t ws_bytes, const att_rope_args &rp,
+                    msm_cuda_exec ex) {
+    bool vec = att_vec(hd, kc, vc);
     int chunks = (hd + 7) / 8; /* 8-dim pieces of a head: one per lane of a sub-group */
-#define ATT_GO(L)                                                                              \
-    (vec ? att_launch_gb<L, true>(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, \
-                               kvh, hd, scale, ws, ws_bytes, ex)                           \
-         : att_launch_gb<L, false>(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, \
-                                kvh, hd, scale, ws, ws_bytes, ex))
+#define ATT_GO(L)                                                                                       \
+    (vec ? att_launch_gb<L, true>(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd, \
+                                  scale, ws, ws_bytes, rp, ex)                                          \
+         : att_launch_gb<L, false>(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd, \
+                                   scale, ws, ws_bytes, rp, ex))
     if (chunks <= 4) return ATT_GO(4);
     if (chunks <= 8) return ATT_GO(8);
     if (chunks <= 16) return ATT_GO(16);
     return ATT_GO(32);
 #undef ATT_GO
+}
+
+static bool att_args_ok(int T, int nh, int kvh, int hd, int max_blocks, size_t q_ld, const void *ws) {
+    return T >= 0 && T <= 65535 && nh > 0 && kvh > 0 && nh % kvh == 0 && hd > 0 && hd <= 256 && max_blocks > 0 &&
+           q_ld >= (size_t)nh * hd && !(ws && ((uintptr_t)ws & 3)); /* T: grid limits; prefill chunks are far smaller */
+}
+
+extern "C" int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, const uint16_t *kc,
+                                     const uint16_t *vc, const int32_t *seq, const int32_t *pos,
+                                     const int32_t *block_tables, int max_blocks, int T, int nh,
+                                     int kvh, int hd, float scale, void *ws, size_t ws_bytes,
+                                     msm_cuda_exec ex) {
+    if (!att_args_ok(T, nh, kvh, hd, max_blocks, q_ld, ws)) return -EINVAL;
+    if (T == 0) return 0;
+    if (att_takes_mma(q, q_ld, kc, vc, T, nh, kvh, hd, ex))
+        return msm__attention_mma_run(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd, scale,
+                                      ex);
+    att_rope_args none = {};
+    return att_simt(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd, scale, ws, ws_bytes,
+                    none, ex);
+}
+
+extern "C" int msm_cuda_attention_rope(float *out, float *qkv_rot, const float *qkv, uint16_t *kc, uint16_t *vc,
+                                       const int32_t *seq, const int32_t *pos, const int32_t *slot,
+                                       const int32_t *block_tables, int max_blocks, int T, int nh, int kvh, int hd,
+                                       int rot, float theta, float scale, void *ws, size_t ws_bytes,
+                                       msm_cuda_exec ex) {
+    size_t C = (size_t)(nh + 2 * kvh) * hd;
+    if (!att_args_ok(T, nh, kvh, hd, max_blocks, C, ws) || !slot || !kc || !vc || rot <= 0 || rot > hd || rot % 2)
+        return -EINVAL;
+    if (T == 0) return 0;
+    bool fused = ex.decode && ex.tune->att_rope && rot % 16 == 0 && att_vec(hd, kc, vc) &&
+                 !att_takes_mma(qkv_rot, C, kc, vc, T, nh, kvh, hd, ex);
+    if (fused) {
+        att_rope_args rp = {rot, theta, slot, kc, vc};
+        return att_simt(out, qkv, C, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd, scale, ws, ws_bytes,
+                        rp, ex);
+    }
+    int r = msm_cuda_rope_kv(qkv_rot, qkv, pos, slot, kc, vc, T, nh, kvh, hd, rot, theta, ex);
+    return r ? r : msm_cuda_attention_ex(out, qkv_rot, C, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd,
+                                         scale, ws, ws_bytes, ex);
 }

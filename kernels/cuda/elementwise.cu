@@ -178,13 +178,7 @@ extern "C" int msm_cuda_moe_combine(float *out, const float *routed, const float
 /* ---- rope: one thread per (token, frequency), rotating that pair in every head ----
  * Only the first rot dims of each head rotate (rot = hd: full RoPE; less with GLM's
  * partial_rotary_factor); dims [rot, hd) pass through. */
-/* As the CPU (and HF): inv_freq = 1 / theta^(2i/rot) in float32. */
-static __device__ __forceinline__ void rope_cs(int pos, int i, int rot, float theta, float *c, float *s) {
-    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)rot);
-    float ang = (float)pos * inv_freq;
-    *c = cosf(ang);
-    *s = sinf(ang);
-}
+/* msm_rope_cs's frequencies, msm_rope_lo / _hi's rotation (msm_cuda.h). */
 
 static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nheads, int hd, int rot,
                                    float theta) {
@@ -196,12 +190,12 @@ static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nhea
          idx += (size_t)gridDim.x * blockDim.x) {
         int t = (int)(idx / half), i = (int)(idx % half);
         float c, s;
-        rope_cs(pos[t], i, rot, theta, &c, &s);
+        msm_rope_cs(pos[t], i, rot, theta, &c, &s);
         for (int h = 0; h < nheads; h++) {
             float *v = x + ((size_t)t * nheads + h) * hd;
             float a = v[i], b = v[i + half];
-            v[i] = a * c - b * s;
-            v[i + half] = b * c + a * s;
+            v[i] = msm_rope_lo(a, b, c, s);
+            v[i + half] = msm_rope_hi(a, b, c, s);
         }
     }
 }
@@ -248,9 +242,9 @@ static __global__ void rope_copy_kernel(float *__restrict__ out, const float *__
                 continue;
             }
             float c, s;
-            rope_cs(pos[t], i, rot, theta, &c, &s);
+            msm_rope_cs(pos[t], i, rot, theta, &c, &s);
             float a = x[o + i], b = x[o + i + half];
-            float ra = a * c - b * s, rb = b * c + a * s;
+            float ra = msm_rope_lo(a, b, c, s), rb = msm_rope_hi(a, b, c, s);
             out[o + i] = ra;
             out[o + i + half] = rb;
             if (kr) {

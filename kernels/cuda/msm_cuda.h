@@ -189,6 +189,24 @@ static __device__ __forceinline__ uint16_t msm_f2bf(float f) {
     return *reinterpret_cast<uint16_t *>(&b);
 }
 
+/* RoPE, as the CPU (and HF): inv_freq = 1 / theta^(2i/rot) in float32, angle pos * inv_freq. */
+static __device__ __forceinline__ void msm_rope_cs(int pos, int i, int rot, float theta, float *c, float *s) {
+    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)rot);
+    float ang = (float)pos * inv_freq;
+    *c = cosf(ang);
+    *s = sinf(ang);
+}
+
+/* The rotation of the pair (a = x[i], b = x[i + rot/2]): a' = a c - b s, b' = b c + a s, each
+ * product and sum rounded on its own (no contraction into an FMA, as the CPU computes them), so
+ * every kernel that rotates (the RoPE kernels, decode attention with RoPE) gives the same bits. */
+static __device__ __forceinline__ float msm_rope_lo(float a, float b, float c, float s) {
+    return __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+}
+static __device__ __forceinline__ float msm_rope_hi(float a, float b, float c, float s) {
+    return __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 /* s + w . (xa, xb) over 8 elements, in this fixed order (the GEMV and MoE kernels share it, so
  * their results stay bit-identical to each other and run to run). */
 static __device__ __forceinline__ float msm_fma8(const float w[8], float4 xa, float4 xb, float s) {

@@ -128,6 +128,9 @@ typedef struct msm_cuda_tuning {
     int mmv_warps;            /* the MMV's warps a block, 4 (default: twice the blocks for narrow
                                  weights) or 8 (MSM_CUDA_MMV_WARPS); the same bits either way */
     int mmv4_per_sm;          /* ... resident blocks at 4 warps */
+    int mmv_u;                /* the MMV's 32-wide K chunks of weight loads in flight a warp, 4 or 8
+                                 (MSM_CUDA_MMV_U); the same bits either way */
+    int mmvu8_per_sm, mmv4u8_per_sm; /* ... resident blocks at 8 and 4 warps with 8 chunks */
     bool linear_norm_fused;   /* LINEAR_ADD_RMSNORM: the GEMV's last block does the add + norm
                                  (msm_cuda_linear_add_rmsnorm; MSM_CUDA_LINEAR_NORM=1); off: the two
                                  kernels. Off by default: checked bitwise on the H200 but no faster
@@ -152,6 +155,8 @@ typedef struct msm_cuda_tuning {
     int att_cluster_max;      /* the largest such cluster the GPU schedules (16, else 8) */
     bool att_early;           /* decode steps (msm_cuda_exec.decode): the SIMT attention loads its first
                                  K/V rows before its PDL wait (MSM_CUDA_ATT_EARLY) */
+    bool att_rope;            /* decode steps: a ROPE_KV_WRITE and the ATTENTION reading it in one
+                                 kernel (msm_cuda_attention_rope; MSM_CUDA_ATT_ROPE) */
 } msm_cuda_tuning;
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the
@@ -254,6 +259,19 @@ int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, const uint16_
                           const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                           const int32_t *block_tables, int max_blocks, int T, int nh, int kvh,
                           int hd, float scale, void *ws, size_t ws_bytes, msm_cuda_exec ex);
+
+/* ROPE_KV_WRITE then ATTENTION (kv_written) on its output: qkv [T, (nh + 2*kvh)*hd] unrotated;
+ * the result out [T, nh*hd] and the cache as msm_cuda_rope_kv(qkv_rot, qkv, ...) followed by
+ * msm_cuda_attention_ex(out, qkv_rot, (nh + 2*kvh)*hd, ...) leave them, bitwise. At decode
+ * (ex.decode; tuning att_rope; rot % 16 == 0, hd % 8 == 0, 16-byte aligned caches, and the SIMT
+ * kernel taking the call) one launch: attention rotates q and the token's k itself and writes the
+ * token's k and v to the cache, leaving qkv_rot unwritten (the caller knows nothing else reads
+ * it); otherwise exactly those two calls. (A padding row, slot < 0, then attends with its own k
+ * and v instead of whatever the cache holds at its position; its output is unused either way.) */
+int msm_cuda_attention_rope(float *out, float *qkv_rot, const float *qkv, uint16_t *kc, uint16_t *vc,
+                            const int32_t *seq, const int32_t *pos, const int32_t *slot,
+                            const int32_t *block_tables, int max_blocks, int T, int nh, int kvh, int hd,
+                            int rot, float theta, float scale, void *ws, size_t ws_bytes, msm_cuda_exec ex);
 
 /* y[i] = a[i] + b[i]; y may alias a or b. */
 int msm_cuda_add(float *y, const float *a, const float *b, size_t n, msm_cuda_exec ex);

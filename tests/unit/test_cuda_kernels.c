@@ -47,11 +47,13 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_ATT_GROUP", "MSM_CUDA_ATT_GROUP_MIN", "MSM_CUDA_LINEAR_NORM",
                                  "MSM_CUDA_FP8_LINEAR", "MSM_CUDA_MOE_PATH", "MSM_CUDA_MOE_KERNELS", "MSM_CUDA_AR",
                                  "MSM_CUDA_FP8_MMA_MIN_T", "MSM_CUDA_ATT_MMA", "MSM_CUDA_ATT_MMA_MIN_BLOCKS",
-                                 "MSM_CUDA_ROUTER_CHUNK_PER_SM"};
+                                 "MSM_CUDA_ROUTER_CHUNK_PER_SM", "MSM_CUDA_ATT_CLUSTER", "MSM_CUDA_ATT_EARLY",
+                                 "MSM_CUDA_ATT_ROPE", "MSM_CUDA_MMV_U"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
+    t.att_cluster = t.att_early = t.att_rope = true, t.mmv_u = 8;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -63,7 +65,11 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_AR", "nccl", 1), setenv("MSM_CUDA_FP8_MMA_MIN_T", "0", 1);
     setenv("MSM_CUDA_ATT_MMA", "5", 1), setenv("MSM_CUDA_ATT_MMA_MIN_BLOCKS", "-3", 1);
     setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1);
+    setenv("MSM_CUDA_ATT_CLUSTER", "0", 1), setenv("MSM_CUDA_ATT_EARLY", "0", 1), setenv("MSM_CUDA_ATT_ROPE", "0", 1);
+    setenv("MSM_CUDA_MMV_U", "4", 1);
     msm_cuda_tuning_from_env(&t);
+    cr_expect(!t.att_cluster && !t.att_early && !t.att_rope);
+    cr_expect_eq(t.mmv_u, 4);
     cr_expect(!t.pdl && t.gemv_prefetch);
     cr_expect_eq(t.mmv_max_t, 64, "clamped to 64");
     cr_expect_eq(t.mmv_slots, 3);
@@ -468,6 +474,15 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
             down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
             cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "mmv 4 vs 8 warps: T=%d N=%d K=%d slots %d", T, N, K,
                       slots);
+            /* 4 or 8 K chunks of loads in flight a warp (MSM_CUDA_MMV_U): the same bits */
+            msm_cuda_tuning c = b;
+            c.mmv_u = b.mmv_u == 8 ? 4 : 8;
+            CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&c)));
+            down(o1, d2, (size_t)T * N * 4);
+            CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&b)));
+            down(o2, d2, (size_t)T * N * 4);
+            cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "mmv 4 vs 8 chunks in flight: T=%d N=%d K=%d slots %d", T,
+                      N, K, slots);
         }
         cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw);
         free(x), free(wf), free(wb), free(o1), free(o2);
@@ -1458,6 +1473,76 @@ Test(cuda_kernels, rope_kv_equals_rope_copy_then_kv_write, .timeout = 60) {
         cudaFree(dx), cudaFree(o1), cudaFree(o2), cudaFree(dpos), cudaFree(dslot);
         cudaFree(k1), cudaFree(v1), cudaFree(k2), cudaFree(v2);
         free(x), free(pos), free(slot), free(h1), free(h2), free(c1), free(c2);
+    }
+}
+
+/* Decode attention with RoPE in the same kernel (msm_cuda_attention_rope, tuning att_rope, decode:
+ * one token a sequence) equals ROPE_KV_WRITE's kernel then the attention on its output, bitwise:
+ * the outputs and both whole caches (old positions untouched, the token's row written once per kv
+ * head), with cluster and last-block merges, one and several splits, a padding row (slot -1: not
+ * written), partial RoPE, and shapes that fall back to the two kernels (rot % 16 != 0, prefill). */
+Test(cuda_kernels, attention_rope_equals_rope_kv_then_attention, .timeout = 120) {
+    need_gpu();
+    /* n_seq, nh, kvh, hd, rot, ctx */
+    static const int shapes[][6] = {{1, 16, 16, 128, 128, 513}, {1, 32, 4, 128, 128, 513}, {8, 16, 16, 128, 128, 513},
+                                    {8, 32, 4, 128, 128, 300},  {3, 12, 2, 128, 64, 700},  {5, 6, 2, 64, 32, 40},
+                                    {2, 8, 8, 128, 128, 1},     {4, 4, 2, 64, 64, 17},     {2, 4, 4, 40, 40, 90},
+                                    {32, 16, 16, 128, 128, 200}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int S = shapes[si][0], nh = shapes[si][1], kvh = shapes[si][2], hd = shapes[si][3], rot = shapes[si][4];
+        int ctx = shapes[si][5], max_blocks = (ctx + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK, nb = S * max_blocks + 1;
+        int T = S, C = (nh + 2 * kvh) * hd;
+        size_t row = (size_t)kvh * hd, cache = (size_t)nb * MSM_KV_BLOCK * row, qn = (size_t)T * nh * hd;
+        float *unused;
+        uint16_t *kcb = host_bf16(cache, 1.0f, &unused);
+        free(unused);
+        uint16_t *vcb = host_bf16(cache, 1.0f, &unused);
+        free(unused);
+        int32_t *bt = malloc((size_t)S * max_blocks * 4), *seq = malloc(T * 4), *pos = malloc(T * 4), *slot = malloc(T * 4);
+        for (int i = 0; i < S * max_blocks; i++) bt[i] = (i * 7 + 3) % (nb - 1); /* scattered, distinct */
+        for (int t = 0; t < T; t++) {
+            int len = ctx - rndi(ctx < MSM_KV_BLOCK ? ctx : MSM_KV_BLOCK);
+            seq[t] = t, pos[t] = len - 1;
+            slot[t] = t == T - 1 && T > 2 ? -1 : bt[t * max_blocks + pos[t] / MSM_KV_BLOCK] * MSM_KV_BLOCK + pos[t] % MSM_KV_BLOCK;
+        }
+        float *qkv = host_f32((size_t)T * C, 1.0f);
+        float *dqkv = dev_up(qkv, (size_t)T * C * 4);
+        int32_t *dseq = dev_up(seq, T * 4), *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
+        int32_t *dbt = dev_up(bt, (size_t)S * max_blocks * 4);
+        size_t wsb = msm_cuda_attention_ws_bytes(T, nh, hd);
+        void *ws = dev(wsb);
+        cr_assert_eq(cudaMemset(ws, 0, wsb ? wsb : 1), cudaSuccess);
+        float *ref = malloc(qn * 4), *out = malloc(qn * 4);
+        uint16_t *kref = malloc(cache * 2), *vref = malloc(cache * 2), *kout = malloc(cache * 2), *vout = malloc(cache * 2);
+        for (int v = 0; v < 4; v++) { /* 0: the two kernels; then fused with cluster / last-block merges; prefill */
+            msm_cuda_tuning tv = tune0;
+            tv.att_rope = v != 0;
+            tv.att_cluster = v != 2;
+            msm_cuda_exec ev = {.stream = 0, .tune = &tv, .decode = v != 3};
+            uint16_t *dk = dev_up(kcb, cache * 2), *dv = dev_up(vcb, cache * 2);
+            float *drot = dev_poison((size_t)T * C * 4), *dout = dev_poison(qn * 4);
+            CK(msm_cuda_attention_rope(dout, drot, dqkv, dk, dv, dseq, dpos, dslot, dbt, max_blocks, T, nh, kvh, hd, rot,
+                                       1e6f, 1.0f / sqrtf((float)hd), ws, wsb, ev));
+            down(v ? out : ref, dout, qn * 4);
+            down(v ? kout : kref, dk, cache * 2), down(v ? vout : vref, dv, cache * 2);
+            if (v) {
+                /* a padding row (slot -1, its output unused) attends with its own k and v in the
+                 * fused kernel, with whatever the cache holds at its position in the two kernels */
+                size_t live = (size_t)(slot[T - 1] < 0 ? T - 1 : T) * nh * hd;
+                cr_assert(memcmp(out, ref, live * 4) == 0, "outputs differ (variant %d, S=%d nh=%d kvh=%d hd=%d rot=%d ctx=%d)",
+                          v, S, nh, kvh, hd, rot, ctx);
+                cr_assert(memcmp(kout, kref, cache * 2) == 0, "K caches differ (variant %d, S=%d nh=%d kvh=%d hd=%d rot=%d)",
+                          v, S, nh, kvh, hd, rot);
+                cr_assert(memcmp(vout, vref, cache * 2) == 0, "V caches differ (variant %d, S=%d nh=%d kvh=%d hd=%d rot=%d)",
+                          v, S, nh, kvh, hd, rot);
+            }
+            cudaFree(dk), cudaFree(dv), cudaFree(drot), cudaFree(dout);
+        }
+        cr_expect_eq(msm_cuda_attention_rope(NULL, NULL, dqkv, NULL, NULL, dseq, dpos, dslot, dbt, max_blocks, T, nh, kvh,
+                                             hd, rot, 1e6f, 1.0f, ws, wsb, EX), -EINVAL, "no caches");
+        cudaFree(dqkv), cudaFree(dseq), cudaFree(dpos), cudaFree(dslot), cudaFree(dbt), cudaFree(ws);
+        free(kcb), free(vcb), free(bt), free(seq), free(pos), free(slot), free(qkv);
+        free(ref), free(out), free(kref), free(vref), free(kout), free(vout);
     }
 }
 
