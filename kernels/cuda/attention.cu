@@ -31,8 +31,22 @@
  *   [ATT_MAX_CTR] u32 counters, zero between calls  |  [T, nh, ns, hd + 2] f32 partials
  * The counters sit at fixed offsets whatever T and ns are, so partials never overwrite them.
  *
+ * With att_cluster (the default) the splits of a (token, head group) are one thread-block
+ * cluster instead: each block leaves its partial in its own shared memory and block rank 0 merges
+ * them through distributed shared memory with the same arithmetic in the same order (the same
+ * bits), without the workspace round trip, the fences and the counter.
+ *
  * Launched with programmatic dependent launch: every block triggers its dependents and waits
- * for the previous kernel before it reads anything. */
+ * for the previous kernel before it reads anything it wrote. At decode (one token a sequence,
+ * msm_cuda_exec.decode) the first K/V tile is loaded before that wait: the step's inputs and the
+ * cache rows below each token's position were written before the step's first kernel; only the
+ * token's own row waits (att_early).
+ *
+ * msm_cuda_attention_rope: at decode a ROPE_KV_WRITE and the ATTENTION reading its output are one
+ * launch of the same kernel (att_rope): it rotates q and the token's k from the unrotated qkv rows
+ * (the RoPE kernels' arithmetic, a cos/sin table per block), uses that k and v, rounded to bf16 as
+ * the cache holds them, for the token's position and writes them to the cache once per kv head:
+ * the same bits as the two kernels, one kernel boundary less a layer. */
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
 
@@ -218,7 +232,7 @@ static __device__ __forceinline__ void att_load_col(float ov[ATT_MAX_SPLIT], con
     for (int s = 0; s < ATT_MAX_SPLIT; s++) ov[s] = any && s < nsplit ? __ldcg(p + (size_t)s * stride) : 0.0f;
 }
 
-/* CL: the splits of a (token, head group) are one thread-block cluster (grid (ns, nh / GB, T),
+/* CL (GB 1): the splits of a (token, head) are one thread-block cluster (grid (ns, nh, T),
  * cluster (ns, 1, 1)); each block leaves its partial in its shared memory and block rank 0 merges
  * them through distributed shared memory, in split order, with the arithmetic of the last-block
  * merge below (the same bits), with no workspace round trip, fence or counter. Else grid
@@ -509,9 +523,10 @@ static int att_per_sm(void) {
         (void)cudaGetLastError();
         per = 1;
     }
-    if (cudaFuncSetAttribute(attention_kernel<L, VEC, GB, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-        cudaSuccess)
-        (void)cudaGetLastError(); /* then clusters past 8 fail to launch: att_cluster_max says 8 */
+    if constexpr (GB == 1)
+        if (cudaFuncSetAttribute(attention_kernel<L, VEC, 1, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess)
+            (void)cudaGetLastError(); /* then att_clusters finds no room for clusters past 8 */
     return per;
 }
 
@@ -534,23 +549,32 @@ static void att_tuning_l(msm_cuda_tuning *t, int li) {
     t->att_per_sm[li][VEC][3] = att_per_sm_gb<L, VEC, 4>();
 }
 
-/* The largest cluster of split blocks the GPU schedules (16 or 8), asked of the kernel with the
- * most shared memory of the cluster form (L 16, 4 heads a block). */
-static int att_cluster_max(void) {
+/* How many clusters of ns split blocks of attention_kernel<L, VEC, 1, true> the GPU holds at once
+ * (0 if it holds none or the query fails): the cluster form is taken only where a call's clusters
+ * all fit, since a cluster is placed whole inside one GPC and a second wave doubles the kernel (a
+ * Qwen1.5-MoE batch-8 step's 128 clusters of 4 took 30.8 us against 15.8 unclustered, H200,
+ * 2026-12-01). */
+template <int L, bool VEC>
+static int att_clusters(int ns) {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at;
     at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = ATT_MAX_SPLIT, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
-    cfg.gridDim = dim3(ATT_MAX_SPLIT, 1, 1);
+    at.val.clusterDim.x = (unsigned)ns, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)ns, 1, 1);
     cfg.blockDim = dim3(ATT_THREADS);
     cfg.attrs = &at;
     cfg.numAttrs = 1;
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, attention_kernel<16, true, 4, true>, &cfg) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&n, attention_kernel<L, VEC, 1, true>, &cfg) != cudaSuccess) {
         (void)cudaGetLastError();
         n = 0;
     }
-    return n > 0 ? ATT_MAX_SPLIT : 8;
+    return n;
+}
+
+template <int L, bool VEC>
+static void att_cluster_fit(msm_cuda_tuning *t, int li) {
+    for (int ns = 2; ns <= ATT_MAX_SPLIT; ns++) t->att_cluster_fit[li][VEC][ns] = att_clusters<L, VEC>(ns);
 }
 
 /* The occupancy fields of the attention kernels, for msm_cuda_tuning_init. */
@@ -559,7 +583,10 @@ void msm__attention_tuning(msm_cuda_tuning *t) {
     att_tuning_l<8, false>(t, 1), att_tuning_l<8, true>(t, 1);
     att_tuning_l<16, false>(t, 2), att_tuning_l<16, true>(t, 2);
     att_tuning_l<32, false>(t, 3), att_tuning_l<32, true>(t, 3);
-    t->att_cluster_max = att_cluster_max();
+    att_cluster_fit<4, false>(t, 0), att_cluster_fit<4, true>(t, 0);
+    att_cluster_fit<8, false>(t, 1), att_cluster_fit<8, true>(t, 1);
+    att_cluster_fit<16, false>(t, 2), att_cluster_fit<16, true>(t, 2);
+    att_cluster_fit<32, false>(t, 3), att_cluster_fit<32, true>(t, 3);
 }
 
 template <int L, bool VEC, int GB>
@@ -584,13 +611,17 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
     unsigned *ctr = (unsigned *)ws;
     float *part = ws ? (float *)((char *)ws + ATT_PART_OFF) : NULL;
     bool early = (ex.decode && ex.tune->att_early) || rp.rot > 0; /* RoPE here: decode only (the caller) */
-    if (ns > 1 && ex.tune->att_cluster && ns <= ex.tune->att_cluster_max) {
-        /* the splits of a (token, head group) as one cluster: the same splits, the same bits */
-        dim3 grid((unsigned)ns, (unsigned)(nh / GB), (unsigned)T);
-        CUDA_TRY(msm_launch_cluster(attention_kernel<L, VEC, GB, true>, grid, dim3(ATT_THREADS), 0, (unsigned)ns, ex,
-                                    out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr,
-                                    part, early, rp));
-        return 0;
+    if constexpr (GB == 1) {
+        /* the splits of a (token, head) as one cluster, where all the clusters fit at once: the
+         * same splits, the same bits */
+        int li = L <= 4 ? 0 : L <= 8 ? 1 : L <= 16 ? 2 : 3;
+        if (ns > 1 && ex.tune->att_cluster && pairs <= ex.tune->att_cluster_fit[li][VEC][ns]) {
+            dim3 grid((unsigned)ns, (unsigned)nh, (unsigned)T);
+            CUDA_TRY(msm_launch_cluster(attention_kernel<L, VEC, 1, true>, grid, dim3(ATT_THREADS), 0, (unsigned)ns, ex,
+                                        out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale,
+                                        ctr, part, early, rp));
+            return 0;
+        }
     }
     dim3 grid((unsigned)(nh / GB), (unsigned)T, (unsigned)ns);
     CUDA_TRY(msm_launch(attention_kernel<L, VEC, GB, false>, grid, dim3(ATT_THREADS), 0, ex, out, q, q_ld,

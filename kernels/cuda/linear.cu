@@ -431,12 +431,14 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
  * Block = 8 warps x 16 rows (two n8 tiles a warp), one K slice; a cluster of S blocks (S K slices
  * of the same 128 rows) sums its partials through distributed shared memory in rank order (fixed,
  * deterministic), each block writing 1/S of the outputs. No workspace, one launch. */
+/* 32-wide K chunks whose weight loads a warp has in flight at once (8 measured slower on the H200,
+ * 2026-12-01, ms a step: Qwen1.5-MoE batch 8 4.95 vs 4.86, Qwen3-30B-A3B 9.85 vs 9.63;
+ * bench/results/2026-12-01-h200-mega run 2) */
+#define MMV_U 4
 /* W warps a block (tuning mmv_warps: 8, or 4 for twice the blocks on narrow weights); each warp's
- * 16 rows and the cluster's rank-order sum are the same either way, so are the bits. MMV_U: 32-wide
- * K chunks whose weight loads a warp has in flight at once (tuning mmv_u, 4 or 8); the MMAs run in
- * chunk order either way (the same bits). */
+ * 16 rows and the cluster's rank-order sum are the same either way, so are the bits. */
 
-template <int MT, int S, int W, int MMV_U>
+template <int MT, int S, int W>
 static __global__ void __launch_bounds__(W * 32)
     mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                int K) {
@@ -543,10 +545,7 @@ template <int MT, int S, int W>
 static cudaError_t mmv_launch_s(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
                          int N, int K, msm_cuda_exec ex) {
     dim3 grid((unsigned)S, (unsigned)((N + W * 16 - 1) / (W * 16)));
-    if (ex.tune->mmv_u == 8)
-        return msm_launch_cluster(mmv_kernel<MT, S, W, 8>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T,
-                                  N, K);
-    return msm_launch_cluster(mmv_kernel<MT, S, W, 4>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T, N, K);
+    return msm_launch_cluster(mmv_kernel<MT, S, W>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T, N, K);
 }
 
 template <int MT, int W>
@@ -583,10 +582,7 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
      * second, partial wave costs a whole one: the FP8 MMV8 of a 5120-row weight took 320 blocks at S = 8
      * on the 264 slots of two blocks an SM), each slice at least 4 chunks of 32 */
     int rb = (N + W * 16 - 1) / (W * 16), nch = K / 32, S = 1;
-    bool u8 = ex.tune->mmv_u == 8;
-    int slots = ex.tune->mmv_slots > 0 ? ex.tune->mmv_slots
-                : W == 4               ? (u8 ? ex.tune->mmv4u8_per_sm : ex.tune->mmv4_per_sm)
-                                       : (u8 ? ex.tune->mmvu8_per_sm : ex.tune->mmv_per_sm);
+    int slots = ex.tune->mmv_slots > 0 ? ex.tune->mmv_slots : W == 4 ? ex.tune->mmv4_per_sm : ex.tune->mmv_per_sm;
     while (S < 8 && rb * S * 2 <= slots * sms && nch / (2 * S) >= 4) S *= 2;
     CUDA_TRY(W == 4 ? mmv_go<4>(y, x, w, bias, T, N, K, S, ex) : mmv_go<8>(y, x, w, bias, T, N, K, S, ex));
     CUDA_LAUNCH_CHECK();
@@ -607,10 +603,8 @@ static int per_sm(K kern, int threads, size_t smem) {
 /* The occupancy fields of the MMV kernels, for msm_cuda_tuning_init (decode's MMV range is one
  * 16-token tile). */
 void msm__linear_tuning(msm_cuda_tuning *t) {
-    t->mmv_per_sm = per_sm(mmv_kernel<1, 8, 8, 4>, 8 * 32, 0);
-    t->mmv4_per_sm = per_sm(mmv_kernel<1, 8, 4, 4>, 4 * 32, 0);
-    t->mmvu8_per_sm = per_sm(mmv_kernel<1, 8, 8, 8>, 8 * 32, 0);
-    t->mmv4u8_per_sm = per_sm(mmv_kernel<1, 8, 4, 8>, 4 * 32, 0);
+    t->mmv_per_sm = per_sm(mmv_kernel<1, 8, 8>, 8 * 32, 0);
+    t->mmv4_per_sm = per_sm(mmv_kernel<1, 8, 4>, 4 * 32, 0);
     msm__linear_fp8_tuning(t);
 }
 

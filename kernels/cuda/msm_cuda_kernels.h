@@ -128,9 +128,6 @@ typedef struct msm_cuda_tuning {
     int mmv_warps;            /* the MMV's warps a block, 4 (default: twice the blocks for narrow
                                  weights) or 8 (MSM_CUDA_MMV_WARPS); the same bits either way */
     int mmv4_per_sm;          /* ... resident blocks at 4 warps */
-    int mmv_u;                /* the MMV's 32-wide K chunks of weight loads in flight a warp, 4 or 8
-                                 (MSM_CUDA_MMV_U); the same bits either way */
-    int mmvu8_per_sm, mmv4u8_per_sm; /* ... resident blocks at 8 and 4 warps with 8 chunks */
     bool linear_norm_fused;   /* LINEAR_ADD_RMSNORM: the GEMV's last block does the add + norm
                                  (msm_cuda_linear_add_rmsnorm; MSM_CUDA_LINEAR_NORM=1); off: the two
                                  kernels. Off by default: checked bitwise on the H200 but no faster
@@ -148,15 +145,21 @@ typedef struct msm_cuda_tuning {
                                  has this many blocks an SM (MSM_CUDA_ROUTER_CHUNK_PER_SM; 0: 2) */
     int att_mma_min_blocks;   /* AUTO takes it once its (token, kv head) blocks reach this (0: sms / 4
                                  with 4 or more query heads a kv head, else 4 * sms) */
-    bool att_cluster;         /* the SIMT attention's context splits of a (token, head group) are one
+    bool att_cluster;         /* the SIMT attention's context splits of a (token, head) are one
                                  thread-block cluster merged through distributed shared memory (else
-                                 the last block merges through the workspace; the same bits), while
-                                 the splits are at most att_cluster_max (MSM_CUDA_ATT_CLUSTER) */
-    int att_cluster_max;      /* the largest such cluster the GPU schedules (16, else 8) */
+                                 the last block merges through the workspace; the same bits), where
+                                 all of a call's clusters fit the GPU at once (MSM_CUDA_ATT_CLUSTER) */
+    int att_cluster_fit[4][2][17]; /* clusters of ns split blocks the GPU holds at once, per sub-group
+                                      width (as att_per_sm) and vec, ns 2..16 (0: none) */
     bool att_early;           /* decode steps (msm_cuda_exec.decode): the SIMT attention loads its first
                                  K/V rows before its PDL wait (MSM_CUDA_ATT_EARLY) */
     bool att_rope;            /* decode steps: a ROPE_KV_WRITE and the ATTENTION reading it in one
-                                 kernel (msm_cuda_attention_rope; MSM_CUDA_ATT_ROPE) */
+                                 kernel (msm_cuda_attention_rope; MSM_CUDA_ATT_ROPE=1). Off by
+                                 default: measured slower (H200, 2026-12-01, ms a step, fused vs two
+                                 kernels: Qwen1.5-MoE batch 1 2.08 vs 2.02, 8 5.14 vs 5.04;
+                                 Qwen3-30B-A3B 1 3.58 vs 3.53): the small RoPE kernel is where the
+                                 attention's blocks become resident and load their first K/V rows,
+                                 and without it they wait for the qkv GEMV's blocks to leave */
 } msm_cuda_tuning;
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the

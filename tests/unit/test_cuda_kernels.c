@@ -48,12 +48,12 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_LINEAR", "MSM_CUDA_MOE_PATH", "MSM_CUDA_MOE_KERNELS", "MSM_CUDA_AR",
                                  "MSM_CUDA_FP8_MMA_MIN_T", "MSM_CUDA_ATT_MMA", "MSM_CUDA_ATT_MMA_MIN_BLOCKS",
                                  "MSM_CUDA_ROUTER_CHUNK_PER_SM", "MSM_CUDA_ATT_CLUSTER", "MSM_CUDA_ATT_EARLY",
-                                 "MSM_CUDA_ATT_ROPE", "MSM_CUDA_MMV_U"};
+                                 "MSM_CUDA_ATT_ROPE"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
-    t.att_cluster = t.att_early = t.att_rope = true, t.mmv_u = 8;
+    t.att_cluster = t.att_early = t.att_rope = true;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -66,10 +66,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ATT_MMA", "5", 1), setenv("MSM_CUDA_ATT_MMA_MIN_BLOCKS", "-3", 1);
     setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1);
     setenv("MSM_CUDA_ATT_CLUSTER", "0", 1), setenv("MSM_CUDA_ATT_EARLY", "0", 1), setenv("MSM_CUDA_ATT_ROPE", "0", 1);
-    setenv("MSM_CUDA_MMV_U", "4", 1);
     msm_cuda_tuning_from_env(&t);
     cr_expect(!t.att_cluster && !t.att_early && !t.att_rope);
-    cr_expect_eq(t.mmv_u, 4);
     cr_expect(!t.pdl && t.gemv_prefetch);
     cr_expect_eq(t.mmv_max_t, 64, "clamped to 64");
     cr_expect_eq(t.mmv_slots, 3);
@@ -474,15 +472,6 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
             down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
             cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "mmv 4 vs 8 warps: T=%d N=%d K=%d slots %d", T, N, K,
                       slots);
-            /* 4 or 8 K chunks of loads in flight a warp (MSM_CUDA_MMV_U): the same bits */
-            msm_cuda_tuning c = b;
-            c.mmv_u = b.mmv_u == 8 ? 4 : 8;
-            CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&c)));
-            down(o1, d2, (size_t)T * N * 4);
-            CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&b)));
-            down(o2, d2, (size_t)T * N * 4);
-            cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "mmv 4 vs 8 chunks in flight: T=%d N=%d K=%d slots %d", T,
-                      N, K, slots);
         }
         cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw);
         free(x), free(wf), free(wb), free(o1), free(o2);

@@ -50,19 +50,46 @@ r2)
     el kernels | tee -a $OUT/gpu.txt
     timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -25 > $OUT/kernels.txt
     el bench | tee -a $OUT/gpu.txt
+    OLD="MSM_CUDA_ATT_ROPE=0 MSM_CUDA_ATT_CLUSTER=0 MSM_CUDA_ATT_EARLY=0"
     for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do
-        b $p 1,8,32 att --
-        b $p 1,8,32 att MSM_CUDA_ATT_ROPE=0 --
-        b $p 1,8,32 att MSM_CUDA_ATT_ROPE=0 MSM_CUDA_ATT_CLUSTER=0 --
-        b $p 1,8,32 att MSM_CUDA_ATT_ROPE=0 MSM_CUDA_ATT_EARLY=0 --
-        b $p 1,8,32 att MSM_CUDA_ATT_ROPE=0 MSM_CUDA_ATT_CLUSTER=0 MSM_CUDA_ATT_EARLY=0 --
-        b $p 1,8,32 att --
+        b $p 1,8,32 ab --
+        b $p 1,8,32 ab MSM_CUDA_ATT_ROPE=0 --
+        b $p 1,8,32 ab $OLD --
+        b $p 1,8,32 ab MSM_CUDA_MMV_U=4 --
+        b $p 1,8,32 ab $OLD MSM_CUDA_MMV_U=4 --
+        b $p 1,8,32 ab --
+        b $p 12,16,24,32 mmv --
+        b $p 12,16,24,32 mmv MSM_CUDA_MMV_MAX_T=64 --
+        b $p 12,16,24,32 mmv MSM_CUDA_MMV_MAX_T=64 MSM_CUDA_MMV_U=4 --
     done
     el check | tee -a $OUT/gpu.txt
     CHECK_MODELS=qwen2moe-gqa,qwen3moe,glm4moe,mixtral timeout 220 python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el profile | tee -a $OUT/gpu.txt
     prof qwen1.5-moe-a2.7b 1 100
-    prof qwen1.5-moe-a2.7b 32 $(left)
+    prof qwen1.5-moe-a2.7b 8 $(left)
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r3)
+    { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -25 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do
+        b $p 1,2,4,8,16,32 ab --
+        b $p 1,2,4,8,16,32 ab MSM_CUDA_ATT_EARLY=0 --
+        b $p 1,2,4,8,16,32 ab MSM_CUDA_ATT_CLUSTER=0 --
+        b $p 1,2,4,8,16,32 ab MSM_CUDA_ATT_CLUSTER=0 MSM_CUDA_ATT_EARLY=0 --
+        b $p 1,2,4,8,16,32 ab --
+    done
+    for p in qwen3-30b-a3b-fp8 glm-4.5-air-fp8; do
+        b $p 1,8,32 fp8 --
+        b $p 1,8,32 fp8 MSM_CUDA_ATT_CLUSTER=0 MSM_CUDA_ATT_EARLY=0 --
+    done
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,qwen3moe,glm4moe-fp8 timeout 200 python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el profile | tee -a $OUT/gpu.txt
+    prof qwen1.5-moe-a2.7b 8 80
+    prof qwen3-30b-a3b 1 $(left)
     el done | tee -a $OUT/gpu.txt
     ;;
 esac
