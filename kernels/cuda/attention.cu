@@ -549,11 +549,13 @@ static void att_tuning_l(msm_cuda_tuning *t, int li) {
     t->att_per_sm[li][VEC][3] = att_per_sm_gb<L, VEC, 4>();
 }
 
-/* How many clusters of ns split blocks of attention_kernel<L, VEC, 1, true> the GPU holds at once
- * (0 if it holds none or the query fails): the cluster form is taken only where a call's clusters
- * all fit, since a cluster is placed whole inside one GPC and a second wave doubles the kernel (a
- * Qwen1.5-MoE batch-8 step's 128 clusters of 4 took 30.8 us against 15.8 unclustered, H200,
- * 2026-12-01). */
+/* How many clusters of ns split blocks of attention_kernel<L, VEC, 1, true> an idle GPU holds at
+ * once (0 if it holds none or the query fails). A cluster is placed whole inside one GPC, so
+ * clusters that do not all fit run in a second wave, which doubles the kernel (a Qwen1.5-MoE
+ * batch-8 step's 128 clusters of 4 took 30.8 us a layer against 15.8 unclustered; H200,
+ * 2026-12-01, bench/results/2026-12-01-h200-mega run 2), and under programmatic dependent launch
+ * the kernel before still holds slots when they are placed: att_launch takes the cluster form
+ * only for at most half of this. */
 template <int L, bool VEC>
 static int att_clusters(int ns) {
     cudaLaunchConfig_t cfg = {};
@@ -612,10 +614,10 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
     float *part = ws ? (float *)((char *)ws + ATT_PART_OFF) : NULL;
     bool early = (ex.decode && ex.tune->att_early) || rp.rot > 0; /* RoPE here: decode only (the caller) */
     if constexpr (GB == 1) {
-        /* the splits of a (token, head) as one cluster, where all the clusters fit at once: the
-         * same splits, the same bits */
+        /* the splits of a (token, head) as one cluster, where the clusters take at most half of
+         * what the GPU holds (att_clusters): the same splits, the same bits */
         int li = L <= 4 ? 0 : L <= 8 ? 1 : L <= 16 ? 2 : 3;
-        if (ns > 1 && ex.tune->att_cluster && pairs <= ex.tune->att_cluster_fit[li][VEC][ns]) {
+        if (ns > 1 && ex.tune->att_cluster && 2 * pairs <= ex.tune->att_cluster_fit[li][VEC][ns]) {
             dim3 grid((unsigned)ns, (unsigned)nh, (unsigned)T);
             CUDA_TRY(msm_launch_cluster(attention_kernel<L, VEC, 1, true>, grid, dim3(ATT_THREADS), 0, (unsigned)ns, ex,
                                         out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale,

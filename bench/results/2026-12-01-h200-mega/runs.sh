@@ -92,4 +92,19 @@ r3)
     prof qwen3-30b-a3b 1 $(left)
     el done | tee -a $OUT/gpu.txt
     ;;
+r4)
+    { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -25 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    b qwen1.5-moe-a2.7b 1,8,32,128,256 final --
+    b qwen3-30b-a3b 1,8,32,128,256 final --
+    b qwen3-30b-a3b-fp8 1,8,32,128,256 final --
+    b qwen3-30b-a3b-fp8 128,256 final MSM_CUDA_MOE_FP8_TILED=0 --
+    b glm-4.5-air-fp8 1,8,32,128,256 final --
+    b glm-4.5-air-fp8 128,256 final MSM_CUDA_MOE_FP8_TILED=0 --
+    el check | tee -a $OUT/gpu.txt
+    timeout $(left 560) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
