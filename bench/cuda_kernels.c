@@ -339,7 +339,8 @@ int main(int argc, char **argv) {
                     cudaFree(ws), cudaFree(dq);
                 }
         /* experts: Qwen3-30B-A3B (E 128, k 8, I 768, H 2048), 16 routing sets; FP8 (pair GEMVs to 4
-         * tokens, grouped SIMT GEMVs to fp8_native_max_t), FP8 dequantised, bf16 default */
+         * tokens, grouped GEMVs to fp8_native_max_t, the FP8 tiled GEMMs past it), FP8 dequantised
+         * (the FP8 tiled GEMMs off), bf16 default, and the FP8 tiled GEMMs at 16..64 tokens */
         int E = 128, k = 8, I = 768, H = 2048, NSET = 16;
         size_t gun = (size_t)E * 2 * I * H, dnn = (size_t)E * H * I;
         size_t gus = msm_cuda_fp8_scales(E, 2 * I, H, 0), dns = msm_cuda_fp8_scales(E, H, I, 0);
@@ -352,13 +353,14 @@ int main(int argc, char **argv) {
         msm_cuda_fp8w fgu = {(const uint8_t *)gu, gsc, 0}, fdn = {(const uint8_t *)dn, dnsc, 0};
         size_t dqb = msm_cuda_moe_fp8_deq_bytes(H, I, E);
         void *dq = dev(dqb);
-        static const int mts[] = {1, 2, 4, 8, 16, 32, 64, 128};
+        static const int mts[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
         for (size_t ti = 0; ti < sizeof mts / sizeof *mts; ti++)
-            for (int v = 0; v < 5; v++) { /* FP8, FP8 dequantised, bf16, FP8 grouped MMA, FP8 grouped SIMT */
+            for (int v = 0; v < 6; v++) { /* FP8, FP8 dequantised, bf16, FP8 grouped MMA, FP8 grouped SIMT, FP8 tiled */
                 int T = mts[ti];
-                if ((v == 3 && T > 4) || (v == 4 && T <= 4)) continue;
+                if ((v == 3 && T > 4) || (v == 4 && (T <= 4 || T > 64)) || (v == 5 && (T < 16 || T > 64))) continue;
                 msm_cuda_tuning tm = tune0;
-                if (v == 1) tm.fp8_native_max_t = 0;
+                if (v == 1) tm.fp8_native_max_t = 0, tm.fp8_moe_tiled = false;
+                if (v == 5) tm.fp8_native_max_t = 0;
                 if (v == 3) tm.moe_path = MSM_CUDA_MOE_PATH_GROUPED_GEMV;
                 if (v == 4) tm.moe_kernels = MSM_CUDA_MOE_K_SIMT;
                 msm_cuda_exec exm = {.stream = st, .tune = &tm};
@@ -386,7 +388,7 @@ int main(int argc, char **argv) {
                 double t = median(times, BENCH_REPS), uniq = uniq_sum / NSET;
                 double per_expert = v == 2 ? 3.0 * I * H * 2 : 3.0 * I * H * (1.0 + 4.0 / 128);
                 double bytes = uniq * per_expert + (double)T * H * 8, gbs = bytes / (t * 1e6);
-                static const char *vn[] = {"FP8", "FP8 deq", "bf16", "FP8 grouped", "FP8 simt"};
+                static const char *vn[] = {"FP8", "FP8 deq", "bf16", "FP8 grouped", "FP8 simt", "FP8 tiled"};
                 len += snprintf(buf + len, sizeof buf - len,
                                 "| moe_experts %s | T=%d E=128 k=8 I=768 H=2048 (%.1f distinct experts) | %.4f | %.1f MB "
                                 "| %.0f | %.0f%% |\n", vn[v], T, uniq, t, bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);

@@ -1093,6 +1093,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_NATIVE_MAX_T=N         FP8-resident weights take the FP8 GEMVs up to N tokens
  *   MSM_CUDA_FP8_LINEAR=mma|simt|simt_hw the FP8 linear kernel (tensor cores; SIMT GEMV, integer or hardware decode)
  *   MSM_CUDA_FP8_MMA_MIN_T=N            ... mma: the SIMT GEMV below N tokens
+ *   MSM_CUDA_FP8_MOE_TILED=0            FP8 experts past FP8_NATIVE_MAX_T dequantised to bf16 (not the FP8 tiled GEMMs)
  *   MSM_CUDA_MMV_SLOTS=N                the MMV and MMV8 grids fill at most N blocks an SM (K slices)
  *   MSM_CUDA_MMV_WARPS=4|8              the MMV's warps a block (default 4: 64 rows; 8: 128 rows)
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
@@ -1129,6 +1130,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_FP8_RESIDENT"))) t->fp8_resident = s[0] != '0';
     if (env_int("MSM_CUDA_FP8_NATIVE_MAX_T", &v)) t->fp8_native_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_FP8_MMA_MIN_T", &v)) t->fp8_mma_min_t = v < 1 ? 1 : v;
+    if ((s = getenv("MSM_CUDA_FP8_MOE_TILED"))) t->fp8_moe_tiled = s[0] != '0';
     if (env_int("MSM_CUDA_MMV_SLOTS", &v)) t->mmv_slots = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_WARPS", &v)) t->mmv_warps = v == 4 ? 4 : 8;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;

@@ -14,6 +14,12 @@
  * tokens, the down kernel writing one f32 row per pair; a combine kernel here sums the k rows of
  * each token with its weights in slot order.
  *
+ * FP8-resident experts (msm_cuda_moe_experts_fp8, docs/adr/0006-fp8.md) take the FP8 pair and
+ * grouped GEMVs up to fp8_native_max_t tokens, then the FP8 tiled GEMMs (moe_tiled.cu: the codes
+ * stream from HBM once and are decoded in shared memory) up to MSM_CUDA_MOE_TILED_MAX_T; only
+ * beyond that, for column phases that are not multiples of 64, or with fp8_moe_tiled off are the
+ * selected experts dequantised to bf16 for the bf16 paths.
+ *
  * Rows are computed independently of their position inside a group, so results are
  * deterministic even though the grouping uses atomics. */
 #include "moe_internal.h"
@@ -201,20 +207,28 @@ extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t 
     bool native = T <= tn->fp8_native_max_t && H % 16 == 0 && I % 16 == 0 && gu.phase % 16 == 0 &&
                   dn.phase % 16 == 0 && aligned16(x) && aligned16(gu.q) && aligned16(dn.q) &&
                   forced != MSM_CUDA_MOE_PATH_TILED && forced != MSM_CUDA_MOE_PATH_WMMA;
-    if (native) {
+    /* past the FP8 GEMVs (or forced tiled), up to MSM_CUDA_MOE_TILED_MAX_T tokens: the tiled GEMMs
+     * on the codes, unless switched off (fp8_moe_tiled) or the shapes / phases do not allow them */
+    bool tiled = !native && tn->fp8_moe_tiled &&
+                 (forced == MSM_CUDA_MOE_PATH_AUTO || forced == MSM_CUDA_MOE_PATH_TILED) &&
+                 T <= MSM_CUDA_MOE_TILED_MAX_T && msm__moe_tiled_fp8_fits(H, I, gu, dn);
+    if (native || tiled) {
         moe_ws ws;
         moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);
-        bool pair = forced == MSM_CUDA_MOE_PATH_PAIR || (forced == MSM_CUDA_MOE_PATH_AUTO && T <= MSM_CUDA_MOE_GEMV_MAX_T);
+        bool pair = native && (forced == MSM_CUDA_MOE_PATH_PAIR ||
+                               (forced == MSM_CUDA_MOE_PATH_AUTO && T <= MSM_CUDA_MOE_GEMV_MAX_T));
         if (pair)
             return msm__moe_pair_run(y, x, ids, w, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase,
                                      (float *)ws.act, T, H, I, k, E, true, true, ex);
         CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
-        int r = msm__moe_grouped_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex);
+        int r = tiled ? msm__moe_tiled_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex)
+                      : msm__moe_grouped_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex);
         if (r) return r;
         CUDA_TRY(combine_launch(y, ws, w, T, H, k, ex));
         return 0;
     }
-    /* the selected experts dequantised to bf16, then the bf16 paths */
+    /* the selected experts dequantised to bf16, then the bf16 paths (WMMA past
+     * MSM_CUDA_MOE_TILED_MAX_T, phases that are not multiples of 64, fp8_moe_tiled off) */
     if (!deq || (uintptr_t)deq % 256 || deq_bytes < msm_cuda_moe_fp8_deq_bytes(H, I, E)) return -EINVAL;
     uint16_t *gb = (uint16_t *)deq;
     uint16_t *db = (uint16_t *)((char *)deq + round_up((size_t)E * 2 * I * H * 2, 256));

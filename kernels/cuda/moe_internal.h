@@ -3,7 +3,8 @@
  * by expert when the path needs it and calls one path's runner:
  *   moe_pair.cu     small T: per-(token, slot) fp32 GEMVs
  *   moe_grouped.cu  medium T: grouped GEMVs, fp32 SIMT or tensor-core (bf16 hi + lo x)
- *   moe_tiled.cu    large decode batches: tiled tensor-core GEMMs through shared memory
+ *   moe_tiled.cu    large decode batches: tiled tensor-core GEMMs through shared memory (bf16
+ *                   weights, or FP8 codes decoded in shared memory)
  *   moe_gemm.cu     prefill-sized T: grouped WMMA GEMMs (bf16 x and activations)
  * See moe.cu for the whole design. */
 #ifndef MSM_MOE_INTERNAL_H
@@ -61,5 +62,12 @@ int msm__moe_gemm_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
 bool msm__moe_tiled_fits(int H, int I);
 int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
                        const uint16_t *down, int T, int H, int I, int k, int E, msm_cuda_exec ex);
+
+/* Large decode batches with FP8-resident weights (moe_tiled.cu): the tiled GEMMs on the codes, never
+ * dequantised. Fits where the bf16 ones do and both column phases are multiples of 64 (a 64-wide K
+ * step then has one scale per row), with 16-byte aligned codes. */
+bool msm__moe_tiled_fp8_fits(int H, int I, msm_cuda_fp8w gu, msm_cuda_fp8w dn);
+int msm__moe_tiled_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int T, int H,
+                           int I, int k, int E, msm_cuda_exec ex);
 
 #endif

@@ -22,7 +22,23 @@
  *      hi + lo (act [P, I] each) for the down GEMM, whose B operand it is; down writes one f32
  *      row per pair (outp), which moe.cu's combine kernel sums in slot order.
  * An expert with more than 64 tokens takes several passes (the weights streamed again). Results
- * are deterministic: each output is one thread's fixed sequence of MMAs. */
+ * are deterministic: each output is one thread's fixed sequence of MMAs.
+ *
+ * FP8-resident experts (docs/adr/0006-fp8.md) past fp8_native_max_t tokens run the same kernels
+ * on their e4m3 codes (moe_*_tiled_fp8_kernel), instead of dequantising every selected expert to
+ * a bf16 buffer each step, which cost more than the GEMMs at 128-256 tokens (3 bytes a code of
+ * extra traffic; GLM-4.5-Air-FP8 decode at batch 128 ran at 23% of HBM bandwidth, H200):
+ *   5. the 128 x 64 code tile of a K step (8 KB, one byte a weight) comes through the same
+ *      cp.async pipeline, TF_STAGES = 4 steps deep (96 KB with the x tiles: two blocks an SM);
+ *      each warp turns its 16 rows into bf16 A fragments by bit placement (f32(q) * 2^-120,
+ *      exactly, as the FP8 tensor-core GEMVs), x and the activations are split as x * 2^100;
+ *   6. a step's MMAs go into fresh step accumulators, added times the rows' scales (one per row
+ *      for a 64-wide step when the column phase is a multiple of 64; other phases keep the
+ *      dequantising path), so the weights met are f32(q) * scale as in the FP8 GEMVs: their
+ *      oracle is the CPU on the float32 weights, not bf16-rounded ones.
+ * Registers (ptxas, sm_90a, -O3): 128 a thread, no spills, for both FP8 kernels at two blocks an SM
+ * (166-168 uncapped); the bf16 kernels 80. Not yet run on a GPU: the speed-up over dequantising
+ * is predicted (the codes are read once, 1 byte a weight, against 1 + 2 + 2 bytes), not measured. */
 #include "moe_internal.h"
 
 #include <errno.h>
@@ -41,10 +57,11 @@ static_assert(TL_BM == 64 && TL_BK == 64, "the copy and fragment loops assume 64
 
 /* ---- x in grouped order as bf16 hi + lo ---- */
 
-/* xh[r,:] = bf16(x[t,:]), xl[r,:] = bf16(x[t,:] - xh[r,:]) with t = perm[r] / k, for the grouped
- * rows r < expert_off[E]. One block per row (grid-stride). */
+/* xh[r,:] = bf16(x[t,:] * xs), xl[r,:] = bf16(x[t,:] * xs - xh[r,:]) with t = perm[r] / k, for the
+ * grouped rows r < expert_off[E]; xs = 1 (bf16 weights) or 2^100 (FP8 codes, decoded as
+ * f32(q) * 2^-120; exact scaling). One block per row (grid-stride). */
 static __global__ void moe_split_x_kernel(moe_ws ws, uint16_t *xh, uint16_t *xl, const float *x,
-                                          int P, int H, int k, int E) {
+                                          float xs, int P, int H, int k, int E) {
     msm_pdl_trigger();
     msm_pdl_wait();
     int rows = ws.expert_off[E];
@@ -52,7 +69,7 @@ static __global__ void moe_split_x_kernel(moe_ws ws, uint16_t *xh, uint16_t *xl,
         const float *src = x + (size_t)(ws.perm[r] / k) * H;
         for (int h = threadIdx.x * 2; h < H; h += blockDim.x * 2) {
             uint32_t hi, lo;
-            msm_split_bf16x2(src[h], src[h + 1], hi, lo);
+            msm_split_bf16x2(src[h] * xs, src[h + 1] * xs, hi, lo);
             *(uint32_t *)(xh + (size_t)r * H + h) = hi;
             *(uint32_t *)(xl + (size_t)r * H + h) = lo;
         }
@@ -189,30 +206,218 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     }
 }
 
+/* ---- FP8-resident experts (docs/adr/0006-fp8.md) ----
+ * The same blocks, passes and epilogues on the e4m3 codes: a K step's weight tile is 128 rows x 64
+ * codes (8 KB, half the bf16 tile), copied with cp.async like the x tiles, TF_STAGES steps in
+ * flight; msm_tile_mma_fp8_k64 decodes the codes to bf16 from shared memory, runs the step's MMAs
+ * into step accumulators and adds them times the rows' scales. x and the activations are
+ * bf16 hi + lo of x * 2^100 (the decode's 2^-120 and the scales' 2^20 cancel it). A 64-wide step
+ * has one scale per row when the column phase is a multiple of 64 (msm__moe_tiled_fp8_fits). */
+#define TF_STAGES 4
+#define TF_W_BYTES (TL_ROWS * TL_BK)                 /* 8 KB: [128][64] codes, plain 64-byte rows */
+#define TF_STAGE_BYTES (TF_W_BYTES + 2 * TL_X_BYTES) /* 24 KB */
+#define TF_SMEM (TF_STAGES * TF_STAGE_BYTES)         /* 96 KB: two blocks an SM, as the bf16 kernels */
+
+static_assert(TF_SMEM <= TL_SMEM, "the FP8 kernels hold two blocks an SM like the bf16 ones");
+
+/* tl_gemm on codes: acc[t] = sum over the K steps of scale(step) * (W codes . B) for this warp's 16
+ * rows; w_row(r) as in tl_gemm (codes, K bytes a row); sa / sb: the scale rows ([ceil((K + ph) /
+ * 128)] floats) of this thread's C rows warp*16 + g and + 8, the step at column k0 taking
+ * scale[(k0 + ph) / 128]. xh / xl: x * 2^100 as bf16 hi / lo (rows as in tl_gemm). K % 64 == 0,
+ * ph % 64 == 0. The caller syncs before reusing the shared memory. */
+template <typename RowFn>
+static __device__ __forceinline__ void tf_gemm(float acc[8][4], unsigned char *smem, RowFn w_row, const float *sa,
+                                               const float *sb, int ph, const uint16_t *xh, const uint16_t *xl,
+                                               int rb, int r1, int ntile, int K) {
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[t][i] = 0.0f;
+    int nk = K / TL_BK, xrows = ntile * 8;
+    /* this thread's copies: 2 weight chunks (rows tid/4 + 64j, bytes 16 * (tid%4)) and up to 4 x chunks */
+    const uint8_t *wsrc[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) wsrc[j] = w_row(tid / 4 + 64 * j) + (tid % 4) * 16;
+    uint32_t base = msm_smem_addr(smem);
+    auto load = [&](int stage, int kc) {
+        uint32_t st = base + stage * TF_STAGE_BYTES;
+        size_t k0 = (size_t)kc * TL_BK;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            msm_cp_async16(st + (tid / 4 + 64 * j) * TL_BK + (tid % 4) * 16, wsrc[j] + k0, 16);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int idx = tid + 256 * j, half = idx >> 9, m = (idx >> 3) & 63, c = idx & 7;
+            if (m >= xrows) continue;
+            int rr = rb + m;
+            const uint16_t *src = (half ? xl : xh) + (size_t)(rr < r1 ? rr : rb) * K + k0 + c * 8;
+            msm_cp_async16(st + TF_W_BYTES + half * TL_X_BYTES + msm_swz128(m, c), src, rr < r1 ? 16 : 0);
+        }
+    };
+    auto scale = [&](const float *s, int kc) { return __ldg(s + ((kc * TL_BK + ph) >> 7)) * MSM_FP8_S_SCALE; };
+#pragma unroll
+    for (int s = 0; s < TF_STAGES - 1; s++) {
+        if (s < nk) load(s, s);
+        msm_cp_async_commit();
+    }
+    float s_a = scale(sa, 0), s_b = scale(sb, 0); /* nk >= 1 */
+    for (int kc = 0; kc < nk; kc++) {
+        float ca = s_a, cb = s_b;
+        if (kc + 1 < nk) s_a = scale(sa, kc + 1), s_b = scale(sb, kc + 1); /* the next step's, in flight */
+        msm_cp_async_wait<TF_STAGES - 2>();
+        __syncthreads(); /* step kc landed for every thread; every thread is done with step kc - 1 */
+        int nx = kc + TF_STAGES - 1; /* refills step kc - 1's stage */
+        if (nx < nk) load(nx % TF_STAGES, nx);
+        msm_cp_async_commit();
+        uint32_t st = base + (kc % TF_STAGES) * TF_STAGE_BYTES;
+        msm_tile_mma_fp8_k64(acc, st, st + TF_W_BYTES, st + TF_W_BYTES + TL_X_BYTES, ca, cb, warp, lane, ntile);
+    }
+    msm_cp_async_wait<0>();
+}
+
+/* moe_gateup_tiled_kernel on FP8 codes gate_up [E, 2I, H] with scales gu_sc [E, 2I, ceil((H + ph) /
+ * 128)]; xh / xl are x * 2^100, and act is written as bf16 hi + lo of silu(g) * u * 2^100 (the
+ * down kernel's B operand). */
+static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
+    moe_gateup_tiled_fp8_kernel(moe_ws ws, const uint16_t *xh, const uint16_t *xl, const uint8_t *gate_up,
+                                const float *gu_sc, int ph, uint16_t *ah, uint16_t *al, int H, int I) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    msm_pdl_wait();
+    msm_pdl_trigger();
+    int ncol = (I + 63) / 64, s = blockIdx.x / ncol, i0 = (blockIdx.x % ncol) * 64;
+    if (s >= *ws.n_sel) return;
+    int4 it = ws.items[s];
+    int e = it.x, r0 = it.y, r1 = it.z;
+    const uint8_t *ge = gate_up + (size_t)e * 2 * I * H;
+    const float *se = gu_sc + (size_t)e * msm_cuda_fp8_scales(1, 2 * I, H, ph);
+    auto w_row = [&](int r) {
+        int col = min(i0 + 8 * (r >> 4) + (r & 7), I - 1); /* columns past I: never stored */
+        return ge + (size_t)((r & 8) ? I + col : col) * H;
+    };
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int col = i0 + 8 * warp + g, cc = min(col, I - 1);
+    /* C rows g (the gate row of column col) and g + 8 (its up row) */
+    const float *sg = msm_srow(se, cc, H, ph), *su = msm_srow(se, I + cc, H, ph);
+    for (int rb = r0; rb < r1; rb += TL_BM) {
+        int ntile = min(8, (r1 - rb + 7) >> 3);
+        float acc[8][4];
+        tf_gemm(acc, smem, w_row, sg, su, ph, xh, xl, rb, r1, ntile, H);
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t >= ntile) break;
+            int ra = rb + 8 * t + 2 * q;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                if (ra + j >= r1 || col >= I) continue;
+                float v = msm__silu_mul(acc[t][j], acc[t][2 + j]) * MSM_FP8_X_SCALE;
+                uint16_t hi = msm_f2bf(v), lo = msm_f2bf(v - msm_bf(hi));
+                ah[(size_t)(ra + j) * I + col] = hi;
+                al[(size_t)(ra + j) * I + col] = lo;
+            }
+        }
+        __syncthreads(); /* the next pass refills the shared memory */
+    }
+}
+
+/* moe_down_tiled_kernel on FP8 codes down [E, H, I] with scales dn_sc [E, H, ceil((I + ph) / 128)];
+ * ah / al are the activations * 2^100 (moe_gateup_tiled_fp8_kernel). */
+static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
+    moe_down_tiled_fp8_kernel(moe_ws ws, const uint16_t *ah, const uint16_t *al, const uint8_t *down,
+                              const float *dn_sc, int ph, int H, int I) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    msm_pdl_wait();
+    msm_pdl_trigger();
+    int nrow = (H + TL_ROWS - 1) / TL_ROWS, s = blockIdx.x / nrow, h0 = (blockIdx.x % nrow) * TL_ROWS;
+    if (s >= *ws.n_sel) return;
+    int4 it = ws.items[s];
+    int e = it.x, r0 = it.y, r1 = it.z;
+    const uint8_t *de = down + (size_t)e * H * I;
+    const float *se = dn_sc + (size_t)e * msm_cuda_fp8_scales(1, H, I, ph);
+    auto w_row = [&](int r) { return de + (size_t)min(h0 + r, H - 1) * I; };
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const float *sa = msm_srow(se, min(h0 + warp * 16 + g, H - 1), I, ph);
+    const float *sb = msm_srow(se, min(h0 + warp * 16 + g + 8, H - 1), I, ph);
+    for (int rb = r0; rb < r1; rb += TL_BM) {
+        int ntile = min(8, (r1 - rb + 7) >> 3);
+        float acc[8][4];
+        tf_gemm(acc, smem, w_row, sa, sb, ph, ah, al, rb, r1, ntile, I);
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t >= ntile) break;
+            int ra = rb + 8 * t + 2 * q;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int r = ra + (j & 1), h = h0 + warp * 16 + g + 8 * (j >> 1);
+                if (r < r1 && h < H) ws.outp[(size_t)r * H + h] = acc[t][j];
+            }
+        }
+        __syncthreads();
+    }
+}
+
 /* ---- host side ---- */
 
 bool msm__moe_tiled_fits(int H, int I) { return H % TL_BK == 0 && I % TL_BK == 0 && H % 2 == 0; }
 
+bool msm__moe_tiled_fp8_fits(int H, int I, msm_cuda_fp8w gu, msm_cuda_fp8w dn) {
+    return msm__moe_tiled_fits(H, I) && gu.phase % TL_BK == 0 && dn.phase % TL_BK == 0 &&
+           ((uintptr_t)gu.q | (uintptr_t)dn.q) % 16 == 0; /* cp.async: 16-byte aligned rows */
+}
+
 int msm__moe_tiled_prepare(void) {
     CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM));
     CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM));
+    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TF_SMEM));
+    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TF_SMEM));
+    return 0;
+}
+
+/* What both runners carve and launch: x hi + lo [P, H] in the outp region ([P, H] f32; the down
+ * kernel overwrites it only after its PDL wait, when the gate/up kernel, its only reader, has
+ * completed), act hi + lo [P, I] in the act region, and the grids (a block per selected expert and
+ * 64 columns / 128 rows). */
+typedef struct tiled_plan {
+    uint16_t *xh, *xl, *ah, *al;
+    unsigned split_rows, g1, g2;
+} tiled_plan;
+
+static int tiled_plan_make(const moe_ws &ws, int T, int H, int I, int k, int E, tiled_plan *ret) {
+    size_t P = (size_t)T * k, max_sel = P < (size_t)E ? P : (size_t)E;
+    size_t g1 = max_sel * ((I + 63) / 64), g2 = max_sel * ((H + TL_ROWS - 1) / TL_ROWS);
+    if (g1 > 0x7fffffff || g2 > 0x7fffffff) return -EINVAL;
+    ret->xh = (uint16_t *)ws.outp, ret->xl = ret->xh + P * H;
+    ret->ah = ws.act, ret->al = ws.act + P * I;
+    ret->split_rows = (unsigned)(P < 4096 ? P : 4096);
+    ret->g1 = (unsigned)g1, ret->g2 = (unsigned)g2;
     return 0;
 }
 
 int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
                        const uint16_t *down, int T, int H, int I, int k, int E, msm_cuda_exec ex) {
-    size_t P = (size_t)T * k, max_sel = P < (size_t)E ? P : (size_t)E;
-    /* x hi + lo [P, H] live in the outp region ([P, H] f32): the down kernel overwrites it only
-     * after its PDL wait, when the gate/up kernel (its only reader) has completed */
-    uint16_t *xh = (uint16_t *)ws.outp, *xl = xh + P * H;
-    uint16_t *ah = ws.act, *al = ah + P * I; /* act hi + lo [P, I] in the act region */
-    unsigned rows = (unsigned)(P < 4096 ? P : 4096);
-    CUDA_TRY(msm_launch(moe_split_x_kernel, dim3(rows), dim3(256), 0, ex, ws, xh, xl, x, (int)P, H, k, E));
-    size_t g1 = max_sel * ((I + 63) / 64), g2 = max_sel * ((H + TL_ROWS - 1) / TL_ROWS);
-    if (g1 > 0x7fffffff || g2 > 0x7fffffff) return -EINVAL;
-    CUDA_TRY(msm_launch(moe_gateup_tiled_kernel, dim3((unsigned)g1), dim3(TL_WARPS * 32), TL_SMEM, ex,
-                        ws, xh, xl, gate_up, ah, al, H, I));
-    CUDA_TRY(msm_launch(moe_down_tiled_kernel, dim3((unsigned)g2), dim3(TL_WARPS * 32), TL_SMEM, ex,
-                        ws, ah, al, down, H, I));
+    tiled_plan p;
+    int r = tiled_plan_make(ws, T, H, I, k, E, &p);
+    if (r) return r;
+    CUDA_TRY(msm_launch(moe_split_x_kernel, dim3(p.split_rows), dim3(256), 0, ex, ws, p.xh, p.xl, x, 1.0f,
+                        T * k, H, k, E));
+    CUDA_TRY(msm_launch(moe_gateup_tiled_kernel, dim3(p.g1), dim3(TL_WARPS * 32), TL_SMEM, ex, ws, p.xh, p.xl,
+                        gate_up, p.ah, p.al, H, I));
+    CUDA_TRY(msm_launch(moe_down_tiled_kernel, dim3(p.g2), dim3(TL_WARPS * 32), TL_SMEM, ex, ws, p.ah, p.al, down,
+                        H, I));
+    return 0;
+}
+
+int msm__moe_tiled_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int T, int H,
+                           int I, int k, int E, msm_cuda_exec ex) {
+    if (!msm__moe_tiled_fp8_fits(H, I, gu, dn)) return -EINVAL;
+    tiled_plan p;
+    int r = tiled_plan_make(ws, T, H, I, k, E, &p);
+    if (r) return r;
+    CUDA_TRY(msm_launch(moe_split_x_kernel, dim3(p.split_rows), dim3(256), 0, ex, ws, p.xh, p.xl, x,
+                        MSM_FP8_X_SCALE, T * k, H, k, E));
+    CUDA_TRY(msm_launch(moe_gateup_tiled_fp8_kernel, dim3(p.g1), dim3(TL_WARPS * 32), TF_SMEM, ex, ws, p.xh, p.xl,
+                        gu.q, gu.scale, gu.phase, p.ah, p.al, H, I));
+    CUDA_TRY(msm_launch(moe_down_tiled_fp8_kernel, dim3(p.g2), dim3(TL_WARPS * 32), TF_SMEM, ex, ws, p.ah, p.al,
+                        dn.q, dn.scale, dn.phase, H, I));
     return 0;
 }

@@ -608,6 +608,65 @@ static __device__ __forceinline__ void msm_tile_mma_k64(float acc[8][4], uint32_
     }
 }
 
+/* 16 bytes from shared memory. */
+static __device__ __forceinline__ uint4 msm_lds128(uint32_t addr) {
+    uint4 r;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
+    return r;
+}
+
+/* One 64-wide K step of the FP8 tiled GEMMs (moe_tiled.cu): acc[t] (t < ntile <= 8) += the warp's
+ * 16 code rows . the 8 token rows 8t.. of x hi + lo, times the rows' scales.
+ * w: the 128 x 64 code tile, plain 64-byte rows (lane (g, q) reads bytes 16q..16q+15 of rows
+ * warp*16 + g and + 8: a quarter-warp reads 128 contiguous bytes, no bank conflict); xh / xl: the
+ * token tiles of x * 2^100 as bf16 hi / lo, msm_swz128 layout (lane (g, q) reads chunks 2q and
+ * 2q+1 of row 8t + g: a quarter-warp's 8 reads land in 8 distinct bank groups).
+ * The codes become bf16 f32(q) * 2^-120 by bit placement (msm_fp8x2_bf16x2) and feed four k16 MMAs
+ * under the permutation of linear_fp8.cu / mma_rows_fp8: logical k 2q, 2q+1, 2q+8, 2q+9 of MMA j
+ * are physical 16q + 4j + 0..3, for A (this lane's 32-bit code word j) and for B (bf16 pairs
+ * {4j, 4j+1} and {4j+2, 4j+3} of the lane's 16 x values) alike. Per token tile the MMAs on x hi
+ * and on x lo go into two fresh step accumulators (two chains of 4 instead of one of 8), whose sum
+ * is multiplied by the row's scale (sa: row g, sb: row g + 8, each times 2^20) and added to acc:
+ * the products are the codes' exact values times ~16 mantissa bits of x, and each weight met is
+ * f32(q) * scale, as the FP8 GEMVs. The step lies inside one scale block (64-aligned phase). C
+ * fragment as msm_tile_mma_k64: acc[t][j] = (row warp*16 + g + 8*(j>>1), token 8t + 2q + (j&1)). */
+static __device__ __forceinline__ void msm_tile_mma_fp8_k64(float acc[8][4], uint32_t w, uint32_t xh, uint32_t xl,
+                                                            float sa, float sb, int warp, int lane, int ntile) {
+    const int g = lane >> 2, q = lane & 3;
+    const uint4 va = msm_lds128(w + (warp * 16 + g) * 64 + 16 * q);
+    const uint4 vb = msm_lds128(w + (warp * 16 + g + 8) * 64 + 16 * q);
+    const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
+    uint32_t A[4][4]; /* MMA j's a0..a3: rows g / g+8, codes 4j, 4j+1 (a0, a1) and 4j+2, 4j+3 (a2, a3) */
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        A[j][0] = msm_fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x1404));
+        A[j][1] = msm_fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x1404));
+        A[j][2] = msm_fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x3424));
+        A[j][3] = msm_fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x3424));
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        if (t >= ntile) break;
+        const int row = 8 * t + g;
+        /* x of token row at physical k 16q .. 16q+7 (h0, l0) and 16q+8 .. 16q+15 (h1, l1) */
+        const uint4 h0 = msm_lds128(xh + msm_swz128(row, 2 * q)), h1 = msm_lds128(xh + msm_swz128(row, 2 * q + 1));
+        const uint4 l0 = msm_lds128(xl + msm_swz128(row, 2 * q)), l1 = msm_lds128(xl + msm_swz128(row, 2 * q + 1));
+        float ch[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        msm_mma_bf16(ch, A[0][0], A[0][1], A[0][2], A[0][3], h0.x, h0.y);
+        msm_mma_bf16(cl, A[0][0], A[0][1], A[0][2], A[0][3], l0.x, l0.y);
+        msm_mma_bf16(ch, A[1][0], A[1][1], A[1][2], A[1][3], h0.z, h0.w);
+        msm_mma_bf16(cl, A[1][0], A[1][1], A[1][2], A[1][3], l0.z, l0.w);
+        msm_mma_bf16(ch, A[2][0], A[2][1], A[2][2], A[2][3], h1.x, h1.y);
+        msm_mma_bf16(cl, A[2][0], A[2][1], A[2][2], A[2][3], l1.x, l1.y);
+        msm_mma_bf16(ch, A[3][0], A[3][1], A[3][2], A[3][3], h1.z, h1.w);
+        msm_mma_bf16(cl, A[3][0], A[3][1], A[3][2], A[3][3], l1.z, l1.w);
+        acc[t][0] = fmaf(ch[0] + cl[0], sa, acc[t][0]);
+        acc[t][1] = fmaf(ch[1] + cl[1], sa, acc[t][1]);
+        acc[t][2] = fmaf(ch[2] + cl[2], sb, acc[t][2]);
+        acc[t][3] = fmaf(ch[3] + cl[3], sb, acc[t][3]);
+    }
+}
+
 /* ---- Programmatic dependent launch (Hopper) ----
  * A kernel launched with msm_launch() may be scheduled while the kernel before it in the stream
  * is still running. Such a kernel must call msm_pdl_wait() before it reads anything an earlier

@@ -122,6 +122,10 @@ typedef struct msm_cuda_tuning {
     int fp8_linear;           /* MSM_CUDA_FP8_LINEAR_*: the FP8 linear kernel up to fp8_native_max_t */
     int fp8_mma_min_t;        /* ... MMA: the tensor-core MMV8 from this T on, the SIMT GEMV below
                                  (MSM_CUDA_FP8_MMA_MIN_T) */
+    bool fp8_moe_tiled;       /* FP8-resident experts past fp8_native_max_t, up to
+                                 MSM_CUDA_MOE_TILED_MAX_T tokens: the tiled GEMMs on the codes
+                                 (moe_tiled.cu); off: dequantised to bf16 for the bf16 paths, as
+                                 before (MSM_CUDA_FP8_MOE_TILED=0) */
     int mmv_slots;            /* the MMV's and MMV8's K slices fill at most this many blocks an SM in
                                  one wave (MSM_CUDA_MMV_SLOTS; 0: the kernel's occupancy, below) */
     int mmv_per_sm;           /* resident blocks of the MMV (mmv_kernel<1, 8, 8>) on one SM */
@@ -370,8 +374,11 @@ int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const ui
  * weight's column 0 came from, modulo 128 (a row-parallel TP slice's offset; 0 otherwise).
  * The FP8 GEMVs (T <= msm_cuda_tuning.fp8_native_max_t; the column count and phase multiples of
  * 16) multiply x by that float32 value (no bf16 rounding: the CPU oracle's float32 weights, summed
- * as in msm_rows_dot_fp8); larger T dequantise into a bf16 scratch buffer (msm_cuda_fp8_dequant:
- * exactly the weight a bf16-resident load would hold) and run the bf16 paths. */
+ * as in msm_rows_dot_fp8), and so do the FP8 tiled MoE GEMMs that take the routed experts above
+ * 64 tokens up to MSM_CUDA_MOE_TILED_MAX_T (H, I and both phases multiples of 64; tuning
+ * fp8_moe_tiled). Other large-T calls (dense linears, experts past the tiled range or of other
+ * phases) dequantise into a bf16 scratch buffer (msm_cuda_fp8_dequant: exactly the weight a
+ * bf16-resident load would hold) and run the bf16 paths. */
 #define MSM_CUDA_FP8_BLOCK 128
 /* The FP8 linear kernels: by default the SIMT GEMV up to fp8_mma_min_t - 1 tokens and the
  * tensor-core MMV8 (linear_fp8.cu; SIMT where it does not fit) from there; or for comparison the
@@ -418,9 +425,12 @@ int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, const uint16_
 
 /* msm_cuda_moe_experts with FP8-resident expert weights gate_up [E, 2I, H] and down [E, H, I]. Up
  * to fp8_native_max_t tokens (H, I and the phases % 16 == 0, aligned) the FP8 pair GEMVs
- * (T <= MSM_CUDA_MOE_GEMV_MAX_T) or grouped SIMT GEMVs; otherwise the selected experts are
- * dequantised into deq (msm_cuda_moe_fp8_deq_bytes(H, I, E) bytes, 256-byte aligned) and
- * msm_cuda_moe_experts runs on them. ws as there. */
+ * (T <= MSM_CUDA_MOE_GEMV_MAX_T) or grouped GEMVs (tensor-core, or SIMT); above that up to
+ * MSM_CUDA_MOE_TILED_MAX_T tokens (moe_path AUTO or TILED; TILED also below it) the FP8 tiled
+ * GEMMs on the codes, where H, I and both phases are multiples of 64, the codes 16-byte aligned
+ * and fp8_moe_tiled is on (deq is then not touched and may be NULL); otherwise the selected
+ * experts are dequantised into deq (msm_cuda_moe_fp8_deq_bytes(H, I, E) bytes, 256-byte aligned)
+ * and msm_cuda_moe_experts runs on them. ws as there. */
 size_t msm_cuda_moe_fp8_deq_bytes(int H, int I, int E);
 int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t *ids, const float *w,
                              msm_cuda_fp8w gate_up, msm_cuda_fp8w down, int T, int H, int I, int k,

@@ -27,6 +27,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->fp8_resident = true;
     t->fp8_native_max_t = MSM_CUDA_FP8_NATIVE_MAX_T;
     t->fp8_mma_min_t = MSM_CUDA_FP8_MMA_MIN_T;
+    t->fp8_moe_tiled = true; /* not yet run on a GPU: predicted to beat dequantising past 64 tokens */
     t->att_max_split = 16;
     t->att_group = 4;
     t->att_mma = MSM_CUDA_ATT_MMA_AUTO;

@@ -48,12 +48,13 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_LINEAR", "MSM_CUDA_MOE_PATH", "MSM_CUDA_MOE_KERNELS", "MSM_CUDA_AR",
                                  "MSM_CUDA_FP8_MMA_MIN_T", "MSM_CUDA_ATT_MMA", "MSM_CUDA_ATT_MMA_MIN_BLOCKS",
                                  "MSM_CUDA_ROUTER_CHUNK_PER_SM", "MSM_CUDA_ATT_CLUSTER", "MSM_CUDA_ATT_EARLY",
-                                 "MSM_CUDA_ATT_ROPE"};
+                                 "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
+    t.fp8_moe_tiled = true;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -64,7 +65,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_PATH", "tiled", 1), setenv("MSM_CUDA_MOE_KERNELS", "mma,down_split", 1);
     setenv("MSM_CUDA_AR", "nccl", 1), setenv("MSM_CUDA_FP8_MMA_MIN_T", "0", 1);
     setenv("MSM_CUDA_ATT_MMA", "5", 1), setenv("MSM_CUDA_ATT_MMA_MIN_BLOCKS", "-3", 1);
-    setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1);
+    setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1), setenv("MSM_CUDA_FP8_MOE_TILED", "0", 1);
     setenv("MSM_CUDA_ATT_CLUSTER", "0", 1), setenv("MSM_CUDA_ATT_EARLY", "0", 1), setenv("MSM_CUDA_ATT_ROPE", "0", 1);
     msm_cuda_tuning_from_env(&t);
     cr_expect(!t.att_cluster && !t.att_early && !t.att_rope);
@@ -84,8 +85,11 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.att_mma, MSM_CUDA_ATT_MMA_ON, "2 and up: wherever it fits");
     cr_expect_eq(t.att_mma_min_blocks, 0, "clamped to 0");
     cr_expect_eq(t.router_chunk_per_sm, 1);
+    cr_expect(!t.fp8_moe_tiled, "MSM_CUDA_FP8_MOE_TILED=0: FP8 experts past the GEMVs dequantised");
     setenv("MSM_CUDA_MMV_WARPS", "6", 1), setenv("MSM_CUDA_MOE_PATH", "bogus", 1), setenv("MSM_CUDA_ATT_MMA", "0", 1);
+    setenv("MSM_CUDA_FP8_MOE_TILED", "1", 1);
     msm_cuda_tuning_from_env(&t);
+    cr_expect(t.fp8_moe_tiled);
     cr_expect_eq(t.att_mma, MSM_CUDA_ATT_MMA_OFF);
     cr_expect_eq(t.mmv_warps, 8, "only 4 or 8 warps");
     cr_expect_eq(t.moe_path, MSM_CUDA_MOE_PATH_AUTO, "an unknown path: automatic");
@@ -1207,10 +1211,15 @@ Test(cuda_kernels, fp8_dequant_equals_the_host_rounding, .timeout = 60) {
     cudaFree(di), cudaFree(du);
 }
 
-/* FP8 experts against the CPU on the float32 weights (FP8 pair and grouped GEMVs) or on them
- * rounded to bf16 (past fp8_native_max_t: the selected experts dequantised, the bf16 paths). */
-static void moe_fp8_cases(const moe_run *runs, int n, int H, int I, int k, int E, int dn_ph, int native_max) {
-    fp8_weight gu = fp8_make(E, 2 * I, H, 0, false), dn = fp8_make(E, H, I, dn_ph, false);
+/* FP8 experts against the CPU on the float32 weights (FP8 pair and grouped GEMVs; past
+ * fp8_native_max_t the FP8 tiled GEMMs) or on them rounded to bf16 (the selected experts
+ * dequantised, the bf16 paths: past the tiled range, phases not multiples of 64, the tiled switch
+ * off). The reference also checks which kind of path ran: the bf16 rounding alone moves these
+ * outputs by ~3e-3, a hundred times the 2e-5 tolerance. gu_ph / dn_ph: the column phases of
+ * gate/up and down; tiled8: msm_cuda_tuning.fp8_moe_tiled. */
+static void moe_fp8_cases(const moe_run *runs, int n, int H, int I, int k, int E, int gu_ph, int dn_ph, int native_max,
+                          bool tiled8) {
+    fp8_weight gu = fp8_make(E, 2 * I, H, gu_ph, false), dn = fp8_make(E, H, I, dn_ph, false);
     float *scratch = malloc((size_t)3 * I * 4);
     size_t dqb = msm_cuda_moe_fp8_deq_bytes(H, I, E);
     void *dq = dev_poison(dqb);
@@ -1220,9 +1229,14 @@ static void moe_fp8_cases(const moe_run *runs, int n, int H, int I, int k, int E
         if (runs[c].path >= 0) t.moe_path = runs[c].path;
         if (runs[c].kflags >= 0) t.moe_kernels = runs[c].kflags;
         if (native_max >= 0) t.fp8_native_max_t = native_max;
+        t.fp8_moe_tiled = tiled8;
         bool native = T <= t.fp8_native_max_t && t.moe_path != MSM_CUDA_MOE_PATH_TILED &&
                       t.moe_path != MSM_CUDA_MOE_PATH_WMMA;
-        bool wmma = !native && (t.moe_path == MSM_CUDA_MOE_PATH_WMMA || (t.moe_path == 0 && T > MSM_CUDA_MOE_TILED_MAX_T));
+        bool tiled = !native && tiled8 && (t.moe_path == MSM_CUDA_MOE_PATH_AUTO || t.moe_path == MSM_CUDA_MOE_PATH_TILED) &&
+                     T <= MSM_CUDA_MOE_TILED_MAX_T && H % 64 == 0 && I % 64 == 0 && gu_ph % 64 == 0 && dn_ph % 64 == 0;
+        bool wmma = !native && !tiled &&
+                    (t.moe_path == MSM_CUDA_MOE_PATH_WMMA || (t.moe_path == 0 && T > MSM_CUDA_MOE_TILED_MAX_T));
+        native |= tiled; /* both multiply by the float32 weights */
         float *x = host_f32((size_t)T * H, 1.0f);
         int32_t *ids = malloc((size_t)T * k * 4);
         float *w = malloc((size_t)T * k * 4);
@@ -1235,8 +1249,9 @@ static void moe_fp8_cases(const moe_run *runs, int n, int H, int I, int k, int E
         void *ws = dev_poison(wsb);
         CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, dq, dqb, EX_T(&t)));
         down(out, dy, (size_t)T * H * 4);
-        CHECK_ERR(out, ref, (size_t)T * H, wmma ? 2e-2 : 2e-5, "fp8 moe T=%d H=%d I=%d k=%d E=%d path=%d native=%d",
-                  T, H, I, k, E, runs[c].path, native);
+        CHECK_ERR(out, ref, (size_t)T * H, wmma ? 2e-2 : 2e-5,
+                  "fp8 moe T=%d H=%d I=%d k=%d E=%d phases %d/%d path=%d tiled8=%d: expected %s", T, H, I, k, E, gu_ph,
+                  dn_ph, runs[c].path, tiled8, tiled ? "FP8 tiled" : native ? "FP8 GEMVs" : "dequantised");
         cudaMemset(dy, 0xff, (size_t)T * H * 4);
         CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, dq, dqb, EX_T(&t)));
         down(out2, dy, (size_t)T * H * 4);
@@ -1254,21 +1269,58 @@ Test(cuda_kernels, moe_experts_fp8_match_cpu, .timeout = 240) {
     enum { A = MSM_CUDA_MOE_PATH_AUTO, PR = MSM_CUDA_MOE_PATH_PAIR, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV,
            TL = MSM_CUDA_MOE_PATH_TILED, WM = MSM_CUDA_MOE_PATH_WMMA };
     /* Qwen3-30B-A3B expert shapes: pair (T <= 4), grouped tensor-core GEMVs (5..64; SIMT forced
-     * too), then dequantised (tiled GEMMs to 512 tokens, WMMA beyond) */
+     * too), then the FP8 tiled GEMMs to 512 tokens (forced tiled: at any T), dequantised and WMMA
+     * beyond (moe_experts_fp8_tiled_match_cpu has the tiled cases) */
     enum { SIMT = MSM_CUDA_MOE_K_SIMT, DS = MSM_CUDA_MOE_K_DOWN_SPLIT, DW = MSM_CUDA_MOE_K_DOWN_WARP };
     static const moe_run q3[] = {{1, A, -1},  {4, A, -1},     {5, A, -1},      {16, A, -1},  {64, A, -1},
                                  {65, A, -1}, {200, A, -1},   {8, PR, -1},     {2, GG, -1},  {8, TL, -1},
                                  {600, A, -1}, {16, A, SIMT}, {1, GG, SIMT},   {40, GG, -1}, {1, A, DS},
                                  {4, A, DS},  {6, PR, DS},    {1, A, DW},      {4, A, DW}};
-    moe_fp8_cases(q3, sizeof q3 / sizeof *q3, 2048, 768, 8, 128, 0, -1);
+    moe_fp8_cases(q3, sizeof q3 / sizeof *q3, 2048, 768, 8, 128, 0, 0, -1, true);
     /* a row-parallel TP slice of down starting inside a block (phase 64: GLM-4.5-Air's experts at
      * TP 2, I = 704), k = 4; and odd expert counts */
     static const moe_run tp[] = {{1, A, -1}, {3, A, -1}, {12, A, -1}, {40, A, -1}, {100, A, -1}, {30, WM, -1},
                                  {12, A, SIMT}, {1, GG, -1}, {2, A, DS}};
-    moe_fp8_cases(tp, sizeof tp / sizeof *tp, 512, 704, 4, 12, 64, -1);
-    /* everything dequantised (fp8_native_max_t = 0) */
+    moe_fp8_cases(tp, sizeof tp / sizeof *tp, 512, 704, 4, 12, 0, 64, -1, true);
+    /* everything dequantised (fp8_native_max_t = 0, the FP8 tiled GEMMs off) */
     static const moe_run dq[] = {{1, A, -1}, {5, A, -1}, {40, A, -1}};
-    moe_fp8_cases(dq, sizeof dq / sizeof *dq, 256, 128, 2, 6, 0, 0);
+    moe_fp8_cases(dq, sizeof dq / sizeof *dq, 256, 128, 2, 6, 0, 0, 0, false);
+}
+
+/* The FP8 tiled GEMMs (moe_tiled.cu: codes decoded in shared memory, per-step scales) against the
+ * CPU on the float32 weights at the FP8 GEMVs' tolerance (2e-5), deterministic; and where they must
+ * not run, the dequantising path (bf16-rounded reference): phase 16, the switch off. */
+Test(cuda_kernels, moe_experts_fp8_tiled_match_cpu, .timeout = 360) {
+    need_gpu();
+    enum { A = MSM_CUDA_MOE_PATH_AUTO, TL = MSM_CUDA_MOE_PATH_TILED, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV };
+    /* Qwen3-30B-A3B expert shapes (H 2048, I 768, k 8, E 128; phase 0): the first T past the FP8
+     * GEMVs, the batch buckets 128 and 256, the last tiled T (random_routing sends ~30% of the
+     * pairs to 9 experts: ~150 tokens each at T = 512, so several 64-token passes and a partial
+     * last one); forced tiled at T = 3 (one token tile) and 100; grouped GEMVs forced past 64
+     * (dequantised: the tiled path takes AUTO and TILED only) */
+    static const moe_run q3[] = {{65, A, -1}, {128, A, -1}, {256, A, -1}, {512, A, -1},
+                                 {3, TL, -1}, {100, TL, -1}, {100, GG, -1}};
+    moe_fp8_cases(q3, sizeof q3 / sizeof *q3, 2048, 768, 8, 128, 0, 0, -1, true);
+    /* the TP slice of moe_experts_fp8_match_cpu (H 512, I 704 = 11 K steps of the down GEMM; at
+     * phase 64 the first step has a scale block to itself, then every two steps share one), then
+     * phase 64 on gate/up too; phase 16 on down: dequantised */
+    static const moe_run tp[] = {{65, A, -1}, {100, A, -1}, {300, A, -1}, {40, TL, -1}};
+    moe_fp8_cases(tp, sizeof tp / sizeof *tp, 512, 704, 4, 12, 0, 64, -1, true);
+    moe_fp8_cases(tp, sizeof tp / sizeof *tp, 512, 704, 4, 12, 64, 64, -1, true);
+    moe_fp8_cases(tp, sizeof tp / sizeof *tp, 512, 704, 4, 12, 0, 16, -1, true);
+    /* H % 128 == 64 (the down GEMM's last row block half past H, clamped and never stored), I = 192
+     * (3 column blocks, 3 K steps), gate/up phase 64 */
+    static const moe_run odd[] = {{70, A, -1}, {200, A, -1}};
+    moe_fp8_cases(odd, sizeof odd / sizeof *odd, 320, 192, 4, 10, 64, 0, -1, true);
+    /* three experts: ~130 tokens each at T = 200, k = 2 (passes of 64, 64 and a partial one) */
+    static const moe_run skew[] = {{200, A, -1}, {37, TL, -1}, {65, A, -1}};
+    moe_fp8_cases(skew, sizeof skew / sizeof *skew, 256, 128, 2, 3, 0, 0, -1, true);
+    /* fp8_native_max_t = 0: tiled from one token on */
+    static const moe_run low[] = {{1, A, -1}, {5, A, -1}, {40, A, -1}};
+    moe_fp8_cases(low, sizeof low / sizeof *low, 256, 128, 2, 6, 0, 0, 0, true);
+    /* the switch off (MSM_CUDA_FP8_MOE_TILED=0): dequantised, the bf16 tiled GEMMs */
+    static const moe_run off[] = {{65, A, -1}, {256, A, -1}, {8, TL, -1}};
+    moe_fp8_cases(off, sizeof off / sizeof *off, 2048, 768, 8, 128, 0, 0, -1, false);
 }
 
 /* ---- sample ---- */
