@@ -360,7 +360,8 @@ int main(int argc, char **argv) {
                 if ((v == 3 && T > 4) || (v == 4 && (T <= 4 || T > 64)) || (v == 5 && (T < 16 || T > 64))) continue;
                 msm_cuda_tuning tm = tune0;
                 if (v == 1) tm.fp8_native_max_t = 0, tm.fp8_moe_tiled = false;
-                if (v == 5) tm.fp8_native_max_t = 0;
+                if (v == 5) tm.fp8_native_max_t = 0, tm.fp8_moe_tiled = true;
+                if (v == 0) tm.fp8_moe_tiled = true; /* FP8: the native paths at every T */
                 if (v == 3) tm.moe_path = MSM_CUDA_MOE_PATH_GROUPED_GEMV;
                 if (v == 4) tm.moe_kernels = MSM_CUDA_MOE_K_SIMT;
                 msm_cuda_exec exm = {.stream = st, .tune = &tm};

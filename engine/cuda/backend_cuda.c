@@ -1093,7 +1093,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_NATIVE_MAX_T=N         FP8-resident weights take the FP8 GEMVs up to N tokens
  *   MSM_CUDA_FP8_LINEAR=mma|simt|simt_hw the FP8 linear kernel (tensor cores; SIMT GEMV, integer or hardware decode)
  *   MSM_CUDA_FP8_MMA_MIN_T=N            ... mma: the SIMT GEMV below N tokens
- *   MSM_CUDA_FP8_MOE_TILED=0            FP8 experts past FP8_NATIVE_MAX_T dequantised to bf16 (not the FP8 tiled GEMMs)
+ *   MSM_CUDA_FP8_MOE_TILED=1            FP8 experts past FP8_NATIVE_MAX_T take the FP8 tiled GEMMs (0, default:
+ *                                       dequantised to bf16; the tiled path is not yet run on a GPU)
  *   MSM_CUDA_MMV_SLOTS=N                the MMV and MMV8 grids fill at most N blocks an SM (K slices)
  *   MSM_CUDA_MMV_WARPS=4|8              the MMV's warps a block (default 4: 64 rows; 8: 128 rows)
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)

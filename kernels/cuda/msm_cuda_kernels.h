@@ -125,7 +125,7 @@ typedef struct msm_cuda_tuning {
     bool fp8_moe_tiled;       /* FP8-resident experts past fp8_native_max_t, up to
                                  MSM_CUDA_MOE_TILED_MAX_T tokens: the tiled GEMMs on the codes
                                  (moe_tiled.cu); off: dequantised to bf16 for the bf16 paths, as
-                                 before (MSM_CUDA_FP8_MOE_TILED=0) */
+                                 before. Off by default until run on a GPU (MSM_CUDA_FP8_MOE_TILED=1) */
     int mmv_slots;            /* the MMV's and MMV8's K slices fill at most this many blocks an SM in
                                  one wave (MSM_CUDA_MMV_SLOTS; 0: the kernel's occupancy, below) */
     int mmv_per_sm;           /* resident blocks of the MMV (mmv_kernel<1, 8, 8>) on one SM */

@@ -27,7 +27,9 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->fp8_resident = true;
     t->fp8_native_max_t = MSM_CUDA_FP8_NATIVE_MAX_T;
     t->fp8_mma_min_t = MSM_CUDA_FP8_MMA_MIN_T;
-    t->fp8_moe_tiled = true; /* not yet run on a GPU: predicted to beat dequantising past 64 tokens */
+    /* off until run on a GPU (written when the device loans had paused, 2026-12-01): predicted to
+     * beat dequantising past 64 tokens; MSM_CUDA_FP8_MOE_TILED=1 takes it */
+    t->fp8_moe_tiled = false;
     t->att_max_split = 16;
     t->att_group = 4;
     t->att_mma = MSM_CUDA_ATT_MMA_AUTO;

@@ -2,6 +2,10 @@
 # The device commands of this session's runs (README.md here): from the repository root, with the
 # binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels" tools/gpu-engine-check bundle`
 # (+ bench/mega_probe built by nvcc into gpu-run/bin) carried as gpu-run/: `bash runs.sh rN`.
+# The bundle grew past the device call's 64 MiB with the tree, so from run 2 on it travelled as
+# gpu-run/bundle.tar.xz (tar + xz of gpu-run/, ~14-18 MB), unpacked there first:
+#   (cd gpu-run && tar xJf bundle.tar.xz && rm bundle.tar.xz) && bash bench/results/2026-12-01-h200-mega/runs.sh rN
+# r3 and r4 were not run (the device refused new machines after run 2).
 export LD_LIBRARY_PATH=$PWD/gpu-run/lib PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 D=bench/results/2026-12-01-h200-mega
@@ -100,9 +104,9 @@ r4)
     b qwen1.5-moe-a2.7b 1,8,32,128,256 final --
     b qwen3-30b-a3b 1,8,32,128,256 final --
     b qwen3-30b-a3b-fp8 1,8,32,128,256 final --
-    b qwen3-30b-a3b-fp8 128,256 final MSM_CUDA_MOE_FP8_TILED=0 --
+    b qwen3-30b-a3b-fp8 128,256 final MSM_CUDA_FP8_MOE_TILED=1 --
     b glm-4.5-air-fp8 1,8,32,128,256 final --
-    b glm-4.5-air-fp8 128,256 final MSM_CUDA_MOE_FP8_TILED=0 --
+    b glm-4.5-air-fp8 128,256 final MSM_CUDA_FP8_MOE_TILED=1 --
     el check | tee -a $OUT/gpu.txt
     timeout $(left 560) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
