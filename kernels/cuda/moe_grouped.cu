@@ -238,13 +238,7 @@ static __device__ __forceinline__ void mma_rows_fp8(float acc[NT][4], const uint
             int kk = (c + u) * 64 + q * 16;
             const uint32_t a4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w}, b4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
             uint32_t A[4][4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                A[j][0] = msm_fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x1404));
-                A[j][1] = msm_fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x1404));
-                A[j][2] = msm_fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x3424));
-                A[j][3] = msm_fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x3424));
-            }
+            msm_fp8_a_frags(a4, b4, A);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t >= ntile) break;

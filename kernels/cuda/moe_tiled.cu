@@ -76,6 +76,21 @@ static __global__ void moe_split_x_kernel(moe_ws ws, uint16_t *xh, uint16_t *xl,
     }
 }
 
+/* The x tiles of a K step at k0 into shared memory at dst (hi, then lo, TL_X_BYTES each, 16-byte
+ * chunks swizzled for ldmatrix): 2 x 64 rows x 8 chunks = 1024 chunks over the block's 256
+ * threads, only the live rows (xrows); rows past r1 are zero-filled. */
+static __device__ __forceinline__ void tl_load_x(uint32_t dst, const uint16_t *xh, const uint16_t *xl, int rb, int r1,
+                                                 int xrows, int K, size_t k0, int tid) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int idx = tid + 256 * j, half = idx >> 9, m = (idx >> 3) & 63, c = idx & 7;
+        if (m >= xrows) continue;
+        int rr = rb + m;
+        const uint16_t *src = (half ? xl : xh) + (size_t)(rr < r1 ? rr : rb) * K + k0 + c * 8;
+        msm_cp_async16(dst + half * TL_X_BYTES + msm_swz128(m, c), src, rr < r1 ? 16 : 0);
+    }
+}
+
 /* ---- the tiled GEMM core ----
  * acc[t] (t < ntile) = sum over K of W[this warp's 16 rows] . B[tokens 8t .. 8t+7] for B = hi + lo.
  * w_row(r): global address of the block's weight row r (0..127) at k = 0; rows past the matrix
@@ -104,15 +119,7 @@ static __device__ __forceinline__ void tl_gemm(float acc[8][4], unsigned char *s
             int r = tid / 8 + 32 * j;
             msm_cp_async16(sb + msm_swz128(r, tid % 8), wsrc[j] + k0, 16);
         }
-        /* x: 2 x 64 rows x 8 chunks = 1024 chunks, only the live rows */
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int idx = tid + 256 * j, half = idx >> 9, m = (idx >> 3) & 63, c = idx & 7;
-            if (m >= xrows) continue;
-            int rr = rb + m;
-            const uint16_t *src = (half ? xl : xh) + (size_t)(rr < r1 ? rr : rb) * K + k0 + c * 8;
-            msm_cp_async16(sb + TL_W_BYTES + half * TL_X_BYTES + msm_swz128(m, c), src, rr < r1 ? 16 : 0);
-        }
+        tl_load_x(sb + TL_W_BYTES, xh, xl, rb, r1, xrows, K, k0, tid);
     };
 #pragma unroll
     for (int s = 0; s < TL_STAGES - 1; s++) {
@@ -246,14 +253,7 @@ static __device__ __forceinline__ void tf_gemm(float acc[8][4], unsigned char *s
 #pragma unroll
         for (int j = 0; j < 2; j++)
             msm_cp_async16(st + (tid / 4 + 64 * j) * TL_BK + (tid % 4) * 16, wsrc[j] + k0, 16);
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int idx = tid + 256 * j, half = idx >> 9, m = (idx >> 3) & 63, c = idx & 7;
-            if (m >= xrows) continue;
-            int rr = rb + m;
-            const uint16_t *src = (half ? xl : xh) + (size_t)(rr < r1 ? rr : rb) * K + k0 + c * 8;
-            msm_cp_async16(st + TF_W_BYTES + half * TL_X_BYTES + msm_swz128(m, c), src, rr < r1 ? 16 : 0);
-        }
+        tl_load_x(st + TF_W_BYTES, xh, xl, rb, r1, xrows, K, k0, tid);
     };
     auto scale = [&](const float *s, int kc) { return __ldg(s + ((kc * TL_BK + ph) >> 7)) * MSM_FP8_S_SCALE; };
 #pragma unroll

@@ -384,6 +384,20 @@ static __device__ __forceinline__ uint32_t msm_fp8x2_bf16x2(uint32_t t) {
     return ((t >> 4) & 0x07f007f0u) | (t & 0x80008000u);
 }
 
+/* The A fragments of four m16n8k16 MMAs from 16 codes of row g (a4) and of row g + 8 (b4) of a
+ * 16-row tile: MMA j's a0..a3 are rows g / g + 8, codes 4j, 4j + 1 (a0, a1) and 4j + 2, 4j + 3
+ * (a2, a3), decoded by msm_fp8x2_bf16x2 (the k permutation of the FP8 tensor-core kernels). */
+static __device__ __forceinline__ void msm_fp8_a_frags(const uint32_t (&a4)[4], const uint32_t (&b4)[4],
+                                                       uint32_t (&A)[4][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        A[j][0] = msm_fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x1404));
+        A[j][1] = msm_fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x1404));
+        A[j][2] = msm_fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x3424));
+        A[j][3] = msm_fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x3424));
+    }
+}
+
 /* Sixteen codes (a 16-byte load) to float32. */
 template <bool HW>
 static __device__ __forceinline__ void msm_fp8x16_f32(uint4 v, float (&f)[16]) {
@@ -636,14 +650,8 @@ static __device__ __forceinline__ void msm_tile_mma_fp8_k64(float acc[8][4], uin
     const uint4 va = msm_lds128(w + (warp * 16 + g) * 64 + 16 * q);
     const uint4 vb = msm_lds128(w + (warp * 16 + g + 8) * 64 + 16 * q);
     const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
-    uint32_t A[4][4]; /* MMA j's a0..a3: rows g / g+8, codes 4j, 4j+1 (a0, a1) and 4j+2, 4j+3 (a2, a3) */
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        A[j][0] = msm_fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x1404));
-        A[j][1] = msm_fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x1404));
-        A[j][2] = msm_fp8x2_bf16x2(__byte_perm(a4[j], 0, 0x3424));
-        A[j][3] = msm_fp8x2_bf16x2(__byte_perm(b4[j], 0, 0x3424));
-    }
+    uint32_t A[4][4];
+    msm_fp8_a_frags(a4, b4, A);
 #pragma unroll
     for (int t = 0; t < 8; t++) {
         if (t >= ntile) break;
