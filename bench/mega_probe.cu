@@ -10,8 +10,9 @@
  *   4 o_proj [2048, 2048]         5 router [60, 2048] + shared gate_up [11264, 2048]
  *   6 routed gate_up 4 x [2816, 2048] + shared down [2048, 5632]    7 routed down 4 x [2048, 1408]
  * then the lm_head [151936, 2048]. Variants: persistent (grid barrier between phases, optional L2
- * prefetch of each warp's first row of the next phase before it waits), one kernel per phase in a
- * CUDA graph, and one phase holding every task (no dependencies: the streaming ceiling).
+ * prefetch of each warp's first row of the next phase before it waits) and one kernel per phase in
+ * a CUDA graph. (A variant with every task in one phase, run once on 2026-12-01, was removed: its
+ * row-to-task lookup walked all tasks for every row, so it timed that walk, not the streams.)
  *
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o mega_probe bench/mega_probe.cu
  *   ./mega_probe            # prints ms per step (median of 50) and GB/s for each variant
@@ -230,20 +231,16 @@ int main(int argc, char **argv) {
         for (int i : pt) p.rows += shapes[i].first;
         hp.push_back(p);
     }
-    phase all{0, (int)shapes.size(), 0};
-    for (auto &s : shapes) all.rows += s.first;
 
     task *dt;
-    phase *dp, *dall;
+    phase *dp;
     unsigned *bar;
     CK(cudaMalloc(&dt, ht.size() * sizeof(task)));
     CK(cudaMalloc(&dp, hp.size() * sizeof(phase)));
-    CK(cudaMalloc(&dall, sizeof(phase)));
     CK(cudaMalloc(&bar, 8));
     CK(cudaMemset(bar, 0, 8));
     CK(cudaMemcpy(dt, ht.data(), ht.size() * sizeof(task), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dp, hp.data(), hp.size() * sizeof(phase), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dall, &all, sizeof(phase), cudaMemcpyHostToDevice));
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     cudaStream_t st;
@@ -281,14 +278,6 @@ int main(int argc, char **argv) {
         fflush(stdout);
     };
 
-    /* the streaming ceiling: every task in one phase, no barrier */
-    for (int wpb : {8, 16}) {
-        cudaGraphExec_t ge = capture([&] { phase_kernel<4><<<sms * (32 / wpb) * 2, wpb * 32, 0, st>>>(dt, dall, 0); });
-        char name[64];
-        snprintf(name, sizeof name, "one phase, %d warps x %d blocks", wpb, sms * (32 / wpb) * 2);
-        report(name, time_graph(ge));
-        CK(cudaGraphExecDestroy(ge));
-    }
     /* a kernel per phase (no PDL), in a CUDA graph */
     for (int wpb : {4, 8}) {
         int blocks = sms * (64 / wpb);

@@ -194,8 +194,8 @@ static msm_cuda_fp8w fp8w(const cuda_backend *cb, int wi) {
  * (msm_cuda_attention_rope: one kernel rotates, writes the cache and attends): the next node is
  * its layer's kv_written ATTENTION on the same stream, reading its output (the only reader, so
  * the rotated rows need not exist) with its positions and slots. */
-static bool rope_attention_pair(const cuda_backend *cb, const msm_graph *g, int i, const msm_step_dims *d) {
-    if (!(d && d->T == d->S && cb->tune_decode.att_rope) || i < 0 || i + 1 >= g->n_nodes) return false;
+static bool rope_attention_pair(const msm_graph *g, int i, msm_cuda_exec ex) {
+    if (!(ex.decode && ex.tune->att_rope) || i < 0 || i + 1 >= g->n_nodes) return false;
     const msm_node *r = &g->nodes[i], *a = &g->nodes[i + 1];
     return r->op == MSM_OP_ROPE_KV_WRITE && a->op == MSM_OP_ATTENTION && a->attr.attention.kv_written &&
            a->layer == r->layer && a->stream == r->stream && a->in[0] == r->out[0] && a->in[2] == r->in[1] &&
@@ -262,7 +262,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         if (!cb->kc[n->layer])
             return msm_err_set(err, -EINVAL, "rank %d (GPU %d): layer %d has no KV cache (no ATTENTION)",
                                cb->b.rank, cb->device, n->layer);
-        if (rope_attention_pair(cb, g, idx, d)) break; /* the ATTENTION next does it */
+        if (rope_attention_pair(g, idx, s)) break; /* the ATTENTION next does it */
         KTRY(msm_cuda_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
                               ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta, s));
         break;
@@ -272,7 +272,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         const float *qkv = F(in0);
         /* k, v and q read in place from the qkv rows (row stride C); q_tmp is the split-context
          * workspace. The K/V write is skipped when the ROPE_KV_WRITE before wrote the cache. */
-        if (rope_attention_pair(cb, g, idx - 1, d)) { /* decode: the ROPE_KV_WRITE before in the same launch */
+        if (rope_attention_pair(g, idx - 1, s)) { /* decode: the ROPE_KV_WRITE before in the same launch */
             const msm_node *rn = &g->nodes[idx - 1];
             KTRY(msm_cuda_attention_rope(F(out0), F(rn->out[0]), F(rn->in[0]), cb->kc[n->layer], cb->vc[n->layer],
                                          I32(n->in[1]), I32(n->in[2]), I32(n->in[3]), I32(n->in[4]), g->max_blocks, T,

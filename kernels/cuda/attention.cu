@@ -519,6 +519,9 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
+/* The index of sub-group width L (4, 8, 16, 32) in the tuning's per-width tables. */
+static constexpr int att_li(int L) { return L <= 4 ? 0 : L <= 8 ? 1 : L <= 16 ? 2 : 3; }
+
 /* Resident blocks of attention_kernel<L, VEC, GB> on one SM (1 if the query fails); the cluster
  * form's clusters of up to 16 allowed (non-portable sizes past 8: the H100/H200 take 16). */
 template <int L, bool VEC, int GB>
@@ -608,7 +611,7 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
         /* as many splits as fill the resident block slots in one wave (a second, partial wave
          * would leave a tail); the device uses fewer for short contexts, so only long contexts
          * pay for merges */
-        int li = L <= 4 ? 0 : L <= 8 ? 1 : L <= 16 ? 2 : 3;
+        constexpr int li = att_li(L);
         long want = (long)ex.tune->sms * ex.tune->att_per_sm[li][VEC][GB - 1] / pairs;
         long fit = (long)((ws_bytes - ATT_PART_OFF) / (sizeof(float) * (size_t)T * nh * ((size_t)hd + 2)));
         int cap = ex.tune->att_max_split < ATT_MAX_SPLIT ? ex.tune->att_max_split : ATT_MAX_SPLIT;
@@ -622,7 +625,7 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
     if constexpr (GB == 1) {
         /* the splits of a (token, head) as one cluster, where ATT_CLUSTER_SPARE of the clusters
          * the GPU holds (att_clusters) stay free: the same splits, the same bits */
-        int li = L <= 4 ? 0 : L <= 8 ? 1 : L <= 16 ? 2 : 3;
+        constexpr int li = att_li(L);
         if (ns > 1 && ex.tune->att_cluster && pairs + ATT_CLUSTER_SPARE <= ex.tune->att_cluster_fit[li][VEC][ns]) {
             dim3 grid((unsigned)ns, (unsigned)nh, (unsigned)T);
             CUDA_TRY(msm_launch_cluster(attention_kernel<L, VEC, 1, true>, grid, dim3(ATT_THREADS), 0, (unsigned)ns, ex,
@@ -648,7 +651,8 @@ static int att_launch_gb(float *out, const float *q, size_t q_ld, const uint16_t
                          const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
                          int T, int nh, int kvh, int hd, float scale, void *ws, size_t ws_bytes,
                          const att_rope_args &rp, msm_cuda_exec ex) {
-    int G = nh / kvh, gb = 1, li = L <= 4 ? 0 : L <= 8 ? 1 : L <= 16 ? 2 : 3;
+    int G = nh / kvh, gb = 1;
+    constexpr int li = att_li(L);
     long min_pairs = ex.tune->att_group_min > 0 ? ex.tune->att_group_min
                                                 : (long)ex.tune->sms * ex.tune->att_per_sm[li][VEC][0];
     bool full = (long)T * nh >= min_pairs;

@@ -718,6 +718,49 @@ Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 120) {
     }
 }
 
+/* Which merge the split attention takes: the cluster form never touches the workspace, the
+ * last-block merge writes its partials there. Clusters of the portable sizes (up to 8) fit an
+ * sm_90 GPU; one token of 4 heads over a 700-position context splits 16 ways, and takes the
+ * cluster form exactly when its 4 clusters of 16 leave ATT_CLUSTER_SPARE (8) of those the GPU holds
+ * free (att_cluster_fit); with att_cluster off it never does. */
+Test(cuda_kernels, attention_clusters_taken_where_they_fit, .timeout = 60) {
+    need_gpu();
+    for (int ns = 2; ns <= 8; ns++)
+        cr_expect(tune0.att_cluster_fit[2][1][ns] > 0, "no clusters of %d held (width 16, vec)", ns);
+    enum { NH = 4, HD = 128, CTX = 700 };
+    int max_blocks = (CTX + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK;
+    size_t cache = (size_t)max_blocks * MSM_KV_BLOCK * NH * HD;
+    float *unused;
+    uint16_t *kcb = host_bf16(cache, 1.0f, &unused);
+    free(unused);
+    uint16_t *vcb = host_bf16(cache, 1.0f, &unused);
+    free(unused);
+    int32_t *bt = malloc(max_blocks * 4), seq = 0, pos = CTX - 1;
+    for (int i = 0; i < max_blocks; i++) bt[i] = max_blocks - 1 - i;
+    float *q = host_f32(NH * HD, 1.0f);
+    uint16_t *dk = dev_up(kcb, cache * 2), *dv = dev_up(vcb, cache * 2);
+    int32_t *dseq = dev_up(&seq, 4), *dpos = dev_up(&pos, 4), *dbt = dev_up(bt, max_blocks * 4);
+    float *dq = dev_up(q, NH * HD * 4), *dout = dev_poison(NH * HD * 4);
+    size_t wsb = msm_cuda_attention_ws_bytes(1, NH, HD);
+    void *ws = dev(wsb);
+    unsigned char *hws = malloc(wsb);
+    bool fits = NH + 8 <= tune0.att_cluster_fit[2][1][16];
+    for (int cl = 0; cl < 2; cl++) {
+        msm_cuda_tuning t = tune0;
+        t.att_cluster = cl;
+        cr_assert_eq(cudaMemset(ws, 0, wsb), cudaSuccess);
+        CK(msm_cuda_attention_ex(dout, dq, NH * HD, dk, dv, dseq, dpos, dbt, max_blocks, 1, NH, NH, HD,
+                                 1.0f / sqrtf((float)HD), ws, wsb, EX_T(&t)));
+        down(hws, ws, wsb);
+        bool untouched = true;
+        for (size_t i = 0; i < wsb && untouched; i++) untouched = hws[i] == 0;
+        cr_expect_eq(untouched, cl && fits, "att_cluster %d, %d clusters of 16 held: workspace %s", cl,
+                     tune0.att_cluster_fit[2][1][16], untouched ? "untouched" : "written");
+    }
+    cudaFree(dk), cudaFree(dv), cudaFree(dseq), cudaFree(dpos), cudaFree(dbt), cudaFree(dq), cudaFree(dout), cudaFree(ws);
+    free(kcb), free(vcb), free(bt), free(q), free(hws);
+}
+
 /* ---- add / scale_rows / sigmoid / swiglu ---- */
 
 Test(cuda_kernels, elementwise_ops_match_cpu, .timeout = 60) {
