@@ -11,7 +11,8 @@
  *   6 routed gate_up 4 x [2816, 2048] + shared down [2048, 5632]    7 routed down 4 x [2048, 1408]
  * then the lm_head [151936, 2048]. Variants: persistent (grid barrier between phases, optional L2
  * prefetch of each warp's first row of the next phase before it waits) and one kernel per phase in
- * a CUDA graph. (A variant with every task in one phase, run once on 2026-12-01, was removed: its
+ * a CUDA graph, without and with programmatic dependent launch (PDL), the latter with each warp's
+ * first weight loads before or after its wait for the previous kernel. (A variant with every task in one phase, run once on 2026-12-01, was removed: its
  * row-to-task lookup walked all tasks for every row, so it timed that walk, not the streams.)
  *
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o mega_probe bench/mega_probe.cu
@@ -93,6 +94,76 @@ static __device__ __forceinline__ float row_dot(const uint16_t *w, const float *
 template <int U>
 static __device__ void phase_run(const task *tasks, const phase &ph, int gw, int nw, int lane) {
     for (int r = gw; r < ph.rows; r += nw) {
+        int t = ph.t0, rr = r;
+        while (rr >= tasks[t].N) rr -= tasks[t].N, t++;
+        const task &tk = tasks[t];
+        float s = row_dot<U>(tk.w + (size_t)rr * tk.K, tk.x, tk.K, lane);
+        if (lane == 0) tk.y[rr] = s;
+    }
+}
+
+/* The same rows as phase_run, launched with programmatic dependent launch: the block lets the next
+ * kernel launch at once (launch_dependents) and waits for the previous one (griddepcontrol.wait)
+ * before it reads x. EARLY: the warp's first row's first U 16-byte weight loads are issued before
+ * that wait (weights are never written during a step), so a block that became resident during the
+ * previous kernel's tail streams while it waits. */
+template <int U, bool EARLY>
+static __global__ void phase_kernel_pdl(const task *tasks, const phase *phases, int p) {
+    int lane = threadIdx.x & 31, wpb = blockDim.x / 32;
+    int gw = blockIdx.x * wpb + threadIdx.x / 32, nw = gridDim.x * wpb;
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    phase ph = phases[p];
+    uint4 v0[U];
+    const task *tk0 = NULL;
+    int rr0 = 0;
+    if (EARLY && gw < ph.rows) {
+        int t = ph.t0;
+        rr0 = gw;
+        while (rr0 >= tasks[t].N) rr0 -= tasks[t].N, t++;
+        tk0 = &tasks[t];
+        const uint16_t *w = tk0->w + (size_t)rr0 * tk0->K;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int k = lane * 8 + u * 256;
+            v0[u] = k < tk0->K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
+        }
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    int r = gw;
+    if (EARLY && tk0) { /* the first row: its first chunk is in v0 */
+        const uint16_t *w = tk0->w + (size_t)rr0 * tk0->K;
+        const float *x = tk0->x;
+        int K = tk0->K;
+        float acc = 0.0f;
+        for (int k0 = lane * 8; k0 < K; k0 += 256 * U) {
+            uint4 v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int k = k0 + u * 256;
+                v[u] = k0 == lane * 8 ? v0[u] : k < K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int k = k0 + u * 256;
+                if (k >= K) break;
+                const float4 *xp = (const float4 *)(x + k);
+                float4 a = xp[0], b = xp[1];
+                acc = fmaf(bf_lo(v[u].x), a.x, acc);
+                acc = fmaf(bf_hi(v[u].x), a.y, acc);
+                acc = fmaf(bf_lo(v[u].y), a.z, acc);
+                acc = fmaf(bf_hi(v[u].y), a.w, acc);
+                acc = fmaf(bf_lo(v[u].z), b.x, acc);
+                acc = fmaf(bf_hi(v[u].z), b.y, acc);
+                acc = fmaf(bf_lo(v[u].w), b.z, acc);
+                acc = fmaf(bf_hi(v[u].w), b.w, acc);
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) tk0->y[rr0] = acc;
+        r += nw;
+    }
+    for (; r < ph.rows; r += nw) {
         int t = ph.t0, rr = r;
         while (rr >= tasks[t].N) rr -= tasks[t].N, t++;
         const task &tk = tasks[t];
@@ -289,6 +360,30 @@ int main(int argc, char **argv) {
         report(name, time_graph(ge));
         CK(cudaGraphExecDestroy(ge));
     }
+    /* a kernel per phase with programmatic dependent launch, first loads before or after the wait */
+    for (int early = 0; early < 2; early++)
+        for (int wpb : {4, 8}) {
+            int blocks = sms * (64 / wpb);
+            cudaGraphExec_t ge = capture([&] {
+                for (int p = 0; p < (int)hp.size(); p++) {
+                    cudaLaunchConfig_t lc = {};
+                    lc.gridDim = dim3(blocks), lc.blockDim = dim3(wpb * 32), lc.stream = st;
+                    cudaLaunchAttribute at[1];
+                    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                    at[0].val.programmaticStreamSerializationAllowed = 1;
+                    lc.attrs = at, lc.numAttrs = 1;
+                    if (early)
+                        CK(cudaLaunchKernelEx(&lc, phase_kernel_pdl<4, true>, (const task *)dt, (const phase *)dp, p));
+                    else
+                        CK(cudaLaunchKernelEx(&lc, phase_kernel_pdl<4, false>, (const task *)dt, (const phase *)dp, p));
+                }
+            });
+            char name[80];
+            snprintf(name, sizeof name, "kernel per phase + PDL%s, %d warps x %d blocks", early ? ", early loads" : "",
+                     wpb, blocks);
+            report(name, time_graph(ge));
+            CK(cudaGraphExecDestroy(ge));
+        }
     /* persistent: one launch, grid barriers */
     struct cfg { int wpb, per_sm, pf, u; };
     for (cfg c : {cfg{16, 1, 0, 4}, cfg{32, 1, 0, 4}, cfg{16, 2, 0, 4}, cfg{16, 1, 1, 4}, cfg{16, 1, 2, 4},

@@ -203,6 +203,22 @@ static bool rope_attention_pair(const msm_graph *g, int i, msm_cuda_exec ex) {
            a->attr.attention.hd == r->attr.rope.hd && msm_graph_readers(g, r->out[0]) == 1;
 }
 
+/* Whether node i is a QK_NORM that runs with the ROPE_KV_WRITE after it in one kernel
+ * (msm_cuda_qk_norm_rope_kv): that node reads its output alone, on the same stream and layer, for
+ * the same heads of qkv rows, with a rotary width the kernel takes, and is not itself taken by
+ * its ATTENTION (rope_attention_pair). */
+static bool qk_rope_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
+    if (!ex.tune->qk_rope || i < 0 || i + 1 >= g->n_nodes) return false;
+    const msm_node *q = &g->nodes[i], *r = &g->nodes[i + 1];
+    const msm_attr_qk_norm *qa = &q->attr.qk_norm;
+    const msm_attr_rope *ra = &r->attr.rope;
+    return q->op == MSM_OP_QK_NORM && r->op == MSM_OP_ROPE_KV_WRITE && r->layer == q->layer &&
+           r->stream == q->stream && r->in[0] == q->out[0] && msm_graph_readers(g, q->out[0]) == 1 &&
+           qa->nh == ra->nh && qa->kvh == ra->kvh && qa->hd == ra->hd &&
+           g->vals[q->in[0]].cols == (ra->nh + 2 * ra->kvh) * ra->hd && ra->hd <= 256 && ra->rot % 64 == 0 &&
+           ra->rot <= ra->hd && rows <= 65535 && !rope_attention_pair(g, i + 1, ex);
+}
+
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
@@ -227,6 +243,17 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_rmsnorm(F(out0), F(in0), cb->w[n->w[0]], ROWS(in0), a->rmsnorm.dim, a->rmsnorm.eps, s));
         break;
     case MSM_OP_QK_NORM:
+        if (qk_rope_pair(g, idx, ROWS(in0), s)) { /* with the ROPE_KV_WRITE after it, into that node's output */
+            const msm_node *rn = &g->nodes[idx + 1];
+            if (!cb->kc[rn->layer])
+                return msm_err_set(err, -EINVAL, "rank %d (GPU %d): layer %d has no KV cache (no ATTENTION)",
+                                   cb->b.rank, cb->device, rn->layer);
+            KTRY(msm_cuda_qk_norm_rope_kv(F(rn->out[0]), F(in0), cb->w[n->w[0]], cb->w[n->w[1]], I32(rn->in[1]),
+                                          I32(rn->in[2]), cb->kc[rn->layer], cb->vc[rn->layer], ROWS(in0),
+                                          a->qk_norm.nh, a->qk_norm.kvh, a->qk_norm.hd, rn->attr.rope.rot,
+                                          rn->attr.rope.theta, a->qk_norm.eps, s));
+            break;
+        }
         KTRY(msm_cuda_qk_norm(F(out0), F(in0), cb->w[n->w[0]], cb->w[n->w[1]], ROWS(in0), g->vals[in0].cols,
                               a->qk_norm.nh, a->qk_norm.kvh, a->qk_norm.hd, a->qk_norm.eps, s));
         break;
@@ -263,6 +290,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
             return msm_err_set(err, -EINVAL, "rank %d (GPU %d): layer %d has no KV cache (no ATTENTION)",
                                cb->b.rank, cb->device, n->layer);
         if (rope_attention_pair(g, idx, s)) break; /* the ATTENTION next does it */
+        if (qk_rope_pair(g, idx - 1, ROWS(in0), s)) break; /* the QK_NORM before did it */
         KTRY(msm_cuda_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
                               ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta, s));
         break;
@@ -1093,8 +1121,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_NATIVE_MAX_T=N         FP8-resident weights take the FP8 GEMVs up to N tokens
  *   MSM_CUDA_FP8_LINEAR=mma|simt|simt_hw the FP8 linear kernel (tensor cores; SIMT GEMV, integer or hardware decode)
  *   MSM_CUDA_FP8_MMA_MIN_T=N            ... mma: the SIMT GEMV below N tokens
- *   MSM_CUDA_FP8_MOE_TILED=1            FP8 experts past FP8_NATIVE_MAX_T take the FP8 tiled GEMMs (0, default:
- *                                       dequantised to bf16; the tiled path is not yet run on a GPU)
+ *   MSM_CUDA_FP8_MOE_TILED=0|1          FP8 experts past FP8_NATIVE_MAX_T take the FP8 tiled GEMMs (1, default)
+ *                                       or are dequantised to bf16 for the bf16 paths (0)
  *   MSM_CUDA_MMV_SLOTS=N                the MMV and MMV8 grids fill at most N blocks an SM (K slices)
  *   MSM_CUDA_MMV_WARPS=4|8              the MMV's warps a block (default 4: 64 rows; 8: 128 rows)
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
@@ -1107,6 +1135,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
  *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
  *   MSM_CUDA_ATT_ROPE=0|1               decode: ROPE_KV_WRITE + its ATTENTION in one kernel (0, default: slower)
+ *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
+ *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
 
@@ -1122,6 +1152,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     const char *s;
     if ((s = getenv("MSM_CUDA_PDL")) && s[0] == '0') t->pdl = false;
     if ((s = getenv("MSM_CUDA_GEMV_PREFETCH"))) t->gemv_prefetch = s[0] == '1';
+    if ((s = getenv("MSM_CUDA_GEMV_EARLY"))) t->gemv_early = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_QK_ROPE"))) t->qk_rope = s[0] != '0';
     if (env_int("MSM_CUDA_GEMV_MAX_T", &v) && v > t->gemv_max_t) t->gemv_max_t = v > 64 ? 64 : v;
     if (env_int("MSM_CUDA_MMV_MIN_T", &v)) t->mmv_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_MAX_T", &v)) t->mmv_max_t = v < 0 ? 0 : v > 64 ? 64 : v;

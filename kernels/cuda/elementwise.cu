@@ -311,7 +311,7 @@ static __global__ void __launch_bounds__(QKN_WARPS * 32)
     for (int j = 0; j < 8; j++) {
         int d = lane + 32 * j;
         v[j] = d < hd ? x[o + d] : 0.0f;
-        ss += v[j] * v[j];
+        ss = fmaf(v[j], v[j], ss); /* explicit, as qk_norm_rope_kv_kernel's */
     }
     const uint16_t *w = h < nh ? wq : h < nh + kvh ? wk : NULL;
     if (!w) { /* v head: copied */
@@ -339,6 +339,89 @@ extern "C" int msm_cuda_qk_norm(float *out, const float *x, const uint16_t *wq, 
     dim3 grid((unsigned)((heads + QKN_WARPS - 1) / QKN_WARPS), (unsigned)T);
     CUDA_TRY(msm_launch(qk_norm_kernel, grid, dim3(QKN_WARPS * 32), 0, ex, out, x, wq, wk, T, C, nh,
                         kvh, hd, eps));
+    return 0;
+}
+
+/* ---- qk_norm + rope_kv: qk_norm_kernel's warp per (token, head) and its arithmetic, then on the
+ * normed values in registers rope_copy_kernel's (msm_rope_cs / _lo / _hi; the pair (d, d + rot/2)
+ * is v[j], v[j + rot/64] of one lane), the k heads (all hd dims) and the v heads into the caches
+ * at slot[t] (none when negative). So out and both caches are bitwise the two kernels'. ---- */
+template <int HJ> /* rot / 64: v[j + HJ] is the other half of v[j]'s pair */
+static __global__ void __launch_bounds__(QKN_WARPS * 32)
+    qk_norm_rope_kv_kernel(float *out, const float *x, const uint16_t *wq, const uint16_t *wk, const int32_t *pos,
+                           const int32_t *slot, uint16_t *kc, uint16_t *vc, int nh, int kvh, int hd, int rot,
+                           float theta, float eps) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    int heads = nh + 2 * kvh, C = heads * hd, lane = threadIdx.x & 31;
+    int h = blockIdx.x * QKN_WARPS + threadIdx.x / 32, t = blockIdx.y;
+    if (h >= heads) return;
+    size_t o = (size_t)t * C + (size_t)h * hd;
+    float v[8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        v[j] = d < hd ? x[o + d] : 0.0f;
+        ss = fmaf(v[j], v[j], ss);
+    }
+    size_t krow = (size_t)kvh * hd;
+    int sl = slot[t];
+    if (h >= nh + kvh) { /* v head: copied, and cached */
+        uint16_t *vr = sl >= 0 ? vc + (size_t)sl * krow + (size_t)(h - nh - kvh) * hd : NULL;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int d = lane + 32 * j;
+            if (d < hd) {
+                out[o + d] = v[j];
+                if (vr) vr[d] = msm_f2bf(v[j]);
+            }
+        }
+        return;
+    }
+    const uint16_t *w = h < nh ? wq : wk;
+    ss = msm_warp_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        if (d < hd) v[j] = msm_bf(w[d]) * (v[j] * inv);
+    }
+#pragma unroll
+    for (int j = 0; j < HJ; j++) { /* dims d = lane + 32 j < rot / 2 */
+        float c, s;
+        msm_rope_cs(pos[t], lane + 32 * j, rot, theta, &c, &s);
+        float a = v[j], b = v[j + HJ];
+        v[j] = msm_rope_lo(a, b, c, s);
+        v[j + HJ] = msm_rope_hi(a, b, c, s);
+    }
+    uint16_t *kr = h >= nh && sl >= 0 ? kc + (size_t)sl * krow + (size_t)(h - nh) * hd : NULL;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        if (d < hd) {
+            out[o + d] = v[j];
+            if (kr) kr[d] = msm_f2bf(v[j]);
+        }
+    }
+}
+
+extern "C" int msm_cuda_qk_norm_rope_kv(float *out, const float *x, const uint16_t *wq, const uint16_t *wk,
+                                        const int32_t *pos, const int32_t *slot, uint16_t *kc, uint16_t *vc, int T,
+                                        int nh, int kvh, int hd, int rot, float theta, float eps, msm_cuda_exec ex) {
+    if (T < 0 || nh <= 0 || kvh <= 0 || hd <= 0 || !rope_shape_ok(hd, rot) || !slot || !kc || !vc) return -EINVAL;
+    if (hd > 256 || rot % 64 || T > 65535) return -ENOTSUP;
+    if (T == 0) return 0;
+    dim3 grid((unsigned)((nh + 2 * kvh + QKN_WARPS - 1) / QKN_WARPS), (unsigned)T);
+#define QKR(HJ_) msm_launch(qk_norm_rope_kv_kernel<HJ_>, grid, dim3(QKN_WARPS * 32), 0, ex, out, x, wq, wk, pos, slot, \
+                            kc, vc, nh, kvh, hd, rot, theta, eps)
+    switch (rot / 64) {
+    case 1: CUDA_TRY(QKR(1)); break;
+    case 2: CUDA_TRY(QKR(2)); break;
+    case 3: CUDA_TRY(QKR(3)); break;
+    default: CUDA_TRY(QKR(4)); break;
+    }
+#undef QKR
     return 0;
 }
 

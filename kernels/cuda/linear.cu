@@ -170,10 +170,13 @@ extern "C" int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K) {
 
 /* Warp (blockIdx.x, warp) owns rows n0..n0+R-1; blockIdx.y the token chunk t0..t0+NT-1. */
 /* U: 16-byte weight loads in flight per lane per row (R * U per lane in all). FP8: w holds e4m3
- * codes and wsc their block scales (msm_rows_dot_fp8); else w is bf16 and wsc unused. */
+ * codes and wsc their block scales (msm_rows_dot_fp8); else w is bf16 and wsc unused. early: the
+ * first step's weight loads go out before the PDL wait (msm_cuda_tuning.gemv_early; never for a
+ * weight written during the step, msm_cuda_exec.w_written). */
 template <int NT, int R, int U, bool VEC, bool FP8, bool HW>
 static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const void *w, const float *wsc, int ph,
-                                                 const uint16_t *bias, int T, int N, int K, bool prefetch) {
+                                                 const uint16_t *bias, int T, int N, int K, bool prefetch,
+                                                 bool early) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int n0 = (blockIdx.x * GEMV_WARPS + warp) * R;
     int t0 = blockIdx.y * NT;
@@ -187,7 +190,7 @@ static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const
         for (size_t o = (size_t)lane * 128; o < bytes; o += 32 * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + o));
     }
-    msm_pdl_wait();
+    if (!early) msm_pdl_wait();
     if (n0 >= N) return;
     int nt = min(NT, T - t0);
     const void *wr[R];
@@ -205,7 +208,7 @@ static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    msm_rows_dot_w<R, NT, U, VEC, FP8, false, HW>(acc, wr, sr, xs, nt, K, ph, lane);
+    msm_rows_dot_w<R, NT, U, VEC, FP8, false, HW>(acc, wr, sr, xs, nt, K, ph, lane, msm_pdl_hook{early});
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float b = (bias && n0 + r < N) ? msm_bf(bias[n0 + r]) : 0.0f;
@@ -220,8 +223,8 @@ static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const
 template <int NT, int R, int U, bool VEC, bool FP8, bool HW>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(float *y, const float *x, const void *w, const float *wsc, int ph, const uint16_t *bias,
-                int T, int N, int K, bool prefetch) {
-    gemv_rows<NT, R, U, VEC, FP8, HW>(y, x, w, wsc, ph, bias, T, N, K, prefetch);
+                int T, int N, int K, bool prefetch, bool early) {
+    gemv_rows<NT, R, U, VEC, FP8, HW>(y, x, w, wsc, ph, bias, T, N, K, prefetch, early);
 }
 
 /* ---- GEMV + residual add + RMSNorm (LINEAR_ADD_RMSNORM, msm_cuda_linear_add_rmsnorm) ----
@@ -241,7 +244,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     static_assert(NT <= 4, "the fused GEMV takes up to 4 tokens");
     __shared__ float part[32];
     __shared__ bool last;
-    gemv_rows<NT, R, U, VEC, false, false>(sum, x, w, NULL, 0, bias, T, N, K, prefetch);
+    gemv_rows<NT, R, U, VEC, false, false>(sum, x, w, NULL, 0, bias, T, N, K, prefetch, false);
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -320,7 +323,7 @@ static void gemv_launch(float *y, const float *x, const void *w, const uint16_t 
     /* (8 loads in flight for R = 1 measured the same at batch 1-32: 2.391 vs 2.363 ms, H200,
      * 2026-11-29; bench/results/2026-11-29-h200-s3) */
     (void)msm_launch(gemv_kernel<NT, R, U, VEC, FP8, HW>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, wsc, ph, bias,
-                     T, N, K, ex.tune->gemv_prefetch);
+                     T, N, K, ex.tune->gemv_prefetch, ex.tune->gemv_early && !ex.w_written);
 }
 
 /* The token chunk of the GEMV over many tokens with a few rows (routers): the largest NT of 8, 4,
@@ -441,11 +444,12 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
 template <int MT, int S, int W>
 static __global__ void __launch_bounds__(W * 32)
     mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
-               int K) {
+               int K, bool early) {
     constexpr int MMV_ROWS = W * 16;
     __shared__ float part[MT * 16 * MMV_ROWS]; /* [token][row in block] */
     msm_pdl_trigger();
-    msm_pdl_wait();
+    /* early (as gemv_rows'): the first chunks' weight loads go out before the wait */
+    if (!early) msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int rank = S > 1 ? (int)cg::this_cluster().block_rank() : 0;
     int nb0 = blockIdx.y * MMV_ROWS;
@@ -471,6 +475,7 @@ static __global__ void __launch_bounds__(W * 32)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[m][j][i] = 0.0f;
 
+    if (early && c0 >= c1) msm_pdl_wait();
     for (int c = c0; c < c1; c += MMV_U) {
         uint4 wv[MMV_U][2];
 #pragma unroll
@@ -479,6 +484,7 @@ static __global__ void __launch_bounds__(W * 32)
             for (int j = 0; j < 2; j++)
                 wv[u][j] = c + u < c1 ? msm_ld_stream16(wr[j] + (size_t)(c + u) * 32)
                                       : make_uint4(0, 0, 0, 0);
+        if (early && c == c0) msm_pdl_wait();
 #pragma unroll
         for (int u = 0; u < MMV_U; u++) {
             if (c + u >= c1) break;
@@ -545,7 +551,8 @@ template <int MT, int S, int W>
 static cudaError_t mmv_launch_s(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
                          int N, int K, msm_cuda_exec ex) {
     dim3 grid((unsigned)S, (unsigned)((N + W * 16 - 1) / (W * 16)));
-    return msm_launch_cluster(mmv_kernel<MT, S, W>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T, N, K);
+    return msm_launch_cluster(mmv_kernel<MT, S, W>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T, N, K,
+                              ex.tune->gemv_early && !ex.w_written);
 }
 
 template <int MT, int W>
@@ -756,5 +763,7 @@ extern "C" int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, co
     if (!deq || deq_bytes < msm_cuda_linear_fp8_deq_bytes(N, K)) return -EINVAL;
     int r = msm_cuda_fp8_dequant(deq, w, 1, N, K, NULL, ex);
     if (r) return r;
-    return msm_cuda_linear(y, x, deq, bias, T, N, K, ctx, ws, ws_bytes, ex);
+    msm_cuda_exec ed = ex;
+    ed.w_written = true; /* deq is the previous kernel's output: no loads of it before the PDL wait */
+    return msm_cuda_linear(y, x, deq, bias, T, N, K, ctx, ws, ws_bytes, ed);
 }

@@ -235,13 +235,20 @@ static __device__ __forceinline__ float msm_fma8_bf16(uint4 w, float4 xa, float4
  * issued before any is used; a NULL row reads nothing and adds nothing. Every partial sum runs
  * over the same 8-element groups in the same order (msm_fma8), so the GEMV and MoE kernels that
  * share this loop agree bit for bit. VEC false (K % 8 != 0 or unaligned rows): one element a lane
- * a step, in k order. The caller reduces acc over the warp. */
-template <int R, int NT, int U, bool VEC, bool DIAG = false>
+ * a step, in k order. The caller reduces acc over the warp.
+ * hook() runs once, after the first step's weight loads are issued and before any vector is read
+ * (VEC; else first): a GEMV passes its PDL wait there, so its first weight loads, which no kernel
+ * writes during a step, overlap the previous kernel's tail (msm_cuda_tuning.gemv_early). */
+struct msm_no_hook {
+    __device__ __forceinline__ void operator()() const {}
+};
+template <int R, int NT, int U, bool VEC, bool DIAG = false, typename Hook = msm_no_hook>
 static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const uint16_t *const (&wr)[R],
                                                     const float *const (&xs)[NT], int nt, int K,
-                                                    int lane) {
+                                                    int lane, Hook hook = Hook()) {
     static_assert(!DIAG || NT == R, "a diagonal dot pairs each row with its own vector");
     if (VEC) {
+        if (lane * 8 >= K) hook(); /* no step: nothing to overlap */
         for (int k0 = lane * 8; k0 < K; k0 += 256 * U) {
             uint4 wv[R][U];
 #pragma unroll
@@ -251,6 +258,7 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
                     int k = k0 + u * 256;
                     wv[r][u] = (wr[r] && k < K) ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
                 }
+            if (k0 == lane * 8) hook();
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int k = k0 + u * 256;
@@ -284,6 +292,7 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
             }
         }
     } else {
+        hook();
         for (int k = lane; k < K; k += 32)
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -427,14 +436,16 @@ static __device__ __forceinline__ float msm_dot16(const float (&w)[16], const fl
  * (and their scales) issued before any is used; acc[r][t] += scale * dot16 per load, in that
  * order (deterministic). G = 0: every row with every vector, each x value read once for all R
  * rows. G > 0: row r with vector r / G alone (NT == R / G; G = 1 is msm_rows_dot's DIAG), the
- * sum in acc[r][r / G], each x value read once for its G rows. HW: the hardware decode. */
-template <int R, int NT, int U, int G = 0, bool HW = false>
+ * sum in acc[r][r / G], each x value read once for its G rows. HW: the hardware decode. hook:
+ * as msm_rows_dot's, after the first step's code and scale loads. */
+template <int R, int NT, int U, int G = 0, bool HW = false, typename Hook = msm_no_hook>
 static __device__ __forceinline__ void msm_rows_dot_fp8(float (&acc)[R][NT], const uint8_t *const (&wr)[R],
                                                         const float *const (&sr)[R],
                                                         const float *const (&xs)[NT], int nt, int K,
-                                                        int ph, int lane) {
+                                                        int ph, int lane, Hook hook = Hook()) {
     static_assert(G == 0 || NT * G == R, "grouped rows: R / G vectors");
     constexpr float XS = HW ? 1.0f : MSM_FP8_X_SCALE, SS = HW ? 1.0f : MSM_FP8_S_SCALE;
+    if (lane * 16 >= K) hook();
     for (int k0 = lane * 16; k0 < K; k0 += 512 * U) {
         uint4 wv[R][U];
         float sv[R][U];
@@ -447,6 +458,7 @@ static __device__ __forceinline__ void msm_rows_dot_fp8(float (&acc)[R][NT], con
                 wv[r][u] = ok ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
                 sv[r][u] = ok ? __ldg(sr[r] + ((k + ph) >> 7)) * SS : 0.0f;
             }
+        if (k0 == lane * 16) hook();
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int k = k0 + u * 512;
@@ -488,21 +500,22 @@ static __device__ __forceinline__ void msm_rows_dot_fp8(float (&acc)[R][NT], con
 }
 
 /* Either kind of weight row: bf16 (FP8 false; sr unused) or FP8 (VEC must be true). */
-template <int R, int NT, int U, bool VEC, bool FP8, bool DIAG = false, bool HW = false>
+template <int R, int NT, int U, bool VEC, bool FP8, bool DIAG = false, bool HW = false,
+          typename Hook = msm_no_hook>
 static __device__ __forceinline__ void msm_rows_dot_w(float (&acc)[R][NT], const void *const (&wr)[R],
                                                       const float *const (&sr)[R],
                                                       const float *const (&xs)[NT], int nt, int K, int ph,
-                                                      int lane) {
+                                                      int lane, Hook hook = Hook()) {
     if constexpr (FP8) {
         const uint8_t *w8[R];
 #pragma unroll
         for (int r = 0; r < R; r++) w8[r] = (const uint8_t *)wr[r];
-        msm_rows_dot_fp8<R, NT, U, DIAG ? 1 : 0, HW>(acc, w8, sr, xs, nt, K, ph, lane);
+        msm_rows_dot_fp8<R, NT, U, DIAG ? 1 : 0, HW>(acc, w8, sr, xs, nt, K, ph, lane, hook);
     } else {
         const uint16_t *w16[R];
 #pragma unroll
         for (int r = 0; r < R; r++) w16[r] = (const uint16_t *)wr[r];
-        msm_rows_dot<R, NT, U, VEC, DIAG>(acc, w16, xs, nt, K, lane);
+        msm_rows_dot<R, NT, U, VEC, DIAG>(acc, w16, xs, nt, K, lane, hook);
     }
 }
 
@@ -689,6 +702,15 @@ static __device__ __forceinline__ void msm_pdl_wait(void) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+/* A rows-dot hook (msm_rows_dot) that passes the PDL wait there when `on` (the kernel did not
+ * wait before its first weight loads), else nothing. */
+struct msm_pdl_hook {
+    bool on;
+    __device__ __forceinline__ void operator()() const {
+        if (on) msm_pdl_wait();
+    }
+};
 
 static __device__ __forceinline__ void msm_pdl_trigger(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

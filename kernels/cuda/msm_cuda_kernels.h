@@ -105,6 +105,10 @@ typedef struct msm_cuda_tuning {
     int lt_split_min_t;       /* cuBLASLt hi + lo split from this T on */
     bool gemv_prefetch;       /* the GEMV pulls its weight rows towards L2 before its PDL wait (off:
                                  measured 2.31 -> 2.11 ms at batch 1 without it, H200, 2026-12-01) */
+    bool gemv_early;          /* the dense GEMVs and MMVs issue their first weight loads into
+                                 registers before their PDL wait (MSM_CUDA_GEMV_EARLY) */
+    bool qk_rope;             /* a QK_NORM and the ROPE_KV_WRITE reading it in one kernel
+                                 (msm_cuda_qk_norm_rope_kv; MSM_CUDA_QK_ROPE) */
     int moe_path;             /* MSM_CUDA_MOE_PATH_*; AUTO picks by T */
     int moe_tiled_min_t;      /* AUTO takes the tiled GEMMs from this T (default: past the grouped GEMVs) */
     int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */
@@ -125,7 +129,8 @@ typedef struct msm_cuda_tuning {
     bool fp8_moe_tiled;       /* FP8-resident experts past fp8_native_max_t, up to
                                  MSM_CUDA_MOE_TILED_MAX_T tokens: the tiled GEMMs on the codes
                                  (moe_tiled.cu); off: dequantised to bf16 for the bf16 paths, as
-                                 before. Off by default until run on a GPU (MSM_CUDA_FP8_MOE_TILED=1) */
+                                 before (MSM_CUDA_FP8_MOE_TILED=0). On by default: 2.2x faster at
+                                 batch 128 (H200, 2026-12-02) */
     int mmv_slots;            /* the MMV's and MMV8's K slices fill at most this many blocks an SM in
                                  one wave (MSM_CUDA_MMV_SLOTS; 0: the kernel's occupancy, below) */
     int mmv_per_sm;           /* resident blocks of the MMV (mmv_kernel<1, 8, 8>) on one SM */
@@ -180,6 +185,8 @@ typedef struct msm_cuda_exec {
     cudaStream_t stream;
     const msm_cuda_tuning *tune;
     bool decode;
+    bool w_written; /* the weight was written earlier in this step (a dequantised copy): the
+                       kernels load it only after their PDL wait (gemv_early, mmv_early) */
 } msm_cuda_exec;
 
 /* Per-rank CUDA context: the cuBLASLt handle and a cache of matmul plans (layouts + the
@@ -235,6 +242,15 @@ int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, const int32
  * hd <= 256; out may equal x. One launch for all tokens. */
 int msm_cuda_qk_norm(float *out, const float *x, const uint16_t *wq, const uint16_t *wk, int T,
                      int C, int nh, int kvh, int hd, float eps, msm_cuda_exec ex);
+
+/* msm_cuda_qk_norm of qkv rows [T, (nh + 2*kvh)*hd] followed by msm_cuda_rope_kv of its output,
+ * in one launch (one warp a (token, head): the head normed, rotated and cached in registers), bit
+ * for bit the two: out and both caches. Takes rot / 2 a multiple of 32 (every half of a pair in
+ * the same lane), hd <= 256 and T <= 65535; else -ENOTSUP (the caller runs the two). out may
+ * equal x. */
+int msm_cuda_qk_norm_rope_kv(float *out, const float *x, const uint16_t *wq, const uint16_t *wk, const int32_t *pos,
+                             const int32_t *slot, uint16_t *kc, uint16_t *vc, int T, int nh, int kvh, int hd,
+                             int rot, float theta, float eps, msm_cuda_exec ex);
 
 /* msm_cuda_kv_write with k, v rows ld floats apart (e.g. read in place from qkv rows). */
 int msm_cuda_kv_write_ld(uint16_t *kc, uint16_t *vc, const float *k, const float *v, size_t ld,

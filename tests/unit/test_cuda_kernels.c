@@ -48,13 +48,13 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_LINEAR", "MSM_CUDA_MOE_PATH", "MSM_CUDA_MOE_KERNELS", "MSM_CUDA_AR",
                                  "MSM_CUDA_FP8_MMA_MIN_T", "MSM_CUDA_ATT_MMA", "MSM_CUDA_ATT_MMA_MIN_BLOCKS",
                                  "MSM_CUDA_ROUTER_CHUNK_PER_SM", "MSM_CUDA_ATT_CLUSTER", "MSM_CUDA_ATT_EARLY",
-                                 "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED"};
+                                 "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
-    t.fp8_moe_tiled = true;
+    t.fp8_moe_tiled = t.gemv_early = t.qk_rope = true;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -67,8 +67,9 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ATT_MMA", "5", 1), setenv("MSM_CUDA_ATT_MMA_MIN_BLOCKS", "-3", 1);
     setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1), setenv("MSM_CUDA_FP8_MOE_TILED", "0", 1);
     setenv("MSM_CUDA_ATT_CLUSTER", "0", 1), setenv("MSM_CUDA_ATT_EARLY", "0", 1), setenv("MSM_CUDA_ATT_ROPE", "0", 1);
+    setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1);
     msm_cuda_tuning_from_env(&t);
-    cr_expect(!t.att_cluster && !t.att_early && !t.att_rope);
+    cr_expect(!t.att_cluster && !t.att_early && !t.att_rope && !t.gemv_early && !t.qk_rope);
     cr_expect(!t.pdl && t.gemv_prefetch);
     cr_expect_eq(t.mmv_max_t, 64, "clamped to 64");
     cr_expect_eq(t.mmv_slots, 3);
@@ -1219,7 +1220,62 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
     linear_fp8_case(ctx, EX_T(&t), 100, 1000, 1024, 64, 0, true, 5e-5);
     linear_fp8_case(ctx, EX, 100, 1000, 1024, 0, 1, true, 5e-5);
     linear_fp8_case(ctx, EX, 2, 300, 200, 0, 0, true, 2e-5);
+    /* the dequantised copy on the GEMV and the MMV: written by the kernel just before, so loaded
+     * only after the PDL wait (msm_cuda_exec.w_written), early loads on or not */
+    t.fp8_native_max_t = 0;
+    for (int e = 0; e < 2; e++) {
+        t.gemv_early = e;
+        linear_fp8_case(ctx, EX_T(&t), 1, 2048, 2048, 0, 1, true, 2e-5);
+        linear_fp8_case(ctx, EX_T(&t), 6, 6144, 2048, 0, 0, true, 2e-5);
+    }
     msm_cuda_ctx_free(ctx);
+}
+
+/* First weight loads before the PDL wait (gemv_early): the dense GEMV (1..4 tokens) and MMV (5..8),
+ * bf16 and FP8, give the bits of the kernels that wait first, and read the x that the kernel just
+ * before them writes (an RMSNorm into a buffer poisoned just before it on the same stream, so an x
+ * read ahead of the wait would show); on the CPU's product as well. */
+Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
+    need_gpu();
+    static const int shapes[][2] = {{2048, 2048}, {6144, 2048}, {2048, 5632}, {300, 1408}, {37984, 256}};
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int N = shapes[s][0], K = shapes[s][1], Tm = 8;
+        float *x = host_f32((size_t)Tm * K, 1.0f), *wf, *nf, *xn = malloc((size_t)Tm * K * 4);
+        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *nb = host_bf16(K, 1.0f, &nf);
+        msm_cpu_rmsnorm(xn, x, nf, Tm, K, 1e-6f);
+        fp8_weight w8 = fp8_make(1, N, K, 0, false);
+        float *dx = dev_up(x, (size_t)Tm * K * 4), *dxn = dev((size_t)Tm * K * 4);
+        uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *dn = dev_up(nb, (size_t)K * 2);
+        float *dy = dev((size_t)Tm * N * 4), *o[2], *ref = malloc((size_t)Tm * N * 4);
+        o[0] = malloc((size_t)Tm * N * 4), o[1] = malloc((size_t)Tm * N * 4);
+        for (int fp8 = 0; fp8 < 2; fp8++)
+            for (int T = 1; T <= Tm; T++) {
+                msm_cpu_linear(ref, xn, fp8 ? w8.f : wf, NULL, T, N, K);
+                for (int e = 0; e < 2; e++) {
+                    msm_cuda_tuning t = tune0;
+                    t.gemv_early = e;
+                    t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT; /* the GEMV at every T (the MMV8 waits first) */
+                    msm_cuda_exec ex = {.stream = st, .tune = &t};
+                    CK(cudaMemsetAsync(dxn, 0xff, (size_t)Tm * K * 4, st));
+                    CK(msm_cuda_rmsnorm(dxn, dx, dn, T, K, 1e-6f, ex));
+                    if (fp8)
+                        CK(msm_cuda_linear_fp8(dy, dxn, w8.d, NULL, T, N, K, NULL, NULL, 0, NULL, 0, ex));
+                    else
+                        CK(msm_cuda_linear(dy, dxn, dw, NULL, T, N, K, NULL, NULL, 0, ex));
+                    CK(cudaStreamSynchronize(st));
+                    down(o[e], dy, (size_t)T * N * 4);
+                }
+                cr_expect(memcmp(o[0], o[1], (size_t)T * N * 4) == 0, "early loads change the bits: %s T=%d N=%d K=%d",
+                          fp8 ? "fp8" : "bf16", T, N, K);
+                CHECK_ERR(o[1], ref, (size_t)T * N, 2e-5, "early loads %s T=%d N=%d K=%d", fp8 ? "fp8" : "bf16", T, N, K);
+            }
+        cudaFree(dx), cudaFree(dxn), cudaFree(dw), cudaFree(dn), cudaFree(dy);
+        fp8_free(&w8);
+        free(x), free(wf), free(nf), free(xn), free(wb), free(nb), free(ref), free(o[0]), free(o[1]);
+    }
+    cudaStreamDestroy(st);
 }
 
 /* The dequantisation is bit for bit the host's msm_f32_to_bf16(f32(q) * scale), NaN codes (bf16
@@ -1558,6 +1614,57 @@ Test(cuda_kernels, rope_kv_equals_rope_copy_then_kv_write, .timeout = 60) {
         cudaFree(k1), cudaFree(v1), cudaFree(k2), cudaFree(v2);
         free(x), free(pos), free(slot), free(h1), free(h2), free(c1), free(c2);
     }
+}
+
+/* QK_NORM + ROPE_KV_WRITE in one kernel (msm_cuda_qk_norm_rope_kv) = qk_norm then rope_kv on its
+ * output, bitwise: the rows and both caches, with a padding row (slot -1) left unwritten, full and
+ * partial rotary (rot 64..256), in place; a rotary width or head size it does not take is refused
+ * with -ENOTSUP (the backend then runs the two kernels). */
+Test(cuda_kernels, qk_norm_rope_kv_equals_qk_norm_then_rope_kv, .timeout = 60) {
+    need_gpu();
+    /* T, nh, kvh, hd, rot, inplace */
+    static const int shapes[][6] = {{1, 32, 4, 128, 128, 0}, {8, 32, 4, 128, 128, 1}, {7, 12, 2, 128, 64, 0},
+                                    {40, 4, 4, 64, 64, 0},   {3, 8, 1, 256, 256, 1},  {5, 6, 2, 256, 192, 0},
+                                    {130, 16, 4, 128, 128, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s][0], nh = shapes[s][1], kvh = shapes[s][2], hd = shapes[s][3], rot = shapes[s][4];
+        int inplace = shapes[s][5], C = (nh + 2 * kvh) * hd, nslots = 4 * MSM_KV_BLOCK;
+        size_t n = (size_t)T * C, cache = (size_t)nslots * kvh * hd;
+        float *x = host_f32(n, 2.0f), *wqf, *wkf;
+        uint16_t *wq = host_bf16(hd, 1.0f, &wqf), *wk = host_bf16(hd, 1.0f, &wkf);
+        int32_t *pos = malloc(T * 4), *slot = malloc(T * 4);
+        for (int t = 0; t < T; t++) pos[t] = rndi(4000), slot[t] = t == T - 1 && T > 1 ? -1 : (t * 7) % nslots;
+        float *dx = dev_up(x, n * 4), *o1 = dev_poison(n * 4), *o2 = inplace ? dev_up(x, n * 4) : dev_poison(n * 4);
+        float *dn = dev_poison(n * 4);
+        int32_t *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
+        uint16_t *dwq = dev_up(wq, hd * 2), *dwk = dev_up(wk, hd * 2);
+        uint16_t *k1 = dev_poison(cache * 2), *v1 = dev_poison(cache * 2), *k2 = dev_poison(cache * 2),
+                 *v2 = dev_poison(cache * 2);
+        CK(msm_cuda_qk_norm(dn, dx, dwq, dwk, T, C, nh, kvh, hd, 1e-6f, EX));
+        CK(msm_cuda_rope_kv(o1, dn, dpos, dslot, k1, v1, T, nh, kvh, hd, rot, 1e6f, EX));
+        CK(msm_cuda_qk_norm_rope_kv(o2, inplace ? o2 : dx, dwq, dwk, dpos, dslot, k2, v2, T, nh, kvh, hd, rot, 1e6f,
+                                    1e-6f, EX));
+        float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
+        uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
+        down(h1, o1, n * 4), down(h2, o2, n * 4);
+        cr_assert(memcmp(h1, h2, n * 4) == 0, "rows differ (T=%d nh=%d kvh=%d hd=%d rot=%d)", T, nh, kvh, hd, rot);
+        down(c1, k1, cache * 2), down(c2, k2, cache * 2);
+        cr_assert(memcmp(c1, c2, cache * 2) == 0, "K caches differ (T=%d nh=%d kvh=%d hd=%d rot=%d)", T, nh, kvh, hd, rot);
+        down(c1, v1, cache * 2), down(c2, v2, cache * 2);
+        cr_assert(memcmp(c1, c2, cache * 2) == 0, "V caches differ (T=%d nh=%d kvh=%d hd=%d rot=%d)", T, nh, kvh, hd, rot);
+        cudaFree(dx), cudaFree(o1), cudaFree(o2), cudaFree(dn), cudaFree(dpos), cudaFree(dslot), cudaFree(dwq),
+            cudaFree(dwk);
+        cudaFree(k1), cudaFree(v1), cudaFree(k2), cudaFree(v2);
+        free(x), free(wqf), free(wkf), free(wq), free(wk), free(pos), free(slot), free(h1), free(h2), free(c1), free(c2);
+    }
+    /* what it does not take */
+    int32_t *dp = dev(64), *dsl = dev(64);
+    float *db = dev(1 << 20);
+    uint16_t *dc = dev(1 << 20);
+    cr_expect_eq(msm_cuda_qk_norm_rope_kv(db, db, dc, dc, dp, dsl, dc, dc, 1, 4, 2, 128, 96, 1e6f, 1e-6f, EX), -ENOTSUP);
+    cr_expect_eq(msm_cuda_qk_norm_rope_kv(db, db, dc, dc, dp, dsl, dc, dc, 1, 4, 2, 320, 320, 1e6f, 1e-6f, EX), -ENOTSUP);
+    cr_expect_eq(msm_cuda_qk_norm_rope_kv(db, db, dc, dc, dp, dsl, dc, dc, 1, 4, 2, 128, 130, 1e6f, 1e-6f, EX), -EINVAL);
+    cudaFree(dp), cudaFree(dsl), cudaFree(db), cudaFree(dc);
 }
 
 /* Decode attention with RoPE in the same kernel (msm_cuda_attention_rope, tuning att_rope, decode:

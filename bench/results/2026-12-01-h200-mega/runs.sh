@@ -75,6 +75,8 @@ r2)
     ;;
 r3)
     { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt
+    el probe | tee -a $OUT/gpu.txt
+    timeout 100 gpu-run/bin/mega_probe > $OUT/probe.txt 2>&1
     el kernels | tee -a $OUT/gpu.txt
     timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -25 > $OUT/kernels.txt
     el bench | tee -a $OUT/gpu.txt
@@ -88,7 +90,11 @@ r3)
     for p in qwen3-30b-a3b-fp8 glm-4.5-air-fp8; do
         b $p 1,8,32 fp8 --
         b $p 1,8,32 fp8 MSM_CUDA_ATT_CLUSTER=0 MSM_CUDA_ATT_EARLY=0 --
+        b $p 128,256 fp8 --
+        b $p 128,256 fp8 MSM_CUDA_FP8_MOE_TILED=1 --
     done
+    b qwen1.5-moe-a2.7b 128,256 fp8 --
+    b qwen3-30b-a3b 128,256 fp8 --
     el check | tee -a $OUT/gpu.txt
     CHECK_MODELS=qwen2moe-gqa,qwen3moe,glm4moe-fp8 timeout 200 python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el profile | tee -a $OUT/gpu.txt
