@@ -109,6 +109,9 @@ typedef struct msm_cuda_tuning {
                                  registers before their PDL wait (MSM_CUDA_GEMV_EARLY) */
     bool qk_rope;             /* a QK_NORM and the ROPE_KV_WRITE reading it in one kernel
                                  (msm_cuda_qk_norm_rope_kv; MSM_CUDA_QK_ROPE) */
+    size_t l2_prefetch_max;   /* the (add +) RMSNorm, MoE combine + norm, QK norm and RoPE kernels
+                                 pull the first this many bytes of the next weight on their stream
+                                 into L2 (msm_cuda_exec.l2_pf; 0: off; MSM_CUDA_L2_PREFETCH=MiB) */
     int moe_path;             /* MSM_CUDA_MOE_PATH_*; AUTO picks by T */
     int moe_tiled_min_t;      /* AUTO takes the tiled GEMMs from this T (default: past the grouped GEMVs) */
     int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */
@@ -130,7 +133,7 @@ typedef struct msm_cuda_tuning {
                                  MSM_CUDA_MOE_TILED_MAX_T tokens: the tiled GEMMs on the codes
                                  (moe_tiled.cu); off: dequantised to bf16 for the bf16 paths, as
                                  before (MSM_CUDA_FP8_MOE_TILED=0). On by default: 2.2x faster at
-                                 batch 128 (H200, 2026-12-02) */
+                                 batch 128 (H200, 2026-12-01) */
     int mmv_slots;            /* the MMV's and MMV8's K slices fill at most this many blocks an SM in
                                  one wave (MSM_CUDA_MMV_SLOTS; 0: the kernel's occupancy, below) */
     int mmv_per_sm;           /* resident blocks of the MMV (mmv_kernel<1, 8, 8>) on one SM */
@@ -187,6 +190,8 @@ typedef struct msm_cuda_exec {
     bool decode;
     bool w_written; /* the weight was written earlier in this step (a dequantised copy): the
                        kernels load it only after their PDL wait (gemv_early, mmv_early) */
+    const void *l2_pf;  /* NULL, or bytes the norm / RoPE kernels pull into L2 before their PDL */
+    size_t l2_pf_bytes; /* wait: the next node's weight (tuning l2_prefetch_max, msm_l2_prefetch) */
 } msm_cuda_exec;
 
 /* Per-rank CUDA context: the cuBLASLt handle and a cache of matmul plans (layouts + the

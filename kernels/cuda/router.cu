@@ -54,16 +54,21 @@ static __device__ __forceinline__ int select_next(const float (&v)[ROUTER_PER_LA
 }
 
 /* Softmax + top-k of token t's E logits at l, by one warp. The logits are read through L2
- * (__ldcg): the fused router's last block reads what other blocks of its grid wrote. */
+ * (__ldcg): the fused router's last block reads what other blocks of its grid wrote. With rank
+ * (shared memory, rank[j] the id of the j-th best, or -1), the selection is taken from there
+ * unless a slot is empty or a logit is NaN; else (and without rank) k rounds of select_next. The
+ * weights are the same bits either way. */
 static __device__ __forceinline__ void topk_token(int32_t *ids, float *w, const float *l, int t, int E, int k,
-                                                  bool norm, int lane) {
+                                                  bool norm, int lane, const int *rank = NULL) {
     float v[ROUTER_PER_LANE];
     float mx = -INFINITY;
+    bool nan = false;
 #pragma unroll
     for (int i = 0; i < ROUTER_PER_LANE; i++) {
         int e = i * 32 + lane;
         v[i] = e < E ? __ldcg(l + e) : -INFINITY;
         mx = fmaxf(mx, v[i]);
+        nan |= isnan(v[i]);
     }
     mx = msm_warp_max(mx);
     float sum = 0.0f;
@@ -72,15 +77,25 @@ static __device__ __forceinline__ void topk_token(int32_t *ids, float *w, const 
         if (i * 32 + lane < E) sum += expf(v[i] - mx);
     sum = msm_warp_sum(sum);
 
-    unsigned taken = 0; /* bit i: this lane's element i already selected */
     float wt[8];
     int id[8];
+    bool ranked = rank && !__any_sync(MSM_FULL_MASK, nan || (lane < k && rank[lane] < 0));
+    if (ranked) {
 #pragma unroll
-    for (int j = 0; j < 8; j++) { /* unrolled so wt/id stay in registers */
-        if (j >= k) break;
-        float bv, unused;
-        id[j] = select_next<false>(v, v, taken, E, lane, bv, unused);
-        wt[j] = expf(bv - mx) / sum;
+        for (int j = 0; j < 8; j++) {
+            if (j >= k) break;
+            id[j] = rank[j];
+            wt[j] = expf(__ldcg(l + id[j]) - mx) / sum;
+        }
+    } else {
+        unsigned taken = 0; /* bit i: this lane's element i already selected */
+#pragma unroll
+        for (int j = 0; j < 8; j++) { /* unrolled so wt/id stay in registers */
+            if (j >= k) break;
+            float bv, unused;
+            id[j] = select_next<false>(v, v, taken, E, lane, bv, unused);
+            wt[j] = expf(bv - mx) / sum;
+        }
     }
     float s = 0.0f;
 #pragma unroll
@@ -147,7 +162,25 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (warp == 0) topk_token(ids, w, logits + (size_t)t * E, t, E, k, norm, lane);
+    /* the block's threads rank the logits at once (e's rank: the logits above it, or equal at a
+     * lower id: topk_token's order), instead of k dependent rounds of warp arg-max */
+    __shared__ float lg[32 * ROUTER_PER_LANE];
+    __shared__ int rank[8];
+    const float *l = logits + (size_t)t * E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) lg[e] = __ldcg(l + e);
+    if (threadIdx.x < 8) rank[threadIdx.x] = -1;
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        float v = lg[e];
+        int r = 0;
+        for (int f = 0; f < E; f++) {
+            float u = lg[f];
+            r += u > v || (u == v && f < e);
+        }
+        if (r < k) rank[r] = e; /* unique without NaN; topk_token checks */
+    }
+    __syncthreads();
+    if (warp == 0) topk_token(ids, w, l, t, E, k, norm, lane, rank);
     if (threadIdx.x == 0) ctr[t] = 0;
 }
 

@@ -15,6 +15,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->gemv_prefetch = false; /* measured slower at batch 1 (bench/results/2026-12-01-h200) */
     t->gemv_early = true;
     t->qk_rope = true;
+    t->l2_prefetch_max = (size_t)32 << 20;
     t->gemv_max_t = MSM_CUDA_GEMV_MAX_T;
     t->mmv_min_t = MSM_CUDA_MMV_MIN_T;
     t->mmv_max_t = MSM_CUDA_MMV_MAX_T;
@@ -29,9 +30,9 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->fp8_resident = true;
     t->fp8_native_max_t = MSM_CUDA_FP8_NATIVE_MAX_T;
     t->fp8_mma_min_t = MSM_CUDA_FP8_MMA_MIN_T;
-    /* against dequantising the experts to bf16 each step (H200, 2026-12-02, ms a step at batch
+    /* against dequantising the experts to bf16 each step (H200, 2026-12-01 sixth session, ms a step at batch
      * 128 / 256): Qwen3-30B-A3B FP8 45.7 / 51.0 -> 20.5 / 26.4, GLM-4.5-Air FP8 125.8 / 147.7 ->
-     * 57.8 / 85.7 (bench/results/2026-12-02-h200); MSM_CUDA_FP8_MOE_TILED=0 dequantises */
+     * 57.8 / 85.7 (bench/results/2026-12-01-h200-s6); MSM_CUDA_FP8_MOE_TILED=0 dequantises */
     t->fp8_moe_tiled = true;
     t->att_max_split = 16;
     t->att_group = 4;

@@ -97,7 +97,7 @@ for m in MODELS:
             # the context splits merged by the last block, no K/V loads before the PDL wait
             at, al = run(d, p, n, "--backend", "cuda",
                          env={"MSM_CUDA_ATT_ROPE": "0", "MSM_CUDA_ATT_CLUSTER": "0", "MSM_CUDA_ATT_EARLY": "0"})
-            # as before 2026-12-02: QK_NORM and ROPE_KV_WRITE two kernels, the GEMVs' weight loads after
+            # as before 2026-12-01 (sixth session): QK_NORM and ROPE_KV_WRITE two kernels, the GEMVs' weight loads after
             # their PDL wait
             qt, ql = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_QK_ROPE": "0", "MSM_CUDA_GEMV_EARLY": "0"})
             if TP2:  # the all-reduce + add + norm unfused, and NCCL for every all-reduce

@@ -48,7 +48,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_LINEAR", "MSM_CUDA_MOE_PATH", "MSM_CUDA_MOE_KERNELS", "MSM_CUDA_AR",
                                  "MSM_CUDA_FP8_MMA_MIN_T", "MSM_CUDA_ATT_MMA", "MSM_CUDA_ATT_MMA_MIN_BLOCKS",
                                  "MSM_CUDA_ROUTER_CHUNK_PER_SM", "MSM_CUDA_ATT_CLUSTER", "MSM_CUDA_ATT_EARLY",
-                                 "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE"};
+                                 "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
+                                 "MSM_CUDA_L2_PREFETCH"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -67,8 +68,9 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ATT_MMA", "5", 1), setenv("MSM_CUDA_ATT_MMA_MIN_BLOCKS", "-3", 1);
     setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1), setenv("MSM_CUDA_FP8_MOE_TILED", "0", 1);
     setenv("MSM_CUDA_ATT_CLUSTER", "0", 1), setenv("MSM_CUDA_ATT_EARLY", "0", 1), setenv("MSM_CUDA_ATT_ROPE", "0", 1);
-    setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1);
+    setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1), setenv("MSM_CUDA_L2_PREFETCH", "5000", 1);
     msm_cuda_tuning_from_env(&t);
+    cr_expect_eq(t.l2_prefetch_max, (size_t)1024 << 20, "MiB, clamped to 1024");
     cr_expect(!t.att_cluster && !t.att_early && !t.att_rope && !t.gemv_early && !t.qk_rope);
     cr_expect(!t.pdl && t.gemv_prefetch);
     cr_expect_eq(t.mmv_max_t, 64, "clamped to 64");
@@ -841,18 +843,25 @@ Test(cuda_kernels, router_topk_matches_cpu, .timeout = 60) {
 /* Group-limited sigmoid router (GLM-4.5, DeepSeek-V3 shapes and odd ones): ids equal the CPU's
  * (or tie with them in choice score), weights within fp32 rounding; an exact tie of two experts
  * goes to the lower id on both. */
-/* The router GEMV + top-k in one launch equals msm_cuda_linear then msm_cuda_router_topk bit for
- * bit (ids, weights), over repeated calls (the counters return to zero), T past the fused range
- * (the pair inside the launcher) and K not a multiple of 8. */
+/* The router GEMV + top-k in one launch (its last block ranks the logits in parallel) equals
+ * msm_cuda_linear then msm_cuda_router_topk (k rounds of warp arg-max) bit for bit (ids, weights),
+ * over repeated calls (the counters return to zero), T past the fused range (the pair inside the
+ * launcher), K not a multiple of 8, an exact tie at the top of token 0 (two equal rows aligned
+ * with its x: lowest id first) and a NaN logit (the fused kernel falls back to the rounds). */
 Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
     need_gpu();
-    static const int shapes[][5] = {{1, 60, 2048, 4, 1}, {8, 60, 2048, 4, 0}, {64, 128, 512, 8, 1},
-                                    {70, 60, 256, 4, 0}, {3, 7, 100, 7, 1},   {1, 256, 4096, 8, 1}};
+    static const int shapes[][6] = {{1, 60, 2048, 4, 1, 0}, {8, 60, 2048, 4, 0, 0}, {64, 128, 512, 8, 1, 0},
+                                    {70, 60, 256, 4, 0, 0}, {3, 7, 100, 7, 1, 0},   {1, 256, 4096, 8, 1, 0},
+                                    {1, 128, 2048, 8, 1, 1}, {4, 60, 2048, 4, 0, 1}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int T = shapes[s][0], E = shapes[s][1], K = shapes[s][2], k = shapes[s][3];
         bool norm = shapes[s][4];
         float *wf, *x = host_f32((size_t)T * K, 1.0f);
         uint16_t *wb = host_bf16((size_t)E * K, 0.05f, &wf);
+        if (E > 5)
+            for (int j = 0; j < K; j++) /* rows 3 and 5: token 0's top two, tied */
+                wb[(size_t)3 * K + j] = wb[(size_t)5 * K + j] = x[j] >= 0.0f ? 0x3d4c : 0xbd4c; /* +-0.05 */
+        if (shapes[s][5]) wb[(size_t)(E - 1) * K] = 0x7fc0; /* NaN: the last expert's logit */
         float *dx = dev_up(x, (size_t)T * K * 4), *dl = dev_poison((size_t)T * E * 4);
         uint16_t *dwr = dev_up(wb, (size_t)E * K * 2);
         size_t wsb = msm_cuda_router_ws_bytes(T, E);
@@ -1628,7 +1637,8 @@ Test(cuda_kernels, qk_norm_rope_kv_equals_qk_norm_then_rope_kv, .timeout = 60) {
                                     {130, 16, 4, 128, 128, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int T = shapes[s][0], nh = shapes[s][1], kvh = shapes[s][2], hd = shapes[s][3], rot = shapes[s][4];
-        int inplace = shapes[s][5], C = (nh + 2 * kvh) * hd, nslots = 4 * MSM_KV_BLOCK;
+        /* slots (7t) % nslots all distinct: a shared slot would make the cache's winner a race */
+        int inplace = shapes[s][5], C = (nh + 2 * kvh) * hd, nslots = (7 * T / MSM_KV_BLOCK + 1) * MSM_KV_BLOCK;
         size_t n = (size_t)T * C, cache = (size_t)nslots * kvh * hd;
         float *x = host_f32(n, 2.0f), *wqf, *wkf;
         uint16_t *wq = host_bf16(hd, 1.0f, &wqf), *wk = host_bf16(hd, 1.0f, &wkf);
