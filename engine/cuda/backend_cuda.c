@@ -219,38 +219,11 @@ static bool qk_rope_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) 
            ra->rot <= ra->hd && rows <= 65535 && !rope_attention_pair(g, i + 1, ex);
 }
 
-/* The L2 prefetch hint of node i (msm_cuda_exec.l2_pf): for the small kernels that take one (the
- * norms, the MoE combine + norm, QK norm, RoPE), the weight of the next LINEAR / LINEAR_ADD_RMSNORM
- * / ROUTER_LINEAR_TOPK on the same stream within a few nodes (its FP8 codes where FP8-resident),
- * at most tuning l2_prefetch_max bytes of it; none past a MOE_EXPERTS (its weights are picked
- * by the router) or a collective. */
-static void l2_hint(const cuda_backend *cb, const msm_graph *g, int i, msm_cuda_exec *ex) {
-    const msm_node *n = &g->nodes[i];
-    size_t cap = ex->tune->l2_prefetch_max;
-    if (!cap || !(n->op == MSM_OP_RMSNORM || n->op == MSM_OP_ADD_RMSNORM || n->op == MSM_OP_MOE_COMBINE_NORM ||
-                  n->op == MSM_OP_ROPE_KV_WRITE || n->op == MSM_OP_QK_NORM))
-        return;
-    for (int j = i + 1; j < g->n_nodes && j <= i + 4; j++) {
-        const msm_node *m = &g->nodes[j];
-        if (m->stream != n->stream) continue;
-        if (m->op == MSM_OP_MOE_EXPERTS || m->op == MSM_OP_ALLREDUCE) return;
-        if (m->op != MSM_OP_LINEAR && m->op != MSM_OP_LINEAR_ADD_RMSNORM && m->op != MSM_OP_ROUTER_LINEAR_TOPK)
-            continue;
-        int wi = m->w[0];
-        if (wi < 0) return;
-        size_t bytes = cb->w_elems[wi] * (cb->w8[wi] ? 1 : cb->w_f32[wi] ? 4 : 2);
-        ex->l2_pf = cb->w8[wi] ? (const void *)cb->w8[wi] : (const void *)cb->w[wi];
-        ex->l2_pf_bytes = bytes < cap ? bytes : cap;
-        return;
-    }
-}
-
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
     if (cb->skip_ops >> n->op & 1) return 0;
     msm_cuda_exec s = exec_on(cb, n->stream, d);
-    l2_hint(cb, g, idx, &s);
     void *ws = cb->ws[n->stream];
     const msm_attr *a = &n->attr;
     int in0 = n->in[0], out0 = n->out[0];
@@ -1162,7 +1135,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
  *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
  *   MSM_CUDA_ATT_ROPE=0|1               decode: ROPE_KV_WRITE + its ATTENTION in one kernel (0, default: slower)
- *   MSM_CUDA_L2_PREFETCH=MiB            the norm / RoPE kernels pull the first MiB of the next weight into L2 (0: off)
+ *   MSM_CUDA_FP8_MOE_TILED_MIN_T=N      ... from N tokens on (default 8), the FP8 GEMVs below
+ *   MSM_CUDA_FP8_GEMV_ROWS=1|2|4        rows a warp of the FP8 SIMT GEMV (4, default)
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
@@ -1182,7 +1156,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_GEMV_PREFETCH"))) t->gemv_prefetch = s[0] == '1';
     if ((s = getenv("MSM_CUDA_GEMV_EARLY"))) t->gemv_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_QK_ROPE"))) t->qk_rope = s[0] != '0';
-    if (env_int("MSM_CUDA_L2_PREFETCH", &v)) t->l2_prefetch_max = v <= 0 ? 0 : (size_t)(v > 1024 ? 1024 : v) << 20;
+    if (env_int("MSM_CUDA_FP8_GEMV_ROWS", &v)) t->fp8_gemv_rows = v == 1 || v == 2 ? v : 4;
+    if (env_int("MSM_CUDA_FP8_MOE_TILED_MIN_T", &v)) t->fp8_moe_tiled_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_GEMV_MAX_T", &v) && v > t->gemv_max_t) t->gemv_max_t = v > 64 ? 64 : v;
     if (env_int("MSM_CUDA_MMV_MIN_T", &v)) t->mmv_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_MAX_T", &v)) t->mmv_max_t = v < 0 ? 0 : v > 64 ? 64 : v;

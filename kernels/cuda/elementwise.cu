@@ -40,9 +40,8 @@ extern "C" int msm_cuda_embed(float *out, const uint16_t *table, const int32_t *
 /* sum = a (+ b), out = rmsnorm(sum) * w; sum NULL: not stored. */
 template <int V>
 static __global__ void add_rmsnorm_kernel(float *sum, float *out, const float *a, const float *b,
-                                   const uint16_t *w, int dim, float eps, const void *pf, size_t pf_bytes) {
+                                   const uint16_t *w, int dim, float eps) {
     msm_pdl_trigger();
-    msm_l2_prefetch(pf, pf_bytes);
     float wv[V];
     msm_norm_w_load<V>(w, dim, wv);
     msm_pdl_wait();
@@ -66,7 +65,7 @@ static int add_rmsnorm_launch(float *sum, float *out, const float *a, const floa
 #define NORM_CASE(V)                                                                               \
     case V:                                                                                        \
         CUDA_TRY(msm_launch(add_rmsnorm_kernel<V>, dim3((unsigned)rows), dim3((unsigned)threads), 0, \
-                            ex, sum, out, a, b, w, dim, eps, ex.l2_pf, ex.l2_pf_bytes));       \
+                            ex, sum, out, a, b, w, dim, eps));                                 \
         break;
         NORM_CASE(1) NORM_CASE(2) NORM_CASE(4) NORM_CASE(8) NORM_CASE(16) NORM_CASE(32)
     default: return -EINVAL;
@@ -92,10 +91,8 @@ extern "C" int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, cons
 template <int V, bool NORM>
 static __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const float *x, const float *routed,
                                            const float *shared, const float *h, const uint16_t *wg,
-                                           const uint16_t *w, int dim, float eps, const void *pf,
-                                           size_t pf_bytes) {
+                                           const uint16_t *w, int dim, float eps) {
     msm_pdl_trigger();
-    msm_l2_prefetch(pf, pf_bytes);
     float gv[V], wv[V]; /* weights: loaded before the PDL wait (msm_norm_w_load) */
     msm_norm_w_load<V>(wg, dim, gv);
     if (NORM) msm_norm_w_load<V>(w, dim, wv);
@@ -158,8 +155,7 @@ static int moe_combine_launch(float *sum, float *out, const float *x, const floa
 #define COMBINE_CASE(V)                                                                            \
     case V:                                                                                        \
         CUDA_TRY(msm_launch(moe_combine_rmsnorm_kernel<V, NORM>, dim3((unsigned)rows), dim3((unsigned)threads), \
-                            0, ex, sum, out, x, routed, shared, h, wg, w, dim, eps, ex.l2_pf,      \
-                            ex.l2_pf_bytes));                                                      \
+                            0, ex, sum, out, x, routed, shared, h, wg, w, dim, eps));          \
         break;
         COMBINE_CASE(1) COMBINE_CASE(2) COMBINE_CASE(4) COMBINE_CASE(8) COMBINE_CASE(16)
     default: return -EINVAL;
@@ -224,9 +220,8 @@ extern "C" int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, in
  * slot < 0 are not written), which is exactly what msm_cuda_kv_write_ld does from `out`. */
 static __global__ void rope_copy_kernel(float *__restrict__ out, const float *__restrict__ x, const int32_t *pos,
                                  int T, int C, int nrot, int hd, int rot, float theta, const int32_t *slot,
-                                 uint16_t *kc, uint16_t *vc, int nq, int kvh, const void *pf, size_t pf_bytes) {
+                                 uint16_t *kc, uint16_t *vc, int nq, int kvh) {
     msm_pdl_trigger();
-    msm_l2_prefetch(pf, pf_bytes);
     msm_pdl_wait();
     /* per rotated head: half rotation items, then hd - rot pass-through items */
     int half = rot / 2, per_h = half + (hd - rot), rest = C - nrot * hd, per_t = nrot * per_h;
@@ -281,8 +276,7 @@ extern "C" int msm_cuda_rope_copy(float *out, const float *x, const int32_t *pos
     if (T == 0) return 0;
     size_t n = rope_copy_items(T, C, nrot, hd, rot);
     CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, ex, out, x, pos, T,
-                        C, nrot, hd, rot, theta, (const int32_t *)NULL, (uint16_t *)NULL, (uint16_t *)NULL, 0, 0,
-                        ex.l2_pf, ex.l2_pf_bytes));
+                        C, nrot, hd, rot, theta, (const int32_t *)NULL, (uint16_t *)NULL, (uint16_t *)NULL, 0, 0));
     return 0;
 }
 
@@ -294,7 +288,7 @@ extern "C" int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, 
     int nrot = nh + kvh, C = (nh + 2 * kvh) * hd;
     size_t n = rope_copy_items(T, C, nrot, hd, rot);
     CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, ex, out, x, pos, T,
-                        C, nrot, hd, rot, theta, slot, kc, vc, nh, kvh, ex.l2_pf, ex.l2_pf_bytes));
+                        C, nrot, hd, rot, theta, slot, kc, vc, nh, kvh));
     return 0;
 }
 
@@ -304,10 +298,8 @@ extern "C" int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, 
 #define QKN_WARPS 4
 static __global__ void __launch_bounds__(QKN_WARPS * 32)
     qk_norm_kernel(float *out, const float *x, const uint16_t *wq,
-                   const uint16_t *wk, int T, int C, int nh, int kvh, int hd, float eps, const void *pf,
-                   size_t pf_bytes) {
+                   const uint16_t *wk, int T, int C, int nh, int kvh, int hd, float eps) {
     msm_pdl_trigger();
-    msm_l2_prefetch(pf, pf_bytes);
     msm_pdl_wait();
     int heads = C / hd, lane = threadIdx.x & 31;
     int h = blockIdx.x * QKN_WARPS + threadIdx.x / 32, t = blockIdx.y;
@@ -346,7 +338,7 @@ extern "C" int msm_cuda_qk_norm(float *out, const float *x, const uint16_t *wq, 
     int heads = C / hd;
     dim3 grid((unsigned)((heads + QKN_WARPS - 1) / QKN_WARPS), (unsigned)T);
     CUDA_TRY(msm_launch(qk_norm_kernel, grid, dim3(QKN_WARPS * 32), 0, ex, out, x, wq, wk, T, C, nh,
-                        kvh, hd, eps, ex.l2_pf, ex.l2_pf_bytes));
+                        kvh, hd, eps));
     return 0;
 }
 
@@ -358,9 +350,8 @@ template <int HJ> /* rot / 64: v[j + HJ] is the other half of v[j]'s pair */
 static __global__ void __launch_bounds__(QKN_WARPS * 32)
     qk_norm_rope_kv_kernel(float *out, const float *x, const uint16_t *wq, const uint16_t *wk, const int32_t *pos,
                            const int32_t *slot, uint16_t *kc, uint16_t *vc, int nh, int kvh, int hd, int rot,
-                           float theta, float eps, const void *pf, size_t pf_bytes) {
+                           float theta, float eps) {
     msm_pdl_trigger();
-    msm_l2_prefetch(pf, pf_bytes);
     msm_pdl_wait();
     int heads = nh + 2 * kvh, C = heads * hd, lane = threadIdx.x & 31;
     int h = blockIdx.x * QKN_WARPS + threadIdx.x / 32, t = blockIdx.y;
@@ -423,7 +414,7 @@ extern "C" int msm_cuda_qk_norm_rope_kv(float *out, const float *x, const uint16
     if (T == 0) return 0;
     dim3 grid((unsigned)((nh + 2 * kvh + QKN_WARPS - 1) / QKN_WARPS), (unsigned)T);
 #define QKR(HJ_) msm_launch(qk_norm_rope_kv_kernel<HJ_>, grid, dim3(QKN_WARPS * 32), 0, ex, out, x, wq, wk, pos, slot, \
-                            kc, vc, nh, kvh, hd, rot, theta, eps, ex.l2_pf, ex.l2_pf_bytes)
+                            kc, vc, nh, kvh, hd, rot, theta, eps)
     switch (rot / 64) {
     case 1: CUDA_TRY(QKR(1)); break;
     case 2: CUDA_TRY(QKR(2)); break;

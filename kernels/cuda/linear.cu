@@ -309,6 +309,16 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (threadIdx.x == 0) *ctr = 0;
 }
 
+template <int NT, int R, int U, bool VEC, bool FP8, bool HW>
+static void gemv_launch_r(float *y, const float *x, const void *w, const uint16_t *bias, int T, int N, int K,
+                          msm_cuda_exec ex, const float *wsc, int ph) {
+    dim3 grid((unsigned)((N + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)), (unsigned)((T + NT - 1) / NT));
+    /* (8 loads in flight for R = 1 measured the same at batch 1-32: 2.391 vs 2.363 ms, H200,
+     * 2026-11-29; bench/results/2026-11-29-h200-s3) */
+    (void)msm_launch(gemv_kernel<NT, R, U, VEC, FP8, HW>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, wsc, ph, bias,
+                     T, N, K, ex.tune->gemv_prefetch, ex.tune->gemv_early && !ex.w_written);
+}
+
 template <int NT, bool VEC, bool FP8 = false, bool HW = false>
 static void gemv_launch(float *y, const float *x, const void *w, const uint16_t *bias, int T,
                         int N, int K, msm_cuda_exec ex, const float *wsc = NULL, int ph = 0) {
@@ -317,13 +327,15 @@ static void gemv_launch(float *y, const float *x, const void *w, const uint16_t 
      * T=8 with R=2 ran at 39% of the copy ceiling on the lm_head). R*U stays 4-8 loads. */
     constexpr int R = NT >= 5 || FP8 ? 4 : NT >= 3 ? 2 : 1;
     constexpr int U = R >= 4 ? 2 : 4;
-    /* FP8: 4 rows a warp at every T, so each x value read from L1 feeds 4 rows (16 codes a
-     * 16-byte load read x at 4 bytes a code: one row a warp went L1-bound at 0.9 TB/s, H200) */
-    dim3 grid((unsigned)((N + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)), (unsigned)((T + NT - 1) / NT));
-    /* (8 loads in flight for R = 1 measured the same at batch 1-32: 2.391 vs 2.363 ms, H200,
-     * 2026-11-29; bench/results/2026-11-29-h200-s3) */
-    (void)msm_launch(gemv_kernel<NT, R, U, VEC, FP8, HW>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, wsc, ph, bias,
-                     T, N, K, ex.tune->gemv_prefetch, ex.tune->gemv_early && !ex.w_written);
+    /* FP8: 4 rows a warp by default, so each x value read from L1 feeds 4 rows (16 codes a
+     * 16-byte load read x at 4 bytes a code: one row a warp went L1-bound at 0.9 TB/s, H200);
+     * tuning fp8_gemv_rows 1 or 2 takes fewer (more blocks for a narrow weight). A row's sum runs
+     * over the same k in the same order at any R and U, so the bits are the same. */
+    if constexpr (FP8) {
+        if (ex.tune->fp8_gemv_rows == 1) return gemv_launch_r<NT, 1, 4, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
+        if (ex.tune->fp8_gemv_rows == 2) return gemv_launch_r<NT, 2, 4, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
+    }
+    gemv_launch_r<NT, R, U, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
 }
 
 /* The token chunk of the GEMV over many tokens with a few rows (routers): the largest NT of 8, 4,

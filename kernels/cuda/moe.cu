@@ -204,14 +204,19 @@ extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t 
         return -EINVAL;
     const msm_cuda_tuning *tn = ex.tune;
     int forced = tn->moe_path;
-    bool native = T <= tn->fp8_native_max_t && H % 16 == 0 && I % 16 == 0 && gu.phase % 16 == 0 &&
+    /* from fp8_moe_tiled_min_t tokens (or forced tiled) up to MSM_CUDA_MOE_TILED_MAX_T: the tiled
+     * GEMMs on the codes, unless switched off (fp8_moe_tiled) or the shapes / phases do not allow
+     * them; below, and past it up to fp8_native_max_t, the FP8 GEMVs. Against the grouped FP8
+     * GEMVs (H200, 2026-12-01, ms a step at 8 / 16 / 32 / 64 tokens): Qwen3-30B-A3B FP8 9.99 /
+     * 15.52 / 21.32 / 27.36 -> 9.21 / 12.59 / 17.30 / 22.30, GLM-4.5-Air FP8 27.0 / 42.3 / 62.7 /
+     * 99.6 -> 23.8 / 37.5 / 54.0 / 85.1 (bench/results/2026-12-01-h200-s6 run 3) */
+    bool tiled = tn->fp8_moe_tiled &&
+                 (forced == MSM_CUDA_MOE_PATH_TILED ||
+                  (forced == MSM_CUDA_MOE_PATH_AUTO && (T >= tn->fp8_moe_tiled_min_t || T > tn->fp8_native_max_t))) &&
+                 T <= MSM_CUDA_MOE_TILED_MAX_T && msm__moe_tiled_fp8_fits(H, I, gu, dn);
+    bool native = !tiled && T <= tn->fp8_native_max_t && H % 16 == 0 && I % 16 == 0 && gu.phase % 16 == 0 &&
                   dn.phase % 16 == 0 && aligned16(x) && aligned16(gu.q) && aligned16(dn.q) &&
                   forced != MSM_CUDA_MOE_PATH_TILED && forced != MSM_CUDA_MOE_PATH_WMMA;
-    /* past the FP8 GEMVs (or forced tiled), up to MSM_CUDA_MOE_TILED_MAX_T tokens: the tiled GEMMs
-     * on the codes, unless switched off (fp8_moe_tiled) or the shapes / phases do not allow them */
-    bool tiled = !native && tn->fp8_moe_tiled &&
-                 (forced == MSM_CUDA_MOE_PATH_AUTO || forced == MSM_CUDA_MOE_PATH_TILED) &&
-                 T <= MSM_CUDA_MOE_TILED_MAX_T && msm__moe_tiled_fp8_fits(H, I, gu, dn);
     if (native || tiled) {
         moe_ws ws;
         moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);

@@ -703,27 +703,6 @@ static __device__ __forceinline__ void msm_pdl_wait(void) {
 #endif
 }
 
-/* This block's share of an L2 prefetch of [p, p + bytes) (msm_cuda_exec.l2_pf: the next
- * weight-bearing node's weight, which no kernel writes during a step): warp 0's lanes issue
- * bulk prefetches (cp.async.bulk.prefetch.L2, fire and forget: nothing waits for them) of 64 KiB
- * chunks, chunk c from block c % blocks. Called before the PDL wait by the small kernels that
- * move little data of their own, so the weight streams in while they and the kernels around
- * them wait on latency. p 16-byte aligned; bytes rounded down to 16. */
-#define MSM_L2_PF_CHUNK ((size_t)64 << 10)
-static __device__ __forceinline__ void msm_l2_prefetch(const void *p, size_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (!p || threadIdx.x >= 32) return;
-    size_t nb = (size_t)gridDim.x * gridDim.y * gridDim.z;
-    size_t b = blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z);
-    bytes &= ~(size_t)15;
-    for (size_t c = b + nb * threadIdx.x; c * MSM_L2_PF_CHUNK < bytes; c += nb * 32) {
-        size_t o = c * MSM_L2_PF_CHUNK, n = bytes - o < MSM_L2_PF_CHUNK ? bytes - o : MSM_L2_PF_CHUNK;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)p + o), "r"((unsigned)n)
-                     : "memory");
-    }
-#endif
-}
-
 /* A rows-dot hook (msm_rows_dot) that passes the PDL wait there when `on` (the kernel did not
  * wait before its first weight loads), else nothing. */
 struct msm_pdl_hook {

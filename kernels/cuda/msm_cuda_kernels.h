@@ -109,9 +109,8 @@ typedef struct msm_cuda_tuning {
                                  registers before their PDL wait (MSM_CUDA_GEMV_EARLY) */
     bool qk_rope;             /* a QK_NORM and the ROPE_KV_WRITE reading it in one kernel
                                  (msm_cuda_qk_norm_rope_kv; MSM_CUDA_QK_ROPE) */
-    size_t l2_prefetch_max;   /* the (add +) RMSNorm, MoE combine + norm, QK norm and RoPE kernels
-                                 pull the first this many bytes of the next weight on their stream
-                                 into L2 (msm_cuda_exec.l2_pf; 0: off; MSM_CUDA_L2_PREFETCH=MiB) */
+    int fp8_moe_tiled_min_t;  /* FP8 experts take the tiled GEMMs (fp8_moe_tiled) from this T on,
+                                 below it the FP8 GEMVs (MSM_CUDA_FP8_MOE_TILED_MIN_T) */
     int moe_path;             /* MSM_CUDA_MOE_PATH_*; AUTO picks by T */
     int moe_tiled_min_t;      /* AUTO takes the tiled GEMMs from this T (default: past the grouped GEMVs) */
     int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */
@@ -127,6 +126,8 @@ typedef struct msm_cuda_tuning {
     int fp8_native_max_t;     /* FP8-resident linears and experts with T <= this run the FP8 GEMVs;
                                  larger T dequantise to bf16 for the bf16 paths (MSM_CUDA_FP8_NATIVE_MAX_T) */
     int fp8_linear;           /* MSM_CUDA_FP8_LINEAR_*: the FP8 linear kernel up to fp8_native_max_t */
+    int fp8_gemv_rows;        /* rows a warp of the FP8 SIMT GEMV: 1, 2, or 4 (else; default), the
+                                 same bits (MSM_CUDA_FP8_GEMV_ROWS) */
     int fp8_mma_min_t;        /* ... MMA: the tensor-core MMV8 from this T on, the SIMT GEMV below
                                  (MSM_CUDA_FP8_MMA_MIN_T) */
     bool fp8_moe_tiled;       /* FP8-resident experts past fp8_native_max_t, up to
@@ -190,8 +191,6 @@ typedef struct msm_cuda_exec {
     bool decode;
     bool w_written; /* the weight was written earlier in this step (a dequantised copy): the
                        kernels load it only after their PDL wait (gemv_early, mmv_early) */
-    const void *l2_pf;  /* NULL, or bytes the norm / RoPE kernels pull into L2 before their PDL */
-    size_t l2_pf_bytes; /* wait: the next node's weight (tuning l2_prefetch_max, msm_l2_prefetch) */
 } msm_cuda_exec;
 
 /* Per-rank CUDA context: the cuBLASLt handle and a cache of matmul plans (layouts + the
@@ -395,8 +394,8 @@ int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const ui
  * weight's column 0 came from, modulo 128 (a row-parallel TP slice's offset; 0 otherwise).
  * The FP8 GEMVs (T <= msm_cuda_tuning.fp8_native_max_t; the column count and phase multiples of
  * 16) multiply x by that float32 value (no bf16 rounding: the CPU oracle's float32 weights, summed
- * as in msm_rows_dot_fp8), and so do the FP8 tiled MoE GEMMs that take the routed experts above
- * 64 tokens up to MSM_CUDA_MOE_TILED_MAX_T (H, I and both phases multiples of 64; tuning
+ * as in msm_rows_dot_fp8), and so do the FP8 tiled MoE GEMMs that take the routed experts from
+ * fp8_moe_tiled_min_t (8) tokens up to MSM_CUDA_MOE_TILED_MAX_T (H, I and both phases multiples of 64; tuning
  * fp8_moe_tiled). Other large-T calls (dense linears, experts past the tiled range or of other
  * phases) dequantise into a bf16 scratch buffer (msm_cuda_fp8_dequant: exactly the weight a
  * bf16-resident load would hold) and run the bf16 paths. */
@@ -444,12 +443,12 @@ int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, const uint16_
                         int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, uint16_t *deq,
                         size_t deq_bytes, msm_cuda_exec ex);
 
-/* msm_cuda_moe_experts with FP8-resident expert weights gate_up [E, 2I, H] and down [E, H, I]. Up
- * to fp8_native_max_t tokens (H, I and the phases % 16 == 0, aligned) the FP8 pair GEMVs
- * (T <= MSM_CUDA_MOE_GEMV_MAX_T) or grouped GEMVs (tensor-core, or SIMT); above that up to
- * MSM_CUDA_MOE_TILED_MAX_T tokens (moe_path AUTO or TILED; TILED also below it) the FP8 tiled
- * GEMMs on the codes, where H, I and both phases are multiples of 64, the codes 16-byte aligned
- * and fp8_moe_tiled is on (deq is then not touched and may be NULL); otherwise the selected
+/* msm_cuda_moe_experts with FP8-resident expert weights gate_up [E, 2I, H] and down [E, H, I].
+ * From fp8_moe_tiled_min_t tokens up to MSM_CUDA_MOE_TILED_MAX_T (moe_path AUTO; TILED at any T)
+ * the FP8 tiled GEMMs on the codes, where H, I and both phases are multiples of 64, the codes 16-byte aligned
+ * and fp8_moe_tiled is on (deq is then not touched and may be NULL); below that and up to
+ * fp8_native_max_t tokens (H, I and the phases % 16 == 0, aligned) the FP8 pair GEMVs
+ * (T <= MSM_CUDA_MOE_GEMV_MAX_T) or grouped GEMVs (tensor-core, or SIMT); otherwise the selected
  * experts are dequantised into deq (msm_cuda_moe_fp8_deq_bytes(H, I, E) bytes, 256-byte aligned)
  * and msm_cuda_moe_experts runs on them. ws as there. */
 size_t msm_cuda_moe_fp8_deq_bytes(int H, int I, int E);

@@ -15,7 +15,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->gemv_prefetch = false; /* measured slower at batch 1 (bench/results/2026-12-01-h200) */
     t->gemv_early = true;
     t->qk_rope = true;
-    t->l2_prefetch_max = (size_t)32 << 20;
+    t->fp8_gemv_rows = 4;
     t->gemv_max_t = MSM_CUDA_GEMV_MAX_T;
     t->mmv_min_t = MSM_CUDA_MMV_MIN_T;
     t->mmv_max_t = MSM_CUDA_MMV_MAX_T;
@@ -34,6 +34,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 128 / 256): Qwen3-30B-A3B FP8 45.7 / 51.0 -> 20.5 / 26.4, GLM-4.5-Air FP8 125.8 / 147.7 ->
      * 57.8 / 85.7 (bench/results/2026-12-01-h200-s6); MSM_CUDA_FP8_MOE_TILED=0 dequantises */
     t->fp8_moe_tiled = true;
+    t->fp8_moe_tiled_min_t = 8;
     t->att_max_split = 16;
     t->att_group = 4;
     t->att_mma = MSM_CUDA_ATT_MMA_AUTO;

@@ -49,7 +49,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_MMA_MIN_T", "MSM_CUDA_ATT_MMA", "MSM_CUDA_ATT_MMA_MIN_BLOCKS",
                                  "MSM_CUDA_ROUTER_CHUNK_PER_SM", "MSM_CUDA_ATT_CLUSTER", "MSM_CUDA_ATT_EARLY",
                                  "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
-                                 "MSM_CUDA_L2_PREFETCH"};
+                                 "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -68,9 +68,15 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ATT_MMA", "5", 1), setenv("MSM_CUDA_ATT_MMA_MIN_BLOCKS", "-3", 1);
     setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1), setenv("MSM_CUDA_FP8_MOE_TILED", "0", 1);
     setenv("MSM_CUDA_ATT_CLUSTER", "0", 1), setenv("MSM_CUDA_ATT_EARLY", "0", 1), setenv("MSM_CUDA_ATT_ROPE", "0", 1);
-    setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1), setenv("MSM_CUDA_L2_PREFETCH", "5000", 1);
+    setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1), setenv("MSM_CUDA_FP8_MOE_TILED_MIN_T", "-2", 1);
     msm_cuda_tuning_from_env(&t);
-    cr_expect_eq(t.l2_prefetch_max, (size_t)1024 << 20, "MiB, clamped to 1024");
+    cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
+    setenv("MSM_CUDA_FP8_GEMV_ROWS", "3", 1);
+    msm_cuda_tuning_from_env(&t);
+    cr_expect_eq(t.fp8_gemv_rows, 4, "neither 1 nor 2: 4");
+    setenv("MSM_CUDA_FP8_GEMV_ROWS", "2", 1);
+    msm_cuda_tuning_from_env(&t);
+    cr_expect_eq(t.fp8_gemv_rows, 2);
     cr_expect(!t.att_cluster && !t.att_early && !t.att_rope && !t.gemv_early && !t.qk_rope);
     cr_expect(!t.pdl && t.gemv_prefetch);
     cr_expect_eq(t.mmv_max_t, 64, "clamped to 64");
@@ -1229,6 +1235,27 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
     linear_fp8_case(ctx, EX_T(&t), 100, 1000, 1024, 64, 0, true, 5e-5);
     linear_fp8_case(ctx, EX, 100, 1000, 1024, 0, 1, true, 5e-5);
     linear_fp8_case(ctx, EX, 2, 300, 200, 0, 0, true, 2e-5);
+    /* the SIMT GEMV at 1 and 2 rows a warp (fp8_gemv_rows): the bits of 4 */
+    static const int rs[][3] = {{1, 2048, 4096}, {2, 5120, 2048}, {3, 300, 1408}, {8, 129, 256}};
+    for (size_t s = 0; s < sizeof rs / sizeof *rs; s++) {
+        int T = rs[s][0], N = rs[s][1], K = rs[s][2];
+        fp8_weight w = fp8_make(1, N, K, 0, false);
+        float *x = host_f32((size_t)T * K, 1.0f), *o[3];
+        float *dx = dev_up(x, (size_t)T * K * 4), *dy = dev((size_t)T * N * 4);
+        for (int i = 0; i < 3; i++) {
+            msm_cuda_tuning tr = tune0;
+            tr.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT;
+            tr.fp8_gemv_rows = 1 << i;
+            o[i] = malloc((size_t)T * N * 4);
+            CK(msm_cuda_linear_fp8(dy, dx, w.d, NULL, T, N, K, ctx, NULL, 0, NULL, 0, EX_T(&tr)));
+            down(o[i], dy, (size_t)T * N * 4);
+        }
+        cr_expect(memcmp(o[0], o[2], (size_t)T * N * 4) == 0 && memcmp(o[1], o[2], (size_t)T * N * 4) == 0,
+                  "fp8 GEMV rows a warp change the bits: T=%d N=%d K=%d", T, N, K);
+        cudaFree(dx), cudaFree(dy);
+        fp8_free(&w);
+        free(x), free(o[0]), free(o[1]), free(o[2]);
+    }
     /* the dequantised copy on the GEMV and the MMV: written by the kernel just before, so loaded
      * only after the PDL wait (msm_cuda_exec.w_written), early loads on or not */
     t.fp8_native_max_t = 0;

@@ -57,4 +57,53 @@ r2)
         --backend cuda --batches 8 --context 512 --steps 1 --no-cuda-graphs > $OUT/ncu-mmv.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r3)
+    { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -25 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do
+        b $p 1,2,4,8,16,32 ab --
+        b $p 1,2,4,8,16,32 ab MSM_CUDA_L2_PREFETCH=0 --
+        b $p 1,2,4,8,16,32 ab MSM_CUDA_L2_PREFETCH=8 --
+        b $p 1,2,4,8,16,32 ab MSM_CUDA_L2_PREFETCH=128 --
+        b $p 1,2,4,8,16,32 ab MSM_CUDA_L2_PREFETCH=0 --
+        b $p 1,2,4,8,16,32 ab --
+        b $p 128,256 big --
+        b $p 128,256 big MSM_CUDA_L2_PREFETCH=0 --
+    done
+    b glm-4.5-air-fp8 1,8,32 ab --
+    b glm-4.5-air-fp8 1,8,32 ab MSM_CUDA_L2_PREFETCH=0 --
+    for p in qwen3-30b-a3b-fp8 glm-4.5-air-fp8; do
+        b $p 1,2 fp8 --
+        b $p 1,2 fp8 MSM_CUDA_FP8_MMA_MIN_T=1 --
+        b $p 8,16,32,64 fp8 --
+        b $p 8,16,32,64 fp8 MSM_CUDA_MOE_PATH=tiled --
+    done
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,qwen3moe,glm4moe-fp8,mixtral timeout 260 python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el profile | tee -a $OUT/gpu.txt
+    prof qwen1.5-moe-a2.7b 1 $(left)
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r4)
+    { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -25 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen3-30b-a3b-fp8 glm-4.5-air-fp8; do
+        b $p 1,2,4,8,16,32,64,128,256 final --
+        b $p 1,2,4 rows MSM_CUDA_FP8_GEMV_ROWS=2 --
+        b $p 1,2,4 rows MSM_CUDA_FP8_GEMV_ROWS=1 --
+        b $p 1,2,4 rows --
+    done
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do
+        b $p 1,8,32,128,256 final --
+        b $p 8,16,32,64 tiled MSM_CUDA_MOE_PATH=tiled --
+        b $p 8,16,32,64 tiled --
+    done
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen3moe,glm4moe-fp8,qwen3moe-fp8,mixtral timeout $(left 470) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
