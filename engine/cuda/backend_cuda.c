@@ -1136,7 +1136,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
  *   MSM_CUDA_ATT_ROPE=0|1               decode: ROPE_KV_WRITE + its ATTENTION in one kernel (0, default: slower)
  *   MSM_CUDA_FP8_MOE_TILED_MIN_T=N      ... from N tokens on (default 8), the FP8 GEMVs below
- *   MSM_CUDA_FP8_GEMV_ROWS=1|2|4        rows a warp of the FP8 SIMT GEMV (4, default)
+ *   MSM_CUDA_FP8_GEMV_ROWS=1|2|4        rows a warp of the FP8 SIMT GEMV (default: 2 at one token, else 4)
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
@@ -1156,7 +1156,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_GEMV_PREFETCH"))) t->gemv_prefetch = s[0] == '1';
     if ((s = getenv("MSM_CUDA_GEMV_EARLY"))) t->gemv_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_QK_ROPE"))) t->qk_rope = s[0] != '0';
-    if (env_int("MSM_CUDA_FP8_GEMV_ROWS", &v)) t->fp8_gemv_rows = v == 1 || v == 2 ? v : 4;
+    if (env_int("MSM_CUDA_FP8_GEMV_ROWS", &v)) t->fp8_gemv_rows = v == 1 || v == 2 || v == 4 ? v : 0;
     if (env_int("MSM_CUDA_FP8_MOE_TILED_MIN_T", &v)) t->fp8_moe_tiled_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_GEMV_MAX_T", &v) && v > t->gemv_max_t) t->gemv_max_t = v > 64 ? 64 : v;
     if (env_int("MSM_CUDA_MMV_MIN_T", &v)) t->mmv_min_t = v < 1 ? 1 : v;

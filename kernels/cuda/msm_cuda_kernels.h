@@ -52,10 +52,13 @@ extern "C" {
  * (x split in their inner loop) remain as a forced variant up to
  * MSM_CUDA_MOE_GROUPED_GEMV_MAX_T. Thresholds measured on the H200 at the Qwen1.5-MoE shapes
  * (bench/results/2026-11-30-h200): tiled against SIMT 203 vs 176 us at T = 16, 261 vs 257 at
- * T = 32, 271 vs 320 (tensor-core GEMVs) at T = 48; step at batch 64 14.59 -> 10.39 ms. */
+ * T = 32, 271 vs 320 (tensor-core GEMVs) at T = 48; step at batch 64 14.59 -> 10.39 ms. From 32 since
+ * 2026-12-01 (step at batch 32, tiled vs grouped GEMVs: Qwen1.5-MoE 8.72 vs 9.35 ms, Qwen3-30B-A3B
+ * 17.06 vs 18.00; at 16 the GEMVs win, 6.70 vs 6.87 and 12.90 vs 13.38;
+ * bench/results/2026-12-01-h200-s6 run 4). */
 #define MSM_CUDA_MOE_GEMV_MAX_T 4
 #define MSM_CUDA_MOE_GROUPED_GEMV_MAX_T 64
-#define MSM_CUDA_MOE_TILED_MIN_T 33
+#define MSM_CUDA_MOE_TILED_MIN_T 32
 #define MSM_CUDA_MOE_TILED_MAX_T 512
 enum { MSM_CUDA_MOE_PATH_AUTO = 0, MSM_CUDA_MOE_PATH_PAIR = 1, MSM_CUDA_MOE_PATH_GROUPED_GEMV = 2,
        MSM_CUDA_MOE_PATH_WMMA = 3, MSM_CUDA_MOE_PATH_TILED = 4 };
@@ -126,8 +129,8 @@ typedef struct msm_cuda_tuning {
     int fp8_native_max_t;     /* FP8-resident linears and experts with T <= this run the FP8 GEMVs;
                                  larger T dequantise to bf16 for the bf16 paths (MSM_CUDA_FP8_NATIVE_MAX_T) */
     int fp8_linear;           /* MSM_CUDA_FP8_LINEAR_*: the FP8 linear kernel up to fp8_native_max_t */
-    int fp8_gemv_rows;        /* rows a warp of the FP8 SIMT GEMV: 1, 2, or 4 (else; default), the
-                                 same bits (MSM_CUDA_FP8_GEMV_ROWS) */
+    int fp8_gemv_rows;        /* rows a warp of the FP8 SIMT GEMV: 1, 2 or 4; 0 (default): 2 at one
+                                 token a chunk, else 4. The same bits (MSM_CUDA_FP8_GEMV_ROWS) */
     int fp8_mma_min_t;        /* ... MMA: the tensor-core MMV8 from this T on, the SIMT GEMV below
                                  (MSM_CUDA_FP8_MMA_MIN_T) */
     bool fp8_moe_tiled;       /* FP8-resident experts past fp8_native_max_t, up to

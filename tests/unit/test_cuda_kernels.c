@@ -73,7 +73,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
     setenv("MSM_CUDA_FP8_GEMV_ROWS", "3", 1);
     msm_cuda_tuning_from_env(&t);
-    cr_expect_eq(t.fp8_gemv_rows, 4, "neither 1 nor 2: 4");
+    cr_expect_eq(t.fp8_gemv_rows, 0, "not 1, 2 or 4: the default rule");
     setenv("MSM_CUDA_FP8_GEMV_ROWS", "2", 1);
     msm_cuda_tuning_from_env(&t);
     cr_expect_eq(t.fp8_gemv_rows, 2);
@@ -1235,26 +1235,30 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
     linear_fp8_case(ctx, EX_T(&t), 100, 1000, 1024, 64, 0, true, 5e-5);
     linear_fp8_case(ctx, EX, 100, 1000, 1024, 0, 1, true, 5e-5);
     linear_fp8_case(ctx, EX, 2, 300, 200, 0, 0, true, 2e-5);
-    /* the SIMT GEMV at 1 and 2 rows a warp (fp8_gemv_rows): the bits of 4 */
+    /* the SIMT GEMV at 1, 2 and 4 rows a warp and by the default rule (fp8_gemv_rows 0: 2 at one
+     * token, else 4): the same bits */
     static const int rs[][3] = {{1, 2048, 4096}, {2, 5120, 2048}, {3, 300, 1408}, {8, 129, 256}};
+    static const int rows[4] = {1, 2, 4, 0};
     for (size_t s = 0; s < sizeof rs / sizeof *rs; s++) {
         int T = rs[s][0], N = rs[s][1], K = rs[s][2];
         fp8_weight w = fp8_make(1, N, K, 0, false);
-        float *x = host_f32((size_t)T * K, 1.0f), *o[3];
+        float *x = host_f32((size_t)T * K, 1.0f), *o[4];
         float *dx = dev_up(x, (size_t)T * K * 4), *dy = dev((size_t)T * N * 4);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             msm_cuda_tuning tr = tune0;
             tr.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT;
-            tr.fp8_gemv_rows = 1 << i;
+            tr.fp8_gemv_rows = rows[i];
             o[i] = malloc((size_t)T * N * 4);
             CK(msm_cuda_linear_fp8(dy, dx, w.d, NULL, T, N, K, ctx, NULL, 0, NULL, 0, EX_T(&tr)));
             down(o[i], dy, (size_t)T * N * 4);
         }
-        cr_expect(memcmp(o[0], o[2], (size_t)T * N * 4) == 0 && memcmp(o[1], o[2], (size_t)T * N * 4) == 0,
-                  "fp8 GEMV rows a warp change the bits: T=%d N=%d K=%d", T, N, K);
+        for (int i = 0; i < 3; i++)
+            cr_expect(memcmp(o[i], o[3], (size_t)T * N * 4) == 0, "fp8 GEMV at %d rows a warp vs the default: T=%d N=%d K=%d",
+                      rows[i], T, N, K);
         cudaFree(dx), cudaFree(dy);
         fp8_free(&w);
-        free(x), free(o[0]), free(o[1]), free(o[2]);
+        for (int i = 0; i < 4; i++) free(o[i]);
+        free(x);
     }
     /* the dequantised copy on the GEMV and the MMV: written by the kernel just before, so loaded
      * only after the PDL wait (msm_cuda_exec.w_written), early loads on or not */

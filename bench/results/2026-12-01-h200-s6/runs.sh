@@ -106,4 +106,20 @@ r4)
     CHECK_MODELS=qwen3moe,glm4moe-fp8,qwen3moe-fp8,mixtral timeout $(left 470) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r5)
+    { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 60 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/linear_fp8*' 2>&1 | tail -4 > $OUT/kernels.txt
+    timeout 60 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/moe_experts_[mt]*' 2>&1 | tail -4 >> $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    b qwen3-30b-a3b-fp8 1,2,16,32,64 final --
+    b qwen3-30b-a3b-fp8 16,32,64 native MSM_CUDA_FP8_NATIVE_MAX_T=8 --
+    b glm-4.5-air-fp8 1,2,16,32,64 final --
+    b glm-4.5-air-fp8 16,32,64 native MSM_CUDA_FP8_NATIVE_MAX_T=8 --
+    b qwen1.5-moe-a2.7b 1,8,32 final --
+    b qwen3-30b-a3b 1,8,32 final --
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,glm4moe-fp8 timeout $(left 200) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
