@@ -4,7 +4,8 @@
 # built in a clean worktree of the commit in each run's gpu.txt, carried as gpu-run/ (an xz
 # bundle, unpacked there first):
 #   (cd gpu-run && tar xJf bundle.tar.xz && rm bundle.tar.xz) && bash bench/results/2026-12-01-h200-s6/runs.sh rN
-# Run 1 was `runs.sh r3` of ../2026-12-01-h200-mega (+ bench/mega_probe in gpu-run/bin).
+# Run 1 was `runs.sh r3` of ../2026-12-01-h200-mega (+ bench/mega_probe in gpu-run/bin). r5 was not
+# run (the session's device time was spent).
 export LD_LIBRARY_PATH=$PWD/gpu-run/lib PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 T0=$(date +%s)
