@@ -59,15 +59,27 @@ static __device__ __forceinline__ uint4 ld_stream16(const void *p) {
 static __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
 static __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
+/* The lane's first U 16-byte loads of row w (the first step of row_dot). */
 template <int U>
-static __device__ __forceinline__ float row_dot(const uint16_t *w, const float *x, int K, int lane) {
+static __device__ __forceinline__ void row_first(const uint16_t *w, int K, int lane, uint4 (&v)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int k = lane * 8 + u * 256;
+        v[u] = k < K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+/* dot(row w, x) over the warp; pre: the first step's loads already made (row_first). */
+template <int U>
+static __device__ __forceinline__ float row_dot(const uint16_t *w, const float *x, int K, int lane,
+                                                const uint4 *pre = NULL) {
     float acc = 0.0f;
     for (int k0 = lane * 8; k0 < K; k0 += 256 * U) {
         uint4 v[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int k = k0 + u * 256;
-            v[u] = k < K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
+            v[u] = pre && k0 == lane * 8 ? pre[u] : k < K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -90,13 +102,20 @@ static __device__ __forceinline__ float row_dot(const uint16_t *w, const float *
     return acc;
 }
 
+/* Row r of phase ph's concatenated tasks: its task, and in *rr its row there. */
+static __device__ __forceinline__ const task *task_row(const task *tasks, const phase &ph, int r, int *rr) {
+    int t = ph.t0;
+    while (r >= tasks[t].N) r -= tasks[t].N, t++;
+    *rr = r;
+    return &tasks[t];
+}
+
 /* The rows of phase p handled by global warp gw of nw: row r of the phase's concatenated tasks. */
 template <int U>
 static __device__ void phase_run(const task *tasks, const phase &ph, int gw, int nw, int lane) {
     for (int r = gw; r < ph.rows; r += nw) {
-        int t = ph.t0, rr = r;
-        while (rr >= tasks[t].N) rr -= tasks[t].N, t++;
-        const task &tk = tasks[t];
+        int rr;
+        const task &tk = *task_row(tasks, ph, r, &rr);
         float s = row_dot<U>(tk.w + (size_t)rr * tk.K, tk.x, tk.K, lane);
         if (lane == 0) tk.y[rr] = s;
     }
@@ -117,56 +136,19 @@ static __global__ void phase_kernel_pdl(const task *tasks, const phase *phases, 
     const task *tk0 = NULL;
     int rr0 = 0;
     if (EARLY && gw < ph.rows) {
-        int t = ph.t0;
-        rr0 = gw;
-        while (rr0 >= tasks[t].N) rr0 -= tasks[t].N, t++;
-        tk0 = &tasks[t];
-        const uint16_t *w = tk0->w + (size_t)rr0 * tk0->K;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int k = lane * 8 + u * 256;
-            v0[u] = k < tk0->K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
-        }
+        tk0 = task_row(tasks, ph, gw, &rr0);
+        row_first<U>(tk0->w + (size_t)rr0 * tk0->K, tk0->K, lane, v0);
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
     int r = gw;
-    if (EARLY && tk0) { /* the first row: its first chunk is in v0 */
-        const uint16_t *w = tk0->w + (size_t)rr0 * tk0->K;
-        const float *x = tk0->x;
-        int K = tk0->K;
-        float acc = 0.0f;
-        for (int k0 = lane * 8; k0 < K; k0 += 256 * U) {
-            uint4 v[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int k = k0 + u * 256;
-                v[u] = k0 == lane * 8 ? v0[u] : k < K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int k = k0 + u * 256;
-                if (k >= K) break;
-                const float4 *xp = (const float4 *)(x + k);
-                float4 a = xp[0], b = xp[1];
-                acc = fmaf(bf_lo(v[u].x), a.x, acc);
-                acc = fmaf(bf_hi(v[u].x), a.y, acc);
-                acc = fmaf(bf_lo(v[u].y), a.z, acc);
-                acc = fmaf(bf_hi(v[u].y), a.w, acc);
-                acc = fmaf(bf_lo(v[u].z), b.x, acc);
-                acc = fmaf(bf_hi(v[u].z), b.y, acc);
-                acc = fmaf(bf_lo(v[u].w), b.z, acc);
-                acc = fmaf(bf_hi(v[u].w), b.w, acc);
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (EARLY && tk0) { /* the first row: its first step is in v0 */
+        float acc = row_dot<U>(tk0->w + (size_t)rr0 * tk0->K, tk0->x, tk0->K, lane, v0);
         if (lane == 0) tk0->y[rr0] = acc;
         r += nw;
     }
     for (; r < ph.rows; r += nw) {
-        int t = ph.t0, rr = r;
-        while (rr >= tasks[t].N) rr -= tasks[t].N, t++;
-        const task &tk = tasks[t];
+        int rr;
+        const task &tk = *task_row(tasks, ph, r, &rr);
         float s = row_dot<U>(tk.w + (size_t)rr * tk.K, tk.x, tk.K, lane);
         if (lane == 0) tk.y[rr] = s;
     }
@@ -174,9 +156,8 @@ static __global__ void phase_kernel_pdl(const task *tasks, const phase *phases, 
 
 static __device__ void phase_prefetch(const task *tasks, const phase &ph, int gw, int nw, int lane, int rows) {
     for (int i = 0, r = gw; i < rows && r < ph.rows; i++, r += nw) {
-        int t = ph.t0, rr = r;
-        while (rr >= tasks[t].N) rr -= tasks[t].N, t++;
-        const task &tk = tasks[t];
+        int rr;
+        const task &tk = *task_row(tasks, ph, r, &rr);
         const char *p = (const char *)(tk.w + (size_t)rr * tk.K);
         for (int o = lane * 128; o < tk.K * 2; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
     }

@@ -215,8 +215,8 @@ static bool qk_rope_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) 
     return q->op == MSM_OP_QK_NORM && r->op == MSM_OP_ROPE_KV_WRITE && r->layer == q->layer &&
            r->stream == q->stream && r->in[0] == q->out[0] && msm_graph_readers(g, q->out[0]) == 1 &&
            qa->nh == ra->nh && qa->kvh == ra->kvh && qa->hd == ra->hd &&
-           g->vals[q->in[0]].cols == (ra->nh + 2 * ra->kvh) * ra->hd && ra->hd <= 256 && ra->rot % 64 == 0 &&
-           ra->rot <= ra->hd && rows <= 65535 && !rope_attention_pair(g, i + 1, ex);
+           g->vals[q->in[0]].cols == (ra->nh + 2 * ra->kvh) * ra->hd &&
+           msm_cuda_qk_norm_rope_kv_fits(rows, ra->hd, ra->rot) && !rope_attention_pair(g, i + 1, ex);
 }
 
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {

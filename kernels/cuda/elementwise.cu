@@ -296,6 +296,32 @@ extern "C" int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, 
  * copied; one warp per (token, head), lane l owning dims l, l+32, ... (hd <= 256). A warp reads
  * its whole head before writing it, so out may equal x. ---- */
 #define QKN_WARPS 4
+
+/* The head at xh (hd <= 256 values) into v (lane l: dims l, l + 32, ...; zero past hd); returns
+ * this lane's sum of squares in j order. */
+static __device__ __forceinline__ float qkn_load(const float *xh, int hd, int lane, float (&v)[8]) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        v[j] = d < hd ? xh[d] : 0.0f;
+        ss = fmaf(v[j], v[j], ss);
+    }
+    return ss;
+}
+
+/* v = rmsnorm(head) * w from qkn_load's v and sum of squares (the warp's lanes together). */
+static __device__ __forceinline__ void qkn_norm(float (&v)[8], float ss, const uint16_t *w, int hd, float eps,
+                                                int lane) {
+    ss = msm_warp_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        if (d < hd) v[j] = msm_bf(w[d]) * (v[j] * inv);
+    }
+}
+
 static __global__ void __launch_bounds__(QKN_WARPS * 32)
     qk_norm_kernel(float *out, const float *x, const uint16_t *wq,
                    const uint16_t *wk, int T, int C, int nh, int kvh, int hd, float eps) {
@@ -306,13 +332,7 @@ static __global__ void __launch_bounds__(QKN_WARPS * 32)
     if (h >= heads) return;
     size_t o = (size_t)t * C + (size_t)h * hd;
     float v[8];
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int d = lane + 32 * j;
-        v[j] = d < hd ? x[o + d] : 0.0f;
-        ss = fmaf(v[j], v[j], ss); /* explicit, as qk_norm_rope_kv_kernel's */
-    }
+    float ss = qkn_load(x + o, hd, lane, v);
     const uint16_t *w = h < nh ? wq : h < nh + kvh ? wk : NULL;
     if (!w) { /* v head: copied */
 #pragma unroll
@@ -320,13 +340,10 @@ static __global__ void __launch_bounds__(QKN_WARPS * 32)
             if (lane + 32 * j < hd) out[o + lane + 32 * j] = v[j];
         return;
     }
-    ss = msm_warp_sum(ss);
-    float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+    qkn_norm(v, ss, w, hd, eps, lane);
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int d = lane + 32 * j;
-        if (d < hd) out[o + d] = msm_bf(w[d]) * (v[j] * inv);
-    }
+    for (int j = 0; j < 8; j++)
+        if (lane + 32 * j < hd) out[o + lane + 32 * j] = v[j];
 }
 
 extern "C" int msm_cuda_qk_norm(float *out, const float *x, const uint16_t *wq, const uint16_t *wk,
@@ -358,13 +375,7 @@ static __global__ void __launch_bounds__(QKN_WARPS * 32)
     if (h >= heads) return;
     size_t o = (size_t)t * C + (size_t)h * hd;
     float v[8];
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int d = lane + 32 * j;
-        v[j] = d < hd ? x[o + d] : 0.0f;
-        ss = fmaf(v[j], v[j], ss);
-    }
+    float ss = qkn_load(x + o, hd, lane, v);
     size_t krow = (size_t)kvh * hd;
     int sl = slot[t];
     if (h >= nh + kvh) { /* v head: copied, and cached */
@@ -379,14 +390,7 @@ static __global__ void __launch_bounds__(QKN_WARPS * 32)
         }
         return;
     }
-    const uint16_t *w = h < nh ? wq : wk;
-    ss = msm_warp_sum(ss);
-    float inv = 1.0f / sqrtf(ss / (float)hd + eps);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int d = lane + 32 * j;
-        if (d < hd) v[j] = msm_bf(w[d]) * (v[j] * inv);
-    }
+    qkn_norm(v, ss, h < nh ? wq : wk, hd, eps, lane);
 #pragma unroll
     for (int j = 0; j < HJ; j++) { /* dims d = lane + 32 j < rot / 2 */
         float c, s;
@@ -406,11 +410,15 @@ static __global__ void __launch_bounds__(QKN_WARPS * 32)
     }
 }
 
+extern "C" bool msm_cuda_qk_norm_rope_kv_fits(int T, int hd, int rot) {
+    return T <= 65535 && rope_shape_ok(hd, rot) && hd <= 256 && rot % 64 == 0;
+}
+
 extern "C" int msm_cuda_qk_norm_rope_kv(float *out, const float *x, const uint16_t *wq, const uint16_t *wk,
                                         const int32_t *pos, const int32_t *slot, uint16_t *kc, uint16_t *vc, int T,
                                         int nh, int kvh, int hd, int rot, float theta, float eps, msm_cuda_exec ex) {
     if (T < 0 || nh <= 0 || kvh <= 0 || hd <= 0 || !rope_shape_ok(hd, rot) || !slot || !kc || !vc) return -EINVAL;
-    if (hd > 256 || rot % 64 || T > 65535) return -ENOTSUP;
+    if (!msm_cuda_qk_norm_rope_kv_fits(T, hd, rot)) return -ENOTSUP;
     if (T == 0) return 0;
     dim3 grid((unsigned)((nh + 2 * kvh + QKN_WARPS - 1) / QKN_WARPS), (unsigned)T);
 #define QKR(HJ_) msm_launch(qk_norm_rope_kv_kernel<HJ_>, grid, dim3(QKN_WARPS * 32), 0, ex, out, x, wq, wk, pos, slot, \

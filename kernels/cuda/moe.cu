@@ -15,10 +15,10 @@
  * each token with its weights in slot order.
  *
  * FP8-resident experts (msm_cuda_moe_experts_fp8, docs/adr/0006-fp8.md) take the FP8 pair and
- * grouped GEMVs up to fp8_native_max_t tokens, then the FP8 tiled GEMMs (moe_tiled.cu: the codes
- * stream from HBM once and are decoded in shared memory) up to MSM_CUDA_MOE_TILED_MAX_T; only
- * beyond that, for column phases that are not multiples of 64, or with fp8_moe_tiled off are the
- * selected experts dequantised to bf16 for the bf16 paths.
+ * grouped GEMVs below fp8_moe_tiled_min_t tokens, then the FP8 tiled GEMMs (moe_tiled.cu: the
+ * codes stream from HBM once and are decoded in shared memory) up to MSM_CUDA_MOE_TILED_MAX_T;
+ * only beyond that, for column phases that are not multiples of 64, or with fp8_moe_tiled off
+ * (then past fp8_native_max_t) are the selected experts dequantised to bf16 for the bf16 paths.
  *
  * Rows are computed independently of their position inside a group, so results are
  * deterministic even though the grouping uses atomics. */

@@ -252,9 +252,10 @@ int msm_cuda_qk_norm(float *out, const float *x, const uint16_t *wq, const uint1
 
 /* msm_cuda_qk_norm of qkv rows [T, (nh + 2*kvh)*hd] followed by msm_cuda_rope_kv of its output,
  * in one launch (one warp a (token, head): the head normed, rotated and cached in registers), bit
- * for bit the two: out and both caches. Takes rot / 2 a multiple of 32 (every half of a pair in
- * the same lane), hd <= 256 and T <= 65535; else -ENOTSUP (the caller runs the two). out may
- * equal x. */
+ * for bit the two: out and both caches. Takes what msm_cuda_qk_norm_rope_kv_fits says (rot / 2 a
+ * multiple of 32: every half of a pair in the same lane; hd <= 256; T <= 65535); else -ENOTSUP
+ * (the caller runs the two). out may equal x. */
+bool msm_cuda_qk_norm_rope_kv_fits(int T, int hd, int rot);
 int msm_cuda_qk_norm_rope_kv(float *out, const float *x, const uint16_t *wq, const uint16_t *wk, const int32_t *pos,
                              const int32_t *slot, uint16_t *kc, uint16_t *vc, int T, int nh, int kvh, int hd,
                              int rot, float theta, float eps, msm_cuda_exec ex);
