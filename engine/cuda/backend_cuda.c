@@ -1156,6 +1156,11 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_GEMV_PREFETCH"))) t->gemv_prefetch = s[0] == '1';
     if ((s = getenv("MSM_CUDA_GEMV_EARLY"))) t->gemv_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_QK_ROPE"))) t->qk_rope = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_GEMV_BULK"))) t->gemv_bulk = s[0] != '0';
+    if (env_int("MSM_CUDA_GEMV_BULK_MAX_T", &v)) t->gemv_bulk_max_t = v < 0 ? 0 : v > 4 ? 4 : v;
+    if (env_int("MSM_CUDA_FP8_BULK_MAX_T", &v)) t->fp8_bulk_max_t = v < 0 ? 0 : v > 2 ? 2 : v;
+    if (env_int("MSM_CUDA_GEMV_BULK_KB", &v)) t->gemv_bulk_kb = v < 1 ? 1 : v > 227 ? 227 : v;
+    if (env_int("MSM_CUDA_GEMV_BULK_PER_SM", &v)) t->gemv_bulk_per_sm = v < 1 ? 1 : v > 8 ? 8 : v;
     if (env_int("MSM_CUDA_FP8_GEMV_ROWS", &v)) t->fp8_gemv_rows = v == 1 || v == 2 || v == 4 ? v : 0;
     if (env_int("MSM_CUDA_FP8_MOE_TILED_MIN_T", &v)) t->fp8_moe_tiled_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_GEMV_MAX_T", &v) && v > t->gemv_max_t) t->gemv_max_t = v > 64 ? 64 : v;

@@ -686,6 +686,8 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
      * rounding, and at T = 8 the MMV took 7 us for a 60-row router against 3.5 us (H200) */
     if (T >= tn->linear_tiled_min_t && N > MSM_CUDA_GEMV_SMALL_N && msm__linear_tiled_fits(T, N, K, w, x))
         return msm__linear_tiled_run(y, x, w, bias, T, N, K, ex);
+    if (msm__linear_bulk_fits(false, w, NULL, 0, x, T, N, K, tn))
+        return msm__linear_bulk_run(y, x, w, NULL, 0, bias, T, N, K, ex);
     if (T <= 64 && N > MSM_CUDA_GEMV_SMALL_N && mmv_use(tn, T, N, K, w, x))
         return mmv_run(y, x, w, bias, T, N, K, ex);
     if (T <= gemv_max || N <= MSM_CUDA_GEMV_SMALL_N) {
@@ -760,6 +762,9 @@ extern "C" int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, co
     /* the tensor-core MMV8, else the SIMT FP8 GEMV (each code read once per 8-token chunk): float32
      * weights either way (see linear_fp8.cu, msm_rows_dot_fp8) */
     int kern = ex.tune->fp8_linear;
+    if (T <= ex.tune->fp8_native_max_t && kern != MSM_CUDA_FP8_LINEAR_SIMT_HW &&
+        msm__linear_bulk_fits(true, w.q, w.scale, w.phase, x, T, N, K, ex.tune))
+        return msm__linear_bulk_run(y, x, w.q, w.scale, w.phase, bias, T, N, K, ex);
     if (T <= ex.tune->fp8_native_max_t && kern == MSM_CUDA_FP8_LINEAR_MMA && T >= ex.tune->fp8_mma_min_t &&
         msm__linear_fp8_mma_fits(T, N, K, w, x, ex.tune->sms))
         return msm__linear_fp8_mma_run(y, x, w, bias, T, N, K, ex);

@@ -110,6 +110,15 @@ typedef struct msm_cuda_tuning {
                                  measured 2.31 -> 2.11 ms at batch 1 without it, H200, 2026-12-01) */
     bool gemv_early;          /* the dense GEMVs and MMVs issue their first weight loads into
                                  registers before their PDL wait (MSM_CUDA_GEMV_EARLY) */
+    bool gemv_bulk;           /* dense decode linears (bf16 up to gemv_bulk_max_t tokens, FP8 up to
+                                 fp8_bulk_max_t) take the bulk-copy GEMV (linear_bulk.cu): weight rows
+                                 streamed into shared memory, the copies of a block's first rows issued
+                                 before its PDL wait; the same bits as the GEMV (MSM_CUDA_GEMV_BULK) */
+    int gemv_bulk_max_t;      /* ... bf16 up to this T (<= 4; MSM_CUDA_GEMV_BULK_MAX_T) */
+    int fp8_bulk_max_t;       /* ... FP8 up to this T (<= 2; MSM_CUDA_FP8_BULK_MAX_T) */
+    int gemv_bulk_kb;         /* ... shared memory a block of it may take for its rings, KiB
+                                 (MSM_CUDA_GEMV_BULK_KB; at least one slot a warp) */
+    int gemv_bulk_per_sm;     /* ... blocks an SM its grid is sized for (MSM_CUDA_GEMV_BULK_PER_SM) */
     bool qk_rope;             /* a QK_NORM and the ROPE_KV_WRITE reading it in one kernel
                                  (msm_cuda_qk_norm_rope_kv; MSM_CUDA_QK_ROPE) */
     int fp8_moe_tiled_min_t;  /* FP8 experts take the tiled GEMMs (fp8_moe_tiled) from this T on,
@@ -226,6 +235,11 @@ size_t msm_cuda_linear_ws_bytes(int T, int N, int K);
  * msm_cuda_linear_ws_bytes(T, N, K) bytes. */
 int msm_cuda_linear(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                     int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, msm_cuda_exec ex);
+
+/* Whether msm_cuda_linear (fp8 false) or msm_cuda_linear_fp8 (SIMT or MMA kernel choice, fp8_native_max_t
+ * >= T; true) with 16-byte aligned operands takes the bulk-copy GEMV for these shapes under tuning tn
+ * (linear_bulk.cu: the GEMV's bits; tests assert it ran). */
+bool msm_cuda_linear_bulk_takes(bool fp8, int T, int N, int K, int ph, const msm_cuda_tuning *tn);
 
 /* In-place rotate-half RoPE on x [T, nheads, hd] f32 at positions pos[T], over the first rot
  * dims of each head (rot even, <= hd; rot = hd: full RoPE), as msm_cpu_rope. */

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The device commands of this session's runs (README.md here), from the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels" tools/gpu-engine-check bundle`
+# built from the commit in each run's gpu.txt, carried as gpu-run/:
+#   bash bench/results/2026-12-02-h200/runs.sh rN
+[ -f gpu-run/bundle.tar.xz ] && { (cd gpu-run && tar xJf bundle.tar.xz && rm bundle.tar.xz) || exit 1; }
+export LD_LIBRARY_PATH=$PWD/gpu-run/lib PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+T0=$(date +%s)
+el() { echo "# t=$(( $(date +%s) - T0 ))s $*"; }
+left() { echo $(( ${1:-585} - ($(date +%s) - T0) )); }
+b() { # preset batches tag envs... -- flags
+    local p=$1 bs=$2 tag=$3; shift 3
+    local envs=() ; while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+    { el "$p ${envs[*]} $*"; env "${envs[@]}" timeout 120 gpu-run/bin/msmoe-bench decode --preset config/models/$p.json \
+        --backend cuda --batches $bs --context 512 --steps 30 "$@" 2>&1 | grep -v '^# weights'; } | tee -a $OUT/bench-$tag.txt
+}
+prof() { # preset batch timeout [envs...]
+    local p=$1 bt=$2 to=$3; shift 3
+    env "$@" timeout $to /usr/local/cuda/bin/ncu --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --print-units base \
+        gpu-run/bin/msmoe-bench decode --preset config/models/$p.json --backend cuda \
+        --batches $bt --context 512 --steps 1 --no-cuda-graphs > /tmp/ncu.csv 2>&1
+    echo "# $p batch $bt $*" >> $OUT/profile.txt
+    python3 bench/ncu_summary.py /tmp/ncu.csv >> $OUT/profile.txt 2>&1
+}
+hdr() { { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt; }
+case "$1" in
+r1)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -30 > $OUT/kernels.txt
+    el presets | tee -a $OUT/gpu.txt
+    timeout 150 python3 tests/gpu/check_presets.py > $OUT/check.txt 2>&1
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do
+        b $p 1,2,4,8 ab --
+        b $p 1,2,4,8 ab MSM_CUDA_GEMV_BULK=0 --
+        b $p 1,2,4 ab MSM_CUDA_GEMV_BULK_KB=48 --
+        b $p 1,2,4 ab MSM_CUDA_GEMV_BULK_KB=200 MSM_CUDA_GEMV_BULK_PER_SM=1 --
+        b $p 1,2,4,8 ab --
+    done
+    b glm-4.5-air-fp8 1,2 ab --
+    b glm-4.5-air-fp8 1,2 ab MSM_CUDA_GEMV_BULK=0 --
+    el profile | tee -a $OUT/gpu.txt
+    prof qwen3-30b-a3b 1 $(left 560)
+    prof qwen3-30b-a3b-fp8 1 $(left 580)
+    el done | tee -a $OUT/gpu.txt
+    ;;
+esac
