@@ -1157,6 +1157,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_GEMV_EARLY"))) t->gemv_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_QK_ROPE"))) t->qk_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_GEMV_BULK"))) t->gemv_bulk = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_GEMV_U8"))) t->gemv_u8 = s[0] == '1';
+    if (env_int("MSM_CUDA_CARVEOUT", &v)) t->smem_carveout = v < 0 ? -1 : v > 100 ? 100 : v;
     if (env_int("MSM_CUDA_GEMV_BULK_MAX_T", &v)) t->gemv_bulk_max_t = v < 0 ? 0 : v > 4 ? 4 : v;
     if (env_int("MSM_CUDA_FP8_BULK_MAX_T", &v)) t->fp8_bulk_max_t = v < 0 ? 0 : v > 2 ? 2 : v;
     if (env_int("MSM_CUDA_GEMV_BULK_KB", &v)) t->gemv_bulk_kb = v < 1 ? 1 : v > 227 ? 227 : v;

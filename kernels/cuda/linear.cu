@@ -336,8 +336,12 @@ static void gemv_launch(float *y, const float *x, const void *w, const uint16_t 
     if constexpr (FP8) {
         int rows = ex.tune->fp8_gemv_rows ? ex.tune->fp8_gemv_rows : NT == 1 ? 2 : 4;
         if (rows == 1) return gemv_launch_r<NT, 1, 4, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
+        if (rows == 2 && NT == 1 && ex.tune->gemv_u8) /* a 4096-code row's loads all at once */
+            return gemv_launch_r<NT, 2, 8, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
         if (rows == 2) return gemv_launch_r<NT, 2, 4, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
     }
+    if constexpr (NT == 1 && R == 1 && !FP8) /* a 2048-wide row's loads all at once (before the PDL wait) */
+        if (ex.tune->gemv_u8) return gemv_launch_r<NT, R, 8, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
     gemv_launch_r<NT, R, U, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
 }
 

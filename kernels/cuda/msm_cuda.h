@@ -791,7 +791,7 @@ static __device__ __forceinline__ void msm_prefetch_l2(const void *p, size_t n) 
 template <typename... KArgs, typename... Args>
 static inline cudaError_t msm_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                              unsigned cluster_x, msm_cuda_exec ex, Args... args) {
-    cudaLaunchAttribute at[2];
+    cudaLaunchAttribute at[3];
     unsigned n = 0;
     if (cluster_x > 1) {
         at[n].id = cudaLaunchAttributeClusterDimension;
@@ -802,6 +802,10 @@ static inline cudaError_t msm_launch_cluster(void (*kernel)(KArgs...), dim3 grid
     if (ex.tune->pdl) {
         at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (ex.tune->smem_carveout >= 0) { /* one L1 / shared split for every kernel (tuning) */
+        at[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+        at[n++].val.sharedMemCarveout = (unsigned)ex.tune->smem_carveout;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;

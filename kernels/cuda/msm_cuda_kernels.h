@@ -102,6 +102,9 @@ enum { MSM_CUDA_ATT_MMA_OFF = 0, MSM_CUDA_ATT_MMA_AUTO = 1, MSM_CUDA_ATT_MMA_ON 
 typedef struct msm_cuda_tuning {
     int device, sms;          /* the rank's GPU and its multiprocessor count */
     bool pdl;                 /* programmatic dependent launch (msm_launch) */
+    int smem_carveout;        /* every launch's preferred shared-memory share of L1 + shared, percent
+                                 (cudaLaunchAttributePreferredSharedMemoryCarveout: kernels of different
+                                 splits cannot share an SM); -1: the driver's choice (MSM_CUDA_CARVEOUT) */
     int gemv_max_t;           /* linears with T <= this take the GEMV (>= MSM_CUDA_GEMV_MAX_T, <= 64) */
     int mmv_min_t, mmv_max_t; /* the MMV range (see above; max <= 64, 0 = off) */
     int linear_tiled_min_t;   /* the tiled linear from this T on (> MSM_CUDA_LINEAR_TILED_MAX_T: off) */
@@ -114,6 +117,8 @@ typedef struct msm_cuda_tuning {
                                  fp8_bulk_max_t) take the bulk-copy GEMV (linear_bulk.cu): weight rows
                                  streamed into shared memory, the copies of a block's first rows issued
                                  before its PDL wait; the same bits as the GEMV (MSM_CUDA_GEMV_BULK) */
+    bool gemv_u8;             /* the register GEMV at one token: 8 loads a lane a row in flight instead of 4
+                                 (a whole 2048-wide bf16 row, 4096 FP8 codes; the same bits; MSM_CUDA_GEMV_U8) */
     int gemv_bulk_max_t;      /* ... bf16 up to this T (<= 4; MSM_CUDA_GEMV_BULK_MAX_T) */
     int fp8_bulk_max_t;       /* ... FP8 up to this T (<= 2; MSM_CUDA_FP8_BULK_MAX_T) */
     int gemv_bulk_kb;         /* ... shared memory a block of it may take for its rings, KiB

@@ -12,6 +12,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     memset(t, 0, sizeof *t);
     t->device = device;
     t->pdl = true;
+    t->smem_carveout = -1;
     t->gemv_prefetch = false; /* measured slower at batch 1 (bench/results/2026-12-01-h200) */
     t->gemv_early = true;
     t->qk_rope = true;

@@ -6,7 +6,8 @@ linear there is a small-N GEMV: the decode GEMVs, MMVs and bulk-copy GEMVs of fu
 never run in that check. Here msmoe-run generates with dummy weights of shape presets (random
 bf16 or FP8 codes, filled on the GPU; `--dummy-weights PRESET.json`) and each variant must give
 the default's logits and tokens bit for bit: CUDA-graph replay vs eager, multi-stream on vs off,
-PDL on vs off, the bulk-copy GEMV vs the register GEMV, the GEMVs' early weight loads on vs off.
+PDL on vs off, the bulk-copy GEMV vs the register GEMV, the GEMVs' early weight loads on vs off,
+8 loads a lane a row in flight vs 4.
 Prompts of 2 and 4 tokens put the prefill's dense linears at T = 2 and 4, then every decode step
 at T = 1. There is no oracle at these sizes (the CPU backend would take minutes a token): the
 kernels' own tests (test_cuda_kernels) compare each path with the CPU at these shapes.
@@ -26,6 +27,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("PDL on vs off", [], {"MSM_CUDA_PDL": "0"}),
     ("bulk-copy GEMV vs register GEMV", [], {"MSM_CUDA_GEMV_BULK": "0"}),
     ("early GEMV weight loads vs after the PDL wait", [], {"MSM_CUDA_GEMV_EARLY": "0"}),
+    ("register GEMV with 8 loads a lane vs default", [], {"MSM_CUDA_GEMV_BULK": "0", "MSM_CUDA_GEMV_U8": "1"}),
 ]
 fails = 0
 

@@ -51,14 +51,14 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
                                  "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_GEMV_BULK",
                                  "MSM_CUDA_GEMV_BULK_MAX_T", "MSM_CUDA_FP8_BULK_MAX_T", "MSM_CUDA_GEMV_BULK_KB",
-                                 "MSM_CUDA_GEMV_BULK_PER_SM"};
+                                 "MSM_CUDA_GEMV_BULK_PER_SM", "MSM_CUDA_CARVEOUT", "MSM_CUDA_GEMV_U8"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
     t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.gemv_bulk = true;
-    t.gemv_bulk_max_t = 4, t.fp8_bulk_max_t = 2, t.gemv_bulk_kb = 100, t.gemv_bulk_per_sm = 2;
+    t.gemv_bulk_max_t = 4, t.fp8_bulk_max_t = 2, t.gemv_bulk_kb = 100, t.gemv_bulk_per_sm = 2, t.smem_carveout = -1;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -74,8 +74,11 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1), setenv("MSM_CUDA_FP8_MOE_TILED_MIN_T", "-2", 1);
     setenv("MSM_CUDA_GEMV_BULK", "0", 1), setenv("MSM_CUDA_GEMV_BULK_MAX_T", "9", 1);
     setenv("MSM_CUDA_FP8_BULK_MAX_T", "-1", 1), setenv("MSM_CUDA_GEMV_BULK_KB", "500", 1);
-    setenv("MSM_CUDA_GEMV_BULK_PER_SM", "0", 1);
+    setenv("MSM_CUDA_GEMV_BULK_PER_SM", "0", 1), setenv("MSM_CUDA_CARVEOUT", "150", 1);
+    setenv("MSM_CUDA_GEMV_U8", "1", 1);
     msm_cuda_tuning_from_env(&t);
+    cr_expect(t.gemv_u8);
+    cr_expect_eq(t.smem_carveout, 100, "clamped to 100");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
     cr_expect(!t.gemv_bulk, "MSM_CUDA_GEMV_BULK=0: the register GEMV");
     cr_expect_eq(t.gemv_bulk_max_t, 4, "clamped to 4");
@@ -1299,14 +1302,16 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
         fp8_weight w8 = fp8_make(1, N, K, 0, false);
         float *dx = dev_up(x, (size_t)Tm * K * 4), *dxn = dev((size_t)Tm * K * 4);
         uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *dn = dev_up(nb, (size_t)K * 2);
-        float *dy = dev((size_t)Tm * N * 4), *o[2], *ref = malloc((size_t)Tm * N * 4);
-        o[0] = malloc((size_t)Tm * N * 4), o[1] = malloc((size_t)Tm * N * 4);
+        float *dy = dev((size_t)Tm * N * 4), *o[3], *ref = malloc((size_t)Tm * N * 4);
+        for (int e = 0; e < 3; e++) o[e] = malloc((size_t)Tm * N * 4);
         for (int fp8 = 0; fp8 < 2; fp8++)
             for (int T = 1; T <= Tm; T++) {
                 msm_cpu_linear(ref, xn, fp8 ? w8.f : wf, NULL, T, N, K);
-                for (int e = 0; e < 2; e++) {
+                for (int e = 0; e < 3; e++) { /* after the wait; early; early with 8 loads a lane a row */
                     msm_cuda_tuning t = tune0;
-                    t.gemv_early = e;
+                    t.gemv_early = e > 0;
+                    t.gemv_u8 = e == 2;
+                    t.gemv_bulk = false; /* the register GEMV (the bulk one: linear_bulk_same_bits_as_the_gemv) */
                     t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT; /* the GEMV at every T (the MMV8 waits first) */
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
                     CK(cudaMemsetAsync(dxn, 0xff, (size_t)Tm * K * 4, st));
@@ -1320,11 +1325,13 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
                 }
                 cr_expect(memcmp(o[0], o[1], (size_t)T * N * 4) == 0, "early loads change the bits: %s T=%d N=%d K=%d",
                           fp8 ? "fp8" : "bf16", T, N, K);
+                cr_expect(memcmp(o[0], o[2], (size_t)T * N * 4) == 0, "8 loads a lane change the bits: %s T=%d N=%d K=%d",
+                          fp8 ? "fp8" : "bf16", T, N, K);
                 CHECK_ERR(o[1], ref, (size_t)T * N, 2e-5, "early loads %s T=%d N=%d K=%d", fp8 ? "fp8" : "bf16", T, N, K);
             }
         cudaFree(dx), cudaFree(dxn), cudaFree(dw), cudaFree(dn), cudaFree(dy);
         fp8_free(&w8);
-        free(x), free(wf), free(nf), free(xn), free(wb), free(nb), free(ref), free(o[0]), free(o[1]);
+        free(x), free(wf), free(nf), free(xn), free(wb), free(nb), free(ref), free(o[0]), free(o[1]), free(o[2]);
     }
     cudaStreamDestroy(st);
 }

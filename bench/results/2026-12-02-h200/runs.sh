@@ -47,4 +47,50 @@ r1)
     prof qwen3-30b-a3b-fp8 1 $(left 580)
     el done | tee -a $OUT/gpu.txt
     ;;
+r2)
+    hdr
+    NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | sort | tail -1)
+    echo "# nsys: ${NSYS:-none}" | tee -a $OUT/gpu.txt
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/linear*' 2>&1 | tail -8 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen3-30b-a3b qwen3-30b-a3b-fp8 qwen1.5-moe-a2.7b; do
+        b $p 1,2,4 ab --
+        b $p 1,2,4 ab MSM_CUDA_GEMV_BULK=0 --
+        b $p 1,2,4 ab MSM_CUDA_GEMV_BULK=0 MSM_CUDA_GEMV_U8=1 --
+        b $p 1,2,4 ab MSM_CUDA_CARVEOUT=100 --
+        b $p 1,2,4 ab MSM_CUDA_CARVEOUT=100 MSM_CUDA_GEMV_BULK=0 --
+        b $p 1,2,4 ab MSM_CUDA_CARVEOUT=0 MSM_CUDA_GEMV_BULK=0 --
+        b $p 1,2,4 ab MSM_CUDA_GEMV_BULK=0 --
+    done
+    el nsys | tee -a $OUT/gpu.txt
+    ns() { # preset batch envs...
+        local p=$1 bt=$2; shift 2
+        env "$@" timeout 90 $NSYS profile -o /tmp/ns --force-overwrite true --trace=cuda --cuda-graph-trace=node \
+            gpu-run/bin/msmoe-bench decode --preset config/models/$p.json --backend cuda --batches $bt --context 512 \
+            --steps 5 > /tmp/ns.log 2>&1 || tail -5 /tmp/ns.log >> $OUT/nsys.txt
+        timeout 60 $NSYS stats --report cuda_gpu_trace --format csv --output /tmp/ns --force-export true /tmp/ns.nsys-rep > /dev/null 2>&1
+        echo "# $p batch $bt $*" >> $OUT/nsys.txt
+        python3 bench/nsys_step.py /tmp/ns_cuda_gpu_trace.csv 24 >> $OUT/nsys.txt 2>&1
+    }
+    if [ -n "$NSYS" ]; then
+        ns qwen3-30b-a3b 1 MSM_CUDA_GEMV_BULK=0
+        ns qwen3-30b-a3b 1
+        ns qwen3-30b-a3b 1 MSM_CUDA_CARVEOUT=100
+        ns qwen1.5-moe-a2.7b 1 MSM_CUDA_GEMV_BULK=0
+    fi
+    el ncu | tee -a $OUT/gpu.txt
+    for k in linear_bulk gemv_kernel; do
+        [ $k = gemv_kernel ] && export MSM_CUDA_GEMV_BULK=0
+        timeout $(left 500) /usr/local/cuda/bin/ncu --clock-control none --kernel-name regex:$k --launch-skip 40 \
+            --launch-count 1 --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+            --section MemoryWorkloadAnalysis gpu-run/bin/msmoe-bench decode --preset config/models/qwen3-30b-a3b.json \
+            --backend cuda --batches 1 --context 512 --steps 1 --no-cuda-graphs > /tmp/ncu-$k.txt 2>&1
+        grep -v "^==PROF==" /tmp/ncu-$k.txt | tail -120 >> $OUT/ncu.txt
+    done
+    unset MSM_CUDA_GEMV_BULK
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 585) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
