@@ -336,12 +336,13 @@ static void gemv_launch(float *y, const float *x, const void *w, const uint16_t 
     if constexpr (FP8) {
         int rows = ex.tune->fp8_gemv_rows ? ex.tune->fp8_gemv_rows : NT == 1 ? 2 : 4;
         if (rows == 1) return gemv_launch_r<NT, 1, 4, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
-        if (rows == 2 && NT == 1 && ex.tune->gemv_u8) /* a 4096-code row's loads all at once */
+        /* one token: 8 loads a lane a row (a 4096-code row requested at once, before the PDL wait)
+         * instead of 4 (Qwen3-30B-A3B FP8 batch 1 3.24 -> 3.17 ms, H200, 2026-12-02; the same for bf16
+         * rows, whose 2048-wide rows measured no faster: bench/results/2026-12-02-h200 run 2) */
+        if (rows == 2 && NT == 1 && ex.tune->fp8_gemv_u8)
             return gemv_launch_r<NT, 2, 8, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
         if (rows == 2) return gemv_launch_r<NT, 2, 4, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
     }
-    if constexpr (NT == 1 && R == 1 && !FP8) /* a 2048-wide row's loads all at once (before the PDL wait) */
-        if (ex.tune->gemv_u8) return gemv_launch_r<NT, R, 8, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
     gemv_launch_r<NT, R, U, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
 }
 
@@ -690,8 +691,6 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
      * rounding, and at T = 8 the MMV took 7 us for a 60-row router against 3.5 us (H200) */
     if (T >= tn->linear_tiled_min_t && N > MSM_CUDA_GEMV_SMALL_N && msm__linear_tiled_fits(T, N, K, w, x))
         return msm__linear_tiled_run(y, x, w, bias, T, N, K, ex);
-    if (msm__linear_bulk_fits(false, w, NULL, 0, x, T, N, K, tn))
-        return msm__linear_bulk_run(y, x, w, NULL, 0, bias, T, N, K, ex);
     if (T <= 64 && N > MSM_CUDA_GEMV_SMALL_N && mmv_use(tn, T, N, K, w, x))
         return mmv_run(y, x, w, bias, T, N, K, ex);
     if (T <= gemv_max || N <= MSM_CUDA_GEMV_SMALL_N) {
@@ -766,9 +765,6 @@ extern "C" int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, co
     /* the tensor-core MMV8, else the SIMT FP8 GEMV (each code read once per 8-token chunk): float32
      * weights either way (see linear_fp8.cu, msm_rows_dot_fp8) */
     int kern = ex.tune->fp8_linear;
-    if (T <= ex.tune->fp8_native_max_t && kern != MSM_CUDA_FP8_LINEAR_SIMT_HW &&
-        msm__linear_bulk_fits(true, w.q, w.scale, w.phase, x, T, N, K, ex.tune))
-        return msm__linear_bulk_run(y, x, w.q, w.scale, w.phase, bias, T, N, K, ex);
     if (T <= ex.tune->fp8_native_max_t && kern == MSM_CUDA_FP8_LINEAR_MMA && T >= ex.tune->fp8_mma_min_t &&
         msm__linear_fp8_mma_fits(T, N, K, w, x, ex.tune->sms))
         return msm__linear_fp8_mma_run(y, x, w, bias, T, N, K, ex);

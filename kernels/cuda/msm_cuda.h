@@ -54,14 +54,6 @@ int msm__linear_fp8_mma_prepare(void);
 bool msm__linear_fp8_mma_fits(int T, int N, int K, msm_cuda_fp8w w, const float *x, int sms);
 int msm__linear_fp8_mma_run(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N, int K,
                             msm_cuda_exec ex);
-/* The bulk-copy GEMV (linear_bulk.cu): its shared-memory limits, whether the tuning and a call's
- * shapes and pointers let it take the call (bf16 W, or FP8 codes with their block scales wsc and
- * column phase ph), the launch. */
-int msm__linear_bulk_prepare(void);
-bool msm__linear_bulk_fits(bool fp8, const void *w, const float *wsc, int ph, const float *x, int T, int N, int K,
-                           const msm_cuda_tuning *tn);
-int msm__linear_bulk_run(float *y, const float *x, const void *w, const float *wsc, int ph, const uint16_t *bias,
-                         int T, int N, int K, msm_cuda_exec ex);
 
 #ifdef __cplusplus
 }
@@ -250,20 +242,7 @@ static __device__ __forceinline__ float msm_fma8_bf16(uint4 w, float4 xa, float4
 struct msm_no_hook {
     __device__ __forceinline__ void operator()() const {}
 };
-/* Where the rows-dot loops read weight rows and scales from (Src): global memory (16-byte loads
- * that bypass L1; scales through the read-only cache), or shared memory, where the bulk-copy
- * GEMV (linear_bulk.cu) has landed them (scales there or in global memory: a generic load). The
- * arithmetic is the same either way, so are the bits. */
-struct msm_src_global {
-    static __device__ __forceinline__ uint4 w16(const void *p) { return msm_ld_stream16(p); }
-    static __device__ __forceinline__ float sc(const float *p) { return __ldg(p); }
-};
-struct msm_src_shared {
-    static __device__ __forceinline__ uint4 w16(const void *p) { return *(const uint4 *)p; }
-    static __device__ __forceinline__ float sc(const float *p) { return *p; }
-};
-template <int R, int NT, int U, bool VEC, bool DIAG = false, typename Hook = msm_no_hook,
-          typename Src = msm_src_global>
+template <int R, int NT, int U, bool VEC, bool DIAG = false, typename Hook = msm_no_hook>
 static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const uint16_t *const (&wr)[R],
                                                     const float *const (&xs)[NT], int nt, int K,
                                                     int lane, Hook hook = Hook()) {
@@ -277,7 +256,7 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     int k = k0 + u * 256;
-                    wv[r][u] = (wr[r] && k < K) ? Src::w16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+                    wv[r][u] = (wr[r] && k < K) ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
                 }
             if (k0 == lane * 8) hook();
 #pragma unroll
@@ -459,8 +438,7 @@ static __device__ __forceinline__ float msm_dot16(const float (&w)[16], const fl
  * rows. G > 0: row r with vector r / G alone (NT == R / G; G = 1 is msm_rows_dot's DIAG), the
  * sum in acc[r][r / G], each x value read once for its G rows. HW: the hardware decode. hook:
  * as msm_rows_dot's, after the first step's code and scale loads. */
-template <int R, int NT, int U, int G = 0, bool HW = false, typename Hook = msm_no_hook,
-          typename Src = msm_src_global>
+template <int R, int NT, int U, int G = 0, bool HW = false, typename Hook = msm_no_hook>
 static __device__ __forceinline__ void msm_rows_dot_fp8(float (&acc)[R][NT], const uint8_t *const (&wr)[R],
                                                         const float *const (&sr)[R],
                                                         const float *const (&xs)[NT], int nt, int K,
@@ -477,8 +455,8 @@ static __device__ __forceinline__ void msm_rows_dot_fp8(float (&acc)[R][NT], con
             for (int u = 0; u < U; u++) {
                 int k = k0 + u * 512;
                 bool ok = wr[r] && k < K;
-                wv[r][u] = ok ? Src::w16(wr[r] + k) : make_uint4(0, 0, 0, 0);
-                sv[r][u] = ok ? Src::sc(sr[r] + ((k + ph) >> 7)) * SS : 0.0f;
+                wv[r][u] = ok ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+                sv[r][u] = ok ? __ldg(sr[r] + ((k + ph) >> 7)) * SS : 0.0f;
             }
         if (k0 == lane * 16) hook();
 #pragma unroll
@@ -523,7 +501,7 @@ static __device__ __forceinline__ void msm_rows_dot_fp8(float (&acc)[R][NT], con
 
 /* Either kind of weight row: bf16 (FP8 false; sr unused) or FP8 (VEC must be true). */
 template <int R, int NT, int U, bool VEC, bool FP8, bool DIAG = false, bool HW = false,
-          typename Hook = msm_no_hook, typename Src = msm_src_global>
+          typename Hook = msm_no_hook>
 static __device__ __forceinline__ void msm_rows_dot_w(float (&acc)[R][NT], const void *const (&wr)[R],
                                                       const float *const (&sr)[R],
                                                       const float *const (&xs)[NT], int nt, int K, int ph,
@@ -532,12 +510,12 @@ static __device__ __forceinline__ void msm_rows_dot_w(float (&acc)[R][NT], const
         const uint8_t *w8[R];
 #pragma unroll
         for (int r = 0; r < R; r++) w8[r] = (const uint8_t *)wr[r];
-        msm_rows_dot_fp8<R, NT, U, DIAG ? 1 : 0, HW, Hook, Src>(acc, w8, sr, xs, nt, K, ph, lane, hook);
+        msm_rows_dot_fp8<R, NT, U, DIAG ? 1 : 0, HW>(acc, w8, sr, xs, nt, K, ph, lane, hook);
     } else {
         const uint16_t *w16[R];
 #pragma unroll
         for (int r = 0; r < R; r++) w16[r] = (const uint16_t *)wr[r];
-        msm_rows_dot<R, NT, U, VEC, DIAG, Hook, Src>(acc, w16, xs, nt, K, lane, hook);
+        msm_rows_dot<R, NT, U, VEC, DIAG>(acc, w16, xs, nt, K, lane, hook);
     }
 }
 
@@ -710,42 +688,6 @@ static __device__ __forceinline__ void msm_tile_mma_fp8_k64(float acc[8][4], uin
     }
 }
 
-/* ---- Bulk copies into shared memory (the Hopper copy engine: cp.async.bulk) ----
- * A transaction barrier (mbarrier, 8 bytes of shared memory, one arrival a phase) counts the bytes
- * the copies of a phase land: one thread arms it with the bytes it expects (msm_mbar_arm) and
- * issues the copies (msm_bulk_g2s); readers wait for the phase with the parity of its use count
- * (msm_mbar_wait). Sizes and both addresses are multiples of 16 bytes. Before bytes that threads
- * have read are copied over again, the issuing thread orders those reads first (all readers done,
- * e.g. __syncwarp, then msm_fence_proxy_async). */
-static __device__ __forceinline__ void msm_mbar_init(uint64_t *bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(msm_smem_addr(bar)), "r"(count) : "memory");
-}
-/* Makes barriers this thread initialised visible to the copy engine. */
-static __device__ __forceinline__ void msm_mbar_init_fence(void) {
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-static __device__ __forceinline__ void msm_mbar_arm(uint64_t *bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(msm_smem_addr(bar)), "r"(bytes)
-                 : "memory");
-}
-static __device__ __forceinline__ void msm_bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     msm_smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(msm_smem_addr(bar))
-                 : "memory");
-}
-static __device__ __forceinline__ void msm_mbar_wait(uint64_t *bar, unsigned parity) {
-    asm volatile("{\n\t.reg .pred p;\n"
-                 "MSM_MBAR_WAIT:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-                 "@!p bra MSM_MBAR_WAIT;\n}" ::"r"(msm_smem_addr(bar)),
-                 "r"(parity)
-                 : "memory");
-}
-static __device__ __forceinline__ void msm_fence_proxy_async(void) {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
 /* ---- Programmatic dependent launch (Hopper) ----
  * A kernel launched with msm_launch() may be scheduled while the kernel before it in the stream
  * is still running. Such a kernel must call msm_pdl_wait() before it reads anything an earlier
@@ -791,7 +733,7 @@ static __device__ __forceinline__ void msm_prefetch_l2(const void *p, size_t n) 
 template <typename... KArgs, typename... Args>
 static inline cudaError_t msm_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                              unsigned cluster_x, msm_cuda_exec ex, Args... args) {
-    cudaLaunchAttribute at[3];
+    cudaLaunchAttribute at[2];
     unsigned n = 0;
     if (cluster_x > 1) {
         at[n].id = cudaLaunchAttributeClusterDimension;
@@ -802,10 +744,6 @@ static inline cudaError_t msm_launch_cluster(void (*kernel)(KArgs...), dim3 grid
     if (ex.tune->pdl) {
         at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (ex.tune->smem_carveout >= 0) { /* one L1 / shared split for every kernel (tuning) */
-        at[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-        at[n++].val.sharedMemCarveout = (unsigned)ex.tune->smem_carveout;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;

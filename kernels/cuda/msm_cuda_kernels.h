@@ -102,9 +102,6 @@ enum { MSM_CUDA_ATT_MMA_OFF = 0, MSM_CUDA_ATT_MMA_AUTO = 1, MSM_CUDA_ATT_MMA_ON 
 typedef struct msm_cuda_tuning {
     int device, sms;          /* the rank's GPU and its multiprocessor count */
     bool pdl;                 /* programmatic dependent launch (msm_launch) */
-    int smem_carveout;        /* every launch's preferred shared-memory share of L1 + shared, percent
-                                 (cudaLaunchAttributePreferredSharedMemoryCarveout: kernels of different
-                                 splits cannot share an SM); -1: the driver's choice (MSM_CUDA_CARVEOUT) */
     int gemv_max_t;           /* linears with T <= this take the GEMV (>= MSM_CUDA_GEMV_MAX_T, <= 64) */
     int mmv_min_t, mmv_max_t; /* the MMV range (see above; max <= 64, 0 = off) */
     int linear_tiled_min_t;   /* the tiled linear from this T on (> MSM_CUDA_LINEAR_TILED_MAX_T: off) */
@@ -113,17 +110,9 @@ typedef struct msm_cuda_tuning {
                                  measured 2.31 -> 2.11 ms at batch 1 without it, H200, 2026-12-01) */
     bool gemv_early;          /* the dense GEMVs and MMVs issue their first weight loads into
                                  registers before their PDL wait (MSM_CUDA_GEMV_EARLY) */
-    bool gemv_bulk;           /* dense decode linears (bf16 up to gemv_bulk_max_t tokens, FP8 up to
-                                 fp8_bulk_max_t) take the bulk-copy GEMV (linear_bulk.cu): weight rows
-                                 streamed into shared memory, the copies of a block's first rows issued
-                                 before its PDL wait; the same bits as the GEMV (MSM_CUDA_GEMV_BULK) */
-    bool gemv_u8;             /* the register GEMV at one token: 8 loads a lane a row in flight instead of 4
-                                 (a whole 2048-wide bf16 row, 4096 FP8 codes; the same bits; MSM_CUDA_GEMV_U8) */
-    int gemv_bulk_max_t;      /* ... bf16 up to this T (<= 4; MSM_CUDA_GEMV_BULK_MAX_T) */
-    int fp8_bulk_max_t;       /* ... FP8 up to this T (<= 2; MSM_CUDA_FP8_BULK_MAX_T) */
-    int gemv_bulk_kb;         /* ... shared memory a block of it may take for its rings, KiB
-                                 (MSM_CUDA_GEMV_BULK_KB; at least one slot a warp) */
-    int gemv_bulk_per_sm;     /* ... blocks an SM its grid is sized for (MSM_CUDA_GEMV_BULK_PER_SM) */
+    bool fp8_gemv_u8;         /* the FP8 SIMT GEMV at one token (2 rows a warp): 8 loads a lane a row in
+                                 flight instead of 4, a 4096-code row at once; the same bits
+                                 (MSM_CUDA_FP8_GEMV_U8=0: 4) */
     bool qk_rope;             /* a QK_NORM and the ROPE_KV_WRITE reading it in one kernel
                                  (msm_cuda_qk_norm_rope_kv; MSM_CUDA_QK_ROPE) */
     int fp8_moe_tiled_min_t;  /* FP8 experts take the tiled GEMMs (fp8_moe_tiled) from this T on,
@@ -240,11 +229,6 @@ size_t msm_cuda_linear_ws_bytes(int T, int N, int K);
  * msm_cuda_linear_ws_bytes(T, N, K) bytes. */
 int msm_cuda_linear(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                     int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, msm_cuda_exec ex);
-
-/* Whether msm_cuda_linear (fp8 false) or msm_cuda_linear_fp8 (SIMT or MMA kernel choice, fp8_native_max_t
- * >= T; true) with 16-byte aligned operands takes the bulk-copy GEMV for these shapes under tuning tn
- * (linear_bulk.cu: the GEMV's bits; tests assert it ran). */
-bool msm_cuda_linear_bulk_takes(bool fp8, int T, int N, int K, int ph, const msm_cuda_tuning *tn);
 
 /* In-place rotate-half RoPE on x [T, nheads, hd] f32 at positions pos[T], over the first rot
  * dims of each head (rot even, <= hd; rot = hd: full RoPE), as msm_cpu_rope. */

@@ -12,16 +12,11 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     memset(t, 0, sizeof *t);
     t->device = device;
     t->pdl = true;
-    t->smem_carveout = -1;
     t->gemv_prefetch = false; /* measured slower at batch 1 (bench/results/2026-12-01-h200) */
     t->gemv_early = true;
     t->qk_rope = true;
-    t->gemv_bulk = true;
-    t->gemv_bulk_max_t = 4; /* the MMV from 5 (mmv_min_t) */
-    t->fp8_bulk_max_t = 2;  /* the MMV8 from 3 (fp8_mma_min_t) */
-    t->gemv_bulk_kb = 100;  /* two blocks an SM */
-    t->gemv_bulk_per_sm = 2;
     t->fp8_gemv_rows = 0; /* 2 at one token, else 4 (linear.cu) */
+    t->fp8_gemv_u8 = true;
     t->gemv_max_t = MSM_CUDA_GEMV_MAX_T;
     t->mmv_min_t = MSM_CUDA_MMV_MIN_T;
     t->mmv_max_t = MSM_CUDA_MMV_MAX_T;
@@ -55,8 +50,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     r = msm__linear_tiled_prepare();
     if (r) return r;
     r = msm__linear_fp8_mma_prepare();
-    if (r) return r;
-    r = msm__linear_bulk_prepare();
     if (r) return r;
     r = msm__attention_mma_prepare();
     if (r) return r;

@@ -2,12 +2,12 @@
 """The CUDA backend's switches at real shapes (runs on the GPU machine, numpy only).
 
 The golden models of check_cuda_vs_cpu.py are tiny (hidden 64-192, vocab 256), so every dense
-linear there is a small-N GEMV: the decode GEMVs, MMVs and bulk-copy GEMVs of full-size weights
-never run in that check. Here msmoe-run generates with dummy weights of shape presets (random
+linear there is a small-N GEMV: the decode GEMVs and MMVs of full-size weights never run in that
+check. Here msmoe-run generates with dummy weights of shape presets (random
 bf16 or FP8 codes, filled on the GPU; `--dummy-weights PRESET.json`) and each variant must give
 the default's logits and tokens bit for bit: CUDA-graph replay vs eager, multi-stream on vs off,
-PDL on vs off, the bulk-copy GEMV vs the register GEMV, the GEMVs' early weight loads on vs off,
-8 loads a lane a row in flight vs 4.
+PDL on vs off, the GEMVs' early weight loads on vs off, the FP8 GEMV's 8 loads a lane a row in
+flight vs 4.
 Prompts of 2 and 4 tokens put the prefill's dense linears at T = 2 and 4, then every decode step
 at T = 1. There is no oracle at these sizes (the CPU backend would take minutes a token): the
 kernels' own tests (test_cuda_kernels) compare each path with the CPU at these shapes.
@@ -25,9 +25,8 @@ VARIANTS = [  # (name, extra flags, environment)
     ("graph replay vs eager", ["--no-cuda-graphs"], {}),
     ("multi-stream on vs off", ["--no-multi-stream"], {}),
     ("PDL on vs off", [], {"MSM_CUDA_PDL": "0"}),
-    ("bulk-copy GEMV vs register GEMV", [], {"MSM_CUDA_GEMV_BULK": "0"}),
     ("early GEMV weight loads vs after the PDL wait", [], {"MSM_CUDA_GEMV_EARLY": "0"}),
-    ("register GEMV with 8 loads a lane vs default", [], {"MSM_CUDA_GEMV_BULK": "0", "MSM_CUDA_GEMV_U8": "1"}),
+    ("FP8 GEMV with 4 loads a lane a row vs 8", [], {"MSM_CUDA_FP8_GEMV_U8": "0"}),
 ]
 fails = 0
 

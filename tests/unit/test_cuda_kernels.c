@@ -49,16 +49,13 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_MMA_MIN_T", "MSM_CUDA_ATT_MMA", "MSM_CUDA_ATT_MMA_MIN_BLOCKS",
                                  "MSM_CUDA_ROUTER_CHUNK_PER_SM", "MSM_CUDA_ATT_CLUSTER", "MSM_CUDA_ATT_EARLY",
                                  "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
-                                 "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_GEMV_BULK",
-                                 "MSM_CUDA_GEMV_BULK_MAX_T", "MSM_CUDA_FP8_BULK_MAX_T", "MSM_CUDA_GEMV_BULK_KB",
-                                 "MSM_CUDA_GEMV_BULK_PER_SM", "MSM_CUDA_CARVEOUT", "MSM_CUDA_GEMV_U8"};
+                                 "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
-    t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.gemv_bulk = true;
-    t.gemv_bulk_max_t = 4, t.fp8_bulk_max_t = 2, t.gemv_bulk_kb = 100, t.gemv_bulk_per_sm = 2, t.smem_carveout = -1;
+    t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = true;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -72,19 +69,10 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1), setenv("MSM_CUDA_FP8_MOE_TILED", "0", 1);
     setenv("MSM_CUDA_ATT_CLUSTER", "0", 1), setenv("MSM_CUDA_ATT_EARLY", "0", 1), setenv("MSM_CUDA_ATT_ROPE", "0", 1);
     setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1), setenv("MSM_CUDA_FP8_MOE_TILED_MIN_T", "-2", 1);
-    setenv("MSM_CUDA_GEMV_BULK", "0", 1), setenv("MSM_CUDA_GEMV_BULK_MAX_T", "9", 1);
-    setenv("MSM_CUDA_FP8_BULK_MAX_T", "-1", 1), setenv("MSM_CUDA_GEMV_BULK_KB", "500", 1);
-    setenv("MSM_CUDA_GEMV_BULK_PER_SM", "0", 1), setenv("MSM_CUDA_CARVEOUT", "150", 1);
-    setenv("MSM_CUDA_GEMV_U8", "1", 1);
+    setenv("MSM_CUDA_FP8_GEMV_U8", "0", 1);
     msm_cuda_tuning_from_env(&t);
-    cr_expect(t.gemv_u8);
-    cr_expect_eq(t.smem_carveout, 100, "clamped to 100");
+    cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
-    cr_expect(!t.gemv_bulk, "MSM_CUDA_GEMV_BULK=0: the register GEMV");
-    cr_expect_eq(t.gemv_bulk_max_t, 4, "clamped to 4");
-    cr_expect_eq(t.fp8_bulk_max_t, 0, "clamped to 0");
-    cr_expect_eq(t.gemv_bulk_kb, 227, "clamped to a block's shared memory");
-    cr_expect_eq(t.gemv_bulk_per_sm, 1, "clamped to 1");
     setenv("MSM_CUDA_FP8_GEMV_ROWS", "3", 1);
     msm_cuda_tuning_from_env(&t);
     cr_expect_eq(t.fp8_gemv_rows, 0, "not 1, 2 or 4: the default rule");
@@ -1307,11 +1295,10 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
         for (int fp8 = 0; fp8 < 2; fp8++)
             for (int T = 1; T <= Tm; T++) {
                 msm_cpu_linear(ref, xn, fp8 ? w8.f : wf, NULL, T, N, K);
-                for (int e = 0; e < 3; e++) { /* after the wait; early; early with 8 loads a lane a row */
+                for (int e = 0; e < 3; e++) { /* after the wait; early; early with FP8's 8 loads a lane a row */
                     msm_cuda_tuning t = tune0;
                     t.gemv_early = e > 0;
-                    t.gemv_u8 = e == 2;
-                    t.gemv_bulk = false; /* the register GEMV (the bulk one: linear_bulk_same_bits_as_the_gemv) */
+                    t.fp8_gemv_u8 = e == 2;
                     t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT; /* the GEMV at every T (the MMV8 waits first) */
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
                     CK(cudaMemsetAsync(dxn, 0xff, (size_t)Tm * K * 4, st));
@@ -1325,78 +1312,13 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
                 }
                 cr_expect(memcmp(o[0], o[1], (size_t)T * N * 4) == 0, "early loads change the bits: %s T=%d N=%d K=%d",
                           fp8 ? "fp8" : "bf16", T, N, K);
-                cr_expect(memcmp(o[0], o[2], (size_t)T * N * 4) == 0, "8 loads a lane change the bits: %s T=%d N=%d K=%d",
+                cr_expect(memcmp(o[0], o[2], (size_t)T * N * 4) == 0, "FP8's 8 loads a lane change the bits: %s T=%d N=%d K=%d",
                           fp8 ? "fp8" : "bf16", T, N, K);
                 CHECK_ERR(o[1], ref, (size_t)T * N, 2e-5, "early loads %s T=%d N=%d K=%d", fp8 ? "fp8" : "bf16", T, N, K);
             }
         cudaFree(dx), cudaFree(dxn), cudaFree(dw), cudaFree(dn), cudaFree(dy);
         fp8_free(&w8);
         free(x), free(wf), free(nf), free(xn), free(wb), free(nb), free(ref), free(o[0]), free(o[1]), free(o[2]);
-    }
-    cudaStreamDestroy(st);
-}
-
-/* The bulk-copy GEMV (linear_bulk.cu) gives the GEMV's bits, bf16 at 1..4 tokens and FP8 at 1..2,
- * whatever its ring and grid: one slot a warp and many groups a warp (a budget of 1 KiB, one block
- * an SM), the default, a deep ring; its first copies before the PDL wait or after it; FP8 scales
- * copied with the rows (a row's scales a multiple of 16 bytes) or read from global memory (K = 768:
- * 6 scales a row; phase 64), odd N (a last group of fewer rows), a bias. x is written by the
- * kernel just before it (an RMSNorm into a buffer poisoned just before that, same stream), so an
- * x read ahead of the PDL wait would show; and the CPU's product within the fp32 tolerance. */
-Test(cuda_kernels, linear_bulk_same_bits_as_the_gemv, .timeout = 120) {
-    need_gpu();
-    /* N, K, FP8 phase, bias */
-    static const int shapes[][4] = {{2048, 2048, 0, 0}, {5120, 2048, 0, 1}, {2048, 5632, 0, 0}, {2048, 4096, 0, 1},
-                                    {301, 1408, 16, 1}, {37984, 256, 0, 0},  {1027, 768, 64, 0}, {257, 4096, 0, 1}};
-    static const int budgets[][3] = {{100, 2, 1}, {1, 1, 1}, {227, 1, 0}, {8, 3, 1}}; /* kb, per_sm, early */
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        int N = shapes[s][0], K = shapes[s][1], ph = shapes[s][2], Tm = 4;
-        float *x = host_f32((size_t)Tm * K, 1.0f), *wf, *nf, *bf = NULL, *xn = malloc((size_t)Tm * K * 4);
-        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *nb = host_bf16(K, 1.0f, &nf);
-        uint16_t *bb = shapes[s][3] ? host_bf16(N, 0.5f, &bf) : NULL;
-        msm_cpu_rmsnorm(xn, x, nf, Tm, K, 1e-6f);
-        fp8_weight w8 = fp8_make(1, N, K, ph, false);
-        float *dx = dev_up(x, (size_t)Tm * K * 4), *dxn = dev((size_t)Tm * K * 4);
-        uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *dn = dev_up(nb, (size_t)K * 2);
-        uint16_t *db = bb ? dev_up(bb, (size_t)N * 2) : NULL;
-        float *dy = dev((size_t)Tm * N * 4), *ref = malloc((size_t)Tm * N * 4);
-        float *o0 = malloc((size_t)Tm * N * 4), *o1 = malloc((size_t)Tm * N * 4);
-        for (int fp8 = 0; fp8 < 2; fp8++)
-            for (int T = 1; T <= (fp8 ? 2 : 4); T++) {
-                if (fp8 && K % 16) continue;
-                msm_cpu_linear(ref, xn, fp8 ? w8.f : wf, bf, T, N, K);
-                for (int v = -1; v < (int)(sizeof budgets / sizeof *budgets); v++) {
-                    msm_cuda_tuning t = tune0;
-                    t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT; /* the SIMT GEMV when the bulk one is off */
-                    t.gemv_bulk = v >= 0;
-                    t.gemv_bulk_max_t = 4, t.fp8_bulk_max_t = 2;
-                    if (v >= 0) t.gemv_bulk_kb = budgets[v][0], t.gemv_bulk_per_sm = budgets[v][1], t.gemv_early = budgets[v][2];
-                    cr_assert(v < 0 || msm_cuda_linear_bulk_takes(fp8, T, N, K, fp8 ? ph : 0, &t),
-                              "the bulk GEMV takes %s T=%d N=%d K=%d", fp8 ? "fp8" : "bf16", T, N, K);
-                    msm_cuda_exec ex = {.stream = st, .tune = &t};
-                    CK(cudaMemsetAsync(dxn, 0xff, (size_t)Tm * K * 4, st));
-                    CK(cudaMemsetAsync(dy, 0xff, (size_t)Tm * N * 4, st));
-                    CK(msm_cuda_rmsnorm(dxn, dx, dn, T, K, 1e-6f, ex));
-                    if (fp8)
-                        CK(msm_cuda_linear_fp8(dy, dxn, w8.d, db, T, N, K, NULL, NULL, 0, NULL, 0, ex));
-                    else
-                        CK(msm_cuda_linear(dy, dxn, dw, db, T, N, K, NULL, NULL, 0, ex));
-                    CK(cudaStreamSynchronize(st));
-                    down(v < 0 ? o0 : o1, dy, (size_t)T * N * 4);
-                    if (v < 0) {
-                        CHECK_ERR(o0, ref, (size_t)T * N, 2e-5, "gemv %s T=%d N=%d K=%d", fp8 ? "fp8" : "bf16", T, N, K);
-                        continue;
-                    }
-                    cr_expect(memcmp(o0, o1, (size_t)T * N * 4) == 0,
-                              "bulk GEMV (%d KiB, %d an SM, early %d) vs GEMV bits: %s T=%d N=%d K=%d ph=%d", budgets[v][0],
-                              budgets[v][1], budgets[v][2], fp8 ? "fp8" : "bf16", T, N, K, ph);
-                }
-            }
-        cudaFree(dx), cudaFree(dxn), cudaFree(dw), cudaFree(dn), cudaFree(db), cudaFree(dy);
-        fp8_free(&w8);
-        free(x), free(wf), free(nf), free(bf), free(bb), free(xn), free(wb), free(nb), free(ref), free(o0), free(o1);
     }
     cudaStreamDestroy(st);
 }
