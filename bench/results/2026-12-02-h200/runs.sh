@@ -93,4 +93,35 @@ r2)
     timeout $(left 585) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r3)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -12 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen3-30b-a3b qwen3-30b-a3b-fp8 qwen1.5-moe-a2.7b; do
+        b $p 1,2,4 ab --
+        b $p 1,2,4 ab MSM_CUDA_ROUTER_EARLY=0 --
+        b $p 1,2,4 ab MSM_CUDA_MOE_GU_COLS=2 --
+        b $p 1,2,4 ab MSM_CUDA_MOE_GU_U8=1 --
+        b $p 1,2,4 ab MSM_CUDA_MOE_DOWN_ROWS=4 --
+        b $p 1,2,4 ab --
+    done
+    b glm-4.5-air-fp8 1,2 ab --
+    b glm-4.5-air-fp8 1,2 ab MSM_CUDA_MOE_GU_COLS=2 --
+    b glm-4.5-air-fp8 1,2 ab MSM_CUDA_MOE_DOWN_ROWS=4 --
+    el ncu | tee -a $OUT/gpu.txt
+    nk() { # kernel-regex preset skip
+        timeout $(left 470) /usr/local/cuda/bin/ncu --clock-control none --kernel-name regex:$1 --launch-skip $3 \
+            --launch-count 1 --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+            --section MemoryWorkloadAnalysis --section SchedulerStats gpu-run/bin/msmoe-bench decode \
+            --preset config/models/$2.json --backend cuda --batches 1 --context 512 --steps 1 --no-cuda-graphs > /tmp/ncu.txt 2>&1
+        grep -v "^==PROF==" /tmp/ncu.txt | grep -v "^    ---\|^$" | tail -110 >> $OUT/ncu.txt
+    }
+    nk moe_gateup_gemv qwen3-30b-a3b-fp8 20
+    nk moe_down_split qwen3-30b-a3b-fp8 20
+    nk router_linear_topk qwen3-30b-a3b 20
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 585) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
