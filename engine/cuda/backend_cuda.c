@@ -1138,10 +1138,6 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_MOE_TILED_MIN_T=N      ... from N tokens on (default 8), the FP8 GEMVs below
  *   MSM_CUDA_FP8_GEMV_ROWS=1|2|4        rows a warp of the FP8 SIMT GEMV (default: 2 at one token, else 4)
  *   MSM_CUDA_FP8_GEMV_U8=0|1            ... at one token, 8 loads a lane a row in flight (1, default) or 4
- *   MSM_CUDA_ROUTER_EARLY=0|1           the routers' GEMVs request their weights before their PDL wait (1, default)
- *   MSM_CUDA_MOE_GU_COLS=1|2            small-T experts: gate/up columns a warp (default 1)
- *   MSM_CUDA_MOE_GU_U8=0|1              ... 8 loads a lane a row in flight instead of 4 (default 0)
- *   MSM_CUDA_MOE_DOWN_ROWS=2|4          ... the split down GEMV's rows a block (default 2)
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
@@ -1162,10 +1158,6 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_GEMV_EARLY"))) t->gemv_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_QK_ROPE"))) t->qk_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_FP8_GEMV_U8"))) t->fp8_gemv_u8 = s[0] != '0';
-    if ((s = getenv("MSM_CUDA_ROUTER_EARLY"))) t->router_early = s[0] != '0';
-    if (env_int("MSM_CUDA_MOE_GU_COLS", &v)) t->moe_gu_cols = v >= 2 ? 2 : 1;
-    if ((s = getenv("MSM_CUDA_MOE_GU_U8"))) t->moe_gu_u8 = s[0] != '0';
-    if (env_int("MSM_CUDA_MOE_DOWN_ROWS", &v)) t->moe_down_rows = v >= 4 ? 4 : 2;
     if (env_int("MSM_CUDA_FP8_GEMV_ROWS", &v)) t->fp8_gemv_rows = v == 1 || v == 2 || v == 4 ? v : 0;
     if (env_int("MSM_CUDA_FP8_MOE_TILED_MIN_T", &v)) t->fp8_moe_tiled_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_GEMV_MAX_T", &v) && v > t->gemv_max_t) t->gemv_max_t = v > 64 ? 64 : v;

@@ -433,12 +433,12 @@ extern "C" int msm_cuda_linear_add_rmsnorm(float *sum, float *out, const float *
 /* ---- small N (routers): one block per (row n, token t), msm_small_dot ---- */
 template <bool VEC>
 static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
-    small_gemv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int N, int K, bool early) {
+    small_gemv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int N, int K) {
     __shared__ float part[32];
     int n = blockIdx.x, t = blockIdx.y;
     msm_pdl_trigger();
-    if (!early) msm_pdl_wait(); /* early: the row's loads go out first (as gemv_rows') */
-    float s = msm_small_dot<VEC>(w + (size_t)n * K, x + (size_t)t * K, K, part, msm_pdl_hook{early});
+    msm_pdl_wait();
+    float s = msm_small_dot<VEC>(w + (size_t)n * K, x + (size_t)t * K, K, part);
     if (threadIdx.x == 0) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
 }
 
@@ -700,13 +700,10 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
              * L2 for each token (token chunks leave a 60-row router with 4-16 blocks: 34 us at
              * T = 32; one warp a row left Qwen3-30B-A3B's 128-row router at 10 us at T = 1, H200) */
             dim3 grid((unsigned)N, (unsigned)T);
-            bool early = tn->router_early && !ex.w_written;
             if (vec)
-                (void)msm_launch(small_gemv_kernel<true>, grid, dim3(MSM_SMALL_THREADS), 0, ex, y, x, w, bias, N, K,
-                                 early);
+                (void)msm_launch(small_gemv_kernel<true>, grid, dim3(MSM_SMALL_THREADS), 0, ex, y, x, w, bias, N, K);
             else
-                (void)msm_launch(small_gemv_kernel<false>, grid, dim3(MSM_SMALL_THREADS), 0, ex, y, x, w, bias, N, K,
-                                 early);
+                (void)msm_launch(small_gemv_kernel<false>, grid, dim3(MSM_SMALL_THREADS), 0, ex, y, x, w, bias, N, K);
         } else if ((T > gemv_max || (N <= MSM_CUDA_GEMV_SMALL_N && T > 1)) && T <= 65535) {
             /* a router over more tokens: token chunks of NT while they still give two blocks an
              * SM (tuning router_chunk_per_sm) (each weight row then read from L2 once a chunk instead of once a token: one

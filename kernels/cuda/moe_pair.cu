@@ -13,43 +13,28 @@
 #define MOE_WARPS 4
 #define MOE_U 4
 
-/* One warp per (pair p, C columns i0..i0+C-1): the gate rows i and the up rows I+i. (Two columns a
- * warp, a single wave at T = 1, measured 15% slower for bf16 on the H200; tuning moe_gu_cols.) U
- * loads a lane a row in flight (tuning moe_gu_u8: 8). Every row's lane partials run in the same
- * order at any C and U: the same bits. */
-template <bool VEC, bool FP8, int C = 1, int U = MOE_U>
+/* One warp per (pair p, column i). (Two columns a warp, a single wave at T = 1, measured 15%
+ * slower there on the H200.) */
+template <bool VEC, bool FP8>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gateup_gemv_kernel(float *act, const float *x, const int32_t *ids, const void *gate_up,
                            const float *gu_sc, int gu_ph, int H, int I, int k, int E) {
     msm_pdl_trigger();
     msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int i0 = (blockIdx.x * MOE_WARPS + warp) * C, p = blockIdx.y;
-    if (i0 >= I) return;
+    int i = blockIdx.x * MOE_WARPS + warp, p = blockIdx.y;
+    if (i >= I) return;
     int e = ids[p];
     if (e < 0 || e >= E) return; /* not a valid expert: the down kernel skips the pair */
     size_t eb = (size_t)e * 2 * I * H;
     const float *se = FP8 ? gu_sc + (size_t)e * msm_cuda_fp8_scales(1, 2 * I, H, gu_ph) : NULL;
-    const void *wr[2 * C];
-    const float *sr[2 * C];
-#pragma unroll
-    for (int c = 0; c < C; c++) { /* rows c: gate i0 + c, C + c: up i0 + c (NULL past I) */
-        bool ok = i0 + c < I;
-        wr[c] = ok ? msm_wrow<FP8>(gate_up, eb, i0 + c, H) : NULL;
-        wr[C + c] = ok ? msm_wrow<FP8>(gate_up, eb, I + i0 + c, H) : NULL;
-        sr[c] = ok ? msm_srow(se, i0 + c, H, gu_ph) : NULL;
-        sr[C + c] = ok ? msm_srow(se, I + i0 + c, H, gu_ph) : NULL;
-    }
+    const void *const wr[2] = {msm_wrow<FP8>(gate_up, eb, i, H), msm_wrow<FP8>(gate_up, eb, I + i, H)};
+    const float *const sr[2] = {msm_srow(se, i, H, gu_ph), msm_srow(se, I + i, H, gu_ph)};
     const float *const xs[1] = {x + (size_t)(p / k) * H};
-    float acc[2 * C][1];
-#pragma unroll
-    for (int r = 0; r < 2 * C; r++) acc[r][0] = 0.0f;
-    msm_rows_dot_w<2 * C, 1, U, VEC, FP8>(acc, wr, sr, xs, 1, H, gu_ph, lane);
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-        float g = msm_warp_sum(acc[c][0]), u = msm_warp_sum(acc[C + c][0]);
-        if (lane == 0 && i0 + c < I) act[(size_t)p * I + i0 + c] = msm__silu_mul(g, u);
-    }
+    float acc[2][1] = {{0.0f}, {0.0f}};
+    msm_rows_dot_w<2, 1, MOE_U, VEC, FP8>(acc, wr, sr, xs, 1, H, gu_ph, lane);
+    float g = msm_warp_sum(acc[0][0]), u = msm_warp_sum(acc[1][0]);
+    if (lane == 0) act[(size_t)p * I + i] = msm__silu_mul(g, u);
 }
 
 /* One warp per (t, h): the k down rows of the token's experts are streamed together (KMAX >= k
@@ -87,48 +72,46 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 }
 
 /* The same products with a token's k expert rows spread over warps (MSM_CUDA_MOE_K_DOWN_SPLIT):
- * block (HB rows, t) has KMAX warps; warp j streams rows h0 .. h0 + HB - 1 (HB = 2, or 4 with tuning
- * moe_down_rows) of slot j's expert against
- * act[t*k+j] (msm_rows_dot_w with R = HB rows and one vector: per row the same lane partials in the
+ * block (h-pair, t) has KMAX warps; warp j streams rows h0, h0 + 1 of slot j's expert against
+ * act[t*k+j] (msm_rows_dot_w with R = 2 rows and one vector: per row the same lane partials in the
  * same order as the one-warp kernels' dots, bf16 or FP8, with U loads a row in flight, so a
  * 768-wide row is one round of loads instead of three), warp-sums them into shared memory, and
  * thread r then combines row h0 + r in slot order as those kernels do: bitwise the same y. FP8:
  * dn_sc the experts' scales, dn_ph the column phase. */
-template <int KMAX, bool VEC, bool FP8, int HB = 2>
+#define DOWN_SPLIT_HB 2
+template <int KMAX, bool VEC, bool FP8>
 static __global__ void __launch_bounds__(KMAX * 32)
     moe_down_split_kernel(float *y, const float *act, const int32_t *ids, const float *w, const void *down,
                           const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
     constexpr int U = FP8 ? 2 : 4; /* 16-byte loads a row in flight: 1024 columns either way */
-    __shared__ float d[KMAX][HB];
+    __shared__ float d[KMAX][DOWN_SPLIT_HB];
     __shared__ bool ok[KMAX];
     msm_pdl_trigger();
     msm_pdl_wait();
     int j = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int h0 = blockIdx.x * HB, t = blockIdx.y;
+    int h0 = blockIdx.x * DOWN_SPLIT_HB, t = blockIdx.y;
     int p = t * k + j, e = j < k ? ids[p] : -1;
     bool okj = j < k && e >= 0 && e < E;
     const float *se = FP8 && okj ? dn_sc + (size_t)e * msm_cuda_fp8_scales(1, H, I, dn_ph) : NULL;
-    const void *wr[HB];
-    const float *sr[HB];
+    const void *wr[DOWN_SPLIT_HB];
+    const float *sr[DOWN_SPLIT_HB];
 #pragma unroll
-    for (int r = 0; r < HB; r++) {
+    for (int r = 0; r < DOWN_SPLIT_HB; r++) {
         bool okr = okj && h0 + r < H;
         wr[r] = okr ? msm_wrow<FP8>(down, (size_t)e * H * I, h0 + r, I) : NULL;
         sr[r] = FP8 && okr ? msm_srow(se, h0 + r, I, dn_ph) : NULL;
     }
     const float *xs[1] = {act + (size_t)(okj ? p : 0) * I};
-    float acc[HB][1];
+    float acc[DOWN_SPLIT_HB][1] = {{0.0f}, {0.0f}};
+    msm_rows_dot_w<DOWN_SPLIT_HB, 1, U, VEC, FP8>(acc, wr, sr, xs, 1, I, dn_ph, lane);
 #pragma unroll
-    for (int r = 0; r < HB; r++) acc[r][0] = 0.0f;
-    msm_rows_dot_w<HB, 1, U, VEC, FP8>(acc, wr, sr, xs, 1, I, dn_ph, lane);
-#pragma unroll
-    for (int r = 0; r < HB; r++) {
+    for (int r = 0; r < DOWN_SPLIT_HB; r++) {
         float s = msm_warp_sum(acc[r][0]);
         if (lane == 0) d[j][r] = s;
     }
     if (lane == 0) ok[j] = okj;
     __syncthreads();
-    if (threadIdx.x < HB && h0 + (int)threadIdx.x < H) {
+    if (threadIdx.x < DOWN_SPLIT_HB && h0 + (int)threadIdx.x < H) {
         float y_th = 0.0f;
 #pragma unroll
         for (int jj = 0; jj < KMAX; jj++)
@@ -194,22 +177,13 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
      * measured +0.03 ms (Qwen1.5-MoE batch 1), so 4 keep one warp a row (H200, 2026-12-01) */
     int kf = ex.tune->moe_kernels;
     if ((kf & MSM_CUDA_MOE_K_DOWN_SPLIT) || (KMAX >= 8 && !(kf & MSM_CUDA_MOE_K_DOWN_WARP))) {
-        int hb = ex.tune->moe_down_rows == 4 ? 4 : 2; /* rows a block (tuning; the same bits) */
-        dim3 gs((unsigned)((H + hb - 1) / hb), grid.y), bs(KMAX * 32);
-        if (dn_sc) { /* FP8: the caller checked I % 16 and the alignment */
-            if (hb == 4)
-                return msm_launch(moe_down_split_kernel<KMAX, true, true, 4>, gs, bs, 0, ex, y, act, ids, w, down,
-                                  dn_sc, dn_ph, H, I, k, E);
+        dim3 gs((unsigned)((H + DOWN_SPLIT_HB - 1) / DOWN_SPLIT_HB), grid.y), bs(KMAX * 32);
+        if (dn_sc) /* FP8: the caller checked I % 16 and the alignment */
             return msm_launch(moe_down_split_kernel<KMAX, true, true>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
                               dn_ph, H, I, k, E);
-        }
-        if (vec) {
-            if (hb == 4)
-                return msm_launch(moe_down_split_kernel<KMAX, true, false, 4>, gs, bs, 0, ex, y, act, ids, w, down,
-                                  dn_sc, dn_ph, H, I, k, E);
+        if (vec)
             return msm_launch(moe_down_split_kernel<KMAX, true, false>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
                               dn_ph, H, I, k, E);
-        }
         return msm_launch(moe_down_split_kernel<KMAX, false, false>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc, dn_ph,
                           H, I, k, E);
     }
@@ -230,24 +204,16 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
                       int T, int H, int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex) {
     size_t P = (size_t)T * k;
     if (P > 65535) return -EINVAL; /* grid.y of the gate/up kernel */
-    int C = ex.tune->moe_gu_cols == 2 ? 2 : 1;
-    bool u8 = ex.tune->moe_gu_u8;
-    dim3 ga((unsigned)((I + MOE_WARPS * C - 1) / (MOE_WARPS * C)), (unsigned)P), blk(MOE_WARPS * 32);
-#define GU_GO(V, F, C_, U_)                                                                                     \
-    CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<V, F, C_, U_>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc, gu_ph, H, \
-                        I, k, E))
-    if (gu_sc) { /* FP8 (the caller checked H % 16 and the alignment) */
-        if (C == 2) GU_GO(true, true, 2, MOE_U);
-        else if (u8) GU_GO(true, true, 1, 8);
-        else GU_GO(true, true, 1, MOE_U);
-    } else if (vec_h) {
-        if (C == 2) GU_GO(true, false, 2, MOE_U);
-        else if (u8) GU_GO(true, false, 1, 8);
-        else GU_GO(true, false, 1, MOE_U);
-    } else {
-        GU_GO(false, false, 1, MOE_U);
-    }
-#undef GU_GO
+    dim3 ga((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)P), blk(MOE_WARPS * 32);
+    if (gu_sc) /* FP8 (the caller checked H % 16 and the alignment) */
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
+                            gu_ph, H, I, k, E));
+    else if (vec_h)
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
+                            gu_ph, H, I, k, E));
+    else
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<false, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
+                            gu_ph, H, I, k, E));
     dim3 gb((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)T);
     if (k <= 1)
         CUDA_TRY(down_gemv_launch<1>(gb, ex, vec_i, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));

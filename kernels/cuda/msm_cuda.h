@@ -315,9 +315,7 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
  * order (msm_fma8); else one element at i + MSM_SMALL_THREADS * j. Then warp sums and the warps
  * in order (msm_block_sum): every thread gets the same total, bitwise the same run to run. The
  * small-N GEMV (linear.cu) and the fused router (router.cu) both compute their logits with it,
- * so they agree bit for bit. K up to 8 * MSM_SMALL_THREADS * MSM_SMALL_U in one round of loads.
- * hook() as msm_rows_dot's: once, after the first round's weight loads, before x is read (the
- * kernel's PDL wait when its weights load early). */
+ * so they agree bit for bit. K up to 8 * MSM_SMALL_THREADS * MSM_SMALL_U in one round of loads. */
 #define MSM_SMALL_THREADS 128
 #define MSM_SMALL_U 4
 /* Whether a small-N linear of T tokens takes msm_small_dot (one block an output), else the GEMV's
@@ -325,13 +323,11 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
  * few outputs (Qwen3-30B-A3B's router, 128 x 1: 10 -> ~5 us a layer) and cost at many (Qwen1.5-MoE
  * batch 32, 60 x 32 outputs: the step 9.3 -> 9.56 ms with blocks; H200, 2026-12-01). */
 static inline bool msm_small_block(int T, int N) { return (long)T * N <= 1024; }
-template <bool VEC, typename Hook = msm_no_hook>
-static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const float *x, int K, float *part,
-                                                      Hook hook = Hook()) {
+template <bool VEC>
+static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const float *x, int K, float *part) {
     float acc = 0.0f;
     const int tid = threadIdx.x;
     if constexpr (VEC) {
-        if (tid * 8 >= K) hook(); /* no round: nothing to overlap */
         for (int k0 = tid * 8; k0 < K; k0 += 8 * MSM_SMALL_THREADS * MSM_SMALL_U) {
             uint4 wv[MSM_SMALL_U];
 #pragma unroll
@@ -339,7 +335,6 @@ static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const
                 int k = k0 + u * 8 * MSM_SMALL_THREADS;
                 wv[u] = k < K ? msm_ld_stream16(row + k) : make_uint4(0, 0, 0, 0);
             }
-            if (k0 == tid * 8) hook();
 #pragma unroll
             for (int u = 0; u < MSM_SMALL_U; u++) {
                 int k = k0 + u * 8 * MSM_SMALL_THREADS;
@@ -349,7 +344,6 @@ static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const
             }
         }
     } else {
-        hook();
         for (int k = tid; k < K; k += MSM_SMALL_THREADS) acc = fmaf(msm_bf(row[k]), x[k], acc);
     }
     return msm_block_sum(acc, part);

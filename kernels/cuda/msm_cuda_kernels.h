@@ -113,14 +113,6 @@ typedef struct msm_cuda_tuning {
     bool fp8_gemv_u8;         /* the FP8 SIMT GEMV at one token (2 rows a warp): 8 loads a lane a row in
                                  flight instead of 4, a 4096-code row at once; the same bits
                                  (MSM_CUDA_FP8_GEMV_U8=0: 4) */
-    bool router_early;        /* the routers' one-block-an-output GEMVs (the fused router, the small-N
-                                 linear) request their weight rows before their PDL wait, x after it;
-                                 the same bits (MSM_CUDA_ROUTER_EARLY) */
-    int moe_gu_cols;          /* the small-T experts' gate/up GEMV: columns a warp (1 or 2: 2 or 4 rows a
-                                 warp, half the warps); the same bits (MSM_CUDA_MOE_GU_COLS) */
-    bool moe_gu_u8;           /* ... 8 loads a lane a row in flight instead of 4; the same bits (MSM_CUDA_MOE_GU_U8) */
-    int moe_down_rows;        /* the split down GEMV (moe_down_split_kernel): rows a block, 2 or 4; the
-                                 same bits (MSM_CUDA_MOE_DOWN_ROWS) */
     bool qk_rope;             /* a QK_NORM and the ROPE_KV_WRITE reading it in one kernel
                                  (msm_cuda_qk_norm_rope_kv; MSM_CUDA_QK_ROPE) */
     int fp8_moe_tiled_min_t;  /* FP8 experts take the tiled GEMMs (fp8_moe_tiled) from this T on,

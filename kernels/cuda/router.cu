@@ -128,21 +128,20 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
  * msm_rows_dot<1, 1, 4> and a warp sum (gemv_kernel<1, 1, 4>). Either then adds 0.0f for the
  * absent bias. Each block counts itself in on token t's counter (after a fence); the block
  * arriving last runs the top-k of topk_token over the logits and resets the counter to zero for
- * the next call or replay. early: the router weights (never written during a step) are requested
- * before the PDL wait, x after it (tuning router_early; the same bits). */
+ * the next call or replay. */
 template <bool VEC, bool BLOCK>
 static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     router_linear_topk_kernel(int32_t *ids, float *w, float *logits, unsigned *ctr, const float *x,
-                              const uint16_t *wr, int T, int E, int K, int k, bool norm, bool early) {
+                              const uint16_t *wr, int T, int E, int K, int k, bool norm) {
     static_assert(MSM_SMALL_THREADS == ROUTER_WARPS * 32, "one block size for both ways");
     __shared__ float part[32];
     __shared__ bool last;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.y;
     msm_pdl_trigger();
-    if (!early) msm_pdl_wait();
+    msm_pdl_wait();
     if constexpr (BLOCK) {
         int n = blockIdx.x;
-        float s = msm_small_dot<VEC>(wr + (size_t)n * K, x + (size_t)t * K, K, part, msm_pdl_hook{early});
+        float s = msm_small_dot<VEC>(wr + (size_t)n * K, x + (size_t)t * K, K, part);
         if (threadIdx.x == 0) logits[(size_t)t * E + n] = s + 0.0f;
     } else {
         int n = blockIdx.x * ROUTER_WARPS + warp;
@@ -150,11 +149,9 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
             const uint16_t *rows[1] = {wr + (size_t)n * K};
             const float *xs[1] = {x + (size_t)t * K};
             float acc[1][1] = {{0.0f}};
-            msm_rows_dot<1, 1, 4, VEC>(acc, rows, xs, 1, K, lane, msm_pdl_hook{early});
+            msm_rows_dot<1, 1, 4, VEC>(acc, rows, xs, 1, K, lane);
             float s = msm_warp_sum(acc[0][0]);
             if (lane == 0) logits[(size_t)t * E + n] = s + 0.0f;
-        } else if (early) {
-            msm_pdl_wait();
         }
         __syncthreads();
     }
@@ -205,8 +202,7 @@ extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *
     bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0, blk = msm_small_block(T, E);
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T), block(MSM_SMALL_THREADS);
 #define ROUTER_GO(V, B) \
-    CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, norm, \
-                        ex.tune->router_early))
+    CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, norm))
     if (vec && blk) ROUTER_GO(true, true);
     else if (vec) ROUTER_GO(true, false);
     else if (blk) ROUTER_GO(false, true);

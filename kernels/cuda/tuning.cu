@@ -17,9 +17,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->qk_rope = true;
     t->fp8_gemv_rows = 0; /* 2 at one token, else 4 (linear.cu) */
     t->fp8_gemv_u8 = true;
-    t->router_early = true;
-    t->moe_gu_cols = 1;
-    t->moe_down_rows = 2;
     t->gemv_max_t = MSM_CUDA_GEMV_MAX_T;
     t->mmv_min_t = MSM_CUDA_MMV_MIN_T;
     t->mmv_max_t = MSM_CUDA_MMV_MAX_T;

@@ -124,4 +124,23 @@ r3)
     timeout $(left 585) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r4)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -12 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen3-30b-a3b-fp8 glm-4.5-air-fp8 qwen3-30b-a3b; do
+        b $p 1,2,4 ab --
+        b $p 1,2,4 ab MSM_CUDA_MOE_PATH=grouped_gemv --
+        b $p 1,2,4 ab --
+    done
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8 glm-4.5-air-fp8; do
+        b $p 1,8,32,128,256 final --
+    done
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen3moe,glm4moe-fp8,qwen3moe-fp8 timeout $(left 470) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 585) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
