@@ -219,6 +219,35 @@ static bool qk_rope_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) 
            msm_cuda_qk_norm_rope_kv_fits(rows, ra->hd, ra->rot) && !rope_attention_pair(g, i + 1, ex);
 }
 
+/* Whether values v and u (rows rows of their cols floats each) share arena bytes. */
+static bool vals_overlap(const msm_graph *g, int v, int u, int rows) {
+    size_t a0 = g->vals[v].offset, a1 = a0 + (size_t)rows * g->vals[v].cols * sizeof(float);
+    size_t b0 = g->vals[u].offset, b1 = b0 + (size_t)rows * g->vals[u].cols * sizeof(float);
+    return a0 < b1 && b0 < a1;
+}
+
+/* Whether node i is an ADD_RMSNORM that runs with the LINEAR after it in one kernel
+ * (msm_cuda_norm_linear): that node reads its norm, on the same stream (so no event between the
+ * two: a reader elsewhere waits on a record after both), with the norm's width as its K, where
+ * the fused kernel takes the shapes; the norm's outputs and the linear's share no bytes with the
+ * norm's inputs (every block of the kernel reads the inputs while block 0 writes the outputs). */
+static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
+    if (!ex.tune->norm_linear || i < 0 || i + 1 >= g->n_nodes) return false;
+    const msm_node *n = &g->nodes[i], *l = &g->nodes[i + 1];
+    if (n->op != MSM_OP_ADD_RMSNORM || l->op != MSM_OP_LINEAR || l->stream != n->stream || l->in[0] != n->out[1] ||
+        l->attr.linear.K != n->attr.rmsnorm.dim)
+        return false;
+    const uint8_t *w8 = cb->w8[l->w[0]];
+    if (!msm_cuda_norm_linear_fits(rows, l->attr.linear.N, l->attr.linear.K, w8 != NULL,
+                                   w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune))
+        return false;
+    const int outs[3] = {n->out[0], n->out[1], l->out[0]};
+    for (int o = 0; o < 3; o++)
+        for (int k = 0; k < 2; k++)
+            if (vals_overlap(g, outs[o], n->in[k], rows)) return false;
+    return !vals_overlap(g, l->out[0], n->out[0], rows) && !vals_overlap(g, l->out[0], n->out[1], rows);
+}
+
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
@@ -258,6 +287,14 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                               a->qk_norm.nh, a->qk_norm.kvh, a->qk_norm.hd, a->qk_norm.eps, s));
         break;
     case MSM_OP_LINEAR:
+        if (norm_linear_pair(cb, g, idx - 1, ROWS(in0), s)) { /* with the ADD_RMSNORM before it, one launch */
+            const msm_node *nn = &g->nodes[idx - 1];
+            KTRY(msm_cuda_norm_linear(F(out0), F(nn->out[0]), F(nn->out[1]), F(nn->in[0]), F(nn->in[1]),
+                                      cb->w[nn->w[0]], nn->attr.rmsnorm.eps, cb->w8[n->w[0]] ? NULL : cb->w[n->w[0]],
+                                      cb->w8[n->w[0]] ? fp8w(cb, n->w[0]) : (msm_cuda_fp8w){0},
+                                      n->w[1] >= 0 ? cb->w[n->w[1]] : NULL, ROWS(in0), a->linear.N, a->linear.K, s));
+            break;
+        }
         if (cb->w8[n->w[0]])
             KTRY(msm_cuda_linear_fp8(F(out0), F(in0), fp8w(cb, n->w[0]), n->w[1] >= 0 ? cb->w[n->w[1]] : NULL,
                                      ROWS(in0), a->linear.N, a->linear.K, cb->ctx, ws, cb->ws_bytes,
@@ -320,6 +357,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_add(F(out0), F(in0), F(n->in[1]), (size_t)ROWS(in0) * g->vals[in0].cols, s));
         break;
     case MSM_OP_ADD_RMSNORM:
+        if (norm_linear_pair(cb, g, idx, ROWS(in0), s)) break; /* the LINEAR next does it */
         KTRY(msm_cuda_add_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), cb->w[n->w[0]], ROWS(in0),
                                   a->rmsnorm.dim, a->rmsnorm.eps, s));
         break;
@@ -1139,6 +1177,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_GEMV_ROWS=1|2|4        rows a warp of the FP8 SIMT GEMV (default: 2 at one token, else 4)
  *   MSM_CUDA_FP8_GEMV_U8=0|1            ... at one token, 8 loads a lane a row in flight (1, default) or 4
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
+ *   MSM_CUDA_NORM_LINEAR=0|1            decode: an ADD_RMSNORM + the LINEAR on its norm in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
@@ -1157,6 +1196,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_GEMV_PREFETCH"))) t->gemv_prefetch = s[0] == '1';
     if ((s = getenv("MSM_CUDA_GEMV_EARLY"))) t->gemv_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_QK_ROPE"))) t->qk_rope = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_NORM_LINEAR"))) t->norm_linear = s[0] != '0';
     if ((s = getenv("MSM_CUDA_FP8_GEMV_U8"))) t->fp8_gemv_u8 = s[0] != '0';
     if (env_int("MSM_CUDA_FP8_GEMV_ROWS", &v)) t->fp8_gemv_rows = v == 1 || v == 2 || v == 4 ? v : 0;
     if (env_int("MSM_CUDA_FP8_MOE_TILED_MIN_T", &v)) t->fp8_moe_tiled_min_t = v < 1 ? 1 : v;

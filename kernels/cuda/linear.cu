@@ -236,6 +236,65 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * each play F = VT / (GEMV_WARPS * 32) virtual threads (VT = 64: half of them idle). So the node is
  * bitwise the GEMV followed by msm_cuda_add_rmsnorm, one launch and no one-block kernel between
  * the GEMV and its readers. It resets ctr to zero for the next call or replay. */
+/* One token row's residual add + RMSNorm by a block of TH threads playing the vt virtual threads of
+ * add_rmsnorm_kernel (msm_norm_threads(N); thread i plays i, i + TH, ... F of them, V values each): v = ld(i) for element i (virtual thread tv owns i = tv + j * vt), squares
+ * summed in j order, warp sums, then the vt / 32 virtual warps in order (msm_block_sum's), so the
+ * bits of msm_cuda_add_rmsnorm; then st(i, v, wv * (v * inv)) for every element. wv: this thread's
+ * norm weights in that layout. part: shared memory of 32 floats. Every thread of the block calls it. */
+template <int V, int F, int TH, typename Ld, typename St>
+static __device__ __forceinline__ void gemv_block_norm_row(Ld ld, St st, const float (&wv)[F][V], int N, float eps,
+                                                           int vt, float *part) {
+    float v[F][V];
+    float ss[F];
+#pragma unroll
+    for (int f = 0; f < F; f++) {
+        int tv = threadIdx.x + f * TH; /* this thread's virtual thread */
+        ss[f] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int i = tv + j * vt;
+            v[f][j] = tv < vt && i < N ? ld(i) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int i = tv + j * vt;
+            if (tv < vt && i < N) ss[f] += v[f][j] * v[f][j];
+        }
+        ss[f] = msm_warp_sum(ss[f]);
+    }
+    __syncthreads(); /* part may still be read for the previous row */
+#pragma unroll
+    for (int f = 0; f < F; f++) {
+        int tv = threadIdx.x + f * TH;
+        if ((threadIdx.x & 31) == 0 && tv < vt) part[tv / 32] = ss[f];
+    }
+    __syncthreads();
+    float tot = 0.0f;
+    for (int i = 0; i < vt / 32; i++) tot += part[i];
+    float inv = 1.0f / sqrtf(tot / (float)N + eps);
+#pragma unroll
+    for (int f = 0; f < F; f++) {
+        int tv = threadIdx.x + f * TH;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int i = tv + j * vt;
+            if (tv < vt && i < N) st(i, v[f][j], wv[f][j] * (v[f][j] * inv));
+        }
+    }
+}
+
+/* This thread's norm weights in gemv_block_norm_row's layout (0 past N). */
+template <int V, int F, int TH>
+static __device__ __forceinline__ void gemv_block_norm_w(const uint16_t *nw, int N, int vt, float (&wv)[F][V]) {
+#pragma unroll
+    for (int f = 0; f < F; f++)
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int i = threadIdx.x + f * TH + j * vt;
+            wv[f][j] = threadIdx.x + f * TH < vt && i < N ? msm_bf(__ldg(nw + i)) : 0.0f;
+        }
+}
+
 template <int NT, bool VEC, int V, int F>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_norm_kernel(float *sum, float *out, const float *x, const uint16_t *w, const uint16_t *bias, const float *r,
@@ -256,57 +315,95 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     /* the norm weights, loaded with the first row (only the last block needs them: loading them
      * before the GEMV would hold F * V registers through it in every block) */
     float wv[F][V];
-#pragma unroll
-    for (int f = 0; f < F; f++)
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            int i = threadIdx.x + f * GEMV_WARPS * 32 + j * vt;
-            wv[f][j] = threadIdx.x + f * GEMV_WARPS * 32 < vt && i < N ? msm_bf(__ldg(nw + i)) : 0.0f;
-        }
+    gemv_block_norm_w<V, F, GEMV_WARPS * 32>(nw, N, vt, wv);
     for (int t = 0; t < T; t++) {
         size_t off = (size_t)t * N;
-        float v[F][V];
-        float ss[F];
-#pragma unroll
-        for (int f = 0; f < F; f++) {
-            int tv = threadIdx.x + f * GEMV_WARPS * 32; /* this thread's virtual thread */
-            ss[f] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < V; j++) {
-                int i = tv + j * vt;
-                v[f][j] = tv < vt && i < N ? r[off + i] + __ldcg(sum + off + i) : 0.0f;
-            }
-#pragma unroll
-            for (int j = 0; j < V; j++) {
-                int i = tv + j * vt;
-                if (tv < vt && i < N) ss[f] += v[f][j] * v[f][j];
-            }
-            ss[f] = msm_warp_sum(ss[f]);
-        }
-        __syncthreads(); /* part may still be read for the previous row */
-#pragma unroll
-        for (int f = 0; f < F; f++) {
-            int tv = threadIdx.x + f * GEMV_WARPS * 32;
-            if ((threadIdx.x & 31) == 0 && tv < vt) part[tv / 32] = ss[f];
-        }
-        __syncthreads();
-        float tot = 0.0f;
-        for (int i = 0; i < vt / 32; i++) tot += part[i];
-        float inv = 1.0f / sqrtf(tot / (float)N + eps);
-#pragma unroll
-        for (int f = 0; f < F; f++) {
-            int tv = threadIdx.x + f * GEMV_WARPS * 32;
-#pragma unroll
-            for (int j = 0; j < V; j++) {
-                int i = tv + j * vt;
-                if (tv < vt && i < N) {
-                    sum[off + i] = v[f][j];
-                    out[off + i] = wv[f][j] * (v[f][j] * inv);
-                }
-            }
-        }
+        gemv_block_norm_row<V, F, GEMV_WARPS * 32>([&](int i) { return r[off + i] + __ldcg(sum + off + i); },
+                                  [&](int i, float v, float o) { sum[off + i] = v, out[off + i] = o; }, wv, N, eps, vt,
+                                  part);
     }
     if (threadIdx.x == 0) *ctr = 0;
+}
+
+/* ---- RMSNorm in, GEMV out (ADD_RMSNORM + the LINEAR reading its norm: msm_cuda_norm_linear) ----
+ * Every block computes the residual add + RMSNorm of the T token rows itself, with
+ * gemv_block_norm_row (msm_cuda_add_rmsnorm's bits: its NI_WARPS * 32 threads are the norm
+ * kernel's virtual threads one to one), into shared memory, and multiplies its weight rows with
+ * them exactly as gemv_kernel's warps do (msm_rows_dot_w: the same lane partials in the same
+ * order, the same warp sum, + bias), so y is bitwise the GEMV's of the norm kernel's output; block 0
+ * also writes the residual sum and the normed rows for their other readers. The norm runs as the
+ * rows-dot hook, after each warp's first weight loads are issued (before the PDL wait when early):
+ * the norm's one-block kernel and its launch leave the step, and its latency overlaps the weight
+ * stream. A warp past N runs the loop with NULL rows (no loads) so every thread reaches the norm's
+ * barriers; K >= 32 * 16 codes (FP8) or 32 * 8 bf16 gives every lane a first step, where the hook
+ * runs. 8 warps a block (16 rows at R = 2) keep the per-block norm (x and the residual from L2)
+ * a small share of the weight stream. */
+#define NI_WARPS 8
+template <int V>
+struct norm_in_hook {
+    const float *a, *b;
+    const uint16_t *nw;
+    float *sum, *out, *xn; /* xn: shared [T][K] */
+    int T, K, vt;
+    float eps;
+    float *part;
+    bool early;
+    __device__ __forceinline__ void operator()() const {
+        if (early) msm_pdl_wait();
+        float w[1][V]; /* loaded with the first row's x: L2 hits of every block, in flight together */
+        gemv_block_norm_w<V, 1, NI_WARPS * 32>(nw, K, vt, w);
+        for (int t = 0; t < T; t++) {
+            size_t off = (size_t)t * K;
+            float *xr = xn + off;
+            bool wr = blockIdx.x == 0;
+            gemv_block_norm_row<V, 1, NI_WARPS * 32>([&](int i) { return a[off + i] + b[off + i]; },
+                                                     [&](int i, float v, float o) {
+                                                         xr[i] = o;
+                                                         if (wr) sum[off + i] = v, out[off + i] = o;
+                                                     },
+                                                     w, K, eps, vt, part);
+        }
+        __syncthreads(); /* every row in shared memory before any warp reads it */
+    }
+};
+
+template <int NT, int R, int U, bool FP8, int V>
+static __global__ void __launch_bounds__(NI_WARPS * 32)
+    gemv_norm_in_kernel(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T, int N, int K,
+                        const float *a, const float *b, const uint16_t *nw, float *sum, float *out, float eps, int vt,
+                        bool early) {
+    extern __shared__ float xn[]; /* [T][K]: the normed rows */
+    __shared__ float part[32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int n0 = (blockIdx.x * NI_WARPS + warp) * R;
+    msm_pdl_trigger();
+    if (!early) msm_pdl_wait();
+    const void *wr[R];
+    const float *sr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        wr[r] = n0 + r < N ? msm_wrow<FP8>(w, 0, n0 + r, K) : NULL;
+        sr[r] = FP8 ? msm_srow(wsc, n0 + r, K, ph) : NULL;
+    }
+    const float *xs[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) xs[t] = xn + (size_t)min(t, T - 1) * K;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    norm_in_hook<V> hook{a, b, nw, sum, out, xn, T, K, vt, eps, part, early};
+    msm_rows_dot_w<R, NT, U, true, FP8, false, false, norm_in_hook<V>>(acc, wr, sr, xs, T, K, ph, lane, hook);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float bb = (bias && n0 + r < N) ? msm_bf(bias[n0 + r]) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = msm_warp_sum(acc[r][t]);
+            if (lane == 0 && t < T && n0 + r < N) y[(size_t)t * N + n0 + r] = s + bb;
+        }
+    }
 }
 
 template <int NT, int R, int U, bool VEC, bool FP8, bool HW>
@@ -425,6 +522,75 @@ extern "C" int msm_cuda_linear_add_rmsnorm(float *sum, float *out, const float *
         int r2 = msm_cuda_linear(sum, x, w, bias, T, N, K, ctx, ws, ws_bytes, ex);
         return r2 ? r2 : msm_cuda_add_rmsnorm(sum, out, r, sum, nw, T, N, eps, ex);
     }
+    CUDA_TRY(e);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+/* ---- msm_cuda_norm_linear: ADD_RMSNORM + the LINEAR on its norm, one launch ---- */
+
+/* The norm's layout (add_rmsnorm_kernel's: vt threads of V values, one a thread of the fused
+ * block); 0 where the fused kernel has no instance. */
+static int norm_in_v(int K, int *vt, int *V) {
+    *vt = msm_norm_threads(K), *V = msm_norm_vals(K, *vt);
+    return *vt <= NI_WARPS * 32 && (*V == 4 || *V == 8); /* K <= 2048: 16 values took 179 registers */
+}
+
+extern "C" bool msm_cuda_norm_linear_fits(int T, int N, int K, bool fp8, int ph, const msm_cuda_tuning *tn) {
+    int vt, V;
+    if (!tn->norm_linear || T < 1 || N <= MSM_CUDA_GEMV_SMALL_N || (size_t)T * K * sizeof(float) > (48u << 10) ||
+        !norm_in_v(K, &vt, &V))
+        return false;
+    if (fp8) /* where msm_cuda_linear_fp8 takes the SIMT GEMV (integer decode) */
+        return T <= 2 && T <= tn->fp8_native_max_t && K % 16 == 0 && K >= 32 * 16 && ph % 16 == 0 &&
+               tn->fp8_linear != MSM_CUDA_FP8_LINEAR_SIMT_HW &&
+               !(tn->fp8_linear == MSM_CUDA_FP8_LINEAR_MMA && T >= tn->fp8_mma_min_t);
+    /* where msm_cuda_linear takes the GEMV */
+    return T <= 4 && T < tn->linear_tiled_min_t && (T < tn->mmv_min_t || T > tn->mmv_max_t) && K % 8 == 0 &&
+           K >= 32 * 8;
+}
+
+template <int NT, int R, int U, bool FP8, int V>
+static cudaError_t norm_in_launch(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T,
+                                  int N, int K, const float *a, const float *b, const uint16_t *nw, float *sum,
+                                  float *out, float eps, int vt, msm_cuda_exec ex) {
+    dim3 grid((unsigned)((N + NI_WARPS * R - 1) / (NI_WARPS * R)));
+    return msm_launch(gemv_norm_in_kernel<NT, R, U, FP8, V>, grid, dim3(NI_WARPS * 32),
+                      (size_t)T * K * sizeof(float), ex, y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt,
+                      ex.tune->gemv_early && !ex.w_written);
+}
+
+template <int V>
+static cudaError_t norm_in_go(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T, int N,
+                             int K, const float *a, const float *b, const uint16_t *nw, float *sum, float *out,
+                             float eps, int vt, bool fp8, msm_cuda_exec ex) {
+#define NI(NT_, R_, U_, F_) norm_in_launch<NT_, R_, U_, F_, V>(y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, ex)
+    /* two rows a warp, two loads a lane a row in flight before the norm (80 registers at K = 2048: three
+     * blocks an SM; the bits are the same at any rows and loads) */
+    if (fp8) return T == 1 ? NI(1, 2, 2, true) : NI(2, 2, 2, true);
+    switch (T) {
+    case 1: return NI(1, 2, 2, false);
+    case 2: return NI(2, 2, 2, false);
+    case 3: return NI(3, 2, 2, false);
+    default: return NI(4, 2, 2, false);
+    }
+#undef NI
+}
+
+extern "C" int msm_cuda_norm_linear(float *y, float *sum, float *out, const float *a, const float *b,
+                                    const uint16_t *nw, float eps, const uint16_t *w, msm_cuda_fp8w w8,
+                                    const uint16_t *bias, int T, int N, int K, msm_cuda_exec ex) {
+    bool fp8 = w8.q != NULL;
+    const void *wp = fp8 ? (const void *)w8.q : (const void *)w;
+    if (!y || !sum || !out || !a || !b || !nw || !wp || (fp8 && !w8.scale) || (uintptr_t)wp % 16 ||
+        !msm_cuda_norm_linear_fits(T, N, K, fp8, fp8 ? w8.phase : 0, ex.tune))
+        return -EINVAL;
+    int vt, V;
+    norm_in_v(K, &vt, &V);
+    const float *sc = fp8 ? w8.scale : NULL;
+    int ph = fp8 ? w8.phase : 0;
+    cudaError_t e = V == 4 ? norm_in_go<4>(y, wp, sc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, fp8, ex)
+                           : norm_in_go<8>(y, wp, sc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, fp8, ex);
     CUDA_TRY(e);
     CUDA_LAUNCH_CHECK();
     return 0;

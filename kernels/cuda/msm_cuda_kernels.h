@@ -113,6 +113,8 @@ typedef struct msm_cuda_tuning {
     bool fp8_gemv_u8;         /* the FP8 SIMT GEMV at one token (2 rows a warp): 8 loads a lane a row in
                                  flight instead of 4, a 4096-code row at once; the same bits
                                  (MSM_CUDA_FP8_GEMV_U8=0: 4) */
+    bool norm_linear;         /* an ADD_RMSNORM and the LINEAR reading its norm at decode sizes in one
+                                 launch (msm_cuda_norm_linear; MSM_CUDA_NORM_LINEAR) */
     bool qk_rope;             /* a QK_NORM and the ROPE_KV_WRITE reading it in one kernel
                                  (msm_cuda_qk_norm_rope_kv; MSM_CUDA_QK_ROPE) */
     int fp8_moe_tiled_min_t;  /* FP8 experts take the tiled GEMMs (fp8_moe_tiled) from this T on,
@@ -449,6 +451,19 @@ size_t msm_cuda_linear_fp8_deq_bytes(int N, int K);
 int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N,
                         int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, uint16_t *deq,
                         size_t deq_bytes, msm_cuda_exec ex);
+
+/* ADD_RMSNORM and the LINEAR reading its norm in one launch, at decode sizes: sum = a + b and
+ * out = rmsnorm(sum) * nw (T rows of K; msm_cuda_add_rmsnorm's bits), y [T, N] = out . w^T (+ bias):
+ * the bits of msm_cuda_linear (w bf16; w8.q NULL) or msm_cuda_linear_fp8 (w8 FP8-resident; w NULL)
+ * on that out. Every GEMV block norms the rows itself into shared memory after its first weight
+ * loads (the norm kernel and its launch leave the step); block 0 writes sum and out. Only where
+ * msm_cuda_norm_linear_fits (tuning norm_linear; the T where those launchers take the GEMV; K of
+ * 257..2048 (FP8 from 513), T * K floats within 48 KiB); else -EINVAL. sum and out must not
+ * overlap a or b. */
+bool msm_cuda_norm_linear_fits(int T, int N, int K, bool fp8, int ph, const msm_cuda_tuning *tn);
+int msm_cuda_norm_linear(float *y, float *sum, float *out, const float *a, const float *b, const uint16_t *nw,
+                         float eps, const uint16_t *w, msm_cuda_fp8w w8, const uint16_t *bias, int T, int N, int K,
+                         msm_cuda_exec ex);
 
 /* msm_cuda_moe_experts with FP8-resident expert weights gate_up [E, 2I, H] and down [E, H, I].
  * From fp8_moe_tiled_min_t tokens up to MSM_CUDA_MOE_TILED_MAX_T (moe_path AUTO; TILED at any T)

@@ -49,13 +49,13 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_MMA_MIN_T", "MSM_CUDA_ATT_MMA", "MSM_CUDA_ATT_MMA_MIN_BLOCKS",
                                  "MSM_CUDA_ROUTER_CHUNK_PER_SM", "MSM_CUDA_ATT_CLUSTER", "MSM_CUDA_ATT_EARLY",
                                  "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
-                                 "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8"};
+                                 "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8", "MSM_CUDA_NORM_LINEAR"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
-    t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = true;
+    t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = true;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -69,9 +69,10 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1), setenv("MSM_CUDA_FP8_MOE_TILED", "0", 1);
     setenv("MSM_CUDA_ATT_CLUSTER", "0", 1), setenv("MSM_CUDA_ATT_EARLY", "0", 1), setenv("MSM_CUDA_ATT_ROPE", "0", 1);
     setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1), setenv("MSM_CUDA_FP8_MOE_TILED_MIN_T", "-2", 1);
-    setenv("MSM_CUDA_FP8_GEMV_U8", "0", 1);
+    setenv("MSM_CUDA_FP8_GEMV_U8", "0", 1), setenv("MSM_CUDA_NORM_LINEAR", "0", 1);
     msm_cuda_tuning_from_env(&t);
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
+    cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
     setenv("MSM_CUDA_FP8_GEMV_ROWS", "3", 1);
     msm_cuda_tuning_from_env(&t);
@@ -1319,6 +1320,90 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
         cudaFree(dx), cudaFree(dxn), cudaFree(dw), cudaFree(dn), cudaFree(dy);
         fp8_free(&w8);
         free(x), free(wf), free(nf), free(xn), free(wb), free(nb), free(ref), free(o[0]), free(o[1]), free(o[2]);
+    }
+    cudaStreamDestroy(st);
+}
+
+/* ADD_RMSNORM + the LINEAR on its norm in one launch (msm_cuda_norm_linear) gives the two kernels'
+ * bits: the residual sum, the norm and y, bf16 at 1..4 tokens and FP8 (SIMT GEMV) at 1..2, K = 2048
+ * (8 values a norm thread) and 768 / 1024 (4), odd N (a block's last rows past N), a bias, FP8 phases
+ * 0 and 64; the inputs written by the kernel just before it on buffers poisoned just before that (a
+ * read ahead of its PDL wait would show), its weights requested before the wait or after it; and
+ * shapes it does not take refused with -EINVAL. */
+Test(cuda_kernels, norm_linear_equals_add_rmsnorm_then_linear, .timeout = 120) {
+    need_gpu();
+    static const int shapes[][4] = {{5120, 2048, 0, 0}, {2048, 2048, 0, 1}, {1027, 768, 64, 1}, {300, 1024, 0, 0}};
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int N = shapes[s][0], K = shapes[s][1], ph = shapes[s][2], Tm = 4;
+        float *xa = host_f32((size_t)Tm * K, 1.0f), *xb = host_f32((size_t)Tm * K, 1.0f), *wf, *nf, *bf = NULL;
+        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *nb = host_bf16(K, 1.0f, &nf);
+        uint16_t *bb = shapes[s][3] ? host_bf16(N, 0.5f, &bf) : NULL;
+        fp8_weight w8 = fp8_make(1, N, K, ph, false);
+        float *d0 = dev_up(xa, (size_t)Tm * K * 4), *d1 = dev_up(xb, (size_t)Tm * K * 4);
+        float *da = dev((size_t)Tm * K * 4), *db = dev((size_t)Tm * K * 4), *dz = dev((size_t)Tm * K * 4);
+        cr_assert_eq(cudaMemset(dz, 0, (size_t)Tm * K * 4), cudaSuccess);
+        float *dsum = dev((size_t)Tm * K * 4), *dout = dev((size_t)Tm * K * 4), *dy = dev((size_t)Tm * N * 4);
+        uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *dn = dev_up(nb, (size_t)K * 2);
+        uint16_t *dbias = bb ? dev_up(bb, (size_t)N * 2) : NULL;
+        float *r[3], *g[3];
+        for (int i = 0; i < 3; i++) r[i] = malloc((size_t)Tm * (N > K ? N : K) * 4), g[i] = malloc((size_t)Tm * (N > K ? N : K) * 4);
+        for (int fp8 = 0; fp8 < 2; fp8++)
+            for (int T = 1; T <= (fp8 ? 2 : 4); T++)
+                for (int v = 0; v < 3; v++) { /* the two kernels; one, early loads; one, loads after the wait */
+                    msm_cuda_tuning t = tune0;
+                    t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT;
+                    t.gemv_early = v != 2;
+                    msm_cuda_exec ex = {.stream = st, .tune = &t};
+                    cr_assert(msm_cuda_norm_linear_fits(T, N, K, fp8, ph, &t), "fits %s T=%d N=%d K=%d",
+                              fp8 ? "fp8" : "bf16", T, N, K);
+                    /* the inputs, written by the kernels just before (a = x0 + x1, b = x1 + 0) on poisoned buffers */
+                    CK(cudaMemsetAsync(da, 0xff, (size_t)Tm * K * 4, st));
+                    CK(cudaMemsetAsync(db, 0xff, (size_t)Tm * K * 4, st));
+                    CK(cudaMemsetAsync(dsum, 0xff, (size_t)Tm * K * 4, st));
+                    CK(cudaMemsetAsync(dout, 0xff, (size_t)Tm * K * 4, st));
+                    CK(cudaMemsetAsync(dy, 0xff, (size_t)Tm * N * 4, st));
+                    CK(msm_cuda_add(da, d0, d1, (size_t)T * K, ex));
+                    CK(msm_cuda_add(db, d1, dz, (size_t)T * K, ex));
+                    if (v == 0) {
+                        CK(msm_cuda_add_rmsnorm(dsum, dout, da, db, dn, T, K, 1e-6f, ex));
+                        if (fp8)
+                            CK(msm_cuda_linear_fp8(dy, dout, w8.d, dbias, T, N, K, NULL, NULL, 0, NULL, 0, ex));
+                        else
+                            CK(msm_cuda_linear(dy, dout, dw, dbias, T, N, K, NULL, NULL, 0, ex));
+                    } else {
+                        CK(msm_cuda_norm_linear(dy, dsum, dout, da, db, dn, 1e-6f, fp8 ? NULL : dw,
+                                                fp8 ? w8.d : (msm_cuda_fp8w){0}, dbias, T, N, K, ex));
+                    }
+                    CK(cudaStreamSynchronize(st));
+                    float **o = v == 0 ? r : g;
+                    down(o[0], dsum, (size_t)T * K * 4), down(o[1], dout, (size_t)T * K * 4);
+                    down(o[2], dy, (size_t)T * N * 4);
+                    if (v == 0) continue;
+                    cr_expect(memcmp(r[0], g[0], (size_t)T * K * 4) == 0, "sum differs: %s T=%d N=%d K=%d v=%d",
+                              fp8 ? "fp8" : "bf16", T, N, K, v);
+                    cr_expect(memcmp(r[1], g[1], (size_t)T * K * 4) == 0, "norm differs: %s T=%d N=%d K=%d v=%d",
+                              fp8 ? "fp8" : "bf16", T, N, K, v);
+                    cr_expect(memcmp(r[2], g[2], (size_t)T * N * 4) == 0, "y differs: %s T=%d N=%d K=%d v=%d",
+                              fp8 ? "fp8" : "bf16", T, N, K, v);
+                }
+        /* not taken: past the GEMV's tokens, a K it has no layout for, a router-sized N */
+        msm_cuda_tuning t = tune0;
+        cr_expect(!msm_cuda_norm_linear_fits(5, N, K, false, 0, &t));
+        cr_expect(!msm_cuda_norm_linear_fits(3, N, K, true, 0, &t), "FP8 past the SIMT GEMV");
+        cr_expect(!msm_cuda_norm_linear_fits(1, N, 4096, false, 0, &t));
+        cr_expect(!msm_cuda_norm_linear_fits(1, 256, K, false, 0, &t));
+        cr_expect_eq(msm_cuda_norm_linear(dy, dsum, dout, da, db, dn, 1e-6f, dw, (msm_cuda_fp8w){0}, NULL, 5, N, K,
+                                          (msm_cuda_exec){.stream = st, .tune = &t}),
+                     -EINVAL);
+        t.norm_linear = false;
+        cr_expect(!msm_cuda_norm_linear_fits(1, N, K, false, 0, &t), "switched off");
+        cudaFree(d0), cudaFree(d1), cudaFree(da), cudaFree(db), cudaFree(dz), cudaFree(dsum), cudaFree(dout), cudaFree(dy);
+        cudaFree(dw), cudaFree(dn), cudaFree(dbias);
+        fp8_free(&w8);
+        for (int i = 0; i < 3; i++) free(r[i]), free(g[i]);
+        free(xa), free(xb), free(wf), free(nf), free(bf), free(wb), free(nb), free(bb);
     }
     cudaStreamDestroy(st);
 }

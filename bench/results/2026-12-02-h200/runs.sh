@@ -143,4 +143,38 @@ r4)
     timeout $(left 585) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r5)
+    hdr
+    el opcosts | tee -a $OUT/gpu.txt
+    oc() { # preset batches ops...: the step without each op (MSM_CUDA_SKIP_OPS; results meaningless, times real)
+        local p=$1 bs=$2; shift 2
+        for op in "" "$@" ""; do
+            { echo "## $p without: ${op:-(nothing)}"; env ${op:+MSM_CUDA_SKIP_OPS=$op} timeout 60 gpu-run/bin/msmoe-bench \
+                decode --preset config/models/$p.json --backend cuda --batches $bs --context 512 --steps 30 2>&1 |
+                grep -v '^#'; } | tee -a $OUT/opcosts.txt
+        done
+    }
+    oc qwen3-30b-a3b 1,8 ADD_RMSNORM QK_NORM ATTENTION LINEAR MOE_EXPERTS ROUTER_LINEAR_TOPK
+    oc qwen3-30b-a3b-fp8 1,8 ADD_RMSNORM QK_NORM ATTENTION LINEAR MOE_EXPERTS ROUTER_LINEAR_TOPK
+    oc qwen1.5-moe-a2.7b 1,8 ADD_RMSNORM MOE_COMBINE_NORM ROPE_KV_WRITE ATTENTION LINEAR MOE_EXPERTS ROUTER_LINEAR_TOPK SWIGLU
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r6)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/*linear*' 2>&1 | tail -12 > $OUT/kernels.txt
+    timeout 60 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/tuning*' 2>&1 | tail -2 >> $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen3-30b-a3b qwen3-30b-a3b-fp8; do
+        b $p 1,2,4 ab --
+        b $p 1,2,4 ab MSM_CUDA_NORM_LINEAR=0 --
+        b $p 1,2,4 ab --
+        b $p 1,2,4 ab MSM_CUDA_NORM_LINEAR=0 --
+    done
+    el presets | tee -a $OUT/gpu.txt
+    timeout 200 python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen3moe,qwen3moe-fp8 timeout $(left 420) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
