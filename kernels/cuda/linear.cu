@@ -541,12 +541,15 @@ extern "C" bool msm_cuda_norm_linear_fits(int T, int N, int K, bool fp8, int ph,
     if (!tn->norm_linear || T < 1 || N <= MSM_CUDA_GEMV_SMALL_N || (size_t)T * K * sizeof(float) > (48u << 10) ||
         !norm_in_v(K, &vt, &V))
         return false;
+    /* measured against the two kernels (H200, 2026-12-02, Qwen3-30B-A3B, ms a step): bf16 batch 1
+     * 3.325 vs 3.35, 2 4.57 vs 4.68, but 4 6.88 vs 6.77; FP8 batch 1 3.139 vs 3.185, but 2 4.58 vs
+     * 4.35 (bench/results/2026-12-02-h200 run 6): bf16 up to 2 tokens, FP8 at one */
     if (fp8) /* where msm_cuda_linear_fp8 takes the SIMT GEMV (integer decode) */
-        return T <= 2 && T <= tn->fp8_native_max_t && K % 16 == 0 && K >= 32 * 16 && ph % 16 == 0 &&
+        return T == 1 && T <= tn->fp8_native_max_t && K % 16 == 0 && K >= 32 * 16 && ph % 16 == 0 &&
                tn->fp8_linear != MSM_CUDA_FP8_LINEAR_SIMT_HW &&
                !(tn->fp8_linear == MSM_CUDA_FP8_LINEAR_MMA && T >= tn->fp8_mma_min_t);
     /* where msm_cuda_linear takes the GEMV */
-    return T <= 4 && T < tn->linear_tiled_min_t && (T < tn->mmv_min_t || T > tn->mmv_max_t) && K % 8 == 0 &&
+    return T <= 2 && T < tn->linear_tiled_min_t && (T < tn->mmv_min_t || T > tn->mmv_max_t) && K % 8 == 0 &&
            K >= 32 * 8;
 }
 
@@ -567,13 +570,8 @@ static cudaError_t norm_in_go(float *y, const void *w, const float *wsc, int ph,
 #define NI(NT_, R_, U_, F_) norm_in_launch<NT_, R_, U_, F_, V>(y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, ex)
     /* two rows a warp, two loads a lane a row in flight before the norm (80 registers at K = 2048: three
      * blocks an SM; the bits are the same at any rows and loads) */
-    if (fp8) return T == 1 ? NI(1, 2, 2, true) : NI(2, 2, 2, true);
-    switch (T) {
-    case 1: return NI(1, 2, 2, false);
-    case 2: return NI(2, 2, 2, false);
-    case 3: return NI(3, 2, 2, false);
-    default: return NI(4, 2, 2, false);
-    }
+    if (fp8) return NI(1, 2, 2, true);
+    return T == 1 ? NI(1, 2, 2, false) : NI(2, 2, 2, false);
 #undef NI
 }
 

@@ -457,9 +457,9 @@ int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, const uint16_
  * the bits of msm_cuda_linear (w bf16; w8.q NULL) or msm_cuda_linear_fp8 (w8 FP8-resident; w NULL)
  * on that out. Every GEMV block norms the rows itself into shared memory after its first weight
  * loads (the norm kernel and its launch leave the step); block 0 writes sum and out. Only where
- * msm_cuda_norm_linear_fits (tuning norm_linear; the T where those launchers take the GEMV; K of
- * 257..2048 (FP8 from 513), T * K floats within 48 KiB); else -EINVAL. sum and out must not
- * overlap a or b. */
+ * msm_cuda_norm_linear_fits (tuning norm_linear; bf16 at 1..2 tokens and FP8 at 1, where those
+ * launchers take the GEMV and the fused kernel measured faster; K of 257..2048, FP8 from 512);
+ * else -EINVAL. sum and out must not overlap a or b, nor y any of them. */
 bool msm_cuda_norm_linear_fits(int T, int N, int K, bool fp8, int ph, const msm_cuda_tuning *tn);
 int msm_cuda_norm_linear(float *y, float *sum, float *out, const float *a, const float *b, const uint16_t *nw,
                          float eps, const uint16_t *w, msm_cuda_fp8w w8, const uint16_t *bias, int T, int N, int K,

@@ -177,4 +177,12 @@ r6)
     CHECK_MODELS=qwen3moe,qwen3moe-fp8 timeout $(left 420) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r7)
+    hdr
+    timeout 60 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/norm_linear*' 2>&1 | tail -2 > $OUT/kernels.txt
+    for p in qwen3-30b-a3b qwen3-30b-a3b-fp8; do
+        b $p 1,2,4 final --
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
