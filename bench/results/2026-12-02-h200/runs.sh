@@ -48,6 +48,8 @@ r1)
     el done | tee -a $OUT/gpu.txt
     ;;
 r2)
+    # (nsys turned out not to be installed there, so the nsys part did not run; its summary
+    # script, bench/nsys_step.py, was removed afterwards)
     hdr
     NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | sort | tail -1)
     echo "# nsys: ${NSYS:-none}" | tee -a $OUT/gpu.txt
