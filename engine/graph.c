@@ -193,9 +193,10 @@ int msm_graph_plan(msm_graph *g, msm_err *err) {
         for (int j = 0; j < n->n_in; j++) ids[k++] = n->in[j];
         for (int j = 0; j < n->n_out; j++) ids[k++] = n->out[j];
         /* An ADD_RMSNORM whose norm the next node, a LINEAR on the same stream, reads: a backend may
-         * run the two as one kernel (the CUDA backend's msm_cuda_norm_linear, every block of which
-         * reads the norm's inputs while others write the linear's output), so its inputs stay live
-         * through that node and no output of it takes their bytes. */
+         * run the two as one kernel (the CUDA backend's msm_cuda_norm_linear: every block reads the
+         * norm's inputs while block 0 writes its outputs and all write the linear's), so its inputs
+         * and outputs stay live through that node and the linear's output takes none of their bytes
+         * (a residual sum nothing reads again, the last layer's, included). */
         bool pair = n->op == MSM_OP_ADD_RMSNORM && i + 1 < nn && g->nodes[i + 1].op == MSM_OP_LINEAR &&
                     g->nodes[i + 1].stream == n->stream && g->nodes[i + 1].in[0] == n->out[1];
         for (int j = 0; j < k; j++) {
@@ -203,7 +204,7 @@ int msm_graph_plan(msm_graph *g, msm_err *err) {
             if (g->vals[ids[j]].io) continue;
             /* an aux node runs at some time between its region's fork and join */
             int start = n->stream == MSM_STREAM_AUX ? prev_fork[i] : i;
-            int end = n->stream == MSM_STREAM_AUX ? next_join[i] : pair && j < n->n_in ? i + 1 : i;
+            int end = n->stream == MSM_STREAM_AUX ? next_join[i] : pair ? i + 1 : i;
             if (start < t->start) t->start = start;
             if (end > t->end) t->end = end;
         }

@@ -219,18 +219,11 @@ static bool qk_rope_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) 
            msm_cuda_qk_norm_rope_kv_fits(rows, ra->hd, ra->rot) && !rope_attention_pair(g, i + 1, ex);
 }
 
-/* Whether values v and u (rows rows of their cols floats each) share arena bytes. */
-static bool vals_overlap(const msm_graph *g, int v, int u, int rows) {
-    size_t a0 = g->vals[v].offset, a1 = a0 + (size_t)rows * g->vals[v].cols * sizeof(float);
-    size_t b0 = g->vals[u].offset, b1 = b0 + (size_t)rows * g->vals[u].cols * sizeof(float);
-    return a0 < b1 && b0 < a1;
-}
-
 /* Whether node i is an ADD_RMSNORM that runs with the LINEAR after it in one kernel
  * (msm_cuda_norm_linear): that node reads its norm, on the same stream (so no event between the
  * two: a reader elsewhere waits on a record after both), with the norm's width as its K, where
- * the fused kernel takes the shapes; the norm's outputs and the linear's share no bytes with the
- * norm's inputs (every block of the kernel reads the inputs while block 0 writes the outputs). */
+ * the fused kernel takes the shapes. The planner keeps such a pair's values apart (msm_graph_plan:
+ * the norm's inputs and outputs live through the linear), as the kernel needs. */
 static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
     if (!ex.tune->norm_linear || i < 0 || i + 1 >= g->n_nodes) return false;
     const msm_node *n = &g->nodes[i], *l = &g->nodes[i + 1];
@@ -238,14 +231,8 @@ static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, 
         l->attr.linear.K != n->attr.rmsnorm.dim)
         return false;
     const uint8_t *w8 = cb->w8[l->w[0]];
-    if (!msm_cuda_norm_linear_fits(rows, l->attr.linear.N, l->attr.linear.K, w8 != NULL,
-                                   w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune))
-        return false;
-    const int outs[3] = {n->out[0], n->out[1], l->out[0]};
-    for (int o = 0; o < 3; o++)
-        for (int k = 0; k < 2; k++)
-            if (vals_overlap(g, outs[o], n->in[k], rows)) return false;
-    return !vals_overlap(g, l->out[0], n->out[0], rows) && !vals_overlap(g, l->out[0], n->out[1], rows);
+    return msm_cuda_norm_linear_fits(rows, l->attr.linear.N, l->attr.linear.K, w8 != NULL,
+                                     w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune);
 }
 
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {

@@ -227,20 +227,12 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_rows<NT, R, U, VEC, FP8, HW>(y, x, w, wsc, ph, bias, T, N, K, prefetch, early);
 }
 
-/* ---- GEMV + residual add + RMSNorm (LINEAR_ADD_RMSNORM, msm_cuda_linear_add_rmsnorm) ----
- * The GEMV blocks write y = x . W^T + b into sum; each block then counts itself in on ctr (after a
- * fence), and the block arriving last computes, for every token row, sum = r + y and out =
- * rmsnorm(sum) * nw with add_rmsnorm_kernel's arithmetic: the row laid out over VT =
- * msm_norm_threads(N) virtual threads (thread i owns elements i, i + VT, ...), squares summed in
- * that order, warp sums, then the VT / 32 warps in order; the block's GEMV_WARPS * 32 threads
- * each play F = VT / (GEMV_WARPS * 32) virtual threads (VT = 64: half of them idle). So the node is
- * bitwise the GEMV followed by msm_cuda_add_rmsnorm, one launch and no one-block kernel between
- * the GEMV and its readers. It resets ctr to zero for the next call or replay. */
 /* One token row's residual add + RMSNorm by a block of TH threads playing the vt virtual threads of
- * add_rmsnorm_kernel (msm_norm_threads(N); thread i plays i, i + TH, ... F of them, V values each): v = ld(i) for element i (virtual thread tv owns i = tv + j * vt), squares
- * summed in j order, warp sums, then the vt / 32 virtual warps in order (msm_block_sum's), so the
- * bits of msm_cuda_add_rmsnorm; then st(i, v, wv * (v * inv)) for every element. wv: this thread's
- * norm weights in that layout. part: shared memory of 32 floats. Every thread of the block calls it. */
+ * add_rmsnorm_kernel (msm_norm_threads(N); thread i plays i, i + TH, ... F of them, V values each):
+ * v = ld(i) for element i (virtual thread tv owns i = tv + j * vt), squares summed in j order, warp
+ * sums, then the vt / 32 virtual warps in order (msm_block_sum's), so the bits of
+ * msm_cuda_add_rmsnorm; then st(i, v, wv * (v * inv)) for every element. wv: this thread's norm
+ * weights in that layout. part: shared memory of 32 floats. Every thread of the block calls it. */
 template <int V, int F, int TH, typename Ld, typename St>
 static __device__ __forceinline__ void gemv_block_norm_row(Ld ld, St st, const float (&wv)[F][V], int N, float eps,
                                                            int vt, float *part) {
@@ -295,6 +287,15 @@ static __device__ __forceinline__ void gemv_block_norm_w(const uint16_t *nw, int
         }
 }
 
+/* ---- GEMV + residual add + RMSNorm (LINEAR_ADD_RMSNORM, msm_cuda_linear_add_rmsnorm) ----
+ * The GEMV blocks write y = x . W^T + b into sum; each block then counts itself in on ctr (after a
+ * fence), and the block arriving last computes, for every token row, sum = r + y and out =
+ * rmsnorm(sum) * nw with add_rmsnorm_kernel's arithmetic: the row laid out over VT =
+ * msm_norm_threads(N) virtual threads (thread i owns elements i, i + VT, ...), squares summed in
+ * that order, warp sums, then the VT / 32 warps in order; the block's GEMV_WARPS * 32 threads
+ * each play F = VT / (GEMV_WARPS * 32) virtual threads (VT = 64: half of them idle). So the node is
+ * bitwise the GEMV followed by msm_cuda_add_rmsnorm, one launch and no one-block kernel between
+ * the GEMV and its readers. It resets ctr to zero for the next call or replay. */
 template <int NT, bool VEC, int V, int F>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_norm_kernel(float *sum, float *out, const float *x, const uint16_t *w, const uint16_t *bias, const float *r,
@@ -531,7 +532,7 @@ extern "C" int msm_cuda_linear_add_rmsnorm(float *sum, float *out, const float *
 
 /* The norm's layout (add_rmsnorm_kernel's: vt threads of V values, one a thread of the fused
  * block); 0 where the fused kernel has no instance. */
-static int norm_in_v(int K, int *vt, int *V) {
+static bool norm_in_v(int K, int *vt, int *V) {
     *vt = msm_norm_threads(K), *V = msm_norm_vals(K, *vt);
     return *vt <= NI_WARPS * 32 && (*V == 4 || *V == 8); /* K <= 2048: 16 values took 179 registers */
 }
