@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The device commands of this session's runs (README.md here), from the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check
+# bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
+#   bash bench/results/2026-12-02-h200-s2/runs.sh rN
+[ -f gpu-run/bundle.tar.xz ] && { (cd gpu-run && tar xJf bundle.tar.xz && rm bundle.tar.xz) || exit 1; }
+export LD_LIBRARY_PATH=$PWD/gpu-run/lib PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+T0=$(date +%s)
+el() { echo "# t=$(( $(date +%s) - T0 ))s $*"; }
+left() { echo $(( ${1:-585} - ($(date +%s) - T0) )); }
+b() { # preset batches tag envs... -- flags
+    local p=$1 bs=$2 tag=$3; shift 3
+    local envs=() ; while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+    { el "$p ${envs[*]} $*"; env "${envs[@]}" timeout 120 gpu-run/bin/msmoe-bench decode --preset config/models/$p.json \
+        --backend cuda --batches $bs --context 512 --steps 30 "$@" 2>&1 | grep -v '^# weights'; } | tee -a $OUT/bench-$tag.txt
+}
+tl() { # preset batch tag envs...: the kernel timeline of the step graph (bench/cupti_timeline.c)
+    local p=$1 bt=$2 tag=$3; shift 3
+    { el "timeline $p batch $bt $*"
+      env "$@" CUDA_INJECTION64_PATH=$PWD/gpu-run/bin/libmsm_timeline.so MSM_TIMELINE_OUT=/tmp/tl.csv timeout 120 \
+        gpu-run/bin/msmoe-bench decode --preset config/models/$p.json --backend cuda --batches $bt --context 512 \
+        --steps 30 2>&1 | grep -v '^# weights'
+      python3 bench/timeline_summary.py /tmp/tl.csv --rows ${ROWS:-90}; } >> $OUT/timeline-$tag.txt 2>&1
+}
+hdr() { { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt; }
+case "$1" in
+r1)
+    hdr
+    el timeline | tee -a $OUT/gpu.txt
+    tl qwen1.5-moe-a2.7b 1 q15
+    tl qwen1.5-moe-a2.7b 8 q15
+    tl qwen3-30b-a3b 1 q3
+    tl qwen3-30b-a3b 8 q3
+    tl qwen3-30b-a3b-fp8 1 q3f
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,8 base --; done
+    el done | tee -a $OUT/gpu.txt
+    ;;
+esac

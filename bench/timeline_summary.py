@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""timeline_summary.py: one CUDA graph replay of a decode step, from bench/cupti_timeline.c's CSV.
+
+    python3 bench/timeline_summary.py T.csv [--graph ID] [--rows N] [--replay last|median]
+
+For each graph (the largest first, or --graph), the replays are its records cut into runs of as
+many records as the graph has nodes. Of the median replay (by span) it prints:
+  - span (first start to last end), the sum of kernel times, the union of busy time and the idle
+    time in which no kernel of the graph ran;
+  - per kernel (name, grid): count a replay, mean time, and the time it is the only thing running
+    vs shares the GPU with another kernel, with the idle gap before each of its starts that no
+    other kernel covered ("gap": launch/dependency latency charged to the kernel that ends it);
+  - the first --rows records in start order: offset, time, gap, stream, kernel.
+Times in microseconds. The numbers come with CUPTI's per-kernel timestamp cost; compare them with
+msmoe-bench's step time of the same run."""
+import argparse
+import csv
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+
+def short(name):
+    n = re.sub(r"^void ", "", name)
+    base = re.split(r"[<(]", n, maxsplit=1)[0]
+    # keep the boolean/integer template arguments: they tell variants apart
+    m = re.match(r"[^<]*<([^()]*)>", n)
+    if m and len(m.group(1)) < 40:
+        base += "<" + m.group(1).replace(" ", "") + ">"
+    return base
+
+
+def load(path):
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            rows.append(
+                dict(
+                    s=int(r["start_ns"]),
+                    e=int(r["end_ns"]),
+                    stream=int(r["stream"]),
+                    graph=int(r["graph_id"]),
+                    node=int(r["graph_node"]),
+                    grid=f'{r["grid_x"]}x{r["grid_y"]}x{r["grid_z"]}',
+                    regs=int(r["regs"]),
+                    name=short(r["name"]),
+                )
+            )
+    return rows
+
+
+def replays(recs):
+    nodes = len({r["node"] for r in recs})
+    recs = sorted(recs, key=lambda r: r["s"])
+    return [recs[i : i + nodes] for i in range(0, len(recs) - nodes + 1, nodes)], nodes
+
+
+def analyse(rep):
+    t0 = min(r["s"] for r in rep)
+    span = max(r["e"] for r in rep) - t0
+    # sweep: elementary intervals between all boundaries
+    pts = sorted({r["s"] for r in rep} | {r["e"] for r in rep})
+    alone = defaultdict(float)
+    shared = defaultdict(float)
+    busy = 0.0
+    for a, b in zip(pts, pts[1:]):
+        run = [r for r in rep if r["s"] <= a and r["e"] >= b]
+        if not run:
+            continue
+        busy += b - a
+        for r in run:
+            k = (r["name"], r["grid"])
+            (alone if len(run) == 1 else shared)[k] += (b - a) / len(run) if len(run) > 1 else (b - a)
+    gaps = defaultdict(float)
+    order = sorted(rep, key=lambda r: r["s"])
+    reach = order[0]["e"]
+    gap_of = {}
+    for r in order[1:]:
+        g = max(0, r["s"] - reach)
+        gaps[(r["name"], r["grid"])] += g
+        gap_of[id(r)] = g
+        reach = max(reach, r["e"])
+    return t0, span, busy, alone, shared, gaps, gap_of
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--graph", type=int)
+    ap.add_argument("--rows", type=int, default=60)
+    ap.add_argument("--replay", choices=["median", "last"], default="median")
+    a = ap.parse_args()
+    rows = load(a.csv)
+    graphs = defaultdict(list)
+    for r in rows:
+        if r["graph"]:
+            graphs[r["graph"]].append(r)
+    if not graphs:
+        print("no graph kernels in", a.csv)
+        return 1
+    ids = [a.graph] if a.graph else sorted(graphs, key=lambda g: -len({r["node"] for r in graphs[g]}))
+    for gid in ids:
+        reps, nodes = replays(graphs[gid])
+        if not reps or nodes < 20:
+            continue
+        spans = [max(r["e"] for r in p) - min(r["s"] for r in p) for p in reps]
+        pick = reps[-1] if a.replay == "last" else reps[spans.index(sorted(spans)[len(spans) // 2])]
+        t0, span, busy, alone, shared, gaps, gap_of = analyse(pick)
+        ksum = sum(r["e"] - r["s"] for r in pick)
+        print(f"## graph {gid}: {nodes} kernels, {len(reps)} replays, span median {statistics.median(spans)/1e3:.1f} us "
+              f"(min {min(spans)/1e3:.1f})")
+        print(f"replay: span {span/1e3:.1f} us, kernel sum {ksum/1e3:.1f}, busy {busy/1e3:.1f}, idle {(span-busy)/1e3:.1f}, "
+              f"streams {sorted({r['stream'] for r in pick})}")
+        per = defaultdict(list)
+        for r in pick:
+            per[(r["name"], r["grid"])].append(r["e"] - r["s"])
+        print(f"{'kernel':58s} {'grid':>12s} {'n':>4s} {'mean':>7s} {'total':>8s} {'alone':>8s} {'shared':>8s} {'gap':>7s}")
+        for k in sorted(per, key=lambda k: -(alone[k] + shared[k] + gaps[k])):
+            d = per[k]
+            print(f"{k[0][:58]:58s} {k[1]:>12s} {len(d):4d} {statistics.mean(d)/1e3:7.2f} {sum(d)/1e3:8.1f} "
+                  f"{alone[k]/1e3:8.1f} {shared[k]/1e3:8.1f} {gaps[k]/1e3:7.1f}")
+        tot_gap = sum(gaps.values())
+        print(f"{'(sum)':58s} {'':>12s} {len(pick):4d} {'':>7s} {ksum/1e3:8.1f} {sum(alone.values())/1e3:8.1f} "
+              f"{sum(shared.values())/1e3:8.1f} {tot_gap/1e3:7.1f}")
+        print(f"first {a.rows} kernels: offset, time, gap (us), stream, kernel, grid")
+        for r in sorted(pick, key=lambda r: r["s"])[: a.rows]:
+            print(f"{(r['s']-t0)/1e3:9.2f} {(r['e']-r['s'])/1e3:7.2f} {gap_of.get(id(r), 0)/1e3:6.2f} {r['stream']:4d}  "
+                  f"{r['name'][:60]} {r['grid']} r{r['regs']}")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
