@@ -73,15 +73,19 @@ def analyse(rep):
             k = (r["name"], r["grid"])
             (alone if len(run) == 1 else shared)[k] += (b - a) / len(run) if len(run) > 1 else (b - a)
     gaps = defaultdict(float)
+    adv = defaultdict(float)
     order = sorted(rep, key=lambda r: r["s"])
-    reach = order[0]["e"]
-    gap_of = {}
-    for r in order[1:]:
+    reach = order[0]["s"]
+    gap_of, adv_of = {}, {}
+    for r in order:
+        k = (r["name"], r["grid"])
         g = max(0, r["s"] - reach)
-        gaps[(r["name"], r["grid"])] += g
-        gap_of[id(r)] = g
+        a = max(0, r["e"] - reach)
+        gaps[k] += g
+        adv[k] += a
+        gap_of[id(r)], adv_of[id(r)] = g, a
         reach = max(reach, r["e"])
-    return t0, span, busy, alone, shared, gaps, gap_of
+    return t0, span, busy, alone, shared, gaps, gap_of, adv, adv_of
 
 
 def main():
@@ -106,7 +110,7 @@ def main():
             continue
         spans = [max(r["e"] for r in p) - min(r["s"] for r in p) for p in reps]
         pick = reps[-1] if a.replay == "last" else reps[spans.index(sorted(spans)[len(spans) // 2])]
-        t0, span, busy, alone, shared, gaps, gap_of = analyse(pick)
+        t0, span, busy, alone, shared, gaps, gap_of, adv, adv_of = analyse(pick)
         ksum = sum(r["e"] - r["s"] for r in pick)
         print(f"## graph {gid}: {nodes} kernels, {len(reps)} replays, span median {statistics.median(spans)/1e3:.1f} us "
               f"(min {min(spans)/1e3:.1f})")
@@ -115,18 +119,20 @@ def main():
         per = defaultdict(list)
         for r in pick:
             per[(r["name"], r["grid"])].append(r["e"] - r["s"])
-        print(f"{'kernel':58s} {'grid':>12s} {'n':>4s} {'mean':>7s} {'total':>8s} {'alone':>8s} {'shared':>8s} {'gap':>7s}")
-        for k in sorted(per, key=lambda k: -(alone[k] + shared[k] + gaps[k])):
+        print("adv: how far the kernel's end moved the step's frontier (the latest end of every kernel that")
+        print("started before it); the advs add up to the span: the step time charged to each kernel")
+        print(f"{'kernel':58s} {'grid':>12s} {'n':>4s} {'mean':>7s} {'total':>8s} {'adv':>8s} {'alone':>8s} {'shared':>8s} {'gap':>7s}")
+        for k in sorted(per, key=lambda k: -adv[k]):
             d = per[k]
             print(f"{k[0][:58]:58s} {k[1]:>12s} {len(d):4d} {statistics.mean(d)/1e3:7.2f} {sum(d)/1e3:8.1f} "
-                  f"{alone[k]/1e3:8.1f} {shared[k]/1e3:8.1f} {gaps[k]/1e3:7.1f}")
+                  f"{adv[k]/1e3:8.1f} {alone[k]/1e3:8.1f} {shared[k]/1e3:8.1f} {gaps[k]/1e3:7.1f}")
         tot_gap = sum(gaps.values())
-        print(f"{'(sum)':58s} {'':>12s} {len(pick):4d} {'':>7s} {ksum/1e3:8.1f} {sum(alone.values())/1e3:8.1f} "
-              f"{sum(shared.values())/1e3:8.1f} {tot_gap/1e3:7.1f}")
-        print(f"first {a.rows} kernels: offset, time, gap (us), stream, kernel, grid")
+        print(f"{'(sum)':58s} {'':>12s} {len(pick):4d} {'':>7s} {ksum/1e3:8.1f} {sum(adv.values())/1e3:8.1f} "
+              f"{sum(alone.values())/1e3:8.1f} {sum(shared.values())/1e3:8.1f} {tot_gap/1e3:7.1f}")
+        print(f"first {a.rows} kernels: start offset, end offset, time, adv (us), stream, kernel, grid, registers")
         for r in sorted(pick, key=lambda r: r["s"])[: a.rows]:
-            print(f"{(r['s']-t0)/1e3:9.2f} {(r['e']-r['s'])/1e3:7.2f} {gap_of.get(id(r), 0)/1e3:6.2f} {r['stream']:4d}  "
-                  f"{r['name'][:60]} {r['grid']} r{r['regs']}")
+            print(f"{(r['s']-t0)/1e3:9.2f} {(r['e']-t0)/1e3:9.2f} {(r['e']-r['s'])/1e3:7.2f} {adv_of[id(r)]/1e3:6.2f} "
+                  f"{r['stream']:4d}  {r['name'][:60]} {r['grid']} r{r['regs']}")
         print()
     return 0
 
