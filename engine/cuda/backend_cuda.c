@@ -235,6 +235,19 @@ static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, 
                                      w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune);
 }
 
+/* Whether node i (on the main stream) has kernels of its layer on the aux stream beside it: nodes of
+ * the same layer on another stream before and after it (the fork and the join around it). */
+static bool aux_beside(const msm_graph *g, int i) {
+    const msm_node *n = &g->nodes[i];
+    if (n->stream != MSM_STREAM_MAIN) return false;
+    bool before = false, after = false;
+    for (int j = i - 1; j >= 0 && g->nodes[j].layer == n->layer && !before; j--)
+        before = g->nodes[j].stream != MSM_STREAM_MAIN;
+    for (int j = i + 1; j < g->n_nodes && g->nodes[j].layer == n->layer && !after; j++)
+        after = g->nodes[j].stream != MSM_STREAM_MAIN;
+    return before || after;
+}
+
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
@@ -384,6 +397,9 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     }
     case MSM_OP_MOE_EXPERTS:
+        /* not a programmatic dependent of the router where the shared expert runs beside
+         * (msm_cuda_tuning.moe_aux_pdl); its later kernels are (the experts code clears it) */
+        s.no_pdl = !s.tune->moe_aux_pdl && aux_beside(g, idx);
         if (cb->w8[n->w[0]]) { /* both FP8-resident (pick_fp8) */
             KTRY(msm_cuda_moe_experts_fp8(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), fp8w(cb, n->w[0]),
                                           fp8w(cb, n->w[1]), ROWS(in0), a->moe_experts.H, a->moe_experts.I,
@@ -1209,6 +1225,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_ATT_CLUSTER"))) t->att_cluster = s[0] != '0';
     if ((s = getenv("MSM_CUDA_ATT_EARLY"))) t->att_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_ATT_ROPE"))) t->att_rope = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_MOE_AUX_PDL"))) t->moe_aux_pdl = s[0] != '0';
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;

@@ -220,19 +220,32 @@ extern "C" int msm_cuda_rope(float *x, const int32_t *pos, int T, int nheads, in
  * slot < 0 are not written), which is exactly what msm_cuda_kv_write_ld does from `out`. */
 static __global__ void rope_copy_kernel(float *__restrict__ out, const float *__restrict__ x, const int32_t *pos,
                                  int T, int C, int nrot, int hd, int rot, float theta, const int32_t *slot,
-                                 uint16_t *kc, uint16_t *vc, int nq, int kvh) {
+                                 uint16_t *kc, uint16_t *vc, int nq, int kvh, bool early) {
     msm_pdl_trigger();
-    msm_pdl_wait();
     /* per rotated head: half rotation items, then hd - rot pass-through items */
     int half = rot / 2, per_h = half + (hd - rot), rest = C - nrot * hd, per_t = nrot * per_h;
     size_t n1 = (size_t)T * per_t, n = n1 + (size_t)T * rest;
     size_t krow = (size_t)kvh * hd;
-    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
-         idx += (size_t)gridDim.x * blockDim.x) {
+    size_t idx0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    /* early (decode, msm_cuda_tuning.small_early): the first item's position, slot, cosine and
+     * sine before the PDL wait (the step's inputs were written before its first kernel) */
+    float c0 = 0.0f, s0 = 0.0f;
+    int sl0 = -1;
+    if (early && idx0 < n1) {
+        int t = (int)(idx0 / per_t), r = (int)(idx0 % per_t), h = r / per_h, i = r % per_h;
+        sl0 = kc && h >= nq ? slot[t] : -1;
+        if (i < half) msm_rope_cs(pos[t], i, rot, theta, &c0, &s0);
+    } else if (early && idx0 < n && vc) {
+        size_t j = idx0 - n1;
+        if ((int)(j % rest) < (int)krow) sl0 = slot[j / rest];
+    }
+    msm_pdl_wait();
+    for (size_t idx = idx0; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
+        bool pre = early && idx == idx0;
         if (idx < n1) {
             int t = (int)(idx / per_t), r = (int)(idx % per_t), h = r / per_h, i = r % per_h;
             size_t o = (size_t)t * C + (size_t)h * hd;
-            int sl = kc && h >= nq ? slot[t] : -1;
+            int sl = pre ? sl0 : kc && h >= nq ? slot[t] : -1;
             uint16_t *kr = sl >= 0 ? kc + (size_t)sl * krow + (size_t)(h - nq) * hd : NULL;
             if (i >= half) { /* a dim past the rotary part: copied (and cached for k heads) */
                 int d = rot + (i - half);
@@ -241,8 +254,8 @@ static __global__ void rope_copy_kernel(float *__restrict__ out, const float *__
                 if (kr) kr[d] = msm_f2bf(v);
                 continue;
             }
-            float c, s;
-            msm_rope_cs(pos[t], i, rot, theta, &c, &s);
+            float c = c0, s = s0;
+            if (!pre) msm_rope_cs(pos[t], i, rot, theta, &c, &s);
             float a = x[o + i], b = x[o + i + half];
             float ra = msm_rope_lo(a, b, c, s), rb = msm_rope_hi(a, b, c, s);
             out[o + i] = ra;
@@ -258,7 +271,7 @@ static __global__ void rope_copy_kernel(float *__restrict__ out, const float *__
             float v = x[o];
             out[o] = v;
             if (vc && c < (int)krow) {
-                int sl = slot[t];
+                int sl = pre ? sl0 : slot[t];
                 if (sl >= 0) vc[(size_t)sl * krow + c] = msm_f2bf(v);
             }
         }
@@ -276,7 +289,8 @@ extern "C" int msm_cuda_rope_copy(float *out, const float *x, const int32_t *pos
     if (T == 0) return 0;
     size_t n = rope_copy_items(T, C, nrot, hd, rot);
     CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, ex, out, x, pos, T,
-                        C, nrot, hd, rot, theta, (const int32_t *)NULL, (uint16_t *)NULL, (uint16_t *)NULL, 0, 0));
+                        C, nrot, hd, rot, theta, (const int32_t *)NULL, (uint16_t *)NULL, (uint16_t *)NULL, 0, 0,
+                        ex.decode && ex.tune->small_early));
     return 0;
 }
 
@@ -288,7 +302,7 @@ extern "C" int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, 
     int nrot = nh + kvh, C = (nh + 2 * kvh) * hd;
     size_t n = rope_copy_items(T, C, nrot, hd, rot);
     CUDA_TRY(msm_launch(rope_copy_kernel, dim3(grid_for(n, 128)), dim3(128), 0, ex, out, x, pos, T,
-                        C, nrot, hd, rot, theta, slot, kc, vc, nh, kvh));
+                        C, nrot, hd, rot, theta, slot, kc, vc, nh, kvh, ex.decode && ex.tune->small_early));
     return 0;
 }
 
@@ -310,16 +324,29 @@ static __device__ __forceinline__ float qkn_load(const float *xh, int hd, int la
     return ss;
 }
 
-/* v = rmsnorm(head) * w from qkn_load's v and sum of squares (the warp's lanes together). */
-static __device__ __forceinline__ void qkn_norm(float (&v)[8], float ss, const uint16_t *w, int hd, float eps,
-                                                int lane) {
+/* v = rmsnorm(head) * wv from qkn_load's v and sum of squares (the warp's lanes together); wv[j]:
+ * the norm weight of dim lane + 32 j, as float. */
+static __device__ __forceinline__ void qkn_norm_wv(float (&v)[8], float ss, const float (&wv)[8], int hd, float eps,
+                                                   int lane) {
     ss = msm_warp_sum(ss);
     float inv = 1.0f / sqrtf(ss / (float)hd + eps);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         int d = lane + 32 * j;
-        if (d < hd) v[j] = msm_bf(w[d]) * (v[j] * inv);
+        if (d < hd) v[j] = wv[j] * (v[j] * inv);
     }
+}
+
+/* The same with the bf16 weights w [hd]. */
+static __device__ __forceinline__ void qkn_norm(float (&v)[8], float ss, const uint16_t *w, int hd, float eps,
+                                                int lane) {
+    float wv[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        wv[j] = d < hd ? msm_bf(w[d]) : 0.0f;
+    }
+    qkn_norm_wv(v, ss, wv, hd, eps, lane);
 }
 
 static __global__ void __launch_bounds__(QKN_WARPS * 32)
@@ -367,17 +394,37 @@ template <int HJ> /* rot / 64: v[j + HJ] is the other half of v[j]'s pair */
 static __global__ void __launch_bounds__(QKN_WARPS * 32)
     qk_norm_rope_kv_kernel(float *out, const float *x, const uint16_t *wq, const uint16_t *wk, const int32_t *pos,
                            const int32_t *slot, uint16_t *kc, uint16_t *vc, int nh, int kvh, int hd, int rot,
-                           float theta, float eps) {
+                           float theta, float eps, bool early) {
     msm_pdl_trigger();
-    msm_pdl_wait();
     int heads = nh + 2 * kvh, C = heads * hd, lane = threadIdx.x & 31;
     int h = blockIdx.x * QKN_WARPS + threadIdx.x / 32, t = blockIdx.y;
+    /* what needs no earlier kernel's output: the slot, the norm weights, the cosines and sines; with
+     * early (decode, msm_cuda_tuning.small_early) before the PDL wait, as the step's inputs were
+     * written before its first kernel */
+    int sl = -1;
+    float wv[8], cs[HJ], sn[HJ];
+    auto prologue = [&]() {
+        sl = slot[t];
+        const uint16_t *w = h < nh ? wq : wk;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int d = lane + 32 * j;
+            wv[j] = h < nh + kvh && d < hd ? msm_bf(w[d]) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < HJ; j++) {
+            cs[j] = sn[j] = 0.0f;
+            if (h < nh + kvh) msm_rope_cs(pos[t], lane + 32 * j, rot, theta, &cs[j], &sn[j]);
+        }
+    };
+    if (h < heads && early) prologue();
+    msm_pdl_wait();
     if (h >= heads) return;
+    if (!early) prologue();
     size_t o = (size_t)t * C + (size_t)h * hd;
     float v[8];
     float ss = qkn_load(x + o, hd, lane, v);
     size_t krow = (size_t)kvh * hd;
-    int sl = slot[t];
     if (h >= nh + kvh) { /* v head: copied, and cached */
         uint16_t *vr = sl >= 0 ? vc + (size_t)sl * krow + (size_t)(h - nh - kvh) * hd : NULL;
 #pragma unroll
@@ -390,14 +437,12 @@ static __global__ void __launch_bounds__(QKN_WARPS * 32)
         }
         return;
     }
-    qkn_norm(v, ss, h < nh ? wq : wk, hd, eps, lane);
+    qkn_norm_wv(v, ss, wv, hd, eps, lane);
 #pragma unroll
     for (int j = 0; j < HJ; j++) { /* dims d = lane + 32 j < rot / 2 */
-        float c, s;
-        msm_rope_cs(pos[t], lane + 32 * j, rot, theta, &c, &s);
         float a = v[j], b = v[j + HJ];
-        v[j] = msm_rope_lo(a, b, c, s);
-        v[j + HJ] = msm_rope_hi(a, b, c, s);
+        v[j] = msm_rope_lo(a, b, cs[j], sn[j]);
+        v[j + HJ] = msm_rope_hi(a, b, cs[j], sn[j]);
     }
     uint16_t *kr = h >= nh && sl >= 0 ? kc + (size_t)sl * krow + (size_t)(h - nh) * hd : NULL;
 #pragma unroll
@@ -422,7 +467,7 @@ extern "C" int msm_cuda_qk_norm_rope_kv(float *out, const float *x, const uint16
     if (T == 0) return 0;
     dim3 grid((unsigned)((nh + 2 * kvh + QKN_WARPS - 1) / QKN_WARPS), (unsigned)T);
 #define QKR(HJ_) msm_launch(qk_norm_rope_kv_kernel<HJ_>, grid, dim3(QKN_WARPS * 32), 0, ex, out, x, wq, wk, pos, slot, \
-                            kc, vc, nh, kvh, hd, rot, theta, eps)
+                            kc, vc, nh, kvh, hd, rot, theta, eps, ex.decode && ex.tune->small_early)
     switch (rot / 64) {
     case 1: CUDA_TRY(QKR(1)); break;
     case 2: CUDA_TRY(QKR(2)); break;

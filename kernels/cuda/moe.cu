@@ -175,6 +175,7 @@ extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids
         return msm__moe_pair_run(y, x, ids, w, gate_up, NULL, 0, down, NULL, 0, (float *)ws.act, T, H, I, k, E,
                                  vec_h, vec_i, ex);
     CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
+    ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
     int r = path == MSM_CUDA_MOE_PATH_WMMA    ? msm__moe_gemm_run(ws, x, gate_up, down, T, H, I, k, E, ex)
             : path == MSM_CUDA_MOE_PATH_TILED ? msm__moe_tiled_run(ws, x, gate_up, down, T, H, I, k, E, ex)
                                               : msm__moe_grouped_run(ws, x, gate_up, down, T, H, I, k, E,
@@ -226,6 +227,7 @@ extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t 
             return msm__moe_pair_run(y, x, ids, w, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase,
                                      (float *)ws.act, T, H, I, k, E, true, true, ex);
         CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
+        ex.no_pdl = false;
         int r = tiled ? msm__moe_tiled_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex)
                       : msm__moe_grouped_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex);
         if (r) return r;
@@ -239,6 +241,7 @@ extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t 
     uint16_t *db = (uint16_t *)((char *)deq + round_up((size_t)E * 2 * I * H * 2, 256));
     int32_t *used = (int32_t *)((char *)db + round_up((size_t)E * H * I * 2, 256));
     int r = msm_cuda_fp8_mark(used, ids, T * k, E, ex);
+    ex.no_pdl = false;
     if (!r) r = msm_cuda_fp8_dequant(gb, gu, E, 2 * I, H, used, ex);
     if (!r) r = msm_cuda_fp8_dequant(db, dn, E, H, I, used, ex);
     if (r) return r;

@@ -214,6 +214,7 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
     else
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<false, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
                             gu_ph, H, I, k, E));
+    ex.no_pdl = false; /* the down kernel follows the gate/up one programmatically (msm_cuda_exec.no_pdl) */
     dim3 gb((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)T);
     if (k <= 1)
         CUDA_TRY(down_gemv_launch<1>(gb, ex, vec_i, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));

@@ -741,7 +741,7 @@ static inline cudaError_t msm_launch_cluster(void (*kernel)(KArgs...), dim3 grid
         at[n].val.clusterDim.y = 1;
         at[n++].val.clusterDim.z = 1;
     }
-    if (ex.tune->pdl) {
+    if (ex.tune->pdl && !ex.no_pdl) {
         at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[n++].val.programmaticStreamSerializationAllowed = 1;
     }

@@ -182,6 +182,17 @@ typedef struct msm_cuda_tuning {
                                  Qwen3-30B-A3B 1 3.58 vs 3.53): the small RoPE kernel is where the
                                  attention's blocks become resident and load their first K/V rows,
                                  and without it they wait for the qkv GEMV's blocks to leave */
+    bool small_early;         /* decode steps: the RoPE kernels (rope_kv, qk_norm_rope_kv) read the
+                                 positions and cache slots, compute their cosines and sines and load
+                                 the q/k norm weights before their PDL wait, so only the row loads and
+                                 the arithmetic on them follow the kernel before (MSM_CUDA_SMALL_EARLY) */
+    bool moe_aux_pdl;         /* the routed experts' first kernel is a programmatic dependent of the
+                                 router also when a shared expert runs beside them on the aux stream
+                                 (MSM_CUDA_MOE_AUX_PDL=1). Off: it launches once the router is done,
+                                 so its waiting blocks do not hold the SMs the shared expert's
+                                 kernels, launched at the norm's end, need (timeline of Qwen1.5-MoE
+                                 batch 1, bench/results/2026-12-02-h200-s2: the shared gate/up
+                                 started 15 us after its norm, behind them) */
 } msm_cuda_tuning;
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the
@@ -197,6 +208,8 @@ typedef struct msm_cuda_exec {
     cudaStream_t stream;
     const msm_cuda_tuning *tune;
     bool decode;
+    bool no_pdl;    /* launch without programmatic serialisation (after the previous kernel is done),
+                       whatever tune->pdl says (msm_cuda_tuning.moe_aux_pdl) */
     bool w_written; /* the weight was written earlier in this step (a dequantised copy): the
                        kernels load it only after their PDL wait (gemv_early, mmv_early) */
 } msm_cuda_exec;

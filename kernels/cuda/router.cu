@@ -54,10 +54,18 @@ static __device__ __forceinline__ int select_next(const float (&v)[ROUTER_PER_LA
 }
 
 /* Softmax + top-k of token t's E logits at l, by one warp. The logits are read through L2
- * (__ldcg): the fused router's last block reads what other blocks of its grid wrote. With rank
+ * (__ldcg), or with SMEM from the shared-memory copy the fused router's last block made of what
+ * other blocks of its grid wrote (the same values: no second round trip to L2). With rank
  * (shared memory, rank[j] the id of the j-th best, or -1), the selection is taken from there
  * unless a slot is empty or a logit is NaN; else (and without rank) k rounds of select_next. The
  * weights are the same bits either way. */
+template <bool SMEM = false>
+static __device__ __forceinline__ float topk_ld(const float *p) {
+    if constexpr (SMEM) return *p;
+    else return __ldcg(p);
+}
+
+template <bool SMEM = false>
 static __device__ __forceinline__ void topk_token(int32_t *ids, float *w, const float *l, int t, int E, int k,
                                                   bool norm, int lane, const int *rank = NULL) {
     float v[ROUTER_PER_LANE];
@@ -66,7 +74,7 @@ static __device__ __forceinline__ void topk_token(int32_t *ids, float *w, const 
 #pragma unroll
     for (int i = 0; i < ROUTER_PER_LANE; i++) {
         int e = i * 32 + lane;
-        v[i] = e < E ? __ldcg(l + e) : -INFINITY;
+        v[i] = e < E ? topk_ld<SMEM>(l + e) : -INFINITY;
         mx = fmaxf(mx, v[i]);
         nan |= isnan(v[i]);
     }
@@ -85,7 +93,7 @@ static __device__ __forceinline__ void topk_token(int32_t *ids, float *w, const 
         for (int j = 0; j < 8; j++) {
             if (j >= k) break;
             id[j] = rank[j];
-            wt[j] = expf(__ldcg(l + id[j]) - mx) / sum;
+            wt[j] = expf(topk_ld<SMEM>(l + id[j]) - mx) / sum;
         }
     } else {
         unsigned taken = 0; /* bit i: this lane's element i already selected */
@@ -164,23 +172,25 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     __threadfence();
     /* the block's threads rank the logits at once (e's rank: the logits above it, or equal at a
      * lower id: topk_token's order), instead of k dependent rounds of warp arg-max */
-    __shared__ float lg[32 * ROUTER_PER_LANE];
+    __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE];
     __shared__ int rank[8];
     const float *l = logits + (size_t)t * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) lg[e] = __ldcg(l + e);
+    for (int e = E + threadIdx.x; e < (E + 3) / 4 * 4; e += blockDim.x) lg[e] = -INFINITY; /* never counted */
     if (threadIdx.x < 8) rank[threadIdx.x] = -1;
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         float v = lg[e];
         int r = 0;
-        for (int f = 0; f < E; f++) {
-            float u = lg[f];
-            r += u > v || (u == v && f < e);
+        for (int f = 0; f < E; f += 4) { /* four logits a shared-memory load; the pad is -inf, below v or NaN */
+            float4 u = *(const float4 *)(lg + f);
+            r += (u.x > v || (u.x == v && f < e)) + (u.y > v || (u.y == v && f + 1 < e)) +
+                 (u.z > v || (u.z == v && f + 2 < e)) + (u.w > v || (u.w == v && f + 3 < e));
         }
         if (r < k) rank[r] = e; /* unique without NaN; topk_token checks */
     }
     __syncthreads();
-    if (warp == 0) topk_token(ids, w, l, t, E, k, norm, lane, rank);
+    if (warp == 0) topk_token<true>(ids, w, lg, t, E, k, norm, lane, rank);
     if (threadIdx.x == 0) ctr[t] = 0;
 }
 

@@ -1749,7 +1749,9 @@ Test(cuda_kernels, rope_kv_equals_rope_copy_then_kv_write, .timeout = 60) {
 /* QK_NORM + ROPE_KV_WRITE in one kernel (msm_cuda_qk_norm_rope_kv) = qk_norm then rope_kv on its
  * output, bitwise: the rows and both caches, with a padding row (slot -1) left unwritten, full and
  * partial rotary (rot 64..256), in place; a rotary width or head size it does not take is refused
- * with -ENOTSUP (the backend then runs the two kernels). */
+ * with -ENOTSUP (the backend then runs the two kernels). Both kernels also at decode (positions,
+ * slots, weights, cosines and sines before the PDL wait: msm_cuda_tuning.small_early), the same
+ * bits. */
 Test(cuda_kernels, qk_norm_rope_kv_equals_qk_norm_then_rope_kv, .timeout = 60) {
     need_gpu();
     /* T, nh, kvh, hd, rot, inplace */
@@ -1773,16 +1775,29 @@ Test(cuda_kernels, qk_norm_rope_kv_equals_qk_norm_then_rope_kv, .timeout = 60) {
                  *v2 = dev_poison(cache * 2);
         CK(msm_cuda_qk_norm(dn, dx, dwq, dwk, T, C, nh, kvh, hd, 1e-6f, EX));
         CK(msm_cuda_rope_kv(o1, dn, dpos, dslot, k1, v1, T, nh, kvh, hd, rot, 1e6f, EX));
-        CK(msm_cuda_qk_norm_rope_kv(o2, inplace ? o2 : dx, dwq, dwk, dpos, dslot, k2, v2, T, nh, kvh, hd, rot, 1e6f,
-                                    1e-6f, EX));
         float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
         uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
-        down(h1, o1, n * 4), down(h2, o2, n * 4);
-        cr_assert(memcmp(h1, h2, n * 4) == 0, "rows differ (T=%d nh=%d kvh=%d hd=%d rot=%d)", T, nh, kvh, hd, rot);
-        down(c1, k1, cache * 2), down(c2, k2, cache * 2);
-        cr_assert(memcmp(c1, c2, cache * 2) == 0, "K caches differ (T=%d nh=%d kvh=%d hd=%d rot=%d)", T, nh, kvh, hd, rot);
-        down(c1, v1, cache * 2), down(c2, v2, cache * 2);
-        cr_assert(memcmp(c1, c2, cache * 2) == 0, "V caches differ (T=%d nh=%d kvh=%d hd=%d rot=%d)", T, nh, kvh, hd, rot);
+        down(h1, o1, n * 4);
+        for (int dec = 0; dec < 3; dec++) { /* the fused kernel, then at decode; then rope_kv at decode */
+            msm_cuda_exec ed = {.stream = 0, .tune = &tune0, .decode = dec > 0};
+            if (inplace && dec < 2) cr_assert_eq(cudaMemcpy(o2, dx, n * 4, cudaMemcpyDeviceToDevice), cudaSuccess);
+            cr_assert_eq(cudaMemset(k2, 0xff, cache * 2), cudaSuccess); /* as dev_poison left k1, v1 */
+            cr_assert_eq(cudaMemset(v2, 0xff, cache * 2), cudaSuccess);
+            if (dec < 2)
+                CK(msm_cuda_qk_norm_rope_kv(o2, inplace ? o2 : dx, dwq, dwk, dpos, dslot, k2, v2, T, nh, kvh, hd, rot,
+                                            1e6f, 1e-6f, ed));
+            else
+                CK(msm_cuda_rope_kv(o2, dn, dpos, dslot, k2, v2, T, nh, kvh, hd, rot, 1e6f, ed));
+            down(h2, o2, n * 4);
+            cr_assert(memcmp(h1, h2, n * 4) == 0, "rows differ (T=%d nh=%d kvh=%d hd=%d rot=%d, variant %d)", T, nh, kvh,
+                      hd, rot, dec);
+            down(c1, k1, cache * 2), down(c2, k2, cache * 2);
+            cr_assert(memcmp(c1, c2, cache * 2) == 0, "K caches differ (T=%d nh=%d kvh=%d hd=%d rot=%d, variant %d)", T,
+                      nh, kvh, hd, rot, dec);
+            down(c1, v1, cache * 2), down(c2, v2, cache * 2);
+            cr_assert(memcmp(c1, c2, cache * 2) == 0, "V caches differ (T=%d nh=%d kvh=%d hd=%d rot=%d, variant %d)", T,
+                      nh, kvh, hd, rot, dec);
+        }
         cudaFree(dx), cudaFree(o1), cudaFree(o2), cudaFree(dn), cudaFree(dpos), cudaFree(dslot), cudaFree(dwq),
             cudaFree(dwk);
         cudaFree(k1), cudaFree(v1), cudaFree(k2), cudaFree(v2);

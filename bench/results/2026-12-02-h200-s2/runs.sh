@@ -37,4 +37,25 @@ r1)
     for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,8 base --; done
     el done | tee -a $OUT/gpu.txt
     ;;
+r2)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -12 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        b qwen1.5-moe-a2.7b 1,2,4,8 ab --
+        b qwen1.5-moe-a2.7b 1,2,4,8 ab MSM_CUDA_MOE_AUX_PDL=1 --
+        b qwen1.5-moe-a2.7b 1,2,4,8 ab MSM_CUDA_SMALL_EARLY=0 --
+        b qwen3-30b-a3b 1,8 ab --
+        b qwen3-30b-a3b 1,8 ab MSM_CUDA_SMALL_EARLY=0 --
+        b qwen3-30b-a3b-fp8 1,8 ab --
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=40 tl qwen1.5-moe-a2.7b 1 q15
+    ROWS=40 tl qwen1.5-moe-a2.7b 1 q15 MSM_CUDA_MOE_AUX_PDL=1
+    ROWS=30 tl qwen3-30b-a3b 1 q3
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 585) python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
