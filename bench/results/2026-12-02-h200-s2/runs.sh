@@ -58,4 +58,28 @@ r2)
     timeout $(left 585) python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r3)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/router*' 2>&1 | tail -3 > $OUT/kernels.txt
+    timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/*linear*' 2>&1 | tail -3 >> $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for p in qwen3-30b-a3b qwen1.5-moe-a2.7b; do
+            b $p 1,8 ab --
+            b $p 1,8 ab MSM_CUDA_ROUTER_EARLY=0 --
+            b $p 1 ab MSM_CUDA_ATT_MAX_SPLIT=8 --
+            b $p 1 ab MSM_CUDA_ATT_MAX_SPLIT=4 --
+            b $p 1,8 ab MSM_CUDA_ATT_GROUP_MIN=1 --
+            b $p 1 ab MSM_CUDA_ATT_CLUSTER=0 --
+        done
+        b qwen3-30b-a3b-fp8 1,8 ab --
+        b qwen3-30b-a3b-fp8 1,8 ab MSM_CUDA_ROUTER_EARLY=0 --
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=30 tl qwen3-30b-a3b 1 q3
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 585) python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
