@@ -1226,7 +1226,6 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_ATT_EARLY"))) t->att_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_ATT_ROPE"))) t->att_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
-    if ((s = getenv("MSM_CUDA_ROUTER_EARLY"))) t->router_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_MOE_AUX_PDL"))) t->moe_aux_pdl = s[0] != '0';
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT

@@ -323,18 +323,8 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
  * few outputs (Qwen3-30B-A3B's router, 128 x 1: 10 -> ~5 us a layer) and cost at many (Qwen1.5-MoE
  * batch 32, 60 x 32 outputs: the step 9.3 -> 9.56 ms with blocks; H200, 2026-12-01). */
 static inline bool msm_small_block(int T, int N) { return (long)T * N <= 1024; }
-/* The VEC dot's first round of weight loads (msm_small_dot's `first`), e.g. before a PDL wait. */
-static __device__ __forceinline__ void msm_small_first(const uint16_t *row, int K, uint4 (&wv)[MSM_SMALL_U]) {
-#pragma unroll
-    for (int u = 0; u < MSM_SMALL_U; u++) {
-        int k = threadIdx.x * 8 + u * 8 * MSM_SMALL_THREADS;
-        wv[u] = k < K ? msm_ld_stream16(row + k) : make_uint4(0, 0, 0, 0);
-    }
-}
-
 template <bool VEC>
-static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const float *x, int K, float *part,
-                                                      const uint4 *first = nullptr) {
+static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const float *x, int K, float *part) {
     float acc = 0.0f;
     const int tid = threadIdx.x;
     if constexpr (VEC) {
@@ -343,7 +333,7 @@ static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const
 #pragma unroll
             for (int u = 0; u < MSM_SMALL_U; u++) {
                 int k = k0 + u * 8 * MSM_SMALL_THREADS;
-                wv[u] = first && k0 == tid * 8 ? first[u] : k < K ? msm_ld_stream16(row + k) : make_uint4(0, 0, 0, 0);
+                wv[u] = k < K ? msm_ld_stream16(row + k) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
             for (int u = 0; u < MSM_SMALL_U; u++) {

@@ -186,8 +186,6 @@ typedef struct msm_cuda_tuning {
                                  positions and cache slots, compute their cosines and sines and load
                                  the q/k norm weights before their PDL wait, so only the row loads and
                                  the arithmetic on them follow the kernel before (MSM_CUDA_SMALL_EARLY) */
-    bool router_early;        /* the fused router's blocks load their weight row before the PDL wait
-                                 (with gemv_early; MSM_CUDA_ROUTER_EARLY) */
     bool moe_aux_pdl;         /* the routed experts' first kernel is a programmatic dependent of the
                                  router also when a shared expert runs beside them on the aux stream
                                  (MSM_CUDA_MOE_AUX_PDL=1). Off: it launches once the router is done,

@@ -140,21 +140,16 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
 template <bool VEC, bool BLOCK>
 static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     router_linear_topk_kernel(int32_t *ids, float *w, float *logits, unsigned *ctr, const float *x,
-                              const uint16_t *wr, int T, int E, int K, int k, bool norm, bool early) {
+                              const uint16_t *wr, int T, int E, int K, int k, bool norm) {
     static_assert(MSM_SMALL_THREADS == ROUTER_WARPS * 32, "one block size for both ways");
     __shared__ float part[32];
     __shared__ bool last;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.y;
     msm_pdl_trigger();
-    /* early (msm_cuda_tuning.router_early): a block's first round of weight loads before the PDL
-     * wait (weights: no kernel writes them), in the registers msm_small_dot then reads */
-    uint4 first[MSM_SMALL_U];
-    constexpr bool PRE = BLOCK && VEC;
-    if (PRE && early) msm_small_first(wr + (size_t)blockIdx.x * K, K, first);
     msm_pdl_wait();
     if constexpr (BLOCK) {
         int n = blockIdx.x;
-        float s = msm_small_dot<VEC>(wr + (size_t)n * K, x + (size_t)t * K, K, part, PRE && early ? first : nullptr);
+        float s = msm_small_dot<VEC>(wr + (size_t)n * K, x + (size_t)t * K, K, part);
         if (threadIdx.x == 0) logits[(size_t)t * E + n] = s + 0.0f;
     } else {
         int n = blockIdx.x * ROUTER_WARPS + warp;
@@ -217,8 +212,7 @@ extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *
     bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0, blk = msm_small_block(T, E);
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T), block(MSM_SMALL_THREADS);
 #define ROUTER_GO(V, B) \
-    CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, \
-                        norm, ex.tune->gemv_early && ex.tune->router_early && !ex.w_written))
+    CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, norm))
     if (vec && blk) ROUTER_GO(true, true);
     else if (vec) ROUTER_GO(true, false);
     else if (blk) ROUTER_GO(false, true);

@@ -8,8 +8,7 @@ bf16 or FP8 codes, filled on the GPU; `--dummy-weights PRESET.json`) and each va
 the default's logits and tokens bit for bit: CUDA-graph replay vs eager, multi-stream on vs off,
 PDL on vs off, the GEMVs' early weight loads on vs off, the FP8 GEMV's 8 loads a lane a row in
 flight vs 4, an ADD_RMSNORM and the LINEAR on its norm as one kernel vs two, the RoPE kernels'
-position / weight / cosine prologue before the PDL wait vs after, the fused router's weight loads
-before it vs after, the routed experts launched
+position / weight / cosine prologue before the PDL wait vs after, the routed experts launched
 after the router vs as its programmatic dependent where a shared expert runs beside them.
 Prompts of 2 and 4 tokens put the prefill's dense linears at T = 2 and 4, then every decode step
 at T = 1. There is no oracle at these sizes (the CPU backend would take minutes a token): the
@@ -32,7 +31,6 @@ VARIANTS = [  # (name, extra flags, environment)
     ("FP8 GEMV with 4 loads a lane a row vs 8", [], {"MSM_CUDA_FP8_GEMV_U8": "0"}),
     ("ADD_RMSNORM + LINEAR one kernel vs two", [], {"MSM_CUDA_NORM_LINEAR": "0"}),
     ("RoPE kernels' early prologue vs after the PDL wait", [], {"MSM_CUDA_SMALL_EARLY": "0"}),
-    ("router weights before the PDL wait vs after", [], {"MSM_CUDA_ROUTER_EARLY": "0"}),
     ("routed experts after the router vs programmatic beside the shared expert", [], {"MSM_CUDA_MOE_AUX_PDL": "1"}),
 ]
 fails = 0
