@@ -1519,6 +1519,90 @@ Test(cuda_kernels, moe_experts_fp8_match_cpu, .timeout = 240) {
 /* The FP8 tiled GEMMs (moe_tiled.cu: codes decoded in shared memory, per-step scales) against the
  * CPU on the float32 weights at the FP8 GEMVs' tolerance (2e-5), deterministic; and where they must
  * not run, the dequantising path (bf16-rounded reference): phase 16, the switch off. */
+/* The router's top-k inside the routed experts' first kernel (msm_cuda_router_experts, the pair
+ * path at T <= 4) equals the fused router then the experts bit for bit: ids, weights and output,
+ * bf16 and FP8 experts, norm on and off, over repeated calls (graph replays), with token 0's top
+ * two tied (lowest id first) and, in one shape, a NaN logit (the rounds' fallback inside the
+ * experts' blocks). Past the pair range it is the two launchers. */
+Test(cuda_kernels, router_experts_equals_router_then_experts, .timeout = 120) {
+    need_gpu();
+    /* H, I, k, E, fp8, nan */
+    static const int shapes[][6] = {{2048, 768, 8, 128, 0, 0}, {2048, 1408, 4, 60, 0, 0}, {512, 256, 8, 128, 1, 0},
+                                    {256, 128, 4, 60, 1, 1},   {264, 96, 2, 7, 0, 0},     {256, 64, 8, 256, 0, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3];
+        bool f8 = shapes[s][4];
+        float *guf = NULL, *dnf = NULL, *wrf;
+        uint16_t *gub = f8 ? NULL : host_bf16((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H), &guf);
+        uint16_t *dnb = f8 ? NULL : host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &dnf);
+        uint16_t *dgu = f8 ? NULL : dev_up(gub, (size_t)E * 2 * I * H * 2);
+        uint16_t *ddn = f8 ? NULL : dev_up(dnb, (size_t)E * H * I * 2);
+        fp8_weight gu8 = {0}, dn8 = {0};
+        if (f8) gu8 = fp8_make(E, 2 * I, H, 0, false), dn8 = fp8_make(E, H, I, 0, false);
+        uint16_t *wrb = host_bf16((size_t)E * H, 0.05f, &wrf);
+        for (int T = 1; T <= 6; T++) {
+            float *x = host_f32((size_t)T * H, 1.0f);
+            if (E > 5)
+                for (int j = 0; j < H; j++) /* rows 3 and 5: token 0's top two, tied */
+                    wrb[(size_t)3 * H + j] = wrb[(size_t)5 * H + j] = x[j] >= 0.0f ? 0x3d4c : 0xbd4c;
+            if (shapes[s][5]) wrb[(size_t)(E - 1) * H] = 0x7fc0; /* NaN: the last expert's logit */
+            uint16_t *dwr = dev_up(wrb, (size_t)E * H * 2);
+            float *dx = dev_up(x, (size_t)T * H * 4);
+            size_t rwsb = msm_cuda_router_ws_bytes(T, E), wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
+            size_t dqb = f8 ? msm_cuda_moe_fp8_deq_bytes(H, I, E) : 0;
+            void *rws = dev(rwsb), *ws = dev_poison(wsb), *dq = f8 ? dev_poison(dqb) : NULL;
+            cr_assert_eq(cudaMemset(rws, 0, rwsb), cudaSuccess);
+            size_t ny = (size_t)T * H, nk = (size_t)T * k;
+            float *y[2], *w[2];
+            int32_t *id[2];
+            for (int v = 0; v < 2; v++) { /* 0: the router, then the experts; 1: msm_cuda_router_experts */
+                y[v] = malloc(ny * 4), w[v] = malloc(nk * 4), id[v] = malloc(nk * 4);
+                msm_cuda_tuning t = tune0;
+                t.router_experts = v == 1;
+                for (int rep = 0; rep < 2; rep++) {
+                    float *dy = dev_poison(ny * 4), *dw = dev_poison(nk * 4);
+                    int32_t *di = dev_poison(nk * 4);
+                    CK(msm_cuda_router_experts(di, dw, dy, dx, dwr, T, H, I, k, E, s % 2 == 0, dgu, ddn,
+                                               f8 ? &gu8.d : NULL, f8 ? &dn8.d : NULL, rws, rwsb, ws, wsb, dq, dqb,
+                                               EX_T(&t)));
+                    if (v == 0 && rep == 0) { /* the launchers themselves */
+                        float *dy2 = dev_poison(ny * 4), *dw2 = dev_poison(nk * 4);
+                        int32_t *di2 = dev_poison(nk * 4);
+                        CK(msm_cuda_router_linear_topk(di2, dw2, dx, dwr, T, E, H, k, s % 2 == 0, rws, rwsb, EX));
+                        if (f8) CK(msm_cuda_moe_experts_fp8(dy2, dx, di2, dw2, gu8.d, dn8.d, T, H, I, k, E, ws, wsb, dq, dqb, EX));
+                        else CK(msm_cuda_moe_experts(dy2, dx, di2, dw2, dgu, ddn, T, H, I, k, E, ws, wsb, EX));
+                        float *a = malloc(ny * 4), *b = malloc(ny * 4);
+                        down(a, dy, ny * 4), down(b, dy2, ny * 4);
+                        cr_assert(memcmp(a, b, ny * 4) == 0, "shape %zu T=%d: not the launchers' output", s, T);
+                        free(a), free(b);
+                        cudaFree(dy2), cudaFree(dw2), cudaFree(di2);
+                    }
+                    float *hy = rep ? malloc(ny * 4) : y[v], *hw = rep ? malloc(nk * 4) : w[v];
+                    int32_t *hi = rep ? malloc(nk * 4) : id[v];
+                    down(hy, dy, ny * 4), down(hw, dw, nk * 4), down(hi, di, nk * 4);
+                    if (rep) {
+                        cr_assert(memcmp(hy, y[v], ny * 4) == 0 && memcmp(hw, w[v], nk * 4) == 0 &&
+                                      memcmp(hi, id[v], nk * 4) == 0,
+                                  "shape %zu T=%d variant %d: a repeated call differs", s, T, v);
+                        free(hy), free(hw), free(hi);
+                    }
+                    cudaFree(dy), cudaFree(dw), cudaFree(di);
+                }
+            }
+            cr_assert(memcmp(id[0], id[1], nk * 4) == 0, "shape %zu T=%d: ids differ (first %d vs %d)", s, T, id[0][0], id[1][0]);
+            cr_assert(memcmp(w[0], w[1], nk * 4) == 0, "shape %zu T=%d: weights differ", s, T);
+            cr_assert(memcmp(y[0], y[1], ny * 4) == 0, "shape %zu T=%d: outputs differ", s, T);
+            if (E > 5 && !shapes[s][5]) cr_expect(id[1][0] == 3 && id[1][1] == 5, "shape %zu: the tie, lowest id first", s);
+            for (int v = 0; v < 2; v++) free(y[v]), free(w[v]), free(id[v]);
+            cudaFree(dwr), cudaFree(dx), cudaFree(rws), cudaFree(ws), cudaFree(dq);
+            free(x);
+        }
+        if (f8) fp8_free(&gu8), fp8_free(&dn8);
+        else cudaFree(dgu), cudaFree(ddn), free(gub), free(dnb), free(guf), free(dnf);
+        free(wrb), free(wrf);
+    }
+}
+
 Test(cuda_kernels, moe_experts_fp8_tiled_match_cpu, .timeout = 360) {
     need_gpu();
     enum { A = MSM_CUDA_MOE_PATH_AUTO, TL = MSM_CUDA_MOE_PATH_TILED, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV };

@@ -82,4 +82,24 @@ r3)
     timeout $(left 585) python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r4)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -12 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for p in qwen3-30b-a3b qwen1.5-moe-a2.7b qwen3-30b-a3b-fp8; do
+            b $p 1,2,4,8 ab --
+            b $p 1,2,4,8 ab MSM_CUDA_ROUTER_EXPERTS=0 --
+        done
+    done
+    b glm-4.5-air-fp8 1,8 ab --
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=30 tl qwen3-30b-a3b 1 q3
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,qwen3moe-fp8,mixtral timeout 230 python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 590) python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
