@@ -235,19 +235,6 @@ static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, 
                                      w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune);
 }
 
-/* Whether node i is a ROUTER_LINEAR_TOPK that the MOE_EXPERTS after it runs with itself
- * (msm_cuda_router_experts: the top-k inside the experts' first kernel at decode sizes): that node
- * reads the same x and the router's ids and weights, on the same stream. Their other readers come
- * after it, when the ids and weights are written. */
-static bool router_experts_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
-    if (!ex.tune->router_experts || rows > MSM_CUDA_MOE_GEMV_MAX_T || i < 0 || i + 1 >= g->n_nodes) return false;
-    const msm_node *r = &g->nodes[i], *m = &g->nodes[i + 1];
-    return r->op == MSM_OP_ROUTER_LINEAR_TOPK && m->op == MSM_OP_MOE_EXPERTS && m->stream == r->stream &&
-           m->in[0] == r->in[0] && m->in[1] == r->out[0] && m->in[2] == r->out[1] &&
-           m->attr.moe_experts.k == r->attr.router_topk.k && m->attr.moe_experts.E == r->attr.router_topk.E &&
-           g->vals[r->in[0]].cols == m->attr.moe_experts.H;
-}
-
 /* Whether node i (on the main stream) has kernels of its layer on the aux stream beside it: nodes of
  * the same layer on another stream before and after it (the fork and the join around it). */
 static bool aux_beside(const msm_graph *g, int i) {
@@ -398,7 +385,6 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     case MSM_OP_ROUTER_LINEAR_TOPK: {
         const msm_attr_router_topk *r = &a->router_topk;
-        if (router_experts_pair(g, idx, ROWS(in0), s)) break; /* the MOE_EXPERTS next does it */
         KTRY(msm_cuda_router_linear_topk(I32(out0), F(n->out[1]), F(in0), cb->w[n->w[0]], ROWS(in0), r->E,
                                          g->vals[in0].cols, r->k, r->norm != 0, cb->router_ws[n->stream],
                                          cb->router_ws_bytes, s));
@@ -414,18 +400,6 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         /* not a programmatic dependent of the router where the shared expert runs beside
          * (msm_cuda_tuning.moe_aux_pdl); its later kernels are (the experts code clears it) */
         s.no_pdl = !s.tune->moe_aux_pdl && aux_beside(g, idx);
-        if (router_experts_pair(g, idx - 1, ROWS(in0), s)) { /* with the router before it */
-            const msm_node *rn = &g->nodes[idx - 1];
-            const msm_attr_router_topk *r = &rn->attr.router_topk;
-            bool f8 = cb->w8[n->w[0]] != NULL;
-            msm_cuda_fp8w gu = f8 ? fp8w(cb, n->w[0]) : (msm_cuda_fp8w){0}, dn = f8 ? fp8w(cb, n->w[1]) : gu;
-            KTRY(msm_cuda_router_experts(I32(rn->out[0]), F(rn->out[1]), F(out0), F(in0), cb->w[rn->w[0]], ROWS(in0),
-                                         a->moe_experts.H, a->moe_experts.I, a->moe_experts.k, a->moe_experts.E,
-                                         r->norm != 0, cb->w[n->w[0]], cb->w[n->w[1]], f8 ? &gu : NULL,
-                                         f8 ? &dn : NULL, cb->router_ws[rn->stream], cb->router_ws_bytes, ws,
-                                         cb->ws_bytes, cb->deq[n->stream], cb->deq_bytes, s));
-            break;
-        }
         if (cb->w8[n->w[0]]) { /* both FP8-resident (pick_fp8) */
             KTRY(msm_cuda_moe_experts_fp8(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), fp8w(cb, n->w[0]),
                                           fp8w(cb, n->w[1]), ROWS(in0), a->moe_experts.H, a->moe_experts.I,
@@ -1253,7 +1227,6 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_ATT_ROPE"))) t->att_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_MOE_AUX_PDL"))) t->moe_aux_pdl = s[0] != '0';
-    if ((s = getenv("MSM_CUDA_ROUTER_EXPERTS"))) t->router_experts = s[0] != '0';
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;

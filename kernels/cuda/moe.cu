@@ -23,7 +23,6 @@
  * Rows are computed independently of their position inside a group, so results are
  * deterministic even though the grouping uses atomics. */
 #include "moe_internal.h"
-#include "router_internal.h"
 
 #include <errno.h>
 
@@ -174,7 +173,7 @@ extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids
     bool vec_i = I % 8 == 0 && aligned16(down);
     if (path == MSM_CUDA_MOE_PATH_PAIR)
         return msm__moe_pair_run(y, x, ids, w, gate_up, NULL, 0, down, NULL, 0, (float *)ws.act, T, H, I, k, E,
-                                 vec_h, vec_i, moe_route{}, ex);
+                                 vec_h, vec_i, ex);
     CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
     ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
     int r = path == MSM_CUDA_MOE_PATH_WMMA    ? msm__moe_gemm_run(ws, x, gate_up, down, T, H, I, k, E, ex)
@@ -187,15 +186,6 @@ extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids
 }
 
 /* ---- FP8-resident experts (docs/adr/0006-fp8.md) ---- */
-
-/* Whether FP8 experts of T tokens may run the FP8 GEMVs on the codes (the pair or grouped GEMVs),
- * as far as the shapes, phases, alignment and a forced path go. */
-static bool fp8_native(const float *x, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int T, int H, int I,
-                       const msm_cuda_tuning *tn) {
-    return T <= tn->fp8_native_max_t && H % 16 == 0 && I % 16 == 0 && gu.phase % 16 == 0 && dn.phase % 16 == 0 &&
-           aligned16(x) && aligned16(gu.q) && aligned16(dn.q) && tn->moe_path != MSM_CUDA_MOE_PATH_TILED &&
-           tn->moe_path != MSM_CUDA_MOE_PATH_WMMA;
-}
 
 /* The bf16 scratch of the dequantising path: gate_up [E, 2I, H], down [E, H, I], used [E]. */
 extern "C" size_t msm_cuda_moe_fp8_deq_bytes(int H, int I, int E) {
@@ -225,7 +215,9 @@ extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t 
                  (forced == MSM_CUDA_MOE_PATH_TILED ||
                   (forced == MSM_CUDA_MOE_PATH_AUTO && (T >= tn->fp8_moe_tiled_min_t || T > tn->fp8_native_max_t))) &&
                  T <= MSM_CUDA_MOE_TILED_MAX_T && msm__moe_tiled_fp8_fits(H, I, gu, dn);
-    bool native = !tiled && fp8_native(x, gu, dn, T, H, I, tn);
+    bool native = !tiled && T <= tn->fp8_native_max_t && H % 16 == 0 && I % 16 == 0 && gu.phase % 16 == 0 &&
+                  dn.phase % 16 == 0 && aligned16(x) && aligned16(gu.q) && aligned16(dn.q) &&
+                  forced != MSM_CUDA_MOE_PATH_TILED && forced != MSM_CUDA_MOE_PATH_WMMA;
     if (native || tiled) {
         moe_ws ws;
         moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);
@@ -233,7 +225,7 @@ extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t 
                                (forced == MSM_CUDA_MOE_PATH_AUTO && T <= MSM_CUDA_MOE_GEMV_MAX_T));
         if (pair)
             return msm__moe_pair_run(y, x, ids, w, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase,
-                                     (float *)ws.act, T, H, I, k, E, true, true, moe_route{}, ex);
+                                     (float *)ws.act, T, H, I, k, E, true, true, ex);
         CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
         ex.no_pdl = false;
         int r = tiled ? msm__moe_tiled_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex)
@@ -254,43 +246,4 @@ extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t 
     if (!r) r = msm_cuda_fp8_dequant(db, dn, E, H, I, used, ex);
     if (r) return r;
     return msm_cuda_moe_experts(y, x, ids, w, gb, db, T, H, I, k, E, ws_base, ws_bytes, ex);
-}
-
-/* ---- the router's top-k inside the experts' first kernel (msm_cuda_router_experts) ---- */
-
-extern "C" int msm_cuda_router_experts(int32_t *ids, float *w, float *y, const float *x, const uint16_t *wr, int T,
-                                       int H, int I, int k, int E, bool norm, const uint16_t *gate_up,
-                                       const uint16_t *down, const msm_cuda_fp8w *gu8, const msm_cuda_fp8w *dn8,
-                                       void *rws, size_t rws_bytes, void *ws_base, size_t ws_bytes, void *deq,
-                                       size_t deq_bytes, msm_cuda_exec ex) {
-    if (T < 0 || H <= 0 || I <= 0 || k <= 0 || E <= 0 || E > 256 || k > 8 || k > E || !gu8 != !dn8) return -EINVAL;
-    if (T == 0) return 0;
-    const msm_cuda_tuning *tn = ex.tune;
-    msm_cuda_exec exr = ex;
-    exr.no_pdl = false; /* the router follows the norm programmatically; no_pdl is the experts' (moe_aux_pdl) */
-    bool vec_h = H % 8 == 0 && aligned16(x) && aligned16(gu8 ? gu8->q : (const void *)gate_up);
-    bool vec_i = I % 8 == 0 && aligned16(gu8 ? dn8->q : (const void *)down);
-    bool pair = tn->router_experts && T <= MSM_CUDA_MOE_GEMV_MAX_T &&
-                (tn->moe_path == MSM_CUDA_MOE_PATH_AUTO || tn->moe_path == MSM_CUDA_MOE_PATH_PAIR) && ws_base &&
-                (uintptr_t)ws_base % 256 == 0 && ws_bytes >= msm_cuda_moe_experts_ws_bytes(T, H, I, k, E) &&
-                (gu8 ? (!tn->fp8_moe_tiled || T < tn->fp8_moe_tiled_min_t) && fp8_native(x, *gu8, *dn8, T, H, I, tn) &&
-                           gu8->scale && dn8->scale
-                     : moe_path(tn, T, H, I) == MSM_CUDA_MOE_PATH_PAIR);
-    if (!pair) { /* the two launchers */
-        int r = msm_cuda_router_linear_topk(ids, w, x, wr, T, E, H, k, norm, rws, rws_bytes, exr);
-        if (r) return r;
-        return gu8 ? msm_cuda_moe_experts_fp8(y, x, ids, w, *gu8, *dn8, T, H, I, k, E, ws_base, ws_bytes, deq,
-                                              deq_bytes, ex)
-                   : msm_cuda_moe_experts(y, x, ids, w, gate_up, down, T, H, I, k, E, ws_base, ws_bytes, ex);
-    }
-    float *logits = NULL;
-    int r = msm__router_logits(&logits, x, wr, T, E, H, k, rws, rws_bytes, exr);
-    if (r) return r;
-    moe_ws ws;
-    moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);
-    moe_route rt = {logits, ids, w, norm};
-    return gu8 ? msm__moe_pair_run(y, x, ids, w, gu8->q, gu8->scale, gu8->phase, dn8->q, dn8->scale, dn8->phase,
-                                   (float *)ws.act, T, H, I, k, E, true, true, rt, ex)
-               : msm__moe_pair_run(y, x, ids, w, gate_up, NULL, 0, down, NULL, 0, (float *)ws.act, T, H, I, k, E,
-                                   vec_h, vec_i, rt, ex);
 }

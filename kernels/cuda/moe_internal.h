@@ -33,23 +33,13 @@ static __device__ __forceinline__ float msm__silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
-/* Routing taken inside the pair path's gate/up kernel from the router's logits [T, E]
- * (msm_cuda_router_experts): it writes the ids and weights [T, k] the down kernel reads. logits
- * NULL: the ids and weights are inputs. */
-typedef struct moe_route {
-    const float *logits;
-    int32_t *ids;
-    float *w;
-    bool norm;
-} moe_route;
-
 /* Small T (moe_pair.cu): act (f32 [T*k, I]) then y directly. vec_h / vec_i: 16-byte loads of
  * the gate/up and down rows are possible. gate_up and down are bf16, or FP8 codes when their
  * scales gu_sc / dn_sc are given (both or neither; H, I and the column phases gu_ph / dn_ph
- * multiples of 16, 16-byte aligned: msm_cuda_fp8w). rt: moe_route (ids == rt.ids, w == rt.w). */
+ * multiples of 16, 16-byte aligned: msm_cuda_fp8w). */
 int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w, const void *gate_up,
                       const float *gu_sc, int gu_ph, const void *down, const float *dn_sc, int dn_ph, float *act,
-                      int T, int H, int I, int k, int E, bool vec_h, bool vec_i, moe_route rt, msm_cuda_exec ex);
+                      int T, int H, int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex);
 
 /* Medium T (moe_grouped.cu), after the grouping: act and outp in ws, grouped order. */
 int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,

@@ -7,7 +7,6 @@
  * With FP8 the weights are e4m3 codes with block scales (msm_rows_dot_fp8; the scale pointers
  * gu_sc, dn_sc are NULL for bf16 weights). */
 #include "moe_internal.h"
-#include "router_internal.h"
 
 #include <errno.h>
 
@@ -16,34 +15,16 @@
 
 /* One warp per (pair p, column i). (Two columns a warp, a single wave at T = 1, measured 15%
  * slower there on the H200.) */
-/* rt.logits (msm_cuda_router_experts): the block ranks token p / k's router logits itself
- * (router_rank_shared + topk_token: the fused router's last block's arithmetic, the same ids and
- * weights) and takes slot p % k's expert; block (0, t * k) writes the token's ids and weights to
- * rt.ids, rt.w for the down kernel. Else ids holds them. */
 template <bool VEC, bool FP8>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gateup_gemv_kernel(float *act, const float *x, const int32_t *ids, const void *gate_up,
-                           const float *gu_sc, int gu_ph, int H, int I, int k, int E, moe_route rt) {
+                           const float *gu_sc, int gu_ph, int H, int I, int k, int E) {
     msm_pdl_trigger();
     msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int i = blockIdx.x * MOE_WARPS + warp, p = blockIdx.y;
-    int e;
-    if (rt.logits) { /* block-uniform */
-        __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE];
-        __shared__ int rank[8], sid[8];
-        __shared__ float sw[8];
-        int t = p / k;
-        router_rank_shared(rt.logits + (size_t)t * E, E, k, lg, rank);
-        if (warp == 0) topk_token<true>(sid, sw, lg, 0, E, k, rt.norm, lane, rank);
-        __syncthreads();
-        if (blockIdx.x == 0 && p % k == 0 && threadIdx.x < k)
-            rt.ids[(size_t)t * k + threadIdx.x] = sid[threadIdx.x], rt.w[(size_t)t * k + threadIdx.x] = sw[threadIdx.x];
-        e = sid[p % k];
-    } else {
-        e = i < I ? ids[p] : -1;
-    }
     if (i >= I) return;
+    int e = ids[p];
     if (e < 0 || e >= E) return; /* not a valid expert: the down kernel skips the pair */
     size_t eb = (size_t)e * 2 * I * H;
     const float *se = FP8 ? gu_sc + (size_t)e * msm_cuda_fp8_scales(1, 2 * I, H, gu_ph) : NULL;
@@ -220,20 +201,19 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
 
 int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w, const void *gate_up,
                       const float *gu_sc, int gu_ph, const void *down, const float *dn_sc, int dn_ph, float *act,
-                      int T, int H, int I, int k, int E, bool vec_h, bool vec_i, moe_route rt, msm_cuda_exec ex) {
+                      int T, int H, int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex) {
     size_t P = (size_t)T * k;
     if (P > 65535) return -EINVAL; /* grid.y of the gate/up kernel */
-    if (rt.logits && (E > 32 * ROUTER_PER_LANE || k > 8 || k > E || ids != rt.ids || w != rt.w)) return -EINVAL;
     dim3 ga((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)P), blk(MOE_WARPS * 32);
     if (gu_sc) /* FP8 (the caller checked H % 16 and the alignment) */
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
-                            gu_ph, H, I, k, E, rt));
+                            gu_ph, H, I, k, E));
     else if (vec_h)
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
-                            gu_ph, H, I, k, E, rt));
+                            gu_ph, H, I, k, E));
     else
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<false, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
-                            gu_ph, H, I, k, E, rt));
+                            gu_ph, H, I, k, E));
     ex.no_pdl = false; /* the down kernel follows the gate/up one programmatically (msm_cuda_exec.no_pdl) */
     dim3 gb((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)T);
     if (k <= 1)

@@ -186,9 +186,6 @@ typedef struct msm_cuda_tuning {
                                  positions and cache slots, compute their cosines and sines and load
                                  the q/k norm weights before their PDL wait, so only the row loads and
                                  the arithmetic on them follow the kernel before (MSM_CUDA_SMALL_EARLY) */
-    bool router_experts;      /* decode: a ROUTER_LINEAR_TOPK and the MOE_EXPERTS on its ids and weights
-                                 take the top-k inside the experts' first kernel where they run the pair
-                                 path (msm_cuda_router_experts; MSM_CUDA_ROUTER_EXPERTS) */
     bool moe_aux_pdl;         /* the routed experts' first kernel is a programmatic dependent of the
                                  router also when a shared expert runs beside them on the aux stream
                                  (MSM_CUDA_MOE_AUX_PDL=1). Off: it launches once the router is done,
@@ -494,19 +491,6 @@ int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t *ids, const
                              msm_cuda_fp8w gate_up, msm_cuda_fp8w down, int T, int H, int I, int k,
                              int E, void *ws, size_t ws_bytes, void *deq, size_t deq_bytes,
                              msm_cuda_exec ex);
-
-/* ROUTER_LINEAR_TOPK (msm_cuda_router_linear_topk: x [T, H], router weight wr [E, H], ws rws)
- * then the routed experts on its ids and weights (msm_cuda_moe_experts, or _fp8 with gu8 / dn8
- * given: both or neither; gate_up / down unused then). Where the experts run the pair path (T <=
- * MSM_CUDA_MOE_GEMV_MAX_T, msm_cuda_tuning.router_experts) the router kernel writes its logits
- * alone and every block of the experts' gate/up kernel ranks them itself with the fused router's
- * last-block arithmetic (the same ids and weights), so the router's fence, counter and one-block
- * tail leave the step; else the two launchers. ids, w [T, k] are written either way. The router
- * keeps programmatic launch whatever ex.no_pdl says (that is the experts'). */
-int msm_cuda_router_experts(int32_t *ids, float *w, float *y, const float *x, const uint16_t *wr, int T, int H,
-                            int I, int k, int E, bool norm, const uint16_t *gate_up, const uint16_t *down,
-                            const msm_cuda_fp8w *gu8, const msm_cuda_fp8w *dn8, void *rws, size_t rws_bytes,
-                            void *ws, size_t ws_bytes, void *deq, size_t deq_bytes, msm_cuda_exec ex);
 
 /* ---- one-shot all-reduce over peer memory (allreduce.cu) ----
  * For the collectives of a TP group whose ranks' GPUs reach each other's memory (NVLink peer

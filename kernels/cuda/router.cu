@@ -8,10 +8,116 @@
  * exactly as the CPU does. ids and weights never leave the device. */
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
-#include "router_internal.h"
 
 #include <errno.h>
 #include <math.h>
+
+#define ROUTER_WARPS 4
+#define ROUTER_PER_LANE 8 /* E <= 256 */
+
+#define NO_ID 0x7fffffff /* an arg-max candidate slot holding nothing */
+
+/* Warp arg-max over (v, i) pairs, value descending then id ascending (i == NO_ID: no candidate);
+ * with CARRY, x travels with the winner. Every lane ends with the winner. */
+template <bool CARRY>
+static __device__ __forceinline__ void warp_argmax(float &v, int &i, float &x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(MSM_FULL_MASK, v, o), ox = CARRY ? __shfl_xor_sync(MSM_FULL_MASK, x, o) : x;
+        int oi = __shfl_xor_sync(MSM_FULL_MASK, i, o);
+        bool better = oi != NO_ID && (i == NO_ID || ov > v || (ov == v && oi < i));
+        if (better) v = ov, i = oi, x = ox;
+    }
+}
+
+/* One round of a top-k selection over the warp's elements (lane l holds v[i] of element
+ * i * 32 + l, i < ROUTER_PER_LANE, up to E): this lane's best element not yet taken, then the
+ * warp's; the lane holding the winner marks it taken. Returns its id, with its value in *bv and,
+ * with CARRY, its x[i] in *bx. */
+template <bool CARRY>
+static __device__ __forceinline__ int select_next(const float (&v)[ROUTER_PER_LANE],
+                                                  const float (&x)[ROUTER_PER_LANE], unsigned &taken,
+                                                  int E, int lane, float &bv, float &bx) {
+    int bi = NO_ID;
+    bv = -INFINITY, bx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROUTER_PER_LANE; i++) {
+        int e = i * 32 + lane;
+        if (e < E && !(taken >> i & 1u) && (bi == NO_ID || v[i] > bv)) {
+            bv = v[i], bi = e;
+            if (CARRY) bx = x[i];
+        }
+    }
+    warp_argmax<CARRY>(bv, bi, bx);
+    if ((bi & 31) == lane) taken |= 1u << (bi / 32);
+    return bi;
+}
+
+/* Softmax + top-k of token t's E logits at l, by one warp. The logits are read through L2
+ * (__ldcg), or with SMEM from the shared-memory copy the fused router's last block made of what
+ * other blocks of its grid wrote (the same values: no second round trip to L2). With rank
+ * (shared memory, rank[j] the id of the j-th best, or -1), the selection is taken from there
+ * unless a slot is empty or a logit is NaN; else (and without rank) k rounds of select_next. The
+ * weights are the same bits either way. */
+template <bool SMEM = false>
+static __device__ __forceinline__ float topk_ld(const float *p) {
+    if constexpr (SMEM) return *p;
+    else return __ldcg(p);
+}
+
+template <bool SMEM = false>
+static __device__ __forceinline__ void topk_token(int32_t *ids, float *w, const float *l, int t, int E, int k,
+                                                  bool norm, int lane, const int *rank = NULL) {
+    float v[ROUTER_PER_LANE];
+    float mx = -INFINITY;
+    bool nan = false;
+#pragma unroll
+    for (int i = 0; i < ROUTER_PER_LANE; i++) {
+        int e = i * 32 + lane;
+        v[i] = e < E ? topk_ld<SMEM>(l + e) : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+        nan |= isnan(v[i]);
+    }
+    mx = msm_warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROUTER_PER_LANE; i++)
+        if (i * 32 + lane < E) sum += expf(v[i] - mx);
+    sum = msm_warp_sum(sum);
+
+    float wt[8];
+    int id[8];
+    bool ranked = rank && !__any_sync(MSM_FULL_MASK, nan || (lane < k && rank[lane] < 0));
+    if (ranked) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (j >= k) break;
+            id[j] = rank[j];
+            wt[j] = expf(topk_ld<SMEM>(l + id[j]) - mx) / sum;
+        }
+    } else {
+        unsigned taken = 0; /* bit i: this lane's element i already selected */
+#pragma unroll
+        for (int j = 0; j < 8; j++) { /* unrolled so wt/id stay in registers */
+            if (j >= k) break;
+            float bv, unused;
+            id[j] = select_next<false>(v, v, taken, E, lane, bv, unused);
+            wt[j] = expf(bv - mx) / sum;
+        }
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < k) s += wt[j];
+    if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (j >= k) break;
+            ids[(size_t)t * k + j] = id[j];
+            w[(size_t)t * k + j] = norm ? wt[j] / s : wt[j];
+        }
+    }
+}
 
 static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
     router_topk_kernel(int32_t *ids, float *w, const float *logits, int T, int E, int k,
@@ -34,7 +140,7 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
 template <bool VEC, bool BLOCK>
 static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     router_linear_topk_kernel(int32_t *ids, float *w, float *logits, unsigned *ctr, const float *x,
-                              const uint16_t *wr, int T, int E, int K, int k, bool norm, bool topk) {
+                              const uint16_t *wr, int T, int E, int K, int k, bool norm) {
     static_assert(MSM_SMALL_THREADS == ROUTER_WARPS * 32, "one block size for both ways");
     __shared__ float part[32];
     __shared__ bool last;
@@ -57,7 +163,6 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
         }
         __syncthreads();
     }
-    if (!topk) return; /* the logits alone: the experts' first kernel ranks them (msm_cuda_router_experts) */
     if (threadIdx.x == 0) {
         __threadfence();
         last = atomicAdd(ctr + t, 1u) == gridDim.x - 1;
@@ -69,7 +174,22 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
      * lower id: topk_token's order), instead of k dependent rounds of warp arg-max */
     __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE];
     __shared__ int rank[8];
-    router_rank_shared(logits + (size_t)t * E, E, k, lg, rank);
+    const float *l = logits + (size_t)t * E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) lg[e] = __ldcg(l + e);
+    for (int e = E + threadIdx.x; e < (E + 3) / 4 * 4; e += blockDim.x) lg[e] = -INFINITY; /* never counted */
+    if (threadIdx.x < 8) rank[threadIdx.x] = -1;
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        float v = lg[e];
+        int r = 0;
+        for (int f = 0; f < E; f += 4) { /* four logits a shared-memory load; the pad is -inf, below v or NaN */
+            float4 u = *(const float4 *)(lg + f);
+            r += (u.x > v || (u.x == v && f < e)) + (u.y > v || (u.y == v && f + 1 < e)) +
+                 (u.z > v || (u.z == v && f + 2 < e)) + (u.w > v || (u.w == v && f + 3 < e));
+        }
+        if (r < k) rank[r] = e; /* unique without NaN; topk_token checks */
+    }
+    __syncthreads();
     if (warp == 0) topk_token<true>(ids, w, lg, t, E, k, norm, lane, rank);
     if (threadIdx.x == 0) ctr[t] = 0;
 }
@@ -78,40 +198,27 @@ extern "C" size_t msm_cuda_router_ws_bytes(int T, int E) {
     return MSM_CUDA_ROUTER_FUSED_MAX_T * sizeof(unsigned) + (size_t)T * E * sizeof(float);
 }
 
-/* The fused router's launch; topk false: the logits alone, into *ret_logits (the workspace's). */
-static int router_launch(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k,
-                         bool norm, void *ws, size_t ws_bytes, bool topk, float **ret_logits, msm_cuda_exec ex) {
+extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
+                                           int K, int k, bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex) {
     if (T < 0 || E <= 0 || E > 32 * ROUTER_PER_LANE || K <= 0 || k <= 0 || k > 8 || k > E) return -EINVAL;
     if (T == 0) return 0;
     if (!ws || ws_bytes < msm_cuda_router_ws_bytes(T, E) || (uintptr_t)ws % 16) return -EINVAL;
     unsigned *ctr = (unsigned *)ws;
     float *logits = (float *)((char *)ws + MSM_CUDA_ROUTER_FUSED_MAX_T * sizeof(unsigned));
-    if (ret_logits) *ret_logits = logits;
     if (T > MSM_CUDA_ROUTER_FUSED_MAX_T || T > 65535) { /* the pair, through the same logits buffer */
         int r = msm_cuda_linear(logits, x, wr, NULL, T, E, K, NULL, NULL, 0, ex);
-        return r || !topk ? r : msm_cuda_router_topk(ids, w, logits, T, E, k, norm, ex);
+        return r ? r : msm_cuda_router_topk(ids, w, logits, T, E, k, norm, ex);
     }
     bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0, blk = msm_small_block(T, E);
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T), block(MSM_SMALL_THREADS);
 #define ROUTER_GO(V, B) \
-    CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, \
-                        norm, topk))
+    CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, norm))
     if (vec && blk) ROUTER_GO(true, true);
     else if (vec) ROUTER_GO(true, false);
     else if (blk) ROUTER_GO(false, true);
     else ROUTER_GO(false, false);
 #undef ROUTER_GO
     return 0;
-}
-
-extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
-                                           int K, int k, bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex) {
-    return router_launch(ids, w, x, wr, T, E, K, k, norm, ws, ws_bytes, true, NULL, ex);
-}
-
-int msm__router_logits(float **logits, const float *x, const uint16_t *wr, int T, int E, int K, int k, void *ws,
-                       size_t ws_bytes, msm_cuda_exec ex) {
-    return router_launch(NULL, NULL, x, wr, T, E, K, k, false, ws, ws_bytes, false, logits, ex);
 }
 
 extern "C" int msm_cuda_router_topk(int32_t *ids, float *w, const float *logits, int T, int E,

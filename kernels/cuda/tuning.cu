@@ -44,7 +44,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->att_early = true;
     t->att_rope = false; /* measured slower: msm_cuda_kernels.h */
     t->small_early = true;
-    t->router_experts = true;
     t->moe_aux_pdl = false;
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;
