@@ -102,4 +102,17 @@ r4)
     timeout $(left 590) python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r5)
+    # the final build (the code of b9cb2a9, which run 2 tested: 39/39 kernel tests, presets)
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8 glm-4.5-air-fp8; do b $p 1,8,32,128,256 final --; done
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,4,8 final --; done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=40 tl qwen1.5-moe-a2.7b 1 final
+    ROWS=40 tl qwen3-30b-a3b 1 final
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,qwen2moe-mha-tied,qwen3moe,glm4moe-fp8 timeout $(left 560) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
