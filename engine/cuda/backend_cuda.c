@@ -397,9 +397,10 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     }
     case MSM_OP_MOE_EXPERTS:
-        /* not a programmatic dependent of the router where the shared expert runs beside
-         * (msm_cuda_tuning.moe_aux_pdl); its later kernels are (the experts code clears it) */
-        s.no_pdl = !s.tune->moe_aux_pdl && aux_beside(g, idx);
+        /* not a programmatic dependent of the router where the shared expert runs beside, at few
+         * tokens (msm_cuda_tuning.moe_aux_serial_max_t); its later kernels are (the experts code
+         * clears it) */
+        s.no_pdl = ROWS(in0) <= s.tune->moe_aux_serial_max_t && aux_beside(g, idx);
         if (cb->w8[n->w[0]]) { /* both FP8-resident (pick_fp8) */
             KTRY(msm_cuda_moe_experts_fp8(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), fp8w(cb, n->w[0]),
                                           fp8w(cb, n->w[1]), ROWS(in0), a->moe_experts.H, a->moe_experts.I,
@@ -1226,7 +1227,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_ATT_EARLY"))) t->att_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_ATT_ROPE"))) t->att_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
-    if ((s = getenv("MSM_CUDA_MOE_AUX_PDL"))) t->moe_aux_pdl = s[0] != '0';
+    if (env_int("MSM_CUDA_MOE_AUX_SERIAL_MAX_T", &v)) t->moe_aux_serial_max_t = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;

@@ -186,13 +186,16 @@ typedef struct msm_cuda_tuning {
                                  positions and cache slots, compute their cosines and sines and load
                                  the q/k norm weights before their PDL wait, so only the row loads and
                                  the arithmetic on them follow the kernel before (MSM_CUDA_SMALL_EARLY) */
-    bool moe_aux_pdl;         /* the routed experts' first kernel is a programmatic dependent of the
-                                 router also when a shared expert runs beside them on the aux stream
-                                 (MSM_CUDA_MOE_AUX_PDL=1). Off: it launches once the router is done,
-                                 so its waiting blocks do not hold the SMs the shared expert's
-                                 kernels, launched at the norm's end, need (timeline of Qwen1.5-MoE
-                                 batch 1, bench/results/2026-12-02-h200-s2: the shared gate/up
-                                 started 15 us after its norm, behind them) */
+    int moe_aux_serial_max_t; /* up to this many tokens the routed experts' first kernel launches once
+                                 the router is done instead of as its programmatic dependent, where a
+                                 shared expert runs beside them on the aux stream: its waiting blocks
+                                 then do not hold the SMs the shared expert's kernels, launched at the
+                                 norm's end, need (timeline of Qwen1.5-MoE batch 1, bench/results/
+                                 2026-12-02-h200-s2: the shared gate/up started 15 us after its norm,
+                                 behind them). Measured (ms a step): Qwen1.5-MoE batch 1 / 2 / 8 2.02-2.04
+                                 / 2.78-2.83 / 4.90-4.93 -> 1.97 / 2.75-2.77 / 4.86-4.89; past 8 it loses
+                                 (GLM-4.5-Air FP8 batch 128 57.8 -> 63.2, Qwen1.5 batch 32 8.51 -> 8.58).
+                                 0: never (MSM_CUDA_MOE_AUX_SERIAL_MAX_T) */
 } msm_cuda_tuning;
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the
@@ -209,7 +212,7 @@ typedef struct msm_cuda_exec {
     const msm_cuda_tuning *tune;
     bool decode;
     bool no_pdl;    /* launch without programmatic serialisation (after the previous kernel is done),
-                       whatever tune->pdl says (msm_cuda_tuning.moe_aux_pdl) */
+                       whatever tune->pdl says (msm_cuda_tuning.moe_aux_serial_max_t) */
     bool w_written; /* the weight was written earlier in this step (a dequantised copy): the
                        kernels load it only after their PDL wait (gemv_early, mmv_early) */
 } msm_cuda_exec;

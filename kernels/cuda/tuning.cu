@@ -44,7 +44,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->att_early = true;
     t->att_rope = false; /* measured slower: msm_cuda_kernels.h */
     t->small_early = true;
-    t->moe_aux_pdl = false;
+    t->moe_aux_serial_max_t = 8;
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;
     msm__moe_tuning(t);

@@ -31,7 +31,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("FP8 GEMV with 4 loads a lane a row vs 8", [], {"MSM_CUDA_FP8_GEMV_U8": "0"}),
     ("ADD_RMSNORM + LINEAR one kernel vs two", [], {"MSM_CUDA_NORM_LINEAR": "0"}),
     ("RoPE kernels' early prologue vs after the PDL wait", [], {"MSM_CUDA_SMALL_EARLY": "0"}),
-    ("routed experts after the router vs programmatic beside the shared expert", [], {"MSM_CUDA_MOE_AUX_PDL": "1"}),
+    ("routed experts after the router vs programmatic beside the shared expert", [], {"MSM_CUDA_MOE_AUX_SERIAL_MAX_T": "0"}),
 ]
 fails = 0
 

@@ -115,4 +115,18 @@ r5)
     CHECK_MODELS=qwen2moe-gqa,qwen2moe-mha-tied,qwen3moe,glm4moe-fp8 timeout $(left 560) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r6)
+    # (run 6 itself was a direct command on the warm machine, the final build of r5:
+    #  GLM-4.5-Air FP8 32,128 and Qwen1.5-MoE 32,128,256, default / MSM_CUDA_MOE_AUX_PDL=1, twice; run6-bench-aux.txt)
+    ;;
+r7)
+    # the serial routed experts only up to 8 tokens (moe_aux_serial_max_t)
+    hdr
+    b glm-4.5-air-fp8 1,8,128 final --
+    b qwen1.5-moe-a2.7b 1,2,4,8,32,128 final --
+    b glm-4.5-air-fp8 8,128 final MSM_CUDA_MOE_AUX_SERIAL_MAX_T=0 --
+    el presets | tee -a $OUT/gpu.txt
+    timeout 100 python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
