@@ -235,8 +235,8 @@ static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, 
                                      w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune);
 }
 
-/* Whether node i (on the main stream) has kernels of its layer on the aux stream beside it: nodes of
- * the same layer on another stream before and after it (the fork and the join around it). */
+/* Whether node i (on the main stream) has kernels of its layer on the aux stream beside it: a node
+ * of the same layer on another stream before or after it. */
 static bool aux_beside(const msm_graph *g, int i) {
     const msm_node *n = &g->nodes[i];
     if (n->stream != MSM_STREAM_MAIN) return false;
