@@ -17,6 +17,7 @@ import argparse
 import csv
 import re
 import statistics
+import subprocess
 import sys
 from collections import defaultdict
 
@@ -26,27 +27,42 @@ def short(name):
     base = re.split(r"[<(]", n, maxsplit=1)[0]
     # keep the boolean/integer template arguments: they tell variants apart
     m = re.match(r"[^<]*<([^()]*)>", n)
-    if m and len(m.group(1)) < 40:
+    if m and len(m.group(1)) < 60:
         base += "<" + m.group(1).replace(" ", "") + ">"
     return base
+
+
+def demangle(names):
+    """Mangled C++ names -> readable ones through c++filt where it exists (binutils), else as given."""
+    names = sorted(set(names))
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, timeout=30).stdout
+        got = out.split("\n")[: len(names)]
+        if len(got) == len(names):
+            return dict(zip(names, got))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {n: n for n in names}
 
 
 def load(path):
     rows = []
     with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            rows.append(
-                dict(
-                    s=int(r["start_ns"]),
-                    e=int(r["end_ns"]),
-                    stream=int(r["stream"]),
-                    graph=int(r["graph_id"]),
-                    node=int(r["graph_node"]),
-                    grid=f'{r["grid_x"]}x{r["grid_y"]}x{r["grid_z"]}',
-                    regs=int(r["regs"]),
-                    name=short(r["name"]),
-                )
+        recs = list(csv.DictReader(f))
+    readable = demangle(r["name"] for r in recs)
+    for r in recs:
+        rows.append(
+            dict(
+                s=int(r["start_ns"]),
+                e=int(r["end_ns"]),
+                stream=int(r["stream"]),
+                graph=int(r["graph_id"]),
+                node=int(r["graph_node"]),
+                grid=f'{r["grid_x"]}x{r["grid_y"]}x{r["grid_z"]}',
+                regs=int(r["regs"]),
+                name=short(readable[r["name"]]),
             )
+        )
     return rows
 
 
