@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """timeline_summary.py: one CUDA graph replay of a decode step, from bench/cupti_timeline.c's CSV.
 
-    python3 bench/timeline_summary.py T.csv [--graph ID] [--rows N] [--replay last|median]
+    python3 bench/timeline_summary.py T.csv [--graph ID] [--rows N] [--replay last|median] [--min-nodes N]
 
 For each graph (the largest first, or --graph), the replays are its records cut into runs of as
 many records as the graph has nodes. Of the median replay (by span) it prints:
@@ -110,6 +110,7 @@ def main():
     ap.add_argument("--graph", type=int)
     ap.add_argument("--rows", type=int, default=60)
     ap.add_argument("--replay", choices=["median", "last"], default="median")
+    ap.add_argument("--min-nodes", type=int, default=20, help="skip graphs of fewer kernels (not a step)")
     a = ap.parse_args()
     rows = load(a.csv)
     graphs = defaultdict(list)
@@ -122,7 +123,7 @@ def main():
     ids = [a.graph] if a.graph else sorted(graphs, key=lambda g: -len({r["node"] for r in graphs[g]}))
     for gid in ids:
         reps, nodes = replays(graphs[gid])
-        if not reps or nodes < 20:
+        if not reps or nodes < a.min_nodes:
             continue
         spans = [max(r["e"] for r in p) - min(r["s"] for r in p) for p in reps]
         pick = reps[-1] if a.replay == "last" else reps[spans.index(sorted(spans)[len(spans) // 2])]
