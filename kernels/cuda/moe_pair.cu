@@ -5,7 +5,9 @@
  *   B: one warp per (t, h): y[t,h] = sum_j w[t,j] * dot(down[ids[t,j]][h,:], act[t*k+j,:]),
  *      accumulated in slot order as the CPU does.
  * With FP8 the weights are e4m3 codes with block scales (msm_rows_dot_fp8; the scale pointers
- * gu_sc, dn_sc are NULL for bf16 weights). */
+ * gu_sc, dn_sc are NULL for bf16 weights), decoded with integer operations, or with the hardware's
+ * e4m3 -> half conversion where msm_cuda_tuning.fp8_moe_hw says so (HW: fewer instructions a code
+ * for these issue-bound kernels; the same products, see msm_cuda_tuning.fp8_moe_hw). */
 #include "moe_internal.h"
 
 #include <errno.h>
@@ -15,7 +17,7 @@
 
 /* One warp per (pair p, column i). (Two columns a warp, a single wave at T = 1, measured 15%
  * slower there on the H200.) */
-template <bool VEC, bool FP8>
+template <bool VEC, bool FP8, bool HW = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gateup_gemv_kernel(float *act, const float *x, const int32_t *ids, const void *gate_up,
                            const float *gu_sc, int gu_ph, int H, int I, int k, int E) {
@@ -32,7 +34,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     const float *const sr[2] = {msm_srow(se, i, H, gu_ph), msm_srow(se, I + i, H, gu_ph)};
     const float *const xs[1] = {x + (size_t)(p / k) * H};
     float acc[2][1] = {{0.0f}, {0.0f}};
-    msm_rows_dot_w<2, 1, MOE_U, VEC, FP8>(acc, wr, sr, xs, 1, H, gu_ph, lane);
+    msm_rows_dot_w<2, 1, MOE_U, VEC, FP8, false, HW>(acc, wr, sr, xs, 1, H, gu_ph, lane);
     float g = msm_warp_sum(acc[0][0]), u = msm_warp_sum(acc[1][0]);
     if (lane == 0) act[(size_t)p * I + i] = msm__silu_mul(g, u);
 }
@@ -79,7 +81,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
  * thread r then combines row h0 + r in slot order as those kernels do: bitwise the same y. FP8:
  * dn_sc the experts' scales, dn_ph the column phase. */
 #define DOWN_SPLIT_HB 2
-template <int KMAX, bool VEC, bool FP8>
+template <int KMAX, bool VEC, bool FP8, bool HW = false>
 static __global__ void __launch_bounds__(KMAX * 32)
     moe_down_split_kernel(float *y, const float *act, const int32_t *ids, const float *w, const void *down,
                           const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
@@ -103,7 +105,7 @@ static __global__ void __launch_bounds__(KMAX * 32)
     }
     const float *xs[1] = {act + (size_t)(okj ? p : 0) * I};
     float acc[DOWN_SPLIT_HB][1] = {{0.0f}, {0.0f}};
-    msm_rows_dot_w<DOWN_SPLIT_HB, 1, U, VEC, FP8>(acc, wr, sr, xs, 1, I, dn_ph, lane);
+    msm_rows_dot_w<DOWN_SPLIT_HB, 1, U, VEC, FP8, false, HW>(acc, wr, sr, xs, 1, I, dn_ph, lane);
 #pragma unroll
     for (int r = 0; r < DOWN_SPLIT_HB; r++) {
         float s = msm_warp_sum(acc[r][0]);
@@ -125,7 +127,7 @@ static __global__ void __launch_bounds__(KMAX * 32)
  * does. (Measured no faster than one row a warp on the H200: the kernel is latency-bound, see
  * docs/adr/0006-fp8.md.) */
 #define DOWN_FP8_HR 2
-template <int KMAX, int HR>
+template <int KMAX, int HR, bool HW = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_down_gemv_fp8_kernel(float *y, const float *act, const int32_t *ids, const float *w, const uint8_t *down,
                              const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
@@ -153,7 +155,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
             acc[r][j] = 0.0f;
         }
     }
-    msm_rows_dot_fp8<KMAX * HR, KMAX, 1, HR>(acc, wr, sr, xs, KMAX, I, dn_ph, lane);
+    msm_rows_dot_fp8<KMAX * HR, KMAX, 1, HR, HW>(acc, wr, sr, xs, KMAX, I, dn_ph, lane);
 #pragma unroll
     for (int hr = 0; hr < HR; hr++) {
         float y_th = 0.0f;
@@ -178,7 +180,10 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
     int kf = ex.tune->moe_kernels;
     if ((kf & MSM_CUDA_MOE_K_DOWN_SPLIT) || (KMAX >= 8 && !(kf & MSM_CUDA_MOE_K_DOWN_WARP))) {
         dim3 gs((unsigned)((H + DOWN_SPLIT_HB - 1) / DOWN_SPLIT_HB), grid.y), bs(KMAX * 32);
-        if (dn_sc) /* FP8: the caller checked I % 16 and the alignment */
+        if (dn_sc && ex.tune->fp8_moe_hw) /* FP8: the caller checked I % 16 and the alignment */
+            return msm_launch(moe_down_split_kernel<KMAX, true, true, true>, gs, bs, 0, ex, y, act, ids, w, down,
+                              dn_sc, dn_ph, H, I, k, E);
+        if (dn_sc)
             return msm_launch(moe_down_split_kernel<KMAX, true, true>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
                               dn_ph, H, I, k, E);
         if (vec)
@@ -189,6 +194,9 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
     }
     if (dn_sc) {
         grid.x = (unsigned)((H + MOE_WARPS * DOWN_FP8_HR - 1) / (MOE_WARPS * DOWN_FP8_HR));
+        if (ex.tune->fp8_moe_hw)
+            return msm_launch(moe_down_gemv_fp8_kernel<KMAX, DOWN_FP8_HR, true>, grid, blk, 0, ex, y, act, ids, w,
+                              (const uint8_t *)down, dn_sc, dn_ph, H, I, k, E);
         return msm_launch(moe_down_gemv_fp8_kernel<KMAX, DOWN_FP8_HR>, grid, blk, 0, ex, y, act, ids, w,
                           (const uint8_t *)down, dn_sc, dn_ph, H, I, k, E);
     }
@@ -205,7 +213,10 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
     size_t P = (size_t)T * k;
     if (P > 65535) return -EINVAL; /* grid.y of the gate/up kernel */
     dim3 ga((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)P), blk(MOE_WARPS * 32);
-    if (gu_sc) /* FP8 (the caller checked H % 16 and the alignment) */
+    if (gu_sc && ex.tune->fp8_moe_hw) /* FP8 (the caller checked H % 16 and the alignment) */
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
+                            gu_ph, H, I, k, E));
+    else if (gu_sc)
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
                             gu_ph, H, I, k, E));
     else if (vec_h)

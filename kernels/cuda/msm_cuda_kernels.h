@@ -186,6 +186,13 @@ typedef struct msm_cuda_tuning {
                                  positions and cache slots, compute their cosines and sines and load
                                  the q/k norm weights before their PDL wait, so only the row loads and
                                  the arithmetic on them follow the kernel before (MSM_CUDA_SMALL_EARLY) */
+    bool fp8_moe_hw;          /* the FP8 pair-path expert kernels decode codes with the hardware's e4m3x2 ->
+                                 half2 conversion and multiply x and the scales unscaled (msm_rows_dot_fp8's
+                                 HW), ~1.5 instead of ~3 instructions a code plus no x scaling; bitwise the
+                                 integer decode's results unless a product leaves float32's normal range
+                                 (|x| below ~2^-97: the integer path scales x by 2^100). These kernels are
+                                 issue-bound at one token (ncu, bench/results/2026-12-02-h200). Off until
+                                 measured (MSM_CUDA_FP8_MOE_HW=1) */
     int moe_aux_serial_max_t; /* up to this many tokens the routed experts' first kernel launches once
                                  the router is done instead of as its programmatic dependent, where a
                                  shared expert runs beside them on the aux stream: its waiting blocks

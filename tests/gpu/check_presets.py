@@ -9,7 +9,8 @@ the default's logits and tokens bit for bit: CUDA-graph replay vs eager, multi-s
 PDL on vs off, the GEMVs' early weight loads on vs off, the FP8 GEMV's 8 loads a lane a row in
 flight vs 4, an ADD_RMSNORM and the LINEAR on its norm as one kernel vs two, the RoPE kernels'
 position / weight / cosine prologue before the PDL wait vs after, the routed experts launched
-after the router vs as its programmatic dependent where a shared expert runs beside them.
+after the router vs as its programmatic dependent where a shared expert runs beside them, the FP8
+experts' codes decoded with integer operations vs the hardware's conversion.
 Prompts of 2 and 4 tokens put the prefill's dense linears at T = 2 and 4, then every decode step
 at T = 1. There is no oracle at these sizes (the CPU backend would take minutes a token): the
 kernels' own tests (test_cuda_kernels) compare each path with the CPU at these shapes.
@@ -32,6 +33,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("ADD_RMSNORM + LINEAR one kernel vs two", [], {"MSM_CUDA_NORM_LINEAR": "0"}),
     ("RoPE kernels' early prologue vs after the PDL wait", [], {"MSM_CUDA_SMALL_EARLY": "0"}),
     ("routed experts after the router vs programmatic beside the shared expert", [], {"MSM_CUDA_MOE_AUX_SERIAL_MAX_T": "0"}),
+    ("FP8 experts' integer decode vs the hardware's", [], {"MSM_CUDA_FP8_MOE_HW": "1"}),
 ]
 fails = 0
 

@@ -1519,6 +1519,53 @@ Test(cuda_kernels, moe_experts_fp8_match_cpu, .timeout = 240) {
 /* The FP8 tiled GEMMs (moe_tiled.cu: codes decoded in shared memory, per-step scales) against the
  * CPU on the float32 weights at the FP8 GEMVs' tolerance (2e-5), deterministic; and where they must
  * not run, the dequantising path (bf16-rounded reference): phase 16, the switch off. */
+/* The FP8 pair-path experts with the hardware's e4m3 -> half decode (msm_cuda_tuning.fp8_moe_hw)
+ * give the integer decode's outputs bit for bit on these data (|x| ~ 1: no product leaves float32's
+ * normal range either way), with one and several down rows a warp (down split / one warp a row),
+ * and match the CPU on the float32 weights. */
+Test(cuda_kernels, moe_experts_fp8_hw_decode_equals_integer_decode, .timeout = 120) {
+    need_gpu();
+    /* H, I, k, E, gate/up phase, down phase */
+    static const int shapes[][6] = {{2048, 768, 8, 128, 0, 0}, {4096, 1408, 8, 128, 0, 64}, {512, 256, 4, 16, 16, 32},
+                                    {256, 96, 2, 8, 0, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3];
+        fp8_weight gu = fp8_make(E, 2 * I, H, shapes[s][4], false), dn = fp8_make(E, H, I, shapes[s][5], false);
+        float *scratch = malloc((size_t)3 * I * 4);
+        for (int T = 1; T <= 4; T++) {
+            for (int kf = 0; kf < 2; kf++) {
+                float *x = host_f32((size_t)T * H, 1.0f), *w = malloc((size_t)T * k * 4);
+                int32_t *ids = malloc((size_t)T * k * 4);
+                random_routing(ids, w, T, k, E);
+                float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4);
+                int32_t *di = dev_up(ids, (size_t)T * k * 4);
+                size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E), ny = (size_t)T * H;
+                void *ws = dev_poison(wsb);
+                float *o[2], *ref = malloc(ny * 4);
+                for (int hw = 0; hw < 2; hw++) {
+                    msm_cuda_tuning t = tune0;
+                    t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
+                    t.moe_kernels = kf ? MSM_CUDA_MOE_K_DOWN_WARP : MSM_CUDA_MOE_K_DOWN_SPLIT;
+                    t.fp8_moe_hw = hw;
+                    float *dy = dev_poison(ny * 4);
+                    CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, NULL, 0, EX_T(&t)));
+                    o[hw] = malloc(ny * 4);
+                    down(o[hw], dy, ny * 4);
+                    cudaFree(dy);
+                }
+                cr_assert(memcmp(o[0], o[1], ny * 4) == 0, "hw decode differs: H=%d I=%d k=%d T=%d down %s", H, I, k,
+                          T, kf ? "warp" : "split");
+                msm_cpu_moe_experts(ref, x, ids, w, gu.f, dn.f, T, H, I, k, scratch);
+                CHECK_ERR(o[1], ref, ny, 2e-5, "hw decode vs cpu: H=%d I=%d k=%d T=%d", H, I, k, T);
+                cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(ws);
+                free(x), free(w), free(ids), free(o[0]), free(o[1]), free(ref);
+            }
+        }
+        fp8_free(&gu), fp8_free(&dn);
+        free(scratch);
+    }
+}
+
 Test(cuda_kernels, moe_experts_fp8_tiled_match_cpu, .timeout = 360) {
     need_gpu();
     enum { A = MSM_CUDA_MOE_PATH_AUTO, TL = MSM_CUDA_MOE_PATH_TILED, GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV };

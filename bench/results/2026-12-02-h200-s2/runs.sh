@@ -129,4 +129,18 @@ r7)
     timeout 100 python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r8)
+    # NOT RUN this session (device time spent): the next session's first call. The FP8 experts
+    # with the hardware decode (fp8_moe_hw, off by default): its kernel test, the presets check
+    # (bitwise on / off), and the A/B on the FP8 presets at 1-8 tokens
+    hdr
+    timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/moe_experts_fp8*' 2>&1 | tail -4 > $OUT/kernels.txt
+    for i in 1 2; do
+        for p in qwen3-30b-a3b-fp8 glm-4.5-air-fp8; do
+            b $p 1,2,4 ab --
+            b $p 1,2,4 ab MSM_CUDA_FP8_MOE_HW=1 --
+        done
+    done
+    timeout 200 python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
+    ;;
 esac
