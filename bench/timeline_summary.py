@@ -85,9 +85,8 @@ def analyse(rep):
         if not run:
             continue
         busy += b - a
-        for r in run:
-            k = (r["name"], r["grid"])
-            (alone if len(run) == 1 else shared)[k] += (b - a) / len(run) if len(run) > 1 else (b - a)
+        for r in run:  # an interval several kernels share is split evenly between them
+            (alone if len(run) == 1 else shared)[(r["name"], r["grid"])] += (b - a) / len(run)
     gaps = defaultdict(float)
     adv = defaultdict(float)
     order = sorted(rep, key=lambda r: r["s"])

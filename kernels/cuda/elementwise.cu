@@ -226,26 +226,32 @@ static __global__ void rope_copy_kernel(float *__restrict__ out, const float *__
     int half = rot / 2, per_h = half + (hd - rot), rest = C - nrot * hd, per_t = nrot * per_h;
     size_t n1 = (size_t)T * per_t, n = n1 + (size_t)T * rest;
     size_t krow = (size_t)kvh * hd;
-    size_t idx0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    /* early (decode, msm_cuda_tuning.small_early): the first item's position, slot, cosine and
-     * sine before the PDL wait (the step's inputs were written before its first kernel) */
-    float c0 = 0.0f, s0 = 0.0f;
-    int sl0 = -1;
-    if (early && idx0 < n1) {
-        int t = (int)(idx0 / per_t), r = (int)(idx0 % per_t), h = r / per_h, i = r % per_h;
-        sl0 = kc && h >= nq ? slot[t] : -1;
-        if (i < half) msm_rope_cs(pos[t], i, rot, theta, &c0, &s0);
-    } else if (early && idx0 < n && vc) {
-        size_t j = idx0 - n1;
-        if ((int)(j % rest) < (int)krow) sl0 = slot[j / rest];
-    }
+    /* what an item needs besides x: its cache slot (-1: none) and, rotating, its cosine and sine;
+     * with early (decode, msm_cuda_tuning.small_early) the first item's before the PDL wait (the
+     * step's inputs were written before its first kernel) */
+    auto prep = [&](size_t idx, float &c, float &s, int &sl) {
+        c = s = 0.0f, sl = -1;
+        if (idx < n1) {
+            int t = (int)(idx / per_t), r = (int)(idx % per_t), h = r / per_h, i = r % per_h;
+            if (kc && h >= nq) sl = slot[t];
+            if (i < half) msm_rope_cs(pos[t], i, rot, theta, &c, &s);
+        } else if (vc && (idx - n1) % rest < krow) {
+            sl = slot[(idx - n1) / rest];
+        }
+    };
+    const size_t idx0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    float c0, s0;
+    int sl0;
+    if (early && idx0 < n) prep(idx0, c0, s0, sl0);
     msm_pdl_wait();
     for (size_t idx = idx0; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
-        bool pre = early && idx == idx0;
+        float c, s;
+        int sl;
+        if (early && idx == idx0) c = c0, s = s0, sl = sl0;
+        else prep(idx, c, s, sl);
         if (idx < n1) {
             int t = (int)(idx / per_t), r = (int)(idx % per_t), h = r / per_h, i = r % per_h;
             size_t o = (size_t)t * C + (size_t)h * hd;
-            int sl = pre ? sl0 : kc && h >= nq ? slot[t] : -1;
             uint16_t *kr = sl >= 0 ? kc + (size_t)sl * krow + (size_t)(h - nq) * hd : NULL;
             if (i >= half) { /* a dim past the rotary part: copied (and cached for k heads) */
                 int d = rot + (i - half);
@@ -254,8 +260,6 @@ static __global__ void rope_copy_kernel(float *__restrict__ out, const float *__
                 if (kr) kr[d] = msm_f2bf(v);
                 continue;
             }
-            float c = c0, s = s0;
-            if (!pre) msm_rope_cs(pos[t], i, rot, theta, &c, &s);
             float a = x[o + i], b = x[o + i + half];
             float ra = msm_rope_lo(a, b, c, s), rb = msm_rope_hi(a, b, c, s);
             out[o + i] = ra;
@@ -266,14 +270,11 @@ static __global__ void rope_copy_kernel(float *__restrict__ out, const float *__
             }
         } else {
             size_t j = idx - n1;
-            int t = (int)(j / rest), c = (int)(j % rest);
-            size_t o = (size_t)t * C + (size_t)nrot * hd + c;
+            int t = (int)(j / rest), col = (int)(j % rest);
+            size_t o = (size_t)t * C + (size_t)nrot * hd + col;
             float v = x[o];
             out[o] = v;
-            if (vc && c < (int)krow) {
-                int sl = pre ? sl0 : slot[t];
-                if (sl >= 0) vc[(size_t)sl * krow + c] = msm_f2bf(v);
-            }
+            if (sl >= 0) vc[(size_t)sl * krow + col] = msm_f2bf(v);
         }
     }
 }

@@ -3,27 +3,8 @@
 # binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check
 # bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
 #   bash bench/results/2026-12-02-h200-s2/runs.sh rN
-[ -f gpu-run/bundle.tar.xz ] && { (cd gpu-run && tar xJf bundle.tar.xz && rm bundle.tar.xz) || exit 1; }
-export LD_LIBRARY_PATH=$PWD/gpu-run/lib PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-T0=$(date +%s)
-el() { echo "# t=$(( $(date +%s) - T0 ))s $*"; }
-left() { echo $(( ${1:-585} - ($(date +%s) - T0) )); }
-b() { # preset batches tag envs... -- flags
-    local p=$1 bs=$2 tag=$3; shift 3
-    local envs=() ; while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-    { el "$p ${envs[*]} $*"; env "${envs[@]}" timeout 120 gpu-run/bin/msmoe-bench decode --preset config/models/$p.json \
-        --backend cuda --batches $bs --context 512 --steps 30 "$@" 2>&1 | grep -v '^# weights'; } | tee -a $OUT/bench-$tag.txt
-}
-tl() { # preset batch tag envs...: the kernel timeline of the step graph (bench/cupti_timeline.c)
-    local p=$1 bt=$2 tag=$3; shift 3
-    { el "timeline $p batch $bt $*"
-      env "$@" CUDA_INJECTION64_PATH=$PWD/gpu-run/bin/libmsm_timeline.so MSM_TIMELINE_OUT=/tmp/tl.csv timeout 120 \
-        gpu-run/bin/msmoe-bench decode --preset config/models/$p.json --backend cuda --batches $bt --context 512 \
-        --steps 30 2>&1 | grep -v '^# weights'
-      python3 bench/timeline_summary.py /tmp/tl.csv --rows ${ROWS:-90}; } >> $OUT/timeline-$tag.txt 2>&1
-}
-hdr() { { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt; }
+# (runs 1-7 ran with these helpers written out here; they moved unchanged to bench/device_run.sh)
+source bench/device_run.sh  # el, left, b, tl, hdr
 case "$1" in
 r1)
     hdr

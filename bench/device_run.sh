@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# device_run.sh: the helpers a session's device commands share (bench/results/<session>/runs.sh
+# sources it), run from the repository root on the device machine with the bundle of
+# `tools/gpu-engine-check bundle` carried as gpu-run/. It unpacks the bundle and defines:
+#   el WHAT                       a "# t=Ns WHAT" line (seconds since the start)
+#   left [LIMIT]                  seconds left of LIMIT (585) since the start, for timeouts
+#   b PRESET BATCHES TAG [VAR=value ...] -- [flags]   msmoe-bench decode into $OUT/bench-TAG.txt
+#   tl PRESET BATCH TAG [VAR=value ...]               the decode graph's kernel timeline
+#                                 (bench/cupti_timeline.c; BUNDLE_BINS with timeline) into
+#                                 $OUT/timeline-TAG.txt, ROWS kernels listed (90)
+#   prof PRESET BATCH TIMEOUT [VAR=value ...]         ncu per-kernel table of one eager step into
+#                                 $OUT/profile.txt (bench/ncu_summary.py)
+#   hdr                           the GPU and the bundle's revision into $OUT/gpu.txt
+[ -f gpu-run/bundle.tar.xz ] && { (cd gpu-run && tar xJf bundle.tar.xz && rm bundle.tar.xz) || exit 1; }
+export LD_LIBRARY_PATH=$PWD/gpu-run/lib PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+T0=$(date +%s)
+el() { echo "# t=$(( $(date +%s) - T0 ))s $*"; }
+left() { echo $(( ${1:-585} - ($(date +%s) - T0) )); }
+b() {
+    local p=$1 bs=$2 tag=$3; shift 3
+    local envs=() ; while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+    { el "$p ${envs[*]} $*"; env "${envs[@]}" timeout 120 gpu-run/bin/msmoe-bench decode --preset config/models/$p.json \
+        --backend cuda --batches $bs --context 512 --steps 30 "$@" 2>&1 | grep -v '^# weights'; } | tee -a $OUT/bench-$tag.txt
+}
+tl() {
+    local p=$1 bt=$2 tag=$3; shift 3
+    { el "timeline $p batch $bt $*"
+      env "$@" CUDA_INJECTION64_PATH=$PWD/gpu-run/bin/libmsm_timeline.so MSM_TIMELINE_OUT=/tmp/tl.csv timeout 120 \
+        gpu-run/bin/msmoe-bench decode --preset config/models/$p.json --backend cuda --batches $bt --context 512 \
+        --steps 30 2>&1 | grep -v '^# weights'
+      python3 bench/timeline_summary.py /tmp/tl.csv --rows ${ROWS:-90}; } >> $OUT/timeline-$tag.txt 2>&1
+}
+prof() {
+    local p=$1 bt=$2 to=$3; shift 3
+    env "$@" timeout $to /usr/local/cuda/bin/ncu --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --print-units base \
+        gpu-run/bin/msmoe-bench decode --preset config/models/$p.json --backend cuda \
+        --batches $bt --context 512 --steps 1 --no-cuda-graphs > /tmp/ncu.csv 2>&1
+    echo "# $p batch $bt $*" >> $OUT/profile.txt
+    python3 bench/ncu_summary.py /tmp/ncu.csv >> $OUT/profile.txt 2>&1
+}
+hdr() { { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt; }
