@@ -116,6 +116,8 @@ r8)
     # (bitwise on / off), and the A/B on the FP8 presets at 1-8 tokens
     hdr
     timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/moe_experts_fp8*' 2>&1 | tail -4 > $OUT/kernels.txt
+    # and the review's rope_copy_kernel refactor (unrun on a GPU): the RoPE / cache-write tests
+    timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/*rope*' 2>&1 | tail -4 >> $OUT/kernels.txt
     for i in 1 2; do
         for p in qwen3-30b-a3b-fp8 glm-4.5-air-fp8; do
             b $p 1,2,4 ab --
