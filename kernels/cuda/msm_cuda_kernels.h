@@ -191,8 +191,11 @@ typedef struct msm_cuda_tuning {
                                  HW), ~1.5 instead of ~3 instructions a code plus no x scaling; bitwise the
                                  integer decode's results unless a product leaves float32's normal range
                                  (|x| below ~2^-97: the integer path scales x by 2^100). These kernels are
-                                 issue-bound at one token (ncu, bench/results/2026-12-02-h200). Off until
-                                 measured (MSM_CUDA_FP8_MOE_HW=1) */
+                                 issue-bound at one token (ncu, bench/results/2026-12-02-h200). On by
+                                 default: H200, 2026-12-02 third session, ms a step at 1 / 2 / 4 tokens,
+                                 Qwen3-30B-A3B FP8 2.93 / 4.16 / 6.09 -> 2.84 / 3.93-3.96 / 5.69-5.75,
+                                 GLM-4.5-Air FP8 7.37 / 10.40 / 15.85-15.97 -> 7.04-7.08 / 10.01-10.05 /
+                                 15.27-15.32 (MSM_CUDA_FP8_MOE_HW=0: the integer decode) */
     int moe_aux_serial_max_t; /* up to this many tokens the routed experts' first kernel launches once
                                  the router is done instead of as its programmatic dependent, where a
                                  shared expert runs beside them on the aux stream: its waiting blocks
