@@ -1229,6 +1229,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_AUX_SERIAL_MAX_T", &v)) t->moe_aux_serial_max_t = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_FP8_MOE_HW"))) t->fp8_moe_hw = s[0] != '0';
+    if (env_int("MSM_CUDA_ROWS_PIPE", &v)) t->rows_pipe = v & 15;
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;

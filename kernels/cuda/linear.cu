@@ -173,7 +173,7 @@ extern "C" int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K) {
  * codes and wsc their block scales (msm_rows_dot_fp8); else w is bf16 and wsc unused. early: the
  * first step's weight loads go out before the PDL wait (msm_cuda_tuning.gemv_early; never for a
  * weight written during the step, msm_cuda_exec.w_written). */
-template <int NT, int R, int U, bool VEC, bool FP8, bool HW>
+template <int NT, int R, int U, bool VEC, bool FP8, bool HW, bool PIPE = false>
 static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const void *w, const float *wsc, int ph,
                                                  const uint16_t *bias, int T, int N, int K, bool prefetch,
                                                  bool early) {
@@ -208,7 +208,7 @@ static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    msm_rows_dot_w<R, NT, U, VEC, FP8, false, HW>(acc, wr, sr, xs, nt, K, ph, lane, msm_pdl_hook{early});
+    msm_rows_dot_w<R, NT, U, VEC, FP8, false, HW, PIPE>(acc, wr, sr, xs, nt, K, ph, lane, msm_pdl_hook{early});
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float b = (bias && n0 + r < N) ? msm_bf(bias[n0 + r]) : 0.0f;
@@ -220,11 +220,11 @@ static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const
     }
 }
 
-template <int NT, int R, int U, bool VEC, bool FP8, bool HW>
+template <int NT, int R, int U, bool VEC, bool FP8, bool HW, bool PIPE = false>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(float *y, const float *x, const void *w, const float *wsc, int ph, const uint16_t *bias,
                 int T, int N, int K, bool prefetch, bool early) {
-    gemv_rows<NT, R, U, VEC, FP8, HW>(y, x, w, wsc, ph, bias, T, N, K, prefetch, early);
+    gemv_rows<NT, R, U, VEC, FP8, HW, PIPE>(y, x, w, wsc, ph, bias, T, N, K, prefetch, early);
 }
 
 /* One token row's residual add + RMSNorm by a block of TH threads playing the vt virtual threads of
@@ -368,7 +368,7 @@ struct norm_in_hook {
     }
 };
 
-template <int NT, int R, int U, bool FP8, int V>
+template <int NT, int R, int U, bool FP8, int V, bool PIPE = false>
 static __global__ void __launch_bounds__(NI_WARPS * 32)
     gemv_norm_in_kernel(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T, int N, int K,
                         const float *a, const float *b, const uint16_t *nw, float *sum, float *out, float eps, int vt,
@@ -395,7 +395,7 @@ static __global__ void __launch_bounds__(NI_WARPS * 32)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     norm_in_hook<V> hook{a, b, nw, sum, out, xn, T, K, vt, eps, part, early};
-    msm_rows_dot_w<R, NT, U, true, FP8, false, false, norm_in_hook<V>>(acc, wr, sr, xs, T, K, ph, lane, hook);
+    msm_rows_dot_w<R, NT, U, true, FP8, false, false, PIPE, norm_in_hook<V>>(acc, wr, sr, xs, T, K, ph, lane, hook);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float bb = (bias && n0 + r < N) ? msm_bf(bias[n0 + r]) : 0.0f;
@@ -413,6 +413,12 @@ static void gemv_launch_r(float *y, const float *x, const void *w, const uint16_
     dim3 grid((unsigned)((N + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)), (unsigned)((T + NT - 1) / NT));
     /* (8 loads in flight for R = 1 measured the same at batch 1-32: 2.391 vs 2.363 ms, H200,
      * 2026-11-29; bench/results/2026-11-29-h200-s3) */
+    if constexpr (VEC && !FP8 && NT <= 2) /* bf16 rows of several steps: pipelined (tuning rows_pipe) */
+        if ((ex.tune->rows_pipe & MSM_CUDA_PIPE_GEMV) && K > 256 * U) {
+            (void)msm_launch(gemv_kernel<NT, R, U, VEC, FP8, HW, true>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w,
+                             wsc, ph, bias, T, N, K, ex.tune->gemv_prefetch, ex.tune->gemv_early && !ex.w_written);
+            return;
+        }
     (void)msm_launch(gemv_kernel<NT, R, U, VEC, FP8, HW>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, wsc, ph, bias,
                      T, N, K, ex.tune->gemv_prefetch, ex.tune->gemv_early && !ex.w_written);
 }
@@ -559,6 +565,11 @@ static cudaError_t norm_in_launch(float *y, const void *w, const float *wsc, int
                                   int N, int K, const float *a, const float *b, const uint16_t *nw, float *sum,
                                   float *out, float eps, int vt, msm_cuda_exec ex) {
     dim3 grid((unsigned)((N + NI_WARPS * R - 1) / (NI_WARPS * R)));
+    if constexpr (!FP8) /* bf16 rows of several steps: pipelined (tuning rows_pipe) */
+        if ((ex.tune->rows_pipe & MSM_CUDA_PIPE_NORM_IN) && K > 256 * U)
+            return msm_launch(gemv_norm_in_kernel<NT, R, U, FP8, V, true>, grid, dim3(NI_WARPS * 32),
+                              (size_t)T * K * sizeof(float), ex, y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps,
+                              vt, ex.tune->gemv_early && !ex.w_written);
     return msm_launch(gemv_norm_in_kernel<NT, R, U, FP8, V>, grid, dim3(NI_WARPS * 32),
                       (size_t)T * K * sizeof(float), ex, y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt,
                       ex.tune->gemv_early && !ex.w_written);

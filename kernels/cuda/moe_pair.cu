@@ -17,7 +17,7 @@
 
 /* One warp per (pair p, column i). (Two columns a warp, a single wave at T = 1, measured 15%
  * slower there on the H200.) */
-template <bool VEC, bool FP8, bool HW = false>
+template <bool VEC, bool FP8, bool HW = false, bool PIPE = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gateup_gemv_kernel(float *act, const float *x, const int32_t *ids, const void *gate_up,
                            const float *gu_sc, int gu_ph, int H, int I, int k, int E) {
@@ -34,7 +34,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     const float *const sr[2] = {msm_srow(se, i, H, gu_ph), msm_srow(se, I + i, H, gu_ph)};
     const float *const xs[1] = {x + (size_t)(p / k) * H};
     float acc[2][1] = {{0.0f}, {0.0f}};
-    msm_rows_dot_w<2, 1, MOE_U, VEC, FP8, false, HW>(acc, wr, sr, xs, 1, H, gu_ph, lane);
+    msm_rows_dot_w<2, 1, MOE_U, VEC, FP8, false, HW, PIPE>(acc, wr, sr, xs, 1, H, gu_ph, lane);
     float g = msm_warp_sum(acc[0][0]), u = msm_warp_sum(acc[1][0]);
     if (lane == 0) act[(size_t)p * I + i] = msm__silu_mul(g, u);
 }
@@ -42,7 +42,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 /* One warp per (t, h): the k down rows of the token's experts are streamed together (KMAX >= k
  * slots, unused ones skipped), then combined in slot order as the CPU does. bf16 rows (FP8 ones:
  * moe_down_gemv_fp8_kernel). */
-template <int KMAX, bool VEC>
+template <int KMAX, bool VEC, bool PIPE = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_down_gemv_kernel(float *y, const float *act, const int32_t *ids, const float *w,
                          const uint16_t *down, int H, int I, int k, int E) {
@@ -63,7 +63,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
         xs[j] = act + (size_t)p * I;
         acc[j][j] = 0.0f;
     }
-    msm_rows_dot<KMAX, KMAX, U, VEC, true>(acc, wr, xs, KMAX, I, lane);
+    msm_rows_dot<KMAX, KMAX, U, VEC, true, PIPE>(acc, wr, xs, KMAX, I, lane);
     float y_th = 0.0f;
 #pragma unroll
     for (int j = 0; j < KMAX; j++) {
@@ -200,6 +200,11 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
         return msm_launch(moe_down_gemv_fp8_kernel<KMAX, DOWN_FP8_HR>, grid, blk, 0, ex, y, act, ids, w,
                           (const uint8_t *)down, dn_sc, dn_ph, H, I, k, E);
     }
+    constexpr int DU = KMAX >= 8 ? 1 : KMAX >= 4 ? 2 : 4; /* moe_down_gemv_kernel's loads a lane a row */
+    if constexpr (KMAX <= 4) /* rows of several steps: pipelined (tuning rows_pipe) */
+        if (vec && (ex.tune->rows_pipe & MSM_CUDA_PIPE_MOE_DOWN) && I > 256 * DU)
+            return msm_launch(moe_down_gemv_kernel<KMAX, true, true>, grid, blk, 0, ex, y, act, ids, w,
+                              (const uint16_t *)down, H, I, k, E);
     if (vec)
         return msm_launch(moe_down_gemv_kernel<KMAX, true>, grid, blk, 0, ex, y, act, ids, w,
                           (const uint16_t *)down, H, I, k, E);
@@ -219,6 +224,9 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
     else if (gu_sc)
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
                             gu_ph, H, I, k, E));
+    else if (vec_h && (ex.tune->rows_pipe & MSM_CUDA_PIPE_MOE_GU) && H > 256 * MOE_U) /* rows of several steps: pipelined */
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false, false, true>, ga, blk, 0, ex, act, x, ids, gate_up,
+                            gu_sc, gu_ph, H, I, k, E));
     else if (vec_h)
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
                             gu_ph, H, I, k, E));

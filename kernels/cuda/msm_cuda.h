@@ -232,7 +232,9 @@ static __device__ __forceinline__ float msm_fma8_bf16(uint4 w, float4 xa, float4
  * NT f32 vectors xs[t], of which only the first nt are live (nt warp-uniform). With DIAG, row r
  * pairs with vector r alone (NT == R) and the sum goes to acc[r][r]. Lane l reads
  * k = 8l + 256u (+ 256U per step) with 16-byte loads that bypass L1, all R*U loads of a step
- * issued before any is used; a NULL row reads nothing and adds nothing. Every partial sum runs
+ * issued before any is used; with PIPE also those of the next step before this step's
+ * arithmetic (software pipelining: a warp keeps weights in flight across a K of several steps, for
+ * more registers; the same sums); a NULL row reads nothing and adds nothing. Every partial sum runs
  * over the same 8-element groups in the same order (msm_fma8), so the GEMV and MoE kernels that
  * share this loop agree bit for bit. VEC false (K % 8 != 0 or unaligned rows): one element a lane
  * a step, in k order. The caller reduces acc over the warp.
@@ -242,23 +244,25 @@ static __device__ __forceinline__ float msm_fma8_bf16(uint4 w, float4 xa, float4
 struct msm_no_hook {
     __device__ __forceinline__ void operator()() const {}
 };
-template <int R, int NT, int U, bool VEC, bool DIAG = false, typename Hook = msm_no_hook>
+template <int R, int NT, int U, bool VEC, bool DIAG = false, bool PIPE = false, typename Hook = msm_no_hook>
 static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const uint16_t *const (&wr)[R],
                                                     const float *const (&xs)[NT], int nt, int K,
                                                     int lane, Hook hook = Hook()) {
     static_assert(!DIAG || NT == R, "a diagonal dot pairs each row with its own vector");
     if (VEC) {
-        if (lane * 8 >= K) hook(); /* no step: nothing to overlap */
-        for (int k0 = lane * 8; k0 < K; k0 += 256 * U) {
-            uint4 wv[R][U];
+        constexpr int STEP = 256 * U;
+        /* step k0's loads, zeros past K or for a NULL row (no memory access) */
+        auto load = [&](uint4 (&dst)[R][U], int k0) {
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     int k = k0 + u * 256;
-                    wv[r][u] = (wr[r] && k < K) ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+                    dst[r][u] = (wr[r] && k < K) ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
                 }
-            if (k0 == lane * 8) hook();
+        };
+        /* step k0's arithmetic on its loaded weights */
+        auto step = [&](const uint4 (&wv)[R][U], int k0) {
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int k = k0 + u * 256;
@@ -289,6 +293,27 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
                             acc[r][t] = msm_fma8(wf[r], xa, xb, acc[r][t]);
                     }
                 }
+            }
+        };
+        uint4 wv[R][U];
+        if constexpr (PIPE) {
+            load(wv, lane * 8);
+            hook();
+            for (int k0 = lane * 8; k0 < K; k0 += STEP) {
+                uint4 nx[R][U];
+                load(nx, k0 + STEP); /* the next step's loads before this step's arithmetic */
+                step(wv, k0);
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int u = 0; u < U; u++) wv[r][u] = nx[r][u];
+            }
+        } else {
+            if (lane * 8 >= K) hook(); /* no step: nothing to overlap */
+            for (int k0 = lane * 8; k0 < K; k0 += STEP) {
+                load(wv, k0);
+                if (k0 == lane * 8) hook();
+                step(wv, k0);
             }
         }
     } else {
@@ -499,8 +524,9 @@ static __device__ __forceinline__ void msm_rows_dot_fp8(float (&acc)[R][NT], con
     }
 }
 
-/* Either kind of weight row: bf16 (FP8 false; sr unused) or FP8 (VEC must be true). */
-template <int R, int NT, int U, bool VEC, bool FP8, bool DIAG = false, bool HW = false,
+/* Either kind of weight row: bf16 (FP8 false; sr unused; PIPE as msm_rows_dot's) or FP8 (VEC must be
+ * true; PIPE unused). */
+template <int R, int NT, int U, bool VEC, bool FP8, bool DIAG = false, bool HW = false, bool PIPE = false,
           typename Hook = msm_no_hook>
 static __device__ __forceinline__ void msm_rows_dot_w(float (&acc)[R][NT], const void *const (&wr)[R],
                                                       const float *const (&sr)[R],
@@ -515,7 +541,7 @@ static __device__ __forceinline__ void msm_rows_dot_w(float (&acc)[R][NT], const
         const uint16_t *w16[R];
 #pragma unroll
         for (int r = 0; r < R; r++) w16[r] = (const uint16_t *)wr[r];
-        msm_rows_dot<R, NT, U, VEC, DIAG>(acc, w16, xs, nt, K, lane, hook);
+        msm_rows_dot<R, NT, U, VEC, DIAG, PIPE>(acc, w16, xs, nt, K, lane, hook);
     }
 }
 

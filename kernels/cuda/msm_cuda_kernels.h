@@ -196,6 +196,11 @@ typedef struct msm_cuda_tuning {
                                  Qwen3-30B-A3B FP8 2.93 / 4.16 / 6.09 -> 2.84 / 3.93-3.96 / 5.69-5.75,
                                  GLM-4.5-Air FP8 7.37 / 10.40 / 15.85-15.97 -> 7.04-7.08 / 10.01-10.05 /
                                  15.27-15.32 (MSM_CUDA_FP8_MOE_HW=0: the integer decode) */
+    int rows_pipe;            /* MSM_CUDA_PIPE_* kernels whose bf16 rows take msm_rows_dot's software
+                                 pipelining where a row is more than one step of loads (K > 256 * U): the
+                                 next step's loads go out before this step's arithmetic, so a warp's loads
+                                 stay in flight (the SASS of gemv_kernel showed none across steps), for
+                                 more registers; the same sums (MSM_CUDA_ROWS_PIPE=mask) */
     int moe_aux_serial_max_t; /* up to this many tokens the routed experts' first kernel launches once
                                  the router is done instead of as its programmatic dependent, where a
                                  shared expert runs beside them on the aux stream: its waiting blocks
@@ -207,6 +212,10 @@ typedef struct msm_cuda_tuning {
                                  (GLM-4.5-Air FP8 batch 128 57.8 -> 63.2, Qwen1.5 batch 32 8.51 -> 8.58).
                                  0: never (MSM_CUDA_MOE_AUX_SERIAL_MAX_T) */
 } msm_cuda_tuning;
+
+/* msm_cuda_tuning.rows_pipe: the GEMV at 1-2 tokens (o_proj, the shared expert, dense MLPs), the GEMV
+ * reading its RMSNorm (qkv), the pair-path experts' gate/up and their down at up to 4 slots */
+enum { MSM_CUDA_PIPE_GEMV = 1, MSM_CUDA_PIPE_NORM_IN = 2, MSM_CUDA_PIPE_MOE_GU = 4, MSM_CUDA_PIPE_MOE_DOWN = 8 };
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the
  * occupancy of the kernels that size their grids by it. 0 or a negative errno. */

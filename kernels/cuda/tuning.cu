@@ -46,6 +46,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->small_early = true;
     t->moe_aux_serial_max_t = 8;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
+    t->rows_pipe = MSM_CUDA_PIPE_GEMV | MSM_CUDA_PIPE_NORM_IN | MSM_CUDA_PIPE_MOE_GU | MSM_CUDA_PIPE_MOE_DOWN;
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;
     msm__moe_tuning(t);

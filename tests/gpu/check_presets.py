@@ -34,6 +34,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("RoPE kernels' early prologue vs after the PDL wait", [], {"MSM_CUDA_SMALL_EARLY": "0"}),
     ("routed experts after the router vs programmatic beside the shared expert", [], {"MSM_CUDA_MOE_AUX_SERIAL_MAX_T": "0"}),
     ("FP8 experts' hardware decode vs the integer one", [], {"MSM_CUDA_FP8_MOE_HW": "0"}),
+    ("pipelined bf16 rows-dot vs one step at a time", [], {"MSM_CUDA_ROWS_PIPE": "0"}),
 ]
 fails = 0
 

@@ -49,7 +49,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_MMA_MIN_T", "MSM_CUDA_ATT_MMA", "MSM_CUDA_ATT_MMA_MIN_BLOCKS",
                                  "MSM_CUDA_ROUTER_CHUNK_PER_SM", "MSM_CUDA_ATT_CLUSTER", "MSM_CUDA_ATT_EARLY",
                                  "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
-                                 "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8", "MSM_CUDA_NORM_LINEAR"};
+                                 "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8", "MSM_CUDA_NORM_LINEAR",
+                                 "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -70,7 +71,11 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ATT_CLUSTER", "0", 1), setenv("MSM_CUDA_ATT_EARLY", "0", 1), setenv("MSM_CUDA_ATT_ROPE", "0", 1);
     setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1), setenv("MSM_CUDA_FP8_MOE_TILED_MIN_T", "-2", 1);
     setenv("MSM_CUDA_FP8_GEMV_U8", "0", 1), setenv("MSM_CUDA_NORM_LINEAR", "0", 1);
+    setenv("MSM_CUDA_FP8_MOE_HW", "0", 1), setenv("MSM_CUDA_ROWS_PIPE", "21", 1);
+    t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
+    cr_expect(!t.fp8_moe_hw, "MSM_CUDA_FP8_MOE_HW=0: the integer decode");
+    cr_expect_eq(t.rows_pipe, 21 & 15, "MSM_CUDA_ROWS_PIPE: the mask's known kernels");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -1089,7 +1094,9 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
 /* The pair path's bf16 down GEMV with a token's experts over warps (MSM_CUDA_MOE_K_DOWN_SPLIT; the
  * default at k = 8) is bitwise the one-warp-a-row kernel (MSM_CUDA_MOE_K_DOWN_WARP): Qwen3-30B-A3B and Qwen1.5-MoE expert shapes, k = 1, 4, 8, I
  * not a multiple of 8 (scalar loads), H odd (a block's second row past H), T = 1..4; and against
- * the CPU. (Its FP8 form: runs "DS" of moe_experts_fp8_match_cpu.) */
+ * the CPU. (Its FP8 form: runs "DS" of moe_experts_fp8_match_cpu.) Also the pair path without the
+ * software pipelining of its bf16 rows (msm_cuda_tuning.rows_pipe off: gate/up rows of H > 1024 and
+ * down rows of I > 512 at k <= 4 are several steps of loads) gives the same bits. */
 Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
     need_gpu();
     static const int shapes[][4] = {{2048, 768, 8, 16}, {2048, 1408, 4, 12}, {512, 256, 1, 8},
@@ -1121,6 +1128,13 @@ Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
             CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(o2, dy, (size_t)T * H * 4);
             cr_expect(memcmp(o1, o2, (size_t)T * H * 4) == 0, "down split differs: T=%d H=%d I=%d k=%d", T, H, I, k);
+            /* one step of loads at a time (msm_cuda_tuning.rows_pipe off): the same bits */
+            t.moe_kernels = MSM_CUDA_MOE_K_DOWN_WARP;
+            t.rows_pipe = 0;
+            cr_assert_eq(cudaMemset(dy, 0xff, (size_t)T * H * 4), cudaSuccess);
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+            down(o2, dy, (size_t)T * H * 4);
+            cr_expect(memcmp(o1, o2, (size_t)T * H * 4) == 0, "pipelined rows differ: T=%d H=%d I=%d k=%d", T, H, I, k);
             if (T != 3) {
                 msm_cpu_moe_experts(ref, x, ids, w, guf, dnf, T, H, I, k, scratch);
                 CHECK_ERR(o2, ref, (size_t)T * H, 2e-5, "down split vs cpu T=%d H=%d I=%d k=%d", T, H, I, k);
@@ -1277,7 +1291,9 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
 /* First weight loads before the PDL wait (gemv_early): the dense GEMV (1..4 tokens) and MMV (5..8),
  * bf16 and FP8, give the bits of the kernels that wait first, and read the x that the kernel just
  * before them writes (an RMSNorm into a buffer poisoned just before it on the same stream, so an x
- * read ahead of the wait would show); on the CPU's product as well. */
+ * read ahead of the wait would show); on the CPU's product as well. The bf16 GEMV without its rows'
+ * software pipelining (msm_cuda_tuning.rows_pipe off; K = 2048 and 5632 are several steps of loads)
+ * gives the same bits too. */
 Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
     need_gpu();
     static const int shapes[][2] = {{2048, 2048}, {6144, 2048}, {2048, 5632}, {300, 1408}, {37984, 256}};
@@ -1291,15 +1307,18 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
         fp8_weight w8 = fp8_make(1, N, K, 0, false);
         float *dx = dev_up(x, (size_t)Tm * K * 4), *dxn = dev((size_t)Tm * K * 4);
         uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *dn = dev_up(nb, (size_t)K * 2);
-        float *dy = dev((size_t)Tm * N * 4), *o[3], *ref = malloc((size_t)Tm * N * 4);
-        for (int e = 0; e < 3; e++) o[e] = malloc((size_t)Tm * N * 4);
+        float *dy = dev((size_t)Tm * N * 4), *o[4], *ref = malloc((size_t)Tm * N * 4);
+        for (int e = 0; e < 4; e++) o[e] = malloc((size_t)Tm * N * 4);
         for (int fp8 = 0; fp8 < 2; fp8++)
             for (int T = 1; T <= Tm; T++) {
                 msm_cpu_linear(ref, xn, fp8 ? w8.f : wf, NULL, T, N, K);
-                for (int e = 0; e < 3; e++) { /* after the wait; early; early with FP8's 8 loads a lane a row */
+                /* after the wait; early; early with FP8's 8 loads a lane a row; early, one step of
+                 * loads at a time (no software pipelining of bf16 rows, msm_cuda_tuning.rows_pipe) */
+                for (int e = 0; e < 4; e++) {
                     msm_cuda_tuning t = tune0;
                     t.gemv_early = e > 0;
                     t.fp8_gemv_u8 = e == 2;
+                    if (e == 3) t.rows_pipe = 0;
                     t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT; /* the GEMV at every T (the MMV8 waits first) */
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
                     CK(cudaMemsetAsync(dxn, 0xff, (size_t)Tm * K * 4, st));
@@ -1315,11 +1334,14 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
                           fp8 ? "fp8" : "bf16", T, N, K);
                 cr_expect(memcmp(o[0], o[2], (size_t)T * N * 4) == 0, "FP8's 8 loads a lane change the bits: %s T=%d N=%d K=%d",
                           fp8 ? "fp8" : "bf16", T, N, K);
+                cr_expect(memcmp(o[0], o[3], (size_t)T * N * 4) == 0, "pipelined rows change the bits: %s T=%d N=%d K=%d",
+                          fp8 ? "fp8" : "bf16", T, N, K);
                 CHECK_ERR(o[1], ref, (size_t)T * N, 2e-5, "early loads %s T=%d N=%d K=%d", fp8 ? "fp8" : "bf16", T, N, K);
             }
         cudaFree(dx), cudaFree(dxn), cudaFree(dw), cudaFree(dn), cudaFree(dy);
         fp8_free(&w8);
         free(x), free(wf), free(nf), free(xn), free(wb), free(nb), free(ref), free(o[0]), free(o[1]), free(o[2]);
+        free(o[3]);
     }
     cudaStreamDestroy(st);
 }
@@ -1328,8 +1350,9 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
  * bits: the residual sum, the norm and y, bf16 at 1..2 tokens and FP8 (SIMT GEMV) at 1, K = 2048
  * (8 values a norm thread) and 768 / 1024 (4), odd N (a block's last rows past N), a bias, FP8 phases
  * 0 and 64; the inputs written by the kernel just before it on buffers poisoned just before that (a
- * read ahead of its PDL wait would show), its weights requested before the wait or after it; and
- * shapes it does not take refused with -EINVAL. */
+ * read ahead of its PDL wait would show), its weights requested before the wait or after it, its bf16
+ * rows software-pipelined or not (msm_cuda_tuning.rows_pipe); and shapes it does not take refused
+ * with -EINVAL. */
 Test(cuda_kernels, norm_linear_equals_add_rmsnorm_then_linear, .timeout = 120) {
     need_gpu();
     static const int shapes[][4] = {{5120, 2048, 0, 0}, {2048, 2048, 0, 1}, {1027, 768, 64, 1}, {300, 1024, 0, 0}};
@@ -1351,10 +1374,13 @@ Test(cuda_kernels, norm_linear_equals_add_rmsnorm_then_linear, .timeout = 120) {
         for (int i = 0; i < 3; i++) r[i] = malloc((size_t)Tm * (N > K ? N : K) * 4), g[i] = malloc((size_t)Tm * (N > K ? N : K) * 4);
         for (int fp8 = 0; fp8 < 2; fp8++)
             for (int T = 1; T <= (fp8 ? 1 : 2); T++)
-                for (int v = 0; v < 3; v++) { /* the two kernels; one, early loads; one, loads after the wait */
+                /* the two kernels; one, early loads; one, loads after the wait; one, early, without the
+                 * software pipelining of bf16 rows (msm_cuda_tuning.rows_pipe) */
+                for (int v = 0; v < 4; v++) {
                     msm_cuda_tuning t = tune0;
                     t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT;
                     t.gemv_early = v != 2;
+                    if (v == 3) t.rows_pipe = 0;
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
                     cr_assert(msm_cuda_norm_linear_fits(T, N, K, fp8, ph, &t), "fits %s T=%d N=%d K=%d",
                               fp8 ? "fp8" : "bf16", T, N, K);

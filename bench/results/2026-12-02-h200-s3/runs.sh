@@ -29,4 +29,29 @@ r2)
     nk moe_down_split qwen3-30b-a3b-fp8 20 1
     el done | tee -a $OUT/gpu.txt
     ;;
+r3)
+    # software-pipelined bf16 rows (rows_pipe): the bitwise tests, A/B of the mask, timelines, presets
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in '*early_weight*' '*norm_linear_equals*' '*down_split_equals*' '*fp8_hw*' '*gemv_small*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for p in qwen3-30b-a3b qwen1.5-moe-a2.7b; do
+            b $p 1,2,4,8 ab --
+            b $p 1,2,4,8 ab MSM_CUDA_ROWS_PIPE=0 --
+            b $p 1,2,4 ab MSM_CUDA_ROWS_PIPE=3 --
+            b $p 1,2,4 ab MSM_CUDA_ROWS_PIPE=12 --
+        done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=40 tl qwen3-30b-a3b 1 q3
+    ROWS=40 tl qwen3-30b-a3b 1 q3 MSM_CUDA_ROWS_PIPE=0
+    ROWS=40 tl qwen1.5-moe-a2.7b 1 q15
+    ROWS=40 tl qwen3-30b-a3b-fp8 1 q3f
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 560) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen1.5-moe-a2.7b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
