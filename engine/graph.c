@@ -192,12 +192,14 @@ int msm_graph_plan(msm_graph *g, msm_err *err) {
         int ids[MSM_NODE_MAX_IN + 2], k = 0;
         for (int j = 0; j < n->n_in; j++) ids[k++] = n->in[j];
         for (int j = 0; j < n->n_out; j++) ids[k++] = n->out[j];
-        /* An ADD_RMSNORM whose norm the next node, a LINEAR on the same stream, reads: a backend may
-         * run the two as one kernel (the CUDA backend's msm_cuda_norm_linear: every block reads the
-         * norm's inputs while block 0 writes its outputs and all write the linear's), so its inputs
-         * and outputs stay live through that node and the linear's output takes none of their bytes
-         * (a residual sum nothing reads again, the last layer's, included). */
-        bool pair = n->op == MSM_OP_ADD_RMSNORM && i + 1 < nn && g->nodes[i + 1].op == MSM_OP_LINEAR &&
+        /* An ADD_RMSNORM whose norm the next node, a LINEAR or a fused router on the same stream,
+         * reads: a backend may run the two as one kernel (the CUDA backend's msm_cuda_norm_linear and
+         * msm_cuda_norm_router_linear_topk: every block reads the norm's inputs while block 0 writes
+         * its outputs and all write the next node's), so its inputs and outputs stay live through
+         * that node and the next node's outputs take none of their bytes (a residual sum nothing
+         * reads again, the last layer's, included). */
+        bool pair = n->op == MSM_OP_ADD_RMSNORM && i + 1 < nn &&
+                    (g->nodes[i + 1].op == MSM_OP_LINEAR || g->nodes[i + 1].op == MSM_OP_ROUTER_LINEAR_TOPK) &&
                     g->nodes[i + 1].stream == n->stream && g->nodes[i + 1].in[0] == n->out[1];
         for (int j = 0; j < k; j++) {
             interval *t = &iv[ids[j]];

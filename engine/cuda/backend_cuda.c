@@ -235,6 +235,19 @@ static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, 
                                      w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune);
 }
 
+/* Whether node i is an ADD_RMSNORM that runs with the ROUTER_LINEAR_TOPK after it in one kernel
+ * (msm_cuda_norm_router_linear_topk), on the same terms as norm_linear_pair: the router reads the
+ * norm, on the same stream, the norm's width as its K, where the fused kernel takes the shapes
+ * (the planner keeps the pair's values apart as for norm_linear_pair). */
+static bool norm_router_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
+    if (i < 0 || i + 1 >= g->n_nodes) return false;
+    const msm_node *n = &g->nodes[i], *r = &g->nodes[i + 1];
+    if (n->op != MSM_OP_ADD_RMSNORM || r->op != MSM_OP_ROUTER_LINEAR_TOPK || r->stream != n->stream ||
+        r->in[0] != n->out[1] || g->vals[r->in[0]].cols != n->attr.rmsnorm.dim)
+        return false;
+    return msm_cuda_norm_router_fits(rows, r->attr.router_topk.E, n->attr.rmsnorm.dim, ex.tune);
+}
+
 /* Whether node i (on the main stream) has kernels of its layer on the aux stream beside it: a node
  * of the same layer on another stream before or after it. */
 static bool aux_beside(const msm_graph *g, int i) {
@@ -358,6 +371,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     case MSM_OP_ADD_RMSNORM:
         if (norm_linear_pair(cb, g, idx, ROWS(in0), s)) break; /* the LINEAR next does it */
+        if (norm_router_pair(g, idx, ROWS(in0), s)) break;     /* the router next does it */
         KTRY(msm_cuda_add_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), cb->w[n->w[0]], ROWS(in0),
                                   a->rmsnorm.dim, a->rmsnorm.eps, s));
         break;
@@ -385,6 +399,14 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     case MSM_OP_ROUTER_LINEAR_TOPK: {
         const msm_attr_router_topk *r = &a->router_topk;
+        if (norm_router_pair(g, idx - 1, ROWS(in0), s)) { /* with the ADD_RMSNORM before it, one launch */
+            const msm_node *nn = &g->nodes[idx - 1];
+            KTRY(msm_cuda_norm_router_linear_topk(I32(out0), F(n->out[1]), F(nn->out[0]), F(nn->out[1]),
+                                                  F(nn->in[0]), F(nn->in[1]), cb->w[nn->w[0]], nn->attr.rmsnorm.eps,
+                                                  cb->w[n->w[0]], ROWS(in0), r->E, g->vals[in0].cols, r->k,
+                                                  r->norm != 0, cb->router_ws[n->stream], cb->router_ws_bytes, s));
+            break;
+        }
         KTRY(msm_cuda_router_linear_topk(I32(out0), F(n->out[1]), F(in0), cb->w[n->w[0]], ROWS(in0), r->E,
                                          g->vals[in0].cols, r->k, r->norm != 0, cb->router_ws[n->stream],
                                          cb->router_ws_bytes, s));
@@ -1230,6 +1252,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MOE_AUX_SERIAL_MAX_T", &v)) t->moe_aux_serial_max_t = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_FP8_MOE_HW"))) t->fp8_moe_hw = s[0] != '0';
     if (env_int("MSM_CUDA_ROWS_PIPE", &v)) t->rows_pipe = v & 15;
+    if ((s = getenv("MSM_CUDA_NORM_ROUTER"))) t->norm_router = s[0] != '0';
+    if (env_int("MSM_CUDA_NORM_ROUTER_MAX_T", &v)) t->norm_router_max_t = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;

@@ -227,66 +227,6 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_rows<NT, R, U, VEC, FP8, HW, PIPE>(y, x, w, wsc, ph, bias, T, N, K, prefetch, early);
 }
 
-/* One token row's residual add + RMSNorm by a block of TH threads playing the vt virtual threads of
- * add_rmsnorm_kernel (msm_norm_threads(N); thread i plays i, i + TH, ... F of them, V values each):
- * v = ld(i) for element i (virtual thread tv owns i = tv + j * vt), squares summed in j order, warp
- * sums, then the vt / 32 virtual warps in order (msm_block_sum's), so the bits of
- * msm_cuda_add_rmsnorm; then st(i, v, wv * (v * inv)) for every element. wv: this thread's norm
- * weights in that layout. part: shared memory of 32 floats. Every thread of the block calls it. */
-template <int V, int F, int TH, typename Ld, typename St>
-static __device__ __forceinline__ void gemv_block_norm_row(Ld ld, St st, const float (&wv)[F][V], int N, float eps,
-                                                           int vt, float *part) {
-    float v[F][V];
-    float ss[F];
-#pragma unroll
-    for (int f = 0; f < F; f++) {
-        int tv = threadIdx.x + f * TH; /* this thread's virtual thread */
-        ss[f] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            int i = tv + j * vt;
-            v[f][j] = tv < vt && i < N ? ld(i) : 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            int i = tv + j * vt;
-            if (tv < vt && i < N) ss[f] += v[f][j] * v[f][j];
-        }
-        ss[f] = msm_warp_sum(ss[f]);
-    }
-    __syncthreads(); /* part may still be read for the previous row */
-#pragma unroll
-    for (int f = 0; f < F; f++) {
-        int tv = threadIdx.x + f * TH;
-        if ((threadIdx.x & 31) == 0 && tv < vt) part[tv / 32] = ss[f];
-    }
-    __syncthreads();
-    float tot = 0.0f;
-    for (int i = 0; i < vt / 32; i++) tot += part[i];
-    float inv = 1.0f / sqrtf(tot / (float)N + eps);
-#pragma unroll
-    for (int f = 0; f < F; f++) {
-        int tv = threadIdx.x + f * TH;
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            int i = tv + j * vt;
-            if (tv < vt && i < N) st(i, v[f][j], wv[f][j] * (v[f][j] * inv));
-        }
-    }
-}
-
-/* This thread's norm weights in gemv_block_norm_row's layout (0 past N). */
-template <int V, int F, int TH>
-static __device__ __forceinline__ void gemv_block_norm_w(const uint16_t *nw, int N, int vt, float (&wv)[F][V]) {
-#pragma unroll
-    for (int f = 0; f < F; f++)
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            int i = threadIdx.x + f * TH + j * vt;
-            wv[f][j] = threadIdx.x + f * TH < vt && i < N ? msm_bf(__ldg(nw + i)) : 0.0f;
-        }
-}
-
 /* ---- GEMV + residual add + RMSNorm (LINEAR_ADD_RMSNORM, msm_cuda_linear_add_rmsnorm) ----
  * The GEMV blocks write y = x . W^T + b into sum; each block then counts itself in on ctr (after a
  * fence), and the block arriving last computes, for every token row, sum = r + y and out =
@@ -316,10 +256,10 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     /* the norm weights, loaded with the first row (only the last block needs them: loading them
      * before the GEMV would hold F * V registers through it in every block) */
     float wv[F][V];
-    gemv_block_norm_w<V, F, GEMV_WARPS * 32>(nw, N, vt, wv);
+    msm_block_norm_w<V, F, GEMV_WARPS * 32>(nw, N, vt, wv);
     for (int t = 0; t < T; t++) {
         size_t off = (size_t)t * N;
-        gemv_block_norm_row<V, F, GEMV_WARPS * 32>([&](int i) { return r[off + i] + __ldcg(sum + off + i); },
+        msm_block_norm_row<V, F, GEMV_WARPS * 32>([&](int i) { return r[off + i] + __ldcg(sum + off + i); },
                                   [&](int i, float v, float o) { sum[off + i] = v, out[off + i] = o; }, wv, N, eps, vt,
                                   part);
     }
@@ -328,7 +268,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 
 /* ---- RMSNorm in, GEMV out (ADD_RMSNORM + the LINEAR reading its norm: msm_cuda_norm_linear) ----
  * Every block computes the residual add + RMSNorm of the T token rows itself, with
- * gemv_block_norm_row (msm_cuda_add_rmsnorm's bits: its NI_WARPS * 32 threads are the norm
+ * msm_block_norm_row (msm_cuda_add_rmsnorm's bits: its NI_WARPS * 32 threads are the norm
  * kernel's virtual threads one to one), into shared memory, and multiplies its weight rows with
  * them exactly as gemv_kernel's warps do (msm_rows_dot_w: the same lane partials in the same
  * order, the same warp sum, + bias), so y is bitwise the GEMV's of the norm kernel's output; block 0
@@ -352,12 +292,12 @@ struct norm_in_hook {
     __device__ __forceinline__ void operator()() const {
         if (early) msm_pdl_wait();
         float w[1][V]; /* loaded with the first row's x: L2 hits of every block, in flight together */
-        gemv_block_norm_w<V, 1, NI_WARPS * 32>(nw, K, vt, w);
+        msm_block_norm_w<V, 1, NI_WARPS * 32>(nw, K, vt, w);
         for (int t = 0; t < T; t++) {
             size_t off = (size_t)t * K;
             float *xr = xn + off;
             bool wr = blockIdx.x == 0;
-            gemv_block_norm_row<V, 1, NI_WARPS * 32>([&](int i) { return a[off + i] + b[off + i]; },
+            msm_block_norm_row<V, 1, NI_WARPS * 32>([&](int i) { return a[off + i] + b[off + i]; },
                                                      [&](int i, float v, float o) {
                                                          xr[i] = o;
                                                          if (wr) sum[off + i] = v, out[off + i] = o;

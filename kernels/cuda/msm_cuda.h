@@ -130,6 +130,66 @@ static __device__ __forceinline__ float msm_bf(uint16_t h) {
     return __uint_as_float((uint32_t)h << 16);
 }
 
+/* One token row's residual add + RMSNorm by a block of TH threads playing the vt virtual threads of
+ * add_rmsnorm_kernel (msm_norm_threads(N); thread i plays i, i + TH, ... F of them, V values each):
+ * v = ld(i) for element i (virtual thread tv owns i = tv + j * vt), squares summed in j order, warp
+ * sums, then the vt / 32 virtual warps in order (msm_block_sum's), so the bits of
+ * msm_cuda_add_rmsnorm; then st(i, v, wv * (v * inv)) for every element. wv: this thread's norm
+ * weights in that layout. part: shared memory of 32 floats. Every thread of the block calls it. */
+template <int V, int F, int TH, typename Ld, typename St>
+static __device__ __forceinline__ void msm_block_norm_row(Ld ld, St st, const float (&wv)[F][V], int N, float eps,
+                                                           int vt, float *part) {
+    float v[F][V];
+    float ss[F];
+#pragma unroll
+    for (int f = 0; f < F; f++) {
+        int tv = threadIdx.x + f * TH; /* this thread's virtual thread */
+        ss[f] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int i = tv + j * vt;
+            v[f][j] = tv < vt && i < N ? ld(i) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int i = tv + j * vt;
+            if (tv < vt && i < N) ss[f] += v[f][j] * v[f][j];
+        }
+        ss[f] = msm_warp_sum(ss[f]);
+    }
+    __syncthreads(); /* part may still be read for the previous row */
+#pragma unroll
+    for (int f = 0; f < F; f++) {
+        int tv = threadIdx.x + f * TH;
+        if ((threadIdx.x & 31) == 0 && tv < vt) part[tv / 32] = ss[f];
+    }
+    __syncthreads();
+    float tot = 0.0f;
+    for (int i = 0; i < vt / 32; i++) tot += part[i];
+    float inv = 1.0f / sqrtf(tot / (float)N + eps);
+#pragma unroll
+    for (int f = 0; f < F; f++) {
+        int tv = threadIdx.x + f * TH;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int i = tv + j * vt;
+            if (tv < vt && i < N) st(i, v[f][j], wv[f][j] * (v[f][j] * inv));
+        }
+    }
+}
+
+/* This thread's norm weights in msm_block_norm_row's layout (0 past N). */
+template <int V, int F, int TH>
+static __device__ __forceinline__ void msm_block_norm_w(const uint16_t *nw, int N, int vt, float (&wv)[F][V]) {
+#pragma unroll
+    for (int f = 0; f < F; f++)
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int i = threadIdx.x + f * TH + j * vt;
+            wv[f][j] = threadIdx.x + f * TH < vt && i < N ? msm_bf(__ldg(nw + i)) : 0.0f;
+        }
+}
+
 /* This thread's norm weights in the msm_norm_row_store layout (0 past dim). Norm weights are never
  * written during a step: kernels load them before their PDL wait, so the load's latency overlaps
  * the previous kernel instead of following the block sum (H200, 2026-12-01: a one-block
@@ -348,11 +408,15 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
  * few outputs (Qwen3-30B-A3B's router, 128 x 1: 10 -> ~5 us a layer) and cost at many (Qwen1.5-MoE
  * batch 32, 60 x 32 outputs: the step 9.3 -> 9.56 ms with blocks; H200, 2026-12-01). */
 static inline bool msm_small_block(int T, int N) { return (long)T * N <= 1024; }
-template <bool VEC>
-static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const float *x, int K, float *part) {
+/* hook: as msm_rows_dot's (run by every thread once, after its first round of weight loads and
+ * before x is read; first without VEC). */
+template <bool VEC, typename Hook = msm_no_hook>
+static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const float *x, int K, float *part,
+                                                     Hook hook = Hook()) {
     float acc = 0.0f;
     const int tid = threadIdx.x;
     if constexpr (VEC) {
+        if (tid * 8 >= K) hook(); /* no round: nothing to overlap */
         for (int k0 = tid * 8; k0 < K; k0 += 8 * MSM_SMALL_THREADS * MSM_SMALL_U) {
             uint4 wv[MSM_SMALL_U];
 #pragma unroll
@@ -360,6 +424,7 @@ static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const
                 int k = k0 + u * 8 * MSM_SMALL_THREADS;
                 wv[u] = k < K ? msm_ld_stream16(row + k) : make_uint4(0, 0, 0, 0);
             }
+            if (k0 == tid * 8) hook();
 #pragma unroll
             for (int u = 0; u < MSM_SMALL_U; u++) {
                 int k = k0 + u * 8 * MSM_SMALL_THREADS;
@@ -369,6 +434,7 @@ static __device__ __forceinline__ float msm_small_dot(const uint16_t *row, const
             }
         }
     } else {
+        hook();
         for (int k = tid; k < K; k += MSM_SMALL_THREADS) acc = fmaf(msm_bf(row[k]), x[k], acc);
     }
     return msm_block_sum(acc, part);

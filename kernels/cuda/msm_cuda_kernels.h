@@ -196,6 +196,11 @@ typedef struct msm_cuda_tuning {
                                  Qwen3-30B-A3B FP8 2.93 / 4.16 / 6.09 -> 2.84 / 3.93-3.96 / 5.69-5.75,
                                  GLM-4.5-Air FP8 7.37 / 10.40 / 15.85-15.97 -> 7.04-7.08 / 10.01-10.05 /
                                  15.27-15.32 (MSM_CUDA_FP8_MOE_HW=0: the integer decode) */
+    bool norm_router;         /* an ADD_RMSNORM and the ROUTER_LINEAR_TOPK reading its norm (Qwen3-MoE,
+                                 Mixtral: no shared expert forked between them) run as one kernel, every
+                                 block norming its token's row (msm_cuda_norm_router_linear_topk): one
+                                 kernel boundary less on the critical path (MSM_CUDA_NORM_ROUTER) */
+    int norm_router_max_t;    /* ... up to this many tokens (MSM_CUDA_NORM_ROUTER_MAX_T) */
     int rows_pipe;            /* MSM_CUDA_PIPE_* kernels whose bf16 rows take msm_rows_dot's software
                                  pipelining where a row is more than one step of loads (K > 256 * U): the
                                  next step's loads go out before this step's arithmetic, so a warp's loads
@@ -427,6 +432,16 @@ int msm_cuda_sample(int32_t *out, const float *logits, const msm_sample_params *
 size_t msm_cuda_router_ws_bytes(int T, int E);
 int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
                                 int K, int k, bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex);
+
+/* ADD_RMSNORM (sum = a + b, out = rmsnorm(sum) * nw, [T,K]) and the ROUTER_LINEAR_TOPK reading out in
+ * one launch: every block norms its token's row itself; bitwise msm_cuda_add_rmsnorm then
+ * msm_cuda_router_linear_topk (ids, weights, sum, out). Where msm_cuda_norm_router_fits (tuning
+ * norm_router, up to norm_router_max_t tokens, K % 8 == 0, K <= 4096); else -EINVAL. ws as
+ * msm_cuda_router_linear_topk's. */
+bool msm_cuda_norm_router_fits(int T, int E, int K, const msm_cuda_tuning *tn);
+int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *sum, float *out, const float *a, const float *b,
+                                     const uint16_t *nw, float eps, const uint16_t *wr, int T, int E, int K, int k,
+                                     bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex);
 
 /* ---- FP8 block-scaled weights resident on the device (docs/adr/0006-fp8.md) ----
  * A weight [n_expert, rows, cols] kept as its float8_e4m3fn codes (one byte each, the same

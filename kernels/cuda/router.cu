@@ -136,14 +136,49 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
  * msm_rows_dot<1, 1, 4> and a warp sum (gemv_kernel<1, 1, 4>). Either then adds 0.0f for the
  * absent bias. Each block counts itself in on token t's counter (after a fence); the block
  * arriving last runs the top-k of topk_token over the logits and resets the counter to zero for
- * the next call or replay. */
+ * the next call or replay (router_rank_tail). */
+
+/* The fused routers' tail, by every thread of a block that has written its logits of token t. */
+static __device__ __forceinline__ void router_rank_tail(int32_t *ids, float *w, const float *logits, unsigned *ctr,
+                                                        int t, int E, int k, bool norm) {
+    __shared__ bool last;
+    __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE];
+    __shared__ int rank[8];
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(ctr + t, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* the block's threads rank the logits at once (e's rank: the logits above it, or equal at a
+     * lower id: topk_token's order), instead of k dependent rounds of warp arg-max */
+    const float *l = logits + (size_t)t * E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) lg[e] = __ldcg(l + e);
+    for (int e = E + threadIdx.x; e < (E + 3) / 4 * 4; e += blockDim.x) lg[e] = -INFINITY; /* never counted */
+    if (threadIdx.x < 8) rank[threadIdx.x] = -1;
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        float v = lg[e];
+        int r = 0;
+        for (int f = 0; f < E; f += 4) { /* four logits a shared-memory load; the pad is -inf, below v or NaN */
+            float4 u = *(const float4 *)(lg + f);
+            r += (u.x > v || (u.x == v && f < e)) + (u.y > v || (u.y == v && f + 1 < e)) +
+                 (u.z > v || (u.z == v && f + 2 < e)) + (u.w > v || (u.w == v && f + 3 < e));
+        }
+        if (r < k) rank[r] = e; /* unique without NaN; topk_token checks */
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) topk_token<true>(ids, w, lg, t, E, k, norm, threadIdx.x & 31, rank);
+    if (threadIdx.x == 0) ctr[t] = 0;
+}
+
 template <bool VEC, bool BLOCK>
 static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     router_linear_topk_kernel(int32_t *ids, float *w, float *logits, unsigned *ctr, const float *x,
                               const uint16_t *wr, int T, int E, int K, int k, bool norm) {
     static_assert(MSM_SMALL_THREADS == ROUTER_WARPS * 32, "one block size for both ways");
     __shared__ float part[32];
-    __shared__ bool last;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.y;
     msm_pdl_trigger();
     msm_pdl_wait();
@@ -163,35 +198,58 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(ctr + t, 1u) == gridDim.x - 1;
+    router_rank_tail(ids, w, logits, ctr, t, E, k, norm);
+}
+
+/* ---- ADD_RMSNORM + the fused router in one launch (msm_cuda_norm_router_linear_topk) ----
+ * router_linear_topk_kernel with the residual add + RMSNorm of its token's row done by every block
+ * itself (msm_block_norm_row: msm_cuda_add_rmsnorm's bits, the block's 128 threads playing the norm
+ * kernel's vt virtual threads, F each) into shared memory, as the rows-dot hook: after the block's
+ * first weight loads are issued (before the PDL wait when early), so the norm's one-block kernel
+ * and one kernel boundary leave the step and the norm overlaps the weight loads. The logits are
+ * the same products of the same values in the same order (x read from shared memory), so ids and
+ * weights are bitwise the two kernels'; block (0, t) also writes row t's residual sum and norm for
+ * their other readers (the experts, the next residual add). Decode-sized T (every block norms its
+ * token's row). */
+template <bool BLOCK, int V, int F>
+static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
+    norm_router_kernel(int32_t *ids, float *w, float *logits, unsigned *ctr, const float *a, const float *b,
+                       const uint16_t *nw, float *sum, float *out, float eps, int vt, const uint16_t *wr, int T,
+                       int E, int K, int k, bool norm, bool early) {
+    extern __shared__ __align__(16) float xn[]; /* [K]: token t's normed row */
+    __shared__ float part[32];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.y;
+    msm_pdl_trigger();
+    if (!early) msm_pdl_wait();
+    auto hook = [&]() {
+        if (early) msm_pdl_wait();
+        float wv[F][V]; /* the norm weights, L2 hits of every block */
+        msm_block_norm_w<V, F, MSM_SMALL_THREADS>(nw, K, vt, wv);
+        size_t off = (size_t)t * K;
+        bool wr0 = blockIdx.x == 0;
+        msm_block_norm_row<V, F, MSM_SMALL_THREADS>([&](int i) { return a[off + i] + b[off + i]; },
+                                                    [&](int i, float v, float o) {
+                                                        xn[i] = o;
+                                                        if (wr0) sum[off + i] = v, out[off + i] = o;
+                                                    },
+                                                    wv, K, eps, vt, part);
+        __syncthreads(); /* the whole row in shared memory before any thread reads it */
+    };
+    if constexpr (BLOCK) {
+        int n = blockIdx.x;
+        float s = msm_small_dot<true>(wr + (size_t)n * K, xn, K, part, hook);
+        if (threadIdx.x == 0) logits[(size_t)t * E + n] = s + 0.0f;
+    } else { /* a warp past E runs the loop with a NULL row (no loads) so every thread reaches the norm */
+        int n = blockIdx.x * ROUTER_WARPS + warp;
+        const uint16_t *rows[1] = {n < E ? wr + (size_t)n * K : NULL};
+        const float *xs[1] = {xn};
+        float acc[1][1] = {{0.0f}};
+        msm_rows_dot<1, 1, 4, true>(acc, rows, xs, 1, K, lane, hook);
+        float s = msm_warp_sum(acc[0][0]);
+        if (lane == 0 && n < E) logits[(size_t)t * E + n] = s + 0.0f;
+        __syncthreads();
     }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    /* the block's threads rank the logits at once (e's rank: the logits above it, or equal at a
-     * lower id: topk_token's order), instead of k dependent rounds of warp arg-max */
-    __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE];
-    __shared__ int rank[8];
-    const float *l = logits + (size_t)t * E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) lg[e] = __ldcg(l + e);
-    for (int e = E + threadIdx.x; e < (E + 3) / 4 * 4; e += blockDim.x) lg[e] = -INFINITY; /* never counted */
-    if (threadIdx.x < 8) rank[threadIdx.x] = -1;
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        float v = lg[e];
-        int r = 0;
-        for (int f = 0; f < E; f += 4) { /* four logits a shared-memory load; the pad is -inf, below v or NaN */
-            float4 u = *(const float4 *)(lg + f);
-            r += (u.x > v || (u.x == v && f < e)) + (u.y > v || (u.y == v && f + 1 < e)) +
-                 (u.z > v || (u.z == v && f + 2 < e)) + (u.w > v || (u.w == v && f + 3 < e));
-        }
-        if (r < k) rank[r] = e; /* unique without NaN; topk_token checks */
-    }
-    __syncthreads();
-    if (warp == 0) topk_token<true>(ids, w, lg, t, E, k, norm, lane, rank);
-    if (threadIdx.x == 0) ctr[t] = 0;
+    router_rank_tail(ids, w, logits, ctr, t, E, k, norm);
 }
 
 extern "C" size_t msm_cuda_router_ws_bytes(int T, int E) {
@@ -218,6 +276,65 @@ extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *
     else if (blk) ROUTER_GO(false, true);
     else ROUTER_GO(false, false);
 #undef ROUTER_GO
+    return 0;
+}
+
+/* The norm layouts the fused kernel has: vt threads of V values (msm_norm_threads / msm_norm_vals
+ * of K, K <= 4096), played by its 128 threads F = vt / 128 each (vt = 64: F = 1, half of them idle). */
+static bool norm_router_layout(int K, int *vt, int *V) {
+    *vt = msm_norm_threads(K), *V = msm_norm_vals(K, *vt);
+    return (*vt == 256 && (*V == 4 || *V == 8 || *V == 16)) || (*vt == 128 && (*V == 2 || *V == 4 || *V == 8)) ||
+           (*vt == 64 && (*V == 1 || *V == 2));
+}
+
+extern "C" bool msm_cuda_norm_router_fits(int T, int E, int K, const msm_cuda_tuning *tn) {
+    int vt, V;
+    return tn->norm_router && T >= 1 && T <= tn->norm_router_max_t && T <= MSM_CUDA_ROUTER_FUSED_MAX_T && E >= 1 &&
+           E <= 32 * ROUTER_PER_LANE && K % 8 == 0 && (size_t)K * sizeof(float) <= (48u << 10) &&
+           norm_router_layout(K, &vt, &V);
+}
+
+template <int V, int F>
+static cudaError_t norm_router_go(dim3 grid, bool blk, int32_t *ids, float *w, float *logits, unsigned *ctr,
+                                  const float *a, const float *b, const uint16_t *nw, float *sum, float *out,
+                                  float eps, int vt, const uint16_t *wr, int T, int E, int K, int k, bool norm,
+                                  msm_cuda_exec ex) {
+    /* the router weights before the PDL wait at one token (their loads overlap the kernel before;
+     * at 8 tokens early router loads measured slower, bench/results/2026-12-02-h200-s2 run 3) */
+    bool early = T == 1 && ex.tune->gemv_early;
+    size_t shm = (size_t)K * sizeof(float);
+    if (blk)
+        return msm_launch(norm_router_kernel<true, V, F>, grid, dim3(MSM_SMALL_THREADS), shm, ex, ids, w, logits,
+                          ctr, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, early);
+    return msm_launch(norm_router_kernel<false, V, F>, grid, dim3(MSM_SMALL_THREADS), shm, ex, ids, w, logits, ctr,
+                      a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, early);
+}
+
+extern "C" int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *sum, float *out, const float *a,
+                                                const float *b, const uint16_t *nw, float eps, const uint16_t *wr,
+                                                int T, int E, int K, int k, bool norm, void *ws, size_t ws_bytes,
+                                                msm_cuda_exec ex) {
+    if (!sum || !out || !a || !b || !nw || !wr || E <= 0 || E > 32 * ROUTER_PER_LANE || k <= 0 || k > 8 || k > E ||
+        !msm_cuda_norm_router_fits(T, E, K, ex.tune))
+        return -EINVAL;
+    if (!ws || ws_bytes < msm_cuda_router_ws_bytes(T, E) || (uintptr_t)ws % 16) return -EINVAL;
+    if ((uintptr_t)wr % 16) { /* no vector loads: the two kernels */
+        int r = msm_cuda_add_rmsnorm(sum, out, a, b, nw, T, K, eps, ex);
+        return r ? r : msm_cuda_router_linear_topk(ids, w, out, wr, T, E, K, k, norm, ws, ws_bytes, ex);
+    }
+    int vt, V;
+    norm_router_layout(K, &vt, &V);
+    unsigned *ctr = (unsigned *)ws;
+    float *logits = (float *)((char *)ws + MSM_CUDA_ROUTER_FUSED_MAX_T * sizeof(unsigned));
+    bool blk = msm_small_block(T, E);
+    dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T);
+#define NR(V_, F_) \
+    norm_router_go<V_, F_>(grid, blk, ids, w, logits, ctr, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, ex)
+    cudaError_t e = vt == 256 ? (V == 4 ? NR(4, 2) : V == 8 ? NR(8, 2) : NR(16, 2))
+                              : (V == 1 ? NR(1, 1) : V == 2 ? NR(2, 1) : V == 4 ? NR(4, 1) : NR(8, 1));
+#undef NR
+    CUDA_TRY(e);
+    CUDA_LAUNCH_CHECK();
     return 0;
 }
 

@@ -46,7 +46,13 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->small_early = true;
     t->moe_aux_serial_max_t = 8;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
-    t->rows_pipe = MSM_CUDA_PIPE_GEMV | MSM_CUDA_PIPE_NORM_IN | MSM_CUDA_PIPE_MOE_GU | MSM_CUDA_PIPE_MOE_DOWN;
+    /* the norm-in GEMV only: the other kernels lost occupancy for nothing (H200, 2026-12-02 third
+     * session, ms a step at 1 / 2 / 4 tokens, all four on vs off: Qwen1.5-MoE 2.00 / 2.78 / 4.12 vs
+     * 1.87 / 2.71 / 3.94, Qwen3-30B-A3B 3.04 / 4.22 / 6.65 vs 3.10 / 4.37 / 6.51; the timeline:
+     * Qwen3's qkv 7.6 -> 6.7 us a layer, its o_proj unchanged) */
+    t->rows_pipe = MSM_CUDA_PIPE_NORM_IN;
+    t->norm_router = true;
+    t->norm_router_max_t = 8;
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;
     msm__moe_tuning(t);

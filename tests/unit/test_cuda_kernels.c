@@ -50,7 +50,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_ROUTER_CHUNK_PER_SM", "MSM_CUDA_ATT_CLUSTER", "MSM_CUDA_ATT_EARLY",
                                  "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
                                  "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8", "MSM_CUDA_NORM_LINEAR",
-                                 "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE"};
+                                 "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE", "MSM_CUDA_NORM_ROUTER",
+                                 "MSM_CUDA_NORM_ROUTER_MAX_T"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -72,10 +73,14 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1), setenv("MSM_CUDA_FP8_MOE_TILED_MIN_T", "-2", 1);
     setenv("MSM_CUDA_FP8_GEMV_U8", "0", 1), setenv("MSM_CUDA_NORM_LINEAR", "0", 1);
     setenv("MSM_CUDA_FP8_MOE_HW", "0", 1), setenv("MSM_CUDA_ROWS_PIPE", "21", 1);
+    setenv("MSM_CUDA_NORM_ROUTER", "0", 1), setenv("MSM_CUDA_NORM_ROUTER_MAX_T", "-1", 1);
+    t.norm_router = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
     cr_expect(!t.fp8_moe_hw, "MSM_CUDA_FP8_MOE_HW=0: the integer decode");
     cr_expect_eq(t.rows_pipe, 21 & 15, "MSM_CUDA_ROWS_PIPE: the mask's known kernels");
+    cr_expect(!t.norm_router, "MSM_CUDA_NORM_ROUTER=0: the norm and the router two kernels");
+    cr_expect_eq(t.norm_router_max_t, 0, "clamped to 0");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -899,6 +904,86 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
         cudaFree(dx), cudaFree(dl), cudaFree(dwr), cudaFree(ws), cudaFree(i1), cudaFree(i2), cudaFree(w1), cudaFree(w2);
         free(x), free(wf), free(wb), free(h1), free(h2), free(g1), free(g2);
     }
+}
+
+/* ADD_RMSNORM + the fused router in one launch (msm_cuda_norm_router_linear_topk) gives the two
+ * kernels' bits: ids, weights, the residual sum and the norm, one block a logit (T * E <= 1024) and
+ * one warp a logit (past it), norm layouts (K = 2048 and 4096: 256 norm threads of 8 and 16 values;
+ * 1024: of 4; 768 and 200: 128 threads of 8 and 2; 64: 64 threads of 1), E = 60 / 128 / 256 / 8, T = 1..8,
+ * the router weights requested before the PDL wait or after it, the inputs written by the kernel
+ * just before on buffers poisoned just before that (a read ahead of the wait would show), repeated
+ * calls (its counters return to zero); and what it does not take refused. */
+Test(cuda_kernels, norm_router_equals_add_rmsnorm_then_router, .timeout = 120) {
+    need_gpu();
+    static const int shapes[][3] = {{128, 2048, 8}, {60, 2048, 4}, {8, 4096, 2}, {256, 4096, 8},
+                                    {64, 1024, 6},  {16, 768, 4},  {7, 200, 3},  {8, 64, 2}};
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int E = shapes[s][0], K = shapes[s][1], k = shapes[s][2], Tm = 8;
+        float *xa = host_f32((size_t)Tm * K, 1.0f), *xb = host_f32((size_t)Tm * K, 1.0f), *wf, *nf;
+        uint16_t *wb = host_bf16((size_t)E * K, 0.05f, &wf), *nb = host_bf16(K, 1.0f, &nf);
+        float *d0 = dev_up(xa, (size_t)Tm * K * 4), *d1 = dev_up(xb, (size_t)Tm * K * 4);
+        float *da = dev((size_t)Tm * K * 4), *db = dev((size_t)Tm * K * 4), *dz = dev((size_t)Tm * K * 4);
+        cr_assert_eq(cudaMemset(dz, 0, (size_t)Tm * K * 4), cudaSuccess);
+        float *dsum = dev((size_t)Tm * K * 4), *dout = dev((size_t)Tm * K * 4), *dw = dev((size_t)Tm * k * 4);
+        int32_t *di = dev((size_t)Tm * k * 4);
+        uint16_t *dwr = dev_up(wb, (size_t)E * K * 2), *dn = dev_up(nb, (size_t)K * 2);
+        size_t wsb = msm_cuda_router_ws_bytes(Tm, E);
+        void *ws = dev(wsb);
+        cr_assert_eq(cudaMemset(ws, 0, wsb), cudaSuccess);
+        size_t nk = (size_t)Tm * k, nx = (size_t)Tm * K;
+        int32_t *ri = malloc(nk * 4), *gi = malloc(nk * 4);
+        float *rw = malloc(nk * 4), *gw = malloc(nk * 4), *rs = malloc(nx * 4), *gs = malloc(nx * 4);
+        float *ro = malloc(nx * 4), *go = malloc(nx * 4);
+        for (int T = 1; T <= Tm; T++)
+            for (int v = 0; v < 4; v++) { /* the two kernels; one, early router loads; one, after the wait; again */
+                msm_cuda_tuning t = tune0;
+                t.norm_router = true, t.norm_router_max_t = 8;
+                t.gemv_early = v != 2;
+                msm_cuda_exec ex = {.stream = st, .tune = &t};
+                cr_assert(msm_cuda_norm_router_fits(T, E, K, &t), "fits T=%d E=%d K=%d", T, E, K);
+                CK(cudaMemsetAsync(da, 0xff, nx * 4, st));
+                CK(cudaMemsetAsync(db, 0xff, nx * 4, st));
+                CK(cudaMemsetAsync(dsum, 0xff, nx * 4, st));
+                CK(cudaMemsetAsync(dout, 0xff, nx * 4, st));
+                CK(cudaMemsetAsync(di, 0xff, nk * 4, st));
+                CK(cudaMemsetAsync(dw, 0xff, nk * 4, st));
+                CK(msm_cuda_add(da, d0, d1, (size_t)T * K, ex));
+                CK(msm_cuda_add(db, d1, dz, (size_t)T * K, ex));
+                if (v == 0) {
+                    CK(msm_cuda_add_rmsnorm(dsum, dout, da, db, dn, T, K, 1e-6f, ex));
+                    CK(msm_cuda_router_linear_topk(di, dw, dout, dwr, T, E, K, k, true, ws, wsb, ex));
+                } else {
+                    CK(msm_cuda_norm_router_linear_topk(di, dw, dsum, dout, da, db, dn, 1e-6f, dwr, T, E, K, k, true,
+                                                        ws, wsb, ex));
+                }
+                CK(cudaStreamSynchronize(st));
+                bool r = v == 0;
+                down(r ? ri : gi, di, (size_t)T * k * 4), down(r ? rw : gw, dw, (size_t)T * k * 4);
+                down(r ? rs : gs, dsum, (size_t)T * K * 4), down(r ? ro : go, dout, (size_t)T * K * 4);
+                if (r) continue;
+                cr_expect(memcmp(ri, gi, (size_t)T * k * 4) == 0, "ids differ: T=%d E=%d K=%d v=%d", T, E, K, v);
+                cr_expect(memcmp(rw, gw, (size_t)T * k * 4) == 0, "weights differ: T=%d E=%d K=%d v=%d", T, E, K, v);
+                cr_expect(memcmp(rs, gs, (size_t)T * K * 4) == 0, "sum differs: T=%d E=%d K=%d v=%d", T, E, K, v);
+                cr_expect(memcmp(ro, go, (size_t)T * K * 4) == 0, "norm differs: T=%d E=%d K=%d v=%d", T, E, K, v);
+            }
+        msm_cuda_tuning t = tune0;
+        t.norm_router = true, t.norm_router_max_t = 8;
+        cr_expect(!msm_cuda_norm_router_fits(9, E, K, &t), "past norm_router_max_t");
+        cr_expect(!msm_cuda_norm_router_fits(1, E, K + 4, &t), "K %% 8 != 0");
+        t.norm_router = false;
+        cr_expect(!msm_cuda_norm_router_fits(1, E, K, &t), "switched off");
+        cr_expect_eq(msm_cuda_norm_router_linear_topk(di, dw, dsum, dout, da, db, dn, 1e-6f, dwr, 1, E, K, k, true, ws,
+                                                      wsb, (msm_cuda_exec){.stream = st, .tune = &t}),
+                     -EINVAL);
+        cudaFree(d0), cudaFree(d1), cudaFree(da), cudaFree(db), cudaFree(dz), cudaFree(dsum), cudaFree(dout);
+        cudaFree(dw), cudaFree(di), cudaFree(dwr), cudaFree(dn), cudaFree(ws);
+        free(xa), free(xb), free(wf), free(nf), free(wb), free(nb), free(ri), free(gi), free(rw), free(gw);
+        free(rs), free(gs), free(ro), free(go);
+    }
+    cr_expect(!msm_cuda_norm_router_fits(1, 8, 8192, &tune0), "K = 8192: no layout (32 values a norm thread)");
+    cudaStreamDestroy(st);
 }
 
 Test(cuda_kernels, router_group_topk_matches_cpu, .timeout = 60) {

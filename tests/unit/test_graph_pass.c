@@ -309,14 +309,14 @@ Test(graph_plan, aux_values_never_share_bytes_with_the_concurrent_main_work) {
     msm_graph_free(g);
 }
 
-/* An ADD_RMSNORM whose norm the next node, a LINEAR on the same stream, reads keeps its inputs and
- * outputs live through that LINEAR: the CUDA backend may run the two as one kernel
- * (msm_cuda_norm_linear), whose blocks read the norm's inputs while block 0 writes the norm's
- * outputs and all write the linear's, so none of them share bytes (the final norm's residual sum,
- * which nothing reads, included). */
+/* An ADD_RMSNORM whose norm the next node, a LINEAR or a fused router on the same stream, reads
+ * keeps its inputs and outputs live through that node: the CUDA backend may run the two as one
+ * kernel (msm_cuda_norm_linear, msm_cuda_norm_router_linear_topk), whose blocks read the norm's
+ * inputs while block 0 writes the norm's outputs and all write the next node's, so none of them
+ * share bytes (the final norm's residual sum, which nothing reads, included). */
 Test(graph_plan, norm_inputs_stay_live_through_the_linear_on_the_norm) {
     static const char *models[] = {"tests/data/qwen3moe", "tests/data/qwen2moe-gqa", "tests/data/mixtral"};
-    int pairs = 0;
+    int pairs = 0, router_pairs = 0;
     for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
         msm_graph *g = plain(models[m], 1), *out;
         msm_err err = {{0}};
@@ -324,11 +324,13 @@ Test(graph_plan, norm_inputs_stay_live_through_the_linear_on_the_norm) {
         cr_assert_eq(msm_passes_apply(g, &o, &out, &err), 0, "%s", err.msg);
         for (int i = 0; i + 1 < out->n_nodes; i++) {
             const msm_node *n = &out->nodes[i], *l = &out->nodes[i + 1];
-            if (n->op != MSM_OP_ADD_RMSNORM || l->op != MSM_OP_LINEAR || l->in[0] != n->out[1]) continue;
-            pairs++;
-            const int vs[5] = {n->in[0], n->in[1], n->out[0], n->out[1], l->out[0]};
-            for (int a = 0; a < 5; a++)
-                for (int b = a + 1; b < 5; b++) {
+            bool router = l->op == MSM_OP_ROUTER_LINEAR_TOPK;
+            if (n->op != MSM_OP_ADD_RMSNORM || (l->op != MSM_OP_LINEAR && !router) || l->in[0] != n->out[1]) continue;
+            pairs += !router, router_pairs += router;
+            const int vs[6] = {n->in[0], n->in[1], n->out[0], n->out[1], l->out[0], router ? l->out[1] : l->out[0]};
+            for (int a = 0; a < 6; a++)
+                for (int b = a + 1; b < 6; b++) {
+                    if (vs[a] == vs[b]) continue; /* a LINEAR's one output, twice */
                     int u = vs[a], v = vs[b];
                     size_t u0 = out->vals[u].offset, u1 = u0 + msm_value_bytes_max(out, &out->vals[u]);
                     size_t v0 = out->vals[v].offset, v1 = v0 + msm_value_bytes_max(out, &out->vals[v]);
@@ -340,6 +342,7 @@ Test(graph_plan, norm_inputs_stay_live_through_the_linear_on_the_norm) {
         msm_graph_free(g);
     }
     cr_expect(pairs > 0, "no ADD_RMSNORM -> LINEAR pair in the graphs");
+    cr_expect(router_pairs > 0, "no ADD_RMSNORM -> ROUTER_LINEAR_TOPK pair (qwen3moe, mixtral)");
 }
 
 /* msm_graph_dump of model dir's rank-0 graph at tp after the passes o (the caller frees it). */

@@ -54,4 +54,31 @@ r3)
     timeout $(left 560) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen1.5-moe-a2.7b.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r4)
+    # ADD_RMSNORM + router in one kernel (norm_router); rows_pipe masks 0 / 2 (the new default) / 3
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in '*norm_router*' '*router_linear*' '*norm_linear_equals*' '*early_weight*' 'tuning*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        b qwen3-30b-a3b 1,2,4,8 ab --
+        b qwen3-30b-a3b 1,2,4,8 ab MSM_CUDA_NORM_ROUTER=0 --
+        b qwen3-30b-a3b 1,2,4 ab MSM_CUDA_ROWS_PIPE=0 --
+        b qwen3-30b-a3b 1,2,4 ab MSM_CUDA_ROWS_PIPE=3 --
+        b qwen3-30b-a3b-fp8 1,2,4,8 ab --
+        b qwen3-30b-a3b-fp8 1,2,4,8 ab MSM_CUDA_NORM_ROUTER=0 --
+        b qwen1.5-moe-a2.7b 1,2,4 ab --
+        b qwen1.5-moe-a2.7b 1,2,4 ab MSM_CUDA_ROWS_PIPE=0 --
+        b qwen1.5-moe-a2.7b 1,2,4 ab MSM_CUDA_ROWS_PIPE=3 --
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=30 tl qwen3-30b-a3b 1 q3
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen3moe,qwen3moe-fp8,mixtral timeout 200 python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
