@@ -353,7 +353,7 @@ static void gemv_launch_r(float *y, const float *x, const void *w, const uint16_
     dim3 grid((unsigned)((N + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)), (unsigned)((T + NT - 1) / NT));
     /* (8 loads in flight for R = 1 measured the same at batch 1-32: 2.391 vs 2.363 ms, H200,
      * 2026-11-29; bench/results/2026-11-29-h200-s3) */
-    if constexpr (VEC && !FP8 && NT <= 2) /* bf16 rows of several steps: pipelined (tuning rows_pipe) */
+    if constexpr (VEC && !FP8 && NT == 2) /* bf16 rows of several steps: pipelined (tuning rows_pipe) */
         if ((ex.tune->rows_pipe & MSM_CUDA_PIPE_GEMV) && K > 256 * U) {
             (void)msm_launch(gemv_kernel<NT, R, U, VEC, FP8, HW, true>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w,
                              wsc, ph, bias, T, N, K, ex.tune->gemv_prefetch, ex.tune->gemv_early && !ex.w_written);

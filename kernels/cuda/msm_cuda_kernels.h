@@ -199,7 +199,13 @@ typedef struct msm_cuda_tuning {
     bool norm_router;         /* an ADD_RMSNORM and the ROUTER_LINEAR_TOPK reading its norm (Qwen3-MoE,
                                  Mixtral: no shared expert forked between them) run as one kernel, every
                                  block norming its token's row (msm_cuda_norm_router_linear_topk): one
-                                 kernel boundary less on the critical path (MSM_CUDA_NORM_ROUTER) */
+                                 kernel boundary less. Off by default: checked bitwise on the H200 but
+                                 slower (2026-12-02 third session, ms a step at 1 / 2 / 4 / 8 tokens, on vs
+                                 off: Qwen3-30B-A3B 3.19-3.20 / 4.45-4.47 / 6.76-6.78 / 9.81-9.83 vs
+                                 3.06-3.08 / 4.22 / 6.53 / 9.34-9.38, FP8 2.95-3.00 vs 2.84-2.85): each
+                                 block's own norm (a 2048 row from L2, two block sums) costs more than the
+                                 boundary it saves (timeline: 11 us a layer against the norm's 2.5 + the
+                                 router's 6) (MSM_CUDA_NORM_ROUTER=1) */
     int norm_router_max_t;    /* ... up to this many tokens (MSM_CUDA_NORM_ROUTER_MAX_T) */
     int rows_pipe;            /* MSM_CUDA_PIPE_* kernels whose bf16 rows take msm_rows_dot's software
                                  pipelining where a row is more than one step of loads (K > 256 * U): the
@@ -218,7 +224,7 @@ typedef struct msm_cuda_tuning {
                                  0: never (MSM_CUDA_MOE_AUX_SERIAL_MAX_T) */
 } msm_cuda_tuning;
 
-/* msm_cuda_tuning.rows_pipe: the GEMV at 1-2 tokens (o_proj, the shared expert, dense MLPs), the GEMV
+/* msm_cuda_tuning.rows_pipe: the GEMV at 2 tokens (o_proj, the shared expert, dense MLPs), the GEMV
  * reading its RMSNorm (qkv), the pair-path experts' gate/up and their down at up to 4 slots */
 enum { MSM_CUDA_PIPE_GEMV = 1, MSM_CUDA_PIPE_NORM_IN = 2, MSM_CUDA_PIPE_MOE_GU = 4, MSM_CUDA_PIPE_MOE_DOWN = 8 };
 
@@ -436,7 +442,7 @@ int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const ui
 /* ADD_RMSNORM (sum = a + b, out = rmsnorm(sum) * nw, [T,K]) and the ROUTER_LINEAR_TOPK reading out in
  * one launch: every block norms its token's row itself; bitwise msm_cuda_add_rmsnorm then
  * msm_cuda_router_linear_topk (ids, weights, sum, out). Where msm_cuda_norm_router_fits (tuning
- * norm_router, up to norm_router_max_t tokens, K % 8 == 0, K <= 4096); else -EINVAL. ws as
+ * norm_router, up to norm_router_max_t tokens, K % 8 == 0, 1024 <= K <= 4096); else -EINVAL. ws as
  * msm_cuda_router_linear_topk's. */
 bool msm_cuda_norm_router_fits(int T, int E, int K, const msm_cuda_tuning *tn);
 int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *sum, float *out, const float *a, const float *b,

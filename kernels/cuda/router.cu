@@ -204,7 +204,7 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
 /* ---- ADD_RMSNORM + the fused router in one launch (msm_cuda_norm_router_linear_topk) ----
  * router_linear_topk_kernel with the residual add + RMSNorm of its token's row done by every block
  * itself (msm_block_norm_row: msm_cuda_add_rmsnorm's bits, the block's 128 threads playing the norm
- * kernel's vt virtual threads, F each) into shared memory, as the rows-dot hook: after the block's
+ * kernel's 256 virtual threads, F = 2 each) into shared memory, as the rows-dot hook: after the block's
  * first weight loads are issued (before the PDL wait when early), so the norm's one-block kernel
  * and one kernel boundary leave the step and the norm overlaps the weight loads. The logits are
  * the same products of the same values in the same order (x read from shared memory), so ids and
@@ -279,12 +279,14 @@ extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *
     return 0;
 }
 
-/* The norm layouts the fused kernel has: vt threads of V values (msm_norm_threads / msm_norm_vals
- * of K, K <= 4096), played by its 128 threads F = vt / 128 each (vt = 64: F = 1, half of them idle). */
+/* The norm layouts the fused kernel has: vt = 256 threads of V values (msm_norm_threads /
+ * msm_norm_vals of K, 1024 <= K <= 4096), played by its 128 threads two each. K >= 8 * 128 also
+ * gives every thread of a block (and every lane of a warp) a first round of weight loads, so all of
+ * them reach the norm's barriers (the hook) at the same instruction: __syncthreads is bar.sync,
+ * which a warp must not reach diverged. */
 static bool norm_router_layout(int K, int *vt, int *V) {
     *vt = msm_norm_threads(K), *V = msm_norm_vals(K, *vt);
-    return (*vt == 256 && (*V == 4 || *V == 8 || *V == 16)) || (*vt == 128 && (*V == 2 || *V == 4 || *V == 8)) ||
-           (*vt == 64 && (*V == 1 || *V == 2));
+    return K >= 8 * MSM_SMALL_THREADS && *vt == 256 && (*V == 4 || *V == 8 || *V == 16);
 }
 
 extern "C" bool msm_cuda_norm_router_fits(int T, int E, int K, const msm_cuda_tuning *tn) {
@@ -330,8 +332,7 @@ extern "C" int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *s
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T);
 #define NR(V_, F_) \
     norm_router_go<V_, F_>(grid, blk, ids, w, logits, ctr, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, ex)
-    cudaError_t e = vt == 256 ? (V == 4 ? NR(4, 2) : V == 8 ? NR(8, 2) : NR(16, 2))
-                              : (V == 1 ? NR(1, 1) : V == 2 ? NR(2, 1) : V == 4 ? NR(4, 1) : NR(8, 1));
+    cudaError_t e = V == 4 ? NR(4, 2) : V == 8 ? NR(8, 2) : NR(16, 2);
 #undef NR
     CUDA_TRY(e);
     CUDA_LAUNCH_CHECK();

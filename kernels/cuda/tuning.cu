@@ -46,12 +46,15 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->small_early = true;
     t->moe_aux_serial_max_t = 8;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
-    /* the norm-in GEMV only: the other kernels lost occupancy for nothing (H200, 2026-12-02 third
-     * session, ms a step at 1 / 2 / 4 tokens, all four on vs off: Qwen1.5-MoE 2.00 / 2.78 / 4.12 vs
-     * 1.87 / 2.71 / 3.94, Qwen3-30B-A3B 3.04 / 4.22 / 6.65 vs 3.10 / 4.37 / 6.51; the timeline:
-     * Qwen3's qkv 7.6 -> 6.7 us a layer, its o_proj unchanged) */
-    t->rows_pipe = MSM_CUDA_PIPE_NORM_IN;
-    t->norm_router = true;
+    /* the norm-in GEMV and the GEMV at 2 tokens; the experts' kernels lost occupancy for nothing
+     * (H200, 2026-12-02 third session, ms a step at 1 / 2 / 4 tokens, all four on vs off:
+     * Qwen1.5-MoE 2.00 / 2.78 / 4.12 vs 1.87 / 2.71 / 3.94, Qwen3-30B-A3B 3.04 / 4.22 / 6.65 vs
+     * 3.10 / 4.37 / 6.51). The norm-in GEMV alone vs none: Qwen3 b1 3.19-3.20 vs 3.22-3.23, b2
+     * 4.45-4.47 vs 4.61-4.62 (timeline: its qkv 7.6 -> 6.7 us a layer); with the GEMV at 1-2 tokens
+     * too: b2 4.38-4.39, b1 the same (the o_proj unchanged in the timeline) but Qwen1.5-MoE b1
+     * +0.03 (1.90-1.92 vs 1.87-1.89, twice), so the GEMV only at 2 tokens */
+    t->rows_pipe = MSM_CUDA_PIPE_NORM_IN | MSM_CUDA_PIPE_GEMV;
+    t->norm_router = false; /* measured slower: msm_cuda_kernels.h */
     t->norm_router_max_t = 8;
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;

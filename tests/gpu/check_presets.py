@@ -35,7 +35,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("routed experts after the router vs programmatic beside the shared expert", [], {"MSM_CUDA_MOE_AUX_SERIAL_MAX_T": "0"}),
     ("FP8 experts' hardware decode vs the integer one", [], {"MSM_CUDA_FP8_MOE_HW": "0"}),
     ("pipelined bf16 rows-dot vs one step at a time", [], {"MSM_CUDA_ROWS_PIPE": "0"}),
-    ("ADD_RMSNORM + router one kernel vs two", [], {"MSM_CUDA_NORM_ROUTER": "0"}),
+    ("ADD_RMSNORM + router two kernels vs one", [], {"MSM_CUDA_NORM_ROUTER": "1"}),
 ]
 fails = 0
 

@@ -81,4 +81,17 @@ r4)
     timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r5)
+    # the final defaults (norm_router off, rows_pipe = norm-in GEMV + GEMV at 2 tokens): full kernel
+    # suite, the golden check, the table at 1-256
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -12 > $OUT/kernels.txt
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen3moe,qwen2moe-gqa timeout 150 python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,4,8,32,128,256 final --; done
+    b glm-4.5-air-fp8 1,8 final --
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
