@@ -196,6 +196,9 @@ typedef struct msm_cuda_tuning {
                                  Qwen3-30B-A3B FP8 2.93 / 4.16 / 6.09 -> 2.84 / 3.93-3.96 / 5.69-5.75,
                                  GLM-4.5-Air FP8 7.37 / 10.40 / 15.85-15.97 -> 7.04-7.08 / 10.01-10.05 /
                                  15.27-15.32 (MSM_CUDA_FP8_MOE_HW=0: the integer decode) */
+    bool gemv_u16;            /* the bf16 GEMV at one token takes a row of 2048 < K <= 4096 (Qwen3-30B-A3B's
+                                 o_proj) in one step of 16 loads a lane, all before its PDL wait; the same
+                                 bits (MSM_CUDA_GEMV_U16=1) */
     bool norm_router;         /* an ADD_RMSNORM and the ROUTER_LINEAR_TOPK reading its norm (Qwen3-MoE,
                                  Mixtral: no shared expert forked between them) run as one kernel, every
                                  block norming its token's row (msm_cuda_norm_router_linear_topk): one

@@ -1383,7 +1383,7 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
  * gives the same bits too. */
 Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
     need_gpu();
-    static const int shapes[][2] = {{2048, 2048}, {6144, 2048}, {2048, 5632}, {300, 1408}, {37984, 256}};
+    static const int shapes[][2] = {{2048, 2048}, {6144, 2048}, {2048, 5632}, {300, 1408}, {37984, 256}, {2048, 4096}};
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -1394,18 +1394,20 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
         fp8_weight w8 = fp8_make(1, N, K, 0, false);
         float *dx = dev_up(x, (size_t)Tm * K * 4), *dxn = dev((size_t)Tm * K * 4);
         uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *dn = dev_up(nb, (size_t)K * 2);
-        float *dy = dev((size_t)Tm * N * 4), *o[4], *ref = malloc((size_t)Tm * N * 4);
-        for (int e = 0; e < 4; e++) o[e] = malloc((size_t)Tm * N * 4);
+        float *dy = dev((size_t)Tm * N * 4), *o[5], *ref = malloc((size_t)Tm * N * 4);
+        for (int e = 0; e < 5; e++) o[e] = malloc((size_t)Tm * N * 4);
         for (int fp8 = 0; fp8 < 2; fp8++)
             for (int T = 1; T <= Tm; T++) {
                 msm_cpu_linear(ref, xn, fp8 ? w8.f : wf, NULL, T, N, K);
                 /* after the wait; early; early with FP8's 8 loads a lane a row; early, one step of
-                 * loads at a time (no software pipelining of bf16 rows, msm_cuda_tuning.rows_pipe) */
-                for (int e = 0; e < 4; e++) {
+                 * loads at a time (no software pipelining of bf16 rows, msm_cuda_tuning.rows_pipe);
+                 * early, a 4096-wide bf16 row in one step at one token (gemv_u16) */
+                for (int e = 0; e < 5; e++) {
                     msm_cuda_tuning t = tune0;
                     t.gemv_early = e > 0;
                     t.fp8_gemv_u8 = e == 2;
                     if (e == 3) t.rows_pipe = 0;
+                    t.gemv_u16 = e == 4;
                     t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT; /* the GEMV at every T (the MMV8 waits first) */
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
                     CK(cudaMemsetAsync(dxn, 0xff, (size_t)Tm * K * 4, st));
@@ -1423,12 +1425,14 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
                           fp8 ? "fp8" : "bf16", T, N, K);
                 cr_expect(memcmp(o[0], o[3], (size_t)T * N * 4) == 0, "pipelined rows change the bits: %s T=%d N=%d K=%d",
                           fp8 ? "fp8" : "bf16", T, N, K);
+                cr_expect(memcmp(o[0], o[4], (size_t)T * N * 4) == 0, "16 loads a lane change the bits: %s T=%d N=%d K=%d",
+                          fp8 ? "fp8" : "bf16", T, N, K);
                 CHECK_ERR(o[1], ref, (size_t)T * N, 2e-5, "early loads %s T=%d N=%d K=%d", fp8 ? "fp8" : "bf16", T, N, K);
             }
         cudaFree(dx), cudaFree(dxn), cudaFree(dw), cudaFree(dn), cudaFree(dy);
         fp8_free(&w8);
         free(x), free(wf), free(nf), free(xn), free(wb), free(nb), free(ref), free(o[0]), free(o[1]), free(o[2]);
-        free(o[3]);
+        free(o[3]), free(o[4]);
     }
     cudaStreamDestroy(st);
 }

@@ -92,6 +92,12 @@ r5)
     el bench | tee -a $OUT/gpu.txt
     for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,4,8,32,128,256 final --; done
     b glm-4.5-air-fp8 1,8 final --
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2; do # a 4096-wide bf16 row in one step of 16 loads a lane, all before the wait (gemv_u16)
+        b qwen3-30b-a3b 1 ab --
+        b qwen3-30b-a3b 1 ab MSM_CUDA_GEMV_U16=1 --
+    done
+    timeout $(left 560) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
 esac
