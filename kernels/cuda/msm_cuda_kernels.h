@@ -198,7 +198,9 @@ typedef struct msm_cuda_tuning {
                                  15.27-15.32 (MSM_CUDA_FP8_MOE_HW=0: the integer decode) */
     bool gemv_u16;            /* the bf16 GEMV at one token takes a row of 2048 < K <= 4096 (Qwen3-30B-A3B's
                                  o_proj) in one step of 16 loads a lane, all before its PDL wait; the same
-                                 bits (MSM_CUDA_GEMV_U16=1) */
+                                 bits. On by default: H200, 2026-12-02 third session, Qwen3-30B-A3B batch 1
+                                 2.92-3.01 vs 3.02-3.05 ms (four pairs), its o_proj 7.8 -> 4.6 us a layer in
+                                 the timeline (MSM_CUDA_GEMV_U16=0: four steps of 4) */
     bool norm_router;         /* an ADD_RMSNORM and the ROUTER_LINEAR_TOPK reading its norm (Qwen3-MoE,
                                  Mixtral: no shared expert forked between them) run as one kernel, every
                                  block norming its token's row (msm_cuda_norm_router_linear_topk): one

@@ -55,6 +55,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * +0.03 (1.90-1.92 vs 1.87-1.89, twice), so the GEMV only at 2 tokens */
     t->rows_pipe = MSM_CUDA_PIPE_NORM_IN | MSM_CUDA_PIPE_GEMV;
     t->norm_router = false; /* measured slower: msm_cuda_kernels.h */
+    t->gemv_u16 = true;     /* measured faster: msm_cuda_kernels.h */
     t->norm_router_max_t = 8;
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;

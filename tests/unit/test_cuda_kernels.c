@@ -51,7 +51,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
                                  "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8", "MSM_CUDA_NORM_LINEAR",
                                  "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE", "MSM_CUDA_NORM_ROUTER",
-                                 "MSM_CUDA_NORM_ROUTER_MAX_T"};
+                                 "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -74,13 +74,15 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_FP8_GEMV_U8", "0", 1), setenv("MSM_CUDA_NORM_LINEAR", "0", 1);
     setenv("MSM_CUDA_FP8_MOE_HW", "0", 1), setenv("MSM_CUDA_ROWS_PIPE", "21", 1);
     setenv("MSM_CUDA_NORM_ROUTER", "0", 1), setenv("MSM_CUDA_NORM_ROUTER_MAX_T", "-1", 1);
-    t.norm_router = true;
+    setenv("MSM_CUDA_GEMV_U16", "0", 1);
+    t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
     cr_expect(!t.fp8_moe_hw, "MSM_CUDA_FP8_MOE_HW=0: the integer decode");
     cr_expect_eq(t.rows_pipe, 21 & 15, "MSM_CUDA_ROWS_PIPE: the mask's known kernels");
     cr_expect(!t.norm_router, "MSM_CUDA_NORM_ROUTER=0: the norm and the router two kernels");
     cr_expect_eq(t.norm_router_max_t, 0, "clamped to 0");
+    cr_expect(!t.gemv_u16, "MSM_CUDA_GEMV_U16=0: four steps of 4 loads");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");

@@ -100,4 +100,9 @@ r5)
     timeout $(left 560) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r6)
+    # (run as a direct command on the warm machine after r5, with r5's binaries) gemv_u16 again
+    for i in 1 2; do b qwen3-30b-a3b 1,2,4,8 u16 MSM_CUDA_GEMV_U16=1 --; b qwen3-30b-a3b 1,2 u16 --; done
+    ROWS=30 tl qwen3-30b-a3b 1 q3 MSM_CUDA_GEMV_U16=1
+    ;;
 esac
