@@ -389,9 +389,13 @@ static void gemv_launch(float *y, const float *x, const void *w, const uint16_t 
     }
     /* tuning gemv_u16: a bf16 row of 2048 < K <= 4096 at one token in one step of 16 loads a lane,
      * all requested before the PDL wait (the same sums) */
-    if constexpr (NT == 1 && VEC && !FP8)
+    if constexpr (NT == 1 && VEC && !FP8) {
         if (ex.tune->gemv_u16 && K > 2048 && K <= 4096)
             return gemv_launch_r<1, 1, 16, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
+        /* tuning gemv_u8: likewise 1024 < K <= 2048 in one step of 8 */
+        if (ex.tune->gemv_u8 && K > 1024 && K <= 2048)
+            return gemv_launch_r<1, 1, 8, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
+    }
     gemv_launch_r<NT, R, U, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
 }
 

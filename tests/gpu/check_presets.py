@@ -37,6 +37,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("pipelined bf16 rows-dot vs one step at a time", [], {"MSM_CUDA_ROWS_PIPE": "0"}),
     ("ADD_RMSNORM + router two kernels vs one", [], {"MSM_CUDA_NORM_ROUTER": "1"}),
     ("the one-token bf16 GEMV's 4096-wide rows in one step vs four", [], {"MSM_CUDA_GEMV_U16": "0"}),
+    ("the one-token bf16 GEMV's 2048-wide rows in two steps vs one", [], {"MSM_CUDA_GEMV_U8": "1"}),
 ]
 fails = 0
 

@@ -1396,20 +1396,22 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
         fp8_weight w8 = fp8_make(1, N, K, 0, false);
         float *dx = dev_up(x, (size_t)Tm * K * 4), *dxn = dev((size_t)Tm * K * 4);
         uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *dn = dev_up(nb, (size_t)K * 2);
-        float *dy = dev((size_t)Tm * N * 4), *o[5], *ref = malloc((size_t)Tm * N * 4);
-        for (int e = 0; e < 5; e++) o[e] = malloc((size_t)Tm * N * 4);
+        float *dy = dev((size_t)Tm * N * 4), *o[6], *ref = malloc((size_t)Tm * N * 4);
+        for (int e = 0; e < 6; e++) o[e] = malloc((size_t)Tm * N * 4);
         for (int fp8 = 0; fp8 < 2; fp8++)
             for (int T = 1; T <= Tm; T++) {
                 msm_cpu_linear(ref, xn, fp8 ? w8.f : wf, NULL, T, N, K);
                 /* after the wait; early; early with FP8's 8 loads a lane a row; early, one step of
                  * loads at a time (no software pipelining of bf16 rows, msm_cuda_tuning.rows_pipe);
-                 * early, a 4096-wide bf16 row in one step at one token (gemv_u16) */
-                for (int e = 0; e < 5; e++) {
+                 * early, a 4096-wide bf16 row in one step at one token (gemv_u16); early, a 2048-
+                 * or 1408-wide one in one step (gemv_u8) */
+                for (int e = 0; e < 6; e++) {
                     msm_cuda_tuning t = tune0;
                     t.gemv_early = e > 0;
                     t.fp8_gemv_u8 = e == 2;
                     if (e == 3) t.rows_pipe = 0;
                     t.gemv_u16 = e == 4;
+                    t.gemv_u8 = e == 5;
                     t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT; /* the GEMV at every T (the MMV8 waits first) */
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
                     CK(cudaMemsetAsync(dxn, 0xff, (size_t)Tm * K * 4, st));
@@ -1429,12 +1431,14 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
                           fp8 ? "fp8" : "bf16", T, N, K);
                 cr_expect(memcmp(o[0], o[4], (size_t)T * N * 4) == 0, "16 loads a lane change the bits: %s T=%d N=%d K=%d",
                           fp8 ? "fp8" : "bf16", T, N, K);
+                cr_expect(memcmp(o[0], o[5], (size_t)T * N * 4) == 0, "8 loads a lane change the bits: %s T=%d N=%d K=%d",
+                          fp8 ? "fp8" : "bf16", T, N, K);
                 CHECK_ERR(o[1], ref, (size_t)T * N, 2e-5, "early loads %s T=%d N=%d K=%d", fp8 ? "fp8" : "bf16", T, N, K);
             }
         cudaFree(dx), cudaFree(dxn), cudaFree(dw), cudaFree(dn), cudaFree(dy);
         fp8_free(&w8);
         free(x), free(wf), free(nf), free(xn), free(wb), free(nb), free(ref), free(o[0]), free(o[1]), free(o[2]);
-        free(o[3]), free(o[4]);
+        free(o[3]), free(o[4]), free(o[5]);
     }
     cudaStreamDestroy(st);
 }

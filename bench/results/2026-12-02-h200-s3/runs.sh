@@ -105,4 +105,17 @@ r6)
     for i in 1 2; do b qwen3-30b-a3b 1,2,4,8 u16 MSM_CUDA_GEMV_U16=1 --; b qwen3-30b-a3b 1,2 u16 --; done
     ROWS=30 tl qwen3-30b-a3b 1 q3 MSM_CUDA_GEMV_U16=1
     ;;
+r7)
+    # gemv_u8: Qwen1.5-MoE's 2048-wide bf16 rows at one token in one step of 8 loads a lane
+    hdr
+    timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/*early_weight*' 2>&1 | tail -2 > $OUT/kernels.txt
+    for i in 1 2 3; do
+        b qwen1.5-moe-a2.7b 1,2 ab --
+        b qwen1.5-moe-a2.7b 1,2 ab MSM_CUDA_GEMV_U8=1 --
+    done
+    ROWS=30 tl qwen1.5-moe-a2.7b 1 q15
+    ROWS=30 tl qwen1.5-moe-a2.7b 1 q15 MSM_CUDA_GEMV_U8=1
+    timeout $(left 300) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
