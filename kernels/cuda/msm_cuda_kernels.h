@@ -202,7 +202,9 @@ typedef struct msm_cuda_tuning {
                                  2.92-3.01 vs 3.02-3.05 ms (four pairs), its o_proj 7.8 -> 4.6 us a layer in
                                  the timeline (MSM_CUDA_GEMV_U16=0: four steps of 4) */
     bool gemv_u8;             /* ... and a row of 1024 < K <= 2048 (Qwen1.5-MoE's qkv, o_proj, shared gate/up)
-                                 in one step of 8 (MSM_CUDA_GEMV_U8=1) */
+                                 in one step of 8. Off: no faster (H200, 2026-12-02 third session, Qwen1.5-MoE
+                                 batch 1 1.917 / 1.939 / 1.882 vs 1.914 / 1.924 / 1.897 ms, batch 2 the same;
+                                 two steps of 4 already overlap) (MSM_CUDA_GEMV_U8=1) */
     bool norm_router;         /* an ADD_RMSNORM and the ROUTER_LINEAR_TOPK reading its norm (Qwen3-MoE,
                                  Mixtral: no shared expert forked between them) run as one kernel, every
                                  block norming its token's row (msm_cuda_norm_router_linear_topk): one
