@@ -353,13 +353,10 @@ static void gemv_launch_r(float *y, const float *x, const void *w, const uint16_
     dim3 grid((unsigned)((N + GEMV_WARPS * R - 1) / (GEMV_WARPS * R)), (unsigned)((T + NT - 1) / NT));
     /* (8 loads in flight for R = 1 measured the same at batch 1-32: 2.391 vs 2.363 ms, H200,
      * 2026-11-29; bench/results/2026-11-29-h200-s3) */
+    auto kern = gemv_kernel<NT, R, U, VEC, FP8, HW>;
     if constexpr (VEC && !FP8 && NT == 2) /* bf16 rows of several steps: pipelined (tuning rows_pipe) */
-        if ((ex.tune->rows_pipe & MSM_CUDA_PIPE_GEMV) && K > 256 * U) {
-            (void)msm_launch(gemv_kernel<NT, R, U, VEC, FP8, HW, true>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w,
-                             wsc, ph, bias, T, N, K, ex.tune->gemv_prefetch, ex.tune->gemv_early && !ex.w_written);
-            return;
-        }
-    (void)msm_launch(gemv_kernel<NT, R, U, VEC, FP8, HW>, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, wsc, ph, bias,
+        if ((ex.tune->rows_pipe & MSM_CUDA_PIPE_GEMV) && K > 256 * U) kern = gemv_kernel<NT, R, U, VEC, FP8, HW, true>;
+    (void)msm_launch(kern, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, wsc, ph, bias,
                      T, N, K, ex.tune->gemv_prefetch, ex.tune->gemv_early && !ex.w_written);
 }
 
@@ -514,12 +511,10 @@ static cudaError_t norm_in_launch(float *y, const void *w, const float *wsc, int
                                   int N, int K, const float *a, const float *b, const uint16_t *nw, float *sum,
                                   float *out, float eps, int vt, msm_cuda_exec ex) {
     dim3 grid((unsigned)((N + NI_WARPS * R - 1) / (NI_WARPS * R)));
+    auto kern = gemv_norm_in_kernel<NT, R, U, FP8, V>;
     if constexpr (!FP8) /* bf16 rows of several steps: pipelined (tuning rows_pipe) */
-        if ((ex.tune->rows_pipe & MSM_CUDA_PIPE_NORM_IN) && K > 256 * U)
-            return msm_launch(gemv_norm_in_kernel<NT, R, U, FP8, V, true>, grid, dim3(NI_WARPS * 32),
-                              (size_t)T * K * sizeof(float), ex, y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps,
-                              vt, ex.tune->gemv_early && !ex.w_written);
-    return msm_launch(gemv_norm_in_kernel<NT, R, U, FP8, V>, grid, dim3(NI_WARPS * 32),
+        if ((ex.tune->rows_pipe & MSM_CUDA_PIPE_NORM_IN) && K > 256 * U) kern = gemv_norm_in_kernel<NT, R, U, FP8, V, true>;
+    return msm_launch(kern, grid, dim3(NI_WARPS * 32),
                       (size_t)T * K * sizeof(float), ex, y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt,
                       ex.tune->gemv_early && !ex.w_written);
 }

@@ -42,11 +42,14 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 /* One warp per (t, h): the k down rows of the token's experts are streamed together (KMAX >= k
  * slots, unused ones skipped), then combined in slot order as the CPU does. bf16 rows (FP8 ones:
  * moe_down_gemv_fp8_kernel). */
+/* moe_down_gemv_kernel's 16-byte loads a lane a row */
+static __host__ __device__ constexpr int down_gemv_u(int kmax) { return kmax >= 8 ? 1 : kmax >= 4 ? 2 : 4; }
+
 template <int KMAX, bool VEC, bool PIPE = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_down_gemv_kernel(float *y, const float *act, const int32_t *ids, const float *w,
                          const uint16_t *down, int H, int I, int k, int E) {
-    constexpr int U = KMAX >= 8 ? 1 : KMAX >= 4 ? 2 : 4;
+    constexpr int U = down_gemv_u(KMAX);
     msm_pdl_trigger();
     msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -200,9 +203,8 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
         return msm_launch(moe_down_gemv_fp8_kernel<KMAX, DOWN_FP8_HR>, grid, blk, 0, ex, y, act, ids, w,
                           (const uint8_t *)down, dn_sc, dn_ph, H, I, k, E);
     }
-    constexpr int DU = KMAX >= 8 ? 1 : KMAX >= 4 ? 2 : 4; /* moe_down_gemv_kernel's loads a lane a row */
     if constexpr (KMAX <= 4) /* rows of several steps: pipelined (tuning rows_pipe) */
-        if (vec && (ex.tune->rows_pipe & MSM_CUDA_PIPE_MOE_DOWN) && I > 256 * DU)
+        if (vec && (ex.tune->rows_pipe & MSM_CUDA_PIPE_MOE_DOWN) && I > 256 * down_gemv_u(KMAX))
             return msm_launch(moe_down_gemv_kernel<KMAX, true, true>, grid, blk, 0, ex, y, act, ids, w,
                               (const uint16_t *)down, H, I, k, E);
     if (vec)

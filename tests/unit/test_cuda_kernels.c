@@ -1210,6 +1210,7 @@ Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
             msm_cuda_tuning t = tune0;
             t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
             t.moe_kernels = MSM_CUDA_MOE_K_DOWN_WARP;
+            t.rows_pipe = MSM_CUDA_PIPE_MOE_GU | MSM_CUDA_PIPE_MOE_DOWN; /* off by default: tested here */
             CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(o1, dy, (size_t)T * H * 4);
             t.moe_kernels = MSM_CUDA_MOE_K_DOWN_SPLIT;
