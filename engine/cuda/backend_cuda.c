@@ -274,7 +274,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     for (int j = 0; j < MSM_NODE_MAX_W; j++)
         if (n->w[j] >= 0 && cb->w8[n->w[j]] &&
             !(((n->op == MSM_OP_LINEAR || n->op == MSM_OP_LINEAR_ADD_RMSNORM) && j == 0) ||
-              (n->op == MSM_OP_MOE_EXPERTS && j < 2)))
+              (n->op == MSM_OP_MOE_EXPERTS && j < 2) || n->op == MSM_OP_PREFETCH))
             return msm_err_set(err, -ENOTSUP, "rank %d (GPU %d): op %s has no kernel for the FP8 weight %d",
                                cb->b.rank, cb->device, msm_op_name(n->op), n->w[j]);
     switch (n->op) {
@@ -456,11 +456,22 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     case MSM_OP_SAMPLE: {
         int R = ROWS(in0), V = a->sample.V, Vp = a->sample.V_pad;
         const msm_sample_params *p = (const msm_sample_params *)I32(n->in[1]);
-        if (V == Vp) {
-            KTRY(msm_cuda_sample(I32(out0), F(in0), p, R, V, s));
-        } else {
-            for (int r = 0; r < R; r++) KTRY(msm_cuda_sample(I32(out0) + r, F(in0) + (size_t)r * Vp, p + r, 1, V, s));
+        KTRY(msm_cuda_sample(I32(out0), F(in0), (size_t)Vp, p, R, V, ws, cb->ws_bytes, s));
+        break;
+    }
+    case MSM_OP_PREFETCH: { /* each weight's leading kb KiB (2 bytes an element), within its bytes here */
+        if (d->T > s.tune->prefetch_max_t) break;
+        const void *p[MSM_CUDA_PREFETCH_MAX];
+        size_t bytes[MSM_CUDA_PREFETCH_MAX];
+        int np = 0;
+        for (int j = 0; j < MSM_NODE_MAX_W && j < MSM_CUDA_PREFETCH_MAX; j++) {
+            int wi = n->w[j];
+            if (wi < 0 || a->prefetch.kb[j] <= 0) continue;
+            size_t have = cb->w_elems[wi] * (cb->w8[wi] ? 1 : cb->w_f32[wi] ? 4 : 2), want = (size_t)a->prefetch.kb[j] << 10;
+            p[np] = cb->w8[wi] ? (const void *)cb->w8[wi] : (const void *)cb->w[wi];
+            bytes[np++] = want < have ? want : have;
         }
+        KTRY(msm_cuda_prefetch_l2(p, bytes, np, s));
         break;
     }
     default:
@@ -1008,6 +1019,8 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
         } else if (n->op == MSM_OP_ROUTER_LINEAR_TOPK) {
             size_t rb = msm_cuda_router_ws_bytes(g->max_T, n->attr.router_topk.E);
             if (rb > cb->router_ws_bytes) cb->router_ws_bytes = rb;
+        } else if (n->op == MSM_OP_SAMPLE) {
+            need = msm_cuda_sample_ws_bytes(g->max_R, n->attr.sample.V);
         } else if (n->op == MSM_OP_ALLGATHER) {
             size_t gb = sizeof(float) * (size_t)g->max_R * g->vals[n->in[0]].cols * (size_t)cb->tp;
             if (gb > gather) gather = gb;
@@ -1256,6 +1269,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_GEMV_U16"))) t->gemv_u16 = s[0] != '0';
     if ((s = getenv("MSM_CUDA_GEMV_U8"))) t->gemv_u8 = s[0] == '1';
     if (env_int("MSM_CUDA_NORM_ROUTER_MAX_T", &v)) t->norm_router_max_t = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_PREFETCH_MAX_T", &v)) t->prefetch_max_t = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;

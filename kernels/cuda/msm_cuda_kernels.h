@@ -216,6 +216,8 @@ typedef struct msm_cuda_tuning {
                                  boundary it saves (timeline: 11 us a layer against the norm's 2.5 + the
                                  router's 6) (MSM_CUDA_NORM_ROUTER=1) */
     int norm_router_max_t;    /* ... up to this many tokens (MSM_CUDA_NORM_ROUTER_MAX_T) */
+    int prefetch_max_t;       /* PREFETCH nodes (pass prefetch_weights) run at steps of up to this many
+                                 tokens, and are skipped past it (MSM_CUDA_PREFETCH_MAX_T; 0: never) */
     int rows_pipe;            /* MSM_CUDA_PIPE_* kernels whose bf16 rows take msm_rows_dot's software
                                  pipelining where a row is more than one step of loads (K > 256 * U): the
                                  next step's loads go out before this step's arithmetic, so a warp's loads
@@ -432,11 +434,21 @@ int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids, const flo
 int msm_cuda_gather_rows(float *out, const float *x, const int32_t *rows, int R, int C,
                          msm_cuda_exec ex);
 
-/* Samples one token per row of logits [R,V] with params p[R] (on the device) into out[R]:
- * greedy (argmax, lowest id on ties) when temperature <= 0, else temperature, top-k, top-p and
- * the counter-based RNG exactly as msm_cpu_sample. Needs no scratch. */
-int msm_cuda_sample(int32_t *out, const float *logits, const msm_sample_params *p, int R, int V,
-                    msm_cuda_exec ex);
+/* Pulls bytes[i] bytes at p[i] (i < n <= MSM_CUDA_PREFETCH_MAX; NULL or 0: skipped) into L2 (graph
+ * op PREFETCH): a hint, reading nothing into the kernel and writing nothing; each range must lie in
+ * one allocation. Needs no scratch. */
+#define MSM_CUDA_PREFETCH_MAX 3
+int msm_cuda_prefetch_l2(const void *const *p, const size_t *bytes, int n, msm_cuda_exec ex);
+
+/* Samples one token per row of logits [R,V] (rows ld >= V floats apart) with params p[R] (on the
+ * device) into out[R]: greedy (argmax, lowest id on ties) when temperature <= 0, else
+ * temperature, top-k, top-p and the counter-based RNG exactly as msm_cpu_sample. R <= 65535.
+ * ws: msm_cuda_sample_ws_bytes(R, V) bytes, 256-byte aligned, for the arg-max over chunks of a
+ * row in parallel; NULL (or fewer bytes) scans each row in its one block instead (slower at a
+ * large vocabulary: the same tokens). */
+size_t msm_cuda_sample_ws_bytes(int R, int V);
+int msm_cuda_sample(int32_t *out, const float *logits, size_t ld, const msm_sample_params *p, int R, int V,
+                    void *ws, size_t ws_bytes, msm_cuda_exec ex);
 
 /* The router GEMV and msm_cuda_router_topk in one launch (graph op ROUTER_LINEAR_TOPK): wr [E,K]
  * bf16, x [T,K]; ids/w as msm_cuda_router_topk, bitwise msm_cuda_linear (N = E, no bias) then

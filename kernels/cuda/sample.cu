@@ -6,6 +6,11 @@
  * the most likely tokens first reaches top_p), then the first token in id order whose cumulative
  * kept mass exceeds u * kept_mass, u from the shared counter-based RNG (ported bit for bit).
  *
+ * The arg-max (greedy rows' answer, and every row's maximum and finiteness check) comes first from
+ * a grid of SP_CHUNK-token chunks a row (argmax_part_kernel, given a workspace): one 1024-thread
+ * block reading a 152k vocabulary alone took ~17 us, a step's tail at batch 1; the chunks' (value,
+ * lowest id) pairs then reduce in the sampling block by the same rule, so the token is the same.
+ *
  * How: the CPU finds both thresholds by repeated arg-max; here they are radix selections over the
  * bit patterns of the (non-negative) probabilities, 8 bits a pass, 4 passes: a histogram of counts
  * (top-k) or of counts and fixed-point mass (top-p, 2^-40 units, integer atomics so the sums do not
@@ -26,6 +31,8 @@
 #define S_WARPS (S_THREADS / 32)
 #define S_ITEMS 8
 #define FIX_ONE 1099511627776.0f /* 2^40 */
+#define SP_CHUNK 8192 /* tokens a block of argmax_part_kernel */
+#define SP_THREADS 256
 
 typedef unsigned long long u64;
 
@@ -172,21 +179,70 @@ static __device__ void radix_hist(sample_smem &sm, const float *l, int V, float 
     __syncthreads();
 }
 
+/* parts[r * P + c] = (the largest logit of chunk c of row r as bits, its lowest id), or id -1
+ * where the chunk holds a NaN or an infinity. Grid (P, R). */
+static __global__ void __launch_bounds__(SP_THREADS)
+    argmax_part_kernel(int2 *parts, const float *logits, size_t ld, int V, int P) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    __shared__ float sv[SP_THREADS / 32];
+    __shared__ int si[SP_THREADS / 32];
+    int c = blockIdx.x, r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const float *l = logits + (size_t)r * ld;
+    int v0 = c * SP_CHUNK, v1 = min(V, v0 + SP_CHUNK);
+    float bv = -INFINITY;
+    int bi = INT_MAX, bad = 0;
+#pragma unroll 8
+    for (int v = v0 + (int)threadIdx.x; v < v1; v += SP_THREADS) {
+        float x = l[v];
+        bad |= !isfinite(x);
+        if (bi == INT_MAX || x > bv) bv = x, bi = v;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(MSM_FULL_MASK, bv, o);
+        int oi = __shfl_xor_sync(MSM_FULL_MASK, bi, o);
+        if (oi != INT_MAX && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+    }
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    if (__syncthreads_or(bad)) {
+        if (threadIdx.x == 0) parts[(size_t)r * P + c] = make_int2(0, -1);
+        return;
+    }
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < SP_THREADS / 32; w++)
+            if (si[w] != INT_MAX && (bi == INT_MAX || sv[w] > bv || (sv[w] == bv && si[w] < bi))) bv = sv[w], bi = si[w];
+        parts[(size_t)r * P + c] = make_int2(__float_as_int(bv), bi);
+    }
+}
+
+/* One block a row. With parts (argmax_part_kernel's P chunks a row), the row's maximum and
+ * finiteness come from them instead of a scan of the row. */
 static __global__ void __launch_bounds__(S_THREADS)
-    sample_kernel(int32_t *out, const float *logits, const msm_sample_params *params, int V) {
+    sample_kernel(int32_t *out, const float *logits, size_t ld, const msm_sample_params *params, int V,
+                  const int2 *parts, int P) {
     msm_pdl_trigger();
     msm_pdl_wait();
     __shared__ sample_smem sm;
     int r = blockIdx.x;
-    const float *l = logits + (size_t)r * V;
+    const float *l = logits + (size_t)r * ld;
     const msm_sample_params sp = params[r];
 
     float bv = -INFINITY;
     int bi = INT_MAX, bad = 0;
-    for (int v = threadIdx.x; v < V; v += S_THREADS) {
-        float x = l[v];
-        bad |= !isfinite(x);
-        if (bi == INT_MAX || x > bv) bv = x, bi = v;
+    if (parts) {
+        for (int c = threadIdx.x; c < P; c += S_THREADS) {
+            int2 q = parts[(size_t)r * P + c];
+            float x = __int_as_float(q.x);
+            if (q.y < 0) bad = 1;
+            else if (bi == INT_MAX || x > bv || (x == bv && q.y < bi)) bv = x, bi = q.y;
+        }
+    } else {
+        for (int v = threadIdx.x; v < V; v += S_THREADS) {
+            float x = l[v];
+            bad |= !isfinite(x);
+            if (bi == INT_MAX || x > bv) bv = x, bi = v;
+        }
     }
     /* nothing can be drawn from NaN or infinite logits: say so (as msm_cpu_sample does) */
     if (__syncthreads_or(bad)) {
@@ -297,10 +353,19 @@ static __global__ void __launch_bounds__(S_THREADS)
     if (threadIdx.x == 0) out[r] = sm.found != INT_MAX ? sm.found : amax;
 }
 
-extern "C" int msm_cuda_sample(int32_t *out, const float *logits, const msm_sample_params *p,
-                               int R, int V, msm_cuda_exec ex) {
-    if (R < 0 || V <= 0) return -EINVAL;
+static int n_parts(int V) { return (V + SP_CHUNK - 1) / SP_CHUNK; }
+
+extern "C" size_t msm_cuda_sample_ws_bytes(int R, int V) {
+    return R > 0 && V > 0 ? ((size_t)R * (size_t)n_parts(V) * sizeof(int2) + 255) & ~(size_t)255 : 0;
+}
+
+extern "C" int msm_cuda_sample(int32_t *out, const float *logits, size_t ld, const msm_sample_params *p, int R,
+                               int V, void *ws, size_t ws_bytes, msm_cuda_exec ex) {
+    if (R < 0 || V <= 0 || ld < (size_t)V || R > 65535) return -EINVAL;
     if (R == 0) return 0;
-    CUDA_TRY(msm_launch(sample_kernel, dim3(R), dim3(S_THREADS), 0, ex, out, logits, p, V));
+    int P = n_parts(V);
+    int2 *parts = ws && ws_bytes >= msm_cuda_sample_ws_bytes(R, V) ? (int2 *)ws : NULL;
+    if (parts) CUDA_TRY(msm_launch(argmax_part_kernel, dim3(P, R), dim3(SP_THREADS), 0, ex, parts, logits, ld, V, P));
+    CUDA_TRY(msm_launch(sample_kernel, dim3(R), dim3(S_THREADS), 0, ex, out, logits, ld, p, V, (const int2 *)parts, P));
     return 0;
 }

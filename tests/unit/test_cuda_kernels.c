@@ -1796,14 +1796,31 @@ Test(cuda_kernels, sample_greedy_and_seeded_match_cpu, .timeout = 60) {
         if (V > 7) { /* a tied maximum in a greedy row: the lowest id wins */
             l[5] = l[9] = 50.0f;
         }
-        int32_t *ref = malloc(R * 4), *out = malloc(R * 4);
+        if (V > 9000) { /* ... across the arg-max's chunks too (rows 4 and 8 are greedy) */
+            l[4 * (size_t)V + 8200] = l[4 * (size_t)V + 100] = 60.0f;
+            l[8 * (size_t)V + V - 1] = l[8 * (size_t)V + 8191] = 60.0f;
+        }
+        int32_t *ref = malloc(R * 4), *out = malloc(R * 4), *out1 = malloc(R * 4);
         float *scratch = malloc((size_t)2 * V * 4);
         msm_cpu_sample(ref, l, p, R, V, scratch);
-        float *dl = dev_up(l, (size_t)R * V * 4);
+        /* rows ld = V + 3 floats apart on the device (a padded logits row), the pads huge: never read */
+        size_t ld = (size_t)V + 3;
+        float *lp = malloc((size_t)R * ld * 4);
+        for (int r = 0; r < R; r++) {
+            memcpy(lp + r * ld, l + (size_t)r * V, (size_t)V * 4);
+            for (size_t k = (size_t)V; k < ld; k++) lp[r * ld + k] = 1e30f;
+        }
+        float *dl = dev_up(lp, (size_t)R * ld * 4);
         msm_sample_params *dp = dev_up(p, R * sizeof *p);
         int32_t *dout = dev_poison(R * 4);
-        CK(msm_cuda_sample(dout, dl, dp, R, V, EX));
+        size_t wsb = msm_cuda_sample_ws_bytes(R, V);
+        void *dws = dev_poison(wsb);
+        /* the one-block scan of each row (no workspace), then the chunked arg-max: the same tokens */
+        CK(msm_cuda_sample(dout, dl, ld, dp, R, V, NULL, 0, EX));
+        down(out1, dout, R * 4);
+        CK(msm_cuda_sample(dout, dl, ld, dp, R, V, dws, wsb, EX));
         down(out, dout, R * 4);
+        cr_assert_eq(memcmp(out, out1, (size_t)R * 4), 0, "V=%d: the chunked arg-max changed a token", V);
         int excused = 0;
         for (int r = 0; r < R; r++) {
             cr_assert(out[r] >= 0 && out[r] < V, "V=%d row %d: token %d", V, r, out[r]);
@@ -1815,8 +1832,8 @@ Test(cuda_kernels, sample_greedy_and_seeded_match_cpu, .timeout = 60) {
             excused++;
         }
         cr_assert(excused <= R / 8, "V=%d: %d rows differ at rounding margins", V, excused);
-        cudaFree(dl), cudaFree(dp), cudaFree(dout);
-        free(l), free(p), free(ref), free(out), free(scratch);
+        cudaFree(dl), cudaFree(dp), cudaFree(dout), cudaFree(dws);
+        free(l), free(lp), free(p), free(ref), free(out), free(out1), free(scratch);
     }
 }
 
@@ -1839,15 +1856,19 @@ Test(cuda_kernels, sample_flags_nonfinite_rows_like_cpu, .timeout = 60) {
     float *dl = dev_up(l, (size_t)R * V * 4);
     msm_sample_params *dp = dev_up(p, sizeof p);
     int32_t *dout = dev_poison(R * 4);
-    CK(msm_cuda_sample(dout, dl, dp, R, V, EX));
-    down(out, dout, R * 4);
-    for (int r = 0; r < 4; r++) {
-        cr_assert_eq(ref[r], MSM_SAMPLE_NONFINITE, "cpu row %d", r);
-        cr_assert_eq(out[r], MSM_SAMPLE_NONFINITE, "row %d: %d", r, out[r]);
+    size_t wsb = msm_cuda_sample_ws_bytes(R, V);
+    void *dws = dev_poison(wsb);
+    for (int chunked = 0; chunked < 2; chunked++) { /* the row scan, then the chunked arg-max */
+        CK(msm_cuda_sample(dout, dl, V, dp, R, V, chunked ? dws : NULL, chunked ? wsb : 0, EX));
+        down(out, dout, R * 4);
+        for (int r = 0; r < 4; r++) {
+            cr_assert_eq(ref[r], MSM_SAMPLE_NONFINITE, "cpu row %d", r);
+            cr_assert_eq(out[r], MSM_SAMPLE_NONFINITE, "row %d (chunked %d): %d", r, chunked, out[r]);
+        }
+        for (int r = 4; r < R; r++)
+            cr_assert(out[r] >= 0 && out[r] < V, "row %d (chunked %d): %d", r, chunked, out[r]);
     }
-    for (int r = 4; r < R; r++)
-        cr_assert(out[r] >= 0 && out[r] < V, "row %d: %d", r, out[r]);
-    cudaFree(dl), cudaFree(dp), cudaFree(dout);
+    cudaFree(dl), cudaFree(dp), cudaFree(dout), cudaFree(dws);
     free(l), free(scratch);
 }
 

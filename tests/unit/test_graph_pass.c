@@ -877,3 +877,82 @@ Test(graph_pass, linear_add_rmsnorm_fuses_every_tp1_projection) {
             msm_graph_free(q), msm_graph_free(p), msm_graph_free(g);
         }
 }
+
+/* prefetch_weights: one PREFETCH a layer on AUX, forked right after the layer's qkv projection,
+ * naming the o_proj, the router and the head of the shared expert's (or dense MLP's) gate_up
+ * within the budget; every other node kept in order; the aux work joined (apply verifies);
+ * idempotent. */
+static int kib(const msm_graph *g, int wi) {
+    const msm_weight *w = &g->weights[wi];
+    return (int)(((long long)w->n_expert * w->rows * w->cols * 2 + 1023) / 1024);
+}
+
+Test(graph_pass, prefetch_forks_after_each_qkv_and_names_the_next_weights) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen3moe", "tests/data/mixtral", "tests/data/glm4moe"};
+    for (int d = 0; d < 4; d++)
+        for (int tp = 1; tp <= 2; tp++)
+            for (int budget = 0; budget < 2; budget++) {
+                msm_graph *g = plain(dirs[d], tp);
+                msm_pass_opts o = {.fuse_allreduce = true, .multi_stream = true, .elide_collectives = true,
+                                   .fuse_add_norm = true, .fuse_moe_combine = true, .fuse_allreduce_norm = true,
+                                   .fuse_router = true, .fuse_rope_kv = true};
+                msm_graph *ref = apply(g, &o);
+                o.prefetch_kb = budget ? 1 << 20 : 1;
+                msm_graph *p = apply(g, &o);
+                cr_expect_eq(count_op(p, MSM_OP_PREFETCH), g->n_layers, "%s tp %d", dirs[d], tp);
+                /* the other nodes, in order */
+                int j = 0;
+                for (int i = 0; i < p->n_nodes; i++) {
+                    const msm_node *n = &p->nodes[i];
+                    if (n->op == MSM_OP_PREFETCH || ((n->op == MSM_OP_EVENT_RECORD || n->op == MSM_OP_EVENT_WAIT) &&
+                                                     n->event >= ref->n_events))
+                        continue;
+                    cr_assert(j < ref->n_nodes && n->op == ref->nodes[j].op && n->stream == ref->nodes[j].stream,
+                              "%s tp %d: node %d (%s) is not the reference's node %d", dirs[d], tp, i,
+                              msm_op_name(n->op), j);
+                    j++;
+                }
+                cr_expect_eq(j, ref->n_nodes, "%s tp %d", dirs[d], tp);
+                for (int i = 0; i < p->n_nodes; i++) {
+                    const msm_node *n = &p->nodes[i];
+                    if (n->op != MSM_OP_PREFETCH) continue;
+                    int L = n->layer;
+                    cr_assert(i >= 3 && n->stream == MSM_STREAM_AUX && n->n_in == 0 && n->n_out == 0);
+                    const msm_node *w = &p->nodes[i - 1], *r = &p->nodes[i - 2], *q = &p->nodes[i - 3];
+                    cr_expect(w->op == MSM_OP_EVENT_WAIT && w->stream == MSM_STREAM_AUX && r->op == MSM_OP_EVENT_RECORD &&
+                              r->stream == MSM_STREAM_MAIN && r->event == w->event, "%s layer %d: no fork", dirs[d], L);
+                    cr_assert(q->op == MSM_OP_LINEAR && q->role == MSM_ROLE_ATTN && q->layer == L,
+                              "%s layer %d: not forked after a linear of the attention", dirs[d], L);
+                    cr_expect(strstr(p->weights[q->w[0]].name, "qkv") != NULL, "%s layer %d: forked after %s", dirs[d],
+                              L, p->weights[q->w[0]].name);
+                    cr_expect(strstr(p->weights[n->w[0]].name, "o_proj") != NULL, "%s layer %d: first %s", dirs[d], L,
+                              p->weights[n->w[0]].name);
+                    if (!budget) {
+                        cr_expect(n->attr.prefetch.kb[0] == 1 && n->w[1] < 0, "%s layer %d: past the budget", dirs[d], L);
+                        continue;
+                    }
+                    bool moe = find(p, L, MSM_OP_MOE_EXPERTS, MSM_ROLE_ROUTED, 0) >= 0;
+                    bool shared = find(p, L, MSM_OP_SWIGLU, MSM_ROLE_SHARED, 0) >= 0;
+                    int k = 1;
+                    if (moe) {
+                        cr_expect(n->w[k] >= 0 && strstr(p->weights[n->w[k]].name, "gate") != NULL &&
+                                      p->weights[n->w[k]].rows == p->nodes[find(p, L, MSM_OP_MOE_EXPERTS, MSM_ROLE_ROUTED, 0)]
+                                                                      .attr.moe_experts.E,
+                                  "%s layer %d: no router", dirs[d], L);
+                        k++;
+                    }
+                    if (shared || !moe)
+                        cr_expect(n->w[k] >= 0 && strstr(p->weights[n->w[k]].name, "gate_up") != NULL, "%s layer %d: %s",
+                                  dirs[d], L, n->w[k] >= 0 ? p->weights[n->w[k]].name : "nothing");
+                    else
+                        cr_expect(k >= MSM_NODE_MAX_W || n->w[k] < 0, "%s layer %d", dirs[d], L);
+                    for (int s = 0; s < MSM_NODE_MAX_W; s++)
+                        if (n->w[s] >= 0) cr_expect_eq(n->attr.prefetch.kb[s], kib(p, n->w[s]), "%s layer %d slot %d", dirs[d], L, s);
+                }
+                msm_graph *again;
+                msm_err err = {{0}};
+                cr_assert_eq(msm_pass_prefetch_weights(p, &o, &again, &err), 0);
+                cr_expect(msm_graph_equal(p, again), "%s: prefetch_weights is not idempotent", dirs[d]);
+                msm_graph_free(again), msm_graph_free(p), msm_graph_free(ref), msm_graph_free(g);
+            }
+}
