@@ -5,7 +5,7 @@
 #   el WHAT                       a "# t=Ns WHAT" line (seconds since the start)
 #   left [LIMIT]                  seconds left of LIMIT (585) since the start, for timeouts
 #   b PRESET BATCHES TAG [VAR=value ...] -- [flags]   msmoe-bench decode into $OUT/bench-TAG.txt
-#   tl PRESET BATCH TAG [VAR=value ...]               the decode graph's kernel timeline
+#   tl PRESET BATCH TAG [VAR=value ...] [-- flags]    the decode graph's kernel timeline
 #                                 (bench/cupti_timeline.c; BUNDLE_BINS with timeline) into
 #                                 $OUT/timeline-TAG.txt, ROWS kernels listed (90)
 #   prof PRESET BATCH TIMEOUT [VAR=value ...]         ncu per-kernel table of one eager step into
@@ -25,10 +25,11 @@ b() {
 }
 tl() {
     local p=$1 bt=$2 tag=$3; shift 3
-    { el "timeline $p batch $bt $*"
-      env "$@" CUDA_INJECTION64_PATH=$PWD/gpu-run/bin/libmsm_timeline.so MSM_TIMELINE_OUT=/tmp/tl.csv timeout 120 \
+    local envs=() ; while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done; [ $# -gt 0 ] && shift
+    { el "timeline $p batch $bt ${envs[*]} $*"
+      env "${envs[@]}" CUDA_INJECTION64_PATH=$PWD/gpu-run/bin/libmsm_timeline.so MSM_TIMELINE_OUT=/tmp/tl.csv timeout 120 \
         gpu-run/bin/msmoe-bench decode --preset config/models/$p.json --backend cuda --batches $bt --context 512 \
-        --steps 30 2>&1 | grep -v '^# weights'
+        --steps 30 "$@" 2>&1 | grep -v '^# weights'
       python3 bench/timeline_summary.py /tmp/tl.csv --rows ${ROWS:-90}; } >> $OUT/timeline-$tag.txt 2>&1
 }
 prof() {

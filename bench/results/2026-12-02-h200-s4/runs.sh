@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The device commands of this session's runs (README.md here), from the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check
+# bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
+#   bash bench/results/2026-12-02-h200-s4/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, hdr
+case "$1" in
+r1)
+    # the weight prefetch (pass prefetch_weights) at 0 / 8 / 16 / 24 / 32 MiB a layer; the chunked
+    # greedy arg-max (kernel tests); timelines; the prefetch's bitwise checks at real shapes
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter 'cuda_kernels/sample*' 2>&1 | tail -3 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for mb in 0 8 16 24 32; do b qwen1.5-moe-a2.7b 1,2,4,8,32 ab -- --prefetch-mb $mb; done
+        for mb in 0 16 24; do b qwen3-30b-a3b 1,2,4,8 ab -- --prefetch-mb $mb; done
+        for mb in 0 16; do b qwen3-30b-a3b-fp8 1,2,8 ab -- --prefetch-mb $mb; done
+    done
+    for mb in 0 24; do b qwen1.5-moe-a2.7b 128,256 ab -- --prefetch-mb $mb; done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=40 tl qwen1.5-moe-a2.7b 1 q15 -- --prefetch-mb 24
+    ROWS=40 tl qwen3-30b-a3b 1 q3 -- --prefetch-mb 24
+    ROWS=40 tl qwen1.5-moe-a2.7b 8 q15b
+    ROWS=40 tl qwen1.5-moe-a2.7b 32 q15b
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,qwen3moe timeout 150 python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+esac
