@@ -224,6 +224,7 @@ static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, in
                         .fuse_router = o->fuse_router,
                         .fuse_linear_norm = o->fuse_linear_norm,
                         .prefetch_kb = o->prefetch_mb > 0 ? o->prefetch_mb * 1024 : 0,
+                        .prefetch_next_kb = o->prefetch_next_mb > 0 ? o->prefetch_next_mb * 1024 : 0,
                         .test_buggy_placement = o->test_buggy_placement,
                         .test_skip_verify = o->test_skip_verify};
     if (rank == o->test_diverge_rank) po.fuse_allreduce = !po.fuse_allreduce; /* test-only: V4 */

@@ -25,6 +25,7 @@ typedef struct msm_pass_opts {
     bool fuse_router;      /* fuse_router_topk */
     bool fuse_linear_norm; /* fuse_linear_add_rmsnorm */
     int prefetch_kb;       /* prefetch_weights: KiB a layer may pull into L2 (0: the pass is off) */
+    int prefetch_next_kb;  /* ... and of the next layer's qkv during the router (experiment; 0: no) */
     msm_warn_fn warn;
     void *warn_ud;
     /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)

@@ -171,7 +171,7 @@ int main(int argc, char **argv) {
         {"ceiling", required_argument, 0, 'C'}, {"lengths", required_argument, 0, 'L'},
         {"multi-stream-max-tokens", required_argument, 0, 'X'},
         {"no-fuse-allreduce-norm", no_argument, 0, 'N'}, {"fuse-linear-norm", no_argument, 0, 'R'},
-        {"prefetch-mb", required_argument, 0, 'P'},
+        {"prefetch-mb", required_argument, 0, 'P'}, {"prefetch-next-mb", required_argument, 0, 'Q'},
         {0, 0, 0, 0}};
     int ch;
     optind = 2;
@@ -193,6 +193,7 @@ int main(int argc, char **argv) {
         case 'L': batches = optarg; break;
         case 'X': o.multi_stream_max_tokens = atoi(optarg); break;
         case 'P': o.prefetch_mb = atoi(optarg); break;
+        case 'Q': o.prefetch_next_mb = atoi(optarg); break;
         default: return 2;
         }
     }

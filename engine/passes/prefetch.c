@@ -70,28 +70,59 @@ static msm_node layer_prefetch(const msm_graph *g, int L, int budget_kb, int *n_
     return p;
 }
 
-/* Rewrites layer L of g; returns 0 (done or nothing to do) or -ENOMEM. */
-static int rewrite_layer(msm_graph *g, int L, int budget_kb) {
-    int qkv = -1;
+/* Index of layer L's qkv projection (its first attention LINEAR on MAIN), or -1. */
+static int qkv_of(const msm_graph *g, int L) {
     for (int i = 0; i < g->n_nodes; i++) {
         const msm_node *n = &g->nodes[i];
-        if (n->layer != L) continue;
-        if (n->op == MSM_OP_PREFETCH) return 0; /* already rewritten */
-        if (qkv < 0 && n->role == MSM_ROLE_ATTN && n->op == MSM_OP_LINEAR && n->stream == MSM_STREAM_MAIN) qkv = i;
+        if (n->layer == L && n->role == MSM_ROLE_ATTN && n->op == MSM_OP_LINEAR && n->stream == MSM_STREAM_MAIN)
+            return i;
     }
-    int n_w = 0;
-    msm_node p = layer_prefetch(g, L, budget_kb, &n_w);
-    if (qkv < 0 || n_w == 0) return 0;
+    return -1;
+}
+
+/* Inserts a fork (RECORD on MAIN, WAIT on AUX) and p on AUX before node `at`. */
+static int fork_prefetch(msm_graph *g, int at, const msm_node *p) {
     int ev = g->n_events++;
-    msm_node rec = {.op = MSM_OP_EVENT_RECORD, .stream = MSM_STREAM_MAIN, .role = MSM_ROLE_ATTN, .layer = L,
+    msm_node rec = {.op = MSM_OP_EVENT_RECORD, .stream = MSM_STREAM_MAIN, .role = p->role, .layer = p->layer,
                     .event = ev, .w = {-1, -1, -1}};
     msm_node wait = rec;
     wait.op = MSM_OP_EVENT_WAIT;
     wait.stream = MSM_STREAM_AUX;
-    int r = msm_graph_insert(g, qkv + 1, &rec);
-    if (r >= 0) r = msm_graph_insert(g, qkv + 2, &wait);
-    if (r >= 0) r = msm_graph_insert(g, qkv + 3, &p);
+    int r = msm_graph_insert(g, at, &rec);
+    if (r >= 0) r = msm_graph_insert(g, at + 1, &wait);
+    if (r >= 0) r = msm_graph_insert(g, at + 2, p);
     return r < 0 ? r : 0;
+}
+
+/* The experiment of o->prefetch_next_kb: in a layer without a shared expert (nothing else on AUX),
+ * the next layer's qkv while the router runs, forked before the layer's first routed node. */
+static int next_qkv(msm_graph *g, int L, int kb) {
+    int q = qkv_of(g, L + 1), at = -1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const msm_node *n = &g->nodes[i];
+        if (n->layer == L && n->role == MSM_ROLE_SHARED) return 0;
+        if (at < 0 && n->layer == L && n->role == MSM_ROLE_ROUTED) at = i;
+    }
+    if (q < 0 || at < 0) return 0;
+    msm_node p = {.op = MSM_OP_PREFETCH, .stream = MSM_STREAM_AUX, .role = MSM_ROLE_ROUTED, .layer = L,
+                  .w = {g->nodes[q].w[0], -1, -1}};
+    int left = kb;
+    p.attr.prefetch.kb[0] = take_kb(g, p.w[0], &left);
+    return fork_prefetch(g, at, &p);
+}
+
+/* Rewrites layer L of g; returns 0 (done or nothing to do) or -ENOMEM. */
+static int rewrite_layer(msm_graph *g, int L, int budget_kb, int next_kb) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].layer == L && g->nodes[i].op == MSM_OP_PREFETCH) return 0; /* already rewritten */
+    int n_w = 0, qkv = qkv_of(g, L);
+    msm_node p = layer_prefetch(g, L, budget_kb, &n_w);
+    if (next_kb > 0) {
+        int r = next_qkv(g, L, next_kb);
+        if (r) return r;
+    }
+    if (qkv < 0 || n_w == 0) return 0;
+    return fork_prefetch(g, qkv + 1, &p);
 }
 
 /* Where the aux stream's last node is not joined into main (V3 of the verifier), a join before
@@ -125,7 +156,8 @@ int msm_pass_prefetch_weights(const msm_graph *in, const msm_pass_opts *o, msm_g
     msm_graph *g = msm_graph_clone(in);
     if (!g) return msm_err_set(err, -ENOMEM, "out of memory in prefetch_weights");
     int r = 0;
-    for (int L = 0; r == 0 && L < g->n_layers && o->prefetch_kb > 0; L++) r = rewrite_layer(g, L, o->prefetch_kb);
+    for (int L = 0; r == 0 && L < g->n_layers && o->prefetch_kb > 0; L++)
+        r = rewrite_layer(g, L, o->prefetch_kb, o->prefetch_next_kb);
     if (r == 0) r = join_tail(g);
     if (r < 0) {
         msm_graph_free(g);
