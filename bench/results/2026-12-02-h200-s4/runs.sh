@@ -4,6 +4,14 @@
 # bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
 #   bash bench/results/2026-12-02-h200-s4/runs.sh rN
 source bench/device_run.sh  # el, left, b, tl, prof, hdr
+# bef: as b, with the msmoe-bench built with -DMSM_STREAM_EVICT_FIRST=1 (gpu-run/ef/msmoe-bench.xz)
+[ -f gpu-run/ef/msmoe-bench.xz ] && xz -d gpu-run/ef/msmoe-bench.xz && chmod +x gpu-run/ef/msmoe-bench
+bef() {
+    local p=$1 bs=$2 tag=$3; shift 3
+    local envs=() ; while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+    { el "evict-first $p ${envs[*]} $*"; env "${envs[@]}" timeout 120 gpu-run/ef/msmoe-bench decode --preset config/models/$p.json \
+        --backend cuda --batches $bs --context 512 --steps 30 "$@" 2>&1 | grep -v '^# weights'; } | tee -a $OUT/bench-$tag.txt
+}
 case "$1" in
 r1)
     # the weight prefetch (pass prefetch_weights) at 0 / 8 / 16 / 24 / 32 MiB a layer; the chunked
@@ -18,6 +26,19 @@ r1)
         for mb in 0 16; do b qwen3-30b-a3b-fp8 1,2,8 ab -- --prefetch-mb $mb; done
     done
     for mb in 0 24; do b qwen1.5-moe-a2.7b 128,256 ab -- --prefetch-mb $mb; done
+    if [ -x gpu-run/ef/msmoe-bench ]; then
+        el evict-first | tee -a $OUT/gpu.txt
+        for i in 1 2; do
+            b qwen3-30b-a3b 1,2,4 ef -- --prefetch-mb 24
+            b qwen3-30b-a3b 1,2,4 ef -- --prefetch-mb 24 --prefetch-next-mb 24
+            bef qwen3-30b-a3b 1,2,4 ef -- --prefetch-mb 0
+            bef qwen3-30b-a3b 1,2,4 ef -- --prefetch-mb 24
+            bef qwen3-30b-a3b 1,2,4 ef -- --prefetch-mb 24 --prefetch-next-mb 24
+            b qwen1.5-moe-a2.7b 1,2,8 ef -- --prefetch-mb 24
+            bef qwen1.5-moe-a2.7b 1,2,8 ef -- --prefetch-mb 0
+            bef qwen1.5-moe-a2.7b 1,2,8 ef -- --prefetch-mb 24
+        done
+    fi
     el timeline | tee -a $OUT/gpu.txt
     ROWS=40 tl qwen1.5-moe-a2.7b 1 q15 -- --prefetch-mb 24
     ROWS=40 tl qwen3-30b-a3b 1 q3 -- --prefetch-mb 24
