@@ -55,6 +55,17 @@
 
 static_assert(TL_BM == 64 && TL_BK == 64, "the copy and fragment loops assume 64 x 64 tiles");
 
+/* The bf16 kernels also come with fewer tokens a pass and a deeper pipeline, for steps whose experts
+ * have few tokens each (MSM_CUDA_MOE_TILED_BM): a pass of BM tokens keeps 2 x BM x-rows a stage, so
+ * the shared memory of two blocks an SM holds TL_ST(BM) stages, TL_ST(BM) - 1 weight tiles in
+ * flight a block instead of 2 (the down GEMM at batch 32 streamed at 60% of the copy ceiling,
+ * gate/up at 81%, bench/results/2026-12-02-h200-s4). */
+#define TL_XB(BM) ((BM) * TL_BK * 2)                /* bytes of one of hi / lo */
+#define TL_ST(BM) ((BM) == 16 ? 5 : (BM) == 32 ? 4 : TL_STAGES)
+#define TL_SMEM_BM(BM) (TL_ST(BM) * (TL_W_BYTES + 2 * TL_XB(BM)))
+static_assert(TL_SMEM_BM(16) <= 100 * 1024 && TL_SMEM_BM(32) <= TL_SMEM && TL_SMEM_BM(64) == TL_SMEM,
+              "two blocks an SM at every pass size");
+
 /* ---- x in grouped order as bf16 hi + lo ---- */
 
 /* xh[r,:] = bf16(x[t,:] * xs), xl[r,:] = bf16(x[t,:] * xs - xh[r,:]) with t = perm[r] / k, for the
@@ -79,15 +90,16 @@ static __global__ void moe_split_x_kernel(moe_ws ws, uint16_t *xh, uint16_t *xl,
 /* The x tiles of a K step at k0 into shared memory at dst (hi, then lo, TL_X_BYTES each, 16-byte
  * chunks swizzled for ldmatrix): 2 x 64 rows x 8 chunks = 1024 chunks over the block's 256
  * threads, only the live rows (xrows); rows past r1 are zero-filled. */
+template <int BM = TL_BM>
 static __device__ __forceinline__ void tl_load_x(uint32_t dst, const uint16_t *xh, const uint16_t *xl, int rb, int r1,
                                                  int xrows, int K, size_t k0, int tid) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int idx = tid + 256 * j, half = idx >> 9, m = (idx >> 3) & 63, c = idx & 7;
+    for (int j = 0; j < BM / 16; j++) {
+        int idx = tid + 256 * j, half = idx / (BM * 8), m = (idx >> 3) % BM, c = idx & 7;
         if (m >= xrows) continue;
         int rr = rb + m;
         const uint16_t *src = (half ? xl : xh) + (size_t)(rr < r1 ? rr : rb) * K + k0 + c * 8;
-        msm_cp_async16(dst + half * TL_X_BYTES + msm_swz128(m, c), src, rr < r1 ? 16 : 0);
+        msm_cp_async16(dst + half * TL_XB(BM) + msm_swz128(m, c), src, rr < r1 ? 16 : 0);
     }
 }
 
@@ -96,10 +108,11 @@ static __device__ __forceinline__ void tl_load_x(uint32_t dst, const uint16_t *x
  * w_row(r): global address of the block's weight row r (0..127) at k = 0; rows past the matrix
  * are clamped by the caller (never stored). xh / xl rows rb .. rb + 8*ntile - 1 (those past r1 are
  * zero-filled). K % 64 == 0. The caller syncs before reusing the shared memory. */
-template <typename RowFn>
+template <int BM, typename RowFn>
 static __device__ __forceinline__ void tl_gemm(float acc[8][4], unsigned char *smem, RowFn w_row,
                                                const uint16_t *xh, const uint16_t *xl, int rb,
                                                int r1, int ntile, int K) {
+    constexpr int ST = TL_ST(BM), STAGE = TL_W_BYTES + 2 * TL_XB(BM);
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 #pragma unroll
     for (int t = 0; t < 8; t++)
@@ -112,27 +125,27 @@ static __device__ __forceinline__ void tl_gemm(float acc[8][4], unsigned char *s
     for (int j = 0; j < 4; j++) wsrc[j] = w_row(tid / 8 + 32 * j) + (tid % 8) * 8;
     uint32_t base = msm_smem_addr(smem);
     auto load = [&](int stage, int kc) {
-        uint32_t sb = base + stage * TL_STAGE_BYTES;
+        uint32_t sb = base + stage * STAGE;
         size_t k0 = (size_t)kc * TL_BK;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int r = tid / 8 + 32 * j;
             msm_cp_async16(sb + msm_swz128(r, tid % 8), wsrc[j] + k0, 16);
         }
-        tl_load_x(sb + TL_W_BYTES, xh, xl, rb, r1, xrows, K, k0, tid);
+        tl_load_x<BM>(sb + TL_W_BYTES, xh, xl, rb, r1, xrows, K, k0, tid);
     };
 #pragma unroll
-    for (int s = 0; s < TL_STAGES - 1; s++) {
+    for (int s = 0; s < ST - 1; s++) {
         if (s < nk) load(s, s);
         msm_cp_async_commit();
     }
     for (int kc = 0; kc < nk; kc++) {
-        msm_cp_async_wait<TL_STAGES - 2>();
+        msm_cp_async_wait<ST - 2>();
         __syncthreads();
-        uint32_t sb = base + (kc % TL_STAGES) * TL_STAGE_BYTES;
-        msm_tile_mma_k64(acc, sb, sb + TL_W_BYTES, sb + TL_W_BYTES + TL_X_BYTES, warp, lane, ntile);
-        int nx = kc + TL_STAGES - 1;
-        if (nx < nk) load(nx % TL_STAGES, nx);
+        uint32_t sb = base + (kc % ST) * STAGE;
+        msm_tile_mma_k64(acc, sb, sb + TL_W_BYTES, sb + TL_W_BYTES + TL_XB(BM), warp, lane, ntile);
+        int nx = kc + ST - 1;
+        if (nx < nk) load(nx % ST, nx);
         msm_cp_async_commit();
     }
     msm_cp_async_wait<0>();
@@ -142,6 +155,7 @@ static __device__ __forceinline__ void tl_gemm(float acc[8][4], unsigned char *s
  * gate rows (0..7) and the up rows (8..15) of columns i0 + 8w .. + 7, so C fragment elements
  * c0/c2 (token 2q) and c1/c3 (token 2q+1) of column i0 + 8w + g pair up. Writes act hi + lo
  * (bf16 [P, I] each, grouped order). */
+template <int BM>
 static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     moe_gateup_tiled_kernel(moe_ws ws, const uint16_t *xh, const uint16_t *xl,
                             const uint16_t *gate_up, uint16_t *ah, uint16_t *al, int H, int I) {
@@ -159,10 +173,10 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     };
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int col = i0 + 8 * warp + g;
-    for (int rb = r0; rb < r1; rb += TL_BM) {
-        int ntile = min(8, (r1 - rb + 7) >> 3);
+    for (int rb = r0; rb < r1; rb += BM) {
+        int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tl_gemm(acc, smem, w_row, xh, xl, rb, r1, ntile, H);
+        tl_gemm<BM>(acc, smem, w_row, xh, xl, rb, r1, ntile, H);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;
@@ -182,6 +196,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
 
 /* Down: block b = (s-th selected expert, 128 rows from h0): outp[r, h] = act[r, :] . down_e[h, :]
  * for the expert's grouped rows r (act as bf16 hi + lo). */
+template <int BM>
 static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     moe_down_tiled_kernel(moe_ws ws, const uint16_t *ah, const uint16_t *al, const uint16_t *down,
                           int H, int I) {
@@ -195,10 +210,10 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     const uint16_t *de = down + (size_t)e * H * I;
     auto w_row = [&](int r) { return de + (size_t)min(h0 + r, H - 1) * I; };
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    for (int rb = r0; rb < r1; rb += TL_BM) {
-        int ntile = min(8, (r1 - rb + 7) >> 3);
+    for (int rb = r0; rb < r1; rb += BM) {
+        int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tl_gemm(acc, smem, w_row, ah, al, rb, r1, ntile, I);
+        tl_gemm<BM>(acc, smem, w_row, ah, al, rb, r1, ntile, I);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;
@@ -366,8 +381,12 @@ bool msm__moe_tiled_fp8_fits(int H, int I, msm_cuda_fp8w gu, msm_cuda_fp8w dn) {
 }
 
 int msm__moe_tiled_prepare(void) {
-    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM));
-    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM));
+    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(64)));
+    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(64)));
+    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(32)));
+    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(32)));
+    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(16)));
+    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(16)));
     CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TF_SMEM));
     CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TF_SMEM));
     return 0;
@@ -393,6 +412,15 @@ static int tiled_plan_make(const moe_ws &ws, int T, int H, int I, int k, int E, 
     return 0;
 }
 
+/* Tokens a pass of the bf16 tiled kernels: the tuning's moe_tiled_bm (16, 32 or 64), or by the
+ * mean tokens an expert (T k / E) when 0: 16 up to 8 on average, 32 up to 16, else 64 (an expert
+ * with more tokens than a pass takes more passes). */
+static int tiled_bm(const msm_cuda_tuning *tn, int T, int k, int E) {
+    if (tn->moe_tiled_bm == 16 || tn->moe_tiled_bm == 32 || tn->moe_tiled_bm == 64) return tn->moe_tiled_bm;
+    long long pairs = (long long)T * k;
+    return pairs <= 8LL * E ? 16 : pairs <= 16LL * E ? 32 : 64;
+}
+
 int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
                        const uint16_t *down, int T, int H, int I, int k, int E, msm_cuda_exec ex) {
     tiled_plan p;
@@ -400,10 +428,14 @@ int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up
     if (r) return r;
     CUDA_TRY(msm_launch(moe_split_x_kernel, dim3(p.split_rows), dim3(256), 0, ex, ws, p.xh, p.xl, x, 1.0f,
                         T * k, H, k, E));
-    CUDA_TRY(msm_launch(moe_gateup_tiled_kernel, dim3(p.g1), dim3(TL_WARPS * 32), TL_SMEM, ex, ws, p.xh, p.xl,
-                        gate_up, p.ah, p.al, H, I));
-    CUDA_TRY(msm_launch(moe_down_tiled_kernel, dim3(p.g2), dim3(TL_WARPS * 32), TL_SMEM, ex, ws, p.ah, p.al, down,
-                        H, I));
+    int bm = tiled_bm(ex.tune, T, k, E);
+    void (*gu)(moe_ws, const uint16_t *, const uint16_t *, const uint16_t *, uint16_t *, uint16_t *, int, int) =
+        bm == 16 ? moe_gateup_tiled_kernel<16> : bm == 32 ? moe_gateup_tiled_kernel<32> : moe_gateup_tiled_kernel<64>;
+    void (*dn)(moe_ws, const uint16_t *, const uint16_t *, const uint16_t *, int, int) =
+        bm == 16 ? moe_down_tiled_kernel<16> : bm == 32 ? moe_down_tiled_kernel<32> : moe_down_tiled_kernel<64>;
+    size_t smem = bm == 16 ? TL_SMEM_BM(16) : bm == 32 ? TL_SMEM_BM(32) : TL_SMEM_BM(64);
+    CUDA_TRY(msm_launch(gu, dim3(p.g1), dim3(TL_WARPS * 32), smem, ex, ws, p.xh, p.xl, gate_up, p.ah, p.al, H, I));
+    CUDA_TRY(msm_launch(dn, dim3(p.g2), dim3(TL_WARPS * 32), smem, ex, ws, p.ah, p.al, down, H, I));
     return 0;
 }
 

@@ -216,6 +216,9 @@ typedef struct msm_cuda_tuning {
                                  boundary it saves (timeline: 11 us a layer against the norm's 2.5 + the
                                  router's 6) (MSM_CUDA_NORM_ROUTER=1) */
     int norm_router_max_t;    /* ... up to this many tokens (MSM_CUDA_NORM_ROUTER_MAX_T) */
+    int moe_tiled_bm;         /* tokens a pass of the bf16 tiled expert GEMMs: 16 (5 stages), 32 (4) or 64
+                                 (3); 0: by the mean tokens an expert (moe_tiled.cu); the same sums
+                                 (MSM_CUDA_MOE_TILED_BM) */
     int prefetch_max_t;       /* PREFETCH nodes (pass prefetch_weights) run at steps of up to this many
                                  tokens, and are skipped past it (MSM_CUDA_PREFETCH_MAX_T; 0: never) */
     int rows_pipe;            /* MSM_CUDA_PIPE_* kernels whose bf16 rows take msm_rows_dot's software

@@ -1180,6 +1180,49 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
     moe_cases(skew, sizeof skew / sizeof *skew, 256, 128, 2, 3, 2e-5);
 }
 
+/* The bf16 tiled expert GEMMs with 16 or 32 tokens a pass (deeper pipelines) and the auto rule give
+ * the 64-token kernels' bits: each output is the same sequence of MMAs whatever pass holds its token.
+ * Qwen1.5-MoE shapes at 33-256 tokens, and 200 x 2 pairs over 3 experts (many passes of each size). */
+Test(cuda_kernels, moe_tiled_pass_sizes_are_bitwise_equal, .timeout = 120) {
+    need_gpu();
+    static const int shapes[][5] = {{2048, 1408, 4, 60, 33}, {2048, 1408, 4, 60, 64}, {2048, 1408, 4, 60, 128},
+                                    {2048, 1408, 4, 60, 256}, {256, 128, 2, 3, 200}, {256, 128, 2, 3, 37}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3], T = shapes[s][4];
+        float *guf, *dnf;
+        uint16_t *gub = host_bf16((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H), &guf);
+        uint16_t *dnb = host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &dnf);
+        uint16_t *dgu = dev_up(gub, (size_t)E * 2 * I * H * 2), *ddn = dev_up(dnb, (size_t)E * H * I * 2);
+        float *x = host_f32((size_t)T * H, 1.0f), *w = malloc((size_t)T * k * 4);
+        int32_t *ids = malloc((size_t)T * k * 4);
+        random_routing(ids, w, T, k, E);
+        float *ref = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4), *base = malloc((size_t)T * H * 4);
+        float *scratch = malloc((size_t)3 * I * 4);
+        msm_cpu_moe_experts(ref, x, ids, w, guf, dnf, T, H, I, k, scratch);
+        float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4), *dy = dev_poison((size_t)T * H * 4);
+        int32_t *di = dev_up(ids, (size_t)T * k * 4);
+        size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
+        void *ws = dev_poison(wsb);
+        static const int bms[] = {64, 32, 16, 0};
+        for (int b = 0; b < 4; b++) {
+            msm_cuda_tuning t = tune0;
+            t.moe_path = MSM_CUDA_MOE_PATH_TILED;
+            t.moe_tiled_bm = bms[b];
+            cudaMemset(dy, 0xff, (size_t)T * H * 4);
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+            down(b ? out : base, dy, (size_t)T * H * 4);
+            if (b == 0)
+                CHECK_ERR(base, ref, (size_t)T * H, 2e-5, "tiled T=%d H=%d I=%d k=%d E=%d", T, H, I, k, E);
+            else
+                cr_assert(memcmp(out, base, (size_t)T * H * 4) == 0, "tiled T=%d H=%d E=%d: %d tokens a pass differ from 64",
+                          T, H, E, bms[b]);
+        }
+        cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws), cudaFree(dgu), cudaFree(ddn);
+        free(x), free(w), free(ids), free(ref), free(out), free(base), free(scratch);
+        free(guf), free(gub), free(dnf), free(dnb);
+    }
+}
+
 /* The pair path's bf16 down GEMV with a token's experts over warps (MSM_CUDA_MOE_K_DOWN_SPLIT; the
  * default at k = 8) is bitwise the one-warp-a-row kernel (MSM_CUDA_MOE_K_DOWN_WARP): Qwen3-30B-A3B and Qwen1.5-MoE expert shapes, k = 1, 4, 8, I
  * not a multiple of 8 (scalar loads), H odd (a block's second row past H), T = 1..4; and against

@@ -50,4 +50,24 @@ r1)
     timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r2)
+    # the bf16 tiled expert GEMMs with 16 / 32 tokens a pass and deeper pipelines (MSM_CUDA_MOE_TILED_BM):
+    # bitwise against 64, the A/B at 16-256, a timeline at batch 32
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'moe_tiled_pass_sizes*' 'moe_experts_variants*' 'moe_experts_grouped_large*'; do
+        timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for bm in 64 32 16 0; do
+            b qwen1.5-moe-a2.7b 16,32,64,128,256 bm MSM_CUDA_MOE_TILED_BM=$bm --
+            b qwen3-30b-a3b 16,32,64,128,256 bm MSM_CUDA_MOE_TILED_BM=$bm --
+        done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=10 tl qwen1.5-moe-a2.7b 32 q15 MSM_CUDA_MOE_TILED_BM=16
+    ROWS=10 tl qwen1.5-moe-a2.7b 128 q15 MSM_CUDA_MOE_TILED_BM=32
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
