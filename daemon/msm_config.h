@@ -53,7 +53,6 @@ typedef struct msm_config {
     int replicas;              /* CPU (and fake) backend: how many engines (TP groups) */
     bool multi_stream;
     int multi_stream_max_tokens; /* steps of more tokens run on one stream (0: no limit) */
-    int prefetch_mb;           /* MiB of weights a layer pulls into L2 during its attention (0: off) */
     bool fuse_allreduce;
     int kv_blocks;
     int max_step_tokens;

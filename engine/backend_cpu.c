@@ -187,7 +187,6 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
                             a->rmsnorm.dim, a->rmsnorm.eps);
         break;
     }
-    case MSM_OP_PREFETCH: break; /* a hint for a device's cache: nothing to pull here */
     case MSM_OP_SAMPLE: {
         int R = ROWS(in0), V = a->sample.V, Vp = a->sample.V_pad;
         const msm_sample_params *p = (const msm_sample_params *)I32(n->in[1]);

@@ -97,7 +97,6 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->fuse_allreduce_norm = true;
     o->fuse_router = true;
     o->fuse_linear_norm = false; /* bitwise on the H200 but no faster (bench/results/2026-12-01-h200-attn) */
-    o->prefetch_mb = MSM_PREFETCH_MB;
     o->kv_blocks = 1024;
     o->max_step_tokens = 512;
     o->max_seqs = 64;
@@ -223,8 +222,6 @@ static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, in
                         .fuse_allreduce_norm = o->fuse_allreduce_norm,
                         .fuse_router = o->fuse_router,
                         .fuse_linear_norm = o->fuse_linear_norm,
-                        .prefetch_kb = o->prefetch_mb > 0 ? o->prefetch_mb * 1024 : 0,
-                        .prefetch_next_kb = o->prefetch_next_mb > 0 ? o->prefetch_next_mb * 1024 : 0,
                         .test_buggy_placement = o->test_buggy_placement,
                         .test_skip_verify = o->test_skip_verify};
     if (rank == o->test_diverge_rank) po.fuse_allreduce = !po.fuse_allreduce; /* test-only: V4 */
@@ -232,7 +229,6 @@ static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, in
     if (r) return r;
     if (o->multi_stream && o->multi_stream_max_tokens > 0 && o->multi_stream_max_tokens < o->max_step_tokens) {
         po.multi_stream = false;
-        po.prefetch_kb = 0; /* one stream: no aux work at all */
         r = msm_passes_apply(*ret_plain, &po, ret_graph_1s, err);
         if (r) return r;
         /* one arena serves both: the backend allocates the larger plan (the step inputs sit at

@@ -326,12 +326,6 @@ void msm_graph_dump(const msm_graph *g, FILE *out) {
             fprintf(out, " ev%d\n", n->event);
             continue;
         }
-        if (n->op == MSM_OP_PREFETCH) { /* no values: the weights and how much of each */
-            for (int j = 0; j < MSM_NODE_MAX_W; j++)
-                if (n->w[j] >= 0) fprintf(out, " %s [%d KiB]", g->weights[n->w[j]].name, n->attr.prefetch.kb[j]);
-            fputc('\n', out);
-            continue;
-        }
         for (int j = 0; j < n->n_in; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->in[j]].name);
         fprintf(out, " ->");
         for (int j = 0; j < n->n_out; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->out[j]].name);

@@ -58,9 +58,6 @@ typedef struct msm_engine_opts {
     bool fuse_allreduce_norm;  /* pass fuse_allreduce_add_rmsnorm (default on) */
     bool fuse_router;          /* pass fuse_router_topk (default on) */
     bool fuse_linear_norm;     /* pass fuse_linear_add_rmsnorm (default off: measured no faster on the H200) */
-    int prefetch_mb;           /* pass prefetch_weights: MiB of weights a layer pulls into L2 during its
-                                  attention (0: off; default MSM_PREFETCH_MB) */
-    int prefetch_next_mb;      /* ... and of the next layer's qkv during the router (an experiment; 0) */
     int kv_blocks;             /* KV blocks of MSM_KV_BLOCK tokens (default 1024) */
     int max_step_tokens;       /* tokens one step may carry (prefill chunk + decode rows; 512) */
     int max_seqs;              /* sequences one step may carry (default 64) */

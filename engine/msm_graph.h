@@ -59,9 +59,7 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
                        the router LINEAR and ROUTER_TOPK in one node (pass-made) */                \
     X(LINEAR_ADD_RMSNORM) /* in: x [rows,K], r [rows,N]  w: W [N,K], bias [N] or -1, norm [N]      \
                        out: s = r + (x . W^T + b), rmsnorm(s): a LINEAR and the ADD_RMSNORM of   \
-                       its output in one node (pass-made) */                                   \
-    X(PREFETCH)     /* w: up to 3 weights    attr prefetch.kb: pulls the leading kb[j] KiB of w[j] \
-                       towards the device's L2 (a hint: no values; pass prefetch_weights) */
+                       its output in one node (pass-made) */
 
 typedef enum msm_op {
 #define MSM_OP_ENUM(n) MSM_OP_##n,
@@ -132,9 +130,6 @@ typedef struct msm_attr_router_group {
 typedef struct msm_attr_moe_experts { int H, I, k, E; } msm_attr_moe_experts;
 typedef struct msm_attr_linear_norm { int N, K; float eps; } msm_attr_linear_norm; /* norm dim N */
 typedef struct msm_attr_sample { int V, V_pad; } msm_attr_sample; /* vocabulary, logits row length */
-/* KiB of each weight slot to pull (0: none); counted at 2 bytes an element, so a backend holding
- * a weight in fewer bytes (FP8) pulls all of it once kb covers that */
-typedef struct msm_attr_prefetch { int kb[3]; } msm_attr_prefetch;
 
 typedef union msm_attr {
     msm_attr_embed embed;
@@ -149,7 +144,6 @@ typedef union msm_attr {
     msm_attr_moe_experts moe_experts;
     msm_attr_linear_norm linear_norm; /* LINEAR_ADD_RMSNORM */
     msm_attr_sample sample;
-    msm_attr_prefetch prefetch;
 } msm_attr;
 
 #define MSM_NODE_MAX_IN 6

@@ -24,8 +24,6 @@ typedef struct msm_pass_opts {
     bool fuse_allreduce_norm; /* fuse_allreduce_add_rmsnorm */
     bool fuse_router;      /* fuse_router_topk */
     bool fuse_linear_norm; /* fuse_linear_add_rmsnorm */
-    int prefetch_kb;       /* prefetch_weights: KiB a layer may pull into L2 (0: the pass is off) */
-    int prefetch_next_kb;  /* ... and of the next layer's qkv during the router (experiment; 0: no) */
     msm_warn_fn warn;
     void *warn_ud;
     /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)
@@ -90,12 +88,6 @@ int msm_pass_fuse_linear_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o
  * same bits, one CUDA launch less. */
 int msm_pass_fuse_rope_kv_write(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                                 msm_err *err);
-
-/* After each layer's qkv projection, a PREFETCH on AUX of the weights read after the attention
- * (o_proj, router, the head of the shared expert's or dense MLP's first projection), within
- * o->prefetch_kb KiB a layer; joined into MAIN by the next aux join, or before the head. Runs
- * last. Idempotent. */
-int msm_pass_prefetch_weights(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret, msm_err *err);
 
 /* V1 every collective on MAIN; V2 every cross-stream read covered by a RECORD after the producer
  * and a WAIT before the reader; V3 every aux node joined into MAIN before the end; KV every

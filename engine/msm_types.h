@@ -23,9 +23,6 @@
  * off), not at 2048 (126.2 against 125.3 ms): bench/results/2026-11-30-h200/run6-prefill.txt. */
 #define MSM_MULTI_STREAM_MAX_TOKENS 1024
 
-/* Default of msm_engine_opts.prefetch_mb (pass prefetch_weights). */
-#define MSM_PREFETCH_MB 0
-
 
 /* Per output row sampling parameters. temperature <= 0 means greedy (argmax, lowest id on ties). */
 typedef struct msm_sample_params {

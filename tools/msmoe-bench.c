@@ -12,7 +12,7 @@
  *                       [--batches 1,8,32,128,256] [--context 512] [--steps 30]
  *   msmoe-bench prefill --preset ... [--lengths 128,512,1024,2048] [--steps 10]
  *   common: [--no-cuda-graphs] [--no-multi-stream] [--multi-stream-max-tokens N]
- *           [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm] [--prefetch-mb N] [--tp N]
+ *           [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm] [--tp N]
  * Prints one table row per batch or length.
  *
  *   msmoe-bench load --model DIR [...]: checkpoint load time next to a plain read of the same
@@ -171,7 +171,6 @@ int main(int argc, char **argv) {
         {"ceiling", required_argument, 0, 'C'}, {"lengths", required_argument, 0, 'L'},
         {"multi-stream-max-tokens", required_argument, 0, 'X'},
         {"no-fuse-allreduce-norm", no_argument, 0, 'N'}, {"fuse-linear-norm", no_argument, 0, 'R'},
-        {"prefetch-mb", required_argument, 0, 'P'}, {"prefetch-next-mb", required_argument, 0, 'Q'},
         {0, 0, 0, 0}};
     int ch;
     optind = 2;
@@ -192,8 +191,6 @@ int main(int argc, char **argv) {
         case 'C': ceiling = atof(optarg); break;
         case 'L': batches = optarg; break;
         case 'X': o.multi_stream_max_tokens = atoi(optarg); break;
-        case 'P': o.prefetch_mb = atoi(optarg); break;
-        case 'Q': o.prefetch_next_mb = atoi(optarg); break;
         default: return 2;
         }
     }
@@ -235,10 +232,10 @@ int main(int argc, char **argv) {
     char ctx_desc[32] = "";
     if (!prefill) snprintf(ctx_desc, sizeof ctx_desc, "context %d, ", context);
     printf("# %s %s, backend %s, tp %d, graphs %s, multi-stream %s, fuse-allreduce %s, fuse-allreduce-norm %s, "
-           "fuse-linear-norm %s, prefetch %d MiB, %s%d steps (median), start-up %.1f s\n", c->arch_name, prefill ? "prefill" : "decode",
+           "fuse-linear-norm %s, %s%d steps (median), start-up %.1f s\n", c->arch_name, prefill ? "prefill" : "decode",
            msm_engine_backend_name(e), o.tp, o.cuda_graphs && o.backend == MSM_BACKEND_CUDA ? "on" : "off", ms_desc,
            o.fuse_allreduce ? "on" : "off", o.fuse_allreduce_norm ? "on" : "off", o.fuse_linear_norm ? "on" : "off",
-           o.prefetch_mb, ctx_desc, steps,
+           ctx_desc, steps,
            (msm_bench_now_ms() - t0) / 1e3);
     /* docs/adr/0006-fp8.md: the CUDA backend keeps an FP8 preset's projections FP8 (dummy codes and
      * scales) unless MSM_CUDA_FP8_RESIDENT=0; the CPU backend holds float32 values of them */

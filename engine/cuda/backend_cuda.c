@@ -274,7 +274,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     for (int j = 0; j < MSM_NODE_MAX_W; j++)
         if (n->w[j] >= 0 && cb->w8[n->w[j]] &&
             !(((n->op == MSM_OP_LINEAR || n->op == MSM_OP_LINEAR_ADD_RMSNORM) && j == 0) ||
-              (n->op == MSM_OP_MOE_EXPERTS && j < 2) || n->op == MSM_OP_PREFETCH))
+              (n->op == MSM_OP_MOE_EXPERTS && j < 2)))
             return msm_err_set(err, -ENOTSUP, "rank %d (GPU %d): op %s has no kernel for the FP8 weight %d",
                                cb->b.rank, cb->device, msm_op_name(n->op), n->w[j]);
     switch (n->op) {
@@ -457,21 +457,6 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         int R = ROWS(in0), V = a->sample.V, Vp = a->sample.V_pad;
         const msm_sample_params *p = (const msm_sample_params *)I32(n->in[1]);
         KTRY(msm_cuda_sample(I32(out0), F(in0), (size_t)Vp, p, R, V, ws, cb->ws_bytes, s));
-        break;
-    }
-    case MSM_OP_PREFETCH: { /* each weight's leading kb KiB (2 bytes an element), within its bytes here */
-        if (d->T > s.tune->prefetch_max_t) break;
-        const void *p[MSM_CUDA_PREFETCH_MAX];
-        size_t bytes[MSM_CUDA_PREFETCH_MAX];
-        int np = 0;
-        for (int j = 0; j < MSM_NODE_MAX_W && j < MSM_CUDA_PREFETCH_MAX; j++) {
-            int wi = n->w[j];
-            if (wi < 0 || a->prefetch.kb[j] <= 0) continue;
-            size_t have = cb->w_elems[wi] * (cb->w8[wi] ? 1 : cb->w_f32[wi] ? 4 : 2), want = (size_t)a->prefetch.kb[j] << 10;
-            p[np] = cb->w8[wi] ? (const void *)cb->w8[wi] : (const void *)cb->w[wi];
-            bytes[np++] = want < have ? want : have;
-        }
-        KTRY(msm_cuda_prefetch_l2(p, bytes, np, s));
         break;
     }
     default:
@@ -1191,6 +1176,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_LT_SPLIT_DECODE=1          ... and for pure decode steps too (see tuning_for_decode)
  *   MSM_CUDA_MOE_PATH=pair|grouped_gemv|tiled|wmma   force a MoE path
  *   MSM_CUDA_MOE_TILED_MIN_T=N          the tiled MoE GEMMs from N tokens on
+ *   MSM_CUDA_MOE_TILED_BM=16|32|64      tokens a pass of the bf16 tiled MoE GEMMs (else: by tokens an expert)
  *   MSM_CUDA_AR=nccl                    every all-reduce through NCCL (no one-shot kernel)
  *   MSM_CUDA_AR_ONESHOT_MAX_BYTES=N     the one-shot all-reduce up to N bytes (0: off)
  *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch,nt4,down_split,down_warp  MoE kernel variants
@@ -1269,8 +1255,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_GEMV_U16"))) t->gemv_u16 = s[0] != '0';
     if ((s = getenv("MSM_CUDA_GEMV_U8"))) t->gemv_u8 = s[0] == '1';
     if (env_int("MSM_CUDA_NORM_ROUTER_MAX_T", &v)) t->norm_router_max_t = v < 0 ? 0 : v;
-    if (env_int("MSM_CUDA_MOE_TILED_BM", &v)) t->moe_tiled_bm = v;
-    if (env_int("MSM_CUDA_PREFETCH_MAX_T", &v)) t->prefetch_max_t = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_MOE_TILED_BM", &v)) t->moe_tiled_bm = v == 16 || v == 32 || v == 64 ? v : 0;
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;

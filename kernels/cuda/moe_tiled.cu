@@ -413,12 +413,14 @@ static int tiled_plan_make(const moe_ws &ws, int T, int H, int I, int k, int E, 
 }
 
 /* Tokens a pass of the bf16 tiled kernels: the tuning's moe_tiled_bm (16, 32 or 64), or by the
- * mean tokens an expert (T k / E) when 0: 16 up to 8 on average, 32 up to 16, else 64 (an expert
- * with more tokens than a pass takes more passes). */
+ * mean tokens an expert (T k / E) when 0: 16 up to 3 on average, 32 up to 24, else 64 (an expert
+ * with more tokens than a pass takes more passes; run 2 of bench/results/2026-12-02-h200-s4: at a
+ * mean of 2 16 was 0.1 ms faster than 32 on Qwen3-30B-A3B, from 4 to 17 32 was as fast or faster,
+ * and 16 lost 2.6-4.6 ms a step at 17 (two passes of the weights for most experts)). */
 static int tiled_bm(const msm_cuda_tuning *tn, int T, int k, int E) {
     if (tn->moe_tiled_bm == 16 || tn->moe_tiled_bm == 32 || tn->moe_tiled_bm == 64) return tn->moe_tiled_bm;
     long long pairs = (long long)T * k;
-    return pairs <= 8LL * E ? 16 : pairs <= 16LL * E ? 32 : 64;
+    return pairs <= 3LL * E ? 16 : pairs <= 24LL * E ? 32 : 64;
 }
 
 int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,

@@ -234,23 +234,12 @@ static __device__ __forceinline__ float2 msm_bf2(uint32_t w) {
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 }
 
-/* 16-byte load of data read once (weights): skip L1 so activations keep it. Built with
- * MSM_STREAM_EVICT_FIRST (an experiment: -Dgencode='... -DMSM_STREAM_EVICT_FIRST=1'), the lines
- * also go into L2 first in line for eviction, so a stream of weights does not push out what
- * others put there (a prefetch, the KV cache). */
+/* 16-byte load of data read once (weights): skip L1 so activations keep it. */
 static __device__ __forceinline__ uint4 msm_ld_stream16(const void *p) {
     uint4 r;
-#if defined(MSM_STREAM_EVICT_FIRST) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    uint64_t pol;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p), "l"(pol));
-#else
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
-#endif
     return r;
 }
 

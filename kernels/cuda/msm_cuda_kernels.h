@@ -216,11 +216,13 @@ typedef struct msm_cuda_tuning {
                                  boundary it saves (timeline: 11 us a layer against the norm's 2.5 + the
                                  router's 6) (MSM_CUDA_NORM_ROUTER=1) */
     int norm_router_max_t;    /* ... up to this many tokens (MSM_CUDA_NORM_ROUTER_MAX_T) */
-    int moe_tiled_bm;         /* tokens a pass of the bf16 tiled expert GEMMs: 16 (5 stages), 32 (4) or 64
-                                 (3); 0: by the mean tokens an expert (moe_tiled.cu); the same sums
-                                 (MSM_CUDA_MOE_TILED_BM) */
-    int prefetch_max_t;       /* PREFETCH nodes (pass prefetch_weights) run at steps of up to this many
-                                 tokens, and are skipped past it (MSM_CUDA_PREFETCH_MAX_T; 0: never) */
+    int moe_tiled_bm;         /* tokens a pass of the bf16 tiled expert GEMMs: 16 (5 pipeline stages), 32 (4)
+                                 or 64 (3); 0 (default): by the mean tokens an expert (moe_tiled.cu). The
+                                 same sums (MSM_CUDA_MOE_TILED_BM). The auto rule, measured on the H200
+                                 (2026-12-02 fourth session, ms a step against 64 at 32 / 64 / 128 / 256
+                                 tokens): Qwen1.5-MoE 8.54 / 9.93 / 12.02 / 16.48 -> 8.08 / 9.48 / 11.60 /
+                                 15.88-15.93, Qwen3-30B-A3B 16.53 / 18.61 / 20.37 / 24.68 -> 15.52-15.60 /
+                                 17.81-17.91 / 19.61-19.72 / 23.50-23.56 */
     int rows_pipe;            /* MSM_CUDA_PIPE_* kernels whose bf16 rows take msm_rows_dot's software
                                  pipelining where a row is more than one step of loads (K > 256 * U): the
                                  next step's loads go out before this step's arithmetic, so a warp's loads
@@ -436,12 +438,6 @@ int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids, const flo
  * rows of a step that produce logits). */
 int msm_cuda_gather_rows(float *out, const float *x, const int32_t *rows, int R, int C,
                          msm_cuda_exec ex);
-
-/* Pulls bytes[i] bytes at p[i] (i < n <= MSM_CUDA_PREFETCH_MAX; NULL or 0: skipped) into L2 (graph
- * op PREFETCH): a hint, reading nothing into the kernel and writing nothing; each range must lie in
- * one allocation. Needs no scratch. */
-#define MSM_CUDA_PREFETCH_MAX 3
-int msm_cuda_prefetch_l2(const void *const *p, const size_t *bytes, int n, msm_cuda_exec ex);
 
 /* Samples one token per row of logits [R,V] (rows ld >= V floats apart) with params p[R] (on the
  * device) into out[R]: greedy (argmax, lowest id on ties) when temperature <= 0, else

@@ -51,7 +51,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
                                  "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8", "MSM_CUDA_NORM_LINEAR",
                                  "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE", "MSM_CUDA_NORM_ROUTER",
-                                 "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16"};
+                                 "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16", "MSM_CUDA_MOE_TILED_BM"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -74,7 +74,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_FP8_GEMV_U8", "0", 1), setenv("MSM_CUDA_NORM_LINEAR", "0", 1);
     setenv("MSM_CUDA_FP8_MOE_HW", "0", 1), setenv("MSM_CUDA_ROWS_PIPE", "21", 1);
     setenv("MSM_CUDA_NORM_ROUTER", "0", 1), setenv("MSM_CUDA_NORM_ROUTER_MAX_T", "-1", 1);
-    setenv("MSM_CUDA_GEMV_U16", "0", 1);
+    setenv("MSM_CUDA_GEMV_U16", "0", 1), setenv("MSM_CUDA_MOE_TILED_BM", "32", 1);
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
@@ -83,6 +83,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.norm_router, "MSM_CUDA_NORM_ROUTER=0: the norm and the router two kernels");
     cr_expect_eq(t.norm_router_max_t, 0, "clamped to 0");
     cr_expect(!t.gemv_u16, "MSM_CUDA_GEMV_U16=0: four steps of 4 loads");
+    cr_expect_eq(t.moe_tiled_bm, 32);
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -111,8 +112,9 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.router_chunk_per_sm, 1);
     cr_expect(!t.fp8_moe_tiled, "MSM_CUDA_FP8_MOE_TILED=0: FP8 experts past the GEMVs dequantised");
     setenv("MSM_CUDA_MMV_WARPS", "6", 1), setenv("MSM_CUDA_MOE_PATH", "bogus", 1), setenv("MSM_CUDA_ATT_MMA", "0", 1);
-    setenv("MSM_CUDA_FP8_MOE_TILED", "1", 1);
+    setenv("MSM_CUDA_FP8_MOE_TILED", "1", 1), setenv("MSM_CUDA_MOE_TILED_BM", "48", 1);
     msm_cuda_tuning_from_env(&t);
+    cr_expect_eq(t.moe_tiled_bm, 0, "not 16, 32 or 64: by the tokens an expert");
     cr_expect(t.fp8_moe_tiled);
     cr_expect_eq(t.att_mma, MSM_CUDA_ATT_MMA_OFF);
     cr_expect_eq(t.mmv_warps, 8, "only 4 or 8 warps");

@@ -91,11 +91,9 @@ msm_engine_opts test_engine_opts(const char *model_dir, int tp, bool fuse, bool 
     o.multi_stream = multi_stream;
     /* (false, false) is the plain graph, the reference every pass combination must equal; the
      * other combinations also run the always-on rewrites (tp-1 collective elision, add+norm, MoE
-     * combine, RoPE + K/V write, all-reduce + add + norm, router + top-k, linear + add + norm, the
-     * weight prefetch on the aux stream) */
+     * combine, RoPE + K/V write, all-reduce + add + norm, router + top-k, linear + add + norm) */
     o.elide_collectives = o.fuse_add_norm = o.fuse_moe_combine = o.fuse_rope_kv = o.fuse_allreduce_norm =
         o.fuse_router = o.fuse_linear_norm = fuse || multi_stream;
-    o.prefetch_mb = fuse || multi_stream ? 1 : 0; /* the prefetch pass too (a no-op on the CPU) */
     o.kv_blocks = 64;
     o.max_step_tokens = 64;
     o.max_seqs = 8;
