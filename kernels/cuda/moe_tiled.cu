@@ -11,9 +11,11 @@
  *   1. moe_split_x_kernel writes x in grouped order as bf16 hi + lo rows once (xh, xl [P, H]),
  *      so the GEMMs copy x tiles like the weights, with no conversion in the inner loop;
  *   2. a block owns 128 weight rows of one expert (8 warps x 16 rows) and up to 64 of its tokens
- *      (8 n8 tiles); each K step of 64 copies the 128 x 64 weight tile and the x tiles (hi, lo)
- *      into shared memory with cp.async, TL_STAGES steps in flight, 16-byte chunks swizzled so
- *      that ldmatrix reads them without bank conflicts;
+ *      (8 n8 tiles) a pass; each K step of 64 copies the 128 x 64 weight tile and the x tiles (hi,
+ *      lo) into shared memory with cp.async, TL_STAGES steps in flight, 16-byte chunks swizzled so
+ *      that ldmatrix reads them without bank conflicts; with few tokens an expert (batch 32-256
+ *      decode) a pass takes 16 or 32 tokens and the same shared memory holds 5 or 4 stages
+ *      (TL_ST: more weight bytes in flight a block; tiled_bm picks by the mean tokens an expert);
  *   3. mma.sync m16n8k16 (bf16 in, fp32 accumulate): A = 16 weight rows (ldmatrix.x4), B = 8
  *      tokens of x hi and of x lo, both into the same accumulator, so the products carry ~16
  *      mantissa bits of x (as the MMV linear and the grouped tensor-core GEMVs): near-fp32;
