@@ -55,10 +55,15 @@ extern "C" {
  * T = 32, 271 vs 320 (tensor-core GEMVs) at T = 48; step at batch 64 14.59 -> 10.39 ms. From 32 since
  * 2026-12-01 (step at batch 32, tiled vs grouped GEMVs: Qwen1.5-MoE 8.72 vs 9.35 ms, Qwen3-30B-A3B
  * 17.06 vs 18.00; at 16 the GEMVs win, 6.70 vs 6.87 and 12.90 vs 13.38;
- * bench/results/2026-12-01-h200-s6 run 4). */
+ * bench/results/2026-12-01-h200-s6 run 4). From 12 since 2026-12-02 (fourth session), once the tiled
+ * kernels took 16-token passes with a deeper pipeline (msm_cuda_tuning.moe_tiled_bm): step at batch
+ * 12 / 16 / 24, tiled vs grouped GEMVs, Qwen1.5-MoE 5.91 / 6.43-6.46 / 7.56 vs 6.36 / 6.59-6.63 /
+ * 8.08-8.12 ms, Qwen3-30B-A3B 11.78 / 12.59-12.63 / 14.73-14.74 vs 12.34 / 12.72-12.78 / 15.41-15.46;
+ * at 9-11 the GEMVs still win by 0.03-0.28 ms, at 8 by 0.3-1.0 (bench/results/2026-12-02-h200-s4
+ * run 3). */
 #define MSM_CUDA_MOE_GEMV_MAX_T 4
 #define MSM_CUDA_MOE_GROUPED_GEMV_MAX_T 64
-#define MSM_CUDA_MOE_TILED_MIN_T 32
+#define MSM_CUDA_MOE_TILED_MIN_T 12
 #define MSM_CUDA_MOE_TILED_MAX_T 512
 enum { MSM_CUDA_MOE_PATH_AUTO = 0, MSM_CUDA_MOE_PATH_PAIR = 1, MSM_CUDA_MOE_PATH_GROUPED_GEMV = 2,
        MSM_CUDA_MOE_PATH_WMMA = 3, MSM_CUDA_MOE_PATH_TILED = 4 };

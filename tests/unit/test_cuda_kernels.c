@@ -1128,12 +1128,15 @@ Test(cuda_kernels, moe_experts_gemv_small_T_matches_cpu, .timeout = 60) {
 Test(cuda_kernels, moe_experts_grouped_gemv_matches_cpu, .timeout = 120) {
     need_gpu();
     /* the default path for 4 < T <= 64, and forced at other T (GEMV tolerance) */
-    moe_case(16, 2048, 1408, 4, 60, 2e-5); /* Qwen1.5-MoE shapes */
+    moe_case(16, 2048, 1408, 4, 60, 2e-5); /* Qwen1.5-MoE shapes (the tiled GEMMs by default) */
     moe_case(32, 2048, 1408, 4, 60, 2e-5);
+    moe_case(11, 2048, 1408, 4, 60, 2e-5); /* the last size the grouped GEMVs take by default */
     moe_case(64, 256, 128, 4, 16, 2e-5);   /* skewed: some experts get > 8 tokens (several passes) */
     moe_case(9, 130, 40, 2, 6, 2e-5);      /* odd sizes: scalar loads */
     enum { GG = MSM_CUDA_MOE_PATH_GROUPED_GEMV };
     moe_case_on(GG, 1, 2048, 1408, 4, 16, 2e-5);
+    moe_case_on(GG, 16, 2048, 1408, 4, 60, 2e-5);
+    moe_case_on(GG, 31, 2048, 1408, 4, 60, 2e-5);
     moe_case_on(GG, 8, 200, 72, 2, 5, 2e-5);
     moe_case_on(GG, 100, 256, 128, 4, 16, 2e-5);
     moe_case_on(GG, 5, 130, 33, 3, 7, 2e-5);
@@ -1154,8 +1157,9 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
            TL = MSM_CUDA_MOE_PATH_TILED };
     enum { SIMT = MSM_CUDA_MOE_K_SIMT, MMA = MSM_CUDA_MOE_K_MMA, NP = MSM_CUDA_MOE_K_NO_PREFETCH,
            NT4 = MSM_CUDA_MOE_K_NT4 };
-    /* Qwen1.5-MoE shapes: every default (pair at T <= 4, grouped SIMT GEMVs below 33 tokens, tiled
-     * GEMMs from 33) and each variant (the grouped tensor-core GEMVs forced from 48 tokens) */
+    /* Qwen1.5-MoE shapes: every default (pair at T <= 4, grouped SIMT GEMVs below 12 tokens, tiled
+     * GEMMs from 12, 16 tokens a pass at first) and each variant (the grouped tensor-core GEMVs
+     * forced from 48 tokens) */
     static const moe_run qwen[] = {{1, A, 0},     {4, A, 0},    {5, A, 0},    {8, A, 0},
                                    {16, A, 0},    {32, A, 0},   {48, A, 0},   {64, A, 0},   {48, GG, 0},  {64, GG, 0},
                                    {64, GG, NP},  {64, GG, SIMT}, {32, A, MMA}, {8, GG, MMA},
