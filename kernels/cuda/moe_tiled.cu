@@ -89,9 +89,9 @@ static __global__ void moe_split_x_kernel(moe_ws ws, uint16_t *xh, uint16_t *xl,
     }
 }
 
-/* The x tiles of a K step at k0 into shared memory at dst (hi, then lo, TL_X_BYTES each, 16-byte
- * chunks swizzled for ldmatrix): 2 x 64 rows x 8 chunks = 1024 chunks over the block's 256
- * threads, only the live rows (xrows); rows past r1 are zero-filled. */
+/* The x tiles of a K step at k0 into shared memory at dst (hi, then lo, TL_XB(BM) bytes each,
+ * 16-byte chunks swizzled for ldmatrix): 2 x BM rows x 8 chunks over the block's 256 threads,
+ * only the live rows (xrows); rows past r1 are zero-filled. */
 template <int BM = TL_BM>
 static __device__ __forceinline__ void tl_load_x(uint32_t dst, const uint16_t *xh, const uint16_t *xl, int rb, int r1,
                                                  int xrows, int K, size_t k0, int tid) {
@@ -382,13 +382,17 @@ bool msm__moe_tiled_fp8_fits(int H, int I, msm_cuda_fp8w gu, msm_cuda_fp8w dn) {
            ((uintptr_t)gu.q | (uintptr_t)dn.q) % 16 == 0; /* cp.async: 16-byte aligned rows */
 }
 
+template <int BM> static int tiled_prepare(void) {
+    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(BM)));
+    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(BM)));
+    return 0;
+}
+
 int msm__moe_tiled_prepare(void) {
-    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(64)));
-    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(64)));
-    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(32)));
-    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(32)));
-    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(16)));
-    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(16)));
+    int r = tiled_prepare<16>();
+    if (r == 0) r = tiled_prepare<32>();
+    if (r == 0) r = tiled_prepare<64>();
+    if (r) return r;
     CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TF_SMEM));
     CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TF_SMEM));
     return 0;
@@ -425,6 +429,17 @@ static int tiled_bm(const msm_cuda_tuning *tn, int T, int k, int E) {
     return pairs <= 3LL * E ? 16 : pairs <= 24LL * E ? 32 : 64;
 }
 
+/* The bf16 gate/up and down GEMMs of plan p with BM tokens a pass. */
+template <int BM>
+static int tiled_gemms(const tiled_plan &p, const moe_ws &ws, const uint16_t *gate_up, const uint16_t *down, int H,
+                       int I, msm_cuda_exec ex) {
+    CUDA_TRY(msm_launch(moe_gateup_tiled_kernel<BM>, dim3(p.g1), dim3(TL_WARPS * 32), TL_SMEM_BM(BM), ex, ws, p.xh,
+                        p.xl, gate_up, p.ah, p.al, H, I));
+    CUDA_TRY(msm_launch(moe_down_tiled_kernel<BM>, dim3(p.g2), dim3(TL_WARPS * 32), TL_SMEM_BM(BM), ex, ws, p.ah,
+                        p.al, down, H, I));
+    return 0;
+}
+
 int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
                        const uint16_t *down, int T, int H, int I, int k, int E, msm_cuda_exec ex) {
     tiled_plan p;
@@ -433,14 +448,9 @@ int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up
     CUDA_TRY(msm_launch(moe_split_x_kernel, dim3(p.split_rows), dim3(256), 0, ex, ws, p.xh, p.xl, x, 1.0f,
                         T * k, H, k, E));
     int bm = tiled_bm(ex.tune, T, k, E);
-    void (*gu)(moe_ws, const uint16_t *, const uint16_t *, const uint16_t *, uint16_t *, uint16_t *, int, int) =
-        bm == 16 ? moe_gateup_tiled_kernel<16> : bm == 32 ? moe_gateup_tiled_kernel<32> : moe_gateup_tiled_kernel<64>;
-    void (*dn)(moe_ws, const uint16_t *, const uint16_t *, const uint16_t *, int, int) =
-        bm == 16 ? moe_down_tiled_kernel<16> : bm == 32 ? moe_down_tiled_kernel<32> : moe_down_tiled_kernel<64>;
-    size_t smem = bm == 16 ? TL_SMEM_BM(16) : bm == 32 ? TL_SMEM_BM(32) : TL_SMEM_BM(64);
-    CUDA_TRY(msm_launch(gu, dim3(p.g1), dim3(TL_WARPS * 32), smem, ex, ws, p.xh, p.xl, gate_up, p.ah, p.al, H, I));
-    CUDA_TRY(msm_launch(dn, dim3(p.g2), dim3(TL_WARPS * 32), smem, ex, ws, p.ah, p.al, down, H, I));
-    return 0;
+    return bm == 16   ? tiled_gemms<16>(p, ws, gate_up, down, H, I, ex)
+           : bm == 32 ? tiled_gemms<32>(p, ws, gate_up, down, H, I, ex)
+                      : tiled_gemms<64>(p, ws, gate_up, down, H, I, ex);
 }
 
 int msm__moe_tiled_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int T, int H,
