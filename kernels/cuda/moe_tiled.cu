@@ -241,18 +241,27 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
 #define TF_W_BYTES (TL_ROWS * TL_BK)                 /* 8 KB: [128][64] codes, plain 64-byte rows */
 #define TF_STAGE_BYTES (TF_W_BYTES + 2 * TL_X_BYTES) /* 24 KB */
 #define TF_SMEM (TF_STAGES * TF_STAGE_BYTES)         /* 96 KB: two blocks an SM, as the bf16 kernels */
+/* As the bf16 kernels, fewer tokens a pass leave room for more stages in the same shared memory:
+ * 16 tokens 8 stages (12 KB each), 32 tokens 6 (16 KB), 64 tokens 4. A code tile is half a bf16
+ * tile, so at 4 stages a block had half the weight bytes in flight of the bf16 kernels' and the
+ * FP8 experts streamed no faster than bf16 ones (Qwen3-30B-A3B batch 128: 19.98 vs 20.00 ms). */
+#define TF_ST(BM) ((BM) == 16 ? 8 : (BM) == 32 ? 6 : TF_STAGES)
+#define TF_SMEM_BM(BM) (TF_ST(BM) * (TF_W_BYTES + 2 * TL_XB(BM)))
 
 static_assert(TF_SMEM <= TL_SMEM, "the FP8 kernels hold two blocks an SM like the bf16 ones");
+static_assert(TF_SMEM_BM(16) <= TL_SMEM && TF_SMEM_BM(32) <= TL_SMEM && TF_SMEM_BM(64) == TF_SMEM,
+              "two blocks an SM at every FP8 pass size");
 
 /* tl_gemm on codes: acc[t] = sum over the K steps of scale(step) * (W codes . B) for this warp's 16
  * rows; w_row(r) as in tl_gemm (codes, K bytes a row); sa / sb: the scale rows ([ceil((K + ph) /
  * 128)] floats) of this thread's C rows warp*16 + g and + 8, the step at column k0 taking
  * scale[(k0 + ph) / 128]. xh / xl: x * 2^100 as bf16 hi / lo (rows as in tl_gemm). K % 64 == 0,
  * ph % 64 == 0. The caller syncs before reusing the shared memory. */
-template <typename RowFn>
+template <int BM, typename RowFn>
 static __device__ __forceinline__ void tf_gemm(float acc[8][4], unsigned char *smem, RowFn w_row, const float *sa,
                                                const float *sb, int ph, const uint16_t *xh, const uint16_t *xl,
                                                int rb, int r1, int ntile, int K) {
+    constexpr int ST = TF_ST(BM), STAGE = TF_W_BYTES + 2 * TL_XB(BM);
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 #pragma unroll
     for (int t = 0; t < 8; t++)
@@ -265,16 +274,16 @@ static __device__ __forceinline__ void tf_gemm(float acc[8][4], unsigned char *s
     for (int j = 0; j < 2; j++) wsrc[j] = w_row(tid / 4 + 64 * j) + (tid % 4) * 16;
     uint32_t base = msm_smem_addr(smem);
     auto load = [&](int stage, int kc) {
-        uint32_t st = base + stage * TF_STAGE_BYTES;
+        uint32_t st = base + stage * STAGE;
         size_t k0 = (size_t)kc * TL_BK;
 #pragma unroll
         for (int j = 0; j < 2; j++)
             msm_cp_async16(st + (tid / 4 + 64 * j) * TL_BK + (tid % 4) * 16, wsrc[j] + k0, 16);
-        tl_load_x(st + TF_W_BYTES, xh, xl, rb, r1, xrows, K, k0, tid);
+        tl_load_x<BM>(st + TF_W_BYTES, xh, xl, rb, r1, xrows, K, k0, tid);
     };
     auto scale = [&](const float *s, int kc) { return __ldg(s + ((kc * TL_BK + ph) >> 7)) * MSM_FP8_S_SCALE; };
 #pragma unroll
-    for (int s = 0; s < TF_STAGES - 1; s++) {
+    for (int s = 0; s < ST - 1; s++) {
         if (s < nk) load(s, s);
         msm_cp_async_commit();
     }
@@ -282,13 +291,13 @@ static __device__ __forceinline__ void tf_gemm(float acc[8][4], unsigned char *s
     for (int kc = 0; kc < nk; kc++) {
         float ca = s_a, cb = s_b;
         if (kc + 1 < nk) s_a = scale(sa, kc + 1), s_b = scale(sb, kc + 1); /* the next step's, in flight */
-        msm_cp_async_wait<TF_STAGES - 2>();
+        msm_cp_async_wait<ST - 2>();
         __syncthreads(); /* step kc landed for every thread; every thread is done with step kc - 1 */
-        int nx = kc + TF_STAGES - 1; /* refills step kc - 1's stage */
-        if (nx < nk) load(nx % TF_STAGES, nx);
+        int nx = kc + ST - 1; /* refills step kc - 1's stage */
+        if (nx < nk) load(nx % ST, nx);
         msm_cp_async_commit();
-        uint32_t st = base + (kc % TF_STAGES) * TF_STAGE_BYTES;
-        msm_tile_mma_fp8_k64(acc, st, st + TF_W_BYTES, st + TF_W_BYTES + TL_X_BYTES, ca, cb, warp, lane, ntile);
+        uint32_t st = base + (kc % ST) * STAGE;
+        msm_tile_mma_fp8_k64(acc, st, st + TF_W_BYTES, st + TF_W_BYTES + TL_XB(BM), ca, cb, warp, lane, ntile);
     }
     msm_cp_async_wait<0>();
 }
@@ -296,6 +305,7 @@ static __device__ __forceinline__ void tf_gemm(float acc[8][4], unsigned char *s
 /* moe_gateup_tiled_kernel on FP8 codes gate_up [E, 2I, H] with scales gu_sc [E, 2I, ceil((H + ph) /
  * 128)]; xh / xl are x * 2^100, and act is written as bf16 hi + lo of silu(g) * u * 2^100 (the
  * down kernel's B operand). */
+template <int BM>
 static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     moe_gateup_tiled_fp8_kernel(moe_ws ws, const uint16_t *xh, const uint16_t *xl, const uint8_t *gate_up,
                                 const float *gu_sc, int ph, uint16_t *ah, uint16_t *al, int H, int I) {
@@ -316,10 +326,10 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     int col = i0 + 8 * warp + g, cc = min(col, I - 1);
     /* C rows g (the gate row of column col) and g + 8 (its up row) */
     const float *sg = msm_srow(se, cc, H, ph), *su = msm_srow(se, I + cc, H, ph);
-    for (int rb = r0; rb < r1; rb += TL_BM) {
-        int ntile = min(8, (r1 - rb + 7) >> 3);
+    for (int rb = r0; rb < r1; rb += BM) {
+        int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tf_gemm(acc, smem, w_row, sg, su, ph, xh, xl, rb, r1, ntile, H);
+        tf_gemm<BM>(acc, smem, w_row, sg, su, ph, xh, xl, rb, r1, ntile, H);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;
@@ -339,6 +349,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
 
 /* moe_down_tiled_kernel on FP8 codes down [E, H, I] with scales dn_sc [E, H, ceil((I + ph) / 128)];
  * ah / al are the activations * 2^100 (moe_gateup_tiled_fp8_kernel). */
+template <int BM>
 static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     moe_down_tiled_fp8_kernel(moe_ws ws, const uint16_t *ah, const uint16_t *al, const uint8_t *down,
                               const float *dn_sc, int ph, int H, int I) {
@@ -355,10 +366,10 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const float *sa = msm_srow(se, min(h0 + warp * 16 + g, H - 1), I, ph);
     const float *sb = msm_srow(se, min(h0 + warp * 16 + g + 8, H - 1), I, ph);
-    for (int rb = r0; rb < r1; rb += TL_BM) {
-        int ntile = min(8, (r1 - rb + 7) >> 3);
+    for (int rb = r0; rb < r1; rb += BM) {
+        int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tf_gemm(acc, smem, w_row, sa, sb, ph, ah, al, rb, r1, ntile, I);
+        tf_gemm<BM>(acc, smem, w_row, sa, sb, ph, ah, al, rb, r1, ntile, I);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;
@@ -385,6 +396,10 @@ bool msm__moe_tiled_fp8_fits(int H, int I, msm_cuda_fp8w gu, msm_cuda_fp8w dn) {
 template <int BM> static int tiled_prepare(void) {
     CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(BM)));
     CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(BM)));
+    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_fp8_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  TF_SMEM_BM(BM)));
+    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_fp8_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  TF_SMEM_BM(BM)));
     return 0;
 }
 
@@ -392,10 +407,7 @@ int msm__moe_tiled_prepare(void) {
     int r = tiled_prepare<16>();
     if (r == 0) r = tiled_prepare<32>();
     if (r == 0) r = tiled_prepare<64>();
-    if (r) return r;
-    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TF_SMEM));
-    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TF_SMEM));
-    return 0;
+    return r;
 }
 
 /* What both runners carve and launch: x hi + lo [P, H] in the outp region ([P, H] f32; the down
@@ -418,7 +430,7 @@ static int tiled_plan_make(const moe_ws &ws, int T, int H, int I, int k, int E, 
     return 0;
 }
 
-/* Tokens a pass of the bf16 tiled kernels: the tuning's moe_tiled_bm (16, 32 or 64), or by the
+/* Tokens a pass of the tiled kernels (bf16 and FP8): the tuning's moe_tiled_bm (16, 32 or 64), or by the
  * mean tokens an expert (T k / E) when 0: 16 up to 3 on average, 32 up to 24, else 64 (an expert
  * with more tokens than a pass takes more passes; run 2 of bench/results/2026-12-02-h200-s4: at a
  * mean of 2 16 was 0.1 ms faster than 32 on Qwen3-30B-A3B, from 4 to 17 32 was as fast or faster,
@@ -453,6 +465,17 @@ int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up
                       : tiled_gemms<64>(p, ws, gate_up, down, H, I, ex);
 }
 
+/* The FP8 gate/up and down GEMMs of plan p with BM tokens a pass. */
+template <int BM>
+static int tiled_fp8_gemms(const tiled_plan &p, const moe_ws &ws, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int H, int I,
+                           msm_cuda_exec ex) {
+    CUDA_TRY(msm_launch(moe_gateup_tiled_fp8_kernel<BM>, dim3(p.g1), dim3(TL_WARPS * 32), TF_SMEM_BM(BM), ex, ws, p.xh,
+                        p.xl, gu.q, gu.scale, gu.phase, p.ah, p.al, H, I));
+    CUDA_TRY(msm_launch(moe_down_tiled_fp8_kernel<BM>, dim3(p.g2), dim3(TL_WARPS * 32), TF_SMEM_BM(BM), ex, ws, p.ah,
+                        p.al, dn.q, dn.scale, dn.phase, H, I));
+    return 0;
+}
+
 int msm__moe_tiled_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int T, int H,
                            int I, int k, int E, msm_cuda_exec ex) {
     if (!msm__moe_tiled_fp8_fits(H, I, gu, dn)) return -EINVAL;
@@ -461,9 +484,8 @@ int msm__moe_tiled_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, m
     if (r) return r;
     CUDA_TRY(msm_launch(moe_split_x_kernel, dim3(p.split_rows), dim3(256), 0, ex, ws, p.xh, p.xl, x,
                         MSM_FP8_X_SCALE, T * k, H, k, E));
-    CUDA_TRY(msm_launch(moe_gateup_tiled_fp8_kernel, dim3(p.g1), dim3(TL_WARPS * 32), TF_SMEM, ex, ws, p.xh, p.xl,
-                        gu.q, gu.scale, gu.phase, p.ah, p.al, H, I));
-    CUDA_TRY(msm_launch(moe_down_tiled_fp8_kernel, dim3(p.g2), dim3(TL_WARPS * 32), TF_SMEM, ex, ws, p.ah, p.al,
-                        dn.q, dn.scale, dn.phase, H, I));
-    return 0;
+    int bm = tiled_bm(ex.tune, T, k, E);
+    return bm == 16   ? tiled_fp8_gemms<16>(p, ws, gu, dn, H, I, ex)
+           : bm == 32 ? tiled_fp8_gemms<32>(p, ws, gu, dn, H, I, ex)
+                      : tiled_fp8_gemms<64>(p, ws, gu, dn, H, I, ex);
 }

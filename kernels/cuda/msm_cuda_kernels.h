@@ -221,8 +221,8 @@ typedef struct msm_cuda_tuning {
                                  boundary it saves (timeline: 11 us a layer against the norm's 2.5 + the
                                  router's 6) (MSM_CUDA_NORM_ROUTER=1) */
     int norm_router_max_t;    /* ... up to this many tokens (MSM_CUDA_NORM_ROUTER_MAX_T) */
-    int moe_tiled_bm;         /* tokens a pass of the bf16 tiled expert GEMMs: 16 (5 pipeline stages), 32 (4)
-                                 or 64 (3); 0 (default): by the mean tokens an expert (moe_tiled.cu). The
+    int moe_tiled_bm;         /* tokens a pass of the tiled expert GEMMs: 16 (5 pipeline stages; FP8 8), 32 (4;
+                                 FP8 6) or 64 (3; FP8 4); 0 (default): by the mean tokens an expert (moe_tiled.cu). The
                                  same sums (MSM_CUDA_MOE_TILED_BM). The auto rule, measured on the H200
                                  (2026-12-02 fourth session, ms a step against 64 at 32 / 64 / 128 / 256
                                  tokens): Qwen1.5-MoE 8.54 / 9.93 / 12.02 / 16.48 -> 8.08 / 9.48 / 11.60 /

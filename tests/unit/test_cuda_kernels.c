@@ -1772,6 +1772,50 @@ Test(cuda_kernels, moe_experts_fp8_tiled_match_cpu, .timeout = 360) {
     moe_fp8_cases(off, sizeof off / sizeof *off, 2048, 768, 8, 128, 0, 0, -1, false);
 }
 
+/* The FP8 tiled GEMMs with 16 or 32 tokens a pass (8 or 6 pipeline stages) and the auto rule give
+ * the 64-token kernels' bits (each output the same sequence of MMAs and scaled step sums whatever
+ * pass holds its token), and the 64-token ones match the CPU on the float32 weights. Qwen3-30B-A3B
+ * expert shapes at 12-256 tokens, a TP slice with down at phase 64 (11 K steps: fewer than 8
+ * stages), and 200 x 2 pairs over 3 experts (many passes of each size). */
+Test(cuda_kernels, moe_fp8_tiled_pass_sizes_are_bitwise_equal, .timeout = 180) {
+    need_gpu();
+    /* H, I, k, E, T, gate/up phase, down phase */
+    static const int shapes[][7] = {{2048, 768, 8, 128, 12, 0, 0},  {2048, 768, 8, 128, 33, 0, 0},
+                                    {2048, 768, 8, 128, 128, 0, 0}, {2048, 768, 8, 128, 256, 0, 0},
+                                    {512, 704, 4, 12, 100, 0, 64},  {256, 128, 2, 3, 200, 64, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3], T = shapes[s][4];
+        fp8_weight gu = fp8_make(E, 2 * I, H, shapes[s][5], false), dn = fp8_make(E, H, I, shapes[s][6], false);
+        float *x = host_f32((size_t)T * H, 1.0f), *w = malloc((size_t)T * k * 4);
+        int32_t *ids = malloc((size_t)T * k * 4);
+        random_routing(ids, w, T, k, E);
+        float *ref = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4), *base = malloc((size_t)T * H * 4);
+        float *scratch = malloc((size_t)3 * I * 4);
+        msm_cpu_moe_experts(ref, x, ids, w, gu.f, dn.f, T, H, I, k, scratch);
+        float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4), *dy = dev_poison((size_t)T * H * 4);
+        int32_t *di = dev_up(ids, (size_t)T * k * 4);
+        size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
+        void *ws = dev_poison(wsb);
+        static const int bms[] = {64, 32, 16, 0};
+        for (int b = 0; b < 4; b++) {
+            msm_cuda_tuning t = tune0;
+            t.moe_path = MSM_CUDA_MOE_PATH_TILED;
+            t.moe_tiled_bm = bms[b];
+            cudaMemset(dy, 0xff, (size_t)T * H * 4);
+            CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, NULL, 0, EX_T(&t)));
+            down(b ? out : base, dy, (size_t)T * H * 4);
+            if (b == 0)
+                CHECK_ERR(base, ref, (size_t)T * H, 2e-5, "fp8 tiled T=%d H=%d I=%d k=%d E=%d", T, H, I, k, E);
+            else
+                cr_assert(memcmp(out, base, (size_t)T * H * 4) == 0,
+                          "fp8 tiled T=%d H=%d E=%d: %d tokens a pass differ from 64", T, H, E, bms[b]);
+        }
+        cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
+        free(x), free(w), free(ids), free(ref), free(out), free(base), free(scratch);
+        fp8_free(&gu), fp8_free(&dn);
+    }
+}
+
 /* ---- sample ---- */
 
 /* For a row where GPU and CPU differ: the CPU's distance of u*kept from the nearest cumulative
