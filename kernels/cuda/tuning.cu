@@ -31,6 +31,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->ar_oneshot_max_bytes = MSM_CUDA_AR_ONESHOT_MAX_BYTES;
     t->fp8_resident = true;
     t->fp8_native_max_t = MSM_CUDA_FP8_NATIVE_MAX_T;
+    t->fp8_linear_max_t = MSM_CUDA_FP8_NATIVE_MAX_T; /* decode steps: MSM_CUDA_FP8_LINEAR_DECODE_MAX_T */
     t->fp8_mma_min_t = MSM_CUDA_FP8_MMA_MIN_T;
     /* against dequantising the experts to bf16 each step (H200, 2026-12-01 sixth session, ms a step at batch
      * 128 / 256): Qwen3-30B-A3B FP8 45.7 / 51.0 -> 20.5 / 26.4, GLM-4.5-Air FP8 125.8 / 147.7 ->
@@ -57,6 +58,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->norm_router = false; /* measured slower: msm_cuda_kernels.h */
     t->gemv_u16 = true;     /* measured faster: msm_cuda_kernels.h */
     t->norm_router_max_t = 8;
+    t->moe_tiled_occ = 2;
     t->moe_tiled_bm = 0; /* by the tokens an expert: measured faster, msm_cuda_kernels.h */
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;

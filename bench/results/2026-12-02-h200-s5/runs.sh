@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The device commands of this session's runs (README.md here), from the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check
+# bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
+#   bash bench/results/2026-12-02-h200-s5/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, hdr
+case "$1" in
+r1)
+    # the FP8 tiled expert GEMMs with 16 / 32 tokens a pass and 8 / 6 pipeline stages
+    # (MSM_CUDA_MOE_TILED_BM: 64 is the previous kernel); the FP8 tiled GEMMs from 2 tokens; the full
+    # kernel suite (the fourth session's last commits had only their parts run); timelines
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 240 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -4 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for bm in 64 0; do b qwen3-30b-a3b-fp8 8,16,32,64,128,256 bm MSM_CUDA_MOE_TILED_BM=$bm --; done
+    done
+    for bm in 32 16; do b qwen3-30b-a3b-fp8 8,16,32,64,128,256 bm MSM_CUDA_MOE_TILED_BM=$bm --; done
+    for i in 1 2; do
+        b qwen3-30b-a3b-fp8 1,2,3,4,6 mint --
+        b qwen3-30b-a3b-fp8 2,3,4,6 mint MSM_CUDA_FP8_MOE_TILED_MIN_T=2 --
+    done
+    for bm in 64 0; do b glm-4.5-air-fp8 8,32,128 glm MSM_CUDA_MOE_TILED_BM=$bm --; done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=30 tl qwen3-30b-a3b 8 q3
+    ROWS=12 tl qwen3-30b-a3b-fp8 8 q3f
+    ROWS=12 tl qwen3-30b-a3b-fp8 32 q3f
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen3moe-fp8,glm4moe-fp8 timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r2)
+    # FP8 dense linears past 8 / 16 / 32 tokens dequantised to bf16 for cuBLASLt instead of the MMV8
+    # (MSM_CUDA_FP8_NATIVE_MAX_T; the experts keep the FP8 tiled GEMMs from 8 tokens); ncu stall
+    # reasons of the FP8 tiled gate/up and of the MMV8 at batch 32
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for nm in 64 8 16 32; do b qwen3-30b-a3b-fp8 8,12,16,24,32,48,64 nm MSM_CUDA_FP8_NATIVE_MAX_T=$nm --; done
+    done
+    for nm in 64 8; do b glm-4.5-air-fp8 8,16,32,64 nm MSM_CUDA_FP8_NATIVE_MAX_T=$nm --; done
+    el ncu | tee -a $OUT/gpu.txt
+    for k in moe_gateup_tiled_fp8 moe_down_tiled_fp8 linear_fp8_mma; do
+        timeout $(left 500) /usr/local/cuda/bin/ncu --clock-control none -k regex:$k -c 1 --section SpeedOfLight \
+            --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+            gpu-run/bin/msmoe-bench decode --preset config/models/qwen3-30b-a3b-fp8.json --backend cuda \
+            --batches 32 --context 512 --steps 1 --no-cuda-graphs 2>&1 | grep -v '^# weights' | tail -90 >> $OUT/ncu.txt
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
+esac
