@@ -609,8 +609,12 @@ static int cuda_alloc_weights(msm_backend *b, const msm_graph *g, const msm_wsou
     for (int i = 0; i < g->n_nodes; i++) {
         const msm_node *n = &g->nodes[i];
         size_t dq = 0;
-        /* dense linears may dequantise past 8 tokens (fp8_linear_max_t), experts past fp8_native_max_t */
-        if (g->max_T <= (n->op == MSM_OP_MOE_EXPERTS ? cb->tune.fp8_native_max_t : 8)) continue;
+        /* dense linears dequantise past fp8_linear_max_t tokens (decode steps: MSM_CUDA_FP8_LINEAR_DECODE_MAX_T),
+         * experts past fp8_native_max_t */
+        int lmax = cb->tune.fp8_linear_max_t < cb->tune_decode.fp8_linear_max_t ? cb->tune.fp8_linear_max_t
+                                                                                 : cb->tune_decode.fp8_linear_max_t;
+        if (lmax > cb->tune.fp8_native_max_t) lmax = cb->tune.fp8_native_max_t;
+        if (g->max_T <= (n->op == MSM_OP_MOE_EXPERTS ? cb->tune.fp8_native_max_t : lmax)) continue;
         if (n->op == MSM_OP_LINEAR && cb->w8[n->w[0]])
             dq = msm_cuda_linear_fp8_deq_bytes(n->attr.linear.N, n->attr.linear.K);
         else if (n->op == MSM_OP_LINEAR_ADD_RMSNORM && cb->w8[n->w[0]])
@@ -1180,7 +1184,6 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_PATH=pair|grouped_gemv|tiled|wmma   force a MoE path
  *   MSM_CUDA_MOE_TILED_MIN_T=N          the tiled MoE GEMMs from N tokens on
  *   MSM_CUDA_MOE_TILED_BM=16|32|64      tokens a pass of the tiled MoE GEMMs (else: by tokens an expert)
- *   MSM_CUDA_MOE_TILED_OCC=2|3          blocks an SM of their 16-token passes (2)
  *   MSM_CUDA_AR=nccl                    every all-reduce through NCCL (no one-shot kernel)
  *   MSM_CUDA_AR_ONESHOT_MAX_BYTES=N     the one-shot all-reduce up to N bytes (0: off)
  *   MSM_CUDA_MOE_KERNELS=simt,mma,no_prefetch,nt4,down_split,down_warp  MoE kernel variants
@@ -1189,7 +1192,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_LINEAR=mma|simt|simt_hw the FP8 linear kernel (tensor cores; SIMT GEMV, integer or hardware decode)
  *   MSM_CUDA_FP8_MMA_MIN_T=N            ... mma: the SIMT GEMV below N tokens
  *   MSM_CUDA_FP8_LINEAR_MAX_T=N         FP8 dense linears of prefill chunks past N tokens dequantise (64)
- *   MSM_CUDA_FP8_LINEAR_DECODE_MAX_T=N  ... of pure decode steps (16; past 8 where the MMV8 holds one block an SM)
+ *   MSM_CUDA_FP8_LINEAR_DECODE_MAX_T=N  ... of pure decode steps (8)
  *   MSM_CUDA_FP8_MOE_TILED=0|1          FP8 experts past FP8_NATIVE_MAX_T take the FP8 tiled GEMMs (1, default)
  *                                       or are dequantised to bf16 for the bf16 paths (0)
  *   MSM_CUDA_MMV_SLOTS=N                the MMV and MMV8 grids fill at most N blocks an SM (K slices)
@@ -1263,7 +1266,6 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_GEMV_U8"))) t->gemv_u8 = s[0] == '1';
     if (env_int("MSM_CUDA_NORM_ROUTER_MAX_T", &v)) t->norm_router_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MOE_TILED_BM", &v)) t->moe_tiled_bm = v == 16 || v == 32 || v == 64 ? v : 0;
-    if (env_int("MSM_CUDA_MOE_TILED_OCC", &v)) t->moe_tiled_occ = v == 3 ? 3 : 2;
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;
@@ -1319,7 +1321,6 @@ static void tuning_for_decode(const msm_cuda_tuning *t, msm_cuda_tuning *ret) {
     int v;
     ret->fp8_linear_max_t = env_int("MSM_CUDA_FP8_LINEAR_DECODE_MAX_T", &v) ? (v < 0 ? 0 : v)
                                                                              : MSM_CUDA_FP8_LINEAR_DECODE_MAX_T;
-    ret->fp8_linear_two_blocks = true;
 }
 
 int msm_cuda_device_count(void) {

@@ -885,11 +885,8 @@ extern "C" int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, co
     /* the tensor-core MMV8, else the SIMT FP8 GEMV (each code read once per 8-token chunk): float32
      * weights either way (see linear_fp8.cu, msm_rows_dot_fp8) */
     int kern = ex.tune->fp8_linear;
-    /* past fp8_linear_max_t tokens, and with fp8_linear_two_blocks past 8 where the MMV8 would not
-     * keep two blocks an SM (its instructions, not the codes' bytes, bound it there:
-     * msm_cuda_kernels.h), dequantised below */
-    bool fp8 = T <= ex.tune->fp8_native_max_t && T <= ex.tune->fp8_linear_max_t &&
-               (T <= 8 || !ex.tune->fp8_linear_two_blocks || msm__linear_fp8_mma_two_blocks(T, N, K, ex.tune));
+    /* past fp8_linear_max_t tokens (decode steps: MSM_CUDA_FP8_LINEAR_DECODE_MAX_T), dequantised below */
+    bool fp8 = T <= ex.tune->fp8_native_max_t && T <= ex.tune->fp8_linear_max_t;
     if (fp8 && kern == MSM_CUDA_FP8_LINEAR_MMA && T >= ex.tune->fp8_mma_min_t &&
         msm__linear_fp8_mma_fits(T, N, K, w, x, ex.tune->sms))
         return msm__linear_fp8_mma_run(y, x, w, bias, T, N, K, ex);

@@ -198,18 +198,6 @@ extern "C" bool msm__linear_fp8_mma_fits(int T, int N, int K, msm_cuda_fp8w w, c
            ((uintptr_t)w.q | (uintptr_t)x) % 16 == 0 && slices(T, N, K, sms, 2) > 0; /* slots only sets S below the fit */
 }
 
-/* Shared memory of an SM on sm_90 (H100 / H200), of which the driver reserves 1 KB a block. */
-#define M8_SM_SMEM (228 << 10)
-
-extern "C" bool msm__linear_fp8_mma_two_blocks(int T, int N, int K, const msm_cuda_tuning *tn) {
-    if (T < 1 || T > 64 || K < 64) return false;
-    int ti = T <= 8 ? 0 : T <= 16 ? 1 : T <= 32 ? 2 : 3, ntt = 1 << ti;
-    int S = slices(T, N, K, tn->sms, tn->mmv_slots > 0 ? tn->mmv_slots : tn->mmv8_per_sm[ti]);
-    if (S <= 0) return false;
-    size_t smem = smem_bytes(ntt, (K / 64 + S - 1) / S) + 1024;
-    return tn->mmv8_per_sm[ti] >= 2 && 2 * smem <= M8_SM_SMEM;
-}
-
 extern "C" int msm__linear_fp8_mma_run(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N,
                                        int K, msm_cuda_exec ex) {
     int ti = T <= 8 ? 0 : T <= 16 ? 1 : T <= 32 ? 2 : 3;

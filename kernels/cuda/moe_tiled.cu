@@ -63,14 +63,10 @@ static_assert(TL_BM == 64 && TL_BK == 64, "the copy and fragment loops assume 64
  * flight a block instead of 2 (the down GEMM at batch 32 streamed at 60% of the copy ceiling,
  * gate/up at 81%, bench/results/2026-12-02-h200-s4). */
 #define TL_XB(BM) ((BM) * TL_BK * 2)                /* bytes of one of hi / lo */
-#define TL_ST(BM, OCC) ((OCC) == 3 ? 3 : (BM) == 16 ? 5 : (BM) == 32 ? 4 : TL_STAGES)
-#define TL_SMEM_BM(BM, OCC) (TL_ST(BM, OCC) * (TL_W_BYTES + 2 * TL_XB(BM)))
-static_assert(TL_SMEM_BM(16, 2) <= 100 * 1024 && TL_SMEM_BM(32, 2) <= TL_SMEM && TL_SMEM_BM(64, 2) == TL_SMEM,
+#define TL_ST(BM) ((BM) == 16 ? 5 : (BM) == 32 ? 4 : TL_STAGES)
+#define TL_SMEM_BM(BM) (TL_ST(BM) * (TL_W_BYTES + 2 * TL_XB(BM)))
+static_assert(TL_SMEM_BM(16) <= 100 * 1024 && TL_SMEM_BM(32) <= TL_SMEM && TL_SMEM_BM(64) == TL_SMEM,
               "two blocks an SM at every pass size");
-/* OCC: blocks an SM. Three (16-token passes only: the registers of 32- and 64-token ones do not fit
- * 85 a thread) with fewer stages each: more warps to hide the per-step latencies, fewer weight
- * bytes in flight a block (MSM_CUDA_MOE_TILED_OCC) */
-static_assert(3 * (TL_SMEM_BM(16, 3) + 1024) <= 228 * 1024, "three blocks an SM");
 
 /* ---- x in grouped order as bf16 hi + lo ---- */
 
@@ -114,11 +110,11 @@ static __device__ __forceinline__ void tl_load_x(uint32_t dst, const uint16_t *x
  * w_row(r): global address of the block's weight row r (0..127) at k = 0; rows past the matrix
  * are clamped by the caller (never stored). xh / xl rows rb .. rb + 8*ntile - 1 (those past r1 are
  * zero-filled). K % 64 == 0. The caller syncs before reusing the shared memory. */
-template <int BM, int OCC, typename RowFn>
+template <int BM, typename RowFn>
 static __device__ __forceinline__ void tl_gemm(float acc[8][4], unsigned char *smem, RowFn w_row,
                                                const uint16_t *xh, const uint16_t *xl, int rb,
                                                int r1, int ntile, int K) {
-    constexpr int ST = TL_ST(BM, OCC), STAGE = TL_W_BYTES + 2 * TL_XB(BM);
+    constexpr int ST = TL_ST(BM), STAGE = TL_W_BYTES + 2 * TL_XB(BM);
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 #pragma unroll
     for (int t = 0; t < 8; t++)
@@ -161,8 +157,8 @@ static __device__ __forceinline__ void tl_gemm(float acc[8][4], unsigned char *s
  * gate rows (0..7) and the up rows (8..15) of columns i0 + 8w .. + 7, so C fragment elements
  * c0/c2 (token 2q) and c1/c3 (token 2q+1) of column i0 + 8w + g pair up. Writes act hi + lo
  * (bf16 [P, I] each, grouped order). */
-template <int BM, int OCC>
-static __global__ void __launch_bounds__(TL_WARPS * 32, OCC)
+template <int BM>
+static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     moe_gateup_tiled_kernel(moe_ws ws, const uint16_t *xh, const uint16_t *xl,
                             const uint16_t *gate_up, uint16_t *ah, uint16_t *al, int H, int I) {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -182,7 +178,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, OCC)
     for (int rb = r0; rb < r1; rb += BM) {
         int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tl_gemm<BM, OCC>(acc, smem, w_row, xh, xl, rb, r1, ntile, H);
+        tl_gemm<BM>(acc, smem, w_row, xh, xl, rb, r1, ntile, H);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;
@@ -202,8 +198,8 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, OCC)
 
 /* Down: block b = (s-th selected expert, 128 rows from h0): outp[r, h] = act[r, :] . down_e[h, :]
  * for the expert's grouped rows r (act as bf16 hi + lo). */
-template <int BM, int OCC>
-static __global__ void __launch_bounds__(TL_WARPS * 32, OCC)
+template <int BM>
+static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     moe_down_tiled_kernel(moe_ws ws, const uint16_t *ah, const uint16_t *al, const uint16_t *down,
                           int H, int I) {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -219,7 +215,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, OCC)
     for (int rb = r0; rb < r1; rb += BM) {
         int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tl_gemm<BM, OCC>(acc, smem, w_row, ah, al, rb, r1, ntile, I);
+        tl_gemm<BM>(acc, smem, w_row, ah, al, rb, r1, ntile, I);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;
@@ -249,24 +245,23 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, OCC)
  * 16 tokens 8 stages (12 KB each), 32 tokens 6 (16 KB), 64 tokens 4. A code tile is half a bf16
  * tile, so at 4 stages a block had half the weight bytes in flight of the bf16 kernels' and the
  * FP8 experts streamed no faster than bf16 ones (Qwen3-30B-A3B batch 128: 19.98 vs 20.00 ms). */
-#define TF_ST(BM, OCC) ((OCC) == 3 ? 5 : (BM) == 16 ? 8 : (BM) == 32 ? 6 : TF_STAGES)
-#define TF_SMEM_BM(BM, OCC) (TF_ST(BM, OCC) * (TF_W_BYTES + 2 * TL_XB(BM)))
+#define TF_ST(BM) ((BM) == 16 ? 8 : (BM) == 32 ? 6 : TF_STAGES)
+#define TF_SMEM_BM(BM) (TF_ST(BM) * (TF_W_BYTES + 2 * TL_XB(BM)))
 
 static_assert(TF_SMEM <= TL_SMEM, "the FP8 kernels hold two blocks an SM like the bf16 ones");
-static_assert(TF_SMEM_BM(16, 2) <= TL_SMEM && TF_SMEM_BM(32, 2) <= TL_SMEM && TF_SMEM_BM(64, 2) == TF_SMEM,
+static_assert(TF_SMEM_BM(16) <= TL_SMEM && TF_SMEM_BM(32) <= TL_SMEM && TF_SMEM_BM(64) == TF_SMEM,
               "two blocks an SM at every FP8 pass size");
-static_assert(3 * (TF_SMEM_BM(16, 3) + 1024) <= 228 * 1024, "three blocks an SM");
 
 /* tl_gemm on codes: acc[t] = sum over the K steps of scale(step) * (W codes . B) for this warp's 16
  * rows; w_row(r) as in tl_gemm (codes, K bytes a row); sa / sb: the scale rows ([ceil((K + ph) /
  * 128)] floats) of this thread's C rows warp*16 + g and + 8, the step at column k0 taking
  * scale[(k0 + ph) / 128]. xh / xl: x * 2^100 as bf16 hi / lo (rows as in tl_gemm). K % 64 == 0,
  * ph % 64 == 0. The caller syncs before reusing the shared memory. */
-template <int BM, int OCC, typename RowFn>
+template <int BM, typename RowFn>
 static __device__ __forceinline__ void tf_gemm(float acc[8][4], unsigned char *smem, RowFn w_row, const float *sa,
                                                const float *sb, int ph, const uint16_t *xh, const uint16_t *xl,
                                                int rb, int r1, int ntile, int K) {
-    constexpr int ST = TF_ST(BM, OCC), STAGE = TF_W_BYTES + 2 * TL_XB(BM);
+    constexpr int ST = TF_ST(BM), STAGE = TF_W_BYTES + 2 * TL_XB(BM);
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 #pragma unroll
     for (int t = 0; t < 8; t++)
@@ -310,8 +305,8 @@ static __device__ __forceinline__ void tf_gemm(float acc[8][4], unsigned char *s
 /* moe_gateup_tiled_kernel on FP8 codes gate_up [E, 2I, H] with scales gu_sc [E, 2I, ceil((H + ph) /
  * 128)]; xh / xl are x * 2^100, and act is written as bf16 hi + lo of silu(g) * u * 2^100 (the
  * down kernel's B operand). */
-template <int BM, int OCC>
-static __global__ void __launch_bounds__(TL_WARPS * 32, OCC)
+template <int BM>
+static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     moe_gateup_tiled_fp8_kernel(moe_ws ws, const uint16_t *xh, const uint16_t *xl, const uint8_t *gate_up,
                                 const float *gu_sc, int ph, uint16_t *ah, uint16_t *al, int H, int I) {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -334,7 +329,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, OCC)
     for (int rb = r0; rb < r1; rb += BM) {
         int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tf_gemm<BM, OCC>(acc, smem, w_row, sg, su, ph, xh, xl, rb, r1, ntile, H);
+        tf_gemm<BM>(acc, smem, w_row, sg, su, ph, xh, xl, rb, r1, ntile, H);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;
@@ -354,8 +349,8 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, OCC)
 
 /* moe_down_tiled_kernel on FP8 codes down [E, H, I] with scales dn_sc [E, H, ceil((I + ph) / 128)];
  * ah / al are the activations * 2^100 (moe_gateup_tiled_fp8_kernel). */
-template <int BM, int OCC>
-static __global__ void __launch_bounds__(TL_WARPS * 32, OCC)
+template <int BM>
+static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     moe_down_tiled_fp8_kernel(moe_ws ws, const uint16_t *ah, const uint16_t *al, const uint8_t *down,
                               const float *dn_sc, int ph, int H, int I) {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -374,7 +369,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, OCC)
     for (int rb = r0; rb < r1; rb += BM) {
         int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tf_gemm<BM, OCC>(acc, smem, w_row, sa, sb, ph, ah, al, rb, r1, ntile, I);
+        tf_gemm<BM>(acc, smem, w_row, sa, sb, ph, ah, al, rb, r1, ntile, I);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;
@@ -398,23 +393,20 @@ bool msm__moe_tiled_fp8_fits(int H, int I, msm_cuda_fp8w gu, msm_cuda_fp8w dn) {
            ((uintptr_t)gu.q | (uintptr_t)dn.q) % 16 == 0; /* cp.async: 16-byte aligned rows */
 }
 
-template <int BM, int OCC> static int tiled_prepare(void) {
-    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel<BM, OCC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  TL_SMEM_BM(BM, OCC)));
-    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel<BM, OCC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  TL_SMEM_BM(BM, OCC)));
-    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_fp8_kernel<BM, OCC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  TF_SMEM_BM(BM, OCC)));
-    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_fp8_kernel<BM, OCC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  TF_SMEM_BM(BM, OCC)));
+template <int BM> static int tiled_prepare(void) {
+    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(BM)));
+    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, TL_SMEM_BM(BM)));
+    CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_fp8_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  TF_SMEM_BM(BM)));
+    CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_fp8_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  TF_SMEM_BM(BM)));
     return 0;
 }
 
 int msm__moe_tiled_prepare(void) {
-    int r = tiled_prepare<16, 2>();
-    if (r == 0) r = tiled_prepare<32, 2>();
-    if (r == 0) r = tiled_prepare<64, 2>();
-    if (r == 0) r = tiled_prepare<16, 3>();
+    int r = tiled_prepare<16>();
+    if (r == 0) r = tiled_prepare<32>();
+    if (r == 0) r = tiled_prepare<64>();
     return r;
 }
 
@@ -450,12 +442,12 @@ static int tiled_bm(const msm_cuda_tuning *tn, int T, int k, int E) {
 }
 
 /* The bf16 gate/up and down GEMMs of plan p with BM tokens a pass. */
-template <int BM, int OCC>
+template <int BM>
 static int tiled_gemms(const tiled_plan &p, const moe_ws &ws, const uint16_t *gate_up, const uint16_t *down, int H,
                        int I, msm_cuda_exec ex) {
-    CUDA_TRY(msm_launch(moe_gateup_tiled_kernel<BM, OCC>, dim3(p.g1), dim3(TL_WARPS * 32), TL_SMEM_BM(BM, OCC), ex, ws, p.xh,
+    CUDA_TRY(msm_launch(moe_gateup_tiled_kernel<BM>, dim3(p.g1), dim3(TL_WARPS * 32), TL_SMEM_BM(BM), ex, ws, p.xh,
                         p.xl, gate_up, p.ah, p.al, H, I));
-    CUDA_TRY(msm_launch(moe_down_tiled_kernel<BM, OCC>, dim3(p.g2), dim3(TL_WARPS * 32), TL_SMEM_BM(BM, OCC), ex, ws, p.ah,
+    CUDA_TRY(msm_launch(moe_down_tiled_kernel<BM>, dim3(p.g2), dim3(TL_WARPS * 32), TL_SMEM_BM(BM), ex, ws, p.ah,
                         p.al, down, H, I));
     return 0;
 }
@@ -468,19 +460,18 @@ int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up
     CUDA_TRY(msm_launch(moe_split_x_kernel, dim3(p.split_rows), dim3(256), 0, ex, ws, p.xh, p.xl, x, 1.0f,
                         T * k, H, k, E));
     int bm = tiled_bm(ex.tune, T, k, E);
-    if (bm == 16 && ex.tune->moe_tiled_occ == 3) return tiled_gemms<16, 3>(p, ws, gate_up, down, H, I, ex);
-    return bm == 16   ? tiled_gemms<16, 2>(p, ws, gate_up, down, H, I, ex)
-           : bm == 32 ? tiled_gemms<32, 2>(p, ws, gate_up, down, H, I, ex)
-                      : tiled_gemms<64, 2>(p, ws, gate_up, down, H, I, ex);
+    return bm == 16   ? tiled_gemms<16>(p, ws, gate_up, down, H, I, ex)
+           : bm == 32 ? tiled_gemms<32>(p, ws, gate_up, down, H, I, ex)
+                      : tiled_gemms<64>(p, ws, gate_up, down, H, I, ex);
 }
 
 /* The FP8 gate/up and down GEMMs of plan p with BM tokens a pass. */
-template <int BM, int OCC>
+template <int BM>
 static int tiled_fp8_gemms(const tiled_plan &p, const moe_ws &ws, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int H, int I,
                            msm_cuda_exec ex) {
-    CUDA_TRY(msm_launch(moe_gateup_tiled_fp8_kernel<BM, OCC>, dim3(p.g1), dim3(TL_WARPS * 32), TF_SMEM_BM(BM, OCC), ex, ws, p.xh,
+    CUDA_TRY(msm_launch(moe_gateup_tiled_fp8_kernel<BM>, dim3(p.g1), dim3(TL_WARPS * 32), TF_SMEM_BM(BM), ex, ws, p.xh,
                         p.xl, gu.q, gu.scale, gu.phase, p.ah, p.al, H, I));
-    CUDA_TRY(msm_launch(moe_down_tiled_fp8_kernel<BM, OCC>, dim3(p.g2), dim3(TL_WARPS * 32), TF_SMEM_BM(BM, OCC), ex, ws, p.ah,
+    CUDA_TRY(msm_launch(moe_down_tiled_fp8_kernel<BM>, dim3(p.g2), dim3(TL_WARPS * 32), TF_SMEM_BM(BM), ex, ws, p.ah,
                         p.al, dn.q, dn.scale, dn.phase, H, I));
     return 0;
 }
@@ -494,8 +485,7 @@ int msm__moe_tiled_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, m
     CUDA_TRY(msm_launch(moe_split_x_kernel, dim3(p.split_rows), dim3(256), 0, ex, ws, p.xh, p.xl, x,
                         MSM_FP8_X_SCALE, T * k, H, k, E));
     int bm = tiled_bm(ex.tune, T, k, E);
-    if (bm == 16 && ex.tune->moe_tiled_occ == 3) return tiled_fp8_gemms<16, 3>(p, ws, gu, dn, H, I, ex);
-    return bm == 16   ? tiled_fp8_gemms<16, 2>(p, ws, gu, dn, H, I, ex)
-           : bm == 32 ? tiled_fp8_gemms<32, 2>(p, ws, gu, dn, H, I, ex)
-                      : tiled_fp8_gemms<64, 2>(p, ws, gu, dn, H, I, ex);
+    return bm == 16   ? tiled_fp8_gemms<16>(p, ws, gu, dn, H, I, ex)
+           : bm == 32 ? tiled_fp8_gemms<32>(p, ws, gu, dn, H, I, ex)
+                      : tiled_fp8_gemms<64>(p, ws, gu, dn, H, I, ex);
 }

@@ -52,8 +52,6 @@ int msm__linear_tiled_run(float *y, const float *x, const uint16_t *w, const uin
 /* The FP8 tensor-core linear (linear_fp8.cu): its shared-memory limit, whether a call fits, the launch. */
 int msm__linear_fp8_mma_prepare(void);
 bool msm__linear_fp8_mma_fits(int T, int N, int K, msm_cuda_fp8w w, const float *x, int sms);
-/* Whether the MMV8 of these shapes keeps two blocks an SM (its registers and this x slice's shared memory). */
-bool msm__linear_fp8_mma_two_blocks(int T, int N, int K, const msm_cuda_tuning *tn);
 int msm__linear_fp8_mma_run(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N, int K,
                             msm_cuda_exec ex);
 

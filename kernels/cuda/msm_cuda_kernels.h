@@ -143,9 +143,6 @@ typedef struct msm_cuda_tuning {
                                  fp8_native_max_t) dequantise to bf16 for the bf16 paths. Prefill
                                  chunks: fp8_native_max_t (MSM_CUDA_FP8_LINEAR_MAX_T); pure decode
                                  steps: MSM_CUDA_FP8_LINEAR_DECODE_MAX_T (see there) */
-    bool fp8_linear_two_blocks; /* ... and so do those of more than 8 tokens where the MMV8 would not
-                                 keep two blocks an SM. Prefill chunks: off (the FP8 kernels' exact
-                                 weights up to fp8_native_max_t); pure decode steps: on */
     int fp8_gemv_rows;        /* rows a warp of the FP8 SIMT GEMV: 1, 2 or 4; 0 (default): 2 at one
                                  token a chunk, else 4. The same bits (MSM_CUDA_FP8_GEMV_ROWS) */
     int fp8_mma_min_t;        /* ... MMA: the tensor-core MMV8 from this T on, the SIMT GEMV below
@@ -228,8 +225,6 @@ typedef struct msm_cuda_tuning {
                                  boundary it saves (timeline: 11 us a layer against the norm's 2.5 + the
                                  router's 6) (MSM_CUDA_NORM_ROUTER=1) */
     int norm_router_max_t;    /* ... up to this many tokens (MSM_CUDA_NORM_ROUTER_MAX_T) */
-    int moe_tiled_occ;        /* blocks an SM of the 16-token tiled expert GEMMs: 2 (default: 5 stages, FP8 8)
-                                 or 3 (3 stages, FP8 5); the same sums (MSM_CUDA_MOE_TILED_OCC) */
     int moe_tiled_bm;         /* tokens a pass of the tiled expert GEMMs: 16 (5 pipeline stages; FP8 8), 32 (4;
                                  FP8 6) or 64 (3; FP8 4); 0 (default): by the mean tokens an expert (moe_tiled.cu). The
                                  same sums (MSM_CUDA_MOE_TILED_BM). The auto rule, measured on the H200
@@ -511,17 +506,18 @@ int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *sum, float *
 enum { MSM_CUDA_FP8_LINEAR_MMA = 0, MSM_CUDA_FP8_LINEAR_SIMT = 1, MSM_CUDA_FP8_LINEAR_SIMT_HW = 2 };
 /* Default of msm_cuda_tuning.fp8_native_max_t. */
 #define MSM_CUDA_FP8_NATIVE_MAX_T 64
-/* msm_cuda_tuning.fp8_linear_max_t of pure decode steps: their FP8 dense linears past 16 tokens (past
- * 8 where the MMV8 would hold one block an SM) dequantise to bf16 for cuBLASLt, as the bf16 decode
- * rounds x to bf16 for it (2 + 2 bytes a weight of extra traffic, against an MMV8 bound by its
- * instructions past 8 tokens: 35 us a layer for each of Qwen3-30B-A3B's qkv and o_proj at batch 32,
- * 1 byte a weight). H200, 2026-12-02 fifth session (bench/results/2026-12-02-h200-s5, run 2), ms a
- * step with every linear past 8 / 16 tokens dequantised vs none: Qwen3-30B-A3B FP8 batch 12 / 16 /
- * 32 / 64 11.00-11.02 / 11.76-11.79 / 14.30 / 16.56-16.58 and 10.76-10.81 / 11.59-11.61 / 14.20-14.28 /
- * 16.49-16.54 vs 10.86-10.88 / 11.57-11.61 / 15.91 / 20.92-20.94; GLM-4.5-Air FP8 batch 16 / 32 / 64
- * 31.13 / 37.68 / 45.91 (past 8) vs 35.57 / 51.27 / 79.82. The weights then meet x as bf16-rounded
- * values (the bf16 preset's numerics) instead of float32 ones. */
-#define MSM_CUDA_FP8_LINEAR_DECODE_MAX_T 16
+/* msm_cuda_tuning.fp8_linear_max_t of pure decode steps: their FP8 dense linears past 8 tokens
+ * dequantise to bf16 for cuBLASLt, as the bf16 decode rounds x to bf16 for it (2 + 2 bytes a weight
+ * of extra traffic, against an MMV8 bound by its instructions past 8 tokens: 35 us a layer for each
+ * of Qwen3-30B-A3B's qkv and o_proj at batch 32, 1 byte a weight). H200, 2026-12-02 fifth session
+ * (bench/results/2026-12-02-h200-s5), ms a step, dequantised past 8 vs the MMV8 up to 64 (run 2):
+ * Qwen3-30B-A3B FP8 batch 24 / 32 / 64 13.36-13.39 / 14.30 / 16.56-16.58 vs 14.32-14.33 / 15.91 /
+ * 20.92-20.94, GLM-4.5-Air FP8 batch 16 / 32 / 64 31.13 / 37.68 / 45.91 vs 35.57 / 51.27 / 79.82;
+ * past 8 vs past 16 (run 3): GLM-4.5-Air 12 / 16 29.77 / 31.30 vs 34.18-34.26 / 36.06-36.16, but
+ * Qwen3-30B-A3B 12 / 16 11.09 / 11.86 vs 10.89-10.96 / 11.64-11.69 (its MMV8 keeps up to 16 tokens).
+ * The weights then meet x as bf16-rounded values (the bf16 preset's numerics) instead of float32
+ * ones (MSM_CUDA_FP8_LINEAR_DECODE_MAX_T). */
+#define MSM_CUDA_FP8_LINEAR_DECODE_MAX_T 8
 typedef struct msm_cuda_fp8w {
     const uint8_t *q;    /* codes [n_expert, rows, cols] */
     const float *scale;  /* [n_expert, rows, ceil((cols + phase) / 128)] */

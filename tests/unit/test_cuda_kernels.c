@@ -52,7 +52,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8", "MSM_CUDA_NORM_LINEAR",
                                  "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE", "MSM_CUDA_NORM_ROUTER",
                                  "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16", "MSM_CUDA_MOE_TILED_BM",
-                                 "MSM_CUDA_MOE_TILED_OCC", "MSM_CUDA_FP8_LINEAR_MAX_T"};
+                                 "MSM_CUDA_FP8_LINEAR_MAX_T"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -76,7 +76,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_FP8_MOE_HW", "0", 1), setenv("MSM_CUDA_ROWS_PIPE", "21", 1);
     setenv("MSM_CUDA_NORM_ROUTER", "0", 1), setenv("MSM_CUDA_NORM_ROUTER_MAX_T", "-1", 1);
     setenv("MSM_CUDA_GEMV_U16", "0", 1), setenv("MSM_CUDA_MOE_TILED_BM", "32", 1);
-    setenv("MSM_CUDA_MOE_TILED_OCC", "3", 1), setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1);
+    setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1);
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
@@ -86,7 +86,6 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.norm_router_max_t, 0, "clamped to 0");
     cr_expect(!t.gemv_u16, "MSM_CUDA_GEMV_U16=0: four steps of 4 loads");
     cr_expect_eq(t.moe_tiled_bm, 32);
-    cr_expect_eq(t.moe_tiled_occ, 3);
     cr_expect_eq(t.fp8_linear_max_t, 0, "clamped to 0");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
@@ -117,9 +116,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.fp8_moe_tiled, "MSM_CUDA_FP8_MOE_TILED=0: FP8 experts past the GEMVs dequantised");
     setenv("MSM_CUDA_MMV_WARPS", "6", 1), setenv("MSM_CUDA_MOE_PATH", "bogus", 1), setenv("MSM_CUDA_ATT_MMA", "0", 1);
     setenv("MSM_CUDA_FP8_MOE_TILED", "1", 1), setenv("MSM_CUDA_MOE_TILED_BM", "48", 1);
-    setenv("MSM_CUDA_MOE_TILED_OCC", "4", 1);
     msm_cuda_tuning_from_env(&t);
-    cr_expect_eq(t.moe_tiled_occ, 2, "not 3: two blocks an SM");
     cr_expect_eq(t.moe_tiled_bm, 0, "not 16, 32 or 64: by the tokens an expert");
     cr_expect(t.fp8_moe_tiled);
     cr_expect_eq(t.att_mma, MSM_CUDA_ATT_MMA_OFF);
@@ -1215,12 +1212,11 @@ Test(cuda_kernels, moe_tiled_pass_sizes_are_bitwise_equal, .timeout = 120) {
         int32_t *di = dev_up(ids, (size_t)T * k * 4);
         size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
         void *ws = dev_poison(wsb);
-        static const int bms[] = {64, 32, 16, 0, 16}; /* the last at three blocks an SM */
-        for (int b = 0; b < 5; b++) {
+        static const int bms[] = {64, 32, 16, 0};
+        for (int b = 0; b < 4; b++) {
             msm_cuda_tuning t = tune0;
             t.moe_path = MSM_CUDA_MOE_PATH_TILED;
             t.moe_tiled_bm = bms[b];
-            t.moe_tiled_occ = b == 4 ? 3 : 2;
             cudaMemset(dy, 0xff, (size_t)T * H * 4);
             CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(b ? out : base, dy, (size_t)T * H * 4);
@@ -1398,16 +1394,12 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
     linear_fp8_case(ctx, EX_T(&t), 100, 1000, 1024, 64, 0, true, 5e-5);
     linear_fp8_case(ctx, EX, 100, 1000, 1024, 0, 1, true, 5e-5);
     linear_fp8_case(ctx, EX, 2, 300, 200, 0, 0, true, 2e-5);
-    /* decode steps' rule (fp8_linear_max_t 16, fp8_linear_two_blocks): the MMV8 (float32 weights) at
-     * 9..16 tokens where it keeps two blocks an SM, dequantised past 16 and where a long K's x slice
-     * leaves it one block an SM (16384 columns: 128 KB at 16 tokens) */
+    /* decode steps' rule (fp8_linear_max_t 8): the MMV8 (float32 weights) up to 8 tokens, the weight
+     * dequantised past them */
     msm_cuda_tuning td = tune0;
-    td.fp8_linear_max_t = 16, td.fp8_linear_two_blocks = true;
-    linear_fp8_case(ctx, EX_T(&td), 12, 5120, 2048, 0, 1, false, 2e-5);
-    linear_fp8_case(ctx, EX_T(&td), 16, 2048, 4096, 64, 0, false, 2e-5);
-    linear_fp8_case(ctx, EX_T(&td), 8, 256, 16384, 0, 0, false, 2e-5);
-    linear_fp8_case(ctx, EX_T(&td), 16, 256, 16384, 0, 0, true, 2e-5);
-    linear_fp8_case(ctx, EX_T(&td), 17, 2048, 2048, 0, 1, true, 2e-5);
+    td.fp8_linear_max_t = MSM_CUDA_FP8_LINEAR_DECODE_MAX_T;
+    linear_fp8_case(ctx, EX_T(&td), 8, 5120, 2048, 0, 1, false, 2e-5);
+    linear_fp8_case(ctx, EX_T(&td), 9, 2048, 4096, 64, 0, true, 2e-5);
     linear_fp8_case(ctx, EX_T(&td), 32, 5120, 2048, 0, 0, true, 2e-5);
     /* the SIMT GEMV at 1, 2 and 4 rows a warp and by the default rule (fp8_gemv_rows 0: 2 at one
      * token, else 4): the same bits */
@@ -1814,12 +1806,11 @@ Test(cuda_kernels, moe_fp8_tiled_pass_sizes_are_bitwise_equal, .timeout = 180) {
         int32_t *di = dev_up(ids, (size_t)T * k * 4);
         size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
         void *ws = dev_poison(wsb);
-        static const int bms[] = {64, 32, 16, 0, 16}; /* the last at three blocks an SM */
-        for (int b = 0; b < 5; b++) {
+        static const int bms[] = {64, 32, 16, 0};
+        for (int b = 0; b < 4; b++) {
             msm_cuda_tuning t = tune0;
             t.moe_path = MSM_CUDA_MOE_PATH_TILED;
             t.moe_tiled_bm = bms[b];
-            t.moe_tiled_occ = b == 4 ? 3 : 2;
             cudaMemset(dy, 0xff, (size_t)T * H * 4);
             CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, NULL, 0, EX_T(&t)));
             down(b ? out : base, dy, (size_t)T * H * 4);

@@ -49,4 +49,46 @@ r2)
     done
     el done | tee -a $OUT/gpu.txt
     ;;
+r3)
+    # decode's FP8 dense linears dequantised past 16 tokens (past 8 where the MMV8 holds one block an
+    # SM; MSM_CUDA_FP8_LINEAR_DECODE_MAX_T, 64: the previous MMV8 to 64); the 16-token tiled expert
+    # GEMMs at three blocks an SM (MSM_CUDA_MOE_TILED_OCC=3); the kernel tests of both
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'moe_tiled_pass*' 'moe_fp8_tiled_pass*' 'linear_fp8*' 'tuning*'; do
+        timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for dm in 16 8 64; do b qwen3-30b-a3b-fp8 8,12,16,24,32,64 dm MSM_CUDA_FP8_LINEAR_DECODE_MAX_T=$dm --; done
+        for dm in 16 8 64; do b glm-4.5-air-fp8 12,16,32 dm MSM_CUDA_FP8_LINEAR_DECODE_MAX_T=$dm --; done
+    done
+    for i in 1 2; do
+        for occ in 2 3; do
+            b qwen1.5-moe-a2.7b 12,16,24,32 occ MSM_CUDA_MOE_TILED_OCC=$occ --
+            b qwen3-30b-a3b 12,16,24,32 occ MSM_CUDA_MOE_TILED_OCC=$occ --
+            b qwen3-30b-a3b-fp8 8,16,32 occ MSM_CUDA_MOE_TILED_OCC=$occ --
+        done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=12 tl qwen3-30b-a3b-fp8 32 q3f
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen3moe-fp8,glm4moe-fp8 timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r4)
+    # the session's final build (FP8 tiled pass sizes; decode's FP8 dense linears dequantised past 8
+    # tokens; the three-blocks variant removed): the full kernel suite, the tables, the golden check
+    # of the FP8 models (their decode past 8 tokens now meets bf16-rounded weights)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 240 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -4 > $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do b $p 1,2,4,8,16,32,64,128,256 final --; done
+    b qwen3-30b-a3b-fp8 1,2,4,8,12,16,24,32,64,128,256 final --
+    b glm-4.5-air-fp8 1,8,16,32,64,128 final --
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen3moe-fp8,glm4moe-fp8 timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
