@@ -1193,6 +1193,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_MMA_MIN_T=N            ... mma: the SIMT GEMV below N tokens
  *   MSM_CUDA_FP8_LINEAR_MAX_T=N         FP8 dense linears of prefill chunks past N tokens dequantise (64)
  *   MSM_CUDA_FP8_LINEAR_DECODE_MAX_T=N  ... of pure decode steps (8)
+ *   MSM_CUDA_FP8_LINEAR_TILED_MIN_T=N   FP8 dense linears of N..64 tokens take the tiled GEMM on the codes (9; 65: off)
  *   MSM_CUDA_FP8_MOE_TILED=0|1          FP8 experts past FP8_NATIVE_MAX_T take the FP8 tiled GEMMs (1, default)
  *                                       or are dequantised to bf16 for the bf16 paths (0)
  *   MSM_CUDA_MMV_SLOTS=N                the MMV and MMV8 grids fill at most N blocks an SM (K slices)
@@ -1244,6 +1245,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_FP8_NATIVE_MAX_T", &v)) t->fp8_native_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_FP8_MMA_MIN_T", &v)) t->fp8_mma_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_FP8_LINEAR_MAX_T", &v)) t->fp8_linear_max_t = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_FP8_LINEAR_TILED_MIN_T", &v)) t->fp8_linear_tiled_min_t = v < 1 ? 1 : v;
     if ((s = getenv("MSM_CUDA_FP8_MOE_TILED"))) t->fp8_moe_tiled = s[0] != '0';
     if (env_int("MSM_CUDA_MMV_SLOTS", &v)) t->mmv_slots = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_WARPS", &v)) t->mmv_warps = v == 4 ? 4 : 8;

@@ -885,6 +885,11 @@ extern "C" int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, co
     /* the tensor-core MMV8, else the SIMT FP8 GEMV (each code read once per 8-token chunk): float32
      * weights either way (see linear_fp8.cu, msm_rows_dot_fp8) */
     int kern = ex.tune->fp8_linear;
+    /* fp8_linear_tiled_min_t..64 tokens: the tiled GEMM on the codes (linear_tiled_fp8.cu; float32
+     * weights); routers (N <= MSM_CUDA_GEMV_SMALL_N) keep the GEMVs */
+    if (T >= ex.tune->fp8_linear_tiled_min_t && T <= ex.tune->fp8_native_max_t && N > MSM_CUDA_GEMV_SMALL_N &&
+        msm__linear_tiled_fp8_fits(T, N, K, w, x, ws, ws_bytes))
+        return msm__linear_tiled_fp8_run(y, x, w, bias, T, N, K, ws, ws_bytes, ex);
     /* past fp8_linear_max_t tokens (decode steps: MSM_CUDA_FP8_LINEAR_DECODE_MAX_T), dequantised below */
     bool fp8 = T <= ex.tune->fp8_native_max_t && T <= ex.tune->fp8_linear_max_t;
     if (fp8 && kern == MSM_CUDA_FP8_LINEAR_MMA && T >= ex.tune->fp8_mma_min_t &&

@@ -42,31 +42,9 @@
  * (166-168 uncapped); the bf16 kernels 80. Not yet run on a GPU: the speed-up over dequantising
  * is predicted (the codes are read once, 1 byte a weight, against 1 + 2 + 2 bytes), not measured. */
 #include "moe_internal.h"
+#include "tiled.h"
 
 #include <errno.h>
-
-#define TL_WARPS 8
-#define TL_ROWS (TL_WARPS * 16) /* weight rows a block owns */
-#define TL_BM 64                /* tokens a pass: 8 n8 tiles */
-#define TL_BK 64                /* K a pipeline step: 128-byte bf16 rows, 8 chunks of 16 bytes */
-#define TL_STAGES 3
-#define TL_W_BYTES (TL_ROWS * TL_BK * 2)      /* 16 KB */
-#define TL_X_BYTES (TL_BM * TL_BK * 2)        /* 8 KB, one of hi / lo */
-#define TL_STAGE_BYTES (TL_W_BYTES + 2 * TL_X_BYTES)
-#define TL_SMEM (TL_STAGES * TL_STAGE_BYTES) /* 96 KB: two blocks an SM */
-
-static_assert(TL_BM == 64 && TL_BK == 64, "the copy and fragment loops assume 64 x 64 tiles");
-
-/* The bf16 kernels also come with fewer tokens a pass and a deeper pipeline, for steps whose experts
- * have few tokens each (MSM_CUDA_MOE_TILED_BM): a pass of BM tokens keeps 2 x BM x-rows a stage, so
- * the shared memory of two blocks an SM holds TL_ST(BM) stages, TL_ST(BM) - 1 weight tiles in
- * flight a block instead of 2 (the down GEMM at batch 32 streamed at 60% of the copy ceiling,
- * gate/up at 81%, bench/results/2026-12-02-h200-s4). */
-#define TL_XB(BM) ((BM) * TL_BK * 2)                /* bytes of one of hi / lo */
-#define TL_ST(BM) ((BM) == 16 ? 5 : (BM) == 32 ? 4 : TL_STAGES)
-#define TL_SMEM_BM(BM) (TL_ST(BM) * (TL_W_BYTES + 2 * TL_XB(BM)))
-static_assert(TL_SMEM_BM(16) <= 100 * 1024 && TL_SMEM_BM(32) <= TL_SMEM && TL_SMEM_BM(64) == TL_SMEM,
-              "two blocks an SM at every pass size");
 
 /* ---- x in grouped order as bf16 hi + lo ---- */
 
@@ -87,70 +65,6 @@ static __global__ void moe_split_x_kernel(moe_ws ws, uint16_t *xh, uint16_t *xl,
             *(uint32_t *)(xl + (size_t)r * H + h) = lo;
         }
     }
-}
-
-/* The x tiles of a K step at k0 into shared memory at dst (hi, then lo, TL_XB(BM) bytes each,
- * 16-byte chunks swizzled for ldmatrix): 2 x BM rows x 8 chunks over the block's 256 threads,
- * only the live rows (xrows); rows past r1 are zero-filled. */
-template <int BM = TL_BM>
-static __device__ __forceinline__ void tl_load_x(uint32_t dst, const uint16_t *xh, const uint16_t *xl, int rb, int r1,
-                                                 int xrows, int K, size_t k0, int tid) {
-#pragma unroll
-    for (int j = 0; j < BM / 16; j++) {
-        int idx = tid + 256 * j, half = idx / (BM * 8), m = (idx >> 3) % BM, c = idx & 7;
-        if (m >= xrows) continue;
-        int rr = rb + m;
-        const uint16_t *src = (half ? xl : xh) + (size_t)(rr < r1 ? rr : rb) * K + k0 + c * 8;
-        msm_cp_async16(dst + half * TL_XB(BM) + msm_swz128(m, c), src, rr < r1 ? 16 : 0);
-    }
-}
-
-/* ---- the tiled GEMM core ----
- * acc[t] (t < ntile) = sum over K of W[this warp's 16 rows] . B[tokens 8t .. 8t+7] for B = hi + lo.
- * w_row(r): global address of the block's weight row r (0..127) at k = 0; rows past the matrix
- * are clamped by the caller (never stored). xh / xl rows rb .. rb + 8*ntile - 1 (those past r1 are
- * zero-filled). K % 64 == 0. The caller syncs before reusing the shared memory. */
-template <int BM, typename RowFn>
-static __device__ __forceinline__ void tl_gemm(float acc[8][4], unsigned char *smem, RowFn w_row,
-                                               const uint16_t *xh, const uint16_t *xl, int rb,
-                                               int r1, int ntile, int K) {
-    constexpr int ST = TL_ST(BM), STAGE = TL_W_BYTES + 2 * TL_XB(BM);
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-#pragma unroll
-    for (int t = 0; t < 8; t++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[t][i] = 0.0f;
-    int nk = K / TL_BK, xrows = ntile * 8;
-    /* this thread's copies: 4 weight chunks (rows tid/8 + 32j, chunk tid%8) and up to 4 x chunks */
-    const uint16_t *wsrc[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) wsrc[j] = w_row(tid / 8 + 32 * j) + (tid % 8) * 8;
-    uint32_t base = msm_smem_addr(smem);
-    auto load = [&](int stage, int kc) {
-        uint32_t sb = base + stage * STAGE;
-        size_t k0 = (size_t)kc * TL_BK;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int r = tid / 8 + 32 * j;
-            msm_cp_async16(sb + msm_swz128(r, tid % 8), wsrc[j] + k0, 16);
-        }
-        tl_load_x<BM>(sb + TL_W_BYTES, xh, xl, rb, r1, xrows, K, k0, tid);
-    };
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < nk) load(s, s);
-        msm_cp_async_commit();
-    }
-    for (int kc = 0; kc < nk; kc++) {
-        msm_cp_async_wait<ST - 2>();
-        __syncthreads();
-        uint32_t sb = base + (kc % ST) * STAGE;
-        msm_tile_mma_k64(acc, sb, sb + TL_W_BYTES, sb + TL_W_BYTES + TL_XB(BM), warp, lane, ntile);
-        int nx = kc + ST - 1;
-        if (nx < nk) load(nx % ST, nx);
-        msm_cp_async_commit();
-    }
-    msm_cp_async_wait<0>();
 }
 
 /* Gate/up + SwiGLU: block b = (s-th selected expert, 64 columns from i0). Warp w's rows are the
@@ -237,71 +151,6 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
  * into step accumulators and adds them times the rows' scales. x and the activations are
  * bf16 hi + lo of x * 2^100 (the decode's 2^-120 and the scales' 2^20 cancel it). A 64-wide step
  * has one scale per row when the column phase is a multiple of 64 (msm__moe_tiled_fp8_fits). */
-#define TF_STAGES 4
-#define TF_W_BYTES (TL_ROWS * TL_BK)                 /* 8 KB: [128][64] codes, plain 64-byte rows */
-#define TF_STAGE_BYTES (TF_W_BYTES + 2 * TL_X_BYTES) /* 24 KB */
-#define TF_SMEM (TF_STAGES * TF_STAGE_BYTES)         /* 96 KB: two blocks an SM, as the bf16 kernels */
-/* As the bf16 kernels, fewer tokens a pass leave room for more stages in the same shared memory:
- * 16 tokens 8 stages (12 KB each), 32 tokens 6 (16 KB), 64 tokens 4. A code tile is half a bf16
- * tile, so at 4 stages a block had half the weight bytes in flight of the bf16 kernels' and the
- * FP8 experts streamed no faster than bf16 ones (Qwen3-30B-A3B batch 128: 19.98 vs 20.00 ms). */
-#define TF_ST(BM) ((BM) == 16 ? 8 : (BM) == 32 ? 6 : TF_STAGES)
-#define TF_SMEM_BM(BM) (TF_ST(BM) * (TF_W_BYTES + 2 * TL_XB(BM)))
-
-static_assert(TF_SMEM <= TL_SMEM, "the FP8 kernels hold two blocks an SM like the bf16 ones");
-static_assert(TF_SMEM_BM(16) <= TL_SMEM && TF_SMEM_BM(32) <= TL_SMEM && TF_SMEM_BM(64) == TF_SMEM,
-              "two blocks an SM at every FP8 pass size");
-
-/* tl_gemm on codes: acc[t] = sum over the K steps of scale(step) * (W codes . B) for this warp's 16
- * rows; w_row(r) as in tl_gemm (codes, K bytes a row); sa / sb: the scale rows ([ceil((K + ph) /
- * 128)] floats) of this thread's C rows warp*16 + g and + 8, the step at column k0 taking
- * scale[(k0 + ph) / 128]. xh / xl: x * 2^100 as bf16 hi / lo (rows as in tl_gemm). K % 64 == 0,
- * ph % 64 == 0. The caller syncs before reusing the shared memory. */
-template <int BM, typename RowFn>
-static __device__ __forceinline__ void tf_gemm(float acc[8][4], unsigned char *smem, RowFn w_row, const float *sa,
-                                               const float *sb, int ph, const uint16_t *xh, const uint16_t *xl,
-                                               int rb, int r1, int ntile, int K) {
-    constexpr int ST = TF_ST(BM), STAGE = TF_W_BYTES + 2 * TL_XB(BM);
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-#pragma unroll
-    for (int t = 0; t < 8; t++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[t][i] = 0.0f;
-    int nk = K / TL_BK, xrows = ntile * 8;
-    /* this thread's copies: 2 weight chunks (rows tid/4 + 64j, bytes 16 * (tid%4)) and up to 4 x chunks */
-    const uint8_t *wsrc[2];
-#pragma unroll
-    for (int j = 0; j < 2; j++) wsrc[j] = w_row(tid / 4 + 64 * j) + (tid % 4) * 16;
-    uint32_t base = msm_smem_addr(smem);
-    auto load = [&](int stage, int kc) {
-        uint32_t st = base + stage * STAGE;
-        size_t k0 = (size_t)kc * TL_BK;
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            msm_cp_async16(st + (tid / 4 + 64 * j) * TL_BK + (tid % 4) * 16, wsrc[j] + k0, 16);
-        tl_load_x<BM>(st + TF_W_BYTES, xh, xl, rb, r1, xrows, K, k0, tid);
-    };
-    auto scale = [&](const float *s, int kc) { return __ldg(s + ((kc * TL_BK + ph) >> 7)) * MSM_FP8_S_SCALE; };
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < nk) load(s, s);
-        msm_cp_async_commit();
-    }
-    float s_a = scale(sa, 0), s_b = scale(sb, 0); /* nk >= 1 */
-    for (int kc = 0; kc < nk; kc++) {
-        float ca = s_a, cb = s_b;
-        if (kc + 1 < nk) s_a = scale(sa, kc + 1), s_b = scale(sb, kc + 1); /* the next step's, in flight */
-        msm_cp_async_wait<ST - 2>();
-        __syncthreads(); /* step kc landed for every thread; every thread is done with step kc - 1 */
-        int nx = kc + ST - 1; /* refills step kc - 1's stage */
-        if (nx < nk) load(nx % ST, nx);
-        msm_cp_async_commit();
-        uint32_t st = base + (kc % ST) * STAGE;
-        msm_tile_mma_fp8_k64(acc, st, st + TF_W_BYTES, st + TF_W_BYTES + TL_XB(BM), ca, cb, warp, lane, ntile);
-    }
-    msm_cp_async_wait<0>();
-}
-
 /* moe_gateup_tiled_kernel on FP8 codes gate_up [E, 2I, H] with scales gu_sc [E, 2I, ceil((H + ph) /
  * 128)]; xh / xl are x * 2^100, and act is written as bf16 hi + lo of silu(g) * u * 2^100 (the
  * down kernel's B operand). */
@@ -329,7 +178,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     for (int rb = r0; rb < r1; rb += BM) {
         int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tf_gemm<BM>(acc, smem, w_row, sg, su, ph, xh, xl, rb, r1, ntile, H);
+        tf_gemm<BM>(acc, smem, w_row, sg, su, ph, xh, xl, rb, r1, ntile, H, H);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;
@@ -369,7 +218,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     for (int rb = r0; rb < r1; rb += BM) {
         int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tf_gemm<BM>(acc, smem, w_row, sa, sb, ph, ah, al, rb, r1, ntile, I);
+        tf_gemm<BM>(acc, smem, w_row, sa, sb, ph, ah, al, rb, r1, ntile, I, I);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;

@@ -51,6 +51,11 @@ int msm__linear_tiled_run(float *y, const float *x, const uint16_t *w, const uin
                           int N, int K, msm_cuda_exec ex);
 /* The FP8 tensor-core linear (linear_fp8.cu): its shared-memory limit, whether a call fits, the launch. */
 int msm__linear_fp8_mma_prepare(void);
+/* linear_tiled_fp8.cu: FP8 dense linears of 9..64 tokens (ws: msm_cuda_linear_ws_bytes(T, N, K)) */
+int msm__linear_tiled_fp8_prepare(void);
+bool msm__linear_tiled_fp8_fits(int T, int N, int K, msm_cuda_fp8w w, const float *x, const void *ws, size_t ws_bytes);
+int msm__linear_tiled_fp8_run(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N, int K,
+                              void *ws, size_t ws_bytes, msm_cuda_exec ex);
 bool msm__linear_fp8_mma_fits(int T, int N, int K, msm_cuda_fp8w w, const float *x, int sms);
 int msm__linear_fp8_mma_run(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N, int K,
                             msm_cuda_exec ex);

@@ -143,6 +143,11 @@ typedef struct msm_cuda_tuning {
                                  fp8_native_max_t) dequantise to bf16 for the bf16 paths. Prefill
                                  chunks: fp8_native_max_t (MSM_CUDA_FP8_LINEAR_MAX_T); pure decode
                                  steps: MSM_CUDA_FP8_LINEAR_DECODE_MAX_T (see there) */
+    int fp8_linear_tiled_min_t; /* FP8-resident dense linears of this many tokens up to 64 (and up to
+                                 fp8_native_max_t) take the tiled GEMM on the codes
+                                 (linear_tiled_fp8.cu; float32 weights, x near-fp32) before the
+                                 MMV8 and the dequantising path; > 64: off
+                                 (MSM_CUDA_FP8_LINEAR_TILED_MIN_T) */
     int fp8_gemv_rows;        /* rows a warp of the FP8 SIMT GEMV: 1, 2 or 4; 0 (default): 2 at one
                                  token a chunk, else 4. The same bits (MSM_CUDA_FP8_GEMV_ROWS) */
     int fp8_mma_min_t;        /* ... MMA: the tensor-core MMV8 from this T on, the SIMT GEMV below
@@ -518,6 +523,8 @@ enum { MSM_CUDA_FP8_LINEAR_MMA = 0, MSM_CUDA_FP8_LINEAR_SIMT = 1, MSM_CUDA_FP8_L
  * The weights then meet x as bf16-rounded values (the bf16 preset's numerics) instead of float32
  * ones (MSM_CUDA_FP8_LINEAR_DECODE_MAX_T). */
 #define MSM_CUDA_FP8_LINEAR_DECODE_MAX_T 8
+/* Default of msm_cuda_tuning.fp8_linear_tiled_min_t. */
+#define MSM_CUDA_FP8_LINEAR_TILED_MIN_T 9
 typedef struct msm_cuda_fp8w {
     const uint8_t *q;    /* codes [n_expert, rows, cols] */
     const float *scale;  /* [n_expert, rows, ceil((cols + phase) / 128)] */

@@ -32,6 +32,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->fp8_resident = true;
     t->fp8_native_max_t = MSM_CUDA_FP8_NATIVE_MAX_T;
     t->fp8_linear_max_t = MSM_CUDA_FP8_NATIVE_MAX_T; /* decode steps: MSM_CUDA_FP8_LINEAR_DECODE_MAX_T */
+    t->fp8_linear_tiled_min_t = MSM_CUDA_FP8_LINEAR_TILED_MIN_T;
     t->fp8_mma_min_t = MSM_CUDA_FP8_MMA_MIN_T;
     /* against dequantising the experts to bf16 each step (H200, 2026-12-01 sixth session, ms a step at batch
      * 128 / 256): Qwen3-30B-A3B FP8 45.7 / 51.0 -> 20.5 / 26.4, GLM-4.5-Air FP8 125.8 / 147.7 ->
@@ -67,6 +68,8 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     r = msm__linear_tiled_prepare();
     if (r) return r;
     r = msm__linear_fp8_mma_prepare();
+    if (r) return r;
+    r = msm__linear_tiled_fp8_prepare();
     if (r) return r;
     r = msm__attention_mma_prepare();
     if (r) return r;

@@ -52,7 +52,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8", "MSM_CUDA_NORM_LINEAR",
                                  "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE", "MSM_CUDA_NORM_ROUTER",
                                  "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16", "MSM_CUDA_MOE_TILED_BM",
-                                 "MSM_CUDA_FP8_LINEAR_MAX_T"};
+                                 "MSM_CUDA_FP8_LINEAR_MAX_T", "MSM_CUDA_FP8_LINEAR_TILED_MIN_T"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -76,7 +76,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_FP8_MOE_HW", "0", 1), setenv("MSM_CUDA_ROWS_PIPE", "21", 1);
     setenv("MSM_CUDA_NORM_ROUTER", "0", 1), setenv("MSM_CUDA_NORM_ROUTER_MAX_T", "-1", 1);
     setenv("MSM_CUDA_GEMV_U16", "0", 1), setenv("MSM_CUDA_MOE_TILED_BM", "32", 1);
-    setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1);
+    setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1), setenv("MSM_CUDA_FP8_LINEAR_TILED_MIN_T", "0", 1);
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
@@ -87,6 +87,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.gemv_u16, "MSM_CUDA_GEMV_U16=0: four steps of 4 loads");
     cr_expect_eq(t.moe_tiled_bm, 32);
     cr_expect_eq(t.fp8_linear_max_t, 0, "clamped to 0");
+    cr_expect_eq(t.fp8_linear_tiled_min_t, 1, "clamped to 1");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -1371,6 +1372,7 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
     for (int kern = 0; kern < 4; kern++) {
         msm_cuda_tuning tk = tune0;
         tk.fp8_linear = kern < 3 ? kern : MSM_CUDA_FP8_LINEAR_MMA;
+        tk.fp8_linear_tiled_min_t = 65; /* these kernels past 8 tokens too (the tiled GEMM: below) */
         if (kern == 3) tk.fp8_mma_min_t = 1; /* the MMV8 at every T */
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
             linear_fp8_case(ctx, EX_T(&tk), shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4],
@@ -1382,6 +1384,7 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
                                  {17, 2048, 768, 0}, {31, 100, 1408, 64}, {40, 513, 2048, 0}, {64, 2048, 8192, 0}};
     msm_cuda_tuning tm = tune0;
     tm.fp8_mma_min_t = 1;
+    tm.fp8_linear_tiled_min_t = 65; /* the MMV8 past 8 tokens too */
     for (size_t s = 0; s < sizeof mma / sizeof *mma; s++) {
         tm.mmv_slots = 1 + (int)(s % 3); /* other K-slice counts for the same shapes */
         linear_fp8_case(ctx, EX_T(&tm), mma[s][0], mma[s][1], mma[s][2], mma[s][3], s % 2, false, 2e-5);
@@ -1394,13 +1397,28 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
     linear_fp8_case(ctx, EX_T(&t), 100, 1000, 1024, 64, 0, true, 5e-5);
     linear_fp8_case(ctx, EX, 100, 1000, 1024, 0, 1, true, 5e-5);
     linear_fp8_case(ctx, EX, 2, 300, 200, 0, 0, true, 2e-5);
-    /* decode steps' rule (fp8_linear_max_t 8): the MMV8 (float32 weights) up to 8 tokens, the weight
-     * dequantised past them */
+    /* the tiled GEMM on the codes (linear_tiled_fp8.cu, float32 weights) from fp8_linear_tiled_min_t
+     * to 64 tokens: passes of 16 / 32 / 64 tokens with partial token tiles, K slices of unequal
+     * length (832 = 13 steps over 2 slices), 1..8 slices, a partial row block, phase 64, bias; and
+     * forced from 5 tokens */
+    static const int tl[][5] = {{9, 5120, 2048, 0, 1},  {12, 2048, 4096, 64, 0}, {16, 300, 832, 0, 1},
+                                {17, 2048, 2048, 0, 0}, {31, 777, 1024, 64, 1},  {33, 4096, 1408, 0, 0},
+                                {64, 2048, 4096, 0, 1}, {40, 129, 256, 0, 0}};
+    for (size_t s = 0; s < sizeof tl / sizeof *tl; s++)
+        linear_fp8_case(ctx, EX, tl[s][0], tl[s][1], tl[s][2], tl[s][3], tl[s][4], false, 2e-5);
+    msm_cuda_tuning tt = tune0;
+    tt.fp8_linear_tiled_min_t = 1;
+    linear_fp8_case(ctx, EX_T(&tt), 5, 1000, 2048, 0, 1, false, 2e-5);
+    /* decode steps' rule (fp8_linear_max_t 8) with the tiled GEMM off: the MMV8 (float32 weights) up
+     * to 8 tokens, the weight dequantised past them; with it on, the tiled GEMM first */
     msm_cuda_tuning td = tune0;
     td.fp8_linear_max_t = MSM_CUDA_FP8_LINEAR_DECODE_MAX_T;
+    td.fp8_linear_tiled_min_t = 65;
     linear_fp8_case(ctx, EX_T(&td), 8, 5120, 2048, 0, 1, false, 2e-5);
     linear_fp8_case(ctx, EX_T(&td), 9, 2048, 4096, 64, 0, true, 2e-5);
     linear_fp8_case(ctx, EX_T(&td), 32, 5120, 2048, 0, 0, true, 2e-5);
+    td.fp8_linear_tiled_min_t = MSM_CUDA_FP8_LINEAR_TILED_MIN_T;
+    linear_fp8_case(ctx, EX_T(&td), 32, 5120, 2048, 0, 0, false, 2e-5);
     /* the SIMT GEMV at 1, 2 and 4 rows a warp and by the default rule (fp8_gemv_rows 0: 2 at one
      * token, else 4): the same bits */
     static const int rs[][3] = {{1, 2048, 4096}, {2, 5120, 2048}, {3, 300, 1408}, {8, 129, 256}};

@@ -77,16 +77,26 @@ r3)
     el done | tee -a $OUT/gpu.txt
     ;;
 r4)
-    # the session's final build (FP8 tiled pass sizes; decode's FP8 dense linears dequantised past 8
-    # tokens; the three-blocks variant removed): the full kernel suite, the tables, the golden check
-    # of the FP8 models (their decode past 8 tokens now meets bf16-rounded weights)
+    # the FP8 dense linears of 9..64 tokens on the tiled GEMM on the codes (linear_tiled_fp8.cu;
+    # MSM_CUDA_FP8_LINEAR_TILED_MIN_T: 65 off, i.e. decode dequantises past 8; 17 with
+    # MSM_CUDA_FP8_LINEAR_DECODE_MAX_T=16: the MMV8 at 9..16); the full kernel suite; the tables;
+    # the golden check of the FP8 models
     hdr
     el kernels | tee -a $OUT/gpu.txt
     timeout 240 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -4 > $OUT/kernels.txt
     el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        b qwen3-30b-a3b-fp8 8,9,12,16,24,32,64 lt --
+        b qwen3-30b-a3b-fp8 9,12,16,24,32,64 lt MSM_CUDA_FP8_LINEAR_TILED_MIN_T=65 --
+        b qwen3-30b-a3b-fp8 9,12,16 lt MSM_CUDA_FP8_LINEAR_TILED_MIN_T=17 MSM_CUDA_FP8_LINEAR_DECODE_MAX_T=16 --
+        b glm-4.5-air-fp8 8,12,16,32,64 lt --
+        b glm-4.5-air-fp8 12,16,32,64 lt MSM_CUDA_FP8_LINEAR_TILED_MIN_T=65 --
+    done
     for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do b $p 1,2,4,8,16,32,64,128,256 final --; done
-    b qwen3-30b-a3b-fp8 1,2,4,8,12,16,24,32,64,128,256 final --
-    b glm-4.5-air-fp8 1,8,16,32,64,128 final --
+    b qwen3-30b-a3b-fp8 1,2,4,8,16,32,64,128,256 final --
+    b glm-4.5-air-fp8 1,8,32,128 final --
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=12 tl qwen3-30b-a3b-fp8 32 q3f
     el check | tee -a $OUT/gpu.txt
     CHECK_MODELS=qwen3moe-fp8,glm4moe-fp8 timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
