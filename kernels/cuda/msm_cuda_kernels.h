@@ -494,7 +494,7 @@ int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *sum, float *
  * The FP8 GEMVs (T <= msm_cuda_tuning.fp8_native_max_t; the column count and phase multiples of
  * 16) multiply x by that float32 value (no bf16 rounding: the CPU oracle's float32 weights, summed
  * as in msm_rows_dot_fp8), and so do the FP8 tiled MoE GEMMs that take the routed experts from
- * fp8_moe_tiled_min_t (8) tokens up to MSM_CUDA_MOE_TILED_MAX_T (H, I and both phases multiples of 64; tuning
+ * fp8_moe_tiled_min_t (5) tokens up to MSM_CUDA_MOE_TILED_MAX_T (H, I and both phases multiples of 64; tuning
  * fp8_moe_tiled). Other large-T calls (dense linears, experts past the tiled range or of other
  * phases) dequantise into a bf16 scratch buffer (msm_cuda_fp8_dequant: exactly the weight a
  * bf16-resident load would hold) and run the bf16 paths. */

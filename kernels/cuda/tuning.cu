@@ -38,7 +38,13 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 128 / 256): Qwen3-30B-A3B FP8 45.7 / 51.0 -> 20.5 / 26.4, GLM-4.5-Air FP8 125.8 / 147.7 ->
      * 57.8 / 85.7 (bench/results/2026-12-01-h200-s6); MSM_CUDA_FP8_MOE_TILED=0 dequantises */
     t->fp8_moe_tiled = true;
-    t->fp8_moe_tiled_min_t = 8;
+    /* from 5 tokens (was 8) since the tiled GEMMs' deeper pipelines: ms a step at 5 / 6 / 7, tiled vs
+     * the grouped FP8 GEMVs (H200, 2026-12-02 fifth session, bench/results/2026-12-02-h200-s5 run 4):
+     * Qwen3-30B-A3B FP8 7.31-7.33 / 7.78-7.85 / 8.48-8.52 vs 7.79-7.83 / 8.68-8.71 / 9.36-9.39,
+     * GLM-4.5-Air FP8 18.33-18.42 / 19.58-19.62 / 20.90-20.98 vs 20.66-20.72 / 22.67-22.80 /
+     * 24.66-24.85; at 2-4 the GEMVs win (run 1: 3.91 / 5.58 / 5.64-5.71 vs 4.66-4.68 / 6.51-6.54 /
+     * 6.53-6.55) */
+    t->fp8_moe_tiled_min_t = 5;
     t->att_max_split = 16;
     t->att_group = 4;
     t->att_mma = MSM_CUDA_ATT_MMA_AUTO;

@@ -92,6 +92,12 @@ r4)
         b glm-4.5-air-fp8 8,12,16,32,64 lt --
         b glm-4.5-air-fp8 12,16,32,64 lt MSM_CUDA_FP8_LINEAR_TILED_MIN_T=65 --
     done
+    for i in 1 2; do # the FP8 tiled experts from 5 / 6 / 7 tokens (run 1: at 6 0.9 ms faster than the GEMVs)
+        b qwen3-30b-a3b-fp8 5,6,7 mint --
+        b qwen3-30b-a3b-fp8 5,6,7 mint MSM_CUDA_FP8_MOE_TILED_MIN_T=5 --
+        b glm-4.5-air-fp8 5,6,7 mint --
+        b glm-4.5-air-fp8 5,6,7 mint MSM_CUDA_FP8_MOE_TILED_MIN_T=5 --
+    done
     for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do b $p 1,2,4,8,16,32,64,128,256 final --; done
     b qwen3-30b-a3b-fp8 1,2,4,8,16,32,64,128,256 final --
     b glm-4.5-air-fp8 1,8,32,128 final --
@@ -99,6 +105,27 @@ r4)
     ROWS=12 tl qwen3-30b-a3b-fp8 32 q3f
     el check | tee -a $OUT/gpu.txt
     CHECK_MODELS=qwen3moe-fp8,glm4moe-fp8 timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r5)
+    # the FP8 tiled experts from 5 tokens (the new default); the tiled FP8 linear from 5 tokens
+    # instead of the MMV8 (MSM_CUDA_FP8_LINEAR_TILED_MIN_T=5); the FP8 table; the FP8 kernel tests
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'moe_experts_fp8*' 'moe_fp8_tiled*' 'linear_fp8*'; do
+        timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        b qwen3-30b-a3b-fp8 4,5,6,8 lt5 --
+        b qwen3-30b-a3b-fp8 5,6,8 lt5 MSM_CUDA_FP8_LINEAR_TILED_MIN_T=5 --
+        b glm-4.5-air-fp8 5,8 lt5 --
+        b glm-4.5-air-fp8 5,8 lt5 MSM_CUDA_FP8_LINEAR_TILED_MIN_T=5 --
+    done
+    b qwen3-30b-a3b-fp8 1,2,4,6,8,16,32,64,128,256 final --
+    b glm-4.5-air-fp8 1,6,8,16,32,64,128 final --
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen3moe-fp8,glm4moe-fp8 timeout $(left 400) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
 esac
