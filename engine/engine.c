@@ -6,6 +6,8 @@
  * ranks capture their decode graphs, all before serving. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -56,8 +58,9 @@ struct msm_engine {
     /* command channel */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t cmd_gen;
-    int cmd, n_done;
+    _Atomic uint64_t cmd_gen; /* written under mu; also read without it by spin_wait */
+    _Atomic int n_done;
+    int cmd;
     msm_step_dims dims;
     /* host staging of step inputs (rank threads copy these into their arenas) */
     int32_t *tokens, *pos, *seq, *slot, *btab, *out_rows;
@@ -328,8 +331,12 @@ static int rank_step(rank_ctx *rc) {
                               : msm_err_set(err, -ENOTSUP, "backend %s has no fault injection", b->vt->name);
         if (r) return r;
     }
-    if (e->replay_bucket > 0) r = b->vt->replay(b, e->replay_bucket, err);
-    else r = msm_exec_step(b, g, d, err);
+    if (e->replay_bucket > 0) {
+        r = b->vt->replay(b, e->replay_bucket, err); /* launched: rank 0's read below waits */
+        if (r == 0 && rc->rank != 0) r = b->vt->sync(b, err);
+    } else {
+        r = msm_exec_step(b, g, d, err);
+    }
     if (r || rc->rank != 0) return r;
     r = b->vt->read(b, g->vals[g->v_sampled].offset, e->sampled, sizeof(int32_t) * (size_t)d->R, err);
     if (r == 0 && e->read_logits)
@@ -338,11 +345,37 @@ static int rank_step(rank_ctx *rc) {
     return r;
 }
 
+/* The command channel's hand-offs on a GPU: before blocking on the condition variable, a rank
+ * thread polls for the next command for RANK_SPIN_NS after each one, and the poster polls for the
+ * ranks' completion for POST_SPIN_NS (a decode step's length), yielding the core between polls: a
+ * futex wake-up costs a decode step 5-20 us each way. The CPU backend's ranks compute on the
+ * cores themselves and always block. */
+#define RANK_SPIN_NS 2000000LL
+#define POST_SPIN_NS 20000000LL
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Polls until *gen != v (gen set) or n_done >= v (gen NULL), at most limit_ns; CUDA only. */
+static void spin_wait(msm_engine *e, _Atomic uint64_t *gen, uint64_t v, long long limit_ns) {
+    if (e->o.backend != MSM_BACKEND_CUDA) return;
+    long long t0 = now_ns();
+    for (unsigned i = 1;; i++) {
+        if (gen ? atomic_load(gen) != v : (uint64_t)atomic_load(&e->n_done) >= v) return;
+        if (i % 64 == 0 && now_ns() - t0 > limit_ns) return;
+        sched_yield();
+    }
+}
+
 static void *rank_main(void *arg) {
     rank_ctx *rc = arg;
     msm_engine *e = rc->e;
     uint64_t seen = 0;
     for (;;) {
+        spin_wait(e, &e->cmd_gen, seen, RANK_SPIN_NS);
         pthread_mutex_lock(&e->mu);
         while (e->cmd_gen == seen) pthread_cond_wait(&e->cv, &e->mu);
         seen = e->cmd_gen;
@@ -365,6 +398,9 @@ static int run_cmd(msm_engine *e, int cmd, msm_err *err) {
     e->n_done = 0;
     e->cmd_gen++;
     pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    spin_wait(e, NULL, (uint64_t)e->tp, POST_SPIN_NS);
+    pthread_mutex_lock(&e->mu);
     while (e->n_done < e->tp) pthread_cond_wait(&e->cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
     /* report the root cause: a rank's own failure before another rank's time-out */

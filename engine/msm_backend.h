@@ -98,7 +98,9 @@ typedef struct msm_backend_vt {
     /* Optional (NULL when unsupported): graph capture/replay. */
     int (*capture_begin)(msm_backend *b, msm_err *err);
     int (*capture_end)(msm_backend *b, int key, msm_err *err);
-    int (*replay)(msm_backend *b, int key, msm_err *err); /* -ENOENT: no graph for key */
+    /* Launches the graph captured for key (-ENOENT: none) without waiting: a read or sync ends
+     * the step. */
+    int (*replay)(msm_backend *b, int key, msm_err *err);
     /* Test-only (msm_engine_opts.test_fault, MSM_TEST_FAULT_*): before a step, fail it now
      * (LAUNCH: a negative errno) or make it overrun the deadline (HANG: 0, the step's sync then
      * times out). NULL when unsupported. */

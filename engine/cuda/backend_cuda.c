@@ -8,6 +8,7 @@
  * with a deadline instead of blocking. */
 #include <errno.h>
 #include <nccl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,17 @@ typedef struct cuda_backend {
     cudaGraphExec_t graphs[MAX_GRAPHS];
     int graph_key[MAX_GRAPHS], n_graphs;
     cudaGraph_t capturing;
+    /* pinned host staging of the steps' input writes and result reads (cuda_write, cuda_read):
+     * a copy from pinned memory is queued without the driver's pageable bounce, and a small read
+     * lands in one DMA. Bump-allocated, reset by every completed sync (its copies are done); a
+     * transfer that does not fit goes straight from / to the caller's memory */
+    char *stage;
+    size_t stage_bytes, stage_used;
+    bool wait_sleep; /* MSM_CUDA_HOST_WAIT=sleep: host waits sleep 20 us between polls (the
+                        earlier behaviour) instead of yielding the CPU between them */
 } cuda_backend;
+
+#define STAGE_BYTES ((size_t)4 << 20)
 
 #define TRY(expr)                                                                                  \
     do {                                                                                           \
@@ -525,9 +536,15 @@ static int cuda_sync(msm_backend *b, msm_err *err) {
                                                 "NCCL communicator %s", cb->b.rank, cb->device, cb->b.deadline_ms,
                                cb->revoked ? "revoked" : "aborted");
         }
-        if (spin > 64) usleep(20);
+        /* a decode step ends within a few ms: poll on, yielding the core to anyone runnable (a
+         * 20 us sleep woke 50-70 us late under the default timer slack, every step) */
+        if (spin > 64) {
+            if (cb->wait_sleep) usleep(20);
+            else sched_yield();
+        }
     }
     TRY(cudaStreamQuery(cb->st[MSM_STREAM_AUX]));
+    cb->stage_used = 0; /* every queued copy is done */
     if (cb->ar_fault && *(volatile uint32_t *)cb->ar_fault) {
         group_failed(cb);
         return msm_err_set(err, -ETIMEDOUT, "rank %d (GPU %d): a peer of the one-shot all-reduce did not arrive "
@@ -1037,9 +1054,20 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
     return ar_setup(cb, err);
 }
 
+/* n bytes of the pinned staging (NULL when they do not fit: the caller copies directly), 16-byte
+ * aligned; valid until the next completed sync */
+static char *stage_take(cuda_backend *cb, size_t n) {
+    size_t at = (cb->stage_used + 15) & ~(size_t)15;
+    if (!cb->stage || at + n > cb->stage_bytes) return NULL;
+    cb->stage_used = at + n;
+    return cb->stage + at;
+}
+
 static int cuda_write(msm_backend *b, size_t off, const void *src, size_t n, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     if (off + n > cb->arena_bytes) return msm_err_set(err, -EINVAL, "arena write out of range");
+    char *h = cb->capturing ? NULL : stage_take(cb, n);
+    if (h) src = memcpy(h, src, n);
     TRY(cudaMemcpyAsync(cb->arena + off, src, n, cudaMemcpyHostToDevice, cb->st[MSM_STREAM_MAIN]));
     return 0;
 }
@@ -1047,8 +1075,11 @@ static int cuda_write(msm_backend *b, size_t off, const void *src, size_t n, msm
 static int cuda_read(msm_backend *b, size_t off, void *dst, size_t n, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     if (off + n > cb->arena_bytes) return msm_err_set(err, -EINVAL, "arena read out of range");
-    TRY(cudaMemcpyAsync(dst, cb->arena + off, n, cudaMemcpyDeviceToHost, cb->st[MSM_STREAM_MAIN]));
-    return cuda_sync(b, err);
+    char *h = cb->capturing ? NULL : stage_take(cb, n);
+    TRY(cudaMemcpyAsync(h ? h : dst, cb->arena + off, n, cudaMemcpyDeviceToHost, cb->st[MSM_STREAM_MAIN]));
+    int r = cuda_sync(b, err);
+    if (r == 0 && h) memcpy(dst, h, n);
+    return r;
 }
 
 static int cuda_capture_begin(msm_backend *b, msm_err *err) {
@@ -1078,7 +1109,7 @@ static int cuda_replay(msm_backend *b, int key, msm_err *err) {
     for (int i = 0; i < cb->n_graphs; i++)
         if (cb->graph_key[i] == key) {
             TRY(cudaGraphLaunch(cb->graphs[i], cb->st[MSM_STREAM_MAIN]));
-            return cuda_sync(b, err);
+            return 0; /* the caller's read or sync ends the step */
         }
     return -ENOENT;
 }
@@ -1148,6 +1179,7 @@ static void cuda_free(msm_backend *b) {
     cudaFree(cb->arena);
     cudaFree(cb->ar_sig);
     if (cb->ar_fault) cudaFreeHost(cb->ar_fault);
+    if (cb->stage) cudaFreeHost(cb->stage);
     msm_cuda_ctx_free(cb->ctx);
     if (cb->nccl) ncclCommDestroy(cb->nccl);
     free(cb);
@@ -1214,6 +1246,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_NORM_LINEAR=0|1            decode: an ADD_RMSNORM + the LINEAR on its norm in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
+ *   MSM_CUDA_HOST_WAIT=yield|sleep      host waits for a step: poll and yield the core (default), or
+ *                                       sleep 20 us between polls (the earlier wait, 50-70 us late)
+ *   MSM_CUDA_HOST_STAGE=0|1             step inputs and results through pinned staging (1, default)
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
 
@@ -1353,6 +1388,13 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
     if (e != cudaSuccess)
         return msm_err_set(err, -ENODEV, "rank %d: cannot use GPU %d: %s", rank, device, cudaGetErrorString(e));
     for (int s = 0; s < MSM_N_STREAMS; s++) TRY(cudaStreamCreateWithFlags(&cb->st[s], cudaStreamNonBlocking));
+    const char *hw = getenv("MSM_CUDA_HOST_STAGE");
+    if (!hw || hw[0] != '0') {
+        TRY(cudaHostAlloc((void **)&cb->stage, STAGE_BYTES, cudaHostAllocDefault));
+        cb->stage_bytes = STAGE_BYTES;
+    }
+    hw = getenv("MSM_CUDA_HOST_WAIT");
+    cb->wait_sleep = hw && !strcmp(hw, "sleep");
     r = msm_cuda_tuning_init(&cb->tune, device);
     if (r) return msm_err_set(err, r, "rank %d: cannot read the properties of GPU %d", rank, device);
     tuning_from_env(&cb->tune, &cb->skip_ops);
