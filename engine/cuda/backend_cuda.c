@@ -78,6 +78,8 @@ typedef struct cuda_backend {
      * transfer that does not fit goes straight from / to the caller's memory */
     char *stage;
     size_t stage_bytes, stage_used;
+    int prio_stream, prio_hi; /* the stream whose kernels launch at priority prio_hi (tune.stream_prio;
+                                 -1: none) */
     bool wait_sleep; /* MSM_CUDA_HOST_WAIT=sleep: host waits sleep 20 us between polls (the
                         earlier behaviour) instead of yielding the CPU between them */
 } cuda_backend;
@@ -193,7 +195,8 @@ static int allreduce_add_rmsnorm_node(cuda_backend *cb, float *p, const float *x
  * sequence of the step has one token). */
 static msm_cuda_exec exec_on(const cuda_backend *cb, msm_stream s, const msm_step_dims *d) {
     bool decode = d && d->T == d->S;
-    return (msm_cuda_exec){.stream = cb->st[s], .tune = decode ? &cb->tune_decode : &cb->tune, .decode = decode};
+    return (msm_cuda_exec){.stream = cb->st[s], .tune = decode ? &cb->tune_decode : &cb->tune, .decode = decode,
+                           .priority = (int)s == cb->prio_stream ? cb->prio_hi : 0};
 }
 
 /* An FP8-resident weight as the kernels take it. */
@@ -1096,7 +1099,8 @@ static int cuda_capture_end(msm_backend *b, int key, msm_err *err) {
     TRY(cudaStreamEndCapture(cb->st[MSM_STREAM_MAIN], &graph));
     if (cb->n_graphs == MAX_GRAPHS) return msm_err_set(err, -ENOSPC, "too many captured graphs");
     cudaGraphExec_t exec;
-    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    /* the kernel nodes' priorities (exec_on) hold only with UseNodePriority */
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, cb->prio_stream >= 0 ? cudaGraphInstantiateFlagUseNodePriority : 0);
     cudaGraphDestroy(graph);
     TRY(e);
     cb->graphs[cb->n_graphs] = exec;
@@ -1246,6 +1250,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_NORM_LINEAR=0|1            decode: an ADD_RMSNORM + the LINEAR on its norm in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
+ *   MSM_CUDA_STREAM_PRIO=off|main|aux   the main (router, routed experts) or the aux stream's (shared
+ *                                       expert) kernels at the higher launch priority (off, default)
  *   MSM_CUDA_HOST_WAIT=yield|sleep      host waits for a step: poll and yield the core (default), or
  *                                       sleep 20 us between polls (the earlier wait, 50-70 us late)
  *   MSM_CUDA_HOST_STAGE=0|1             step inputs and results through pinned staging (1, default)
@@ -1296,6 +1302,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_ATT_ROPE"))) t->att_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_AUX_SERIAL_MAX_T", &v)) t->moe_aux_serial_max_t = v < 0 ? 0 : v;
+    if ((s = getenv("MSM_CUDA_STREAM_PRIO")))
+        t->stream_prio = !strcmp(s, "main") ? MSM_CUDA_PRIO_MAIN : !strcmp(s, "aux") ? MSM_CUDA_PRIO_AUX : MSM_CUDA_PRIO_OFF;
     if ((s = getenv("MSM_CUDA_FP8_MOE_HW"))) t->fp8_moe_hw = s[0] != '0';
     if (env_int("MSM_CUDA_ROWS_PIPE", &v)) t->rows_pipe = v & 15;
     if ((s = getenv("MSM_CUDA_NORM_ROUTER"))) t->norm_router = s[0] != '0';
@@ -1387,7 +1395,6 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess)
         return msm_err_set(err, -ENODEV, "rank %d: cannot use GPU %d: %s", rank, device, cudaGetErrorString(e));
-    for (int s = 0; s < MSM_N_STREAMS; s++) TRY(cudaStreamCreateWithFlags(&cb->st[s], cudaStreamNonBlocking));
     const char *hw = getenv("MSM_CUDA_HOST_STAGE");
     if (!hw || hw[0] != '0') {
         TRY(cudaHostAlloc((void **)&cb->stage, STAGE_BYTES, cudaHostAllocDefault));
@@ -1399,6 +1406,14 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
     if (r) return msm_err_set(err, r, "rank %d: cannot read the properties of GPU %d", rank, device);
     tuning_from_env(&cb->tune, &cb->skip_ops);
     tuning_for_decode(&cb->tune, &cb->tune_decode);
+    int least = 0, greatest = 0;
+    TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cb->prio_stream = cb->tune.stream_prio == MSM_CUDA_PRIO_MAIN  ? MSM_STREAM_MAIN
+                      : cb->tune.stream_prio == MSM_CUDA_PRIO_AUX ? MSM_STREAM_AUX
+                                                                  : -1;
+    cb->prio_hi = greatest;
+    for (int s = 0; s < MSM_N_STREAMS; s++) /* cuBLASLt's kernels take the stream's priority */
+        TRY(cudaStreamCreateWithPriority(&cb->st[s], cudaStreamNonBlocking, s == cb->prio_stream ? greatest : least));
     r = msm_cuda_ctx_new(&cb->ctx);
     if (r) return msm_err_set(err, r, "rank %d: cannot create the cuBLASLt context", rank);
     ncclUniqueId id;

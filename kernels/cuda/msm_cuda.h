@@ -830,8 +830,12 @@ static __device__ __forceinline__ void msm_prefetch_l2(const void *p, size_t n) 
 template <typename... KArgs, typename... Args>
 static inline cudaError_t msm_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                              unsigned cluster_x, msm_cuda_exec ex, Args... args) {
-    cudaLaunchAttribute at[2];
+    cudaLaunchAttribute at[3];
     unsigned n = 0;
+    if (ex.priority) {
+        at[n].id = cudaLaunchAttributePriority;
+        at[n++].val.priority = ex.priority;
+    }
     if (cluster_x > 1) {
         at[n].id = cudaLaunchAttributeClusterDimension;
         at[n].val.clusterDim.x = cluster_x;

@@ -252,7 +252,14 @@ typedef struct msm_cuda_tuning {
                                  / 2.78-2.83 / 4.90-4.93 -> 1.97 / 2.75-2.77 / 4.86-4.89; past 8 it loses
                                  (GLM-4.5-Air FP8 batch 128 57.8 -> 63.2, Qwen1.5 batch 32 8.51 -> 8.58).
                                  0: never (MSM_CUDA_MOE_AUX_SERIAL_MAX_T) */
+    int stream_prio;          /* launch priorities of the two streams' kernels (the block scheduler
+                                 dispatches a waiting block of a higher-priority grid first):
+                                 MSM_CUDA_PRIO_OFF, _MAIN (the main stream's: attention, the router, the
+                                 routed experts, above the aux stream's shared expert) or _AUX */
 } msm_cuda_tuning;
+
+/* msm_cuda_tuning.stream_prio */
+enum { MSM_CUDA_PRIO_OFF = 0, MSM_CUDA_PRIO_MAIN = 1, MSM_CUDA_PRIO_AUX = 2 };
 
 /* msm_cuda_tuning.rows_pipe: the GEMV at 2 tokens (o_proj, the shared expert, dense MLPs), the GEMV
  * reading its RMSNorm (qkv), the pair-path experts' gate/up and their down at up to 4 slots */
@@ -275,6 +282,7 @@ typedef struct msm_cuda_exec {
                        whatever tune->pdl says (msm_cuda_tuning.moe_aux_serial_max_t) */
     bool w_written; /* the weight was written earlier in this step (a dequantised copy): the
                        kernels load it only after their PDL wait (gemv_early, mmv_early) */
+    int priority;   /* launch priority (cudaLaunchAttributePriority; 0: the stream's) */
 } msm_cuda_exec;
 
 /* Per-rank CUDA context: the cuBLASLt handle and a cache of matmul plans (layouts + the

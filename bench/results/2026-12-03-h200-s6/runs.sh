@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The device commands of this session's runs (README.md here), from the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench msmoed msmoe test_cuda_kernels timeline"
+# tools/gpu-engine-check bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
+#   bash bench/results/2026-12-03-h200-s6/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, hdr
+case "$1" in
+r1)
+    # the host side of a step: yielding waits, pinned staging, one sync a replayed step, polled
+    # hand-offs (MSM_CUDA_HOST_WAIT=sleep: the earlier 20 us sleeps; MSM_CUDA_HOST_STAGE=0: no
+    # staging); the faults (deadline, launch failure) through the daemon; the golden check
+    # (replayed steps read through the staging); the tiled FP8 linear from 5 tokens (the fifth
+    # session's run 5, whose output was lost); launch priorities for the two streams
+    # (MSM_CUDA_STREAM_PRIO)
+    hdr
+    el faults | tee -a $OUT/gpu.txt
+    MSMOED=gpu-run/bin/msmoed MSMOE=gpu-run/bin/msmoe CASES="1 2 4" timeout 150 bash tests/gpu/check_faults.sh > $OUT/faults.txt 2>&1
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        b qwen1.5-moe-a2.7b 1,2,4,8,16,32 host --
+        b qwen1.5-moe-a2.7b 1,2,4,8,16,32 host MSM_CUDA_HOST_WAIT=sleep --
+        b qwen1.5-moe-a2.7b 1,2,4,8,16,32 host MSM_CUDA_HOST_WAIT=sleep MSM_CUDA_HOST_STAGE=0 --
+        b qwen3-30b-a3b 1,8 host --
+        b qwen3-30b-a3b 1,8 host MSM_CUDA_HOST_WAIT=sleep MSM_CUDA_HOST_STAGE=0 --
+    done
+    for i in 1 2; do # launch priorities: the main stream's kernels (router, routed experts) or the aux's
+        b qwen1.5-moe-a2.7b 1,2,4,8,16,32,128 prio --
+        b qwen1.5-moe-a2.7b 1,2,4,8,16,32,128 prio MSM_CUDA_STREAM_PRIO=main --
+        b qwen1.5-moe-a2.7b 1,2,4,8,16,32,128 prio MSM_CUDA_STREAM_PRIO=aux --
+        b glm-4.5-air-fp8 1,8,32 prio --
+        b glm-4.5-air-fp8 1,8,32 prio MSM_CUDA_STREAM_PRIO=main --
+    done
+    for i in 1 2; do
+        b qwen3-30b-a3b-fp8 5,6,8 lt5 --
+        b qwen3-30b-a3b-fp8 5,6,8 lt5 MSM_CUDA_FP8_LINEAR_TILED_MIN_T=5 --
+        b glm-4.5-air-fp8 5,8 lt5 --
+        b glm-4.5-air-fp8 5,8 lt5 MSM_CUDA_FP8_LINEAR_TILED_MIN_T=5 --
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=20 tl qwen1.5-moe-a2.7b 1 q15
+    ROWS=20 tl qwen1.5-moe-a2.7b 8 q15
+    ROWS=20 tl qwen1.5-moe-a2.7b 8 q15 MSM_CUDA_STREAM_PRIO=main
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,qwen3moe timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+esac
