@@ -280,6 +280,9 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     const msm_node *n = &g->nodes[idx];
     if (cb->skip_ops >> n->op & 1) return 0;
     msm_cuda_exec s = exec_on(cb, n->stream, d);
+    if (cb->tune.stream_prio == MSM_CUDA_PRIO_ROUTER &&
+        (n->op == MSM_OP_ROUTER_TOPK || n->op == MSM_OP_ROUTER_LINEAR_TOPK || n->op == MSM_OP_ROUTER_GROUP_TOPK))
+        s.priority = cb->prio_hi;
     void *ws = cb->ws[n->stream];
     const msm_attr *a = &n->attr;
     int in0 = n->in[0], out0 = n->out[0];
@@ -1100,7 +1103,7 @@ static int cuda_capture_end(msm_backend *b, int key, msm_err *err) {
     if (cb->n_graphs == MAX_GRAPHS) return msm_err_set(err, -ENOSPC, "too many captured graphs");
     cudaGraphExec_t exec;
     /* the kernel nodes' priorities (exec_on) hold only with UseNodePriority */
-    cudaError_t e = cudaGraphInstantiate(&exec, graph, cb->prio_stream >= 0 ? cudaGraphInstantiateFlagUseNodePriority : 0);
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, cb->tune.stream_prio ? cudaGraphInstantiateFlagUseNodePriority : 0);
     cudaGraphDestroy(graph);
     TRY(e);
     cb->graphs[cb->n_graphs] = exec;
@@ -1250,8 +1253,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_NORM_LINEAR=0|1            decode: an ADD_RMSNORM + the LINEAR on its norm in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
- *   MSM_CUDA_STREAM_PRIO=off|main|aux   the main (router, routed experts) or the aux stream's (shared
- *                                       expert) kernels at the higher launch priority (off, default)
+ *   MSM_CUDA_STREAM_PRIO=off|main|aux|router  the main (router, routed experts) or the aux stream's
+ *                                       (shared expert) kernels, or the routers', at the higher launch
+ *                                       priority (off, default)
  *   MSM_CUDA_HOST_WAIT=yield|sleep      host waits for a step: poll and yield the core (default), or
  *                                       sleep 20 us between polls (the earlier wait, 50-70 us late)
  *   MSM_CUDA_HOST_STAGE=0|1             step inputs and results through pinned staging (1, default)
@@ -1303,7 +1307,10 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_AUX_SERIAL_MAX_T", &v)) t->moe_aux_serial_max_t = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_STREAM_PRIO")))
-        t->stream_prio = !strcmp(s, "main") ? MSM_CUDA_PRIO_MAIN : !strcmp(s, "aux") ? MSM_CUDA_PRIO_AUX : MSM_CUDA_PRIO_OFF;
+        t->stream_prio = !strcmp(s, "main")     ? MSM_CUDA_PRIO_MAIN
+                         : !strcmp(s, "aux")    ? MSM_CUDA_PRIO_AUX
+                         : !strcmp(s, "router") ? MSM_CUDA_PRIO_ROUTER
+                                                : MSM_CUDA_PRIO_OFF;
     if ((s = getenv("MSM_CUDA_FP8_MOE_HW"))) t->fp8_moe_hw = s[0] != '0';
     if (env_int("MSM_CUDA_ROWS_PIPE", &v)) t->rows_pipe = v & 15;
     if ((s = getenv("MSM_CUDA_NORM_ROUTER"))) t->norm_router = s[0] != '0';

@@ -1,4 +1,4 @@
-/* linear_tiled_fp8.cu: y = x . W^T (+ b) for an FP8-resident weight (docs/adr/0006-fp8.md) at 9..64
+/* linear_tiled_fp8.cu: y = x . W^T (+ b) for an FP8-resident weight (docs/adr/0006-fp8.md) at 5..64
  * tokens: the routed experts' tiled GEMM on the codes (tiled.h, tf_gemm) as a split-K dense GEMM.
  *
  * Why: past 8 tokens the MMV8 (linear_fp8.cu) is bound by its instructions, not by the codes'

@@ -255,11 +255,12 @@ typedef struct msm_cuda_tuning {
     int stream_prio;          /* launch priorities of the two streams' kernels (the block scheduler
                                  dispatches a waiting block of a higher-priority grid first):
                                  MSM_CUDA_PRIO_OFF, _MAIN (the main stream's: attention, the router, the
-                                 routed experts, above the aux stream's shared expert) or _AUX */
+                                 routed experts, above the aux stream's shared expert), _AUX, or _ROUTER
+                                 (the routers' kernels alone) */
 } msm_cuda_tuning;
 
 /* msm_cuda_tuning.stream_prio */
-enum { MSM_CUDA_PRIO_OFF = 0, MSM_CUDA_PRIO_MAIN = 1, MSM_CUDA_PRIO_AUX = 2 };
+enum { MSM_CUDA_PRIO_OFF = 0, MSM_CUDA_PRIO_MAIN = 1, MSM_CUDA_PRIO_AUX = 2, MSM_CUDA_PRIO_ROUTER = 3 };
 
 /* msm_cuda_tuning.rows_pipe: the GEMV at 2 tokens (o_proj, the shared expert, dense MLPs), the GEMV
  * reading its RMSNorm (qkv), the pair-path experts' gate/up and their down at up to 4 slots */
@@ -531,8 +532,10 @@ enum { MSM_CUDA_FP8_LINEAR_MMA = 0, MSM_CUDA_FP8_LINEAR_SIMT = 1, MSM_CUDA_FP8_L
  * The weights then meet x as bf16-rounded values (the bf16 preset's numerics) instead of float32
  * ones (MSM_CUDA_FP8_LINEAR_DECODE_MAX_T). */
 #define MSM_CUDA_FP8_LINEAR_DECODE_MAX_T 8
-/* Default of msm_cuda_tuning.fp8_linear_tiled_min_t. */
-#define MSM_CUDA_FP8_LINEAR_TILED_MIN_T 9
+/* Default of msm_cuda_tuning.fp8_linear_tiled_min_t: from 5 tokens instead of the MMV8 (H200,
+ * bench/results/2026-12-03-h200-s6 run 1, ms a step, two rounds: GLM-4.5-Air FP8 batch 5 / 8
+ * 19.24-19.29 / 21.43-21.50 -> 18.35-18.37 / 20.61-20.62; Qwen3-30B-A3B FP8 5 / 6 / 8 unchanged) */
+#define MSM_CUDA_FP8_LINEAR_TILED_MIN_T 5
 typedef struct msm_cuda_fp8w {
     const uint8_t *q;    /* codes [n_expert, rows, cols] */
     const float *scale;  /* [n_expert, rows, ceil((cols + phase) / 128)] */

@@ -1422,6 +1422,8 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
     linear_fp8_case(ctx, EX_T(&td), 32, 5120, 2048, 0, 0, true, 2e-5);
     td.fp8_linear_tiled_min_t = MSM_CUDA_FP8_LINEAR_TILED_MIN_T;
     linear_fp8_case(ctx, EX_T(&td), 32, 5120, 2048, 0, 0, false, 2e-5);
+    linear_fp8_case(ctx, EX_T(&td), 5, 5120, 2048, 0, 1, false, 2e-5); /* the default's first T */
+    linear_fp8_case(ctx, EX_T(&td), 8, 4096, 1408, 64, 0, false, 2e-5);
     /* the SIMT GEMV at 1, 2 and 4 rows a warp and by the default rule (fp8_gemv_rows 0: 2 at one
      * token, else 4): the same bits */
     static const int rs[][3] = {{1, 2048, 4096}, {2, 5120, 2048}, {3, 300, 1408}, {8, 129, 256}};
