@@ -24,6 +24,7 @@ typedef struct msm_pass_opts {
     bool fuse_allreduce_norm; /* fuse_allreduce_add_rmsnorm */
     bool fuse_router;      /* fuse_router_topk */
     bool fuse_linear_norm; /* fuse_linear_add_rmsnorm */
+    bool router_first;     /* multi_stream_moe: the router issued before the aux branch */
     msm_warn_fn warn;
     void *warn_ud;
     /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)

@@ -9,7 +9,10 @@
  * A tail holding anything but one collective plus elementwise ops means a collective sits in the
  * middle of the branch; the layer is skipped with a warning. Issue order: fork (RECORD on main,
  * WAIT on aux) just before the layer's first routed node, then the head on aux, then RECORD on
- * aux; the join WAIT on main goes just before the first main node that reads a head value.
+ * aux; the join WAIT on main goes just before the first main node that reads a head value. With
+ * router_first the router's nodes are issued between the fork's RECORD and WAIT: both branches
+ * depend on the same nodes, but the router's kernel is launched (and, with programmatic launch,
+ * made resident) before the shared expert's first GEMV fills the SMs with its blocks.
  * A layer that already has aux nodes, or has no shared expert, is left alone (idempotence). */
 #include <errno.h>
 #include <stdio.h>
@@ -27,6 +30,22 @@ static void warn(const msm_pass_opts *o, const char *fmt, int layer, const char 
     char msg[256];
     snprintf(msg, sizeof msg, fmt, layer, name);
     o->warn(o->warn_ud, msg);
+}
+
+static bool router_op(msm_op op) {
+    return op == MSM_OP_ROUTER_TOPK || op == MSM_OP_ROUTER_LINEAR_TOPK || op == MSM_OP_ROUTER_GROUP_TOPK;
+}
+
+/* The last node of layer L's router when nodes first..it are that layer's routed compute ending
+ * at its first router op (the router's linear and top-k, or one fused node); else -1. */
+static int router_span(const msm_node *x, int n, int first, int L) {
+    for (int i = first; i < n; i++) {
+        if (x[i].layer != L || x[i].role != MSM_ROLE_ROUTED || x[i].stream != MSM_STREAM_MAIN ||
+            msm_op_is_collective(x[i].op))
+            return -1;
+        if (router_op(x[i].op)) return i;
+    }
+    return -1;
 }
 
 /* Rewrites layer L of g; returns 0 (done or skipped) or -ENOMEM. */
@@ -90,6 +109,11 @@ static int rewrite_layer(msm_graph *g, int L, const msm_pass_opts *o) {
     int r = 0;
     for (int i = 0; i < first_routed && r >= 0; i++) r = msm_graph_add(g, &old[i]);
     if (r >= 0) r = msm_graph_add(g, &ev);
+    /* router_first: the router's nodes go out after the fork and before the aux head; the fork
+     * still depends only on what precedes them (so does the head) */
+    int rest = first_routed, router_end = o->router_first ? router_span(old, n, first_routed, L) : -1;
+    for (int i = first_routed; i <= router_end && r >= 0; i++) r = msm_graph_add(g, &old[i]);
+    if (router_end >= 0) rest = router_end + 1;
     ev.op = MSM_OP_EVENT_WAIT;
     ev.stream = MSM_STREAM_AUX;
     if (r >= 0) r = msm_graph_add(g, &ev);
@@ -104,7 +128,7 @@ static int rewrite_layer(msm_graph *g, int L, const msm_pass_opts *o) {
     ev.event = ev_join;
     if (r >= 0) r = msm_graph_add(g, &ev);
     bool joined = false;
-    for (int i = first_routed; i < n && r >= 0; i++) {
+    for (int i = rest; i < n && r >= 0; i++) {
         msm_node x = old[i];
         if (x.layer == L && x.role == MSM_ROLE_SHARED && !tail[i]) continue; /* moved */
         bool needs = false;

@@ -94,6 +94,7 @@ msm_engine_opts test_engine_opts(const char *model_dir, int tp, bool fuse, bool 
      * combine, RoPE + K/V write, all-reduce + add + norm, router + top-k, linear + add + norm) */
     o.elide_collectives = o.fuse_add_norm = o.fuse_moe_combine = o.fuse_rope_kv = o.fuse_allreduce_norm =
         o.fuse_router = o.fuse_linear_norm = fuse || multi_stream;
+    o.router_first = multi_stream;
     o.kv_blocks = 64;
     o.max_step_tokens = 64;
     o.max_seqs = 8;

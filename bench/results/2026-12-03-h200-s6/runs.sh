@@ -46,28 +46,26 @@ r1)
     ;;
 r2)
     # the tiled FP8 linear from 5 tokens by default (its kernel tests, the FP8 golden check); launch
-    # priority for the routers' kernels alone (MSM_CUDA_STREAM_PRIO=router) against off and aux; the
-    # tables at the defaults and with the router priority
+    # priority for the routers' kernels alone (MSM_CUDA_STREAM_PRIO=router) against off and aux, and
+    # the router issued before the shared expert's branch (--router-first); the tables
     hdr
     el kernels | tee -a $OUT/gpu.txt
     for f in 'linear_fp8*' 'tuning*'; do
         timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
     done
     el bench | tee -a $OUT/gpu.txt
-    for i in 1 2; do
-        for pr in off router aux; do
-            b qwen1.5-moe-a2.7b 1,2,3,4,6,8,12,16 prio MSM_CUDA_STREAM_PRIO=$pr --
-            b glm-4.5-air-fp8 1,4,8,16 prio MSM_CUDA_STREAM_PRIO=$pr --
+    for i in 1 2; do # priorities, and the router issued before the shared expert (--router-first)
+        for v in "MSM_CUDA_STREAM_PRIO=off --" "MSM_CUDA_STREAM_PRIO=router --" "MSM_CUDA_STREAM_PRIO=aux --" \
+            "MSM_CUDA_STREAM_PRIO=off -- --router-first" "MSM_CUDA_STREAM_PRIO=router -- --router-first"; do
+            b qwen1.5-moe-a2.7b 1,2,3,4,6,8,12,16,32,128,256 prio $v
+            b glm-4.5-air-fp8 1,4,8,16,32 prio $v
         done
     done
-    for pr in off router; do
-        for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do
-            b $p 1,2,4,8,16,32,64,128,256 final MSM_CUDA_STREAM_PRIO=$pr --
-        done
-        b glm-4.5-air-fp8 1,8,32,128 final MSM_CUDA_STREAM_PRIO=$pr --
-    done
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,4,8,16,32,64,128,256 final --; done
+    b glm-4.5-air-fp8 1,8,32,128 final --
     el timeline | tee -a $OUT/gpu.txt
     for pr in off router aux; do ROWS=24 tl qwen1.5-moe-a2.7b 4 q15 MSM_CUDA_STREAM_PRIO=$pr; done
+    ROWS=24 tl qwen1.5-moe-a2.7b 4 q15 -- --router-first
     el check | tee -a $OUT/gpu.txt
     CHECK_MODELS=qwen3moe-fp8,glm4moe-fp8 timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
