@@ -78,8 +78,7 @@ typedef struct cuda_backend {
      * transfer that does not fit goes straight from / to the caller's memory */
     char *stage;
     size_t stage_bytes, stage_used;
-    int prio_stream, prio_hi; /* the stream whose kernels launch at priority prio_hi (tune.stream_prio;
-                                 -1: none) */
+    int prio_hi;     /* the device's greatest stream priority (exec_on, tune.stream_prio) */
     bool wait_sleep; /* MSM_CUDA_HOST_WAIT=sleep: host waits sleep 20 us between polls (the
                         earlier behaviour) instead of yielding the CPU between them */
 } cuda_backend;
@@ -195,8 +194,13 @@ static int allreduce_add_rmsnorm_node(cuda_backend *cb, float *p, const float *x
  * sequence of the step has one token). */
 static msm_cuda_exec exec_on(const cuda_backend *cb, msm_stream s, const msm_step_dims *d) {
     bool decode = d && d->T == d->S;
+    /* the aux stream's kernels above the main stream's (msm_cuda_tuning.stream_prio) */
+    bool prio = s == MSM_STREAM_AUX &&
+                (cb->tune.stream_prio == MSM_CUDA_PRIO_AUX ||
+                 (cb->tune.stream_prio == MSM_CUDA_PRIO_AUTO && decode && d->T >= MSM_CUDA_AUX_PRIO_MIN_T &&
+                  d->T <= MSM_CUDA_AUX_PRIO_MAX_T));
     return (msm_cuda_exec){.stream = cb->st[s], .tune = decode ? &cb->tune_decode : &cb->tune, .decode = decode,
-                           .priority = (int)s == cb->prio_stream ? cb->prio_hi : 0};
+                           .priority = prio ? cb->prio_hi : 0};
 }
 
 /* An FP8-resident weight as the kernels take it. */
@@ -280,9 +284,6 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     const msm_node *n = &g->nodes[idx];
     if (cb->skip_ops >> n->op & 1) return 0;
     msm_cuda_exec s = exec_on(cb, n->stream, d);
-    if (cb->tune.stream_prio == MSM_CUDA_PRIO_ROUTER &&
-        (n->op == MSM_OP_ROUTER_TOPK || n->op == MSM_OP_ROUTER_LINEAR_TOPK || n->op == MSM_OP_ROUTER_GROUP_TOPK))
-        s.priority = cb->prio_hi;
     void *ws = cb->ws[n->stream];
     const msm_attr *a = &n->attr;
     int in0 = n->in[0], out0 = n->out[0];
@@ -1253,9 +1254,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_NORM_LINEAR=0|1            decode: an ADD_RMSNORM + the LINEAR on its norm in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
- *   MSM_CUDA_STREAM_PRIO=off|main|aux|router  the main (router, routed experts) or the aux stream's
- *                                       (shared expert) kernels, or the routers', at the higher launch
- *                                       priority (off, default)
+ *   MSM_CUDA_STREAM_PRIO=off|aux|auto   the aux stream's kernels (the shared expert's) above the main
+ *                                       stream's: never, every step, or decode steps of 3-4 tokens (auto,
+ *                                       default)
  *   MSM_CUDA_HOST_WAIT=yield|sleep      host waits for a step: poll and yield the core (default), or
  *                                       sleep 20 us between polls (the earlier wait, 50-70 us late)
  *   MSM_CUDA_HOST_STAGE=0|1             step inputs and results through pinned staging (1, default)
@@ -1307,10 +1308,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_AUX_SERIAL_MAX_T", &v)) t->moe_aux_serial_max_t = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_STREAM_PRIO")))
-        t->stream_prio = !strcmp(s, "main")     ? MSM_CUDA_PRIO_MAIN
-                         : !strcmp(s, "aux")    ? MSM_CUDA_PRIO_AUX
-                         : !strcmp(s, "router") ? MSM_CUDA_PRIO_ROUTER
-                                                : MSM_CUDA_PRIO_OFF;
+        t->stream_prio = !strcmp(s, "aux") ? MSM_CUDA_PRIO_AUX : !strcmp(s, "auto") ? MSM_CUDA_PRIO_AUTO : MSM_CUDA_PRIO_OFF;
     if ((s = getenv("MSM_CUDA_FP8_MOE_HW"))) t->fp8_moe_hw = s[0] != '0';
     if (env_int("MSM_CUDA_ROWS_PIPE", &v)) t->rows_pipe = v & 15;
     if ((s = getenv("MSM_CUDA_NORM_ROUTER"))) t->norm_router = s[0] != '0';
@@ -1415,12 +1413,8 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
     tuning_for_decode(&cb->tune, &cb->tune_decode);
     int least = 0, greatest = 0;
     TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    cb->prio_stream = cb->tune.stream_prio == MSM_CUDA_PRIO_MAIN  ? MSM_STREAM_MAIN
-                      : cb->tune.stream_prio == MSM_CUDA_PRIO_AUX ? MSM_STREAM_AUX
-                                                                  : -1;
     cb->prio_hi = greatest;
-    for (int s = 0; s < MSM_N_STREAMS; s++) /* cuBLASLt's kernels take the stream's priority */
-        TRY(cudaStreamCreateWithPriority(&cb->st[s], cudaStreamNonBlocking, s == cb->prio_stream ? greatest : least));
+    for (int s = 0; s < MSM_N_STREAMS; s++) TRY(cudaStreamCreateWithFlags(&cb->st[s], cudaStreamNonBlocking));
     r = msm_cuda_ctx_new(&cb->ctx);
     if (r) return msm_err_set(err, r, "rank %d: cannot create the cuBLASLt context", rank);
     ncclUniqueId id;

@@ -252,15 +252,23 @@ typedef struct msm_cuda_tuning {
                                  / 2.78-2.83 / 4.90-4.93 -> 1.97 / 2.75-2.77 / 4.86-4.89; past 8 it loses
                                  (GLM-4.5-Air FP8 batch 128 57.8 -> 63.2, Qwen1.5 batch 32 8.51 -> 8.58).
                                  0: never (MSM_CUDA_MOE_AUX_SERIAL_MAX_T) */
-    int stream_prio;          /* launch priorities of the two streams' kernels (the block scheduler
-                                 dispatches a waiting block of a higher-priority grid first):
-                                 MSM_CUDA_PRIO_OFF, _MAIN (the main stream's: attention, the router, the
-                                 routed experts, above the aux stream's shared expert), _AUX, or _ROUTER
-                                 (the routers' kernels alone) */
+    int stream_prio;          /* launch priority of the aux stream's kernels (the shared expert's),
+                                 above the main stream's (the block scheduler dispatches a waiting block
+                                 of a higher-priority grid first): MSM_CUDA_PRIO_OFF, _AUX (every step)
+                                 or _AUTO (default: decode steps of MSM_CUDA_AUX_PRIO_MIN_T..MAX_T tokens) */
 } msm_cuda_tuning;
 
 /* msm_cuda_tuning.stream_prio */
-enum { MSM_CUDA_PRIO_OFF = 0, MSM_CUDA_PRIO_MAIN = 1, MSM_CUDA_PRIO_AUX = 2, MSM_CUDA_PRIO_ROUTER = 3 };
+enum { MSM_CUDA_PRIO_OFF = 0, MSM_CUDA_PRIO_AUX = 1, MSM_CUDA_PRIO_AUTO = 2 };
+/* MSM_CUDA_PRIO_AUTO's decode steps: with the shared expert's SIMT GEMVs (3-4 tokens) above the
+ * routed experts' grouped GEMVs, its down GEMV runs beside the routed gate/up instead of delaying
+ * the routed down (timeline of Qwen1.5-MoE batch 4: span 3881 -> 3685 us). H200, bench/results/
+ * 2026-12-03-h200-s6 run 2, ms a step, two rounds: Qwen1.5-MoE batch 3 / 4 3.871-3.876 /
+ * 3.873-3.891 -> 3.705-3.714 / 3.722, but 1 1.78 -> 1.82, 12 5.68 -> 5.79, 32-256 +0.1 with it;
+ * GLM-4.5-Air FP8 4 / 8 unchanged (16 / 32 -0.4 / -0.6 with it: MSM_CUDA_STREAM_PRIO=aux). The
+ * launch priority of the kernels only; the sums are the same. */
+#define MSM_CUDA_AUX_PRIO_MIN_T 3
+#define MSM_CUDA_AUX_PRIO_MAX_T 4
 
 /* msm_cuda_tuning.rows_pipe: the GEMV at 2 tokens (o_proj, the shared expert, dense MLPs), the GEMV
  * reading its RMSNorm (qkv), the pair-path experts' gate/up and their down at up to 4 slots */

@@ -53,6 +53,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->att_rope = false; /* measured slower: msm_cuda_kernels.h */
     t->small_early = true;
     t->moe_aux_serial_max_t = 8;
+    t->stream_prio = MSM_CUDA_PRIO_AUTO;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
     /* the norm-in GEMV and the GEMV at 2 tokens; the experts' kernels lost occupancy for nothing
      * (H200, 2026-12-02 third session, ms a step at 1 / 2 / 4 tokens, all four on vs off:

@@ -70,4 +70,23 @@ r2)
     CHECK_MODELS=qwen3moe-fp8,glm4moe-fp8 timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r3)
+    # the defaults of runs 1-2: the aux stream's kernels above the main stream's at decode steps of
+    # 3-4 tokens (MSM_CUDA_STREAM_PRIO=auto) and the router issued before the shared expert's branch,
+    # against neither (MSM_CUDA_STREAM_PRIO=off --no-router-first); the tables; golden checks of the
+    # models with a shared expert
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for v in "--" "MSM_CUDA_STREAM_PRIO=off -- --no-router-first"; do
+            b qwen1.5-moe-a2.7b 1,2,3,4,6,8,12,16,32,128,256 ab $v
+            b glm-4.5-air-fp8 1,4,8,16,32 ab $v
+        done
+    done
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,4,8,16,32,64,128,256 final --; done
+    b glm-4.5-air-fp8 1,8,32,128 final --
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,glm4moe timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
