@@ -83,10 +83,26 @@ r3)
             b glm-4.5-air-fp8 1,4,8,16,32 ab $v
         done
     done
+    for i in 1 2; do # with the router first: the routed experts' first kernel after the router (not
+        # its programmatic dependent) up to 8 tokens (the default), never, or up to 16
+        for sm in 0 16; do
+            b qwen1.5-moe-a2.7b 1,2,4,8,12,16 serial MSM_CUDA_MOE_AUX_SERIAL_MAX_T=$sm --
+            b glm-4.5-air-fp8 1,4,8,16 serial MSM_CUDA_MOE_AUX_SERIAL_MAX_T=$sm --
+        done
+    done
     for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,4,8,16,32,64,128,256 final --; done
     b glm-4.5-air-fp8 1,8,32,128 final --
     el check | tee -a $OUT/gpu.txt
     CHECK_MODELS=qwen2moe-gqa,glm4moe timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r4)
+    # the final state: the whole kernel suite; the golden check of the other models
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 240 gpu-run/bin/test_cuda_kernels --jobs 4 2>&1 | tail -4 > $OUT/kernels.txt
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen3moe,mixtral,qwen2moe-mha-tied timeout $(left 400) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
 esac
