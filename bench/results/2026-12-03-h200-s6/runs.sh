@@ -105,4 +105,19 @@ r4)
     CHECK_MODELS=qwen3moe,mixtral,qwen2moe-mha-tied timeout $(left 400) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r5)
+    # the routed experts launched after the router (decode, up to 8 tokens, a shared expert beside)
+    # at the highest launch priority (MSM_CUDA_EXPERTS_PRIO=1): run 2's timeline at batch 4 showed
+    # them starting 8-12 us after the router behind the shared gate/up's blocks
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for ep in 0 1; do
+            b qwen1.5-moe-a2.7b 1,2,3,4,6,8,12 ep MSM_CUDA_EXPERTS_PRIO=$ep --
+            b glm-4.5-air-fp8 1,4,8 ep MSM_CUDA_EXPERTS_PRIO=$ep --
+        done
+    done
+    ROWS=24 tl qwen1.5-moe-a2.7b 4 q15 MSM_CUDA_EXPERTS_PRIO=1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
