@@ -79,8 +79,6 @@ typedef struct cuda_backend {
     char *stage;
     size_t stage_bytes, stage_used;
     int prio_hi;     /* the device's greatest stream priority (exec_on, tune.stream_prio) */
-    bool experts_prio; /* MSM_CUDA_EXPERTS_PRIO=1: the routed experts launched after the router (the
-                          serial case above) at the highest priority */
     bool wait_sleep; /* MSM_CUDA_HOST_WAIT=sleep: host waits sleep 20 us between polls (the
                         earlier behaviour) instead of yielding the CPU between them */
 } cuda_backend;
@@ -443,7 +441,6 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
          * tokens (msm_cuda_tuning.moe_aux_serial_max_t); its later kernels are (the experts code
          * clears it) */
         s.no_pdl = ROWS(in0) <= s.tune->moe_aux_serial_max_t && aux_beside(g, idx);
-        if (s.no_pdl && cb->experts_prio) s.priority = cb->prio_hi; /* MSM_CUDA_EXPERTS_PRIO=1 */
         if (cb->w8[n->w[0]]) { /* both FP8-resident (pick_fp8) */
             KTRY(msm_cuda_moe_experts_fp8(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), fp8w(cb, n->w[0]),
                                           fp8w(cb, n->w[1]), ROWS(in0), a->moe_experts.H, a->moe_experts.I,
@@ -1107,8 +1104,7 @@ static int cuda_capture_end(msm_backend *b, int key, msm_err *err) {
     if (cb->n_graphs == MAX_GRAPHS) return msm_err_set(err, -ENOSPC, "too many captured graphs");
     cudaGraphExec_t exec;
     /* the kernel nodes' priorities (exec_on) hold only with UseNodePriority */
-    cudaError_t e = cudaGraphInstantiate(&exec, graph,
-                                         cb->tune.stream_prio || cb->experts_prio ? cudaGraphInstantiateFlagUseNodePriority : 0);
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, cb->tune.stream_prio ? cudaGraphInstantiateFlagUseNodePriority : 0);
     cudaGraphDestroy(graph);
     TRY(e);
     cb->graphs[cb->n_graphs] = exec;
@@ -1409,8 +1405,6 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
         TRY(cudaHostAlloc((void **)&cb->stage, STAGE_BYTES, cudaHostAllocDefault));
         cb->stage_bytes = STAGE_BYTES;
     }
-    hw = getenv("MSM_CUDA_EXPERTS_PRIO");
-    cb->experts_prio = hw && hw[0] == '1';
     hw = getenv("MSM_CUDA_HOST_WAIT");
     cb->wait_sleep = hw && !strcmp(hw, "sleep");
     r = msm_cuda_tuning_init(&cb->tune, device);
