@@ -1400,20 +1400,18 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess)
         return msm_err_set(err, -ENODEV, "rank %d: cannot use GPU %d: %s", rank, device, cudaGetErrorString(e));
-    const char *hw = getenv("MSM_CUDA_HOST_STAGE");
-    if (!hw || hw[0] != '0') {
+    const char *stage = getenv("MSM_CUDA_HOST_STAGE"), *wait = getenv("MSM_CUDA_HOST_WAIT");
+    if (!stage || stage[0] != '0') {
         TRY(cudaHostAlloc((void **)&cb->stage, STAGE_BYTES, cudaHostAllocDefault));
         cb->stage_bytes = STAGE_BYTES;
     }
-    hw = getenv("MSM_CUDA_HOST_WAIT");
-    cb->wait_sleep = hw && !strcmp(hw, "sleep");
+    cb->wait_sleep = wait && !strcmp(wait, "sleep");
     r = msm_cuda_tuning_init(&cb->tune, device);
     if (r) return msm_err_set(err, r, "rank %d: cannot read the properties of GPU %d", rank, device);
     tuning_from_env(&cb->tune, &cb->skip_ops);
     tuning_for_decode(&cb->tune, &cb->tune_decode);
-    int least = 0, greatest = 0;
-    TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    cb->prio_hi = greatest;
+    int least = 0; /* unused: the aux priority goes above the default, which is the least */
+    TRY(cudaDeviceGetStreamPriorityRange(&least, &cb->prio_hi));
     for (int s = 0; s < MSM_N_STREAMS; s++) TRY(cudaStreamCreateWithFlags(&cb->st[s], cudaStreamNonBlocking));
     r = msm_cuda_ctx_new(&cb->ctx);
     if (r) return msm_err_set(err, r, "rank %d: cannot create the cuBLASLt context", rank);
