@@ -60,6 +60,8 @@ typedef struct msm_engine_opts {
     bool fuse_linear_norm;     /* pass fuse_linear_add_rmsnorm (default off: measured no faster on the H200) */
     bool router_first;         /* multi_stream_moe issues each layer's router before its shared
                                   expert's branch (see engine/passes/multi_stream.c; default on) */
+    bool router_alone;         /* ... and forks the shared expert's branch only after the router
+                                  (default off) */
     int kv_blocks;             /* KV blocks of MSM_KV_BLOCK tokens (default 1024) */
     int max_step_tokens;       /* tokens one step may carry (prefill chunk + decode rows; 512) */
     int max_seqs;              /* sequences one step may carry (default 64) */

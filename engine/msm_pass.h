@@ -25,6 +25,7 @@ typedef struct msm_pass_opts {
     bool fuse_router;      /* fuse_router_topk */
     bool fuse_linear_norm; /* fuse_linear_add_rmsnorm */
     bool router_first;     /* multi_stream_moe: the router issued before the aux branch */
+    bool router_alone;     /* multi_stream_moe: the aux branch forked after the router (waits for it) */
     msm_warn_fn warn;
     void *warn_ud;
     /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)

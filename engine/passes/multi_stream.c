@@ -12,7 +12,10 @@
  * aux; the join WAIT on main goes just before the first main node that reads a head value. With
  * router_first the router's nodes are issued between the fork's RECORD and WAIT: both branches
  * depend on the same nodes, but the router's kernel is launched (and, with programmatic launch,
- * made resident) before the shared expert's first GEMV fills the SMs with its blocks.
+ * made resident) before the shared expert's first GEMV fills the SMs with its blocks. With
+ * router_alone the fork's RECORD goes after the router's nodes instead: the shared expert's branch
+ * waits for the router, so the router streams its rows alone rather than sharing HBM with the
+ * shared expert's GEMV while the routed experts wait for it.
  * A layer that already has aux nodes, or has no shared expert, is left alone (idempotence). */
 #include <errno.h>
 #include <stdio.h>
@@ -108,11 +111,14 @@ static int rewrite_layer(msm_graph *g, int L, const msm_pass_opts *o) {
                    .layer = L, .event = ev_fork, .w = {-1, -1, -1}};
     int r = 0;
     for (int i = 0; i < first_routed && r >= 0; i++) r = msm_graph_add(g, &old[i]);
-    if (r >= 0) r = msm_graph_add(g, &ev);
     /* router_first: the router's nodes go out after the fork and before the aux head; the fork
-     * still depends only on what precedes them (so does the head) */
-    int rest = first_routed, router_end = o->router_first ? router_span(old, n, first_routed, L) : -1;
+     * still depends only on what precedes them (so does the head). router_alone: they go out
+     * before the fork, which then also depends on them. */
+    bool first = o->router_first || o->router_alone;
+    int rest = first_routed, router_end = first ? router_span(old, n, first_routed, L) : -1;
+    if (r >= 0 && !(o->router_alone && router_end >= 0)) r = msm_graph_add(g, &ev);
     for (int i = first_routed; i <= router_end && r >= 0; i++) r = msm_graph_add(g, &old[i]);
+    if (r >= 0 && o->router_alone && router_end >= 0) r = msm_graph_add(g, &ev);
     if (router_end >= 0) rest = router_end + 1;
     ev.op = MSM_OP_EVENT_WAIT;
     ev.stream = MSM_STREAM_AUX;

@@ -126,6 +126,42 @@ Test(graph_pass, router_first_issues_the_router_before_the_aux_branch) {
         }
 }
 
+/* router_alone: the router's nodes before the fork's RECORD (the aux branch waits for the router),
+ * the aux branch still issued before the routed experts, and the schedule still verifies */
+Test(graph_pass, router_alone_forks_the_aux_branch_after_the_router) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/glm4moe"};
+    for (int d = 0; d < 2; d++)
+        for (int tp = 1; tp <= 2; tp++) {
+            msm_graph *g = plain(dirs[d], tp);
+            msm_pass_opts o = {.multi_stream = true, .router_alone = true};
+            msm_graph *m = pass_ms(g, &o);
+            int layers = 0;
+            for (int L = 0; L < m->n_layers; L++) {
+                int experts = find(m, L, MSM_OP_MOE_EXPERTS, MSM_ROLE_ROUTED, 0);
+                int fork = -1, wait = -1, router = -1;
+                for (int i = 0; i < m->n_nodes; i++) {
+                    const msm_node *n = &m->nodes[i];
+                    if (n->layer != L) continue;
+                    if (n->op == MSM_OP_EVENT_RECORD && n->stream == MSM_STREAM_MAIN && fork < 0) fork = i;
+                    if (n->op == MSM_OP_EVENT_WAIT && n->stream == MSM_STREAM_AUX && wait < 0) wait = i;
+                    if ((n->op == MSM_OP_ROUTER_TOPK || n->op == MSM_OP_ROUTER_GROUP_TOPK) && router < 0) router = i;
+                }
+                if (wait < 0) continue; /* no shared expert in this layer */
+                layers++;
+                cr_expect(router >= 0 && router < fork && fork + 1 == wait, "%s tp %d layer %d: router %d fork %d wait %d",
+                          dirs[d], tp, L, router, fork, wait);
+                cr_expect_eq(m->nodes[fork - 1].op, m->nodes[router].op, "the fork right after the router");
+                for (int i = wait; i < m->n_nodes; i++)
+                    if (m->nodes[i].layer == L && m->nodes[i].stream == MSM_STREAM_AUX)
+                        cr_expect_lt(i, experts, "%s layer %d: aux node %d after the routed experts", dirs[d], L, i);
+            }
+            cr_expect_gt(layers, 0, "%s: no layer with a shared expert", dirs[d]);
+            verify_ok(m);
+            msm_graph_free(m);
+            msm_graph_free(g);
+        }
+}
+
 typedef struct warnings {
     int n;
     char last[256];
