@@ -201,6 +201,11 @@ int msm_graph_plan(msm_graph *g, msm_err *err) {
         bool pair = n->op == MSM_OP_ADD_RMSNORM && i + 1 < nn &&
                     (g->nodes[i + 1].op == MSM_OP_LINEAR || g->nodes[i + 1].op == MSM_OP_ROUTER_LINEAR_TOPK) &&
                     g->nodes[i + 1].stream == n->stream && g->nodes[i + 1].in[0] == n->out[1];
+        /* Likewise a LINEAR whose product the next node, a ROPE_KV_WRITE on the same stream, reads
+         * (msm_cuda_linear_rope_kv: every block reads the LINEAR's input while others write the
+         * rotated rows). */
+        pair |= n->op == MSM_OP_LINEAR && i + 1 < nn && g->nodes[i + 1].op == MSM_OP_ROPE_KV_WRITE &&
+                g->nodes[i + 1].stream == n->stream && g->nodes[i + 1].in[0] == n->out[0];
         for (int j = 0; j < k; j++) {
             interval *t = &iv[ids[j]];
             if (g->vals[ids[j]].io) continue;

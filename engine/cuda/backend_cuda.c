@@ -237,6 +237,23 @@ static bool qk_rope_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) 
            msm_cuda_qk_norm_rope_kv_fits(rows, ra->hd, ra->rot) && !rope_attention_pair(g, i + 1, ex);
 }
 
+/* Whether node i is a bf16 LINEAR that runs with the ROPE_KV_WRITE after it in one kernel
+ * (msm_cuda_linear_rope_kv, one or two tokens): that node reads its output alone, on the same
+ * stream and layer, as qkv rows of its heads; the LINEAR is not itself taken by a norm before it
+ * (norm_linear_pair) nor the ROPE_KV_WRITE by its ATTENTION (rope_attention_pair). */
+static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex);
+static bool linear_rope_pair(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
+    if (!ex.tune->linear_rope || i < 0 || i + 1 >= g->n_nodes) return false;
+    const msm_node *l = &g->nodes[i], *r = &g->nodes[i + 1];
+    if (l->op != MSM_OP_LINEAR || r->op != MSM_OP_ROPE_KV_WRITE || r->layer != l->layer || r->stream != l->stream ||
+        r->in[0] != l->out[0] || msm_graph_readers(g, l->out[0]) != 1 || cb->w8[l->w[0]] || !cb->kc[r->layer])
+        return false;
+    const msm_attr_rope *ra = &r->attr.rope;
+    return msm_cuda_linear_rope_kv_fits(rows, l->attr.linear.N, l->attr.linear.K, ra->nh, ra->kvh, ra->hd, ra->rot,
+                                        cb->w[l->w[0]], cb->arena + g->vals[l->in[0]].offset, ex.tune) &&
+           !norm_linear_pair(cb, g, i - 1, rows, ex) && !rope_attention_pair(g, i + 1, ex);
+}
+
 /* Whether node i is an ADD_RMSNORM that runs with the LINEAR after it in one kernel
  * (msm_cuda_norm_linear): that node reads its norm, on the same stream (so no event between the
  * two: a reader elsewhere waits on a record after both), with the norm's width as its K, where
@@ -326,6 +343,14 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                                       n->w[1] >= 0 ? cb->w[n->w[1]] : NULL, ROWS(in0), a->linear.N, a->linear.K, s));
             break;
         }
+        if (linear_rope_pair(cb, g, idx, ROWS(in0), s)) { /* with the ROPE_KV_WRITE after it, into its output */
+            const msm_node *rn = &g->nodes[idx + 1];
+            KTRY(msm_cuda_linear_rope_kv(F(rn->out[0]), F(in0), cb->w[n->w[0]], n->w[1] >= 0 ? cb->w[n->w[1]] : NULL,
+                                         I32(rn->in[1]), I32(rn->in[2]), cb->kc[rn->layer], cb->vc[rn->layer],
+                                         ROWS(in0), a->linear.K, rn->attr.rope.nh, rn->attr.rope.kvh,
+                                         rn->attr.rope.hd, rn->attr.rope.rot, rn->attr.rope.theta, s));
+            break;
+        }
         if (cb->w8[n->w[0]])
             KTRY(msm_cuda_linear_fp8(F(out0), F(in0), fp8w(cb, n->w[0]), n->w[1] >= 0 ? cb->w[n->w[1]] : NULL,
                                      ROWS(in0), a->linear.N, a->linear.K, cb->ctx, ws, cb->ws_bytes,
@@ -359,6 +384,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                                cb->b.rank, cb->device, n->layer);
         if (rope_attention_pair(g, idx, s)) break; /* the ATTENTION next does it */
         if (qk_rope_pair(g, idx - 1, ROWS(in0), s)) break; /* the QK_NORM before did it */
+        if (linear_rope_pair(cb, g, idx - 1, ROWS(in0), s)) break; /* the LINEAR before did it */
         KTRY(msm_cuda_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
                               ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta, s));
         break;
@@ -1248,6 +1274,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
  *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
  *   MSM_CUDA_ATT_ROPE=0|1               decode: ROPE_KV_WRITE + its ATTENTION in one kernel (0, default: slower)
+ *   MSM_CUDA_LINEAR_ROPE=0|1            1-2 tokens: the qkv LINEAR + ROPE_KV_WRITE in one kernel (1, default)
  *   MSM_CUDA_FP8_MOE_TILED_MIN_T=N      ... from N tokens on (default 8), the FP8 GEMVs below
  *   MSM_CUDA_FP8_GEMV_ROWS=1|2|4        rows a warp of the FP8 SIMT GEMV (default: 2 at one token, else 4)
  *   MSM_CUDA_FP8_GEMV_U8=0|1            ... at one token, 8 loads a lane a row in flight (1, default) or 4
@@ -1277,6 +1304,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_GEMV_PREFETCH"))) t->gemv_prefetch = s[0] == '1';
     if ((s = getenv("MSM_CUDA_GEMV_EARLY"))) t->gemv_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_QK_ROPE"))) t->qk_rope = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_LINEAR_ROPE"))) t->linear_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_NORM_LINEAR"))) t->norm_linear = s[0] != '0';
     if ((s = getenv("MSM_CUDA_FP8_GEMV_U8"))) t->fp8_gemv_u8 = s[0] != '0';
     if (env_int("MSM_CUDA_FP8_GEMV_ROWS", &v)) t->fp8_gemv_rows = v == 1 || v == 2 || v == 4 ? v : 0;

@@ -173,12 +173,13 @@ extern "C" int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K) {
  * codes and wsc their block scales (msm_rows_dot_fp8); else w is bf16 and wsc unused. early: the
  * first step's weight loads go out before the PDL wait (msm_cuda_tuning.gemv_early; never for a
  * weight written during the step, msm_cuda_exec.w_written). */
-template <int NT, int R, int U, bool VEC, bool FP8, bool HW, bool PIPE = false>
-static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const void *w, const float *wsc, int ph,
-                                                 const uint16_t *bias, int T, int N, int K, bool prefetch,
-                                                 bool early) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int n0 = (blockIdx.x * GEMV_WARPS + warp) * R;
+/* gemv_rows_at: the same for rows n0..n0+R-1 chosen by the caller, each result handed to
+ * put(t, n, v) on every lane of the warp (v = the row's sum + bias, the same on every lane). */
+template <int NT, int R, int U, bool VEC, bool FP8, bool HW, bool PIPE, typename Put>
+static __device__ __forceinline__ void gemv_rows_at(int n0, Put put, const float *x, const void *w, const float *wsc,
+                                                    int ph, const uint16_t *bias, int T, int N, int K, bool prefetch,
+                                                    bool early) {
+    int lane = threadIdx.x & 31;
     int t0 = blockIdx.y * NT;
     msm_pdl_trigger();
     /* With prefetch (MSM_CUDA_GEMV_PREFETCH=1; off by default, slower at batch 1), pull this
@@ -215,9 +216,22 @@ static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float s = msm_warp_sum(acc[r][t]);
-            if (lane == 0 && t < nt && n0 + r < N) y[(size_t)(t0 + t) * N + n0 + r] = s + b;
+            if (t < nt && n0 + r < N) put(t0 + t, n0 + r, s + b);
         }
     }
+}
+
+template <int NT, int R, int U, bool VEC, bool FP8, bool HW, bool PIPE = false>
+static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const void *w, const float *wsc, int ph,
+                                                 const uint16_t *bias, int T, int N, int K, bool prefetch,
+                                                 bool early) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    gemv_rows_at<NT, R, U, VEC, FP8, HW, PIPE>(
+        (blockIdx.x * GEMV_WARPS + warp) * R,
+        [&](int t, int n, float v) {
+            if (lane == 0) y[(size_t)t * N + n] = v;
+        },
+        x, w, wsc, ph, bias, T, N, K, prefetch, early);
 }
 
 template <int NT, int R, int U, bool VEC, bool FP8, bool HW, bool PIPE = false>
@@ -225,6 +239,80 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(float *y, const float *x, const void *w, const float *wsc, int ph, const uint16_t *bias,
                 int T, int N, int K, bool prefetch, bool early) {
     gemv_rows<NT, R, U, VEC, FP8, HW, PIPE>(y, x, w, wsc, ph, bias, T, N, K, prefetch, early);
+}
+
+/* ---- the qkv GEMV with RoPE and the K/V cache write in its epilogue (msm_cuda_linear_rope_kv) ----
+ * gemv_kernel<NT, 1, 4> (one row a warp, one or two tokens) over the qkv weight [(nh + 2 kvh) hd, K],
+ * its rows handed out so that a block holds what rope_copy_kernel needs together: in a rotated
+ * (q or k) head, a "pair" block takes rows i, i + rot/2, i + 1, i + 1 + rot/2 (i even < rot/2) and
+ * a "pass" block four dims past rot; a v block four v rows. Each warp's sum + bias (the GEMV's bits)
+ * goes to shared memory; then a few threads rotate the pairs with msm_rope_cs / msm_rope_lo / _hi
+ * and write the rows and the k / v cache entries exactly as rope_copy_kernel does. So out and both
+ * caches are bitwise msm_cuda_linear then msm_cuda_rope_kv, one launch and one kernel boundary less
+ * a layer; the unrotated qkv rows are never written. */
+struct lrk_args {
+    float *out;                  /* [T, N] rotated q, k and the v rows */
+    const int32_t *pos, *slot;   /* [T] */
+    uint16_t *kc, *vc;           /* the layer's caches, rows of kvh * hd */
+    int nh, kvh, hd, rot;
+    float theta;
+};
+
+template <int NT, int U, bool PIPE>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+    linear_rope_kernel(lrk_args a, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
+                       bool prefetch, bool early) {
+    static_assert(GEMV_WARPS == 4, "a pair block is four rows");
+    __shared__ float ys[GEMV_WARPS][NT];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, tid = threadIdx.x;
+    const int hd = a.hd, half = a.rot / 2, nrot = a.nh + a.kvh, pairs = half / 2;
+    const int per_h = pairs + (hd - a.rot) / 4; /* blocks a rotated head */
+    const int b = blockIdx.x, bh = b / per_h, j = b % per_h;
+    /* kind 0: pair block (i0 = 2 j), 1: pass-through dims of a rotated head, 2: v rows */
+    const int kind = bh < nrot ? (j < pairs ? 0 : 1) : 2;
+    int row;
+    if (kind == 0) row = bh * hd + 2 * j + (warp >> 1) + (warp & 1) * half;
+    else if (kind == 1) row = bh * hd + a.rot + (j - pairs) * 4 + warp;
+    else row = nrot * hd + (b - nrot * per_h) * 4 + warp;
+    gemv_rows_at<NT, 1, U, true, false, false, PIPE>(
+        row,
+        [&](int t, int, float v) {
+            if (lane == 0) ys[warp][t] = v;
+        },
+        x, w, NULL, 0, bias, T, N, K, prefetch, early);
+    __syncthreads();
+    const size_t krow = (size_t)a.kvh * hd;
+    if (kind == 0) {
+        if (tid < 2 * T) {
+            int p = tid & 1, t = tid >> 1, i = 2 * j + p;
+            float lo = ys[2 * p][t], hi = ys[2 * p + 1][t], c, sn;
+            msm_rope_cs(a.pos[t], i, a.rot, a.theta, &c, &sn);
+            float ra = msm_rope_lo(lo, hi, c, sn), rb = msm_rope_hi(lo, hi, c, sn);
+            size_t o = (size_t)t * N + (size_t)bh * hd;
+            a.out[o + i] = ra;
+            a.out[o + i + half] = rb;
+            int sl = bh >= a.nh ? a.slot[t] : -1;
+            if (sl >= 0) {
+                uint16_t *kr = a.kc + (size_t)sl * krow + (size_t)(bh - a.nh) * hd;
+                kr[i] = msm_f2bf(ra);
+                kr[i + half] = msm_f2bf(rb);
+            }
+        }
+    } else if (tid < 4 * T) {
+        int q = tid & 3, t = tid >> 2;
+        float v = ys[q][t];
+        if (kind == 1) {
+            int d = a.rot + (j - pairs) * 4 + q;
+            a.out[(size_t)t * N + (size_t)bh * hd + d] = v;
+            int sl = bh >= a.nh ? a.slot[t] : -1;
+            if (sl >= 0) a.kc[(size_t)sl * krow + (size_t)(bh - a.nh) * hd + d] = msm_f2bf(v);
+        } else {
+            int col = (b - nrot * per_h) * 4 + q;
+            a.out[(size_t)t * N + (size_t)nrot * hd + col] = v;
+            int sl = a.slot[t];
+            if (sl >= 0) a.vc[(size_t)sl * krow + col] = msm_f2bf(v);
+        }
+    }
 }
 
 /* ---- GEMV + residual add + RMSNorm (LINEAR_ADD_RMSNORM, msm_cuda_linear_add_rmsnorm) ----
@@ -798,6 +886,37 @@ static unsigned grid_for(size_t n, int threads) {
     size_t b = (n + (size_t)threads - 1) / (size_t)threads;
     if (b > 65536) b = 65536;
     return b ? (unsigned)b : 1u;
+}
+
+/* Whether msm_cuda_linear of these shapes takes gemv_launch<T> (bf16, 16-byte vectors, one or two
+ * tokens: no tiled, MMV or small-N path), which linear_rope_kernel reproduces, and the qkv rows fit
+ * its row hand-out. */
+extern "C" bool msm_cuda_linear_rope_kv_fits(int T, int N, int K, int nh, int kvh, int hd, int rot, const void *w,
+                                             const void *x, const msm_cuda_tuning *tn) {
+    int gemv_max = tn->gemv_max_t < MSM_CUDA_GEMV_MAX_T ? MSM_CUDA_GEMV_MAX_T : tn->gemv_max_t > 64 ? 64 : tn->gemv_max_t;
+    return tn->linear_rope && T >= 1 && T <= 2 && T <= gemv_max && nh > 0 && kvh > 0 && hd > 0 && hd % 4 == 0 &&
+           rot > 0 && rot % 4 == 0 && rot <= hd && (hd - rot) % 4 == 0 && N == (nh + 2 * kvh) * hd &&
+           N > MSM_CUDA_GEMV_SMALL_N && K % 8 == 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0 &&
+           !(T >= tn->linear_tiled_min_t && msm__linear_tiled_fits(T, N, K, w, x)) && !mmv_use(tn, T, N, K, w, x);
+}
+
+extern "C" int msm_cuda_linear_rope_kv(float *out, const float *x, const uint16_t *w, const uint16_t *bias,
+                                       const int32_t *pos, const int32_t *slot, uint16_t *kc, uint16_t *vc, int T,
+                                       int K, int nh, int kvh, int hd, int rot, float theta, msm_cuda_exec ex) {
+    int N = (nh + 2 * kvh) * hd;
+    if (!out || !x || !w || !pos || !slot || !kc || !vc) return -EINVAL;
+    if (!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, w, x, ex.tune)) return -ENOTSUP;
+    lrk_args a = {out, pos, slot, kc, vc, nh, kvh, hd, rot, theta};
+    dim3 grid((unsigned)(N / GEMV_WARPS)), block(GEMV_WARPS * 32);
+    bool pf = ex.tune->gemv_prefetch, early = ex.tune->gemv_early && !ex.w_written;
+    /* gemv_launch's loads in flight at one token and its pipelined rows at two */
+    auto kern = linear_rope_kernel<1, 4, false>;
+    if (T == 1 && ex.tune->gemv_u16 && K > 2048 && K <= 4096) kern = linear_rope_kernel<1, 16, false>;
+    else if (T == 1 && ex.tune->gemv_u8 && K > 1024 && K <= 2048) kern = linear_rope_kernel<1, 8, false>;
+    else if (T == 2) kern = (ex.tune->rows_pipe & MSM_CUDA_PIPE_GEMV) && K > 256 * 4 ? linear_rope_kernel<2, 4, true>
+                                                                                     : linear_rope_kernel<2, 4, false>;
+    CUDA_TRY(msm_launch(kern, grid, block, 0, ex, a, x, w, bias, T, N, K, pf, early));
+    return 0;
 }
 
 extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, const uint16_t *bias,

@@ -83,8 +83,11 @@ enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFET
  * It takes precedence over the GEMV and cuBLASLt paths in that range; max 0 turns it off.
  * Default range measured on the H200 (bench/results/2026-11-29-h200-perf.md, round 3): at T=8
  * the step went 7.20 -> 6.08 ms; with max 32, batch 32 went 11.29 -> 11.84 ms (slower than
- * cuBLASLt there), hence max 8. */
-#define MSM_CUDA_MMV_MIN_T 5
+ * cuBLASLt there), hence max 8. From 3 tokens instead of 5 since bench/results/2026-12-03-h200-s7
+ * run 1 (ms a step, default 5 vs 3, two rounds): Qwen1.5-MoE batch 3 / 4 3.75 / 3.70-3.77 ->
+ * 3.38-3.39 / 3.38-3.40, Qwen3-30B-A3B 6.35 / 6.43 -> 6.09-6.11 / 6.16; from 2 loses at 2 on Qwen3
+ * (4.08 -> 4.33). */
+#define MSM_CUDA_MMV_MIN_T 3
 #define MSM_CUDA_MMV_MAX_T 8
 /* Linears with linear_tiled_min_t <= T <= MSM_CUDA_LINEAR_TILED_MAX_T (N > MSM_CUDA_GEMV_SMALL_N,
  * K % 64 == 0, w and x 16-byte aligned) run the split-K tiled tensor-core GEMM (linear_tiled.cu:
@@ -120,6 +123,8 @@ typedef struct msm_cuda_tuning {
                                  (MSM_CUDA_FP8_GEMV_U8=0: 4) */
     bool norm_linear;         /* an ADD_RMSNORM and the LINEAR reading its norm at decode sizes in one
                                  launch (msm_cuda_norm_linear; MSM_CUDA_NORM_LINEAR) */
+    bool linear_rope;         /* a LINEAR of one or two tokens and the ROPE_KV_WRITE reading it in one
+                                 kernel (msm_cuda_linear_rope_kv; MSM_CUDA_LINEAR_ROPE) */
     bool qk_rope;             /* a QK_NORM and the ROPE_KV_WRITE reading it in one kernel
                                  (msm_cuda_qk_norm_rope_kv; MSM_CUDA_QK_ROPE) */
     int fp8_moe_tiled_min_t;  /* FP8 experts take the tiled GEMMs (fp8_moe_tiled) from this T on,
@@ -324,6 +329,16 @@ size_t msm_cuda_linear_ws_bytes(int T, int N, int K);
  * msm_cuda_linear_ws_bytes(T, N, K) bytes. */
 int msm_cuda_linear(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                     int K, msm_cuda_ctx *ctx, void *ws, size_t ws_bytes, msm_cuda_exec ex);
+
+/* LINEAR + ROPE_KV_WRITE of the qkv rows in one launch: out [T, (nh + 2 kvh) hd] and the k / v
+ * cache entries at slot[t], bitwise msm_cuda_linear (w [(nh + 2 kvh) hd, K] bf16, bias or NULL)
+ * then msm_cuda_rope_kv, where msm_cuda_linear_rope_kv_fits (tuning linear_rope; one or two tokens
+ * on the GEMV path); else -ENOTSUP. */
+bool msm_cuda_linear_rope_kv_fits(int T, int N, int K, int nh, int kvh, int hd, int rot, const void *w,
+                                  const void *x, const msm_cuda_tuning *tn);
+int msm_cuda_linear_rope_kv(float *out, const float *x, const uint16_t *w, const uint16_t *bias, const int32_t *pos,
+                            const int32_t *slot, uint16_t *kc, uint16_t *vc, int T, int K, int nh, int kvh, int hd,
+                            int rot, float theta, msm_cuda_exec ex);
 
 /* In-place rotate-half RoPE on x [T, nheads, hd] f32 at positions pos[T], over the first rot
  * dims of each head (rot even, <= hd; rot = hd: full RoPE), as msm_cpu_rope. */

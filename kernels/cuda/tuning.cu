@@ -15,6 +15,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->gemv_prefetch = false; /* measured slower at batch 1 (bench/results/2026-12-01-h200) */
     t->gemv_early = true;
     t->qk_rope = true;
+    t->linear_rope = true;
     t->norm_linear = true;
     t->fp8_gemv_rows = 0; /* 2 at one token, else 4 (linear.cu) */
     t->fp8_gemv_u8 = true;

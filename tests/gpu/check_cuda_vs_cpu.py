@@ -10,7 +10,8 @@ its FP8 kernels multiply by, the others (routers) rounded to bf16 as the CUDA lo
 CUDA-graph replay vs eager bitwise; multi-stream on vs off bitwise; the LINEAR_ADD_RMSNORM node
 (pass fuse_linear_add_rmsnorm) vs the two nodes, with and without its one-kernel path, bitwise;
 decode attention with its RoPE in the same kernel, cluster merge and early K/V loads vs without
-them, bitwise; QK norm + RoPE in one kernel and the GEMVs' early weight loads vs without, bitwise; a 100-token run replays the decode graph 100 times and must equal eager bitwise. With --tp 2 in MSMOE_CUDA_ARGS also: the
+them, bitwise; QK norm + RoPE in one kernel, the qkv GEMV + RoPE in one kernel and the GEMVs' early
+weight loads vs without, bitwise; a 100-token run replays the decode graph 100 times and must equal eager bitwise. With --tp 2 in MSMOE_CUDA_ARGS also: the
 all-reduce fused with the residual add + norm on vs off bitwise, and the one-shot all-reduce vs
 NCCL's bitwise (two ranks: both sum a + b). Prints one line per check, exits non-zero
 on any failure."""
@@ -98,8 +99,9 @@ for m in MODELS:
             at, al = run(d, p, n, "--backend", "cuda",
                          env={"MSM_CUDA_ATT_ROPE": "0", "MSM_CUDA_ATT_CLUSTER": "0", "MSM_CUDA_ATT_EARLY": "0"})
             # as before 2026-12-01 (sixth session): QK_NORM and ROPE_KV_WRITE two kernels, the GEMVs' weight loads after
-            # their PDL wait
-            qt, ql = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_QK_ROPE": "0", "MSM_CUDA_GEMV_EARLY": "0"})
+            # their PDL wait; and as before 2026-12-03 (seventh): the qkv LINEAR and its ROPE_KV_WRITE two kernels
+            qt, ql = run(d, p, n, "--backend", "cuda",
+                         env={"MSM_CUDA_QK_ROPE": "0", "MSM_CUDA_GEMV_EARLY": "0", "MSM_CUDA_LINEAR_ROPE": "0"})
             if TP2:  # the all-reduce + add + norm unfused, and NCCL for every all-reduce
                 ut, ul = run(d, p, n, "--backend", "cuda", "--no-fuse-allreduce-norm")
                 nt, nl = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_AR": "nccl"})
@@ -171,7 +173,7 @@ for m in MODELS:
               f"maxdiff={float(np.abs(gl - ll).max()):.3e}")
         check(f"{m}[{i}] decode attention with RoPE, cluster merge, early loads vs without bitwise",
               np.array_equal(gl, al) and gt == at, f"maxdiff={float(np.abs(gl - al).max()):.3e}")
-        check(f"{m}[{i}] QK norm + RoPE one kernel, early GEMV weight loads vs without bitwise",
+        check(f"{m}[{i}] QK norm + RoPE one kernel, qkv GEMV + RoPE one kernel, early GEMV weight loads vs without bitwise",
               np.array_equal(gl, ql) and gt == qt, f"maxdiff={float(np.abs(gl - ql).max()):.3e}")
         if TP2:
             check(f"{m}[{i}] all-reduce + add + norm fused vs not bitwise", np.array_equal(gl, ul) and gt == ut,

@@ -53,13 +53,13 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE", "MSM_CUDA_NORM_ROUTER",
                                  "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16", "MSM_CUDA_MOE_TILED_BM",
                                  "MSM_CUDA_FP8_LINEAR_MAX_T", "MSM_CUDA_FP8_LINEAR_TILED_MIN_T",
-                                 "MSM_CUDA_STREAM_PRIO"};
+                                 "MSM_CUDA_STREAM_PRIO", "MSM_CUDA_LINEAR_ROPE"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
-    t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = true;
+    t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = t.linear_rope = true;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -78,7 +78,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_NORM_ROUTER", "0", 1), setenv("MSM_CUDA_NORM_ROUTER_MAX_T", "-1", 1);
     setenv("MSM_CUDA_GEMV_U16", "0", 1), setenv("MSM_CUDA_MOE_TILED_BM", "32", 1);
     setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1), setenv("MSM_CUDA_FP8_LINEAR_TILED_MIN_T", "0", 1);
-    setenv("MSM_CUDA_STREAM_PRIO", "aux", 1);
+    setenv("MSM_CUDA_STREAM_PRIO", "aux", 1), setenv("MSM_CUDA_LINEAR_ROPE", "0", 1);
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
@@ -91,6 +91,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.fp8_linear_max_t, 0, "clamped to 0");
     cr_expect_eq(t.fp8_linear_tiled_min_t, 1, "clamped to 1");
     cr_expect_eq(t.stream_prio, MSM_CUDA_PRIO_AUX);
+    cr_expect(!t.linear_rope, "MSM_CUDA_LINEAR_ROPE=0: the linear and the RoPE two kernels");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -488,6 +489,9 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
                                     {64, 2048, 2048, 1},  {63, 777, 4096, 0},  {12, 151936, 256, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         linear_case(ctx, EX_T(&t), shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 2e-5);
+    /* the default rule's smallest sizes (tune0: the MMV from MSM_CUDA_MMV_MIN_T tokens) */
+    linear_case(ctx, EX, MSM_CUDA_MMV_MIN_T, 6144, 2048, 1, 2e-5);
+    linear_case(ctx, EX, 4, 2048, 5632, 0, 2e-5);
     /* determinism: the same call twice gives the same bits */
     linear_deterministic(ctx, EX_T(&t), 32, 2048, 2048, "mmv");
     /* 4 warps a block (MSM_CUDA_MMV_WARPS=4): the same bits as 8 given the same K slices (N a
@@ -2129,6 +2133,74 @@ Test(cuda_kernels, qk_norm_rope_kv_equals_qk_norm_then_rope_kv, .timeout = 60) {
     cr_expect_eq(msm_cuda_qk_norm_rope_kv(db, db, dc, dc, dp, dsl, dc, dc, 1, 4, 2, 320, 320, 1e6f, 1e-6f, EX), -ENOTSUP);
     cr_expect_eq(msm_cuda_qk_norm_rope_kv(db, db, dc, dc, dp, dsl, dc, dc, 1, 4, 2, 128, 130, 1e6f, 1e-6f, EX), -EINVAL);
     cudaFree(dp), cudaFree(dsl), cudaFree(db), cudaFree(dc);
+}
+
+/* The qkv LINEAR + ROPE_KV_WRITE in one kernel (msm_cuda_linear_rope_kv, one or two tokens) equals
+ * msm_cuda_linear then msm_cuda_rope_kv bitwise: the rotated rows and both whole caches, with and
+ * without a bias, full and partial RotaryEmbedding, a padding row (slot -1: not written), the GEMV's
+ * wider loads at one token (gemv_u8 / gemv_u16) and the pipelined rows at two; and what it does not
+ * take (three tokens, the MMV at two, the switch off, a row count that is not the qkv's). */
+Test(cuda_kernels, linear_rope_kv_equals_linear_then_rope_kv, .timeout = 60) {
+    need_gpu();
+    /* T, nh, kvh, hd, rot, K, bias */
+    static const int shapes[][7] = {{1, 16, 16, 128, 128, 2048, 1}, {2, 16, 16, 128, 128, 2048, 1},
+                                    {1, 32, 4, 128, 128, 4096, 0},  {2, 12, 2, 128, 64, 1024, 1},
+                                    {1, 6, 2, 64, 32, 512, 0},      {2, 4, 4, 128, 48, 2048, 0}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int T = shapes[si][0], nh = shapes[si][1], kvh = shapes[si][2], hd = shapes[si][3], rot = shapes[si][4];
+        int K = shapes[si][5], hb = shapes[si][6], N = (nh + 2 * kvh) * hd, nslots = 2 * MSM_KV_BLOCK;
+        size_t n = (size_t)T * N, cache = (size_t)nslots * kvh * hd;
+        float *x = host_f32((size_t)T * K, 1.0f), *wf, *bf = NULL;
+        uint16_t *w = host_bf16((size_t)N * K, 0.05f, &wf), *b = hb ? host_bf16(N, 0.5f, &bf) : NULL;
+        int32_t pos[2], slot[2];
+        for (int t = 0; t < T; t++) pos[t] = rndi(4000), slot[t] = t == 1 ? -1 : 5 + 9 * t;
+        float *dx = dev_up(x, (size_t)T * K * 4), *y = dev_poison(n * 4), *o1 = dev_poison(n * 4),
+              *o2 = dev_poison(n * 4);
+        uint16_t *dw = dev_up(w, (size_t)N * K * 2), *db = b ? dev_up(b, N * 2) : NULL;
+        int32_t *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
+        uint16_t *k1 = dev_poison(cache * 2), *v1 = dev_poison(cache * 2), *k2 = dev_poison(cache * 2),
+                 *v2 = dev_poison(cache * 2);
+        float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
+        uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
+        for (int var = 0; var < 3; var++) { /* plain; gemv_u8 + gemv_u16 at decode; rows_pipe off */
+            msm_cuda_tuning tn = tune0;
+            tn.gemv_u8 = tn.gemv_u16 = var == 1;
+            if (var == 2) tn.rows_pipe = 0;
+            msm_cuda_exec ex = {.stream = 0, .tune = &tn, .decode = var == 1};
+            cr_assert(msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &tn), "shape %zu", si);
+            cr_assert_eq(cudaMemset(k1, 0xff, cache * 2), cudaSuccess);
+            cr_assert_eq(cudaMemset(v1, 0xff, cache * 2), cudaSuccess);
+            cr_assert_eq(cudaMemset(k2, 0xff, cache * 2), cudaSuccess);
+            cr_assert_eq(cudaMemset(v2, 0xff, cache * 2), cudaSuccess);
+            CK(msm_cuda_linear(y, dx, dw, db, T, N, K, NULL, NULL, 0, ex));
+            CK(msm_cuda_rope_kv(o1, y, dpos, dslot, k1, v1, T, nh, kvh, hd, rot, 1e6f, ex));
+            CK(msm_cuda_linear_rope_kv(o2, dx, dw, db, dpos, dslot, k2, v2, T, K, nh, kvh, hd, rot, 1e6f, ex));
+            down(h1, o1, n * 4), down(h2, o2, n * 4);
+            cr_assert(memcmp(h1, h2, n * 4) == 0, "rows differ (shape %zu, variant %d)", si, var);
+            down(c1, k1, cache * 2), down(c2, k2, cache * 2);
+            cr_assert(memcmp(c1, c2, cache * 2) == 0, "K caches differ (shape %zu, variant %d)", si, var);
+            down(c1, v1, cache * 2), down(c2, v2, cache * 2);
+            cr_assert(memcmp(c1, c2, cache * 2) == 0, "V caches differ (shape %zu, variant %d)", si, var);
+        }
+        /* not taken: the switch off; at two tokens the MMV */
+        msm_cuda_tuning off = tune0;
+        off.linear_rope = false;
+        cr_expect(!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &off));
+        msm_cuda_exec eo = {.stream = 0, .tune = &off};
+        cr_expect_eq(msm_cuda_linear_rope_kv(o2, dx, dw, db, dpos, dslot, k2, v2, T, K, nh, kvh, hd, rot, 1e6f, eo),
+                     -ENOTSUP);
+        if (T == 2) {
+            msm_cuda_tuning mmv = tune0;
+            mmv.mmv_min_t = 2;
+            cr_expect(!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &mmv));
+        }
+        cr_expect(!msm_cuda_linear_rope_kv_fits(3, N, K, nh, kvh, hd, rot, dw, dx, &tune0));
+        cr_expect(!msm_cuda_linear_rope_kv_fits(T, N + hd, K, nh, kvh, hd, rot, dw, dx, &tune0));
+        cudaFree(dx), cudaFree(y), cudaFree(o1), cudaFree(o2), cudaFree(dw), cudaFree(db), cudaFree(dpos),
+            cudaFree(dslot);
+        cudaFree(k1), cudaFree(v1), cudaFree(k2), cudaFree(v2);
+        free(x), free(wf), free(w), free(bf), free(b), free(h1), free(h2), free(c1), free(c2);
+    }
 }
 
 /* Decode attention with RoPE in the same kernel (msm_cuda_attention_rope, tuning att_rope, decode:
