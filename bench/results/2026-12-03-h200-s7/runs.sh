@@ -30,4 +30,30 @@ r1)
     ROWS=40 tl qwen1.5-moe-a2.7b 8 q15 -- --router-alone
     el done | tee -a $OUT/gpu.txt
     ;;
+r2)
+    # the qkv GEMV with RoPE + K/V write in its epilogue at 1-2 tokens (MSM_CUDA_LINEAR_ROPE=0: two
+    # kernels) and the MMV from 3 tokens: their kernel tests, the A/B, the tables, timelines, the
+    # golden check on the models without QK norm
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'linear_rope*' 'linear_mmv*' 'tuning*' 'qk_norm_rope*' 'linear_matches*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for v in "--" "MSM_CUDA_LINEAR_ROPE=0 --"; do
+            b qwen1.5-moe-a2.7b 1,2,3,4 lrope $v
+        done
+    done
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,3,4,8,16,32,64,128,256 final --; done
+    b glm-4.5-air-fp8 1,4,8,32,128 final --
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=30 tl qwen1.5-moe-a2.7b 1 q15
+    ROWS=30 tl qwen1.5-moe-a2.7b 1 q15 MSM_CUDA_LINEAR_ROPE=0
+    ROWS=30 tl qwen3-30b-a3b 1 q3
+    ROWS=30 tl qwen1.5-moe-a2.7b 4 q15
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,glm4moe,qwen2moe-mha-tied,mixtral timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
