@@ -175,10 +175,10 @@ extern "C" int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K) {
  * weight written during the step, msm_cuda_exec.w_written). */
 /* gemv_rows_at: the same for rows n0..n0+R-1 chosen by the caller, each result handed to
  * put(t, n, v) on every lane of the warp (v = the row's sum + bias, the same on every lane). */
-template <int NT, int R, int U, bool VEC, bool FP8, bool HW, bool PIPE, typename Put>
+template <int NT, int R, int U, bool VEC, bool FP8, bool HW, bool PIPE, typename Put, typename Hook = msm_pdl_hook>
 static __device__ __forceinline__ void gemv_rows_at(int n0, Put put, const float *x, const void *w, const float *wsc,
                                                     int ph, const uint16_t *bias, int T, int N, int K, bool prefetch,
-                                                    bool early) {
+                                                    bool early, Hook hook = Hook()) {
     int lane = threadIdx.x & 31;
     int t0 = blockIdx.y * NT;
     msm_pdl_trigger();
@@ -209,7 +209,7 @@ static __device__ __forceinline__ void gemv_rows_at(int n0, Put put, const float
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    msm_rows_dot_w<R, NT, U, VEC, FP8, false, HW, PIPE>(acc, wr, sr, xs, nt, K, ph, lane, msm_pdl_hook{early});
+    msm_rows_dot_w<R, NT, U, VEC, FP8, false, HW, PIPE>(acc, wr, sr, xs, nt, K, ph, lane, hook);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float b = (bias && n0 + r < N) ? msm_bf(bias[n0 + r]) : 0.0f;
@@ -231,7 +231,7 @@ static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const
         [&](int t, int n, float v) {
             if (lane == 0) y[(size_t)t * N + n] = v;
         },
-        x, w, wsc, ph, bias, T, N, K, prefetch, early);
+        x, w, wsc, ph, bias, T, N, K, prefetch, early, msm_pdl_hook{early});
 }
 
 template <int NT, int R, int U, bool VEC, bool FP8, bool HW, bool PIPE = false>
@@ -246,8 +246,9 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * its rows handed out so that a block holds what rope_copy_kernel needs together: in a rotated
  * (q or k) head, a "pair" block takes rows i, i + rot/2, i + 1, i + 1 + rot/2 (i even < rot/2) and
  * a "pass" block four dims past rot; a v block four v rows. Each warp's sum + bias (the GEMV's bits)
- * goes to shared memory; then a few threads rotate the pairs with msm_rope_cs / msm_rope_lo / _hi
- * and write the rows and the k / v cache entries exactly as rope_copy_kernel does. So out and both
+ * goes to shared memory; then a few threads rotate the pairs with msm_rope_lo / _hi (their
+ * msm_rope_cs computed while the weights stream) and write the rows and the k / v cache entries
+ * exactly as rope_copy_kernel does. So out and both
  * caches are bitwise msm_cuda_linear then msm_cuda_rope_kv, one launch and one kernel boundary less
  * a layer; the unrotated qkv rows are never written. */
 struct lrk_args {
@@ -261,7 +262,7 @@ struct lrk_args {
 template <int NT, int U, bool PIPE>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     linear_rope_kernel(lrk_args a, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
-                       bool prefetch, bool early) {
+                       bool prefetch, bool early, bool cs_early) {
     static_assert(GEMV_WARPS == 4, "a pair block is four rows");
     __shared__ float ys[GEMV_WARPS][NT];
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, tid = threadIdx.x;
@@ -274,19 +275,28 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (kind == 0) row = bh * hd + 2 * j + (warp >> 1) + (warp & 1) * half;
     else if (kind == 1) row = bh * hd + a.rot + (j - pairs) * 4 + warp;
     else row = nrot * hd + (b - nrot * per_h) * 4 + warp;
+    /* a pair thread's cosine and sine, in the rows-dot hook (after its first weight loads are
+     * issued): before the PDL wait at decode (cs_early: the positions are step inputs, written
+     * before the step's first kernel, as rope_copy_kernel's early prologue), else after it */
+    const bool rot_thread = kind == 0 && tid < 2 * T;
+    float c = 0.0f, sn = 0.0f;
+    auto hook = [&]() {
+        if (rot_thread && cs_early) msm_rope_cs(a.pos[tid >> 1], 2 * j + (tid & 1), a.rot, a.theta, &c, &sn);
+        if (early) msm_pdl_wait();
+        if (rot_thread && !cs_early) msm_rope_cs(a.pos[tid >> 1], 2 * j + (tid & 1), a.rot, a.theta, &c, &sn);
+    };
     gemv_rows_at<NT, 1, U, true, false, false, PIPE>(
         row,
         [&](int t, int, float v) {
             if (lane == 0) ys[warp][t] = v;
         },
-        x, w, NULL, 0, bias, T, N, K, prefetch, early);
+        x, w, NULL, 0, bias, T, N, K, prefetch, early, hook);
     __syncthreads();
     const size_t krow = (size_t)a.kvh * hd;
     if (kind == 0) {
-        if (tid < 2 * T) {
+        if (rot_thread) {
             int p = tid & 1, t = tid >> 1, i = 2 * j + p;
-            float lo = ys[2 * p][t], hi = ys[2 * p + 1][t], c, sn;
-            msm_rope_cs(a.pos[t], i, a.rot, a.theta, &c, &sn);
+            float lo = ys[2 * p][t], hi = ys[2 * p + 1][t];
             float ra = msm_rope_lo(lo, hi, c, sn), rb = msm_rope_hi(lo, hi, c, sn);
             size_t o = (size_t)t * N + (size_t)bh * hd;
             a.out[o + i] = ra;
@@ -896,7 +906,7 @@ extern "C" bool msm_cuda_linear_rope_kv_fits(int T, int N, int K, int nh, int kv
     int gemv_max = tn->gemv_max_t < MSM_CUDA_GEMV_MAX_T ? MSM_CUDA_GEMV_MAX_T : tn->gemv_max_t > 64 ? 64 : tn->gemv_max_t;
     return tn->linear_rope && T >= 1 && T <= 2 && T <= gemv_max && nh > 0 && kvh > 0 && hd > 0 && hd % 4 == 0 &&
            rot > 0 && rot % 4 == 0 && rot <= hd && (hd - rot) % 4 == 0 && N == (nh + 2 * kvh) * hd &&
-           N > MSM_CUDA_GEMV_SMALL_N && K % 8 == 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0 &&
+           N > MSM_CUDA_GEMV_SMALL_N && K % 8 == 0 && K >= 32 * 8 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0 &&
            !(T >= tn->linear_tiled_min_t && msm__linear_tiled_fits(T, N, K, w, x)) && !mmv_use(tn, T, N, K, w, x);
 }
 
@@ -915,7 +925,7 @@ extern "C" int msm_cuda_linear_rope_kv(float *out, const float *x, const uint16_
     else if (T == 1 && ex.tune->gemv_u8 && K > 1024 && K <= 2048) kern = linear_rope_kernel<1, 8, false>;
     else if (T == 2) kern = (ex.tune->rows_pipe & MSM_CUDA_PIPE_GEMV) && K > 256 * 4 ? linear_rope_kernel<2, 4, true>
                                                                                      : linear_rope_kernel<2, 4, false>;
-    CUDA_TRY(msm_launch(kern, grid, block, 0, ex, a, x, w, bias, T, N, K, pf, early));
+    CUDA_TRY(msm_launch(kern, grid, block, 0, ex, a, x, w, bias, T, N, K, pf, early, ex.decode && ex.tune->small_early));
     return 0;
 }
 

@@ -10,7 +10,8 @@ PDL on vs off, the GEMVs' early weight loads on vs off, the FP8 GEMV's 8 loads a
 flight vs 4, an ADD_RMSNORM and the LINEAR on its norm as one kernel vs two, the RoPE kernels'
 position / weight / cosine prologue before the PDL wait vs after, the routed experts launched
 after the router vs as its programmatic dependent where a shared expert runs beside them, the FP8
-experts' codes decoded with integer operations vs the hardware's conversion.
+experts' codes decoded with integer operations vs the hardware's conversion, the qkv GEMV with the
+RoPE and K/V cache write in its epilogue vs the two kernels.
 Prompts of 2 and 4 tokens put the prefill's dense linears at T = 2 and 4, then every decode step
 at T = 1. There is no oracle at these sizes (the CPU backend would take minutes a token): the
 kernels' own tests (test_cuda_kernels) compare each path with the CPU at these shapes.
@@ -38,6 +39,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("ADD_RMSNORM + router two kernels vs one", [], {"MSM_CUDA_NORM_ROUTER": "1"}),
     ("the one-token bf16 GEMV's 4096-wide rows in one step vs four", [], {"MSM_CUDA_GEMV_U16": "0"}),
     ("the one-token bf16 GEMV's 2048-wide rows in two steps vs one", [], {"MSM_CUDA_GEMV_U8": "1"}),
+    ("qkv GEMV + RoPE + K/V write one kernel vs two", [], {"MSM_CUDA_LINEAR_ROPE": "0"}),
 ]
 fails = 0
 
