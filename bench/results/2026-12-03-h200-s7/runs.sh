@@ -56,4 +56,21 @@ r2)
     CHECK_MODELS=qwen2moe-gqa,glm4moe,qwen2moe-mha-tied,mixtral timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r3)
+    # the fused qkv GEMV + RoPE with its cosines computed while the weights stream: its kernel test,
+    # the A/B (three rounds), check_presets at the Qwen1.5-MoE shapes (the fused kernel vs two, bitwise,
+    # with every other switch), a timeline
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/linear_rope*" 2>&1 | tail -3 >> $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for v in "--" "MSM_CUDA_LINEAR_ROPE=0 --"; do b qwen1.5-moe-a2.7b 1,2,8 lrope $v; done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=16 tl qwen1.5-moe-a2.7b 1 q15
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
