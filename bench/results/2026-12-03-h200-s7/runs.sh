@@ -73,4 +73,15 @@ r3)
     timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r4)
+    # the session's defaults (the MMV from 3 tokens: the presets' 4-token prefill takes it) end to end
+    # on the Qwen3 presets: every switch bitwise (check_presets.py), the golden check of the Qwen3 and
+    # FP8 models
+    hdr
+    el presets | tee -a $OUT/gpu.txt
+    timeout 300 python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen3moe,qwen3moe-fp8,glm4moe-fp8 timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
