@@ -237,23 +237,6 @@ static bool qk_rope_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) 
            msm_cuda_qk_norm_rope_kv_fits(rows, ra->hd, ra->rot) && !rope_attention_pair(g, i + 1, ex);
 }
 
-/* Whether node i is a bf16 LINEAR that runs with the ROPE_KV_WRITE after it in one kernel
- * (msm_cuda_linear_rope_kv, one or two tokens): that node reads its output alone, on the same
- * stream and layer, as qkv rows of its heads; the LINEAR is not itself taken by a norm before it
- * (norm_linear_pair) nor the ROPE_KV_WRITE by its ATTENTION (rope_attention_pair). */
-static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex);
-static bool linear_rope_pair(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
-    if (!ex.tune->linear_rope || i < 0 || i + 1 >= g->n_nodes) return false;
-    const msm_node *l = &g->nodes[i], *r = &g->nodes[i + 1];
-    if (l->op != MSM_OP_LINEAR || r->op != MSM_OP_ROPE_KV_WRITE || r->layer != l->layer || r->stream != l->stream ||
-        r->in[0] != l->out[0] || msm_graph_readers(g, l->out[0]) != 1 || cb->w8[l->w[0]] || !cb->kc[r->layer])
-        return false;
-    const msm_attr_rope *ra = &r->attr.rope;
-    return msm_cuda_linear_rope_kv_fits(rows, l->attr.linear.N, l->attr.linear.K, ra->nh, ra->kvh, ra->hd, ra->rot,
-                                        cb->w[l->w[0]], cb->arena + g->vals[l->in[0]].offset, ex.tune) &&
-           !norm_linear_pair(cb, g, i - 1, rows, ex) && !rope_attention_pair(g, i + 1, ex);
-}
-
 /* Whether node i is an ADD_RMSNORM that runs with the LINEAR after it in one kernel
  * (msm_cuda_norm_linear): that node reads its norm, on the same stream (so no event between the
  * two: a reader elsewhere waits on a record after both), with the norm's width as its K, where
@@ -268,6 +251,22 @@ static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, 
     const uint8_t *w8 = cb->w8[l->w[0]];
     return msm_cuda_norm_linear_fits(rows, l->attr.linear.N, l->attr.linear.K, w8 != NULL,
                                      w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune);
+}
+
+/* Whether node i is a bf16 LINEAR that runs with the ROPE_KV_WRITE after it in one kernel
+ * (msm_cuda_linear_rope_kv, one or two tokens): that node reads its output alone, on the same
+ * stream and layer, as qkv rows of its heads; the LINEAR is not itself taken by a norm before it
+ * (norm_linear_pair) nor the ROPE_KV_WRITE by its ATTENTION (rope_attention_pair). */
+static bool linear_rope_pair(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
+    if (!ex.tune->linear_rope || i < 0 || i + 1 >= g->n_nodes) return false;
+    const msm_node *l = &g->nodes[i], *r = &g->nodes[i + 1];
+    if (l->op != MSM_OP_LINEAR || r->op != MSM_OP_ROPE_KV_WRITE || r->layer != l->layer || r->stream != l->stream ||
+        r->in[0] != l->out[0] || msm_graph_readers(g, l->out[0]) != 1 || cb->w8[l->w[0]] || !cb->kc[r->layer])
+        return false;
+    const msm_attr_rope *ra = &r->attr.rope;
+    return msm_cuda_linear_rope_kv_fits(rows, l->attr.linear.N, l->attr.linear.K, ra->nh, ra->kvh, ra->hd, ra->rot,
+                                        cb->w[l->w[0]], cb->arena + g->vals[l->in[0]].offset, ex.tune) &&
+           !norm_linear_pair(cb, g, i - 1, rows, ex) && !rope_attention_pair(g, i + 1, ex);
 }
 
 /* Whether node i is an ADD_RMSNORM that runs with the ROUTER_LINEAR_TOPK after it in one kernel

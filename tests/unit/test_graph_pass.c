@@ -90,14 +90,16 @@ Test(graph_pass, trailing_shared_allreduce_is_placed_after_join_on_main) {
     msm_graph_free(g);
 }
 
-/* router_first: the router's nodes between the fork's RECORD and the aux WAIT, the shared branch
- * still issued before the routed experts, and the schedule still verifies */
-Test(graph_pass, router_first_issues_the_router_before_the_aux_branch) {
+/* The multi-stream pass with the router issued first (router_first: the router's nodes between
+ * the fork's RECORD and the aux WAIT) or alone (router_alone: the router's nodes before the fork's
+ * RECORD, so the aux branch waits for the router); either way the shared branch is still issued
+ * before the routed experts and the schedule still verifies. */
+static void check_router_order(bool alone) {
     const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/glm4moe"};
     for (int d = 0; d < 2; d++)
         for (int tp = 1; tp <= 2; tp++) {
             msm_graph *g = plain(dirs[d], tp);
-            msm_pass_opts o = {.multi_stream = true, .router_first = true};
+            msm_pass_opts o = {.multi_stream = true, .router_first = !alone, .router_alone = alone};
             msm_graph *m = pass_ms(g, &o);
             int layers = 0;
             for (int L = 0; L < m->n_layers; L++) {
@@ -112,9 +114,15 @@ Test(graph_pass, router_first_issues_the_router_before_the_aux_branch) {
                 }
                 if (wait < 0) continue; /* no shared expert in this layer */
                 layers++;
-                cr_expect(fork >= 0 && router > fork && router < wait, "%s tp %d layer %d: fork %d router %d wait %d",
-                          dirs[d], tp, L, fork, router, wait);
-                cr_expect_eq(m->nodes[fork + 1].role, MSM_ROLE_ROUTED, "the router's linear right after the fork");
+                if (alone) {
+                    cr_expect(router >= 0 && router < fork && fork + 1 == wait,
+                              "%s tp %d layer %d: router %d fork %d wait %d", dirs[d], tp, L, router, fork, wait);
+                    cr_expect_eq(m->nodes[fork - 1].op, m->nodes[router].op, "the fork right after the router");
+                } else {
+                    cr_expect(fork >= 0 && router > fork && router < wait, "%s tp %d layer %d: fork %d router %d wait %d",
+                              dirs[d], tp, L, fork, router, wait);
+                    cr_expect_eq(m->nodes[fork + 1].role, MSM_ROLE_ROUTED, "the router's linear right after the fork");
+                }
                 for (int i = wait; i < m->n_nodes; i++)
                     if (m->nodes[i].layer == L && m->nodes[i].stream == MSM_STREAM_AUX)
                         cr_expect_lt(i, experts, "%s layer %d: aux node %d after the routed experts", dirs[d], L, i);
@@ -126,41 +134,8 @@ Test(graph_pass, router_first_issues_the_router_before_the_aux_branch) {
         }
 }
 
-/* router_alone: the router's nodes before the fork's RECORD (the aux branch waits for the router),
- * the aux branch still issued before the routed experts, and the schedule still verifies */
-Test(graph_pass, router_alone_forks_the_aux_branch_after_the_router) {
-    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/glm4moe"};
-    for (int d = 0; d < 2; d++)
-        for (int tp = 1; tp <= 2; tp++) {
-            msm_graph *g = plain(dirs[d], tp);
-            msm_pass_opts o = {.multi_stream = true, .router_alone = true};
-            msm_graph *m = pass_ms(g, &o);
-            int layers = 0;
-            for (int L = 0; L < m->n_layers; L++) {
-                int experts = find(m, L, MSM_OP_MOE_EXPERTS, MSM_ROLE_ROUTED, 0);
-                int fork = -1, wait = -1, router = -1;
-                for (int i = 0; i < m->n_nodes; i++) {
-                    const msm_node *n = &m->nodes[i];
-                    if (n->layer != L) continue;
-                    if (n->op == MSM_OP_EVENT_RECORD && n->stream == MSM_STREAM_MAIN && fork < 0) fork = i;
-                    if (n->op == MSM_OP_EVENT_WAIT && n->stream == MSM_STREAM_AUX && wait < 0) wait = i;
-                    if ((n->op == MSM_OP_ROUTER_TOPK || n->op == MSM_OP_ROUTER_GROUP_TOPK) && router < 0) router = i;
-                }
-                if (wait < 0) continue; /* no shared expert in this layer */
-                layers++;
-                cr_expect(router >= 0 && router < fork && fork + 1 == wait, "%s tp %d layer %d: router %d fork %d wait %d",
-                          dirs[d], tp, L, router, fork, wait);
-                cr_expect_eq(m->nodes[fork - 1].op, m->nodes[router].op, "the fork right after the router");
-                for (int i = wait; i < m->n_nodes; i++)
-                    if (m->nodes[i].layer == L && m->nodes[i].stream == MSM_STREAM_AUX)
-                        cr_expect_lt(i, experts, "%s layer %d: aux node %d after the routed experts", dirs[d], L, i);
-            }
-            cr_expect_gt(layers, 0, "%s: no layer with a shared expert", dirs[d]);
-            verify_ok(m);
-            msm_graph_free(m);
-            msm_graph_free(g);
-        }
-}
+Test(graph_pass, router_first_issues_the_router_before_the_aux_branch) { check_router_order(false); }
+Test(graph_pass, router_alone_forks_the_aux_branch_after_the_router) { check_router_order(true); }
 
 typedef struct warnings {
     int n;
