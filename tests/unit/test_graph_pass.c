@@ -392,6 +392,39 @@ Test(graph_plan, norm_inputs_stay_live_through_the_linear_on_the_norm) {
     cr_expect(router_pairs > 0, "no ADD_RMSNORM -> ROUTER_LINEAR_TOPK pair (qwen3moe, mixtral)");
 }
 
+/* A LINEAR whose product the next node, a ROPE_KV_WRITE on the same stream, reads keeps its input
+ * live through that node: the CUDA backend may run the two as one kernel (msm_cuda_linear_rope_kv),
+ * whose blocks read the LINEAR's input while others write the rotated rows, so the input, the
+ * product and the rotated rows share no bytes. */
+Test(graph_plan, linear_input_stays_live_through_the_rope_on_its_product) {
+    static const char *models[] = {"tests/data/qwen2moe-gqa", "tests/data/glm4moe", "tests/data/mixtral"};
+    int pairs = 0;
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+        msm_graph *g = plain(models[m], 1), *out;
+        msm_err err = {{0}};
+        msm_pass_opts o = {.elide_collectives = true, .fuse_add_norm = true, .fuse_rope_kv = true, .fuse_router = true,
+                           .fuse_moe_combine = true, .multi_stream = true};
+        cr_assert_eq(msm_passes_apply(g, &o, &out, &err), 0, "%s", err.msg);
+        for (int i = 0; i + 1 < out->n_nodes; i++) {
+            const msm_node *l = &out->nodes[i], *r = &out->nodes[i + 1];
+            if (l->op != MSM_OP_LINEAR || r->op != MSM_OP_ROPE_KV_WRITE || r->in[0] != l->out[0]) continue;
+            pairs++;
+            const int vs[3] = {l->in[0], l->out[0], r->out[0]};
+            for (int a = 0; a < 3; a++)
+                for (int b = a + 1; b < 3; b++) {
+                    int u = vs[a], v = vs[b];
+                    size_t u0 = out->vals[u].offset, u1 = u0 + msm_value_bytes_max(out, &out->vals[u]);
+                    size_t v0 = out->vals[v].offset, v1 = v0 + msm_value_bytes_max(out, &out->vals[v]);
+                    cr_expect(u1 <= v0 || v1 <= u0, "%s: %s overlaps %s", models[m], out->vals[u].name,
+                              out->vals[v].name);
+                }
+        }
+        msm_graph_free(out);
+        msm_graph_free(g);
+    }
+    cr_expect(pairs > 0, "no LINEAR -> ROPE_KV_WRITE pair in the graphs");
+}
+
 /* msm_graph_dump of model dir's rank-0 graph at tp after the passes o (the caller frees it). */
 static char *dump_of(const char *dir, int tp, const msm_pass_opts *o) {
     msm_graph *g = plain(dir, tp), *out;
