@@ -33,6 +33,7 @@ int msm_cublas_errno(cublasStatus_t st);
  * are sized by it. */
 void msm__moe_tuning(msm_cuda_tuning *t);
 void msm__attention_tuning(msm_cuda_tuning *t);
+void msm__router_tuning(msm_cuda_tuning *t); /* router.cu: router_cluster_max */
 /* The tensor-core GQA attention (attention_mma.cu): its shared-memory limits, whether a call fits
  * it (head dim 16/32/64/128, alignment), the launch. */
 int msm__attention_mma_prepare(void);

@@ -183,6 +183,11 @@ typedef struct msm_cuda_tuning {
                                  never, by the rule below, or wherever it applies (MSM_CUDA_ATT_MMA) */
     int router_chunk_per_sm;  /* routers over many tokens take token chunks while the chunks' grid
                                  has this many blocks an SM (MSM_CUDA_ROUTER_CHUNK_PER_SM; 0: 2) */
+    bool router_cluster;      /* the fused router of few tokens (one block a logit's T * E) as one
+                                 thread-block cluster a token whose rank 0 ranks the logits from
+                                 distributed shared memory, instead of a counter and the last block
+                                 reloading them from L2 (router.cu; the same bits) (MSM_CUDA_ROUTER_CLUSTER) */
+    int router_cluster_max;   /* the largest cluster it launches (16 where the device allows, else 8; GPU fact) */
     int att_mma_min_blocks;   /* AUTO takes it once its (token, kv head) blocks reach this (0: sms / 4
                                  with 4 or more query heads a kv head, else 4 * sms) */
     bool att_cluster;         /* the SIMT attention's context splits of a (token, head) are one

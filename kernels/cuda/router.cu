@@ -9,8 +9,11 @@
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
 
+#include <cooperative_groups.h>
 #include <errno.h>
 #include <math.h>
+
+namespace cg = cooperative_groups;
 
 #define ROUTER_WARPS 4
 #define ROUTER_PER_LANE 8 /* E <= 256 */
@@ -138,6 +141,33 @@ static __global__ void __launch_bounds__(ROUTER_WARPS * 32)
  * arriving last runs the top-k of topk_token over the logits and resets the counter to zero for
  * the next call or replay (router_rank_tail). */
 
+/* The logits' padding to a multiple of 4 (-inf: never counted) and no rank yet, in the shared
+ * memory rank_topk reads: by a block about to rank lg[0, E). */
+static __device__ __forceinline__ void rank_pad(float *lg, int *rank, int E) {
+    for (int e = E + threadIdx.x; e < (E + 3) / 4 * 4; e += blockDim.x) lg[e] = -INFINITY;
+    if (threadIdx.x < 8) rank[threadIdx.x] = -1;
+}
+
+/* Token t's top-k from its E logits in shared memory (lg, padded by rank_pad) by a whole block: its
+ * threads rank the logits at once (e's rank: the logits above it, or equal at a lower id:
+ * topk_token's order), instead of k dependent rounds of warp arg-max; then warp 0 runs topk_token
+ * with that ranking. */
+static __device__ __forceinline__ void rank_topk(int32_t *ids, float *w, const float *lg, int *rank, int t, int E,
+                                                 int k, bool norm) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        float v = lg[e];
+        int r = 0;
+        for (int f = 0; f < E; f += 4) { /* four logits a shared-memory load; the pad is -inf, below v or NaN */
+            float4 u = *(const float4 *)(lg + f);
+            r += (u.x > v || (u.x == v && f < e)) + (u.y > v || (u.y == v && f + 1 < e)) +
+                 (u.z > v || (u.z == v && f + 2 < e)) + (u.w > v || (u.w == v && f + 3 < e));
+        }
+        if (r < k) rank[r] = e; /* unique without NaN; topk_token checks */
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) topk_token<true>(ids, w, lg, t, E, k, norm, threadIdx.x & 31, rank);
+}
+
 /* The fused routers' tail, by every thread of a block that has written its logits of token t. */
 static __device__ __forceinline__ void router_rank_tail(int32_t *ids, float *w, const float *logits, unsigned *ctr,
                                                         int t, int E, int k, bool norm) {
@@ -151,25 +181,11 @@ static __device__ __forceinline__ void router_rank_tail(int32_t *ids, float *w, 
     __syncthreads();
     if (!last) return;
     __threadfence();
-    /* the block's threads rank the logits at once (e's rank: the logits above it, or equal at a
-     * lower id: topk_token's order), instead of k dependent rounds of warp arg-max */
     const float *l = logits + (size_t)t * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) lg[e] = __ldcg(l + e);
-    for (int e = E + threadIdx.x; e < (E + 3) / 4 * 4; e += blockDim.x) lg[e] = -INFINITY; /* never counted */
-    if (threadIdx.x < 8) rank[threadIdx.x] = -1;
+    rank_pad(lg, rank, E);
     __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        float v = lg[e];
-        int r = 0;
-        for (int f = 0; f < E; f += 4) { /* four logits a shared-memory load; the pad is -inf, below v or NaN */
-            float4 u = *(const float4 *)(lg + f);
-            r += (u.x > v || (u.x == v && f < e)) + (u.y > v || (u.y == v && f + 1 < e)) +
-                 (u.z > v || (u.z == v && f + 2 < e)) + (u.w > v || (u.w == v && f + 3 < e));
-        }
-        if (r < k) rank[r] = e; /* unique without NaN; topk_token checks */
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) topk_token<true>(ids, w, lg, t, E, k, norm, threadIdx.x & 31, rank);
+    rank_topk(ids, w, lg, rank, t, E, k, norm);
     if (threadIdx.x == 0) ctr[t] = 0;
 }
 
@@ -199,6 +215,130 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
         __syncthreads();
     }
     router_rank_tail(ids, w, logits, ctr, t, E, k, norm);
+}
+
+/* ---- the fused router as one thread-block cluster a token (tuning router_cluster) ----
+ * router_linear_topk_kernel's BLOCK form without the logits' round trip through global memory:
+ * the C = ceil(E / R) blocks of token t's cluster compute R logits each (block b: logits
+ * bR .. bR + R - 1), thread i of a block holding R partials with the elements msm_small_dot's
+ * thread i has, summed in its order, then warp sums and the warps in order per logit (that
+ * function's arithmetic: bitwise the same logits). Each block stores its logits into block
+ * rank 0's shared memory (distributed shared memory); after the cluster barrier rank 0 ranks them
+ * (rank_topk) and writes ids and weights, so the fence, the counter's atomic and the last block's
+ * reload from L2 leave the kernel's critical path. EARLY: the first round's weight loads go out
+ * before the PDL wait (constant weights; x and every store wait). */
+#define RC_THREADS MSM_SMALL_THREADS
+#define RC_MAX_CLUSTER 16 /* non-portable past 8: the H100/H200 take 16 */
+#define RC_LOADS 16       /* 16-byte weight loads a thread has in flight a round */
+template <int R, bool EARLY>
+static __global__ void __launch_bounds__(RC_THREADS)
+    router_cluster_kernel(int32_t *ids, float *w, const float *x, const uint16_t *wr, int E, int K, int k,
+                          bool norm) {
+    constexpr int U = RC_LOADS / R; /* loads a row a round */
+    __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE]; /* rank 0's: every logit of the token */
+    __shared__ float part[R][RC_THREADS / 32];
+    __shared__ int rank[8];
+    cg::cluster_group cl = cg::this_cluster();
+    int b = (int)cl.block_rank(), t = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+    msm_pdl_trigger();
+    if (!EARLY) msm_pdl_wait();
+    const uint16_t *rows[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rows[r] = b * R + r < E ? wr + (size_t)(b * R + r) * K : NULL;
+    const float *xt = x + (size_t)t * K;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int k0 = tid * 8; k0 < K; k0 += 8 * RC_THREADS * U) {
+        uint4 wv[R][U];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int kk = k0 + u * 8 * RC_THREADS;
+                wv[r][u] = rows[r] && kk < K ? msm_ld_stream16(rows[r] + kk) : make_uint4(0, 0, 0, 0);
+            }
+        if (EARLY && k0 == tid * 8) msm_pdl_wait();
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int kk = k0 + u * 8 * RC_THREADS;
+            if (kk >= K) break;
+            const float4 *xp = (const float4 *)(xt + kk);
+            float4 xa = xp[0], xb = xp[1];
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] = msm_fma8_bf16(wv[r][u], xa, xb, acc[r]);
+        }
+    }
+    if (EARLY) msm_pdl_wait(); /* a thread with no round (K < 8 * tid + 8) waits here */
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = msm_warp_sum(acc[r]);
+        if (lane == 0) part[r][warp] = v;
+    }
+    if (b == 0) rank_pad(lg, rank, E);
+    __syncthreads();
+    if (tid < R && b * R + tid < E) {
+        float tot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < RC_THREADS / 32; i++) tot += part[tid][i];
+        cl.map_shared_rank(lg, 0)[b * R + tid] = tot + 0.0f;
+    }
+    cl.sync(); /* every block's logits in rank 0's lg */
+    if (b == 0) rank_topk(ids, w, lg, rank, t, E, k, norm);
+}
+
+/* Logits a block of the cluster router takes for E experts: the fewest of 1, 2, 4, 8, 16 that
+ * keep the cluster within RC_MAX_CLUSTER blocks. */
+static int rc_rows(int E) {
+    int R = 1;
+    while (R < 16 && (E + R - 1) / R > RC_MAX_CLUSTER) R *= 2;
+    return R;
+}
+
+template <int R, bool EARLY>
+static cudaError_t rc_launch(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k,
+                             bool norm, msm_cuda_exec ex) {
+    unsigned C = (unsigned)((E + R - 1) / R);
+    return msm_launch_cluster(router_cluster_kernel<R, EARLY>, dim3(C, (unsigned)T), dim3(RC_THREADS), 0, C, ex, ids,
+                              w, x, wr, E, K, k, norm);
+}
+
+template <int R>
+static cudaError_t rc_go(bool early, int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K,
+                         int k, bool norm, msm_cuda_exec ex) {
+    return early ? rc_launch<R, true>(ids, w, x, wr, T, E, K, k, norm, ex)
+                 : rc_launch<R, false>(ids, w, x, wr, T, E, K, k, norm, ex);
+}
+
+/* Allows the cluster router's clusters past 8 blocks (non-portable sizes) and records the largest
+ * cluster it can launch (0: none, then the counter form runs). */
+template <int R>
+static int rc_prepare(void) {
+    int best = RC_MAX_CLUSTER;
+    for (int early = 0; early < 2; early++) {
+        void (*f)(int32_t *, float *, const float *, const uint16_t *, int, int, int, bool) =
+            early ? router_cluster_kernel<R, true> : router_cluster_kernel<R, false>;
+        int n = 0;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(RC_MAX_CLUSTER, 1);
+        cfg.blockDim = dim3(RC_THREADS);
+        if (cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
+            cudaOccupancyMaxPotentialClusterSize(&n, f, &cfg) != cudaSuccess) {
+            (void)cudaGetLastError();
+            n = 8; /* the portable size */
+        }
+        best = n < best ? n : best;
+    }
+    return best;
+}
+
+void msm__router_tuning(msm_cuda_tuning *t) {
+    int m = rc_prepare<1>(), v;
+    if ((v = rc_prepare<2>()) < m) m = v;
+    if ((v = rc_prepare<4>()) < m) m = v;
+    if ((v = rc_prepare<8>()) < m) m = v;
+    if ((v = rc_prepare<16>()) < m) m = v;
+    t->router_cluster_max = m;
 }
 
 /* ---- ADD_RMSNORM + the fused router in one launch (msm_cuda_norm_router_linear_topk) ----
@@ -268,6 +408,19 @@ extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *
         return r ? r : msm_cuda_router_topk(ids, w, logits, T, E, k, norm, ex);
     }
     bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0, blk = msm_small_block(T, E);
+    int R = rc_rows(E);
+    if (vec && blk && ex.tune->router_cluster && (E + R - 1) / R <= ex.tune->router_cluster_max) {
+        /* the weights before the PDL wait at one token, as the norm router's */
+        bool early = T == 1 && ex.tune->gemv_early && !ex.w_written;
+        cudaError_t e = R == 1   ? rc_go<1>(early, ids, w, x, wr, T, E, K, k, norm, ex)
+                        : R == 2 ? rc_go<2>(early, ids, w, x, wr, T, E, K, k, norm, ex)
+                        : R == 4 ? rc_go<4>(early, ids, w, x, wr, T, E, K, k, norm, ex)
+                        : R == 8 ? rc_go<8>(early, ids, w, x, wr, T, E, K, k, norm, ex)
+                                 : rc_go<16>(early, ids, w, x, wr, T, E, K, k, norm, ex);
+        CUDA_TRY(e);
+        CUDA_LAUNCH_CHECK();
+        return 0;
+    }
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T), block(MSM_SMALL_THREADS);
 #define ROUTER_GO(V, B) \
     CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, norm))

@@ -11,7 +11,8 @@ flight vs 4, an ADD_RMSNORM and the LINEAR on its norm as one kernel vs two, the
 position / weight / cosine prologue before the PDL wait vs after, the routed experts launched
 after the router vs as its programmatic dependent where a shared expert runs beside them, the FP8
 experts' codes decoded with integer operations vs the hardware's conversion, the qkv GEMV with the
-RoPE and K/V cache write in its epilogue vs the two kernels.
+RoPE and K/V cache write in its epilogue vs the two kernels, the router's top-k ranked by one
+thread-block cluster a token vs by the last block to arrive on a counter.
 Prompts of 2 and 4 tokens put the prefill's dense linears at T = 2 and 4, then every decode step
 at T = 1. There is no oracle at these sizes (the CPU backend would take minutes a token): the
 kernels' own tests (test_cuda_kernels) compare each path with the CPU at these shapes.
@@ -40,6 +41,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("the one-token bf16 GEMV's 4096-wide rows in one step vs four", [], {"MSM_CUDA_GEMV_U16": "0"}),
     ("the one-token bf16 GEMV's 2048-wide rows in two steps vs one", [], {"MSM_CUDA_GEMV_U8": "1"}),
     ("qkv GEMV + RoPE + K/V write one kernel vs two", [], {"MSM_CUDA_LINEAR_ROPE": "0"}),
+    ("router as one cluster a token vs a counter and the last block", [], {"MSM_CUDA_ROUTER_CLUSTER": "0"}),
 ]
 fails = 0
 

@@ -53,13 +53,14 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE", "MSM_CUDA_NORM_ROUTER",
                                  "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16", "MSM_CUDA_MOE_TILED_BM",
                                  "MSM_CUDA_FP8_LINEAR_MAX_T", "MSM_CUDA_FP8_LINEAR_TILED_MIN_T",
-                                 "MSM_CUDA_STREAM_PRIO", "MSM_CUDA_LINEAR_ROPE"};
+                                 "MSM_CUDA_STREAM_PRIO", "MSM_CUDA_LINEAR_ROPE", "MSM_CUDA_ROUTER_CLUSTER"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
     t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = t.linear_rope = true;
+    t.router_cluster = true;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -79,6 +80,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_GEMV_U16", "0", 1), setenv("MSM_CUDA_MOE_TILED_BM", "32", 1);
     setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1), setenv("MSM_CUDA_FP8_LINEAR_TILED_MIN_T", "0", 1);
     setenv("MSM_CUDA_STREAM_PRIO", "aux", 1), setenv("MSM_CUDA_LINEAR_ROPE", "0", 1);
+    setenv("MSM_CUDA_ROUTER_CLUSTER", "0", 1);
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
@@ -92,6 +94,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.fp8_linear_tiled_min_t, 1, "clamped to 1");
     cr_expect_eq(t.stream_prio, MSM_CUDA_PRIO_AUX);
     cr_expect(!t.linear_rope, "MSM_CUDA_LINEAR_ROPE=0: the linear and the RoPE two kernels");
+    cr_expect(!t.router_cluster, "MSM_CUDA_ROUTER_CLUSTER=0: the counter and the last block");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -877,16 +880,22 @@ Test(cuda_kernels, router_topk_matches_cpu, .timeout = 60) {
 /* Group-limited sigmoid router (GLM-4.5, DeepSeek-V3 shapes and odd ones): ids equal the CPU's
  * (or tie with them in choice score), weights within fp32 rounding; an exact tie of two experts
  * goes to the lower id on both. */
-/* The router GEMV + top-k in one launch (its last block ranks the logits in parallel) equals
- * msm_cuda_linear then msm_cuda_router_topk (k rounds of warp arg-max) bit for bit (ids, weights),
- * over repeated calls (the counters return to zero), T past the fused range (the pair inside the
- * launcher), K not a multiple of 8, an exact tie at the top of token 0 (two equal rows aligned
- * with its x: lowest id first) and a NaN logit (the fused kernel falls back to the rounds). */
+/* The router GEMV + top-k in one launch (its last block ranks the logits in parallel, or with
+ * router_cluster one cluster a token whose rank 0 ranks them from distributed shared memory)
+ * equals msm_cuda_linear then msm_cuda_router_topk (k rounds of warp arg-max) bit for bit (ids,
+ * weights), over repeated calls (the counters return to zero), T past the fused range (the pair
+ * inside the launcher), K not a multiple of 8, clusters of 8 to 16 blocks of 1 to 16 logits, an
+ * exact tie at the top of token 0 (two equal rows aligned with its x: lowest id first) and a NaN
+ * logit (the fused kernels fall back to the rounds). x is written by the kernel launched just
+ * before (programmatic dependent launch): the cluster form's early weight loads must not read it. */
 Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
     need_gpu();
     static const int shapes[][6] = {{1, 60, 2048, 4, 1, 0}, {8, 60, 2048, 4, 0, 0}, {64, 128, 512, 8, 1, 0},
                                     {70, 60, 256, 4, 0, 0}, {3, 7, 100, 7, 1, 0},   {1, 256, 4096, 8, 1, 0},
-                                    {1, 128, 2048, 8, 1, 1}, {4, 60, 2048, 4, 0, 1}};
+                                    {1, 128, 2048, 8, 1, 1}, {4, 60, 2048, 4, 0, 1}, {2, 8, 1024, 2, 1, 0},
+                                    {1, 17, 2048, 4, 0, 0},  {1, 128, 768, 8, 1, 0}};
+    cudaStream_t st;
+    cr_assert_eq(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int T = shapes[s][0], E = shapes[s][1], K = shapes[s][2], k = shapes[s][3];
         bool norm = shapes[s][4];
@@ -896,29 +905,40 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
             for (int j = 0; j < K; j++) /* rows 3 and 5: token 0's top two, tied */
                 wb[(size_t)3 * K + j] = wb[(size_t)5 * K + j] = x[j] >= 0.0f ? 0x3d4c : 0xbd4c; /* +-0.05 */
         if (shapes[s][5]) wb[(size_t)(E - 1) * K] = 0x7fc0; /* NaN: the last expert's logit */
-        float *dx = dev_up(x, (size_t)T * K * 4), *dl = dev_poison((size_t)T * E * 4);
+        float *dx0 = dev_up(x, (size_t)T * K * 4), *dx = dev((size_t)T * K * 4), *dz = dev((size_t)T * K * 4);
+        float *dl = dev_poison((size_t)T * E * 4);
+        cr_assert_eq(cudaMemset(dz, 0, (size_t)T * K * 4), cudaSuccess);
         uint16_t *dwr = dev_up(wb, (size_t)E * K * 2);
         size_t wsb = msm_cuda_router_ws_bytes(T, E);
         void *ws = dev(wsb);
         cr_assert_eq(cudaMemset(ws, 0, wsb), cudaSuccess);
         int32_t *i1 = dev_poison(T * k * 4), *i2 = dev_poison(T * k * 4);
         float *w1 = dev_poison(T * k * 4), *w2 = dev_poison(T * k * 4);
-        CK(msm_cuda_linear(dl, dx, dwr, NULL, T, E, K, NULL, NULL, 0, EX));
+        CK(msm_cuda_linear(dl, dx0, dwr, NULL, T, E, K, NULL, NULL, 0, EX));
         CK(msm_cuda_router_topk(i1, w1, dl, T, E, k, norm, EX));
         int32_t *h1 = malloc(T * k * 4), *h2 = malloc(T * k * 4);
         float *g1 = malloc(T * k * 4), *g2 = malloc(T * k * 4);
         down(h1, i1, T * k * 4), down(g1, w1, T * k * 4);
-        for (int rep = 0; rep < 3; rep++) {
-            cr_assert_eq(cudaMemset(i2, 0xff, T * k * 4), cudaSuccess);
-            CK(msm_cuda_router_linear_topk(i2, w2, dx, dwr, T, E, K, k, norm, ws, wsb, EX));
+        for (int rep = 0; rep < 6; rep++) { /* the counter form, the cluster form with and without early loads */
+            msm_cuda_tuning t = tune0;
+            t.router_cluster = rep % 3 != 0;
+            t.gemv_early = rep % 3 != 2;
+            msm_cuda_exec ex = {.stream = st, .tune = &t};
+            CK(cudaMemsetAsync(i2, 0xff, T * k * 4, st));
+            CK(cudaMemsetAsync(dx, 0xff, (size_t)T * K * 4, st)); /* NaN until the add below */
+            CK(msm_cuda_add(dx, dx0, dz, (size_t)T * K, ex));
+            CK(msm_cuda_router_linear_topk(i2, w2, dx, dwr, T, E, K, k, norm, ws, wsb, ex));
+            CK(cudaStreamSynchronize(st));
             down(h2, i2, T * k * 4), down(g2, w2, T * k * 4);
             cr_assert(memcmp(h1, h2, T * k * 4) == 0, "T=%d E=%d K=%d call %d: ids differ", T, E, K, rep);
             cr_assert(memcmp(g1, g2, T * k * 4) == 0, "T=%d E=%d K=%d call %d: weights differ", T, E, K, rep);
         }
         cr_expect_eq(msm_cuda_router_linear_topk(i2, w2, dx, dwr, T, E, K, k, norm, ws, wsb - 4, EX), -EINVAL);
-        cudaFree(dx), cudaFree(dl), cudaFree(dwr), cudaFree(ws), cudaFree(i1), cudaFree(i2), cudaFree(w1), cudaFree(w2);
+        cudaFree(dx0), cudaFree(dx), cudaFree(dz), cudaFree(dl), cudaFree(dwr), cudaFree(ws);
+        cudaFree(i1), cudaFree(i2), cudaFree(w1), cudaFree(w2);
         free(x), free(wf), free(wb), free(h1), free(h2), free(g1), free(g2);
     }
+    cudaStreamDestroy(st);
 }
 
 /* ADD_RMSNORM + the fused router in one launch (msm_cuda_norm_router_linear_topk) gives the two

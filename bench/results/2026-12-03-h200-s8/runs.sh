@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The device commands of this session's runs (README.md here), from the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check
+# bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
+#   bash bench/results/2026-12-03-h200-s8/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, hdr
+case "$1" in
+r1)
+    # the router as one thread-block cluster a token (default) vs the counter and the last block
+    # (MSM_CUDA_ROUTER_CLUSTER=0): its kernel test, the A/B (three rounds), timelines at batch 1,
+    # every switch bitwise at the Qwen1.5-MoE and Qwen3-30B-A3B shapes
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'router*' 'tuning*' 'norm_router*' 'linear_router*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for v in "--" "MSM_CUDA_ROUTER_CLUSTER=0 --"; do
+            b qwen1.5-moe-a2.7b 1,2,4,8 rc $v
+            b qwen3-30b-a3b 1,2,4,8 rc $v
+            b qwen3-30b-a3b-fp8 1,2,8 rc $v
+        done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=16 tl qwen1.5-moe-a2.7b 1 q15
+    ROWS=16 tl qwen3-30b-a3b 1 q3
+    ROWS=16 tl qwen3-30b-a3b 1 q3 MSM_CUDA_ROUTER_CLUSTER=0
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+esac
