@@ -1339,7 +1339,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_FP8_MOE_HW"))) t->fp8_moe_hw = s[0] != '0';
     if (env_int("MSM_CUDA_ROWS_PIPE", &v)) t->rows_pipe = v & 15;
     if ((s = getenv("MSM_CUDA_NORM_ROUTER"))) t->norm_router = s[0] != '0';
-    if ((s = getenv("MSM_CUDA_ROUTER_CLUSTER"))) t->router_cluster = s[0] != '0';
+    if (env_int("MSM_CUDA_ROUTER_CLUSTER", &v)) t->router_cluster_max_t = v < 0 ? 0 : v > 64 ? 64 : v;
     if ((s = getenv("MSM_CUDA_GEMV_U16"))) t->gemv_u16 = s[0] != '0';
     if ((s = getenv("MSM_CUDA_GEMV_U8"))) t->gemv_u8 = s[0] == '1';
     if (env_int("MSM_CUDA_NORM_ROUTER_MAX_T", &v)) t->norm_router_max_t = v < 0 ? 0 : v;

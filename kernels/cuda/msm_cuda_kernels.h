@@ -183,10 +183,19 @@ typedef struct msm_cuda_tuning {
                                  never, by the rule below, or wherever it applies (MSM_CUDA_ATT_MMA) */
     int router_chunk_per_sm;  /* routers over many tokens take token chunks while the chunks' grid
                                  has this many blocks an SM (MSM_CUDA_ROUTER_CHUNK_PER_SM; 0: 2) */
-    bool router_cluster;      /* the fused router of few tokens (one block a logit's T * E) as one
-                                 thread-block cluster a token whose rank 0 ranks the logits from
-                                 distributed shared memory, instead of a counter and the last block
-                                 reloading them from L2 (router.cu; the same bits) (MSM_CUDA_ROUTER_CLUSTER) */
+    int router_cluster_max_t; /* the fused router (and the norm router) of up to this many tokens, where
+                                 one block a logit (T * E <= 1024), as one thread-block cluster a token
+                                 whose rank 0 ranks the logits from distributed shared memory instead of
+                                 a counter and the last block reloading them from L2 (router.cu; the
+                                 same bits; MSM_CUDA_ROUTER_CLUSTER=N, 0: never). Default 1 (H200,
+                                 2026-12-03 eighth session, bench/results/2026-12-03-h200-s8 run 1, ms a
+                                 step at 1 / 2 / 4 / 8 tokens, three rounds, cluster vs counter:
+                                 Qwen3-30B-A3B 2.78 vs 2.87-2.88, 4.02-4.04 vs 4.03-4.04, 6.07-6.08 vs
+                                 6.10-6.12, 9.13-9.15 vs 9.18-9.22; its FP8 2.65-2.67 vs 2.73-2.76,
+                                 8 tokens 8.49-8.51 vs 8.40-8.43; Qwen1.5-MoE 1.73-1.74 either way, 2 /
+                                 4 tokens 2.58-2.59 / 3.40-3.41 vs 2.56-2.58 / 3.35-3.38: a cluster
+                                 of 15-16 blocks waits for room in one GPC where the shared expert's
+                                 or many tokens' blocks fill the SMs) */
     int router_cluster_max;   /* the largest cluster it launches (16 where the device allows, else 8; GPU fact) */
     int att_mma_min_blocks;   /* AUTO takes it once its (token, kv head) blocks reach this (0: sms / 4
                                  with 4 or more query heads a kv head, else 4 * sms) */

@@ -60,7 +60,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
     t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = t.linear_rope = true;
-    t.router_cluster = true;
+    t.router_cluster_max_t = 1;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -80,7 +80,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_GEMV_U16", "0", 1), setenv("MSM_CUDA_MOE_TILED_BM", "32", 1);
     setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1), setenv("MSM_CUDA_FP8_LINEAR_TILED_MIN_T", "0", 1);
     setenv("MSM_CUDA_STREAM_PRIO", "aux", 1), setenv("MSM_CUDA_LINEAR_ROPE", "0", 1);
-    setenv("MSM_CUDA_ROUTER_CLUSTER", "0", 1);
+    setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1);
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
@@ -94,7 +94,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.fp8_linear_tiled_min_t, 1, "clamped to 1");
     cr_expect_eq(t.stream_prio, MSM_CUDA_PRIO_AUX);
     cr_expect(!t.linear_rope, "MSM_CUDA_LINEAR_ROPE=0: the linear and the RoPE two kernels");
-    cr_expect(!t.router_cluster, "MSM_CUDA_ROUTER_CLUSTER=0: the counter and the last block");
+    cr_expect_eq(t.router_cluster_max_t, 0, "clamped to 0: the counter and the last block");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -921,7 +921,7 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
         down(h1, i1, T * k * 4), down(g1, w1, T * k * 4);
         for (int rep = 0; rep < 6; rep++) { /* the counter form, the cluster form with and without early loads */
             msm_cuda_tuning t = tune0;
-            t.router_cluster = rep % 3 != 0;
+            t.router_cluster_max_t = rep % 3 != 0 ? 64 : 0;
             t.gemv_early = rep % 3 != 2;
             msm_cuda_exec ex = {.stream = st, .tune = &t};
             CK(cudaMemsetAsync(i2, 0xff, T * k * 4, st));
@@ -945,7 +945,8 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
  * kernels' bits: ids, weights, the residual sum and the norm, one block a logit (T * E <= 1024) and
  * one warp a logit (past it), its norm layouts (K = 1024, 2048 and 4096: 256 norm threads of 4, 8 and
  * 16 values), E = 60 / 128 / 256 / 8 / 64, T = 1..8,
- * the router weights requested before the PDL wait or after it, the inputs written by the kernel
+ * the counter form and one cluster a token (E <= 128), the router weights requested before the PDL
+ * wait or after it, the inputs written by the kernel
  * just before on buffers poisoned just before that (a read ahead of the wait would show), repeated
  * calls (its counters return to zero); and what it does not take refused. */
 Test(cuda_kernels, norm_router_equals_add_rmsnorm_then_router, .timeout = 120) {
@@ -971,10 +972,12 @@ Test(cuda_kernels, norm_router_equals_add_rmsnorm_then_router, .timeout = 120) {
         float *rw = malloc(nk * 4), *gw = malloc(nk * 4), *rs = malloc(nx * 4), *gs = malloc(nx * 4);
         float *ro = malloc(nx * 4), *go = malloc(nx * 4);
         for (int T = 1; T <= Tm; T++)
-            for (int v = 0; v < 4; v++) { /* the two kernels; one, early router loads; one, after the wait; again */
+            for (int v = 0; v < 7; v++) { /* the two kernels; one, early router loads; one, after the wait;
+                                             again; the same three with one cluster a token */
                 msm_cuda_tuning t = tune0;
                 t.norm_router = true, t.norm_router_max_t = 8;
-                t.gemv_early = v != 2;
+                t.gemv_early = v != 2 && v != 5;
+                t.router_cluster_max_t = v >= 4 ? 8 : 0;
                 msm_cuda_exec ex = {.stream = st, .tune = &t};
                 cr_assert(msm_cuda_norm_router_fits(T, E, K, &t), "fits T=%d E=%d K=%d", T, E, K);
                 CK(cudaMemsetAsync(da, 0xff, nx * 4, st));

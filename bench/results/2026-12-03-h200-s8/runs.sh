@@ -30,4 +30,28 @@ r1)
     timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r2)
+    # the cluster router with the ADD_RMSNORM before it taken in (MSM_CUDA_NORM_ROUTER=1: at one token
+    # now one cluster a token, every block norming the row) vs the two kernels; the routed experts as
+    # the cluster router's programmatic dependent beside the shared expert
+    # (MSM_CUDA_MOE_AUX_SERIAL_MAX_T=0); kernel tests; a timeline; every switch bitwise on Qwen3
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'router*' 'tuning*' 'norm_router*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for v in "--" "MSM_CUDA_NORM_ROUTER=1 --"; do
+            b qwen3-30b-a3b 1,2 nr $v
+            b qwen3-30b-a3b-fp8 1,2 nr $v
+        done
+        for v in "--" "MSM_CUDA_MOE_AUX_SERIAL_MAX_T=0 --"; do b qwen1.5-moe-a2.7b 1,2 ser $v; done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=16 tl qwen3-30b-a3b 1 q3 MSM_CUDA_NORM_ROUTER=1
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
