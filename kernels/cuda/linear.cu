@@ -828,7 +828,12 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
      * on the 264 slots of two blocks an SM), each slice at least 4 chunks of 32 */
     int rb = (N + W * 16 - 1) / (W * 16), nch = K / 32, S = 1;
     int slots = ex.tune->mmv_slots > 0 ? ex.tune->mmv_slots : W == 4 ? ex.tune->mmv4_per_sm : ex.tune->mmv_per_sm;
-    while (S < 8 && rb * S * 2 <= slots * sms && nch / (2 * S) >= 4) S *= 2;
+    /* ... and while the rb clusters of 2S blocks are co-resident at once (a cluster takes S blocks of one
+     * GPC: Qwen1.5-MoE's qkv at 8 tokens, 96 clusters of 8 where 92 fit, ran its last 4 as a second wave) */
+    const int *fit = ex.tune->mmv_cluster_fit[W == 8][(T + 15) / 16 - 1 < 3 ? (T + 15) / 16 - 1 : 3];
+    while (S < 8 && rb * S * 2 <= slots * sms && nch / (2 * S) >= 4 &&
+           (!ex.tune->mmv_fit_clusters || rb <= fit[S == 1 ? 0 : S == 2 ? 1 : 2]))
+        S *= 2;
     CUDA_TRY(W == 4 ? mmv_go<4>(y, x, w, bias, T, N, K, S, ex) : mmv_go<8>(y, x, w, bias, T, N, K, S, ex));
     CUDA_LAUNCH_CHECK();
     return 0;
@@ -847,9 +852,38 @@ static int per_sm(K kern, int threads, size_t smem) {
 
 /* The occupancy fields of the MMV kernels, for msm_cuda_tuning_init (decode's MMV range is one
  * 16-token tile). */
+/* Clusters of mmv_kernel<MT, S, W> the GPU holds at once (0 if the query fails: then no cluster of
+ * that size is taken where the fit is checked). */
+template <int MT, int S, int W>
+static int mmv_clusters(void) {
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = S, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(S, 1);
+    cfg.blockDim = dim3(W * 32);
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, mmv_kernel<MT, S, W>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    return n;
+}
+
+template <int MT, int W>
+static void mmv_fit(int (&f)[3]) {
+    f[0] = mmv_clusters<MT, 2, W>(), f[1] = mmv_clusters<MT, 4, W>(), f[2] = mmv_clusters<MT, 8, W>();
+}
+
 void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmv_per_sm = per_sm(mmv_kernel<1, 8, 8>, 8 * 32, 0);
     t->mmv4_per_sm = per_sm(mmv_kernel<1, 8, 4>, 4 * 32, 0);
+    mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
+    mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);
+    mmv_fit<1, 8>(t->mmv_cluster_fit[1][0]), mmv_fit<2, 8>(t->mmv_cluster_fit[1][1]);
+    mmv_fit<3, 8>(t->mmv_cluster_fit[1][2]), mmv_fit<4, 8>(t->mmv_cluster_fit[1][3]);
     msm__linear_fp8_tuning(t);
 }
 

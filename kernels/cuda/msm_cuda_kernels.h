@@ -168,6 +168,11 @@ typedef struct msm_cuda_tuning {
     int mmv_warps;            /* the MMV's warps a block, 4 (default: twice the blocks for narrow
                                  weights) or 8 (MSM_CUDA_MMV_WARPS); the same bits either way */
     int mmv4_per_sm;          /* ... resident blocks at 4 warps */
+    int mmv_cluster_fit[2][4][3]; /* clusters of the MMV the GPU holds at once, by warps (4, 8), token tiles
+                                     (1-4) and cluster size (2, 4, 8) (GPU facts) */
+    bool mmv_fit_clusters;    /* the MMV's and MMV8's K slices also keep their clusters within one
+                                 wave (mmv_cluster_fit, mmv8_cluster_fit; MSM_CUDA_MMV_FIT_CLUSTERS=0:
+                                 by blocks alone) */
     bool linear_norm_fused;   /* LINEAR_ADD_RMSNORM: the GEMV's last block does the add + norm
                                  (msm_cuda_linear_add_rmsnorm; MSM_CUDA_LINEAR_NORM=1); off: the two
                                  kernels. Off by default: checked bitwise on the H200 but no faster
@@ -175,6 +180,7 @@ typedef struct msm_cuda_tuning {
                                  Qwen1.5-MoE batch 1 2.142 vs 2.115; 2026-12-01): the last block's
                                  serial norm stays on the critical path, only the launch goes */
     int mmv8_per_sm[4];       /* ... of the MMV8 at 1, 2, 4, 8 token tiles */
+    int mmv8_cluster_fit[4][3]; /* its clusters of 2, 4, 8 the GPU holds at once, by token tiles (GPU facts) */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
     int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
                                  (MSM_CUDA_ATT_GROUP; 1: one head a block) ... */

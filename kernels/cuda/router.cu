@@ -217,7 +217,7 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     router_rank_tail(ids, w, logits, ctr, t, E, k, norm);
 }
 
-/* ---- the fused router as one thread-block cluster a token (tuning router_cluster) ----
+/* ---- the fused router as one thread-block cluster a token (tuning router_cluster_max_t) ----
  * router_linear_topk_kernel's BLOCK form without the logits' round trip through global memory:
  * the C = ceil(E / R) blocks of token t's cluster compute R logits each (block b: logits
  * bR .. bR + R - 1), thread i of a block holding R partials with the elements msm_small_dot's
@@ -231,24 +231,11 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
 #define RC_MAX_CLUSTER 16 /* non-portable past 8: the H100/H200 take 16 */
 #define RC_LOADS 16       /* 16-byte weight loads a thread has in flight a round */
 
-/* The ADD_RMSNORM the cluster router may take in (NV > 0): x = rmsnorm(a + b) * nw of its token's
- * row, by every block into shared memory as norm_router_kernel does (msm_block_norm_row: the norm
- * kernel's bits, vt virtual threads of NV values, two a thread); rank 0 also writes the row's sum
- * and norm for their other readers. */
-struct rc_norm {
-    const float *a, *b;
-    const uint16_t *nw;
-    float *sum, *out;
-    float eps;
-    int vt;
-};
-
-template <int R, bool EARLY, int NV>
+template <int R, bool EARLY>
 static __global__ void __launch_bounds__(RC_THREADS)
     router_cluster_kernel(int32_t *ids, float *w, const float *x, const uint16_t *wr, int E, int K, int k,
-                          bool norm, rc_norm nm) {
+                          bool norm) {
     constexpr int U = RC_LOADS / R; /* loads a row a round */
-    extern __shared__ __align__(16) float xn[]; /* NV: [K], the token's normed row */
     __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE]; /* rank 0's: every logit of the token */
     __shared__ float part[R][RC_THREADS / 32];
     __shared__ int rank[8];
@@ -259,7 +246,7 @@ static __global__ void __launch_bounds__(RC_THREADS)
     const uint16_t *rows[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rows[r] = b * R + r < E ? wr + (size_t)(b * R + r) * K : NULL;
-    const float *xt = NV ? xn : x + (size_t)t * K;
+    const float *xt = x + (size_t)t * K;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
@@ -272,22 +259,7 @@ static __global__ void __launch_bounds__(RC_THREADS)
                 int kk = k0 + u * 8 * RC_THREADS;
                 wv[r][u] = rows[r] && kk < K ? msm_ld_stream16(rows[r] + kk) : make_uint4(0, 0, 0, 0);
             }
-        if (k0 == tid * 8) { /* after the first round's loads are out (with NV every thread has one) */
-            if (EARLY) msm_pdl_wait();
-            if constexpr (NV > 0) {
-                __shared__ float npart[32];
-                float nwv[2][NV];
-                msm_block_norm_w<NV, 2, RC_THREADS>(nm.nw, K, nm.vt, nwv);
-                size_t off = (size_t)t * K;
-                msm_block_norm_row<NV, 2, RC_THREADS>([&](int i) { return nm.a[off + i] + nm.b[off + i]; },
-                                                      [&](int i, float v, float o) {
-                                                          xn[i] = o;
-                                                          if (b == 0) nm.sum[off + i] = v, nm.out[off + i] = o;
-                                                      },
-                                                      nwv, K, nm.eps, nm.vt, npart);
-                __syncthreads(); /* the whole row in shared memory before any thread reads it */
-            }
-        }
+        if (EARLY && k0 == tid * 8) msm_pdl_wait();
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int kk = k0 + u * 8 * RC_THREADS;
@@ -333,36 +305,32 @@ static bool rc_fits(int T, int E, int K, const void *wr, const void *x, const ms
            ((uintptr_t)wr | (uintptr_t)x) % 16 == 0 && (E + R - 1) / R <= tn->router_cluster_max;
 }
 
-template <int R, bool EARLY, int NV>
+template <int R, bool EARLY>
 static cudaError_t rc_launch(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k,
-                             bool norm, rc_norm nm, msm_cuda_exec ex) {
+                             bool norm, msm_cuda_exec ex) {
     unsigned C = (unsigned)((E + R - 1) / R);
-    size_t shm = NV ? (size_t)K * sizeof(float) : 0;
-    return msm_launch_cluster(router_cluster_kernel<R, EARLY, NV>, dim3(C, (unsigned)T), dim3(RC_THREADS), shm, C, ex,
-                              ids, w, x, wr, E, K, k, norm, nm);
+    return msm_launch_cluster(router_cluster_kernel<R, EARLY>, dim3(C, (unsigned)T), dim3(RC_THREADS), 0, C, ex, ids,
+                              w, x, wr, E, K, k, norm);
 }
 
-template <int R, int NV>
+template <int R>
 static cudaError_t rc_go_r(bool early, int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
-                           int K, int k, bool norm, rc_norm nm, msm_cuda_exec ex) {
-    return early ? rc_launch<R, true, NV>(ids, w, x, wr, T, E, K, k, norm, nm, ex)
-                 : rc_launch<R, false, NV>(ids, w, x, wr, T, E, K, k, norm, nm, ex);
+                           int K, int k, bool norm, msm_cuda_exec ex) {
+    return early ? rc_launch<R, true>(ids, w, x, wr, T, E, K, k, norm, ex)
+                 : rc_launch<R, false>(ids, w, x, wr, T, E, K, k, norm, ex);
 }
 
-/* The launch for E's rows a block (rc_rows) and the norm's NV (0: none; with a norm E <= 128), the
- * weights before the PDL wait at one token, as the counter form's norm router. */
-template <int NV>
+/* The launch for E's rows a block (rc_rows), the weights before the PDL wait at one token (as the
+ * norm router's). */
 static int rc_go(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k, bool norm,
-                 rc_norm nm, msm_cuda_exec ex) {
+                 msm_cuda_exec ex) {
     bool early = T == 1 && ex.tune->gemv_early && !ex.w_written;
     int R = rc_rows(E);
-    cudaError_t e;
-    if (R == 1) e = rc_go_r<1, NV>(early, ids, w, x, wr, T, E, K, k, norm, nm, ex);
-    else if (R == 2) e = rc_go_r<2, NV>(early, ids, w, x, wr, T, E, K, k, norm, nm, ex);
-    else if (R == 4) e = rc_go_r<4, NV>(early, ids, w, x, wr, T, E, K, k, norm, nm, ex);
-    else if (R == 8) e = rc_go_r<8, NV>(early, ids, w, x, wr, T, E, K, k, norm, nm, ex);
-    else if constexpr (NV == 0) e = rc_go_r<16, 0>(early, ids, w, x, wr, T, E, K, k, norm, nm, ex);
-    else return -EINVAL;
+    cudaError_t e = R == 1   ? rc_go_r<1>(early, ids, w, x, wr, T, E, K, k, norm, ex)
+                    : R == 2 ? rc_go_r<2>(early, ids, w, x, wr, T, E, K, k, norm, ex)
+                    : R == 4 ? rc_go_r<4>(early, ids, w, x, wr, T, E, K, k, norm, ex)
+                    : R == 8 ? rc_go_r<8>(early, ids, w, x, wr, T, E, K, k, norm, ex)
+                             : rc_go_r<16>(early, ids, w, x, wr, T, E, K, k, norm, ex);
     CUDA_TRY(e);
     CUDA_LAUNCH_CHECK();
     return 0;
@@ -371,12 +339,11 @@ static int rc_go(int32_t *ids, float *w, const float *x, const uint16_t *wr, int
 /* Allows kernel f's clusters past 8 blocks (non-portable sizes); the largest cluster of it the device
  * can launch (8, the portable size, if the query fails). */
 template <typename F>
-static int rc_allow(F f, size_t shm) {
+static int rc_allow(F f) {
     int n = 0;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(RC_MAX_CLUSTER, 1);
     cfg.blockDim = dim3(RC_THREADS);
-    cfg.dynamicSmemBytes = shm;
     if (cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
         cudaOccupancyMaxPotentialClusterSize(&n, f, &cfg) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -385,24 +352,17 @@ static int rc_allow(F f, size_t shm) {
     return n;
 }
 
-template <int R, int NV>
+template <int R>
 static int rc_prepare(int m) {
-    int a = rc_allow(router_cluster_kernel<R, false, NV>, NV ? 4096 * sizeof(float) : 0);
-    int b = rc_allow(router_cluster_kernel<R, true, NV>, NV ? 4096 * sizeof(float) : 0);
+    int a = rc_allow(router_cluster_kernel<R, false>), b = rc_allow(router_cluster_kernel<R, true>);
     m = a < m ? a : m;
     return b < m ? b : m;
 }
 
-template <int NV>
-static int rc_prepare_nv(int m) {
-    m = rc_prepare<1, NV>(m), m = rc_prepare<2, NV>(m), m = rc_prepare<4, NV>(m);
-    return rc_prepare<8, NV>(m);
-}
-
 void msm__router_tuning(msm_cuda_tuning *t) {
-    int m = rc_prepare<16, 0>(RC_MAX_CLUSTER);
-    m = rc_prepare_nv<0>(m), m = rc_prepare_nv<4>(m), m = rc_prepare_nv<8>(m);
-    t->router_cluster_max = rc_prepare_nv<16>(m);
+    int m = rc_prepare<1>(RC_MAX_CLUSTER);
+    m = rc_prepare<2>(m), m = rc_prepare<4>(m), m = rc_prepare<8>(m);
+    t->router_cluster_max = rc_prepare<16>(m);
 }
 
 /* ---- ADD_RMSNORM + the fused router in one launch (msm_cuda_norm_router_linear_topk) ----
@@ -472,7 +432,7 @@ extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *
         return r ? r : msm_cuda_router_topk(ids, w, logits, T, E, k, norm, ex);
     }
     bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0, blk = msm_small_block(T, E);
-    if (rc_fits(T, E, K, wr, x, ex.tune)) return rc_go<0>(ids, w, x, wr, T, E, K, k, norm, rc_norm{}, ex);
+    if (rc_fits(T, E, K, wr, x, ex.tune)) return rc_go(ids, w, x, wr, T, E, K, k, norm, ex);
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T), block(MSM_SMALL_THREADS);
 #define ROUTER_GO(V, B) \
     CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, norm))
@@ -531,12 +491,6 @@ extern "C" int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *s
     }
     int vt, V;
     norm_router_layout(K, &vt, &V);
-    if (rc_fits(T, E, K, wr, a, ex.tune) && rc_rows(E) <= 8) { /* one cluster a token */
-        rc_norm nm = {a, b, nw, sum, out, eps, vt};
-        return V == 4   ? rc_go<4>(ids, w, NULL, wr, T, E, K, k, norm, nm, ex)
-               : V == 8 ? rc_go<8>(ids, w, NULL, wr, T, E, K, k, norm, nm, ex)
-                        : rc_go<16>(ids, w, NULL, wr, T, E, K, k, norm, nm, ex);
-    }
     unsigned *ctr = (unsigned *)ws;
     float *logits = (float *)((char *)ws + MSM_CUDA_ROUTER_FUSED_MAX_T * sizeof(unsigned));
     bool blk = msm_small_block(T, E);

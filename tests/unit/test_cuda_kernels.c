@@ -53,14 +53,15 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE", "MSM_CUDA_NORM_ROUTER",
                                  "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16", "MSM_CUDA_MOE_TILED_BM",
                                  "MSM_CUDA_FP8_LINEAR_MAX_T", "MSM_CUDA_FP8_LINEAR_TILED_MIN_T",
-                                 "MSM_CUDA_STREAM_PRIO", "MSM_CUDA_LINEAR_ROPE", "MSM_CUDA_ROUTER_CLUSTER"};
+                                 "MSM_CUDA_STREAM_PRIO", "MSM_CUDA_LINEAR_ROPE", "MSM_CUDA_ROUTER_CLUSTER",
+                                 "MSM_CUDA_MMV_FIT_CLUSTERS"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
     t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = t.linear_rope = true;
-    t.router_cluster_max_t = 1;
+    t.router_cluster_max_t = 1, t.mmv_fit_clusters = true;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -80,7 +81,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_GEMV_U16", "0", 1), setenv("MSM_CUDA_MOE_TILED_BM", "32", 1);
     setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1), setenv("MSM_CUDA_FP8_LINEAR_TILED_MIN_T", "0", 1);
     setenv("MSM_CUDA_STREAM_PRIO", "aux", 1), setenv("MSM_CUDA_LINEAR_ROPE", "0", 1);
-    setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1);
+    setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
@@ -95,6 +96,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.stream_prio, MSM_CUDA_PRIO_AUX);
     cr_expect(!t.linear_rope, "MSM_CUDA_LINEAR_ROPE=0: the linear and the RoPE two kernels");
     cr_expect_eq(t.router_cluster_max_t, 0, "clamped to 0: the counter and the last block");
+    cr_expect(!t.mmv_fit_clusters, "MSM_CUDA_MMV_FIT_CLUSTERS=0: K slices by blocks alone");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -495,6 +497,8 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
     /* the default rule's smallest sizes (tune0: the MMV from MSM_CUDA_MMV_MIN_T tokens) */
     linear_case(ctx, EX, MSM_CUDA_MMV_MIN_T, 6144, 2048, 1, 2e-5);
     linear_case(ctx, EX, 4, 2048, 5632, 0, 2e-5);
+    /* Qwen1.5-MoE's qkv at 8 tokens: 96 clusters, of 4 where those of 8 do not all fit (mmv_fit_clusters) */
+    linear_case(ctx, EX, 8, 6144, 2048, 1, 2e-5);
     /* determinism: the same call twice gives the same bits */
     linear_deterministic(ctx, EX_T(&t), 32, 2048, 2048, "mmv");
     /* 4 warps a block (MSM_CUDA_MMV_WARPS=4): the same bits as 8 given the same K slices (N a
@@ -511,6 +515,7 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
             msm_cuda_tuning a = t, b = t;
             a.mmv_slots = slots, b.mmv_slots = 2 * slots;
             a.mmv_warps = 8, b.mmv_warps = 4;
+            a.mmv_fit_clusters = b.mmv_fit_clusters = false; /* the same S by slots alone */
             CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&a)));
             CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&b)));
             down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
@@ -945,8 +950,7 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
  * kernels' bits: ids, weights, the residual sum and the norm, one block a logit (T * E <= 1024) and
  * one warp a logit (past it), its norm layouts (K = 1024, 2048 and 4096: 256 norm threads of 4, 8 and
  * 16 values), E = 60 / 128 / 256 / 8 / 64, T = 1..8,
- * the counter form and one cluster a token (E <= 128), the router weights requested before the PDL
- * wait or after it, the inputs written by the kernel
+ * the router weights requested before the PDL wait or after it, the inputs written by the kernel
  * just before on buffers poisoned just before that (a read ahead of the wait would show), repeated
  * calls (its counters return to zero); and what it does not take refused. */
 Test(cuda_kernels, norm_router_equals_add_rmsnorm_then_router, .timeout = 120) {
@@ -972,12 +976,10 @@ Test(cuda_kernels, norm_router_equals_add_rmsnorm_then_router, .timeout = 120) {
         float *rw = malloc(nk * 4), *gw = malloc(nk * 4), *rs = malloc(nx * 4), *gs = malloc(nx * 4);
         float *ro = malloc(nx * 4), *go = malloc(nx * 4);
         for (int T = 1; T <= Tm; T++)
-            for (int v = 0; v < 7; v++) { /* the two kernels; one, early router loads; one, after the wait;
-                                             again; the same three with one cluster a token */
+            for (int v = 0; v < 4; v++) { /* the two kernels; one, early router loads; one, after the wait; again */
                 msm_cuda_tuning t = tune0;
                 t.norm_router = true, t.norm_router_max_t = 8;
-                t.gemv_early = v != 2 && v != 5;
-                t.router_cluster_max_t = v >= 4 ? 8 : 0;
+                t.gemv_early = v != 2;
                 msm_cuda_exec ex = {.stream = st, .tune = &t};
                 cr_assert(msm_cuda_norm_router_fits(T, E, K, &t), "fits T=%d E=%d K=%d", T, E, K);
                 CK(cudaMemsetAsync(da, 0xff, nx * 4, st));

@@ -47,11 +47,52 @@ r2)
             b qwen3-30b-a3b-fp8 1,2 nr $v
         done
         for v in "--" "MSM_CUDA_MOE_AUX_SERIAL_MAX_T=0 --"; do b qwen1.5-moe-a2.7b 1,2 ser $v; done
+        # fewer context splits at one token: clusters of 8 / 4 (the default's 16 split blocks a head
+        # are not clustered on Qwen3: 32 clusters of 16 leave no room)
+        for v in "--" "MSM_CUDA_ATT_MAX_SPLIT=8 --" "MSM_CUDA_ATT_MAX_SPLIT=4 --"; do
+            b qwen3-30b-a3b 1 att $v
+            b qwen1.5-moe-a2.7b 1 att $v
+        done
     done
     el timeline | tee -a $OUT/gpu.txt
     ROWS=16 tl qwen3-30b-a3b 1 q3 MSM_CUDA_NORM_ROUTER=1
+    # why the tensor-core MMV streams 25 MB in ~15 us at 8 tokens (Qwen1.5-MoE's qkv, 8x96 blocks):
+    # Nsight Compute's speed-of-light, memory and warp-state sections on its first launches
+    el ncu | tee -a $OUT/gpu.txt
+    timeout 150 /usr/local/cuda/bin/ncu --kernel-name regex:mmv_kernel --launch-skip 0 --launch-count 3 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats gpu-run/bin/msmoe-bench decode --preset config/models/qwen1.5-moe-a2.7b.json \
+        --backend cuda --batches 8 --context 512 --steps 1 --no-cuda-graphs > $OUT/ncu-mmv.txt 2>&1
     el presets | tee -a $OUT/gpu.txt
     timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r3)
+    # the MMV's and MMV8's K slices keeping their clusters within one wave (default) vs by blocks alone
+    # (MSM_CUDA_MMV_FIT_CLUSTERS=0): kernel tests, the A/B (three rounds), ncu on the MMVs at 8 tokens,
+    # a timeline at 8 tokens, every switch bitwise at the Qwen1.5-MoE shapes
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'linear_mmv*' 'linear_fp8*' 'router*' 'tuning*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for v in "--" "MSM_CUDA_MMV_FIT_CLUSTERS=0 --"; do
+            b qwen1.5-moe-a2.7b 3,4,6,8 fit $v
+            b qwen3-30b-a3b 3,4,8 fit $v
+            b qwen3-30b-a3b-fp8 1,2,4,8 fit $v
+        done
+    done
+    el ncu | tee -a $OUT/gpu.txt
+    timeout 150 /usr/local/cuda/bin/ncu --kernel-name regex:mmv_kernel --launch-skip 0 --launch-count 3 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats gpu-run/bin/msmoe-bench decode \
+        --preset config/models/qwen1.5-moe-a2.7b.json --backend cuda --batches 8 --context 512 --steps 1 \
+        --no-cuda-graphs > $OUT/ncu-mmv.txt 2>&1
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=20 tl qwen1.5-moe-a2.7b 8 q15
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
 esac
