@@ -1323,6 +1323,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MMV_SLOTS", &v)) t->mmv_slots = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_WARPS", &v)) t->mmv_warps = v == 4 ? 4 : 8;
     if ((s = getenv("MSM_CUDA_MMV_FIT_CLUSTERS"))) t->mmv_fit_clusters = s[0] != '0';
+    if (env_int("MSM_CUDA_MMV_U8_MAX_BLOCKS", &v)) t->mmv_u8_max_blocks = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;
     if ((s = getenv("MSM_CUDA_LINEAR_NORM"))) t->linear_norm_fused = s[0] == '1';
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;

@@ -672,14 +672,15 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
  * Block = 8 warps x 16 rows (two n8 tiles a warp), one K slice; a cluster of S blocks (S K slices
  * of the same 128 rows) sums its partials through distributed shared memory in rank order (fixed,
  * deterministic), each block writing 1/S of the outputs. No workspace, one launch. */
-/* 32-wide K chunks whose weight loads a warp has in flight at once (8 measured slower on the H200,
- * 2026-12-01, ms a step: Qwen1.5-MoE batch 8 4.95 vs 4.86, Qwen3-30B-A3B 9.85 vs 9.63;
- * bench/results/2026-12-01-h200-mega run 2) */
-#define MMV_U 4
+/* 32-wide K chunks whose weight loads a warp has in flight at once: U = 4 (8 for every grid measured
+ * slower on the H200, 2026-12-01, ms a step: Qwen1.5-MoE batch 8 4.95 vs 4.86, Qwen3-30B-A3B 9.85 vs
+ * 9.63; bench/results/2026-12-01-h200-mega run 2: more registers, fewer blocks an SM), or 8 where
+ * the grid is small (mmv_u8_max_blocks: the o_proj's 256 blocks hold half its weights in flight at
+ * U = 4, two round trips). The same chunks in the same order either way: the same bits. */
 /* W warps a block (tuning mmv_warps: 8, or 4 for twice the blocks on narrow weights); each warp's
  * 16 rows and the cluster's rank-order sum are the same either way, so are the bits. */
 
-template <int MT, int S, int W>
+template <int MT, int S, int W, int MMV_U = 4>
 static __global__ void __launch_bounds__(W * 32)
     mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                int K, bool early) {
@@ -789,8 +790,14 @@ template <int MT, int S, int W>
 static cudaError_t mmv_launch_s(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
                          int N, int K, msm_cuda_exec ex) {
     dim3 grid((unsigned)S, (unsigned)((N + W * 16 - 1) / (W * 16)));
+    bool early = ex.tune->gemv_early && !ex.w_written;
+    /* one token tile, a grid of at most mmv_u8_max_blocks, slices of 8 chunks or more: 8 in flight */
+    if constexpr (MT == 1)
+        if ((int)(grid.x * grid.y) <= ex.tune->mmv_u8_max_blocks && K / 32 / S >= 8)
+            return msm_launch_cluster(mmv_kernel<MT, S, W, 8>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T,
+                                      N, K, early);
     return msm_launch_cluster(mmv_kernel<MT, S, W>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T, N, K,
-                              ex.tune->gemv_early && !ex.w_written);
+                              early);
 }
 
 template <int MT, int W>

@@ -170,6 +170,9 @@ typedef struct msm_cuda_tuning {
     int mmv4_per_sm;          /* ... resident blocks at 4 warps */
     int mmv_cluster_fit[2][4][3]; /* clusters of the MMV the GPU holds at once, by warps (4, 8), token tiles
                                      (1-4) and cluster size (2, 4, 8) (GPU facts) */
+    int mmv_u8_max_blocks;    /* MMV grids (one token tile) of at most this many blocks keep 8 K chunks
+                                 of weight loads a warp in flight instead of 4 (MSM_CUDA_MMV_U8_MAX_BLOCKS;
+                                 0: never; default 2 an SM) */
     bool mmv_fit_clusters;    /* the MMV's and MMV8's K slices also keep their clusters within one
                                  wave (mmv_cluster_fit, mmv8_cluster_fit; MSM_CUDA_MMV_FIT_CLUSTERS=0:
                                  by blocks alone) */

@@ -72,6 +72,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->moe_tiled_bm = 0; /* by the tokens an expert: measured faster, msm_cuda_kernels.h */
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;
+    t->mmv_u8_max_blocks = 2 * t->sms;
     msm__moe_tuning(t);
     int r = msm__moe_tiled_prepare();
     if (r) return r;

@@ -54,7 +54,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16", "MSM_CUDA_MOE_TILED_BM",
                                  "MSM_CUDA_FP8_LINEAR_MAX_T", "MSM_CUDA_FP8_LINEAR_TILED_MIN_T",
                                  "MSM_CUDA_STREAM_PRIO", "MSM_CUDA_LINEAR_ROPE", "MSM_CUDA_ROUTER_CLUSTER",
-                                 "MSM_CUDA_MMV_FIT_CLUSTERS"};
+                                 "MSM_CUDA_MMV_FIT_CLUSTERS", "MSM_CUDA_MMV_U8_MAX_BLOCKS"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -82,6 +82,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1), setenv("MSM_CUDA_FP8_LINEAR_TILED_MIN_T", "0", 1);
     setenv("MSM_CUDA_STREAM_PRIO", "aux", 1), setenv("MSM_CUDA_LINEAR_ROPE", "0", 1);
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
+    setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
@@ -97,6 +98,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.linear_rope, "MSM_CUDA_LINEAR_ROPE=0: the linear and the RoPE two kernels");
     cr_expect_eq(t.router_cluster_max_t, 0, "clamped to 0: the counter and the last block");
     cr_expect(!t.mmv_fit_clusters, "MSM_CUDA_MMV_FIT_CLUSTERS=0: K slices by blocks alone");
+    cr_expect_eq(t.mmv_u8_max_blocks, 0, "clamped to 0: 4 chunks in flight");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -479,7 +481,8 @@ Test(cuda_kernels, linear_add_rmsnorm_equals_linear_then_add_rmsnorm, .timeout =
 
 /* The tensor-core MMV path (bf16 hi+lo split of x): every T tile count (1..4), partial tiles,
  * rows not a multiple of the block's 128, K slices 1..8 (cluster reduction), bias; and the
- * default range's shapes at the model's sizes. Then bitwise determinism over repeated calls. */
+ * default range's shapes at the model's sizes. Then bitwise determinism over repeated calls, and the
+ * same bits with 4 or 8 warps a block and with 4 or 8 K chunks of loads in flight (mmv_u8_max_blocks). */
 Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
     need_gpu();
     msm_cuda_ctx *ctx = NULL;
@@ -502,7 +505,8 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
     /* determinism: the same call twice gives the same bits */
     linear_deterministic(ctx, EX_T(&t), 32, 2048, 2048, "mmv");
     /* 4 warps a block (MSM_CUDA_MMV_WARPS=4): the same bits as 8 given the same K slices (N a
-     * multiple of 128, so 4 warps make exactly twice the row blocks: twice the slots for the same S) */
+     * multiple of 128, so 4 warps make exactly twice the row blocks: twice the slots for the same S),
+     * the one with 8 chunks in flight where its slices have 8 (the other 4) */
     static const int w4[][3] = {{8, 2048, 2048}, {5, 384, 5632}, {16, 1024, 64}, {40, 768, 4096}};
     for (size_t s = 0; s < sizeof w4 / sizeof *w4; s++) {
         int T = w4[s][0], N = w4[s][1], K = w4[s][2];
@@ -516,6 +520,7 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
             a.mmv_slots = slots, b.mmv_slots = 2 * slots;
             a.mmv_warps = 8, b.mmv_warps = 4;
             a.mmv_fit_clusters = b.mmv_fit_clusters = false; /* the same S by slots alone */
+            a.mmv_u8_max_blocks = 0, b.mmv_u8_max_blocks = 1 << 20; /* 4 and 8 chunks in flight */
             CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&a)));
             CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&b)));
             down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);

@@ -95,4 +95,28 @@ r3)
     timeout $(left 570) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r4)
+    # the MMV with 8 K chunks of loads in flight on grids of at most 2 blocks an SM (default) vs 4
+    # (MSM_CUDA_MMV_U8_MAX_BLOCKS=0): kernel tests, the A/B (three rounds), a timeline at 8 tokens; the
+    # session's final tables; the golden check on four models
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'linear_mmv*' 'tuning*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for v in "--" "MSM_CUDA_MMV_U8_MAX_BLOCKS=0 --"; do
+            b qwen1.5-moe-a2.7b 3,4,8 u8 $v
+            b qwen3-30b-a3b 3,4,8 u8 $v
+        done
+    done
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,3,4,8,16,32,64,128,256 final --; done
+    b glm-4.5-air-fp8 1,4,8,32,128 final --
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=20 tl qwen1.5-moe-a2.7b 8 q15
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,qwen3moe,qwen3moe-fp8,mixtral timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
