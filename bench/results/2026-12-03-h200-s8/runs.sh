@@ -119,4 +119,20 @@ r4)
     CHECK_MODELS=qwen2moe-gqa,qwen3moe,qwen3moe-fp8,mixtral timeout $(left 570) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r5)
+    # the FP8 MMV8's cluster fit on GLM-4.5-Air (run 4's table: 4 tokens 15.92 vs 15.18 in the seventh
+    # session) vs the old rule (MSM_CUDA_MMV_FIT_CLUSTERS=0), two rounds; Qwen1.5-MoE's large batches
+    # again (run 4: +2-3% against the seventh session, no code of theirs changed)
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for v in "--" "MSM_CUDA_MMV_FIT_CLUSTERS=0 --"; do
+            b glm-4.5-air-fp8 1,4,8 glm $v
+            b qwen3-30b-a3b-fp8 3,4,8 glm $v
+        done
+    done
+    b qwen1.5-moe-a2.7b 16,32,64,128,256 big --
+    b qwen1.5-moe-a2.7b 16,32,64,128,256 big --
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
