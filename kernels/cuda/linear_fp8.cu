@@ -176,63 +176,32 @@ static int mma_per_sm(void) {
     return per;
 }
 
-/* Clusters of S MMV8 blocks at token tiles NTT the GPU holds at once, with 8 chunks of x a slice in
- * shared memory (K = 2048 at S = 4, 4096 at 8); 0 if the query fails. */
-template <int NTT>
-static int mma_clusters(int S) {
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = (unsigned)S, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)S, 1);
-    cfg.blockDim = dim3(M8_WARPS * 32);
-    cfg.dynamicSmemBytes = smem_bytes(NTT, 8);
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, linear_fp8_mma_kernel<NTT>, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 0;
-    }
-    return n;
-}
-
-template <int NTT>
-static void mma_fit(int (&f)[3]) {
-    f[0] = mma_clusters<NTT>(2), f[1] = mma_clusters<NTT>(4), f[2] = mma_clusters<NTT>(8);
-}
-
 void msm__linear_fp8_tuning(msm_cuda_tuning *t) {
     t->mmv8_per_sm[0] = mma_per_sm<1>(), t->mmv8_per_sm[1] = mma_per_sm<2>();
     t->mmv8_per_sm[2] = mma_per_sm<4>(), t->mmv8_per_sm[3] = mma_per_sm<8>();
-    mma_fit<1>(t->mmv8_cluster_fit[0]), mma_fit<2>(t->mmv8_cluster_fit[1]);
-    mma_fit<4>(t->mmv8_cluster_fit[2]), mma_fit<8>(t->mmv8_cluster_fit[3]);
 }
 
 /* K slices: double S while the doubled grid still fits `slots` blocks an SM (the kernel's
  * occupancy) in one wave (a second, partial wave doubles the time: 320 blocks of a 5120-row
  * weight at S = 8 on the 264 slots of two blocks an SM) and each slice keeps a round of M8_U
- * chunks (at T = 1 a block's whole slice is then requested before its PDL wait), and, with fit (the
- * clusters of 2, 4, 8 the GPU holds, mmv8_cluster_fit), while its rb clusters are co-resident; then
- * more slices (up to 8) while the x slice does not fit the shared memory. 0: it never fits. */
-static int slices(int T, int N, int K, int sms, int slots, const int *fit) {
+ * chunks (at T = 1 a block's whole slice is then requested before its PDL wait); then more slices
+ * (up to 8) while the x slice does not fit the shared memory. 0: it never fits. */
+static int slices(int T, int N, int K, int sms, int slots) {
     int rb = (N + M8_ROWS - 1) / M8_ROWS, nch = K / 64, S = 1, ntt = T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
-    while (S < 8 && rb * S * 2 <= slots * sms && nch >= M8_U * S * 2 && (!fit || rb <= fit[S == 1 ? 0 : S == 2 ? 1 : 2]))
-        S *= 2;
+    while (S < 8 && rb * S * 2 <= slots * sms && nch >= M8_U * S * 2) S *= 2;
     while (S < 8 && smem_bytes(ntt, (nch + S - 1) / S) > M8_SMEM_MAX) S *= 2;
     return smem_bytes(ntt, (nch + S - 1) / S) <= M8_SMEM_MAX ? S : 0;
 }
 
 extern "C" bool msm__linear_fp8_mma_fits(int T, int N, int K, msm_cuda_fp8w w, const float *x, int sms) {
     return T >= 1 && T <= 64 && N > 0 && K > 0 && K % 64 == 0 && w.phase % 64 == 0 &&
-           ((uintptr_t)w.q | (uintptr_t)x) % 16 == 0 && slices(T, N, K, sms, 2, NULL) > 0; /* slots only sets S below the fit */
+           ((uintptr_t)w.q | (uintptr_t)x) % 16 == 0 && slices(T, N, K, sms, 2) > 0; /* slots only sets S below the fit */
 }
 
 extern "C" int msm__linear_fp8_mma_run(float *y, const float *x, msm_cuda_fp8w w, const uint16_t *bias, int T, int N,
                                        int K, msm_cuda_exec ex) {
     int ti = T <= 8 ? 0 : T <= 16 ? 1 : T <= 32 ? 2 : 3;
-    int S = slices(T, N, K, ex.tune->sms, ex.tune->mmv_slots > 0 ? ex.tune->mmv_slots : ex.tune->mmv8_per_sm[ti],
-                   ex.tune->mmv_fit_clusters ? ex.tune->mmv8_cluster_fit[ti] : NULL);
+    int S = slices(T, N, K, ex.tune->sms, ex.tune->mmv_slots > 0 ? ex.tune->mmv_slots : ex.tune->mmv8_per_sm[ti]);
     if (S <= 0) return -EINVAL;
     cudaError_t e;
     if (T <= 8) e = launch<1>(y, x, w, bias, T, N, K, S, ex);

@@ -173,9 +173,12 @@ typedef struct msm_cuda_tuning {
     int mmv_u8_max_blocks;    /* MMV grids (one token tile) of at most this many blocks keep 8 K chunks
                                  of weight loads a warp in flight instead of 4 (MSM_CUDA_MMV_U8_MAX_BLOCKS;
                                  0: never; default 2 an SM) */
-    bool mmv_fit_clusters;    /* the MMV's and MMV8's K slices also keep their clusters within one
-                                 wave (mmv_cluster_fit, mmv8_cluster_fit; MSM_CUDA_MMV_FIT_CLUSTERS=0:
-                                 by blocks alone) */
+    bool mmv_fit_clusters;    /* the MMV's K slices also keep its clusters within one wave
+                                 (mmv_cluster_fit; MSM_CUDA_MMV_FIT_CLUSTERS=0: by blocks alone). On:
+                                 Qwen1.5-MoE 3-8 tokens -0.03..0.05 ms (H200, 2026-12-03 eighth session,
+                                 bench/results/2026-12-03-h200-s8 run 3). The FP8 MMV8 keeps its rule
+                                 by blocks: the same check there (its clusters at a typical shared
+                                 memory) took GLM-4.5-Air FP8 at 4 tokens from 15.19 to 15.87 ms (run 5) */
     bool linear_norm_fused;   /* LINEAR_ADD_RMSNORM: the GEMV's last block does the add + norm
                                  (msm_cuda_linear_add_rmsnorm; MSM_CUDA_LINEAR_NORM=1); off: the two
                                  kernels. Off by default: checked bitwise on the H200 but no faster
@@ -183,7 +186,6 @@ typedef struct msm_cuda_tuning {
                                  Qwen1.5-MoE batch 1 2.142 vs 2.115; 2026-12-01): the last block's
                                  serial norm stays on the critical path, only the launch goes */
     int mmv8_per_sm[4];       /* ... of the MMV8 at 1, 2, 4, 8 token tiles */
-    int mmv8_cluster_fit[4][3]; /* its clusters of 2, 4, 8 the GPU holds at once, by token tiles (GPU facts) */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
     int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
                                  (MSM_CUDA_ATT_GROUP; 1: one head a block) ... */

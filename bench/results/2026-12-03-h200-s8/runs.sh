@@ -135,4 +135,19 @@ r5)
     b qwen1.5-moe-a2.7b 16,32,64,128,256 big --
     el done | tee -a $OUT/gpu.txt
     ;;
+r6)
+    # the session's final defaults (the FP8 MMV8 back on its block-slot rule after run 5): the FP8
+    # kernel tests, the tables of every preset, every switch bitwise on the FP8 preset
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'linear_fp8*' 'linear_mmv*' 'tuning*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,3,4,8,16,32,64,128,256 final --; done
+    b glm-4.5-air-fp8 1,4,8,32,128 final --
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 300) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
