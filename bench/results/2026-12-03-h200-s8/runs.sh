@@ -146,6 +146,14 @@ r6)
     el bench | tee -a $OUT/gpu.txt
     for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,3,4,8,16,32,64,128,256 final --; done
     b glm-4.5-air-fp8 1,4,8,32,128 final --
+    # 8 chunks in flight on larger MMV grids too: up to ~3 blocks an SM (Qwen1.5-MoE's qkv, 384
+    # blocks) or ~6 (Qwen3's qkv, 640; its shared gate/up 704 stays at 4)
+    for i in 1 2; do
+        for v in "--" "MSM_CUDA_MMV_U8_MAX_BLOCKS=400 --" "MSM_CUDA_MMV_U8_MAX_BLOCKS=700 --"; do
+            b qwen1.5-moe-a2.7b 3,4,8 u8 $v
+            b qwen3-30b-a3b 3,4,8 u8 $v
+        done
+    done
     el presets | tee -a $OUT/gpu.txt
     timeout $(left 300) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
