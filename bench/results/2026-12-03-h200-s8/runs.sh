@@ -158,4 +158,17 @@ r6)
     timeout $(left 300) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r7)
+    # with 8 chunks in flight on small grids, the MMV from 2 tokens or 1 (the seventh session's MMV
+    # from 2 lost 6% on Qwen3 at 2 tokens), two rounds
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for v in "--" "MSM_CUDA_MMV_MIN_T=2 --" "MSM_CUDA_MMV_MIN_T=1 --"; do
+            b qwen1.5-moe-a2.7b 1,2 mmv $v
+            b qwen3-30b-a3b 1,2 mmv $v
+        done
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
