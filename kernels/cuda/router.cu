@@ -241,6 +241,9 @@ static __global__ void __launch_bounds__(RC_THREADS)
     __shared__ int rank[8];
     cg::cluster_group cl = cg::this_cluster();
     int b = (int)cl.block_rank(), t = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+    /* distributed shared memory may be written only once every block of the cluster runs: arrive
+     * now, wait before the stores into rank 0 (long since passed by then) */
+    auto started = cl.barrier_arrive();
     msm_pdl_trigger();
     if (!EARLY) msm_pdl_wait();
     const uint16_t *rows[R];
@@ -278,6 +281,7 @@ static __global__ void __launch_bounds__(RC_THREADS)
     }
     if (b == 0) rank_pad(lg, rank, E);
     __syncthreads();
+    cl.barrier_wait(std::move(started));
     if (tid < R && b * R + tid < E) {
         float tot = 0.0f;
 #pragma unroll

@@ -171,4 +171,25 @@ r7)
     done
     el done | tee -a $OUT/gpu.txt
     ;;
+r8)
+    # the cluster router with its blocks' start barrier (arrive at the start, wait before the stores
+    # into rank 0's shared memory, as the programming model asks): kernel tests, every switch
+    # bitwise on Qwen3 bf16 and FP8, the A/B at one token again (two rounds)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'router*' 'tuning*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for v in "--" "MSM_CUDA_ROUTER_CLUSTER=0 --"; do
+            b qwen3-30b-a3b 1 rc $v
+            b qwen3-30b-a3b-fp8 1 rc $v
+            b qwen1.5-moe-a2.7b 1 rc $v
+        done
+    done
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 300) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json config/models/qwen1.5-moe-a2.7b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
