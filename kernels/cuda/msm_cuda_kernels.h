@@ -194,7 +194,7 @@ typedef struct msm_cuda_tuning {
                                  never, by the rule below, or wherever it applies (MSM_CUDA_ATT_MMA) */
     int router_chunk_per_sm;  /* routers over many tokens take token chunks while the chunks' grid
                                  has this many blocks an SM (MSM_CUDA_ROUTER_CHUNK_PER_SM; 0: 2) */
-    int router_cluster_max_t; /* the fused router (and the norm router) of up to this many tokens, where
+    int router_cluster_max_t; /* the fused router (ROUTER_LINEAR_TOPK) of up to this many tokens, where
                                  one block a logit (T * E <= 1024), as one thread-block cluster a token
                                  whose rank 0 ranks the logits from distributed shared memory instead of
                                  a counter and the last block reloading them from L2 (router.cu; the
