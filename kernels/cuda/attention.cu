@@ -535,7 +535,7 @@ static int att_per_sm(void) {
     if constexpr (GB == 1)
         if (cudaFuncSetAttribute(attention_kernel<L, VEC, 1, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
             cudaSuccess)
-            (void)cudaGetLastError(); /* then att_clusters finds no room for clusters past 8 */
+            (void)cudaGetLastError(); /* then att_cluster_fit finds no room for clusters past 8 */
     return per;
 }
 
@@ -559,33 +559,15 @@ static void att_tuning_l(msm_cuda_tuning *t, int li) {
 }
 
 /* How many clusters of ns split blocks of attention_kernel<L, VEC, 1, true> an idle GPU holds at
- * once (0 if it holds none or the query fails). A cluster is placed whole inside one GPC, so
- * clusters that do not all fit run in a second wave, which doubles the kernel (a Qwen1.5-MoE
- * batch-8 step's 128 clusters of 4 took 30.8 us a layer against 15.8 unclustered; H200,
- * 2026-12-01, bench/results/2026-12-01-h200-mega run 2), and under programmatic dependent launch
- * the kernel before still holds slots when they are placed: att_launch takes the cluster form
- * only while ATT_CLUSTER_SPARE clusters of this would stay free. */
-template <int L, bool VEC>
-static int att_clusters(int ns) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = (unsigned)ns, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)ns, 1, 1);
-    cfg.blockDim = dim3(ATT_THREADS);
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, attention_kernel<L, VEC, 1, true>, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 0;
-    }
-    return n;
-}
-
+ * once (msm_max_clusters). Clusters that do not all fit run in a second wave, which doubles the
+ * kernel (a Qwen1.5-MoE batch-8 step's 128 clusters of 4 took 30.8 us a layer against 15.8
+ * unclustered; H200, 2026-12-01, bench/results/2026-12-01-h200-mega run 2), and under programmatic
+ * dependent launch the kernel before still holds slots when they are placed: att_launch takes the
+ * cluster form only while ATT_CLUSTER_SPARE clusters of this would stay free. */
 template <int L, bool VEC>
 static void att_cluster_fit(msm_cuda_tuning *t, int li) {
-    for (int ns = 2; ns <= ATT_MAX_SPLIT; ns++) t->att_cluster_fit[li][VEC][ns] = att_clusters<L, VEC>(ns);
+    for (int ns = 2; ns <= ATT_MAX_SPLIT; ns++)
+        t->att_cluster_fit[li][VEC][ns] = msm_max_clusters(attention_kernel<L, VEC, 1, true>, (unsigned)ns, ATT_THREADS, 0);
 }
 
 /* The occupancy fields of the attention kernels, for msm_cuda_tuning_init. */
@@ -624,7 +606,7 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
     bool early = (ex.decode && ex.tune->att_early) || rp.rot > 0; /* RoPE here: decode only (the caller) */
     if constexpr (GB == 1) {
         /* the splits of a (token, head) as one cluster, where ATT_CLUSTER_SPARE of the clusters
-         * the GPU holds (att_clusters) stay free: the same splits, the same bits */
+         * the GPU holds (att_cluster_fit) stay free: the same splits, the same bits */
         constexpr int li = att_li(L);
         if (ns > 1 && ex.tune->att_cluster && pairs + ATT_CLUSTER_SPARE <= ex.tune->att_cluster_fit[li][VEC][ns]) {
             dim3 grid((unsigned)ns, (unsigned)nh, (unsigned)T);

@@ -837,7 +837,7 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
     int slots = ex.tune->mmv_slots > 0 ? ex.tune->mmv_slots : W == 4 ? ex.tune->mmv4_per_sm : ex.tune->mmv_per_sm;
     /* ... and while the rb clusters of 2S blocks are co-resident at once (a cluster takes S blocks of one
      * GPC: Qwen1.5-MoE's qkv at 8 tokens, 96 clusters of 8 where 92 fit, ran its last 4 as a second wave) */
-    const int *fit = ex.tune->mmv_cluster_fit[W == 8][(T + 15) / 16 - 1 < 3 ? (T + 15) / 16 - 1 : 3];
+    const int *fit = ex.tune->mmv_cluster_fit[W == 8][min((T + 15) / 16, 4) - 1];
     while (S < 8 && rb * S * 2 <= slots * sms && nch / (2 * S) >= 4 &&
            (!ex.tune->mmv_fit_clusters || rb <= fit[S == 1 ? 0 : S == 2 ? 1 : 2]))
         S *= 2;
@@ -857,33 +857,17 @@ static int per_sm(K kern, int threads, size_t smem) {
     return per;
 }
 
-/* The occupancy fields of the MMV kernels, for msm_cuda_tuning_init (decode's MMV range is one
- * 16-token tile). */
-/* Clusters of mmv_kernel<MT, S, W> the GPU holds at once (0 if the query fails: then no cluster of
- * that size is taken where the fit is checked). */
-template <int MT, int S, int W>
-static int mmv_clusters(void) {
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = S, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(S, 1);
-    cfg.blockDim = dim3(W * 32);
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, mmv_kernel<MT, S, W>, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 0;
-    }
-    return n;
-}
-
+/* Clusters of 2, 4 and 8 blocks of mmv_kernel<MT, S, W> the GPU holds at once (msm_max_clusters; 0
+ * where the query fails: then no cluster of that size is taken where the fit is checked). */
 template <int MT, int W>
 static void mmv_fit(int (&f)[3]) {
-    f[0] = mmv_clusters<MT, 2, W>(), f[1] = mmv_clusters<MT, 4, W>(), f[2] = mmv_clusters<MT, 8, W>();
+    f[0] = msm_max_clusters(mmv_kernel<MT, 2, W>, 2, W * 32, 0);
+    f[1] = msm_max_clusters(mmv_kernel<MT, 4, W>, 4, W * 32, 0);
+    f[2] = msm_max_clusters(mmv_kernel<MT, 8, W>, 8, W * 32, 0);
 }
 
+/* The occupancy fields of the MMV kernels, for msm_cuda_tuning_init (decode's MMV range is one
+ * 16-token tile). */
 void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmv_per_sm = per_sm(mmv_kernel<1, 8, 8>, 8 * 32, 0);
     t->mmv4_per_sm = per_sm(mmv_kernel<1, 8, 4>, 4 * 32, 0);

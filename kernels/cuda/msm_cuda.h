@@ -857,6 +857,28 @@ static inline cudaError_t msm_launch_cluster(void (*kernel)(KArgs...), dim3 grid
     return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
 }
 
+/* How many clusters of cluster_x blocks of `threads` threads (smem dynamic shared memory each) of
+ * `kernel` an idle GPU holds at once: a cluster is placed whole inside one GPC, so a grid of more
+ * clusters runs the rest as a second wave. 0 if it holds none or the query fails. */
+template <typename... KArgs>
+static inline int msm_max_clusters(void (*kernel)(KArgs...), unsigned cluster_x, unsigned threads, size_t smem) {
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = cluster_x, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(cluster_x, 1, 1);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    return n;
+}
+
 /* The same without clusters: every kernel launch of ours goes through one of the two. */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t msm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,

@@ -225,16 +225,16 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
  * function's arithmetic: bitwise the same logits). Each block stores its logits into block
  * rank 0's shared memory (distributed shared memory); after the cluster barrier rank 0 ranks them
  * (rank_topk) and writes ids and weights, so the fence, the counter's atomic and the last block's
- * reload from L2 leave the kernel's critical path. EARLY: the first round's weight loads go out
+ * reload from L2 leave the kernel's critical path. early: the first round's weight loads go out
  * before the PDL wait (constant weights; x and every store wait). */
 #define RC_THREADS MSM_SMALL_THREADS
 #define RC_MAX_CLUSTER 16 /* non-portable past 8: the H100/H200 take 16 */
 #define RC_LOADS 16       /* 16-byte weight loads a thread has in flight a round */
 
-template <int R, bool EARLY>
+template <int R>
 static __global__ void __launch_bounds__(RC_THREADS)
     router_cluster_kernel(int32_t *ids, float *w, const float *x, const uint16_t *wr, int E, int K, int k,
-                          bool norm) {
+                          bool norm, bool early) {
     constexpr int U = RC_LOADS / R; /* loads a row a round */
     __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE]; /* rank 0's: every logit of the token */
     __shared__ float part[R][RC_THREADS / 32];
@@ -245,7 +245,7 @@ static __global__ void __launch_bounds__(RC_THREADS)
      * now, wait before the stores into rank 0 (long since passed by then) */
     auto started = cl.barrier_arrive();
     msm_pdl_trigger();
-    if (!EARLY) msm_pdl_wait();
+    if (!early) msm_pdl_wait();
     const uint16_t *rows[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rows[r] = b * R + r < E ? wr + (size_t)(b * R + r) * K : NULL;
@@ -262,7 +262,7 @@ static __global__ void __launch_bounds__(RC_THREADS)
                 int kk = k0 + u * 8 * RC_THREADS;
                 wv[r][u] = rows[r] && kk < K ? msm_ld_stream16(rows[r] + kk) : make_uint4(0, 0, 0, 0);
             }
-        if (EARLY && k0 == tid * 8) msm_pdl_wait();
+        if (early && k0 == tid * 8) msm_pdl_wait();
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int kk = k0 + u * 8 * RC_THREADS;
@@ -273,7 +273,7 @@ static __global__ void __launch_bounds__(RC_THREADS)
             for (int r = 0; r < R; r++) acc[r] = msm_fma8_bf16(wv[r][u], xa, xb, acc[r]);
         }
     }
-    if (EARLY) msm_pdl_wait(); /* a thread with no round (K < 8 * tid + 8) waits here */
+    if (early) msm_pdl_wait(); /* a thread with no round (K < 8 * tid + 8) waits here */
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float v = msm_warp_sum(acc[r]);
@@ -309,19 +309,12 @@ static bool rc_fits(int T, int E, int K, const void *wr, const void *x, const ms
            ((uintptr_t)wr | (uintptr_t)x) % 16 == 0 && (E + R - 1) / R <= tn->router_cluster_max;
 }
 
-template <int R, bool EARLY>
-static cudaError_t rc_launch(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k,
-                             bool norm, msm_cuda_exec ex) {
-    unsigned C = (unsigned)((E + R - 1) / R);
-    return msm_launch_cluster(router_cluster_kernel<R, EARLY>, dim3(C, (unsigned)T), dim3(RC_THREADS), 0, C, ex, ids,
-                              w, x, wr, E, K, k, norm);
-}
-
 template <int R>
-static cudaError_t rc_go_r(bool early, int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
-                           int K, int k, bool norm, msm_cuda_exec ex) {
-    return early ? rc_launch<R, true>(ids, w, x, wr, T, E, K, k, norm, ex)
-                 : rc_launch<R, false>(ids, w, x, wr, T, E, K, k, norm, ex);
+static cudaError_t rc_launch(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k,
+                             bool norm, bool early, msm_cuda_exec ex) {
+    unsigned C = (unsigned)((E + R - 1) / R);
+    return msm_launch_cluster(router_cluster_kernel<R>, dim3(C, (unsigned)T), dim3(RC_THREADS), 0, C, ex, ids, w, x,
+                              wr, E, K, k, norm, early);
 }
 
 /* The launch for E's rows a block (rc_rows), the weights before the PDL wait at one token (as the
@@ -330,43 +323,38 @@ static int rc_go(int32_t *ids, float *w, const float *x, const uint16_t *wr, int
                  msm_cuda_exec ex) {
     bool early = T == 1 && ex.tune->gemv_early && !ex.w_written;
     int R = rc_rows(E);
-    cudaError_t e = R == 1   ? rc_go_r<1>(early, ids, w, x, wr, T, E, K, k, norm, ex)
-                    : R == 2 ? rc_go_r<2>(early, ids, w, x, wr, T, E, K, k, norm, ex)
-                    : R == 4 ? rc_go_r<4>(early, ids, w, x, wr, T, E, K, k, norm, ex)
-                    : R == 8 ? rc_go_r<8>(early, ids, w, x, wr, T, E, K, k, norm, ex)
-                             : rc_go_r<16>(early, ids, w, x, wr, T, E, K, k, norm, ex);
+    cudaError_t e = R == 1   ? rc_launch<1>(ids, w, x, wr, T, E, K, k, norm, early, ex)
+                    : R == 2 ? rc_launch<2>(ids, w, x, wr, T, E, K, k, norm, early, ex)
+                    : R == 4 ? rc_launch<4>(ids, w, x, wr, T, E, K, k, norm, early, ex)
+                    : R == 8 ? rc_launch<8>(ids, w, x, wr, T, E, K, k, norm, early, ex)
+                             : rc_launch<16>(ids, w, x, wr, T, E, K, k, norm, early, ex);
     CUDA_TRY(e);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
-/* Allows kernel f's clusters past 8 blocks (non-portable sizes); the largest cluster of it the device
- * can launch (8, the portable size, if the query fails). */
-template <typename F>
-static int rc_allow(F f) {
+/* Allows router_cluster_kernel<R>'s clusters past 8 blocks (non-portable sizes); the largest cluster
+ * of it the device can launch (8, the portable size, if the query fails). */
+template <int R>
+static int rc_allow(void) {
     int n = 0;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(RC_MAX_CLUSTER, 1);
     cfg.blockDim = dim3(RC_THREADS);
-    if (cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
-        cudaOccupancyMaxPotentialClusterSize(&n, f, &cfg) != cudaSuccess) {
+    if (cudaFuncSetAttribute(router_cluster_kernel<R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess ||
+        cudaOccupancyMaxPotentialClusterSize(&n, router_cluster_kernel<R>, &cfg) != cudaSuccess) {
         (void)cudaGetLastError();
         n = 8;
     }
     return n;
 }
 
-template <int R>
-static int rc_prepare(int m) {
-    int a = rc_allow(router_cluster_kernel<R, false>), b = rc_allow(router_cluster_kernel<R, true>);
-    m = a < m ? a : m;
-    return b < m ? b : m;
-}
-
 void msm__router_tuning(msm_cuda_tuning *t) {
-    int m = rc_prepare<1>(RC_MAX_CLUSTER);
-    m = rc_prepare<2>(m), m = rc_prepare<4>(m), m = rc_prepare<8>(m);
-    t->router_cluster_max = rc_prepare<16>(m);
+    const int n[] = {RC_MAX_CLUSTER, rc_allow<1>(), rc_allow<2>(), rc_allow<4>(), rc_allow<8>(), rc_allow<16>()};
+    int m = n[0];
+    for (size_t i = 1; i < sizeof n / sizeof *n; i++) m = n[i] < m ? n[i] : m;
+    t->router_cluster_max = m;
 }
 
 /* ---- ADD_RMSNORM + the fused router in one launch (msm_cuda_norm_router_linear_topk) ----

@@ -356,6 +356,18 @@ Test(graph_plan, aux_values_never_share_bytes_with_the_concurrent_main_work) {
     msm_graph_free(g);
 }
 
+/* The n values vs of out share no bytes in its arena (a value listed twice is one value). */
+static void expect_disjoint(const msm_graph *out, const char *model, const int *vs, int n) {
+    for (int a = 0; a < n; a++)
+        for (int b = a + 1; b < n; b++) {
+            if (vs[a] == vs[b]) continue;
+            int u = vs[a], v = vs[b];
+            size_t u0 = out->vals[u].offset, u1 = u0 + msm_value_bytes_max(out, &out->vals[u]);
+            size_t v0 = out->vals[v].offset, v1 = v0 + msm_value_bytes_max(out, &out->vals[v]);
+            cr_expect(u1 <= v0 || v1 <= u0, "%s: %s overlaps %s", model, out->vals[u].name, out->vals[v].name);
+        }
+}
+
 /* An ADD_RMSNORM whose norm the next node, a LINEAR or a fused router on the same stream, reads
  * keeps its inputs and outputs live through that node: the CUDA backend may run the two as one
  * kernel (msm_cuda_norm_linear, msm_cuda_norm_router_linear_topk), whose blocks read the norm's
@@ -374,16 +386,9 @@ Test(graph_plan, norm_inputs_stay_live_through_the_linear_on_the_norm) {
             bool router = l->op == MSM_OP_ROUTER_LINEAR_TOPK;
             if (n->op != MSM_OP_ADD_RMSNORM || (l->op != MSM_OP_LINEAR && !router) || l->in[0] != n->out[1]) continue;
             pairs += !router, router_pairs += router;
+            /* a LINEAR's one output listed twice */
             const int vs[6] = {n->in[0], n->in[1], n->out[0], n->out[1], l->out[0], router ? l->out[1] : l->out[0]};
-            for (int a = 0; a < 6; a++)
-                for (int b = a + 1; b < 6; b++) {
-                    if (vs[a] == vs[b]) continue; /* a LINEAR's one output, twice */
-                    int u = vs[a], v = vs[b];
-                    size_t u0 = out->vals[u].offset, u1 = u0 + msm_value_bytes_max(out, &out->vals[u]);
-                    size_t v0 = out->vals[v].offset, v1 = v0 + msm_value_bytes_max(out, &out->vals[v]);
-                    cr_expect(u1 <= v0 || v1 <= u0, "%s: %s overlaps %s", models[m], out->vals[u].name,
-                              out->vals[v].name);
-                }
+            expect_disjoint(out, models[m], vs, 6);
         }
         msm_graph_free(out);
         msm_graph_free(g);
@@ -410,14 +415,7 @@ Test(graph_plan, linear_input_stays_live_through_the_rope_on_its_product) {
             if (l->op != MSM_OP_LINEAR || r->op != MSM_OP_ROPE_KV_WRITE || r->in[0] != l->out[0]) continue;
             pairs++;
             const int vs[3] = {l->in[0], l->out[0], r->out[0]};
-            for (int a = 0; a < 3; a++)
-                for (int b = a + 1; b < 3; b++) {
-                    int u = vs[a], v = vs[b];
-                    size_t u0 = out->vals[u].offset, u1 = u0 + msm_value_bytes_max(out, &out->vals[u]);
-                    size_t v0 = out->vals[v].offset, v1 = v0 + msm_value_bytes_max(out, &out->vals[v]);
-                    cr_expect(u1 <= v0 || v1 <= u0, "%s: %s overlaps %s", models[m], out->vals[u].name,
-                              out->vals[v].name);
-                }
+            expect_disjoint(out, models[m], vs, 3);
         }
         msm_graph_free(out);
         msm_graph_free(g);
