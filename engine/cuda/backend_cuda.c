@@ -1280,6 +1280,12 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_NORM_LINEAR=0|1            decode: an ADD_RMSNORM + the LINEAR on its norm in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
+ *   MSM_CUDA_MOE_GROUP_SCAN_MAX_T=N     the grouped SIMT expert GEMVs of up to N tokens find their pairs
+ *                                       themselves, no grouping kernel (64, default; 0: never)
+ *   MSM_CUDA_MOE_GG_GATEUP_NT=2|4       tokens a pass of the grouped SIMT gate/up (4, default)
+ *   MSM_CUDA_MOE_GG_DOWN_NT=2|4         ... of the grouped SIMT down (4, default)
+ *   MSM_CUDA_MOE_GG_DOWN_U=2|3          K chunks in flight a lane a row in the grouped SIMT down (2, default)
+ *   MSM_CUDA_MOE_GG_EARLY=0|1           the grouped SIMT down loads its first weights before its PDL wait (1, default)
  *   MSM_CUDA_STREAM_PRIO=off|aux|auto   the aux stream's kernels (the shared expert's) above the main
  *                                       stream's: never, every step, or decode steps of 3-4 tokens (auto,
  *                                       default)
@@ -1336,6 +1342,11 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_ATT_ROPE"))) t->att_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_AUX_SERIAL_MAX_T", &v)) t->moe_aux_serial_max_t = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", &v)) t->moe_group_scan_max_t = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_MOE_GG_GATEUP_NT", &v)) t->moe_gg_gateup_nt = v == 2 ? 2 : 4;
+    if (env_int("MSM_CUDA_MOE_GG_DOWN_NT", &v)) t->moe_gg_down_nt = v == 2 ? 2 : 4;
+    if (env_int("MSM_CUDA_MOE_GG_DOWN_U", &v)) t->moe_gg_down_u = v == 3 ? 3 : 2;
+    if ((s = getenv("MSM_CUDA_MOE_GG_EARLY"))) t->moe_gg_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_STREAM_PRIO")))
         t->stream_prio = !strcmp(s, "aux") ? MSM_CUDA_PRIO_AUX : !strcmp(s, "auto") ? MSM_CUDA_PRIO_AUTO : MSM_CUDA_PRIO_OFF;
     if ((s = getenv("MSM_CUDA_FP8_MOE_HW"))) t->fp8_moe_hw = s[0] != '0';

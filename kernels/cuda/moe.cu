@@ -110,7 +110,10 @@ static __global__ void __launch_bounds__(1024) moe_group_kernel(moe_ws ws, const
 }
 
 
-static __global__ void moe_combine_kernel(float *y, moe_ws ws, const float *w, int T, int H, int k) {
+/* y[t] = sum_j w[t, j] * outp[row of pair (t, j)]: rows by inv (grouped), or, where the GEMVs
+ * scanned (ids given), the pair itself for a valid expert id. */
+static __global__ void moe_combine_kernel(float *y, moe_ws ws, const int32_t *ids, int E, const float *w, int T,
+                                          int H, int k) {
     msm_pdl_trigger();
     msm_pdl_wait();
     size_t n = (size_t)T * H;
@@ -119,7 +122,8 @@ static __global__ void moe_combine_kernel(float *y, moe_ws ws, const float *w, i
         size_t t = idx / H, h = idx % H;
         float s = 0.0f;
         for (int j = 0; j < k; j++) {
-            int row = ws.inv[t * k + j];
+            size_t p = t * k + j;
+            int row = ids ? (ids[p] >= 0 && ids[p] < E ? (int)p : -1) : ws.inv[p];
             if (row >= 0) s += w[t * k + j] * ws.outp[(size_t)row * H + h];
         }
         y[idx] = s;
@@ -140,11 +144,11 @@ static int moe_path(const msm_cuda_tuning *tn, int T, int H, int I) {
     return msm__moe_gemm_fits(H, I) ? MSM_CUDA_MOE_PATH_WMMA : MSM_CUDA_MOE_PATH_GROUPED_GEMV;
 }
 
-static cudaError_t combine_launch(float *y, const moe_ws &ws, const float *w, int T, int H, int k,
-                                  msm_cuda_exec ex) {
+static cudaError_t combine_launch(float *y, const moe_ws &ws, const int32_t *scan_ids, int E, const float *w, int T,
+                                  int H, int k, msm_cuda_exec ex) {
     size_t n = (size_t)T * H, blocks = (n + 255) / 256;
     return msm_launch(moe_combine_kernel, dim3((unsigned)(blocks > 65536 ? 65536 : blocks)),
-                      dim3(256), 0, ex, y, ws, w, T, H, k);
+                      dim3(256), 0, ex, y, ws, scan_ids, E, w, T, H, k);
 }
 
 static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
@@ -174,14 +178,19 @@ extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids
     if (path == MSM_CUDA_MOE_PATH_PAIR)
         return msm__moe_pair_run(y, x, ids, w, gate_up, NULL, 0, down, NULL, 0, (float *)ws.act, T, H, I, k, E,
                                  vec_h, vec_i, ex);
-    CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
-    ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
+    /* the grouped SIMT GEMVs of few tokens find their pairs themselves: no grouping kernel */
+    const int32_t *scan = path == MSM_CUDA_MOE_PATH_GROUPED_GEMV && msm__moe_grouped_scans(ex.tune, T, k) ? ids : NULL;
+    if (!scan) {
+        CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
+        ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
+    }
     int r = path == MSM_CUDA_MOE_PATH_WMMA    ? msm__moe_gemm_run(ws, x, gate_up, down, T, H, I, k, E, ex)
             : path == MSM_CUDA_MOE_PATH_TILED ? msm__moe_tiled_run(ws, x, gate_up, down, T, H, I, k, E, ex)
-                                              : msm__moe_grouped_run(ws, x, gate_up, down, T, H, I, k, E,
+                                              : msm__moe_grouped_run(ws, scan, x, gate_up, down, T, H, I, k, E,
                                                                      vec_h, vec_i, ex);
     if (r) return r;
-    CUDA_TRY(combine_launch(y, ws, w, T, H, k, ex));
+    ex.no_pdl = false;
+    CUDA_TRY(combine_launch(y, ws, scan, E, w, T, H, k, ex));
     return 0;
 }
 
@@ -231,7 +240,7 @@ extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t 
         int r = tiled ? msm__moe_tiled_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex)
                       : msm__moe_grouped_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex);
         if (r) return r;
-        CUDA_TRY(combine_launch(y, ws, w, T, H, k, ex));
+        CUDA_TRY(combine_launch(y, ws, NULL, E, w, T, H, k, ex));
         return 0;
     }
     /* the selected experts dequantised to bf16, then the bf16 paths (WMMA past

@@ -33,26 +33,62 @@
 #define DOWN_ROWS 16 /* rows of a down MMA item */
 
 /* ---- medium T, SIMT: grouped GEMVs (fp32 FMAs) ----
- * After moe_group_kernel, block (row chunk, e) streams its rows of expert e once and dots every
- * one with all the grouped rows (token copies) routed to e, GG_NT tokens per pass (a later pass
- * re-reads the rows, mostly from L2). fp32 math on the exact bf16 weights and f32 activations,
- * like the CPU oracle; act and the per-pair down rows stay f32. The gate/up kernel triggers its
- * dependants only after its wait (see moe_down_mma_kernel).
- * GG_NT = 4: the fp32 partials per token are what limits the blocks an SM holds (gate/up: 166
- * registers a thread at 8 tokens, 96 at 4), and an expert mostly has 1-4 tokens up to T = 32;
- * measured on the H200 at the Qwen1.5-MoE shapes, 4 against 8 (2): T = 8 112 us against 127
- * (113), T = 16 173 against 198 (184), T = 32 261 against 300 (303). */
-#define GG_NT 4
+ * Block (row chunk, e) streams its rows of expert e once and dots every one with all the rows
+ * (token copies) routed to e, NT tokens per pass (a later pass re-reads the rows, mostly from L2).
+ * fp32 math on the exact bf16 weights and f32 activations, like the CPU oracle; act and the
+ * per-pair down rows stay f32. The gate/up kernel triggers its dependants only after its wait (see
+ * moe_down_mma_kernel), so the down may read the routing before its own wait (early).
+ * Expert e's rows: after moe_group_kernel, grouped rows expert_off[e] .. expert_off[e + 1] - 1
+ * (pair perm[g]); or, scanning (ids given: tuning moe_group_scan_max_t), the block finds e's
+ * pairs in ids itself, in ascending order (gg_scan), and act / outp rows are the pairs' indices:
+ * no grouping kernel, whose one block of 1024 threads waited for room beside the shared expert's
+ * GEMVs at 8 tokens (Qwen1.5-MoE timeline: router end to gate/up start 10.7 us). The same sums
+ * either way (each row's dot does not depend on the others).
+ * NT = 4 tokens a pass: the fp32 partials per token are what limits the blocks an SM holds
+ * (gate/up: 166 registers a thread at 8 tokens, 96 at 4), and an expert mostly has 1-4 tokens up
+ * to T = 32; measured on the H200 at the Qwen1.5-MoE shapes, 4 against 8 (2): T = 8 112 us against
+ * 127 (113), T = 16 173 against 198 (184), T = 32 261 against 300 (303). Tuning moe_gg_*_nt picks
+ * 2 or 4 per kernel, moe_gg_down_u the down's K chunks in flight (same sums: a lane's chunks are
+ * summed in K order whatever the step). */
 #define GG_U 2
 
-template <int R, bool VEC, bool FP8>
+/* Expert e's pairs among ids[0, P) in ascending order into sp (the whole block calls it; warp 0
+ * scans 32 ids a round with a ballot); returns their count. P <= MSM_CUDA_MOE_SCAN_MAX_P. */
+static __device__ __forceinline__ int gg_scan(int *sp, const int32_t *ids, int P, int e) {
+    __shared__ int sn;
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x, n = 0;
+        for (int p0 = 0; p0 < P; p0 += 32) {
+            bool hit = p0 + lane < P && ids[p0 + lane] == e;
+            unsigned m = __ballot_sync(MSM_FULL_MASK, hit);
+            if (hit) sp[n + __popc(m & ((1u << lane) - 1))] = p0 + lane;
+            n += __popc(m);
+        }
+        if (lane == 0) sn = n;
+    }
+    __syncthreads();
+    return sn;
+}
+
+/* Expert e's rows [*g0, *g1): grouped rows (ids NULL) or scanned pairs in sp. */
+static __device__ __forceinline__ void gg_rows(const moe_ws &ws, const int32_t *ids, int P, int e, int *sp, int *g0,
+                                               int *g1) {
+    if (ids) {
+        *g0 = 0, *g1 = gg_scan(sp, ids, P, e);
+    } else {
+        *g0 = ws.expert_off[e], *g1 = ws.expert_off[e + 1];
+    }
+}
+
+template <int R, int NT, bool VEC, bool FP8>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_gateup_grouped_gemv_kernel(moe_ws ws, const float *x, const void *gate_up, const float *gu_sc,
-                                   int gu_ph, int H, int I, int k) {
+    moe_gateup_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, const float *x, const void *gate_up,
+                                   const float *gu_sc, int gu_ph, int H, int I, int k) {
+    __shared__ int sp[MSM_CUDA_MOE_SCAN_MAX_P];
     msm_pdl_wait();
     msm_pdl_trigger();
-    int e = blockIdx.y;
-    int g0 = ws.expert_off[e], g1 = ws.expert_off[e + 1];
+    int e = blockIdx.y, g0, g1;
+    gg_rows(ws, ids, P, e, sp, &g0, &g1);
     if (g0 >= g1) return;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int i0 = (blockIdx.x * MOE_WARPS + warp) * R;
@@ -70,39 +106,48 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
         sr[r] = msm_srow(se, i, H, gu_ph);
         sr[R + r] = msm_srow(se, I + i, H, gu_ph);
     }
-    for (int gb = g0; gb < g1; gb += GG_NT) {
-        int nt = min(GG_NT, g1 - gb);
-        const float *xs[GG_NT];
+    for (int gb = g0; gb < g1; gb += NT) {
+        int nt = min(NT, g1 - gb);
+        const float *xs[NT];
 #pragma unroll
-        for (int t = 0; t < GG_NT; t++) xs[t] = x + (size_t)(ws.perm[gb + min(t, nt - 1)] / k) * H;
-        float acc[2 * R][GG_NT];
+        for (int t = 0; t < NT; t++) {
+            int g = gb + min(t, nt - 1);
+            xs[t] = x + (size_t)((ids ? sp[g] : ws.perm[g]) / k) * H;
+        }
+        float acc[2 * R][NT];
 #pragma unroll
         for (int r = 0; r < 2 * R; r++)
 #pragma unroll
-            for (int t = 0; t < GG_NT; t++) acc[r][t] = 0.0f;
-        msm_rows_dot_w<2 * R, GG_NT, GG_U, VEC, FP8>(acc, wr, sr, xs, nt, H, gu_ph, lane);
+            for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+        msm_rows_dot_w<2 * R, NT, GG_U, VEC, FP8>(acc, wr, sr, xs, nt, H, gu_ph, lane);
         /* only the nt live token columns are reduced (nt is warp-uniform; an expert mostly has
-         * 1-3 tokens at T=32, so reducing all GG_NT cost as much as the loads) */
+         * 1-3 tokens at T=32, so reducing all NT cost as much as the loads) */
 #pragma unroll
-        for (int t = 0; t < GG_NT; t++) {
+        for (int t = 0; t < NT; t++) {
             if (t >= nt) break;
+            size_t row = ids ? (size_t)sp[gb + t] : (size_t)(gb + t);
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 float g = msm_warp_sum(acc[r][t]), u = msm_warp_sum(acc[R + r][t]);
-                if (lane == 0 && i0 + r < I) act[(size_t)(gb + t) * I + i0 + r] = g / (1.0f + expf(-g)) * u;
+                if (lane == 0 && i0 + r < I) act[row * I + i0 + r] = g / (1.0f + expf(-g)) * u;
             }
         }
     }
 }
 
-/* outp[g, h] = dot(down_e[h, :], act[g, :]) for the grouped rows g of expert e. */
-template <int R, bool VEC, bool FP8>
+/* outp[g, h] = dot(down_e[h, :], act[g, :]) for the rows g of expert e (grouped rows, or the
+ * scanned pairs). early: the routing (expert_off / ids) and the first weight loads come before the
+ * PDL wait (the gate/up before this triggers only after its own wait); act, written by the
+ * gate/up, and every store after it. */
+template <int R, int NT, int U, bool VEC, bool FP8>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_down_grouped_gemv_kernel(moe_ws ws, const void *down, const float *dn_sc, int dn_ph, int H, int I) {
-    msm_pdl_wait();
+    moe_down_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, const void *down, const float *dn_sc, int dn_ph,
+                                 int H, int I, bool early) {
+    __shared__ int sp[MSM_CUDA_MOE_SCAN_MAX_P];
+    if (!early) msm_pdl_wait();
     msm_pdl_trigger();
-    int e = blockIdx.y;
-    int g0 = ws.expert_off[e], g1 = ws.expert_off[e + 1];
+    int e = blockIdx.y, g0, g1;
+    gg_rows(ws, ids, P, e, sp, &g0, &g1);
     if (g0 >= g1) return;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int h0 = (blockIdx.x * MOE_WARPS + warp) * R;
@@ -116,24 +161,29 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
         wr[r] = msm_wrow<FP8>(down, (size_t)e * H * I, min(h0 + r, H - 1), I);
         sr[r] = msm_srow(se, min(h0 + r, H - 1), I, dn_ph);
     }
-    for (int gb = g0; gb < g1; gb += GG_NT) {
-        int nt = min(GG_NT, g1 - gb);
-        const float *xs[GG_NT];
+    for (int gb = g0; gb < g1; gb += NT) {
+        int nt = min(NT, g1 - gb);
+        const float *xs[NT];
 #pragma unroll
-        for (int t = 0; t < GG_NT; t++) xs[t] = act + (size_t)(gb + min(t, nt - 1)) * I;
-        float acc[R][GG_NT];
+        for (int t = 0; t < NT; t++) {
+            int g = gb + min(t, nt - 1);
+            xs[t] = act + (size_t)(ids ? sp[g] : g) * I;
+        }
+        float acc[R][NT];
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int t = 0; t < GG_NT; t++) acc[r][t] = 0.0f;
-        msm_rows_dot_w<R, GG_NT, GG_U, VEC, FP8>(acc, wr, sr, xs, nt, I, dn_ph, lane);
+            for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+        /* the wait (early) once this pass's first weight loads are out; a no-op after the first */
+        msm_rows_dot_w<R, NT, U, VEC, FP8>(acc, wr, sr, xs, nt, I, dn_ph, lane, msm_pdl_hook{early});
 #pragma unroll
-        for (int t = 0; t < GG_NT; t++) {
+        for (int t = 0; t < NT; t++) {
             if (t >= nt) break;
+            size_t row = ids ? (size_t)sp[gb + t] : (size_t)(gb + t);
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 float d = msm_warp_sum(acc[r][t]);
-                if (lane == 0 && h0 + r < H) ws.outp[(size_t)(gb + t) * H + h0 + r] = d;
+                if (lane == 0 && h0 + r < H) ws.outp[row * H + h0 + r] = d;
             }
         }
     }
@@ -413,29 +463,44 @@ static __global__ void __launch_bounds__(NW * 32, FP8 ? MMA_MINB_FP8 : MMA_MINB)
     }
 }
 
-static cudaError_t grouped_simt_launch(const moe_ws &ws, const float *x, const void *gate_up,
-                                       const float *gu_sc, int gu_ph, const void *down, const float *dn_sc,
-                                       int dn_ph, bool vec_h, bool vec_i, bool gateup, int H, int I, int k, int E,
-                                       msm_cuda_exec ex) {
+/* The grouped SIMT gate/up (gateup) or down GEMV. ids: the pairs' expert ids when the kernels
+ * scan them themselves (no grouping kernel ran; P = T * k <= MSM_CUDA_MOE_SCAN_MAX_P), else NULL.
+ * bf16 rows with 16-byte loads take the tuning's tokens a pass and chunks in flight; FP8 and
+ * scalar rows the defaults (4 tokens, 2 chunks). */
+static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int P, const float *x,
+                                       const void *gate_up, const float *gu_sc, int gu_ph, const void *down,
+                                       const float *dn_sc, int dn_ph, bool vec_h, bool vec_i, bool gateup, int H,
+                                       int I, int k, int E, msm_cuda_exec ex) {
     constexpr int RG = 2, RD = 4;
+    const msm_cuda_tuning *tn = ex.tune;
     dim3 blk(MOE_WARPS * 32);
     if (gateup) {
         dim3 ga((unsigned)((I + MOE_WARPS * RG - 1) / (MOE_WARPS * RG)), (unsigned)E);
         if (gu_sc)
-            return msm_launch(moe_gateup_grouped_gemv_kernel<RG, true, true>, ga, blk, 0, ex, ws, x,
+            return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, true, true>, ga, blk, 0, ex, ws, ids, P, x,
                               gate_up, gu_sc, gu_ph, H, I, k);
         if (vec_h)
-            return msm_launch(moe_gateup_grouped_gemv_kernel<RG, true, false>, ga, blk, 0, ex, ws, x,
-                              gate_up, gu_sc, gu_ph, H, I, k);
-        return msm_launch(moe_gateup_grouped_gemv_kernel<RG, false, false>, ga, blk, 0, ex, ws, x,
+            return msm_launch(tn->moe_gg_gateup_nt == 2 ? moe_gateup_grouped_gemv_kernel<RG, 2, true, false>
+                                                        : moe_gateup_grouped_gemv_kernel<RG, 4, true, false>,
+                              ga, blk, 0, ex, ws, ids, P, x, gate_up, gu_sc, gu_ph, H, I, k);
+        return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, false, false>, ga, blk, 0, ex, ws, ids, P, x,
                           gate_up, gu_sc, gu_ph, H, I, k);
     }
     dim3 gd((unsigned)((H + MOE_WARPS * RD - 1) / (MOE_WARPS * RD)), (unsigned)E);
+    bool early = tn->moe_gg_early && !ex.w_written;
     if (dn_sc)
-        return msm_launch(moe_down_grouped_gemv_kernel<RD, true, true>, gd, blk, 0, ex, ws, down, dn_sc, dn_ph, H, I);
-    if (vec_i)
-        return msm_launch(moe_down_grouped_gemv_kernel<RD, true, false>, gd, blk, 0, ex, ws, down, dn_sc, dn_ph, H, I);
-    return msm_launch(moe_down_grouped_gemv_kernel<RD, false, false>, gd, blk, 0, ex, ws, down, dn_sc, dn_ph, H, I);
+        return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, true, true>, gd, blk, 0, ex, ws, ids, P, down,
+                          dn_sc, dn_ph, H, I, early);
+    if (vec_i) {
+        bool u3 = tn->moe_gg_down_u == 3, nt2 = tn->moe_gg_down_nt == 2;
+        auto kern = nt2 ? (u3 ? moe_down_grouped_gemv_kernel<RD, 2, 3, true, false>
+                              : moe_down_grouped_gemv_kernel<RD, 2, GG_U, true, false>)
+                        : (u3 ? moe_down_grouped_gemv_kernel<RD, 4, 3, true, false>
+                              : moe_down_grouped_gemv_kernel<RD, 4, GG_U, true, false>);
+        return msm_launch(kern, gd, blk, 0, ex, ws, ids, P, down, dn_sc, dn_ph, H, I, early);
+    }
+    return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, false, false>, gd, blk, 0, ex, ws, ids, P, down,
+                      dn_sc, dn_ph, H, I, early);
 }
 
 /* Resident blocks an SM holds of a kernel with MMA_NW warps (1 if the query fails). */
@@ -463,13 +528,24 @@ void msm__moe_tuning(msm_cuda_tuning *t) {
     t->moe_down_mma8_per_sm = blocks_per_sm(moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT, true>);
 }
 
-int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
+/* Whether the tensor-core grouped GEMVs take T tokens (else the SIMT ones). */
+static bool grouped_mma(const msm_cuda_tuning *tn, int T) {
+    int kf = tn->moe_kernels;
+    return !(kf & MSM_CUDA_MOE_K_SIMT) && (T >= MOE_MMA_MIN_T || (kf & MSM_CUDA_MOE_K_MMA));
+}
+
+bool msm__moe_grouped_scans(const msm_cuda_tuning *tn, int T, int k) {
+    return !grouped_mma(tn, T) && T <= tn->moe_group_scan_max_t && (long)T * k <= MSM_CUDA_MOE_SCAN_MAX_P;
+}
+
+int msm__moe_grouped_run(const moe_ws &ws, const int32_t *ids, const float *x, const uint16_t *gate_up,
                          const uint16_t *down, int T, int H, int I, int k, int E, bool vec_h,
                          bool vec_i, msm_cuda_exec ex) {
     const msm_cuda_tuning *tn = ex.tune;
     int kf = tn->moe_kernels;
     size_t P = (size_t)T * k;
-    bool mma = !(kf & MSM_CUDA_MOE_K_SIMT) && (T >= MOE_MMA_MIN_T || (kf & MSM_CUDA_MOE_K_MMA));
+    bool mma = grouped_mma(tn, T);
+    if (mma) ids = NULL; /* the caller grouped (msm__moe_grouped_scans false) */
     size_t max_sel = P < (size_t)E ? P : (size_t)E;
     bool nt4 = kf & MSM_CUDA_MOE_K_NT4;
     if (mma && vec_h) {
@@ -479,7 +555,9 @@ int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_
         CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, x, (const void *)gate_up,
                             (const float *)NULL, 0, H, I, k));
     } else {
-        CUDA_TRY(grouped_simt_launch(ws, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, true, H, I, k, E, ex));
+        CUDA_TRY(grouped_simt_launch(ws, ids, (int)P, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, true, H, I, k, E,
+                                     ex));
+        ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
     }
     if (mma && vec_i) {
         auto kern = nt4 ? moe_down_mma_kernel<MMA_NW, MMA_U, 4> : moe_down_mma_kernel<MMA_NW, MMA_U, MMA_NT>;
@@ -488,7 +566,8 @@ int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_
         CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, (const void *)down, (const float *)NULL,
                             0, H, I, !(kf & MSM_CUDA_MOE_K_NO_PREFETCH)));
     } else {
-        CUDA_TRY(grouped_simt_launch(ws, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, false, H, I, k, E, ex));
+        CUDA_TRY(grouped_simt_launch(ws, ids, (int)P, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, false, H, I, k,
+                                     E, ex));
     }
     return 0;
 }
@@ -510,9 +589,9 @@ int msm__moe_grouped_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu,
                             (const void *)dn.q, dn.scale, dn.phase, H, I, !(tn->moe_kernels & MSM_CUDA_MOE_K_NO_PREFETCH)));
         return 0;
     }
-    CUDA_TRY(grouped_simt_launch(ws, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, true, H, I,
-                                 k, E, ex));
-    CUDA_TRY(grouped_simt_launch(ws, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, false, H, I,
-                                 k, E, ex));
+    CUDA_TRY(grouped_simt_launch(ws, NULL, 0, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, true,
+                                 H, I, k, E, ex));
+    CUDA_TRY(grouped_simt_launch(ws, NULL, 0, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, false,
+                                 H, I, k, E, ex));
     return 0;
 }

@@ -24,8 +24,9 @@ typedef struct moe_ws {
     int32_t *n_sel;      /* [1] how many experts have pairs */
     int32_t *perm;       /* [P] grouped row -> pair */
     int32_t *inv;        /* [P] pair -> grouped row (-1: invalid expert id) */
-    uint16_t *act;       /* [P, I] bf16 silu(g)*u, grouped order (GEMV paths: f32 [P, I]) */
-    float *outp;         /* [P, H] per-pair down output, grouped order */
+    uint16_t *act;       /* [P, I] bf16 silu(g)*u, grouped order (GEMV paths: f32 [P, I]; pair
+                          * order where the grouped GEMVs scan, msm__moe_grouped_scans) */
+    float *outp;         /* [P, H] per-pair down output, grouped order (... pair order) */
 } moe_ws;
 
 /* silu(g) * u with the CPU oracle's formula. */
@@ -41,8 +42,14 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
                       const float *gu_sc, int gu_ph, const void *down, const float *dn_sc, int dn_ph, float *act,
                       int T, int H, int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex);
 
-/* Medium T (moe_grouped.cu), after the grouping: act and outp in ws, grouped order. */
-int msm__moe_grouped_run(const moe_ws &ws, const float *x, const uint16_t *gate_up,
+/* Whether the medium-T GEMVs at T tokens (bf16) find each expert's pairs themselves
+ * (msm_cuda_tuning.moe_group_scan_max_t): then no grouping kernel runs, the runner gets the ids and
+ * act / outp rows are the pairs' indices. */
+bool msm__moe_grouped_scans(const msm_cuda_tuning *tn, int T, int k);
+
+/* Medium T (moe_grouped.cu): after the grouping (ids NULL; act and outp in grouped order), or
+ * scanning ids (msm__moe_grouped_scans; rows in pair order). */
+int msm__moe_grouped_run(const moe_ws &ws, const int32_t *ids, const float *x, const uint16_t *gate_up,
                          const uint16_t *down, int T, int H, int I, int k, int E, bool vec_h,
                          bool vec_i, msm_cuda_exec ex);
 

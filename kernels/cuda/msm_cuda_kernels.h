@@ -63,6 +63,7 @@ extern "C" {
  * run 3). */
 #define MSM_CUDA_MOE_GEMV_MAX_T 4
 #define MSM_CUDA_MOE_GROUPED_GEMV_MAX_T 64
+#define MSM_CUDA_MOE_SCAN_MAX_P 512 /* pairs (T * k) the grouped GEMVs' own scan takes at most */
 #define MSM_CUDA_MOE_TILED_MIN_T 12
 #define MSM_CUDA_MOE_TILED_MAX_T 512
 enum { MSM_CUDA_MOE_PATH_AUTO = 0, MSM_CUDA_MOE_PATH_PAIR = 1, MSM_CUDA_MOE_PATH_GROUPED_GEMV = 2,
@@ -282,6 +283,18 @@ typedef struct msm_cuda_tuning {
                                  / 2.78-2.83 / 4.90-4.93 -> 1.97 / 2.75-2.77 / 4.86-4.89; past 8 it loses
                                  (GLM-4.5-Air FP8 batch 128 57.8 -> 63.2, Qwen1.5 batch 32 8.51 -> 8.58).
                                  0: never (MSM_CUDA_MOE_AUX_SERIAL_MAX_T) */
+    int moe_group_scan_max_t; /* the grouped SIMT expert GEMVs (bf16) of up to this many tokens (and at
+                                 most MSM_CUDA_MOE_SCAN_MAX_P pairs) find their expert's pairs
+                                 themselves (each block scans the ids) instead of after the one-block
+                                 grouping kernel, which then leaves the step; rows stay in pair order
+                                 (the same bits; MSM_CUDA_MOE_GROUP_SCAN_MAX_T, 0: never) */
+    int moe_gg_gateup_nt;     /* grouped SIMT GEMVs: tokens a pass of the gate/up (2 or 4) and the */
+    int moe_gg_down_nt;       /* down (2 or 4), 16-byte K chunks of a row in flight a lane in the */
+    int moe_gg_down_u;        /* down (2 or 3; bf16 rows), the same sums in the same order whatever
+                                 the choice (MSM_CUDA_MOE_GG_GATEUP_NT, _DOWN_NT, _DOWN_U) */
+    bool moe_gg_early;        /* ... the grouped down loads its first weights before its PDL wait (the
+                                 gate/up before it triggers only after its own wait, so the routing
+                                 it reads is complete; MSM_CUDA_MOE_GG_EARLY) */
     int stream_prio;          /* launch priority of the aux stream's kernels (the shared expert's),
                                  above the main stream's (the block scheduler dispatches a waiting block
                                  of a higher-priority grid first): MSM_CUDA_PRIO_OFF, _AUX (every step)

@@ -55,6 +55,11 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->att_rope = false; /* measured slower: msm_cuda_kernels.h */
     t->small_early = true;
     t->moe_aux_serial_max_t = 8;
+    t->moe_group_scan_max_t = MSM_CUDA_MOE_GROUPED_GEMV_MAX_T;
+    t->moe_gg_gateup_nt = 4;
+    t->moe_gg_down_nt = 4;
+    t->moe_gg_down_u = 2;
+    t->moe_gg_early = true;
     t->stream_prio = MSM_CUDA_PRIO_AUTO;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
     /* the norm-in GEMV and the GEMV at 2 tokens; the experts' kernels lost occupancy for nothing

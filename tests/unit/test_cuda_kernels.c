@@ -54,7 +54,9 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16", "MSM_CUDA_MOE_TILED_BM",
                                  "MSM_CUDA_FP8_LINEAR_MAX_T", "MSM_CUDA_FP8_LINEAR_TILED_MIN_T",
                                  "MSM_CUDA_STREAM_PRIO", "MSM_CUDA_LINEAR_ROPE", "MSM_CUDA_ROUTER_CLUSTER",
-                                 "MSM_CUDA_MMV_FIT_CLUSTERS", "MSM_CUDA_MMV_U8_MAX_BLOCKS"};
+                                 "MSM_CUDA_MMV_FIT_CLUSTERS", "MSM_CUDA_MMV_U8_MAX_BLOCKS",
+                                 "MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "MSM_CUDA_MOE_GG_GATEUP_NT", "MSM_CUDA_MOE_GG_DOWN_NT",
+                                 "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -83,6 +85,10 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_STREAM_PRIO", "aux", 1), setenv("MSM_CUDA_LINEAR_ROPE", "0", 1);
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
+    setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
+    setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
+    setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1);
+    t.moe_gg_early = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
@@ -99,6 +105,11 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.router_cluster_max_t, 0, "clamped to 0: the counter and the last block");
     cr_expect(!t.mmv_fit_clusters, "MSM_CUDA_MMV_FIT_CLUSTERS=0: K slices by blocks alone");
     cr_expect_eq(t.mmv_u8_max_blocks, 0, "clamped to 0: 4 chunks in flight");
+    cr_expect_eq(t.moe_group_scan_max_t, 0, "clamped to 0: the grouping kernel always");
+    cr_expect_eq(t.moe_gg_gateup_nt, 2);
+    cr_expect_eq(t.moe_gg_down_nt, 4, "not 2: 4 tokens a pass");
+    cr_expect_eq(t.moe_gg_down_u, 3);
+    cr_expect(!t.moe_gg_early, "MSM_CUDA_MOE_GG_EARLY=0: the down waits first");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -1225,6 +1236,74 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
                                    {12, A, 0},  {64, GG, NT4},  {40, GG, MMA | NT4},
                                    {100, A, 0}, {200, TL, 0},  {37, TL, 0}};
     moe_cases(skew, sizeof skew / sizeof *skew, 256, 128, 2, 3, 2e-5);
+}
+
+/* The grouped SIMT expert GEMVs give the same bits whether they find their pairs themselves (no
+ * grouping kernel: rows in pair order) or after the grouping kernel, with 2 or 4 tokens a pass in
+ * either kernel, 2 or 3 K chunks in flight in the down, and the down's first weight loads before or
+ * after its PDL wait (launched right behind the gate/up, which writes its input); each against the
+ * CPU. Qwen1.5-MoE shapes at 5-11 tokens, odd sizes (scalar loads), k = 8, and many tokens an
+ * expert (several passes); past MSM_CUDA_MOE_SCAN_MAX_P pairs the grouping kernel runs anyway. */
+typedef struct gg_variant {
+    int scan_max_t, gu_nt, dn_nt, dn_u;
+    bool early;
+} gg_variant;
+
+static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
+    static const gg_variant vs[] = {{64, 4, 4, 2, true},  {0, 4, 4, 2, true},  {64, 4, 4, 2, false},
+                                    {64, 2, 2, 2, true},  {64, 4, 4, 3, true}, {64, 2, 2, 3, false},
+                                    {0, 2, 2, 3, true},   {0, 4, 2, 3, false}};
+    float *guf, *dnf;
+    uint16_t *gub = host_bf16((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H), &guf);
+    uint16_t *dnb = host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &dnf);
+    uint16_t *dgu = dev_up(gub, (size_t)E * 2 * I * H * 2), *ddn = dev_up(dnb, (size_t)E * H * I * 2);
+    float *scratch = malloc((size_t)3 * I * 4);
+    for (int c = 0; c < nT; c++) {
+        int T = Ts[c];
+        float *x = host_f32((size_t)T * H, 1.0f);
+        int32_t *ids = malloc((size_t)T * k * 4);
+        float *w = malloc((size_t)T * k * 4);
+        random_routing(ids, w, T, k, E);
+        float *ref = malloc((size_t)T * H * 4), *first = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4);
+        msm_cpu_moe_experts(ref, x, ids, w, guf, dnf, T, H, I, k, scratch);
+        float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4);
+        int32_t *di = dev_up(ids, (size_t)T * k * 4);
+        float *dy = dev_poison((size_t)T * H * 4);
+        size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
+        void *ws = dev_poison(wsb);
+        for (size_t v = 0; v < sizeof vs / sizeof *vs; v++) {
+            msm_cuda_tuning t = tune0;
+            t.moe_path = MSM_CUDA_MOE_PATH_GROUPED_GEMV, t.moe_kernels = MSM_CUDA_MOE_K_SIMT;
+            t.moe_group_scan_max_t = vs[v].scan_max_t, t.moe_gg_early = vs[v].early;
+            t.moe_gg_gateup_nt = vs[v].gu_nt, t.moe_gg_down_nt = vs[v].dn_nt, t.moe_gg_down_u = vs[v].dn_u;
+            cudaMemset(dy, 0xff, (size_t)T * H * 4);
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+            down(v ? out : first, dy, (size_t)T * H * 4);
+            if (!v)
+                CHECK_ERR(first, ref, (size_t)T * H, 2e-5, "grouped SIMT T=%d H=%d I=%d k=%d E=%d", T, H, I, k, E);
+            else
+                cr_expect(memcmp(first, out, (size_t)T * H * 4) == 0,
+                          "grouped SIMT T=%d H=%d I=%d k=%d: variant %zu (scan %d, nt %d/%d, u %d, early %d) not the "
+                          "default's bits", T, H, I, k, v, vs[v].scan_max_t, vs[v].gu_nt, vs[v].dn_nt, vs[v].dn_u,
+                          (int)vs[v].early);
+        }
+        cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
+        free(x), free(ids), free(w), free(ref), free(first), free(out);
+    }
+    cudaFree(dgu), cudaFree(ddn);
+    free(guf), free(gub), free(dnf), free(dnb), free(scratch);
+}
+
+Test(cuda_kernels, moe_grouped_simt_variants_same_bits, .timeout = 240) {
+    need_gpu();
+    static const int qwen[] = {5, 8, 11, 32};
+    gg_cases(qwen, 4, 2048, 1408, 4, 60);
+    static const int odd[] = {9, 3};
+    gg_cases(odd, 2, 130, 40, 2, 6);    /* scalar loads */
+    static const int k8[] = {30, 64, 70}; /* 240 / 512 pairs scanned, 560 grouped */
+    gg_cases(k8, 3, 264, 104, 8, 24);
+    static const int skew[] = {12, 64};   /* 24 / 128 pairs over 3 experts: several passes */
+    gg_cases(skew, 2, 256, 128, 2, 3);
 }
 
 /* The bf16 tiled expert GEMMs with 16 or 32 tokens a pass (deeper pipelines) and the auto rule give

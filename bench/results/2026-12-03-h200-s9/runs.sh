@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The device commands of this session's runs (README.md here), from the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check
+# bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
+#   bash bench/results/2026-12-03-h200-s9/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, hdr
+ncu_k() { # KERNEL-REGEX PRESET BATCH TAG: Nsight Compute sections on the kernel's first 2 launches
+    timeout 120 /usr/local/cuda/bin/ncu --kernel-name "regex:$1" --launch-skip 0 --launch-count 2 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats --section SchedulerStats gpu-run/bin/msmoe-bench decode --preset config/models/$2.json \
+        --backend cuda --batches $3 --context 512 --steps 1 --no-cuda-graphs > $OUT/ncu-$4.txt 2>&1
+}
+case "$1" in
+r1)
+    # the review commit 30837b5 (no behaviour change intended) on the GPU: kernel tests, every
+    # switch bitwise at the Qwen1.5-MoE and Qwen3 shapes, the table at 1 / 8 tokens; Nsight Compute
+    # on the batch-8 grouped expert GEMVs and the attention (Qwen1.5-MoE)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'router*' 'linear_mmv*' 'attention*' 'tuning*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    b qwen1.5-moe-a2.7b 1,2,4,8 base --
+    b qwen3-30b-a3b 1,2,4,8 base --
+    el ncu | tee -a $OUT/gpu.txt
+    ncu_k moe_down_grouped qwen1.5-moe-a2.7b 8 down8
+    ncu_k moe_gateup_grouped qwen1.5-moe-a2.7b 8 gateup8
+    ncu_k attention_kernel qwen1.5-moe-a2.7b 8 att8
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=24 tl qwen1.5-moe-a2.7b 8 q15
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 580) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+esac
