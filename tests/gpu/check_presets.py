@@ -12,9 +12,11 @@ position / weight / cosine prologue before the PDL wait vs after, the routed exp
 after the router vs as its programmatic dependent where a shared expert runs beside them, the FP8
 experts' codes decoded with integer operations vs the hardware's conversion, the qkv GEMV with the
 RoPE and K/V cache write in its epilogue vs the two kernels, the router's top-k ranked by one
-thread-block cluster a token vs by the last block to arrive on a counter.
-Prompts of 2 and 4 tokens put the prefill's dense linears at T = 2 and 4, then every decode step
-at T = 1. There is no oracle at these sizes (the CPU backend would take minutes a token): the
+thread-block cluster a token vs by the last block to arrive on a counter, the grouped expert GEMVs
+finding their pairs themselves vs after the grouping kernel, their down's first weight loads before
+the PDL wait vs after, and their tokens a pass and K chunks in flight.
+Prompts of 2, 4 and 8 tokens put the prefill's dense linears at T = 2, 4 and 8 (and the experts at
+8 on the grouped GEMVs), then every decode step at T = 1. There is no oracle at these sizes (the CPU backend would take minutes a token): the
 kernels' own tests (test_cuda_kernels) compare each path with the CPU at these shapes.
 usage: check_presets.py [PRESET.json ...]   (default: the Qwen1.5-MoE, Qwen3-30B-A3B and its
 FP8 presets). Prints one line per check, exits non-zero on any failure."""
@@ -24,7 +26,7 @@ import numpy as np
 BIN = os.environ.get("MSMOE_RUN", "gpu-run/bin/msmoe-run")
 PRESETS = sys.argv[1:] or ["config/models/qwen1.5-moe-a2.7b.json", "config/models/qwen3-30b-a3b.json",
                            "config/models/qwen3-30b-a3b-fp8.json"]
-PROMPTS = [[11, 22], [101, 7, 4000, 9]]
+PROMPTS = [[11, 22], [101, 7, 4000, 9], [5, 1000, 77, 300, 12, 9000, 41, 2]]
 N_NEW = 6
 VARIANTS = [  # (name, extra flags, environment)
     ("graph replay vs eager", ["--no-cuda-graphs"], {}),
@@ -42,6 +44,10 @@ VARIANTS = [  # (name, extra flags, environment)
     ("the one-token bf16 GEMV's 2048-wide rows in two steps vs one", [], {"MSM_CUDA_GEMV_U8": "1"}),
     ("qkv GEMV + RoPE + K/V write one kernel vs two", [], {"MSM_CUDA_LINEAR_ROPE": "0"}),
     ("router as one cluster a token vs a counter and the last block", [], {"MSM_CUDA_ROUTER_CLUSTER": "0"}),
+    ("grouped expert GEMVs scanning their pairs vs after the grouping kernel", [], {"MSM_CUDA_MOE_GROUP_SCAN_MAX_T": "0"}),
+    ("grouped expert down's first weight loads before the PDL wait vs after", [], {"MSM_CUDA_MOE_GG_EARLY": "0"}),
+    ("grouped expert GEMVs at 2 tokens a pass, 3 chunks in flight vs 4 and 2", [],
+     {"MSM_CUDA_MOE_GG_GATEUP_NT": "2", "MSM_CUDA_MOE_GG_DOWN_NT": "2", "MSM_CUDA_MOE_GG_DOWN_U": "3"}),
 ]
 fails = 0
 

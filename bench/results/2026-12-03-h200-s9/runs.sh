@@ -33,4 +33,29 @@ r1)
     timeout $(left 580) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r2)
+    # the grouped SIMT expert GEMVs (5-11 tokens, bf16): finding their pairs themselves (no grouping
+    # kernel; MSM_CUDA_MOE_GROUP_SCAN_MAX_T=0 the kernel), the down's first weights before its PDL
+    # wait (MSM_CUDA_MOE_GG_EARLY=0 after), 2 tokens a pass (gate/up, down), 3 chunks in flight
+    # (down): kernel tests, the A/B (two rounds), a timeline at 8 tokens, every switch bitwise
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'moe_grouped_simt*' 'moe_experts_grouped*' 'moe_experts_variants*' 'moe_experts_gemv*' 'tuning*' 'moe_combine*'; do
+        timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for v in "--" "MSM_CUDA_MOE_GROUP_SCAN_MAX_T=0 MSM_CUDA_MOE_GG_EARLY=0 --" "MSM_CUDA_MOE_GROUP_SCAN_MAX_T=0 --" \
+                 "MSM_CUDA_MOE_GG_EARLY=0 --" "MSM_CUDA_MOE_GG_DOWN_NT=2 --" "MSM_CUDA_MOE_GG_GATEUP_NT=2 --" \
+                 "MSM_CUDA_MOE_GG_DOWN_U=3 --"; do
+            b qwen1.5-moe-a2.7b 5,8,11 gg $v
+            b qwen3-30b-a3b 5,8,11 gg $v
+        done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=24 tl qwen1.5-moe-a2.7b 8 q15
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 585) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
