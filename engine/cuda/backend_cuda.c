@@ -1283,7 +1283,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_GROUP_SCAN_MAX_T=N     the grouped SIMT expert GEMVs of up to N tokens find their pairs
  *                                       themselves, no grouping kernel (64, default; 0: never)
  *   MSM_CUDA_MOE_GG_GATEUP_NT=2|4       tokens a pass of the grouped SIMT gate/up (4, default)
- *   MSM_CUDA_MOE_GG_DOWN_NT=2|4         ... of the grouped SIMT down (4, default)
+ *   MSM_CUDA_MOE_GG_DOWN_NT=2|4         ... of the grouped SIMT down (2, default)
  *   MSM_CUDA_MOE_GG_DOWN_U=2|3          K chunks in flight a lane a row in the grouped SIMT down (2, default)
  *   MSM_CUDA_MOE_GG_EARLY=0|1           the grouped SIMT down loads its first weights before its PDL wait (1, default)
  *   MSM_CUDA_STREAM_PRIO=off|aux|auto   the aux stream's kernels (the shared expert's) above the main

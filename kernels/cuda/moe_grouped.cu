@@ -48,26 +48,49 @@
  * (gate/up: 166 registers a thread at 8 tokens, 96 at 4), and an expert mostly has 1-4 tokens up
  * to T = 32; measured on the H200 at the Qwen1.5-MoE shapes, 4 against 8 (2): T = 8 112 us against
  * 127 (113), T = 16 173 against 198 (184), T = 32 261 against 300 (303). Tuning moe_gg_*_nt picks
- * 2 or 4 per kernel, moe_gg_down_u the down's K chunks in flight (same sums: a lane's chunks are
- * summed in K order whatever the step). */
+ * 2 or 4 per kernel (the down takes 2 by default: fewer registers, more blocks an SM; measured in
+ * tuning.cu), moe_gg_down_u the down's K chunks in flight (same sums: a lane's chunks are summed in
+ * K order whatever the step). */
 #define GG_U 2
 
-/* Expert e's pairs among ids[0, P) in ascending order into sp (the whole block calls it; warp 0
- * scans 32 ids a round with a ballot); returns their count. P <= MSM_CUDA_MOE_SCAN_MAX_P. */
+/* Expert e's pairs among ids[0, P) in ascending order into sp (the whole block calls it); returns
+ * their count. Every thread loads its ids at once (one round trip, P <= MSM_CUDA_MOE_SCAN_MAX_P =
+ * 4 * 128), each warp counts its hits of each round by a ballot, and a pair's slot is the hits
+ * before it: rounds first, then warps, then lanes (p = round * 128 + thread). A warp scanning 32
+ * ids a round in turn cost Qwen3-30B-A3B (64 pairs at 8 tokens, two dependent rounds in each of
+ * 12288 gate/up blocks) 0.29 ms a step (H200, 2026-12-03 ninth session, run 2). */
 static __device__ __forceinline__ int gg_scan(int *sp, const int32_t *ids, int P, int e) {
-    __shared__ int sn;
-    if (threadIdx.x < 32) {
-        int lane = threadIdx.x, n = 0;
-        for (int p0 = 0; p0 < P; p0 += 32) {
-            bool hit = p0 + lane < P && ids[p0 + lane] == e;
-            unsigned m = __ballot_sync(MSM_FULL_MASK, hit);
-            if (hit) sp[n + __popc(m & ((1u << lane) - 1))] = p0 + lane;
-            n += __popc(m);
-        }
-        if (lane == 0) sn = n;
+    constexpr int NR = MSM_CUDA_MOE_SCAN_MAX_P / (MOE_WARPS * 32);
+    __shared__ int cnt[NR][MOE_WARPS];
+    int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+    bool hit[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        int p = r * MOE_WARPS * 32 + tid;
+        hit[r] = p < P && ids[p] == e;
+    }
+    unsigned m[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        m[r] = __ballot_sync(MSM_FULL_MASK, hit[r]);
+        if (lane == 0) cnt[r][warp] = __popc(m[r]);
     }
     __syncthreads();
-    return sn;
+    int n = 0;
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        int before = 0; /* hits in earlier rounds, or in this round's earlier warps */
+#pragma unroll
+        for (int q = 0; q < NR; q++)
+#pragma unroll
+            for (int w = 0; w < MOE_WARPS; w++) {
+                n += cnt[q][w] * (r == 0);
+                before += (q < r || (q == r && w < warp)) ? cnt[q][w] : 0;
+            }
+        if (hit[r]) sp[before + __popc(m[r] & ((1u << lane) - 1))] = r * MOE_WARPS * 32 + tid;
+    }
+    __syncthreads();
+    return n;
 }
 
 /* Expert e's rows [*g0, *g1): grouped rows (ids NULL) or scanned pairs in sp. */

@@ -289,7 +289,7 @@ typedef struct msm_cuda_tuning {
                                  grouping kernel, which then leaves the step; rows stay in pair order
                                  (the same bits; MSM_CUDA_MOE_GROUP_SCAN_MAX_T, 0: never) */
     int moe_gg_gateup_nt;     /* grouped SIMT GEMVs: tokens a pass of the gate/up (2 or 4) and the */
-    int moe_gg_down_nt;       /* down (2 or 4), 16-byte K chunks of a row in flight a lane in the */
+    int moe_gg_down_nt;       /* down (2, default, or 4), 16-byte K chunks of a row in flight a lane in the */
     int moe_gg_down_u;        /* down (2 or 3; bf16 rows), the same sums in the same order whatever
                                  the choice (MSM_CUDA_MOE_GG_GATEUP_NT, _DOWN_NT, _DOWN_U) */
     bool moe_gg_early;        /* ... the grouped down loads its first weights before its PDL wait (the

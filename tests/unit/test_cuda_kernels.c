@@ -1252,7 +1252,7 @@ typedef struct gg_variant {
 static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
     static const gg_variant vs[] = {{64, 4, 4, 2, true},  {0, 4, 4, 2, true},  {64, 4, 4, 2, false},
                                     {64, 2, 2, 2, true},  {64, 4, 4, 3, true}, {64, 2, 2, 3, false},
-                                    {0, 2, 2, 3, true},   {0, 4, 2, 3, false}};
+                                    {0, 2, 2, 3, true},   {0, 4, 2, 3, false}, {64, 4, 2, 2, true}};
     float *guf, *dnf;
     uint16_t *gub = host_bf16((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H), &guf);
     uint16_t *dnb = host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &dnf);
