@@ -58,4 +58,56 @@ r2)
     timeout $(left 585) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r3)
+    # the pair scan in one round trip and the down at 2 tokens a pass (new defaults) vs the grouping
+    # kernel (MSM_CUDA_MOE_GROUP_SCAN_MAX_T=0) vs the old kernels (grouping, down waiting first, 4
+    # tokens a pass), and the gate/up, now the experts' first kernel, as the router's programmatic
+    # dependent past 4 tokens (MSM_CUDA_MOE_AUX_SERIAL_MAX_T=4; default 8: launched once the router
+    # is done): kernel tests, the A/B (two rounds), timelines at 8 tokens, the final table,
+    # every switch bitwise at the Qwen3-30B-A3B shapes
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'moe_grouped_simt*' 'tuning*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for v in "--" "MSM_CUDA_MOE_GROUP_SCAN_MAX_T=0 --" \
+                 "MSM_CUDA_MOE_GROUP_SCAN_MAX_T=0 MSM_CUDA_MOE_GG_EARLY=0 MSM_CUDA_MOE_GG_DOWN_NT=4 --" \
+                 "MSM_CUDA_MOE_AUX_SERIAL_MAX_T=4 --"; do
+            b qwen1.5-moe-a2.7b 5,8,11 gg $v
+            b qwen3-30b-a3b 5,8,11 gg $v
+        done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=24 tl qwen1.5-moe-a2.7b 8 q15
+    ROWS=24 tl qwen3-30b-a3b 8 q3
+    el final | tee -a $OUT/gpu.txt
+    b qwen1.5-moe-a2.7b 1,2,3,4,8,16,32,64,128,256 final --
+    b qwen3-30b-a3b 1,2,3,4,8,16,32,64,128,256 final --
+    b qwen3-30b-a3b-fp8 1,2,3,4,8,16,32,64,128,256 final --
+    b glm-4.5-air-fp8 1,4,8,32,128 final --
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 585) python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r4)
+    # the peers with the current build, in one call: msmoed's table at the peers' batches, the
+    # compiled PyTorch decoder (bench/torch_decode.py; its best expert paths: gather at 1 / 8,
+    # dense or grouped_mm from 32) on both bf16 presets
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    b qwen1.5-moe-a2.7b 1,8,32,128,256 peers --
+    b qwen3-30b-a3b 1,8,32,128,256 peers --
+    el torch | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do
+        echo "## torch_decode.py $p" >> $OUT/peers.txt
+        timeout $(left 560) python3 bench/torch_decode.py config/models/$p.json --batches 1,8 --experts gather \
+            --context 512 2>&1 | grep -v '^\(W\|I\)[0-9]\{4\} ' >> $OUT/peers.txt
+        timeout $(left 560) python3 bench/torch_decode.py config/models/$p.json --batches 32,128,256 \
+            --experts dense,grouped_mm --context 512 2>&1 | grep -v '^\(W\|I\)[0-9]\{4\} ' >> $OUT/peers.txt
+        el "torch $p done" | tee -a $OUT/gpu.txt
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
