@@ -79,6 +79,15 @@ r3)
             b qwen3-30b-a3b 5,8,11 gg $v
         done
     done
+    # batch 1-4: the routed experts as the router's programmatic dependent with the aux stream's
+    # kernels (the shared expert's) first in the block scheduler's queue, so the waiting routed
+    # blocks take only the slots the shared GEMV leaves
+    for i in 1 2; do
+        for v in "--" "MSM_CUDA_MOE_AUX_SERIAL_MAX_T=0 --" "MSM_CUDA_MOE_AUX_SERIAL_MAX_T=0 MSM_CUDA_STREAM_PRIO=aux --" \
+                 "MSM_CUDA_STREAM_PRIO=aux --"; do
+            b qwen1.5-moe-a2.7b 1,2,4 prio $v
+        done
+    done
     el timeline | tee -a $OUT/gpu.txt
     ROWS=24 tl qwen1.5-moe-a2.7b 8 q15
     ROWS=24 tl qwen3-30b-a3b 8 q3
