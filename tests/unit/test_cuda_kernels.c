@@ -1116,15 +1116,32 @@ static void random_routing(int32_t *ids, float *w, int T, int k, int E) {
         }
 }
 
+/* A random bf16 expert weight set [E, 2I, H] + [E, H, I] on the host (bf16 and float32 copies) and
+ * on the device, with the CPU oracle's scratch. */
+typedef struct moe_wset {
+    float *guf, *dnf, *scratch;
+    uint16_t *gub, *dnb, *dgu, *ddn;
+} moe_wset;
+
+static moe_wset moe_wset_new(int H, int I, int E) {
+    moe_wset m;
+    m.gub = host_bf16((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H), &m.guf);
+    m.dnb = host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &m.dnf);
+    m.dgu = dev_up(m.gub, (size_t)E * 2 * I * H * 2), m.ddn = dev_up(m.dnb, (size_t)E * H * I * 2);
+    m.scratch = malloc((size_t)3 * I * 4);
+    return m;
+}
+
+static void moe_wset_free(moe_wset *m) {
+    cudaFree(m->dgu), cudaFree(m->ddn);
+    free(m->guf), free(m->gub), free(m->dnf), free(m->dnb), free(m->scratch);
+}
+
 /* One weight set (H, I, k, E), then each run: the CUDA result against the CPU's, and a second
  * run's bits against the first's. Routing: distinct experts per token, skewed so some experts
  * get many tokens. */
 static void moe_cases(const moe_run *runs, int n, int H, int I, int k, int E, double tol) {
-    float *guf, *dnf;
-    uint16_t *gub = host_bf16((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H), &guf);
-    uint16_t *dnb = host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &dnf);
-    uint16_t *dgu = dev_up(gub, (size_t)E * 2 * I * H * 2), *ddn = dev_up(dnb, (size_t)E * H * I * 2);
-    float *scratch = malloc((size_t)3 * I * 4);
+    moe_wset m = moe_wset_new(H, I, E);
     for (int c = 0; c < n; c++) {
         int T = runs[c].T;
         msm_cuda_tuning t = tune0;
@@ -1136,26 +1153,25 @@ static void moe_cases(const moe_run *runs, int n, int H, int I, int k, int E, do
         random_routing(ids, w, T, k, E);
         float *ref = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4);
         float *out2 = malloc((size_t)T * H * 4);
-        msm_cpu_moe_experts(ref, x, ids, w, guf, dnf, T, H, I, k, scratch);
+        msm_cpu_moe_experts(ref, x, ids, w, m.guf, m.dnf, T, H, I, k, m.scratch);
         float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4);
         int32_t *di = dev_up(ids, (size_t)T * k * 4);
         float *dy = dev_poison((size_t)T * H * 4);
         size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
         void *ws = dev_poison(wsb);
-        CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+        CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
         down(out, dy, (size_t)T * H * 4);
         CHECK_ERR(out, ref, (size_t)T * H, tol, "moe T=%d H=%d I=%d k=%d E=%d path=%d kernels=%d", T,
                   H, I, k, E, runs[c].path, runs[c].kflags);
         cudaMemset(dy, 0xff, (size_t)T * H * 4);
-        CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+        CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
         down(out2, dy, (size_t)T * H * 4);
         cr_assert(memcmp(out, out2, (size_t)T * H * 4) == 0,
                   "moe not deterministic T=%d H=%d path=%d kernels=%d", T, H, runs[c].path, runs[c].kflags);
         cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
         free(x), free(ids), free(w), free(ref), free(out), free(out2);
     }
-    cudaFree(dgu), cudaFree(ddn);
-    free(guf), free(gub), free(dnf), free(dnb), free(scratch);
+    moe_wset_free(&m);
 }
 
 /* One T on `path` (AUTO: chosen by T) with the default kernels. */
@@ -1253,11 +1269,7 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
     static const gg_variant vs[] = {{64, 4, 4, 2, true},  {0, 4, 4, 2, true},  {64, 4, 4, 2, false},
                                     {64, 2, 2, 2, true},  {64, 4, 4, 3, true}, {64, 2, 2, 3, false},
                                     {0, 2, 2, 3, true},   {0, 4, 2, 3, false}, {64, 4, 2, 2, true}};
-    float *guf, *dnf;
-    uint16_t *gub = host_bf16((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H), &guf);
-    uint16_t *dnb = host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &dnf);
-    uint16_t *dgu = dev_up(gub, (size_t)E * 2 * I * H * 2), *ddn = dev_up(dnb, (size_t)E * H * I * 2);
-    float *scratch = malloc((size_t)3 * I * 4);
+    moe_wset m = moe_wset_new(H, I, E);
     for (int c = 0; c < nT; c++) {
         int T = Ts[c];
         float *x = host_f32((size_t)T * H, 1.0f);
@@ -1265,7 +1277,7 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
         float *w = malloc((size_t)T * k * 4);
         random_routing(ids, w, T, k, E);
         float *ref = malloc((size_t)T * H * 4), *first = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4);
-        msm_cpu_moe_experts(ref, x, ids, w, guf, dnf, T, H, I, k, scratch);
+        msm_cpu_moe_experts(ref, x, ids, w, m.guf, m.dnf, T, H, I, k, m.scratch);
         float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4);
         int32_t *di = dev_up(ids, (size_t)T * k * 4);
         float *dy = dev_poison((size_t)T * H * 4);
@@ -1277,7 +1289,7 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
             t.moe_group_scan_max_t = vs[v].scan_max_t, t.moe_gg_early = vs[v].early;
             t.moe_gg_gateup_nt = vs[v].gu_nt, t.moe_gg_down_nt = vs[v].dn_nt, t.moe_gg_down_u = vs[v].dn_u;
             cudaMemset(dy, 0xff, (size_t)T * H * 4);
-            CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(v ? out : first, dy, (size_t)T * H * 4);
             if (!v)
                 CHECK_ERR(first, ref, (size_t)T * H, 2e-5, "grouped SIMT T=%d H=%d I=%d k=%d E=%d", T, H, I, k, E);
@@ -1290,8 +1302,7 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
         cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
         free(x), free(ids), free(w), free(ref), free(first), free(out);
     }
-    cudaFree(dgu), cudaFree(ddn);
-    free(guf), free(gub), free(dnf), free(dnb), free(scratch);
+    moe_wset_free(&m);
 }
 
 Test(cuda_kernels, moe_grouped_simt_variants_same_bits, .timeout = 240) {
@@ -1315,16 +1326,12 @@ Test(cuda_kernels, moe_tiled_pass_sizes_are_bitwise_equal, .timeout = 120) {
                                     {2048, 1408, 4, 60, 256}, {256, 128, 2, 3, 200}, {256, 128, 2, 3, 37}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3], T = shapes[s][4];
-        float *guf, *dnf;
-        uint16_t *gub = host_bf16((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H), &guf);
-        uint16_t *dnb = host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &dnf);
-        uint16_t *dgu = dev_up(gub, (size_t)E * 2 * I * H * 2), *ddn = dev_up(dnb, (size_t)E * H * I * 2);
+        moe_wset m = moe_wset_new(H, I, E);
         float *x = host_f32((size_t)T * H, 1.0f), *w = malloc((size_t)T * k * 4);
         int32_t *ids = malloc((size_t)T * k * 4);
         random_routing(ids, w, T, k, E);
         float *ref = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4), *base = malloc((size_t)T * H * 4);
-        float *scratch = malloc((size_t)3 * I * 4);
-        msm_cpu_moe_experts(ref, x, ids, w, guf, dnf, T, H, I, k, scratch);
+        msm_cpu_moe_experts(ref, x, ids, w, m.guf, m.dnf, T, H, I, k, m.scratch);
         float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4), *dy = dev_poison((size_t)T * H * 4);
         int32_t *di = dev_up(ids, (size_t)T * k * 4);
         size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
@@ -1335,7 +1342,7 @@ Test(cuda_kernels, moe_tiled_pass_sizes_are_bitwise_equal, .timeout = 120) {
             t.moe_path = MSM_CUDA_MOE_PATH_TILED;
             t.moe_tiled_bm = bms[b];
             cudaMemset(dy, 0xff, (size_t)T * H * 4);
-            CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(b ? out : base, dy, (size_t)T * H * 4);
             if (b == 0)
                 CHECK_ERR(base, ref, (size_t)T * H, 2e-5, "tiled T=%d H=%d I=%d k=%d E=%d", T, H, I, k, E);
@@ -1343,9 +1350,9 @@ Test(cuda_kernels, moe_tiled_pass_sizes_are_bitwise_equal, .timeout = 120) {
                 cr_assert(memcmp(out, base, (size_t)T * H * 4) == 0, "tiled T=%d H=%d E=%d: %d tokens a pass differ from 64",
                           T, H, E, bms[b]);
         }
-        cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws), cudaFree(dgu), cudaFree(ddn);
-        free(x), free(w), free(ids), free(ref), free(out), free(base), free(scratch);
-        free(guf), free(gub), free(dnf), free(dnb);
+        cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
+        free(x), free(w), free(ids), free(ref), free(out), free(base);
+        moe_wset_free(&m);
     }
 }
 
@@ -1361,11 +1368,7 @@ Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
                                     {264, 100, 8, 24},  {201, 88, 4, 12}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3];
-        float *guf, *dnf;
-        uint16_t *gub = host_bf16((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H), &guf);
-        uint16_t *dnb = host_bf16((size_t)E * H * I, 1.0f / sqrtf((float)I), &dnf);
-        uint16_t *dgu = dev_up(gub, (size_t)E * 2 * I * H * 2), *ddn = dev_up(dnb, (size_t)E * H * I * 2);
-        float *scratch = malloc((size_t)3 * I * 4);
+        moe_wset m = moe_wset_new(H, I, E);
         for (int T = 1; T <= 4; T++) {
             float *x = host_f32((size_t)T * H, 1.0f), *w = malloc((size_t)T * k * 4);
             int32_t *ids = malloc((size_t)T * k * 4);
@@ -1380,29 +1383,28 @@ Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
             t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
             t.moe_kernels = MSM_CUDA_MOE_K_DOWN_WARP;
             t.rows_pipe = MSM_CUDA_PIPE_MOE_GU | MSM_CUDA_PIPE_MOE_DOWN; /* off by default: tested here */
-            CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(o1, dy, (size_t)T * H * 4);
             t.moe_kernels = MSM_CUDA_MOE_K_DOWN_SPLIT;
             cr_assert_eq(cudaMemset(dy, 0xff, (size_t)T * H * 4), cudaSuccess);
-            CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(o2, dy, (size_t)T * H * 4);
             cr_expect(memcmp(o1, o2, (size_t)T * H * 4) == 0, "down split differs: T=%d H=%d I=%d k=%d", T, H, I, k);
             /* one step of loads at a time (msm_cuda_tuning.rows_pipe off): the same bits */
             t.moe_kernels = MSM_CUDA_MOE_K_DOWN_WARP;
             t.rows_pipe = 0;
             cr_assert_eq(cudaMemset(dy, 0xff, (size_t)T * H * 4), cudaSuccess);
-            CK(msm_cuda_moe_experts(dy, dx, di, dw, dgu, ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(o2, dy, (size_t)T * H * 4);
             cr_expect(memcmp(o1, o2, (size_t)T * H * 4) == 0, "pipelined rows differ: T=%d H=%d I=%d k=%d", T, H, I, k);
             if (T != 3) {
-                msm_cpu_moe_experts(ref, x, ids, w, guf, dnf, T, H, I, k, scratch);
+                msm_cpu_moe_experts(ref, x, ids, w, m.guf, m.dnf, T, H, I, k, m.scratch);
                 CHECK_ERR(o2, ref, (size_t)T * H, 2e-5, "down split vs cpu T=%d H=%d I=%d k=%d", T, H, I, k);
             }
             cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(di), cudaFree(ws);
             free(x), free(w), free(ids), free(ref), free(o1), free(o2);
         }
-        cudaFree(dgu), cudaFree(ddn);
-        free(guf), free(gub), free(dnf), free(dnb), free(scratch);
+        moe_wset_free(&m);
     }
 }
 
