@@ -1280,6 +1280,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_NORM_LINEAR=0|1            decode: an ADD_RMSNORM + the LINEAR on its norm in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
+ *   MSM_CUDA_ATT_BT_CACHE=0|1           the SIMT attention's block-table entries in shared memory first (1, default)
  *   MSM_CUDA_MOE_GROUP_SCAN_MAX_T=N     the grouped SIMT expert GEMVs of up to N tokens find their pairs
  *                                       themselves, no grouping kernel (64, default; 0: never)
  *   MSM_CUDA_MOE_GG_GATEUP_NT=2|4       tokens a pass of the grouped SIMT gate/up (4, default)
@@ -1339,6 +1340,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_ROUTER_CHUNK_PER_SM", &v)) t->router_chunk_per_sm = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_ATT_CLUSTER"))) t->att_cluster = s[0] != '0';
     if ((s = getenv("MSM_CUDA_ATT_EARLY"))) t->att_early = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_ATT_BT_CACHE"))) t->att_bt_cache = s[0] != '0';
     if ((s = getenv("MSM_CUDA_ATT_ROPE"))) t->att_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_AUX_SERIAL_MAX_T", &v)) t->moe_aux_serial_max_t = v < 0 ? 0 : v;

@@ -13,7 +13,8 @@ after the router vs as its programmatic dependent where a shared expert runs bes
 experts' codes decoded with integer operations vs the hardware's conversion, the qkv GEMV with the
 RoPE and K/V cache write in its epilogue vs the two kernels, the router's top-k ranked by one
 thread-block cluster a token vs by the last block to arrive on a counter, the grouped expert GEMVs
-finding their pairs themselves vs after the grouping kernel, their down's first weight loads before
+finding their pairs themselves vs after the grouping kernel, the attention's block-table entries
+copied into shared memory first vs loaded with each tile, their down's first weight loads before
 the PDL wait vs after, and their tokens a pass and K chunks in flight.
 Prompts of 2, 4 and 8 tokens put the prefill's dense linears at T = 2, 4 and 8 (and the experts at
 8 on the grouped GEMVs), then every decode step at T = 1. There is no oracle at these sizes (the CPU backend would take minutes a token): the
@@ -44,6 +45,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("the one-token bf16 GEMV's 2048-wide rows in two steps vs one", [], {"MSM_CUDA_GEMV_U8": "1"}),
     ("qkv GEMV + RoPE + K/V write one kernel vs two", [], {"MSM_CUDA_LINEAR_ROPE": "0"}),
     ("router as one cluster a token vs a counter and the last block", [], {"MSM_CUDA_ROUTER_CLUSTER": "0"}),
+    ("attention's block-table entries copied to shared memory vs loaded with each tile", [], {"MSM_CUDA_ATT_BT_CACHE": "0"}),
     ("grouped expert GEMVs scanning their pairs vs after the grouping kernel", [], {"MSM_CUDA_MOE_GROUP_SCAN_MAX_T": "0"}),
     ("grouped expert down's first weight loads before the PDL wait vs after", [], {"MSM_CUDA_MOE_GG_EARLY": "0"}),
     ("grouped expert GEMVs at 2 tokens a pass, 3 chunks in flight vs 4 and 2", [],

@@ -67,7 +67,7 @@ r3)
     # every switch bitwise at the Qwen3-30B-A3B shapes
     hdr
     el kernels | tee -a $OUT/gpu.txt
-    for f in 'moe_grouped_simt*' 'tuning*'; do
+    for f in 'moe_grouped_simt*' 'tuning*' 'attention*'; do
         timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
     done
     el bench | tee -a $OUT/gpu.txt
@@ -79,6 +79,15 @@ r3)
             b qwen3-30b-a3b 5,8,11 gg $v
         done
     done
+    # the SIMT attention's block-table entries in shared memory first (default) vs a table load
+    # before each tile's K/V loads (MSM_CUDA_ATT_BT_CACHE=0)
+    for i in 1 2; do
+        for v in "--" "MSM_CUDA_ATT_BT_CACHE=0 --"; do
+            b qwen1.5-moe-a2.7b 1,8,16,32 bt $v
+            b qwen3-30b-a3b 1,8 bt $v
+        done
+    done
+    ncu_k attention_kernel qwen1.5-moe-a2.7b 8 att8
     # batch 1-4: the routed experts as the router's programmatic dependent with the aux stream's
     # kernels (the shared expert's) first in the block scheduler's queue, so the waiting routed
     # blocks take only the slots the shared GEMV leaves
