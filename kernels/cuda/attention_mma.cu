@@ -69,13 +69,13 @@ static __device__ __forceinline__ uint32_t am_off(int r, int c) {
     return (uint32_t)(r * am_geom<HD>::PITCH_CH * 16 + ((c ^ (r & 7)) << 4));
 }
 
-/* Issues the copies of KV block b (positions b*16 .. b*16+15, those >= n zero-filled) of kv head
- * kh into the warp's stage at sk (K) and sv (V). */
+/* Issues the copies of KV block b (positions b*16 .. b*16+15, those >= n zero-filled; cache block
+ * `entry`, its block-table entry) of kv head kh into the warp's stage at sk (K) and sv (V). */
 template <int HD>
 static __device__ __forceinline__ void am_fetch(uint32_t sk, uint32_t sv, const uint16_t *kc, const uint16_t *vc,
-                                                const int32_t *bt, int b, int n, size_t row, int kh, int lane) {
+                                                int entry, int b, int n, size_t row, int kh, int lane) {
     constexpr int CH = am_geom<HD>::CH;
-    const size_t slot0 = (size_t)__ldg(bt + b) * MSM_KV_BLOCK;
+    const size_t slot0 = (size_t)entry * MSM_KV_BLOCK;
 #pragma unroll
     for (int i = lane; i < MSM_KV_BLOCK * CH; i += 32) {
         int r = i / CH, c = i % CH;
@@ -90,7 +90,7 @@ template <int HD>
 static __global__ void __launch_bounds__(AM_WARPS * 32)
     attention_mma_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
                          const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
-                         int nh, int kvh, float scale) {
+                         int nh, int kvh, float scale, bool bt_ahead) {
     constexpr int KS = HD / 16; /* k steps of the scores */
     constexpr int NT = HD / 8;  /* n8 tiles of the output */
     constexpr int TILE = am_geom<HD>::TILE;
@@ -133,12 +133,20 @@ static __global__ void __launch_bounds__(AM_WARPS * 32)
     const int k_row = (lane & 7) + ((lane >> 4) << 3), k_c = (lane >> 3) & 1;
     const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_c = lane >> 4;
 
+    /* bt_ahead (tuning att_bt_cache): the block-table entry of the tile after next is loaded an
+     * iteration before its copies are issued, so issuing them waits for no table load (which
+     * otherwise stalled the warp before the current tile's arithmetic) */
     int b = warp;
-    if (b < nblk) am_fetch<HD>(base, base + TILE, kc, vc, bt, b, n, row, kh, lane);
+    if (b < nblk) am_fetch<HD>(base, base + TILE, kc, vc, __ldg(bt + b), b, n, row, kh, lane);
     msm_cp_async_commit();
+    int e_next = bt_ahead && b + AM_WARPS < nblk ? __ldg(bt + b + AM_WARPS) : 0;
     for (int it = 0; b < nblk; it++, b += AM_WARPS) { /* warp-uniform */
         const uint32_t cur = base + (uint32_t)((it & 1) * 2 * TILE), nxt = base + (uint32_t)((~it & 1) * 2 * TILE);
-        if (b + AM_WARPS < nblk) am_fetch<HD>(nxt, nxt + TILE, kc, vc, bt, b + AM_WARPS, n, row, kh, lane);
+        int e_after = bt_ahead && b + 2 * AM_WARPS < nblk ? __ldg(bt + b + 2 * AM_WARPS) : 0;
+        if (b + AM_WARPS < nblk)
+            am_fetch<HD>(nxt, nxt + TILE, kc, vc, bt_ahead ? e_next : __ldg(bt + b + AM_WARPS), b + AM_WARPS, n, row, kh,
+                         lane);
+        e_next = e_after;
         msm_cp_async_commit();
         msm_cp_async_wait<1>();
         __syncwarp();
@@ -255,7 +263,7 @@ int msm__attention_mma_run(float *out, const float *q, size_t q_ld, const uint16
     dim3 grid((unsigned)(kvh * hgroups), (unsigned)T), blk(AM_WARPS * 32);
 #define AM_GO(HD)                                                                                                  \
     msm_launch(attention_mma_kernel<HD>, grid, blk, (size_t)am_geom<HD>::SMEM, ex, out, q, q_ld, kc, vc, seq, pos, \
-               block_tables, max_blocks, nh, kvh, scale)
+               block_tables, max_blocks, nh, kvh, scale, ex.tune->att_bt_cache)
     switch (hd) {
     case 16: CUDA_TRY(AM_GO(16)); break;
     case 32: CUDA_TRY(AM_GO(32)); break;

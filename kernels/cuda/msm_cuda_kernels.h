@@ -284,7 +284,8 @@ typedef struct msm_cuda_tuning {
                                  (GLM-4.5-Air FP8 batch 128 57.8 -> 63.2, Qwen1.5 batch 32 8.51 -> 8.58).
                                  0: never (MSM_CUDA_MOE_AUX_SERIAL_MAX_T) */
     bool att_bt_cache;        /* the SIMT attention copies its block's block-table entries into shared
-                                 memory first, so its K/V loads wait for no table load (the same bits;
+                                 memory first, and the tensor-core one loads each warp's next entry an
+                                 iteration ahead, so K/V loads wait for no table load (the same bits;
                                  MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile's loads) */
     int moe_group_scan_max_t; /* the grouped SIMT expert GEMVs (bf16) of up to this many tokens (and at
                                  most MSM_CUDA_MOE_SCAN_MAX_P pairs) find their expert's pairs
