@@ -79,12 +79,13 @@ r3)
             b qwen3-30b-a3b 5,8,11 gg $v
         done
     done
-    # the SIMT attention's block-table entries in shared memory first (default) vs a table load
-    # before each tile's K/V loads (MSM_CUDA_ATT_BT_CACHE=0)
+    # the SIMT attention's block-table entries in shared memory first and the tensor-core one's
+    # loaded an iteration ahead (default) vs a table load before each tile's K/V loads
+    # (MSM_CUDA_ATT_BT_CACHE=0)
     for i in 1 2; do
         for v in "--" "MSM_CUDA_ATT_BT_CACHE=0 --"; do
-            b qwen1.5-moe-a2.7b 1,8,16,32 bt $v
-            b qwen3-30b-a3b 1,8 bt $v
+            b qwen1.5-moe-a2.7b 1,8,16,32,64 bt $v
+            b qwen3-30b-a3b 1,8,16,32 bt $v
         done
     done
     ncu_k attention_kernel qwen1.5-moe-a2.7b 8 att8
