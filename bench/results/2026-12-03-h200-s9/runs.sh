@@ -111,22 +111,27 @@ r3)
     el done | tee -a $OUT/gpu.txt
     ;;
 r4)
-    # the peers with the current build, in one call: msmoed's table at the peers' batches, the
-    # compiled PyTorch decoder (bench/torch_decode.py; its best expert paths: gather at 1 / 8,
-    # dense or grouped_mm from 32) on both bf16 presets
+    # the final table with the defaults chosen from run 3 (the bundle of run 3 with the pair scan
+    # switched off, as the next commit's default), then the peers in the same call: the compiled
+    # PyTorch decoder (bench/torch_decode.py; its best expert paths: gather at 1 / 8, dense or
+    # grouped_mm from 32), Qwen1.5-MoE first, Qwen3-30B-A3B at 1 / 8 while device time lasts
     hdr
     el bench | tee -a $OUT/gpu.txt
-    b qwen1.5-moe-a2.7b 1,8,32,128,256 peers --
-    b qwen3-30b-a3b 1,8,32,128,256 peers --
-    el torch | tee -a $OUT/gpu.txt
-    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do
-        echo "## torch_decode.py $p" >> $OUT/peers.txt
-        timeout $(left 560) python3 bench/torch_decode.py config/models/$p.json --batches 1,8 --experts gather \
-            --context 512 2>&1 | grep -v '^\(W\|I\)[0-9]\{4\} ' >> $OUT/peers.txt
-        timeout $(left 560) python3 bench/torch_decode.py config/models/$p.json --batches 32,128,256 \
-            --experts dense,grouped_mm --context 512 2>&1 | grep -v '^\(W\|I\)[0-9]\{4\} ' >> $OUT/peers.txt
-        el "torch $p done" | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do
+        b $p 1,2,3,4,5,8,11,16,32,64,128,256 final MSM_CUDA_MOE_GROUP_SCAN_MAX_T=0 --
     done
+    b glm-4.5-air-fp8 1,4,8,32,128 final MSM_CUDA_MOE_GROUP_SCAN_MAX_T=0 --
+    el torch | tee -a $OUT/gpu.txt
+    T=bench/torch_decode.py
+    echo "## torch_decode.py qwen1.5-moe-a2.7b" >> $OUT/peers.txt
+    timeout $(left 330) python3 $T config/models/qwen1.5-moe-a2.7b.json --batches 1,8 --experts gather --context 512 \
+        2>&1 | grep -v '^\(W\|I\)[0-9]\{4\} ' >> $OUT/peers.txt
+    timeout $(left 330) python3 $T config/models/qwen1.5-moe-a2.7b.json --batches 32,128,256 --experts dense,grouped_mm \
+        --context 512 2>&1 | grep -v '^\(W\|I\)[0-9]\{4\} ' >> $OUT/peers.txt
+    el torch qwen3 | tee -a $OUT/gpu.txt
+    echo "## torch_decode.py qwen3-30b-a3b" >> $OUT/peers.txt
+    timeout $(left 330) python3 $T config/models/qwen3-30b-a3b.json --batches 1,8 --experts gather --context 512 \
+        2>&1 | grep -v '^\(W\|I\)[0-9]\{4\} ' >> $OUT/peers.txt
     el done | tee -a $OUT/gpu.txt
     ;;
 esac
