@@ -1282,7 +1282,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
  *   MSM_CUDA_ATT_BT_CACHE=0|1           the SIMT attention's block-table entries in shared memory first (1, default)
  *   MSM_CUDA_MOE_GROUP_SCAN_MAX_T=N     the grouped SIMT expert GEMVs of up to N tokens find their pairs
- *                                       themselves, no grouping kernel (64, default; 0: never)
+ *                                       themselves, no grouping kernel (0, default: never)
  *   MSM_CUDA_MOE_GG_GATEUP_NT=2|4       tokens a pass of the grouped SIMT gate/up (4, default)
  *   MSM_CUDA_MOE_GG_DOWN_NT=2|4         ... of the grouped SIMT down (2, default)
  *   MSM_CUDA_MOE_GG_DOWN_U=2|3          K chunks in flight a lane a row in the grouped SIMT down (2, default)

@@ -43,7 +43,8 @@
  * pairs in ids itself, in ascending order (gg_scan), and act / outp rows are the pairs' indices:
  * no grouping kernel, whose one block of 1024 threads waited for room beside the shared expert's
  * GEMVs at 8 tokens (Qwen1.5-MoE timeline: router end to gate/up start 10.7 us). The same sums
- * either way (each row's dot does not depend on the others).
+ * either way (each row's dot does not depend on the others). Off by default: every block's scan
+ * cost more than the grouping kernel (tuning.cu).
  * NT = 4 tokens a pass: the fp32 partials per token are what limits the blocks an SM holds
  * (gate/up: 166 registers a thread at 8 tokens, 96 at 4), and an expert mostly has 1-4 tokens up
  * to T = 32; measured on the H200 at the Qwen1.5-MoE shapes, 4 against 8 (2): T = 8 112 us against
@@ -56,9 +57,9 @@
 /* Expert e's pairs among ids[0, P) in ascending order into sp (the whole block calls it); returns
  * their count. Every thread loads its ids at once (one round trip, P <= MSM_CUDA_MOE_SCAN_MAX_P =
  * 4 * 128), each warp counts its hits of each round by a ballot, and a pair's slot is the hits
- * before it: rounds first, then warps, then lanes (p = round * 128 + thread). A warp scanning 32
- * ids a round in turn cost Qwen3-30B-A3B (64 pairs at 8 tokens, two dependent rounds in each of
- * 12288 gate/up blocks) 0.29 ms a step (H200, 2026-12-03 ninth session, run 2). */
+ * before it: rounds first, then warps, then lanes (p = round * 128 + thread). (A warp scanning 32
+ * ids a round in turn cost Qwen3-30B-A3B, 64 pairs at 8 tokens in each of 12288 gate/up blocks,
+ * 0.29 ms a step; this form still 0.3: H200, 2026-12-03 ninth session, runs 2-3.) */
 static __device__ __forceinline__ int gg_scan(int *sp, const int32_t *ids, int P, int e) {
     constexpr int NR = MSM_CUDA_MOE_SCAN_MAX_P / (MOE_WARPS * 32);
     __shared__ int cnt[NR][MOE_WARPS];

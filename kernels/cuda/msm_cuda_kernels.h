@@ -291,7 +291,8 @@ typedef struct msm_cuda_tuning {
                                  most MSM_CUDA_MOE_SCAN_MAX_P pairs) find their expert's pairs
                                  themselves (each block scans the ids) instead of after the one-block
                                  grouping kernel, which then leaves the step; rows stay in pair order
-                                 (the same bits; MSM_CUDA_MOE_GROUP_SCAN_MAX_T, 0: never) */
+                                 (the same bits; MSM_CUDA_MOE_GROUP_SCAN_MAX_T; default 0, never:
+                                 measured slower on Qwen3-30B-A3B, tuning.cu) */
     int moe_gg_gateup_nt;     /* grouped SIMT GEMVs: tokens a pass of the gate/up (2 or 4) and the */
     int moe_gg_down_nt;       /* down (2, default, or 4), 16-byte K chunks of a row in flight a lane in the */
     int moe_gg_down_u;        /* down (2 or 3; bf16 rows), the same sums in the same order whatever

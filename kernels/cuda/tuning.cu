@@ -57,14 +57,17 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->small_early = true;
     t->moe_aux_serial_max_t = 8;
     /* the grouped SIMT expert GEMVs (bf16, 5-11 tokens). H200, 2026-12-03 ninth session
-     * (bench/results/2026-12-03-h200-s9 run 2, ms a step at 5 / 8 / 11 tokens, two rounds): the
+     * (bench/results/2026-12-03-h200-s9 runs 2-3, ms a step at 5 / 8 / 11 tokens, two rounds): the
      * down at 2 tokens a pass, Qwen1.5-MoE 4.16-4.17 / 4.52-4.54 / 5.69-5.71 vs 4.19-4.20 /
      * 4.59 / 5.74-5.76, Qwen3-30B-A3B 8.37-8.39 / 9.20-9.24 / 11.00-11.05 vs 8.58-8.60 / 9.54-9.56 /
      * 11.40; the gate/up at 2 far slower (Qwen1.5 8 tokens 4.82-4.86), the down's 3 chunks in
-     * flight slower (4.64); the down's early weight loads -0.01..0.09; scanning for the pairs
-     * instead of the grouping kernel Qwen1.5 4.59 vs 4.66, but Qwen3 (64 pairs: two dependent
-     * rounds of a warp's scan then) 9.54 vs 9.25, hence the scan of one round trip (gg_scan) */
-    t->moe_group_scan_max_t = MSM_CUDA_MOE_GROUPED_GEMV_MAX_T;
+     * flight slower (4.64); the down's early weight loads -0.01..0.09. With both (run 3) against
+     * the kernels before: Qwen1.5 4.29-4.32 / 4.63 / 5.71-5.73 vs 4.33 / 4.71 / 5.78-5.83,
+     * Qwen3 8.31 / 9.17-9.19 / 10.75-10.77 vs 8.53 / 9.47 / 11.04-11.11. Scanning for the pairs
+     * instead of the grouping kernel: Qwen1.5 within noise (4.30-4.31 / 4.63-4.64 / 5.83-5.87),
+     * Qwen3 +0.3 (8.63-8.66 / 9.48-9.49 / 11.09-11.16; 12288 gate/up blocks each scanning), so
+     * off (MSM_CUDA_MOE_GROUP_SCAN_MAX_T=N takes it up to N tokens) */
+    t->moe_group_scan_max_t = 0;
     t->moe_gg_gateup_nt = 4;
     t->moe_gg_down_nt = 2;
     t->moe_gg_down_u = 2;

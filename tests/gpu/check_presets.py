@@ -46,7 +46,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("qkv GEMV + RoPE + K/V write one kernel vs two", [], {"MSM_CUDA_LINEAR_ROPE": "0"}),
     ("router as one cluster a token vs a counter and the last block", [], {"MSM_CUDA_ROUTER_CLUSTER": "0"}),
     ("attention's block-table entries copied to shared memory vs loaded with each tile", [], {"MSM_CUDA_ATT_BT_CACHE": "0"}),
-    ("grouped expert GEMVs scanning their pairs vs after the grouping kernel", [], {"MSM_CUDA_MOE_GROUP_SCAN_MAX_T": "0"}),
+    ("grouped expert GEMVs after the grouping kernel vs scanning their pairs", [], {"MSM_CUDA_MOE_GROUP_SCAN_MAX_T": "64"}),
     ("grouped expert down's first weight loads before the PDL wait vs after", [], {"MSM_CUDA_MOE_GG_EARLY": "0"}),
     ("grouped expert GEMVs at 2 tokens a pass, 3 chunks in flight vs 4 and 2", [],
      {"MSM_CUDA_MOE_GG_GATEUP_NT": "2", "MSM_CUDA_MOE_GG_DOWN_NT": "2", "MSM_CUDA_MOE_GG_DOWN_U": "3"}),
