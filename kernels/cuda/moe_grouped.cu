@@ -79,22 +79,25 @@ static __device__ __forceinline__ int gg_scan(int *sp, const int32_t *ids, int P
     __syncthreads();
     int n = 0;
 #pragma unroll
+    for (int q = 0; q < NR; q++)
+#pragma unroll
+        for (int w = 0; w < MOE_WARPS; w++) n += cnt[q][w];
+#pragma unroll
     for (int r = 0; r < NR; r++) {
         int before = 0; /* hits in earlier rounds, or in this round's earlier warps */
 #pragma unroll
         for (int q = 0; q < NR; q++)
 #pragma unroll
-            for (int w = 0; w < MOE_WARPS; w++) {
-                n += cnt[q][w] * (r == 0);
-                before += (q < r || (q == r && w < warp)) ? cnt[q][w] : 0;
-            }
+            for (int w = 0; w < MOE_WARPS; w++) before += (q < r || (q == r && w < warp)) ? cnt[q][w] : 0;
         if (hit[r]) sp[before + __popc(m[r] & ((1u << lane) - 1))] = r * MOE_WARPS * 32 + tid;
     }
     __syncthreads();
     return n;
 }
 
-/* Expert e's rows [*g0, *g1): grouped rows (ids NULL) or scanned pairs in sp. */
+/* Expert e's rows [*g0, *g1): grouped rows (ids NULL) or scanned pairs in sp, the kernel's dynamic
+ * shared memory (P ints, launched only when scanning: gg_smem; the kernels without the scan, the
+ * default, hold none). */
 static __device__ __forceinline__ void gg_rows(const moe_ws &ws, const int32_t *ids, int P, int e, int *sp, int *g0,
                                                int *g1) {
     if (ids) {
@@ -108,7 +111,7 @@ template <int R, int NT, bool VEC, bool FP8>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gateup_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, const float *x, const void *gate_up,
                                    const float *gu_sc, int gu_ph, int H, int I, int k) {
-    __shared__ int sp[MSM_CUDA_MOE_SCAN_MAX_P];
+    extern __shared__ int sp[];
     msm_pdl_wait();
     msm_pdl_trigger();
     int e = blockIdx.y, g0, g1;
@@ -167,7 +170,7 @@ template <int R, int NT, int U, bool VEC, bool FP8>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_down_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, const void *down, const float *dn_sc, int dn_ph,
                                  int H, int I, bool early) {
-    __shared__ int sp[MSM_CUDA_MOE_SCAN_MAX_P];
+    extern __shared__ int sp[];
     if (!early) msm_pdl_wait();
     msm_pdl_trigger();
     int e = blockIdx.y, g0, g1;
@@ -498,22 +501,23 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
     constexpr int RG = 2, RD = 4;
     const msm_cuda_tuning *tn = ex.tune;
     dim3 blk(MOE_WARPS * 32);
+    size_t sm = ids ? sizeof(int) * (size_t)P : 0; /* the scanned pairs (gg_rows) */
     if (gateup) {
         dim3 ga((unsigned)((I + MOE_WARPS * RG - 1) / (MOE_WARPS * RG)), (unsigned)E);
         if (gu_sc)
-            return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, true, true>, ga, blk, 0, ex, ws, ids, P, x,
+            return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, true, true>, ga, blk, sm, ex, ws, ids, P, x,
                               gate_up, gu_sc, gu_ph, H, I, k);
         if (vec_h)
             return msm_launch(tn->moe_gg_gateup_nt == 2 ? moe_gateup_grouped_gemv_kernel<RG, 2, true, false>
                                                         : moe_gateup_grouped_gemv_kernel<RG, 4, true, false>,
-                              ga, blk, 0, ex, ws, ids, P, x, gate_up, gu_sc, gu_ph, H, I, k);
-        return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, false, false>, ga, blk, 0, ex, ws, ids, P, x,
+                              ga, blk, sm, ex, ws, ids, P, x, gate_up, gu_sc, gu_ph, H, I, k);
+        return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, false, false>, ga, blk, sm, ex, ws, ids, P, x,
                           gate_up, gu_sc, gu_ph, H, I, k);
     }
     dim3 gd((unsigned)((H + MOE_WARPS * RD - 1) / (MOE_WARPS * RD)), (unsigned)E);
     bool early = tn->moe_gg_early && !ex.w_written;
     if (dn_sc)
-        return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, true, true>, gd, blk, 0, ex, ws, ids, P, down,
+        return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, true, true>, gd, blk, sm, ex, ws, ids, P, down,
                           dn_sc, dn_ph, H, I, early);
     if (vec_i) {
         bool u3 = tn->moe_gg_down_u == 3, nt2 = tn->moe_gg_down_nt == 2;
@@ -521,9 +525,9 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
                               : moe_down_grouped_gemv_kernel<RD, 2, GG_U, true, false>)
                         : (u3 ? moe_down_grouped_gemv_kernel<RD, 4, 3, true, false>
                               : moe_down_grouped_gemv_kernel<RD, 4, GG_U, true, false>);
-        return msm_launch(kern, gd, blk, 0, ex, ws, ids, P, down, dn_sc, dn_ph, H, I, early);
+        return msm_launch(kern, gd, blk, sm, ex, ws, ids, P, down, dn_sc, dn_ph, H, I, early);
     }
-    return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, false, false>, gd, blk, 0, ex, ws, ids, P, down,
+    return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, false, false>, gd, blk, sm, ex, ws, ids, P, down,
                       dn_sc, dn_ph, H, I, early);
 }
 
