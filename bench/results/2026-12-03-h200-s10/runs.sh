@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The device commands of this session's runs (README.md here), from the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check
+# bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
+#   bash bench/results/2026-12-03-h200-s10/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, hdr
+ncu_k() { # KERNEL-REGEX PRESET BATCH TAG [VAR=v ...]: Nsight Compute sections on the kernel's first 2 launches
+    local k=$1 p=$2 bt=$3 tag=$4; shift 4
+    env "$@" timeout 120 /usr/local/cuda/bin/ncu --kernel-name "regex:$k" --launch-skip 0 --launch-count 2 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats --section SchedulerStats gpu-run/bin/msmoe-bench decode --preset config/models/$p.json \
+        --backend cuda --batches $bt --context 512 --steps 1 --no-cuda-graphs > $OUT/ncu-$tag.txt 2>&1
+}
+case "$1" in
+r1)
+    # the ninth session's unverified review commit 38a1efe (the pair-scan list as dynamic shared
+    # memory) and the attention's staged K/V (MSM_CUDA_ATT_STAGE, default 0 here): kernel tests;
+    # A/B of 0 / 1 / 2 / 3 staged iterations at 1-32 tokens, two rounds; Nsight Compute on the
+    # batch-8 attention staged and not, and on the batch-1 qkv (linear + RoPE) and o_proj GEMVs;
+    # timelines at 1 token (Qwen1.5-MoE, Qwen3)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'moe_grouped_simt*' 'moe_experts_grouped*' 'attention*' 'tuning*'; do
+        timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for s in 0 3 1 2; do
+            b qwen1.5-moe-a2.7b 1,2,4,5,8,11,16,32 stage MSM_CUDA_ATT_STAGE=$s --
+            b qwen3-30b-a3b 1,2,4,5,8,11,16,32 stage MSM_CUDA_ATT_STAGE=$s --
+        done
+    done
+    el ncu | tee -a $OUT/gpu.txt
+    ncu_k attention_kernel qwen1.5-moe-a2.7b 8 att8-s0 MSM_CUDA_ATT_STAGE=0
+    ncu_k attention_kernel qwen1.5-moe-a2.7b 8 att8-s3 MSM_CUDA_ATT_STAGE=3
+    ncu_k linear_rope_kernel qwen1.5-moe-a2.7b 1 qkv1
+    ncu_k attention_kernel qwen3-30b-a3b 1 att1-q3
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=30 tl qwen1.5-moe-a2.7b 1 q15
+    ROWS=30 tl qwen3-30b-a3b 1 q3
+    ROWS=24 tl qwen1.5-moe-a2.7b 8 q15b8 MSM_CUDA_ATT_STAGE=3
+    el done | tee -a $OUT/gpu.txt
+    ;;
+esac
