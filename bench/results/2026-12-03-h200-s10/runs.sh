@@ -15,7 +15,8 @@ case "$1" in
 r1)
     # the ninth session's unverified review commit 38a1efe (the pair-scan list as dynamic shared
     # memory) and the attention's staged K/V (MSM_CUDA_ATT_STAGE, default 0 here): kernel tests;
-    # A/B of 0 / 1 / 2 / 3 staged iterations at 1-32 tokens, two rounds; Nsight Compute on the
+    # A/B of 0 / 1 / 2 / 3 staged iterations at 1-32 tokens, two rounds (and 3 with the RoPE in
+    # the attention, whose blocks then become resident only as the qkv GEMV's leave); Nsight Compute on the
     # batch-8 attention staged and not, and on the batch-1 qkv (linear + RoPE) and o_proj GEMVs;
     # timelines at 1 token (Qwen1.5-MoE, Qwen3)
     hdr
@@ -30,6 +31,8 @@ r1)
             b qwen3-30b-a3b 1,2,4,5,8,11,16,32 stage MSM_CUDA_ATT_STAGE=$s --
         done
     done
+    b qwen1.5-moe-a2.7b 1,2,4,8,16 rope MSM_CUDA_ATT_STAGE=3 MSM_CUDA_ATT_ROPE=1 --
+    b qwen3-30b-a3b 1,2,4,8,16 rope MSM_CUDA_ATT_STAGE=3 MSM_CUDA_ATT_ROPE=1 --
     el ncu | tee -a $OUT/gpu.txt
     ncu_k attention_kernel qwen1.5-moe-a2.7b 8 att8-s0 MSM_CUDA_ATT_STAGE=0
     ncu_k attention_kernel qwen1.5-moe-a2.7b 8 att8-s3 MSM_CUDA_ATT_STAGE=3
