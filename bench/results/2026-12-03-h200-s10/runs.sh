@@ -33,6 +33,11 @@ r1)
     done
     b qwen1.5-moe-a2.7b 1,2,4,8,16 rope MSM_CUDA_ATT_STAGE=3 MSM_CUDA_ATT_ROPE=1 --
     b qwen3-30b-a3b 1,2,4,8,16 rope MSM_CUDA_ATT_STAGE=3 MSM_CUDA_ATT_ROPE=1 --
+    for i in 1 2; do # Qwen3's attention at 1-4 tokens: 8 splits (clusters of 8) or 4 heads a block, staged
+        b qwen3-30b-a3b 1,2,4 q3att MSM_CUDA_ATT_STAGE=3 --
+        b qwen3-30b-a3b 1,2,4 q3att MSM_CUDA_ATT_STAGE=3 MSM_CUDA_ATT_MAX_SPLIT=8 --
+        b qwen3-30b-a3b 1,2,4 q3att MSM_CUDA_ATT_STAGE=3 MSM_CUDA_ATT_GROUP_MIN=1 --
+    done
     el ncu | tee -a $OUT/gpu.txt
     ncu_k attention_kernel qwen1.5-moe-a2.7b 8 att8-s0 MSM_CUDA_ATT_STAGE=0
     ncu_k attention_kernel qwen1.5-moe-a2.7b 8 att8-s3 MSM_CUDA_ATT_STAGE=3
@@ -42,6 +47,25 @@ r1)
     ROWS=30 tl qwen1.5-moe-a2.7b 1 q15
     ROWS=30 tl qwen3-30b-a3b 1 q3
     ROWS=24 tl qwen1.5-moe-a2.7b 8 q15b8 MSM_CUDA_ATT_STAGE=3
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r2)
+    # the final table with the defaults of the commit in gpu.txt (the benchmark whose sequences
+    # keep their KV blocks: the first table measured with it), every switch bitwise on the two
+    # bf16 presets, then the compiled PyTorch peer on Qwen3-30B-A3B at 32 / 128 / 256 tokens
+    # (dense and grouped_mm expert paths; its 1 / 8 were run 4 of the ninth session)
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do
+        b $p 1,2,3,4,5,8,11,16,32,64,128,256 final --
+    done
+    b glm-4.5-air-fp8 1,4,8,32,128 final --
+    el presets | tee -a $OUT/gpu.txt
+    timeout 200 python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
+    el torch qwen3 | tee -a $OUT/gpu.txt
+    echo "## torch_decode.py qwen3-30b-a3b" >> $OUT/peers.txt
+    timeout $(left 585) python3 bench/torch_decode.py config/models/qwen3-30b-a3b.json --batches 32,128,256 \
+        --experts dense,grouped_mm --context 512 2>&1 | grep -v '^\(W\|I\)[0-9]\{4\} ' >> $OUT/peers.txt
     el done | tee -a $OUT/gpu.txt
     ;;
 esac
