@@ -42,14 +42,6 @@
  * cache rows below each token's position were written before the step's first kernel; only the
  * token's own row waits (att_early).
  *
- * Staging (att_stage, VEC, the unclustered kernel): the K/V pieces of a warp's next S iterations
- * (S <= ATT_STAGE_MAX) go to shared memory with cp.async right after the first tile's loads,
- * before the PDL wait at decode, each thread copying the pieces it will itself read: a block's
- * whole range is then one round trip in flight instead of one per iteration (Qwen1.5-MoE batch
- * 8: 4 iterations of 32 positions a block, ~15 us a layer at ~1.7 TB/s, H200 2026-12-03). The
- * loop reads those iterations' tiles from shared memory (the token's own row, written by the
- * kernel before, from the cache after the wait): the same values, the same bits.
- *
  * msm_cuda_attention_rope: at decode a ROPE_KV_WRITE and the ATTENTION reading its output are one
  * launch of the same kernel (att_rope): it rotates q and the token's k from the unrotated qkv rows
  * (the RoPE kernels' arithmetic, a cos/sin table per block), uses that k and v, rounded to bf16 as
@@ -76,10 +68,6 @@ namespace cg = cooperative_groups;
  * 9.65) and lost where it did not (Qwen1.5 batch 8: 128 of 4, 4.95 -> 5.04; Qwen3 batch 1: 32 of
  * 16, 3.43 -> 3.53) */
 #define ATT_CLUSTER_SPARE 8
-/* staged iterations at most (att_stage): a thread's ATT_U K and V pieces of 16 bytes each an
- * iteration, 16 KiB a block an iteration */
-#define ATT_STAGE_MAX 3
-#define ATT_STAGE_BYTES ((size_t)ATT_U * 2 * ATT_THREADS * 16)
 
 /* The 8 bf16 at p, p + 8 <= the row's end: one 16-byte load when VEC (rows 16-byte aligned),
  * else element by element with the dims from nvalid on read as zero (hd % 8 != 0). */
@@ -171,52 +159,6 @@ static __device__ __forceinline__ void att_fetch_late(att_tile &tl, int base, in
         bool take = mine && d / P == u && (tl.ok >> u & 1);
         uint4 k = take ? att_load8<VEC>(kb + off, nval) : tl.k[u], v = take ? att_load8<VEC>(vb + off, nval) : tl.v[u];
         tl.k[u] = k, tl.v[u] = v;
-    }
-}
-
-/* The thread's shared-memory slot of piece u (kv 0: K, 1: V) of staged iteration k. */
-static __device__ __forceinline__ uint4 *att_slot(uint4 *st, int k, int u, int kv) {
-    return st + ((size_t)(k * ATT_U + u) * 2 + kv) * ATT_THREADS + threadIdx.x;
-}
-
-/* Staging: cp.async of the pieces att_fetch would load for the positions base + u * (32 / L) + g
- * below hi and slim (the rows written before the step: slim = pos[t] at decode with early) into
- * the thread's slots of staged iteration k (VEC rows only). */
-template <int L>
-static __device__ __forceinline__ void att_stage(uint4 *st, int k, int base, int hi, int slim, int g,
-                                                 const att_bt &bt, size_t row, const uint16_t *kb,
-                                                 const uint16_t *vb, int nval) {
-#pragma unroll
-    for (int u = 0; u < ATT_U; u++) {
-        int p = base + u * (32 / L) + g;
-        if (p < hi && p < slim && nval > 0) {
-            size_t off = att_row_off(bt, p, row);
-            msm_cp_async16((uint32_t)__cvta_generic_to_shared(att_slot(st, k, u, 0)), kb + off, 16);
-            msm_cp_async16((uint32_t)__cvta_generic_to_shared(att_slot(st, k, u, 1)), vb + off, 16);
-        }
-    }
-}
-
-/* att_fetch of a staged iteration k: the pieces below slim from the thread's slots, a position
- * from slim below lim (the token's own row, after the PDL wait) from the cache, zero elsewhere. */
-template <int L, bool VEC>
-static __device__ __forceinline__ void att_fetch_staged(att_tile &tl, uint4 *st, int k, int base, int hi,
-                                                        int slim, int lim, int g, const att_bt &bt,
-                                                        size_t row, const uint16_t *kb, const uint16_t *vb,
-                                                        int nval) {
-    tl.ok = 0;
-#pragma unroll
-    for (int u = 0; u < ATT_U; u++) {
-        int p = base + u * (32 / L) + g;
-        bool ok = p < hi, staged = ok && p < slim && nval > 0, late = ok && p >= slim && p < lim && nval > 0;
-        tl.ok |= (unsigned)ok << u;
-        uint4 z = make_uint4(0, 0, 0, 0);
-        tl.k[u] = staged ? *att_slot(st, k, u, 0) : z;
-        tl.v[u] = staged ? *att_slot(st, k, u, 1) : z;
-        if (late) {
-            size_t off = att_row_off(bt, p, row);
-            tl.k[u] = att_load8<VEC>(kb + off, nval), tl.v[u] = att_load8<VEC>(vb + off, nval);
-        }
     }
 }
 
@@ -338,8 +280,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     attention_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc,
                      const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                      const int32_t *block_tables, int max_blocks, int nh, int kvh, int hd,
-                     float scale, unsigned *ctr, float *part, bool early, bool bt_cache, int stage,
-                     att_rope_args rp) {
+                     float scale, unsigned *ctr, float *part, bool early, bool bt_cache, att_rope_args rp) {
     constexpr int P = 32 / L;                    /* positions per warp per load instruction */
     constexpr int WPOS = ATT_U * P;              /* positions per warp per iteration */
     constexpr int BPOS = ATT_WARPS * WPOS;       /* positions per block per iteration */
@@ -353,7 +294,6 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     __shared__ float sm_part[CL ? GB : 1][CL ? L * 8 + 2 : 1];
     __shared__ float sm_cs[L * 4], sm_sn[L * 4]; /* RoPE here: cos, sin of the token's position */
     __shared__ int32_t sm_bt[ATT_BT_CACHE];      /* bt_cache: the block's block-table entries */
-    extern __shared__ uint4 sm_stage[];          /* stage: [stage][ATT_U][K, V][ATT_THREADS] pieces */
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
 
@@ -404,12 +344,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     }
     const int lim = rope ? n - 1 : hi; /* with RoPE the token's own row is computed, not read */
     att_tile cur, nxt;
-    const int slim = early ? n - 1 : hi; /* the rows loaded before the PDL wait: below slim */
-    att_fetch<L, VEC>(cur, base, hi, slim, g, tb, row, kb, vb, nval);
-    if constexpr (VEC) {
-        for (int k = 0; k < stage; k++) att_stage<L>(sm_stage, k, base + (k + 1) * BPOS, hi, slim, g, tb, row, kb, vb, nval);
-        if (stage > 0) msm_cp_async_commit();
-    }
+    att_fetch<L, VEC>(cur, base, hi, early ? n - 1 : hi, g, tb, row, kb, vb, nval);
     if (early) {
         msm_pdl_wait();
         if (!rope) att_fetch_late<L, VEC>(cur, base, n - 1, g, tb, row, kb, vb, nval);
@@ -451,11 +386,8 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[j][i] = 0.0f;
     }
-    if constexpr (VEC)
-        if (stage > 0) msm_cp_async_wait<0>(); /* the thread's own copies: it reads no other's */
-    for (int it = 0; base < hi; base += BPOS, it++) { /* warp-uniform */
-        if (VEC && it < stage) att_fetch_staged<L, VEC>(nxt, sm_stage, it, base + BPOS, hi, slim, lim, g, tb, row, kb, vb, nval);
-        else att_fetch<L, VEC>(nxt, base + BPOS, hi, lim, g, tb, row, kb, vb, nval);
+    for (; base < hi; base += BPOS) { /* warp-uniform */
+        att_fetch<L, VEC>(nxt, base + BPOS, hi, lim, g, tb, row, kb, vb, nval);
         if (rope) att_inject<L>(nxt, base + BPOS, n - 1, g, nk, nv);
 #pragma unroll
         for (int j = 0; j < GB; j++) att_fold<L>(cur, qv[j], scale, m[j], den[j], acc[j]);
@@ -614,9 +546,9 @@ static constexpr int att_li(int L) { return L <= 4 ? 0 : L <= 8 ? 1 : L <= 16 ? 
 /* Resident blocks of attention_kernel<L, VEC, GB> on one SM (1 if the query fails); the cluster
  * form's clusters of up to 16 allowed (non-portable sizes past 8: the H100/H200 take 16). */
 template <int L, bool VEC, int GB>
-static int att_per_sm(size_t smem) {
+static int att_per_sm(void) {
     int per = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_kernel<L, VEC, GB, false>, ATT_THREADS, smem) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_kernel<L, VEC, GB, false>, ATT_THREADS, 0) !=
             cudaSuccess || per <= 0) {
         (void)cudaGetLastError();
         per = 1;
@@ -634,38 +566,17 @@ static int att_per_sm(size_t smem) {
 
 /* att_per_sm, 0 for a GB the kernel is not built for */
 template <int L, bool VEC, int GB>
-static int att_per_sm_gb(size_t smem) {
-    if constexpr (ATT_GB_OK(L, GB)) return att_per_sm<L, VEC, GB>(smem);
+static int att_per_sm_gb(void) {
+    if constexpr (ATT_GB_OK(L, GB)) return att_per_sm<L, VEC, GB>();
     else return 0;
-}
-
-/* The unclustered kernel may take ATT_STAGE_MAX staged iterations of dynamic shared memory
- * (VEC); att_per_sm_stage counts the blocks an SM holds with them. */
-template <int L, bool VEC, int GB>
-static int att_stage_prepare(void) {
-    if constexpr (!VEC || !ATT_GB_OK(L, GB)) {
-        return 0;
-    } else {
-        const size_t smem = ATT_STAGE_MAX * ATT_STAGE_BYTES;
-        if (cudaFuncSetAttribute(attention_kernel<L, VEC, GB, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return 0; /* then the launcher never stages */
-        }
-        return att_per_sm<L, VEC, GB>(smem);
-    }
 }
 
 template <int L, bool VEC>
 static void att_tuning_l(msm_cuda_tuning *t, int li) {
-    t->att_per_sm[li][VEC][0] = att_per_sm_gb<L, VEC, 1>(0);
-    t->att_per_sm[li][VEC][1] = att_per_sm_gb<L, VEC, 2>(0);
-    t->att_per_sm[li][VEC][2] = att_per_sm_gb<L, VEC, 3>(0);
-    t->att_per_sm[li][VEC][3] = att_per_sm_gb<L, VEC, 4>(0);
-    t->att_per_sm_stage[li][VEC][0] = att_stage_prepare<L, VEC, 1>();
-    t->att_per_sm_stage[li][VEC][1] = att_stage_prepare<L, VEC, 2>();
-    t->att_per_sm_stage[li][VEC][2] = att_stage_prepare<L, VEC, 3>();
-    t->att_per_sm_stage[li][VEC][3] = att_stage_prepare<L, VEC, 4>();
+    t->att_per_sm[li][VEC][0] = att_per_sm_gb<L, VEC, 1>();
+    t->att_per_sm[li][VEC][1] = att_per_sm_gb<L, VEC, 2>();
+    t->att_per_sm[li][VEC][2] = att_per_sm_gb<L, VEC, 3>();
+    t->att_per_sm[li][VEC][3] = att_per_sm_gb<L, VEC, 4>();
 }
 
 /* How many clusters of ns split blocks of attention_kernel<L, VEC, 1, true> an idle GPU holds at
@@ -698,15 +609,12 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
                       const int32_t *block_tables, int max_blocks, int T, int nh, int kvh, int hd,
                       float scale, void *ws, size_t ws_bytes, const att_rope_args &rp, msm_cuda_exec ex) {
     long pairs = (long)T * (nh / GB); /* (token, head group) blocks of one split */
-    constexpr int li = att_li(L);
-    /* staged iterations (unclustered, VEC, where the GPU holds as many blocks an SM with them) */
-    int stage = ex.tune->att_stage < ATT_STAGE_MAX ? ex.tune->att_stage : ATT_STAGE_MAX;
-    if (!VEC || stage < 0 || ex.tune->att_per_sm_stage[li][VEC][GB - 1] < ex.tune->att_per_sm[li][VEC][GB - 1]) stage = 0;
     int ns = 1;
     if (ws && (long)T * nh <= ATT_MAX_CTR && ws_bytes > ATT_PART_OFF) {
         /* as many splits as fill the resident block slots in one wave (a second, partial wave
          * would leave a tail); the device uses fewer for short contexts, so only long contexts
          * pay for merges */
+        constexpr int li = att_li(L);
         long want = (long)ex.tune->sms * ex.tune->att_per_sm[li][VEC][GB - 1] / pairs;
         long fit = (long)((ws_bytes - ATT_PART_OFF) / (sizeof(float) * (size_t)T * nh * ((size_t)hd + 2)));
         int cap = ex.tune->att_max_split < ATT_MAX_SPLIT ? ex.tune->att_max_split : ATT_MAX_SPLIT;
@@ -720,18 +628,19 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
     if constexpr (GB == 1) {
         /* the splits of a (token, head) as one cluster, where ATT_CLUSTER_SPARE of the clusters
          * the GPU holds (att_cluster_fit) stay free: the same splits, the same bits */
+        constexpr int li = att_li(L);
         if (ns > 1 && ex.tune->att_cluster && pairs + ATT_CLUSTER_SPARE <= ex.tune->att_cluster_fit[li][VEC][ns]) {
             dim3 grid((unsigned)ns, (unsigned)nh, (unsigned)T);
             CUDA_TRY(msm_launch_cluster(attention_kernel<L, VEC, 1, true>, grid, dim3(ATT_THREADS), 0, (unsigned)ns, ex,
                                         out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale,
-                                        ctr, part, early, ex.tune->att_bt_cache, 0, rp));
+                                        ctr, part, early, ex.tune->att_bt_cache, rp));
             return 0;
         }
     }
     dim3 grid((unsigned)(nh / GB), (unsigned)T, (unsigned)ns);
-    CUDA_TRY(msm_launch(attention_kernel<L, VEC, GB, false>, grid, dim3(ATT_THREADS), (size_t)stage * ATT_STAGE_BYTES,
-                        ex, out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr, part,
-                        early, ex.tune->att_bt_cache, stage, rp));
+    CUDA_TRY(msm_launch(attention_kernel<L, VEC, GB, false>, grid, dim3(ATT_THREADS), 0, ex, out, q, q_ld,
+                        kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr, part, early,
+                        ex.tune->att_bt_cache, rp));
     return 0;
 }
 

@@ -53,7 +53,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->att_cluster = true;
     t->att_early = true;
     t->att_bt_cache = true;
-    t->att_stage = 0;
     t->att_rope = false; /* measured slower: msm_cuda_kernels.h */
     t->small_early = true;
     t->moe_aux_serial_max_t = 8;

@@ -53,13 +53,17 @@ r2)
     # the final table with the defaults of the commit in gpu.txt (the benchmark whose sequences
     # keep their KV blocks: the first table measured with it), every switch bitwise on the two
     # bf16 presets, then the compiled PyTorch peer on Qwen3-30B-A3B at 32 / 128 / 256 tokens
-    # (dense and grouped_mm expert paths; its 1 / 8 were run 4 of the ninth session)
+    # (dense and grouped_mm expert paths; its 1 / 8 were run 4 of the ninth session); Qwen3's
+    # attention splits at 1-2 tokens
     hdr
     el bench | tee -a $OUT/gpu.txt
     for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do
         b $p 1,2,3,4,5,8,11,16,32,64,128,256 final --
     done
     b glm-4.5-air-fp8 1,4,8,32,128 final --
+    for i in 1 2; do # Qwen3's attention at 1-2 tokens: 16 splits (last-block merge) or 8 / 4 (clusters)
+        for v in 16 8 4; do b qwen3-30b-a3b 1,2 q3split MSM_CUDA_ATT_MAX_SPLIT=$v --; done
+    done
     el presets | tee -a $OUT/gpu.txt
     timeout 200 python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
     el torch qwen3 | tee -a $OUT/gpu.txt
