@@ -72,4 +72,23 @@ r2)
         --experts dense,grouped_mm --context 512 2>&1 | grep -v '^\(W\|I\)[0-9]\{4\} ' >> $OUT/peers.txt
     el done | tee -a $OUT/gpu.txt
     ;;
+r3)
+    # the one-head SIMT attention (head dim 128) compiled for 5 or 6 blocks an SM (96 / 80
+    # registers, 72 / 264 bytes of spills; MSM_CUDA_ATT_MINB, off by default here) against the
+    # unbounded one (126 registers, 4 blocks an SM): kernel tests, A/B at 2-16 tokens, two rounds
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'attention*' 'tuning*'; do
+        timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for m in 0 5 6; do
+            b qwen1.5-moe-a2.7b 1,2,4,5,8,11,16 minb MSM_CUDA_ATT_MINB=$m --
+            b qwen3-30b-a3b 1,2,4,5,8,11,16 minb MSM_CUDA_ATT_MINB=$m --
+        done
+    done
+    ncu_k attention_kernel qwen1.5-moe-a2.7b 8 att8-m5 MSM_CUDA_ATT_MINB=5
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
