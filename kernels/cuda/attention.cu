@@ -275,8 +275,8 @@ typedef struct att_rope_args {
     uint16_t *kw, *vw; /* the caches to write (kc, vc) */
 } att_rope_args;
 
-template <int L, bool VEC, int GB, bool CL, int MINB = 1>
-static __global__ void __launch_bounds__(ATT_THREADS, MINB)
+template <int L, bool VEC, int GB, bool CL>
+static __global__ void __launch_bounds__(ATT_THREADS)
     attention_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc,
                      const uint16_t *vc, const int32_t *seq, const int32_t *pos,
                      const int32_t *block_tables, int max_blocks, int nh, int kvh, int hd,
@@ -571,18 +571,6 @@ static int att_per_sm_gb(void) {
     else return 0;
 }
 
-/* Resident blocks an SM of the register-capped one-head kernel (att_minb: MINB blocks an SM). */
-template <int MINB>
-static int att_per_sm_minb(void) {
-    int per = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_kernel<16, true, 1, false, MINB>, ATT_THREADS,
-                                                      0) != cudaSuccess || per <= 0) {
-        (void)cudaGetLastError();
-        per = 0;
-    }
-    return per;
-}
-
 template <int L, bool VEC>
 static void att_tuning_l(msm_cuda_tuning *t, int li) {
     t->att_per_sm[li][VEC][0] = att_per_sm_gb<L, VEC, 1>();
@@ -613,8 +601,6 @@ void msm__attention_tuning(msm_cuda_tuning *t) {
     att_cluster_fit<8, false>(t, 1), att_cluster_fit<8, true>(t, 1);
     att_cluster_fit<16, false>(t, 2), att_cluster_fit<16, true>(t, 2);
     att_cluster_fit<32, false>(t, 3), att_cluster_fit<32, true>(t, 3);
-    t->att_per_sm_minb[0] = att_per_sm_minb<5>();
-    t->att_per_sm_minb[1] = att_per_sm_minb<6>();
 }
 
 template <int L, bool VEC, int GB>
@@ -623,19 +609,13 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
                       const int32_t *block_tables, int max_blocks, int T, int nh, int kvh, int hd,
                       float scale, void *ws, size_t ws_bytes, const att_rope_args &rp, msm_cuda_exec ex) {
     long pairs = (long)T * (nh / GB); /* (token, head group) blocks of one split */
-    constexpr int li = att_li(L);
-    /* att_minb: the one-head unclustered kernel of 16-lane sub-groups capped to 5 or 6 blocks an SM */
-    const int minb = L == 16 && VEC && GB == 1 && (ex.tune->att_minb == 5 || ex.tune->att_minb == 6) &&
-                             ex.tune->att_per_sm_minb[ex.tune->att_minb - 5] > 0
-                         ? ex.tune->att_minb
-                         : 0;
-    const int per_sm = minb ? ex.tune->att_per_sm_minb[minb - 5] : ex.tune->att_per_sm[li][VEC][GB - 1];
     int ns = 1;
     if (ws && (long)T * nh <= ATT_MAX_CTR && ws_bytes > ATT_PART_OFF) {
         /* as many splits as fill the resident block slots in one wave (a second, partial wave
          * would leave a tail); the device uses fewer for short contexts, so only long contexts
          * pay for merges */
-        long want = (long)ex.tune->sms * per_sm / pairs;
+        constexpr int li = att_li(L);
+        long want = (long)ex.tune->sms * ex.tune->att_per_sm[li][VEC][GB - 1] / pairs;
         long fit = (long)((ws_bytes - ATT_PART_OFF) / (sizeof(float) * (size_t)T * nh * ((size_t)hd + 2)));
         int cap = ex.tune->att_max_split < ATT_MAX_SPLIT ? ex.tune->att_max_split : ATT_MAX_SPLIT;
         if (want > cap) want = cap;
@@ -648,7 +628,8 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
     if constexpr (GB == 1) {
         /* the splits of a (token, head) as one cluster, where ATT_CLUSTER_SPARE of the clusters
          * the GPU holds (att_cluster_fit) stay free: the same splits, the same bits */
-        if (!minb && ns > 1 && ex.tune->att_cluster && pairs + ATT_CLUSTER_SPARE <= ex.tune->att_cluster_fit[li][VEC][ns]) {
+        constexpr int li = att_li(L);
+        if (ns > 1 && ex.tune->att_cluster && pairs + ATT_CLUSTER_SPARE <= ex.tune->att_cluster_fit[li][VEC][ns]) {
             dim3 grid((unsigned)ns, (unsigned)nh, (unsigned)T);
             CUDA_TRY(msm_launch_cluster(attention_kernel<L, VEC, 1, true>, grid, dim3(ATT_THREADS), 0, (unsigned)ns, ex,
                                         out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale,
@@ -657,14 +638,6 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
         }
     }
     dim3 grid((unsigned)(nh / GB), (unsigned)T, (unsigned)ns);
-    if constexpr (L == 16 && VEC && GB == 1) {
-        if (minb) {
-            CUDA_TRY(msm_launch(minb == 5 ? attention_kernel<16, true, 1, false, 5> : attention_kernel<16, true, 1, false, 6>,
-                                grid, dim3(ATT_THREADS), 0, ex, out, q, q_ld, kc, vc, seq, pos, block_tables,
-                                max_blocks, nh, kvh, hd, scale, ctr, part, early, ex.tune->att_bt_cache, rp));
-            return 0;
-        }
-    }
     CUDA_TRY(msm_launch(attention_kernel<L, VEC, GB, false>, grid, dim3(ATT_THREADS), 0, ex, out, q, q_ld,
                         kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale, ctr, part, early,
                         ex.tune->att_bt_cache, rp));

@@ -138,7 +138,6 @@ typedef struct msm_cuda_tuning {
     int moe_gateup_mma4_per_sm, moe_down_mma4_per_sm; /* 32 tokens a pass (MSM_CUDA_MOE_K_NT4) */
     int moe_gateup_mma8_per_sm, moe_down_mma8_per_sm; /* FP8 weights (docs/adr/0006-fp8.md) */
     int att_per_sm[4][2][4];  /* attention_kernel<L = 4, 8, 16, 32 chunks><vec 0/1><1..4 heads a block> */
-    int att_per_sm_minb[2];   /* ... <16, vec, 1 head> capped to 5 / 6 blocks an SM (att_minb; 0: none) */
     size_t ar_oneshot_max_bytes; /* all-reduces up to this size take the one-shot kernel where the
                                     group has peer access (MSM_CUDA_AR_ONESHOT_MAX_BYTES); 0: NCCL always */
     bool fp8_resident;        /* FP8 checkpoint weights stay FP8 on the device (else dequantised to
@@ -284,10 +283,6 @@ typedef struct msm_cuda_tuning {
                                  / 2.78-2.83 / 4.90-4.93 -> 1.97 / 2.75-2.77 / 4.86-4.89; past 8 it loses
                                  (GLM-4.5-Air FP8 batch 128 57.8 -> 63.2, Qwen1.5 batch 32 8.51 -> 8.58).
                                  0: never (MSM_CUDA_MOE_AUX_SERIAL_MAX_T) */
-    int att_minb;             /* 5 or 6: the one-head unclustered SIMT attention of 16-lane sub-groups
-                                 (head dim 128) compiled for that many blocks an SM (fewer registers),
-                                 its splits sized by them; else the unbounded kernel (the same bits;
-                                 MSM_CUDA_ATT_MINB) */
     bool att_bt_cache;        /* the SIMT attention copies its block's block-table entries into shared
                                  memory first, and the tensor-core one loads each warp's next entry an
                                  iteration ahead, so K/V loads wait for no table load (the same bits;

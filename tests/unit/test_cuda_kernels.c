@@ -56,8 +56,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_STREAM_PRIO", "MSM_CUDA_LINEAR_ROPE", "MSM_CUDA_ROUTER_CLUSTER",
                                  "MSM_CUDA_MMV_FIT_CLUSTERS", "MSM_CUDA_MMV_U8_MAX_BLOCKS",
                                  "MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "MSM_CUDA_MOE_GG_GATEUP_NT", "MSM_CUDA_MOE_GG_DOWN_NT",
-                                 "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
-                                 "MSM_CUDA_ATT_MINB"};
+                                 "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -89,8 +88,6 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
-    setenv("MSM_CUDA_ATT_MINB", "7", 1);
-    t.att_minb = 5;
     t.att_bt_cache = true;
     t.moe_gg_early = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -115,7 +112,6 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.moe_gg_down_u, 3);
     cr_expect(!t.moe_gg_early, "MSM_CUDA_MOE_GG_EARLY=0: the down waits first");
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
-    cr_expect_eq(t.att_minb, 0, "not 5 or 6: the unbounded kernel");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -732,20 +728,18 @@ static void attention_case(msm_cuda_exec ex, const attn_shape *sh) {
         /* the splits merged by the last block or in a cluster, (decode: one token a sequence)
          * the first K/V rows loaded before the PDL wait or after, and the block-table entries
          * copied into shared memory or loaded with each tile: the same bits */
-        for (int v = 0; v < 10; v++) {
+        for (int v = 0; v < 8; v++) {
             msm_cuda_tuning tv = *ex.tune;
-            tv.att_cluster = v < 8 && (v & 1);
+            tv.att_cluster = v & 1;
             tv.att_early = v >> 1 & 1;
-            tv.att_bt_cache = !(v >> 2 & 1);
-            tv.att_minb = v < 8 ? 0 : v & 1 ? 6 : 5; /* the register-capped kernel (head dim 128) */
+            tv.att_bt_cache = !(v >> 2);
             msm_cuda_exec ev = {.stream = ex.stream, .tune = &tv, .decode = sh->tokens_per_seq == 1};
             cr_assert_eq(cudaMemset(dout2, 0xff, qn * 4), cudaSuccess);
             CK(msm_cuda_attention_ex(dout2, dqw, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, sh->nh, sh->kvh,
                                      sh->hd, scale, ws, wsb, ev));
             down(out2, dout2, qn * 4);
-            cr_assert(memcmp(out, out2, qn * 4) == 0,
-                      "attention_ex (cluster %d, early %d, table copy %d, blocks an SM %d, decode %d) differs: %s",
-                      tv.att_cluster, tv.att_early, tv.att_bt_cache, tv.att_minb, ev.decode, sh->what);
+            cr_assert(memcmp(out, out2, qn * 4) == 0, "attention_ex (cluster %d, early %d, table copy %d, decode %d) differs: %s",
+                      tv.att_cluster, tv.att_early, tv.att_bt_cache, ev.decode, sh->what);
         }
         cudaFree(dqw), cudaFree(dout2), cudaFree(ws);
         free(qw), free(out2);
