@@ -283,6 +283,10 @@ typedef struct msm_cuda_tuning {
                                  / 2.78-2.83 / 4.90-4.93 -> 1.97 / 2.75-2.77 / 4.86-4.89; past 8 it loses
                                  (GLM-4.5-Air FP8 batch 128 57.8 -> 63.2, Qwen1.5 batch 32 8.51 -> 8.58).
                                  0: never (MSM_CUDA_MOE_AUX_SERIAL_MAX_T) */
+    bool gemv_minb;           /* the one-token bf16 GEMV (one row a warp, 4 loads a lane in flight) and
+                                 the qkv + RoPE kernel compiled for 12 blocks an SM (40 registers), so
+                                 a 1536-block qkv of Qwen1.5-MoE fits one wave (the same bits;
+                                 MSM_CUDA_GEMV_MINB=1) */
     bool att_bt_cache;        /* the SIMT attention copies its block's block-table entries into shared
                                  memory first, and the tensor-core one loads each warp's next entry an
                                  iteration ahead, so K/V loads wait for no table load (the same bits;

@@ -56,7 +56,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_STREAM_PRIO", "MSM_CUDA_LINEAR_ROPE", "MSM_CUDA_ROUTER_CLUSTER",
                                  "MSM_CUDA_MMV_FIT_CLUSTERS", "MSM_CUDA_MMV_U8_MAX_BLOCKS",
                                  "MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "MSM_CUDA_MOE_GG_GATEUP_NT", "MSM_CUDA_MOE_GG_DOWN_NT",
-                                 "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE"};
+                                 "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
+                                 "MSM_CUDA_GEMV_MINB"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -88,6 +89,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
+    setenv("MSM_CUDA_GEMV_MINB", "1", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -112,6 +114,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.moe_gg_down_u, 3);
     cr_expect(!t.moe_gg_early, "MSM_CUDA_MOE_GG_EARLY=0: the down waits first");
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
+    cr_expect(t.gemv_minb, "MSM_CUDA_GEMV_MINB=1: the GEMVs of 40 registers");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -1603,22 +1606,24 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
         fp8_weight w8 = fp8_make(1, N, K, 0, false);
         float *dx = dev_up(x, (size_t)Tm * K * 4), *dxn = dev((size_t)Tm * K * 4);
         uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *dn = dev_up(nb, (size_t)K * 2);
-        float *dy = dev((size_t)Tm * N * 4), *o[6], *ref = malloc((size_t)Tm * N * 4);
-        for (int e = 0; e < 6; e++) o[e] = malloc((size_t)Tm * N * 4);
+        float *dy = dev((size_t)Tm * N * 4), *o[7], *ref = malloc((size_t)Tm * N * 4);
+        for (int e = 0; e < 7; e++) o[e] = malloc((size_t)Tm * N * 4);
         for (int fp8 = 0; fp8 < 2; fp8++)
             for (int T = 1; T <= Tm; T++) {
                 msm_cpu_linear(ref, xn, fp8 ? w8.f : wf, NULL, T, N, K);
                 /* after the wait; early; early with FP8's 8 loads a lane a row; early, one step of
                  * loads at a time (no software pipelining of bf16 rows, msm_cuda_tuning.rows_pipe);
                  * early, a 4096-wide bf16 row in one step at one token (gemv_u16); early, a 2048-
-                 * or 1408-wide one in one step (gemv_u8) */
-                for (int e = 0; e < 6; e++) {
+                 * or 1408-wide one in one step (gemv_u8); early, compiled for 12 blocks an SM
+                 * (gemv_minb) */
+                for (int e = 0; e < 7; e++) {
                     msm_cuda_tuning t = tune0;
                     t.gemv_early = e > 0;
                     t.fp8_gemv_u8 = e == 2;
                     if (e == 3) t.rows_pipe = 0;
                     t.gemv_u16 = e == 4;
                     t.gemv_u8 = e == 5;
+                    t.gemv_minb = e == 6;
                     t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT; /* the GEMV at every T (the MMV8 waits first) */
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
                     CK(cudaMemsetAsync(dxn, 0xff, (size_t)Tm * K * 4, st));
@@ -1638,6 +1643,8 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
                           fp8 ? "fp8" : "bf16", T, N, K);
                 cr_expect(memcmp(o[0], o[4], (size_t)T * N * 4) == 0, "16 loads a lane change the bits: %s T=%d N=%d K=%d",
                           fp8 ? "fp8" : "bf16", T, N, K);
+                cr_expect(memcmp(o[0], o[6], (size_t)T * N * 4) == 0, "12 blocks an SM change the bits: %s T=%d N=%d K=%d",
+                          fp8 ? "fp8" : "bf16", T, N, K);
                 cr_expect(memcmp(o[0], o[5], (size_t)T * N * 4) == 0, "8 loads a lane change the bits: %s T=%d N=%d K=%d",
                           fp8 ? "fp8" : "bf16", T, N, K);
                 CHECK_ERR(o[1], ref, (size_t)T * N, 2e-5, "early loads %s T=%d N=%d K=%d", fp8 ? "fp8" : "bf16", T, N, K);
@@ -1645,7 +1652,7 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
         cudaFree(dx), cudaFree(dxn), cudaFree(dw), cudaFree(dn), cudaFree(dy);
         fp8_free(&w8);
         free(x), free(wf), free(nf), free(xn), free(wb), free(nb), free(ref), free(o[0]), free(o[1]), free(o[2]);
-        free(o[3]), free(o[4]), free(o[5]);
+        free(o[3]), free(o[4]), free(o[5]), free(o[6]);
     }
     cudaStreamDestroy(st);
 }
@@ -2282,10 +2289,11 @@ Test(cuda_kernels, linear_rope_kv_equals_linear_then_rope_kv, .timeout = 60) {
                  *v2 = dev_poison(cache * 2);
         float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
         uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
-        for (int var = 0; var < 3; var++) { /* plain; gemv_u8 + gemv_u16 at decode; rows_pipe off */
+        for (int var = 0; var < 4; var++) { /* plain; gemv_u8 + gemv_u16 at decode; rows_pipe off; 12 blocks an SM */
             msm_cuda_tuning tn = tune0;
             tn.gemv_u8 = tn.gemv_u16 = var == 1;
             if (var == 2) tn.rows_pipe = 0;
+            tn.gemv_minb = var == 3;
             msm_cuda_exec ex = {.stream = 0, .tune = &tn, .decode = var == 1};
             cr_assert(msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &tn), "shape %zu", si);
             cr_assert_eq(cudaMemset(k1, 0xff, cache * 2), cudaSuccess);

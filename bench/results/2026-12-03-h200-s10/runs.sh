@@ -91,4 +91,24 @@ r3)
     ncu_k attention_kernel qwen1.5-moe-a2.7b 8 att8-m5 MSM_CUDA_ATT_MINB=5
     el done | tee -a $OUT/gpu.txt
     ;;
+r4)
+    # the one-token bf16 GEMV and the qkv + RoPE kernel compiled for 12 blocks an SM (40 registers:
+    # Qwen1.5-MoE's 1536-block qkv in one wave of 1584 instead of 1320 + 216; MSM_CUDA_GEMV_MINB=1,
+    # off by default here): kernel tests, A/B at 1-2 tokens, three rounds, Nsight Compute on the qkv
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'linear*' 'tuning*'; do
+        timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for m in 0 1; do
+            b qwen1.5-moe-a2.7b 1,2 minb MSM_CUDA_GEMV_MINB=$m --
+            b qwen3-30b-a3b 1,2 minb MSM_CUDA_GEMV_MINB=$m --
+        done
+    done
+    ncu_k linear_rope_kernel qwen1.5-moe-a2.7b 1 qkv1-m0 MSM_CUDA_GEMV_MINB=0
+    ncu_k linear_rope_kernel qwen1.5-moe-a2.7b 1 qkv1-m1 MSM_CUDA_GEMV_MINB=1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
