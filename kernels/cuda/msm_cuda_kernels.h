@@ -283,10 +283,10 @@ typedef struct msm_cuda_tuning {
                                  / 2.78-2.83 / 4.90-4.93 -> 1.97 / 2.75-2.77 / 4.86-4.89; past 8 it loses
                                  (GLM-4.5-Air FP8 batch 128 57.8 -> 63.2, Qwen1.5 batch 32 8.51 -> 8.58).
                                  0: never (MSM_CUDA_MOE_AUX_SERIAL_MAX_T) */
-    bool gemv_minb;           /* the one-token bf16 GEMV (one row a warp, 4 loads a lane in flight) and
-                                 the qkv + RoPE kernel compiled for 12 blocks an SM (40 registers), so
-                                 a 1536-block qkv of Qwen1.5-MoE fits one wave (the same bits;
-                                 MSM_CUDA_GEMV_MINB=1) */
+    int gemv_minb;            /* MSM_CUDA_MINB_* kernels compiled for 12 blocks an SM (40 registers): the
+                                 qkv + RoPE kernel at one token (Qwen1.5-MoE's 1536 blocks then fit
+                                 one wave), the one-token bf16 GEMV (one row a warp, 4 loads a lane);
+                                 the same bits (MSM_CUDA_GEMV_MINB=mask) */
     bool att_bt_cache;        /* the SIMT attention copies its block's block-table entries into shared
                                  memory first, and the tensor-core one loads each warp's next entry an
                                  iteration ahead, so K/V loads wait for no table load (the same bits;
@@ -325,6 +325,8 @@ enum { MSM_CUDA_PRIO_OFF = 0, MSM_CUDA_PRIO_AUX = 1, MSM_CUDA_PRIO_AUTO = 2 };
 /* msm_cuda_tuning.rows_pipe: the GEMV at 2 tokens (o_proj, the shared expert, dense MLPs), the GEMV
  * reading its RMSNorm (qkv), the pair-path experts' gate/up and their down at up to 4 slots */
 enum { MSM_CUDA_PIPE_GEMV = 1, MSM_CUDA_PIPE_NORM_IN = 2, MSM_CUDA_PIPE_MOE_GU = 4, MSM_CUDA_PIPE_MOE_DOWN = 8 };
+/* msm_cuda_tuning.gemv_minb: kernels compiled for 12 blocks an SM */
+enum { MSM_CUDA_MINB_QKV = 1, MSM_CUDA_MINB_GEMV = 2 };
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the
  * occupancy of the kernels that size their grids by it. 0 or a negative errno. */

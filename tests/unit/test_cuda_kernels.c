@@ -89,7 +89,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
-    setenv("MSM_CUDA_GEMV_MINB", "1", 1);
+    setenv("MSM_CUDA_GEMV_MINB", "7", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -114,7 +114,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.moe_gg_down_u, 3);
     cr_expect(!t.moe_gg_early, "MSM_CUDA_MOE_GG_EARLY=0: the down waits first");
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
-    cr_expect(t.gemv_minb, "MSM_CUDA_GEMV_MINB=1: the GEMVs of 40 registers");
+    cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -1623,7 +1623,7 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
                     if (e == 3) t.rows_pipe = 0;
                     t.gemv_u16 = e == 4;
                     t.gemv_u8 = e == 5;
-                    t.gemv_minb = e == 6;
+                    t.gemv_minb = e == 6 ? MSM_CUDA_MINB_GEMV : 0;
                     t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT; /* the GEMV at every T (the MMV8 waits first) */
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
                     CK(cudaMemsetAsync(dxn, 0xff, (size_t)Tm * K * 4, st));
@@ -2293,7 +2293,7 @@ Test(cuda_kernels, linear_rope_kv_equals_linear_then_rope_kv, .timeout = 60) {
             msm_cuda_tuning tn = tune0;
             tn.gemv_u8 = tn.gemv_u16 = var == 1;
             if (var == 2) tn.rows_pipe = 0;
-            tn.gemv_minb = var == 3;
+            tn.gemv_minb = var == 3 ? MSM_CUDA_MINB_QKV : 0;
             msm_cuda_exec ex = {.stream = 0, .tune = &tn, .decode = var == 1};
             cr_assert(msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &tn), "shape %zu", si);
             cr_assert_eq(cudaMemset(k1, 0xff, cache * 2), cudaSuccess);

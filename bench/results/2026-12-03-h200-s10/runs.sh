@@ -111,4 +111,22 @@ r4)
     ncu_k linear_rope_kernel qwen1.5-moe-a2.7b 1 qkv1-m1 MSM_CUDA_GEMV_MINB=1
     el done | tee -a $OUT/gpu.txt
     ;;
+r5)
+    # run 4's 12 blocks an SM split by kernel (MSM_CUDA_GEMV_MINB mask: 1 the qkv + RoPE kernel, 2
+    # the one-token GEMV: the shared expert's gate/up and down, o_proj, the LM head): A/B at 1-2
+    # tokens, three rounds
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'linear*' 'tuning*'; do
+        timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for m in 0 1 2 3; do
+            b qwen1.5-moe-a2.7b 1,2 mask MSM_CUDA_GEMV_MINB=$m --
+            b qwen3-30b-a3b 1,2 mask MSM_CUDA_GEMV_MINB=$m --
+        done
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
