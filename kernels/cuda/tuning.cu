@@ -53,6 +53,12 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->att_cluster = true;
     t->att_early = true;
     t->att_bt_cache = true;
+    /* the qkv + RoPE kernel at 12 blocks an SM: Qwen1.5-MoE's 1536 blocks in one wave, the kernel
+     * alone 15.5 -> 13.3 us in Nsight Compute, batch 1 1.714-1.725 -> 1.710-1.711 ms (three rounds);
+     * the one-token GEMV too slowed it (1.754-1.760: the shared expert's gate/up then holds more of
+     * the SMs the router and the routed experts need) and did nothing measurable on Qwen3-30B-A3B
+     * (H200, 2026-12-03 tenth session, bench/results/2026-12-03-h200-s10 runs 4-5) */
+    t->gemv_minb = MSM_CUDA_MINB_QKV;
     t->att_rope = false; /* measured slower: msm_cuda_kernels.h */
     t->small_early = true;
     t->moe_aux_serial_max_t = 8;

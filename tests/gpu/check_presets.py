@@ -46,6 +46,8 @@ VARIANTS = [  # (name, extra flags, environment)
     ("qkv GEMV + RoPE + K/V write one kernel vs two", [], {"MSM_CUDA_LINEAR_ROPE": "0"}),
     ("router as one cluster a token vs a counter and the last block", [], {"MSM_CUDA_ROUTER_CLUSTER": "0"}),
     ("attention's block-table entries copied to shared memory vs loaded with each tile", [], {"MSM_CUDA_ATT_BT_CACHE": "0"}),
+    ("qkv + RoPE kernel at 12 blocks an SM vs unbounded", [], {"MSM_CUDA_GEMV_MINB": "0"}),
+    ("the one-token GEMV at 12 blocks an SM too", [], {"MSM_CUDA_GEMV_MINB": "3"}),
     ("grouped expert GEMVs after the grouping kernel vs scanning their pairs", [], {"MSM_CUDA_MOE_GROUP_SCAN_MAX_T": "64"}),
     ("grouped expert down's first weight loads before the PDL wait vs after", [], {"MSM_CUDA_MOE_GG_EARLY": "0"}),
     ("grouped expert GEMVs at 2 tokens a pass, 3 chunks in flight vs 4 and 2", [],

@@ -129,4 +129,16 @@ r5)
     done
     el done | tee -a $OUT/gpu.txt
     ;;
+r6)
+    # the qkv + RoPE kernel at 12 blocks an SM by default (the commit in gpu.txt): every switch
+    # bitwise on the two bf16 presets (with the new lines), the table at 1-256 on the bf16 presets
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do
+        b $p 1,2,3,4,5,8,11,16,32,64,128,256 final --
+    done
+    el presets | tee -a $OUT/gpu.txt
+    timeout 300 python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
