@@ -141,4 +141,21 @@ r6)
     timeout 300 python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r7)
+    # the routed experts' pair-path gate/up GEMV at 12 blocks an SM (40 registers, with spills;
+    # Qwen3's 1536 blocks at one token then one wave, Qwen1.5-MoE's 1408 too; MSM_CUDA_GEMV_MINB
+    # bit 4, off here): kernel tests, A/B at 1-4 tokens, three rounds
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'moe_down_split*' 'moe_experts_fp8_hw*' 'tuning*'; do
+        timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for m in 1 5; do
+            for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,4 gu MSM_CUDA_GEMV_MINB=$m --; done
+        done
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
