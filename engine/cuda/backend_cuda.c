@@ -1341,7 +1341,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_ATT_CLUSTER"))) t->att_cluster = s[0] != '0';
     if ((s = getenv("MSM_CUDA_ATT_EARLY"))) t->att_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_ATT_BT_CACHE"))) t->att_bt_cache = s[0] != '0';
-    if (env_int("MSM_CUDA_GEMV_MINB", &v)) t->gemv_minb = v & 7;
+    if (env_int("MSM_CUDA_GEMV_MINB", &v)) t->gemv_minb = v & 3;
     if ((s = getenv("MSM_CUDA_ATT_ROPE"))) t->att_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_AUX_SERIAL_MAX_T", &v)) t->moe_aux_serial_max_t = v < 0 ? 0 : v;

@@ -17,8 +17,8 @@
 
 /* One warp per (pair p, column i). (Two columns a warp, a single wave at T = 1, measured 15%
  * slower there on the H200.) */
-template <bool VEC, bool FP8, bool HW = false, bool PIPE = false, int MINB = 1>
-static __global__ void __launch_bounds__(MOE_WARPS * 32, MINB)
+template <bool VEC, bool FP8, bool HW = false, bool PIPE = false>
+static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gateup_gemv_kernel(float *act, const float *x, const int32_t *ids, const void *gate_up,
                            const float *gu_sc, int gu_ph, int H, int I, int k, int E) {
     msm_pdl_trigger();
@@ -214,19 +214,6 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
                       H, I, k, E);
 }
 
-/* moe_gateup_gemv_kernel<VEC, FP8, HW, PIPE>, compiled for 12 blocks an SM where the tuning says so
- * (gemv_minb & MSM_CUDA_MINB_MOE_GU: 40 registers, so Qwen3-30B-A3B's 1536 blocks at one token fit
- * one wave); the same bits */
-template <bool VEC, bool FP8, bool HW = false, bool PIPE = false>
-static cudaError_t gateup_launch(dim3 ga, dim3 blk, msm_cuda_exec ex, float *act, const float *x, const int32_t *ids,
-                                 const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k, int E) {
-    if (ex.tune->gemv_minb & MSM_CUDA_MINB_MOE_GU)
-        return msm_launch(moe_gateup_gemv_kernel<VEC, FP8, HW, PIPE, 12>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
-                          gu_ph, H, I, k, E);
-    return msm_launch(moe_gateup_gemv_kernel<VEC, FP8, HW, PIPE>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc, gu_ph,
-                      H, I, k, E);
-}
-
 int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w, const void *gate_up,
                       const float *gu_sc, int gu_ph, const void *down, const float *dn_sc, int dn_ph, float *act,
                       int T, int H, int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex) {
@@ -234,13 +221,17 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
     if (P > 65535) return -EINVAL; /* grid.y of the gate/up kernel */
     dim3 ga((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)P), blk(MOE_WARPS * 32);
     if (gu_sc && ex.tune->fp8_moe_hw) /* FP8 (the caller checked H % 16 and the alignment) */
-        CUDA_TRY((gateup_launch<true, true, true>(ga, blk, ex, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E)));
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
+                            gu_ph, H, I, k, E));
     else if (gu_sc)
-        CUDA_TRY((gateup_launch<true, true>(ga, blk, ex, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E)));
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
+                            gu_ph, H, I, k, E));
     else if (vec_h && (ex.tune->rows_pipe & MSM_CUDA_PIPE_MOE_GU) && H > 256 * MOE_U) /* rows of several steps: pipelined */
-        CUDA_TRY((gateup_launch<true, false, false, true>(ga, blk, ex, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E)));
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false, false, true>, ga, blk, 0, ex, act, x, ids, gate_up,
+                            gu_sc, gu_ph, H, I, k, E));
     else if (vec_h)
-        CUDA_TRY((gateup_launch<true, false>(ga, blk, ex, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E)));
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
+                            gu_ph, H, I, k, E));
     else
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<false, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
                             gu_ph, H, I, k, E));

@@ -285,9 +285,8 @@ typedef struct msm_cuda_tuning {
                                  0: never (MSM_CUDA_MOE_AUX_SERIAL_MAX_T) */
     int gemv_minb;            /* MSM_CUDA_MINB_* kernels compiled for 12 blocks an SM (40 registers): the
                                  qkv + RoPE kernel at one token (Qwen1.5-MoE's 1536 blocks then fit
-                                 one wave), the one-token bf16 GEMV (one row a warp, 4 loads a lane),
-                                 the routed experts' gate/up GEMV of the pair path (1-4 tokens); the
-                                 same bits (MSM_CUDA_GEMV_MINB=mask) */
+                                 one wave), the one-token bf16 GEMV (one row a warp, 4 loads a lane);
+                                 the same bits (MSM_CUDA_GEMV_MINB=mask) */
     bool att_bt_cache;        /* the SIMT attention copies its block's block-table entries into shared
                                  memory first, and the tensor-core one loads each warp's next entry an
                                  iteration ahead, so K/V loads wait for no table load (the same bits;
@@ -327,7 +326,7 @@ enum { MSM_CUDA_PRIO_OFF = 0, MSM_CUDA_PRIO_AUX = 1, MSM_CUDA_PRIO_AUTO = 2 };
  * reading its RMSNorm (qkv), the pair-path experts' gate/up and their down at up to 4 slots */
 enum { MSM_CUDA_PIPE_GEMV = 1, MSM_CUDA_PIPE_NORM_IN = 2, MSM_CUDA_PIPE_MOE_GU = 4, MSM_CUDA_PIPE_MOE_DOWN = 8 };
 /* msm_cuda_tuning.gemv_minb: kernels compiled for 12 blocks an SM */
-enum { MSM_CUDA_MINB_QKV = 1, MSM_CUDA_MINB_GEMV = 2, MSM_CUDA_MINB_MOE_GU = 4 };
+enum { MSM_CUDA_MINB_QKV = 1, MSM_CUDA_MINB_GEMV = 2 };
 
 /* Defaults for `device` (which must be current), with its multiprocessor count and the
  * occupancy of the kernels that size their grids by it. 0 or a negative errno. */
