@@ -10,6 +10,9 @@
 #                                 $OUT/timeline-TAG.txt, ROWS kernels listed (90)
 #   prof PRESET BATCH TIMEOUT [VAR=value ...]         ncu per-kernel table of one eager step into
 #                                 $OUT/profile.txt (bench/ncu_summary.py)
+#   ncu_k REGEX PRESET BATCH TAG [VAR=value ...]    Nsight Compute sections (speed of light, memory,
+#                                 warp states, occupancy, launch, scheduler) on the first 2 launches
+#                                 of the kernels matching REGEX in one eager step, $OUT/ncu-TAG.txt
 #   hdr                           the GPU and the bundle's revision into $OUT/gpu.txt
 [ -f gpu-run/bundle.tar.xz ] && { (cd gpu-run && tar xJf bundle.tar.xz && rm bundle.tar.xz) || exit 1; }
 export LD_LIBRARY_PATH=$PWD/gpu-run/lib PYTHONUNBUFFERED=1
@@ -40,5 +43,12 @@ prof() {
         --batches $bt --context 512 --steps 1 --no-cuda-graphs > /tmp/ncu.csv 2>&1
     echo "# $p batch $bt $*" >> $OUT/profile.txt
     python3 bench/ncu_summary.py /tmp/ncu.csv >> $OUT/profile.txt 2>&1
+}
+ncu_k() {
+    local k=$1 p=$2 bt=$3 tag=$4; shift 4
+    env "$@" timeout 120 /usr/local/cuda/bin/ncu --kernel-name "regex:$k" --launch-skip 0 --launch-count 2 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats --section SchedulerStats gpu-run/bin/msmoe-bench decode --preset config/models/$p.json \
+        --backend cuda --batches $bt --context 512 --steps 1 --no-cuda-graphs > $OUT/ncu-$tag.txt 2>&1
 }
 hdr() { { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt; }

@@ -3,14 +3,7 @@
 # binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check
 # bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
 #   bash bench/results/2026-12-03-h200-s10/runs.sh rN
-source bench/device_run.sh  # el, left, b, tl, prof, hdr
-ncu_k() { # KERNEL-REGEX PRESET BATCH TAG [VAR=v ...]: Nsight Compute sections on the kernel's first 2 launches
-    local k=$1 p=$2 bt=$3 tag=$4; shift 4
-    env "$@" timeout 120 /usr/local/cuda/bin/ncu --kernel-name "regex:$k" --launch-skip 0 --launch-count 2 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        --section LaunchStats --section SchedulerStats gpu-run/bin/msmoe-bench decode --preset config/models/$p.json \
-        --backend cuda --batches $bt --context 512 --steps 1 --no-cuda-graphs > $OUT/ncu-$tag.txt 2>&1
-}
+source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr
 case "$1" in
 r1)
     # the ninth session's unverified review commit 38a1efe (the pair-scan list as dynamic shared
