@@ -14,6 +14,8 @@
 #                                 warp states, occupancy, launch, scheduler) on the first 2 launches
 #                                 of the kernels matching REGEX in one eager step, $OUT/ncu-TAG.txt
 #   hdr                           the GPU and the bundle's revision into $OUT/gpu.txt
+#   pack                          past 7 files under $OUT, all but gpu.txt into $OUT/out.tar.gz (the
+#                                 device tool brings back a limited number of files: a run's last call)
 [ -f gpu-run/bundle.tar.xz ] && { (cd gpu-run && tar xJf bundle.tar.xz && rm bundle.tar.xz) || exit 1; }
 export LD_LIBRARY_PATH=$PWD/gpu-run/lib PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -52,3 +54,8 @@ ncu_k() {
         --backend cuda --batches $bt --context 512 --steps 1 --no-cuda-graphs > $OUT/ncu-$tag.txt 2>&1
 }
 hdr() { { nvidia-smi --query-gpu=name --format=csv; cat gpu-run/REVISION; } | tee $OUT/gpu.txt; }
+pack() {
+    local n; n=$(ls $OUT | wc -l)
+    [ "$n" -gt 7 ] || return 0
+    (cd $OUT && tar czf /tmp/out.tar.gz --exclude=gpu.txt . && find . -type f ! -name gpu.txt -delete && mv /tmp/out.tar.gz .)
+}
