@@ -1281,6 +1281,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_NORM_LINEAR=0|1            decode: an ADD_RMSNORM + the LINEAR on its norm in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
  *   MSM_CUDA_ATT_BT_CACHE=0|1           the SIMT attention's block-table entries in shared memory first (1, default)
+ *   MSM_CUDA_GEMV_MINB=mask             kernels compiled for 12 blocks an SM: 1 the one-token qkv + RoPE kernel
+ *                                       (default), 2 the one-token bf16 GEMV
  *   MSM_CUDA_MOE_GROUP_SCAN_MAX_T=N     the grouped SIMT expert GEMVs of up to N tokens find their pairs
  *                                       themselves, no grouping kernel (0, default: never)
  *   MSM_CUDA_MOE_GG_GATEUP_NT=2|4       tokens a pass of the grouped SIMT gate/up (4, default)

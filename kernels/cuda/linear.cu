@@ -167,6 +167,8 @@ extern "C" int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K) {
 /* ---- GEMV ---- */
 
 #define GEMV_WARPS 4
+/* blocks an SM the gemv_minb kernels are compiled for (msm_cuda_tuning.gemv_minb): 40 registers */
+#define GEMV_MINB 12
 
 /* Warp (blockIdx.x, warp) owns rows n0..n0+R-1; blockIdx.y the token chunk t0..t0+NT-1. */
 /* U: 16-byte weight loads in flight per lane per row (R * U per lane in all). FP8: w holds e4m3
@@ -454,8 +456,8 @@ static void gemv_launch_r(float *y, const float *x, const void *w, const uint16_
     auto kern = gemv_kernel<NT, R, U, VEC, FP8, HW>;
     if constexpr (VEC && !FP8 && NT == 2) /* bf16 rows of several steps: pipelined (tuning rows_pipe) */
         if ((ex.tune->rows_pipe & MSM_CUDA_PIPE_GEMV) && K > 256 * U) kern = gemv_kernel<NT, R, U, VEC, FP8, HW, true>;
-    if constexpr (VEC && !FP8 && NT == 1 && R == 1 && U == 4) /* tuning gemv_minb: 40 registers */
-        if (ex.tune->gemv_minb & MSM_CUDA_MINB_GEMV) kern = gemv_kernel<1, 1, 4, true, false, HW, false, 12>;
+    if constexpr (VEC && !FP8 && NT == 1 && R == 1 && U == 4) /* tuning gemv_minb */
+        if (ex.tune->gemv_minb & MSM_CUDA_MINB_GEMV) kern = gemv_kernel<1, 1, 4, true, false, HW, false, GEMV_MINB>;
     (void)msm_launch(kern, grid, dim3(GEMV_WARPS * 32), 0, ex, y, x, w, wsc, ph, bias,
                      T, N, K, ex.tune->gemv_prefetch, ex.tune->gemv_early && !ex.w_written);
 }
@@ -947,11 +949,12 @@ extern "C" int msm_cuda_linear_rope_kv(float *out, const float *x, const uint16_
     dim3 grid((unsigned)(N / GEMV_WARPS)), block(GEMV_WARPS * 32);
     bool pf = ex.tune->gemv_prefetch, early = ex.tune->gemv_early && !ex.w_written;
     /* gemv_launch's loads in flight at one token and its pipelined rows at two */
-    auto kern = ex.tune->gemv_minb & MSM_CUDA_MINB_QKV ? linear_rope_kernel<1, 4, false, 12> : linear_rope_kernel<1, 4, false>;
+    auto kern = linear_rope_kernel<1, 4, false>;
     if (T == 1 && ex.tune->gemv_u16 && K > 2048 && K <= 4096) kern = linear_rope_kernel<1, 16, false>;
     else if (T == 1 && ex.tune->gemv_u8 && K > 1024 && K <= 2048) kern = linear_rope_kernel<1, 8, false>;
     else if (T == 2) kern = (ex.tune->rows_pipe & MSM_CUDA_PIPE_GEMV) && K > 256 * 4 ? linear_rope_kernel<2, 4, true>
                                                                                      : linear_rope_kernel<2, 4, false>;
+    else if (ex.tune->gemv_minb & MSM_CUDA_MINB_QKV) kern = linear_rope_kernel<1, 4, false, GEMV_MINB>;
     CUDA_TRY(msm_launch(kern, grid, block, 0, ex, a, x, w, bias, T, N, K, pf, early, ex.decode && ex.tune->small_early));
     return 0;
 }
