@@ -682,26 +682,39 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
  * the grid is small (mmv_u8_max_blocks: the o_proj's 256 blocks hold half its weights in flight at
  * U = 4, two round trips). The same chunks in the same order either way: the same bits. */
 /* W warps a block (tuning mmv_warps: 8, or 4 for twice the blocks on narrow weights); each warp's
- * 16 rows and the cluster's rank-order sum are the same either way, so are the bits. */
+ * 16 rows and the cluster's rank-order sum are the same either way, so are the bits.
+ * WS > 1 (S = 1, tuning mmv_bslice): the K slices are the block's own warps instead of a cluster's
+ * blocks: W / WS warps on distinct rows, each of them WS times over K (warp w: rows (w % (W / WS)) * 16..,
+ * slice w / (W / WS)), the WS partials summed in slice order through shared memory after one
+ * __syncthreads: a slice's chunks and the slices' sum are a cluster of WS slices' (the same bits
+ * as S = WS), with twice to four times the warps of the cluster grid on the same weights (more
+ * loads in flight an SM: the 3-8-token qkv MMV held 12 warps an SM, H200, 2026-12-03) and no
+ * cluster to place. Compiled for MMVB_WARPS_SM warps an SM (4 chunks in flight: 80 registers,
+ * three blocks of 8 warps, where 84 made two). */
+#define MMVB_WARPS_SM 24
 
-template <int MT, int S, int W, int MMV_U = 4>
-static __global__ void __launch_bounds__(W * 32)
+template <int MT, int S, int W, int MMV_U = 4, int WS = 1>
+static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 1)
     mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                int K, bool early) {
-    constexpr int MMV_ROWS = W * 16;
-    __shared__ float part[MT * 16 * MMV_ROWS]; /* [token][row in block] */
+    static_assert(WS == 1 || (S == 1 && W % WS == 0), "K slices in a cluster or in a block, not both");
+    constexpr int WR = W / WS;          /* warps on distinct rows */
+    constexpr int MMV_ROWS = WR * 16;
+    constexpr int NS = WS > 1 ? WS : S; /* K slices */
+    __shared__ float part[WS][MT * 16 * MMV_ROWS]; /* [slice][token][row in block] */
     msm_pdl_trigger();
     /* early (as gemv_rows'): the first chunks' weight loads go out before the wait */
     if (!early) msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int rank = S > 1 ? (int)cg::this_cluster().block_rank() : 0;
+    int rg = warp % WR, ks = warp / WR; /* ks: 0 unless WS > 1 */
     int nb0 = blockIdx.y * MMV_ROWS;
-    int nch = K / 32, per = (nch + S - 1) / S;
-    int c0 = rank * per, c1 = min(nch, c0 + per);
+    int nch = K / 32, per = (nch + NS - 1) / NS;
+    int c0 = (WS > 1 ? ks : rank) * per, c1 = min(nch, c0 + per);
     const uint16_t *wr[2];
 #pragma unroll
     for (int j = 0; j < 2; j++) /* rows past N repeat row N-1; never stored */
-        wr[j] = w + (size_t)min(nb0 + warp * 16 + j * 8 + g, N - 1) * K + q * 8;
+        wr[j] = w + (size_t)min(nb0 + rg * 16 + j * 8 + g, N - 1) * K + q * 8;
     const float *xr[MT][2];
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -767,11 +780,12 @@ static __global__ void __launch_bounds__(W * 32)
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            int col = warp * 16 + j * 8 + 2 * q, ta = m * 16 + g, tb = ta + 8;
-            part[ta * MMV_ROWS + col] = acc[m][j][0];
-            part[ta * MMV_ROWS + col + 1] = acc[m][j][1];
-            part[tb * MMV_ROWS + col] = acc[m][j][2];
-            part[tb * MMV_ROWS + col + 1] = acc[m][j][3];
+            int col = rg * 16 + j * 8 + 2 * q, ta = m * 16 + g, tb = ta + 8;
+            float *pk = part[ks];
+            pk[ta * MMV_ROWS + col] = acc[m][j][0];
+            pk[ta * MMV_ROWS + col + 1] = acc[m][j][1];
+            pk[tb * MMV_ROWS + col] = acc[m][j][2];
+            pk[tb * MMV_ROWS + col + 1] = acc[m][j][3];
         }
     if (S > 1)
         cg::this_cluster().sync();
@@ -779,11 +793,15 @@ static __global__ void __launch_bounds__(W * 32)
         __syncthreads();
     for (int idx = rank * W * 32 + threadIdx.x; idx < MT * 16 * MMV_ROWS; idx += S * W * 32) {
         int t = idx / MMV_ROWS, n = nb0 + idx % MMV_ROWS;
-        float s = part[idx];
-        if (S > 1) {
+        float s = part[0][idx];
+        if (WS > 1) { /* the cluster's sum below, over the block's slices */
             s = 0.0f;
 #pragma unroll
-            for (int r = 0; r < S; r++) s += cg::this_cluster().map_shared_rank(part, r)[idx];
+            for (int r = 0; r < WS; r++) s += part[r][idx];
+        } else if (S > 1) {
+            s = 0.0f;
+#pragma unroll
+            for (int r = 0; r < S; r++) s += cg::this_cluster().map_shared_rank(&part[0][0], r)[idx];
         }
         if (t < T && n < N) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
     }
@@ -831,8 +849,50 @@ static cudaError_t mmv_go(float *y, const float *x, const uint16_t *w, const uin
     }
 }
 
+/* The block-sliced MMV (mmv_kernel<1, 1, WS, U, WS>: WS warps a block on the same 16 rows, WS K
+ * slices), one token tile. */
+template <int WS, int U>
+static cudaError_t mmvb_launch(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
+                               int K, msm_cuda_exec ex) {
+    dim3 grid(1u, (unsigned)((N + 15) / 16));
+    return msm_launch(mmv_kernel<1, 1, WS, U, WS>, grid, dim3(WS * 32), 0, ex, y, x, w, bias, T, N, K,
+                      ex.tune->gemv_early && !ex.w_written);
+}
+
+/* mmv_bslice_pick: the K slices a block (16, 8 or 4: 0 where none fits) and the chunks in flight
+ * a warp (8 or 4) of the block-sliced MMV for T <= 16 tokens of an N x K weight. By the rule
+ * (bslice 1): the most slices whose grid of N / 16 blocks is one wave at the kernel's occupancy
+ * (tuning mmvb_per_sm) with 4 chunks a slice or more; 8 in flight at 16 slices where the slice has
+ * 8 and the grid still fits at 8 (one block an SM either way; at 8 and 4 slices 8 in flight would
+ * spill under the kernel's 24 warps an SM). bslice 4 / 8 / 16 forces that many slices (U 4; tests). */
+static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, int *U) {
+    int bs = tn->mmv_bslice, nch = K / 32;
+    long nb = (N + 15) / 16;
+    *U = 4;
+    if (bs <= 0 || T > 16) return 0;
+    if (bs == 4 || bs == 8 || bs == 16) return nch >= bs ? bs : 0;
+    static const int cand[3] = {16, 8, 4};
+    for (int i = 0; i < 3; i++) {
+        int ws = cand[i], per = (nch + ws - 1) / ws;
+        if (per < 4 || nb > (long)tn->mmvb_per_sm[i][0] * tn->sms) continue;
+        if (ws == 16 && per >= 8 && nb <= (long)tn->mmvb_per_sm[i][1] * tn->sms) *U = 8;
+        return ws;
+    }
+    return 0;
+}
+
 static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                    int K, msm_cuda_exec ex) {
+    int U, WS = mmv_bslice_pick(ex.tune, T, N, K, &U);
+    if (WS) {
+        cudaError_t e = WS == 16 ? (U == 8 ? mmvb_launch<16, 8>(y, x, w, bias, T, N, K, ex)
+                                           : mmvb_launch<16, 4>(y, x, w, bias, T, N, K, ex))
+                        : WS == 8 ? mmvb_launch<8, 4>(y, x, w, bias, T, N, K, ex)
+                                  : mmvb_launch<4, 4>(y, x, w, bias, T, N, K, ex);
+        CUDA_TRY(e);
+        CUDA_LAUNCH_CHECK();
+        return 0;
+    }
     int sms = ex.tune->sms, W = ex.tune->mmv_warps == 4 ? 4 : 8;
     /* K slices: double S while the doubled grid still fits mmv_slots blocks an SM in one wave (a
      * second, partial wave costs a whole one: the FP8 MMV8 of a 5120-row weight took 320 blocks at S = 8
@@ -875,6 +935,10 @@ static void mmv_fit(int (&f)[3]) {
 void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmv_per_sm = per_sm(mmv_kernel<1, 8, 8>, 8 * 32, 0);
     t->mmv4_per_sm = per_sm(mmv_kernel<1, 8, 4>, 4 * 32, 0);
+    t->mmvb_per_sm[0][0] = per_sm(mmv_kernel<1, 1, 16, 4, 16>, 16 * 32, 0);
+    t->mmvb_per_sm[0][1] = per_sm(mmv_kernel<1, 1, 16, 8, 16>, 16 * 32, 0);
+    t->mmvb_per_sm[1][0] = per_sm(mmv_kernel<1, 1, 8, 4, 8>, 8 * 32, 0);
+    t->mmvb_per_sm[2][0] = per_sm(mmv_kernel<1, 1, 4, 4, 4>, 4 * 32, 0);
     mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
     mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);
     mmv_fit<1, 8>(t->mmv_cluster_fit[1][0]), mmv_fit<2, 8>(t->mmv_cluster_fit[1][1]);

@@ -187,6 +187,12 @@ typedef struct msm_cuda_tuning {
                                  Qwen1.5-MoE batch 1 2.142 vs 2.115; 2026-12-01): the last block's
                                  serial norm stays on the critical path, only the launch goes */
     int mmv8_per_sm[4];       /* ... of the MMV8 at 1, 2, 4, 8 token tiles */
+    int mmv_bslice;           /* the MMV of one token tile with its K slices as warps of a block
+                                 (mmv_kernel's WS, no cluster) where its grid of N / 16 blocks is one
+                                 wave: 0 off, 1 by that rule (MSM_CUDA_MMV_BSLICE=0|1), 4 / 8 / 16
+                                 forced slices (tests) */
+    int mmvb_per_sm[3][2];    /* resident blocks of the block-sliced MMV at 16, 8, 4 slices and 4, 8
+                                 chunks in flight (GPU facts; 8 only at 16 slices) */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
     int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
                                  (MSM_CUDA_ATT_GROUP; 1: one head a block) ... */

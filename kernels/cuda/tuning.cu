@@ -25,6 +25,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     /* 4 warps: Qwen1.5-MoE batch 8 4.94-4.97 -> 4.86-4.87 ms, Qwen3-30B-A3B batch 5-8 unchanged
      * (H200, 2026-12-01) */
     t->mmv_warps = 4;
+    t->mmv_bslice = 1;
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
     t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;

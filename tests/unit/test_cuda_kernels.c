@@ -57,14 +57,14 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MMV_FIT_CLUSTERS", "MSM_CUDA_MMV_U8_MAX_BLOCKS",
                                  "MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "MSM_CUDA_MOE_GG_GATEUP_NT", "MSM_CUDA_MOE_GG_DOWN_NT",
                                  "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
-                                 "MSM_CUDA_GEMV_MINB"};
+                                 "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
     t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = t.linear_rope = true;
-    t.router_cluster_max_t = 1, t.mmv_fit_clusters = true;
+    t.router_cluster_max_t = 1, t.mmv_fit_clusters = true, t.mmv_bslice = 1;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -89,7 +89,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
-    setenv("MSM_CUDA_GEMV_MINB", "7", 1);
+    setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -115,6 +115,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.moe_gg_early, "MSM_CUDA_MOE_GG_EARLY=0: the down waits first");
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
+    cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -537,12 +538,59 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
             a.mmv_warps = 8, b.mmv_warps = 4;
             a.mmv_fit_clusters = b.mmv_fit_clusters = false; /* the same S by slots alone */
             a.mmv_u8_max_blocks = 0, b.mmv_u8_max_blocks = 1 << 20; /* 4 and 8 chunks in flight */
+            a.mmv_bslice = b.mmv_bslice = 0; /* the clusters' slices */
             CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&a)));
             CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&b)));
             down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
             cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "mmv 4 vs 8 warps: T=%d N=%d K=%d slots %d", T, N, K,
                       slots);
         }
+        cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw);
+        free(x), free(wf), free(wb), free(o1), free(o2);
+    }
+    msm_cuda_ctx_free(ctx);
+}
+
+/* The block-sliced MMV (one token tile, its K slices the warps of a block, mmv_bslice): 4, 8 and
+ * 16 slices forced, partial tiles, rows not a multiple of 16, slices past K's chunks, bias, against
+ * the CPU; the rule's picks at the models' shapes (qkv, o_proj, the shared expert, Qwen3's); the
+ * same bits as the cluster MMV of as many slices (S set by K's chunks: 16 chunks make 4 slices,
+ * 32 make 8); and determinism. */
+Test(cuda_kernels, linear_mmv_block_slices, .timeout = 120) {
+    need_gpu();
+    msm_cuda_ctx *ctx = NULL;
+    CK(msm_cuda_ctx_new(&ctx));
+    msm_cuda_tuning t = tune0;
+    t.mmv_min_t = 1, t.mmv_max_t = 64;
+    t.linear_tiled_min_t = 1 << 30;
+    static const int forced[][4] = {{1, 64, 128, 0},  {3, 2048, 2048, 1}, {5, 257, 1024, 1}, {8, 6144, 2048, 0},
+                                    {9, 60, 2048, 1}, {16, 1000, 512, 0}, {7, 2048, 5632, 1}, {2, 33, 416, 0}};
+    for (int ws = 4; ws <= 16; ws *= 2) {
+        t.mmv_bslice = ws;
+        for (size_t s = 0; s < sizeof forced / sizeof *forced; s++)
+            linear_case(ctx, EX_T(&t), forced[s][0], forced[s][1], forced[s][2], forced[s][3], 2e-5);
+    }
+    t.mmv_bslice = 1;
+    static const int rule[][3] = {{8, 6144, 2048}, {8, 2048, 2048}, {8, 11264, 2048}, {8, 2048, 5632},
+                                  {5, 5120, 2048}, {4, 2048, 4096}, {3, 1536, 2048}, {6, 151936, 256}};
+    for (size_t s = 0; s < sizeof rule / sizeof *rule; s++)
+        linear_case(ctx, EX_T(&t), rule[s][0], rule[s][1], rule[s][2], 1, 2e-5);
+    linear_deterministic(ctx, EX_T(&t), 8, 2048, 2048, "mmv block slices");
+    static const int same[][3] = {{8, 256, 512}, {8, 320, 1024}, {3, 2048, 512}, {16, 96, 1024}};
+    for (size_t s = 0; s < sizeof same / sizeof *same; s++) {
+        int T = same[s][0], N = same[s][1], K = same[s][2], S = K / 32 >= 32 ? 8 : 4;
+        float *x = host_f32((size_t)T * K, 1.0f), *wf;
+        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf);
+        float *dx = dev_up(x, (size_t)T * K * 4), *d1 = dev_poison((size_t)T * N * 4), *d2 = dev_poison((size_t)T * N * 4);
+        uint16_t *dw = dev_up(wb, (size_t)N * K * 2);
+        float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
+        msm_cuda_tuning a = t, b = t;
+        a.mmv_bslice = S, b.mmv_bslice = 0;
+        b.mmv_warps = 4, b.mmv_slots = 32, b.mmv_fit_clusters = false, b.mmv_u8_max_blocks = 0;
+        CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&a)));
+        CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&b)));
+        down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
+        cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "block vs cluster slices (%d): T=%d N=%d K=%d", S, T, N, K);
         cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw);
         free(x), free(wf), free(wb), free(o1), free(o2);
     }
