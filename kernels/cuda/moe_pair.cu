@@ -77,46 +77,48 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 }
 
 /* The same products with a token's k expert rows spread over warps (MSM_CUDA_MOE_K_DOWN_SPLIT):
- * block (h-pair, t) has KMAX warps; warp j streams rows h0, h0 + 1 of slot j's expert against
- * act[t*k+j] (msm_rows_dot_w with R = 2 rows and one vector: per row the same lane partials in the
+ * block (h0 .. h0 + HB - 1, t) has KMAX warps; warp j streams the HB rows from h0 of slot j's expert
+ * against act[t*k+j] (msm_rows_dot_w with R = HB rows and one vector: per row the same lane partials in the
  * same order as the one-warp kernels' dots, bf16 or FP8, with U loads a row in flight, so a
  * 768-wide row is one round of loads instead of three), warp-sums them into shared memory, and
- * thread r then combines row h0 + r in slot order as those kernels do: bitwise the same y. FP8:
- * dn_sc the experts' scales, dn_ph the column phase. */
-#define DOWN_SPLIT_HB 2
-template <int KMAX, bool VEC, bool FP8, bool HW = false>
+ * thread r then combines row h0 + r in slot order as those kernels do: bitwise the same y at any HB
+ * (2 by default; msm_cuda_tuning.moe_down_hb). FP8: dn_sc the experts' scales, dn_ph the column
+ * phase. */
+template <int KMAX, int HB, bool VEC, bool FP8, bool HW = false>
 static __global__ void __launch_bounds__(KMAX * 32)
     moe_down_split_kernel(float *y, const float *act, const int32_t *ids, const float *w, const void *down,
                           const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
     constexpr int U = FP8 ? 2 : 4; /* 16-byte loads a row in flight: 1024 columns either way */
-    __shared__ float d[KMAX][DOWN_SPLIT_HB];
+    __shared__ float d[KMAX][HB];
     __shared__ bool ok[KMAX];
     msm_pdl_trigger();
     msm_pdl_wait();
     int j = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int h0 = blockIdx.x * DOWN_SPLIT_HB, t = blockIdx.y;
+    int h0 = blockIdx.x * HB, t = blockIdx.y;
     int p = t * k + j, e = j < k ? ids[p] : -1;
     bool okj = j < k && e >= 0 && e < E;
     const float *se = FP8 && okj ? dn_sc + (size_t)e * msm_cuda_fp8_scales(1, H, I, dn_ph) : NULL;
-    const void *wr[DOWN_SPLIT_HB];
-    const float *sr[DOWN_SPLIT_HB];
+    const void *wr[HB];
+    const float *sr[HB];
 #pragma unroll
-    for (int r = 0; r < DOWN_SPLIT_HB; r++) {
+    for (int r = 0; r < HB; r++) {
         bool okr = okj && h0 + r < H;
         wr[r] = okr ? msm_wrow<FP8>(down, (size_t)e * H * I, h0 + r, I) : NULL;
         sr[r] = FP8 && okr ? msm_srow(se, h0 + r, I, dn_ph) : NULL;
     }
     const float *xs[1] = {act + (size_t)(okj ? p : 0) * I};
-    float acc[DOWN_SPLIT_HB][1] = {{0.0f}, {0.0f}};
-    msm_rows_dot_w<DOWN_SPLIT_HB, 1, U, VEC, FP8, false, HW>(acc, wr, sr, xs, 1, I, dn_ph, lane);
+    float acc[HB][1];
 #pragma unroll
-    for (int r = 0; r < DOWN_SPLIT_HB; r++) {
+    for (int r = 0; r < HB; r++) acc[r][0] = 0.0f;
+    msm_rows_dot_w<HB, 1, U, VEC, FP8, false, HW>(acc, wr, sr, xs, 1, I, dn_ph, lane);
+#pragma unroll
+    for (int r = 0; r < HB; r++) {
         float s = msm_warp_sum(acc[r][0]);
         if (lane == 0) d[j][r] = s;
     }
     if (lane == 0) ok[j] = okj;
     __syncthreads();
-    if (threadIdx.x < DOWN_SPLIT_HB && h0 + (int)threadIdx.x < H) {
+    if (threadIdx.x < HB && h0 + (int)threadIdx.x < H) {
         float y_th = 0.0f;
 #pragma unroll
         for (int jj = 0; jj < KMAX; jj++)
@@ -171,6 +173,25 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     }
 }
 
+/* moe_down_split_kernel at HB rows a warp: grid (ceil(H / HB), T), KMAX warps a block */
+template <int KMAX, int HB>
+static cudaError_t down_split_launch(unsigned T, msm_cuda_exec ex, bool vec, float *y, const float *act,
+                                     const int32_t *ids, const float *w, const void *down, const float *dn_sc,
+                                     int dn_ph, int H, int I, int k, int E) {
+    dim3 gs((unsigned)((H + HB - 1) / HB), T), bs(KMAX * 32);
+    if (dn_sc && ex.tune->fp8_moe_hw) /* FP8: the caller checked I % 16 and the alignment */
+        return msm_launch(moe_down_split_kernel<KMAX, HB, true, true, true>, gs, bs, 0, ex, y, act, ids, w, down,
+                          dn_sc, dn_ph, H, I, k, E);
+    if (dn_sc)
+        return msm_launch(moe_down_split_kernel<KMAX, HB, true, true>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
+                          dn_ph, H, I, k, E);
+    if (vec)
+        return msm_launch(moe_down_split_kernel<KMAX, HB, true, false>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
+                          dn_ph, H, I, k, E);
+    return msm_launch(moe_down_split_kernel<KMAX, HB, false, false>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
+                      dn_ph, H, I, k, E);
+}
+
 template <int KMAX>
 static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float *y,
                                     const float *act, const int32_t *ids, const float *w,
@@ -182,18 +203,9 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
      * measured +0.03 ms (Qwen1.5-MoE batch 1), so 4 keep one warp a row (H200, 2026-12-01) */
     int kf = ex.tune->moe_kernels;
     if ((kf & MSM_CUDA_MOE_K_DOWN_SPLIT) || (KMAX >= 8 && !(kf & MSM_CUDA_MOE_K_DOWN_WARP))) {
-        dim3 gs((unsigned)((H + DOWN_SPLIT_HB - 1) / DOWN_SPLIT_HB), grid.y), bs(KMAX * 32);
-        if (dn_sc && ex.tune->fp8_moe_hw) /* FP8: the caller checked I % 16 and the alignment */
-            return msm_launch(moe_down_split_kernel<KMAX, true, true, true>, gs, bs, 0, ex, y, act, ids, w, down,
-                              dn_sc, dn_ph, H, I, k, E);
-        if (dn_sc)
-            return msm_launch(moe_down_split_kernel<KMAX, true, true>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
-                              dn_ph, H, I, k, E);
-        if (vec)
-            return msm_launch(moe_down_split_kernel<KMAX, true, false>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
-                              dn_ph, H, I, k, E);
-        return msm_launch(moe_down_split_kernel<KMAX, false, false>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc, dn_ph,
-                          H, I, k, E);
+        if (ex.tune->moe_down_hb == 4)
+            return down_split_launch<KMAX, 4>(grid.y, ex, vec, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E);
+        return down_split_launch<KMAX, 2>(grid.y, ex, vec, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E);
     }
     if (dn_sc) {
         grid.x = (unsigned)((H + MOE_WARPS * DOWN_FP8_HR - 1) / (MOE_WARPS * DOWN_FP8_HR));

@@ -133,6 +133,8 @@ typedef struct msm_cuda_tuning {
     int moe_path;             /* MSM_CUDA_MOE_PATH_*; AUTO picks by T */
     int moe_tiled_min_t;      /* AUTO takes the tiled GEMMs from this T (default: past the grouped GEMVs) */
     int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */
+    int moe_down_hb;          /* the pair path's split down GEMV (MSM_CUDA_MOE_K_DOWN_SPLIT): rows a warp,
+                                 2 or 4, the same bits (moe_pair.cu; MSM_CUDA_MOE_DOWN_HB) */
     /* resident blocks per SM of the persistent / wave-sized kernels (occupancy, queried once) */
     int moe_gateup_mma_per_sm, moe_down_mma_per_sm;   /* 16 tokens a pass */
     int moe_gateup_mma4_per_sm, moe_down_mma4_per_sm; /* 32 tokens a pass (MSM_CUDA_MOE_K_NT4) */

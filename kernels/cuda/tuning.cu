@@ -75,6 +75,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * Qwen3 +0.3 (8.63-8.66 / 9.48-9.49 / 11.09-11.16; 12288 gate/up blocks each scanning), so
      * off (MSM_CUDA_MOE_GROUP_SCAN_MAX_T=N takes it up to N tokens) */
     t->moe_group_scan_max_t = 0;
+    t->moe_down_hb = 2;
     t->moe_gg_gateup_nt = 4;
     t->moe_gg_down_nt = 2;
     t->moe_gg_down_u = 2;

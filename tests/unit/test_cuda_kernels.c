@@ -57,14 +57,14 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MMV_FIT_CLUSTERS", "MSM_CUDA_MMV_U8_MAX_BLOCKS",
                                  "MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "MSM_CUDA_MOE_GG_GATEUP_NT", "MSM_CUDA_MOE_GG_DOWN_NT",
                                  "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
-                                 "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE"};
+                                 "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE", "MSM_CUDA_MOE_DOWN_HB"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
     t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = t.linear_rope = true;
-    t.router_cluster_max_t = 1, t.mmv_fit_clusters = true, t.mmv_bslice = 1;
+    t.router_cluster_max_t = 1, t.mmv_fit_clusters = true, t.mmv_bslice = 1, t.moe_down_hb = 2;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -90,6 +90,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
+    setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -116,6 +117,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
+    cr_expect_eq(t.moe_down_hb, 4, "MSM_CUDA_MOE_DOWN_HB=4: four down rows a warp");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -1450,6 +1452,14 @@ Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
             CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(o2, dy, (size_t)T * H * 4);
             cr_expect(memcmp(o1, o2, (size_t)T * H * 4) == 0, "down split differs: T=%d H=%d I=%d k=%d", T, H, I, k);
+            /* four rows a warp (msm_cuda_tuning.moe_down_hb): the same bits */
+            t.moe_down_hb = 4;
+            cr_assert_eq(cudaMemset(dy, 0xff, (size_t)T * H * 4), cudaSuccess);
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
+            down(o2, dy, (size_t)T * H * 4);
+            cr_expect(memcmp(o1, o2, (size_t)T * H * 4) == 0, "down split, 4 rows a warp, differs: T=%d H=%d I=%d k=%d",
+                      T, H, I, k);
+            t.moe_down_hb = 2;
             /* one step of loads at a time (msm_cuda_tuning.rows_pipe off): the same bits */
             t.moe_kernels = MSM_CUDA_MOE_K_DOWN_WARP;
             t.rows_pipe = 0;
@@ -1918,7 +1928,7 @@ Test(cuda_kernels, moe_experts_fp8_hw_decode_equals_integer_decode, .timeout = 1
         fp8_weight gu = fp8_make(E, 2 * I, H, shapes[s][4], false), dn = fp8_make(E, H, I, shapes[s][5], false);
         float *scratch = malloc((size_t)3 * I * 4);
         for (int T = 1; T <= 4; T++) {
-            for (int kf = 0; kf < 2; kf++) {
+            for (int kf = 0; kf < 3; kf++) { /* down split (2 rows a warp), one warp a row, split 4 rows */
                 float *x = host_f32((size_t)T * H, 1.0f), *w = malloc((size_t)T * k * 4);
                 int32_t *ids = malloc((size_t)T * k * 4);
                 random_routing(ids, w, T, k, E);
@@ -1930,7 +1940,8 @@ Test(cuda_kernels, moe_experts_fp8_hw_decode_equals_integer_decode, .timeout = 1
                 for (int hw = 0; hw < 2; hw++) {
                     msm_cuda_tuning t = tune0;
                     t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
-                    t.moe_kernels = kf ? MSM_CUDA_MOE_K_DOWN_WARP : MSM_CUDA_MOE_K_DOWN_SPLIT;
+                    t.moe_kernels = kf == 1 ? MSM_CUDA_MOE_K_DOWN_WARP : MSM_CUDA_MOE_K_DOWN_SPLIT;
+                    t.moe_down_hb = kf == 2 ? 4 : 2;
                     t.fp8_moe_hw = hw;
                     float *dy = dev_poison(ny * 4);
                     CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, NULL, 0, EX_T(&t)));
@@ -1939,7 +1950,7 @@ Test(cuda_kernels, moe_experts_fp8_hw_decode_equals_integer_decode, .timeout = 1
                     cudaFree(dy);
                 }
                 cr_assert(memcmp(o[0], o[1], ny * 4) == 0, "hw decode differs: H=%d I=%d k=%d T=%d down %s", H, I, k,
-                          T, kf ? "warp" : "split");
+                          T, kf == 1 ? "warp" : kf ? "split 4" : "split");
                 msm_cpu_moe_experts(ref, x, ids, w, gu.f, dn.f, T, H, I, k, scratch);
                 CHECK_ERR(o[1], ref, ny, 2e-5, "hw decode vs cpu: H=%d I=%d k=%d T=%d", H, I, k, T);
                 cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(ws);
