@@ -1266,6 +1266,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MMV_BSLICE=0|1             one token tile: the MMV's K slices as warps of one block where
  *                                       its N / 16 blocks fit one wave (1, default), or clusters (0)
  *   MSM_CUDA_MOE_DOWN_HB=2|4            the pair path's split down GEMV: rows a warp (default 2; same bits)
+ *   MSM_CUDA_MOE_GU_U2=0|1              the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
+ *                                       an SM (1) or 4 (0, default); the same bits
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
  *   MSM_CUDA_LINEAR_NORM=1              LINEAR_ADD_RMSNORM in one kernel (the GEMV's last block norms)
  *   MSM_CUDA_ATT_GROUP=N                attention blocks take up to N query heads of a kv head (1..4) ...
@@ -1336,6 +1338,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MMV_WARPS", &v)) t->mmv_warps = v == 4 ? 4 : 8;
     if (env_int("MSM_CUDA_MMV_BSLICE", &v)) t->mmv_bslice = v > 0 ? 1 : 0;
     if (env_int("MSM_CUDA_MOE_DOWN_HB", &v)) t->moe_down_hb = v == 4 ? 4 : 2;
+    if ((s = getenv("MSM_CUDA_MOE_GU_U2"))) t->moe_gu_u2 = s[0] != '0';
     if ((s = getenv("MSM_CUDA_MMV_FIT_CLUSTERS"))) t->mmv_fit_clusters = s[0] != '0';
     if (env_int("MSM_CUDA_MMV_U8_MAX_BLOCKS", &v)) t->mmv_u8_max_blocks = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;

@@ -167,7 +167,10 @@ extern "C" int msm_cuda_linear_prepare(msm_cuda_ctx *ctx, int T, int N, int K) {
 /* ---- GEMV ---- */
 
 #define GEMV_WARPS 4
-/* blocks an SM the gemv_minb kernels are compiled for (msm_cuda_tuning.gemv_minb): 40 registers */
+/* blocks an SM the gemv_minb kernels are compiled for (msm_cuda_tuning.gemv_minb): 40 registers.
+ * The other kernels' MINB is 0, no floor: __launch_bounds__(n, 1) is not the same as (n) to ptxas,
+ * which then took more registers (the MMV at 4 token tiles 176 -> 209, the FP8 GEMV at 4 tokens 76
+ * -> 83; CUDA 13, 2026-12-04), fewer blocks an SM for nothing. */
 #define GEMV_MINB 12
 
 /* Warp (blockIdx.x, warp) owns rows n0..n0+R-1; blockIdx.y the token chunk t0..t0+NT-1. */
@@ -236,7 +239,7 @@ static __device__ __forceinline__ void gemv_rows(float *y, const float *x, const
         x, w, wsc, ph, bias, T, N, K, prefetch, early, msm_pdl_hook{early});
 }
 
-template <int NT, int R, int U, bool VEC, bool FP8, bool HW, bool PIPE = false, int MINB = 1>
+template <int NT, int R, int U, bool VEC, bool FP8, bool HW, bool PIPE = false, int MINB = 0>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
     gemv_kernel(float *y, const float *x, const void *w, const float *wsc, int ph, const uint16_t *bias,
                 int T, int N, int K, bool prefetch, bool early) {
@@ -261,7 +264,7 @@ struct lrk_args {
     float theta;
 };
 
-template <int NT, int U, bool PIPE, int MINB = 1>
+template <int NT, int U, bool PIPE, int MINB = 0>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
     linear_rope_kernel(lrk_args a, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
                        bool prefetch, bool early, bool cs_early) {
@@ -694,7 +697,7 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
 #define MMVB_WARPS_SM 24
 
 template <int MT, int S, int W, int MMV_U = 4, int WS = 1>
-static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 1)
+static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
     mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                int K, bool early) {
     static_assert(WS == 1 || (S == 1 && W % WS == 0), "K slices in a cluster or in a block, not both");

@@ -16,9 +16,11 @@
 #define MOE_U 4
 
 /* One warp per (pair p, column i). (Two columns a warp, a single wave at T = 1, measured 15%
- * slower there on the H200.) */
-template <bool VEC, bool FP8, bool HW = false, bool PIPE = false>
-static __global__ void __launch_bounds__(MOE_WARPS * 32)
+ * slower there on the H200.) U 16-byte loads a lane a row in flight; MINB blocks an SM (U 2 at 12:
+ * the same sums in the same order as U 4, msm_rows_dot, in a register budget that holds one wave
+ * of Qwen3-30B-A3B's 1536 blocks at one token; msm_cuda_tuning.moe_gu_u2). */
+template <bool VEC, bool FP8, bool HW = false, bool PIPE = false, int U = MOE_U, int MINB = 0>
+static __global__ void __launch_bounds__(MOE_WARPS * 32, MINB)
     moe_gateup_gemv_kernel(float *act, const float *x, const int32_t *ids, const void *gate_up,
                            const float *gu_sc, int gu_ph, int H, int I, int k, int E) {
     msm_pdl_trigger();
@@ -34,7 +36,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     const float *const sr[2] = {msm_srow(se, i, H, gu_ph), msm_srow(se, I + i, H, gu_ph)};
     const float *const xs[1] = {x + (size_t)(p / k) * H};
     float acc[2][1] = {{0.0f}, {0.0f}};
-    msm_rows_dot_w<2, 1, MOE_U, VEC, FP8, false, HW, PIPE>(acc, wr, sr, xs, 1, H, gu_ph, lane);
+    msm_rows_dot_w<2, 1, U, VEC, FP8, false, HW, PIPE>(acc, wr, sr, xs, 1, H, gu_ph, lane);
     float g = msm_warp_sum(acc[0][0]), u = msm_warp_sum(acc[1][0]);
     if (lane == 0) act[(size_t)p * I + i] = msm__silu_mul(g, u);
 }
@@ -84,11 +86,16 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
  * thread r then combines row h0 + r in slot order as those kernels do: bitwise the same y at any HB
  * (2 by default; msm_cuda_tuning.moe_down_hb). FP8: dn_sc the experts' scales, dn_ph the column
  * phase. */
+/* HB 4: 2 loads a lane a row in flight (the same sums, msm_rows_dot) in a budget of 32 warps an SM
+ * (64 registers), so Qwen3-30B-A3B's 512 blocks at one token are one wave */
+template <int KMAX, int HB>
+static constexpr int down_split_minb() { return HB >= 4 ? 1024 / (KMAX * 32) : 0; }
 template <int KMAX, int HB, bool VEC, bool FP8, bool HW = false>
-static __global__ void __launch_bounds__(KMAX * 32)
+static __global__ void __launch_bounds__(KMAX * 32, down_split_minb<KMAX, HB>())
     moe_down_split_kernel(float *y, const float *act, const int32_t *ids, const float *w, const void *down,
                           const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
-    constexpr int U = FP8 ? 2 : 4; /* 16-byte loads a row in flight: 1024 columns either way */
+    /* 16-byte loads a row in flight: 1024 columns either way (HB 4: 512 bf16) */
+    constexpr int U = FP8 || HB >= 4 ? 2 : 4;
     __shared__ float d[KMAX][HB];
     __shared__ bool ok[KMAX];
     msm_pdl_trigger();
@@ -238,6 +245,9 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
     else if (gu_sc)
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
                             gu_ph, H, I, k, E));
+    else if (vec_h && ex.tune->moe_gu_u2) /* 2 loads a lane a row, 12 blocks an SM */
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false, false, false, 2, 12>, ga, blk, 0, ex, act, x, ids,
+                            gate_up, gu_sc, gu_ph, H, I, k, E));
     else if (vec_h && (ex.tune->rows_pipe & MSM_CUDA_PIPE_MOE_GU) && H > 256 * MOE_U) /* rows of several steps: pipelined */
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false, false, true>, ga, blk, 0, ex, act, x, ids, gate_up,
                             gu_sc, gu_ph, H, I, k, E));

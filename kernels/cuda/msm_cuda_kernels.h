@@ -135,6 +135,8 @@ typedef struct msm_cuda_tuning {
     int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */
     int moe_down_hb;          /* the pair path's split down GEMV (MSM_CUDA_MOE_K_DOWN_SPLIT): rows a warp,
                                  2 or 4, the same bits (moe_pair.cu; MSM_CUDA_MOE_DOWN_HB) */
+    bool moe_gu_u2;           /* the pair path's bf16 gate/up GEMV with 2 loads a lane a row in flight
+                                 (not 4) at 12 blocks an SM, the same bits (MSM_CUDA_MOE_GU_U2) */
     /* resident blocks per SM of the persistent / wave-sized kernels (occupancy, queried once) */
     int moe_gateup_mma_per_sm, moe_down_mma_per_sm;   /* 16 tokens a pass */
     int moe_gateup_mma4_per_sm, moe_down_mma4_per_sm; /* 32 tokens a pass (MSM_CUDA_MOE_K_NT4) */

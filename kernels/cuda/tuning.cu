@@ -76,6 +76,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * off (MSM_CUDA_MOE_GROUP_SCAN_MAX_T=N takes it up to N tokens) */
     t->moe_group_scan_max_t = 0;
     t->moe_down_hb = 2;
+    t->moe_gu_u2 = false;
     t->moe_gg_gateup_nt = 4;
     t->moe_gg_down_nt = 2;
     t->moe_gg_down_u = 2;

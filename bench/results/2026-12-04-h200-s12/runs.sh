@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The device commands of this session's runs (README.md here), from the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check
+# bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
+#   bash bench/results/2026-12-04-h200-s12/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
+case "$1" in
+r1)
+    # the eleventh session's run 2 again (its output was lost): the block-sliced MMV
+    # (MSM_CUDA_MMV_BSLICE, default 1 in bundle c7f081d) against the clusters (0) at 3-8 tokens,
+    # three rounds; kernel tests linear_mmv*, tuning*; the o_proj GEMV's last block norming with
+    # its pass (--fuse-linear-norm MSM_CUDA_LINEAR_NORM=1) re-measured on today's step at 1-8;
+    # timelines at 1 and 8 tokens; check_presets on both bf16 presets with the new default
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'linear_mmv*' 'tuning*'; do
+        timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do
+            b $p 3,4,5,6,8,16 ab --
+            b $p 3,4,5,6,8,16 ab MSM_CUDA_MMV_BSLICE=0 --
+        done
+    done
+    for i in 1 2; do
+        for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do
+            b $p 1,2,4,8 norm --
+            b $p 1,2,4,8 norm MSM_CUDA_LINEAR_NORM=1 -- --fuse-linear-norm
+        done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=34 tl qwen1.5-moe-a2.7b 1 q15b1
+    ROWS=34 tl qwen3-30b-a3b 1 q3b1
+    ROWS=30 tl qwen1.5-moe-a2.7b 8 q15b8
+    ROWS=30 tl qwen1.5-moe-a2.7b 8 q15b8-off MSM_CUDA_MMV_BSLICE=0
+    ROWS=30 tl qwen3-30b-a3b 8 q3b8
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 590) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json config/models/qwen3-30b-a3b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    pack
+    ;;
+r2)
+    # the pair path's experts in one wave at one token: the split down at 4 rows a warp
+    # (MSM_CUDA_MOE_DOWN_HB=4, 2 loads a row, 64 registers) and the gate/up at 2 loads a row, 12
+    # blocks an SM (MSM_CUDA_MOE_GU_U2=1), alone and together, three rounds; Qwen1.5-MoE's down
+    # split (k = 4) at 2 and 4 rows; the MMV's block slices against the clusters again now that the
+    # WS = 1 kernels are back to their registers (c7f081d's launch bounds took more); the table
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'moe_down_split*' 'moe_experts_fp8_hw*' 'linear*' 'tuning*'; do
+        timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b qwen3-30b-a3b 1,2,3,4 moe --
+        b qwen3-30b-a3b 1,2,3,4 moe MSM_CUDA_MOE_DOWN_HB=4 --
+        b qwen3-30b-a3b 1,2,3,4 moe MSM_CUDA_MOE_GU_U2=1 --
+        b qwen3-30b-a3b 1,2,3,4 moe MSM_CUDA_MOE_DOWN_HB=4 MSM_CUDA_MOE_GU_U2=1 --
+        b qwen3-30b-a3b-fp8 1,2,4 moe --
+        b qwen3-30b-a3b-fp8 1,2,4 moe MSM_CUDA_MOE_DOWN_HB=4 --
+        b qwen1.5-moe-a2.7b 1,2,4 moe --
+        b qwen1.5-moe-a2.7b 1,2,4 moe MSM_CUDA_MOE_GU_U2=1 --
+        b qwen1.5-moe-a2.7b 1,2,4 moe MSM_CUDA_MOE_KERNELS=down_split --
+        b qwen1.5-moe-a2.7b 1,2,4 moe MSM_CUDA_MOE_KERNELS=down_split MSM_CUDA_MOE_DOWN_HB=4 --
+    done
+    for i in 1 2; do
+        for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do
+            b $p 3,4,5,6,8,16 ab --
+            b $p 3,4,5,6,8,16 ab MSM_CUDA_MMV_BSLICE=0 --
+        done
+    done
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do b $p 1,2,4,8,16,32,64,128,256 table --; done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=12 tl qwen3-30b-a3b 1 q3b1
+    ROWS=12 tl qwen3-30b-a3b 1 q3b1-hb4u2 MSM_CUDA_MOE_DOWN_HB=4 MSM_CUDA_MOE_GU_U2=1
+    el done | tee -a $OUT/gpu.txt
+    pack
+    ;;
+esac
