@@ -465,7 +465,8 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         /* not a programmatic dependent of the router where the shared expert runs beside, at few
          * tokens (msm_cuda_tuning.moe_aux_serial_max_t); its later kernels are (the experts code
          * clears it) */
-        s.no_pdl = ROWS(in0) <= s.tune->moe_aux_serial_max_t && aux_beside(g, idx);
+        s.aux_beside = aux_beside(g, idx);
+        s.no_pdl = ROWS(in0) <= s.tune->moe_aux_serial_max_t && s.aux_beside;
         if (cb->w8[n->w[0]]) { /* both FP8-resident (pick_fp8) */
             KTRY(msm_cuda_moe_experts_fp8(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), fp8w(cb, n->w[0]),
                                           fp8w(cb, n->w[1]), ROWS(in0), a->moe_experts.H, a->moe_experts.I,
@@ -1265,9 +1266,11 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MMV_WARPS=4|8              the MMV's warps a block (default 4: 64 rows; 8: 128 rows)
  *   MSM_CUDA_MMV_BSLICE=0|1             one token tile: the MMV's K slices as warps of one block where
  *                                       its N / 16 blocks fit one wave (1, default), or clusters (0)
- *   MSM_CUDA_MOE_DOWN_HB=2|4            the pair path's split down GEMV: rows a warp (default 2; same bits)
- *   MSM_CUDA_MOE_GU_U2=0|1              the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
- *                                       an SM (1) or 4 (0, default); the same bits
+ *   MSM_CUDA_MOE_DOWN_HB=0|2|4          the pair path's split down GEMV: rows a warp (0, default: 4 for
+ *                                       bf16, 2 for FP8); the same bits
+ *   MSM_CUDA_MOE_GU_U2=0|1|2            the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
+ *                                       an SM never (0), always (1), or where it makes one wave and no
+ *                                       shared expert runs beside (2, default); the same bits
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
  *   MSM_CUDA_LINEAR_NORM=1              LINEAR_ADD_RMSNORM in one kernel (the GEMV's last block norms)
  *   MSM_CUDA_ATT_GROUP=N                attention blocks take up to N query heads of a kv head (1..4) ...
@@ -1337,8 +1340,9 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MMV_SLOTS", &v)) t->mmv_slots = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_WARPS", &v)) t->mmv_warps = v == 4 ? 4 : 8;
     if (env_int("MSM_CUDA_MMV_BSLICE", &v)) t->mmv_bslice = v > 0 ? 1 : 0;
-    if (env_int("MSM_CUDA_MOE_DOWN_HB", &v)) t->moe_down_hb = v == 4 ? 4 : 2;
-    if ((s = getenv("MSM_CUDA_MOE_GU_U2"))) t->moe_gu_u2 = s[0] != '0';
+    if (env_int("MSM_CUDA_MOE_DOWN_HB", &v)) t->moe_down_hb = v == 2 || v == 4 ? v : 0;
+    if (env_int("MSM_CUDA_MOE_GU_U2", &v))
+        t->moe_gu_u2 = v <= 0 ? MSM_CUDA_MOE_GU_U2_OFF : v == 1 ? MSM_CUDA_MOE_GU_U2_ON : MSM_CUDA_MOE_GU_U2_AUTO;
     if ((s = getenv("MSM_CUDA_MMV_FIT_CLUSTERS"))) t->mmv_fit_clusters = s[0] != '0';
     if (env_int("MSM_CUDA_MMV_U8_MAX_BLOCKS", &v)) t->mmv_u8_max_blocks = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;

@@ -209,8 +209,12 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
      * batch 4 7.53 -> 6.85, FP8 3.81 -> 3.56; GLM-4.5-Air FP8 8.22 -> 7.55); at 4 slots it
      * measured +0.03 ms (Qwen1.5-MoE batch 1), so 4 keep one warp a row (H200, 2026-12-01) */
     int kf = ex.tune->moe_kernels;
-    if ((kf & MSM_CUDA_MOE_K_DOWN_SPLIT) || (KMAX >= 8 && !(kf & MSM_CUDA_MOE_K_DOWN_WARP))) {
-        if (ex.tune->moe_down_hb == 4)
+    /* bf16 from 4 slots at 4 rows a warp: Qwen1.5-MoE (k 4) 1.724-1.736 -> 1.701-1.707 ms at batch 1,
+     * 3.316-3.334 -> 3.207-3.234 at 4 (H200, 2026-12-04, msm_cuda_tuning.moe_down_hb) */
+    bool fp8 = dn_sc != NULL;
+    int hb = ex.tune->moe_down_hb ? ex.tune->moe_down_hb : fp8 ? 2 : 4;
+    if ((kf & MSM_CUDA_MOE_K_DOWN_SPLIT) || (KMAX >= (fp8 ? 8 : 4) && !(kf & MSM_CUDA_MOE_K_DOWN_WARP))) {
+        if (hb == 4)
             return down_split_launch<KMAX, 4>(grid.y, ex, vec, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E);
         return down_split_launch<KMAX, 2>(grid.y, ex, vec, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E);
     }
@@ -233,6 +237,25 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
                       H, I, k, E);
 }
 
+/* Whether the bf16 gate/up GEMV of `blocks` blocks takes 2 loads a row at GU_U2_MINB an SM
+ * (msm_cuda_tuning.moe_gu_u2): AUTO where that makes one wave and 4 loads do not, and no kernel
+ * runs beside it on the aux stream (Qwen1.5-MoE, whose shared expert does, measured slower). */
+#define GU_U2_MINB 12
+static bool gateup_u2(msm_cuda_exec ex, long blocks) {
+    const msm_cuda_tuning *t = ex.tune;
+    if (t->moe_gu_u2 != MSM_CUDA_MOE_GU_U2_AUTO) return t->moe_gu_u2 == MSM_CUDA_MOE_GU_U2_ON;
+    return !ex.aux_beside && blocks <= (long)GU_U2_MINB * t->sms && blocks > (long)t->moe_gu_per_sm * t->sms;
+}
+
+/* The occupancy field of the pair path's gate/up GEMV, for msm_cuda_tuning_init. */
+void msm__moe_pair_tuning(msm_cuda_tuning *t) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, moe_gateup_gemv_kernel<true, false>, MOE_WARPS * 32, 0) !=
+        cudaSuccess)
+        n = 0;
+    t->moe_gu_per_sm = n;
+}
+
 int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w, const void *gate_up,
                       const float *gu_sc, int gu_ph, const void *down, const float *dn_sc, int dn_ph, float *act,
                       int T, int H, int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex) {
@@ -245,8 +268,8 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
     else if (gu_sc)
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
                             gu_ph, H, I, k, E));
-    else if (vec_h && ex.tune->moe_gu_u2) /* 2 loads a lane a row, 12 blocks an SM */
-        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false, false, false, 2, 12>, ga, blk, 0, ex, act, x, ids,
+    else if (vec_h && gateup_u2(ex, (long)ga.x * ga.y)) /* 2 loads a lane a row, 12 blocks an SM */
+        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false, false, false, 2, GU_U2_MINB>, ga, blk, 0, ex, act, x, ids,
                             gate_up, gu_sc, gu_ph, H, I, k, E));
     else if (vec_h && (ex.tune->rows_pipe & MSM_CUDA_PIPE_MOE_GU) && H > 256 * MOE_U) /* rows of several steps: pipelined */
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false, false, true>, ga, blk, 0, ex, act, x, ids, gate_up,

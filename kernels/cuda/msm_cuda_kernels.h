@@ -78,6 +78,10 @@ enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFET
         * (moe_pair.cu), by default at 8 slots: DOWN_SPLIT forces it at every k, DOWN_WARP keeps
         * one warp a row at every k */
        MSM_CUDA_MOE_K_DOWN_SPLIT = 16, MSM_CUDA_MOE_K_DOWN_WARP = 32 };
+/* msm_cuda_tuning.moe_gu_u2: AUTO takes the 2-load gate/up where its grid is one wave at 12 blocks an
+ * SM but not at the 4-load kernel's occupancy, and no kernel of the layer runs beside it on the aux
+ * stream (msm_cuda_exec.aux_beside) */
+enum { MSM_CUDA_MOE_GU_U2_OFF = 0, MSM_CUDA_MOE_GU_U2_ON = 1, MSM_CUDA_MOE_GU_U2_AUTO = 2 };
 /* Linears with mmv_min_t <= T <= mmv_max_t (and K % 32 == 0, w and x 16-byte aligned) run the
  * tensor-core GEMV ("MMV"): each weight read once, x split into bf16 hi + lo (near-fp32
  * products, fp32 accumulation), K slices summed in a fixed order (deterministic), no workspace.
@@ -133,10 +137,12 @@ typedef struct msm_cuda_tuning {
     int moe_path;             /* MSM_CUDA_MOE_PATH_*; AUTO picks by T */
     int moe_tiled_min_t;      /* AUTO takes the tiled GEMMs from this T (default: past the grouped GEMVs) */
     int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */
-    int moe_down_hb;          /* the pair path's split down GEMV (MSM_CUDA_MOE_K_DOWN_SPLIT): rows a warp,
-                                 2 or 4, the same bits (moe_pair.cu; MSM_CUDA_MOE_DOWN_HB) */
-    bool moe_gu_u2;           /* the pair path's bf16 gate/up GEMV with 2 loads a lane a row in flight
-                                 (not 4) at 12 blocks an SM, the same bits (MSM_CUDA_MOE_GU_U2) */
+    int moe_down_hb;          /* the pair path's split down GEMV: rows a warp, 2 or 4 (the same bits);
+                                 0 (default): 4 for bf16 rows, 2 for FP8 (moe_pair.cu; MSM_CUDA_MOE_DOWN_HB) */
+    int moe_gu_u2;            /* MSM_CUDA_MOE_GU_U2_*: the pair path's bf16 gate/up GEMV with 2 loads a
+                                 lane a row in flight (not 4) at 12 blocks an SM, the same bits
+                                 (moe_pair.cu; MSM_CUDA_MOE_GU_U2) */
+    int moe_gu_per_sm;        /* resident blocks an SM of that GEMV at 4 loads (occupancy, queried once) */
     /* resident blocks per SM of the persistent / wave-sized kernels (occupancy, queried once) */
     int moe_gateup_mma_per_sm, moe_down_mma_per_sm;   /* 16 tokens a pass */
     int moe_gateup_mma4_per_sm, moe_down_mma4_per_sm; /* 32 tokens a pass (MSM_CUDA_MOE_K_NT4) */
@@ -356,6 +362,8 @@ typedef struct msm_cuda_exec {
     bool w_written; /* the weight was written earlier in this step (a dequantised copy): the
                        kernels load it only after their PDL wait (gemv_early, mmv_early) */
     int priority;   /* launch priority (cudaLaunchAttributePriority; 0: the stream's) */
+    bool aux_beside; /* kernels of the node's layer run on the aux stream beside it (the shared
+                        expert beside the routed experts): the SMs are shared */
 } msm_cuda_exec;
 
 /* Per-rank CUDA context: the cuBLASLt handle and a cache of matmul plans (layouts + the

@@ -75,8 +75,16 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * Qwen3 +0.3 (8.63-8.66 / 9.48-9.49 / 11.09-11.16; 12288 gate/up blocks each scanning), so
      * off (MSM_CUDA_MOE_GROUP_SCAN_MAX_T=N takes it up to N tokens) */
     t->moe_group_scan_max_t = 0;
-    t->moe_down_hb = 2;
-    t->moe_gu_u2 = false;
+    /* the pair path at one token in one wave (H200, 2026-12-04 twelfth session,
+     * bench/results/2026-12-04-h200-s12 run 2, ms a step, three rounds): the bf16 down at 4 rows a
+     * warp, Qwen3-30B-A3B batch 1 / 2 2.759-2.779 / 4.029-4.057 -> 2.683-2.689 / 4.009-4.018, 3-4
+     * the same or -0.01; Qwen1.5-MoE's (k 4) split at 4 rows against one warp a row 1.724-1.736 /
+     * 2.575-2.590 / 3.316-3.334 -> 1.701-1.707 / 2.566-2.576 / 3.207-3.234 at 1 / 2 / 4 (at 2 rows:
+     * 1.84 at 1); FP8 at 4 rows spills, slower (Qwen3 FP8 2.63 -> 2.71): 2. With the gate/up at 2
+     * loads too, Qwen3 batch 1 2.638-2.648, 2 3.991-4.001; at 3-4 slower (+0.05), and Qwen1.5-MoE
+     * slower at 1-4 (+0.02-0.04: its shared expert runs beside): AUTO */
+    t->moe_down_hb = 0;
+    t->moe_gu_u2 = MSM_CUDA_MOE_GU_U2_AUTO;
     t->moe_gg_gateup_nt = 4;
     t->moe_gg_down_nt = 2;
     t->moe_gg_down_u = 2;
@@ -100,6 +108,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     if (t->sms < 1) return -ENODEV;
     t->mmv_u8_max_blocks = 2 * t->sms;
     msm__moe_tuning(t);
+    msm__moe_pair_tuning(t);
     int r = msm__moe_tiled_prepare();
     if (r) return r;
     r = msm__linear_tiled_prepare();

@@ -52,6 +52,11 @@ VARIANTS = [  # (name, extra flags, environment)
     ("grouped expert down's first weight loads before the PDL wait vs after", [], {"MSM_CUDA_MOE_GG_EARLY": "0"}),
     ("grouped expert GEMVs at 2 tokens a pass, 3 chunks in flight vs 4 and 2", [],
      {"MSM_CUDA_MOE_GG_GATEUP_NT": "2", "MSM_CUDA_MOE_GG_DOWN_NT": "2", "MSM_CUDA_MOE_GG_DOWN_U": "3"}),
+    ("the MMV's K slices as a block's warps vs clusters", [], {"MSM_CUDA_MMV_BSLICE": "0"}),
+    ("pair-path down at 4 rows a warp (bf16) vs 2", [], {"MSM_CUDA_MOE_DOWN_HB": "2"}),
+    ("pair-path down split over the slots vs one warp a row", [], {"MSM_CUDA_MOE_KERNELS": "down_warp"}),
+    ("pair-path gate/up at 2 loads a row where one wave vs never", [], {"MSM_CUDA_MOE_GU_U2": "0"}),
+    ("pair-path gate/up at 2 loads a row always", [], {"MSM_CUDA_MOE_GU_U2": "1"}),
 ]
 fails = 0
 

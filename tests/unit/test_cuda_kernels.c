@@ -119,7 +119,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
     cr_expect_eq(t.moe_down_hb, 4, "MSM_CUDA_MOE_DOWN_HB=4: four down rows a warp");
-    cr_expect(t.moe_gu_u2, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
+    cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
@@ -1421,7 +1421,9 @@ Test(cuda_kernels, moe_tiled_pass_sizes_are_bitwise_equal, .timeout = 120) {
 }
 
 /* The pair path's bf16 down GEMV with a token's experts over warps (MSM_CUDA_MOE_K_DOWN_SPLIT; the
- * default at k = 8) is bitwise the one-warp-a-row kernel (MSM_CUDA_MOE_K_DOWN_WARP): Qwen3-30B-A3B and Qwen1.5-MoE expert shapes, k = 1, 4, 8, I
+ * default from k = 4), at 2 and 4 rows a warp (msm_cuda_tuning.moe_down_hb), is bitwise the
+ * one-warp-a-row kernel (MSM_CUDA_MOE_K_DOWN_WARP), and the gate/up at 2 loads a row
+ * (moe_gu_u2) the 4-load one: Qwen3-30B-A3B and Qwen1.5-MoE expert shapes, k = 1, 4, 8, I
  * not a multiple of 8 (scalar loads), H odd (a block's second row past H), T = 1..4; and against
  * the CPU. (Its FP8 form: runs "DS" of moe_experts_fp8_match_cpu.) Also the pair path without the
  * software pipelining of its bf16 rows (msm_cuda_tuning.rows_pipe off: gate/up rows of H > 1024 and
@@ -1446,6 +1448,7 @@ Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
             msm_cuda_tuning t = tune0;
             t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
             t.moe_kernels = MSM_CUDA_MOE_K_DOWN_WARP;
+            t.moe_gu_u2 = MSM_CUDA_MOE_GU_U2_OFF, t.moe_down_hb = 2;
             t.rows_pipe = MSM_CUDA_PIPE_MOE_GU | MSM_CUDA_PIPE_MOE_DOWN; /* off by default: tested here */
             CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(o1, dy, (size_t)T * H * 4);
@@ -1461,7 +1464,7 @@ Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
             down(o2, dy, (size_t)T * H * 4);
             cr_expect(memcmp(o1, o2, (size_t)T * H * 4) == 0, "down split, 4 rows a warp, differs: T=%d H=%d I=%d k=%d",
                       T, H, I, k);
-            t.moe_down_hb = 2;
+            t.moe_down_hb = 0; /* the default: 4 rows for bf16 */
             /* one step of loads at a time (msm_cuda_tuning.rows_pipe off): the same bits */
             t.moe_kernels = MSM_CUDA_MOE_K_DOWN_WARP;
             t.rows_pipe = 0;
@@ -1470,12 +1473,12 @@ Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
             down(o2, dy, (size_t)T * H * 4);
             cr_expect(memcmp(o1, o2, (size_t)T * H * 4) == 0, "pipelined rows differ: T=%d H=%d I=%d k=%d", T, H, I, k);
             /* the gate/up at 2 loads a lane a row, 12 blocks an SM (msm_cuda_tuning.moe_gu_u2): the same bits */
-            t.moe_gu_u2 = true;
+            t.moe_gu_u2 = MSM_CUDA_MOE_GU_U2_ON;
             cr_assert_eq(cudaMemset(dy, 0xff, (size_t)T * H * 4), cudaSuccess);
             CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(o2, dy, (size_t)T * H * 4);
             cr_expect(memcmp(o1, o2, (size_t)T * H * 4) == 0, "gate/up U 2 differs: T=%d H=%d I=%d k=%d", T, H, I, k);
-            t.moe_gu_u2 = false;
+            t.moe_gu_u2 = MSM_CUDA_MOE_GU_U2_OFF;
             if (T != 3) {
                 msm_cpu_moe_experts(ref, x, ids, w, m.guf, m.dnf, T, H, I, k, m.scratch);
                 CHECK_ERR(o2, ref, (size_t)T * H, 2e-5, "down split vs cpu T=%d H=%d I=%d k=%d", T, H, I, k);
