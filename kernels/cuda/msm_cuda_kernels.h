@@ -200,7 +200,8 @@ typedef struct msm_cuda_tuning {
     int mmv_bslice;           /* the MMV of one token tile with its K slices as warps of a block
                                  (mmv_kernel's WS, no cluster) where its grid of N / 16 blocks is one
                                  wave: 0 off, 1 by that rule (MSM_CUDA_MMV_BSLICE=0|1), 4 / 8 / 16
-                                 forced slices (tests) */
+                                 forced slices (tests). Bitwise a cluster of as many slices, not the
+                                 clusters' own choice of slices: a numerics choice like mmv_slots */
     int mmvb_per_sm[3][2];    /* resident blocks of the block-sliced MMV at 16, 8, 4 slices and 4, 8
                                  chunks in flight (GPU facts; 8 only at 16 slices) */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */

@@ -25,6 +25,12 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     /* 4 warps: Qwen1.5-MoE batch 8 4.94-4.97 -> 4.86-4.87 ms, Qwen3-30B-A3B batch 5-8 unchanged
      * (H200, 2026-12-01) */
     t->mmv_warps = 4;
+    /* the K slices as a block's warps where one wave (H200, 2026-12-04 twelfth session,
+     * bench/results/2026-12-04-h200-s12 run 2, ms a step at 3 / 5 / 8 tokens, two rounds, against
+     * the clusters): Qwen1.5-MoE 3.302-3.303 / 4.196-4.201 / 4.530-4.541 vs 3.322-3.329 /
+     * 4.301-4.312 / 4.605-4.611, Qwen3-30B-A3B 5.698-5.709 / 8.016-8.024 / 8.893-8.894 vs
+     * 5.971-5.990 / 8.292-8.300 / 9.146; 16 unchanged. A different K split than the clusters'
+     * rule: a different order of the fp32 sums (against the CPU 2e-5, the kernel tests) */
     t->mmv_bslice = 1;
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;

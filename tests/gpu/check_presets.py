@@ -15,7 +15,12 @@ RoPE and K/V cache write in its epilogue vs the two kernels, the router's top-k 
 thread-block cluster a token vs by the last block to arrive on a counter, the grouped expert GEMVs
 finding their pairs themselves vs after the grouping kernel, the attention's block-table entries
 copied into shared memory first vs loaded with each tile, their down's first weight loads before
-the PDL wait vs after, and their tokens a pass and K chunks in flight.
+the PDL wait vs after, and their tokens a pass and K chunks in flight; the routed experts' down
+at 4 rows a warp vs 2 and split over the slots vs one warp a row, and their gate/up at 2 loads a row
+vs 4. Not here: MSM_CUDA_MMV_BSLICE (and MSM_CUDA_MMV_SLOTS), which choose how many ways the MMV cuts
+K, a different order of fp32 sums (the block slices are bitwise a cluster of as many slices, not
+the cluster rule's own choice: the prefill logits moved by up to 0.08 on these dummy weights, H200,
+2026-12-04); test_cuda_kernels' linear_mmv_block_slices holds each against the CPU (2e-5).
 Prompts of 2, 4 and 8 tokens put the prefill's dense linears at T = 2, 4 and 8 (and the experts at
 8 on the grouped GEMVs), then every decode step at T = 1. There is no oracle at these sizes (the CPU backend would take minutes a token): the
 kernels' own tests (test_cuda_kernels) compare each path with the CPU at these shapes.
@@ -52,7 +57,6 @@ VARIANTS = [  # (name, extra flags, environment)
     ("grouped expert down's first weight loads before the PDL wait vs after", [], {"MSM_CUDA_MOE_GG_EARLY": "0"}),
     ("grouped expert GEMVs at 2 tokens a pass, 3 chunks in flight vs 4 and 2", [],
      {"MSM_CUDA_MOE_GG_GATEUP_NT": "2", "MSM_CUDA_MOE_GG_DOWN_NT": "2", "MSM_CUDA_MOE_GG_DOWN_U": "3"}),
-    ("the MMV's K slices as a block's warps vs clusters", [], {"MSM_CUDA_MMV_BSLICE": "0"}),
     ("pair-path down at 4 rows a warp (bf16) vs 2", [], {"MSM_CUDA_MOE_DOWN_HB": "2"}),
     ("pair-path down split over the slots vs one warp a row", [], {"MSM_CUDA_MOE_KERNELS": "down_warp"}),
     ("pair-path gate/up at 2 loads a row where one wave vs never", [], {"MSM_CUDA_MOE_GU_U2": "0"}),

@@ -77,4 +77,52 @@ r2)
     el done | tee -a $OUT/gpu.txt
     pack
     ;;
+r3)
+    # the new defaults (commit in gpu.txt): the bf16 pair-path down split from k 4 at 4 rows a
+    # warp, the 2-load gate/up where it makes one wave with no shared expert beside. Kernel tests
+    # (the pair path, every MoE variant, FP8 experts, linear, tuning); A/B against the old rules
+    # at 1-4 tokens, three rounds; the table on the four presets; check_presets on all (every
+    # switch bitwise, the new lines included)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'moe_down_split*' 'moe_experts_variants*' 'moe_experts_gemv*' 'moe_experts_fp8_hw*' 'moe_experts_fp8_match*' 'linear*' 'tuning*'; do
+        timeout 240 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b qwen3-30b-a3b 1,2,3,4 ab --
+        b qwen3-30b-a3b 1,2,3,4 ab MSM_CUDA_MOE_DOWN_HB=2 MSM_CUDA_MOE_GU_U2=0 --
+        b qwen1.5-moe-a2.7b 1,2,3,4 ab --
+        b qwen1.5-moe-a2.7b 1,2,3,4 ab MSM_CUDA_MOE_KERNELS=down_warp --
+        b qwen3-30b-a3b-fp8 1,2,4 ab --
+    done
+    for i in 1 2; do  # RoPE in the attention kernel again (off since the first wave), MMV qkv at 3-8
+        b qwen1.5-moe-a2.7b 1,3,4,8 rope --
+        b qwen1.5-moe-a2.7b 1,3,4,8 rope MSM_CUDA_ATT_ROPE=1 --
+    done
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,4,8,16,32,64,128,256 table --; done
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 590) python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    pack
+    ;;
+r4)
+    # run 3's bundle: Qwen1.5-MoE at 2 tokens, the down split (default) vs one warp a row, four
+    # rounds (run 3 had it 0.02 slower, run 2 0.01 faster); GLM-4.5-Air FP8 (its FP8 GEMVs back to
+    # their registers); timelines with the new defaults for the next session
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3 4; do
+        b qwen1.5-moe-a2.7b 2 b2 --
+        b qwen1.5-moe-a2.7b 2 b2 MSM_CUDA_MOE_KERNELS=down_warp --
+    done
+    b glm-4.5-air-fp8 1,4,8,32,128 table --
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=30 tl qwen1.5-moe-a2.7b 1 q15b1
+    ROWS=30 tl qwen1.5-moe-a2.7b 4 q15b4
+    ROWS=20 tl qwen3-30b-a3b 2 q3b2
+    ROWS=20 tl qwen3-30b-a3b 4 q3b4
+    el done | tee -a $OUT/gpu.txt
+    pack
+    ;;
 esac
