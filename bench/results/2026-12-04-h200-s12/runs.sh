@@ -125,4 +125,12 @@ r4)
     el done | tee -a $OUT/gpu.txt
     pack
     ;;
+r5)
+    # run 3's bundle (the same kernels as HEAD): CUDA against the CPU oracle on the golden models
+    # the pair path's new defaults reach (bf16, k >= 4 down split, the 2-load gate/up rule)
+    hdr
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,qwen3moe,mixtral,glm4moe timeout $(left 400) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
