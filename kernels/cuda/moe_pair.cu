@@ -84,7 +84,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
  * same order as the one-warp kernels' dots, bf16 or FP8, with U loads a row in flight, so a
  * 768-wide row is one round of loads instead of three), warp-sums them into shared memory, and
  * thread r then combines row h0 + r in slot order as those kernels do: bitwise the same y at any HB
- * (2 by default; msm_cuda_tuning.moe_down_hb). FP8: dn_sc the experts' scales, dn_ph the column
+ * (msm_cuda_tuning.moe_down_hb: 4 for bf16, 2 for FP8, whose HB 4 spills). FP8: dn_sc the experts' scales, dn_ph the column
  * phase. */
 /* HB 4: 2 loads a lane a row in flight (the same sums, msm_rows_dot) in a budget of 32 warps an SM
  * (64 registers), so Qwen3-30B-A3B's 512 blocks at one token are one wave */
@@ -206,11 +206,11 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
                                     int E) {
     dim3 blk(MOE_WARPS * 32);
     /* a token's experts over warps: by default for 8 slots (Qwen3-30B-A3B batch 1 3.69 -> 3.44 ms,
-     * batch 4 7.53 -> 6.85, FP8 3.81 -> 3.56; GLM-4.5-Air FP8 8.22 -> 7.55); at 4 slots it
-     * measured +0.03 ms (Qwen1.5-MoE batch 1), so 4 keep one warp a row (H200, 2026-12-01) */
+     * batch 4 7.53 -> 6.85, FP8 3.81 -> 3.56; GLM-4.5-Air FP8 8.22 -> 7.55); at 4 slots, 2 rows a
+     * warp measured slower than one warp a row (Qwen1.5-MoE batch 1 +0.03 ms in 2026-12-01, +0.11 in
+     * 2026-12-04) and 4 rows faster: bf16 from 4 slots at 4 rows a warp, Qwen1.5-MoE 1.724-1.736 ->
+     * 1.701-1.707 ms at batch 1, 3.316-3.334 -> 3.207-3.234 at 4 (H200, 2026-12-04) */
     int kf = ex.tune->moe_kernels;
-    /* bf16 from 4 slots at 4 rows a warp: Qwen1.5-MoE (k 4) 1.724-1.736 -> 1.701-1.707 ms at batch 1,
-     * 3.316-3.334 -> 3.207-3.234 at 4 (H200, 2026-12-04, msm_cuda_tuning.moe_down_hb) */
     bool fp8 = dn_sc != NULL;
     int hb = ex.tune->moe_down_hb ? ex.tune->moe_down_hb : fp8 ? 2 : 4;
     if ((kf & MSM_CUDA_MOE_K_DOWN_SPLIT) || (KMAX >= (fp8 ? 8 : 4) && !(kf & MSM_CUDA_MOE_K_DOWN_WARP))) {
