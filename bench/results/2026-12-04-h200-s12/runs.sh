@@ -133,4 +133,17 @@ r5)
     CHECK_MODELS=qwen2moe-gqa,qwen3moe,mixtral,glm4moe timeout $(left 400) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r6)
+    # run 3's bundle: Qwen3's attention at 1-2 tokens, env only: two query heads a block at any
+    # size (MSM_CUDA_ATT_GROUP=2 with MSM_CUDA_ATT_GROUP_MIN=1: 256 blocks reading K/V 4x, not
+    # 8x), and 8 splits merged by the last block on a counter instead of 16; three rounds
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b qwen3-30b-a3b 1,2 att --
+        b qwen3-30b-a3b 1,2 att MSM_CUDA_ATT_GROUP=2 MSM_CUDA_ATT_GROUP_MIN=1 --
+        b qwen3-30b-a3b 1,2 att MSM_CUDA_ATT_MAX_SPLIT=8 MSM_CUDA_ATT_CLUSTER=0 --
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
