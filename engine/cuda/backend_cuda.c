@@ -1266,6 +1266,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MMV_WARPS=4|8              the MMV's warps a block (default 4: 64 rows; 8: 128 rows)
  *   MSM_CUDA_MMV_BSLICE=0|1             one token tile: the MMV's K slices as warps of one block where
  *                                       its N / 16 blocks fit one wave (1, default), or clusters (0)
+ *   MSM_CUDA_MMV_NJ=2|4                 the block-sliced MMV's rows a warp: 16 (2, default) or 32 at 2
+ *                                       chunks in flight (4); the same bits
  *   MSM_CUDA_MOE_DOWN_HB=0|2|4          the pair path's split down GEMV: rows a warp (0, default: 4 for
  *                                       bf16, 2 for FP8); the same bits
  *   MSM_CUDA_MOE_GU_U2=0|1|2            the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
@@ -1340,6 +1342,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MMV_SLOTS", &v)) t->mmv_slots = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_WARPS", &v)) t->mmv_warps = v == 4 ? 4 : 8;
     if (env_int("MSM_CUDA_MMV_BSLICE", &v)) t->mmv_bslice = v > 0 ? 1 : 0;
+    if (env_int("MSM_CUDA_MMV_NJ", &v)) t->mmv_nj = v == 4 ? 4 : 2;
     if (env_int("MSM_CUDA_MOE_DOWN_HB", &v)) t->moe_down_hb = v == 2 || v == 4 ? v : 0;
     if (env_int("MSM_CUDA_MOE_GU_U2", &v))
         t->moe_gu_u2 = v <= 0 ? MSM_CUDA_MOE_GU_U2_OFF : v == 1 ? MSM_CUDA_MOE_GU_U2_ON : MSM_CUDA_MOE_GU_U2_AUTO;

@@ -696,13 +696,14 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
  * three blocks of 8 warps, where 84 made two). */
 #define MMVB_WARPS_SM 24
 
-template <int MT, int S, int W, int MMV_U = 4, int WS = 1>
+template <int MT, int S, int W, int MMV_U = 4, int WS = 1, int NJ = 2>
 static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
     mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                int K, bool early) {
     static_assert(WS == 1 || (S == 1 && W % WS == 0), "K slices in a cluster or in a block, not both");
+    static_assert(NJ == 2 || (NJ == 4 && WS > 1), "4 n8 tiles a warp only in the block-sliced form");
     constexpr int WR = W / WS;          /* warps on distinct rows */
-    constexpr int MMV_ROWS = WR * 16;
+    constexpr int MMV_ROWS = WR * NJ * 8;
     constexpr int NS = WS > 1 ? WS : S; /* K slices */
     __shared__ float part[WS][MT * 16 * MMV_ROWS]; /* [slice][token][row in block] */
     msm_pdl_trigger();
@@ -714,10 +715,10 @@ static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
     int nb0 = blockIdx.y * MMV_ROWS;
     int nch = K / 32, per = (nch + NS - 1) / NS;
     int c0 = (WS > 1 ? ks : rank) * per, c1 = min(nch, c0 + per);
-    const uint16_t *wr[2];
+    const uint16_t *wr[NJ];
 #pragma unroll
-    for (int j = 0; j < 2; j++) /* rows past N repeat row N-1; never stored */
-        wr[j] = w + (size_t)min(nb0 + rg * 16 + j * 8 + g, N - 1) * K + q * 8;
+    for (int j = 0; j < NJ; j++) /* rows past N repeat row N-1; never stored */
+        wr[j] = w + (size_t)min(nb0 + rg * NJ * 8 + j * 8 + g, N - 1) * K + q * 8;
     const float *xr[MT][2];
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -726,21 +727,21 @@ static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
             int t = m * 16 + h * 8 + g;
             xr[m][h] = t < T ? x + (size_t)t * K + q * 8 : NULL;
         }
-    float acc[MT][2][4];
+    float acc[MT][NJ][4];
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[m][j][i] = 0.0f;
 
     if (early && c0 >= c1) msm_pdl_wait();
     for (int c = c0; c < c1; c += MMV_U) {
-        uint4 wv[MMV_U][2];
+        uint4 wv[MMV_U][NJ];
 #pragma unroll
         for (int u = 0; u < MMV_U; u++)
 #pragma unroll
-            for (int j = 0; j < 2; j++)
+            for (int j = 0; j < NJ; j++)
                 wv[u][j] = c + u < c1 ? msm_ld_stream16(wr[j] + (size_t)(c + u) * 32)
                                       : make_uint4(0, 0, 0, 0);
         if (early && c == c0) msm_pdl_wait();
@@ -769,7 +770,7 @@ static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
                 msm_split_bf16x2(xa1.z, xa1.w, h2[2], l2[2]);
                 msm_split_bf16x2(xb1.z, xb1.w, h2[3], l2[3]);
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
+                for (int j = 0; j < NJ; j++) {
                     msm_mma_bf16(acc[m][j], h1[0], h1[1], h1[2], h1[3], wv[u][j].x, wv[u][j].y);
                     msm_mma_bf16(acc[m][j], l1[0], l1[1], l1[2], l1[3], wv[u][j].x, wv[u][j].y);
                     msm_mma_bf16(acc[m][j], h2[0], h2[1], h2[2], h2[3], wv[u][j].z, wv[u][j].w);
@@ -782,8 +783,8 @@ static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            int col = rg * 16 + j * 8 + 2 * q, ta = m * 16 + g, tb = ta + 8;
+        for (int j = 0; j < NJ; j++) {
+            int col = rg * NJ * 8 + j * 8 + 2 * q, ta = m * 16 + g, tb = ta + 8;
             float *pk = part[ks];
             pk[ta * MMV_ROWS + col] = acc[m][j][0];
             pk[ta * MMV_ROWS + col + 1] = acc[m][j][1];
@@ -854,11 +855,11 @@ static cudaError_t mmv_go(float *y, const float *x, const uint16_t *w, const uin
 
 /* The block-sliced MMV (mmv_kernel<1, 1, WS, U, WS>: WS warps a block on the same 16 rows, WS K
  * slices), one token tile. */
-template <int WS, int U>
+template <int WS, int U, int NJ = 2>
 static cudaError_t mmvb_launch(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                                int K, msm_cuda_exec ex) {
-    dim3 grid(1u, (unsigned)((N + 15) / 16));
-    return msm_launch(mmv_kernel<1, 1, WS, U, WS>, grid, dim3(WS * 32), 0, ex, y, x, w, bias, T, N, K,
+    dim3 grid(1u, (unsigned)((N + NJ * 8 - 1) / (NJ * 8)));
+    return msm_launch(mmv_kernel<1, 1, WS, U, WS, NJ>, grid, dim3(WS * 32), 0, ex, y, x, w, bias, T, N, K,
                       ex.tune->gemv_early && !ex.w_written);
 }
 
@@ -868,13 +869,23 @@ static cudaError_t mmvb_launch(float *y, const float *x, const uint16_t *w, cons
  * (tuning mmvb_per_sm) with 4 chunks a slice or more; 8 in flight at 16 slices where the slice has
  * 8 and the grid still fits at 8 (one block an SM either way; at 8 and 4 slices 8 in flight would
  * spill under the kernel's 24 warps an SM). bslice 4 / 8 / 16 forces that many slices (U 4; tests). */
-static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, int *U) {
+static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, int *U, int *NJ) {
     int bs = tn->mmv_bslice, nch = K / 32;
     long nb = (N + 15) / 16;
-    *U = 4;
+    *U = 4, *NJ = 2;
     if (bs <= 0 || T > 16) return 0;
+    if (tn->mmv_nj == 4) /* 32 rows a warp, 2 chunks in flight: x fragments serve twice the rows */
+        *U = 2, *NJ = 4;
     if (bs == 4 || bs == 8 || bs == 16) return nch >= bs ? bs : 0;
     static const int cand[3] = {16, 8, 4};
+    if (*NJ == 4) {
+        long nb4 = (N + 31) / 32;
+        for (int i = 0; i < 3; i++) {
+            int ws = cand[i], per = (nch + ws - 1) / ws;
+            if (per >= 4 && nb4 <= (long)tn->mmvb4_per_sm[i] * tn->sms) return ws;
+        }
+        *U = 4, *NJ = 2; /* none fits one wave: the 16-row form's rule */
+    }
     for (int i = 0; i < 3; i++) {
         int ws = cand[i], per = (nch + ws - 1) / ws;
         if (per < 4 || nb > (long)tn->mmvb_per_sm[i][0] * tn->sms) continue;
@@ -886,7 +897,15 @@ static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, int *
 
 static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                    int K, msm_cuda_exec ex) {
-    int U, WS = mmv_bslice_pick(ex.tune, T, N, K, &U);
+    int U, NJ, WS = mmv_bslice_pick(ex.tune, T, N, K, &U, &NJ);
+    if (WS && NJ == 4) {
+        cudaError_t e = WS == 16 ? mmvb_launch<16, 2, 4>(y, x, w, bias, T, N, K, ex)
+                        : WS == 8 ? mmvb_launch<8, 2, 4>(y, x, w, bias, T, N, K, ex)
+                                  : mmvb_launch<4, 2, 4>(y, x, w, bias, T, N, K, ex);
+        CUDA_TRY(e);
+        CUDA_LAUNCH_CHECK();
+        return 0;
+    }
     if (WS) {
         cudaError_t e = WS == 16 ? (U == 8 ? mmvb_launch<16, 8>(y, x, w, bias, T, N, K, ex)
                                            : mmvb_launch<16, 4>(y, x, w, bias, T, N, K, ex))
@@ -942,6 +961,9 @@ void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmvb_per_sm[0][1] = per_sm(mmv_kernel<1, 1, 16, 8, 16>, 16 * 32, 0);
     t->mmvb_per_sm[1][0] = per_sm(mmv_kernel<1, 1, 8, 4, 8>, 8 * 32, 0);
     t->mmvb_per_sm[2][0] = per_sm(mmv_kernel<1, 1, 4, 4, 4>, 4 * 32, 0);
+    t->mmvb4_per_sm[0] = per_sm(mmv_kernel<1, 1, 16, 2, 16, 4>, 16 * 32, 0);
+    t->mmvb4_per_sm[1] = per_sm(mmv_kernel<1, 1, 8, 2, 8, 4>, 8 * 32, 0);
+    t->mmvb4_per_sm[2] = per_sm(mmv_kernel<1, 1, 4, 2, 4, 4>, 4 * 32, 0);
     mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
     mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);
     mmv_fit<1, 8>(t->mmv_cluster_fit[1][0]), mmv_fit<2, 8>(t->mmv_cluster_fit[1][1]);

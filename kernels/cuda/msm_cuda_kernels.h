@@ -204,6 +204,10 @@ typedef struct msm_cuda_tuning {
                                  clusters' own choice of slices: a numerics choice like mmv_slots */
     int mmvb_per_sm[3][2];    /* resident blocks of the block-sliced MMV at 16, 8, 4 slices and 4, 8
                                  chunks in flight (GPU facts; 8 only at 16 slices) */
+    int mmv_nj;               /* the block-sliced MMV's n8 tiles a warp: 2 (16 rows, default) or 4 (32
+                                 rows at 2 chunks in flight, each x fragment feeding twice the MMAs; the
+                                 same bits; MSM_CUDA_MMV_NJ) */
+    int mmvb4_per_sm[3];      /* resident blocks of that 32-row form at 16, 8, 4 slices */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
     int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
                                  (MSM_CUDA_ATT_GROUP; 1: one head a block) ... */

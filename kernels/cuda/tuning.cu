@@ -32,6 +32,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 5.971-5.990 / 8.292-8.300 / 9.146; 16 unchanged. A different K split than the clusters'
      * rule: a different order of the fp32 sums (against the CPU 2e-5, the kernel tests) */
     t->mmv_bslice = 1;
+    t->mmv_nj = 2;
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
     t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;

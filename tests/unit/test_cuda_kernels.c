@@ -57,7 +57,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MMV_FIT_CLUSTERS", "MSM_CUDA_MMV_U8_MAX_BLOCKS",
                                  "MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "MSM_CUDA_MOE_GG_GATEUP_NT", "MSM_CUDA_MOE_GG_DOWN_NT",
                                  "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
-                                 "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE", "MSM_CUDA_MOE_DOWN_HB",
+                                 "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE", "MSM_CUDA_MOE_DOWN_HB", "MSM_CUDA_MMV_NJ",
                                  "MSM_CUDA_MOE_GU_U2"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
@@ -65,7 +65,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true;
     t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = t.linear_rope = true;
-    t.router_cluster_max_t = 1, t.mmv_fit_clusters = true, t.mmv_bslice = 1, t.moe_down_hb = 2;
+    t.router_cluster_max_t = 1, t.mmv_fit_clusters = true, t.mmv_bslice = 1, t.moe_down_hb = 2, t.mmv_nj = 2;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -91,7 +91,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
-    setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1);
+    setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -119,6 +119,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
     cr_expect_eq(t.moe_down_hb, 4, "MSM_CUDA_MOE_DOWN_HB=4: four down rows a warp");
+    cr_expect_eq(t.mmv_nj, 4, "MSM_CUDA_MMV_NJ=4: 32 rows a warp");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
@@ -559,7 +560,7 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
  * 16 slices forced, partial tiles, rows not a multiple of 16, slices past K's chunks, bias, against
  * the CPU; the rule's picks at the models' shapes (qkv, o_proj, the shared expert, Qwen3's); the
  * same bits as the cluster MMV of as many slices (S set by K's chunks: 16 chunks make 4 slices,
- * 32 make 8); and determinism. */
+ * 32 make 8), with 16 and 32 rows a warp (mmv_nj); and determinism. All of it at 16 and 32 rows. */
 Test(cuda_kernels, linear_mmv_block_slices, .timeout = 120) {
     need_gpu();
     msm_cuda_ctx *ctx = NULL;
@@ -569,17 +570,21 @@ Test(cuda_kernels, linear_mmv_block_slices, .timeout = 120) {
     t.linear_tiled_min_t = 1 << 30;
     static const int forced[][4] = {{1, 64, 128, 0},  {3, 2048, 2048, 1}, {5, 257, 1024, 1}, {8, 6144, 2048, 0},
                                     {9, 60, 2048, 1}, {16, 1000, 512, 0}, {7, 2048, 5632, 1}, {2, 33, 416, 0}};
-    for (int ws = 4; ws <= 16; ws *= 2) {
-        t.mmv_bslice = ws;
-        for (size_t s = 0; s < sizeof forced / sizeof *forced; s++)
-            linear_case(ctx, EX_T(&t), forced[s][0], forced[s][1], forced[s][2], forced[s][3], 2e-5);
-    }
-    t.mmv_bslice = 1;
     static const int rule[][3] = {{8, 6144, 2048}, {8, 2048, 2048}, {8, 11264, 2048}, {8, 2048, 5632},
                                   {5, 5120, 2048}, {4, 2048, 4096}, {3, 1536, 2048}, {6, 151936, 256}};
-    for (size_t s = 0; s < sizeof rule / sizeof *rule; s++)
-        linear_case(ctx, EX_T(&t), rule[s][0], rule[s][1], rule[s][2], 1, 2e-5);
-    linear_deterministic(ctx, EX_T(&t), 8, 2048, 2048, "mmv block slices");
+    for (int nj = 2; nj <= 4; nj += 2) { /* 16 and 32 rows a warp (mmv_nj) */
+        t.mmv_nj = nj;
+        for (int ws = 4; ws <= 16; ws *= 2) {
+            t.mmv_bslice = ws;
+            for (size_t s = 0; s < sizeof forced / sizeof *forced; s++)
+                linear_case(ctx, EX_T(&t), forced[s][0], forced[s][1], forced[s][2], forced[s][3], 2e-5);
+        }
+        t.mmv_bslice = 1;
+        for (size_t s = 0; s < sizeof rule / sizeof *rule; s++)
+            linear_case(ctx, EX_T(&t), rule[s][0], rule[s][1], rule[s][2], 1, 2e-5);
+        linear_deterministic(ctx, EX_T(&t), 8, 2048, 2048, nj == 4 ? "mmv block slices, 32 rows" : "mmv block slices");
+    }
+    t.mmv_nj = 2;
     static const int same[][3] = {{8, 256, 512}, {8, 320, 1024}, {3, 2048, 512}, {16, 96, 1024}};
     for (size_t s = 0; s < sizeof same / sizeof *same; s++) {
         int T = same[s][0], N = same[s][1], K = same[s][2], S = K / 32 >= 32 ? 8 : 4;
@@ -595,6 +600,12 @@ Test(cuda_kernels, linear_mmv_block_slices, .timeout = 120) {
         CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&b)));
         down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
         cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "block vs cluster slices (%d): T=%d N=%d K=%d", S, T, N, K);
+        /* 32 rows a warp at 2 chunks in flight (mmv_nj 4): the same slices, the same bits */
+        a.mmv_nj = 4;
+        cr_assert_eq(cudaMemset(d2, 0xff, (size_t)T * N * 4), cudaSuccess);
+        CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&a)));
+        down(o2, d2, (size_t)T * N * 4);
+        cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "32 vs 16 rows a warp (%d): T=%d N=%d K=%d", S, T, N, K);
         cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw);
         free(x), free(wf), free(wb), free(o1), free(o2);
     }

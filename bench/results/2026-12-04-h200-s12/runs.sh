@@ -146,4 +146,35 @@ r6)
     done
     el done | tee -a $OUT/gpu.txt
     ;;
+r7)
+    # run 3's bundle: Nsight Compute on the first four MMV launches of a Qwen1.5-MoE step at 8
+    # tokens (qkv, o_proj, the shared expert's gate/up and down; one eager step, kernels
+    # serialised): the shared gate/up streamed 46 MB in 20 us in the graph (2.3 TB/s) beside the
+    # router: is it that slow alone? For the next session.
+    hdr
+    el ncu | tee -a $OUT/gpu.txt
+    timeout 200 /usr/local/cuda/bin/ncu --kernel-name "regex:mmv_kernel" --launch-skip 0 --launch-count 4 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats gpu-run/bin/msmoe-bench decode --preset config/models/qwen1.5-moe-a2.7b.json \
+        --backend cuda --batches 8 --context 512 --steps 1 --no-cuda-graphs > $OUT/ncu-mmv8.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r8)
+    # the block-sliced MMV at 32 rows a warp, 2 chunks in flight (MSM_CUDA_MMV_NJ=4): run 7 had the
+    # MMVs alone at 21-41% of DRAM, stalled on L1TEX, with x read as often as the weights (each
+    # warp's fragments serve 16 rows; now 32). Kernel test; A/B at 3-16 tokens, two rounds
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'linear_mmv_block*' 'tuning*'; do
+        timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do
+            b $p 3,4,5,8,16 nj --
+            b $p 3,4,5,8,16 nj MSM_CUDA_MMV_NJ=4 --
+        done
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
