@@ -879,12 +879,14 @@ static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, int *
     if (bs == 4 || bs == 8 || bs == 16) return nch >= bs ? bs : 0;
     static const int cand[3] = {16, 8, 4};
     if (*NJ == 4) {
+        /* as below, and the half as many blocks still one (at least) on every SM: Qwen3's o_proj
+         * (2048 rows) took 64 blocks of 16 warps at 32 rows, idling half the SMs (+0.2 ms a step) */
         long nb4 = (N + 31) / 32;
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 3 && nb4 >= tn->sms; i++) {
             int ws = cand[i], per = (nch + ws - 1) / ws;
             if (per >= 4 && nb4 <= (long)tn->mmvb4_per_sm[i] * tn->sms) return ws;
         }
-        *U = 4, *NJ = 2; /* none fits one wave: the 16-row form's rule */
+        *U = 4, *NJ = 2; /* none fits: the 16-row form's rule */
     }
     for (int i = 0; i < 3; i++) {
         int ws = cand[i], per = (nch + ws - 1) / ws;

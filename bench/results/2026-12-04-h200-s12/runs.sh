@@ -177,4 +177,18 @@ r8)
     done
     el done | tee -a $OUT/gpu.txt
     ;;
+r9)
+    # 32 rows a warp only where its half as many blocks still cover every SM (run 8: Qwen3's o_proj
+    # at 64 blocks lost); kernel test; A/B at 3-8 tokens, two rounds
+    hdr
+    timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/linear_mmv_block*" 2>&1 | tail -1 >> $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for p in qwen1.5-moe-a2.7b qwen3-30b-a3b; do
+            b $p 3,4,5,8 nj --
+            b $p 3,4,5,8 nj MSM_CUDA_MMV_NJ=4 --
+        done
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
