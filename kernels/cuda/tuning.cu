@@ -32,6 +32,11 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 5.971-5.990 / 8.292-8.300 / 9.146; 16 unchanged. A different K split than the clusters'
      * rule: a different order of the fp32 sums (against the CPU 2e-5, the kernel tests) */
     t->mmv_bslice = 1;
+    /* 32 rows a warp (4) by the 16-row rule (H200, 2026-12-04, bench/results/2026-12-04-h200-s12 run
+     * 8, ms a step at 3 / 5 / 8 tokens): Qwen1.5-MoE 3.079-3.084 / 4.109-4.115 / 4.410-4.417 vs
+     * 3.205-3.208 / 4.209-4.213 / 4.549-4.550, Qwen3-30B-A3B 5.919-5.936 / 8.258-8.274 /
+     * 9.104-9.130 vs 5.684-5.692 / 8.028-8.040 / 8.914-8.917 (its o_proj at 64 blocks). The rule
+     * now keeps 16 rows unless the 32-row grid covers every SM; not yet measured: 2 */
     t->mmv_nj = 2;
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
