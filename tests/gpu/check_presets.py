@@ -17,8 +17,8 @@ finding their pairs themselves vs after the grouping kernel, the attention's blo
 copied into shared memory first vs loaded with each tile, their down's first weight loads before
 the PDL wait vs after, and their tokens a pass and K chunks in flight; the routed experts' down
 at 4 rows a warp vs 2 and split over the slots vs one warp a row, and their gate/up at 2 loads a row
-vs 4. Not here: MSM_CUDA_MMV_BSLICE (and MSM_CUDA_MMV_SLOTS), which choose how many ways the MMV cuts
-K, a different order of fp32 sums (the block slices are bitwise a cluster of as many slices, not
+vs 4. Not here: MSM_CUDA_MMV_BSLICE, MSM_CUDA_MMV_NJ (and MSM_CUDA_MMV_SLOTS), which choose how many
+ways the MMV cuts K, a different order of fp32 sums (the block slices are bitwise a cluster of as many slices, not
 the cluster rule's own choice: the prefill logits moved by up to 0.08 on these dummy weights, H200,
 2026-12-04); test_cuda_kernels' linear_mmv_block_slices holds each against the CPU (2e-5).
 Prompts of 2, 4 and 8 tokens put the prefill's dense linears at T = 2, 4 and 8 (and the experts at
