@@ -547,12 +547,7 @@ static constexpr int att_li(int L) { return L <= 4 ? 0 : L <= 8 ? 1 : L <= 16 ? 
  * form's clusters of up to 16 allowed (non-portable sizes past 8: the H100/H200 take 16). */
 template <int L, bool VEC, int GB>
 static int att_per_sm(void) {
-    int per = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_kernel<L, VEC, GB, false>, ATT_THREADS, 0) !=
-            cudaSuccess || per <= 0) {
-        (void)cudaGetLastError();
-        per = 1;
-    }
+    int per = msm_blocks_per_sm(attention_kernel<L, VEC, GB, false>, ATT_THREADS, 0);
     if constexpr (GB == 1)
         if (cudaFuncSetAttribute(attention_kernel<L, VEC, 1, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
             cudaSuccess)

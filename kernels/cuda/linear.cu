@@ -934,17 +934,6 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
     return 0;
 }
 
-/* Resident blocks of `kern` (`threads` a block, dynamic shared memory smem) on one SM, 1 if the query fails. */
-template <typename K>
-static int per_sm(K kern, int threads, size_t smem) {
-    int per = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, threads, smem) != cudaSuccess || per <= 0) {
-        (void)cudaGetLastError();
-        per = 1;
-    }
-    return per;
-}
-
 /* Clusters of 2, 4 and 8 blocks of mmv_kernel<MT, S, W> the GPU holds at once (msm_max_clusters; 0
  * where the query fails: then no cluster of that size is taken where the fit is checked). */
 template <int MT, int W>
@@ -957,15 +946,15 @@ static void mmv_fit(int (&f)[3]) {
 /* The occupancy fields of the MMV kernels, for msm_cuda_tuning_init (decode's MMV range is one
  * 16-token tile). */
 void msm__linear_tuning(msm_cuda_tuning *t) {
-    t->mmv_per_sm = per_sm(mmv_kernel<1, 8, 8>, 8 * 32, 0);
-    t->mmv4_per_sm = per_sm(mmv_kernel<1, 8, 4>, 4 * 32, 0);
-    t->mmvb_per_sm[0][0] = per_sm(mmv_kernel<1, 1, 16, 4, 16>, 16 * 32, 0);
-    t->mmvb_per_sm[0][1] = per_sm(mmv_kernel<1, 1, 16, 8, 16>, 16 * 32, 0);
-    t->mmvb_per_sm[1][0] = per_sm(mmv_kernel<1, 1, 8, 4, 8>, 8 * 32, 0);
-    t->mmvb_per_sm[2][0] = per_sm(mmv_kernel<1, 1, 4, 4, 4>, 4 * 32, 0);
-    t->mmvb4_per_sm[0] = per_sm(mmv_kernel<1, 1, 16, 2, 16, 4>, 16 * 32, 0);
-    t->mmvb4_per_sm[1] = per_sm(mmv_kernel<1, 1, 8, 2, 8, 4>, 8 * 32, 0);
-    t->mmvb4_per_sm[2] = per_sm(mmv_kernel<1, 1, 4, 2, 4, 4>, 4 * 32, 0);
+    t->mmv_per_sm = msm_blocks_per_sm(mmv_kernel<1, 8, 8>, 8 * 32, 0);
+    t->mmv4_per_sm = msm_blocks_per_sm(mmv_kernel<1, 8, 4>, 4 * 32, 0);
+    t->mmvb_per_sm[0][0] = msm_blocks_per_sm(mmv_kernel<1, 1, 16, 4, 16>, 16 * 32, 0);
+    t->mmvb_per_sm[0][1] = msm_blocks_per_sm(mmv_kernel<1, 1, 16, 8, 16>, 16 * 32, 0);
+    t->mmvb_per_sm[1][0] = msm_blocks_per_sm(mmv_kernel<1, 1, 8, 4, 8>, 8 * 32, 0);
+    t->mmvb_per_sm[2][0] = msm_blocks_per_sm(mmv_kernel<1, 1, 4, 4, 4>, 4 * 32, 0);
+    t->mmvb4_per_sm[0] = msm_blocks_per_sm(mmv_kernel<1, 1, 16, 2, 16, 4>, 16 * 32, 0);
+    t->mmvb4_per_sm[1] = msm_blocks_per_sm(mmv_kernel<1, 1, 8, 2, 8, 4>, 8 * 32, 0);
+    t->mmvb4_per_sm[2] = msm_blocks_per_sm(mmv_kernel<1, 1, 4, 2, 4, 4>, 4 * 32, 0);
     mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
     mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);
     mmv_fit<1, 8>(t->mmv_cluster_fit[1][0]), mmv_fit<2, 8>(t->mmv_cluster_fit[1][1]);

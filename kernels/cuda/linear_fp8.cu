@@ -167,13 +167,7 @@ extern "C" int msm__linear_fp8_mma_prepare(void) {
  * (K = 2048 over 8 slices) in shared memory. */
 template <int NTT>
 static int mma_per_sm(void) {
-    int per = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, linear_fp8_mma_kernel<NTT>, M8_WARPS * 32,
-                                                      smem_bytes(NTT, 4)) != cudaSuccess || per <= 0) {
-        (void)cudaGetLastError();
-        per = 1;
-    }
-    return per;
+    return msm_blocks_per_sm(linear_fp8_mma_kernel<NTT>, M8_WARPS * 32, smem_bytes(NTT, 4));
 }
 
 void msm__linear_fp8_tuning(msm_cuda_tuning *t) {

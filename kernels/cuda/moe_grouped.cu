@@ -534,10 +534,7 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
 /* Resident blocks an SM holds of a kernel with MMA_NW warps (1 if the query fails). */
 template <typename Kernel>
 static int blocks_per_sm(Kernel kernel) {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, MMA_NW * 32, 0) != cudaSuccess)
-        n = 1;
-    return n < 1 ? 1 : n;
+    return msm_blocks_per_sm(kernel, MMA_NW * 32, 0);
 }
 
 /* Blocks of a persistent kernel: what the GPU holds resident, at most `items`. */

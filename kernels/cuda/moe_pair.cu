@@ -249,11 +249,7 @@ static bool gateup_u2(msm_cuda_exec ex, long blocks) {
 
 /* The occupancy field of the pair path's gate/up GEMV, for msm_cuda_tuning_init. */
 void msm__moe_pair_tuning(msm_cuda_tuning *t) {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, moe_gateup_gemv_kernel<true, false>, MOE_WARPS * 32, 0) !=
-        cudaSuccess)
-        n = 0;
-    t->moe_gu_per_sm = n;
+    t->moe_gu_per_sm = msm_blocks_per_sm(moe_gateup_gemv_kernel<true, false>, MOE_WARPS * 32, 0);
 }
 
 int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w, const void *gate_up,

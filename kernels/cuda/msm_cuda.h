@@ -880,6 +880,18 @@ static inline int msm_max_clusters(void (*kernel)(KArgs...), unsigned cluster_x,
     return n;
 }
 
+/* How many blocks of `threads` threads (smem dynamic shared memory each) of `kernel` one SM holds
+ * at once (occupancy); 1 if the query fails. */
+template <typename... KArgs>
+static inline int msm_blocks_per_sm(void (*kernel)(KArgs...), int threads, size_t smem) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        n = 1;
+    }
+    return n;
+}
+
 /* The same without clusters: every kernel launch of ours goes through one of the two. */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t msm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
