@@ -863,38 +863,46 @@ static cudaError_t mmvb_launch(float *y, const float *x, const uint16_t *w, cons
                       ex.tune->gemv_early && !ex.w_written);
 }
 
-/* mmv_bslice_pick: the K slices a block (16, 8 or 4: 0 where none fits) and the chunks in flight
- * a warp (8 or 4) of the block-sliced MMV for T <= 16 tokens of an N x K weight. By the rule
- * (bslice 1): the most slices whose grid of N / 16 blocks is one wave at the kernel's occupancy
- * (tuning mmvb_per_sm) with 4 chunks a slice or more; 8 in flight at 16 slices where the slice has
- * 8 and the grid still fits at 8 (one block an SM either way; at 8 and 4 slices 8 in flight would
- * spill under the kernel's 24 warps an SM). bslice 4 / 8 / 16 forces that many slices (U 4; tests). */
+/* mmv_bslice_pick: the K slices a block (16, 8 or 4: 0 where none fits), the chunks in flight a
+ * warp (8, 4 or 2) and the n8 tiles a warp (2 or 4) of the block-sliced MMV for T <= 16 tokens of
+ * an N x K weight. By the rule (bslice 1): the most slices whose grid of N / 16 blocks is one wave
+ * at the kernel's occupancy (tuning mmvb_per_sm) with 4 chunks a slice or more; 8 in flight at 16
+ * slices where the slice has 8 and the grid still fits at 8 (one block an SM either way; at 8 and 4
+ * slices 8 in flight would spill under the kernel's 24 warps an SM). bslice 4 / 8 / 16 forces that
+ * many slices (U 4; tests). 32 rows a warp (NJ 4, 2 chunks in flight: each x fragment serves twice
+ * the rows) by the same rule on N / 32 blocks: always (mmv_nj 4), or (0, auto) only where it keeps
+ * at least the 16-row pick's warps, since a warp has as many bytes in flight either way. Measured
+ * (H200, 2026-12-04, bench/results/2026-12-04-h200-s12 run 8 and -s13 run 1): where the 32-row
+ * grid had half the warps it lost (Qwen3-30B-A3B's qkv at 8 tokens, 160 blocks of 8 warps
+ * against 320, 7.6 -> 11.0 us a layer; its o_proj at 64 blocks of 16, +0.2 ms a step); with the
+ * same warps it won (Qwen1.5-MoE's shared gate/up, 352 x 8 against 704 x 4: 11.0 -> 10.0). */
 static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, int *U, int *NJ) {
     int bs = tn->mmv_bslice, nch = K / 32;
-    long nb = (N + 15) / 16;
+    long nb = (N + 15) / 16, nb4 = (N + 31) / 32;
     *U = 4, *NJ = 2;
     if (bs <= 0 || T > 16) return 0;
-    if (tn->mmv_nj == 4) /* 32 rows a warp, 2 chunks in flight: x fragments serve twice the rows */
-        *U = 2, *NJ = 4;
-    if (bs == 4 || bs == 8 || bs == 16) return nch >= bs ? bs : 0;
-    static const int cand[3] = {16, 8, 4};
-    if (*NJ == 4) {
-        /* as below, and the half as many blocks still one (at least) on every SM: Qwen3's o_proj
-         * (2048 rows) took 64 blocks of 16 warps at 32 rows, idling half the SMs (+0.2 ms a step) */
-        long nb4 = (N + 31) / 32;
-        for (int i = 0; i < 3 && nb4 >= tn->sms; i++) {
-            int ws = cand[i], per = (nch + ws - 1) / ws;
-            if (per >= 4 && nb4 <= (long)tn->mmvb4_per_sm[i] * tn->sms) return ws;
-        }
-        *U = 4, *NJ = 2; /* none fits: the 16-row form's rule */
+    if (bs == 4 || bs == 8 || bs == 16) {
+        if (tn->mmv_nj == 4) *U = 2, *NJ = 4;
+        return nch >= bs ? bs : 0;
     }
-    for (int i = 0; i < 3; i++) {
+    static const int cand[3] = {16, 8, 4};
+    int ws16 = 0, ws32 = 0;
+    for (int i = 0; i < 3 && !ws16; i++) {
         int ws = cand[i], per = (nch + ws - 1) / ws;
         if (per < 4 || nb > (long)tn->mmvb_per_sm[i][0] * tn->sms) continue;
         if (ws == 16 && per >= 8 && nb <= (long)tn->mmvb_per_sm[i][1] * tn->sms) *U = 8;
-        return ws;
+        ws16 = ws;
     }
-    return 0;
+    if (tn->mmv_nj == 2) return ws16;
+    for (int i = 0; i < 3 && !ws32; i++) {
+        int ws = cand[i], per = (nch + ws - 1) / ws;
+        if (per >= 4 && nb4 <= (long)tn->mmvb4_per_sm[i] * tn->sms) ws32 = ws;
+    }
+    if (ws32 && (tn->mmv_nj == 4 || (ws16 && nb4 * ws32 >= nb * ws16))) {
+        *U = 2, *NJ = 4;
+        return ws32;
+    }
+    return ws16;
 }
 
 static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,

@@ -204,9 +204,10 @@ typedef struct msm_cuda_tuning {
                                  clusters' own choice of slices: a numerics choice like mmv_slots */
     int mmvb_per_sm[3][2];    /* resident blocks of the block-sliced MMV at 16, 8, 4 slices and 4, 8
                                  chunks in flight (GPU facts; 8 only at 16 slices) */
-    int mmv_nj;               /* the block-sliced MMV's n8 tiles a warp: 2 (16 rows, default) or 4 (32
-                                 rows at 2 chunks in flight, each x fragment feeding twice the MMAs; the
-                                 same bits; MSM_CUDA_MMV_NJ) */
+    int mmv_nj;               /* the block-sliced MMV's n8 tiles a warp: 2 (16 rows) or 4 (32 rows at 2
+                                 chunks in flight, each x fragment feeding twice the MMAs, wherever a
+                                 slice count fits), or 0 (default): 32 rows where that keeps as many
+                                 warps as the 16-row pick (linear.cu); the same bits (MSM_CUDA_MMV_NJ) */
     int mmvb4_per_sm[3];      /* resident blocks of that 32-row form at 16, 8, 4 slices */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
     int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
@@ -325,6 +326,10 @@ typedef struct msm_cuda_tuning {
     bool moe_gg_early;        /* ... the grouped down loads its first weights before its PDL wait (the
                                  gate/up before it triggers only after its own wait, so the routing
                                  it reads is complete; MSM_CUDA_MOE_GG_EARLY) */
+    bool moe_gg_compact;      /* ... after the grouping, a grid row per selected expert (the grouping
+                                 kernel's table, min(E, T * k) rows) instead of one per expert, most of
+                                 whose blocks found nothing to do at 5-11 tokens; the same sums
+                                 (MSM_CUDA_MOE_GG_COMPACT) */
     int stream_prio;          /* launch priority of the aux stream's kernels (the shared expert's),
                                  above the main stream's (the block scheduler dispatches a waiting block
                                  of a higher-priority grid first): MSM_CUDA_PRIO_OFF, _AUX (every step)

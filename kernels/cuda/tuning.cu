@@ -35,9 +35,12 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     /* 32 rows a warp (4) by the 16-row rule (H200, 2026-12-04, bench/results/2026-12-04-h200-s12 run
      * 8, ms a step at 3 / 5 / 8 tokens): Qwen1.5-MoE 3.079-3.084 / 4.109-4.115 / 4.410-4.417 vs
      * 3.205-3.208 / 4.209-4.213 / 4.549-4.550, Qwen3-30B-A3B 5.919-5.936 / 8.258-8.274 /
-     * 9.104-9.130 vs 5.684-5.692 / 8.028-8.040 / 8.914-8.917 (its o_proj at 64 blocks). The rule
-     * now keeps 16 rows unless the 32-row grid covers every SM; not yet measured: 2 */
-    t->mmv_nj = 2;
+     * 9.104-9.130 vs 5.684-5.692 / 8.028-8.040 / 8.914-8.917 (its o_proj at 64 blocks). Only where
+     * the 32-row grid covered every SM (-s13 run 1, three rounds): Qwen1.5-MoE 3.175-3.183 /
+     * 4.175-4.182 / 4.485-4.487 vs 3.197-3.198 / 4.185-4.193 / 4.530-4.549, Qwen3 still +0.1 (its
+     * qkv at half the warps). Now 0, auto: 32 rows where the warps stay (linear.cu), measured in
+     * -s13 run 2 */
+    t->mmv_nj = 0;
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
     t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;
@@ -101,6 +104,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->moe_gg_down_nt = 2;
     t->moe_gg_down_u = 2;
     t->moe_gg_early = true;
+    t->moe_gg_compact = true; /* first measured in bench/results/2026-12-04-h200-s13 */
     t->stream_prio = MSM_CUDA_PRIO_AUTO;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
     /* the norm-in GEMV and the GEMV at 2 tokens; the experts' kernels lost occupancy for nothing

@@ -55,6 +55,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("the one-token GEMV at 12 blocks an SM too", [], {"MSM_CUDA_GEMV_MINB": "3"}),
     ("grouped expert GEMVs after the grouping kernel vs scanning their pairs", [], {"MSM_CUDA_MOE_GROUP_SCAN_MAX_T": "64"}),
     ("grouped expert down's first weight loads before the PDL wait vs after", [], {"MSM_CUDA_MOE_GG_EARLY": "0"}),
+    ("grouped expert GEMVs' grid a row per selected expert vs per expert", [], {"MSM_CUDA_MOE_GG_COMPACT": "0"}),
     ("grouped expert GEMVs at 2 tokens a pass, 3 chunks in flight vs 4 and 2", [],
      {"MSM_CUDA_MOE_GG_GATEUP_NT": "2", "MSM_CUDA_MOE_GG_DOWN_NT": "2", "MSM_CUDA_MOE_GG_DOWN_U": "3"}),
     ("pair-path down at 4 rows a warp (bf16) vs 2", [], {"MSM_CUDA_MOE_DOWN_HB": "2"}),

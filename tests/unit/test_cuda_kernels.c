@@ -90,10 +90,11 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
+    setenv("MSM_CUDA_MOE_GG_COMPACT", "0", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     t.att_bt_cache = true;
-    t.moe_gg_early = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
+    t.moe_gg_early = t.moe_gg_compact = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
@@ -115,6 +116,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.moe_gg_down_nt, 4, "not 2: 4 tokens a pass");
     cr_expect_eq(t.moe_gg_down_u, 3);
     cr_expect(!t.moe_gg_early, "MSM_CUDA_MOE_GG_EARLY=0: the down waits first");
+    cr_expect(!t.moe_gg_compact, "MSM_CUDA_MOE_GG_COMPACT=0: a grid row per expert");
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
@@ -1332,18 +1334,19 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
 /* The grouped SIMT expert GEMVs give the same bits whether they find their pairs themselves (no
  * grouping kernel: rows in pair order) or after the grouping kernel, with 2 or 4 tokens a pass in
  * either kernel, 2 or 3 K chunks in flight in the down, and the down's first weight loads before or
- * after its PDL wait (launched right behind the gate/up, which writes its input); each against the
- * CPU. Qwen1.5-MoE shapes at 5-11 tokens, odd sizes (scalar loads), k = 8, and many tokens an
+ * after its PDL wait (launched right behind the gate/up, which writes its input), and a grid row per
+ * selected expert or per expert; each against the CPU. Qwen1.5-MoE shapes at 5-11 tokens, odd sizes (scalar loads), k = 8, and many tokens an
  * expert (several passes); past MSM_CUDA_MOE_SCAN_MAX_P pairs the grouping kernel runs anyway. */
 typedef struct gg_variant {
     int scan_max_t, gu_nt, dn_nt, dn_u;
-    bool early;
+    bool early, compact;
 } gg_variant;
 
 static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
-    static const gg_variant vs[] = {{64, 4, 4, 2, true},  {0, 4, 4, 2, true},  {64, 4, 4, 2, false},
-                                    {64, 2, 2, 2, true},  {64, 4, 4, 3, true}, {64, 2, 2, 3, false},
-                                    {0, 2, 2, 3, true},   {0, 4, 2, 3, false}, {64, 4, 2, 2, true}};
+    static const gg_variant vs[] = {
+        {64, 4, 4, 2, true, true}, {0, 4, 4, 2, true, true},  {64, 4, 4, 2, false, true}, {64, 2, 2, 2, true, true},
+        {64, 4, 4, 3, true, true}, {64, 2, 2, 3, false, true}, {0, 2, 2, 3, true, true},  {0, 4, 2, 3, false, true},
+        {64, 4, 2, 2, true, true}, {0, 4, 2, 2, true, false}, {0, 4, 4, 3, false, false}};
     moe_wset m = moe_wset_new(H, I, E);
     for (int c = 0; c < nT; c++) {
         int T = Ts[c];
@@ -1361,7 +1364,7 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
         for (size_t v = 0; v < sizeof vs / sizeof *vs; v++) {
             msm_cuda_tuning t = tune0;
             t.moe_path = MSM_CUDA_MOE_PATH_GROUPED_GEMV, t.moe_kernels = MSM_CUDA_MOE_K_SIMT;
-            t.moe_group_scan_max_t = vs[v].scan_max_t, t.moe_gg_early = vs[v].early;
+            t.moe_group_scan_max_t = vs[v].scan_max_t, t.moe_gg_early = vs[v].early, t.moe_gg_compact = vs[v].compact;
             t.moe_gg_gateup_nt = vs[v].gu_nt, t.moe_gg_down_nt = vs[v].dn_nt, t.moe_gg_down_u = vs[v].dn_u;
             cudaMemset(dy, 0xff, (size_t)T * H * 4);
             CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
@@ -1370,9 +1373,9 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
                 CHECK_ERR(first, ref, (size_t)T * H, 2e-5, "grouped SIMT T=%d H=%d I=%d k=%d E=%d", T, H, I, k, E);
             else
                 cr_expect(memcmp(first, out, (size_t)T * H * 4) == 0,
-                          "grouped SIMT T=%d H=%d I=%d k=%d: variant %zu (scan %d, nt %d/%d, u %d, early %d) not the "
-                          "default's bits", T, H, I, k, v, vs[v].scan_max_t, vs[v].gu_nt, vs[v].dn_nt, vs[v].dn_u,
-                          (int)vs[v].early);
+                          "grouped SIMT T=%d H=%d I=%d k=%d: variant %zu (scan %d, nt %d/%d, u %d, early %d, "
+                          "compact %d) not the default's bits", T, H, I, k, v, vs[v].scan_max_t, vs[v].gu_nt,
+                          vs[v].dn_nt, vs[v].dn_u, (int)vs[v].early, (int)vs[v].compact);
         }
         cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
         free(x), free(ids), free(w), free(ref), free(first), free(out);
