@@ -269,6 +269,26 @@ static bool linear_rope_pair(const cuda_backend *cb, const msm_graph *g, int i, 
            !norm_linear_pair(cb, g, i - 1, rows, ex) && !rope_attention_pair(g, i + 1, ex);
 }
 
+/* Whether node i is a bf16 LINEAR that runs with the SWIGLU after it in one kernel
+ * (msm_cuda_linear_swiglu, one or two tokens): that node reads its output alone, on the same
+ * stream, as [2I] gate/up rows, no bias; the LINEAR is not itself taken by a norm before it
+ * (norm_linear_pair); and the activations do not overlap the input (the kernel reads x while it
+ * writes them; the planner may reuse a value's bytes once its last reader ran). */
+static bool linear_swiglu_pair(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
+    if (!ex.tune->linear_swiglu || i < 0 || i + 1 >= g->n_nodes) return false;
+    const msm_node *l = &g->nodes[i], *sw = &g->nodes[i + 1];
+    if (l->op != MSM_OP_LINEAR || sw->op != MSM_OP_SWIGLU || sw->stream != l->stream || sw->in[0] != l->out[0] ||
+        msm_graph_readers(g, l->out[0]) != 1 || g->vals[l->out[0]].io || cb->w8[l->w[0]] || l->w[1] >= 0 ||
+        l->attr.linear.N != 2 * sw->attr.swiglu.I)
+        return false;
+    const msm_value *xv = &g->vals[l->in[0]], *av = &g->vals[sw->out[0]];
+    size_t xb = (size_t)rows * xv->cols * 4, ab = (size_t)rows * av->cols * 4;
+    if (xv->offset < av->offset + ab && av->offset < xv->offset + xb) return false;
+    return msm_cuda_linear_swiglu_fits(rows, sw->attr.swiglu.I, l->attr.linear.K, cb->w[l->w[0]],
+                                       cb->arena + xv->offset, ex.tune) &&
+           !norm_linear_pair(cb, g, i - 1, rows, ex);
+}
+
 /* Whether node i is an ADD_RMSNORM that runs with the ROUTER_LINEAR_TOPK after it in one kernel
  * (msm_cuda_norm_router_linear_topk), on the same terms as norm_linear_pair: the router reads the
  * norm, on the same stream, the norm's width as its K, where the fused kernel takes the shapes
@@ -348,6 +368,12 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                                          I32(rn->in[1]), I32(rn->in[2]), cb->kc[rn->layer], cb->vc[rn->layer],
                                          ROWS(in0), a->linear.K, rn->attr.rope.nh, rn->attr.rope.kvh,
                                          rn->attr.rope.hd, rn->attr.rope.rot, rn->attr.rope.theta, s));
+            break;
+        }
+        if (linear_swiglu_pair(cb, g, idx, ROWS(in0), s)) { /* with the SWIGLU after it, into its output */
+            const msm_node *sn = &g->nodes[idx + 1];
+            KTRY(msm_cuda_linear_swiglu(F(sn->out[0]), F(in0), cb->w[n->w[0]], ROWS(in0), sn->attr.swiglu.I,
+                                        a->linear.K, s));
             break;
         }
         if (cb->w8[n->w[0]])
@@ -434,6 +460,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_sigmoid(F(out0), F(in0), (size_t)ROWS(in0) * g->vals[in0].cols, s));
         break;
     case MSM_OP_SWIGLU:
+        if (linear_swiglu_pair(cb, g, idx - 1, ROWS(in0), s)) break; /* the LINEAR before did it */
         KTRY(msm_cuda_swiglu(F(out0), F(in0), ROWS(in0), a->swiglu.I, s));
         break;
     case MSM_OP_ROUTER_TOPK:
@@ -1301,6 +1328,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_GG_DOWN_U=2|3          K chunks in flight a lane a row in the grouped SIMT down (2, default)
  *   MSM_CUDA_MOE_GG_EARLY=0|1           the grouped SIMT down loads its first weights before its PDL wait (1, default)
  *   MSM_CUDA_MOE_GG_COMPACT=0|1         the grouped SIMT GEMVs' grid: a row per selected expert (1, default) or per expert
+ *   MSM_CUDA_LINEAR_SWIGLU=0|1          a gate/up LINEAR and its SWIGLU at 1-2 tokens in one kernel (1, default)
  *   MSM_CUDA_STREAM_PRIO=off|aux|auto   the aux stream's kernels (the shared expert's) above the main
  *                                       stream's: never, every step, or decode steps of 3-4 tokens (auto,
  *                                       default)
@@ -1370,6 +1398,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MOE_GG_DOWN_U", &v)) t->moe_gg_down_u = v == 3 ? 3 : 2;
     if ((s = getenv("MSM_CUDA_MOE_GG_EARLY"))) t->moe_gg_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_MOE_GG_COMPACT"))) t->moe_gg_compact = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_LINEAR_SWIGLU"))) t->linear_swiglu = s[0] != '0';
     if ((s = getenv("MSM_CUDA_STREAM_PRIO")))
         t->stream_prio = !strcmp(s, "aux") ? MSM_CUDA_PRIO_AUX : !strcmp(s, "auto") ? MSM_CUDA_PRIO_AUTO : MSM_CUDA_PRIO_OFF;
     if ((s = getenv("MSM_CUDA_FP8_MOE_HW"))) t->fp8_moe_hw = s[0] != '0';

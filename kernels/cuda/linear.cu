@@ -1015,6 +1015,67 @@ static unsigned grid_for(size_t n, int threads) {
     return b ? (unsigned)b : 1u;
 }
 
+/* ---- the gate/up GEMV with SwiGLU in its epilogue (msm_cuda_linear_swiglu) ----
+ * gu = x . W^T (W [2I, K]: gate rows, then up rows) and act = silu(gate) * up in one launch, for a
+ * dense SwiGLU MLP or a shared expert at one or two tokens. Block b's 4 warps take the gate rows
+ * 2b, 2b + 1 (warps 0, 1) and the matching up rows I + 2b, I + 2b + 1 (warps 2, 3), each row's sum
+ * exactly as gemv_kernel<NT, 1, U> makes it (gemv_rows_at), so act is bitwise
+ * msm_cuda_linear then msm_cuda_swiglu (the same formula as swiglu_kernel); gu is never written.
+ * Saves the SwiGLU launch and its round trip (Qwen1.5-MoE batch 1: ~3 us a layer on the shared
+ * expert's chain, which ends later than the routed experts'). */
+template <int NT, int U, bool PIPE>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+    linear_swiglu_kernel(float *act, const float *x, const uint16_t *w, int T, int I, int K, bool prefetch,
+                         bool early) {
+    __shared__ float v[NT][GEMV_WARPS];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int i = blockIdx.x * 2 + (warp & 1), row = (warp >> 1) * I + i;
+    if (i < I)
+        gemv_rows_at<NT, 1, U, true, false, false, PIPE>(
+            row,
+            [&](int t, int n, float s) {
+                if (lane == 0) v[t][warp] = s;
+            },
+            x, w, NULL, 0, NULL, T, 2 * I, K, prefetch, early, msm_pdl_hook{early});
+    else
+        msm_pdl_trigger();
+    __syncthreads();
+    int t = threadIdx.x / 2, j = threadIdx.x & 1;
+    if (t < NT && t < T && blockIdx.x * 2 + j < I) {
+        float g = v[t][j], u = v[t][2 + j];
+        act[(size_t)t * I + blockIdx.x * 2 + j] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+/* Whether msm_cuda_linear of a [2I, K] bf16 weight at T tokens takes gemv_launch<T> with one row a
+ * warp (16-byte vectors, one or two tokens: no tiled, MMV or small-N path), which
+ * linear_swiglu_kernel reproduces. */
+extern "C" bool msm_cuda_linear_swiglu_fits(int T, int I, int K, const void *w, const void *x,
+                                           const msm_cuda_tuning *tn) {
+    int gemv_max = tn->gemv_max_t < MSM_CUDA_GEMV_MAX_T ? MSM_CUDA_GEMV_MAX_T : tn->gemv_max_t > 64 ? 64 : tn->gemv_max_t;
+    long N = 2L * I;
+    return tn->linear_swiglu && T >= 1 && T <= 2 && T <= gemv_max && I > 0 && N > MSM_CUDA_GEMV_SMALL_N &&
+           I <= (1 << 29) && K % 8 == 0 && K > 0 && ((uintptr_t)w | (uintptr_t)x) % 16 == 0 &&
+           !(T >= tn->linear_tiled_min_t && msm__linear_tiled_fits(T, (int)N, K, w, x)) &&
+           !mmv_use(tn, T, (int)N, K, w, x);
+}
+
+extern "C" int msm_cuda_linear_swiglu(float *act, const float *x, const uint16_t *w, int T, int I, int K,
+                                      msm_cuda_exec ex) {
+    if (!act || !x || !w) return -EINVAL;
+    if (!msm_cuda_linear_swiglu_fits(T, I, K, w, x, ex.tune)) return -ENOTSUP;
+    dim3 grid((unsigned)((I + 1) / 2)), block(GEMV_WARPS * 32);
+    bool pf = ex.tune->gemv_prefetch, early = ex.tune->gemv_early && !ex.w_written;
+    /* gemv_launch's loads in flight at one token and its pipelined rows at two (the same sums) */
+    auto kern = linear_swiglu_kernel<1, 4, false>;
+    if (T == 1 && ex.tune->gemv_u16 && K > 2048 && K <= 4096) kern = linear_swiglu_kernel<1, 16, false>;
+    else if (T == 1 && ex.tune->gemv_u8 && K > 1024 && K <= 2048) kern = linear_swiglu_kernel<1, 8, false>;
+    else if (T == 2) kern = (ex.tune->rows_pipe & MSM_CUDA_PIPE_GEMV) && K > 256 * 4 ? linear_swiglu_kernel<2, 4, true>
+                                                                                     : linear_swiglu_kernel<2, 4, false>;
+    CUDA_TRY(msm_launch(kern, grid, block, 0, ex, act, x, w, T, I, K, pf, early));
+    return 0;
+}
+
 /* Whether msm_cuda_linear of these shapes takes gemv_launch<T> (bf16, 16-byte vectors, one or two
  * tokens: no tiled, MMV or small-N path), which linear_rope_kernel reproduces, and the qkv rows fit
  * its row hand-out. */

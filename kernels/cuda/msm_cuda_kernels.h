@@ -326,6 +326,9 @@ typedef struct msm_cuda_tuning {
     bool moe_gg_early;        /* ... the grouped down loads its first weights before its PDL wait (the
                                  gate/up before it triggers only after its own wait, so the routing
                                  it reads is complete; MSM_CUDA_MOE_GG_EARLY) */
+    bool linear_swiglu;       /* a bf16 LINEAR whose output only its SWIGLU reads, at one or two
+                                 tokens: one kernel (msm_cuda_linear_swiglu, bitwise the two;
+                                 MSM_CUDA_LINEAR_SWIGLU) */
     bool moe_gg_compact;      /* ... after the grouping, a grid row per selected expert (the grouping
                                  kernel's table, min(E, T * k) rows) instead of one per expert, most of
                                  whose blocks found nothing to do at 5-11 tokens; the same sums
@@ -416,6 +419,13 @@ bool msm_cuda_linear_rope_kv_fits(int T, int N, int K, int nh, int kvh, int hd, 
 int msm_cuda_linear_rope_kv(float *out, const float *x, const uint16_t *w, const uint16_t *bias, const int32_t *pos,
                             const int32_t *slot, uint16_t *kc, uint16_t *vc, int T, int K, int nh, int kvh, int hd,
                             int rot, float theta, msm_cuda_exec ex);
+
+/* act [T, I] = silu(gate) * up of gu = x [T, K] . W^T (W [2I, K] bf16: gate rows, then up rows)
+ * in one launch, bitwise msm_cuda_linear into gu then msm_cuda_swiglu, where
+ * msm_cuda_linear_swiglu_fits (tuning linear_swiglu; one or two tokens on the GEMV path with one
+ * row a warp); else -ENOTSUP. */
+bool msm_cuda_linear_swiglu_fits(int T, int I, int K, const void *w, const void *x, const msm_cuda_tuning *tn);
+int msm_cuda_linear_swiglu(float *act, const float *x, const uint16_t *w, int T, int I, int K, msm_cuda_exec ex);
 
 /* In-place rotate-half RoPE on x [T, nheads, hd] f32 at positions pos[T], over the first rot
  * dims of each head (rot even, <= hd; rot = hd: full RoPE), as msm_cpu_rope. */

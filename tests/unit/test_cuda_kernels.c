@@ -58,7 +58,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "MSM_CUDA_MOE_GG_GATEUP_NT", "MSM_CUDA_MOE_GG_DOWN_NT",
                                  "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
                                  "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE", "MSM_CUDA_MOE_DOWN_HB", "MSM_CUDA_MMV_NJ",
-                                 "MSM_CUDA_MOE_GU_U2"};
+                                 "MSM_CUDA_MOE_GU_U2", "MSM_CUDA_MOE_GG_COMPACT", "MSM_CUDA_LINEAR_SWIGLU"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -90,11 +90,11 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
-    setenv("MSM_CUDA_MOE_GG_COMPACT", "0", 1);
+    setenv("MSM_CUDA_MOE_GG_COMPACT", "0", 1), setenv("MSM_CUDA_LINEAR_SWIGLU", "0", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     t.att_bt_cache = true;
-    t.moe_gg_early = t.moe_gg_compact = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
+    t.moe_gg_early = t.moe_gg_compact = t.linear_swiglu = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
@@ -117,6 +117,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.moe_gg_down_u, 3);
     cr_expect(!t.moe_gg_early, "MSM_CUDA_MOE_GG_EARLY=0: the down waits first");
     cr_expect(!t.moe_gg_compact, "MSM_CUDA_MOE_GG_COMPACT=0: a grid row per expert");
+    cr_expect(!t.linear_swiglu, "MSM_CUDA_LINEAR_SWIGLU=0: the gate/up linear and the SwiGLU two kernels");
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
@@ -2345,6 +2346,58 @@ Test(cuda_kernels, qk_norm_rope_kv_equals_qk_norm_then_rope_kv, .timeout = 60) {
     cr_expect_eq(msm_cuda_qk_norm_rope_kv(db, db, dc, dc, dp, dsl, dc, dc, 1, 4, 2, 320, 320, 1e6f, 1e-6f, EX), -ENOTSUP);
     cr_expect_eq(msm_cuda_qk_norm_rope_kv(db, db, dc, dc, dp, dsl, dc, dc, 1, 4, 2, 128, 130, 1e6f, 1e-6f, EX), -EINVAL);
     cudaFree(dp), cudaFree(dsl), cudaFree(db), cudaFree(dc);
+}
+
+/* The gate/up LINEAR + SWIGLU in one kernel (msm_cuda_linear_swiglu, one or two tokens) equals
+ * msm_cuda_linear then msm_cuda_swiglu bitwise: Qwen1.5-MoE's shared expert (I 5632, K 2048), an
+ * odd I (the last block's second output absent), K 4096 and 1024, with the GEMV's wider loads at one
+ * token (gemv_u8 / gemv_u16), the pipelined rows at two and rows_pipe off; and what it does not take
+ * (three tokens, the MMV at two, the switch off, a misaligned x). */
+Test(cuda_kernels, linear_swiglu_equals_linear_then_swiglu, .timeout = 60) {
+    need_gpu();
+    static const int shapes[][3] = {{1, 5632, 2048}, {2, 5632, 2048}, {1, 1409, 4096},
+                                    {2, 1409, 1024}, {1, 768, 1024},  {2, 131, 520}}; /* T, I, K */
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int T = shapes[si][0], I = shapes[si][1], K = shapes[si][2], N = 2 * I;
+        size_t na = (size_t)T * I, ng = (size_t)T * N;
+        float *x = host_f32((size_t)T * K + 4, 1.0f), *wf;
+        uint16_t *w = host_bf16((size_t)N * K, 0.05f, &wf);
+        float *dx = dev_up(x, ((size_t)T * K + 4) * 4), *gu = dev_poison(ng * 4), *a1 = dev_poison(na * 4),
+              *a2 = dev_poison(na * 4);
+        uint16_t *dw = dev_up(w, (size_t)N * K * 2);
+        float *h1 = malloc(na * 4), *h2 = malloc(na * 4);
+        for (int var = 0; var < 3; var++) { /* plain; gemv_u8 + gemv_u16; rows_pipe off */
+            msm_cuda_tuning tn = tune0;
+            tn.linear_swiglu = true;
+            tn.gemv_u8 = tn.gemv_u16 = var == 1;
+            if (var == 2) tn.rows_pipe = 0;
+            msm_cuda_exec ex = {.stream = 0, .tune = &tn, .decode = var == 1};
+            cr_assert(msm_cuda_linear_swiglu_fits(T, I, K, dw, dx, &tn), "shape %zu", si);
+            cr_assert_eq(cudaMemset(a2, 0xff, na * 4), cudaSuccess);
+            CK(msm_cuda_linear(gu, dx, dw, NULL, T, N, K, NULL, NULL, 0, ex));
+            CK(msm_cuda_swiglu(a1, gu, T, I, ex));
+            CK(msm_cuda_linear_swiglu(a2, dx, dw, T, I, K, ex));
+            down(h1, a1, na * 4), down(h2, a2, na * 4);
+            cr_assert(memcmp(h1, h2, na * 4) == 0, "activations differ (shape %zu, variant %d)", si, var);
+        }
+        /* not taken: the switch off; three tokens; at two tokens the MMV; x not 16-byte aligned */
+        msm_cuda_tuning off = tune0;
+        off.linear_swiglu = false;
+        cr_expect(!msm_cuda_linear_swiglu_fits(T, I, K, dw, dx, &off));
+        msm_cuda_exec eo = {.stream = 0, .tune = &off};
+        cr_expect_eq(msm_cuda_linear_swiglu(a2, dx, dw, T, I, K, eo), -ENOTSUP);
+        msm_cuda_tuning on = tune0;
+        on.linear_swiglu = true;
+        if (T == 2) {
+            msm_cuda_tuning mmv = on;
+            mmv.mmv_min_t = 2;
+            cr_expect(!msm_cuda_linear_swiglu_fits(T, I, K, dw, dx, &mmv));
+        }
+        cr_expect(!msm_cuda_linear_swiglu_fits(3, I, K, dw, dx, &on));
+        cr_expect(!msm_cuda_linear_swiglu_fits(T, I, K, dw, dx + 1, &on));
+        cudaFree(dx), cudaFree(gu), cudaFree(a1), cudaFree(a2), cudaFree(dw);
+        free(x), free(wf), free(w), free(h1), free(h2);
+    }
 }
 
 /* The qkv LINEAR + ROPE_KV_WRITE in one kernel (msm_cuda_linear_rope_kv, one or two tokens) equals
