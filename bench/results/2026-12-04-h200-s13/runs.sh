@@ -23,4 +23,34 @@ r1)
     tl qwen3-30b-a3b 8 q3b8-nj4 MSM_CUDA_MMV_NJ=4
     el done | tee -a $OUT/gpu.txt
     ;;
+r2)
+    # bundle with the compact grouped grid, the MMV's auto 32-row rule and the gate/up + SwiGLU
+    # GEMV: kernel tests; A/B of each against its off switch, three rounds; timelines; check_presets
+    # on Qwen1.5-MoE (its new lines bitwise)
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'linear_swiglu*' 'moe_grouped_simt*' 'linear_mmv_block*' 'tuning*' 'linear_rope*'; do
+        timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -2 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b qwen1.5-moe-a2.7b 1,2,3,4,5,8,11 ab --
+        b qwen1.5-moe-a2.7b 1,2 ab MSM_CUDA_LINEAR_SWIGLU=0 --
+        b qwen1.5-moe-a2.7b 5,8,11 ab MSM_CUDA_MOE_GG_COMPACT=0 --
+        b qwen1.5-moe-a2.7b 3,4,5,8 ab MSM_CUDA_MMV_NJ=2 --
+        b qwen1.5-moe-a2.7b 3,4,5,8 ab MSM_CUDA_MMV_NJ=4 --
+        b qwen3-30b-a3b 3,4,5,8,11 ab --
+        b qwen3-30b-a3b 5,8,11 ab MSM_CUDA_MOE_GG_COMPACT=0 --
+        b qwen3-30b-a3b 3,4,5,8 ab MSM_CUDA_MMV_NJ=2 --
+    done
+    el timelines | tee -a $OUT/gpu.txt
+    tl qwen1.5-moe-a2.7b 1 q15b1
+    tl qwen1.5-moe-a2.7b 8 q15b8
+    tl qwen1.5-moe-a2.7b 8 q15b8-nj4 MSM_CUDA_MMV_NJ=4
+    tl qwen3-30b-a3b 8 q3b8
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 590) python3 tests/gpu/check_presets.py config/models/qwen1.5-moe-a2.7b.json > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    pack
+    ;;
 esac
