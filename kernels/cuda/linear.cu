@@ -870,13 +870,16 @@ static cudaError_t mmvb_launch(float *y, const float *x, const uint16_t *w, cons
  * slices where the slice has 8 and the grid still fits at 8 (one block an SM either way; at 8 and 4
  * slices 8 in flight would spill under the kernel's 24 warps an SM). bslice 4 / 8 / 16 forces that
  * many slices (U 4; tests). 32 rows a warp (NJ 4, 2 chunks in flight: each x fragment serves twice
- * the rows) by the same rule on N / 32 blocks: always (mmv_nj 4), or (0, auto) only where it keeps
- * at least the 16-row pick's warps, since a warp has as many bytes in flight either way. Measured
+ * the rows) by the same rule on N / 32 blocks: always (mmv_nj 4), or (0, auto) where it keeps at
+ * least the 16-row pick's warps, since a warp has as many bytes in flight either way, or on the aux
+ * stream (on_aux: the shared expert's GEMVs, which leave the routed experts beside them more SMs
+ * with half the blocks: Qwen1.5-MoE at 8 tokens, its down at 64 blocks instead of 128, the routed
+ * gate/up 71 -> 59 us a layer, -s13 run 2). Measured
  * (H200, 2026-12-04, bench/results/2026-12-04-h200-s12 run 8 and -s13 run 1): where the 32-row
  * grid had half the warps it lost (Qwen3-30B-A3B's qkv at 8 tokens, 160 blocks of 8 warps
  * against 320, 7.6 -> 11.0 us a layer; its o_proj at 64 blocks of 16, +0.2 ms a step); with the
  * same warps it won (Qwen1.5-MoE's shared gate/up, 352 x 8 against 704 x 4: 11.0 -> 10.0). */
-static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, int *U, int *NJ) {
+static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, bool on_aux, int *U, int *NJ) {
     int bs = tn->mmv_bslice, nch = K / 32;
     long nb = (N + 15) / 16, nb4 = (N + 31) / 32;
     *U = 4, *NJ = 2;
@@ -898,7 +901,7 @@ static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, int *
         int ws = cand[i], per = (nch + ws - 1) / ws;
         if (per >= 4 && nb4 <= (long)tn->mmvb4_per_sm[i] * tn->sms) ws32 = ws;
     }
-    if (ws32 && (tn->mmv_nj == 4 || (ws16 && nb4 * ws32 >= nb * ws16))) {
+    if (ws32 && (tn->mmv_nj == 4 || on_aux || (ws16 && nb4 * ws32 >= nb * ws16))) {
         *U = 2, *NJ = 4;
         return ws32;
     }
@@ -907,7 +910,7 @@ static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, int *
 
 static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                    int K, msm_cuda_exec ex) {
-    int U, NJ, WS = mmv_bslice_pick(ex.tune, T, N, K, &U, &NJ);
+    int U, NJ, WS = mmv_bslice_pick(ex.tune, T, N, K, ex.on_aux, &U, &NJ);
     if (WS && NJ == 4) {
         cudaError_t e = WS == 16 ? mmvb_launch<16, 2, 4>(y, x, w, bias, T, N, K, ex)
                         : WS == 8 ? mmvb_launch<8, 2, 4>(y, x, w, bias, T, N, K, ex)
@@ -1017,33 +1020,35 @@ static unsigned grid_for(size_t n, int threads) {
 
 /* ---- the gate/up GEMV with SwiGLU in its epilogue (msm_cuda_linear_swiglu) ----
  * gu = x . W^T (W [2I, K]: gate rows, then up rows) and act = silu(gate) * up in one launch, for a
- * dense SwiGLU MLP or a shared expert at one or two tokens. Block b's 4 warps take the gate rows
- * 2b, 2b + 1 (warps 0, 1) and the matching up rows I + 2b, I + 2b + 1 (warps 2, 3), each row's sum
- * exactly as gemv_kernel<NT, 1, U> makes it (gemv_rows_at), so act is bitwise
+ * dense SwiGLU MLP or a shared expert at one or two tokens. Block b's 4 warps take R gate rows
+ * each, 2Rb.. (warps 0, 1), and the matching up rows I + 2Rb.. (warps 2, 3), each row's sum
+ * exactly as gemv_kernel<NT, 1, U> makes it (gemv_rows_at; a row's sum is the same at any R and
+ * U), so act is bitwise
  * msm_cuda_linear then msm_cuda_swiglu (the same formula as swiglu_kernel); gu is never written.
  * Saves the SwiGLU launch and its round trip (Qwen1.5-MoE batch 1: ~3 us a layer on the shared
  * expert's chain, which ends later than the routed experts'). */
-template <int NT, int U, bool PIPE>
+template <int NT, int R, int U, bool PIPE>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     linear_swiglu_kernel(float *act, const float *x, const uint16_t *w, int T, int I, int K, bool prefetch,
                          bool early) {
-    __shared__ float v[NT][GEMV_WARPS];
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int i = blockIdx.x * 2 + (warp & 1), row = (warp >> 1) * I + i;
+    __shared__ float v[NT][2][2 * R]; /* [token][gate, up][the block's outputs] */
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, up = warp >> 1;
+    int o0 = blockIdx.x * 2 * R, i = o0 + (warp & 1) * R; /* the block's first output; the warp's */
     if (i < I)
-        gemv_rows_at<NT, 1, U, true, false, false, PIPE>(
-            row,
+        /* (a gate row past I - 1 at odd I is an up row, read and dropped: stored below only < I) */
+        gemv_rows_at<NT, R, U, true, false, false, PIPE>(
+            up * I + i,
             [&](int t, int n, float s) {
-                if (lane == 0) v[t][warp] = s;
+                if (lane == 0) v[t][up][n - up * I - o0] = s;
             },
             x, w, NULL, 0, NULL, T, 2 * I, K, prefetch, early, msm_pdl_hook{early});
     else
         msm_pdl_trigger();
     __syncthreads();
-    int t = threadIdx.x / 2, j = threadIdx.x & 1;
-    if (t < NT && t < T && blockIdx.x * 2 + j < I) {
-        float g = v[t][j], u = v[t][2 + j];
-        act[(size_t)t * I + blockIdx.x * 2 + j] = g / (1.0f + expf(-g)) * u;
+    int t = threadIdx.x / (2 * R), j = threadIdx.x % (2 * R);
+    if (t < NT && t < T && o0 + j < I) {
+        float g = v[t][0][j], u = v[t][1][j];
+        act[(size_t)t * I + o0 + j] = g / (1.0f + expf(-g)) * u;
     }
 }
 
@@ -1064,14 +1069,22 @@ extern "C" int msm_cuda_linear_swiglu(float *act, const float *x, const uint16_t
                                       msm_cuda_exec ex) {
     if (!act || !x || !w) return -EINVAL;
     if (!msm_cuda_linear_swiglu_fits(T, I, K, w, x, ex.tune)) return -ENOTSUP;
-    dim3 grid((unsigned)((I + 1) / 2)), block(GEMV_WARPS * 32);
+    int R = ex.tune->linear_swiglu_rows == 2 ? 2 : 1;
+    dim3 grid((unsigned)((I + 2 * R - 1) / (2 * R))), block(GEMV_WARPS * 32);
     bool pf = ex.tune->gemv_prefetch, early = ex.tune->gemv_early && !ex.w_written;
-    /* gemv_launch's loads in flight at one token and its pipelined rows at two (the same sums) */
-    auto kern = linear_swiglu_kernel<1, 4, false>;
-    if (T == 1 && ex.tune->gemv_u16 && K > 2048 && K <= 4096) kern = linear_swiglu_kernel<1, 16, false>;
-    else if (T == 1 && ex.tune->gemv_u8 && K > 1024 && K <= 2048) kern = linear_swiglu_kernel<1, 8, false>;
-    else if (T == 2) kern = (ex.tune->rows_pipe & MSM_CUDA_PIPE_GEMV) && K > 256 * 4 ? linear_swiglu_kernel<2, 4, true>
-                                                                                     : linear_swiglu_kernel<2, 4, false>;
+    /* gemv_launch's loads in flight at one token and its pipelined rows at two (the same sums); 2
+     * rows a warp at 2 loads a row in flight */
+    auto kern = R == 2 ? linear_swiglu_kernel<1, 2, 2, false> : linear_swiglu_kernel<1, 1, 4, false>;
+    if (R == 2) {
+        if (T == 2) kern = linear_swiglu_kernel<2, 2, 2, false>;
+    } else if (T == 1 && ex.tune->gemv_u16 && K > 2048 && K <= 4096) {
+        kern = linear_swiglu_kernel<1, 1, 16, false>;
+    } else if (T == 1 && ex.tune->gemv_u8 && K > 1024 && K <= 2048) {
+        kern = linear_swiglu_kernel<1, 1, 8, false>;
+    } else if (T == 2) {
+        kern = (ex.tune->rows_pipe & MSM_CUDA_PIPE_GEMV) && K > 256 * 4 ? linear_swiglu_kernel<2, 1, 4, true>
+                                                                        : linear_swiglu_kernel<2, 1, 4, false>;
+    }
     CUDA_TRY(msm_launch(kern, grid, block, 0, ex, act, x, w, T, I, K, pf, early));
     return 0;
 }

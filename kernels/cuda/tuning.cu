@@ -106,6 +106,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->moe_gg_early = true;
     t->moe_gg_compact = true; /* first measured in bench/results/2026-12-04-h200-s13 */
     t->linear_swiglu = true;  /* first measured in bench/results/2026-12-04-h200-s13 */
+    t->linear_swiglu_rows = 1;
     t->stream_prio = MSM_CUDA_PRIO_AUTO;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
     /* the norm-in GEMV and the GEMV at 2 tokens; the experts' kernels lost occupancy for nothing

@@ -58,7 +58,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "MSM_CUDA_MOE_GG_GATEUP_NT", "MSM_CUDA_MOE_GG_DOWN_NT",
                                  "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
                                  "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE", "MSM_CUDA_MOE_DOWN_HB", "MSM_CUDA_MMV_NJ",
-                                 "MSM_CUDA_MOE_GU_U2", "MSM_CUDA_MOE_GG_COMPACT", "MSM_CUDA_LINEAR_SWIGLU"};
+                                 "MSM_CUDA_MOE_GU_U2", "MSM_CUDA_MOE_GG_COMPACT", "MSM_CUDA_LINEAR_SWIGLU",
+                                 "MSM_CUDA_LINEAR_SWIGLU_ROWS"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -91,6 +92,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
     setenv("MSM_CUDA_MOE_GG_COMPACT", "0", 1), setenv("MSM_CUDA_LINEAR_SWIGLU", "0", 1);
+    setenv("MSM_CUDA_LINEAR_SWIGLU_ROWS", "2", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     t.att_bt_cache = true;
@@ -118,6 +120,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.moe_gg_early, "MSM_CUDA_MOE_GG_EARLY=0: the down waits first");
     cr_expect(!t.moe_gg_compact, "MSM_CUDA_MOE_GG_COMPACT=0: a grid row per expert");
     cr_expect(!t.linear_swiglu, "MSM_CUDA_LINEAR_SWIGLU=0: the gate/up linear and the SwiGLU two kernels");
+    cr_expect_eq(t.linear_swiglu_rows, 2);
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
@@ -2351,12 +2354,13 @@ Test(cuda_kernels, qk_norm_rope_kv_equals_qk_norm_then_rope_kv, .timeout = 60) {
 /* The gate/up LINEAR + SWIGLU in one kernel (msm_cuda_linear_swiglu, one or two tokens) equals
  * msm_cuda_linear then msm_cuda_swiglu bitwise: Qwen1.5-MoE's shared expert (I 5632, K 2048), an
  * odd I (the last block's second output absent), K 4096 and 1024, with the GEMV's wider loads at one
- * token (gemv_u8 / gemv_u16), the pipelined rows at two and rows_pipe off; and what it does not take
+ * token (gemv_u8 / gemv_u16), the pipelined rows at two and rows_pipe off, 2 rows a warp; and what it
+ * does not take
  * (three tokens, the MMV at two, the switch off, a misaligned x). */
 Test(cuda_kernels, linear_swiglu_equals_linear_then_swiglu, .timeout = 60) {
     need_gpu();
     static const int shapes[][3] = {{1, 5632, 2048}, {2, 5632, 2048}, {1, 1409, 4096},
-                                    {2, 1409, 1024}, {1, 768, 1024},  {2, 131, 520}}; /* T, I, K */
+                                    {2, 1409, 1024}, {1, 768, 1024},  {2, 131, 544}}; /* T, I, K */
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         int T = shapes[si][0], I = shapes[si][1], K = shapes[si][2], N = 2 * I;
         size_t na = (size_t)T * I, ng = (size_t)T * N;
@@ -2366,11 +2370,12 @@ Test(cuda_kernels, linear_swiglu_equals_linear_then_swiglu, .timeout = 60) {
               *a2 = dev_poison(na * 4);
         uint16_t *dw = dev_up(w, (size_t)N * K * 2);
         float *h1 = malloc(na * 4), *h2 = malloc(na * 4);
-        for (int var = 0; var < 3; var++) { /* plain; gemv_u8 + gemv_u16; rows_pipe off */
+        for (int var = 0; var < 4; var++) { /* plain; gemv_u8 + gemv_u16; rows_pipe off; 2 rows a warp */
             msm_cuda_tuning tn = tune0;
             tn.linear_swiglu = true;
             tn.gemv_u8 = tn.gemv_u16 = var == 1;
             if (var == 2) tn.rows_pipe = 0;
+            tn.linear_swiglu_rows = var == 3 ? 2 : 1;
             msm_cuda_exec ex = {.stream = 0, .tune = &tn, .decode = var == 1};
             cr_assert(msm_cuda_linear_swiglu_fits(T, I, K, dw, dx, &tn), "shape %zu", si);
             cr_assert_eq(cudaMemset(a2, 0xff, na * 4), cudaSuccess);
