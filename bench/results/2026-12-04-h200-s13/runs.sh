@@ -53,4 +53,27 @@ r2)
     el done | tee -a $OUT/gpu.txt
     pack
     ;;
+r3)
+    # bundle with the MMV's 32 rows on the aux stream, the 2-row fused gate/up + SwiGLU and the
+    # main-stream priority: kernel tests; A/B, three rounds; timelines
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/linear_swiglu*" > $OUT/kernels.txt 2>&1
+    for f in 'linear_mmv_block*' 'tuning*' 'moe_grouped_simt*'; do
+        timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -2 >> $OUT/kernels.txt
+    done
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b qwen1.5-moe-a2.7b 1,2,3,4,5,8,16 ab --
+        b qwen1.5-moe-a2.7b 3,4,5,8,16 ab MSM_CUDA_MMV_NJ=2 --
+        b qwen1.5-moe-a2.7b 3,4,5,8,16 ab MSM_CUDA_MMV_NJ=4 --
+        b qwen1.5-moe-a2.7b 1,2 ab MSM_CUDA_LINEAR_SWIGLU_ROWS=2 --
+        b qwen1.5-moe-a2.7b 1,2,8 ab MSM_CUDA_STREAM_PRIO=main --
+        b qwen3-30b-a3b 1,2,3,4,5,8 ab --
+    done
+    el timelines | tee -a $OUT/gpu.txt
+    tl qwen1.5-moe-a2.7b 1 q15b1-r2 MSM_CUDA_LINEAR_SWIGLU_ROWS=2
+    tl qwen1.5-moe-a2.7b 8 q15b8
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
