@@ -195,11 +195,10 @@ static int allreduce_add_rmsnorm_node(cuda_backend *cb, float *p, const float *x
 static msm_cuda_exec exec_on(const cuda_backend *cb, msm_stream s, const msm_step_dims *d) {
     bool decode = d && d->T == d->S;
     /* the aux stream's kernels above the main stream's (msm_cuda_tuning.stream_prio) */
-    bool prio = (s == MSM_STREAM_AUX &&
-                 (cb->tune.stream_prio == MSM_CUDA_PRIO_AUX ||
-                  (cb->tune.stream_prio == MSM_CUDA_PRIO_AUTO && decode && d->T >= MSM_CUDA_AUX_PRIO_MIN_T &&
-                   d->T <= MSM_CUDA_AUX_PRIO_MAX_T))) ||
-                (s == MSM_STREAM_MAIN && cb->tune.stream_prio == MSM_CUDA_PRIO_MAIN && decode);
+    bool prio = s == MSM_STREAM_AUX &&
+                (cb->tune.stream_prio == MSM_CUDA_PRIO_AUX ||
+                 (cb->tune.stream_prio == MSM_CUDA_PRIO_AUTO && decode && d->T >= MSM_CUDA_AUX_PRIO_MIN_T &&
+                  d->T <= MSM_CUDA_AUX_PRIO_MAX_T));
     return (msm_cuda_exec){.stream = cb->st[s], .tune = decode ? &cb->tune_decode : &cb->tune, .decode = decode,
                            .priority = prio ? cb->prio_hi : 0, .on_aux = s == MSM_STREAM_AUX};
 }
@@ -1330,10 +1329,11 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_GG_EARLY=0|1           the grouped SIMT down loads its first weights before its PDL wait (1, default)
  *   MSM_CUDA_MOE_GG_COMPACT=0|1         the grouped SIMT GEMVs' grid: a row per selected expert (1, default) or per expert
  *   MSM_CUDA_LINEAR_SWIGLU=0|1          a gate/up LINEAR and its SWIGLU at 1-2 tokens in one kernel (1, default)
- *   MSM_CUDA_LINEAR_SWIGLU_ROWS=1|2     ... its gate and up rows a warp (1, default); the same bits
- *   MSM_CUDA_STREAM_PRIO=off|aux|auto|main  the aux stream's kernels (the shared expert's) above the
- *                                       main stream's: never, every step, or decode steps of 3-4 tokens
- *                                       (auto, default); main: the main stream's above the aux's at decode
+ *   MSM_CUDA_LINEAR_SWIGLU_ROWS=1|2|4   ... its gate and up rows a warp (2, default); the same bits
+ *   MSM_CUDA_AUX_GEMV_ROWS=1|2          the 1-2-token bf16 GEMV's rows a warp on the aux stream (1, default)
+ *   MSM_CUDA_STREAM_PRIO=off|aux|auto   the aux stream's kernels (the shared expert's) above the main
+ *                                       stream's: never, every step, or decode steps of 3-4 tokens (auto,
+ *                                       default)
  *   MSM_CUDA_HOST_WAIT=yield|sleep      host waits for a step: poll and yield the core (default), or
  *                                       sleep 20 us between polls (the earlier wait, 50-70 us late)
  *   MSM_CUDA_HOST_STAGE=0|1             step inputs and results through pinned staging (1, default)
@@ -1401,12 +1401,10 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_MOE_GG_EARLY"))) t->moe_gg_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_MOE_GG_COMPACT"))) t->moe_gg_compact = s[0] != '0';
     if ((s = getenv("MSM_CUDA_LINEAR_SWIGLU"))) t->linear_swiglu = s[0] != '0';
-    if (env_int("MSM_CUDA_LINEAR_SWIGLU_ROWS", &v)) t->linear_swiglu_rows = v == 2 ? 2 : 1;
+    if (env_int("MSM_CUDA_LINEAR_SWIGLU_ROWS", &v)) t->linear_swiglu_rows = v == 4 ? 4 : v == 2 ? 2 : 1;
+    if (env_int("MSM_CUDA_AUX_GEMV_ROWS", &v)) t->aux_gemv_rows = v == 2 ? 2 : 1;
     if ((s = getenv("MSM_CUDA_STREAM_PRIO")))
-        t->stream_prio = !strcmp(s, "aux")    ? MSM_CUDA_PRIO_AUX
-                         : !strcmp(s, "auto") ? MSM_CUDA_PRIO_AUTO
-                         : !strcmp(s, "main") ? MSM_CUDA_PRIO_MAIN
-                                              : MSM_CUDA_PRIO_OFF;
+        t->stream_prio = !strcmp(s, "aux") ? MSM_CUDA_PRIO_AUX : !strcmp(s, "auto") ? MSM_CUDA_PRIO_AUTO : MSM_CUDA_PRIO_OFF;
     if ((s = getenv("MSM_CUDA_FP8_MOE_HW"))) t->fp8_moe_hw = s[0] != '0';
     if (env_int("MSM_CUDA_ROWS_PIPE", &v)) t->rows_pipe = v & 15;
     if ((s = getenv("MSM_CUDA_NORM_ROUTER"))) t->norm_router = s[0] != '0';

@@ -489,6 +489,11 @@ static void gemv_launch(float *y, const float *x, const void *w, const uint16_t 
             return gemv_launch_r<NT, 2, 8, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
         if (rows == 2) return gemv_launch_r<NT, 2, 4, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
     }
+    /* tuning aux_gemv_rows: 2 rows a warp at 2 loads a row on the aux stream (half the blocks beside
+     * the routed experts; the same sums) */
+    if constexpr (NT <= 2 && VEC && !FP8)
+        if (ex.on_aux && ex.tune->aux_gemv_rows == 2)
+            return gemv_launch_r<NT, 2, 2, VEC, FP8, HW>(y, x, w, bias, T, N, K, ex, wsc, ph);
     /* tuning gemv_u16: a bf16 row of 2048 < K <= 4096 at one token in one step of 16 loads a lane,
      * all requested before the PDL wait (the same sums) */
     if constexpr (NT == 1 && VEC && !FP8) {
@@ -1069,14 +1074,16 @@ extern "C" int msm_cuda_linear_swiglu(float *act, const float *x, const uint16_t
                                       msm_cuda_exec ex) {
     if (!act || !x || !w) return -EINVAL;
     if (!msm_cuda_linear_swiglu_fits(T, I, K, w, x, ex.tune)) return -ENOTSUP;
-    int R = ex.tune->linear_swiglu_rows == 2 ? 2 : 1;
+    int R = ex.tune->linear_swiglu_rows == 4 ? 4 : ex.tune->linear_swiglu_rows == 2 ? 2 : 1;
     dim3 grid((unsigned)((I + 2 * R - 1) / (2 * R))), block(GEMV_WARPS * 32);
     bool pf = ex.tune->gemv_prefetch, early = ex.tune->gemv_early && !ex.w_written;
     /* gemv_launch's loads in flight at one token and its pipelined rows at two (the same sums); 2
-     * rows a warp at 2 loads a row in flight */
-    auto kern = R == 2 ? linear_swiglu_kernel<1, 2, 2, false> : linear_swiglu_kernel<1, 1, 4, false>;
-    if (R == 2) {
-        if (T == 2) kern = linear_swiglu_kernel<2, 2, 2, false>;
+     * or 4 rows a warp at 2 loads a row in flight */
+    auto kern = R == 4 ? linear_swiglu_kernel<1, 4, 2, false>
+                : R == 2 ? linear_swiglu_kernel<1, 2, 2, false>
+                         : linear_swiglu_kernel<1, 1, 4, false>;
+    if (R > 1) {
+        if (T == 2) kern = R == 4 ? linear_swiglu_kernel<2, 4, 2, false> : linear_swiglu_kernel<2, 2, 2, false>;
     } else if (T == 1 && ex.tune->gemv_u16 && K > 2048 && K <= 4096) {
         kern = linear_swiglu_kernel<1, 1, 16, false>;
     } else if (T == 1 && ex.tune->gemv_u8 && K > 1024 && K <= 2048) {

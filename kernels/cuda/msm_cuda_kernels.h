@@ -329,8 +329,12 @@ typedef struct msm_cuda_tuning {
     bool linear_swiglu;       /* a bf16 LINEAR whose output only its SWIGLU reads, at one or two
                                  tokens: one kernel (msm_cuda_linear_swiglu, bitwise the two;
                                  MSM_CUDA_LINEAR_SWIGLU) */
-    int linear_swiglu_rows;   /* ... its gate and up rows a warp, 1 (default) or 2 (half the blocks;
+    int linear_swiglu_rows;   /* ... its gate and up rows a warp, 1, 2 (default) or 4 (fewer blocks;
                                  the same bits; MSM_CUDA_LINEAR_SWIGLU_ROWS) */
+    int aux_gemv_rows;        /* the one- and two-token bf16 GEMV's rows a warp on the aux stream (the
+                                 shared expert's down), 1 (default) or 2: half the blocks, more SMs
+                                 for the routed experts beside it; the same bits
+                                 (MSM_CUDA_AUX_GEMV_ROWS) */
     bool moe_gg_compact;      /* ... after the grouping, a grid row per selected expert (the grouping
                                  kernel's table, min(E, T * k) rows) instead of one per expert, most of
                                  whose blocks found nothing to do at 5-11 tokens; the same sums
@@ -339,12 +343,12 @@ typedef struct msm_cuda_tuning {
                                  above the main stream's (the block scheduler dispatches a waiting block
                                  of a higher-priority grid first): MSM_CUDA_PRIO_OFF, _AUX (every step)
                                  or _AUTO (default: decode steps of MSM_CUDA_AUX_PRIO_MIN_T..MAX_T
-                                 tokens); or _MAIN: the main stream's above the aux's at every decode
-                                 step */
+                                 tokens). (The main stream's above the aux's at every decode step was
+                                 slower: bench/results/2026-12-04-h200-s13 run 3) */
 } msm_cuda_tuning;
 
 /* msm_cuda_tuning.stream_prio */
-enum { MSM_CUDA_PRIO_OFF = 0, MSM_CUDA_PRIO_AUX = 1, MSM_CUDA_PRIO_AUTO = 2, MSM_CUDA_PRIO_MAIN = 3 };
+enum { MSM_CUDA_PRIO_OFF = 0, MSM_CUDA_PRIO_AUX = 1, MSM_CUDA_PRIO_AUTO = 2 };
 /* MSM_CUDA_PRIO_AUTO's decode steps: with the shared expert's SIMT GEMVs (3-4 tokens) above the
  * routed experts' grouped GEMVs, its down GEMV runs beside the routed gate/up instead of delaying
  * the routed down (timeline of Qwen1.5-MoE batch 4: span 3881 -> 3685 us). H200, bench/results/

@@ -105,8 +105,14 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->moe_gg_down_u = 2;
     t->moe_gg_early = true;
     t->moe_gg_compact = true; /* first measured in bench/results/2026-12-04-h200-s13 */
-    t->linear_swiglu = true;  /* first measured in bench/results/2026-12-04-h200-s13 */
-    t->linear_swiglu_rows = 1;
+    /* the gate/up GEMV with the SwiGLU in its epilogue, at 2 rows a warp (H200, 2026-12-04,
+     * bench/results/2026-12-04-h200-s13 runs 2-3, Qwen1.5-MoE's shared expert, ms a step at 1 / 2
+     * tokens, three rounds): two kernels 1.712-1.725 / 2.555-2.573, one at 1 row a warp
+     * 1.686-1.706 / 2.420-2.499, at 2 rows 1.681-1.687 / 2.295-2.299 (half the blocks: more room
+     * for the router and the routed experts beside it) */
+    t->linear_swiglu = true;
+    t->linear_swiglu_rows = 2;
+    t->aux_gemv_rows = 1;
     t->stream_prio = MSM_CUDA_PRIO_AUTO;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
     /* the norm-in GEMV and the GEMV at 2 tokens; the experts' kernels lost occupancy for nothing

@@ -59,7 +59,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
                                  "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE", "MSM_CUDA_MOE_DOWN_HB", "MSM_CUDA_MMV_NJ",
                                  "MSM_CUDA_MOE_GU_U2", "MSM_CUDA_MOE_GG_COMPACT", "MSM_CUDA_LINEAR_SWIGLU",
-                                 "MSM_CUDA_LINEAR_SWIGLU_ROWS"};
+                                 "MSM_CUDA_LINEAR_SWIGLU_ROWS", "MSM_CUDA_AUX_GEMV_ROWS"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -92,7 +92,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
     setenv("MSM_CUDA_MOE_GG_COMPACT", "0", 1), setenv("MSM_CUDA_LINEAR_SWIGLU", "0", 1);
-    setenv("MSM_CUDA_LINEAR_SWIGLU_ROWS", "2", 1);
+    setenv("MSM_CUDA_LINEAR_SWIGLU_ROWS", "2", 1), setenv("MSM_CUDA_AUX_GEMV_ROWS", "2", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     t.att_bt_cache = true;
@@ -121,6 +121,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.moe_gg_compact, "MSM_CUDA_MOE_GG_COMPACT=0: a grid row per expert");
     cr_expect(!t.linear_swiglu, "MSM_CUDA_LINEAR_SWIGLU=0: the gate/up linear and the SwiGLU two kernels");
     cr_expect_eq(t.linear_swiglu_rows, 2);
+    cr_expect_eq(t.aux_gemv_rows, 2);
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
@@ -2354,7 +2355,7 @@ Test(cuda_kernels, qk_norm_rope_kv_equals_qk_norm_then_rope_kv, .timeout = 60) {
 /* The gate/up LINEAR + SWIGLU in one kernel (msm_cuda_linear_swiglu, one or two tokens) equals
  * msm_cuda_linear then msm_cuda_swiglu bitwise: Qwen1.5-MoE's shared expert (I 5632, K 2048), an
  * odd I (the last block's second output absent), K 4096 and 1024, with the GEMV's wider loads at one
- * token (gemv_u8 / gemv_u16), the pipelined rows at two and rows_pipe off, 2 rows a warp; and what it
+ * token (gemv_u8 / gemv_u16), the pipelined rows at two and rows_pipe off, 2 and 4 rows a warp; and what it
  * does not take
  * (three tokens, the MMV at two, the switch off, a misaligned x). */
 Test(cuda_kernels, linear_swiglu_equals_linear_then_swiglu, .timeout = 60) {
@@ -2370,12 +2371,12 @@ Test(cuda_kernels, linear_swiglu_equals_linear_then_swiglu, .timeout = 60) {
               *a2 = dev_poison(na * 4);
         uint16_t *dw = dev_up(w, (size_t)N * K * 2);
         float *h1 = malloc(na * 4), *h2 = malloc(na * 4);
-        for (int var = 0; var < 4; var++) { /* plain; gemv_u8 + gemv_u16; rows_pipe off; 2 rows a warp */
+        for (int var = 0; var < 5; var++) { /* plain; gemv_u8 + gemv_u16; rows_pipe off; 2, 4 rows a warp */
             msm_cuda_tuning tn = tune0;
             tn.linear_swiglu = true;
             tn.gemv_u8 = tn.gemv_u16 = var == 1;
             if (var == 2) tn.rows_pipe = 0;
-            tn.linear_swiglu_rows = var == 3 ? 2 : 1;
+            tn.linear_swiglu_rows = var == 3 ? 2 : var == 4 ? 4 : 1;
             msm_cuda_exec ex = {.stream = 0, .tune = &tn, .decode = var == 1};
             cr_assert(msm_cuda_linear_swiglu_fits(T, I, K, dw, dx, &tn), "shape %zu", si);
             cr_assert_eq(cudaMemset(a2, 0xff, na * 4), cudaSuccess);
@@ -2384,6 +2385,15 @@ Test(cuda_kernels, linear_swiglu_equals_linear_then_swiglu, .timeout = 60) {
             CK(msm_cuda_linear_swiglu(a2, dx, dw, T, I, K, ex));
             down(h1, a1, na * 4), down(h2, a2, na * 4);
             cr_assert(memcmp(h1, h2, na * 4) == 0, "activations differ (shape %zu, variant %d)", si, var);
+            /* the plain GEMV at 2 rows a warp on the aux stream (tuning aux_gemv_rows): the same bits */
+            msm_cuda_tuning ta = tn;
+            ta.aux_gemv_rows = 2;
+            msm_cuda_exec ea = ex;
+            ea.tune = &ta, ea.on_aux = true;
+            CK(msm_cuda_linear(a2, dx, dw, NULL, T, I, K, NULL, NULL, 0, ea));
+            CK(msm_cuda_linear(a1, dx, dw, NULL, T, I, K, NULL, NULL, 0, ex));
+            down(h1, a1, na * 4), down(h2, a2, na * 4);
+            cr_assert(memcmp(h1, h2, na * 4) == 0, "aux GEMV at 2 rows differs (shape %zu, variant %d)", si, var);
         }
         /* not taken: the switch off; three tokens; at two tokens the MMV; x not 16-byte aligned */
         msm_cuda_tuning off = tune0;
