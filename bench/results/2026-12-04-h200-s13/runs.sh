@@ -76,4 +76,26 @@ r3)
     tl qwen1.5-moe-a2.7b 8 q15b8
     el done | tee -a $OUT/gpu.txt
     ;;
+r4)
+    # bundle with the fused gate/up + SwiGLU at 2 rows by default: kernel tests; A/B on Qwen1.5-MoE
+    # at 1-4 (8) tokens, three rounds: the fused kernel at 4 rows, the aux GEMV (shared down) at 2
+    # rows, the routed experts as the router's programmatic dependent again (now that the shared
+    # expert holds fewer SMs), and both
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/linear_swiglu*" > $OUT/kernels.txt 2>&1
+    timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/tuning*" 2>&1 | tail -2 >> $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b qwen1.5-moe-a2.7b 1,2,3,4,8 ab --
+        b qwen1.5-moe-a2.7b 1,2 ab MSM_CUDA_LINEAR_SWIGLU_ROWS=4 --
+        b qwen1.5-moe-a2.7b 1,2 ab MSM_CUDA_AUX_GEMV_ROWS=2 --
+        b qwen1.5-moe-a2.7b 1,2,3,4,8 ab MSM_CUDA_MOE_AUX_SERIAL_MAX_T=0 --
+        b qwen1.5-moe-a2.7b 1,2 ab MSM_CUDA_AUX_GEMV_ROWS=2 MSM_CUDA_MOE_AUX_SERIAL_MAX_T=0 --
+    done
+    el timelines | tee -a $OUT/gpu.txt
+    tl qwen1.5-moe-a2.7b 1 q15b1
+    tl qwen1.5-moe-a2.7b 2 q15b2
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
