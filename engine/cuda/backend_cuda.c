@@ -1330,7 +1330,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_GG_COMPACT=0|1         the grouped SIMT GEMVs' grid: a row per selected expert (1, default) or per expert
  *   MSM_CUDA_LINEAR_SWIGLU=0|1          a gate/up LINEAR and its SWIGLU at 1-2 tokens in one kernel (1, default)
  *   MSM_CUDA_LINEAR_SWIGLU_ROWS=1|2|4   ... its gate and up rows a warp (2, default); the same bits
- *   MSM_CUDA_AUX_GEMV_ROWS=1|2          the 1-2-token bf16 GEMV's rows a warp on the aux stream (1, default)
+ *   MSM_CUDA_AUX_GEMV_ROWS=1|2          the 1-2-token bf16 GEMV's rows a warp on the aux stream (2, default)
  *   MSM_CUDA_STREAM_PRIO=off|aux|auto   the aux stream's kernels (the shared expert's) above the main
  *                                       stream's: never, every step, or decode steps of 3-4 tokens (auto,
  *                                       default)

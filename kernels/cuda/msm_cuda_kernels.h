@@ -332,7 +332,7 @@ typedef struct msm_cuda_tuning {
     int linear_swiglu_rows;   /* ... its gate and up rows a warp, 1, 2 (default) or 4 (fewer blocks;
                                  the same bits; MSM_CUDA_LINEAR_SWIGLU_ROWS) */
     int aux_gemv_rows;        /* the one- and two-token bf16 GEMV's rows a warp on the aux stream (the
-                                 shared expert's down), 1 (default) or 2: half the blocks, more SMs
+                                 shared expert's down), 1 or 2 (default): half the blocks, more SMs
                                  for the routed experts beside it; the same bits
                                  (MSM_CUDA_AUX_GEMV_ROWS) */
     bool moe_gg_compact;      /* ... after the grouping, a grid row per selected expert (the grouping

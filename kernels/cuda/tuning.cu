@@ -38,8 +38,11 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 9.104-9.130 vs 5.684-5.692 / 8.028-8.040 / 8.914-8.917 (its o_proj at 64 blocks). Only where
      * the 32-row grid covered every SM (-s13 run 1, three rounds): Qwen1.5-MoE 3.175-3.183 /
      * 4.175-4.182 / 4.485-4.487 vs 3.197-3.198 / 4.185-4.193 / 4.530-4.549, Qwen3 still +0.1 (its
-     * qkv at half the warps). Now 0, auto: 32 rows where the warps stay (linear.cu), measured in
-     * -s13 run 2 */
+     * qkv at half the warps). Now 0, auto (linear.cu): 32 rows where the warps stay (-s13 run 2: no
+     * change beyond noise) and on the aux stream, the shared expert's MMVs (-s13 run 3, three rounds,
+     * 3 / 4 / 5 / 8 tokens): Qwen1.5-MoE 3.041-3.056 / 3.056-3.075 / 3.911-3.922 / 4.256-4.275 vs
+     * 16 rows 3.185-3.188 / 3.209-3.217 / 4.079-4.084 / 4.426-4.430 and 32 everywhere 3.072-3.082 /
+     * 3.088-3.092 / 3.959-3.964 / 4.280-4.288; Qwen3 (no shared expert) as at 16 rows */
     t->mmv_nj = 0;
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
@@ -104,15 +107,23 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->moe_gg_down_nt = 2;
     t->moe_gg_down_u = 2;
     t->moe_gg_early = true;
-    t->moe_gg_compact = true; /* first measured in bench/results/2026-12-04-h200-s13 */
+    /* a grid row per selected expert (H200, 2026-12-04, bench/results/2026-12-04-h200-s13 run 2, ms a
+     * step at 5 / 8 / 11 tokens, three rounds, against a row per expert): Qwen1.5-MoE 4.038-4.054 /
+     * 4.405-4.422 / 5.679-5.722 vs 4.094-4.107 / 4.466-4.473 / 5.709-5.744, Qwen3-30B-A3B
+     * 7.747-7.756 / 8.695-8.709 / 10.472-10.535 vs 7.910-7.950 / 8.839-8.856 / 10.555-10.644 */
+    t->moe_gg_compact = true;
     /* the gate/up GEMV with the SwiGLU in its epilogue, at 2 rows a warp (H200, 2026-12-04,
      * bench/results/2026-12-04-h200-s13 runs 2-3, Qwen1.5-MoE's shared expert, ms a step at 1 / 2
      * tokens, three rounds): two kernels 1.712-1.725 / 2.555-2.573, one at 1 row a warp
      * 1.686-1.706 / 2.420-2.499, at 2 rows 1.681-1.687 / 2.295-2.299 (half the blocks: more room
-     * for the router and the routed experts beside it) */
+     * for the router and the routed experts beside it); at 4 rows 1.744-1.758 / 2.361-2.379 (run 4).
+     * The shared expert's down GEMV at 2 rows a warp too (run 4, three rounds): 1.677-1.682 /
+     * 2.263-2.267 against 1.673-1.695 / 2.280-2.299. Launching the routed experts as the router's
+     * programmatic dependent again, now that the shared expert holds fewer SMs, still slower
+     * (1.798-1.800 / 2.426-2.432, 3-8 tokens +0.06-0.11: moe_aux_serial_max_t stays 8) */
     t->linear_swiglu = true;
     t->linear_swiglu_rows = 2;
-    t->aux_gemv_rows = 1;
+    t->aux_gemv_rows = 2;
     t->stream_prio = MSM_CUDA_PRIO_AUTO;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
     /* the norm-in GEMV and the GEMV at 2 tokens; the experts' kernels lost occupancy for nothing
