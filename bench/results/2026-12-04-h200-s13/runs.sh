@@ -98,4 +98,27 @@ r4)
     tl qwen1.5-moe-a2.7b 2 q15b2
     el done | tee -a $OUT/gpu.txt
     ;;
+r5)
+    # the session's defaults (commit in gpu.txt): kernel tests of every changed path; the table on
+    # the four presets; CUDA against the CPU oracle on the golden models
+    hdr
+    el kernels | tee -a $OUT/gpu.txt
+    for f in 'linear*' 'moe_grouped_simt*' 'moe_experts_variants*' 'moe_experts_fp8_match*' 'tuning*'; do
+        timeout 240 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$f" 2>&1 | tail -3 >> $OUT/kernels.txt
+    done
+    el table | tee -a $OUT/gpu.txt
+    for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,4,8,16,32,64,128,256 table --; done
+    b glm-4.5-air-fp8 1,4,8,32,128 table --
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,qwen3moe,mixtral,glm4moe timeout $(left 580) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r6)
+    # run 5's bundle: check_presets on the three presets (every switch bitwise at real shapes, the
+    # session's new lines included)
+    hdr
+    el presets | tee -a $OUT/gpu.txt
+    timeout $(left 590) python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
