@@ -109,6 +109,8 @@ r5)
     el table | tee -a $OUT/gpu.txt
     for p in qwen1.5-moe-a2.7b qwen3-30b-a3b qwen3-30b-a3b-fp8; do b $p 1,2,4,8,16,32,64,128,256 table --; done
     b glm-4.5-air-fp8 1,4,8,32,128 table --
+    ROWS=40 tl qwen1.5-moe-a2.7b 8 q15b8
+    ROWS=40 tl qwen3-30b-a3b 1 q3b1
     el check | tee -a $OUT/gpu.txt
     CHECK_MODELS=qwen2moe-gqa,qwen3moe,mixtral,glm4moe timeout $(left 580) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     el done | tee -a $OUT/gpu.txt
