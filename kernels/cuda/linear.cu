@@ -879,11 +879,13 @@ static cudaError_t mmvb_launch(float *y, const float *x, const uint16_t *w, cons
  * least the 16-row pick's warps, since a warp has as many bytes in flight either way, or on the aux
  * stream (on_aux: the shared expert's GEMVs, which leave the routed experts beside them more SMs
  * with half the blocks: Qwen1.5-MoE at 8 tokens, its down at 64 blocks instead of 128, the routed
- * gate/up 71 -> 59 us a layer, -s13 run 2). Measured
+ * gate/up 71 -> 59 us a layer, -s13 run 2; up to MMV_AUX32_MAX_T tokens: at 16, 6.23-6.37 ms a step
+ * against 6.23-6.24 at 16 rows, -s13 run 3). Measured
  * (H200, 2026-12-04, bench/results/2026-12-04-h200-s12 run 8 and -s13 run 1): where the 32-row
  * grid had half the warps it lost (Qwen3-30B-A3B's qkv at 8 tokens, 160 blocks of 8 warps
  * against 320, 7.6 -> 11.0 us a layer; its o_proj at 64 blocks of 16, +0.2 ms a step); with the
  * same warps it won (Qwen1.5-MoE's shared gate/up, 352 x 8 against 704 x 4: 11.0 -> 10.0). */
+#define MMV_AUX32_MAX_T 8
 static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, bool on_aux, int *U, int *NJ) {
     int bs = tn->mmv_bslice, nch = K / 32;
     long nb = (N + 15) / 16, nb4 = (N + 31) / 32;
@@ -906,7 +908,7 @@ static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, bool 
         int ws = cand[i], per = (nch + ws - 1) / ws;
         if (per >= 4 && nb4 <= (long)tn->mmvb4_per_sm[i] * tn->sms) ws32 = ws;
     }
-    if (ws32 && (tn->mmv_nj == 4 || on_aux || (ws16 && nb4 * ws32 >= nb * ws16))) {
+    if (ws32 && (tn->mmv_nj == 4 || (on_aux && T <= MMV_AUX32_MAX_T) || (ws16 && nb4 * ws32 >= nb * ws16))) {
         *U = 2, *NJ = 4;
         return ws32;
     }
