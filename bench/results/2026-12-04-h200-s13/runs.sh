@@ -123,4 +123,17 @@ r6)
     timeout $(left 590) python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
     el done | tee -a $OUT/gpu.txt
     ;;
+r7)
+    # the MMV's 32 rows on the aux stream only up to 8 tokens: A/B at 8, 12, 16 against 16 rows,
+    # three rounds; Qwen1.5-MoE's table row again
+    hdr
+    timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/linear_mmv_block*" 2>&1 | tail -1 >> $OUT/kernels.txt
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b qwen1.5-moe-a2.7b 8,12,16 ab --
+        b qwen1.5-moe-a2.7b 8,12,16 ab MSM_CUDA_MMV_NJ=2 --
+    done
+    b qwen1.5-moe-a2.7b 1,2,4,8,16,32,64,128,256 table --
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
