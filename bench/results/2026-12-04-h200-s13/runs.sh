@@ -136,4 +136,23 @@ r7)
     b qwen1.5-moe-a2.7b 1,2,4,8,16,32,64,128,256 table --
     el done | tee -a $OUT/gpu.txt
     ;;
+r8)
+    # run 7's bundle, env only: with the compact grid and the shared expert's lighter kernels, the
+    # grouped GEMVs' tokens a pass and chunks in flight again, and the aux stream's launch priority
+    # at every decode step (auto: 3-4 tokens); two rounds
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        b qwen1.5-moe-a2.7b 1,2,5,8,11 sw --
+        b qwen1.5-moe-a2.7b 1,2,5,8,11 sw MSM_CUDA_STREAM_PRIO=aux --
+        b qwen1.5-moe-a2.7b 5,8,11 sw MSM_CUDA_MOE_GG_DOWN_U=3 --
+        b qwen1.5-moe-a2.7b 5,8,11 sw MSM_CUDA_MOE_GG_DOWN_NT=4 --
+        b qwen1.5-moe-a2.7b 5,8,11 sw MSM_CUDA_MOE_GG_GATEUP_NT=2 --
+        b qwen3-30b-a3b 5,8,11 sw --
+        b qwen3-30b-a3b 5,8,11 sw MSM_CUDA_MOE_GG_DOWN_U=3 --
+        b qwen3-30b-a3b 5,8,11 sw MSM_CUDA_MOE_GG_DOWN_NT=4 --
+        b qwen3-30b-a3b 5,8,11 sw MSM_CUDA_MOE_GG_GATEUP_NT=2 --
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
