@@ -1332,7 +1332,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_LINEAR_SWIGLU_ROWS=1|2|4   ... its gate and up rows a warp (2, default); the same bits
  *   MSM_CUDA_AUX_GEMV_ROWS=1|2          the 1-2-token bf16 GEMV's rows a warp on the aux stream (2, default)
  *   MSM_CUDA_STREAM_PRIO=off|aux|auto   the aux stream's kernels (the shared expert's) above the main
- *                                       stream's: never, every step, or decode steps of 3-4 tokens (auto,
+ *                                       stream's: never, every step, or decode steps of 3-11 tokens (auto,
  *                                       default)
  *   MSM_CUDA_HOST_WAIT=yield|sleep      host waits for a step: poll and yield the core (default), or
  *                                       sleep 20 us between polls (the earlier wait, 50-70 us late)

@@ -355,9 +355,13 @@ enum { MSM_CUDA_PRIO_OFF = 0, MSM_CUDA_PRIO_AUX = 1, MSM_CUDA_PRIO_AUTO = 2 };
  * 2026-12-03-h200-s6 run 2, ms a step, two rounds: Qwen1.5-MoE batch 3 / 4 3.871-3.876 /
  * 3.873-3.891 -> 3.705-3.714 / 3.722, but 1 1.78 -> 1.82, 12 5.68 -> 5.79, 32-256 +0.1 with it;
  * GLM-4.5-Air FP8 4 / 8 unchanged (16 / 32 -0.4 / -0.6 with it: MSM_CUDA_STREAM_PRIO=aux). The
- * launch priority of the kernels only; the sums are the same. */
+ * launch priority of the kernels only; the sums are the same. Up to 11 tokens since the thirteenth
+ * session's lighter shared expert and compact grouped grid (bench/results/2026-12-04-h200-s13 run
+ * 8, two rounds, priority at every step against 3-4: Qwen1.5-MoE 5 / 8 tokens the same,
+ * 3.936-3.938 / 4.285-4.293 vs 3.933-3.935 / 4.283-4.284, 11 tokens 5.541-5.573 vs 5.657-5.665;
+ * 12 tokens and up take the tiled experts, where it measured slower above). */
 #define MSM_CUDA_AUX_PRIO_MIN_T 3
-#define MSM_CUDA_AUX_PRIO_MAX_T 4
+#define MSM_CUDA_AUX_PRIO_MAX_T 11
 
 /* msm_cuda_tuning.rows_pipe: the GEMV at 2 tokens (o_proj, the shared expert, dense MLPs), the GEMV
  * reading its RMSNorm (qkv), the pair-path experts' gate/up and their down at up to 4 slots */

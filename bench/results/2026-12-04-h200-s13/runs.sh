@@ -155,4 +155,15 @@ r8)
     done
     el done | tee -a $OUT/gpu.txt
     ;;
+r9)
+    # the aux stream's priority by default at 3-11 decode tokens (was 3-4): A/B against off, two
+    # rounds
+    hdr
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        b qwen1.5-moe-a2.7b 3,5,8,9,10,11,12 prio --
+        b qwen1.5-moe-a2.7b 3,5,8,9,10,11,12 prio MSM_CUDA_STREAM_PRIO=off --
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
