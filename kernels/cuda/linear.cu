@@ -701,12 +701,26 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
  * three blocks of 8 warps, where 84 made two). */
 #define MMVB_WARPS_SM 24
 
-template <int MT, int S, int W, int MMV_U = 4, int WS = 1, int NJ = 2>
+/* ROPE (the block-sliced form, one token tile; msm_cuda_linear_rope_kv at 3-16 tokens, tuning
+ * linear_rope_mmv): the qkv weight [(nh + 2 kvh) hd, K] with full rotary (rot = hd), and the
+ * block's MMV_ROWS rows are not consecutive: block b takes rows o .. o + MMV_ROWS/2 - 1 of a head and
+ * the same rows + hd/2 (mmv_rope_row), so both rows of every RoPE pair are in its shared memory.
+ * Each row's sum is the same as in the plain kernel (the same K slices, chunks and order: a row's
+ * dot does not depend on which block computes it), and the epilogue rotates them, writes the rows
+ * and the K / V cache entries with rope_copy_kernel's arithmetic: bitwise msm_cuda_linear then
+ * msm_cuda_rope_kv, one launch less. ra is unused otherwise. */
+static __device__ __forceinline__ int mmv_rope_row(int lr, int rb, int hd) {
+    int b = lr / rb, r = lr % rb, per = hd / rb, h = b / per, o = (b % per) * (rb / 2);
+    return h * hd + (r < rb / 2 ? o + r : hd / 2 + o + r - rb / 2);
+}
+
+template <int MT, int S, int W, int MMV_U = 4, int WS = 1, int NJ = 2, bool ROPE = false>
 static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
     mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
-               int K, bool early) {
+               int K, bool early, lrk_args ra) {
     static_assert(WS == 1 || (S == 1 && W % WS == 0), "K slices in a cluster or in a block, not both");
     static_assert(NJ == 2 || (NJ == 4 && WS > 1), "4 n8 tiles a warp only in the block-sliced form");
+    static_assert(!ROPE || (WS > 1 && MT == 1), "RoPE in the block-sliced form of one token tile");
     constexpr int WR = W / WS;          /* warps on distinct rows */
     constexpr int MMV_ROWS = WR * NJ * 8;
     constexpr int NS = WS > 1 ? WS : S; /* K slices */
@@ -722,8 +736,10 @@ static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
     int c0 = (WS > 1 ? ks : rank) * per, c1 = min(nch, c0 + per);
     const uint16_t *wr[NJ];
 #pragma unroll
-    for (int j = 0; j < NJ; j++) /* rows past N repeat row N-1; never stored */
-        wr[j] = w + (size_t)min(nb0 + rg * NJ * 8 + j * 8 + g, N - 1) * K + q * 8;
+    for (int j = 0; j < NJ; j++) { /* rows past N repeat row N-1; never stored */
+        int lr = min(nb0 + rg * NJ * 8 + j * 8 + g, N - 1);
+        wr[j] = w + (size_t)(ROPE ? mmv_rope_row(lr, MMV_ROWS, ra.hd) : lr) * K + q * 8;
+    }
     const float *xr[MT][2];
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -812,7 +828,34 @@ static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
 #pragma unroll
             for (int r = 0; r < S; r++) s += cg::this_cluster().map_shared_rank(&part[0][0], r)[idx];
         }
-        if (t < T && n < N) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
+        if constexpr (ROPE) {
+            if (t >= T) continue;
+            /* the RoPE partner: the same row of the block's other half */
+            constexpr int HB = MMV_ROWS / 2;
+            int lr = idx % MMV_ROWS, pidx = idx + (lr < HB ? HB : -HB);
+            float s2 = 0.0f;
+#pragma unroll
+            for (int r = 0; r < WS; r++) s2 += part[r][pidx];
+            int pn = mmv_rope_row(n, MMV_ROWS, ra.hd), pp = mmv_rope_row(nb0 + pidx % MMV_ROWS, MMV_ROWS, ra.hd);
+            s += bias ? msm_bf(bias[pn]) : 0.0f;
+            s2 += bias ? msm_bf(bias[pp]) : 0.0f;
+            int h = pn / ra.hd, i = pn % ra.hd, half = ra.hd / 2, nrot = ra.nh + ra.kvh;
+            const size_t krow = (size_t)ra.kvh * ra.hd;
+            float v = s;
+            if (h < nrot) { /* rope_copy_kernel's pair (a, b) = (dim i, dim i + half) */
+                float c, sn;
+                msm_rope_cs(ra.pos[t], i < half ? i : i - half, ra.rot, ra.theta, &c, &sn);
+                v = i < half ? msm_rope_lo(s, s2, c, sn) : msm_rope_hi(s2, s, c, sn);
+            }
+            ra.out[(size_t)t * N + pn] = v;
+            int sl = h >= ra.nh ? ra.slot[t] : -1;
+            if (sl >= 0) {
+                if (h < nrot) ra.kc[(size_t)sl * krow + (size_t)(h - ra.nh) * ra.hd + i] = msm_f2bf(v);
+                else ra.vc[(size_t)sl * krow + (size_t)(h - nrot) * ra.hd + i] = msm_f2bf(v);
+            }
+        } else {
+            if (t < T && n < N) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
+        }
     }
     if (S > 1) cg::this_cluster().sync(); /* keep part alive until every rank has read it */
 }
@@ -826,9 +869,9 @@ static cudaError_t mmv_launch_s(float *y, const float *x, const uint16_t *w, con
     if constexpr (MT == 1)
         if ((int)(grid.x * grid.y) <= ex.tune->mmv_u8_max_blocks && K / 32 / S >= 8)
             return msm_launch_cluster(mmv_kernel<MT, S, W, 8>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T,
-                                      N, K, early);
+                                      N, K, early, lrk_args{});
     return msm_launch_cluster(mmv_kernel<MT, S, W>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T, N, K,
-                              early);
+                              early, lrk_args{});
 }
 
 template <int MT, int W>
@@ -860,12 +903,12 @@ static cudaError_t mmv_go(float *y, const float *x, const uint16_t *w, const uin
 
 /* The block-sliced MMV (mmv_kernel<1, 1, WS, U, WS>: WS warps a block on the same 16 rows, WS K
  * slices), one token tile. */
-template <int WS, int U, int NJ = 2>
+template <int WS, int U, int NJ = 2, bool ROPE = false>
 static cudaError_t mmvb_launch(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
-                               int K, msm_cuda_exec ex) {
+                               int K, msm_cuda_exec ex, lrk_args ra = lrk_args{}) {
     dim3 grid(1u, (unsigned)((N + NJ * 8 - 1) / (NJ * 8)));
-    return msm_launch(mmv_kernel<1, 1, WS, U, WS, NJ>, grid, dim3(WS * 32), 0, ex, y, x, w, bias, T, N, K,
-                      ex.tune->gemv_early && !ex.w_written);
+    return msm_launch(mmv_kernel<1, 1, WS, U, WS, NJ, ROPE>, grid, dim3(WS * 32), 0, ex, y, x, w, bias, T, N, K,
+                      ex.tune->gemv_early && !ex.w_written, ra);
 }
 
 /* mmv_bslice_pick: the K slices a block (16, 8 or 4: 0 where none fits), the chunks in flight a
@@ -1101,8 +1144,23 @@ extern "C" int msm_cuda_linear_swiglu(float *act, const float *x, const uint16_t
 /* Whether msm_cuda_linear of these shapes takes gemv_launch<T> (bf16, 16-byte vectors, one or two
  * tokens: no tiled, MMV or small-N path), which linear_rope_kernel reproduces, and the qkv rows fit
  * its row hand-out. */
+/* Whether msm_cuda_linear takes the block-sliced MMV for these shapes (main stream), which
+ * mmv_kernel<..., ROPE> reproduces with the qkv rows of full-rotary heads regrouped (tuning
+ * linear_rope_mmv); its slices, chunks in flight and rows a warp in *ws, *u, *nj. */
+static bool linear_rope_mmv_fits(int T, int N, int K, int nh, int kvh, int hd, int rot, const void *w, const void *x,
+                                 const msm_cuda_tuning *tn, int *ws, int *u, int *nj) {
+    if (!tn->linear_rope_mmv || T < 3 || T > 16 || nh <= 0 || kvh <= 0 || rot != hd || hd % 32 != 0 ||
+        N != (nh + 2 * kvh) * hd || N <= MSM_CUDA_GEMV_SMALL_N || (T >= tn->linear_tiled_min_t && msm__linear_tiled_fits(T, N, K, w, x)) ||
+        !mmv_use(tn, T, N, K, w, x))
+        return false;
+    *ws = mmv_bslice_pick(tn, T, N, K, false, u, nj);
+    return *ws > 0 && hd % (*nj * 8) == 0;
+}
+
 extern "C" bool msm_cuda_linear_rope_kv_fits(int T, int N, int K, int nh, int kvh, int hd, int rot, const void *w,
                                              const void *x, const msm_cuda_tuning *tn) {
+    int ws, u, nj;
+    if (tn->linear_rope && linear_rope_mmv_fits(T, N, K, nh, kvh, hd, rot, w, x, tn, &ws, &u, &nj)) return true;
     int gemv_max = tn->gemv_max_t < MSM_CUDA_GEMV_MAX_T ? MSM_CUDA_GEMV_MAX_T : tn->gemv_max_t > 64 ? 64 : tn->gemv_max_t;
     return tn->linear_rope && T >= 1 && T <= 2 && T <= gemv_max && nh > 0 && kvh > 0 && hd > 0 && hd % 4 == 0 &&
            rot > 0 && rot % 4 == 0 && rot <= hd && (hd - rot) % 4 == 0 && N == (nh + 2 * kvh) * hd &&
@@ -1117,6 +1175,20 @@ extern "C" int msm_cuda_linear_rope_kv(float *out, const float *x, const uint16_
     if (!out || !x || !w || !pos || !slot || !kc || !vc) return -EINVAL;
     if (!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, w, x, ex.tune)) return -ENOTSUP;
     lrk_args a = {out, pos, slot, kc, vc, nh, kvh, hd, rot, theta};
+    int ws, u, nj;
+    if (linear_rope_mmv_fits(T, N, K, nh, kvh, hd, rot, w, x, ex.tune, &ws, &u, &nj)) {
+        /* the block-sliced MMV's choice (mmv_run), its rows regrouped by head halves */
+        float *y = NULL;
+        cudaError_t e = nj == 4 ? (ws == 16 ? mmvb_launch<16, 2, 4, true>(y, x, w, bias, T, N, K, ex, a)
+                                   : ws == 8 ? mmvb_launch<8, 2, 4, true>(y, x, w, bias, T, N, K, ex, a)
+                                             : mmvb_launch<4, 2, 4, true>(y, x, w, bias, T, N, K, ex, a))
+                      : ws == 16 ? (u == 8 ? mmvb_launch<16, 8, 2, true>(y, x, w, bias, T, N, K, ex, a)
+                                           : mmvb_launch<16, 4, 2, true>(y, x, w, bias, T, N, K, ex, a))
+                      : ws == 8  ? mmvb_launch<8, 4, 2, true>(y, x, w, bias, T, N, K, ex, a)
+                                 : mmvb_launch<4, 4, 2, true>(y, x, w, bias, T, N, K, ex, a);
+        CUDA_TRY(e);
+        return 0;
+    }
     dim3 grid((unsigned)(N / GEMV_WARPS)), block(GEMV_WARPS * 32);
     bool pf = ex.tune->gemv_prefetch, early = ex.tune->gemv_early && !ex.w_written;
     /* gemv_launch's loads in flight at one token and its pipelined rows at two */

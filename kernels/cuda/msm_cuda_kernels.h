@@ -329,6 +329,10 @@ typedef struct msm_cuda_tuning {
     bool linear_swiglu;       /* a bf16 LINEAR whose output only its SWIGLU reads, at one or two
                                  tokens: one kernel (msm_cuda_linear_swiglu, bitwise the two;
                                  MSM_CUDA_LINEAR_SWIGLU) */
+    bool linear_rope_mmv;     /* ... the qkv LINEAR + ROPE_KV_WRITE pairing at 3-16 tokens too, on the
+                                 block-sliced MMV with its rows regrouped by head halves (full rotary;
+                                 bitwise the two kernels; MSM_CUDA_LINEAR_ROPE_MMV; off: not yet
+                                 measured) */
     int linear_swiglu_rows;   /* ... its gate and up rows a warp, 1, 2 (default) or 4 (fewer blocks;
                                  the same bits; MSM_CUDA_LINEAR_SWIGLU_ROWS) */
     int aux_gemv_rows;        /* the one- and two-token bf16 GEMV's rows a warp on the aux stream (the

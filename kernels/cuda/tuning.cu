@@ -122,6 +122,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * programmatic dependent again, now that the shared expert holds fewer SMs, still slower
      * (1.798-1.800 / 2.426-2.432, 3-8 tokens +0.06-0.11: moe_aux_serial_max_t stays 8) */
     t->linear_swiglu = true;
+    t->linear_rope_mmv = false; /* built in the thirteenth session with no device time left to measure it */
     t->linear_swiglu_rows = 2;
     t->aux_gemv_rows = 2;
     t->stream_prio = MSM_CUDA_PRIO_AUTO;

@@ -59,7 +59,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
                                  "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE", "MSM_CUDA_MOE_DOWN_HB", "MSM_CUDA_MMV_NJ",
                                  "MSM_CUDA_MOE_GU_U2", "MSM_CUDA_MOE_GG_COMPACT", "MSM_CUDA_LINEAR_SWIGLU",
-                                 "MSM_CUDA_LINEAR_SWIGLU_ROWS", "MSM_CUDA_AUX_GEMV_ROWS"};
+                                 "MSM_CUDA_LINEAR_SWIGLU_ROWS", "MSM_CUDA_AUX_GEMV_ROWS", "MSM_CUDA_LINEAR_ROPE_MMV"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -93,6 +93,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
     setenv("MSM_CUDA_MOE_GG_COMPACT", "0", 1), setenv("MSM_CUDA_LINEAR_SWIGLU", "0", 1);
     setenv("MSM_CUDA_LINEAR_SWIGLU_ROWS", "2", 1), setenv("MSM_CUDA_AUX_GEMV_ROWS", "2", 1);
+    setenv("MSM_CUDA_LINEAR_ROPE_MMV", "1", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     t.att_bt_cache = true;
@@ -122,6 +123,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.linear_swiglu, "MSM_CUDA_LINEAR_SWIGLU=0: the gate/up linear and the SwiGLU two kernels");
     cr_expect_eq(t.linear_swiglu_rows, 2);
     cr_expect_eq(t.aux_gemv_rows, 2);
+    cr_expect(t.linear_rope_mmv, "MSM_CUDA_LINEAR_ROPE_MMV=1: the qkv MMV rotates too");
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
@@ -2350,6 +2352,64 @@ Test(cuda_kernels, qk_norm_rope_kv_equals_qk_norm_then_rope_kv, .timeout = 60) {
     cr_expect_eq(msm_cuda_qk_norm_rope_kv(db, db, dc, dc, dp, dsl, dc, dc, 1, 4, 2, 320, 320, 1e6f, 1e-6f, EX), -ENOTSUP);
     cr_expect_eq(msm_cuda_qk_norm_rope_kv(db, db, dc, dc, dp, dsl, dc, dc, 1, 4, 2, 128, 130, 1e6f, 1e-6f, EX), -EINVAL);
     cudaFree(dp), cudaFree(dsl), cudaFree(db), cudaFree(dc);
+}
+
+/* The qkv LINEAR + ROPE_KV_WRITE in one kernel on the MMV (3-8 tokens; msm_cuda_linear_rope_kv on the
+ * block-sliced MMV with its rows regrouped by head halves, tuning linear_rope_mmv) equals
+ * msm_cuda_linear then msm_cuda_rope_kv bitwise: the rotated rows and both whole caches, with and
+ * without a bias, a padding row (slot -1), 16 and 32 rows a warp (mmv_nj 2 / 4) and the MMV's own
+ * choice; and it is not taken with the switch off or partial rotary. */
+Test(cuda_kernels, linear_rope_kv_mmv_equals_linear_then_rope_kv, .timeout = 60) {
+    need_gpu();
+    /* T, nh, kvh, hd, K, bias */
+    static const int shapes[][6] = {{3, 16, 16, 128, 2048, 1}, {8, 16, 16, 128, 2048, 1}, {5, 32, 4, 128, 4096, 0},
+                                    {6, 8, 2, 64, 1024, 1},    {4, 12, 2, 128, 1024, 0}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int T = shapes[si][0], nh = shapes[si][1], kvh = shapes[si][2], hd = shapes[si][3], rot = hd;
+        int K = shapes[si][4], hb = shapes[si][5], N = (nh + 2 * kvh) * hd, nslots = 2 * MSM_KV_BLOCK;
+        size_t n = (size_t)T * N, cache = (size_t)nslots * kvh * hd;
+        float *x = host_f32((size_t)T * K, 1.0f), *wf, *bf = NULL;
+        uint16_t *w = host_bf16((size_t)N * K, 0.05f, &wf), *b = hb ? host_bf16(N, 0.5f, &bf) : NULL;
+        int32_t pos[16], slot[16];
+        for (int t = 0; t < T; t++) pos[t] = rndi(4000), slot[t] = t == 1 ? -1 : 3 + 2 * t;
+        float *dx = dev_up(x, (size_t)T * K * 4), *y = dev_poison(n * 4), *o1 = dev_poison(n * 4),
+              *o2 = dev_poison(n * 4);
+        uint16_t *dw = dev_up(w, (size_t)N * K * 2), *db = b ? dev_up(b, N * 2) : NULL;
+        int32_t *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
+        uint16_t *k1 = dev_poison(cache * 2), *v1 = dev_poison(cache * 2), *k2 = dev_poison(cache * 2),
+                 *v2 = dev_poison(cache * 2);
+        float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
+        uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
+        for (int var = 0; var < 3; var++) { /* the MMV's own rule; 16 rows a warp; 32 */
+            msm_cuda_tuning tn = tune0;
+            tn.linear_rope = tn.linear_rope_mmv = true;
+            tn.mmv_nj = var == 0 ? tune0.mmv_nj : var == 1 ? 2 : 4;
+            msm_cuda_exec ex = {.stream = 0, .tune = &tn, .decode = true};
+            cr_assert(msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &tn), "shape %zu", si);
+            cr_assert_eq(cudaMemset(k1, 0xff, cache * 2), cudaSuccess);
+            cr_assert_eq(cudaMemset(v1, 0xff, cache * 2), cudaSuccess);
+            cr_assert_eq(cudaMemset(k2, 0xff, cache * 2), cudaSuccess);
+            cr_assert_eq(cudaMemset(v2, 0xff, cache * 2), cudaSuccess);
+            CK(msm_cuda_linear(y, dx, dw, db, T, N, K, NULL, NULL, 0, ex));
+            CK(msm_cuda_rope_kv(o1, y, dpos, dslot, k1, v1, T, nh, kvh, hd, rot, 1e6f, ex));
+            CK(msm_cuda_linear_rope_kv(o2, dx, dw, db, dpos, dslot, k2, v2, T, K, nh, kvh, hd, rot, 1e6f, ex));
+            down(h1, o1, n * 4), down(h2, o2, n * 4);
+            cr_assert(memcmp(h1, h2, n * 4) == 0, "rows differ (shape %zu, variant %d)", si, var);
+            down(c1, k1, cache * 2), down(c2, k2, cache * 2);
+            cr_assert(memcmp(c1, c2, cache * 2) == 0, "K caches differ (shape %zu, variant %d)", si, var);
+            down(c1, v1, cache * 2), down(c2, v2, cache * 2);
+            cr_assert(memcmp(c1, c2, cache * 2) == 0, "V caches differ (shape %zu, variant %d)", si, var);
+        }
+        msm_cuda_tuning off = tune0;
+        off.linear_rope = true, off.linear_rope_mmv = false;
+        cr_expect(!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &off), "switch off");
+        off.linear_rope_mmv = true;
+        cr_expect(!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot / 2, dw, dx, &off), "partial rotary");
+        cudaFree(dx), cudaFree(y), cudaFree(o1), cudaFree(o2), cudaFree(dw), cudaFree(db), cudaFree(dpos),
+            cudaFree(dslot);
+        cudaFree(k1), cudaFree(v1), cudaFree(k2), cudaFree(v2);
+        free(x), free(wf), free(w), free(bf), free(b), free(h1), free(h2), free(c1), free(c2);
+    }
 }
 
 /* The gate/up LINEAR + SWIGLU in one kernel (msm_cuda_linear_swiglu, one or two tokens) equals
