@@ -12,7 +12,8 @@ position / weight / cosine prologue before the PDL wait vs after, the routed exp
 after the router vs as its programmatic dependent where a shared expert runs beside them, the FP8
 experts' codes decoded with integer operations vs the hardware's conversion, the qkv GEMV with the
 RoPE and K/V cache write in its epilogue vs the two kernels, the shared expert's gate/up GEMV
-with the SwiGLU in its epilogue vs the two kernels, the grouped expert GEMVs' grid a row per
+with the SwiGLU in its epilogue vs the two kernels, the qkv MMV with RoPE and the K/V write in its
+epilogue (off by default) vs the two kernels, the grouped expert GEMVs' grid a row per
 selected expert vs per expert, the router's top-k ranked by one
 thread-block cluster a token vs by the last block to arrive on a counter, the grouped expert GEMVs
 finding their pairs themselves vs after the grouping kernel, the attention's block-table entries
@@ -52,6 +53,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("the one-token bf16 GEMV's 2048-wide rows in two steps vs one", [], {"MSM_CUDA_GEMV_U8": "1"}),
     ("qkv GEMV + RoPE + K/V write one kernel vs two", [], {"MSM_CUDA_LINEAR_ROPE": "0"}),
     ("gate/up GEMV + SwiGLU one kernel vs two", [], {"MSM_CUDA_LINEAR_SWIGLU": "0"}),
+    ("qkv MMV + RoPE + K/V write one kernel vs two (3-8 tokens)", [], {"MSM_CUDA_LINEAR_ROPE_MMV": "1"}),
     ("router as one cluster a token vs a counter and the last block", [], {"MSM_CUDA_ROUTER_CLUSTER": "0"}),
     ("attention's block-table entries copied to shared memory vs loaded with each tile", [], {"MSM_CUDA_ATT_BT_CACHE": "0"}),
     ("qkv + RoPE kernel at 12 blocks an SM vs unbounded", [], {"MSM_CUDA_GEMV_MINB": "0"}),

@@ -166,4 +166,16 @@ r9)
     done
     el done | tee -a $OUT/gpu.txt
     ;;
+r10)
+    # the qkv MMV with RoPE and the K/V write in its epilogue (MSM_CUDA_LINEAR_ROPE_MMV=1, off by
+    # default): kernel tests; A/B at 3, 4, 8 tokens, two rounds (the last of the device time)
+    hdr
+    timeout 60 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/linear_rope_kv*" > $OUT/kernels.txt 2>&1
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        b qwen1.5-moe-a2.7b 3,4,8 rope --
+        b qwen1.5-moe-a2.7b 3,4,8 rope MSM_CUDA_LINEAR_ROPE_MMV=1 --
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
