@@ -1294,8 +1294,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MMV_BSLICE=0|1             one token tile: the MMV's K slices as warps of one block where
  *                                       its N / 16 blocks fit one wave (1, default), or clusters (0)
  *   MSM_CUDA_MMV_NJ=0|2|4               the block-sliced MMV's rows a warp: 16 (2) or 32 at 2 chunks in
- *                                       flight (4), or 32 where that keeps the warps (0, default); the
- *                                       same bits
+ *                                       flight (4), or 32 where that keeps the warps and on the aux stream
+ *                                       up to 8 tokens (0, default); the same bits at the same K slices
+ *                                       (the 32-row grid may take other slices: a numerics choice)
  *   MSM_CUDA_MOE_DOWN_HB=0|2|4          the pair path's split down GEMV: rows a warp (0, default: 4 for
  *                                       bf16, 2 for FP8); the same bits
  *   MSM_CUDA_MOE_GU_U2=0|1|2            the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
@@ -1329,9 +1330,10 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_GG_EARLY=0|1           the grouped SIMT down loads its first weights before its PDL wait (1, default)
  *   MSM_CUDA_MOE_GG_COMPACT=0|1         the grouped SIMT GEMVs' grid: a row per selected expert (1, default) or per expert
  *   MSM_CUDA_LINEAR_SWIGLU=0|1          a gate/up LINEAR and its SWIGLU at 1-2 tokens in one kernel (1, default)
- *   MSM_CUDA_LINEAR_ROPE_MMV=0|1        the qkv LINEAR + ROPE_KV_WRITE in one kernel at 3-16 tokens too (0, default)
  *   MSM_CUDA_LINEAR_SWIGLU_ROWS=1|2|4   ... its gate and up rows a warp (2, default); the same bits
  *   MSM_CUDA_AUX_GEMV_ROWS=1|2          the 1-2-token bf16 GEMV's rows a warp on the aux stream (2, default)
+ *   MSM_CUDA_LINEAR_ROPE_MMV=0|1        the qkv LINEAR + ROPE_KV_WRITE in one kernel on the MMV (3-8 tokens)
+ *                                       too (0, default: not yet measured)
  *   MSM_CUDA_STREAM_PRIO=off|aux|auto   the aux stream's kernels (the shared expert's) above the main
  *                                       stream's: never, every step, or decode steps of 3-11 tokens (auto,
  *                                       default)
