@@ -207,7 +207,8 @@ typedef struct msm_cuda_tuning {
     int mmv_nj;               /* the block-sliced MMV's n8 tiles a warp: 2 (16 rows) or 4 (32 rows at 2
                                  chunks in flight, each x fragment feeding twice the MMAs, wherever a
                                  slice count fits), or 0 (default): 32 rows where that keeps as many
-                                 warps as the 16-row pick (linear.cu); the same bits (MSM_CUDA_MMV_NJ) */
+                                 warps as the 16-row pick, and on the aux stream up to 8 tokens
+                                 (linear.cu); the same bits at the same K slices (MSM_CUDA_MMV_NJ) */
     int mmvb4_per_sm[3];      /* resident blocks of that 32-row form at 16, 8, 4 slices */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
     int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
