@@ -911,6 +911,21 @@ static cudaError_t mmvb_launch(float *y, const float *x, const uint16_t *w, cons
                       ex.tune->gemv_early && !ex.w_written, ra);
 }
 
+/* The block-sliced MMV of mmv_bslice_pick's choice: WS K slices, U chunks in flight, NJ n8 tiles a
+ * warp; ROPE: the qkv rows regrouped and rotated in its epilogue (ra). */
+template <bool ROPE>
+static cudaError_t mmvb_go(int WS, int U, int NJ, float *y, const float *x, const uint16_t *w, const uint16_t *bias,
+                           int T, int N, int K, msm_cuda_exec ex, lrk_args ra = lrk_args{}) {
+    if (NJ == 4)
+        return WS == 16 ? mmvb_launch<16, 2, 4, ROPE>(y, x, w, bias, T, N, K, ex, ra)
+               : WS == 8 ? mmvb_launch<8, 2, 4, ROPE>(y, x, w, bias, T, N, K, ex, ra)
+                         : mmvb_launch<4, 2, 4, ROPE>(y, x, w, bias, T, N, K, ex, ra);
+    return WS == 16 ? (U == 8 ? mmvb_launch<16, 8, 2, ROPE>(y, x, w, bias, T, N, K, ex, ra)
+                              : mmvb_launch<16, 4, 2, ROPE>(y, x, w, bias, T, N, K, ex, ra))
+           : WS == 8 ? mmvb_launch<8, 4, 2, ROPE>(y, x, w, bias, T, N, K, ex, ra)
+                     : mmvb_launch<4, 4, 2, ROPE>(y, x, w, bias, T, N, K, ex, ra);
+}
+
 /* mmv_bslice_pick: the K slices a block (16, 8 or 4: 0 where none fits), the chunks in flight a
  * warp (8, 4 or 2) and the n8 tiles a warp (2 or 4) of the block-sliced MMV for T <= 16 tokens of
  * an N x K weight. By the rule (bslice 1): the most slices whose grid of N / 16 blocks is one wave
@@ -961,20 +976,8 @@ static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, bool 
 static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                    int K, msm_cuda_exec ex) {
     int U, NJ, WS = mmv_bslice_pick(ex.tune, T, N, K, ex.on_aux, &U, &NJ);
-    if (WS && NJ == 4) {
-        cudaError_t e = WS == 16 ? mmvb_launch<16, 2, 4>(y, x, w, bias, T, N, K, ex)
-                        : WS == 8 ? mmvb_launch<8, 2, 4>(y, x, w, bias, T, N, K, ex)
-                                  : mmvb_launch<4, 2, 4>(y, x, w, bias, T, N, K, ex);
-        CUDA_TRY(e);
-        CUDA_LAUNCH_CHECK();
-        return 0;
-    }
     if (WS) {
-        cudaError_t e = WS == 16 ? (U == 8 ? mmvb_launch<16, 8>(y, x, w, bias, T, N, K, ex)
-                                           : mmvb_launch<16, 4>(y, x, w, bias, T, N, K, ex))
-                        : WS == 8 ? mmvb_launch<8, 4>(y, x, w, bias, T, N, K, ex)
-                                  : mmvb_launch<4, 4>(y, x, w, bias, T, N, K, ex);
-        CUDA_TRY(e);
+        CUDA_TRY(mmvb_go<false>(WS, U, NJ, y, x, w, bias, T, N, K, ex));
         CUDA_LAUNCH_CHECK();
         return 0;
     }
@@ -1141,26 +1144,24 @@ extern "C" int msm_cuda_linear_swiglu(float *act, const float *x, const uint16_t
     return 0;
 }
 
-/* Whether msm_cuda_linear of these shapes takes gemv_launch<T> (bf16, 16-byte vectors, one or two
- * tokens: no tiled, MMV or small-N path), which linear_rope_kernel reproduces, and the qkv rows fit
- * its row hand-out. */
 /* Whether msm_cuda_linear takes the block-sliced MMV for these shapes (main stream), which
  * mmv_kernel<..., ROPE> reproduces with the qkv rows of full-rotary heads regrouped (tuning
  * linear_rope_mmv); its slices, chunks in flight and rows a warp in *ws, *u, *nj. */
 static bool linear_rope_mmv_fits(int T, int N, int K, int nh, int kvh, int hd, int rot, const void *w, const void *x,
                                  const msm_cuda_tuning *tn, int *ws, int *u, int *nj) {
-    if (!tn->linear_rope_mmv || T < 3 || T > 16 || nh <= 0 || kvh <= 0 || rot != hd || hd % 32 != 0 ||
-        N != (nh + 2 * kvh) * hd || N <= MSM_CUDA_GEMV_SMALL_N || (T >= tn->linear_tiled_min_t && msm__linear_tiled_fits(T, N, K, w, x)) ||
-        !mmv_use(tn, T, N, K, w, x))
+    if (!tn->linear_rope || !tn->linear_rope_mmv || T < 3 || T > 16 || nh <= 0 || kvh <= 0 || rot != hd ||
+        hd % 32 != 0 || N != (nh + 2 * kvh) * hd || N <= MSM_CUDA_GEMV_SMALL_N ||
+        (T >= tn->linear_tiled_min_t && msm__linear_tiled_fits(T, N, K, w, x)) || !mmv_use(tn, T, N, K, w, x))
         return false;
     *ws = mmv_bslice_pick(tn, T, N, K, false, u, nj);
     return *ws > 0 && hd % (*nj * 8) == 0;
 }
 
-extern "C" bool msm_cuda_linear_rope_kv_fits(int T, int N, int K, int nh, int kvh, int hd, int rot, const void *w,
-                                             const void *x, const msm_cuda_tuning *tn) {
-    int ws, u, nj;
-    if (tn->linear_rope && linear_rope_mmv_fits(T, N, K, nh, kvh, hd, rot, w, x, tn, &ws, &u, &nj)) return true;
+/* Whether msm_cuda_linear of these shapes takes gemv_launch<T> (bf16, 16-byte vectors, one or two
+ * tokens: no tiled, MMV or small-N path), which linear_rope_kernel reproduces, and the qkv rows fit
+ * its row hand-out. */
+static bool linear_rope_gemv_fits(int T, int N, int K, int nh, int kvh, int hd, int rot, const void *w, const void *x,
+                                  const msm_cuda_tuning *tn) {
     int gemv_max = tn->gemv_max_t < MSM_CUDA_GEMV_MAX_T ? MSM_CUDA_GEMV_MAX_T : tn->gemv_max_t > 64 ? 64 : tn->gemv_max_t;
     return tn->linear_rope && T >= 1 && T <= 2 && T <= gemv_max && nh > 0 && kvh > 0 && hd > 0 && hd % 4 == 0 &&
            rot > 0 && rot % 4 == 0 && rot <= hd && (hd - rot) % 4 == 0 && N == (nh + 2 * kvh) * hd &&
@@ -1168,27 +1169,26 @@ extern "C" bool msm_cuda_linear_rope_kv_fits(int T, int N, int K, int nh, int kv
            !(T >= tn->linear_tiled_min_t && msm__linear_tiled_fits(T, N, K, w, x)) && !mmv_use(tn, T, N, K, w, x);
 }
 
+extern "C" bool msm_cuda_linear_rope_kv_fits(int T, int N, int K, int nh, int kvh, int hd, int rot, const void *w,
+                                             const void *x, const msm_cuda_tuning *tn) {
+    int ws, u, nj;
+    return linear_rope_mmv_fits(T, N, K, nh, kvh, hd, rot, w, x, tn, &ws, &u, &nj) ||
+           linear_rope_gemv_fits(T, N, K, nh, kvh, hd, rot, w, x, tn);
+}
+
 extern "C" int msm_cuda_linear_rope_kv(float *out, const float *x, const uint16_t *w, const uint16_t *bias,
                                        const int32_t *pos, const int32_t *slot, uint16_t *kc, uint16_t *vc, int T,
                                        int K, int nh, int kvh, int hd, int rot, float theta, msm_cuda_exec ex) {
     int N = (nh + 2 * kvh) * hd;
     if (!out || !x || !w || !pos || !slot || !kc || !vc) return -EINVAL;
-    if (!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, w, x, ex.tune)) return -ENOTSUP;
     lrk_args a = {out, pos, slot, kc, vc, nh, kvh, hd, rot, theta};
     int ws, u, nj;
     if (linear_rope_mmv_fits(T, N, K, nh, kvh, hd, rot, w, x, ex.tune, &ws, &u, &nj)) {
         /* the block-sliced MMV's choice (mmv_run), its rows regrouped by head halves */
-        float *y = NULL;
-        cudaError_t e = nj == 4 ? (ws == 16 ? mmvb_launch<16, 2, 4, true>(y, x, w, bias, T, N, K, ex, a)
-                                   : ws == 8 ? mmvb_launch<8, 2, 4, true>(y, x, w, bias, T, N, K, ex, a)
-                                             : mmvb_launch<4, 2, 4, true>(y, x, w, bias, T, N, K, ex, a))
-                      : ws == 16 ? (u == 8 ? mmvb_launch<16, 8, 2, true>(y, x, w, bias, T, N, K, ex, a)
-                                           : mmvb_launch<16, 4, 2, true>(y, x, w, bias, T, N, K, ex, a))
-                      : ws == 8  ? mmvb_launch<8, 4, 2, true>(y, x, w, bias, T, N, K, ex, a)
-                                 : mmvb_launch<4, 4, 2, true>(y, x, w, bias, T, N, K, ex, a);
-        CUDA_TRY(e);
+        CUDA_TRY(mmvb_go<true>(ws, u, nj, NULL, x, w, bias, T, N, K, ex, a));
         return 0;
     }
+    if (!linear_rope_gemv_fits(T, N, K, nh, kvh, hd, rot, w, x, ex.tune)) return -ENOTSUP;
     dim3 grid((unsigned)(N / GEMV_WARPS)), block(GEMV_WARPS * 32);
     bool pf = ex.tune->gemv_prefetch, early = ex.tune->gemv_early && !ex.w_written;
     /* gemv_launch's loads in flight at one token and its pipelined rows at two */

@@ -2354,6 +2354,64 @@ Test(cuda_kernels, qk_norm_rope_kv_equals_qk_norm_then_rope_kv, .timeout = 60) {
     cudaFree(dp), cudaFree(dsl), cudaFree(db), cudaFree(dc);
 }
 
+/* A qkv LINEAR + ROPE_KV_WRITE comparison (the two tests below): x [T, K], the weight [N, K] and
+ * bias, positions and slots (slot0 + step * t, -1 for token 1: a padding row), the fused and the
+ * two-kernel outputs with their caches, and host copies to compare. */
+typedef struct lrk_case {
+    int T, N, K, nh, kvh, hd, rot;
+    size_t n, cache;
+    float *x, *wf, *bf, *dx, *y, *o1, *o2, *h1, *h2;
+    uint16_t *w, *b, *dw, *db, *k1, *v1, *k2, *v2, *c1, *c2;
+    int32_t *dpos, *dslot;
+} lrk_case;
+
+static lrk_case lrk_case_new(int T, int nh, int kvh, int hd, int rot, int K, int bias, int slot0, int step) {
+    lrk_case c = {.T = T, .N = (nh + 2 * kvh) * hd, .K = K, .nh = nh, .kvh = kvh, .hd = hd, .rot = rot};
+    c.n = (size_t)T * c.N, c.cache = (size_t)2 * MSM_KV_BLOCK * kvh * hd;
+    c.x = host_f32((size_t)T * K, 1.0f);
+    c.w = host_bf16((size_t)c.N * K, 0.05f, &c.wf);
+    c.b = bias ? host_bf16(c.N, 0.5f, &c.bf) : NULL;
+    int32_t pos[16], slot[16];
+    cr_assert(T <= 16);
+    for (int t = 0; t < T; t++) pos[t] = rndi(4000), slot[t] = t == 1 ? -1 : slot0 + step * t;
+    c.dx = dev_up(c.x, (size_t)T * K * 4), c.y = dev_poison(c.n * 4), c.o1 = dev_poison(c.n * 4);
+    c.o2 = dev_poison(c.n * 4);
+    c.dw = dev_up(c.w, (size_t)c.N * K * 2), c.db = c.b ? dev_up(c.b, c.N * 2) : NULL;
+    c.dpos = dev_up(pos, T * 4), c.dslot = dev_up(slot, T * 4);
+    c.k1 = dev_poison(c.cache * 2), c.v1 = dev_poison(c.cache * 2), c.k2 = dev_poison(c.cache * 2);
+    c.v2 = dev_poison(c.cache * 2);
+    c.h1 = malloc(c.n * 4), c.h2 = malloc(c.n * 4), c.c1 = malloc(c.cache * 2), c.c2 = malloc(c.cache * 2);
+    return c;
+}
+
+static void lrk_case_free(lrk_case *c) {
+    cudaFree(c->dx), cudaFree(c->y), cudaFree(c->o1), cudaFree(c->o2), cudaFree(c->dw), cudaFree(c->db);
+    cudaFree(c->dpos), cudaFree(c->dslot), cudaFree(c->k1), cudaFree(c->v1), cudaFree(c->k2), cudaFree(c->v2);
+    free(c->x), free(c->wf), free(c->w), free(c->bf), free(c->b), free(c->h1), free(c->h2), free(c->c1), free(c->c2);
+}
+
+/* msm_cuda_linear_rope_kv under ex against msm_cuda_linear then msm_cuda_rope_kv: the rows and both
+ * whole caches bitwise (shape si, variant var in the messages). */
+static void lrk_check(lrk_case *c, msm_cuda_exec ex, size_t si, int var) {
+    int T = c->T, N = c->N, K = c->K, nh = c->nh, kvh = c->kvh, hd = c->hd, rot = c->rot;
+    size_t n = c->n, cache = c->cache;
+    cr_assert(msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, c->dw, c->dx, ex.tune), "shape %zu", si);
+    cr_assert_eq(cudaMemset(c->k1, 0xff, cache * 2), cudaSuccess);
+    cr_assert_eq(cudaMemset(c->v1, 0xff, cache * 2), cudaSuccess);
+    cr_assert_eq(cudaMemset(c->k2, 0xff, cache * 2), cudaSuccess);
+    cr_assert_eq(cudaMemset(c->v2, 0xff, cache * 2), cudaSuccess);
+    CK(msm_cuda_linear(c->y, c->dx, c->dw, c->db, T, N, K, NULL, NULL, 0, ex));
+    CK(msm_cuda_rope_kv(c->o1, c->y, c->dpos, c->dslot, c->k1, c->v1, T, nh, kvh, hd, rot, 1e6f, ex));
+    CK(msm_cuda_linear_rope_kv(c->o2, c->dx, c->dw, c->db, c->dpos, c->dslot, c->k2, c->v2, T, K, nh, kvh, hd, rot,
+                               1e6f, ex));
+    down(c->h1, c->o1, n * 4), down(c->h2, c->o2, n * 4);
+    cr_assert(memcmp(c->h1, c->h2, n * 4) == 0, "rows differ (shape %zu, variant %d)", si, var);
+    down(c->c1, c->k1, cache * 2), down(c->c2, c->k2, cache * 2);
+    cr_assert(memcmp(c->c1, c->c2, cache * 2) == 0, "K caches differ (shape %zu, variant %d)", si, var);
+    down(c->c1, c->v1, cache * 2), down(c->c2, c->v2, cache * 2);
+    cr_assert(memcmp(c->c1, c->c2, cache * 2) == 0, "V caches differ (shape %zu, variant %d)", si, var);
+}
+
 /* The qkv LINEAR + ROPE_KV_WRITE in one kernel on the MMV (3-8 tokens; msm_cuda_linear_rope_kv on the
  * block-sliced MMV with its rows regrouped by head halves, tuning linear_rope_mmv) equals
  * msm_cuda_linear then msm_cuda_rope_kv bitwise: the rotated rows and both whole caches, with and
@@ -2365,50 +2423,22 @@ Test(cuda_kernels, linear_rope_kv_mmv_equals_linear_then_rope_kv, .timeout = 60)
     static const int shapes[][6] = {{3, 16, 16, 128, 2048, 1}, {8, 16, 16, 128, 2048, 1}, {5, 32, 4, 128, 4096, 0},
                                     {6, 8, 2, 64, 1024, 1},    {4, 12, 2, 128, 1024, 0}};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-        int T = shapes[si][0], nh = shapes[si][1], kvh = shapes[si][2], hd = shapes[si][3], rot = hd;
-        int K = shapes[si][4], hb = shapes[si][5], N = (nh + 2 * kvh) * hd, nslots = 2 * MSM_KV_BLOCK;
-        size_t n = (size_t)T * N, cache = (size_t)nslots * kvh * hd;
-        float *x = host_f32((size_t)T * K, 1.0f), *wf, *bf = NULL;
-        uint16_t *w = host_bf16((size_t)N * K, 0.05f, &wf), *b = hb ? host_bf16(N, 0.5f, &bf) : NULL;
-        int32_t pos[16], slot[16];
-        for (int t = 0; t < T; t++) pos[t] = rndi(4000), slot[t] = t == 1 ? -1 : 3 + 2 * t;
-        float *dx = dev_up(x, (size_t)T * K * 4), *y = dev_poison(n * 4), *o1 = dev_poison(n * 4),
-              *o2 = dev_poison(n * 4);
-        uint16_t *dw = dev_up(w, (size_t)N * K * 2), *db = b ? dev_up(b, N * 2) : NULL;
-        int32_t *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
-        uint16_t *k1 = dev_poison(cache * 2), *v1 = dev_poison(cache * 2), *k2 = dev_poison(cache * 2),
-                 *v2 = dev_poison(cache * 2);
-        float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
-        uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
+        lrk_case c = lrk_case_new(shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], shapes[si][3],
+                                  shapes[si][4], shapes[si][5], 3, 2);
         for (int var = 0; var < 3; var++) { /* the MMV's own rule; 16 rows a warp; 32 */
             msm_cuda_tuning tn = tune0;
             tn.linear_rope = tn.linear_rope_mmv = true;
             tn.mmv_nj = var == 0 ? tune0.mmv_nj : var == 1 ? 2 : 4;
-            msm_cuda_exec ex = {.stream = 0, .tune = &tn, .decode = true};
-            cr_assert(msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &tn), "shape %zu", si);
-            cr_assert_eq(cudaMemset(k1, 0xff, cache * 2), cudaSuccess);
-            cr_assert_eq(cudaMemset(v1, 0xff, cache * 2), cudaSuccess);
-            cr_assert_eq(cudaMemset(k2, 0xff, cache * 2), cudaSuccess);
-            cr_assert_eq(cudaMemset(v2, 0xff, cache * 2), cudaSuccess);
-            CK(msm_cuda_linear(y, dx, dw, db, T, N, K, NULL, NULL, 0, ex));
-            CK(msm_cuda_rope_kv(o1, y, dpos, dslot, k1, v1, T, nh, kvh, hd, rot, 1e6f, ex));
-            CK(msm_cuda_linear_rope_kv(o2, dx, dw, db, dpos, dslot, k2, v2, T, K, nh, kvh, hd, rot, 1e6f, ex));
-            down(h1, o1, n * 4), down(h2, o2, n * 4);
-            cr_assert(memcmp(h1, h2, n * 4) == 0, "rows differ (shape %zu, variant %d)", si, var);
-            down(c1, k1, cache * 2), down(c2, k2, cache * 2);
-            cr_assert(memcmp(c1, c2, cache * 2) == 0, "K caches differ (shape %zu, variant %d)", si, var);
-            down(c1, v1, cache * 2), down(c2, v2, cache * 2);
-            cr_assert(memcmp(c1, c2, cache * 2) == 0, "V caches differ (shape %zu, variant %d)", si, var);
+            lrk_check(&c, (msm_cuda_exec){.stream = 0, .tune = &tn, .decode = true}, si, var);
         }
         msm_cuda_tuning off = tune0;
         off.linear_rope = true, off.linear_rope_mmv = false;
-        cr_expect(!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &off), "switch off");
+        cr_expect(!msm_cuda_linear_rope_kv_fits(c.T, c.N, c.K, c.nh, c.kvh, c.hd, c.rot, c.dw, c.dx, &off),
+                  "switch off");
         off.linear_rope_mmv = true;
-        cr_expect(!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot / 2, dw, dx, &off), "partial rotary");
-        cudaFree(dx), cudaFree(y), cudaFree(o1), cudaFree(o2), cudaFree(dw), cudaFree(db), cudaFree(dpos),
-            cudaFree(dslot);
-        cudaFree(k1), cudaFree(v1), cudaFree(k2), cudaFree(v2);
-        free(x), free(wf), free(w), free(bf), free(b), free(h1), free(h2), free(c1), free(c2);
+        cr_expect(!msm_cuda_linear_rope_kv_fits(c.T, c.N, c.K, c.nh, c.kvh, c.hd, c.rot / 2, c.dw, c.dx, &off),
+                  "partial rotary");
+        lrk_case_free(&c);
     }
 }
 
@@ -2487,60 +2517,32 @@ Test(cuda_kernels, linear_rope_kv_equals_linear_then_rope_kv, .timeout = 60) {
                                     {1, 32, 4, 128, 128, 4096, 0},  {2, 12, 2, 128, 64, 1024, 1},
                                     {1, 6, 2, 64, 32, 512, 0},      {2, 4, 4, 128, 48, 2048, 0}};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-        int T = shapes[si][0], nh = shapes[si][1], kvh = shapes[si][2], hd = shapes[si][3], rot = shapes[si][4];
-        int K = shapes[si][5], hb = shapes[si][6], N = (nh + 2 * kvh) * hd, nslots = 2 * MSM_KV_BLOCK;
-        size_t n = (size_t)T * N, cache = (size_t)nslots * kvh * hd;
-        float *x = host_f32((size_t)T * K, 1.0f), *wf, *bf = NULL;
-        uint16_t *w = host_bf16((size_t)N * K, 0.05f, &wf), *b = hb ? host_bf16(N, 0.5f, &bf) : NULL;
-        int32_t pos[2], slot[2];
-        for (int t = 0; t < T; t++) pos[t] = rndi(4000), slot[t] = t == 1 ? -1 : 5 + 9 * t;
-        float *dx = dev_up(x, (size_t)T * K * 4), *y = dev_poison(n * 4), *o1 = dev_poison(n * 4),
-              *o2 = dev_poison(n * 4);
-        uint16_t *dw = dev_up(w, (size_t)N * K * 2), *db = b ? dev_up(b, N * 2) : NULL;
-        int32_t *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
-        uint16_t *k1 = dev_poison(cache * 2), *v1 = dev_poison(cache * 2), *k2 = dev_poison(cache * 2),
-                 *v2 = dev_poison(cache * 2);
-        float *h1 = malloc(n * 4), *h2 = malloc(n * 4);
-        uint16_t *c1 = malloc(cache * 2), *c2 = malloc(cache * 2);
+        lrk_case c = lrk_case_new(shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], shapes[si][4],
+                                  shapes[si][5], shapes[si][6], 5, 9);
+        int T = c.T, N = c.N, K = c.K, nh = c.nh, kvh = c.kvh, hd = c.hd, rot = c.rot;
         for (int var = 0; var < 4; var++) { /* plain; gemv_u8 + gemv_u16 at decode; rows_pipe off; 12 blocks an SM */
             msm_cuda_tuning tn = tune0;
             tn.gemv_u8 = tn.gemv_u16 = var == 1;
             if (var == 2) tn.rows_pipe = 0;
             tn.gemv_minb = var == 3 ? MSM_CUDA_MINB_QKV : 0;
-            msm_cuda_exec ex = {.stream = 0, .tune = &tn, .decode = var == 1};
-            cr_assert(msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &tn), "shape %zu", si);
-            cr_assert_eq(cudaMemset(k1, 0xff, cache * 2), cudaSuccess);
-            cr_assert_eq(cudaMemset(v1, 0xff, cache * 2), cudaSuccess);
-            cr_assert_eq(cudaMemset(k2, 0xff, cache * 2), cudaSuccess);
-            cr_assert_eq(cudaMemset(v2, 0xff, cache * 2), cudaSuccess);
-            CK(msm_cuda_linear(y, dx, dw, db, T, N, K, NULL, NULL, 0, ex));
-            CK(msm_cuda_rope_kv(o1, y, dpos, dslot, k1, v1, T, nh, kvh, hd, rot, 1e6f, ex));
-            CK(msm_cuda_linear_rope_kv(o2, dx, dw, db, dpos, dslot, k2, v2, T, K, nh, kvh, hd, rot, 1e6f, ex));
-            down(h1, o1, n * 4), down(h2, o2, n * 4);
-            cr_assert(memcmp(h1, h2, n * 4) == 0, "rows differ (shape %zu, variant %d)", si, var);
-            down(c1, k1, cache * 2), down(c2, k2, cache * 2);
-            cr_assert(memcmp(c1, c2, cache * 2) == 0, "K caches differ (shape %zu, variant %d)", si, var);
-            down(c1, v1, cache * 2), down(c2, v2, cache * 2);
-            cr_assert(memcmp(c1, c2, cache * 2) == 0, "V caches differ (shape %zu, variant %d)", si, var);
+            lrk_check(&c, (msm_cuda_exec){.stream = 0, .tune = &tn, .decode = var == 1}, si, var);
         }
         /* not taken: the switch off; at two tokens the MMV */
         msm_cuda_tuning off = tune0;
         off.linear_rope = false;
-        cr_expect(!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &off));
+        cr_expect(!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, c.dw, c.dx, &off));
         msm_cuda_exec eo = {.stream = 0, .tune = &off};
-        cr_expect_eq(msm_cuda_linear_rope_kv(o2, dx, dw, db, dpos, dslot, k2, v2, T, K, nh, kvh, hd, rot, 1e6f, eo),
+        cr_expect_eq(msm_cuda_linear_rope_kv(c.o2, c.dx, c.dw, c.db, c.dpos, c.dslot, c.k2, c.v2, T, K, nh, kvh, hd,
+                                             rot, 1e6f, eo),
                      -ENOTSUP);
         if (T == 2) {
             msm_cuda_tuning mmv = tune0;
             mmv.mmv_min_t = 2;
-            cr_expect(!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, dw, dx, &mmv));
+            cr_expect(!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, c.dw, c.dx, &mmv));
         }
-        cr_expect(!msm_cuda_linear_rope_kv_fits(3, N, K, nh, kvh, hd, rot, dw, dx, &tune0));
-        cr_expect(!msm_cuda_linear_rope_kv_fits(T, N + hd, K, nh, kvh, hd, rot, dw, dx, &tune0));
-        cudaFree(dx), cudaFree(y), cudaFree(o1), cudaFree(o2), cudaFree(dw), cudaFree(db), cudaFree(dpos),
-            cudaFree(dslot);
-        cudaFree(k1), cudaFree(v1), cudaFree(k2), cudaFree(v2);
-        free(x), free(wf), free(w), free(bf), free(b), free(h1), free(h2), free(c1), free(c2);
+        cr_expect(!msm_cuda_linear_rope_kv_fits(3, N, K, nh, kvh, hd, rot, c.dw, c.dx, &tune0));
+        cr_expect(!msm_cuda_linear_rope_kv_fits(T, N + hd, K, nh, kvh, hd, rot, c.dw, c.dx, &tune0));
+        lrk_case_free(&c);
     }
 }
 
