@@ -332,9 +332,18 @@ void msm_graph_dump(const msm_graph *g, FILE *out) {
             continue;
         }
         for (int j = 0; j < n->n_in; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->in[j]].name);
-        fprintf(out, " ->");
+        if (n->op != MSM_OP_PREFETCH) fprintf(out, " ->"); /* it has no values */
         for (int j = 0; j < n->n_out; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->out[j]].name);
         dump_attr(n, out);
+        if (n->op == MSM_OP_PREFETCH) { /* its weights are what it is about */
+            const char *sep = " [";
+            for (int j = 0; j < MSM_NODE_MAX_W; j++)
+                if (n->w[j] >= 0 && n->w[j] < g->n_weights) {
+                    fprintf(out, "%s%s", sep, g->weights[n->w[j]].name);
+                    sep = ", ";
+                }
+            if (sep[0] == ',') fputc(']', out);
+        }
         fputc('\n', out);
     }
 }

@@ -62,6 +62,9 @@ typedef struct msm_engine_opts {
                                   expert's branch (see engine/passes/multi_stream.c; default on) */
     bool router_alone;         /* ... and forks the shared expert's branch only after the router
                                   (default off) */
+    bool prefetch_l2;          /* pass prefetch_l2, with multi_stream: each layer's o_proj and shared
+                                  expert pulled into L2 during its attention (default off: not yet
+                                  measured) */
     int kv_blocks;             /* KV blocks of MSM_KV_BLOCK tokens (default 1024) */
     int max_step_tokens;       /* tokens one step may carry (prefill chunk + decode rows; 512) */
     int max_seqs;              /* sequences one step may carry (default 64) */

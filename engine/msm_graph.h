@@ -59,7 +59,10 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
                        the router LINEAR and ROUTER_TOPK in one node (pass-made) */                \
     X(LINEAR_ADD_RMSNORM) /* in: x [rows,K], r [rows,N]  w: W [N,K], bias [N] or -1, norm [N]      \
                        out: s = r + (x . W^T + b), rmsnorm(s): a LINEAR and the ADD_RMSNORM of   \
-                       its output in one node (pass-made) */
+                       its output in one node (pass-made) */                                   \
+    X(PREFETCH)     /* w: up to 3 weights, no values: a hint that pulls the weights, in w order, \
+                       into the GPU's L2 ahead of the nodes that read them (pass prefetch_l2, on \
+                       the aux stream); changes no value, a backend may ignore it */
 
 typedef enum msm_op {
 #define MSM_OP_ENUM(n) MSM_OP_##n,

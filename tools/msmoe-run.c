@@ -7,7 +7,8 @@
  *   msmoe-run --model DIR --prompt-ids 1,2,3 --max-new-tokens N [--greedy]
  *             [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
  *             [--dump-logits FILE.npy] [--tp N] [--dump-graph] [--no-multi-stream]
- *             [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm] [--bench]
+ *             [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm] [--prefetch-l2]
+ *             [--bench]
  *             [--backend cpu|cuda]
  *             [--kv-bf16] [--fp8-as-bf16 | --fp8-as-cuda] */
 #include <errno.h>
@@ -30,7 +31,7 @@ static void usage(FILE *f) {
             "                 [--greedy | --temperature T [--top-k K] [--top-p P] [--seed S]]\n"
             "                 [--ignore-eos] [--dump-logits FILE.npy] [--tp N] [--dump-graph]\n"
             "                 [--no-multi-stream] [--no-fuse-allreduce] [--no-fuse-allreduce-norm]\n"
-            "                 [--fuse-linear-norm]\n"
+            "                 [--fuse-linear-norm] [--prefetch-l2]\n"
             "                 [--bench] [--text]\n"
             "                 [--backend cpu|cuda] [--no-cuda-graphs] [--device N] [--kv-bf16]\n"
             "                 [--fp8-as-bf16 | --fp8-as-cuda]\n"
@@ -192,7 +193,7 @@ typedef struct run_opts {
 enum { O_PROMPT_IDS = 256, O_MAX_NEW, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DUMP_LOGITS,
        O_TP, O_DUMP_GRAPH, O_NO_MS, O_NO_FUSE, O_BENCH, O_DUMMY, O_IGNORE_EOS, O_TOKENIZER,
        O_ENCODE, O_DECODE, O_PROMPT, O_TEXT, O_KV, O_MAXTOK, O_BACKEND, O_NO_GRAPHS, O_DEVICE, O_KV_BF16,
-       O_FP8_BF16, O_FP8_CUDA, O_NO_FUSE_AR_NORM, O_FUSE_LIN_NORM };
+       O_FP8_BF16, O_FP8_CUDA, O_NO_FUSE_AR_NORM, O_FUSE_LIN_NORM, O_PREFETCH_L2 };
 
 /* Applies the option c with argument arg to ro. 0, or the exit status of a bad value. */
 static int set_option(run_opts *ro, int c, const char *arg) {
@@ -222,6 +223,7 @@ static int set_option(run_opts *ro, int c, const char *arg) {
     case O_NO_FUSE: o->fuse_allreduce = false; break;
     case O_NO_FUSE_AR_NORM: o->fuse_allreduce_norm = false; break;
     case O_FUSE_LIN_NORM: o->fuse_linear_norm = true; break;
+    case O_PREFETCH_L2: o->prefetch_l2 = true; break;
     case O_BENCH: ro->bench = true; break;
     case O_DUMMY: o->dummy_preset = arg; break;
     case O_IGNORE_EOS: ro->ignore_eos = true; break;
@@ -261,7 +263,7 @@ static int parse_args(int argc, char **argv, run_opts *ro) {
         {"dump-graph", no_argument, 0, O_DUMP_GRAPH}, {"no-multi-stream", no_argument, 0, O_NO_MS},
         {"no-fuse-allreduce", no_argument, 0, O_NO_FUSE}, {"bench", no_argument, 0, O_BENCH},
         {"no-fuse-allreduce-norm", no_argument, 0, O_NO_FUSE_AR_NORM},
-        {"fuse-linear-norm", no_argument, 0, O_FUSE_LIN_NORM},
+        {"fuse-linear-norm", no_argument, 0, O_FUSE_LIN_NORM}, {"prefetch-l2", no_argument, 0, O_PREFETCH_L2},
         {"dummy-weights", required_argument, 0, O_DUMMY}, {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"tokenizer", required_argument, 0, O_TOKENIZER}, {"encode", no_argument, 0, O_ENCODE},
         {"decode", no_argument, 0, O_DECODE}, {"prompt", required_argument, 0, O_PROMPT},

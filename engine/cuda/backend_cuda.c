@@ -302,17 +302,45 @@ static bool norm_router_pair(const msm_graph *g, int i, int rows, msm_cuda_exec 
     return msm_cuda_norm_router_fits(rows, r->attr.router_topk.E, n->attr.rmsnorm.dim, ex.tune);
 }
 
+/* Whether a node on another stream than the main one computes there (not an event, nor a
+ * PREFETCH: its few one-warp blocks leave the SMs to the main stream). */
+static bool aux_compute(const msm_node *x) {
+    return x->stream != MSM_STREAM_MAIN && x->op != MSM_OP_EVENT_RECORD && x->op != MSM_OP_EVENT_WAIT &&
+           x->op != MSM_OP_PREFETCH;
+}
+
 /* Whether node i (on the main stream) has kernels of its layer on the aux stream beside it: a node
- * of the same layer on another stream before or after it. */
+ * of the same layer computing on another stream before or after it. */
 static bool aux_beside(const msm_graph *g, int i) {
     const msm_node *n = &g->nodes[i];
     if (n->stream != MSM_STREAM_MAIN) return false;
     bool before = false, after = false;
-    for (int j = i - 1; j >= 0 && g->nodes[j].layer == n->layer && !before; j--)
-        before = g->nodes[j].stream != MSM_STREAM_MAIN;
+    for (int j = i - 1; j >= 0 && g->nodes[j].layer == n->layer && !before; j--) before = aux_compute(&g->nodes[j]);
     for (int j = i + 1; j < g->n_nodes && g->nodes[j].layer == n->layer && !after; j++)
-        after = g->nodes[j].stream != MSM_STREAM_MAIN;
+        after = aux_compute(&g->nodes[j]);
     return before || after;
+}
+
+/* PREFETCH: its weights, in order, as stored (an FP8-resident one as its codes, then its scales), into
+ * L2 (msm_cuda_l2_prefetch) at steps of up to l2_prefetch_max_t tokens; nothing past that. */
+static int prefetch_node(const cuda_backend *cb, const msm_node *n, const msm_step_dims *d, msm_cuda_exec ex,
+                         msm_err *err) {
+    if (d->T > ex.tune->l2_prefetch_max_t) return 0;
+    msm_cuda_span sp[MSM_CUDA_PREFETCH_MAX_SPANS];
+    int ns = 0;
+    for (int j = 0; j < MSM_NODE_MAX_W; j++) {
+        int wi = n->w[j];
+        if (wi < 0 || wi >= cb->n_weights) continue;
+        if (cb->w8[wi]) {
+            const int *sh = cb->w_shape[wi];
+            sp[ns++] = (msm_cuda_span){cb->w8[wi], cb->w_elems[wi]};
+            sp[ns++] = (msm_cuda_span){cb->wsc[wi], 4 * msm_cuda_fp8_scales(sh[0], sh[1], sh[2], sh[3])};
+        } else if (cb->w[wi]) {
+            sp[ns++] = (msm_cuda_span){cb->w[wi], (cb->w_f32[wi] ? 4 : 2) * cb->w_elems[wi]};
+        }
+    }
+    KTRY(msm_cuda_l2_prefetch(sp, ns, ex));
+    return 0;
 }
 
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
@@ -328,10 +356,11 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     for (int j = 0; j < MSM_NODE_MAX_W; j++)
         if (n->w[j] >= 0 && cb->w8[n->w[j]] &&
             !(((n->op == MSM_OP_LINEAR || n->op == MSM_OP_LINEAR_ADD_RMSNORM) && j == 0) ||
-              (n->op == MSM_OP_MOE_EXPERTS && j < 2)))
+              (n->op == MSM_OP_MOE_EXPERTS && j < 2) || n->op == MSM_OP_PREFETCH))
             return msm_err_set(err, -ENOTSUP, "rank %d (GPU %d): op %s has no kernel for the FP8 weight %d",
                                cb->b.rank, cb->device, msm_op_name(n->op), n->w[j]);
     switch (n->op) {
+    case MSM_OP_PREFETCH: return prefetch_node(cb, n, d, s, err);
     case MSM_OP_EMBED:
         KTRY(msm_cuda_embed(F(out0), cb->w[n->w[0]], I32(in0), d->T, a->embed.H, s));
         break;
@@ -1407,6 +1436,12 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_LINEAR_ROPE_MMV"))) t->linear_rope_mmv = s[0] != '0';
     if (env_int("MSM_CUDA_LINEAR_SWIGLU_ROWS", &v)) t->linear_swiglu_rows = v == 4 ? 4 : v == 2 ? 2 : 1;
     if (env_int("MSM_CUDA_AUX_GEMV_ROWS", &v)) t->aux_gemv_rows = v == 2 ? 2 : 1;
+    if (env_int("MSM_CUDA_L2_PREFETCH_MAX_T", &v)) t->l2_prefetch_max_t = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_L2_PREFETCH_MB", &v)) t->l2_prefetch_bytes = (size_t)(v < 0 ? 0 : v > 4096 ? 4096 : v) << 20;
+    if ((s = getenv("MSM_CUDA_L2_PREFETCH_LAST"))) t->l2_prefetch_last = s[0] == '1';
+    if (env_int("MSM_CUDA_L2_PREFETCH_BLOCKS", &v)) t->l2_prefetch_blocks = v < 1 ? 1 : v > 1024 ? 1024 : v;
+    if (env_int("MSM_CUDA_L2_PREFETCH_CHUNK_KB", &v)) t->l2_prefetch_chunk_kb = v < 1 ? 1 : v > 1024 ? 1024 : v;
+    if (env_int("MSM_CUDA_L2_PERSIST_MB", &v)) t->l2_persist_mb = v < 0 ? 0 : v > 1024 ? 1024 : v;
     if ((s = getenv("MSM_CUDA_STREAM_PRIO")))
         t->stream_prio = !strcmp(s, "aux") ? MSM_CUDA_PRIO_AUX : !strcmp(s, "auto") ? MSM_CUDA_PRIO_AUTO : MSM_CUDA_PRIO_OFF;
     if ((s = getenv("MSM_CUDA_FP8_MOE_HW"))) t->fp8_moe_hw = s[0] != '0';
@@ -1511,6 +1546,12 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
     if (r) return msm_err_set(err, r, "rank %d: cannot read the properties of GPU %d", rank, device);
     tuning_from_env(&cb->tune, &cb->skip_ops);
     tuning_for_decode(&cb->tune, &cb->tune_decode);
+    if (cb->tune.l2_persist_mb > 0) { /* the L2 set aside for evict_last lines (PREFETCH with l2_prefetch_last) */
+        int most = 0;
+        TRY(cudaDeviceGetAttribute(&most, cudaDevAttrMaxPersistingL2CacheSize, device));
+        size_t want = (size_t)cb->tune.l2_persist_mb << 20;
+        TRY(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, want < (size_t)most ? want : (size_t)most));
+    }
     int least = 0; /* unused: the aux priority goes above the default, which is the least */
     TRY(cudaDeviceGetStreamPriorityRange(&least, &cb->prio_hi));
     for (int s = 0; s < MSM_N_STREAMS; s++) TRY(cudaStreamCreateWithFlags(&cb->st[s], cudaStreamNonBlocking));

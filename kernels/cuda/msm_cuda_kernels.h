@@ -350,6 +350,19 @@ typedef struct msm_cuda_tuning {
                                  or _AUTO (default: decode steps of MSM_CUDA_AUX_PRIO_MIN_T..MAX_T
                                  tokens). (The main stream's above the aux's at every decode step was
                                  slower: bench/results/2026-12-04-h200-s13 run 3) */
+    int l2_prefetch_max_t;    /* PREFETCH nodes (pass prefetch_l2) pull their weights into L2 at steps
+                                 of up to this many tokens, none past it (bandwidth-bound phases
+                                 throughout); 0: never (MSM_CUDA_L2_PREFETCH_MAX_T; default 16) */
+    size_t l2_prefetch_bytes; /* ... at most this many bytes a node, its weights in order
+                                 (MSM_CUDA_L2_PREFETCH_MB; default 24 MiB, about half the H200's L2) */
+    bool l2_prefetch_last;    /* ... with the L2::evict_last policy, so the weights streamed meanwhile
+                                 evict them last (MSM_CUDA_L2_PREFETCH_LAST=1; default off) */
+    int l2_prefetch_blocks;   /* ... the one-warp blocks issuing the prefetches (MSM_CUDA_L2_PREFETCH_BLOCKS;
+                                 default 32) */
+    int l2_prefetch_chunk_kb; /* ... KiB a prefetch instruction (MSM_CUDA_L2_PREFETCH_CHUNK_KB; default 16) */
+    int l2_persist_mb;        /* MiB of L2 set aside for persisting (evict_last) lines at start-up
+                                 (cudaLimitPersistingL2CacheSize; MSM_CUDA_L2_PERSIST_MB; default 0:
+                                 the device's setting is left alone) */
 } msm_cuda_tuning;
 
 /* msm_cuda_tuning.stream_prio */
@@ -620,6 +633,20 @@ bool msm_cuda_norm_router_fits(int T, int E, int K, const msm_cuda_tuning *tn);
 int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *sum, float *out, const float *a, const float *b,
                                      const uint16_t *nw, float eps, const uint16_t *wr, int T, int E, int K, int k,
                                      bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex);
+
+/* A span of device memory for msm_cuda_l2_prefetch. */
+#define MSM_CUDA_PREFETCH_MAX_SPANS 6 /* a PREFETCH node's 3 weights, FP8 codes and scales each */
+typedef struct msm_cuda_span {
+    const void *p;
+    size_t bytes;
+} msm_cuda_span;
+
+/* Graph op PREFETCH: asks the TMA units to bring sp[0..n) into L2, in order, at most
+ * ex.tune->l2_prefetch_bytes in all (the whole 16-byte units of each span; the rest left out), in
+ * chunks of l2_prefetch_chunk_kb KiB issued by l2_prefetch_blocks one-warp blocks (with the
+ * evict_last policy when l2_prefetch_last). A hint: nothing waits for the lines, no memory
+ * changes. 0 or a negative errno (-EINVAL: n outside 0..MSM_CUDA_PREFETCH_MAX_SPANS). */
+int msm_cuda_l2_prefetch(const msm_cuda_span *sp, int n, msm_cuda_exec ex);
 
 /* ---- FP8 block-scaled weights resident on the device (docs/adr/0006-fp8.md) ----
  * A weight [n_expert, rows, cols] kept as its float8_e4m3fn codes (one byte each, the same

@@ -125,6 +125,14 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->linear_rope_mmv = false; /* built in the thirteenth session with no device time left to measure it */
     t->linear_swiglu_rows = 2;
     t->aux_gemv_rows = 2;
+    /* the L2 prefetch of the PREFETCH nodes: built in the fourteenth session, when no device was
+     * lent, so these are first guesses, not measurements (the pass is off by default) */
+    t->l2_prefetch_max_t = 16;
+    t->l2_prefetch_bytes = (size_t)24 << 20;
+    t->l2_prefetch_last = false;
+    t->l2_prefetch_blocks = 32;
+    t->l2_prefetch_chunk_kb = 16;
+    t->l2_persist_mb = 0;
     t->stream_prio = MSM_CUDA_PRIO_AUTO;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
     /* the norm-in GEMV and the GEMV at 2 tokens; the experts' kernels lost occupancy for nothing

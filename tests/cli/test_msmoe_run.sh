@@ -1,7 +1,7 @@
 #!/bin/sh
 # msmoe-run from the command line: the embedded model's llama2.c sample, the dump format,
-# --fp8-as-bf16, --fp8-as-cuda and --fuse-linear-norm, and the errors a user can trigger (each:
-# non-zero exit and a message saying what was wrong).
+# --fp8-as-bf16, --fp8-as-cuda, --fuse-linear-norm and --prefetch-l2, and the errors a user can
+# trigger (each: non-zero exit and a message saying what was wrong).
 # usage: test_msmoe_run.sh path/to/msmoe-run   (run from the repository root)
 set -u
 RUN=$1
@@ -109,6 +109,23 @@ if [ -s "$tmp/$m-ln1.npy" ] && cmp -s "$tmp/$m-ln0.npy" "$tmp/$m-ln1.npy" &&
     echo "PASS fuse_linear_norm_fuses_and_keeps_the_logits"
 else
     echo "FAIL fuse_linear_norm_fuses_and_keeps_the_logits"; fails=$((fails + 1))
+fi
+
+# --prefetch-l2 adds a PREFETCH on the aux stream to each of the 4 layers (none without it, none with
+# --no-multi-stream) and leaves the CPU logits bitwise the same
+m=qwen2moe-gqa
+"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-pf0.npy" >/dev/null
+"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-pf1.npy" \
+    --prefetch-l2 >/dev/null
+"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph >"$tmp/$m-pf0.txt" 2>&1
+"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph --prefetch-l2 >"$tmp/$m-pf1.txt" 2>&1
+"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph --prefetch-l2 --no-multi-stream >"$tmp/$m-pf2.txt" 2>&1
+if [ -s "$tmp/$m-pf1.npy" ] && cmp -s "$tmp/$m-pf0.npy" "$tmp/$m-pf1.npy" &&
+    [ "$(grep -c ' aux  PREFETCH .*o_proj' "$tmp/$m-pf1.txt")" = 4 ] && ! grep -q PREFETCH "$tmp/$m-pf0.txt" &&
+    ! grep -q PREFETCH "$tmp/$m-pf2.txt"; then
+    echo "PASS prefetch_l2_adds_a_prefetch_a_layer_and_keeps_the_logits"
+else
+    echo "FAIL prefetch_l2_adds_a_prefetch_a_layer_and_keeps_the_logits"; fails=$((fails + 1))
 fi
 
 echo "$fails failed"

@@ -94,6 +94,9 @@ for m in MODELS:
             # kernels, and its one kernel (the GEMV's last block norms), vs the two nodes (gl)
             lut, lul = run(d, p, n, "--backend", "cuda", "--fuse-linear-norm")
             lt, ll = run(d, p, n, "--backend", "cuda", "--fuse-linear-norm", env={"MSM_CUDA_LINEAR_NORM": "1"})
+            # each layer's o_proj and shared expert / dense MLP prefetched into L2 (pass prefetch_l2, off
+            # by default): a hint on the aux stream, so the same bits (with the evict_last policy too)
+            ft2, fl2 = run(d, p, n, "--backend", "cuda", "--prefetch-l2", env={"MSM_CUDA_L2_PREFETCH_LAST": "1"})
             # decode attention as before 2026-12-01 (fifth session): RoPE + cache write its own kernel,
             # the context splits merged by the last block, no K/V loads before the PDL wait
             at, al = run(d, p, n, "--backend", "cuda",
@@ -171,6 +174,8 @@ for m in MODELS:
               f"maxdiff={float(np.abs(gl - lul).max()):.3e}")
         check(f"{m}[{i}] linear + add + norm one kernel vs two nodes bitwise", np.array_equal(gl, ll) and gt == lt,
               f"maxdiff={float(np.abs(gl - ll).max()):.3e}")
+        check(f"{m}[{i}] L2 prefetch pass on vs off bitwise", np.array_equal(gl, fl2) and gt == ft2,
+              f"maxdiff={float(np.abs(gl - fl2).max()):.3e}")
         check(f"{m}[{i}] decode attention with RoPE, cluster merge, early loads vs without bitwise",
               np.array_equal(gl, al) and gt == at, f"maxdiff={float(np.abs(gl - al).max()):.3e}")
         check(f"{m}[{i}] QK norm + RoPE one kernel, qkv GEMV + RoPE one kernel, early GEMV weight loads vs without bitwise",

@@ -14,7 +14,8 @@ experts' codes decoded with integer operations vs the hardware's conversion, the
 RoPE and K/V cache write in its epilogue vs the two kernels, the shared expert's gate/up GEMV
 with the SwiGLU in its epilogue vs the two kernels, the qkv MMV with RoPE and the K/V write in its
 epilogue (off by default) vs the two kernels, the grouped expert GEMVs' grid a row per
-selected expert vs per expert, the router's top-k ranked by one
+selected expert vs per expert, each layer's o_proj and shared expert prefetched into L2 during its
+attention (pass prefetch_l2, off by default; plain and evict_last) vs not, the router's top-k ranked by one
 thread-block cluster a token vs by the last block to arrive on a counter, the grouped expert GEMVs
 finding their pairs themselves vs after the grouping kernel, the attention's block-table entries
 copied into shared memory first vs loaded with each tile, their down's first weight loads before
@@ -67,6 +68,9 @@ VARIANTS = [  # (name, extra flags, environment)
     ("pair-path down split over the slots vs one warp a row", [], {"MSM_CUDA_MOE_KERNELS": "down_warp"}),
     ("pair-path gate/up at 2 loads a row where one wave vs never", [], {"MSM_CUDA_MOE_GU_U2": "0"}),
     ("pair-path gate/up at 2 loads a row always", [], {"MSM_CUDA_MOE_GU_U2": "1"}),
+    ("L2 prefetch of o_proj and the shared expert vs none", ["--prefetch-l2"], {}),
+    ("L2 prefetch with evict_last and 16 MiB set aside vs none", ["--prefetch-l2"],
+     {"MSM_CUDA_L2_PREFETCH_LAST": "1", "MSM_CUDA_L2_PERSIST_MB": "16"}),
 ]
 fails = 0
 

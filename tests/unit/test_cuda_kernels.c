@@ -59,7 +59,9 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
                                  "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE", "MSM_CUDA_MOE_DOWN_HB", "MSM_CUDA_MMV_NJ",
                                  "MSM_CUDA_MOE_GU_U2", "MSM_CUDA_MOE_GG_COMPACT", "MSM_CUDA_LINEAR_SWIGLU",
-                                 "MSM_CUDA_LINEAR_SWIGLU_ROWS", "MSM_CUDA_AUX_GEMV_ROWS", "MSM_CUDA_LINEAR_ROPE_MMV"};
+                                 "MSM_CUDA_LINEAR_SWIGLU_ROWS", "MSM_CUDA_AUX_GEMV_ROWS", "MSM_CUDA_LINEAR_ROPE_MMV",
+                                 "MSM_CUDA_L2_PREFETCH_MAX_T", "MSM_CUDA_L2_PREFETCH_MB", "MSM_CUDA_L2_PREFETCH_LAST",
+                                 "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -94,6 +96,9 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GG_COMPACT", "0", 1), setenv("MSM_CUDA_LINEAR_SWIGLU", "0", 1);
     setenv("MSM_CUDA_LINEAR_SWIGLU_ROWS", "2", 1), setenv("MSM_CUDA_AUX_GEMV_ROWS", "2", 1);
     setenv("MSM_CUDA_LINEAR_ROPE_MMV", "1", 1);
+    setenv("MSM_CUDA_L2_PREFETCH_MAX_T", "-3", 1), setenv("MSM_CUDA_L2_PREFETCH_MB", "5000", 1);
+    setenv("MSM_CUDA_L2_PREFETCH_LAST", "1", 1), setenv("MSM_CUDA_L2_PREFETCH_BLOCKS", "0", 1);
+    setenv("MSM_CUDA_L2_PREFETCH_CHUNK_KB", "2000", 1), setenv("MSM_CUDA_L2_PERSIST_MB", "-1", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     t.att_bt_cache = true;
@@ -124,6 +129,12 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.linear_swiglu_rows, 2);
     cr_expect_eq(t.aux_gemv_rows, 2);
     cr_expect(t.linear_rope_mmv, "MSM_CUDA_LINEAR_ROPE_MMV=1: the qkv MMV rotates too");
+    cr_expect_eq(t.l2_prefetch_max_t, 0, "clamped to 0: never");
+    cr_expect_eq(t.l2_prefetch_bytes, (size_t)4096 << 20, "clamped to 4 GiB");
+    cr_expect(t.l2_prefetch_last, "MSM_CUDA_L2_PREFETCH_LAST=1: evict_last");
+    cr_expect_eq(t.l2_prefetch_blocks, 1, "clamped to 1");
+    cr_expect_eq(t.l2_prefetch_chunk_kb, 1024, "clamped to 1 MiB");
+    cr_expect_eq(t.l2_persist_mb, 0, "clamped to 0: the device's setting left alone");
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
@@ -247,6 +258,58 @@ static double rel_err(const float *out, const float *ref, size_t n) {
     } while (0)
 
 #define CK(call) cr_assert_eq((call), 0, "%s failed", #call)
+
+/* ---- L2 prefetch ---- */
+
+/* msm_cuda_l2_prefetch is a hint that changes no byte: spans at odd offsets and of odd sizes (only
+ * their whole 16-byte units are prefetched: a misaligned bulk prefetch would fault), empty and NULL
+ * ones, beyond the budget, every chunk size and grid, with and without evict_last; and in a chain of
+ * PDL launches it completes after the kernel before it, so the kernel after it reads finished data.
+ * Bad arguments are refused. */
+Test(cuda_kernels, l2_prefetch_changes_nothing_and_keeps_the_chain_order, .timeout = 60) {
+    need_gpu();
+    size_t n = (size_t)6 << 20;
+    uint8_t *h = malloc(n), *back = malloc(n);
+    cr_assert(h && back);
+    for (size_t i = 0; i < n; i++) h[i] = (uint8_t)rnd64();
+    uint8_t *d = dev_up(h, n);
+    msm_cuda_span sp[MSM_CUDA_PREFETCH_MAX_SPANS] = {
+        {d + 3, 1 << 20}, {d + (2 << 20), 7}, {d + (3 << 20) + 16, (1 << 20) + 5},
+        {NULL, 100}, {d, 0}, {d + (5 << 20), (1 << 20) - 1}};
+    static const size_t budgets[] = {(size_t)24 << 20, 1 << 20, 100, 0};
+    static const int chunks[] = {1, 16, 1024}, grids[] = {1, 32, 257};
+    for (int last = 0; last < 2; last++)
+        for (int b = 0; b < 4; b++)
+            for (int c = 0; c < 3; c++)
+                for (int gr = 0; gr < 3; gr++) {
+                    msm_cuda_tuning t = tune0;
+                    t.l2_prefetch_last = last, t.l2_prefetch_bytes = budgets[b];
+                    t.l2_prefetch_chunk_kb = chunks[c], t.l2_prefetch_blocks = grids[gr];
+                    CK(msm_cuda_l2_prefetch(sp, MSM_CUDA_PREFETCH_MAX_SPANS, EX_T(&t)));
+                }
+    cudaError_t e = cudaDeviceSynchronize();
+    cr_assert_eq(e, cudaSuccess, "%s", cudaGetErrorString(e));
+    down(back, d, n);
+    cr_expect(memcmp(h, back, n) == 0, "a prefetch changed memory");
+    /* y = a + b, the prefetch, z = y + b, all PDL launches on one stream: z must be a + 2b */
+    size_t m = (size_t)16 << 20;
+    float *a = host_f32(m, 1.0f), *bb = host_f32(m, 1.0f), *z = malloc(m * sizeof(float));
+    cr_assert(z);
+    float *da = dev_up(a, m * 4), *db = dev_up(bb, m * 4), *dy = dev_poison(m * 4), *dz = dev_poison(m * 4);
+    msm_cuda_span one = {da, m * 4};
+    CK(msm_cuda_add(dy, da, db, m, EX));
+    CK(msm_cuda_l2_prefetch(&one, 1, EX));
+    CK(msm_cuda_add(dz, dy, db, m, EX));
+    down(z, dz, m * 4);
+    size_t bad = 0;
+    for (size_t i = 0; i < m; i++) bad += z[i] != (a[i] + bb[i]) + bb[i];
+    cr_expect_eq(bad, 0, "%zu sums read before the add before the prefetch had finished", bad);
+    cr_expect_eq(msm_cuda_l2_prefetch(sp, MSM_CUDA_PREFETCH_MAX_SPANS + 1, EX), -EINVAL);
+    cr_expect_eq(msm_cuda_l2_prefetch(NULL, 1, EX), -EINVAL);
+    cr_expect_eq(msm_cuda_l2_prefetch(NULL, 0, EX), 0, "nothing to prefetch");
+    cudaFree(d), cudaFree(da), cudaFree(db), cudaFree(dy), cudaFree(dz);
+    free(h), free(back), free(a), free(bb), free(z);
+}
 
 /* ---- embed ---- */
 

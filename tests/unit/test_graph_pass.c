@@ -955,3 +955,112 @@ Test(graph_pass, linear_add_rmsnorm_fuses_every_tp1_projection) {
             msm_graph_free(q), msm_graph_free(p), msm_graph_free(g);
         }
 }
+
+/* ---- prefetch_l2 ---- */
+
+static const char *wname(const msm_graph *g, int wi) { return wi >= 0 ? g->weights[wi].name : "-"; }
+
+/* Checks every layer of out (passes with prefetch_l2 applied to a tp-1 graph): one PREFETCH on
+ * AUX, right after a WAIT on AUX of the event the node before it RECORDed on MAIN, right before the
+ * layer's ATTENTION; its weights: the o_proj first, then (when `mlp`) the layer's shared expert's or
+ * dense MLP's gate_up and down; never a routed expert's, a router or a norm; then one join at the
+ * end. */
+static void check_prefetch(const msm_graph *out, bool mlp) {
+    for (int L = 0; L < out->n_layers; L++) {
+        cr_assert_eq(count(out, L, MSM_OP_PREFETCH, MSM_STREAM_AUX), 1, "layer %d", L);
+        cr_assert_eq(count(out, L, MSM_OP_PREFETCH, MSM_STREAM_MAIN), 0, "layer %d", L);
+        int p = -1;
+        for (int i = 0; i < out->n_nodes && p < 0; i++)
+            if (out->nodes[i].layer == L && out->nodes[i].op == MSM_OP_PREFETCH) p = i;
+        cr_assert(p >= 2 && p + 1 < out->n_nodes);
+        const msm_node *rec = &out->nodes[p - 2], *wt = &out->nodes[p - 1], *pf = &out->nodes[p];
+        cr_expect(rec->op == MSM_OP_EVENT_RECORD && rec->stream == MSM_STREAM_MAIN, "layer %d: no fork", L);
+        cr_expect(wt->op == MSM_OP_EVENT_WAIT && wt->stream == MSM_STREAM_AUX && wt->event == rec->event);
+        cr_expect(out->nodes[p + 1].op == MSM_OP_ATTENTION && out->nodes[p + 1].layer == L,
+                  "layer %d: the PREFETCH is not right before the attention", L);
+        cr_expect(strstr(wname(out, pf->w[0]), "o_proj"), "layer %d: first weight %s", L, wname(out, pf->w[0]));
+        if (mlp) {
+            cr_expect(strstr(wname(out, pf->w[1]), "_gate_up") && !strstr(wname(out, pf->w[1]), "experts"),
+                      "layer %d: second weight %s", L, wname(out, pf->w[1]));
+            cr_expect(strstr(wname(out, pf->w[2]), "_down") && !strstr(wname(out, pf->w[2]), "experts"),
+                      "layer %d: third weight %s", L, wname(out, pf->w[2]));
+        } else {
+            cr_expect_eq(pf->w[1], -1, "layer %d: %s", L, wname(out, pf->w[1]));
+        }
+        for (int j = 0; j < MSM_NODE_MAX_W; j++)
+            cr_expect(pf->w[j] < 0 || !out->weights[pf->w[j]].is_norm, "layer %d: a norm", L);
+    }
+    const msm_node *a = &out->nodes[out->n_nodes - 2], *b = &out->nodes[out->n_nodes - 1];
+    cr_expect(a->op == MSM_OP_EVENT_RECORD && a->stream == MSM_STREAM_AUX, "no final join");
+    cr_expect(b->op == MSM_OP_EVENT_WAIT && b->stream == MSM_STREAM_MAIN && b->event == a->event);
+}
+
+static const msm_pass_opts all_on = {.multi_stream = true, .elide_collectives = true, .fuse_add_norm = true,
+                                     .fuse_moe_combine = true, .fuse_rope_kv = true, .fuse_allreduce_norm = true,
+                                     .fuse_router = true, .router_first = true, .prefetch_l2 = true};
+
+Test(graph_pass, prefetch_l2_forks_each_attention_and_takes_o_proj_and_the_shared_expert) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 1), *out = apply(g, &all_on);
+    check_prefetch(out, true); /* layer 1 is dense: its MLP's weights */
+    msm_graph_free(out);
+    msm_graph_free(g);
+    /* a model without a shared expert: the o_proj alone (the rest of its layer is the router's) */
+    g = plain("tests/data/qwen3moe", 1), out = apply(g, &all_on);
+    check_prefetch(out, false);
+    msm_graph_free(out);
+    msm_graph_free(g);
+}
+
+Test(graph_pass, prefetch_l2_is_idempotent_and_off_without_multi_stream) {
+    msm_graph *g = plain("tests/data/qwen2moe-gqa", 2), *p1, *p2;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_pass_prefetch_l2(g, &all_on, &p1, &err), 0, "%s", err.msg);
+    cr_assert_eq(msm_pass_prefetch_l2(p1, &all_on, &p2, &err), 0, "%s", err.msg);
+    cr_expect(msm_graph_equal(p1, p2), "prefetch_l2 is not idempotent");
+    cr_expect_eq(count_op(p1, MSM_OP_PREFETCH), 4);
+    msm_pass_opts one = all_on;
+    one.multi_stream = false;
+    msm_graph *s = apply(g, &one);
+    cr_expect_eq(count_op(s, MSM_OP_PREFETCH), 0, "the one-stream graph got a PREFETCH");
+    for (int i = 0; i < s->n_nodes; i++) cr_expect_eq(s->nodes[i].stream, MSM_STREAM_MAIN);
+    msm_graph *list[] = {g, p1, p2, s};
+    for (int i = 0; i < 4; i++) msm_graph_free(list[i]);
+}
+
+Test(graph_pass, prefetch_l2_keeps_every_other_node_and_the_collectives_on_main) {
+    msm_graph *g = plain("tests/data/glm4moe", 2);
+    msm_pass_opts without = all_on;
+    without.prefetch_l2 = false;
+    msm_graph *a = apply(g, &without), *b = apply(g, &all_on);
+    /* b is a with, per layer, RECORD + WAIT + PREFETCH before the ATTENTION, and the final join:
+     * the events b has beyond a's */
+    cr_assert_eq(b->n_nodes, a->n_nodes + 3 * a->n_layers + 2);
+    cr_assert_eq(b->n_events, a->n_events + a->n_layers + 1);
+    int j = 0;
+    for (int i = 0; i < a->n_nodes; i++, j++) {
+        for (; j < b->n_nodes; j++) {
+            const msm_node *x = &b->nodes[j];
+            bool ev = x->op == MSM_OP_EVENT_RECORD || x->op == MSM_OP_EVENT_WAIT;
+            if (!(x->op == MSM_OP_PREFETCH || (ev && x->event >= a->n_events))) break;
+        }
+        cr_assert_lt(j, b->n_nodes);
+        cr_assert_eq(a->nodes[i].op, b->nodes[j].op, "node %d vs %d", i, j);
+        cr_expect_eq(a->nodes[i].stream, b->nodes[j].stream, "node %d", i);
+        cr_expect_eq(a->nodes[i].event, b->nodes[j].event, "node %d", i);
+        if (msm_op_is_collective(b->nodes[j].op)) cr_expect_eq(b->nodes[j].stream, MSM_STREAM_MAIN);
+    }
+    cr_expect_eq(j + 2, b->n_nodes, "only the final join after the last common node");
+    cr_expect_eq(msm_graph_collective_hash(a), msm_graph_collective_hash(b));
+    msm_graph_free(a);
+    msm_graph_free(b);
+    msm_graph_free(g);
+}
+
+Test(graph_dump, shows_the_prefetch_and_its_weights) {
+    char *buf = dump_of("tests/data/qwen3moe", 1, &all_on);
+    int n = 0;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n"))
+        n += strstr(line, " aux ") && strstr(line, "PREFETCH") && strstr(line, "o_proj]");
+    cr_expect_eq(n, 4, "one PREFETCH a layer of the 4, naming its o_proj: %d", n);
+    free(buf);
+}
