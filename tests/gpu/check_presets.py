@@ -29,7 +29,8 @@ Prompts of 2, 4 and 8 tokens put the prefill's dense linears at T = 2, 4 and 8 (
 8 on the grouped GEMVs), then every decode step at T = 1. There is no oracle at these sizes (the CPU backend would take minutes a token): the
 kernels' own tests (test_cuda_kernels) compare each path with the CPU at these shapes.
 usage: check_presets.py [PRESET.json ...]   (default: the Qwen1.5-MoE, Qwen3-30B-A3B and its
-FP8 presets). Prints one line per check, exits non-zero on any failure."""
+FP8 presets); CHECK_VARIANTS=word[,word] keeps the variants whose names hold one of the words.
+Prints one line per check, exits non-zero on any failure."""
 import os, subprocess, sys, tempfile
 import numpy as np
 
@@ -72,6 +73,8 @@ VARIANTS = [  # (name, extra flags, environment)
     ("L2 prefetch with evict_last and 16 MiB set aside vs none", ["--prefetch-l2"],
      {"MSM_CUDA_L2_PREFETCH_LAST": "1", "MSM_CUDA_L2_PERSIST_MB": "16"}),
 ]
+if os.environ.get("CHECK_VARIANTS"):  # e.g. CHECK_VARIANTS="L2 prefetch" for the lines of one change
+    VARIANTS = [v for v in VARIANTS if any(w in v[0] for w in os.environ["CHECK_VARIANTS"].split(","))]
 fails = 0
 
 
