@@ -228,7 +228,8 @@ static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, in
                         .fuse_linear_norm = o->fuse_linear_norm,
                         .router_first = o->router_first,
                         .router_alone = o->router_alone,
-                        .prefetch_l2 = o->prefetch_l2,
+                        .prefetch_l2 = o->prefetch_l2 || o->prefetch_l2_next,
+                        .prefetch_l2_next = o->prefetch_l2_next,
                         .test_buggy_placement = o->test_buggy_placement,
                         .test_skip_verify = o->test_skip_verify};
     if (rank == o->test_diverge_rank) po.fuse_allreduce = !po.fuse_allreduce; /* test-only: V4 */

@@ -65,6 +65,8 @@ typedef struct msm_engine_opts {
     bool prefetch_l2;          /* pass prefetch_l2, with multi_stream: each layer's o_proj and shared
                                   expert pulled into L2 during its attention (default off: not yet
                                   measured) */
+    bool prefetch_l2_next;     /* ... and, in layers without a shared expert, the next layer's qkv
+                                  during the router (implies prefetch_l2; default off) */
     int kv_blocks;             /* KV blocks of MSM_KV_BLOCK tokens (default 1024) */
     int max_step_tokens;       /* tokens one step may carry (prefill chunk + decode rows; 512) */
     int max_seqs;              /* sequences one step may carry (default 64) */

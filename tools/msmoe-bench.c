@@ -12,7 +12,8 @@
  *                       [--batches 1,8,32,128,256] [--context 512] [--steps 30]
  *   msmoe-bench prefill --preset ... [--lengths 128,512,1024,2048] [--steps 10]
  *   common: [--no-cuda-graphs] [--no-multi-stream] [--multi-stream-max-tokens N]
- *           [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm] [--prefetch-l2] [--tp N]
+ *           [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm] [--tp N]
+ *           [--prefetch-l2] [--prefetch-l2-next]
  *           [--router-first | --no-router-first] [--router-alone]
  * Prints one table row per batch or length.
  *
@@ -183,6 +184,7 @@ int main(int argc, char **argv) {
         {"no-fuse-allreduce-norm", no_argument, 0, 'N'}, {"fuse-linear-norm", no_argument, 0, 'R'},
         {"router-first", no_argument, 0, 'r'}, {"no-router-first", no_argument, 0, 'n'},
         {"router-alone", no_argument, 0, 'A'}, {"prefetch-l2", no_argument, 0, 'P'},
+        {"prefetch-l2-next", no_argument, 0, 'Q'},
         {0, 0, 0, 0}};
     int ch;
     optind = 2;
@@ -203,6 +205,7 @@ int main(int argc, char **argv) {
         case 'n': o.router_first = false; break;
         case 'A': o.router_alone = true; break;
         case 'P': o.prefetch_l2 = true; break;
+        case 'Q': o.prefetch_l2_next = true; break;
         case 't': o.tp = atoi(optarg); break;
         case 'C': ceiling = atof(optarg); break;
         case 'L': batches = optarg; break;
@@ -252,7 +255,7 @@ int main(int argc, char **argv) {
            prefill ? "prefill" : "decode",
            msm_engine_backend_name(e), o.tp, o.cuda_graphs && o.backend == MSM_BACKEND_CUDA ? "on" : "off", ms_desc,
            o.fuse_allreduce ? "on" : "off", o.fuse_allreduce_norm ? "on" : "off", o.fuse_linear_norm ? "on" : "off",
-           o.router_alone ? "alone" : o.router_first ? "first" : "in order", o.prefetch_l2 ? "on" : "off",
+           o.router_alone ? "alone" : o.router_first ? "first" : "in order", o.prefetch_l2_next ? "on + next" : o.prefetch_l2 ? "on" : "off",
            ctx_desc, steps,
            (msm_bench_now_ms() - t0) / 1e3);
     /* docs/adr/0006-fp8.md: the CUDA backend keeps an FP8 preset's projections FP8 (dummy codes and

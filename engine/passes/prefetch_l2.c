@@ -17,8 +17,18 @@
  * later fork, follow it in the AUX stream's order. One RECORD on AUX and its WAIT on MAIN at the
  * end of the graph join whatever no later join covers (the verifier's V3; a layer without a
  * shared expert has no other join). Only with multi_stream (the one-stream graph stays one
- * stream). A layer with no ATTENTION, no such weight, or a PREFETCH already is left alone, which
- * makes the pass idempotent. It touches no collective and no value, so it runs last. */
+ * stream).
+ *
+ * With prefetch_l2_next, a layer that computes nothing on AUX (no shared expert: Qwen3-MoE,
+ * Mixtral) also forks, right before its first routed node (the router), a PREFETCH of the next
+ * layer's weights read before that layer's ATTENTION (its qkv projection): the norm and the router
+ * are another latency-bound stretch, and those weights are read as soon as the experts are done.
+ * They must then outlast the experts' stream through L2 (~75 MB a layer of Qwen3-30B-A3B at one
+ * token), which the evict_last policy (MSM_CUDA_L2_PREFETCH_LAST) is for. A layer with a shared
+ * expert has it running there instead, and the next layer's weights would only delay it.
+ *
+ * A layer with no ATTENTION, no such weight, or a PREFETCH already is left alone, which makes the
+ * pass idempotent. It touches no collective and no value, so it runs last. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,13 +45,13 @@ static size_t weight_elems(const msm_graph *g, int wi) {
 
 #define MAX_CANDIDATES 32
 
-/* The distinct weights read after the ATTENTION at node a, in its layer, by nodes not of the routed
- * experts, in node order (the first MAX_CANDIDATES): into ids; returns their number. */
-static int candidates(const msm_graph *g, int a, int *ids) {
+/* The distinct weights read by nodes from..to - 1 of layer L not of the routed experts, in node
+ * order (the first MAX_CANDIDATES): into ids; returns their number. */
+static int candidates(const msm_graph *g, int from, int to, int L, int *ids) {
     int n = 0;
-    for (int i = a + 1; i < g->n_nodes; i++) {
+    for (int i = from; i < to; i++) {
         const msm_node *x = &g->nodes[i];
-        if (x->layer != g->nodes[a].layer || x->role == MSM_ROLE_ROUTED || x->op == MSM_OP_PREFETCH) continue;
+        if (x->layer != L || x->role == MSM_ROLE_ROUTED || x->op == MSM_OP_PREFETCH) continue;
         for (int j = 0; j < MSM_NODE_MAX_W && n < MAX_CANDIDATES; j++) {
             int wi = x->w[j];
             bool dup = wi < 0 || wi >= g->n_weights;
@@ -52,13 +62,13 @@ static int candidates(const msm_graph *g, int a, int *ids) {
     return n;
 }
 
-/* The PREFETCH node for the ATTENTION at node a: the first MSM_NODE_MAX_W candidates of at least
- * 1/PREFETCH_MIN_PART of the largest one (which leaves out norms, gates and biases), in node order;
- * *n_w of them (0: none). */
-static msm_node prefetch_for(const msm_graph *g, int a, int *n_w) {
-    msm_node p = {.op = MSM_OP_PREFETCH, .stream = MSM_STREAM_AUX, .role = MSM_ROLE_ATTN, .layer = g->nodes[a].layer,
+/* A PREFETCH node of layer L for the candidates of nodes from..to - 1 of layer WL (candidates): the
+ * first MSM_NODE_MAX_W of at least 1/PREFETCH_MIN_PART of the largest one (which leaves out norms,
+ * gates and biases), in node order; *n_w of them (0: none). */
+static msm_node prefetch_node(const msm_graph *g, int L, int from, int to, int WL, int *n_w) {
+    msm_node p = {.op = MSM_OP_PREFETCH, .stream = MSM_STREAM_AUX, .role = MSM_ROLE_ATTN, .layer = L,
                   .w = {-1, -1, -1}};
-    int ids[MAX_CANDIDATES], n = candidates(g, a, ids), k = 0;
+    int ids[MAX_CANDIDATES], n = candidates(g, from, to, WL, ids), k = 0;
     size_t most = 0;
     for (int i = 0; i < n; i++)
         if (weight_elems(g, ids[i]) > most) most = weight_elems(g, ids[i]);
@@ -68,6 +78,29 @@ static msm_node prefetch_for(const msm_graph *g, int a, int *n_w) {
     return p;
 }
 
+/* Where layer L's prefetches go in g (-1: none): att, its first ATTENTION on MAIN; next (with
+ * o->prefetch_l2_next, in a layer computing nothing on AUX, not the last), its first routed node
+ * on MAIN, for layer L + 1's weights before that layer's first ATTENTION (next_from..next_to). */
+typedef struct spots {
+    int att, next, next_from, next_to;
+} spots;
+
+static spots find_spots(const msm_graph *g, int L, const msm_pass_opts *o) {
+    spots s = {-1, -1, -1, -1};
+    bool aux = false;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const msm_node *x = &g->nodes[i];
+        if (x->layer == L && x->stream == MSM_STREAM_AUX && x->op != MSM_OP_EVENT_WAIT && x->op != MSM_OP_EVENT_RECORD)
+            aux = true;
+        if (x->layer == L && x->stream == MSM_STREAM_MAIN && x->op == MSM_OP_ATTENTION && s.att < 0) s.att = i;
+        if (x->layer == L && x->stream == MSM_STREAM_MAIN && x->role == MSM_ROLE_ROUTED && s.next < 0) s.next = i;
+        if (x->layer == L + 1 && s.next_from < 0) s.next_from = i;
+        if (x->layer == L + 1 && x->op == MSM_OP_ATTENTION && s.next_to < 0) s.next_to = i;
+    }
+    if (!o->prefetch_l2_next || aux || L + 1 >= g->n_layers || s.next_from < 0 || s.next_to < 0) s.next = -1;
+    return s;
+}
+
 /* Whether layer L of g has a PREFETCH already. */
 static bool has_prefetch(const msm_graph *g, int L) {
     for (int i = 0; i < g->n_nodes; i++)
@@ -75,50 +108,60 @@ static bool has_prefetch(const msm_graph *g, int L) {
     return false;
 }
 
+/* Appends RECORD on MAIN, WAIT on AUX and p (layer p->layer) to g; the event count grows by one. */
+static int add_fork(msm_graph *g, const msm_node *p) {
+    msm_node e = {.op = MSM_OP_EVENT_RECORD, .stream = MSM_STREAM_MAIN, .role = MSM_ROLE_ATTN, .layer = p->layer,
+                  .event = g->n_events++, .w = {-1, -1, -1}};
+    int r = msm_graph_add(g, &e);
+    e.op = MSM_OP_EVENT_WAIT, e.stream = MSM_STREAM_AUX;
+    if (r >= 0) r = msm_graph_add(g, &e);
+    return r < 0 ? r : msm_graph_add(g, p);
+}
+
 int msm_pass_prefetch_l2(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret, msm_err *err) {
-    (void)o;
     msm_graph *g = msm_graph_clone(in);
+    int nl = in->n_layers > 0 ? in->n_layers : 0;
     msm_node *old = g ? malloc(sizeof *old * (size_t)(in->n_nodes ? in->n_nodes : 1)) : NULL;
-    bool *done = g ? calloc((size_t)(in->n_layers > 0 ? in->n_layers : 1), sizeof *done) : NULL;
-    if (!g || !old || !done) {
+    /* at[i]: the PREFETCH to issue before node i of in (n_w 0: none), at most one a node */
+    msm_node *at = g ? calloc((size_t)(in->n_nodes ? in->n_nodes : 1), sizeof *at) : NULL;
+    if (!g || !old || !at) {
         msm_graph_free(g);
         free(old);
-        free(done);
+        free(at);
         return msm_err_set(err, -ENOMEM, "out of memory in prefetch_l2");
     }
     int n = in->n_nodes, r = 0, added = 0;
+    for (int L = 0; L < nl; L++) {
+        if (has_prefetch(in, L)) continue;
+        spots s = find_spots(in, L, o);
+        int n_w = 0;
+        if (s.att >= 0) {
+            msm_node p = prefetch_node(in, L, s.att + 1, n, L, &n_w);
+            if (n_w > 0) at[s.att] = p;
+        }
+        if (s.next >= 0 && s.next != s.att) {
+            msm_node p = prefetch_node(in, L, s.next_from, s.next_to, L + 1, &n_w);
+            if (n_w > 0) at[s.next] = p;
+        }
+    }
     memcpy(old, in->nodes, sizeof *old * (size_t)n);
     g->n_nodes = 0;
     for (int i = 0; i < n && r >= 0; i++) {
-        const msm_node *x = &old[i];
-        int L = x->layer, n_w = 0;
-        if (x->op == MSM_OP_ATTENTION && x->stream == MSM_STREAM_MAIN && L >= 0 && L < in->n_layers && !done[L] &&
-            !has_prefetch(in, L)) {
-            done[L] = true; /* one a layer: its first ATTENTION */
-            msm_node p = prefetch_for(in, i, &n_w);
-            if (n_w > 0) {
-                int ev = g->n_events++;
-                msm_node e = {.op = MSM_OP_EVENT_RECORD, .stream = MSM_STREAM_MAIN, .role = MSM_ROLE_ATTN, .layer = L,
-                              .event = ev, .w = {-1, -1, -1}};
-                r = msm_graph_add(g, &e);
-                e.op = MSM_OP_EVENT_WAIT, e.stream = MSM_STREAM_AUX;
-                if (r >= 0) r = msm_graph_add(g, &e);
-                if (r >= 0) r = msm_graph_add(g, &p);
-                added++;
-            }
+        if (at[i].op == MSM_OP_PREFETCH) {
+            r = add_fork(g, &at[i]);
+            added++;
         }
-        if (r >= 0) r = msm_graph_add(g, x);
+        if (r >= 0) r = msm_graph_add(g, &old[i]);
     }
     if (r >= 0 && added > 0) { /* the final join */
-        int ev = g->n_events++;
         msm_node e = {.op = MSM_OP_EVENT_RECORD, .stream = MSM_STREAM_AUX, .role = MSM_ROLE_NONE, .layer = -1,
-                      .event = ev, .w = {-1, -1, -1}};
+                      .event = g->n_events++, .w = {-1, -1, -1}};
         r = msm_graph_add(g, &e);
         e.op = MSM_OP_EVENT_WAIT, e.stream = MSM_STREAM_MAIN;
         if (r >= 0) r = msm_graph_add(g, &e);
     }
     free(old);
-    free(done);
+    free(at);
     if (r < 0) {
         msm_graph_free(g);
         return msm_err_set(err, -ENOMEM, "out of memory in prefetch_l2");

@@ -1064,3 +1064,40 @@ Test(graph_dump, shows_the_prefetch_and_its_weights) {
     cr_expect_eq(n, 4, "one PREFETCH a layer of the 4, naming its o_proj: %d", n);
     free(buf);
 }
+
+/* prefetch_l2_next: in a layer with nothing on AUX (no shared expert), a second PREFETCH right before
+ * the router, of the next layer's qkv; never in the last layer, nor where a shared expert runs. */
+Test(graph_pass, prefetch_l2_next_takes_the_next_qkv_at_the_router_without_a_shared_expert) {
+    msm_pass_opts o = all_on;
+    o.prefetch_l2_next = true;
+    msm_graph *g = plain("tests/data/qwen3moe", 1), *out = apply(g, &o);
+    for (int L = 0; L < out->n_layers; L++) {
+        int want = L + 1 < out->n_layers ? 2 : 1;
+        cr_assert_eq(count(out, L, MSM_OP_PREFETCH, MSM_STREAM_AUX), want, "layer %d", L);
+        if (want == 1) continue;
+        int p = -1;
+        for (int i = 0; i < out->n_nodes; i++)
+            if (out->nodes[i].layer == L && out->nodes[i].op == MSM_OP_PREFETCH) p = i; /* the last: the router's */
+        cr_assert(p >= 2 && p + 1 < out->n_nodes);
+        const msm_node *pf = &out->nodes[p], *nx = &out->nodes[p + 1];
+        cr_expect(out->nodes[p - 2].op == MSM_OP_EVENT_RECORD && out->nodes[p - 1].op == MSM_OP_EVENT_WAIT);
+        cr_expect(nx->layer == L && nx->role == MSM_ROLE_ROUTED && nx->stream == MSM_STREAM_MAIN,
+                  "layer %d: not right before the router (%s)", L, msm_op_name(nx->op));
+        char want_w[64];
+        snprintf(want_w, sizeof want_w, "layers.%d.qkv", L + 1);
+        cr_expect_str_eq(wname(out, pf->w[0]), want_w, "layer %d", L);
+        cr_expect_eq(pf->w[1], -1, "layer %d: only the qkv (the q/k norms are small): %s", L, wname(out, pf->w[1]));
+    }
+    msm_graph *again;
+    msm_err err = {{0}};
+    cr_assert_eq(msm_pass_prefetch_l2(out, &o, &again, &err), 0, "%s", err.msg);
+    cr_expect(msm_graph_equal(out, again), "prefetch_l2 with next is not idempotent");
+    msm_graph_free(again);
+    msm_graph_free(out);
+    msm_graph_free(g);
+    /* with a shared expert on AUX (and in the dense layer, which has no router): one a layer */
+    g = plain("tests/data/qwen2moe-gqa", 1), out = apply(g, &o);
+    check_prefetch(out, true);
+    msm_graph_free(out);
+    msm_graph_free(g);
+}

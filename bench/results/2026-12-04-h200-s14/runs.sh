@@ -11,7 +11,8 @@ r1)
     # first call: the two changes built without a device (benches take 2-3 s a call). Kernel tests of
     # both (the thirteenth session's MMV + RoPE pairing, the L2 prefetch kernel); A/B of the prefetch
     # pass at 1-8 tokens, three rounds: plain (24 MiB), evict_last with 24 MiB of L2 set aside, 8 and
-    # 48 MiB; its grid and chunk; past 16 tokens; GLM-4.5-Air FP8; A/B of the MMV + RoPE pairing at
+    # 48 MiB; Qwen3 with the next layer's qkv at the router too (--prefetch-l2-next, plain and
+    # evict_last); its grid and chunk; past 16 tokens; GLM-4.5-Air FP8; A/B of the MMV + RoPE pairing at
     # 3-8 tokens, three rounds; timelines with the prefetch
     hdr
     timeout 120 gpu-run/bin/test_cuda_kernels --jobs 4 \
@@ -26,6 +27,8 @@ r1)
             b $p 1,8 pf MSM_CUDA_L2_PREFETCH_MB=8 -- --prefetch-l2
             b $p 1,8 pf MSM_CUDA_L2_PREFETCH_MB=48 -- --prefetch-l2
         done
+        b $Q3 1,2,4,8 pfn -- --prefetch-l2-next
+        b $Q3 1,2,4,8 pfn MSM_CUDA_L2_PREFETCH_LAST=1 MSM_CUDA_L2_PERSIST_MB=32 -- --prefetch-l2-next
         b $Q15 1,8 grid MSM_CUDA_L2_PREFETCH_BLOCKS=8 -- --prefetch-l2
         b $Q15 1,8 grid MSM_CUDA_L2_PREFETCH_BLOCKS=132 MSM_CUDA_L2_PREFETCH_CHUNK_KB=64 -- --prefetch-l2
         b $Q15 16,32 maxt --
@@ -42,7 +45,7 @@ r1)
     el timelines | tee -a $OUT/gpu.txt
     [ "$(left)" -gt 100 ] && tl $Q15 1 q15b1-pf -- --prefetch-l2
     [ "$(left)" -gt 70 ] && tl $Q15 8 q15b8-pf -- --prefetch-l2
-    [ "$(left)" -gt 40 ] && tl $Q3 1 q3b1-pf -- --prefetch-l2
+    [ "$(left)" -gt 40 ] && tl $Q3 1 q3b1-pfn MSM_CUDA_L2_PREFETCH_LAST=1 MSM_CUDA_L2_PERSIST_MB=32 -- --prefetch-l2-next
     el done | tee -a $OUT/gpu.txt
     ;;
 r2)
