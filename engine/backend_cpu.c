@@ -76,7 +76,8 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
     case MSM_OP_EMBED:
         msm_cpu_embed(F(out0), cb->weights[n->w[0]], I32(in0), d->T, a->embed.H);
         break;
-    case MSM_OP_PREFETCH: /* an L2 hint: the CPU has nothing to pull ahead */
+    case MSM_OP_PREFETCH: /* L2 hints: the CPU has nothing to pull ahead */
+    case MSM_OP_PREFETCH_KV:
         break;
     case MSM_OP_RMSNORM:
         msm_cpu_rmsnorm(F(out0), F(in0), cb->weights[n->w[0]], ROWS(in0), a->rmsnorm.dim, a->rmsnorm.eps);

@@ -230,6 +230,7 @@ static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, in
                         .router_alone = o->router_alone,
                         .prefetch_l2 = o->prefetch_l2 || o->prefetch_l2_next,
                         .prefetch_l2_next = o->prefetch_l2_next,
+                        .prefetch_kv = o->prefetch_kv,
                         .test_buggy_placement = o->test_buggy_placement,
                         .test_skip_verify = o->test_skip_verify};
     if (rank == o->test_diverge_rank) po.fuse_allreduce = !po.fuse_allreduce; /* test-only: V4 */

@@ -299,6 +299,7 @@ static void dump_attr(const msm_node *n, FILE *out) {
         fprintf(out, " [nh=%d kvh=%d hd=%d scale=%g kv_written=%d]", a->attention.nh, a->attention.kvh,
                 a->attention.hd, (double)a->attention.scale, a->attention.kv_written);
         break;
+    case MSM_OP_PREFETCH_KV: fprintf(out, " [kvh=%d hd=%d]", a->attention.kvh, a->attention.hd); break;
     case MSM_OP_SWIGLU: fprintf(out, " [I=%d]", a->swiglu.I); break;
     case MSM_OP_ROUTER_TOPK:
     case MSM_OP_ROUTER_LINEAR_TOPK:
@@ -332,7 +333,7 @@ void msm_graph_dump(const msm_graph *g, FILE *out) {
             continue;
         }
         for (int j = 0; j < n->n_in; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->in[j]].name);
-        if (n->op != MSM_OP_PREFETCH) fprintf(out, " ->"); /* it has no values */
+        if (n->op != MSM_OP_PREFETCH && n->op != MSM_OP_PREFETCH_KV) fprintf(out, " ->"); /* no outputs */
         for (int j = 0; j < n->n_out; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->out[j]].name);
         dump_attr(n, out);
         if (n->op == MSM_OP_PREFETCH) { /* its weights are what it is about */

@@ -62,7 +62,11 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
                        its output in one node (pass-made) */                                   \
     X(PREFETCH)     /* w: up to 3 weights, no values: a hint that pulls the weights, in w order, \
                        into the GPU's L2 ahead of the nodes that read them (pass prefetch_l2, on \
-                       the aux stream); changes no value, a backend may ignore it */
+                       the aux stream); changes no value, a backend may ignore it */              \
+    X(PREFETCH_KV)  /* in: seq, pos, block_tables (step inputs), no outputs; attr: its layer's     \
+                       ATTENTION's: a hint that pulls the layer's K/V cache rows below each      \
+                       token's position into L2 (pass prefetch_l2 with prefetch_kv, on the aux   \
+                       stream); changes no value, a backend may ignore it */
 
 typedef enum msm_op {
 #define MSM_OP_ENUM(n) MSM_OP_##n,
@@ -140,7 +144,7 @@ typedef union msm_attr {
     msm_attr_qk_norm qk_norm;
     msm_attr_linear linear;
     msm_attr_rope rope;               /* ROPE, ROPE_KV_WRITE */
-    msm_attr_attention attention;
+    msm_attr_attention attention;     /* ATTENTION, PREFETCH_KV */
     msm_attr_swiglu swiglu;
     msm_attr_router_topk router_topk; /* ROUTER_TOPK, ROUTER_LINEAR_TOPK */
     msm_attr_router_group router_group; /* ROUTER_GROUP_TOPK */

@@ -51,7 +51,7 @@ typedef struct cuda_backend {
     char *arena;
     size_t arena_bytes;
     uint16_t **kc, **vc;         /* [n_layers] bf16 caches */
-    int n_layers;
+    int n_layers, n_kv_blocks;   /* ... of n_kv_blocks blocks of MSM_KV_BLOCK slots */
     void *ws[MSM_N_STREAMS];     /* per-stream workspace (cuBLASLt input, MoE grouping) */
     size_t ws_bytes;
     float *q_tmp[MSM_N_STREAMS]; /* attention: split-context workspace */
@@ -302,23 +302,26 @@ static bool norm_router_pair(const msm_graph *g, int i, int rows, msm_cuda_exec 
     return msm_cuda_norm_router_fits(rows, r->attr.router_topk.E, n->attr.rmsnorm.dim, ex.tune);
 }
 
-/* Whether a node on another stream than the main one computes there (not an event, nor a
- * PREFETCH: its few one-warp blocks leave the SMs to the main stream). */
-static bool aux_compute(const msm_node *x) {
-    return x->stream != MSM_STREAM_MAIN && x->op != MSM_OP_EVENT_RECORD && x->op != MSM_OP_EVENT_WAIT &&
-           x->op != MSM_OP_PREFETCH;
+/* An event or an L2 hint (PREFETCH, PREFETCH_KV: a few one-warp blocks that leave the SMs to the
+ * main stream's kernels), which the pass prefetch_l2 may put among another layer's nodes. */
+static bool hint_node(const msm_node *x) {
+    return x->op == MSM_OP_EVENT_RECORD || x->op == MSM_OP_EVENT_WAIT || x->op == MSM_OP_PREFETCH ||
+           x->op == MSM_OP_PREFETCH_KV;
 }
 
 /* Whether node i (on the main stream) has kernels of its layer on the aux stream beside it: a node
- * of the same layer computing on another stream before or after it. */
+ * of the same layer computing on another stream before or after it (hint nodes passed over). */
 static bool aux_beside(const msm_graph *g, int i) {
     const msm_node *n = &g->nodes[i];
     if (n->stream != MSM_STREAM_MAIN) return false;
-    bool before = false, after = false;
-    for (int j = i - 1; j >= 0 && g->nodes[j].layer == n->layer && !before; j--) before = aux_compute(&g->nodes[j]);
-    for (int j = i + 1; j < g->n_nodes && g->nodes[j].layer == n->layer && !after; j++)
-        after = aux_compute(&g->nodes[j]);
-    return before || after;
+    for (int dir = -1; dir <= 1; dir += 2)
+        for (int j = i + dir; j >= 0 && j < g->n_nodes; j += dir) {
+            const msm_node *x = &g->nodes[j];
+            if (hint_node(x)) continue;
+            if (x->layer != n->layer) break;
+            if (x->stream != MSM_STREAM_MAIN) return true;
+        }
+    return false;
 }
 
 /* PREFETCH: its weights, in order, as stored (an FP8-resident one as its codes, then its scales), into
@@ -361,6 +364,13 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                                cb->b.rank, cb->device, msm_op_name(n->op), n->w[j]);
     switch (n->op) {
     case MSM_OP_PREFETCH: return prefetch_node(cb, n, d, s, err);
+    case MSM_OP_PREFETCH_KV: /* decode steps of up to l2_prefetch_max_t tokens, where the layer has a cache */
+        if (d->T != d->S || d->T > s.tune->l2_prefetch_max_t || n->layer < 0 || n->layer >= cb->n_layers ||
+            !cb->kc[n->layer])
+            break;
+        KTRY(msm_cuda_kv_prefetch(cb->kc[n->layer], cb->vc[n->layer], I32(in0), I32(n->in[1]), I32(n->in[2]),
+                                  g->max_blocks, cb->n_kv_blocks, d->T, a->attention.kvh, a->attention.hd, s));
+        break;
     case MSM_OP_EMBED:
         KTRY(msm_cuda_embed(F(out0), cb->w[n->w[0]], I32(in0), d->T, a->embed.H, s));
         break;
@@ -1083,6 +1093,7 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
     TRY(cudaMalloc((void **)&cb->arena, g->arena_bytes));
     TRY(cudaMemset(cb->arena, 0, g->arena_bytes));
     cb->n_layers = g->n_layers;
+    cb->n_kv_blocks = n_kv_blocks;
     cb->kc = calloc((size_t)g->n_layers, sizeof *cb->kc);
     cb->vc = calloc((size_t)g->n_layers, sizeof *cb->vc);
     cb->n_events = g->n_events;
@@ -1438,6 +1449,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_AUX_GEMV_ROWS", &v)) t->aux_gemv_rows = v == 2 ? 2 : 1;
     if (env_int("MSM_CUDA_L2_PREFETCH_MAX_T", &v)) t->l2_prefetch_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_L2_PREFETCH_MB", &v)) t->l2_prefetch_bytes = (size_t)(v < 0 ? 0 : v > 4096 ? 4096 : v) << 20;
+    if (env_int("MSM_CUDA_L2_PREFETCH_KV_MB", &v)) t->l2_prefetch_kv_bytes = (size_t)(v < 0 ? 0 : v > 4096 ? 4096 : v) << 20;
     if ((s = getenv("MSM_CUDA_L2_PREFETCH_LAST"))) t->l2_prefetch_last = s[0] == '1';
     if (env_int("MSM_CUDA_L2_PREFETCH_BLOCKS", &v)) t->l2_prefetch_blocks = v < 1 ? 1 : v > 1024 ? 1024 : v;
     if (env_int("MSM_CUDA_L2_PREFETCH_CHUNK_KB", &v)) t->l2_prefetch_chunk_kb = v < 1 ? 1 : v > 1024 ? 1024 : v;

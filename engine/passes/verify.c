@@ -173,7 +173,7 @@ int msm_passes_apply(const msm_graph *plain, const msm_pass_opts *o, msm_graph *
         {o->fuse_router, msm_pass_fuse_router_topk},
         {o->fuse_linear_norm, msm_pass_fuse_linear_add_rmsnorm},
         {o->fuse_rope_kv, msm_pass_fuse_rope_kv_write},
-        {o->prefetch_l2 && o->multi_stream, msm_pass_prefetch_l2},
+        {(o->prefetch_l2 || o->prefetch_kv) && o->multi_stream, msm_pass_prefetch_l2},
     };
     msm_graph *g = msm_graph_clone(plain), *next = NULL;
     if (!g) return msm_err_set(err, -ENOMEM, "out of memory applying passes");

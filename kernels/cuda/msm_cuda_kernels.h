@@ -355,6 +355,9 @@ typedef struct msm_cuda_tuning {
                                  throughout); 0: never (MSM_CUDA_L2_PREFETCH_MAX_T; default 16) */
     size_t l2_prefetch_bytes; /* ... at most this many bytes a node, its weights in order
                                  (MSM_CUDA_L2_PREFETCH_MB; default 24 MiB, about half the H200's L2) */
+    size_t l2_prefetch_kv_bytes; /* PREFETCH_KV (decode steps of up to l2_prefetch_max_t tokens): at most
+                                 this many bytes of K/V cache a node (MSM_CUDA_L2_PREFETCH_KV_MB;
+                                 default 24 MiB) */
     bool l2_prefetch_last;    /* ... with the L2::evict_last policy, so the weights streamed meanwhile
                                  evict them last (MSM_CUDA_L2_PREFETCH_LAST=1; default off) */
     int l2_prefetch_blocks;   /* ... the one-warp blocks issuing the prefetches (MSM_CUDA_L2_PREFETCH_BLOCKS;
@@ -647,6 +650,15 @@ typedef struct msm_cuda_span {
  * evict_last policy when l2_prefetch_last). A hint: nothing waits for the lines, no memory
  * changes. 0 or a negative errno (-EINVAL: n outside 0..MSM_CUDA_PREFETCH_MAX_SPANS). */
 int msm_cuda_l2_prefetch(const msm_cuda_span *sp, int n, msm_cuda_exec ex);
+
+/* Graph op PREFETCH_KV: asks the TMA units to bring each token's K and V cache rows of positions
+ * 0 .. pos[t] - 1 into L2: its cache blocks (block_tables[seq[t] * max_blocks + b], each MSM_KV_BLOCK
+ * slots of kvh * hd bf16, contiguous) from the first, at most ex.tune->l2_prefetch_kv_bytes in all
+ * (split evenly over the T tokens), skipping entries outside the n_blocks of the caches (with the
+ * evict_last policy when l2_prefetch_last). A hint: no memory changes. 0 or a negative errno. */
+int msm_cuda_kv_prefetch(const uint16_t *kc, const uint16_t *vc, const int32_t *seq, const int32_t *pos,
+                         const int32_t *block_tables, int max_blocks, int n_blocks, int T, int kvh, int hd,
+                         msm_cuda_exec ex);
 
 /* ---- FP8 block-scaled weights resident on the device (docs/adr/0006-fp8.md) ----
  * A weight [n_expert, rows, cols] kept as its float8_e4m3fn codes (one byte each, the same

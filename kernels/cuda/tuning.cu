@@ -129,6 +129,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * lent, so these are first guesses, not measurements (the pass is off by default) */
     t->l2_prefetch_max_t = 16;
     t->l2_prefetch_bytes = (size_t)24 << 20;
+    t->l2_prefetch_kv_bytes = (size_t)24 << 20;
     t->l2_prefetch_last = false;
     t->l2_prefetch_blocks = 32;
     t->l2_prefetch_chunk_kb = 16;

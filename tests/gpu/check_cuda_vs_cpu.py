@@ -94,9 +94,11 @@ for m in MODELS:
             # kernels, and its one kernel (the GEMV's last block norms), vs the two nodes (gl)
             lut, lul = run(d, p, n, "--backend", "cuda", "--fuse-linear-norm")
             lt, ll = run(d, p, n, "--backend", "cuda", "--fuse-linear-norm", env={"MSM_CUDA_LINEAR_NORM": "1"})
-            # each layer's o_proj and shared expert / dense MLP prefetched into L2 (pass prefetch_l2, off
-            # by default): a hint on the aux stream, so the same bits (with the evict_last policy too)
-            ft2, fl2 = run(d, p, n, "--backend", "cuda", "--prefetch-l2", env={"MSM_CUDA_L2_PREFETCH_LAST": "1"})
+            # each layer's o_proj and shared expert / dense MLP, the next layer's qkv and the layer's K/V
+            # cache rows prefetched into L2 (pass prefetch_l2, off by default): hints on the aux stream,
+            # so the same bits (with the evict_last policy too)
+            ft2, fl2 = run(d, p, n, "--backend", "cuda", "--prefetch-l2-next", "--prefetch-kv",
+                           env={"MSM_CUDA_L2_PREFETCH_LAST": "1"})
             # decode attention as before 2026-12-01 (fifth session): RoPE + cache write its own kernel,
             # the context splits merged by the last block, no K/V loads before the PDL wait
             at, al = run(d, p, n, "--backend", "cuda",

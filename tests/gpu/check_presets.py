@@ -15,7 +15,8 @@ RoPE and K/V cache write in its epilogue vs the two kernels, the shared expert's
 with the SwiGLU in its epilogue vs the two kernels, the qkv MMV with RoPE and the K/V write in its
 epilogue (off by default) vs the two kernels, the grouped expert GEMVs' grid a row per
 selected expert vs per expert, each layer's o_proj and shared expert prefetched into L2 during its
-attention (pass prefetch_l2, off by default; plain and evict_last) vs not, the router's top-k ranked by one
+attention, the next layer's qkv at the router and the K/V cache rows from the norm before the qkv
+projection (pass prefetch_l2, off by default; plain and evict_last) vs not, the router's top-k ranked by one
 thread-block cluster a token vs by the last block to arrive on a counter, the grouped expert GEMVs
 finding their pairs themselves vs after the grouping kernel, the attention's block-table entries
 copied into shared memory first vs loaded with each tile, their down's first weight loads before
@@ -72,6 +73,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("L2 prefetch of o_proj and the shared expert vs none", ["--prefetch-l2"], {}),
     ("L2 prefetch with evict_last and 16 MiB set aside vs none", ["--prefetch-l2"],
      {"MSM_CUDA_L2_PREFETCH_LAST": "1", "MSM_CUDA_L2_PERSIST_MB": "16"}),
+    ("L2 prefetch of the next qkv and the K/V cache rows vs none", ["--prefetch-l2-next", "--prefetch-kv"], {}),
 ]
 if os.environ.get("CHECK_VARIANTS"):  # e.g. CHECK_VARIANTS="L2 prefetch" for the lines of one change
     VARIANTS = [v for v in VARIANTS if any(w in v[0] for w in os.environ["CHECK_VARIANTS"].split(","))]

@@ -61,7 +61,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_GU_U2", "MSM_CUDA_MOE_GG_COMPACT", "MSM_CUDA_LINEAR_SWIGLU",
                                  "MSM_CUDA_LINEAR_SWIGLU_ROWS", "MSM_CUDA_AUX_GEMV_ROWS", "MSM_CUDA_LINEAR_ROPE_MMV",
                                  "MSM_CUDA_L2_PREFETCH_MAX_T", "MSM_CUDA_L2_PREFETCH_MB", "MSM_CUDA_L2_PREFETCH_LAST",
-                                 "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB"};
+                                 "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB",
+                                 "MSM_CUDA_L2_PREFETCH_KV_MB"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -99,6 +100,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_L2_PREFETCH_MAX_T", "-3", 1), setenv("MSM_CUDA_L2_PREFETCH_MB", "5000", 1);
     setenv("MSM_CUDA_L2_PREFETCH_LAST", "1", 1), setenv("MSM_CUDA_L2_PREFETCH_BLOCKS", "0", 1);
     setenv("MSM_CUDA_L2_PREFETCH_CHUNK_KB", "2000", 1), setenv("MSM_CUDA_L2_PERSIST_MB", "-1", 1);
+    setenv("MSM_CUDA_L2_PREFETCH_KV_MB", "-2", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     t.att_bt_cache = true;
@@ -135,6 +137,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.l2_prefetch_blocks, 1, "clamped to 1");
     cr_expect_eq(t.l2_prefetch_chunk_kb, 1024, "clamped to 1 MiB");
     cr_expect_eq(t.l2_persist_mb, 0, "clamped to 0: the device's setting left alone");
+    cr_expect_eq(t.l2_prefetch_kv_bytes, 0u, "clamped to 0: no K/V prefetch");
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
@@ -309,6 +312,44 @@ Test(cuda_kernels, l2_prefetch_changes_nothing_and_keeps_the_chain_order, .timeo
     cr_expect_eq(msm_cuda_l2_prefetch(NULL, 0, EX), 0, "nothing to prefetch");
     cudaFree(d), cudaFree(da), cudaFree(db), cudaFree(dy), cudaFree(dz);
     free(h), free(back), free(a), free(bb), free(z);
+}
+
+/* msm_cuda_kv_prefetch changes no byte of the caches: tokens at positions 0 (nothing below), inside a
+ * block and past several, a sequence whose table holds -1 and entries past the cache (skipped), every
+ * budget down to none, with and without evict_last; bad arguments refused. */
+Test(cuda_kernels, kv_prefetch_changes_nothing, .timeout = 60) {
+    need_gpu();
+    enum { T = 4 };
+    const int kvh = 4, hd = 128, n_blocks = 40, max_blocks = 8;
+    size_t blk = (size_t)MSM_KV_BLOCK * kvh * hd, n = (size_t)n_blocks * blk;
+    uint16_t *h = malloc(n * 2), *back = malloc(n * 2);
+    cr_assert(h && back);
+    for (size_t i = 0; i < n; i++) h[i] = (uint16_t)rnd64();
+    uint16_t *kc = dev_up(h, n * 2), *vc = dev_up(h, n * 2);
+    int32_t seq[T] = {0, 1, 2, 3}, pos[T] = {0, 17, 127, 100};
+    int32_t bt[4 * 8] = {3, 4, 5, 6, 7, 8, 9, 10, /* seq 0 */ 11, 12, -1, -1, -1, -1, -1, -1,
+                         13, 14, 15, 16, 17, 18, 19, 39, /* seq 2: 8 blocks, the last the cache's */
+                         20, -1, 999, 21, 22, -7, 23, 24}; /* seq 3: holes and an entry past the cache */
+    int32_t *dseq = dev_up(seq, sizeof seq), *dpos = dev_up(pos, sizeof pos), *dbt = dev_up(bt, sizeof bt);
+    static const size_t budgets[] = {(size_t)24 << 20, 200000, 1, 0};
+    for (int last = 0; last < 2; last++)
+        for (int b = 0; b < 4; b++) {
+            msm_cuda_tuning t = tune0;
+            t.l2_prefetch_last = last, t.l2_prefetch_kv_bytes = budgets[b];
+            CK(msm_cuda_kv_prefetch(kc, vc, dseq, dpos, dbt, max_blocks, n_blocks, T, kvh, hd, EX_T(&t)));
+        }
+    cudaError_t e = cudaDeviceSynchronize();
+    cr_assert_eq(e, cudaSuccess, "%s", cudaGetErrorString(e));
+    down(back, kc, n * 2);
+    cr_expect(memcmp(h, back, n * 2) == 0, "a prefetch changed the K cache");
+    down(back, vc, n * 2);
+    cr_expect(memcmp(h, back, n * 2) == 0, "a prefetch changed the V cache");
+    cr_expect_eq(msm_cuda_kv_prefetch(kc, vc, dseq, dpos, dbt, 0, n_blocks, T, kvh, hd, EX), -EINVAL);
+    cr_expect_eq(msm_cuda_kv_prefetch(NULL, vc, dseq, dpos, dbt, max_blocks, n_blocks, T, kvh, hd, EX), -EINVAL);
+    cr_expect_eq(msm_cuda_kv_prefetch(kc, vc, dseq, dpos, dbt, max_blocks, n_blocks, -1, kvh, hd, EX), -EINVAL);
+    cr_expect_eq(msm_cuda_kv_prefetch(kc, vc, dseq, dpos, dbt, max_blocks, n_blocks, 0, kvh, hd, EX), 0);
+    cudaFree(kc), cudaFree(vc), cudaFree(dseq), cudaFree(dpos), cudaFree(dbt);
+    free(h), free(back);
 }
 
 /* ---- embed ---- */

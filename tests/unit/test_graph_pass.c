@@ -1101,3 +1101,43 @@ Test(graph_pass, prefetch_l2_next_takes_the_next_qkv_at_the_router_without_a_sha
     msm_graph_free(out);
     msm_graph_free(g);
 }
+
+/* prefetch_kv: each layer's PREFETCH_KV (the step's seq, pos and block tables; its ATTENTION's kvh
+ * and hd) on AUX, forked right before the norm its qkv projection reads, which stays right before
+ * that projection (the CUDA backend runs the pair as one kernel); alone, the only change. */
+Test(graph_pass, prefetch_kv_forks_before_each_qkv_norm_and_keeps_the_norm_linear_pair) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen3moe", "tests/data/glm4moe"};
+    for (int d = 0; d < 3; d++) {
+        msm_graph *g = plain(dirs[d], d == 2 ? 2 : 1);
+        msm_pass_opts kv = all_on, none = all_on;
+        kv.prefetch_l2 = false, kv.prefetch_kv = true, none.prefetch_l2 = false;
+        msm_graph *a = apply(g, &none), *b = apply(g, &kv), *again;
+        cr_assert_eq(b->n_nodes, a->n_nodes + 3 * a->n_layers + 2, "%s", dirs[d]);
+        cr_expect_eq(count_op(b, MSM_OP_PREFETCH), 0);
+        for (int L = 0; L < b->n_layers; L++) {
+            cr_assert_eq(count(b, L, MSM_OP_PREFETCH_KV, MSM_STREAM_AUX), 1, "%s layer %d", dirs[d], L);
+            int p = -1, att = -1, lin = -1;
+            for (int i = 0; i < b->n_nodes; i++) {
+                const msm_node *x = &b->nodes[i];
+                if (x->layer == L && x->op == MSM_OP_PREFETCH_KV) p = i;
+                if (x->layer == L && x->op == MSM_OP_ATTENTION && att < 0) att = i;
+                if (x->layer == L && x->op == MSM_OP_LINEAR && x->stream == MSM_STREAM_MAIN && lin < 0) lin = i;
+            }
+            const msm_node *pf = &b->nodes[p], *norm = &b->nodes[p + 1];
+            cr_expect(b->nodes[p - 2].op == MSM_OP_EVENT_RECORD && b->nodes[p - 1].op == MSM_OP_EVENT_WAIT &&
+                      b->nodes[p - 1].event == b->nodes[p - 2].event);
+            cr_expect(pf->n_in == 3 && pf->in[0] == b->v_seq && pf->in[1] == b->v_pos && pf->in[2] == b->v_btab);
+            cr_expect(pf->attr.attention.kvh == b->nodes[att].attr.attention.kvh &&
+                      pf->attr.attention.hd == b->nodes[att].attr.attention.hd);
+            cr_expect_eq(p + 2, lin, "%s layer %d: the norm and its qkv projection no longer adjacent", dirs[d], L);
+            bool feeds = false;
+            for (int j = 0; j < norm->n_out; j++) feeds |= norm->out[j] == b->nodes[lin].in[0];
+            cr_expect(feeds, "%s layer %d: the node after the PREFETCH_KV is not the qkv input's producer", dirs[d], L);
+        }
+        msm_err err = {{0}};
+        cr_assert_eq(msm_pass_prefetch_l2(b, &kv, &again, &err), 0, "%s", err.msg);
+        cr_expect(msm_graph_equal(b, again), "%s: prefetch_kv is not idempotent", dirs[d]);
+        msm_graph *list[] = {g, a, b, again};
+        for (int i = 0; i < 4; i++) msm_graph_free(list[i]);
+    }
+}

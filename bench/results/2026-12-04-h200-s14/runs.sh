@@ -10,13 +10,14 @@ case "$1" in
 r1)
     # first call: the two changes built without a device (benches take 2-3 s a call). Kernel tests of
     # both (the thirteenth session's MMV + RoPE pairing, the L2 prefetch kernel); A/B of the prefetch
-    # pass at 1-8 tokens, three rounds: plain (24 MiB), evict_last with 24 MiB of L2 set aside, 8 and
-    # 48 MiB; Qwen3 with the next layer's qkv at the router too (--prefetch-l2-next, plain and
-    # evict_last); its grid and chunk; past 16 tokens; GLM-4.5-Air FP8; A/B of the MMV + RoPE pairing at
+    # pass at 1-8 tokens, three rounds: plain (24 MiB), evict_last with 24 MiB of L2 set aside and
+    # without any (whether the policy needs the set-aside), 8 and 48 MiB; Qwen3 with the next layer's qkv at the router too (--prefetch-l2-next, plain and
+    # evict_last); the K/V cache prefetch (--prefetch-kv, alone, with the weights', 48 MiB); its grid
+    # and chunk; past 16 tokens; GLM-4.5-Air FP8; A/B of the MMV + RoPE pairing at
     # 3-8 tokens, three rounds; timelines with the prefetch
     hdr
     timeout 120 gpu-run/bin/test_cuda_kernels --jobs 4 \
-        --filter "cuda_kernels/@(l2_prefetch*|linear_rope_kv*|tuning*|linear_mmv*)" > $OUT/kernels.txt 2>&1
+        --filter "cuda_kernels/@(l2_prefetch*|kv_prefetch*|linear_rope_kv*|tuning*|linear_mmv*)" > $OUT/kernels.txt 2>&1
     tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
     el bench | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
@@ -24,11 +25,16 @@ r1)
             b $p 1,2,4,8 pf --
             b $p 1,2,4,8 pf -- --prefetch-l2
             b $p 1,2,4,8 pf MSM_CUDA_L2_PREFETCH_LAST=1 MSM_CUDA_L2_PERSIST_MB=24 -- --prefetch-l2
+            b $p 1,8 pf MSM_CUDA_L2_PREFETCH_LAST=1 -- --prefetch-l2
             b $p 1,8 pf MSM_CUDA_L2_PREFETCH_MB=8 -- --prefetch-l2
             b $p 1,8 pf MSM_CUDA_L2_PREFETCH_MB=48 -- --prefetch-l2
         done
         b $Q3 1,2,4,8 pfn -- --prefetch-l2-next
         b $Q3 1,2,4,8 pfn MSM_CUDA_L2_PREFETCH_LAST=1 MSM_CUDA_L2_PERSIST_MB=32 -- --prefetch-l2-next
+        b $Q15 1,2,4,8,16 kv -- --prefetch-kv
+        b $Q15 1,2,4,8,16 kv -- --prefetch-kv --prefetch-l2
+        b $Q15 1,2,4,8,16 kv MSM_CUDA_L2_PREFETCH_KV_MB=48 -- --prefetch-kv
+        b $Q3 1,2,4,8,16 kv -- --prefetch-kv
         b $Q15 1,8 grid MSM_CUDA_L2_PREFETCH_BLOCKS=8 -- --prefetch-l2
         b $Q15 1,8 grid MSM_CUDA_L2_PREFETCH_BLOCKS=132 MSM_CUDA_L2_PREFETCH_CHUNK_KB=64 -- --prefetch-l2
         b $Q15 16,32 maxt --
@@ -44,7 +50,7 @@ r1)
     done
     el timelines | tee -a $OUT/gpu.txt
     [ "$(left)" -gt 100 ] && tl $Q15 1 q15b1-pf -- --prefetch-l2
-    [ "$(left)" -gt 70 ] && tl $Q15 8 q15b8-pf -- --prefetch-l2
+    [ "$(left)" -gt 70 ] && tl $Q15 8 q15b8-pfkv -- --prefetch-l2 --prefetch-kv
     [ "$(left)" -gt 40 ] && tl $Q3 1 q3b1-pfn MSM_CUDA_L2_PREFETCH_LAST=1 MSM_CUDA_L2_PERSIST_MB=32 -- --prefetch-l2-next
     el done | tee -a $OUT/gpu.txt
     ;;
