@@ -8,13 +8,13 @@ source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
 Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b
 case "$1" in
 r1)
-    # first call: the two changes built without a device (benches take 2-3 s a call). Kernel tests of
-    # both (the thirteenth session's MMV + RoPE pairing, the L2 prefetch kernel); A/B of the prefetch
-    # pass at 1-8 tokens, three rounds: plain (24 MiB), evict_last with 24 MiB of L2 set aside and
-    # without any (whether the policy needs the set-aside), 8 and 48 MiB; Qwen3 with the next layer's qkv at the router too (--prefetch-l2-next, plain and
-    # evict_last); the K/V cache prefetch (--prefetch-kv, alone, with the weights', 48 MiB); its grid
-    # and chunk; past 16 tokens; GLM-4.5-Air FP8; A/B of the MMV + RoPE pairing at
-    # 3-8 tokens, three rounds; timelines with the prefetch
+    # first call (benches take 2-3 s a call): kernel tests of what no GPU has run yet (the L2 and
+    # K/V prefetch kernels, the thirteenth session's MMV + RoPE pairing); three rounds of A/Bs:
+    # --prefetch-l2 (24 MiB; evict_last with 24 MiB of L2 set aside and without; 8 and 48 MiB),
+    # --prefetch-l2-next on Qwen3 (plain and evict_last), --prefetch-kv (alone, with the weights',
+    # 48 MiB), the aux stream's priority at 1-2 tokens with the prefetch (its shared GEMVs then read
+    # L2), the prefetch grid and chunk, past 16 tokens, the MMV + RoPE pairing at 3-8 tokens;
+    # GLM-4.5-Air FP8 twice; timelines with the prefetch, and Qwen3 FP8 batch 1 for issue 14
     hdr
     timeout 120 gpu-run/bin/test_cuda_kernels --jobs 4 \
         --filter "cuda_kernels/@(l2_prefetch*|kv_prefetch*|linear_rope_kv*|tuning*|linear_mmv*)" > $OUT/kernels.txt 2>&1
@@ -35,6 +35,7 @@ r1)
         b $Q15 1,2,4,8,16 kv -- --prefetch-kv --prefetch-l2
         b $Q15 1,2,4,8,16 kv MSM_CUDA_L2_PREFETCH_KV_MB=48 -- --prefetch-kv
         b $Q3 1,2,4,8,16 kv -- --prefetch-kv
+        b $Q15 1,2 prio MSM_CUDA_STREAM_PRIO=aux -- --prefetch-l2
         b $Q15 1,8 grid MSM_CUDA_L2_PREFETCH_BLOCKS=8 -- --prefetch-l2
         b $Q15 1,8 grid MSM_CUDA_L2_PREFETCH_BLOCKS=132 MSM_CUDA_L2_PREFETCH_CHUNK_KB=64 -- --prefetch-l2
         b $Q15 16,32 maxt --
@@ -52,6 +53,7 @@ r1)
     [ "$(left)" -gt 100 ] && tl $Q15 1 q15b1-pf -- --prefetch-l2
     [ "$(left)" -gt 70 ] && tl $Q15 8 q15b8-pfkv -- --prefetch-l2 --prefetch-kv
     [ "$(left)" -gt 40 ] && tl $Q3 1 q3b1-pfn MSM_CUDA_L2_PREFETCH_LAST=1 MSM_CUDA_L2_PERSIST_MB=32 -- --prefetch-l2-next
+    [ "$(left)" -gt 40 ] && tl qwen3-30b-a3b-fp8 1 q3fp8b1 # issue 14: where an FP8 batch-1 step goes (none since s5)
     el done | tee -a $OUT/gpu.txt
     ;;
 r2)
