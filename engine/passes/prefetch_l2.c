@@ -1,5 +1,6 @@
-/* Pass prefetch_l2: each layer pulls the big weights it reads after its attention into L2 while
- * the attention runs (a PREFETCH node on the AUX stream).
+/* Pass prefetch_l2: each layer pulls what it reads next into L2 while latency-bound kernels run:
+ * the big weights read after its attention (PREFETCH), with prefetch_l2_next the next layer's qkv
+ * weight, with prefetch_kv its K/V cache rows (PREFETCH_KV); nodes on the AUX stream.
  *
  * Why: from the attention to the router a decode layer is a chain of small, latency-bound
  * kernels (attention, o_proj, the residual norm, the router) during which HBM mostly idles,
@@ -8,13 +9,13 @@
  * GEMVs run, beside the routed experts' stream from HBM (the CUDA backend: msm_cuda_l2_prefetch;
  * the CPU backend ignores the node). Values are untouched, so results are the same bits.
  *
- * Rewrite, per layer: right before its ATTENTION, RECORD on MAIN (after the qkv projection and
+ * Rewrite, per layer (with prefetch_l2): right before its ATTENTION, RECORD on MAIN (after the qkv projection and
  * RoPE, so the prefetch does not compete with the qkv GEMV's own stream), WAIT on AUX, PREFETCH
  * on AUX. The node takes the weights of the layer's nodes after the ATTENTION, in node order:
  * not the routed experts' (which of their rows are read depends on the router, and the router is
  * theirs) nor any under 1/PREFETCH_MIN_PART of the largest (norms, gates, biases: not worth the
- * lines), at most MSM_NODE_MAX_W of them. A layer's shared-expert nodes, which multi_stream_moe put on AUX after a
- * later fork, follow it in the AUX stream's order. One RECORD on AUX and its WAIT on MAIN at the
+ * lines), at most MSM_NODE_MAX_W of them. A layer's shared-expert nodes, which multi_stream_moe
+ * put on AUX after a later fork, follow it in the AUX stream's order. One RECORD on AUX and its WAIT on MAIN at the
  * end of the graph join whatever no later join covers (the verifier's V3; a layer without a
  * shared expert has no other join). Only with multi_stream (the one-stream graph stays one
  * stream).
