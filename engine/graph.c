@@ -20,6 +20,8 @@ bool msm_op_is_collective(msm_op op) {
     return op == MSM_OP_ALLREDUCE || op == MSM_OP_ALLGATHER || op == MSM_OP_ALLREDUCE_ADD_RMSNORM;
 }
 
+bool msm_op_is_prefetch(msm_op op) { return op == MSM_OP_PREFETCH || op == MSM_OP_PREFETCH_KV; }
+
 int msm_graph_readers(const msm_graph *g, int v) {
     int c = 0;
     for (int j = 0; j < g->n_nodes; j++)
@@ -333,7 +335,7 @@ void msm_graph_dump(const msm_graph *g, FILE *out) {
             continue;
         }
         for (int j = 0; j < n->n_in; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->in[j]].name);
-        if (n->op != MSM_OP_PREFETCH && n->op != MSM_OP_PREFETCH_KV) fprintf(out, " ->"); /* no outputs */
+        if (!msm_op_is_prefetch(n->op)) fprintf(out, " ->"); /* a prefetch has no outputs */
         for (int j = 0; j < n->n_out; j++) fprintf(out, "%s%s", j ? ", " : " ", g->vals[n->out[j]].name);
         dump_attr(n, out);
         if (n->op == MSM_OP_PREFETCH) { /* its weights are what it is about */

@@ -215,6 +215,8 @@ typedef struct msm_graph {
 const char *msm_op_name(msm_op op);
 const char *msm_stream_name(msm_stream s);
 bool msm_op_is_collective(msm_op op);
+/* PREFETCH or PREFETCH_KV: an L2 hint that changes no value (pass prefetch_l2). */
+bool msm_op_is_prefetch(msm_op op);
 /* How many node inputs read value v (a node reading it twice counts twice). */
 int msm_graph_readers(const msm_graph *g, int v);
 

@@ -534,7 +534,7 @@ void msm_weights_fp8_resident(const msm_graph *g, const msm_wsource *src, bool *
     bool *bad = calloc((size_t)g->n_weights + 1, sizeof *bad);
     for (int ni = 0; bad && ni < g->n_nodes; ni++) {
         const msm_node *n = &g->nodes[ni];
-        if (n->op == MSM_OP_PREFETCH) continue; /* a hint: pulls the weight as it is stored */
+        if (msm_op_is_prefetch(n->op)) continue; /* a hint: pulls the weight as it is stored */
         /* a LINEAR_ADD_RMSNORM's product only feeds its own add (w[0] is its LINEAR's weight) */
         bool lin = (n->op == MSM_OP_LINEAR && !feeds_fused_op(g, n->out[0])) || n->op == MSM_OP_LINEAR_ADD_RMSNORM;
         bool moe = n->op == MSM_OP_MOE_EXPERTS && n->w[0] >= 0 && n->w[1] >= 0 && ret[n->w[0]] && ret[n->w[1]];

@@ -305,8 +305,7 @@ static bool norm_router_pair(const msm_graph *g, int i, int rows, msm_cuda_exec 
 /* An event or an L2 hint (PREFETCH, PREFETCH_KV: a few one-warp blocks that leave the SMs to the
  * main stream's kernels), which the pass prefetch_l2 may put among another layer's nodes. */
 static bool hint_node(const msm_node *x) {
-    return x->op == MSM_OP_EVENT_RECORD || x->op == MSM_OP_EVENT_WAIT || x->op == MSM_OP_PREFETCH ||
-           x->op == MSM_OP_PREFETCH_KV;
+    return x->op == MSM_OP_EVENT_RECORD || x->op == MSM_OP_EVENT_WAIT || msm_op_is_prefetch(x->op);
 }
 
 /* Whether node i (on the main stream) has kernels of its layer on the aux stream beside it: a node
@@ -359,7 +358,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     for (int j = 0; j < MSM_NODE_MAX_W; j++)
         if (n->w[j] >= 0 && cb->w8[n->w[j]] &&
             !(((n->op == MSM_OP_LINEAR || n->op == MSM_OP_LINEAR_ADD_RMSNORM) && j == 0) ||
-              (n->op == MSM_OP_MOE_EXPERTS && j < 2) || n->op == MSM_OP_PREFETCH))
+              (n->op == MSM_OP_MOE_EXPERTS && j < 2) || msm_op_is_prefetch(n->op)))
             return msm_err_set(err, -ENOTSUP, "rank %d (GPU %d): op %s has no kernel for the FP8 weight %d",
                                cb->b.rank, cb->device, msm_op_name(n->op), n->w[j]);
     switch (n->op) {
@@ -1374,6 +1373,15 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_AUX_GEMV_ROWS=1|2          the 1-2-token bf16 GEMV's rows a warp on the aux stream (2, default)
  *   MSM_CUDA_LINEAR_ROPE_MMV=0|1        the qkv LINEAR + ROPE_KV_WRITE in one kernel on the MMV (3-8 tokens)
  *                                       too (0, default: not yet measured)
+ *   MSM_CUDA_L2_PREFETCH_MAX_T=N        PREFETCH / PREFETCH_KV nodes (pass prefetch_l2) act at steps of up
+ *                                       to N tokens (16, default; 0: never)
+ *   MSM_CUDA_L2_PREFETCH_MB=N           ... at most N MiB of weights a PREFETCH (24, default)
+ *   MSM_CUDA_L2_PREFETCH_KV_MB=N        ... at most N MiB of K/V cache a PREFETCH_KV (24, default)
+ *   MSM_CUDA_L2_PREFETCH_LAST=0|1       ... with the L2::evict_last policy (0, default)
+ *   MSM_CUDA_L2_PREFETCH_BLOCKS=N       ... one-warp blocks issuing a PREFETCH's chunks (32, default)
+ *   MSM_CUDA_L2_PREFETCH_CHUNK_KB=N     ... KiB a prefetch instruction (16, default)
+ *   MSM_CUDA_L2_PERSIST_MB=N            MiB of L2 set aside for persisting (evict_last) lines at start-up
+ *                                       (0, default: the device's setting left alone)
  *   MSM_CUDA_STREAM_PRIO=off|aux|auto   the aux stream's kernels (the shared expert's) above the main
  *                                       stream's: never, every step, or decode steps of 3-11 tokens (auto,
  *                                       default)
@@ -1389,6 +1397,9 @@ static bool env_int(const char *name, int *ret) {
     *ret = atoi(s);
     return true;
 }
+
+/* v MiB in bytes, v clamped to 0..4096. */
+static size_t mib_clamped(int v) { return (size_t)(v < 0 ? 0 : v > 4096 ? 4096 : v) << 20; }
 
 void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     int v;
@@ -1448,8 +1459,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_LINEAR_SWIGLU_ROWS", &v)) t->linear_swiglu_rows = v == 4 ? 4 : v == 2 ? 2 : 1;
     if (env_int("MSM_CUDA_AUX_GEMV_ROWS", &v)) t->aux_gemv_rows = v == 2 ? 2 : 1;
     if (env_int("MSM_CUDA_L2_PREFETCH_MAX_T", &v)) t->l2_prefetch_max_t = v < 0 ? 0 : v;
-    if (env_int("MSM_CUDA_L2_PREFETCH_MB", &v)) t->l2_prefetch_bytes = (size_t)(v < 0 ? 0 : v > 4096 ? 4096 : v) << 20;
-    if (env_int("MSM_CUDA_L2_PREFETCH_KV_MB", &v)) t->l2_prefetch_kv_bytes = (size_t)(v < 0 ? 0 : v > 4096 ? 4096 : v) << 20;
+    if (env_int("MSM_CUDA_L2_PREFETCH_MB", &v)) t->l2_prefetch_bytes = mib_clamped(v);
+    if (env_int("MSM_CUDA_L2_PREFETCH_KV_MB", &v)) t->l2_prefetch_kv_bytes = mib_clamped(v);
     if ((s = getenv("MSM_CUDA_L2_PREFETCH_LAST"))) t->l2_prefetch_last = s[0] == '1';
     if (env_int("MSM_CUDA_L2_PREFETCH_BLOCKS", &v)) t->l2_prefetch_blocks = v < 1 ? 1 : v > 1024 ? 1024 : v;
     if (env_int("MSM_CUDA_L2_PREFETCH_CHUNK_KB", &v)) t->l2_prefetch_chunk_kb = v < 1 ? 1 : v > 1024 ? 1024 : v;

@@ -59,8 +59,7 @@ static int candidates(const msm_graph *g, int from, int to, int L, int *ids) {
     int n = 0;
     for (int i = from; i < to; i++) {
         const msm_node *x = &g->nodes[i];
-        if (x->layer != L || x->role == MSM_ROLE_ROUTED || x->op == MSM_OP_PREFETCH || x->op == MSM_OP_PREFETCH_KV)
-            continue;
+        if (x->layer != L || x->role == MSM_ROLE_ROUTED || msm_op_is_prefetch(x->op)) continue;
         for (int j = 0; j < MSM_NODE_MAX_W && n < MAX_CANDIDATES; j++) {
             int wi = x->w[j];
             bool dup = wi < 0 || wi >= g->n_weights;
@@ -123,14 +122,13 @@ static spots find_spots(const msm_graph *g, int L, const msm_pass_opts *o) {
 /* Whether layer L of g has a PREFETCH or PREFETCH_KV already. */
 static bool has_prefetch(const msm_graph *g, int L) {
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i].layer == L && (g->nodes[i].op == MSM_OP_PREFETCH || g->nodes[i].op == MSM_OP_PREFETCH_KV))
-            return true;
+        if (g->nodes[i].layer == L && msm_op_is_prefetch(g->nodes[i].op)) return true;
     return false;
 }
 
 /* Puts p in the first free one of node i's two places. */
 static void place(msm_node *at, int i, const msm_node *p) {
-    at[2 * i + (at[2 * i].op == MSM_OP_PREFETCH || at[2 * i].op == MSM_OP_PREFETCH_KV)] = *p;
+    at[2 * i + msm_op_is_prefetch(at[2 * i].op)] = *p;
 }
 
 /* Layer L's first ATTENTION (find_spots found one). */
@@ -186,7 +184,7 @@ int msm_pass_prefetch_l2(const msm_graph *in, const msm_pass_opts *o, msm_graph 
     g->n_nodes = 0;
     for (int i = 0; i < n && r >= 0; i++) {
         for (int k = 0; k < 2 && r >= 0; k++)
-            if (at[2 * i + k].op == MSM_OP_PREFETCH || at[2 * i + k].op == MSM_OP_PREFETCH_KV) {
+            if (msm_op_is_prefetch(at[2 * i + k].op)) {
                 r = add_fork(g, &at[2 * i + k]);
                 added++;
             }
