@@ -1341,6 +1341,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_GU_U2=0|1|2            the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
  *                                       an SM never (0), always (1), or where it makes one wave and no
  *                                       shared expert runs beside (2, default); the same bits
+ *   MSM_CUDA_FP8_MOE_LEAN=0|1|2         the FP8 pair-path gate/up and split down GEMVs in fewer registers
+ *                                       (one wave at one token; 2: the gate/up's next codes early); the
+ *                                       same bits (0, default: not yet measured)
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
  *   MSM_CUDA_LINEAR_NORM=1              LINEAR_ADD_RMSNORM in one kernel (the GEMV's last block norms)
  *   MSM_CUDA_ATT_GROUP=N                attention blocks take up to N query heads of a kv head (1..4) ...
@@ -1468,6 +1471,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_STREAM_PRIO")))
         t->stream_prio = !strcmp(s, "aux") ? MSM_CUDA_PRIO_AUX : !strcmp(s, "auto") ? MSM_CUDA_PRIO_AUTO : MSM_CUDA_PRIO_OFF;
     if ((s = getenv("MSM_CUDA_FP8_MOE_HW"))) t->fp8_moe_hw = s[0] != '0';
+    if (env_int("MSM_CUDA_FP8_MOE_LEAN", &v)) t->fp8_moe_lean = v < 0 ? 0 : v > 2 ? 2 : v;
     if (env_int("MSM_CUDA_ROWS_PIPE", &v)) t->rows_pipe = v & 15;
     if ((s = getenv("MSM_CUDA_NORM_ROUTER"))) t->norm_router = s[0] != '0';
     if (env_int("MSM_CUDA_ROUTER_CLUSTER", &v)) t->router_cluster_max_t = v < 0 ? 0 : v > 64 ? 64 : v;

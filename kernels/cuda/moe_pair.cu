@@ -7,7 +7,9 @@
  * With FP8 the weights are e4m3 codes with block scales (msm_rows_dot_fp8; the scale pointers
  * gu_sc, dn_sc are NULL for bf16 weights), decoded with integer operations, or with the hardware's
  * e4m3 -> half conversion where msm_cuda_tuning.fp8_moe_hw says so (HW: fewer instructions a code
- * for these issue-bound kernels; the same products, see msm_cuda_tuning.fp8_moe_hw). */
+ * for these issue-bound kernels; the same products, see msm_cuda_tuning.fp8_moe_hw). With
+ * msm_cuda_tuning.fp8_moe_lean the FP8 gate/up and split down take msm_rows_dot_fp8_lean, the same
+ * sums in registers that make one token's grids one wave. */
 #include "moe_internal.h"
 
 #include <errno.h>
@@ -19,10 +21,13 @@
  * slower there on the H200.) U 16-byte loads a lane a row in flight; MINB blocks an SM (U 2 at 12:
  * the same sums in the same order as U 4, msm_rows_dot, in a register budget that holds one wave
  * of Qwen3-30B-A3B's 1536 blocks at one token; msm_cuda_tuning.moe_gu_u2). */
-template <bool VEC, bool FP8, bool HW = false, bool PIPE = false, int U = MOE_U, int MINB = 0>
+/* LEAN (FP8 only): msm_rows_dot_fp8_lean, the same sums in the registers of MINB 12 (one wave of
+ * Qwen3-30B-A3B's 1536 blocks at one token; msm_cuda_tuning.fp8_moe_lean). */
+template <bool VEC, bool FP8, bool HW = false, bool PIPE = false, int U = MOE_U, int MINB = 0, bool LEAN = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32, MINB)
     moe_gateup_gemv_kernel(float *act, const float *x, const int32_t *ids, const void *gate_up,
                            const float *gu_sc, int gu_ph, int H, int I, int k, int E) {
+    static_assert(!LEAN || FP8, "the lean dot is FP8's");
     msm_pdl_trigger();
     msm_pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -36,7 +41,14 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32, MINB)
     const float *const sr[2] = {msm_srow(se, i, H, gu_ph), msm_srow(se, I + i, H, gu_ph)};
     const float *const xs[1] = {x + (size_t)(p / k) * H};
     float acc[2][1] = {{0.0f}, {0.0f}};
-    msm_rows_dot_w<2, 1, U, VEC, FP8, false, HW, PIPE>(acc, wr, sr, xs, 1, H, gu_ph, lane);
+    if constexpr (LEAN) {
+        const uint8_t *const w8[2] = {(const uint8_t *)wr[0], (const uint8_t *)wr[1]};
+        float a[2] = {0.0f, 0.0f};
+        msm_rows_dot_fp8_lean<2, HW, PIPE>(a, w8, sr, xs[0], H, gu_ph, lane);
+        acc[0][0] = a[0], acc[1][0] = a[1];
+    } else {
+        msm_rows_dot_w<2, 1, U, VEC, FP8, false, HW, PIPE>(acc, wr, sr, xs, 1, H, gu_ph, lane);
+    }
     float g = msm_warp_sum(acc[0][0]), u = msm_warp_sum(acc[1][0]);
     if (lane == 0) act[(size_t)p * I + i] = msm__silu_mul(g, u);
 }
@@ -90,7 +102,9 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
  * (64 registers), so Qwen3-30B-A3B's 512 blocks at one token are one wave */
 template <int KMAX, int HB>
 static constexpr int down_split_minb() { return HB >= 4 ? 1024 / (KMAX * 32) : 0; }
-template <int KMAX, int HB, bool VEC, bool FP8, bool HW = false>
+/* LEAN (FP8 only): msm_rows_dot_fp8_lean (PIPE: its next step's loads early), the same bits, in
+ * registers that hold HB 4 without spills (msm_cuda_tuning.fp8_moe_lean) */
+template <int KMAX, int HB, bool VEC, bool FP8, bool HW = false, bool LEAN = false, bool PIPE = false>
 static __global__ void __launch_bounds__(KMAX * 32, down_split_minb<KMAX, HB>())
     moe_down_split_kernel(float *y, const float *act, const int32_t *ids, const float *w, const void *down,
                           const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
@@ -117,7 +131,18 @@ static __global__ void __launch_bounds__(KMAX * 32, down_split_minb<KMAX, HB>())
     float acc[HB][1];
 #pragma unroll
     for (int r = 0; r < HB; r++) acc[r][0] = 0.0f;
-    msm_rows_dot_w<HB, 1, U, VEC, FP8, false, HW>(acc, wr, sr, xs, 1, I, dn_ph, lane);
+    if constexpr (LEAN) {
+        static_assert(FP8, "the lean dot is FP8's");
+        const uint8_t *w8[HB];
+        float a[HB];
+#pragma unroll
+        for (int r = 0; r < HB; r++) w8[r] = (const uint8_t *)wr[r], a[r] = 0.0f;
+        msm_rows_dot_fp8_lean<HB, HW, PIPE>(a, w8, sr, xs[0], I, dn_ph, lane);
+#pragma unroll
+        for (int r = 0; r < HB; r++) acc[r][0] = a[r];
+    } else {
+        msm_rows_dot_w<HB, 1, U, VEC, FP8, false, HW>(acc, wr, sr, xs, 1, I, dn_ph, lane);
+    }
 #pragma unroll
     for (int r = 0; r < HB; r++) {
         float s = msm_warp_sum(acc[r][0]);
@@ -186,6 +211,14 @@ static cudaError_t down_split_launch(unsigned T, msm_cuda_exec ex, bool vec, flo
                                      const int32_t *ids, const float *w, const void *down, const float *dn_sc,
                                      int dn_ph, int H, int I, int k, int E) {
     dim3 gs((unsigned)((H + HB - 1) / HB), T), bs(KMAX * 32);
+    if constexpr (HB == 4) /* FP8 at 4 rows a warp in 64 registers, no spills (msm_cuda_tuning.fp8_moe_lean) */
+        if (dn_sc && ex.tune->fp8_moe_lean) {
+            if (ex.tune->fp8_moe_hw)
+                return msm_launch(moe_down_split_kernel<KMAX, HB, true, true, true, true>, gs, bs, 0, ex, y, act, ids,
+                                  w, down, dn_sc, dn_ph, H, I, k, E);
+            return msm_launch(moe_down_split_kernel<KMAX, HB, true, true, false, true>, gs, bs, 0, ex, y, act, ids, w,
+                              down, dn_sc, dn_ph, H, I, k, E);
+        }
     if (dn_sc && ex.tune->fp8_moe_hw) /* FP8: the caller checked I % 16 and the alignment */
         return msm_launch(moe_down_split_kernel<KMAX, HB, true, true, true>, gs, bs, 0, ex, y, act, ids, w, down,
                           dn_sc, dn_ph, H, I, k, E);
@@ -212,7 +245,7 @@ static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float
      * 1.701-1.707 ms at batch 1, 3.316-3.334 -> 3.207-3.234 at 4 (H200, 2026-12-04) */
     int kf = ex.tune->moe_kernels;
     bool fp8 = dn_sc != NULL;
-    int hb = ex.tune->moe_down_hb ? ex.tune->moe_down_hb : fp8 ? 2 : 4;
+    int hb = ex.tune->moe_down_hb ? ex.tune->moe_down_hb : fp8 && !ex.tune->fp8_moe_lean ? 2 : 4;
     if ((kf & MSM_CUDA_MOE_K_DOWN_SPLIT) || (KMAX >= (fp8 ? 8 : 4) && !(kf & MSM_CUDA_MOE_K_DOWN_WARP))) {
         if (hb == 4)
             return down_split_launch<KMAX, 4>(grid.y, ex, vec, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E);
@@ -247,6 +280,27 @@ static bool gateup_u2(msm_cuda_exec ex, long blocks) {
     return !ex.aux_beside && blocks <= (long)GU_U2_MINB * t->sms && blocks > (long)t->moe_gu_per_sm * t->sms;
 }
 
+/* The FP8 gate/up on msm_rows_dot_fp8_lean (msm_cuda_tuning.fp8_moe_lean): 1 at 12 blocks an SM
+ * (40 registers, no spills); 2 its next step's codes loaded early, which fits 40 registers unbounded
+ * (bounded to 12 blocks ptxas spills) */
+static cudaError_t gateup_fp8_lean_launch(dim3 ga, msm_cuda_exec ex, float *act, const float *x, const int32_t *ids,
+                                          const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k,
+                                          int E) {
+    dim3 blk(MOE_WARPS * 32);
+    bool hw = ex.tune->fp8_moe_hw, pipe = ex.tune->fp8_moe_lean == 2;
+    if (hw && pipe)
+        return msm_launch(moe_gateup_gemv_kernel<true, true, true, true, 1, 0, true>, ga, blk, 0, ex, act, x, ids,
+                          gate_up, gu_sc, gu_ph, H, I, k, E);
+    if (hw)
+        return msm_launch(moe_gateup_gemv_kernel<true, true, true, false, 1, GU_U2_MINB, true>, ga, blk, 0, ex, act, x,
+                          ids, gate_up, gu_sc, gu_ph, H, I, k, E);
+    if (pipe)
+        return msm_launch(moe_gateup_gemv_kernel<true, true, false, true, 1, 0, true>, ga, blk, 0, ex, act, x, ids,
+                          gate_up, gu_sc, gu_ph, H, I, k, E);
+    return msm_launch(moe_gateup_gemv_kernel<true, true, false, false, 1, GU_U2_MINB, true>, ga, blk, 0, ex, act, x,
+                      ids, gate_up, gu_sc, gu_ph, H, I, k, E);
+}
+
 /* The occupancy field of the pair path's gate/up GEMV, for msm_cuda_tuning_init. */
 void msm__moe_pair_tuning(msm_cuda_tuning *t) {
     t->moe_gu_per_sm = msm_blocks_per_sm(moe_gateup_gemv_kernel<true, false>, MOE_WARPS * 32, 0);
@@ -258,7 +312,9 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
     size_t P = (size_t)T * k;
     if (P > 65535) return -EINVAL; /* grid.y of the gate/up kernel */
     dim3 ga((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)P), blk(MOE_WARPS * 32);
-    if (gu_sc && ex.tune->fp8_moe_hw) /* FP8 (the caller checked H % 16 and the alignment) */
+    if (gu_sc && ex.tune->fp8_moe_lean) /* FP8 in 40 registers: 12 blocks an SM (tuning fp8_moe_lean) */
+        CUDA_TRY(gateup_fp8_lean_launch(ga, ex, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E));
+    else if (gu_sc && ex.tune->fp8_moe_hw) /* FP8 (the caller checked H % 16 and the alignment) */
         CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
                             gu_ph, H, I, k, E));
     else if (gu_sc)

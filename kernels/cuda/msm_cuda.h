@@ -597,6 +597,57 @@ static __device__ __forceinline__ void msm_rows_dot_fp8(float (&acc)[R][NT], con
     }
 }
 
+/* msm_rows_dot_fp8 for one vector (NT 1, G 0) at one 16-byte load a lane a row in flight, in fewer
+ * registers: a step's R loads and scales, then the 16 codes four at a time, each group's x float4
+ * read as it is used, both decoded and multiplied before the next group. The same products summed
+ * in the same order (per load: 16 fmaf from 0 in k order, then one fmaf by the scale into acc), so
+ * bit for bit msm_rows_dot_fp8<R, 1, U, 0, HW>'s sums at any U. For the one-token expert GEMVs that
+ * must hold a grid in one wave (msm_cuda_tuning.fp8_moe_lean): at 40 or 64 registers a thread the
+ * general form spills. */
+template <int R, bool HW = false, bool PIPE = true>
+static __device__ __forceinline__ void msm_rows_dot_fp8_lean(float (&acc)[R], const uint8_t *const (&wr)[R],
+                                                             const float *const (&sr)[R], const float *x, int K,
+                                                             int ph, int lane) {
+    constexpr float XS = HW ? 1.0f : MSM_FP8_X_SCALE, SS = HW ? 1.0f : MSM_FP8_S_SCALE;
+    uint4 nv[R]; /* PIPE: the next step's codes, loaded before this step's arithmetic */
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        nv[r] = PIPE && wr[r] && lane * 16 < K ? msm_ld_stream16(wr[r] + lane * 16) : make_uint4(0, 0, 0, 0);
+    for (int k = lane * 16; k < K; k += 512) {
+        uint4 wv[R];
+        float sv[R], s[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (PIPE) {
+                wv[r] = nv[r];
+                nv[r] = wr[r] && k + 512 < K ? msm_ld_stream16(wr[r] + k + 512) : make_uint4(0, 0, 0, 0);
+            } else {
+                wv[r] = wr[r] ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+            }
+            sv[r] = wr[r] ? __ldg(sr[r] + ((k + ph) >> 7)) * SS : 0.0f;
+            s[r] = 0.0f;
+        }
+        const float4 *xp = (const float4 *)(x + k);
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            float4 a = xp[g];
+            a = make_float4(a.x * XS, a.y * XS, a.z * XS, a.w * XS);
+#pragma unroll
+            for (int r = 0; r < R; r++) { /* a NULL row's zeros: its acc is never read */
+                uint32_t v = g == 0 ? wv[r].x : g == 1 ? wv[r].y : g == 2 ? wv[r].z : wv[r].w;
+                float f[4];
+                msm_fp8x4_f32<HW>(v, f);
+                s[r] = fmaf(f[0], a.x, s[r]);
+                s[r] = fmaf(f[1], a.y, s[r]);
+                s[r] = fmaf(f[2], a.z, s[r]);
+                s[r] = fmaf(f[3], a.w, s[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = fmaf(s[r], sv[r], acc[r]);
+    }
+}
+
 /* Either kind of weight row: bf16 (FP8 false; sr unused; PIPE as msm_rows_dot's) or FP8 (VEC must be
  * true; PIPE unused). */
 template <int R, int NT, int U, bool VEC, bool FP8, bool DIAG = false, bool HW = false, bool PIPE = false,

@@ -264,6 +264,15 @@ typedef struct msm_cuda_tuning {
                                  Qwen3-30B-A3B FP8 2.93 / 4.16 / 6.09 -> 2.84 / 3.93-3.96 / 5.69-5.75,
                                  GLM-4.5-Air FP8 7.37 / 10.40 / 15.85-15.97 -> 7.04-7.08 / 10.01-10.05 /
                                  15.27-15.32 (MSM_CUDA_FP8_MOE_HW=0: the integer decode) */
+    int fp8_moe_lean;         /* MSM_CUDA_FP8_MOE_LEAN: the FP8 pair-path gate/up and split down GEMVs on
+                                 msm_rows_dot_fp8_lean (one load a lane a row in flight, the codes four at a
+                                 time), the same bits in registers that make the grids of one token one wave
+                                 where the general form spills: the gate/up at 40 registers (12 blocks an SM,
+                                 Qwen3-30B-A3B's 1536 blocks in one wave; 79 and two waves now), the down at 4
+                                 rows a warp at 64 without spills (512 blocks, one wave; 2 rows and 63
+                                 registers, two waves, now). 1: that; 2: the gate/up also loads its next
+                                 step's codes before this step's arithmetic. 0 (default) until measured on a
+                                 GPU: bench/results/2026-12-05-h200-s15 */
     bool gemv_u16;            /* the bf16 GEMV at one token takes a row of 2048 < K <= 4096 (Qwen3-30B-A3B's
                                  o_proj) in one step of 16 loads a lane, all before its PDL wait; the same
                                  bits. On by default: H200, 2026-12-02 third session, Qwen3-30B-A3B batch 1

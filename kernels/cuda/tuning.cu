@@ -136,6 +136,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->l2_persist_mb = 0;
     t->stream_prio = MSM_CUDA_PRIO_AUTO;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
+    t->fp8_moe_lean = 0;
     /* the norm-in GEMV and the GEMV at 2 tokens; the experts' kernels lost occupancy for nothing
      * (H200, 2026-12-02 third session, ms a step at 1 / 2 / 4 tokens, all four on vs off:
      * Qwen1.5-MoE 2.00 / 2.78 / 4.12 vs 1.87 / 2.71 / 3.94, Qwen3-30B-A3B 3.04 / 4.22 / 6.65 vs

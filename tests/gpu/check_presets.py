@@ -50,6 +50,8 @@ VARIANTS = [  # (name, extra flags, environment)
     ("RoPE kernels' early prologue vs after the PDL wait", [], {"MSM_CUDA_SMALL_EARLY": "0"}),
     ("routed experts after the router vs programmatic beside the shared expert", [], {"MSM_CUDA_MOE_AUX_SERIAL_MAX_T": "0"}),
     ("FP8 experts' hardware decode vs the integer one", [], {"MSM_CUDA_FP8_MOE_HW": "0"}),
+    ("FP8 pair-path experts on the lean dot vs the default", [], {"MSM_CUDA_FP8_MOE_LEAN": "1"}),
+    ("FP8 pair-path experts on the lean dot, next codes early, vs the default", [], {"MSM_CUDA_FP8_MOE_LEAN": "2"}),
     ("pipelined bf16 rows-dot vs one step at a time", [], {"MSM_CUDA_ROWS_PIPE": "0"}),
     ("ADD_RMSNORM + router two kernels vs one", [], {"MSM_CUDA_NORM_ROUTER": "1"}),
     ("the one-token bf16 GEMV's 4096-wide rows in one step vs four", [], {"MSM_CUDA_GEMV_U16": "0"}),

@@ -62,7 +62,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_LINEAR_SWIGLU_ROWS", "MSM_CUDA_AUX_GEMV_ROWS", "MSM_CUDA_LINEAR_ROPE_MMV",
                                  "MSM_CUDA_L2_PREFETCH_MAX_T", "MSM_CUDA_L2_PREFETCH_MB", "MSM_CUDA_L2_PREFETCH_LAST",
                                  "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB",
-                                 "MSM_CUDA_L2_PREFETCH_KV_MB"};
+                                 "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_FP8_MOE_LEAN"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -100,7 +100,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_L2_PREFETCH_MAX_T", "-3", 1), setenv("MSM_CUDA_L2_PREFETCH_MB", "5000", 1);
     setenv("MSM_CUDA_L2_PREFETCH_LAST", "1", 1), setenv("MSM_CUDA_L2_PREFETCH_BLOCKS", "0", 1);
     setenv("MSM_CUDA_L2_PREFETCH_CHUNK_KB", "2000", 1), setenv("MSM_CUDA_L2_PERSIST_MB", "-1", 1);
-    setenv("MSM_CUDA_L2_PREFETCH_KV_MB", "-2", 1);
+    setenv("MSM_CUDA_L2_PREFETCH_KV_MB", "-2", 1), setenv("MSM_CUDA_FP8_MOE_LEAN", "7", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     t.att_bt_cache = true;
@@ -109,6 +109,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     t.fp8_moe_hw = true;
     msm_cuda_tuning_from_env(&t);
     cr_expect(!t.fp8_moe_hw, "MSM_CUDA_FP8_MOE_HW=0: the integer decode");
+    cr_expect_eq(t.fp8_moe_lean, 2, "MSM_CUDA_FP8_MOE_LEAN clamped to 2");
     cr_expect_eq(t.rows_pipe, 21 & 15, "MSM_CUDA_ROWS_PIPE: the mask's known kernels");
     cr_expect(!t.norm_router, "MSM_CUDA_NORM_ROUTER=0: the norm and the router two kernels");
     cr_expect_eq(t.norm_router_max_t, 0, "clamped to 0");
@@ -2093,6 +2094,57 @@ Test(cuda_kernels, moe_experts_fp8_hw_decode_equals_integer_decode, .timeout = 1
                 cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(ws);
                 free(x), free(w), free(ids), free(o[0]), free(o[1]), free(ref);
             }
+        }
+        fp8_free(&gu), fp8_free(&dn);
+        free(scratch);
+    }
+}
+
+/* The lean FP8 pair-path kernels (msm_cuda_tuning.fp8_moe_lean: msm_rows_dot_fp8_lean, 1 and 2)
+ * give the default kernels' outputs bit for bit, with either decode, at 1-4 tokens; the down at 4
+ * rows a warp (the lean one) and at 2 and one warp a row (not lean) alike; and match the CPU on
+ * the float32 weights. Shapes: Qwen3-30B-A3B's and GLM-4.5-Air's experts (TP 2's down phase 64),
+ * a row shorter than a warp's step (256: half the lanes idle) and one of 1.5 steps (768). */
+Test(cuda_kernels, moe_experts_fp8_lean_equals_default, .timeout = 180) {
+    need_gpu();
+    /* H, I, k, E, gate/up phase, down phase */
+    static const int shapes[][6] = {{2048, 768, 8, 128, 0, 0}, {4096, 704, 8, 128, 0, 64}, {256, 96, 4, 8, 16, 32},
+                                    {768, 256, 2, 6, 0, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3];
+        fp8_weight gu = fp8_make(E, 2 * I, H, shapes[s][4], false), dn = fp8_make(E, H, I, shapes[s][5], false);
+        float *scratch = malloc((size_t)3 * I * 4);
+        for (int T = 1; T <= 4; T++) {
+            float *x = host_f32((size_t)T * H, 1.0f), *w = malloc((size_t)T * k * 4);
+            int32_t *ids = malloc((size_t)T * k * 4);
+            random_routing(ids, w, T, k, E);
+            float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4);
+            int32_t *di = dev_up(ids, (size_t)T * k * 4);
+            size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E), ny = (size_t)T * H;
+            void *ws = dev_poison(wsb);
+            float *ref = malloc(ny * 4), *o0 = malloc(ny * 4), *o = malloc(ny * 4);
+            msm_cpu_moe_experts(ref, x, ids, w, gu.f, dn.f, T, H, I, k, scratch);
+            for (int hw = 0; hw < 2; hw++)
+                for (int kf = 0; kf < 3; kf++) /* the down: split (lean: 4 rows a warp), split 2 rows, one warp a row */
+                    for (int lean = 0; lean <= 2; lean++) {
+                        msm_cuda_tuning t = tune0;
+                        t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
+                        t.moe_kernels = kf == 2 ? MSM_CUDA_MOE_K_DOWN_WARP : MSM_CUDA_MOE_K_DOWN_SPLIT;
+                        t.moe_down_hb = kf == 1 ? 2 : 0;
+                        t.fp8_moe_hw = hw;
+                        t.fp8_moe_lean = lean;
+                        float *dy = dev_poison(ny * 4);
+                        CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, NULL, 0, EX_T(&t)));
+                        down(lean ? o : o0, dy, ny * 4);
+                        cudaFree(dy);
+                        if (lean)
+                            cr_assert(memcmp(o0, o, ny * 4) == 0, "lean %d differs: H=%d I=%d k=%d T=%d hw=%d down %d",
+                                      lean, H, I, k, T, hw, kf);
+                        else if (kf == 0)
+                            CHECK_ERR(o0, ref, ny, 2e-5, "fp8 pair vs cpu: H=%d I=%d k=%d T=%d hw=%d", H, I, k, T, hw);
+                    }
+            cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(ws);
+            free(x), free(w), free(ids), free(ref), free(o0), free(o);
         }
         fp8_free(&gu), fp8_free(&dn);
         free(scratch);
