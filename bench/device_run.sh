@@ -16,6 +16,8 @@
 #   hdr                           the GPU and the bundle's revision into $OUT/gpu.txt
 #   pack                          past 7 files under $OUT, all but gpu.txt into $OUT/out.tar.gz (the
 #                                 device tool brings back a limited number of files: a run's last call)
+# Afterwards, on any machine: `python3 bench/ab_summary.py runN-bench-TAG.txt ...` puts the rounds of
+# each arm side by side (min-max ms/step, rounds, median change against the arm with no switch).
 [ -f gpu-run/bundle.tar.xz ] && { (cd gpu-run && tar xJf bundle.tar.xz && rm bundle.tar.xz) || exit 1; }
 export LD_LIBRARY_PATH=$PWD/gpu-run/lib PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
