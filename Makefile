@@ -23,6 +23,7 @@ $(BUILD)/build.ninja:
 	meson setup $(BUILD) $(MESON_ARGS)
 
 build: deps $(BUILD)/build.ninja
+	@scripts/drop-stale-cuda-objects $(BUILD)
 	ninja -C $(BUILD)
 
 run: build
@@ -40,6 +41,7 @@ test: build
 build-release: deps
 	@[ -f $(RELEASE_BUILD)/build.ninja ] || meson setup $(RELEASE_BUILD) -Dbuildtype=release \
 		-Dfuzz=disabled -Dwerror=true
+	@scripts/drop-stale-cuda-objects $(RELEASE_BUILD)
 	ninja -C $(RELEASE_BUILD)
 
 # Unit and integration tests again under AddressSanitizer + UndefinedBehaviorSanitizer (host code;
