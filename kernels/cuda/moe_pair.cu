@@ -21,8 +21,9 @@
  * slower there on the H200.) U 16-byte loads a lane a row in flight; MINB blocks an SM (U 2 at 12:
  * the same sums in the same order as U 4, msm_rows_dot, in a register budget that holds one wave
  * of Qwen3-30B-A3B's 1536 blocks at one token; msm_cuda_tuning.moe_gu_u2). */
-/* LEAN (FP8 only): msm_rows_dot_fp8_lean, the same sums in the registers of MINB 12 (one wave of
- * Qwen3-30B-A3B's 1536 blocks at one token; msm_cuda_tuning.fp8_moe_lean). */
+/* LEAN (FP8 only): msm_rows_dot_fp8_lean (PIPE: its next step's codes early), the same sums in the
+ * registers of MINB 12 (one wave of Qwen3-30B-A3B's 1536 blocks at one token;
+ * msm_cuda_tuning.fp8_moe_lean). */
 template <bool VEC, bool FP8, bool HW = false, bool PIPE = false, int U = MOE_U, int MINB = 0, bool LEAN = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32, MINB)
     moe_gateup_gemv_kernel(float *act, const float *x, const int32_t *ids, const void *gate_up,
@@ -102,9 +103,9 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
  * (64 registers), so Qwen3-30B-A3B's 512 blocks at one token are one wave */
 template <int KMAX, int HB>
 static constexpr int down_split_minb() { return HB >= 4 ? 1024 / (KMAX * 32) : 0; }
-/* LEAN (FP8 only): msm_rows_dot_fp8_lean (PIPE: its next step's loads early), the same bits, in
- * registers that hold HB 4 without spills (msm_cuda_tuning.fp8_moe_lean) */
-template <int KMAX, int HB, bool VEC, bool FP8, bool HW = false, bool LEAN = false, bool PIPE = false>
+/* LEAN (FP8 only): msm_rows_dot_fp8_lean, the same bits, in registers that hold HB 4 without
+ * spills (msm_cuda_tuning.fp8_moe_lean) */
+template <int KMAX, int HB, bool VEC, bool FP8, bool HW = false, bool LEAN = false>
 static __global__ void __launch_bounds__(KMAX * 32, down_split_minb<KMAX, HB>())
     moe_down_split_kernel(float *y, const float *act, const int32_t *ids, const float *w, const void *down,
                           const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
@@ -137,7 +138,7 @@ static __global__ void __launch_bounds__(KMAX * 32, down_split_minb<KMAX, HB>())
         float a[HB];
 #pragma unroll
         for (int r = 0; r < HB; r++) w8[r] = (const uint8_t *)wr[r], a[r] = 0.0f;
-        msm_rows_dot_fp8_lean<HB, HW, PIPE>(a, w8, sr, xs[0], I, dn_ph, lane);
+        msm_rows_dot_fp8_lean<HB, HW>(a, w8, sr, xs[0], I, dn_ph, lane);
 #pragma unroll
         for (int r = 0; r < HB; r++) acc[r][0] = a[r];
     } else {
@@ -280,23 +281,24 @@ static bool gateup_u2(msm_cuda_exec ex, long blocks) {
     return !ex.aux_beside && blocks <= (long)GU_U2_MINB * t->sms && blocks > (long)t->moe_gu_per_sm * t->sms;
 }
 
-/* The FP8 gate/up on msm_rows_dot_fp8_lean (msm_cuda_tuning.fp8_moe_lean): 1 at 12 blocks an SM
- * (40 registers, no spills); 2 its next step's codes loaded early, which fits 40 registers unbounded
- * (bounded to 12 blocks ptxas spills) */
+/* The FP8 gate/up on msm_rows_dot_fp8_lean (msm_cuda_tuning.fp8_moe_lean) at 12 blocks an SM, 40
+ * registers: 1 one load a lane a row in flight, 2 its next step's codes loaded early (no spills;
+ * with 1 and the hardware decode ptxas keeps 8 bytes, the output's index, on the stack outside the
+ * loop; CUDA 13.0, sm_90a) */
 static cudaError_t gateup_fp8_lean_launch(dim3 ga, msm_cuda_exec ex, float *act, const float *x, const int32_t *ids,
                                           const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k,
                                           int E) {
     dim3 blk(MOE_WARPS * 32);
     bool hw = ex.tune->fp8_moe_hw, pipe = ex.tune->fp8_moe_lean == 2;
     if (hw && pipe)
-        return msm_launch(moe_gateup_gemv_kernel<true, true, true, true, 1, 0, true>, ga, blk, 0, ex, act, x, ids,
-                          gate_up, gu_sc, gu_ph, H, I, k, E);
+        return msm_launch(moe_gateup_gemv_kernel<true, true, true, true, 1, GU_U2_MINB, true>, ga, blk, 0, ex, act, x,
+                          ids, gate_up, gu_sc, gu_ph, H, I, k, E);
     if (hw)
         return msm_launch(moe_gateup_gemv_kernel<true, true, true, false, 1, GU_U2_MINB, true>, ga, blk, 0, ex, act, x,
                           ids, gate_up, gu_sc, gu_ph, H, I, k, E);
     if (pipe)
-        return msm_launch(moe_gateup_gemv_kernel<true, true, false, true, 1, 0, true>, ga, blk, 0, ex, act, x, ids,
-                          gate_up, gu_sc, gu_ph, H, I, k, E);
+        return msm_launch(moe_gateup_gemv_kernel<true, true, false, true, 1, GU_U2_MINB, true>, ga, blk, 0, ex, act, x,
+                          ids, gate_up, gu_sc, gu_ph, H, I, k, E);
     return msm_launch(moe_gateup_gemv_kernel<true, true, false, false, 1, GU_U2_MINB, true>, ga, blk, 0, ex, act, x,
                       ids, gate_up, gu_sc, gu_ph, H, I, k, E);
 }

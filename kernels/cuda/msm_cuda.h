@@ -603,8 +603,9 @@ static __device__ __forceinline__ void msm_rows_dot_fp8(float (&acc)[R][NT], con
  * in the same order (per load: 16 fmaf from 0 in k order, then one fmaf by the scale into acc), so
  * bit for bit msm_rows_dot_fp8<R, 1, U, 0, HW>'s sums at any U. For the one-token expert GEMVs that
  * must hold a grid in one wave (msm_cuda_tuning.fp8_moe_lean): at 40 or 64 registers a thread the
- * general form spills. */
-template <int R, bool HW = false, bool PIPE = true>
+ * general form spills. PIPE: the next step's codes are loaded before this step's arithmetic (two
+ * loads a row in flight, R * 4 registers more). */
+template <int R, bool HW = false, bool PIPE = false>
 static __device__ __forceinline__ void msm_rows_dot_fp8_lean(float (&acc)[R], const uint8_t *const (&wr)[R],
                                                              const float *const (&sr)[R], const float *x, int K,
                                                              int ph, int lane) {
