@@ -2052,15 +2052,18 @@ Test(cuda_kernels, moe_experts_fp8_match_cpu, .timeout = 240) {
 /* The FP8 tiled GEMMs (moe_tiled.cu: codes decoded in shared memory, per-step scales) against the
  * CPU on the float32 weights at the FP8 GEMVs' tolerance (2e-5), deterministic; and where they must
  * not run, the dequantising path (bf16-rounded reference): phase 16, the switch off. */
-/* The FP8 pair-path experts with the hardware's e4m3 -> half decode (msm_cuda_tuning.fp8_moe_hw)
- * give the integer decode's outputs bit for bit on these data (|x| ~ 1: no product leaves float32's
- * normal range either way), with one and several down rows a warp (down split / one warp a row),
- * and match the CPU on the float32 weights. */
-Test(cuda_kernels, moe_experts_fp8_hw_decode_equals_integer_decode, .timeout = 120) {
+/* The forms of the FP8 pair-path experts give the same bits: the hardware's e4m3 -> half decode
+ * (msm_cuda_tuning.fp8_moe_hw) the integer decode's outputs on these data (|x| ~ 1: no product
+ * leaves float32's normal range either way), and the lean dot (msm_cuda_tuning.fp8_moe_lean 1 and
+ * 2: the gate/up, and the split down at 4 rows a warp) the general one's, with either decode and
+ * one and several down rows a warp (down split / one warp a row); all match the CPU on the float32
+ * weights. Shapes: Qwen3-30B-A3B's experts, GLM-4.5-Air's with a TP-2 down phase of 64, a row
+ * shorter than a warp's step (96, 256: lanes idle) and one of 1.5 steps (768). */
+Test(cuda_kernels, moe_experts_fp8_pair_forms_bitwise, .timeout = 180) {
     need_gpu();
     /* H, I, k, E, gate/up phase, down phase */
     static const int shapes[][6] = {{2048, 768, 8, 128, 0, 0}, {4096, 1408, 8, 128, 0, 64}, {512, 256, 4, 16, 16, 32},
-                                    {256, 96, 2, 8, 0, 0}};
+                                    {256, 96, 2, 8, 0, 0}, {768, 256, 2, 6, 0, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3];
         fp8_weight gu = fp8_make(E, 2 * I, H, shapes[s][4], false), dn = fp8_make(E, H, I, shapes[s][5], false);
@@ -2074,78 +2077,33 @@ Test(cuda_kernels, moe_experts_fp8_hw_decode_equals_integer_decode, .timeout = 1
                 int32_t *di = dev_up(ids, (size_t)T * k * 4);
                 size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E), ny = (size_t)T * H;
                 void *ws = dev_poison(wsb);
-                float *o[2], *ref = malloc(ny * 4);
-                for (int hw = 0; hw < 2; hw++) {
-                    msm_cuda_tuning t = tune0;
-                    t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
-                    t.moe_kernels = kf == 1 ? MSM_CUDA_MOE_K_DOWN_WARP : MSM_CUDA_MOE_K_DOWN_SPLIT;
-                    t.moe_down_hb = kf == 2 ? 4 : 2;
-                    t.fp8_moe_hw = hw;
-                    float *dy = dev_poison(ny * 4);
-                    CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, NULL, 0, EX_T(&t)));
-                    o[hw] = malloc(ny * 4);
-                    down(o[hw], dy, ny * 4);
-                    cudaFree(dy);
-                }
+                float *o[2], *ol = malloc(ny * 4), *ref = malloc(ny * 4);
+                for (int hw = 0; hw < 2; hw++)
+                    for (int lean = 0; lean <= 2; lean++) {
+                        msm_cuda_tuning t = tune0;
+                        t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
+                        t.moe_kernels = kf == 1 ? MSM_CUDA_MOE_K_DOWN_WARP : MSM_CUDA_MOE_K_DOWN_SPLIT;
+                        t.moe_down_hb = kf == 2 ? 4 : 2;
+                        t.fp8_moe_hw = hw;
+                        t.fp8_moe_lean = lean;
+                        float *dy = dev_poison(ny * 4);
+                        CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, NULL, 0,
+                                                    EX_T(&t)));
+                        if (!lean) o[hw] = malloc(ny * 4);
+                        down(lean ? ol : o[hw], dy, ny * 4);
+                        cudaFree(dy);
+                        if (lean)
+                            cr_assert(memcmp(o[hw], ol, ny * 4) == 0,
+                                      "lean %d differs: H=%d I=%d k=%d T=%d hw=%d down %s", lean, H, I, k, T, hw,
+                                      kf == 1 ? "warp" : kf ? "split 4" : "split");
+                    }
                 cr_assert(memcmp(o[0], o[1], ny * 4) == 0, "hw decode differs: H=%d I=%d k=%d T=%d down %s", H, I, k,
                           T, kf == 1 ? "warp" : kf ? "split 4" : "split");
                 msm_cpu_moe_experts(ref, x, ids, w, gu.f, dn.f, T, H, I, k, scratch);
                 CHECK_ERR(o[1], ref, ny, 2e-5, "hw decode vs cpu: H=%d I=%d k=%d T=%d", H, I, k, T);
                 cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(ws);
-                free(x), free(w), free(ids), free(o[0]), free(o[1]), free(ref);
+                free(x), free(w), free(ids), free(o[0]), free(o[1]), free(ol), free(ref);
             }
-        }
-        fp8_free(&gu), fp8_free(&dn);
-        free(scratch);
-    }
-}
-
-/* The lean FP8 pair-path kernels (msm_cuda_tuning.fp8_moe_lean: msm_rows_dot_fp8_lean, 1 and 2)
- * give the default kernels' outputs bit for bit, with either decode, at 1-4 tokens; the down at 4
- * rows a warp (the lean one) and at 2 and one warp a row (not lean) alike; and match the CPU on
- * the float32 weights. Shapes: Qwen3-30B-A3B's and GLM-4.5-Air's experts (TP 2's down phase 64),
- * a row shorter than a warp's step (256: half the lanes idle) and one of 1.5 steps (768). */
-Test(cuda_kernels, moe_experts_fp8_lean_equals_default, .timeout = 180) {
-    need_gpu();
-    /* H, I, k, E, gate/up phase, down phase */
-    /* (GLM's with 32 of its 128 experts: the kernels' shapes, a quarter of the host memory) */
-    static const int shapes[][6] = {{2048, 768, 8, 128, 0, 0}, {4096, 704, 8, 32, 0, 64}, {256, 96, 4, 8, 16, 32},
-                                    {768, 256, 2, 6, 0, 0}};
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3];
-        fp8_weight gu = fp8_make(E, 2 * I, H, shapes[s][4], false), dn = fp8_make(E, H, I, shapes[s][5], false);
-        float *scratch = malloc((size_t)3 * I * 4);
-        for (int T = 1; T <= 4; T++) {
-            float *x = host_f32((size_t)T * H, 1.0f), *w = malloc((size_t)T * k * 4);
-            int32_t *ids = malloc((size_t)T * k * 4);
-            random_routing(ids, w, T, k, E);
-            float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4);
-            int32_t *di = dev_up(ids, (size_t)T * k * 4);
-            size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E), ny = (size_t)T * H;
-            void *ws = dev_poison(wsb);
-            float *ref = malloc(ny * 4), *o0 = malloc(ny * 4), *o = malloc(ny * 4);
-            msm_cpu_moe_experts(ref, x, ids, w, gu.f, dn.f, T, H, I, k, scratch);
-            for (int hw = 0; hw < 2; hw++)
-                for (int kf = 0; kf < 3; kf++) /* the down: split (lean: 4 rows a warp), split 2 rows, one warp a row */
-                    for (int lean = 0; lean <= 2; lean++) {
-                        msm_cuda_tuning t = tune0;
-                        t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
-                        t.moe_kernels = kf == 2 ? MSM_CUDA_MOE_K_DOWN_WARP : MSM_CUDA_MOE_K_DOWN_SPLIT;
-                        t.moe_down_hb = kf == 1 ? 2 : 0;
-                        t.fp8_moe_hw = hw;
-                        t.fp8_moe_lean = lean;
-                        float *dy = dev_poison(ny * 4);
-                        CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, NULL, 0, EX_T(&t)));
-                        down(lean ? o : o0, dy, ny * 4);
-                        cudaFree(dy);
-                        if (lean)
-                            cr_assert(memcmp(o0, o, ny * 4) == 0, "lean %d differs: H=%d I=%d k=%d T=%d hw=%d down %d",
-                                      lean, H, I, k, T, hw, kf);
-                        else if (kf == 0)
-                            CHECK_ERR(o0, ref, ny, 2e-5, "fp8 pair vs cpu: H=%d I=%d k=%d T=%d hw=%d", H, I, k, T, hw);
-                    }
-            cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(ws);
-            free(x), free(w), free(ids), free(ref), free(o0), free(o);
         }
         fp8_free(&gu), fp8_free(&dn);
         free(scratch);

@@ -61,7 +61,8 @@ r2)
     # presets, check_cuda_vs_cpu on four golden models (its prefetch line among them)
     hdr
     el presets | tee -a $OUT/gpu.txt
-    CHECK_VARIANTS="L2 prefetch,qkv MMV" timeout 330 python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
+    CHECK_VARIANTS="${CHECK_VARIANTS:-L2 prefetch,qkv MMV}" timeout 330 python3 tests/gpu/check_presets.py \
+        > $OUT/presets.txt 2>&1
     tail -1 $OUT/presets.txt | tee -a $OUT/gpu.txt
     el check | tee -a $OUT/gpu.txt
     CHECK_MODELS=qwen2moe-gqa,qwen3moe,glm4moe-fp8,mixtral timeout $(left) python3 tests/gpu/check_cuda_vs_cpu.py \

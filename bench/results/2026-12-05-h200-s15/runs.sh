@@ -19,7 +19,7 @@ r2)
     # the bf16 preset once as the ratio's denominator in the same call; timelines at one token
     hdr
     timeout 200 gpu-run/bin/test_cuda_kernels --jobs 3 \
-        --filter "cuda_kernels/@(moe_experts_fp8_lean*|moe_experts_fp8_hw*|tuning*)" > $OUT/kernels.txt 2>&1
+        --filter "cuda_kernels/@(moe_experts_fp8_pair_forms*|tuning*)" > $OUT/kernels.txt 2>&1
     tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
     el bench | tee -a $OUT/gpu.txt
     b $Q3 1,2 lean --
@@ -40,17 +40,10 @@ r2)
     el done | tee -a $OUT/gpu.txt
     ;;
 r3)
-    # correctness of what runs 1-2 keep: check_presets' prefetch, MMV + RoPE and lean lines on the
-    # three presets, check_cuda_vs_cpu on four golden models (prefetch and, on glm4moe-fp8, lean)
-    hdr
-    el presets | tee -a $OUT/gpu.txt
-    CHECK_VARIANTS="L2 prefetch,qkv MMV,lean dot" timeout 330 python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
-    tail -1 $OUT/presets.txt | tee -a $OUT/gpu.txt
-    el check | tee -a $OUT/gpu.txt
-    CHECK_MODELS=qwen2moe-gqa,qwen3moe,glm4moe-fp8,mixtral timeout $(left) python3 tests/gpu/check_cuda_vs_cpu.py \
-        > $OUT/check.txt 2>&1
-    tail -1 $OUT/check.txt | tee -a $OUT/gpu.txt
-    el done | tee -a $OUT/gpu.txt
+    # correctness of what runs 1-2 keep: the fourteenth session's run 2 (check_presets' prefetch and
+    # MMV + RoPE lines on the three presets, check_cuda_vs_cpu on four golden models) with
+    # check_presets' lean lines too (check_cuda_vs_cpu's lean lines run on glm4moe-fp8)
+    CHECK_VARIANTS="L2 prefetch,qkv MMV,lean dot" exec bash bench/results/2026-12-04-h200-s14/runs.sh r2
     ;;
 r4)
     exec bash bench/results/2026-12-04-h200-s14/runs.sh r3
