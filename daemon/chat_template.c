@@ -19,8 +19,9 @@ struct msm_chat_template {
     char *bos, *eos;          /* "" when the config names none */
 };
 
-typedef int (*render_fn)(const msm_chat_template *t, const msm_chat_message *m, int n, bool agp, msm_strbuf *b,
-                         msm_err *err);
+/* o: add_generation_prompt and the template's variables (enable_thinking) */
+typedef int (*render_fn)(const msm_chat_template *t, const msm_chat_message *m, int n, const msm_chat_opts *o,
+                         msm_strbuf *b, msm_err *err);
 
 typedef struct known {
     const char *name;
@@ -42,8 +43,9 @@ static const char qwen15_text[] =
     "endif %}{% endfor %}{% if add_generation_prompt and messages[-1]['role'] != 'assistant' %}{{ "
     "'<|im_start|>assistant\\n' }}{% endif %}";
 
-static int render_qwen15(const msm_chat_template *t, const msm_chat_message *m, int n, bool agp, msm_strbuf *b,
-                         msm_err *err) {
+static int render_qwen15(const msm_chat_template *t, const msm_chat_message *m, int n, const msm_chat_opts *o,
+                         msm_strbuf *b, msm_err *err) {
+    bool agp = o->add_generation_prompt;
     for (int i = 0; i < n; i++) {
         bool last = i == n - 1;
         if (i == 0 && !is_role(&m[0], "system"))
@@ -80,14 +82,138 @@ static int render_chatml(const msm_chat_message *m, int n, bool agp, const char 
     return 0;
 }
 
-static int render_qwen2(const msm_chat_template *t, const msm_chat_message *m, int n, bool agp, msm_strbuf *b,
-                        msm_err *err) {
-    return render_chatml(m, n, agp, "You are a helpful assistant.", b);
+static int render_qwen2(const msm_chat_template *t, const msm_chat_message *m, int n, const msm_chat_opts *o,
+                        msm_strbuf *b, msm_err *err) {
+    return render_chatml(m, n, o->add_generation_prompt, "You are a helpful assistant.", b);
 }
 
-static int render_plain_chatml(const msm_chat_template *t, const msm_chat_message *m, int n, bool agp,
+static int render_plain_chatml(const msm_chat_template *t, const msm_chat_message *m, int n, const msm_chat_opts *o,
                                msm_strbuf *b, msm_err *err) {
-    return render_chatml(m, n, agp, NULL, b);
+    return render_chatml(m, n, o->add_generation_prompt, NULL, b);
+}
+
+/* ---- Qwen3 (ChatML with thinking) ---- */
+
+/* Qwen3-*, Qwen3-30B-A3B, Qwen3-235B-A22B and their FP8 versions as released (April 2025). msmoed
+ * renders what it can be sent (system, user and assistant messages with string content; no tools,
+ * no reasoning_content field), which takes these branches of the program. */
+static const char qwen3_text[] =
+    "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0].role == 'system' %}\n        {{-"
+    " messages[0].content + '\\n\\n' }}\n    {%- endif %}\n    {{- \"# Tools\\n\\nYou may call one or more functi"
+    "ons to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML"
+    " tags:\\n<tools>\" }}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n "
+    "   {%- endfor %}\n    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name"
+    " and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\""
+    "arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0].rol"
+    "e == 'system' %}\n        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n    {%- en"
+    "dif %}\n{%- endif %}\n{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}"
+    "\n{%- for message in messages[::-1] %}\n    {%- set index = (messages|length - 1) - loop.index0 %}\n    {%- "
+    "if ns.multi_step_tool and message.role == \"user\" and not(message.content.startswith('<tool_response>') and"
+    " message.content.endswith('</tool_response>')) %}\n        {%- set ns.multi_step_tool = false %}\n        {%"
+    "- set ns.last_query_index = index %}\n    {%- endif %}\n{%- endfor %}\n{%- for message in messages %}\n    {"
+    "%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n        {{- '<|im_st"
+    "art|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n    {%- elif message.role == \"as"
+    "sistant\" %}\n        {%- set content = message.content %}\n        {%- set reasoning_content = '' %}\n     "
+    "   {%- if message.reasoning_content is defined and message.reasoning_content is not none %}\n            {%-"
+    " set reasoning_content = message.reasoning_content %}\n        {%- else %}\n            {%- if '</think>' in"
+    " message.content %}\n                {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %"
+    "}\n                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\\n').split('<th"
+    "ink>')[-1].lstrip('\\n') %}\n            {%- endif %}\n        {%- endif %}\n        {%- if loop.index0 > ns"
+    ".last_query_index %}\n            {%- if loop.last or (not loop.last and reasoning_content) %}\n            "
+    "    {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\"
+    "n' + content.lstrip('\\n') }}\n            {%- else %}\n                {{- '<|im_start|>' + message.role + "
+    "'\\n' + content }}\n            {%- endif %}\n        {%- else %}\n            {{- '<|im_start|>' + message."
+    "role + '\\n' + content }}\n        {%- endif %}\n        {%- if message.tool_calls %}\n            {%- for t"
+    "ool_call in message.tool_calls %}\n                {%- if (loop.first and content) or (not loop.first) %}\n "
+    "                   {{- '\\n' }}\n                {%- endif %}\n                {%- if tool_call.function %}"
+    "\n                    {%- set tool_call = tool_call.function %}\n                {%- endif %}\n             "
+    "   {{- '<tool_call>\\n{\"name\": \"' }}\n                {{- tool_call.name }}\n                {{- '\", \"a"
+    "rguments\": ' }}\n                {%- if tool_call.arguments is string %}\n                    {{- tool_call"
+    ".arguments }}\n                {%- else %}\n                    {{- tool_call.arguments | tojson }}\n       "
+    "         {%- endif %}\n                {{- '}\\n</tool_call>' }}\n            {%- endfor %}\n        {%- end"
+    "if %}\n        {{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}\n        {%- if loop.first o"
+    "r (messages[loop.index0 - 1].role != \"tool\") %}\n            {{- '<|im_start|>user' }}\n        {%- endif "
+    "%}\n        {{- '\\n<tool_response>\\n' }}\n        {{- message.content }}\n        {{- '\\n</tool_response>"
+    "' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n            {{- '<|im_end"
+    "|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '"
+    "<|im_start|>assistant\\n' }}\n    {%- if enable_thinking is defined and enable_thinking is false %}\n       "
+    " {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}\n{%- endif %}";
+
+static bool starts_with(const char *s, const char *p) {
+    return strncmp(s, p, strlen(p)) == 0;
+}
+
+static bool ends_with(const char *s, const char *p) {
+    size_t n = strlen(s), k = strlen(p);
+    return n >= k && memcmp(s + n - k, p, k) == 0;
+}
+
+/* The last occurrence of p in [s, s + n), or NULL. */
+static const char *last_in(const char *s, size_t n, const char *p) {
+    size_t k = strlen(p);
+    for (size_t i = n >= k ? n - k + 1 : 0; i-- > 0;)
+        if (memcmp(s + i, p, k) == 0)
+            return s + i;
+    return NULL;
+}
+
+/* Python's [a, b).lstrip('\n') / .rstrip('\n') on a byte range. */
+static void strip_nl(const char **a, const char **b, bool left, bool right) {
+    while (left && *a < *b && **a == '\n')
+        (*a)++;
+    while (right && *b > *a && (*b)[-1] == '\n')
+        (*b)--;
+}
+
+static int render_qwen3(const msm_chat_template *t, const msm_chat_message *m, int n, const msm_chat_opts *o,
+                        msm_strbuf *b, msm_err *err) {
+    if (is_role(&m[0], "system"))
+        msm_strbuf_printf(b, "<|im_start|>system\n%s<|im_end|>\n", m[0].content);
+    /* the last user message that is not a tool response (multi_step_tool), else the last message */
+    int last_query = n - 1;
+    for (int i = n - 1; i >= 0; i--)
+        if (is_role(&m[i], "user") &&
+            !(starts_with(m[i].content, "<tool_response>") && ends_with(m[i].content, "</tool_response>"))) {
+            last_query = i;
+            break;
+        }
+    for (int i = 0; i < n; i++) {
+        const char *c = m[i].content;
+        if (is_role(&m[i], "user") || (is_role(&m[i], "system") && i > 0)) {
+            msm_strbuf_printf(b, "<|im_start|>%s\n%s<|im_end|>\n", m[i].role, c);
+        } else if (is_role(&m[i], "assistant")) {
+            /* content and reasoning_content as the program splits them on </think> and <think> */
+            const char *ca = c, *ce = c + strlen(c), *ra = "", *re = ra;
+            const char *first = strstr(c, "</think>");
+            if (first) {
+                ca = last_in(c, strlen(c), "</think>") + strlen("</think>");
+                strip_nl(&ca, &ce, true, false);
+                ra = c, re = first;
+                strip_nl(&ra, &re, false, true);
+                const char *open = last_in(ra, (size_t)(re - ra), "<think>");
+                if (open)
+                    ra = open + strlen("<think>");
+                strip_nl(&ra, &re, true, false);
+            }
+            bool last = i == n - 1;
+            msm_strbuf_puts(b, "<|im_start|>assistant\n");
+            if (i > last_query && (last || re > ra)) {
+                strip_nl(&ra, &re, true, true);
+                msm_strbuf_puts(b, "<think>\n");
+                msm_strbuf_append(b, ra, (size_t)(re - ra));
+                msm_strbuf_puts(b, "\n</think>\n\n");
+                strip_nl(&ca, &ce, true, false);
+            }
+            msm_strbuf_append(b, ca, (size_t)(ce - ca));
+            msm_strbuf_puts(b, "<|im_end|>\n");
+        }
+    }
+    if (o->add_generation_prompt) {
+        msm_strbuf_puts(b, "<|im_start|>assistant\n");
+        if (o->enable_thinking == 0)
+            msm_strbuf_puts(b, "<think>\n\n</think>\n\n");
+    }
+    return 0;
 }
 
 /* ---- [INST] (Mistral, Mixtral) ---- */
@@ -100,8 +226,8 @@ static const char mixtral_text[] =
     "'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles "
     "are supported!') }}{% endif %}{% endfor %}";
 
-static int render_mixtral(const msm_chat_template *t, const msm_chat_message *m, int n, bool agp, msm_strbuf *b,
-                          msm_err *err) {
+static int render_mixtral(const msm_chat_template *t, const msm_chat_message *m, int n, const msm_chat_opts *o,
+                          msm_strbuf *b, msm_err *err) {
     msm_strbuf_puts(b, t->bos);
     for (int i = 0; i < n; i++) {
         if (is_role(&m[i], "user") != (i % 2 == 0))
@@ -130,7 +256,7 @@ static const char mistral_v1_text[] =
     "are supported, with the exception of an initial optional system message!') }}\n    {%- endif %}\n{%- endfor "
     "%}\n";
 
-static int render_mistral_v1(const msm_chat_template *t, const msm_chat_message *m, int n, bool agp,
+static int render_mistral_v1(const msm_chat_template *t, const msm_chat_message *m, int n, const msm_chat_opts *o,
                              msm_strbuf *b, msm_err *err) {
     const char *system = NULL;
     if (is_role(&m[0], "system")) {
@@ -162,6 +288,7 @@ static const known table[] = {
     {"chatml", chatml_text, render_plain_chatml},
     {"mixtral-v0.1", mixtral_text, render_mixtral},
     {"mistral-v1", mistral_v1_text, render_mistral_v1},
+    {"qwen3", qwen3_text, render_qwen3},
 };
 
 /* ---- loading ---- */
@@ -174,8 +301,8 @@ int msm_chat_template_new(const char *text, const char *bos, const char *eos, ms
             k = &table[i];
     if (!k)
         return msm_err_set(err, -ENOTSUP, "the chat template (%zu bytes, starting \"%.40s\") is not one msmoed "
-                           "renders (known: Qwen1.5 and Qwen2 ChatML, plain ChatML, Mixtral v0.1 and Mistral v1 "
-                           "[INST])", strlen(text), text);
+                           "renders (known: Qwen1.5 and Qwen2 ChatML, plain ChatML, Qwen3, Mixtral v0.1 and Mistral "
+                           "v1 [INST])", strlen(text), text);
     msm_chat_template *t = calloc(1, sizeof *t);
     if (!t || !(t->bos = strdup(bos ? bos : "")) || !(t->eos = strdup(eos ? eos : ""))) {
         msm_chat_template_free(t);
@@ -245,12 +372,12 @@ int msm_chat_template_load(const char *path, msm_chat_template **ret, msm_err *e
     return rc;
 }
 
-int msm_chat_template_render(const msm_chat_template *t, const msm_chat_message *m, int n,
-                             bool add_generation_prompt, char **ret, msm_err *err) {
+int msm_chat_template_render(const msm_chat_template *t, const msm_chat_message *m, int n, const msm_chat_opts *o,
+                             char **ret, msm_err *err) {
     if (n < 1)
         return msm_err_set(err, -EINVAL, "no messages");
     msm_strbuf b = {0};
-    int rc = t->known->render(t, m, n, add_generation_prompt, &b, err);
+    int rc = t->known->render(t, m, n, o, &b, err);
     if (rc < 0) {
         msm_strbuf_done(&b);
         return rc;

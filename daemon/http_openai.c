@@ -510,8 +510,31 @@ static int message_content(json_object *m, const char *param, char **ret, bool *
     return 0;
 }
 
+/* chat_template_kwargs (vLLM's): the template variables msmoed's renderers read, enable_thinking
+ * (a boolean); any other key cannot be honoured and is refused by name. */
+static int parse_template_kwargs(json_object *o, msm_chat_opts *opts, msm_oai_error *e) {
+    json_object *k = field(o, "chat_template_kwargs");
+    if (!k)
+        return 0;
+    if (!json_object_is_type(k, json_type_object))
+        return msm_oai_fail(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    json_object_object_foreach(k, key, val) {
+        if (strcmp(key, "enable_thinking") != 0)
+            return msm_oai_fail(e, 400, "chat_template_kwargs", "'chat_template_kwargs.%s' is not supported (known: "
+                                "enable_thinking)", key);
+        if (!val) /* null: undefined, as when absent */
+            continue;
+        if (!json_object_is_type(val, json_type_boolean))
+            return msm_oai_fail(e, 400, "chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a "
+                                "boolean");
+        opts->enable_thinking = json_object_get_boolean(val);
+    }
+    return 0;
+}
+
 /* messages -> the chat template's text -> ids (special tokens in the text are the template's). */
-static int parse_messages(const msm_oai_ctx *c, json_object *o, bool agp, msm_oai_request *r, msm_oai_error *e) {
+static int parse_messages(const msm_oai_ctx *c, json_object *o, const msm_chat_opts *opts, msm_oai_request *r,
+                          msm_oai_error *e) {
     json_object *ms = field(o, "messages");
     if (!ms || !json_object_is_type(ms, json_type_array) || json_object_array_length(ms) == 0)
         return msm_oai_fail(e, 400, "messages", "'messages' must be a non-empty list");
@@ -548,7 +571,7 @@ static int parse_messages(const msm_oai_ctx *c, json_object *o, bool agp, msm_oa
     }
     char *text = NULL;
     msm_err terr = {{0}};
-    if (rc == 0 && (rc = msm_chat_template_render(c->chat, m, n, agp, &text, &terr)) < 0)
+    if (rc == 0 && (rc = msm_chat_template_render(c->chat, m, n, opts, &text, &terr)) < 0)
         rc = msm_oai_fail(e, rc == -ENOMEM ? 503 : 400, "messages", "the chat template refused the messages: %s",
                           terr.msg);
     if (rc == 0)
@@ -568,11 +591,12 @@ int msm_oai_parse_chat(const msm_oai_ctx *c, const char *body, size_t len, msm_o
         "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
         "logprobs", "top_logprobs", "stream", "stream_options", "n", "user", "presence_penalty",
         "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", "ignore_eos",
-        "add_generation_prompt", NULL};
+        "add_generation_prompt", "chat_template_kwargs", NULL};
     const msm_api_limits *lim = c->lim;
     json_object *o = NULL;
     msm_oai_request r = {.kind = MSM_OAI_CHAT, .logprobs = -1};
-    bool want_lp = false, agp = true;
+    bool want_lp = false;
+    msm_chat_opts opts = {.add_generation_prompt = true, .enable_thinking = -1};
     long long top = 0;
     int rc = open_request(c, body, len, known, &o, e);
     if (rc == 0)
@@ -606,13 +630,15 @@ int msm_oai_parse_chat(const msm_oai_ctx *c, const char *body, size_t len, msm_o
     if (rc >= 0)
         rc = get_bool(o, "ignore_eos", &r.ignore_eos, e);
     if (rc >= 0)
-        rc = get_bool(o, "add_generation_prompt", &agp, e);
+        rc = get_bool(o, "add_generation_prompt", &opts.add_generation_prompt, e);
+    if (rc >= 0)
+        rc = parse_template_kwargs(o, &opts, e);
     if (rc >= 0)
         rc = parse_stream(o, &r, e);
     if (rc >= 0 && !c->chat)
         rc = msm_oai_fail(e, 501, "", "chat completions are off: %s", c->chat_off);
     if (rc >= 0)
-        rc = parse_messages(c, o, agp, &r, e);
+        rc = parse_messages(c, o, &opts, &r, e);
     if (rc >= 0)
         rc = check_fits(lim, &r, !field(o, "max_tokens") && !field(o, "max_completion_tokens"), e);
     json_object_put(o);

@@ -9,9 +9,10 @@
  * answers 501 instead of guessing a prompt format.
  *
  * Recognised: ChatML as Qwen1.5 ships it (the default system prompt, no <|im_end|> after a final
- * assistant turn), ChatML as Qwen2 ships it, plain ChatML, Mixtral-8x7B-Instruct-v0.1's original
- * [INST] template, and Mistral's "v1" [INST] template with an optional system message (the current
- * Mixtral and Mistral-7B-Instruct-v0.2 one).
+ * assistant turn), ChatML as Qwen2 ships it, plain ChatML, Qwen3's (ChatML with <think> blocks and
+ * the enable_thinking switch; Qwen3-30B-A3B and its FP8 version), Mixtral-8x7B-Instruct-v0.1's
+ * original [INST] template, and Mistral's "v1" [INST] template with an optional system message (the
+ * current Mixtral and Mistral-7B-Instruct-v0.2 one).
  *
  * Immutable once loaded: rendering may run on any thread. */
 #ifndef MSM_CHAT_TEMPLATE_H
@@ -28,6 +29,13 @@ typedef struct msm_chat_message {
 } msm_chat_message;
 
 typedef struct msm_chat_template msm_chat_template;
+
+/* What apply_chat_template is given besides the messages. */
+typedef struct msm_chat_opts {
+    bool add_generation_prompt;
+    int enable_thinking;      /* the template variable: -1 undefined, 0 false, 1 true (Qwen3 reads it:
+                                 false closes an empty <think> block after the generation prompt) */
+} msm_chat_opts;
 
 /* Reads tokenizer_config.json: its chat_template (a string; a list of named templates uses the one
  * named "default"), bos_token and eos_token (strings or {"content": ...} objects). -ENOENT when the
@@ -46,7 +54,7 @@ const char *msm_chat_template_name(const msm_chat_template *t);
 
 /* Renders n >= 1 messages; *ret is malloc'ed and NUL-terminated. -EINVAL with the template's own
  * message where the Jinja program raises (roles that do not alternate, a role it does not know). */
-int msm_chat_template_render(const msm_chat_template *t, const msm_chat_message *m, int n,
-                             bool add_generation_prompt, char **ret, msm_err *err);
+int msm_chat_template_render(const msm_chat_template *t, const msm_chat_message *m, int n, const msm_chat_opts *o,
+                             char **ret, msm_err *err);
 
 #endif

@@ -35,9 +35,13 @@ Test(chat_template, every_known_template_renders_as_transformers_does) {
         cr_assert_str_eq(msm_chat_template_name(ct), name);
         cr_assert(json_object_object_get_ex(tj, "cases", &cases));
         for (size_t c = 0; c < json_object_array_length(cases); c++) {
-            json_object *cj = json_object_array_get_idx(cases, c), *msgs, *agp;
+            json_object *cj = json_object_array_get_idx(cases, c), *msgs, *agp, *think;
             json_object_object_get_ex(cj, "messages", &msgs);
             json_object_object_get_ex(cj, "add_generation_prompt", &agp);
+            /* enable_thinking: absent (undefined in the template), true or false */
+            msm_chat_opts o = {.add_generation_prompt = json_object_get_boolean(agp), .enable_thinking = -1};
+            if (json_object_object_get_ex(cj, "enable_thinking", &think))
+                o.enable_thinking = json_object_get_boolean(think);
             int n = (int)json_object_array_length(msgs);
             msm_chat_message m[16];
             for (int i = 0; i < n; i++) {
@@ -46,7 +50,7 @@ Test(chat_template, every_known_template_renders_as_transformers_does) {
                 m[i].content = str_or_null(mj, "content");
             }
             char *out = NULL;
-            int rc = msm_chat_template_render(ct, m, n, json_object_get_boolean(agp), &out, &err);
+            int rc = msm_chat_template_render(ct, m, n, &o, &out, &err);
             const char *want = str_or_null(cj, "rendered"), *want_err = str_or_null(cj, "error");
             if (want) {
                 cr_assert_eq(rc, 0, "%s case %zu: %s", name, c, err.msg);
@@ -60,7 +64,7 @@ Test(chat_template, every_known_template_renders_as_transformers_does) {
         }
         msm_chat_template_free(ct);
     }
-    cr_assert_geq(checked, 100);
+    cr_assert_geq(checked, 200);
     json_object_put(root);
 }
 
@@ -92,7 +96,8 @@ Test(chat_template, loads_from_tokenizer_config_with_added_token_objects) {
     cr_assert_eq(msm_chat_template_load(path, &ct, &err), 0, "%s", err.msg);
     msm_chat_message m[2] = {{"user", "Hi"}, {"assistant", "Hello"}};
     char *out = NULL;
-    cr_assert_eq(msm_chat_template_render(ct, m, 2, true, &out, &err), 0);
+    cr_assert_eq(msm_chat_template_render(ct, m, 2, &(msm_chat_opts){.add_generation_prompt = true, .enable_thinking = -1},
+                                          &out, &err), 0);
     cr_assert_str_eq(out, "<s>[INST] Hi [/INST]Hello</s>");
     free(out);
     msm_chat_template_free(ct);
@@ -219,4 +224,57 @@ Test(openai, chat_without_a_template_answers_501_and_with_one_renders) {
     cr_assert_lt(msm_oai_parse_chat(&c, role, strlen(role), &r, &e), 0);
     cr_assert_str_eq(e.param, "messages[0].role");
     msm_chat_template_free((msm_chat_template *)c.chat);
+}
+
+/* chat_template_kwargs (vLLM's): enable_thinking reaches the template (Qwen3's: false closes an
+ * empty <think> block after the generation prompt, so the prompt grows; null and true leave it
+ * undefined / open, the same prompt for Qwen3); anything else is refused naming the field. */
+Test(openai, chat_template_kwargs_enable_thinking_reaches_the_template) {
+    json_object *root = json_object_from_file("tests/data/chat_templates/cases.json"), *templates;
+    cr_assert_not_null(root);
+    cr_assert(json_object_object_get_ex(root, "templates", &templates));
+    const char *qwen3 = NULL;
+    for (size_t t = 0; t < json_object_array_length(templates); t++) {
+        json_object *tj = json_object_array_get_idx(templates, t);
+        if (!strcmp(str_or_null(tj, "name"), "qwen3"))
+            qwen3 = str_or_null(tj, "template");
+    }
+    cr_assert_not_null(qwen3);
+    msm_api_limits lim = limits();
+    msm_oai_ctx c = {.lim = &lim, .model = "m", .chat_off = "none"};
+    msm_err err;
+    cr_assert_eq(msm_chat_template_new(qwen3, NULL, "<|im_end|>", (msm_chat_template **)&c.chat, &err), 0, "%s",
+                 err.msg);
+    cr_assert_str_eq(msm_chat_template_name(c.chat), "qwen3");
+    static const char *const kw[] = {"", ", \"chat_template_kwargs\": {\"enable_thinking\": true}",
+                                     ", \"chat_template_kwargs\": {\"enable_thinking\": null}",
+                                     ", \"chat_template_kwargs\": {\"enable_thinking\": false}"};
+    int len[4];
+    for (int i = 0; i < 4; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]%s}", kw[i]);
+        msm_oai_request r;
+        msm_oai_error e = {0};
+        cr_assert_eq(msm_oai_parse_chat(&c, body, strlen(body), &r, &e), 0, "%s: %s", body, e.msg.msg);
+        len[i] = r.prompts[0].n;
+        msm_oai_request_done(&r);
+    }
+    cr_assert_eq(len[1], len[0], "enable_thinking true: the template's default");
+    cr_assert_eq(len[2], len[0], "null: undefined");
+    cr_assert_gt(len[3], len[0], "enable_thinking false: the empty <think> block");
+    static const char *const bad[] = {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], "
+                                      "\"chat_template_kwargs\": [true]}",
+                                      "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], "
+                                      "\"chat_template_kwargs\": {\"enable_thinking\": \"no\"}}",
+                                      "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], "
+                                      "\"chat_template_kwargs\": {\"tools\": []}}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        msm_oai_request r;
+        msm_oai_error e = {0};
+        cr_assert_lt(msm_oai_parse_chat(&c, bad[i], strlen(bad[i]), &r, &e), 0, "%s", bad[i]);
+        cr_assert_eq(e.status, 400);
+        cr_assert_str_eq(e.param, "chat_template_kwargs", "%s", bad[i]);
+    }
+    msm_chat_template_free((msm_chat_template *)c.chat);
+    json_object_put(root);
 }
