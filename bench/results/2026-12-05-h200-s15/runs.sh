@@ -10,7 +10,9 @@ source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
 Q3=qwen3-30b-a3b Q3F=qwen3-30b-a3b-fp8 GLM=glm-4.5-air-fp8
 case "$1" in
 r1)
-    exec bash bench/results/2026-12-04-h200-s14/runs.sh r1
+    # (packed: it leaves more files than the device tool brings back)
+    bash bench/results/2026-12-04-h200-s14/runs.sh r1
+    pack
     ;;
 r2)
     # the lean FP8 pair-path kernels: their kernel tests first (bitwise the default's outputs, and
