@@ -411,7 +411,7 @@ struct norm_in_hook {
     }
 };
 
-template <int NT, int R, int U, bool FP8, int V, bool PIPE = false>
+template <int NT, int R, int U, bool FP8, int V, bool PIPE = false, bool HW = false>
 static __global__ void __launch_bounds__(NI_WARPS * 32)
     gemv_norm_in_kernel(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T, int N, int K,
                         const float *a, const float *b, const uint16_t *nw, float *sum, float *out, float eps, int vt,
@@ -438,7 +438,7 @@ static __global__ void __launch_bounds__(NI_WARPS * 32)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     norm_in_hook<V> hook{a, b, nw, sum, out, xn, T, K, vt, eps, part, early};
-    msm_rows_dot_w<R, NT, U, true, FP8, false, false, PIPE, norm_in_hook<V>>(acc, wr, sr, xs, T, K, ph, lane, hook);
+    msm_rows_dot_w<R, NT, U, true, FP8, false, HW, PIPE, norm_in_hook<V>>(acc, wr, sr, xs, T, K, ph, lane, hook);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float bb = (bias && n0 + r < N) ? msm_bf(bias[n0 + r]) : 0.0f;
@@ -448,6 +448,109 @@ static __global__ void __launch_bounds__(NI_WARPS * 32)
             if (lane == 0 && t < T && n0 + r < N) y[(size_t)t * N + n0 + r] = s + bb;
         }
     }
+}
+
+/* ---- the one-token FP8 GEMV split over K (msm_cuda_tuning.fp8_gemv_split) ----
+ * At one token a dense FP8 GEMV has few rows for its bytes (an o_proj of 2048 rows: 2048 warps at
+ * a row a warp, 15 an SM), and each warp then waits on its loads, its x reads and its 16-long fmaf
+ * chains in turn (Nsight Compute on Qwen3-30B-A3B's o_proj: an instruction every 4.2 cycles a
+ * scheduler, 1.9 warps a scheduler, bench/results/2026-12-05-h200-s16 run 1). Here a block's 4
+ * warps take the same R rows, warp w the 512-code steps j = w, w + 4, ... of each (D of them in
+ * flight a lane a row), in few registers, so 4x the warps stream the same bytes. Each warp's lane
+ * sums are msm_rows_dot_fp8's over its steps (16 fmaf from 0 in k order a load, then one fmaf by
+ * the block scale; the hardware decode or the integer one), summed over the warp's lanes, then
+ * the 4 warps' sums in warp order + bias: a fixed order (replay = eager), not the unsplit GEMV's
+ * (its lanes run through all the steps): the same products, float32 sums in another order. */
+#define SPLIT_WARPS 4
+template <int R, int D, bool HW, int MINB>
+static __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)
+    gemv_fp8_split_kernel(float *y, const float *x, const uint8_t *w, const float *wsc, int ph, const uint16_t *bias,
+                          int N, int K, bool early) {
+    constexpr float XS = HW ? 1.0f : MSM_FP8_X_SCALE, SS = HW ? 1.0f : MSM_FP8_S_SCALE;
+    __shared__ float part[SPLIT_WARPS][R];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, n0 = blockIdx.x * R;
+    msm_pdl_trigger();
+    if (!early) msm_pdl_wait();
+    const uint8_t *wr[R];
+    const float *sr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        wr[r] = n0 + r < N ? w + (size_t)(n0 + r) * K : NULL;
+        sr[r] = n0 + r < N ? msm_srow(wsc, n0 + r, K, ph) : NULL;
+    }
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    bool waited = !early;
+    for (int k0 = lane * 16 + warp * 512; k0 < K; k0 += SPLIT_WARPS * 512 * D) {
+        uint4 wv[D][R];
+        float sv[D][R];
+#pragma unroll
+        for (int d = 0; d < D; d++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int k = k0 + d * SPLIT_WARPS * 512;
+                bool ok = wr[r] && k < K;
+                wv[d][r] = ok ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+                sv[d][r] = ok ? __ldg(sr[r] + ((k + ph) >> 7)) * SS : 0.0f;
+            }
+        if (!waited) msm_pdl_wait(), waited = true; /* x is the previous kernel's output */
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            int k = k0 + d * SPLIT_WARPS * 512;
+            if (k >= K) break;
+            float s[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) s[r] = 0.0f;
+            const float4 *xp = (const float4 *)(x + k);
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                float4 a = xp[g];
+                a = make_float4(a.x * XS, a.y * XS, a.z * XS, a.w * XS);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    uint32_t v = g == 0 ? wv[d][r].x : g == 1 ? wv[d][r].y : g == 2 ? wv[d][r].z : wv[d][r].w;
+                    float f[4];
+                    msm_fp8x4_f32<HW>(v, f);
+                    s[r] = fmaf(f[0], a.x, s[r]);
+                    s[r] = fmaf(f[1], a.y, s[r]);
+                    s[r] = fmaf(f[2], a.z, s[r]);
+                    s[r] = fmaf(f[3], a.w, s[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] = fmaf(s[r], sv[d][r], acc[r]);
+        }
+    }
+    if (!waited) msm_pdl_wait(); /* a warp with no step: y is written after the wait all the same */
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = msm_warp_sum(acc[r]);
+        if (lane == 0) part[warp][r] = v;
+    }
+    __syncthreads();
+    const int r = threadIdx.x;
+    if (r < R && n0 + r < N) {
+        float v = part[0][r];
+#pragma unroll
+        for (int i = 1; i < SPLIT_WARPS; i++) v += part[i][r];
+        y[n0 + r] = v + (bias ? msm_bf(bias[n0 + r]) : 0.0f);
+    }
+}
+
+/* rows a block 1 (at 32 registers: 16 blocks, 64 warps an SM) or 2 (at 64: 8 blocks, 32 warps, each
+ * x value read once for both rows); 2 loads a lane a row in flight. HW: the hardware decode
+ * (MSM_CUDA_FP8_LINEAR=simt_hw), else the integer one, as the unsplit GEMV. */
+static cudaError_t gemv_fp8_split_launch(float *y, const float *x, const uint8_t *w, const float *wsc, int ph,
+                                         const uint16_t *bias, int N, int K, msm_cuda_exec ex) {
+    bool hw = ex.tune->fp8_linear == MSM_CUDA_FP8_LINEAR_SIMT_HW, early = ex.tune->gemv_early && !ex.w_written;
+    int R = ex.tune->fp8_gemv_split;
+    dim3 grid((unsigned)((N + R - 1) / R)), blk(SPLIT_WARPS * 32);
+#define SPLIT(R_, MINB_, HW_) \
+    msm_launch(gemv_fp8_split_kernel<R_, 2, HW_, MINB_>, grid, blk, 0, ex, y, x, w, wsc, ph, bias, N, K, early)
+    if (R == 1) return hw ? SPLIT(1, 16, true) : SPLIT(1, 16, false);
+    return hw ? SPLIT(2, 8, true) : SPLIT(2, 8, false);
+#undef SPLIT
 }
 
 template <int NT, int R, int U, bool VEC, bool FP8, bool HW>
@@ -607,21 +710,21 @@ extern "C" bool msm_cuda_norm_linear_fits(int T, int N, int K, bool fp8, int ph,
     /* measured against the two kernels (H200, 2026-12-02, Qwen3-30B-A3B, ms a step): bf16 batch 1
      * 3.325 vs 3.35, 2 4.57 vs 4.68, but 4 6.88 vs 6.77; FP8 batch 1 3.139 vs 3.185, but 2 4.58 vs
      * 4.35 (bench/results/2026-12-02-h200 run 6): bf16 up to 2 tokens, FP8 at one */
-    if (fp8) /* where msm_cuda_linear_fp8 takes the SIMT GEMV (integer decode) */
+    if (fp8) /* where msm_cuda_linear_fp8 takes the SIMT GEMV (either decode, as it does; unsplit, so with
+              * fp8_gemv_split the fused node's sums are in the unsplit GEMV's order) */
         return T == 1 && T <= tn->fp8_native_max_t && K % 16 == 0 && K >= 32 * 16 && ph % 16 == 0 &&
-               tn->fp8_linear != MSM_CUDA_FP8_LINEAR_SIMT_HW &&
                !(tn->fp8_linear == MSM_CUDA_FP8_LINEAR_MMA && T >= tn->fp8_mma_min_t);
     /* where msm_cuda_linear takes the GEMV */
     return T <= 2 && T < tn->linear_tiled_min_t && (T < tn->mmv_min_t || T > tn->mmv_max_t) && K % 8 == 0 &&
            K >= 32 * 8;
 }
 
-template <int NT, int R, int U, bool FP8, int V>
+template <int NT, int R, int U, bool FP8, int V, bool HW = false>
 static cudaError_t norm_in_launch(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T,
                                   int N, int K, const float *a, const float *b, const uint16_t *nw, float *sum,
                                   float *out, float eps, int vt, msm_cuda_exec ex) {
     dim3 grid((unsigned)((N + NI_WARPS * R - 1) / (NI_WARPS * R)));
-    auto kern = gemv_norm_in_kernel<NT, R, U, FP8, V>;
+    auto kern = gemv_norm_in_kernel<NT, R, U, FP8, V, false, HW>;
     if constexpr (!FP8) /* bf16 rows of several steps: pipelined (tuning rows_pipe) */
         if ((ex.tune->rows_pipe & MSM_CUDA_PIPE_NORM_IN) && K > 256 * U) kern = gemv_norm_in_kernel<NT, R, U, FP8, V, true>;
     return msm_launch(kern, grid, dim3(NI_WARPS * 32),
@@ -633,9 +736,11 @@ template <int V>
 static cudaError_t norm_in_go(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T, int N,
                              int K, const float *a, const float *b, const uint16_t *nw, float *sum, float *out,
                              float eps, int vt, bool fp8, msm_cuda_exec ex) {
-#define NI(NT_, R_, U_, F_) norm_in_launch<NT_, R_, U_, F_, V>(y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, ex)
+#define NI(NT_, R_, U_, F_, ...) \
+    norm_in_launch<NT_, R_, U_, F_, V, ##__VA_ARGS__>(y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, ex)
     /* two rows a warp, two loads a lane a row in flight before the norm (80 registers at K = 2048: three
-     * blocks an SM; the bits are the same at any rows and loads) */
+     * blocks an SM; the bits are the same at any rows and loads); FP8 with the GEMV's decode */
+    if (fp8 && ex.tune->fp8_linear == MSM_CUDA_FP8_LINEAR_SIMT_HW) return NI(1, 2, 2, true, true);
     if (fp8) return NI(1, 2, 2, true);
     return T == 1 ? NI(1, 2, 2, false) : NI(2, 2, 2, false);
 #undef NI
@@ -1300,6 +1405,8 @@ extern "C" int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, co
     if (fp8 && K % 16 == 0 && w.phase % 16 == 0 && ((uintptr_t)w.q | (uintptr_t)x) % 16 == 0) {
         if (T > 1 && N <= MSM_CUDA_GEMV_SMALL_N && T <= 65535) /* few rows: one warp per (row, token) */
             gemv_launch<1, true, true>(y, x, w.q, bias, T, N, K, ex, w.scale, w.phase);
+        else if (T == 1 && ex.tune->fp8_gemv_split && N > MSM_CUDA_GEMV_SMALL_N) /* 4 warps a row */
+            CUDA_TRY(gemv_fp8_split_launch(y, x, (const uint8_t *)w.q, w.scale, w.phase, bias, N, K, ex));
         else if (kern == MSM_CUDA_FP8_LINEAR_SIMT_HW) /* the hardware decode, for comparison */
             gemv_dispatch<true, true, true>(y, x, w.q, bias, T, N, K, ex, w.scale, w.phase);
         else

@@ -166,6 +166,10 @@ typedef struct msm_cuda_tuning {
                                  (MSM_CUDA_FP8_LINEAR_TILED_MIN_T) */
     int fp8_gemv_rows;        /* rows a warp of the FP8 SIMT GEMV: 1, 2 or 4; 0 (default): 2 at one
                                  token a chunk, else 4. The same bits (MSM_CUDA_FP8_GEMV_ROWS) */
+    int fp8_gemv_split;       /* the FP8 SIMT GEMV at one token split over K, a block's 4 warps on the
+                                 same rows (linear.cu gemv_fp8_split_kernel): 1 or 2 rows a block; 0:
+                                 unsplit. Another float32 order of the same products; the norm-in
+                                 GEMV (norm_linear) keeps the unsplit one (MSM_CUDA_FP8_GEMV_SPLIT) */
     int fp8_mma_min_t;        /* ... MMA: the tensor-core MMV8 from this T on, the SIMT GEMV below
                                  (MSM_CUDA_FP8_MMA_MIN_T) */
     bool fp8_moe_tiled;       /* FP8-resident experts past fp8_native_max_t, up to
@@ -271,8 +275,8 @@ typedef struct msm_cuda_tuning {
                                  Qwen3-30B-A3B's 1536 blocks in one wave; 79 and two waves now), the down at 4
                                  rows a warp at 64 without spills (512 blocks, one wave; 2 rows and 63
                                  registers, two waves, now). 1: that; 2: the gate/up also loads its next
-                                 step's codes before this step's arithmetic. 0 (default) until measured on a
-                                 GPU: bench/results/2026-12-05-h200-s15 */
+                                 step's codes before this step's arithmetic (default: measured faster, the
+                                 numbers in tuning.cu); 0: the general dot */
     bool gemv_u16;            /* the bf16 GEMV at one token takes a row of 2048 < K <= 4096 (Qwen3-30B-A3B's
                                  o_proj) in one step of 16 loads a lane, all before its PDL wait; the same
                                  bits. On by default: H200, 2026-12-02 third session, Qwen3-30B-A3B batch 1
@@ -341,8 +345,8 @@ typedef struct msm_cuda_tuning {
                                  MSM_CUDA_LINEAR_SWIGLU) */
     bool linear_rope_mmv;     /* ... the qkv LINEAR + ROPE_KV_WRITE pairing at 3-16 tokens too, on the
                                  block-sliced MMV with its rows regrouped by head halves (full rotary;
-                                 bitwise the two kernels; MSM_CUDA_LINEAR_ROPE_MMV; off: not yet
-                                 measured) */
+                                 bitwise the two kernels; MSM_CUDA_LINEAR_ROPE_MMV; on: measured faster at
+                                 8 tokens, the numbers in tuning.cu) */
     int linear_swiglu_rows;   /* ... its gate and up rows a warp, 1, 2 (default) or 4 (fewer blocks;
                                  the same bits; MSM_CUDA_LINEAR_SWIGLU_ROWS) */
     int aux_gemv_rows;        /* the one- and two-token bf16 GEMV's rows a warp on the aux stream (the

@@ -19,6 +19,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->norm_linear = true;
     t->fp8_gemv_rows = 0; /* 2 at one token, else 4 (linear.cu) */
     t->fp8_gemv_u8 = true;
+    t->fp8_gemv_split = 0; /* built in the sixteenth session: bench/results/2026-12-05-h200-s16 */
     t->gemv_max_t = MSM_CUDA_GEMV_MAX_T;
     t->mmv_min_t = MSM_CUDA_MMV_MIN_T;
     t->mmv_max_t = MSM_CUDA_MMV_MAX_T;
@@ -122,11 +123,17 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * programmatic dependent again, now that the shared expert holds fewer SMs, still slower
      * (1.798-1.800 / 2.426-2.432, 3-8 tokens +0.06-0.11: moe_aux_serial_max_t stays 8) */
     t->linear_swiglu = true;
-    t->linear_rope_mmv = false; /* built in the thirteenth session with no device time left to measure it */
+    /* the qkv MMV + RoPE + K/V write in one kernel at 3-8 tokens (H200, 2026-12-05 sixteenth
+     * session, bench/results/2026-12-05-h200-s15 run 1, ms a step, three rounds, vs two kernels):
+     * Qwen1.5-MoE 3 / 4 / 8 tokens 3.057-3.076 / 3.065-3.094 / 4.235-4.259 vs 3.068-3.075 /
+     * 3.088-3.107 / 4.287-4.301; Qwen3-30B-A3B 5.682-5.719 / 5.704-5.743 / 8.674-8.742 vs
+     * 5.680-5.684 / 5.704-5.721 / 8.681-8.705 (the same); bitwise in run 3 */
+    t->linear_rope_mmv = true;
     t->linear_swiglu_rows = 2;
     t->aux_gemv_rows = 2;
-    /* the L2 prefetch of the PREFETCH nodes: built in the fourteenth session, when no device was
-     * lent, so these are first guesses, not measurements (the pass is off by default) */
+    /* the L2 prefetch of the PREFETCH nodes (pass off by default): measured slower or the same
+     * (H200, 2026-12-05 sixteenth session, bench/results/2026-12-05-h200-s15 run 1 and its README);
+     * these settings are the ones measured */
     t->l2_prefetch_max_t = 16;
     t->l2_prefetch_bytes = (size_t)24 << 20;
     t->l2_prefetch_kv_bytes = (size_t)24 << 20;
@@ -136,7 +143,14 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->l2_persist_mb = 0;
     t->stream_prio = MSM_CUDA_PRIO_AUTO;
     t->fp8_moe_hw = true; /* measured faster: msm_cuda_kernels.h */
-    t->fp8_moe_lean = 0;
+    /* the FP8 pair-path experts on the lean dot, the gate/up loading the next step's codes early
+     * (H200, 2026-12-05 sixteenth session, bench/results/2026-12-05-h200-s15 run 2, ms a step at
+     * 1 / 2 / 4 tokens, vs the general dot): Qwen3-30B-A3B FP8 (three rounds) 2.389-2.393 /
+     * 3.573-3.580 / 5.141-5.145 with =2, 2.411-2.413 / 3.581-3.586 / 5.138-5.156 with =1, vs
+     * 2.626-2.646 / 3.798-3.815 / 5.482-5.509; GLM-4.5-Air FP8 (two) 6.633-6.634 / 9.437-9.444 /
+     * 14.225-14.235 (=2), 6.623-6.631 / 9.584-9.585 / 14.334-14.349 (=1) vs 6.900-6.904 /
+     * 9.897-9.916 / 15.140-15.166; bitwise in runs 2-3 */
+    t->fp8_moe_lean = 2;
     /* the norm-in GEMV and the GEMV at 2 tokens; the experts' kernels lost occupancy for nothing
      * (H200, 2026-12-02 third session, ms a step at 1 / 2 / 4 tokens, all four on vs off:
      * Qwen1.5-MoE 2.00 / 2.78 / 4.12 vs 1.87 / 2.71 / 3.94, Qwen3-30B-A3B 3.04 / 4.22 / 6.65 vs

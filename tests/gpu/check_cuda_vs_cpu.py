@@ -107,11 +107,11 @@ for m in MODELS:
             # their PDL wait; and as before 2026-12-03 (seventh): the qkv LINEAR and its ROPE_KV_WRITE two kernels
             qt, ql = run(d, p, n, "--backend", "cuda",
                          env={"MSM_CUDA_QK_ROPE": "0", "MSM_CUDA_GEMV_EARLY": "0", "MSM_CUDA_LINEAR_ROPE": "0"})
-            # FP8 models: the pair-path experts on the lean dot (MSM_CUDA_FP8_MOE_LEAN 1 and 2, off by
-            # default): the same sums in fewer registers, so the same bits
+            # FP8 models: the pair-path experts on the general dot and on the lean one without the
+            # early loads (MSM_CUDA_FP8_MOE_LEAN 0 and 1; 2 by default): the same sums, so the same bits
             if is_fp8(d):
-                l1t, l1l = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_FP8_MOE_LEAN": "1"})
-                l2t, l2l = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_FP8_MOE_LEAN": "2"})
+                l1t, l1l = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_FP8_MOE_LEAN": "0"})
+                l2t, l2l = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_FP8_MOE_LEAN": "1"})
             if TP2:  # the all-reduce + add + norm unfused, and NCCL for every all-reduce
                 ut, ul = run(d, p, n, "--backend", "cuda", "--no-fuse-allreduce-norm")
                 nt, nl = run(d, p, n, "--backend", "cuda", env={"MSM_CUDA_AR": "nccl"})
@@ -188,8 +188,8 @@ for m in MODELS:
         check(f"{m}[{i}] QK norm + RoPE one kernel, qkv GEMV + RoPE one kernel, early GEMV weight loads vs without bitwise",
               np.array_equal(gl, ql) and gt == qt, f"maxdiff={float(np.abs(gl - ql).max()):.3e}")
         if is_fp8(d):
-            for lv, (lt_, ll_) in ((1, (l1t, l1l)), (2, (l2t, l2l))):
-                check(f"{m}[{i}] FP8 experts on the lean dot ({lv}) vs the default bitwise",
+            for lv, (lt_, ll_) in ((0, (l1t, l1l)), (1, (l2t, l2l))):
+                check(f"{m}[{i}] FP8 experts at MSM_CUDA_FP8_MOE_LEAN={lv} vs the default (2) bitwise",
                       np.array_equal(gl, ll_) and gt == lt_, f"maxdiff={float(np.abs(gl - ll_).max()):.3e}")
         if TP2:
             check(f"{m}[{i}] all-reduce + add + norm fused vs not bitwise", np.array_equal(gl, ul) and gt == ut,

@@ -13,7 +13,7 @@ after the router vs as its programmatic dependent where a shared expert runs bes
 experts' codes decoded with integer operations vs the hardware's conversion, the qkv GEMV with the
 RoPE and K/V cache write in its epilogue vs the two kernels, the shared expert's gate/up GEMV
 with the SwiGLU in its epilogue vs the two kernels, the qkv MMV with RoPE and the K/V write in its
-epilogue (off by default) vs the two kernels, the grouped expert GEMVs' grid a row per
+epilogue vs the two kernels, the grouped expert GEMVs' grid a row per
 selected expert vs per expert, each layer's o_proj and shared expert prefetched into L2 during its
 attention, the next layer's qkv at the router and the K/V cache rows from the norm before the qkv
 projection (pass prefetch_l2, off by default; plain and evict_last) vs not, the router's top-k ranked by one
@@ -50,15 +50,15 @@ VARIANTS = [  # (name, extra flags, environment)
     ("RoPE kernels' early prologue vs after the PDL wait", [], {"MSM_CUDA_SMALL_EARLY": "0"}),
     ("routed experts after the router vs programmatic beside the shared expert", [], {"MSM_CUDA_MOE_AUX_SERIAL_MAX_T": "0"}),
     ("FP8 experts' hardware decode vs the integer one", [], {"MSM_CUDA_FP8_MOE_HW": "0"}),
-    ("FP8 pair-path experts on the lean dot vs the default", [], {"MSM_CUDA_FP8_MOE_LEAN": "1"}),
-    ("FP8 pair-path experts on the lean dot, next codes early, vs the default", [], {"MSM_CUDA_FP8_MOE_LEAN": "2"}),
+    ("FP8 pair-path experts on the general dot vs the lean dot with the next codes early", [], {"MSM_CUDA_FP8_MOE_LEAN": "0"}),
+    ("FP8 pair-path experts on the lean dot vs the same with the next codes early", [], {"MSM_CUDA_FP8_MOE_LEAN": "1"}),
     ("pipelined bf16 rows-dot vs one step at a time", [], {"MSM_CUDA_ROWS_PIPE": "0"}),
     ("ADD_RMSNORM + router two kernels vs one", [], {"MSM_CUDA_NORM_ROUTER": "1"}),
     ("the one-token bf16 GEMV's 4096-wide rows in one step vs four", [], {"MSM_CUDA_GEMV_U16": "0"}),
     ("the one-token bf16 GEMV's 2048-wide rows in two steps vs one", [], {"MSM_CUDA_GEMV_U8": "1"}),
     ("qkv GEMV + RoPE + K/V write one kernel vs two", [], {"MSM_CUDA_LINEAR_ROPE": "0"}),
     ("gate/up GEMV + SwiGLU one kernel vs two", [], {"MSM_CUDA_LINEAR_SWIGLU": "0"}),
-    ("qkv MMV + RoPE + K/V write one kernel vs two (3-8 tokens)", [], {"MSM_CUDA_LINEAR_ROPE_MMV": "1"}),
+    ("qkv MMV + RoPE + K/V write two kernels vs one (3-8 tokens)", [], {"MSM_CUDA_LINEAR_ROPE_MMV": "0"}),
     ("router as one cluster a token vs a counter and the last block", [], {"MSM_CUDA_ROUTER_CLUSTER": "0"}),
     ("attention's block-table entries copied to shared memory vs loaded with each tile", [], {"MSM_CUDA_ATT_BT_CACHE": "0"}),
     ("qkv + RoPE kernel at 12 blocks an SM vs unbounded", [], {"MSM_CUDA_GEMV_MINB": "0"}),

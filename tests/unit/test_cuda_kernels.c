@@ -62,7 +62,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_LINEAR_SWIGLU_ROWS", "MSM_CUDA_AUX_GEMV_ROWS", "MSM_CUDA_LINEAR_ROPE_MMV",
                                  "MSM_CUDA_L2_PREFETCH_MAX_T", "MSM_CUDA_L2_PREFETCH_MB", "MSM_CUDA_L2_PREFETCH_LAST",
                                  "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB",
-                                 "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_FP8_MOE_LEAN"};
+                                 "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_FP8_MOE_LEAN",
+                                 "MSM_CUDA_FP8_GEMV_SPLIT"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -101,6 +102,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_L2_PREFETCH_LAST", "1", 1), setenv("MSM_CUDA_L2_PREFETCH_BLOCKS", "0", 1);
     setenv("MSM_CUDA_L2_PREFETCH_CHUNK_KB", "2000", 1), setenv("MSM_CUDA_L2_PERSIST_MB", "-1", 1);
     setenv("MSM_CUDA_L2_PREFETCH_KV_MB", "-2", 1), setenv("MSM_CUDA_FP8_MOE_LEAN", "7", 1);
+    setenv("MSM_CUDA_FP8_GEMV_SPLIT", "9", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     t.att_bt_cache = true;
@@ -110,6 +112,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     msm_cuda_tuning_from_env(&t);
     cr_expect(!t.fp8_moe_hw, "MSM_CUDA_FP8_MOE_HW=0: the integer decode");
     cr_expect_eq(t.fp8_moe_lean, 2, "MSM_CUDA_FP8_MOE_LEAN clamped to 2");
+    cr_expect_eq(t.fp8_gemv_split, 2, "MSM_CUDA_FP8_GEMV_SPLIT clamped to 2");
     cr_expect_eq(t.rows_pipe, 21 & 15, "MSM_CUDA_ROWS_PIPE: the mask's known kernels");
     cr_expect(!t.norm_router, "MSM_CUDA_NORM_ROUTER=0: the norm and the router two kernels");
     cr_expect_eq(t.norm_router_max_t, 0, "clamped to 0");
@@ -1853,6 +1856,60 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
     cudaStreamDestroy(st);
 }
 
+/* The one-token FP8 GEMV split over K (msm_cuda_tuning.fp8_gemv_split: 1 or 2 rows a block, the
+ * integer or the hardware decode): within float32 rounding of the CPU's product (another order of
+ * the same products), the same bits with its weights requested before the PDL wait or after it, on
+ * an x that the kernel just before writes into a buffer poisoned just before that, and the same
+ * bits again on a second call. Shapes: one step a warp or less (K 192 and 256, phases 64 and 16:
+ * some warps have no step), partial last rounds (1408, 2048 + 16), long rows (12288), odd N, bias. */
+Test(cuda_kernels, linear_fp8_split_matches_cpu, .timeout = 120) {
+    need_gpu();
+    static const int shapes[][4] = {{2048, 4096, 0, 1}, {5120, 2048, 64, 0}, {777, 1408, 0, 1},
+                                    {300, 192, 64, 0},  {129, 256, 16, 1},   {4096, 12288, 0, 0},
+                                    {1000, 2064, 112, 1}};
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int N = shapes[s][0], K = shapes[s][1], ph = shapes[s][2];
+        float *x = host_f32(K, 1.0f), *nf, *xn = malloc((size_t)K * 4), *bf = NULL;
+        uint16_t *nb = host_bf16(K, 1.0f, &nf), *bb = shapes[s][3] ? host_bf16(N, 0.5f, &bf) : NULL;
+        msm_cpu_rmsnorm(xn, x, nf, 1, K, 1e-6f);
+        fp8_weight w8 = fp8_make(1, N, K, ph, false);
+        float *ref = malloc((size_t)N * 4), *o[3];
+        msm_cpu_linear(ref, xn, w8.f, bf, 1, N, K);
+        float *dx = dev_up(x, (size_t)K * 4), *dxn = dev((size_t)K * 4), *dy = dev((size_t)N * 4);
+        uint16_t *dn = dev_up(nb, (size_t)K * 2), *db = bb ? dev_up(bb, (size_t)N * 2) : NULL;
+        for (int i = 0; i < 3; i++) o[i] = malloc((size_t)N * 4);
+        for (int rows = 1; rows <= 2; rows++)
+            for (int hw = 0; hw < 2; hw++) {
+                for (int e = 0; e < 3; e++) { /* early loads, after the wait, early again */
+                    msm_cuda_tuning t = tune0;
+                    t.fp8_gemv_split = rows;
+                    t.fp8_linear = hw ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_SIMT;
+                    t.gemv_early = e != 1;
+                    msm_cuda_exec ex = {.stream = st, .tune = &t};
+                    CK(cudaMemsetAsync(dxn, 0xff, (size_t)K * 4, st));
+                    CK(cudaMemsetAsync(dy, 0xff, (size_t)N * 4, st));
+                    CK(msm_cuda_rmsnorm(dxn, dx, dn, 1, K, 1e-6f, ex));
+                    CK(msm_cuda_linear_fp8(dy, dxn, w8.d, db, 1, N, K, NULL, NULL, 0, NULL, 0, ex));
+                    CK(cudaStreamSynchronize(st));
+                    down(o[e], dy, (size_t)N * 4);
+                }
+                CHECK_ERR(o[0], ref, (size_t)N, 2e-5, "split fp8 GEMV rows=%d hw=%d N=%d K=%d phase=%d", rows, hw, N,
+                          K, ph);
+                cr_expect(memcmp(o[0], o[1], (size_t)N * 4) == 0, "early loads change the bits: rows=%d hw=%d N=%d K=%d",
+                          rows, hw, N, K);
+                cr_expect(memcmp(o[0], o[2], (size_t)N * 4) == 0, "not deterministic: rows=%d hw=%d N=%d K=%d", rows,
+                          hw, N, K);
+            }
+        cudaFree(dx), cudaFree(dxn), cudaFree(dy), cudaFree(dn), cudaFree(db);
+        fp8_free(&w8);
+        for (int i = 0; i < 3; i++) free(o[i]);
+        free(x), free(nf), free(xn), free(bf), free(nb), free(bb), free(ref);
+    }
+    cudaStreamDestroy(st);
+}
+
 /* ADD_RMSNORM + the LINEAR on its norm in one launch (msm_cuda_norm_linear) gives the two kernels'
  * bits: the residual sum, the norm and y, bf16 at 1..2 tokens and FP8 (SIMT GEMV) at 1, K = 2048
  * (8 values a norm thread) and 768 / 1024 (4), odd N (a block's last rows past N), a bias, FP8 phases
@@ -1879,13 +1936,14 @@ Test(cuda_kernels, norm_linear_equals_add_rmsnorm_then_linear, .timeout = 120) {
         uint16_t *dbias = bb ? dev_up(bb, (size_t)N * 2) : NULL;
         float *r[3], *g[3];
         for (int i = 0; i < 3; i++) r[i] = malloc((size_t)Tm * (N > K ? N : K) * 4), g[i] = malloc((size_t)Tm * (N > K ? N : K) * 4);
-        for (int fp8 = 0; fp8 < 2; fp8++)
-            for (int T = 1; T <= (fp8 ? 1 : 2); T++)
+        for (int kind = 0; kind < 3; kind++) /* bf16; FP8, the integer decode; FP8, the hardware one */
+            for (int T = 1; T <= (kind ? 1 : 2); T++)
                 /* the two kernels; one, early loads; one, loads after the wait; one, early, without the
                  * software pipelining of bf16 rows (msm_cuda_tuning.rows_pipe) */
                 for (int v = 0; v < 4; v++) {
+                    int fp8 = kind > 0;
                     msm_cuda_tuning t = tune0;
-                    t.fp8_linear = MSM_CUDA_FP8_LINEAR_SIMT;
+                    t.fp8_linear = kind == 2 ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_SIMT;
                     t.gemv_early = v != 2;
                     if (v == 3) t.rows_pipe = 0;
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
@@ -1915,11 +1973,11 @@ Test(cuda_kernels, norm_linear_equals_add_rmsnorm_then_linear, .timeout = 120) {
                     down(o[2], dy, (size_t)T * N * 4);
                     if (v == 0) continue;
                     cr_expect(memcmp(r[0], g[0], (size_t)T * K * 4) == 0, "sum differs: %s T=%d N=%d K=%d v=%d",
-                              fp8 ? "fp8" : "bf16", T, N, K, v);
+                              kind == 2 ? "fp8 hw" : fp8 ? "fp8" : "bf16", T, N, K, v);
                     cr_expect(memcmp(r[1], g[1], (size_t)T * K * 4) == 0, "norm differs: %s T=%d N=%d K=%d v=%d",
-                              fp8 ? "fp8" : "bf16", T, N, K, v);
+                              kind == 2 ? "fp8 hw" : fp8 ? "fp8" : "bf16", T, N, K, v);
                     cr_expect(memcmp(r[2], g[2], (size_t)T * N * 4) == 0, "y differs: %s T=%d N=%d K=%d v=%d",
-                              fp8 ? "fp8" : "bf16", T, N, K, v);
+                              kind == 2 ? "fp8 hw" : fp8 ? "fp8" : "bf16", T, N, K, v);
                 }
         /* not taken: past the GEMV's tokens, a K it has no layout for, a router-sized N */
         msm_cuda_tuning t = tune0;

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The device commands of the sixteenth session (README.md here). From the repository root, with
+# the binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline"
+# tools/gpu-engine-check bundle` built from the commit in each run's gpu.txt, carried as gpu-run/:
+#   bash bench/results/2026-12-05-h200-s16/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
+Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b Q3F=qwen3-30b-a3b-fp8 GLM=glm-4.5-air-fp8
+NEW="MSM_CUDA_FP8_MOE_LEAN=2 MSM_CUDA_LINEAR_ROPE_MMV=1" # the defaults from 98840d7 on (s15 runs 1-3)
+case "$1" in
+r1)
+    # on the s15 bundle (98840d7) with the defaults taken since as switches: the table; then why
+    # the FP8 dense GEMVs at one token take longer than the bf16 ones of twice the bytes (Qwen3 FP8
+    # o_proj 5.4 vs 4.5 us a layer, qkv 7.8 vs 7.3: s15 run 2 timelines): the existing switches
+    # of the FP8 GEMV in three rounds, and Nsight Compute on both kernels
+    hdr
+    el table | tee -a $OUT/gpu.txt
+    for p in $Q15 $Q3 $Q3F; do b $p 1,2,4,8,16,32,64,128,256 table $NEW --; done
+    b $GLM 1,4,8,32,128 table $NEW --
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q3F 1,2 lin $NEW --
+        b $Q3F 1,2 lin $NEW MSM_CUDA_FP8_LINEAR=simt_hw --
+        b $Q3F 1,2 lin $NEW MSM_CUDA_FP8_GEMV_ROWS=1 --
+        b $Q3F 1,2 lin $NEW MSM_CUDA_FP8_GEMV_U8=0 --
+        b $Q3F 1 lin $NEW MSM_CUDA_NORM_LINEAR=0 --
+    done
+    el ncu | tee -a $OUT/gpu.txt
+    ncu_k "gemv_kernel" $Q3F 1 gemv $NEW
+    ncu_k "gemv_norm_in" $Q3F 1 normin $NEW
+    ncu_k "gemv_kernel" $Q3 1 gemv-bf16 $NEW
+    el done | tee -a $OUT/gpu.txt
+    ;;
+*)
+    echo "usage: $0 r1" >&2
+    exit 2
+    ;;
+esac
