@@ -49,8 +49,9 @@ def table(runs, base=""):
     for p in presets:
         arms = [a for (q, a) in runs if q == p]
         batches = sorted({b for a in arms for b in runs[(p, a)]})
+        w = max([48] + [len(a) for a in arms])  # arms named in full: they often share a long prefix
         out.append(f"## {p}")
-        out.append(f"{'arm':48s} {'batch':>5s} {'ms/step (min-max)':>19s} {'n':>3s} {'vs base':>8s}")
+        out.append(f"{'arm':{w}s} {'batch':>5s} {'ms/step (min-max)':>19s} {'n':>3s} {'vs base':>8s}")
         for b in batches:
             ref = runs.get((p, base), {}).get(b)
             ref_med = statistics.median(ref) if ref else None
@@ -61,7 +62,7 @@ def table(runs, base=""):
                 med = statistics.median(v)
                 rng = f"{min(v):.3f}" if len(v) == 1 else f"{min(v):.3f}-{max(v):.3f}"
                 d = "" if ref_med is None or a == base else f"{med - ref_med:+.3f}"
-                out.append(f"{(a or '(base)')[:48]:48s} {b:5d} {rng:>19s} {len(v):3d} {d:>8s}")
+                out.append(f"{a or '(base)':{w}s} {b:5d} {rng:>19s} {len(v):3d} {d:>8s}")
         out.append("")
     return out
 

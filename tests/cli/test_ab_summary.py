@@ -50,6 +50,12 @@ expect("no baseline: no change printed", glm[0].split()[2:], ["20.000", "1"])
 out = ab.table(runs, base="MSM_X=1 -- --flag")
 row = [l for l in out if l.startswith("(base)") and l.split()[1] == "8"][0].split()
 expect("--base: the other arm's change", row[-1], "-0.100")
+# arms that share a prefix longer than the default column are printed in full, apart
+long_a = "MSM_CUDA_FP8_MOE_LEAN=2 MSM_CUDA_LINEAR_ROPE_MMV=1 MSM_CUDA_FP8_GEMV_SPLIT=1"
+long_b = "MSM_CUDA_FP8_MOE_LEAN=2 MSM_CUDA_LINEAR_ROPE_MMV=1 MSM_CUDA_FP8_GEMV_SPLIT=2"
+out = ab.table(ab.parse(call(2.4, 8.0, "q3f " + long_a) + call(2.3, 8.1, "q3f " + long_b)))
+expect("long arm names in full", [l.rsplit(None, 3)[0].strip() for l in out if l.startswith("MSM_")][:2],
+       [long_a, long_b])
 with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
     f.write("\n".join(lines) + "\n")
 r = subprocess.run([sys.executable, SCRIPT, f.name], capture_output=True, text=True)
