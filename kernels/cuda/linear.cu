@@ -462,27 +462,17 @@ static __global__ void __launch_bounds__(NI_WARPS * 32)
  * the 4 warps' sums in warp order + bias: a fixed order (replay = eager), not the unsplit GEMV's
  * (its lanes run through all the steps): the same products, float32 sums in another order. */
 #define SPLIT_WARPS 4
-template <int R, int D, bool HW, int MINB>
-static __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)
-    gemv_fp8_split_kernel(float *y, const float *x, const uint8_t *w, const float *wsc, int ph, const uint16_t *bias,
-                          int N, int K, bool early) {
+/* One warp's share of R FP8 rows dotted with x (all of it here, K floats, global or shared): the
+ * steps j = slice, slice + SPLIT_WARPS, ... (16 codes a lane a step, D steps a row in flight),
+ * acc[r] += scale * (16 fmaf from 0 in k order) a step, in step order. hook() runs once on every
+ * thread, after its first loads are issued (after none if the warp has no step). */
+template <int R, int D, bool HW, typename Hook>
+static __device__ __forceinline__ void fp8_split_dot(float (&acc)[R], const uint8_t *const (&wr)[R],
+                                                     const float *const (&sr)[R], const float *x, int K, int ph,
+                                                     int lane, int slice, Hook hook) {
     constexpr float XS = HW ? 1.0f : MSM_FP8_X_SCALE, SS = HW ? 1.0f : MSM_FP8_S_SCALE;
-    __shared__ float part[SPLIT_WARPS][R];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, n0 = blockIdx.x * R;
-    msm_pdl_trigger();
-    if (!early) msm_pdl_wait();
-    const uint8_t *wr[R];
-    const float *sr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        wr[r] = n0 + r < N ? w + (size_t)(n0 + r) * K : NULL;
-        sr[r] = n0 + r < N ? msm_srow(wsc, n0 + r, K, ph) : NULL;
-    }
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    bool waited = !early;
-    for (int k0 = lane * 16 + warp * 512; k0 < K; k0 += SPLIT_WARPS * 512 * D) {
+    bool hooked = false;
+    for (int k0 = lane * 16 + slice * 512; k0 < K; k0 += SPLIT_WARPS * 512 * D) {
         uint4 wv[D][R];
         float sv[D][R];
 #pragma unroll
@@ -494,7 +484,7 @@ static __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)
                 wv[d][r] = ok ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
                 sv[d][r] = ok ? __ldg(sr[r] + ((k + ph) >> 7)) * SS : 0.0f;
             }
-        if (!waited) msm_pdl_wait(), waited = true; /* x is the previous kernel's output */
+        if (!hooked) hook(), hooked = true;
 #pragma unroll
         for (int d = 0; d < D; d++) {
             int k = k0 + d * SPLIT_WARPS * 512;
@@ -522,35 +512,108 @@ static __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)
             for (int r = 0; r < R; r++) acc[r] = fmaf(s[r], sv[d][r], acc[r]);
         }
     }
-    if (!waited) msm_pdl_wait(); /* a warp with no step: y is written after the wait all the same */
+    if (!hooked) hook();
+}
+
+/* rows n0..n0 + R - 1 of w (FP8 codes, [N, K]) and their scales; NULL past N */
+template <int R>
+static __device__ __forceinline__ void fp8_split_rows(const uint8_t *w, const float *wsc, int ph, int n0, int N,
+                                                      int K, const uint8_t *(&wr)[R], const float *(&sr)[R]) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float v = msm_warp_sum(acc[r]);
-        if (lane == 0) part[warp][r] = v;
-    }
-    __syncthreads();
-    const int r = threadIdx.x;
-    if (r < R && n0 + r < N) {
-        float v = part[0][r];
-#pragma unroll
-        for (int i = 1; i < SPLIT_WARPS; i++) v += part[i][r];
-        y[n0 + r] = v + (bias ? msm_bf(bias[n0 + r]) : 0.0f);
+        wr[r] = n0 + r < N ? w + (size_t)(n0 + r) * K : NULL;
+        sr[r] = n0 + r < N ? msm_srow(wsc, n0 + r, K, ph) : NULL;
     }
 }
 
-/* rows a block 1 (at 32 registers: 16 blocks, 64 warps an SM) or 2 (at 64: 8 blocks, 32 warps, each
- * x value read once for both rows); 2 loads a lane a row in flight. HW: the hardware decode
+/* The G row groups of a block (SPLIT_WARPS warps each, warp w of group w / SPLIT_WARPS) put their
+ * warps' sums (acc summed over the lanes) in ps; then y[n] = the group's warps' sums in warp order
+ * + bias, for its R rows. */
+template <int G, int R>
+static __device__ __forceinline__ void fp8_split_store(float (&ps)[G * SPLIT_WARPS][R], const float (&acc)[R],
+                                                       int n_first, int N, float *y, const uint16_t *bias) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = msm_warp_sum(acc[r]);
+        if (lane == 0) ps[warp][r] = v;
+    }
+    __syncthreads();
+    const int i = threadIdx.x, g = i / R, r = i % R, n = n_first + i;
+    if (i < G * R && n < N) {
+        float v = ps[g * SPLIT_WARPS][r];
+#pragma unroll
+        for (int j = 1; j < SPLIT_WARPS; j++) v += ps[g * SPLIT_WARPS + j][r];
+        y[n] = v + (bias ? msm_bf(bias[n]) : 0.0f);
+    }
+}
+
+template <int R, int D, bool HW, int MINB>
+static __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)
+    gemv_fp8_split_kernel(float *y, const float *x, const uint8_t *w, const float *wsc, int ph, const uint16_t *bias,
+                          int N, int K, bool early) {
+    __shared__ float ps[SPLIT_WARPS][R];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, n0 = blockIdx.x * R;
+    msm_pdl_trigger();
+    if (!early) msm_pdl_wait();
+    const uint8_t *wr[R];
+    const float *sr[R];
+    fp8_split_rows<R>(w, wsc, ph, n0, N, K, wr, sr);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    /* x is the previous kernel's output: read after the wait; y written after it on every path */
+    fp8_split_dot<R, D, HW>(acc, wr, sr, x, K, ph, lane, warp, msm_pdl_hook{early});
+    fp8_split_store<1, R>(ps, acc, n0, N, y, bias);
+}
+
+/* tuning fp8_gemv_split: 1, a row a block and one load a lane in flight (32 registers: 16 blocks,
+ * 64 warps an SM); 2, two rows a block, two loads a lane a row (64: 8 blocks, 32 warps, each x value
+ * read once for both rows); 3, a row a block, two loads (40: 12 blocks, 48 warps; at 32 registers
+ * this form spills). All without spills (CUDA 13.0, sm_90a). HW: the hardware decode
  * (MSM_CUDA_FP8_LINEAR=simt_hw), else the integer one, as the unsplit GEMV. */
 static cudaError_t gemv_fp8_split_launch(float *y, const float *x, const uint8_t *w, const float *wsc, int ph,
                                          const uint16_t *bias, int N, int K, msm_cuda_exec ex) {
     bool hw = ex.tune->fp8_linear == MSM_CUDA_FP8_LINEAR_SIMT_HW, early = ex.tune->gemv_early && !ex.w_written;
-    int R = ex.tune->fp8_gemv_split;
+    int mode = ex.tune->fp8_gemv_split, R = mode == 2 ? 2 : 1;
     dim3 grid((unsigned)((N + R - 1) / R)), blk(SPLIT_WARPS * 32);
-#define SPLIT(R_, MINB_, HW_) \
-    msm_launch(gemv_fp8_split_kernel<R_, 2, HW_, MINB_>, grid, blk, 0, ex, y, x, w, wsc, ph, bias, N, K, early)
-    if (R == 1) return hw ? SPLIT(1, 16, true) : SPLIT(1, 16, false);
-    return hw ? SPLIT(2, 8, true) : SPLIT(2, 8, false);
+#define SPLIT(R_, D_, MINB_)                                                                                     \
+    msm_launch(hw ? gemv_fp8_split_kernel<R_, D_, true, MINB_> : gemv_fp8_split_kernel<R_, D_, false, MINB_>, grid, \
+               blk, 0, ex, y, x, w, wsc, ph, bias, N, K, early)
+    if (mode == 1) return SPLIT(1, 1, 16);
+    if (mode == 2) return SPLIT(2, 2, 8);
+    return SPLIT(1, 2, 12);
 #undef SPLIT
+}
+
+/* The norm-in GEMV (gemv_norm_in_kernel) of FP8 rows at one token, split over K as
+ * gemv_fp8_split_kernel (msm_cuda_tuning.fp8_gemv_split): NI_WARPS / SPLIT_WARPS row groups of R
+ * rows a block, a group's warps on its rows' steps, the normed row in shared memory (norm_in_hook,
+ * after each warp's first loads). Each row's sum is the split GEMV's (the rows are independent of R),
+ * so the node is bitwise msm_cuda_add_rmsnorm then the split GEMV. 4 rows a group: 8 a block, half
+ * the unsplit kernel's 16, so twice the blocks each normalising the row (K <= 2048: one step a warp). */
+template <int R, bool HW, int V>
+static __global__ void __launch_bounds__(NI_WARPS * 32, 3)
+    gemv_norm_in_fp8_split_kernel(float *y, const uint8_t *w, const float *wsc, int ph, const uint16_t *bias, int N,
+                                  int K, const float *a, const float *b, const uint16_t *nw, float *sum, float *out,
+                                  float eps, int vt, bool early) {
+    constexpr int G = NI_WARPS / SPLIT_WARPS;
+    extern __shared__ float xn[]; /* [K]: the normed row */
+    __shared__ float part[32];
+    __shared__ float ps[NI_WARPS][R];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int n_first = blockIdx.x * G * R, n0 = n_first + (warp / SPLIT_WARPS) * R;
+    msm_pdl_trigger();
+    if (!early) msm_pdl_wait();
+    const uint8_t *wr[R];
+    const float *sr[R];
+    fp8_split_rows<R>(w, wsc, ph, n0, N, K, wr, sr);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    norm_in_hook<V> hook{a, b, nw, sum, out, xn, 1, K, vt, eps, part, early};
+    fp8_split_dot<R, 1, HW>(acc, wr, sr, xn, K, ph, lane, warp % SPLIT_WARPS, hook);
+    fp8_split_store<G, R>(ps, acc, n_first, N, y, bias);
 }
 
 template <int NT, int R, int U, bool VEC, bool FP8, bool HW>
@@ -710,8 +773,7 @@ extern "C" bool msm_cuda_norm_linear_fits(int T, int N, int K, bool fp8, int ph,
     /* measured against the two kernels (H200, 2026-12-02, Qwen3-30B-A3B, ms a step): bf16 batch 1
      * 3.325 vs 3.35, 2 4.57 vs 4.68, but 4 6.88 vs 6.77; FP8 batch 1 3.139 vs 3.185, but 2 4.58 vs
      * 4.35 (bench/results/2026-12-02-h200 run 6): bf16 up to 2 tokens, FP8 at one */
-    if (fp8) /* where msm_cuda_linear_fp8 takes the SIMT GEMV (either decode, as it does; unsplit, so with
-              * fp8_gemv_split the fused node's sums are in the unsplit GEMV's order) */
+    if (fp8) /* where msm_cuda_linear_fp8 takes the SIMT GEMV (either decode, split or not, as it does) */
         return T == 1 && T <= tn->fp8_native_max_t && K % 16 == 0 && K >= 32 * 16 && ph % 16 == 0 &&
                !(tn->fp8_linear == MSM_CUDA_FP8_LINEAR_MMA && T >= tn->fp8_mma_min_t);
     /* where msm_cuda_linear takes the GEMV */
@@ -740,6 +802,15 @@ static cudaError_t norm_in_go(float *y, const void *w, const float *wsc, int ph,
     norm_in_launch<NT_, R_, U_, F_, V, ##__VA_ARGS__>(y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, ex)
     /* two rows a warp, two loads a lane a row in flight before the norm (80 registers at K = 2048: three
      * blocks an SM; the bits are the same at any rows and loads); FP8 with the GEMV's decode */
+    if (fp8 && ex.tune->fp8_gemv_split) { /* the split GEMV's sums (tuning fp8_gemv_split) */
+        constexpr int R = 4, G = NI_WARPS / SPLIT_WARPS;
+        dim3 grid((unsigned)((N + G * R - 1) / (G * R)));
+        bool early = ex.tune->gemv_early && !ex.w_written;
+        auto kern = ex.tune->fp8_linear == MSM_CUDA_FP8_LINEAR_SIMT_HW ? gemv_norm_in_fp8_split_kernel<R, true, V>
+                                                                       : gemv_norm_in_fp8_split_kernel<R, false, V>;
+        return msm_launch(kern, grid, dim3(NI_WARPS * 32), (size_t)K * sizeof(float), ex, y, (const uint8_t *)w, wsc,
+                          ph, bias, N, K, a, b, nw, sum, out, eps, vt, early);
+    }
     if (fp8 && ex.tune->fp8_linear == MSM_CUDA_FP8_LINEAR_SIMT_HW) return NI(1, 2, 2, true, true);
     if (fp8) return NI(1, 2, 2, true);
     return T == 1 ? NI(1, 2, 2, false) : NI(2, 2, 2, false);

@@ -112,7 +112,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     msm_cuda_tuning_from_env(&t);
     cr_expect(!t.fp8_moe_hw, "MSM_CUDA_FP8_MOE_HW=0: the integer decode");
     cr_expect_eq(t.fp8_moe_lean, 2, "MSM_CUDA_FP8_MOE_LEAN clamped to 2");
-    cr_expect_eq(t.fp8_gemv_split, 2, "MSM_CUDA_FP8_GEMV_SPLIT clamped to 2");
+    cr_expect_eq(t.fp8_gemv_split, 3, "MSM_CUDA_FP8_GEMV_SPLIT clamped to 3");
     cr_expect_eq(t.rows_pipe, 21 & 15, "MSM_CUDA_ROWS_PIPE: the mask's known kernels");
     cr_expect(!t.norm_router, "MSM_CUDA_NORM_ROUTER=0: the norm and the router two kernels");
     cr_expect_eq(t.norm_router_max_t, 0, "clamped to 0");
@@ -1856,8 +1856,8 @@ Test(cuda_kernels, linear_early_weight_loads_same_bits, .timeout = 120) {
     cudaStreamDestroy(st);
 }
 
-/* The one-token FP8 GEMV split over K (msm_cuda_tuning.fp8_gemv_split: 1 or 2 rows a block, the
- * integer or the hardware decode): within float32 rounding of the CPU's product (another order of
+/* The one-token FP8 GEMV split over K (msm_cuda_tuning.fp8_gemv_split: 1 or 2 rows a block, 1 or
+ * 2 loads a lane in flight; the integer or the hardware decode): within float32 rounding of the CPU's product (another order of
  * the same products), the same bits with its weights requested before the PDL wait or after it, on
  * an x that the kernel just before writes into a buffer poisoned just before that, and the same
  * bits again on a second call. Shapes: one step a warp or less (K 192 and 256, phases 64 and 16:
@@ -1880,7 +1880,7 @@ Test(cuda_kernels, linear_fp8_split_matches_cpu, .timeout = 120) {
         float *dx = dev_up(x, (size_t)K * 4), *dxn = dev((size_t)K * 4), *dy = dev((size_t)N * 4);
         uint16_t *dn = dev_up(nb, (size_t)K * 2), *db = bb ? dev_up(bb, (size_t)N * 2) : NULL;
         for (int i = 0; i < 3; i++) o[i] = malloc((size_t)N * 4);
-        for (int rows = 1; rows <= 2; rows++)
+        for (int rows = 1; rows <= 3; rows++) /* the three forms (tuning fp8_gemv_split) */
             for (int hw = 0; hw < 2; hw++) {
                 for (int e = 0; e < 3; e++) { /* early loads, after the wait, early again */
                     msm_cuda_tuning t = tune0;
@@ -1895,11 +1895,11 @@ Test(cuda_kernels, linear_fp8_split_matches_cpu, .timeout = 120) {
                     CK(cudaStreamSynchronize(st));
                     down(o[e], dy, (size_t)N * 4);
                 }
-                CHECK_ERR(o[0], ref, (size_t)N, 2e-5, "split fp8 GEMV rows=%d hw=%d N=%d K=%d phase=%d", rows, hw, N,
+                CHECK_ERR(o[0], ref, (size_t)N, 2e-5, "split fp8 GEMV form=%d hw=%d N=%d K=%d phase=%d", rows, hw, N,
                           K, ph);
-                cr_expect(memcmp(o[0], o[1], (size_t)N * 4) == 0, "early loads change the bits: rows=%d hw=%d N=%d K=%d",
+                cr_expect(memcmp(o[0], o[1], (size_t)N * 4) == 0, "early loads change the bits: form=%d hw=%d N=%d K=%d",
                           rows, hw, N, K);
-                cr_expect(memcmp(o[0], o[2], (size_t)N * 4) == 0, "not deterministic: rows=%d hw=%d N=%d K=%d", rows,
+                cr_expect(memcmp(o[0], o[2], (size_t)N * 4) == 0, "not deterministic: form=%d hw=%d N=%d K=%d", rows,
                           hw, N, K);
             }
         cudaFree(dx), cudaFree(dxn), cudaFree(dy), cudaFree(dn), cudaFree(db);
@@ -1936,14 +1936,18 @@ Test(cuda_kernels, norm_linear_equals_add_rmsnorm_then_linear, .timeout = 120) {
         uint16_t *dbias = bb ? dev_up(bb, (size_t)N * 2) : NULL;
         float *r[3], *g[3];
         for (int i = 0; i < 3; i++) r[i] = malloc((size_t)Tm * (N > K ? N : K) * 4), g[i] = malloc((size_t)Tm * (N > K ? N : K) * 4);
-        for (int kind = 0; kind < 3; kind++) /* bf16; FP8, the integer decode; FP8, the hardware one */
+        /* bf16; FP8, the integer decode; FP8, the hardware one; FP8 split over K (tuning fp8_gemv_split:
+         * the fused node against the split GEMV) at 1 row a block and the integer decode, at 2 and the
+         * hardware one */
+        for (int kind = 0; kind < 5; kind++)
             for (int T = 1; T <= (kind ? 1 : 2); T++)
                 /* the two kernels; one, early loads; one, loads after the wait; one, early, without the
                  * software pipelining of bf16 rows (msm_cuda_tuning.rows_pipe) */
                 for (int v = 0; v < 4; v++) {
                     int fp8 = kind > 0;
                     msm_cuda_tuning t = tune0;
-                    t.fp8_linear = kind == 2 ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_SIMT;
+                    t.fp8_linear = kind == 2 || kind == 4 ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_SIMT;
+                    t.fp8_gemv_split = kind >= 3 ? kind - 2 : 0;
                     t.gemv_early = v != 2;
                     if (v == 3) t.rows_pipe = 0;
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
@@ -1973,11 +1977,11 @@ Test(cuda_kernels, norm_linear_equals_add_rmsnorm_then_linear, .timeout = 120) {
                     down(o[2], dy, (size_t)T * N * 4);
                     if (v == 0) continue;
                     cr_expect(memcmp(r[0], g[0], (size_t)T * K * 4) == 0, "sum differs: %s T=%d N=%d K=%d v=%d",
-                              kind == 2 ? "fp8 hw" : fp8 ? "fp8" : "bf16", T, N, K, v);
+                              kind >= 3 ? "fp8 split" : kind == 2 ? "fp8 hw" : fp8 ? "fp8" : "bf16", T, N, K, v);
                     cr_expect(memcmp(r[1], g[1], (size_t)T * K * 4) == 0, "norm differs: %s T=%d N=%d K=%d v=%d",
-                              kind == 2 ? "fp8 hw" : fp8 ? "fp8" : "bf16", T, N, K, v);
+                              kind >= 3 ? "fp8 split" : kind == 2 ? "fp8 hw" : fp8 ? "fp8" : "bf16", T, N, K, v);
                     cr_expect(memcmp(r[2], g[2], (size_t)T * N * 4) == 0, "y differs: %s T=%d N=%d K=%d v=%d",
-                              kind == 2 ? "fp8 hw" : fp8 ? "fp8" : "bf16", T, N, K, v);
+                              kind >= 3 ? "fp8 split" : kind == 2 ? "fp8 hw" : fp8 ? "fp8" : "bf16", T, N, K, v);
                 }
         /* not taken: past the GEMV's tokens, a K it has no layout for, a router-sized N */
         msm_cuda_tuning t = tune0;

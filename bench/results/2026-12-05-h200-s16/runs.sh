@@ -33,9 +33,9 @@ r1)
 r2)
     # on this session's bundle (defaults: the lean FP8 experts with early codes, the qkv MMV + RoPE):
     # the kernel tests of the split FP8 GEMV and the norm-in one's hardware decode; the table; then
-    # three rounds of the one-token FP8 GEMV split over K (1 or 2 rows a block) with either decode,
-    # and the qkv's norm-in GEMV unfused so that it takes the split too, on Qwen3-30B-A3B FP8 and
-    # twice on GLM-4.5-Air FP8; a timeline of the likely winner
+    # three rounds of the one-token FP8 GEMV split over K (its three forms; the norm-in qkv GEMV split
+    # too) with either decode, and the qkv unfused, on Qwen3-30B-A3B FP8 and twice on GLM-4.5-Air
+    # FP8; timelines
     hdr
     timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 \
         --filter "cuda_kernels/@(linear_fp8*|norm_linear*|tuning*|linear_early*)" > $OUT/kernels.txt 2>&1
@@ -51,14 +51,15 @@ r2)
         b $Q3F 1 split MSM_CUDA_FP8_GEMV_SPLIT=2 --
         b $Q3F 1 split MSM_CUDA_FP8_GEMV_SPLIT=1 MSM_CUDA_FP8_LINEAR=simt_hw --
         b $Q3F 1 split MSM_CUDA_FP8_GEMV_SPLIT=2 MSM_CUDA_FP8_LINEAR=simt_hw --
+        b $Q3F 1 split MSM_CUDA_FP8_GEMV_SPLIT=3 MSM_CUDA_FP8_LINEAR=simt_hw --
         b $Q3F 1 split MSM_CUDA_FP8_GEMV_SPLIT=1 MSM_CUDA_FP8_LINEAR=simt_hw MSM_CUDA_NORM_LINEAR=0 --
-        b $Q3F 1 split MSM_CUDA_FP8_GEMV_SPLIT=2 MSM_CUDA_FP8_LINEAR=simt_hw MSM_CUDA_NORM_LINEAR=0 --
     done
     for i in 1 2; do
         b $GLM 1,2 glm --
         b $GLM 1,2 glm MSM_CUDA_FP8_LINEAR=simt_hw --
         b $GLM 1 glm MSM_CUDA_FP8_GEMV_SPLIT=1 MSM_CUDA_FP8_LINEAR=simt_hw --
         b $GLM 1 glm MSM_CUDA_FP8_GEMV_SPLIT=2 MSM_CUDA_FP8_LINEAR=simt_hw --
+        b $GLM 1 glm MSM_CUDA_FP8_GEMV_SPLIT=3 MSM_CUDA_FP8_LINEAR=simt_hw --
     done
     el timelines | tee -a $OUT/gpu.txt
     tl $Q3F 1 q3fp8b1-split MSM_CUDA_FP8_GEMV_SPLIT=1 MSM_CUDA_FP8_LINEAR=simt_hw
