@@ -464,14 +464,16 @@ static __global__ void __launch_bounds__(NI_WARPS * 32)
 #define SPLIT_WARPS 4
 /* One warp's share of R FP8 rows dotted with x (all of it here, K floats, global or shared): the
  * steps j = slice, slice + SPLIT_WARPS, ... (16 codes a lane a step, D steps a row in flight),
- * acc[r] += scale * (16 fmaf from 0 in k order) a step, in step order. hook() runs once on every
+ * acc[r] = 0, then += scale * msm_fp8_step16 a step, in step order. hook() runs once on every
  * thread, after its first loads are issued (after none if the warp has no step). */
 template <int R, int D, bool HW, typename Hook>
 static __device__ __forceinline__ void fp8_split_dot(float (&acc)[R], const uint8_t *const (&wr)[R],
                                                      const float *const (&sr)[R], const float *x, int K, int ph,
                                                      int lane, int slice, Hook hook) {
-    constexpr float XS = HW ? 1.0f : MSM_FP8_X_SCALE, SS = HW ? 1.0f : MSM_FP8_S_SCALE;
+    constexpr float SS = HW ? 1.0f : MSM_FP8_S_SCALE;
     bool hooked = false;
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
     for (int k0 = lane * 16 + slice * 512; k0 < K; k0 += SPLIT_WARPS * 512 * D) {
         uint4 wv[D][R];
         float sv[D][R];
@@ -490,24 +492,7 @@ static __device__ __forceinline__ void fp8_split_dot(float (&acc)[R], const uint
             int k = k0 + d * SPLIT_WARPS * 512;
             if (k >= K) break;
             float s[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) s[r] = 0.0f;
-            const float4 *xp = (const float4 *)(x + k);
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                float4 a = xp[g];
-                a = make_float4(a.x * XS, a.y * XS, a.z * XS, a.w * XS);
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    uint32_t v = g == 0 ? wv[d][r].x : g == 1 ? wv[d][r].y : g == 2 ? wv[d][r].z : wv[d][r].w;
-                    float f[4];
-                    msm_fp8x4_f32<HW>(v, f);
-                    s[r] = fmaf(f[0], a.x, s[r]);
-                    s[r] = fmaf(f[1], a.y, s[r]);
-                    s[r] = fmaf(f[2], a.z, s[r]);
-                    s[r] = fmaf(f[3], a.w, s[r]);
-                }
-            }
+            msm_fp8_step16<R, HW>(s, wv[d], x + k);
 #pragma unroll
             for (int r = 0; r < R; r++) acc[r] = fmaf(s[r], sv[d][r], acc[r]);
         }
@@ -560,8 +545,6 @@ static __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)
     const float *sr[R];
     fp8_split_rows<R>(w, wsc, ph, n0, N, K, wr, sr);
     float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
     /* x is the previous kernel's output: read after the wait; y written after it on every path */
     fp8_split_dot<R, D, HW>(acc, wr, sr, x, K, ph, lane, warp, msm_pdl_hook{early});
     fp8_split_store<1, R>(ps, acc, n0, N, y, bias);
@@ -609,8 +592,6 @@ static __global__ void __launch_bounds__(NI_WARPS * 32, 3)
     const float *sr[R];
     fp8_split_rows<R>(w, wsc, ph, n0, N, K, wr, sr);
     float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
     norm_in_hook<V> hook{a, b, nw, sum, out, xn, 1, K, vt, eps, part, early};
     fp8_split_dot<R, 1, HW>(acc, wr, sr, xn, K, ph, lane, warp % SPLIT_WARPS, hook);
     fp8_split_store<G, R>(ps, acc, n_first, N, y, bias);

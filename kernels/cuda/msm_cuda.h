@@ -597,6 +597,33 @@ static __device__ __forceinline__ void msm_rows_dot_fp8(float (&acc)[R][NT], con
     }
 }
 
+/* One step of the lean FP8 dots (msm_rows_dot_fp8_lean, linear.cu fp8_split_dot): s[r] = row r's
+ * 16 codes wv[r] dotted with x[0..15] (16-byte aligned; times 2^100 for the integer decode), the
+ * codes decoded four at a time and each x float4 read as it is used: 16 fmaf from 0 in k order, the
+ * general dot's (msm_dot16) products and order. */
+template <int R, bool HW>
+static __device__ __forceinline__ void msm_fp8_step16(float (&s)[R], const uint4 (&wv)[R], const float *x) {
+    constexpr float XS = HW ? 1.0f : MSM_FP8_X_SCALE;
+#pragma unroll
+    for (int r = 0; r < R; r++) s[r] = 0.0f;
+    const float4 *xp = (const float4 *)x;
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        float4 a = xp[g];
+        a = make_float4(a.x * XS, a.y * XS, a.z * XS, a.w * XS);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            uint32_t v = g == 0 ? wv[r].x : g == 1 ? wv[r].y : g == 2 ? wv[r].z : wv[r].w;
+            float f[4];
+            msm_fp8x4_f32<HW>(v, f);
+            s[r] = fmaf(f[0], a.x, s[r]);
+            s[r] = fmaf(f[1], a.y, s[r]);
+            s[r] = fmaf(f[2], a.z, s[r]);
+            s[r] = fmaf(f[3], a.w, s[r]);
+        }
+    }
+}
+
 /* msm_rows_dot_fp8 for one vector (NT 1, G 0) at one 16-byte load a lane a row in flight, in fewer
  * registers: a step's R loads and scales, then the 16 codes four at a time, each group's x float4
  * read as it is used, both decoded and multiplied before the next group. The same products summed
@@ -609,7 +636,7 @@ template <int R, bool HW = false, bool PIPE = false>
 static __device__ __forceinline__ void msm_rows_dot_fp8_lean(float (&acc)[R], const uint8_t *const (&wr)[R],
                                                              const float *const (&sr)[R], const float *x, int K,
                                                              int ph, int lane) {
-    constexpr float XS = HW ? 1.0f : MSM_FP8_X_SCALE, SS = HW ? 1.0f : MSM_FP8_S_SCALE;
+    constexpr float SS = HW ? 1.0f : MSM_FP8_S_SCALE;
     uint4 nv[R]; /* PIPE: the next step's codes, loaded before this step's arithmetic */
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -626,24 +653,8 @@ static __device__ __forceinline__ void msm_rows_dot_fp8_lean(float (&acc)[R], co
                 wv[r] = wr[r] ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
             }
             sv[r] = wr[r] ? __ldg(sr[r] + ((k + ph) >> 7)) * SS : 0.0f;
-            s[r] = 0.0f;
         }
-        const float4 *xp = (const float4 *)(x + k);
-#pragma unroll
-        for (int g = 0; g < 4; g++) {
-            float4 a = xp[g];
-            a = make_float4(a.x * XS, a.y * XS, a.z * XS, a.w * XS);
-#pragma unroll
-            for (int r = 0; r < R; r++) { /* a NULL row's zeros: its acc is never read */
-                uint32_t v = g == 0 ? wv[r].x : g == 1 ? wv[r].y : g == 2 ? wv[r].z : wv[r].w;
-                float f[4];
-                msm_fp8x4_f32<HW>(v, f);
-                s[r] = fmaf(f[0], a.x, s[r]);
-                s[r] = fmaf(f[1], a.y, s[r]);
-                s[r] = fmaf(f[2], a.z, s[r]);
-                s[r] = fmaf(f[3], a.w, s[r]);
-            }
-        }
+        msm_fp8_step16<R, HW>(s, wv, x + k); /* a NULL row's zeros: its acc is never read */
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = fmaf(s[r], sv[r], acc[r]);
     }
