@@ -61,10 +61,16 @@ r2)
         b $GLM 1 glm MSM_CUDA_FP8_GEMV_SPLIT=2 MSM_CUDA_FP8_LINEAR=simt_hw --
         b $GLM 1 glm MSM_CUDA_FP8_GEMV_SPLIT=3 MSM_CUDA_FP8_LINEAR=simt_hw --
     done
+    el presets | tee -a $OUT/gpu.txt # the bitwise lines a default split would have to keep
+    MSM_CUDA_FP8_GEMV_SPLIT=1 MSM_CUDA_FP8_LINEAR=simt_hw \
+        CHECK_VARIANTS="graph replay,multi-stream,PDL,early GEMV,ADD_RMSNORM + LINEAR" timeout 120 \
+        python3 tests/gpu/check_presets.py config/models/$Q3F.json > $OUT/presets.txt 2>&1
+    tail -1 $OUT/presets.txt | tee -a $OUT/gpu.txt
     el timelines | tee -a $OUT/gpu.txt
     tl $Q3F 1 q3fp8b1-split MSM_CUDA_FP8_GEMV_SPLIT=1 MSM_CUDA_FP8_LINEAR=simt_hw
     tl $Q3F 1 q3fp8b1-split-nl MSM_CUDA_FP8_GEMV_SPLIT=1 MSM_CUDA_FP8_LINEAR=simt_hw MSM_CUDA_NORM_LINEAR=0
     el done | tee -a $OUT/gpu.txt
+    pack
     ;;
 *)
     echo "usage: $0 r1|r2" >&2
