@@ -450,6 +450,12 @@ static __global__ void __launch_bounds__(NI_WARPS * 32)
     }
 }
 
+/* The SIMT FP8 GEMVs' decode: the hardware's e4m3 conversion (tuning fp8_gemv_hw, or
+ * MSM_CUDA_FP8_LINEAR=simt_hw, which also takes them at every T), else the integer one. */
+static bool fp8_gemv_hw(const msm_cuda_tuning *t) {
+    return t->fp8_gemv_hw || t->fp8_linear == MSM_CUDA_FP8_LINEAR_SIMT_HW;
+}
+
 /* ---- the one-token FP8 GEMV split over K (msm_cuda_tuning.fp8_gemv_split) ----
  * At one token a dense FP8 GEMV has few rows for its bytes (an o_proj of 2048 rows: 2048 warps at
  * a row a warp, 15 an SM), and each warp then waits on its loads, its x reads and its 16-long fmaf
@@ -553,11 +559,11 @@ static __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)
 /* tuning fp8_gemv_split: 1, a row a block and one load a lane in flight (32 registers: 16 blocks,
  * 64 warps an SM); 2, two rows a block, two loads a lane a row (64: 8 blocks, 32 warps, each x value
  * read once for both rows); 3, a row a block, two loads (40: 12 blocks, 48 warps; at 32 registers
- * this form spills). All without spills (CUDA 13.0, sm_90a). HW: the hardware decode
- * (MSM_CUDA_FP8_LINEAR=simt_hw), else the integer one, as the unsplit GEMV. */
+ * this form spills). All without spills (CUDA 13.0, sm_90a). The decode: fp8_gemv_hw's, as the
+ * unsplit GEMV's. */
 static cudaError_t gemv_fp8_split_launch(float *y, const float *x, const uint8_t *w, const float *wsc, int ph,
                                          const uint16_t *bias, int N, int K, msm_cuda_exec ex) {
-    bool hw = ex.tune->fp8_linear == MSM_CUDA_FP8_LINEAR_SIMT_HW, early = ex.tune->gemv_early && !ex.w_written;
+    bool hw = fp8_gemv_hw(ex.tune), early = ex.tune->gemv_early && !ex.w_written;
     int mode = ex.tune->fp8_gemv_split, R = mode == 2 ? 2 : 1;
     dim3 grid((unsigned)((N + R - 1) / R)), blk(SPLIT_WARPS * 32);
 #define SPLIT(R_, D_, MINB_)                                                                                     \
@@ -787,12 +793,12 @@ static cudaError_t norm_in_go(float *y, const void *w, const float *wsc, int ph,
         constexpr int R = 4, G = NI_WARPS / SPLIT_WARPS;
         dim3 grid((unsigned)((N + G * R - 1) / (G * R)));
         bool early = ex.tune->gemv_early && !ex.w_written;
-        auto kern = ex.tune->fp8_linear == MSM_CUDA_FP8_LINEAR_SIMT_HW ? gemv_norm_in_fp8_split_kernel<R, true, V>
+        auto kern = fp8_gemv_hw(ex.tune) ? gemv_norm_in_fp8_split_kernel<R, true, V>
                                                                        : gemv_norm_in_fp8_split_kernel<R, false, V>;
         return msm_launch(kern, grid, dim3(NI_WARPS * 32), (size_t)K * sizeof(float), ex, y, (const uint8_t *)w, wsc,
                           ph, bias, N, K, a, b, nw, sum, out, eps, vt, early);
     }
-    if (fp8 && ex.tune->fp8_linear == MSM_CUDA_FP8_LINEAR_SIMT_HW) return NI(1, 2, 2, true, true);
+    if (fp8 && fp8_gemv_hw(ex.tune)) return NI(1, 2, 2, true, true);
     if (fp8) return NI(1, 2, 2, true);
     return T == 1 ? NI(1, 2, 2, false) : NI(2, 2, 2, false);
 #undef NI
@@ -1459,7 +1465,7 @@ extern "C" int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, co
             gemv_launch<1, true, true>(y, x, w.q, bias, T, N, K, ex, w.scale, w.phase);
         else if (T == 1 && ex.tune->fp8_gemv_split && N > MSM_CUDA_GEMV_SMALL_N) /* 4 warps a row */
             CUDA_TRY(gemv_fp8_split_launch(y, x, (const uint8_t *)w.q, w.scale, w.phase, bias, N, K, ex));
-        else if (kern == MSM_CUDA_FP8_LINEAR_SIMT_HW) /* the hardware decode, for comparison */
+        else if (fp8_gemv_hw(ex.tune)) /* the hardware decode */
             gemv_dispatch<true, true, true>(y, x, w.q, bias, T, N, K, ex, w.scale, w.phase);
         else
             gemv_dispatch<true, true>(y, x, w.q, bias, T, N, K, ex, w.scale, w.phase);

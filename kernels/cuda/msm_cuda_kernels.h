@@ -166,6 +166,10 @@ typedef struct msm_cuda_tuning {
                                  (MSM_CUDA_FP8_LINEAR_TILED_MIN_T) */
     int fp8_gemv_rows;        /* rows a warp of the FP8 SIMT GEMV: 1, 2 or 4; 0 (default): 2 at one
                                  token a chunk, else 4. The same bits (MSM_CUDA_FP8_GEMV_ROWS) */
+    bool fp8_gemv_hw;         /* the SIMT FP8 GEMVs (plain, split, norm-in) decode with the hardware's
+                                 e4m3 -> half conversion instead of integer operations: the same
+                                 products unless one leaves float32's normal range (see
+                                 fp8_moe_hw); MSM_CUDA_FP8_GEMV_HW */
     int fp8_gemv_split;       /* the FP8 SIMT GEMV at one token split over K, a block's 4 warps on the
                                  same rows (linear.cu gemv_fp8_split_kernel): 1 row a block (3: with 2
                                  loads a lane in flight) or 2 (2); 0: unsplit. Another float32 order of the same products; the norm-in

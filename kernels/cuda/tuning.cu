@@ -20,6 +20,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->fp8_gemv_rows = 0; /* 2 at one token, else 4 (linear.cu) */
     t->fp8_gemv_u8 = true;
     t->fp8_gemv_split = 0; /* built in the sixteenth session: bench/results/2026-12-05-h200-s16 */
+    t->fp8_gemv_hw = false;
     t->gemv_max_t = MSM_CUDA_GEMV_MAX_T;
     t->mmv_min_t = MSM_CUDA_MMV_MIN_T;
     t->mmv_max_t = MSM_CUDA_MMV_MAX_T;

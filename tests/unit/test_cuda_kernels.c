@@ -63,7 +63,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_L2_PREFETCH_MAX_T", "MSM_CUDA_L2_PREFETCH_MB", "MSM_CUDA_L2_PREFETCH_LAST",
                                  "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB",
                                  "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_FP8_MOE_LEAN",
-                                 "MSM_CUDA_FP8_GEMV_SPLIT"};
+                                 "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -102,7 +102,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_L2_PREFETCH_LAST", "1", 1), setenv("MSM_CUDA_L2_PREFETCH_BLOCKS", "0", 1);
     setenv("MSM_CUDA_L2_PREFETCH_CHUNK_KB", "2000", 1), setenv("MSM_CUDA_L2_PERSIST_MB", "-1", 1);
     setenv("MSM_CUDA_L2_PREFETCH_KV_MB", "-2", 1), setenv("MSM_CUDA_FP8_MOE_LEAN", "7", 1);
-    setenv("MSM_CUDA_FP8_GEMV_SPLIT", "9", 1);
+    setenv("MSM_CUDA_FP8_GEMV_SPLIT", "9", 1), setenv("MSM_CUDA_FP8_GEMV_HW", "1", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     t.att_bt_cache = true;
@@ -113,6 +113,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.fp8_moe_hw, "MSM_CUDA_FP8_MOE_HW=0: the integer decode");
     cr_expect_eq(t.fp8_moe_lean, 2, "MSM_CUDA_FP8_MOE_LEAN clamped to 2");
     cr_expect_eq(t.fp8_gemv_split, 3, "MSM_CUDA_FP8_GEMV_SPLIT clamped to 3");
+    cr_expect(t.fp8_gemv_hw, "MSM_CUDA_FP8_GEMV_HW=1: the hardware decode");
     cr_expect_eq(t.rows_pipe, 21 & 15, "MSM_CUDA_ROWS_PIPE: the mask's known kernels");
     cr_expect(!t.norm_router, "MSM_CUDA_NORM_ROUTER=0: the norm and the router two kernels");
     cr_expect_eq(t.norm_router_max_t, 0, "clamped to 0");
@@ -1885,7 +1886,7 @@ Test(cuda_kernels, linear_fp8_split_matches_cpu, .timeout = 120) {
                 for (int e = 0; e < 3; e++) { /* early loads, after the wait, early again */
                     msm_cuda_tuning t = tune0;
                     t.fp8_gemv_split = rows;
-                    t.fp8_linear = hw ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_SIMT;
+                    t.fp8_gemv_hw = hw; /* the default kernel choice (MMA from 3 tokens), SIMT at one */
                     t.gemv_early = e != 1;
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
                     CK(cudaMemsetAsync(dxn, 0xff, (size_t)K * 4, st));
@@ -1946,7 +1947,8 @@ Test(cuda_kernels, norm_linear_equals_add_rmsnorm_then_linear, .timeout = 120) {
                 for (int v = 0; v < 4; v++) {
                     int fp8 = kind > 0;
                     msm_cuda_tuning t = tune0;
-                    t.fp8_linear = kind == 2 || kind == 4 ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_SIMT;
+                    t.fp8_linear = kind == 2 ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_SIMT;
+                    t.fp8_gemv_hw = kind == 4;
                     t.fp8_gemv_split = kind >= 3 ? kind - 2 : 0;
                     t.gemv_early = v != 2;
                     if (v == 3) t.rows_pipe = 0;
