@@ -1361,6 +1361,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_GEMV_HW=0|1            ... with the hardware e4m3 decode (1) or the integer one (0)
  *   MSM_CUDA_FP8_GEMV_SPLIT=0|1|2|3     ... at one token split over K, 4 warps a block on 1 row (1; 3: 2 loads
  *                                       a lane in flight) or 2 rows (2); 0: unsplit
+ *   MSM_CUDA_FP8_GEMV_SPLIT_MIN_K=N     ... for rows of N codes or more (default 4097)
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_NORM_LINEAR=0|1            decode: an ADD_RMSNORM + the LINEAR on its norm in one kernel (1, default)
  *   MSM_CUDA_GEMV_EARLY=0|1             the dense GEMVs / MMVs load their first weights before their PDL wait (1, default)
@@ -1420,6 +1421,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_FP8_GEMV_ROWS", &v)) t->fp8_gemv_rows = v == 1 || v == 2 || v == 4 ? v : 0;
     if ((s = getenv("MSM_CUDA_FP8_GEMV_HW"))) t->fp8_gemv_hw = s[0] != '0';
     if (env_int("MSM_CUDA_FP8_GEMV_SPLIT", &v)) t->fp8_gemv_split = v < 0 ? 0 : v > 3 ? 3 : v;
+    if (env_int("MSM_CUDA_FP8_GEMV_SPLIT_MIN_K", &v)) t->fp8_gemv_split_min_k = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_FP8_MOE_TILED_MIN_T", &v)) t->fp8_moe_tiled_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_GEMV_MAX_T", &v) && v > t->gemv_max_t) t->gemv_max_t = v > 64 ? 64 : v;
     if (env_int("MSM_CUDA_MMV_MIN_T", &v)) t->mmv_min_t = v < 1 ? 1 : v;

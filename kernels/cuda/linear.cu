@@ -471,39 +471,47 @@ static bool fp8_gemv_hw(const msm_cuda_tuning *t) {
 /* One warp's share of R FP8 rows dotted with x (all of it here, K floats, global or shared): the
  * steps j = slice, slice + SPLIT_WARPS, ... (16 codes a lane a step, D steps a row in flight),
  * acc[r] = 0, then += scale * msm_fp8_step16 a step, in step order. hook() runs once on every
- * thread, after its first loads are issued (after none if the warp has no step). */
+ * thread at one place, after the first loads are issued (a lane past K issues none): the norm-in
+ * hook's barriers then never split a warp (a 768-wide row gives slice 1 half a warp's lanes; the
+ * barrier inside the loop for some lanes and after it for others hung the sixteenth session's
+ * run 2 test). */
 template <int R, int D, bool HW, typename Hook>
 static __device__ __forceinline__ void fp8_split_dot(float (&acc)[R], const uint8_t *const (&wr)[R],
                                                      const float *const (&sr)[R], const float *x, int K, int ph,
                                                      int lane, int slice, Hook hook) {
     constexpr float SS = HW ? 1.0f : MSM_FP8_S_SCALE;
-    bool hooked = false;
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (int k0 = lane * 16 + slice * 512; k0 < K; k0 += SPLIT_WARPS * 512 * D) {
-        uint4 wv[D][R];
-        float sv[D][R];
+    constexpr int STEP = SPLIT_WARPS * 512; /* between a warp's steps */
+    uint4 wv[D][R];
+    float sv[D][R];
+    auto load = [&](int k0) {
 #pragma unroll
         for (int d = 0; d < D; d++)
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                int k = k0 + d * SPLIT_WARPS * 512;
+                int k = k0 + d * STEP;
                 bool ok = wr[r] && k < K;
                 wv[d][r] = ok ? msm_ld_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
                 sv[d][r] = ok ? __ldg(sr[r] + ((k + ph) >> 7)) * SS : 0.0f;
             }
-        if (!hooked) hook(), hooked = true;
+    };
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    int k0 = lane * 16 + slice * 512;
+    load(k0);
+    hook();
+    while (k0 < K) {
 #pragma unroll
         for (int d = 0; d < D; d++) {
-            int k = k0 + d * SPLIT_WARPS * 512;
+            int k = k0 + d * STEP;
             if (k >= K) break;
             float s[R];
             msm_fp8_step16<R, HW>(s, wv[d], x + k);
 #pragma unroll
             for (int r = 0; r < R; r++) acc[r] = fmaf(s[r], sv[d][r], acc[r]);
         }
+        k0 += STEP * D;
+        if (k0 < K) load(k0);
     }
-    if (!hooked) hook();
 }
 
 /* rows n0..n0 + R - 1 of w (FP8 codes, [N, K]) and their scales; NULL past N */
@@ -789,7 +797,7 @@ static cudaError_t norm_in_go(float *y, const void *w, const float *wsc, int ph,
     norm_in_launch<NT_, R_, U_, F_, V, ##__VA_ARGS__>(y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, ex)
     /* two rows a warp, two loads a lane a row in flight before the norm (80 registers at K = 2048: three
      * blocks an SM; the bits are the same at any rows and loads); FP8 with the GEMV's decode */
-    if (fp8 && ex.tune->fp8_gemv_split) { /* the split GEMV's sums (tuning fp8_gemv_split) */
+    if (fp8 && ex.tune->fp8_gemv_split && K >= ex.tune->fp8_gemv_split_min_k) { /* the split GEMV's sums */
         constexpr int R = 4, G = NI_WARPS / SPLIT_WARPS;
         dim3 grid((unsigned)((N + G * R - 1) / (G * R)));
         bool early = ex.tune->gemv_early && !ex.w_written;
@@ -1463,7 +1471,8 @@ extern "C" int msm_cuda_linear_fp8(float *y, const float *x, msm_cuda_fp8w w, co
     if (fp8 && K % 16 == 0 && w.phase % 16 == 0 && ((uintptr_t)w.q | (uintptr_t)x) % 16 == 0) {
         if (T > 1 && N <= MSM_CUDA_GEMV_SMALL_N && T <= 65535) /* few rows: one warp per (row, token) */
             gemv_launch<1, true, true>(y, x, w.q, bias, T, N, K, ex, w.scale, w.phase);
-        else if (T == 1 && ex.tune->fp8_gemv_split && N > MSM_CUDA_GEMV_SMALL_N) /* 4 warps a row */
+        else if (T == 1 && ex.tune->fp8_gemv_split && K >= ex.tune->fp8_gemv_split_min_k &&
+                 N > MSM_CUDA_GEMV_SMALL_N) /* 4 warps a row (long rows) */
             CUDA_TRY(gemv_fp8_split_launch(y, x, (const uint8_t *)w.q, w.scale, w.phase, bias, N, K, ex));
         else if (fp8_gemv_hw(ex.tune)) /* the hardware decode */
             gemv_dispatch<true, true, true>(y, x, w.q, bias, T, N, K, ex, w.scale, w.phase);

@@ -166,6 +166,7 @@ typedef struct msm_cuda_tuning {
                                  (MSM_CUDA_FP8_LINEAR_TILED_MIN_T) */
     int fp8_gemv_rows;        /* rows a warp of the FP8 SIMT GEMV: 1, 2 or 4; 0 (default): 2 at one
                                  token a chunk, else 4. The same bits (MSM_CUDA_FP8_GEMV_ROWS) */
+    int fp8_gemv_split_min_k; /* ... for rows of this many codes or more (MSM_CUDA_FP8_GEMV_SPLIT_MIN_K) */
     bool fp8_gemv_hw;         /* the SIMT FP8 GEMVs (plain, split, norm-in) decode with the hardware's
                                  e4m3 -> half conversion instead of integer operations: the same
                                  products unless one leaves float32's normal range (see

@@ -23,7 +23,8 @@ copied into shared memory first vs loaded with each tile, their down's first wei
 the PDL wait vs after, and their tokens a pass and K chunks in flight; the routed experts' down
 at 4 rows a warp vs 2 and split over the slots vs one warp a row, and their gate/up at 2 loads a row
 vs 4. Not here: MSM_CUDA_MMV_BSLICE, MSM_CUDA_MMV_NJ (and MSM_CUDA_MMV_SLOTS), which choose how many
-ways the MMV cuts K, a different order of fp32 sums (the block slices are bitwise a cluster of as many slices, not
+ways the MMV cuts K, and MSM_CUDA_FP8_GEMV_SPLIT(_MIN_K), which splits the one-token FP8 GEMV's
+long rows over K (test_cuda_kernels' linear_fp8_split_matches_cpu holds it to the CPU), a different order of fp32 sums (the block slices are bitwise a cluster of as many slices, not
 the cluster rule's own choice: the prefill logits moved by up to 0.08 on these dummy weights, H200,
 2026-12-04); test_cuda_kernels' linear_mmv_block_slices holds each against the CPU (2e-5).
 Prompts of 2, 4 and 8 tokens put the prefill's dense linears at T = 2, 4 and 8 (and the experts at
@@ -46,6 +47,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("PDL on vs off", [], {"MSM_CUDA_PDL": "0"}),
     ("early GEMV weight loads vs after the PDL wait", [], {"MSM_CUDA_GEMV_EARLY": "0"}),
     ("FP8 GEMV with 4 loads a lane a row vs 8", [], {"MSM_CUDA_FP8_GEMV_U8": "0"}),
+    ("FP8 GEMVs' integer decode vs the hardware one", [], {"MSM_CUDA_FP8_GEMV_HW": "0"}),
     ("ADD_RMSNORM + LINEAR one kernel vs two", [], {"MSM_CUDA_NORM_LINEAR": "0"}),
     ("RoPE kernels' early prologue vs after the PDL wait", [], {"MSM_CUDA_SMALL_EARLY": "0"}),
     ("routed experts after the router vs programmatic beside the shared expert", [], {"MSM_CUDA_MOE_AUX_SERIAL_MAX_T": "0"}),

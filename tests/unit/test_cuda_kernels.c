@@ -1696,12 +1696,14 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
     static const int shapes[][5] = {{1, 2048, 2048, 0, 0}, {1, 300, 192, 64, 1},  {2, 129, 256, 16, 0},
                                     {3, 1000, 1408, 0, 1}, {5, 257, 768, 112, 0}, {8, 2048, 2048, 0, 1},
                                     {9, 60, 2048, 0, 0},   {16, 4096, 512, 64, 1}, {33, 777, 1024, 0, 0},
-                                    {64, 2048, 2048, 0, 0}, {1, 151936, 256, 0, 0}};
+                                    {64, 2048, 2048, 0, 0}, {1, 151936, 256, 0, 0}, {1, 1000, 8192, 64, 1}};
     /* the default (the tensor-core MMV8 where K and the phase are multiples of 64, else the SIMT
-     * GEMV), then the SIMT GEMV forced, with either decode */
+     * GEMV: the hardware decode, split over K past 4096 codes at one token), then the SIMT GEMV
+     * forced, with the integer decode and with the hardware one */
     for (int kern = 0; kern < 4; kern++) {
         msm_cuda_tuning tk = tune0;
         tk.fp8_linear = kern < 3 ? kern : MSM_CUDA_FP8_LINEAR_MMA;
+        tk.fp8_gemv_hw = kern == 0; /* the SIMT GEMV: the default (hardware) decode, then the integer one */
         tk.fp8_linear_tiled_min_t = 65; /* these kernels past 8 tokens too (the tiled GEMM: below) */
         if (kern == 3) tk.fp8_mma_min_t = 1; /* the MMV8 at every T */
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
@@ -1885,7 +1887,7 @@ Test(cuda_kernels, linear_fp8_split_matches_cpu, .timeout = 120) {
             for (int hw = 0; hw < 2; hw++) {
                 for (int e = 0; e < 3; e++) { /* early loads, after the wait, early again */
                     msm_cuda_tuning t = tune0;
-                    t.fp8_gemv_split = rows;
+                    t.fp8_gemv_split = rows, t.fp8_gemv_split_min_k = 0; /* at any K */
                     t.fp8_gemv_hw = hw; /* the default kernel choice (MMA from 3 tokens), SIMT at one */
                     t.gemv_early = e != 1;
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
@@ -1949,7 +1951,7 @@ Test(cuda_kernels, norm_linear_equals_add_rmsnorm_then_linear, .timeout = 120) {
                     msm_cuda_tuning t = tune0;
                     t.fp8_linear = kind == 2 ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_SIMT;
                     t.fp8_gemv_hw = kind == 4;
-                    t.fp8_gemv_split = kind >= 3 ? kind - 2 : 0;
+                    t.fp8_gemv_split = kind >= 3 ? kind - 2 : 0, t.fp8_gemv_split_min_k = 0; /* at any K */
                     t.gemv_early = v != 2;
                     if (v == 3) t.rows_pipe = 0;
                     msm_cuda_exec ex = {.stream = st, .tune = &t};
