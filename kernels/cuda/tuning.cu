@@ -19,16 +19,19 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->norm_linear = true;
     t->fp8_gemv_rows = 0; /* 2 at one token, else 4 (linear.cu) */
     t->fp8_gemv_u8 = true;
-    /* the one-token FP8 GEMVs: the hardware decode, and rows longer than the unsplit GEMV's one
-     * round of loads (2 rows a warp, 8 loads a lane a row: 4096 codes) split over K at 2 rows a block
-     * (H200, 2026-12-05 sixteenth session, bench/results/2026-12-05-h200-s16 run 2, ms a step, the
-     * hardware decode as MSM_CUDA_FP8_LINEAR=simt_hw, the same kernels at 1-2 tokens): Qwen3-30B-A3B
-     * FP8 1 / 2 tokens 2.399-2.405 / 3.499-3.506 vs 2.402-2.414 / 3.580-3.598 (three rounds),
-     * GLM-4.5-Air FP8 6.313-6.326 / 9.093-9.118 vs 6.629-6.637 / 9.436-9.441 (two); split at every K
-     * on top, GLM 6.121-6.129 but Qwen3 (rows of 2048 and 4096 codes) 2.428-2.431, the 1-row forms
-     * slower on both (+0.13..+0.9) */
+    /* the one-token FP8 GEMVs' hardware decode (H200, 2026-12-05 sixteenth session,
+     * bench/results/2026-12-05-h200-s16 run 2, ms a step, as MSM_CUDA_FP8_LINEAR=simt_hw, the same
+     * kernels at 1-2 tokens): Qwen3-30B-A3B FP8 1 / 2 tokens 2.399-2.405 / 3.499-3.506 vs
+     * 2.402-2.414 / 3.580-3.598 (three rounds), GLM-4.5-Air FP8 6.313-6.326 / 9.093-9.118 vs
+     * 6.629-6.637 / 9.436-9.441 (two) */
     t->fp8_gemv_hw = true;
-    t->fp8_gemv_split = 2;
+    /* split over K (same run): at every K on top of the hardware decode, GLM-4.5-Air FP8 batch 1
+     * 6.121-6.129 at 2 rows a block, but Qwen3-30B-A3B FP8 (rows of 2048 and 4096 codes)
+     * 2.428-2.431, the 1-row forms slower on both (+0.13..+0.9). The candidate rule, 2 rows a block
+     * for rows longer than the unsplit GEMV's one round of loads (4096 codes), and the split dot as
+     * fixed after that run (its hook at one place) have not run on a GPU yet: off until
+     * measured (s16 runs.sh r3) */
+    t->fp8_gemv_split = 0;
     t->fp8_gemv_split_min_k = 4097;
     t->gemv_max_t = MSM_CUDA_GEMV_MAX_T;
     t->mmv_min_t = MSM_CUDA_MMV_MIN_T;

@@ -1698,8 +1698,8 @@ Test(cuda_kernels, linear_fp8_matches_cpu, .timeout = 120) {
                                     {9, 60, 2048, 0, 0},   {16, 4096, 512, 64, 1}, {33, 777, 1024, 0, 0},
                                     {64, 2048, 2048, 0, 0}, {1, 151936, 256, 0, 0}, {1, 1000, 8192, 64, 1}};
     /* the default (the tensor-core MMV8 where K and the phase are multiples of 64, else the SIMT
-     * GEMV: the hardware decode, split over K past 4096 codes at one token), then the SIMT GEMV
-     * forced, with the integer decode and with the hardware one */
+     * GEMV with the hardware decode; 8192 codes at one token: two rounds of its loads), then the
+     * SIMT GEMV forced, with the integer decode and with the hardware one */
     for (int kern = 0; kern < 4; kern++) {
         msm_cuda_tuning tk = tune0;
         tk.fp8_linear = kern < 3 ? kern : MSM_CUDA_FP8_LINEAR_MMA;

@@ -73,21 +73,23 @@ r2)
     pack
     ;;
 r3)
-    # the defaults taken from run 2 (the FP8 GEMVs' hardware decode; rows past 4096 codes split at 2
-    # rows a block), with the split's hook at one place (run 2's norm-in test hung on a 768-wide row):
-    # the kernel tests, then the rule against the split at every K and none on GLM-4.5-Air FP8 and
-    # against the old default on Qwen3-30B-A3B FP8; the new decode's bitwise line on the FP8 preset
+    # not run in the sixteenth session (its device time ran out): the FP8 GEMVs' hardware decode
+    # (default since run 2) and the split at 2 rows a block for rows past 4096 codes (off by
+    # default: SPLIT=2 below turns the rule on), with the split's hook at one place (run 2's norm-in
+    # test hung on a 768-wide row): the kernel tests, then the rule against the split at every K and
+    # none on GLM-4.5-Air FP8 and against the old default on Qwen3-30B-A3B FP8; the new decode's
+    # bitwise line on the FP8 preset
     hdr
     timeout 75 gpu-run/bin/test_cuda_kernels --jobs 4 \
         --filter "cuda_kernels/@(linear_fp8*|norm_linear*|tuning*)" > $OUT/kernels.txt 2>&1
     tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
     el ab | tee -a $OUT/gpu.txt
     for i in 1 2; do
-        b $GLM 1,2 rule --
-        b $GLM 1 rule MSM_CUDA_FP8_GEMV_SPLIT_MIN_K=0 --
-        b $GLM 1 rule MSM_CUDA_FP8_GEMV_SPLIT=0 --
-        b $Q3F 1,2 rule --
-        b $Q3F 1,2 rule MSM_CUDA_FP8_GEMV_SPLIT=0 MSM_CUDA_FP8_GEMV_HW=0 --
+        b $GLM 1,2 rule MSM_CUDA_FP8_GEMV_SPLIT=2 --
+        b $GLM 1 rule MSM_CUDA_FP8_GEMV_SPLIT=2 MSM_CUDA_FP8_GEMV_SPLIT_MIN_K=0 --
+        b $GLM 1 rule --
+        b $Q3F 1,2 rule MSM_CUDA_FP8_GEMV_SPLIT=2 --
+        b $Q3F 1,2 rule MSM_CUDA_FP8_GEMV_HW=0 --
     done
     el presets | tee -a $OUT/gpu.txt
     CHECK_VARIANTS="integer decode vs the hardware" timeout 45 python3 tests/gpu/check_presets.py \
