@@ -466,7 +466,11 @@ static bool fp8_gemv_hw(const msm_cuda_tuning *t) {
  * sums are msm_rows_dot_fp8's over its steps (16 fmaf from 0 in k order a load, then one fmaf by
  * the block scale; the hardware decode or the integer one), summed over the warp's lanes, then
  * the 4 warps' sums in warp order + bias: a fixed order (replay = eager), not the unsplit GEMV's
- * (its lanes run through all the steps): the same products, float32 sums in another order. */
+ * (its lanes run through all the steps): the same products, float32 sums in another order.
+ * Measured (H200, bench/results/2026-12-05-h200-s16 run 2): slower at Qwen3-30B-A3B's rows of 2048
+ * and 4096 codes in every form (the early weight loads before the PDL wait already hide the load
+ * latency the extra warps were for), faster on GLM-4.5-Air's 12288-code o_proj rows at 2 rows a
+ * block (batch 1 -0.19 ms); off by default (tuning.cu). */
 #define SPLIT_WARPS 4
 /* One warp's share of R FP8 rows dotted with x (all of it here, K floats, global or shared): the
  * steps j = slice, slice + SPLIT_WARPS, ... (16 codes a lane a step, D steps a row in flight),
@@ -801,8 +805,8 @@ static cudaError_t norm_in_go(float *y, const void *w, const float *wsc, int ph,
         constexpr int R = 4, G = NI_WARPS / SPLIT_WARPS;
         dim3 grid((unsigned)((N + G * R - 1) / (G * R)));
         bool early = ex.tune->gemv_early && !ex.w_written;
-        auto kern = fp8_gemv_hw(ex.tune) ? gemv_norm_in_fp8_split_kernel<R, true, V>
-                                                                       : gemv_norm_in_fp8_split_kernel<R, false, V>;
+        auto kern =
+            fp8_gemv_hw(ex.tune) ? gemv_norm_in_fp8_split_kernel<R, true, V> : gemv_norm_in_fp8_split_kernel<R, false, V>;
         return msm_launch(kern, grid, dim3(NI_WARPS * 32), (size_t)K * sizeof(float), ex, y, (const uint8_t *)w, wsc,
                           ph, bias, N, K, a, b, nw, sum, out, eps, vt, early);
     }
