@@ -472,7 +472,19 @@ static bool fp8_gemv_hw(const msm_cuda_tuning *t) {
  * latency the extra warps were for), faster on GLM-4.5-Air's 12288-code o_proj rows at 2 rows a
  * block (batch 1 -0.19 ms); off by default (tuning.cu). */
 #define SPLIT_WARPS 4
-/* One warp's share of R FP8 rows dotted with x (all of it here, K floats, global or shared): the
+/* rows n0..n0 + R - 1 of w (FP8 codes, [N, K]) and their scales; NULL past N */
+template <int R>
+static __device__ __forceinline__ void fp8_split_rows(const uint8_t *w, const float *wsc, int ph, int n0, int N,
+                                                      int K, const uint8_t *(&wr)[R], const float *(&sr)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        wr[r] = n0 + r < N ? w + (size_t)(n0 + r) * K : NULL;
+        sr[r] = n0 + r < N ? msm_srow(wsc, n0 + r, K, ph) : NULL;
+    }
+}
+
+/* One warp's share of FP8 rows n0..n0 + R - 1 (of w [N, K], scales wsc at phase ph) dotted with x
+ * (all of it here, K floats, global or shared): the
  * steps j = slice, slice + SPLIT_WARPS, ... (16 codes a lane a step, D steps a row in flight),
  * acc[r] = 0, then += scale * msm_fp8_step16 a step, in step order. hook() runs once on every
  * thread at one place, after the first loads are issued (a lane past K issues none): the norm-in
@@ -480,10 +492,13 @@ static bool fp8_gemv_hw(const msm_cuda_tuning *t) {
  * barrier inside the loop for some lanes and after it for others hung the sixteenth session's
  * run 2 test). */
 template <int R, int D, bool HW, typename Hook>
-static __device__ __forceinline__ void fp8_split_dot(float (&acc)[R], const uint8_t *const (&wr)[R],
-                                                     const float *const (&sr)[R], const float *x, int K, int ph,
-                                                     int lane, int slice, Hook hook) {
+static __device__ __forceinline__ void fp8_split_dot(float (&acc)[R], const uint8_t *w, const float *wsc, int ph,
+                                                     int n0, int N, int K, const float *x, int lane, int slice,
+                                                     Hook hook) {
     constexpr float SS = HW ? 1.0f : MSM_FP8_S_SCALE;
+    const uint8_t *wr[R];
+    const float *sr[R];
+    fp8_split_rows<R>(w, wsc, ph, n0, N, K, wr, sr);
     constexpr int STEP = SPLIT_WARPS * 512; /* between a warp's steps */
     uint4 wv[D][R];
     float sv[D][R];
@@ -518,17 +533,6 @@ static __device__ __forceinline__ void fp8_split_dot(float (&acc)[R], const uint
     }
 }
 
-/* rows n0..n0 + R - 1 of w (FP8 codes, [N, K]) and their scales; NULL past N */
-template <int R>
-static __device__ __forceinline__ void fp8_split_rows(const uint8_t *w, const float *wsc, int ph, int n0, int N,
-                                                      int K, const uint8_t *(&wr)[R], const float *(&sr)[R]) {
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        wr[r] = n0 + r < N ? w + (size_t)(n0 + r) * K : NULL;
-        sr[r] = n0 + r < N ? msm_srow(wsc, n0 + r, K, ph) : NULL;
-    }
-}
-
 /* The G row groups of a block (SPLIT_WARPS warps each, warp w of group w / SPLIT_WARPS) put their
  * warps' sums (acc summed over the lanes) in ps; then y[n] = the group's warps' sums in warp order
  * + bias, for its R rows. */
@@ -559,12 +563,9 @@ static __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, n0 = blockIdx.x * R;
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
-    const uint8_t *wr[R];
-    const float *sr[R];
-    fp8_split_rows<R>(w, wsc, ph, n0, N, K, wr, sr);
     float acc[R];
     /* x is the previous kernel's output: read after the wait; y written after it on every path */
-    fp8_split_dot<R, D, HW>(acc, wr, sr, x, K, ph, lane, warp, msm_pdl_hook{early});
+    fp8_split_dot<R, D, HW>(acc, w, wsc, ph, n0, N, K, x, lane, warp, msm_pdl_hook{early});
     fp8_split_store<1, R>(ps, acc, n0, N, y, bias);
 }
 
@@ -606,12 +607,9 @@ static __global__ void __launch_bounds__(NI_WARPS * 32, 3)
     const int n_first = blockIdx.x * G * R, n0 = n_first + (warp / SPLIT_WARPS) * R;
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
-    const uint8_t *wr[R];
-    const float *sr[R];
-    fp8_split_rows<R>(w, wsc, ph, n0, N, K, wr, sr);
     float acc[R];
     norm_in_hook<V> hook{a, b, nw, sum, out, xn, 1, K, vt, eps, part, early};
-    fp8_split_dot<R, 1, HW>(acc, wr, sr, xn, K, ph, lane, warp % SPLIT_WARPS, hook);
+    fp8_split_dot<R, 1, HW>(acc, w, wsc, ph, n0, N, K, xn, lane, warp % SPLIT_WARPS, hook);
     fp8_split_store<G, R>(ps, acc, n_first, N, y, bias);
 }
 
