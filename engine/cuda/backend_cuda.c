@@ -1343,7 +1343,7 @@ static const msm_backend_vt cuda_vt = {
  *                                       shared expert runs beside (2, default); the same bits
  *   MSM_CUDA_FP8_MOE_LEAN=0|1|2         the FP8 pair-path gate/up and split down GEMVs in fewer registers
  *                                       (one wave at one token; 2: the gate/up's next codes early); the
- *                                       same bits (0, default: not yet measured)
+ *                                       same bits (2, default)
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
  *   MSM_CUDA_LINEAR_NORM=1              LINEAR_ADD_RMSNORM in one kernel (the GEMV's last block norms)
  *   MSM_CUDA_ATT_GROUP=N                attention blocks take up to N query heads of a kv head (1..4) ...
@@ -1358,9 +1358,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_MOE_TILED_MIN_T=N      ... from N tokens on (default 8), the FP8 GEMVs below
  *   MSM_CUDA_FP8_GEMV_ROWS=1|2|4        rows a warp of the FP8 SIMT GEMV (default: 2 at one token, else 4)
  *   MSM_CUDA_FP8_GEMV_U8=0|1            ... at one token, 8 loads a lane a row in flight (1, default) or 4
- *   MSM_CUDA_FP8_GEMV_HW=0|1            ... with the hardware e4m3 decode (1) or the integer one (0)
+ *   MSM_CUDA_FP8_GEMV_HW=0|1            ... with the hardware e4m3 decode (1, default) or the integer one (0)
  *   MSM_CUDA_FP8_GEMV_SPLIT=0|1|2|3     ... at one token split over K, 4 warps a block on 1 row (1; 3: 2 loads
- *                                       a lane in flight) or 2 rows (2); 0: unsplit
+ *                                       a lane in flight) or 2 rows (2); 0 (default): unsplit
  *   MSM_CUDA_FP8_GEMV_SPLIT_MIN_K=N     ... for rows of N codes or more (default 4097)
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_NORM_LINEAR=0|1            decode: an ADD_RMSNORM + the LINEAR on its norm in one kernel (1, default)
@@ -1379,7 +1379,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_LINEAR_SWIGLU_ROWS=1|2|4   ... its gate and up rows a warp (2, default); the same bits
  *   MSM_CUDA_AUX_GEMV_ROWS=1|2          the 1-2-token bf16 GEMV's rows a warp on the aux stream (2, default)
  *   MSM_CUDA_LINEAR_ROPE_MMV=0|1        the qkv LINEAR + ROPE_KV_WRITE in one kernel on the MMV (3-8 tokens)
- *                                       too (0, default: not yet measured)
+ *                                       too (1, default)
  *   MSM_CUDA_L2_PREFETCH_MAX_T=N        PREFETCH / PREFETCH_KV nodes (pass prefetch_l2) act at steps of up
  *                                       to N tokens (16, default; 0: never)
  *   MSM_CUDA_L2_PREFETCH_MB=N           ... at most N MiB of weights a PREFETCH (24, default)

@@ -288,19 +288,12 @@ static bool gateup_u2(msm_cuda_exec ex, long blocks) {
 static cudaError_t gateup_fp8_lean_launch(dim3 ga, msm_cuda_exec ex, float *act, const float *x, const int32_t *ids,
                                           const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k,
                                           int E) {
-    dim3 blk(MOE_WARPS * 32);
     bool hw = ex.tune->fp8_moe_hw, pipe = ex.tune->fp8_moe_lean == 2;
-    if (hw && pipe)
-        return msm_launch(moe_gateup_gemv_kernel<true, true, true, true, 1, GU_U2_MINB, true>, ga, blk, 0, ex, act, x,
-                          ids, gate_up, gu_sc, gu_ph, H, I, k, E);
-    if (hw)
-        return msm_launch(moe_gateup_gemv_kernel<true, true, true, false, 1, GU_U2_MINB, true>, ga, blk, 0, ex, act, x,
-                          ids, gate_up, gu_sc, gu_ph, H, I, k, E);
-    if (pipe)
-        return msm_launch(moe_gateup_gemv_kernel<true, true, false, true, 1, GU_U2_MINB, true>, ga, blk, 0, ex, act, x,
-                          ids, gate_up, gu_sc, gu_ph, H, I, k, E);
-    return msm_launch(moe_gateup_gemv_kernel<true, true, false, false, 1, GU_U2_MINB, true>, ga, blk, 0, ex, act, x,
-                      ids, gate_up, gu_sc, gu_ph, H, I, k, E);
+    auto kern = hw ? (pipe ? moe_gateup_gemv_kernel<true, true, true, true, 1, GU_U2_MINB, true>
+                           : moe_gateup_gemv_kernel<true, true, true, false, 1, GU_U2_MINB, true>)
+                   : (pipe ? moe_gateup_gemv_kernel<true, true, false, true, 1, GU_U2_MINB, true>
+                           : moe_gateup_gemv_kernel<true, true, false, false, 1, GU_U2_MINB, true>);
+    return msm_launch(kern, ga, dim3(MOE_WARPS * 32), 0, ex, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E);
 }
 
 /* The occupancy field of the pair path's gate/up GEMV, for msm_cuda_tuning_init. */
