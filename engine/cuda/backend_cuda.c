@@ -1360,7 +1360,7 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_FP8_GEMV_U8=0|1            ... at one token, 8 loads a lane a row in flight (1, default) or 4
  *   MSM_CUDA_FP8_GEMV_HW=0|1            ... with the hardware e4m3 decode (1, default) or the integer one (0)
  *   MSM_CUDA_FP8_GEMV_SPLIT=0|1|2|3     ... at one token split over K, 4 warps a block on 1 row (1; 3: 2 loads
- *                                       a lane in flight) or 2 rows (2); 0 (default): unsplit
+ *                                       a lane in flight) or 2 rows (2, default); 0: unsplit
  *   MSM_CUDA_FP8_GEMV_SPLIT_MIN_K=N     ... for rows of N codes or more (default 4097)
  *   MSM_CUDA_QK_ROPE=0|1                a QK_NORM + the ROPE_KV_WRITE after it in one kernel (1, default)
  *   MSM_CUDA_NORM_LINEAR=0|1            decode: an ADD_RMSNORM + the LINEAR on its norm in one kernel (1, default)

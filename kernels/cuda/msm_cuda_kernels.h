@@ -173,9 +173,10 @@ typedef struct msm_cuda_tuning {
                                  fp8_moe_hw); MSM_CUDA_FP8_GEMV_HW */
     int fp8_gemv_split;       /* the FP8 SIMT GEMV at one token split over K, a block's 4 warps on the
                                  same rows (linear.cu gemv_fp8_split_kernel): 1 row a block (3: with 2
-                                 loads a lane in flight) or 2 (2); 0: unsplit. Another float32 order of the same products; the norm-in
-                                 GEMV (norm_linear) is split the same way (MSM_CUDA_FP8_GEMV_SPLIT;
-                                 off by default until measured: tuning.cu) */
+                                 loads a lane in flight) or 2 (2, the default, for rows past
+                                 fp8_gemv_split_min_k codes: tuning.cu); 0: unsplit. Another
+                                 float32 order of the same products; the norm-in GEMV (norm_linear)
+                                 is split the same way (MSM_CUDA_FP8_GEMV_SPLIT) */
     int fp8_mma_min_t;        /* ... MMA: the tensor-core MMV8 from this T on, the SIMT GEMV below
                                  (MSM_CUDA_FP8_MMA_MIN_T) */
     bool fp8_moe_tiled;       /* FP8-resident experts past fp8_native_max_t, up to

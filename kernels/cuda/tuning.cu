@@ -25,13 +25,15 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 2.402-2.414 / 3.580-3.598 (three rounds), GLM-4.5-Air FP8 6.313-6.326 / 9.093-9.118 vs
      * 6.629-6.637 / 9.436-9.441 (two) */
     t->fp8_gemv_hw = true;
-    /* split over K (same run): at every K on top of the hardware decode, GLM-4.5-Air FP8 batch 1
-     * 6.121-6.129 at 2 rows a block, but Qwen3-30B-A3B FP8 (rows of 2048 and 4096 codes)
-     * 2.428-2.431, the 1-row forms slower on both (+0.13..+0.9). The candidate rule, 2 rows a block
-     * for rows longer than the unsplit GEMV's one round of loads (4096 codes), and the split dot as
-     * fixed after that run (its hook at one place) have not run on a GPU yet: off until
-     * measured (s16 runs.sh r3) */
-    t->fp8_gemv_split = 0;
+    /* split over K, 2 rows a block, for rows longer than the unsplit GEMV's one round of loads
+     * (4096 codes: GLM-4.5-Air's o_proj, 12288). Measured at every K in s16 run 2: GLM-4.5-Air FP8
+     * batch 1 6.121-6.129 vs 6.313-6.326, but Qwen3-30B-A3B FP8 (rows of 2048 and 4096 codes)
+     * 2.428-2.431 vs 2.399-2.405, the 1-row forms slower on both (+0.13..+0.9). The rule (H200,
+     * 2026-12-05 seventeenth session, bench/results/2026-12-05-h200-s17 run 1, two rounds):
+     * GLM-4.5-Air FP8 1 / 2 tokens 6.159-6.183 / 9.131-9.153 vs 6.320-6.365 / 9.114-9.163 (split at
+     * every K 6.135-6.184), Qwen3-30B-A3B FP8 2.423-2.435 / 3.506-3.515 vs 2.430-2.447 /
+     * 3.513-3.524 (nothing split there) */
+    t->fp8_gemv_split = 2;
     t->fp8_gemv_split_min_k = 4097;
     t->gemv_max_t = MSM_CUDA_GEMV_MAX_T;
     t->mmv_min_t = MSM_CUDA_MMV_MIN_T;
