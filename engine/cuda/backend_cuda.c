@@ -1336,6 +1336,9 @@ static const msm_backend_vt cuda_vt = {
  *                                       flight (4), or 32 where that keeps the warps and on the aux stream
  *                                       up to 8 tokens (0, default); the same bits at the same K slices
  *                                       (the 32-row grid may take other slices: a numerics choice)
+ *   MSM_CUDA_MMV_STREAM_MIN_N=N         linears of 2-8 tokens, K <= 2048, with N rows or more (the lm_head)
+ *                                       stream on one block an SM (0: off)
+ *   MSM_CUDA_MMV_STREAM_MIN_T=N         ... from N tokens (2..8)
  *   MSM_CUDA_MOE_DOWN_HB=0|2|4          the pair path's split down GEMV: rows a warp (0, default: 4 for
  *                                       bf16, 2 for FP8); the same bits
  *   MSM_CUDA_MOE_GU_U2=0|1|2            the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
@@ -1444,6 +1447,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
         t->moe_gu_u2 = v <= 0 ? MSM_CUDA_MOE_GU_U2_OFF : v == 1 ? MSM_CUDA_MOE_GU_U2_ON : MSM_CUDA_MOE_GU_U2_AUTO;
     if ((s = getenv("MSM_CUDA_MMV_FIT_CLUSTERS"))) t->mmv_fit_clusters = s[0] != '0';
     if (env_int("MSM_CUDA_MMV_U8_MAX_BLOCKS", &v)) t->mmv_u8_max_blocks = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_MMV_STREAM_MIN_N", &v)) t->mmv_stream_min_n = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_MMV_STREAM_MIN_T", &v)) t->mmv_stream_min_t = v < 2 ? 2 : v > 8 ? 8 : v;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;
     if ((s = getenv("MSM_CUDA_LINEAR_NORM"))) t->linear_norm_fused = s[0] == '1';
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;

@@ -1171,6 +1171,123 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
     return 0;
 }
 
+/* ---- the streamed MMV: linears of many rows at 2-8 tokens (the lm_head) ----
+ * The MMVs above give each warp (or block) its rows once: past one wave (the lm_head's 151936 rows
+ * at 8 tokens, 2374 blocks of 64 rows) a warp streams 16 rows x K in steps of 4 chunks, each step's
+ * loads 256 bytes of a row, and waits for each step before the next: 194 us for 622 MB (3.2 TB/s)
+ * where the one-token GEMV of the same weight takes 156 (H200, 2026-12-05 seventeenth session,
+ * bench/results/2026-12-05-h200-s17 run 1). Here one block of MMVS_WS warps an SM walks 16-row
+ * tiles (tile blockIdx.x, + gridDim.x, ...); warp ks owns the K slice of chunks ks * per .. (per =
+ * ceil(K / 32 / MMVS_WS) <= MMVS_PC) for every tile, so its x fragments (tokens 0-7, split into
+ * bf16 hi + lo as mmv_kernel does) are built once and stay in registers, and the block reads each
+ * tile's rows whole at once. Each lane copies its own B fragments (row g, chunk k 8q..8q+7, as
+ * mmv_kernel loads them) into shared memory with cp.async, MMVS_ST - 1 tiles ahead of the MMAs (a
+ * ring of MMVS_ST stages; a lane reads only what it copied, so its own cp.async.wait_group orders
+ * it). The slices' partials meet in shared memory (double-buffered: one barrier a tile) and 128
+ * threads sum them in slice order: each output is mmv_kernel<1, 1, 16, 4, 16>'s (the block-sliced
+ * MMV at 16 slices: the same chunks, MMAs and order), bitwise. The first tiles' copies go out
+ * before the PDL wait (weights are never written during a step). */
+#define MMVS_WS 16
+#define MMVS_PC 4 /* chunks of 32 a slice at most: K <= 32 * MMVS_PC * MMVS_WS = 2048 */
+#define MMVS_ST 3
+#define MMVS_STAGE_BYTES (MMVS_WS * MMVS_PC * 2 * 32 * 16) /* a tile: 16 warps x 8 fragments x 32 lanes */
+#define MMVS_SMEM (MMVS_ST * MMVS_STAGE_BYTES + 2 * MMVS_WS * 128 * 4)
+static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
+    mmv_stream_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
+                      bool early) {
+    extern __shared__ __align__(16) unsigned char mmvs_sm[];
+    uint4 *stage = (uint4 *)mmvs_sm;                                   /* [ST][WS][PC * 2][32] */
+    float *part = (float *)(mmvs_sm + MMVS_ST * MMVS_STAGE_BYTES);    /* [2][WS][8 tokens][16 rows] */
+    msm_pdl_trigger();
+    if (!early) msm_pdl_wait();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int nch = K / 32, per = (nch + MMVS_WS - 1) / MMVS_WS;
+    const int c0 = warp * per, nc = max(0, min(nch, c0 + per) - c0); /* warp-uniform */
+    const int ntile = (N + 15) / 16, G = gridDim.x;
+    /* this warp's lane slots of stage s: fragment f = u * 2 + j at [f * 32 + lane] */
+    auto slots = [&](int s) { return stage + ((size_t)s * MMVS_WS + warp) * (MMVS_PC * 2 * 32) + lane; };
+    /* tile's fragments into stage s (none past the last tile); one commit group either way */
+    auto issue = [&](int tile, int s) {
+        if (tile < ntile) {
+            uint4 *d = slots(s);
+#pragma unroll
+            for (int j = 0; j < 2; j++) { /* rows past N repeat row N-1; never stored */
+                const uint16_t *src = w + (size_t)min(tile * 16 + j * 8 + g, N - 1) * K + (size_t)c0 * 32 + q * 8;
+#pragma unroll
+                for (int u = 0; u < MMVS_PC; u++)
+                    if (u < nc) msm_cp_async16(msm_smem_addr(d + (u * 2 + j) * 32), src + (size_t)u * 32, 16);
+            }
+        }
+        msm_cp_async_commit();
+    };
+    int tile = blockIdx.x;
+    issue(tile, 0);
+    issue(tile + G, 1);
+    if (early) msm_pdl_wait();
+    /* x fragments of the slice's chunks: tokens g < T (A rows 0-7; rows 8-15 are zero) */
+    uint32_t xf[MMVS_PC][8];
+    const float *xr = g < T ? x + (size_t)g * K + (size_t)c0 * 32 + q * 8 : NULL;
+#pragma unroll
+    for (int u = 0; u < MMVS_PC; u++) {
+        float4 a0 = make_float4(0, 0, 0, 0), a1 = a0;
+        if (xr && u < nc) {
+            const float4 *p = (const float4 *)(xr + (size_t)u * 32);
+            a0 = p[0], a1 = p[1];
+        }
+        msm_split_bf16x2(a0.x, a0.y, xf[u][0], xf[u][1]); /* h1[0], l1[0] */
+        msm_split_bf16x2(a0.z, a0.w, xf[u][2], xf[u][3]); /* h1[2], l1[2] */
+        msm_split_bf16x2(a1.x, a1.y, xf[u][4], xf[u][5]); /* h2[0], l2[0] */
+        msm_split_bf16x2(a1.z, a1.w, xf[u][6], xf[u][7]); /* h2[2], l2[2] */
+    }
+    for (int i = 0; tile < ntile; tile += G, i++) {
+        issue(tile + 2 * G, (i + 2) % MMVS_ST); /* the stage tile i - 1 read */
+        msm_cp_async_wait<MMVS_ST - 1>();       /* this lane's copies of tile i have landed */
+        const uint4 *sl = slots(i % MMVS_ST);
+        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int u = 0; u < MMVS_PC; u++) {
+            if (u >= nc) break;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                uint4 wv = sl[(u * 2 + j) * 32];
+                msm_mma_bf16(acc[j], xf[u][0], 0u, xf[u][2], 0u, wv.x, wv.y);
+                msm_mma_bf16(acc[j], xf[u][1], 0u, xf[u][3], 0u, wv.x, wv.y);
+                msm_mma_bf16(acc[j], xf[u][4], 0u, xf[u][6], 0u, wv.z, wv.w);
+                msm_mma_bf16(acc[j], xf[u][5], 0u, xf[u][7], 0u, wv.z, wv.w);
+            }
+        }
+        /* C fragment: acc[j][0..1] = (token g, rows j * 8 + 2q, + 1); [2..3] are tokens 8-15 */
+        float *pw = part + ((size_t)(i & 1) * MMVS_WS + warp) * 128 + g * 16 + 2 * q;
+#pragma unroll
+        for (int j = 0; j < 2; j++) pw[j * 8] = acc[j][0], pw[j * 8 + 1] = acc[j][1];
+        __syncthreads();
+        if (threadIdx.x < 128) {
+            const float *pr = part + (size_t)(i & 1) * MMVS_WS * 128 + threadIdx.x;
+            float s = 0.0f;
+#pragma unroll
+            for (int r = 0; r < MMVS_WS; r++) s += pr[r * 128];
+            int t = threadIdx.x / 16, n = tile * 16 + threadIdx.x % 16;
+            if (t < T && n < N) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
+        }
+    }
+    msm_cp_async_wait<0>(); /* no copy outlives the block */
+}
+
+static bool mmvs_use(const msm_cuda_tuning *tn, int T, int N, int K, const void *w, const void *x) {
+    return tn->mmv_stream_ok && tn->mmv_stream_min_n > 0 && N >= tn->mmv_stream_min_n && T >= tn->mmv_stream_min_t &&
+           T <= 8 && K % 32 == 0 && K > 0 && K <= 32 * MMVS_PC * MMVS_WS && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
+}
+
+static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
+                    msm_cuda_exec ex) {
+    int ntile = (N + 15) / 16, grid = ntile < ex.tune->sms ? ntile : ex.tune->sms;
+    bool early = ex.tune->gemv_early && !ex.w_written;
+    CUDA_TRY(msm_launch(mmv_stream_kernel, dim3((unsigned)grid), dim3(MMVS_WS * 32), (size_t)MMVS_SMEM, ex, y, x, w,
+                        bias, T, N, K, early));
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
 /* Clusters of 2, 4 and 8 blocks of mmv_kernel<MT, S, W> the GPU holds at once (msm_max_clusters; 0
  * where the query fails: then no cluster of that size is taken where the fit is checked). */
 template <int MT, int W>
@@ -1192,6 +1309,9 @@ void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmvb4_per_sm[0] = msm_blocks_per_sm(mmv_kernel<1, 1, 16, 2, 16, 4>, 16 * 32, 0);
     t->mmvb4_per_sm[1] = msm_blocks_per_sm(mmv_kernel<1, 1, 8, 2, 8, 4>, 8 * 32, 0);
     t->mmvb4_per_sm[2] = msm_blocks_per_sm(mmv_kernel<1, 1, 4, 2, 4, 4>, 4 * 32, 0);
+    t->mmv_stream_ok = cudaFuncSetAttribute(mmv_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            MMVS_SMEM) == cudaSuccess;
+    if (!t->mmv_stream_ok) (void)cudaGetLastError();
     mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
     mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);
     mmv_fit<1, 8>(t->mmv_cluster_fit[1][0]), mmv_fit<2, 8>(t->mmv_cluster_fit[1][1]);
@@ -1386,6 +1506,7 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
      * rounding, and at T = 8 the MMV took 7 us for a 60-row router against 3.5 us (H200) */
     if (T >= tn->linear_tiled_min_t && N > MSM_CUDA_GEMV_SMALL_N && msm__linear_tiled_fits(T, N, K, w, x))
         return msm__linear_tiled_run(y, x, w, bias, T, N, K, ex);
+    if (mmvs_use(tn, T, N, K, w, x)) return mmvs_run(y, x, w, bias, T, N, K, ex);
     if (T <= 64 && N > MSM_CUDA_GEMV_SMALL_N && mmv_use(tn, T, N, K, w, x))
         return mmv_run(y, x, w, bias, T, N, K, ex);
     if (T <= gemv_max || N <= MSM_CUDA_GEMV_SMALL_N) {

@@ -60,6 +60,9 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 16 rows 3.185-3.188 / 3.209-3.217 / 4.079-4.084 / 4.426-4.430 and 32 everywhere 3.072-3.082 /
      * 3.088-3.092 / 3.959-3.964 / 4.280-4.288; Qwen3 (no shared expert) as at 16 rows */
     t->mmv_nj = 0;
+    /* the streamed lm_head MMV (linear.cu mmv_stream_kernel): not yet measured, off */
+    t->mmv_stream_min_n = 0;
+    t->mmv_stream_min_t = 2;
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
     t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;

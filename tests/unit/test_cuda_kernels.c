@@ -63,7 +63,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_L2_PREFETCH_MAX_T", "MSM_CUDA_L2_PREFETCH_MB", "MSM_CUDA_L2_PREFETCH_LAST",
                                  "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB",
                                  "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_FP8_MOE_LEAN",
-                                 "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW"};
+                                 "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW", "MSM_CUDA_MMV_STREAM_MIN_N",
+                                 "MSM_CUDA_MMV_STREAM_MIN_T"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -105,6 +106,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_FP8_GEMV_SPLIT", "9", 1), setenv("MSM_CUDA_FP8_GEMV_HW", "1", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
+    setenv("MSM_CUDA_MMV_STREAM_MIN_N", "-5", 1), setenv("MSM_CUDA_MMV_STREAM_MIN_T", "12", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = t.moe_gg_compact = t.linear_swiglu = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -148,6 +150,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
     cr_expect_eq(t.moe_down_hb, 4, "MSM_CUDA_MOE_DOWN_HB=4: four down rows a warp");
     cr_expect_eq(t.mmv_nj, 4, "MSM_CUDA_MMV_NJ=4: 32 rows a warp");
+    cr_expect_eq(t.mmv_stream_min_n, 0, "clamped to 0: no streamed MMV");
+    cr_expect_eq(t.mmv_stream_min_t, 8, "clamped to 8");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
@@ -727,6 +731,48 @@ Test(cuda_kernels, linear_mmv_block_slices, .timeout = 120) {
         cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw);
         free(x), free(wf), free(wb), free(o1), free(o2);
     }
+    msm_cuda_ctx_free(ctx);
+}
+
+/* The streamed MMV (mmv_stream_kernel, tuning mmv_stream_min_n): against the CPU at 2-8 tokens,
+ * with bias, rows not a multiple of 16, many tiles a block (N / 16 past the SMs), slices past K's
+ * chunks (K of 13 chunks over 16 warps) and K = 2048 (4 chunks a slice); bitwise the block-sliced
+ * MMV at 16 slices (where K has the 16 chunks it needs); deterministic; and past its limits (K > 2048, 9 tokens, 1 token) the other
+ * paths take the call. */
+Test(cuda_kernels, linear_mmv_stream, .timeout = 120) {
+    need_gpu();
+    cr_assert(tune0.mmv_stream_ok, "the streamed MMV's shared memory granted");
+    msm_cuda_ctx *ctx = NULL;
+    CK(msm_cuda_ctx_new(&ctx));
+    msm_cuda_tuning t = tune0, b = tune0;
+    t.mmv_stream_min_n = 1, t.mmv_stream_min_t = 2;
+    t.linear_tiled_min_t = b.linear_tiled_min_t = 1 << 30;
+    /* the block-sliced MMV forced to 16 slices of 16 rows at every T */
+    b.mmv_stream_min_n = 0, b.mmv_min_t = 1, b.mmv_max_t = 64, b.mmv_bslice = 16, b.mmv_nj = 2;
+    static const int shapes[][4] = {{8, 20000, 2048, 0}, {2, 4099, 2048, 1}, {5, 3000, 1024, 0}, {3, 777, 416, 1},
+                                    {8, 16, 64, 0},      {7, 2101, 2048, 1}, {4, 5000, 32, 0},   {6, 70000, 512, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        linear_case(ctx, EX_T(&t), T, N, K, shapes[s][3], 2e-5);
+        if (K / 32 < 16) continue; /* the forced block slices need 16 chunks */
+        float *x = host_f32((size_t)T * K, 1.0f), *wf, *bf = NULL;
+        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *bb = NULL;
+        if (shapes[s][3]) bb = host_bf16(N, 0.5f, &bf);
+        float *dx = dev_up(x, (size_t)T * K * 4), *d1 = dev_poison((size_t)T * N * 4), *d2 = dev_poison((size_t)T * N * 4);
+        uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *db = bb ? dev_up(bb, (size_t)N * 2) : NULL;
+        float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
+        CK(msm_cuda_linear(d1, dx, dw, db, T, N, K, ctx, NULL, 0, EX_T(&t)));
+        CK(msm_cuda_linear(d2, dx, dw, db, T, N, K, ctx, NULL, 0, EX_T(&b)));
+        down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
+        cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "streamed vs block-sliced MMV: T=%d N=%d K=%d", T, N, K);
+        cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw), cudaFree(db);
+        free(x), free(wf), free(wb), free(bf), free(bb), free(o1), free(o2);
+    }
+    linear_deterministic(ctx, EX_T(&t), 8, 151936, 2048, "streamed mmv");
+    /* past its limits: K of 4096, 9 tokens, one token (the other paths, against the CPU) */
+    linear_case(ctx, EX_T(&t), 4, 3000, 4096, 0, 2e-5);
+    linear_case(ctx, EX_T(&t), 9, 3000, 2048, 0, 2e-5);
+    linear_case(ctx, EX_T(&t), 1, 3000, 2048, 1, 2e-5);
     msm_cuda_ctx_free(ctx);
 }
 

@@ -54,8 +54,8 @@ r2)
     # r1's Nsight Compute with the demangled names' "(int)" casts: the lm_head's MMV at 8 tokens
     # (all sections), then its duration under the existing switches that change its launch: 8 warps
     # a block, 8 chunks in flight (the U8 rule's grid limit lifted), the block-sliced form forced
-    # at 16 and 4 K slices (past the layers' o_proj, shared gate/up and down: 72); and the one-token
-    # GEMV of the same weight
+    # at 16 and 4 K slices (past the layers' o_proj, shared gate/up and down: 72); and the GEMVs of
+    # the same weight at 1 and 2 tokens (204 us at 2 in s13 run 4, 156 at 1)
     hdr
     I="\\(int\\)"
     ncu_lm "mmv_kernel<${I}1, ${I}1, ${I}4, ${I}4, ${I}1," 0 $Q15 8 lm8
@@ -63,9 +63,11 @@ r2)
     ncu_lm "mmv_kernel<${I}1, ${I}1, ${I}4, ${I}8, ${I}1," 0 $Q15 8 lm8-u8 MSM_CUDA_MMV_U8_MAX_BLOCKS=100000
     ncu_lm "mmv_kernel<${I}1, ${I}1, ${I}16, ${I}4, ${I}16, ${I}2" 72 $Q15 8 lm8-b16 MSM_CUDA_MMV_BSLICE=16
     ncu_lm "mmv_kernel<${I}1, ${I}1, ${I}4, ${I}4, ${I}4, ${I}2" 72 $Q15 8 lm8-b4 MSM_CUDA_MMV_BSLICE=4
-    ncu_lm "gemv_kernel<${I}1, ${I}1, ${I}4, \\(bool\\)1" 48 $Q15 1 lm1
+    ncu_lm "gemv_kernel<${I}1, ${I}1, ${I}4, \\(bool\\)1" 24 $Q15 1 lm1 # past the o_projs
+    ncu_lm "gemv_kernel<${I}2, ${I}1, ${I}4, \\(bool\\)1" 48 $Q15 2 lm2 # past the o_projs, shared downs
     grep -E "==PROF== Profiling|Duration|DRAM Throughput|Grid Size|Registers Per|Achieved Occ" $OUT/ncu-*.txt | tee -a $OUT/gpu.txt
     el done | tee -a $OUT/gpu.txt
+    pack
     ;;
 *)
     echo "usage: $0 r1|r2" >&2
