@@ -41,31 +41,39 @@ r1)
     tail -1 $OUT/presets.txt | tee -a $OUT/gpu.txt
     el ncu | tee -a $OUT/gpu.txt
     # (this regex matched nothing: ncu's demangled names read "mmv_kernel<(int)1, (int)1, ...>"; r2)
-    ncu_lm "mmv_kernel<1, ?1, ?4, ?4, ?1," 0 $Q15 8 lm8 # the lm_head's MMV: its one launch a step
-    ncu_lm "gemv_kernel<1, ?1, ?4, ?true" 48 $Q15 1 lm1 # past the layers' 48 (o_proj, shared down)
-    grep -E "Duration|DRAM Throughput|Grid Size" $OUT/ncu-lm8.txt $OUT/ncu-lm1.txt | tee -a $OUT/gpu.txt
-    el timelines | tee -a $OUT/gpu.txt
-    tl $Q15 1 q15b1
-    tl $Q15 8 q15b8
-    el done | tee -a $OUT/gpu.txt
-    pack
-    ;;
-r2)
-    # r1's Nsight Compute with the demangled names' "(int)" casts: the lm_head's MMV at 8 tokens
-    # (all sections), then its duration under the existing switches that change its launch: 8 warps
-    # a block, 8 chunks in flight (the U8 rule's grid limit lifted), the block-sliced form forced
-    # at 16 and 4 K slices (past the layers' o_proj, shared gate/up and down: 72); and the GEMVs of
-    # the same weight at 1 and 2 tokens (204 us at 2 in s13 run 4, 156 at 1)
+    # on bundle c79de8a (the streamed MMV, off by default): its kernel tests with the other MMVs';
+    # r1's Nsight Compute with the demangled names' "(int)" casts: the lm_head's MMV at 8 tokens,
+    # under the existing switches that change its launch (8 chunks in flight: the U8 rule's grid
+    # limit lifted; the block-sliced form forced at 16 and 4 K slices, past the layers' o_proj,
+    # shared gate/up and down: 72), the streamed MMV, and the GEMVs of the same weight at 1 and 2
+    # tokens (204 us at 2 in s13 run 4, 156 at 1); then three rounds of the streamed lm_head against
+    # the default at 2-8 tokens on Qwen1.5-MoE, Qwen3-30B-A3B and its FP8 preset; a timeline
     hdr
-    I="\\(int\\)"
+    timeout 120 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(linear_mmv*|tuning*)" \
+        > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    el ncu | tee -a $OUT/gpu.txt
+    I="\\(int\\)" ST="MSM_CUDA_MMV_STREAM_MIN_N=32768"
     ncu_lm "mmv_kernel<${I}1, ${I}1, ${I}4, ${I}4, ${I}1," 0 $Q15 8 lm8
-    ncu_lm "mmv_kernel<${I}1, ${I}1, ${I}8, ${I}4, ${I}1," 0 $Q15 8 lm8-w8 MSM_CUDA_MMV_WARPS=8
     ncu_lm "mmv_kernel<${I}1, ${I}1, ${I}4, ${I}8, ${I}1," 0 $Q15 8 lm8-u8 MSM_CUDA_MMV_U8_MAX_BLOCKS=100000
-    ncu_lm "mmv_kernel<${I}1, ${I}1, ${I}16, ${I}4, ${I}16, ${I}2" 72 $Q15 8 lm8-b16 MSM_CUDA_MMV_BSLICE=16
-    ncu_lm "mmv_kernel<${I}1, ${I}1, ${I}4, ${I}4, ${I}4, ${I}2" 72 $Q15 8 lm8-b4 MSM_CUDA_MMV_BSLICE=4
+    ncu_lm "mmv_kernel<${I}1, ${I}1, ${I}16, ${I}4, ${I}16, ${I}2, \\(bool\\)0" 72 $Q15 8 lm8-b16 MSM_CUDA_MMV_BSLICE=16
+    ncu_lm "mmv_kernel<${I}1, ${I}1, ${I}4, ${I}4, ${I}4, ${I}2, \\(bool\\)0" 72 $Q15 8 lm8-b4 MSM_CUDA_MMV_BSLICE=4
+    ncu_lm "mmv_stream_kernel" 0 $Q15 8 lm8-stream $ST
     ncu_lm "gemv_kernel<${I}1, ${I}1, ${I}4, \\(bool\\)1" 24 $Q15 1 lm1 # past the o_projs
     ncu_lm "gemv_kernel<${I}2, ${I}1, ${I}4, \\(bool\\)1" 48 $Q15 2 lm2 # past the o_projs, shared downs
-    grep -E "==PROF== Profiling|Duration|DRAM Throughput|Grid Size|Registers Per|Achieved Occ" $OUT/ncu-*.txt | tee -a $OUT/gpu.txt
+    ncu_lm "mmv_stream_kernel" 0 $Q15 2 lm2-stream $ST
+    grep -E "==PROF== Profiling|Duration|DRAM Throughput|Grid Size|Registers Per" $OUT/ncu-*.txt | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q15 2,3,4,8 lm --
+        b $Q15 2,3,4,8 lm $ST --
+        b $Q3 2,4,8 lm --
+        b $Q3 2,4,8 lm $ST --
+        b $Q3F 2,8 lm --
+        b $Q3F 2,8 lm $ST --
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    tl $Q15 8 q15b8-stream $ST
     el done | tee -a $OUT/gpu.txt
     pack
     ;;
