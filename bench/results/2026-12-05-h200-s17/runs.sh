@@ -41,6 +41,16 @@ r1)
     tail -1 $OUT/presets.txt | tee -a $OUT/gpu.txt
     el ncu | tee -a $OUT/gpu.txt
     # (this regex matched nothing: ncu's demangled names read "mmv_kernel<(int)1, (int)1, ...>"; r2)
+    ncu_lm "mmv_kernel<1, ?1, ?4, ?4, ?1," 0 $Q15 8 lm8 # the lm_head's MMV: its one launch a step
+    ncu_lm "gemv_kernel<1, ?1, ?4, ?true" 48 $Q15 1 lm1 # past the layers' 48 (o_proj, shared down)
+    grep -E "Duration|DRAM Throughput|Grid Size" $OUT/ncu-lm8.txt $OUT/ncu-lm1.txt | tee -a $OUT/gpu.txt
+    el timelines | tee -a $OUT/gpu.txt
+    tl $Q15 1 q15b1
+    tl $Q15 8 q15b8
+    el done | tee -a $OUT/gpu.txt
+    pack
+    ;;
+r2)
     # on bundle c79de8a (the streamed MMV, off by default): its kernel tests with the other MMVs';
     # r1's Nsight Compute with the demangled names' "(int)" casts: the lm_head's MMV at 8 tokens,
     # under the existing switches that change its launch (8 chunks in flight: the U8 rule's grid
