@@ -1337,7 +1337,7 @@ static const msm_backend_vt cuda_vt = {
  *                                       up to 8 tokens (0, default); the same bits at the same K slices
  *                                       (the 32-row grid may take other slices: a numerics choice)
  *   MSM_CUDA_MMV_STREAM_MIN_N=N         linears of 2-8 tokens, K <= 2048, with N rows or more (the lm_head)
- *                                       stream on one block an SM (0: off)
+ *                                       stream on one block an SM (default 32768; 0: off)
  *   MSM_CUDA_MMV_STREAM_MIN_T=N         ... from N tokens (2..8)
  *   MSM_CUDA_MOE_DOWN_HB=0|2|4          the pair path's split down GEMV: rows a warp (0, default: 4 for
  *                                       bf16, 2 for FP8); the same bits

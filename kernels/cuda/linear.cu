@@ -1176,53 +1176,57 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * at 8 tokens, 2374 blocks of 64 rows) a warp streams 16 rows x K in steps of 4 chunks, each step's
  * loads 256 bytes of a row, and waits for each step before the next: 194 us for 622 MB (3.2 TB/s)
  * where the one-token GEMV of the same weight takes 156 (H200, 2026-12-05 seventeenth session,
- * bench/results/2026-12-05-h200-s17 run 1). Here one block of MMVS_WS warps an SM walks 16-row
- * tiles (tile blockIdx.x, + gridDim.x, ...); warp ks owns the K slice of chunks ks * per .. (per =
- * ceil(K / 32 / MMVS_WS) <= MMVS_PC) for every tile, so its x fragments (tokens 0-7, split into
- * bf16 hi + lo as mmv_kernel does) are built once and stay in registers, and the block reads each
- * tile's rows whole at once. Each lane copies its own B fragments (row g, chunk k 8q..8q+7, as
- * mmv_kernel loads them) into shared memory with cp.async, MMVS_ST - 1 tiles ahead of the MMAs (a
- * ring of MMVS_ST stages; a lane reads only what it copied, so its own cp.async.wait_group orders
- * it). The slices' partials meet in shared memory (double-buffered: one barrier a tile) and 128
- * threads sum them in slice order: each output is mmv_kernel<1, 1, 16, 4, 16>'s (the block-sliced
- * MMV at 16 slices: the same chunks, MMAs and order), bitwise. The first tiles' copies go out
- * before the PDL wait (weights are never written during a step). */
+ * bench/results/2026-12-05-h200-s17 run 1; Nsight Compute: DRAM 65% busy, 26 warps an SM).
+ * Here one block of MMVS_WS warps an SM walks 16-row tiles (tile blockIdx.x, + gridDim.x, ...).
+ * A tile's rows are 16 x K contiguous weights: one thread brings each tile into shared memory
+ * with 16 bulk copies (TMA) that complete on the stage's mbarrier, MMVS_ST - 1 tiles ahead of the
+ * MMAs (a ring of MMVS_ST stages; rows MMVS_ROW_PAD bytes apart so the 8 rows a fragment load
+ * touches fall on other banks). Warp ks owns the K slice of chunks ks * per .. (per =
+ * ceil(K / 32 / MMVS_WS) <= MMVS_PC) in every tile, so its x fragments (tokens 0-7, split into
+ * bf16 hi + lo as mmv_kernel does) are built once and stay in registers; its B fragments are
+ * mmv_kernel's (row g, k 8q..8q+7 of each chunk), read from shared memory. The slices' partials
+ * meet in shared memory (double-buffered: one barrier a tile, which also frees the stage the next
+ * copies overwrite) and 128 threads sum them in slice order: each output is mmv_kernel<1, 1, 16,
+ * 4, 16>'s (the block-sliced MMV at 16 slices: the same chunks, MMAs and order), bitwise. The first
+ * tiles' copies go out before the PDL wait (weights are never written during a step). */
 #define MMVS_WS 16
 #define MMVS_PC 4 /* chunks of 32 a slice at most: K <= 32 * MMVS_PC * MMVS_WS = 2048 */
 #define MMVS_ST 3
-#define MMVS_STAGE_BYTES (MMVS_WS * MMVS_PC * 2 * 32 * 16) /* a tile: 16 warps x 8 fragments x 32 lanes */
-#define MMVS_SMEM (MMVS_ST * MMVS_STAGE_BYTES + 2 * MMVS_WS * 128 * 4)
+#define MMVS_ROW_PAD 64
+/* shared memory at K: the stages, the partials [2][WS][8 tokens][16 rows], the stages' mbarriers */
+static constexpr size_t mmvs_smem(int K) {
+    return (size_t)MMVS_ST * 16 * (2 * (size_t)K + MMVS_ROW_PAD) + 2 * MMVS_WS * 128 * 4 + MMVS_ST * 8;
+}
 static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
     mmv_stream_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
                       bool early) {
-    extern __shared__ __align__(16) unsigned char mmvs_sm[];
-    uint4 *stage = (uint4 *)mmvs_sm;                                   /* [ST][WS][PC * 2][32] */
-    float *part = (float *)(mmvs_sm + MMVS_ST * MMVS_STAGE_BYTES);    /* [2][WS][8 tokens][16 rows] */
+    extern __shared__ __align__(128) unsigned char mmvs_sm[];
+    const int rs = 2 * K + MMVS_ROW_PAD, sb = 16 * rs; /* a row's and a stage's bytes */
+    float *part = (float *)(mmvs_sm + (size_t)MMVS_ST * sb);
+    uint64_t *bar = (uint64_t *)(part + 2 * MMVS_WS * 128);
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int nch = K / 32, per = (nch + MMVS_WS - 1) / MMVS_WS;
     const int c0 = warp * per, nc = max(0, min(nch, c0 + per) - c0); /* warp-uniform */
     const int ntile = (N + 15) / 16, G = gridDim.x;
-    /* this warp's lane slots of stage s: fragment f = u * 2 + j at [f * 32 + lane] */
-    auto slots = [&](int s) { return stage + ((size_t)s * MMVS_WS + warp) * (MMVS_PC * 2 * 32) + lane; };
-    /* tile's fragments into stage s (none past the last tile); one commit group either way */
+    const bool producer = threadIdx.x == 0;
+    if (producer) {
+        for (int s = 0; s < MMVS_ST; s++) msm_mbar_init(&bar[s], 1);
+        msm_mbar_init_fence();
+    }
+    __syncthreads();
+    /* the producer: tile's 16 rows into stage s (none past the last tile; rows past N repeat
+     * row N-1, never stored) */
     auto issue = [&](int tile, int s) {
-        if (tile < ntile) {
-            uint4 *d = slots(s);
-#pragma unroll
-            for (int j = 0; j < 2; j++) { /* rows past N repeat row N-1; never stored */
-                const uint16_t *src = w + (size_t)min(tile * 16 + j * 8 + g, N - 1) * K + (size_t)c0 * 32 + q * 8;
-#pragma unroll
-                for (int u = 0; u < MMVS_PC; u++)
-                    if (u < nc) msm_cp_async16(msm_smem_addr(d + (u * 2 + j) * 32), src + (size_t)u * 32, 16);
-            }
-        }
-        msm_cp_async_commit();
+        if (tile >= ntile) return;
+        unsigned char *d = mmvs_sm + (size_t)s * sb;
+        msm_mbar_expect_tx(&bar[s], 16u * 2u * (unsigned)K);
+        for (int r = 0; r < 16; r++)
+            msm_bulk_g2s(d + (size_t)r * rs, w + (size_t)min(tile * 16 + r, N - 1) * K, 2u * (unsigned)K, &bar[s]);
     };
     int tile = blockIdx.x;
-    issue(tile, 0);
-    issue(tile + G, 1);
+    if (producer) issue(tile, 0), issue(tile + G, 1);
     if (early) msm_pdl_wait();
     /* x fragments of the slice's chunks: tokens g < T (A rows 0-7; rows 8-15 are zero) */
     uint32_t xf[MMVS_PC][8];
@@ -1240,16 +1244,17 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
         msm_split_bf16x2(a1.z, a1.w, xf[u][6], xf[u][7]); /* h2[2], l2[2] */
     }
     for (int i = 0; tile < ntile; tile += G, i++) {
-        issue(tile + 2 * G, (i + 2) % MMVS_ST); /* the stage tile i - 1 read */
-        msm_cp_async_wait<MMVS_ST - 1>();       /* this lane's copies of tile i have landed */
-        const uint4 *sl = slots(i % MMVS_ST);
+        /* the stage tile i - 1 used: every thread is past its reads (the barrier of tile i - 1) */
+        if (producer) issue(tile + 2 * G, (i + 2) % MMVS_ST);
+        msm_mbar_wait(&bar[i % MMVS_ST], (unsigned)(i / MMVS_ST) & 1u);
+        const unsigned char *sl = mmvs_sm + (size_t)(i % MMVS_ST) * sb + (size_t)g * rs + ((size_t)c0 * 32 + q * 8) * 2;
         float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
         for (int u = 0; u < MMVS_PC; u++) {
             if (u >= nc) break;
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                uint4 wv = sl[(u * 2 + j) * 32];
+                uint4 wv = *(const uint4 *)(sl + (size_t)j * 8 * rs + u * 64);
                 msm_mma_bf16(acc[j], xf[u][0], 0u, xf[u][2], 0u, wv.x, wv.y);
                 msm_mma_bf16(acc[j], xf[u][1], 0u, xf[u][3], 0u, wv.x, wv.y);
                 msm_mma_bf16(acc[j], xf[u][4], 0u, xf[u][6], 0u, wv.z, wv.w);
@@ -1270,7 +1275,6 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
             if (t < T && n < N) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
         }
     }
-    msm_cp_async_wait<0>(); /* no copy outlives the block */
 }
 
 static bool mmvs_use(const msm_cuda_tuning *tn, int T, int N, int K, const void *w, const void *x) {
@@ -1282,8 +1286,8 @@ static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t 
                     msm_cuda_exec ex) {
     int ntile = (N + 15) / 16, grid = ntile < ex.tune->sms ? ntile : ex.tune->sms;
     bool early = ex.tune->gemv_early && !ex.w_written;
-    CUDA_TRY(msm_launch(mmv_stream_kernel, dim3((unsigned)grid), dim3(MMVS_WS * 32), (size_t)MMVS_SMEM, ex, y, x, w,
-                        bias, T, N, K, early));
+    CUDA_TRY(msm_launch(mmv_stream_kernel, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem(K), ex, y, x, w, bias,
+                        T, N, K, early));
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -1310,7 +1314,7 @@ void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmvb4_per_sm[1] = msm_blocks_per_sm(mmv_kernel<1, 1, 8, 2, 8, 4>, 8 * 32, 0);
     t->mmvb4_per_sm[2] = msm_blocks_per_sm(mmv_kernel<1, 1, 4, 2, 4, 4>, 4 * 32, 0);
     t->mmv_stream_ok = cudaFuncSetAttribute(mmv_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            MMVS_SMEM) == cudaSuccess;
+                                            (int)mmvs_smem(32 * MMVS_PC * MMVS_WS)) == cudaSuccess;
     if (!t->mmv_stream_ok) (void)cudaGetLastError();
     mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
     mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);

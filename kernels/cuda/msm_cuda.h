@@ -753,6 +753,35 @@ static __device__ __forceinline__ void msm_cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
+/* Bulk copies (TMA, sm_90) into shared memory, completing on an mbarrier: msm_mbar_init once (one
+ * arrival a phase) and msm_mbar_init_fence before other threads or the copy engine use it; each
+ * phase, one thread's msm_mbar_expect_tx(bytes) then the copies of those bytes (msm_bulk_g2s:
+ * 16-byte aligned addresses, a multiple of 16 bytes); readers msm_mbar_wait(parity of the phase). */
+static __device__ __forceinline__ void msm_mbar_init(uint64_t *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(msm_smem_addr(bar)), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void msm_mbar_init_fence(void) {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+static __device__ __forceinline__ void msm_mbar_expect_tx(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(msm_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void msm_bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     msm_smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(msm_smem_addr(bar))
+                 : "memory");
+}
+static __device__ __forceinline__ void msm_mbar_wait(uint64_t *bar, unsigned parity) {
+    asm volatile("{\n\t.reg .pred p;\n"
+                 "MSM_MBAR_WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@!p bra MSM_MBAR_WAIT_%=;\n}" ::"r"(msm_smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
 static __device__ __forceinline__ void msm_ldmatrix_x4(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

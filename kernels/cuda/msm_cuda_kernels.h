@@ -223,9 +223,9 @@ typedef struct msm_cuda_tuning {
     int mmvb4_per_sm[3];      /* resident blocks of that 32-row form at 16, 8, 4 slices */
     int mmv_stream_min_n;     /* linears of 2-8 tokens with at least this many rows (the lm_head's
                                  vocabulary; K <= 2048) stream on mmv_stream_kernel (linear.cu: one
-                                 block an SM over 16-row tiles, its weights through a cp.async ring),
-                                 bitwise the block-sliced MMV at 16 slices; 0: off
-                                 (MSM_CUDA_MMV_STREAM_MIN_N) */
+                                 block an SM over 16-row tiles, its weights brought in by bulk
+                                 copies), bitwise the block-sliced MMV at 16 slices; 0: off
+                                 (MSM_CUDA_MMV_STREAM_MIN_N; default 32768: tuning.cu) */
     int mmv_stream_min_t;     /* ... from this many tokens (MSM_CUDA_MMV_STREAM_MIN_T; 2..8) */
     bool mmv_stream_ok;       /* its shared memory granted (GPU fact) */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */

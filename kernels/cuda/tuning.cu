@@ -60,8 +60,14 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 16 rows 3.185-3.188 / 3.209-3.217 / 4.079-4.084 / 4.426-4.430 and 32 everywhere 3.072-3.082 /
      * 3.088-3.092 / 3.959-3.964 / 4.280-4.288; Qwen3 (no shared expert) as at 16 rows */
     t->mmv_nj = 0;
-    /* the streamed lm_head MMV (linear.cu mmv_stream_kernel): not yet measured, off */
-    t->mmv_stream_min_n = 0;
+    /* the streamed MMV for linears of 32768 rows or more at 2-8 tokens (the lm_head; linear.cu
+     * mmv_stream_kernel). Its first form (cp.async ring) measured (H200, 2026-12-05 seventeenth
+     * session, bench/results/2026-12-05-h200-s17 run 2, three rounds, ms a step): Qwen1.5-MoE 2 / 3
+     * / 4 / 8 tokens 2.239-2.242 / 3.027-3.037 / 3.040-3.050 / 4.206-4.216 vs 2.257-2.279 /
+     * 3.054-3.083 / 3.065-3.095 / 4.238-4.266, Qwen3-30B-A3B 2 / 4 / 8 -0.020 / -0.015 / -0.039,
+     * its FP8 preset 2 / 8 -0.030 / -0.033; the lm_head at 8 tokens 201.6 -> 159.7 us (Nsight
+     * Compute, DRAM 65% -> 82% busy). The bulk-copy form here: run 3 */
+    t->mmv_stream_min_n = 32768;
     t->mmv_stream_min_t = 2;
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;

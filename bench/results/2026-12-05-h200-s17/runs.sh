@@ -87,8 +87,45 @@ r2)
     el done | tee -a $OUT/gpu.txt
     pack
     ;;
+r3)
+    # on the bundle of the streamed MMV's bulk-copy form, on by default (32768 rows): its kernel
+    # tests; Nsight Compute of the lm_head at 8 and 2 tokens; three rounds against it off at 2-8
+    # tokens; check_presets' bitwise lines on the three presets (decode steps at 2 tokens take it);
+    # check_cuda_vs_cpu with it taking every linear of 16 rows or more at 2-8 tokens; the table
+    hdr
+    timeout 120 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(linear_mmv*|tuning*)" \
+        > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    el ncu | tee -a $OUT/gpu.txt
+    ncu_lm "mmv_stream_kernel" 0 $Q15 8 lm8-stream
+    ncu_lm "mmv_stream_kernel" 0 $Q15 2 lm2-stream
+    grep -E "Duration|DRAM Throughput|L2 Cache Throughput|Registers Per" $OUT/ncu-*.txt | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    OFF="MSM_CUDA_MMV_STREAM_MIN_N=0"
+    for i in 1 2 3; do
+        b $Q15 2,3,4,8 lm --
+        b $Q15 2,3,4,8 lm $OFF --
+        b $Q3 2,4,8 lm --
+        b $Q3 2,4,8 lm $OFF --
+        b $Q3F 2,8 lm --
+        b $Q3F 2,8 lm $OFF --
+    done
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_VARIANTS="graph replay,multi-stream,PDL" timeout 200 python3 tests/gpu/check_presets.py \
+        > $OUT/presets.txt 2>&1
+    tail -1 $OUT/presets.txt | tee -a $OUT/gpu.txt
+    el check | tee -a $OUT/gpu.txt
+    MSM_CUDA_MMV_STREAM_MIN_N=16 CHECK_MODELS=qwen2moe-gqa,qwen3moe timeout 150 \
+        python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    tail -1 $OUT/check.txt | tee -a $OUT/gpu.txt
+    el table | tee -a $OUT/gpu.txt
+    for p in $Q15 $Q3 $Q3F; do b $p 1,2,4,8,16,32,64,128,256 table --; done
+    b $GLM 1,2,4,8,32,128 table --
+    el done | tee -a $OUT/gpu.txt
+    pack
+    ;;
 *)
-    echo "usage: $0 r1|r2" >&2
+    echo "usage: $0 r1|r2|r3" >&2
     exit 2
     ;;
 esac
