@@ -1177,62 +1177,71 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * loads 256 bytes of a row, and waits for each step before the next: 194 us for 622 MB (3.2 TB/s)
  * where the one-token GEMV of the same weight takes 156 (H200, 2026-12-05 seventeenth session,
  * bench/results/2026-12-05-h200-s17 run 1; Nsight Compute: DRAM 65% busy, 26 warps an SM).
- * Here one block of MMVS_WS warps an SM walks 16-row tiles (tile blockIdx.x, + gridDim.x, ...).
- * A tile's rows are 16 x K contiguous weights: one thread brings each tile into shared memory
- * with 16 bulk copies (TMA) that complete on the stage's mbarrier, MMVS_ST - 1 tiles ahead of the
- * MMAs (a ring of MMVS_ST stages; rows MMVS_ROW_PAD bytes apart so the 8 rows a fragment load
- * touches fall on other banks). Warp ks owns the K slice of chunks ks * per .. (per =
- * ceil(K / 32 / MMVS_WS) <= MMVS_PC) in every tile, so its x fragments (tokens 0-7, split into
+ * Here one block of MMVS_WS warps an SM walks tiles of 8 NJ rows (tile blockIdx.x, + gridDim.x,
+ * ...; NJ 2 up to K = 2048, 1 up to 4096). A tile's rows are contiguous weights: one thread brings
+ * each tile into shared memory with a bulk copy (TMA) a row, completing on the stage's mbarrier,
+ * MMVS_ST - 1 tiles ahead of the MMAs (a ring of MMVS_ST stages; rows MMVS_ROW_PAD bytes apart so
+ * the 8 rows a fragment load touches fall on other banks; run 2's cp.async form, each lane copying
+ * its own fragments, kept the L2 90% busy at 82% of DRAM). Warp ks owns the K slice of chunks ks * per .. (per =
+ * ceil(K / 32 / MMVS_WS) <= 8 / NJ) in every tile, so its x fragments (tokens 0-7, split into
  * bf16 hi + lo as mmv_kernel does) are built once and stay in registers; its B fragments are
  * mmv_kernel's (row g, k 8q..8q+7 of each chunk), read from shared memory. The slices' partials
  * meet in shared memory (double-buffered: one barrier a tile, which also frees the stage the next
- * copies overwrite) and 128 threads sum them in slice order: each output is mmv_kernel<1, 1, 16,
- * 4, 16>'s (the block-sliced MMV at 16 slices: the same chunks, MMAs and order), bitwise. The first
+ * copies overwrite) and 64 NJ threads sum them in slice order: each output is mmv_kernel<1, 1,
+ * 16, 4, 16>'s (the block-sliced MMV at 16 slices: the same chunks, MMAs and order), bitwise. The first
  * tiles' copies go out before the PDL wait (weights are never written during a step). */
 #define MMVS_WS 16
-#define MMVS_PC 4 /* chunks of 32 a slice at most: K <= 32 * MMVS_PC * MMVS_WS = 2048 */
 #define MMVS_ST 3
 #define MMVS_ROW_PAD 64
-/* shared memory at K: the stages, the partials [2][WS][8 tokens][16 rows], the stages' mbarriers */
-static constexpr size_t mmvs_smem(int K) {
-    return (size_t)MMVS_ST * 16 * (2 * (size_t)K + MMVS_ROW_PAD) + 2 * MMVS_WS * 128 * 4 + MMVS_ST * 8;
+/* NJ n8 tiles a tile (8 * NJ rows), 8 / NJ chunks of 32 a slice at most: K <= 4096 / NJ (the x
+ * fragments held: 64 registers either way) */
+template <int NJ>
+static constexpr int mmvs_max_k(void) {
+    return 32 * (8 / NJ) * MMVS_WS;
 }
+/* shared memory at K: the stages, the partials [2][WS][8 tokens][8 NJ rows], the stages' mbarriers */
+template <int NJ>
+static constexpr size_t mmvs_smem(int K) {
+    return (size_t)MMVS_ST * 8 * NJ * (2 * (size_t)K + MMVS_ROW_PAD) + 2 * MMVS_WS * 64 * NJ * 4 + MMVS_ST * 8;
+}
+template <int NJ>
 static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
     mmv_stream_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
                       bool early) {
+    constexpr int PC = 8 / NJ, TR = 8 * NJ, NOUT = 8 * TR; /* chunks a slice, rows a tile, outputs */
     extern __shared__ __align__(128) unsigned char mmvs_sm[];
-    const int rs = 2 * K + MMVS_ROW_PAD, sb = 16 * rs; /* a row's and a stage's bytes */
+    const int rs = 2 * K + MMVS_ROW_PAD, sb = TR * rs; /* a row's and a stage's bytes */
     float *part = (float *)(mmvs_sm + (size_t)MMVS_ST * sb);
-    uint64_t *bar = (uint64_t *)(part + 2 * MMVS_WS * 128);
+    uint64_t *bar = (uint64_t *)(part + 2 * MMVS_WS * NOUT);
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int nch = K / 32, per = (nch + MMVS_WS - 1) / MMVS_WS;
     const int c0 = warp * per, nc = max(0, min(nch, c0 + per) - c0); /* warp-uniform */
-    const int ntile = (N + 15) / 16, G = gridDim.x;
+    const int ntile = (N + TR - 1) / TR, G = gridDim.x;
     const bool producer = threadIdx.x == 0;
     if (producer) {
         for (int s = 0; s < MMVS_ST; s++) msm_mbar_init(&bar[s], 1);
         msm_mbar_init_fence();
     }
     __syncthreads();
-    /* the producer: tile's 16 rows into stage s (none past the last tile; rows past N repeat
+    /* the producer: tile's TR rows into stage s (none past the last tile; rows past N repeat
      * row N-1, never stored) */
     auto issue = [&](int tile, int s) {
         if (tile >= ntile) return;
         unsigned char *d = mmvs_sm + (size_t)s * sb;
-        msm_mbar_expect_tx(&bar[s], 16u * 2u * (unsigned)K);
-        for (int r = 0; r < 16; r++)
-            msm_bulk_g2s(d + (size_t)r * rs, w + (size_t)min(tile * 16 + r, N - 1) * K, 2u * (unsigned)K, &bar[s]);
+        msm_mbar_expect_tx(&bar[s], (unsigned)TR * 2u * (unsigned)K);
+        for (int r = 0; r < TR; r++)
+            msm_bulk_g2s(d + (size_t)r * rs, w + (size_t)min(tile * TR + r, N - 1) * K, 2u * (unsigned)K, &bar[s]);
     };
     int tile = blockIdx.x;
     if (producer) issue(tile, 0), issue(tile + G, 1);
     if (early) msm_pdl_wait();
     /* x fragments of the slice's chunks: tokens g < T (A rows 0-7; rows 8-15 are zero) */
-    uint32_t xf[MMVS_PC][8];
+    uint32_t xf[PC][8];
     const float *xr = g < T ? x + (size_t)g * K + (size_t)c0 * 32 + q * 8 : NULL;
 #pragma unroll
-    for (int u = 0; u < MMVS_PC; u++) {
+    for (int u = 0; u < PC; u++) {
         float4 a0 = make_float4(0, 0, 0, 0), a1 = a0;
         if (xr && u < nc) {
             const float4 *p = (const float4 *)(xr + (size_t)u * 32);
@@ -1248,12 +1257,14 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
         if (producer) issue(tile + 2 * G, (i + 2) % MMVS_ST);
         msm_mbar_wait(&bar[i % MMVS_ST], (unsigned)(i / MMVS_ST) & 1u);
         const unsigned char *sl = mmvs_sm + (size_t)(i % MMVS_ST) * sb + (size_t)g * rs + ((size_t)c0 * 32 + q * 8) * 2;
-        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        float acc[NJ][4];
 #pragma unroll
-        for (int u = 0; u < MMVS_PC; u++) {
+        for (int j = 0; j < NJ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+        for (int u = 0; u < PC; u++) {
             if (u >= nc) break;
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
+            for (int j = 0; j < NJ; j++) {
                 uint4 wv = *(const uint4 *)(sl + (size_t)j * 8 * rs + u * 64);
                 msm_mma_bf16(acc[j], xf[u][0], 0u, xf[u][2], 0u, wv.x, wv.y);
                 msm_mma_bf16(acc[j], xf[u][1], 0u, xf[u][3], 0u, wv.x, wv.y);
@@ -1262,16 +1273,16 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
             }
         }
         /* C fragment: acc[j][0..1] = (token g, rows j * 8 + 2q, + 1); [2..3] are tokens 8-15 */
-        float *pw = part + ((size_t)(i & 1) * MMVS_WS + warp) * 128 + g * 16 + 2 * q;
+        float *pw = part + ((size_t)(i & 1) * MMVS_WS + warp) * NOUT + g * TR + 2 * q;
 #pragma unroll
-        for (int j = 0; j < 2; j++) pw[j * 8] = acc[j][0], pw[j * 8 + 1] = acc[j][1];
+        for (int j = 0; j < NJ; j++) pw[j * 8] = acc[j][0], pw[j * 8 + 1] = acc[j][1];
         __syncthreads();
-        if (threadIdx.x < 128) {
-            const float *pr = part + (size_t)(i & 1) * MMVS_WS * 128 + threadIdx.x;
+        if (threadIdx.x < NOUT) {
+            const float *pr = part + (size_t)(i & 1) * MMVS_WS * NOUT + threadIdx.x;
             float s = 0.0f;
 #pragma unroll
-            for (int r = 0; r < MMVS_WS; r++) s += pr[r * 128];
-            int t = threadIdx.x / 16, n = tile * 16 + threadIdx.x % 16;
+            for (int r = 0; r < MMVS_WS; r++) s += pr[r * NOUT];
+            int t = threadIdx.x / TR, n = tile * TR + threadIdx.x % TR;
             if (t < T && n < N) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
         }
     }
@@ -1279,15 +1290,21 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
 
 static bool mmvs_use(const msm_cuda_tuning *tn, int T, int N, int K, const void *w, const void *x) {
     return tn->mmv_stream_ok && tn->mmv_stream_min_n > 0 && N >= tn->mmv_stream_min_n && T >= tn->mmv_stream_min_t &&
-           T <= 8 && K % 32 == 0 && K > 0 && K <= 32 * MMVS_PC * MMVS_WS && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
+           T <= 8 && K % 32 == 0 && K > 0 && K <= mmvs_max_k<1>() && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
 }
 
+/* 16-row tiles up to K = 2048 (the lm_heads of Qwen1.5-MoE and Qwen3), 8-row ones past it
+ * (GLM-4.5-Air's 4096): one block an SM */
 static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
                     msm_cuda_exec ex) {
-    int ntile = (N + 15) / 16, grid = ntile < ex.tune->sms ? ntile : ex.tune->sms;
-    bool early = ex.tune->gemv_early && !ex.w_written;
-    CUDA_TRY(msm_launch(mmv_stream_kernel, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem(K), ex, y, x, w, bias,
-                        T, N, K, early));
+    bool two = K <= mmvs_max_k<2>(), early = ex.tune->gemv_early && !ex.w_written;
+    int tr = two ? 16 : 8, ntile = (N + tr - 1) / tr, grid = ntile < ex.tune->sms ? ntile : ex.tune->sms;
+    if (two)
+        CUDA_TRY(msm_launch(mmv_stream_kernel<2>, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem<2>(K), ex, y, x,
+                            w, bias, T, N, K, early));
+    else
+        CUDA_TRY(msm_launch(mmv_stream_kernel<1>, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem<1>(K), ex, y, x,
+                            w, bias, T, N, K, early));
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -1313,8 +1330,10 @@ void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmvb4_per_sm[0] = msm_blocks_per_sm(mmv_kernel<1, 1, 16, 2, 16, 4>, 16 * 32, 0);
     t->mmvb4_per_sm[1] = msm_blocks_per_sm(mmv_kernel<1, 1, 8, 2, 8, 4>, 8 * 32, 0);
     t->mmvb4_per_sm[2] = msm_blocks_per_sm(mmv_kernel<1, 1, 4, 2, 4, 4>, 4 * 32, 0);
-    t->mmv_stream_ok = cudaFuncSetAttribute(mmv_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)mmvs_smem(32 * MMVS_PC * MMVS_WS)) == cudaSuccess;
+    t->mmv_stream_ok = cudaFuncSetAttribute(mmv_stream_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)mmvs_smem<2>(mmvs_max_k<2>())) == cudaSuccess &&
+                       cudaFuncSetAttribute(mmv_stream_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)mmvs_smem<1>(mmvs_max_k<1>())) == cudaSuccess;
     if (!t->mmv_stream_ok) (void)cudaGetLastError();
     mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
     mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);

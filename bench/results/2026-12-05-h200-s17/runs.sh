@@ -88,9 +88,9 @@ r2)
     pack
     ;;
 r3)
-    # on the bundle of the streamed MMV's bulk-copy form, on by default (32768 rows): its kernel
-    # tests; Nsight Compute of the lm_head at 8 and 2 tokens; three rounds against it off at 2-8
-    # tokens; check_presets' bitwise lines on the three presets (decode steps at 2 tokens take it);
+    # on the bundle of the streamed MMV's bulk-copy form, on by default (32768 rows; 8-row tiles
+    # for GLM-4.5-Air's K of 4096, which spill 72 bytes): its kernel tests; Nsight Compute of the
+    # lm_head at 8 and 2 tokens; three rounds against it off at 2-8 tokens (two on GLM); check_presets' bitwise lines on the three presets (decode steps at 2 tokens take it);
     # check_cuda_vs_cpu with it taking every linear of 16 rows or more at 2-8 tokens; the table
     hdr
     timeout 120 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(linear_mmv*|tuning*)" \
@@ -109,6 +109,7 @@ r3)
         b $Q3 2,4,8 lm $OFF --
         b $Q3F 2,8 lm --
         b $Q3F 2,8 lm $OFF --
+        [ $i = 3 ] || { b $GLM 2,4,8 lm --; b $GLM 2,4,8 lm $OFF --; }
     done
     el presets | tee -a $OUT/gpu.txt
     CHECK_VARIANTS="graph replay,multi-stream,PDL" timeout 200 python3 tests/gpu/check_presets.py \
