@@ -1178,7 +1178,7 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * where the one-token GEMV of the same weight takes 156 (H200, 2026-12-05 seventeenth session,
  * bench/results/2026-12-05-h200-s17 run 1; Nsight Compute: DRAM 65% busy, 26 warps an SM).
  * Here one block of MMVS_WS warps an SM walks tiles of 8 NJ rows (tile blockIdx.x, + gridDim.x,
- * ...; NJ 2 up to K = 2048, 1 up to 4096). A tile's rows are contiguous weights: one thread brings
+ * ...; NJ 2, 16 rows, up to K = 2048: mmvs_use). A tile's rows are contiguous weights: one thread brings
  * each tile into shared memory with a bulk copy (TMA) a row, completing on the stage's mbarrier,
  * MMVS_ST - 1 tiles ahead of the MMAs (a ring of MMVS_ST stages; rows MMVS_ROW_PAD bytes apart so
  * the 8 rows a fragment load touches fall on other banks; run 2's cp.async form, each lane copying
@@ -1288,23 +1288,22 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
     }
 }
 
+/* 16-row tiles up to K = 2048 (the lm_heads of Qwen1.5-MoE and Qwen3). The 8-row form for K up to
+ * 4096 (GLM-4.5-Air's lm_head: 126 registers, 72 bytes of spills) lost to the MMV there (H200,
+ * 2026-12-05, bench/results/2026-12-05-h200-s17 run 3: GLM-4.5-Air FP8 2 / 4 / 8 tokens +0.083 /
+ * +0.056 / +0.053 ms), so it is not taken. */
 static bool mmvs_use(const msm_cuda_tuning *tn, int T, int N, int K, const void *w, const void *x) {
     return tn->mmv_stream_ok && tn->mmv_stream_min_n > 0 && N >= tn->mmv_stream_min_n && T >= tn->mmv_stream_min_t &&
-           T <= 8 && K % 32 == 0 && K > 0 && K <= mmvs_max_k<1>() && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
+           T <= 8 && K % 32 == 0 && K > 0 && K <= mmvs_max_k<2>() && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
 }
 
-/* 16-row tiles up to K = 2048 (the lm_heads of Qwen1.5-MoE and Qwen3), 8-row ones past it
- * (GLM-4.5-Air's 4096): one block an SM */
+/* one block an SM */
 static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
                     msm_cuda_exec ex) {
-    bool two = K <= mmvs_max_k<2>(), early = ex.tune->gemv_early && !ex.w_written;
-    int tr = two ? 16 : 8, ntile = (N + tr - 1) / tr, grid = ntile < ex.tune->sms ? ntile : ex.tune->sms;
-    if (two)
-        CUDA_TRY(msm_launch(mmv_stream_kernel<2>, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem<2>(K), ex, y, x,
-                            w, bias, T, N, K, early));
-    else
-        CUDA_TRY(msm_launch(mmv_stream_kernel<1>, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem<1>(K), ex, y, x,
-                            w, bias, T, N, K, early));
+    int ntile = (N + 15) / 16, grid = ntile < ex.tune->sms ? ntile : ex.tune->sms;
+    bool early = ex.tune->gemv_early && !ex.w_written;
+    CUDA_TRY(msm_launch(mmv_stream_kernel<2>, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem<2>(K), ex, y, x, w,
+                        bias, T, N, K, early));
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -1331,9 +1330,7 @@ void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmvb4_per_sm[1] = msm_blocks_per_sm(mmv_kernel<1, 1, 8, 2, 8, 4>, 8 * 32, 0);
     t->mmvb4_per_sm[2] = msm_blocks_per_sm(mmv_kernel<1, 1, 4, 2, 4, 4>, 4 * 32, 0);
     t->mmv_stream_ok = cudaFuncSetAttribute(mmv_stream_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)mmvs_smem<2>(mmvs_max_k<2>())) == cudaSuccess &&
-                       cudaFuncSetAttribute(mmv_stream_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)mmvs_smem<1>(mmvs_max_k<1>())) == cudaSuccess;
+                                            (int)mmvs_smem<2>(mmvs_max_k<2>())) == cudaSuccess;
     if (!t->mmv_stream_ok) (void)cudaGetLastError();
     mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
     mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);

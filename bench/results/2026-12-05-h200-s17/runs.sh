@@ -125,8 +125,20 @@ r3)
     el done | tee -a $OUT/gpu.txt
     pack
     ;;
+r4)
+    # the final bundle (the streamed MMV for K <= 2048 only): its kernel tests; GLM-4.5-Air FP8 at
+    # 2-8 tokens back on the MMV (two rounds); Qwen1.5-MoE at 1 / 8 tokens (three rounds)
+    hdr
+    timeout 120 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(linear_mmv*|tuning*)" \
+        > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2; do b $GLM 2,4,8 final --; done
+    for i in 1 2 3; do b $Q15 1,8 final --; done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 *)
-    echo "usage: $0 r1|r2|r3" >&2
+    echo "usage: $0 r1|r2|r3|r4" >&2
     exit 2
     ;;
 esac
