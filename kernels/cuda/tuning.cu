@@ -66,7 +66,10 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * / 4 / 8 tokens 2.239-2.242 / 3.027-3.037 / 3.040-3.050 / 4.206-4.216 vs 2.257-2.279 /
      * 3.054-3.083 / 3.065-3.095 / 4.238-4.266, Qwen3-30B-A3B 2 / 4 / 8 -0.020 / -0.015 / -0.039,
      * its FP8 preset 2 / 8 -0.030 / -0.033; the lm_head at 8 tokens 201.6 -> 159.7 us (Nsight
-     * Compute, DRAM 65% -> 82% busy). The bulk-copy form here: run 3 */
+     * Compute, DRAM 65% -> 82% busy). The bulk-copy form here (run 3, three rounds against it off):
+     * Qwen1.5-MoE 2 / 3 / 4 / 8 tokens -0.031 / -0.027 / -0.042 / -0.031 (8: 4.182-4.190 vs
+     * 4.218-4.233), Qwen3-30B-A3B 2 / 4 / 8 -0.032 / -0.018 / -0.052, its FP8 preset -0.044 at 2 and
+     * 8; the lm_head at 8 tokens 150.9 us (DRAM 87% busy) */
     t->mmv_stream_min_n = 32768;
     t->mmv_stream_min_t = 2;
     t->mmv_fit_clusters = true;
