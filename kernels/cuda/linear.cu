@@ -1178,18 +1178,20 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * where the one-token GEMV of the same weight takes 156 (H200, 2026-12-05 seventeenth session,
  * bench/results/2026-12-05-h200-s17 run 1; Nsight Compute: DRAM 65% busy, 26 warps an SM).
  * Here one block of MMVS_WS warps an SM walks tiles of 8 NJ rows (tile blockIdx.x, + gridDim.x,
- * ...; NJ 2, 16 rows, up to K = 2048: mmvs_use). A tile's rows are contiguous weights: one thread brings
- * each tile into shared memory with a bulk copy (TMA) a row, completing on the stage's mbarrier,
- * MMVS_ST - 1 tiles ahead of the MMAs (a ring of MMVS_ST stages; rows MMVS_ROW_PAD bytes apart so
- * the 8 rows a fragment load touches fall on other banks; run 2's cp.async form, each lane copying
- * its own fragments, kept the L2 90% busy at 82% of DRAM). Warp ks owns the K slice of chunks ks * per .. (per =
- * ceil(K / 32 / MMVS_WS) <= 8 / NJ) in every tile, so its x fragments (tokens 0-7, split into
- * bf16 hi + lo as mmv_kernel does) are built once and stay in registers; its B fragments are
- * mmv_kernel's (row g, k 8q..8q+7 of each chunk), read from shared memory. The slices' partials
- * meet in shared memory (double-buffered: one barrier a tile, which also frees the stage the next
- * copies overwrite) and 64 NJ threads sum them in slice order: each output is mmv_kernel<1, 1,
- * 16, 4, 16>'s (the block-sliced MMV at 16 slices: the same chunks, MMAs and order), bitwise. The first
- * tiles' copies go out before the PDL wait (weights are never written during a step). */
+ * ...; NJ 2, 16 rows, up to K = 2048: mmvs_use). A tile's rows are contiguous weights: one thread
+ * brings each tile into shared memory with a bulk copy (TMA) a row, completing on the stage's
+ * mbarrier, MMVS_ST - 1 tiles ahead of the MMAs (a ring of MMVS_ST stages; rows MMVS_ROW_PAD bytes
+ * apart so the 8 rows a fragment load touches fall on other banks; run 2's cp.async form, each
+ * lane copying its own fragments, kept the L2 90% busy at 82% of DRAM). Warp ks owns the K slice
+ * of chunks ks * per .. (per = ceil(K / 32 / MMVS_WS) <= 8 / NJ) in every tile, so its x
+ * fragments (tokens 0-7, split into bf16 hi + lo as mmv_kernel does; at 2 tokens this replaces the
+ * fp32 GEMV's products) are built once and stay in registers; its B fragments are mmv_kernel's
+ * (row g, k 8q..8q+7 of each chunk), read from shared memory. The slices' partials meet in shared
+ * memory (double-buffered: one barrier a tile, which also frees the stage the next copies
+ * overwrite) and 64 NJ threads sum them in slice order: each output is mmv_kernel<1, 1, 16, 4,
+ * 16>'s (the block-sliced MMV at 16 slices: the same chunks, MMAs and order), bitwise. The first
+ * tiles' copies go out before the PDL wait (weights are never written during a step). Run 3: the
+ * lm_head at 8 tokens 150.9 us, DRAM 87% busy. */
 #define MMVS_WS 16
 #define MMVS_ST 3
 #define MMVS_ROW_PAD 64

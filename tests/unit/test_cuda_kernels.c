@@ -737,8 +737,8 @@ Test(cuda_kernels, linear_mmv_block_slices, .timeout = 120) {
 /* The streamed MMV (mmv_stream_kernel, tuning mmv_stream_min_n): against the CPU at 2-8 tokens,
  * with bias, rows not a multiple of 16, many tiles a block (N / 16 past the SMs), slices past K's
  * chunks (K of 13 chunks over 16 warps) and K = 2048 (4 chunks a slice); bitwise the block-sliced
- * MMV at 16 slices (where K has the 16 chunks it needs); deterministic; and past its limits (K > 2048, 9 tokens, 1 token) the other
- * paths take the call. */
+ * MMV at 16 slices (where K has the 16 chunks it needs); deterministic; and past its limits (K past
+ * 2048, 9 tokens, 1 token) the other paths take the call. */
 Test(cuda_kernels, linear_mmv_stream, .timeout = 120) {
     need_gpu();
     cr_assert(tune0.mmv_stream_ok, "the streamed MMV's shared memory granted");
