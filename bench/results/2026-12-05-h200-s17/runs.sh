@@ -137,8 +137,20 @@ r4)
     for i in 1 2 3; do b $Q15 1,8 final --; done
     el done | tee -a $OUT/gpu.txt
     ;;
+r5)
+    # for the next session's batch-1 work: what each op costs a Qwen1.5-MoE step today at 1 and 8
+    # tokens (MSM_CUDA_SKIP_OPS: the step without that op; results meaningless, time real), two rounds
+    hdr
+    el opcosts | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for op in "" ATTENTION ADD_RMSNORM MOE_COMBINE_NORM ROUTER_LINEAR_TOPK ROPE_KV_WRITE MOE_EXPERTS; do
+            b $Q15 1,8 opcosts ${op:+MSM_CUDA_SKIP_OPS=$op} --
+        done
+    done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 *)
-    echo "usage: $0 r1|r2|r3|r4" >&2
+    echo "usage: $0 r1|r2|r3|r4|r5" >&2
     exit 2
     ;;
 esac
