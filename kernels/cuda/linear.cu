@@ -1177,40 +1177,36 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * loads 256 bytes of a row, and waits for each step before the next: 194 us for 622 MB (3.2 TB/s)
  * where the one-token GEMV of the same weight takes 156 (H200, 2026-12-05 seventeenth session,
  * bench/results/2026-12-05-h200-s17 run 1; Nsight Compute: DRAM 65% busy, 26 warps an SM).
- * Here one block of MMVS_WS warps an SM walks tiles of 8 NJ rows (tile blockIdx.x, + gridDim.x,
- * ...; NJ 2, 16 rows, up to K = 2048: mmvs_use). A tile's rows are contiguous weights: one thread
+ * Here one block of MMVS_WS warps an SM walks 16-row tiles (tile blockIdx.x, + gridDim.x, ...;
+ * K up to MMVS_MAX_K = 2048). A tile's rows are contiguous weights: one thread
  * brings each tile into shared memory with a bulk copy (TMA) a row, completing on the stage's
  * mbarrier, MMVS_ST - 1 tiles ahead of the MMAs (a ring of MMVS_ST stages; rows MMVS_ROW_PAD bytes
  * apart so the 8 rows a fragment load touches fall on other banks; run 2's cp.async form, each
  * lane copying its own fragments, kept the L2 90% busy at 82% of DRAM). Warp ks owns the K slice
- * of chunks ks * per .. (per = ceil(K / 32 / MMVS_WS) <= 8 / NJ) in every tile, so its x
+ * of chunks ks * per .. (per = ceil(K / 32 / MMVS_WS) <= MMVS_PC) in every tile, so its x
  * fragments (tokens 0-7, split into bf16 hi + lo as mmv_kernel does; at 2 tokens this replaces the
  * fp32 GEMV's products) are built once and stay in registers; its B fragments are mmv_kernel's
  * (row g, k 8q..8q+7 of each chunk), read from shared memory. The slices' partials meet in shared
  * memory (double-buffered: one barrier a tile, which also frees the stage the next copies
- * overwrite) and 64 NJ threads sum them in slice order: each output is mmv_kernel<1, 1, 16, 4,
+ * overwrite) and 128 threads sum them in slice order: each output is mmv_kernel<1, 1, 16, 4,
  * 16>'s (the block-sliced MMV at 16 slices: the same chunks, MMAs and order), bitwise. The first
  * tiles' copies go out before the PDL wait (weights are never written during a step). Run 3: the
  * lm_head at 8 tokens 150.9 us, DRAM 87% busy. */
 #define MMVS_WS 16
 #define MMVS_ST 3
 #define MMVS_ROW_PAD 64
-/* NJ n8 tiles a tile (8 * NJ rows), 8 / NJ chunks of 32 a slice at most: K <= 4096 / NJ (the x
- * fragments held: 64 registers either way) */
-template <int NJ>
-static constexpr int mmvs_max_k(void) {
-    return 32 * (8 / NJ) * MMVS_WS;
-}
-/* shared memory at K: the stages, the partials [2][WS][8 tokens][8 NJ rows], the stages' mbarriers */
-template <int NJ>
+#define MMVS_NJ 2 /* n8 tiles a tile: 16 rows */
+#define MMVS_PC 4 /* chunks of 32 a slice at most */
+#define MMVS_MAX_K (32 * MMVS_PC * MMVS_WS) /* 2048 */
+/* shared memory at K: the stages, the partials [2][WS][8 tokens][16 rows], the stages' mbarriers */
 static constexpr size_t mmvs_smem(int K) {
-    return (size_t)MMVS_ST * 8 * NJ * (2 * (size_t)K + MMVS_ROW_PAD) + 2 * MMVS_WS * 64 * NJ * 4 + MMVS_ST * 8;
+    return (size_t)MMVS_ST * 8 * MMVS_NJ * (2 * (size_t)K + MMVS_ROW_PAD) + 2 * MMVS_WS * 64 * MMVS_NJ * 4 +
+           MMVS_ST * 8;
 }
-template <int NJ>
 static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
     mmv_stream_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
                       bool early) {
-    constexpr int PC = 8 / NJ, TR = 8 * NJ, NOUT = 8 * TR; /* chunks a slice, rows a tile, outputs */
+    constexpr int NJ = MMVS_NJ, PC = MMVS_PC, TR = 8 * NJ, NOUT = 8 * TR; /* rows a tile, outputs */
     extern __shared__ __align__(128) unsigned char mmvs_sm[];
     const int rs = 2 * K + MMVS_ROW_PAD, sb = TR * rs; /* a row's and a stage's bytes */
     float *part = (float *)(mmvs_sm + (size_t)MMVS_ST * sb);
@@ -1296,7 +1292,7 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
  * +0.056 / +0.053 ms), so it is not taken. */
 static bool mmvs_use(const msm_cuda_tuning *tn, int T, int N, int K, const void *w, const void *x) {
     return tn->mmv_stream_ok && tn->mmv_stream_min_n > 0 && N >= tn->mmv_stream_min_n && T >= tn->mmv_stream_min_t &&
-           T <= 8 && K % 32 == 0 && K > 0 && K <= mmvs_max_k<2>() && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
+           T <= 8 && K % 32 == 0 && K > 0 && K <= MMVS_MAX_K && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
 }
 
 /* one block an SM */
@@ -1304,8 +1300,8 @@ static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t 
                     msm_cuda_exec ex) {
     int ntile = (N + 15) / 16, grid = ntile < ex.tune->sms ? ntile : ex.tune->sms;
     bool early = ex.tune->gemv_early && !ex.w_written;
-    CUDA_TRY(msm_launch(mmv_stream_kernel<2>, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem<2>(K), ex, y, x, w,
-                        bias, T, N, K, early));
+    CUDA_TRY(msm_launch(mmv_stream_kernel, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem(K), ex, y, x, w, bias,
+                        T, N, K, early));
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -1331,8 +1327,8 @@ void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmvb4_per_sm[0] = msm_blocks_per_sm(mmv_kernel<1, 1, 16, 2, 16, 4>, 16 * 32, 0);
     t->mmvb4_per_sm[1] = msm_blocks_per_sm(mmv_kernel<1, 1, 8, 2, 8, 4>, 8 * 32, 0);
     t->mmvb4_per_sm[2] = msm_blocks_per_sm(mmv_kernel<1, 1, 4, 2, 4, 4>, 4 * 32, 0);
-    t->mmv_stream_ok = cudaFuncSetAttribute(mmv_stream_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)mmvs_smem<2>(mmvs_max_k<2>())) == cudaSuccess;
+    t->mmv_stream_ok = cudaFuncSetAttribute(mmv_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)mmvs_smem(MMVS_MAX_K)) == cudaSuccess;
     if (!t->mmv_stream_ok) (void)cudaGetLastError();
     mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
     mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);
