@@ -149,8 +149,18 @@ r5)
     done
     el done | tee -a $OUT/gpu.txt
     ;;
+r6)
+    # the review's refactor (the streamed MMV without its template; the same code): its kernel tests,
+    # and Qwen1.5-MoE at 2 / 8 tokens
+    hdr
+    timeout 120 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(linear_mmv*|tuning*)" \
+        > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    for i in 1 2; do b $Q15 2,8 final --; done
+    el done | tee -a $OUT/gpu.txt
+    ;;
 *)
-    echo "usage: $0 r1|r2|r3|r4|r5" >&2
+    echo "usage: $0 r1|r2|r3|r4|r5|r6" >&2
     exit 2
     ;;
 esac
