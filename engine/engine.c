@@ -228,6 +228,7 @@ static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, in
                         .fuse_linear_norm = o->fuse_linear_norm,
                         .router_first = o->router_first,
                         .router_alone = o->router_alone,
+                        .fork_before_norm = o->fork_before_norm,
                         .prefetch_l2 = o->prefetch_l2 || o->prefetch_l2_next,
                         .prefetch_l2_next = o->prefetch_l2_next,
                         .prefetch_kv = o->prefetch_kv,

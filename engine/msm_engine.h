@@ -62,6 +62,9 @@ typedef struct msm_engine_opts {
                                   expert's branch (see engine/passes/multi_stream.c; default on) */
     bool router_alone;         /* ... and forks the shared expert's branch only after the router
                                   (default off) */
+    bool fork_before_norm;     /* pass fork_before_norm, with multi_stream: the shared expert's branch
+                                  forked before the norm it reads, computing that norm itself
+                                  (engine/passes/fork_norm.c; default off: not yet measured) */
     bool prefetch_l2;          /* pass prefetch_l2, with multi_stream: each layer's o_proj and shared
                                   expert pulled into L2 during its attention (default off: not yet
                                   measured) */

@@ -26,6 +26,7 @@ typedef struct msm_pass_opts {
     bool fuse_linear_norm; /* fuse_linear_add_rmsnorm */
     bool router_first;     /* multi_stream_moe: the router issued before the aux branch */
     bool router_alone;     /* multi_stream_moe: the aux branch forked after the router (waits for it) */
+    bool fork_before_norm; /* fork_before_norm (with multi_stream) */
     bool prefetch_l2;      /* prefetch_l2 (with multi_stream only) */
     bool prefetch_l2_next; /* prefetch_l2: also the next layer's qkv at the router (no shared expert) */
     bool prefetch_kv;      /* prefetch_l2: each layer's K/V cache rows as the layer starts (PREFETCH_KV) */
@@ -87,6 +88,12 @@ int msm_pass_fuse_router_topk(const msm_graph *in, const msm_pass_opts *o, msm_g
 /* A LINEAR and the ADD_RMSNORM of its output (the next node, its only reader) → one
  * LINEAR_ADD_RMSNORM, bitwise the pair. After elide_tp1_collectives and fuse_moe_combine. */
 int msm_pass_fuse_linear_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret, msm_err *err);
+
+/* Per shared-expert fork: the fork's RECORD moved before the residual ADD_RMSNORM right before
+ * it, and the AUX branch given its own copy of that norm (same inputs, fresh outputs) to read,
+ * so the branch no longer waits for the main stream's norm. The same bits. After
+ * elide_tp1_collectives, before fuse_linear_add_rmsnorm. Idempotent. */
+int msm_pass_fork_before_norm(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret, msm_err *err);
 
 /* ROPE + the ATTENTION reading its output → ROPE_KV_WRITE (rotates and writes the layer's K/V
  * cache) + an ATTENTION with kv_written (skips its own K/V write), per layer: the same cache, the

@@ -1141,3 +1141,84 @@ Test(graph_pass, prefetch_kv_forks_before_each_qkv_norm_and_keeps_the_norm_linea
         for (int i = 0; i < 4; i++) msm_graph_free(list[i]);
     }
 }
+
+/* fork_before_norm: in every layer with a shared expert (qwen2moe-gqa's, glm4moe's ungated one), the
+ * fork's RECORD sits right before the residual ADD_RMSNORM on MAIN, which stays right before the
+ * router; the AUX branch starts with a copy of that norm (the same op, inputs, weight and
+ * attributes; fresh outputs of the same shapes) and its readers read the copy's norm; nothing else
+ * changes (the same node count but one a layer). The plan keeps the copy's inputs and outputs off
+ * every byte the main stream writes in the fork's window; idempotent; off without multi_stream; at
+ * tp 2, where the norm rides in the all-reduce (fuse_allreduce_add_rmsnorm), nothing to move. */
+Test(graph_pass, fork_before_norm_gives_the_shared_branch_its_own_norm) {
+    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/glm4moe", "tests/data/qwen3moe"};
+    for (int d = 0; d < 3; d++) {
+        msm_graph *g = plain(dirs[d], 1);
+        msm_pass_opts on = all_on, off = all_on;
+        on.prefetch_l2 = off.prefetch_l2 = false, on.fork_before_norm = true;
+        msm_graph *a = apply(g, &off), *b = apply(g, &on), *again;
+        int forks = 0;
+        for (int L = 0; L < a->n_layers; L++) forks += count(a, L, MSM_OP_LINEAR, MSM_STREAM_AUX) > 0;
+        cr_expect_eq(forks > 0, d < 2, "%s: layers with a shared expert", dirs[d]);
+        cr_expect_eq(b->n_nodes, a->n_nodes + forks, "%s", dirs[d]);
+        cr_expect_eq(b->n_vals, a->n_vals + 2 * forks, "%s", dirs[d]);
+        for (int L = 0; L < b->n_layers; L++) {
+            if (count(a, L, MSM_OP_LINEAR, MSM_STREAM_AUX) == 0) {
+                cr_expect_eq(count(b, L, MSM_OP_ADD_RMSNORM, MSM_STREAM_AUX), 0, "%s layer %d", dirs[d], L);
+                continue;
+            }
+            cr_assert_eq(count(b, L, MSM_OP_ADD_RMSNORM, MSM_STREAM_AUX), 1, "%s layer %d", dirs[d], L);
+            int rec = -1, w = -1;
+            for (int i = 0; i < b->n_nodes; i++) {
+                const msm_node *x = &b->nodes[i];
+                if (x->layer == L && x->op == MSM_OP_EVENT_RECORD && x->stream == MSM_STREAM_MAIN &&
+                    x->role == MSM_ROLE_SHARED && rec < 0)
+                    rec = i;
+                if (x->layer == L && x->op == MSM_OP_EVENT_WAIT && x->stream == MSM_STREAM_AUX && w < 0) w = i;
+            }
+            cr_assert(rec > 0 && w > rec, "%s layer %d", dirs[d], L);
+            const msm_node *mn = &b->nodes[rec + 1], *cp = &b->nodes[w + 1], *lin = &b->nodes[w + 2];
+            cr_expect_eq(b->nodes[w].event, b->nodes[rec].event);
+            cr_expect(mn->op == MSM_OP_ADD_RMSNORM && mn->stream == MSM_STREAM_MAIN, "%s layer %d: no norm after the RECORD",
+                      dirs[d], L);
+            cr_expect(b->nodes[rec - 1].op == MSM_OP_LINEAR, "%s layer %d: the RECORD follows the o_proj", dirs[d], L);
+            cr_expect(b->nodes[rec + 2].role == MSM_ROLE_ROUTED, "%s layer %d: the router after the norm", dirs[d], L);
+            cr_assert(cp->op == MSM_OP_ADD_RMSNORM && cp->stream == MSM_STREAM_AUX, "%s layer %d", dirs[d], L);
+            cr_expect(cp->n_in == 2 && cp->in[0] == mn->in[0] && cp->in[1] == mn->in[1] && cp->w[0] == mn->w[0] &&
+                      memcmp(&cp->attr, &mn->attr, sizeof cp->attr) == 0, "%s layer %d: not a copy", dirs[d], L);
+            for (int j = 0; j < 2; j++) {
+                const msm_value *x = &b->vals[cp->out[j]], *y = &b->vals[mn->out[j]];
+                cr_expect(cp->out[j] != mn->out[j] && x->dtype == y->dtype && x->rows == y->rows && x->cols == y->cols,
+                          "%s layer %d output %d", dirs[d], L, j);
+                /* live from the fork to the join: no byte in common with what MAIN writes meanwhile */
+                size_t xo = x->offset, xe = xo + msm_value_bytes_max(b, x);
+                for (int i = rec + 1; i < b->n_nodes && b->nodes[i].layer <= L; i++) {
+                    const msm_node *m = &b->nodes[i];
+                    if (m->stream != MSM_STREAM_MAIN || m->op == MSM_OP_MOE_COMBINE_NORM) continue;
+                    for (int o = 0; o < m->n_out; o++) {
+                        const msm_value *mv = &b->vals[m->out[o]];
+                        size_t mo = mv->offset, me = mo + msm_value_bytes_max(b, mv);
+                        cr_expect(me <= xo || xe <= mo, "%s layer %d: %s shares bytes with %s", dirs[d], L, x->name,
+                                  mv->name);
+                    }
+                }
+            }
+            cr_expect(lin->op == MSM_OP_LINEAR && lin->in[0] == cp->out[1], "%s layer %d: the gate/up reads %s",
+                      dirs[d], L, b->vals[lin->in[0]].name);
+        }
+        msm_err err = {{0}};
+        cr_assert_eq(msm_pass_fork_before_norm(b, &on, &again, &err), 0, "%s", err.msg);
+        cr_expect(msm_graph_equal(b, again), "%s: fork_before_norm is not idempotent", dirs[d]);
+        msm_pass_opts one = on;
+        one.multi_stream = false;
+        msm_graph *c = apply(g, &one);
+        cr_expect_eq(count_op(c, MSM_OP_EVENT_RECORD), 0, "%s: one stream", dirs[d]);
+        msm_graph *list[] = {g, a, b, again, c};
+        for (int i = 0; i < 5; i++) msm_graph_free(list[i]);
+    }
+    msm_graph *g2 = plain("tests/data/qwen2moe-gqa", 2);
+    msm_pass_opts on = all_on, off = all_on;
+    on.prefetch_l2 = off.prefetch_l2 = false, on.fork_before_norm = true;
+    msm_graph *a = apply(g2, &off), *b = apply(g2, &on);
+    cr_expect(msm_graph_equal(a, b), "tp 2: the norm rides in the all-reduce; nothing to move");
+    msm_graph_free(g2), msm_graph_free(a), msm_graph_free(b);
+}

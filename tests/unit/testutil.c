@@ -94,7 +94,7 @@ msm_engine_opts test_engine_opts(const char *model_dir, int tp, bool fuse, bool 
      * combine, RoPE + K/V write, all-reduce + add + norm, router + top-k, linear + add + norm) */
     o.elide_collectives = o.fuse_add_norm = o.fuse_moe_combine = o.fuse_rope_kv = o.fuse_allreduce_norm =
         o.fuse_router = o.fuse_linear_norm = fuse || multi_stream;
-    o.router_first = multi_stream;
+    o.router_first = o.fork_before_norm = multi_stream;
     o.prefetch_l2 = o.prefetch_l2_next = o.prefetch_kv = multi_stream; /* hints: nothing changes, but their aux
                                                                           nodes run */
     o.kv_blocks = 64;
