@@ -237,6 +237,8 @@ static bool qk_rope_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) 
            msm_cuda_qk_norm_rope_kv_fits(rows, ra->hd, ra->rot) && !rope_attention_pair(g, i + 1, ex);
 }
 
+static bool norm_swiglu_triple(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex);
+
 /* Whether node i is an ADD_RMSNORM that runs with the LINEAR after it in one kernel
  * (msm_cuda_norm_linear): that node reads its norm, on the same stream (so no event between the
  * two: a reader elsewhere waits on a record after both), with the norm's width as its K, where
@@ -250,7 +252,8 @@ static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, 
         return false;
     const uint8_t *w8 = cb->w8[l->w[0]];
     return msm_cuda_norm_linear_fits(rows, l->attr.linear.N, l->attr.linear.K, w8 != NULL,
-                                     w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune);
+                                     w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune) &&
+           !norm_swiglu_triple(cb, g, i, rows, ex);
 }
 
 /* Whether node i is a bf16 LINEAR that runs with the ROPE_KV_WRITE after it in one kernel
@@ -286,7 +289,31 @@ static bool linear_swiglu_pair(const cuda_backend *cb, const msm_graph *g, int i
     if (xv->offset < av->offset + ab && av->offset < xv->offset + xb) return false;
     return msm_cuda_linear_swiglu_fits(rows, sw->attr.swiglu.I, l->attr.linear.K, cb->w[l->w[0]],
                                        cb->arena + xv->offset, ex.tune) &&
-           !norm_linear_pair(cb, g, i - 1, rows, ex);
+           !norm_linear_pair(cb, g, i - 1, rows, ex) && !norm_swiglu_triple(cb, g, i - 1, rows, ex);
+}
+
+/* Whether node i is an ADD_RMSNORM that runs with the LINEAR and the SWIGLU after it in one kernel
+ * (msm_cuda_norm_linear_swiglu, one or two tokens): the LINEAR reads the norm, a bf16 [2I, K] gate/up
+ * without bias whose output only that SWIGLU reads, all three on one stream; the SWIGLU's output
+ * shares no byte with the norm's inputs and outputs (the kernel reads a and b in every block while
+ * block 0 writes sum and out and all write act; the planner keeps them apart, msm_graph_plan). Taken
+ * before the norm + GEMV pair and the GEMV + SwiGLU pair. */
+static bool norm_swiglu_triple(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
+    if (!ex.tune->norm_linear_swiglu || i < 0 || i + 2 >= g->n_nodes) return false;
+    const msm_node *n = &g->nodes[i], *l = &g->nodes[i + 1], *sw = &g->nodes[i + 2];
+    if (n->op != MSM_OP_ADD_RMSNORM || l->op != MSM_OP_LINEAR || sw->op != MSM_OP_SWIGLU || l->stream != n->stream ||
+        sw->stream != n->stream || l->in[0] != n->out[1] || l->attr.linear.K != n->attr.rmsnorm.dim ||
+        sw->in[0] != l->out[0] || msm_graph_readers(g, l->out[0]) != 1 || g->vals[l->out[0]].io || cb->w8[l->w[0]] ||
+        l->w[1] >= 0 || l->attr.linear.N != 2 * sw->attr.swiglu.I)
+        return false;
+    const msm_value *av = &g->vals[sw->out[0]];
+    size_t ab = (size_t)rows * av->cols * 4;
+    for (int j = 0; j < 4; j++) {
+        const msm_value *x = &g->vals[j < 2 ? n->in[j] : n->out[j - 2]];
+        size_t xb = (size_t)rows * x->cols * 4;
+        if (x->offset < av->offset + ab && av->offset < x->offset + xb) return false;
+    }
+    return msm_cuda_norm_linear_swiglu_fits(rows, sw->attr.swiglu.I, l->attr.linear.K, cb->w[l->w[0]], ex.tune);
 }
 
 /* Whether node i is an ADD_RMSNORM that runs with the ROUTER_LINEAR_TOPK after it in one kernel
@@ -392,6 +419,13 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                               a->qk_norm.nh, a->qk_norm.kvh, a->qk_norm.hd, a->qk_norm.eps, s));
         break;
     case MSM_OP_LINEAR:
+        if (norm_swiglu_triple(cb, g, idx - 1, ROWS(in0), s)) { /* the ADD_RMSNORM before, the SWIGLU after */
+            const msm_node *nn = &g->nodes[idx - 1], *sn = &g->nodes[idx + 1];
+            KTRY(msm_cuda_norm_linear_swiglu(F(sn->out[0]), F(nn->out[0]), F(nn->out[1]), F(nn->in[0]), F(nn->in[1]),
+                                             cb->w[nn->w[0]], nn->attr.rmsnorm.eps, cb->w[n->w[0]], ROWS(in0),
+                                             sn->attr.swiglu.I, a->linear.K, s));
+            break;
+        }
         if (norm_linear_pair(cb, g, idx - 1, ROWS(in0), s)) { /* with the ADD_RMSNORM before it, one launch */
             const msm_node *nn = &g->nodes[idx - 1];
             KTRY(msm_cuda_norm_linear(F(out0), F(nn->out[0]), F(nn->out[1]), F(nn->in[0]), F(nn->in[1]),
@@ -477,6 +511,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_add(F(out0), F(in0), F(n->in[1]), (size_t)ROWS(in0) * g->vals[in0].cols, s));
         break;
     case MSM_OP_ADD_RMSNORM:
+        if (norm_swiglu_triple(cb, g, idx, ROWS(in0), s)) break; /* the LINEAR next does it */
         if (norm_linear_pair(cb, g, idx, ROWS(in0), s)) break; /* the LINEAR next does it */
         if (norm_router_pair(g, idx, ROWS(in0), s)) break;     /* the router next does it */
         KTRY(msm_cuda_add_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), cb->w[n->w[0]], ROWS(in0),
@@ -498,6 +533,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_sigmoid(F(out0), F(in0), (size_t)ROWS(in0) * g->vals[in0].cols, s));
         break;
     case MSM_OP_SWIGLU:
+        if (norm_swiglu_triple(cb, g, idx - 2, ROWS(in0), s)) break; /* the LINEAR before did it */
         if (linear_swiglu_pair(cb, g, idx - 1, ROWS(in0), s)) break; /* the LINEAR before did it */
         KTRY(msm_cuda_swiglu(F(out0), F(in0), ROWS(in0), a->swiglu.I, s));
         break;
@@ -1380,6 +1416,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_GG_COMPACT=0|1         the grouped SIMT GEMVs' grid: a row per selected expert (1, default) or per expert
  *   MSM_CUDA_LINEAR_SWIGLU=0|1          a gate/up LINEAR and its SWIGLU at 1-2 tokens in one kernel (1, default)
  *   MSM_CUDA_LINEAR_SWIGLU_ROWS=1|2|4   ... its gate and up rows a warp (2, default); the same bits
+ *   MSM_CUDA_NORM_LINEAR_SWIGLU=0|1     an ADD_RMSNORM, the gate/up LINEAR on its norm and its SWIGLU at 1-2
+ *                                       tokens in one kernel (0, default: not yet measured)
+ *   MSM_CUDA_NORM_SWIGLU_ROWS=2|4       ... its gate and up rows a warp (2, default); the same bits
  *   MSM_CUDA_AUX_GEMV_ROWS=1|2          the 1-2-token bf16 GEMV's rows a warp on the aux stream (2, default)
  *   MSM_CUDA_LINEAR_ROPE_MMV=0|1        the qkv LINEAR + ROPE_KV_WRITE in one kernel on the MMV (3-8 tokens)
  *                                       too (1, default)
@@ -1470,6 +1509,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_MOE_GG_EARLY"))) t->moe_gg_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_MOE_GG_COMPACT"))) t->moe_gg_compact = s[0] != '0';
     if ((s = getenv("MSM_CUDA_LINEAR_SWIGLU"))) t->linear_swiglu = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_NORM_LINEAR_SWIGLU"))) t->norm_linear_swiglu = s[0] != '0';
+    if (env_int("MSM_CUDA_NORM_SWIGLU_ROWS", &v)) t->norm_swiglu_rows = v == 4 ? 4 : 2;
     if ((s = getenv("MSM_CUDA_LINEAR_ROPE_MMV"))) t->linear_rope_mmv = s[0] != '0';
     if (env_int("MSM_CUDA_LINEAR_SWIGLU_ROWS", &v)) t->linear_swiglu_rows = v == 4 ? 4 : v == 2 ? 2 : 1;
     if (env_int("MSM_CUDA_AUX_GEMV_ROWS", &v)) t->aux_gemv_rows = v == 2 ? 2 : 1;

@@ -833,6 +833,94 @@ extern "C" int msm_cuda_norm_linear(float *y, float *sum, float *out, const floa
     return 0;
 }
 
+/* ---- msm_cuda_norm_linear_swiglu: ADD_RMSNORM + the gate/up LINEAR on its norm + SWIGLU ----
+ * gemv_norm_in_kernel's norm (norm_in_hook: every block norms the T rows into shared memory after
+ * its warps' first weight loads; block 0 also writes sum and out) with linear_swiglu_kernel's rows:
+ * block b's first NI_WARPS / 2 warps take R gate rows each (outputs OW b + R w ..), the others the
+ * matching up rows I + OW b + R w' .., and act = silu(gate) * up from shared memory. Each row's sum
+ * is gemv_kernel's (msm_rows_dot_w: the same lane partials in the same order, the same warp sum; no
+ * bias), so act is bitwise msm_cuda_add_rmsnorm, msm_cuda_linear, msm_cuda_swiglu (the formula of
+ * swiglu_kernel). For a shared expert forked before its norm (pass fork_before_norm): its gate/up
+ * stream starts as soon as the o_proj is done, beside the main stream's norm and router. */
+template <int NT, int R, int U, int V, bool PIPE>
+static __global__ void __launch_bounds__(NI_WARPS * 32)
+    norm_in_swiglu_kernel(float *act, const uint16_t *w, int T, int I, int K, const float *a, const float *b,
+                          const uint16_t *nw, float *sum, float *out, float eps, int vt, bool early) {
+    constexpr int HW = NI_WARPS / 2, OW = HW * R; /* gate (or up) warps; outputs a block */
+    extern __shared__ float xn[];                 /* [T][K]: the normed rows */
+    __shared__ float part[32];
+    __shared__ float v[NT][2][OW]; /* [token][gate, up][the block's outputs] */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, up = warp / HW;
+    const int o0 = blockIdx.x * OW, i0 = o0 + (warp % HW) * R; /* the block's first output; the warp's */
+    msm_pdl_trigger();
+    if (!early) msm_pdl_wait();
+    const void *wr[R];
+    const float *sr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        wr[r] = i0 + r < I ? msm_wrow<false>(w, 0, up * I + i0 + r, K) : NULL; /* NULL: no loads, norm barriers kept */
+        sr[r] = NULL;
+    }
+    const float *xs[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) xs[t] = xn + (size_t)min(t, T - 1) * K;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    norm_in_hook<V> hook{a, b, nw, sum, out, xn, T, K, vt, eps, part, early};
+    msm_rows_dot_w<R, NT, U, true, false, false, false, PIPE, norm_in_hook<V>>(acc, wr, sr, xs, T, K, 0, lane, hook);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = msm_warp_sum(acc[r][t]);
+            if (lane == 0) v[t][up][(warp % HW) * R + r] = s;
+        }
+    __syncthreads();
+    int t = threadIdx.x / OW, j = threadIdx.x % OW;
+    if (t < NT && t < T && o0 + j < I) {
+        float g = v[t][0][j], u = v[t][1][j];
+        act[(size_t)t * I + o0 + j] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+extern "C" bool msm_cuda_norm_linear_swiglu_fits(int T, int I, int K, const void *w, const msm_cuda_tuning *tn) {
+    return tn->norm_linear_swiglu && I > 0 && I <= (1 << 29) && (uintptr_t)w % 16 == 0 &&
+           msm_cuda_norm_linear_fits(T, 2 * I, K, false, 0, tn);
+}
+
+template <int R, int V>
+static cudaError_t norm_in_swiglu_go(float *act, const uint16_t *w, int T, int I, int K, const float *a,
+                                     const float *b, const uint16_t *nw, float *sum, float *out, float eps, int vt,
+                                     msm_cuda_exec ex) {
+    /* norm_in_launch's loads (two a lane a row in flight before the norm; software-pipelined rows by
+     * tuning rows_pipe), R rows a warp */
+    constexpr int U = 2, OW = NI_WARPS / 2 * R;
+    dim3 grid((unsigned)((I + OW - 1) / OW));
+    bool pipe = (ex.tune->rows_pipe & MSM_CUDA_PIPE_NORM_IN) && K > 256 * U;
+    auto kern = T == 1 ? (pipe ? norm_in_swiglu_kernel<1, R, U, V, true> : norm_in_swiglu_kernel<1, R, U, V, false>)
+                       : (pipe ? norm_in_swiglu_kernel<2, R, U, V, true> : norm_in_swiglu_kernel<2, R, U, V, false>);
+    return msm_launch(kern, grid, dim3(NI_WARPS * 32), (size_t)T * K * sizeof(float), ex, act, w, T, I, K, a, b, nw,
+                      sum, out, eps, vt, ex.tune->gemv_early && !ex.w_written);
+}
+
+extern "C" int msm_cuda_norm_linear_swiglu(float *act, float *sum, float *out, const float *a, const float *b,
+                                           const uint16_t *nw, float eps, const uint16_t *w, int T, int I, int K,
+                                           msm_cuda_exec ex) {
+    if (!act || !sum || !out || !a || !b || !nw || !w || !msm_cuda_norm_linear_swiglu_fits(T, I, K, w, ex.tune))
+        return -EINVAL;
+    int vt, V;
+    norm_in_v(K, &vt, &V);
+#define NS(R_, V_) norm_in_swiglu_go<R_, V_>(act, w, T, I, K, a, b, nw, sum, out, eps, vt, ex)
+    cudaError_t e = ex.tune->norm_swiglu_rows == 4 ? (V == 4 ? NS(4, 4) : NS(4, 8)) : (V == 4 ? NS(2, 4) : NS(2, 8));
+#undef NS
+    CUDA_TRY(e);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
 /* ---- small N (routers): one block per (row n, token t), msm_small_dot ---- */
 template <bool VEC>
 static __global__ void __launch_bounds__(MSM_SMALL_THREADS)

@@ -363,6 +363,15 @@ typedef struct msm_cuda_tuning {
                                  8 tokens, the numbers in tuning.cu) */
     int linear_swiglu_rows;   /* ... its gate and up rows a warp, 1, 2 (default) or 4 (fewer blocks;
                                  the same bits; MSM_CUDA_LINEAR_SWIGLU_ROWS) */
+    bool norm_linear_swiglu;  /* an ADD_RMSNORM, the bf16 gate/up LINEAR on its norm and its SWIGLU, at
+                                 one or two tokens: one kernel (msm_cuda_norm_linear_swiglu, bitwise the
+                                 three; a shared expert forked before its norm, pass fork_before_norm,
+                                 or a dense MLP). Off by default: not yet measured
+                                 (MSM_CUDA_NORM_LINEAR_SWIGLU) */
+    int norm_swiglu_rows;     /* ... its gate and up rows a warp, 2 (default: 8 outputs a block of 8
+                                 warps, 80 registers, three blocks an SM) or 4 (16 outputs, half the
+                                 blocks, ~105 registers, two an SM); the same bits
+                                 (MSM_CUDA_NORM_SWIGLU_ROWS) */
     int aux_gemv_rows;        /* the one- and two-token bf16 GEMV's rows a warp on the aux stream (the
                                  shared expert's down), 1 or 2 (default): half the blocks, more SMs
                                  for the routed experts beside it; the same bits
@@ -774,6 +783,17 @@ bool msm_cuda_norm_linear_fits(int T, int N, int K, bool fp8, int ph, const msm_
 int msm_cuda_norm_linear(float *y, float *sum, float *out, const float *a, const float *b, const uint16_t *nw,
                          float eps, const uint16_t *w, msm_cuda_fp8w w8, const uint16_t *bias, int T, int N, int K,
                          msm_cuda_exec ex);
+
+/* ADD_RMSNORM, the gate/up LINEAR on its norm and the SWIGLU on that in one launch: sum = a + b,
+ * out = rmsnorm(sum) * nw (T rows of K, block 0 writes both), act [T, I] = silu(gate) * up of
+ * out . w^T (w [2I, K] bf16, gate rows then up rows, no bias), bitwise msm_cuda_add_rmsnorm,
+ * msm_cuda_linear and msm_cuda_swiglu; the gate/up product is never written. Only where
+ * msm_cuda_norm_linear_swiglu_fits (tuning norm_linear_swiglu, with norm_linear's shapes and
+ * tokens for N = 2I, 16-byte aligned w); else -EINVAL. sum and out must not overlap a or b, nor act
+ * any of them. */
+bool msm_cuda_norm_linear_swiglu_fits(int T, int I, int K, const void *w, const msm_cuda_tuning *tn);
+int msm_cuda_norm_linear_swiglu(float *act, float *sum, float *out, const float *a, const float *b, const uint16_t *nw,
+                                float eps, const uint16_t *w, int T, int I, int K, msm_cuda_exec ex);
 
 /* msm_cuda_moe_experts with FP8-resident expert weights gate_up [E, 2I, H] and down [E, H, I].
  * From fp8_moe_tiled_min_t tokens up to MSM_CUDA_MOE_TILED_MAX_T (moe_path AUTO; TILED at any T)

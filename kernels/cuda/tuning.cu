@@ -157,6 +157,8 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 5.680-5.684 / 5.704-5.721 / 8.681-8.705 (the same); bitwise in run 3 */
     t->linear_rope_mmv = true;
     t->linear_swiglu_rows = 2;
+    t->norm_linear_swiglu = false; /* not yet measured: msm_cuda_kernels.h */
+    t->norm_swiglu_rows = 2;
     t->aux_gemv_rows = 2;
     /* the L2 prefetch of the PREFETCH nodes (pass off by default): measured slower or the same
      * (H200, 2026-12-05 sixteenth session, bench/results/2026-12-05-h200-s15 run 1 and its README);

@@ -78,6 +78,12 @@ VARIANTS = [  # (name, extra flags, environment)
     ("L2 prefetch with evict_last and 16 MiB set aside vs none", ["--prefetch-l2"],
      {"MSM_CUDA_L2_PREFETCH_LAST": "1", "MSM_CUDA_L2_PERSIST_MB": "16"}),
     ("L2 prefetch of the next qkv and the K/V cache rows vs none", ["--prefetch-l2-next", "--prefetch-kv"], {}),
+    ("shared expert forked before its norm (its own copy, three kernels) vs after", ["--fork-before-norm"], {}),
+    ("shared expert forked before its norm, norm + gate/up + SwiGLU one kernel vs after",
+     ["--fork-before-norm"], {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1"}),
+    ("... at 4 rows a warp", ["--fork-before-norm"], {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1", "MSM_CUDA_NORM_SWIGLU_ROWS": "4"}),
+    ("dense MLPs' norm + gate/up + SwiGLU one kernel vs the norm + GEMV and the SwiGLU", [],
+     {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1"}),
 ]
 if os.environ.get("CHECK_VARIANTS"):  # e.g. CHECK_VARIANTS="L2 prefetch" for the lines of one change
     VARIANTS = [v for v in VARIANTS if any(w in v[0] for w in os.environ["CHECK_VARIANTS"].split(","))]

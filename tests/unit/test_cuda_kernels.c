@@ -64,7 +64,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB",
                                  "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_FP8_MOE_LEAN",
                                  "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW", "MSM_CUDA_MMV_STREAM_MIN_N",
-                                 "MSM_CUDA_MMV_STREAM_MIN_T"};
+                                 "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -107,6 +107,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     setenv("MSM_CUDA_MMV_STREAM_MIN_N", "-5", 1), setenv("MSM_CUDA_MMV_STREAM_MIN_T", "12", 1);
+    setenv("MSM_CUDA_NORM_LINEAR_SWIGLU", "1", 1), setenv("MSM_CUDA_NORM_SWIGLU_ROWS", "3", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = t.moe_gg_compact = t.linear_swiglu = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -152,6 +153,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.mmv_nj, 4, "MSM_CUDA_MMV_NJ=4: 32 rows a warp");
     cr_expect_eq(t.mmv_stream_min_n, 0, "clamped to 0: no streamed MMV");
     cr_expect_eq(t.mmv_stream_min_t, 8, "clamped to 8");
+    cr_expect(t.norm_linear_swiglu, "MSM_CUDA_NORM_LINEAR_SWIGLU=1: the norm, the gate/up and the SwiGLU one kernel");
+    cr_expect_eq(t.norm_swiglu_rows, 2, "MSM_CUDA_NORM_SWIGLU_ROWS=3: not a form, 2 rows a warp");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
@@ -2734,6 +2737,81 @@ Test(cuda_kernels, linear_swiglu_equals_linear_then_swiglu, .timeout = 60) {
         cudaFree(dx), cudaFree(gu), cudaFree(a1), cudaFree(a2), cudaFree(dw);
         free(x), free(wf), free(w), free(h1), free(h2);
     }
+}
+
+/* ADD_RMSNORM + the gate/up LINEAR on its norm + SWIGLU in one launch (msm_cuda_norm_linear_swiglu)
+ * gives the three kernels' bits: the residual sum, the norm and the activations, at one and two
+ * tokens; Qwen1.5-MoE's shared expert (I 5632, K 2048: 8 values a norm thread), an odd I (a block's
+ * last outputs past I), K 1024 and 768 (4 values); 2 and 4 rows a warp, loads before the PDL wait
+ * or after it, software-pipelined rows or not; the inputs written by the kernel just before it on
+ * poisoned buffers (a read ahead of its PDL wait would show); and what it does not take (the switch
+ * off, three tokens, a K without a norm layout, a misaligned weight) refused with -EINVAL. */
+Test(cuda_kernels, norm_linear_swiglu_equals_add_rmsnorm_linear_swiglu, .timeout = 120) {
+    need_gpu();
+    static const int shapes[][2] = {{5632, 2048}, {1409, 2048}, {768, 1024}, {131, 768}}; /* I, K */
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int I = shapes[si][0], K = shapes[si][1], N = 2 * I, Tm = 2;
+        size_t nk = (size_t)Tm * K, na = (size_t)Tm * I;
+        float *xa = host_f32(nk, 1.0f), *xb = host_f32(nk, 1.0f), *wf, *nf;
+        uint16_t *w = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *nb = host_bf16(K, 1.0f, &nf);
+        float *d0 = dev_up(xa, nk * 4), *d1 = dev_up(xb, nk * 4), *da = dev(nk * 4), *db = dev(nk * 4), *dz = dev(nk * 4);
+        CK(cudaMemset(dz, 0, nk * 4));
+        float *dsum = dev(nk * 4), *dout = dev(nk * 4), *gu = dev((size_t)Tm * N * 4), *dact = dev(na * 4);
+        uint16_t *dw = dev_up(w, (size_t)N * K * 2), *dn = dev_up(nb, (size_t)K * 2);
+        float *r[3], *g[3];
+        for (int i = 0; i < 3; i++) r[i] = malloc(nk > na ? nk * 4 : na * 4), g[i] = malloc(nk > na ? nk * 4 : na * 4);
+        for (int T = 1; T <= 2; T++)
+            /* the three kernels; one at 2 rows a warp, early loads; at 4; loads after the wait; without
+             * the software pipelining (msm_cuda_tuning.rows_pipe) */
+            for (int v = 0; v < 5; v++) {
+                msm_cuda_tuning t = tune0;
+                t.norm_linear_swiglu = t.norm_linear = true;
+                t.norm_swiglu_rows = v == 2 ? 4 : 2;
+                t.gemv_early = v != 3;
+                if (v == 4) t.rows_pipe = 0;
+                msm_cuda_exec ex = {.stream = st, .tune = &t};
+                cr_assert(msm_cuda_norm_linear_swiglu_fits(T, I, K, dw, &t), "fits T=%d I=%d K=%d", T, I, K);
+                CK(cudaMemsetAsync(da, 0xff, nk * 4, st));
+                CK(cudaMemsetAsync(db, 0xff, nk * 4, st));
+                CK(cudaMemsetAsync(dsum, 0xff, nk * 4, st));
+                CK(cudaMemsetAsync(dout, 0xff, nk * 4, st));
+                CK(cudaMemsetAsync(dact, 0xff, na * 4, st));
+                CK(msm_cuda_add(da, d0, d1, (size_t)T * K, ex));
+                CK(msm_cuda_add(db, d1, dz, (size_t)T * K, ex));
+                if (v == 0) {
+                    CK(msm_cuda_add_rmsnorm(dsum, dout, da, db, dn, T, K, 1e-6f, ex));
+                    CK(msm_cuda_linear(gu, dout, dw, NULL, T, N, K, NULL, NULL, 0, ex));
+                    CK(msm_cuda_swiglu(dact, gu, T, I, ex));
+                } else {
+                    CK(msm_cuda_norm_linear_swiglu(dact, dsum, dout, da, db, dn, 1e-6f, dw, T, I, K, ex));
+                }
+                CK(cudaStreamSynchronize(st));
+                float **o = v == 0 ? r : g;
+                down(o[0], dsum, (size_t)T * K * 4), down(o[1], dout, (size_t)T * K * 4);
+                down(o[2], dact, (size_t)T * I * 4);
+                if (v == 0) continue;
+                cr_expect(memcmp(r[0], g[0], (size_t)T * K * 4) == 0, "sum differs: T=%d I=%d K=%d v=%d", T, I, K, v);
+                cr_expect(memcmp(r[1], g[1], (size_t)T * K * 4) == 0, "norm differs: T=%d I=%d K=%d v=%d", T, I, K, v);
+                cr_expect(memcmp(r[2], g[2], (size_t)T * I * 4) == 0, "act differs: T=%d I=%d K=%d v=%d", T, I, K, v);
+            }
+        msm_cuda_tuning t = tune0;
+        t.norm_linear = true;
+        msm_cuda_exec ex = {.stream = st, .tune = &t};
+        cr_expect(!msm_cuda_norm_linear_swiglu_fits(1, I, K, dw, &t), "switched off");
+        cr_expect_eq(msm_cuda_norm_linear_swiglu(dact, dsum, dout, da, db, dn, 1e-6f, dw, 1, I, K, ex), -EINVAL);
+        t.norm_linear_swiglu = true;
+        cr_expect(!msm_cuda_norm_linear_swiglu_fits(3, I, K, dw, &t), "past 2 tokens");
+        cr_expect(!msm_cuda_norm_linear_swiglu_fits(1, I, 4096, dw, &t), "K 4096: no norm layout");
+        cr_expect(!msm_cuda_norm_linear_swiglu_fits(1, I, K, dw + 1, &t), "misaligned weight");
+        cr_expect_eq(msm_cuda_norm_linear_swiglu(dact, dsum, dout, da, db, dn, 1e-6f, dw, 3, I, K, ex), -EINVAL);
+        cudaFree(d0), cudaFree(d1), cudaFree(da), cudaFree(db), cudaFree(dz), cudaFree(dsum), cudaFree(dout);
+        cudaFree(gu), cudaFree(dact), cudaFree(dw), cudaFree(dn);
+        for (int i = 0; i < 3; i++) free(r[i]), free(g[i]);
+        free(xa), free(xb), free(wf), free(nf), free(w), free(nb);
+    }
+    cudaStreamDestroy(st);
 }
 
 /* The qkv LINEAR + ROPE_KV_WRITE in one kernel (msm_cuda_linear_rope_kv, one or two tokens) equals

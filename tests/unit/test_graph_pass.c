@@ -397,6 +397,36 @@ Test(graph_plan, norm_inputs_stay_live_through_the_linear_on_the_norm) {
     cr_expect(router_pairs > 0, "no ADD_RMSNORM -> ROUTER_LINEAR_TOPK pair (qwen3moe, mixtral)");
 }
 
+/* ... and through the SWIGLU after that LINEAR, reading its product on the same stream (the CUDA
+ * backend's msm_cuda_norm_linear_swiglu: block 0 writes the norm's outputs while every block reads
+ * its inputs and writes the SWIGLU's): the SWIGLU's output shares no bytes with the norm's inputs
+ * and outputs. A dense MLP's (qwen2moe-gqa's layer 1, glm4moe's layer 0) on MAIN, and with
+ * fork_before_norm a shared expert's on AUX. */
+Test(graph_plan, norm_inputs_stay_live_through_the_swiglu_after_the_linear_on_the_norm) {
+    static const char *models[] = {"tests/data/qwen2moe-gqa", "tests/data/glm4moe"};
+    int triples[MSM_N_STREAMS] = {0};
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+        msm_graph *g = plain(models[m], 1), *out;
+        msm_err err = {{0}};
+        msm_pass_opts o = {.elide_collectives = true, .fuse_add_norm = true, .fuse_rope_kv = true, .fuse_router = true,
+                           .fuse_moe_combine = true, .multi_stream = true, .router_first = true, .fork_before_norm = true};
+        cr_assert_eq(msm_passes_apply(g, &o, &out, &err), 0, "%s", err.msg);
+        for (int i = 0; i + 2 < out->n_nodes; i++) {
+            const msm_node *n = &out->nodes[i], *l = &out->nodes[i + 1], *sw = &out->nodes[i + 2];
+            if (n->op != MSM_OP_ADD_RMSNORM || l->op != MSM_OP_LINEAR || sw->op != MSM_OP_SWIGLU ||
+                l->in[0] != n->out[1] || sw->in[0] != l->out[0] || l->stream != n->stream || sw->stream != n->stream)
+                continue;
+            triples[n->stream]++;
+            const int vs[5] = {n->in[0], n->in[1], n->out[0], n->out[1], sw->out[0]};
+            expect_disjoint(out, models[m], vs, 5);
+        }
+        msm_graph_free(out);
+        msm_graph_free(g);
+    }
+    cr_expect(triples[MSM_STREAM_MAIN] > 0, "no dense MLP's norm -> gate/up -> SwiGLU on MAIN");
+    cr_expect(triples[MSM_STREAM_AUX] > 0, "no shared expert's norm -> gate/up -> SwiGLU on AUX");
+}
+
 /* A LINEAR whose product the next node, a ROPE_KV_WRITE on the same stream, reads keeps its input
  * live through that node: the CUDA backend may run the two as one kernel (msm_cuda_linear_rope_kv),
  * whose blocks read the LINEAR's input while others write the rotated rows, so the input, the
