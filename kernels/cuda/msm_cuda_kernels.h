@@ -250,6 +250,8 @@ typedef struct msm_cuda_tuning {
                                  of 15-16 blocks waits for room in one GPC where the shared expert's
                                  or many tokens' blocks fill the SMs) */
     int router_cluster_max;   /* the largest cluster it launches (16 where the device allows, else 8; GPU fact) */
+    int norm_router_cluster_max; /* ... and the one its norm-fused form launches (msm_cuda_norm_router_linear_topk
+                                    at router_cluster_max_t tokens; GPU fact) */
     int att_mma_min_blocks;   /* AUTO takes it once its (token, kv head) blocks reach this (0: sms / 4
                                  with 4 or more query heads a kv head, else 4 * sms) */
     bool att_cluster;         /* the SIMT attention's context splits of a (token, head) are one
@@ -309,7 +311,10 @@ typedef struct msm_cuda_tuning {
                                  3.06-3.08 / 4.22 / 6.53 / 9.34-9.38, FP8 2.95-3.00 vs 2.84-2.85): each
                                  block's own norm (a 2048 row from L2, two block sums) costs more than the
                                  boundary it saves (timeline: 11 us a layer against the norm's 2.5 + the
-                                 router's 6) (MSM_CUDA_NORM_ROUTER=1) */
+                                 router's 6) (MSM_CUDA_NORM_ROUTER=1). Where the cluster router
+                                 takes the call (router_cluster_max_t: one token) the fused form is
+                                 now one cluster a token too, every block norming the row
+                                 (norm_router_cluster_kernel; not yet measured) */
     int norm_router_max_t;    /* ... up to this many tokens (MSM_CUDA_NORM_ROUTER_MAX_T) */
     int moe_tiled_bm;         /* tokens a pass of the tiled expert GEMMs: 16 (5 pipeline stages; FP8 8), 32 (4;
                                  FP8 6) or 64 (3; FP8 4); 0 (default): by the mean tokens an expert (moe_tiled.cu). The

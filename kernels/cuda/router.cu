@@ -231,10 +231,15 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
 #define RC_MAX_CLUSTER 16 /* non-portable past 8: the H100/H200 take 16 */
 #define RC_LOADS 16       /* 16-byte weight loads a thread has in flight a round */
 
-template <int R>
-static __global__ void __launch_bounds__(RC_THREADS)
-    router_cluster_kernel(int32_t *ids, float *w, const float *x, const uint16_t *wr, int E, int K, int k,
-                          bool norm, bool early) {
+/* The cluster router's body for token t = blockIdx.y, reading its row from xt (global memory, or
+ * the block's shared memory after hook()). hook() runs once in every thread, after the thread's
+ * first round of weight loads is issued and the PDL wait (if early), before xt is read: the fused
+ * norm's (norm_router_cluster_kernel), which needs every thread to have a first round
+ * (K >= 8 * RC_THREADS: norm_router_layout). */
+template <int R, typename Hook>
+static __device__ __forceinline__ void router_cluster_body(int32_t *ids, float *w, const float *xt,
+                                                           const uint16_t *wr, int E, int K, int k, bool norm,
+                                                           bool early, Hook hook) {
     constexpr int U = RC_LOADS / R; /* loads a row a round */
     __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE]; /* rank 0's: every logit of the token */
     __shared__ float part[R][RC_THREADS / 32];
@@ -249,7 +254,6 @@ static __global__ void __launch_bounds__(RC_THREADS)
     const uint16_t *rows[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rows[r] = b * R + r < E ? wr + (size_t)(b * R + r) * K : NULL;
-    const float *xt = x + (size_t)t * K;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
@@ -262,7 +266,10 @@ static __global__ void __launch_bounds__(RC_THREADS)
                 int kk = k0 + u * 8 * RC_THREADS;
                 wv[r][u] = rows[r] && kk < K ? msm_ld_stream16(rows[r] + kk) : make_uint4(0, 0, 0, 0);
             }
-        if (early && k0 == tid * 8) msm_pdl_wait();
+        if (k0 == tid * 8) {
+            if (early) msm_pdl_wait();
+            hook();
+        }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int kk = k0 + u * 8 * RC_THREADS;
@@ -290,6 +297,13 @@ static __global__ void __launch_bounds__(RC_THREADS)
     }
     cl.sync(); /* every block's logits in rank 0's lg */
     if (b == 0) rank_topk(ids, w, lg, rank, t, E, k, norm);
+}
+
+template <int R>
+static __global__ void __launch_bounds__(RC_THREADS)
+    router_cluster_kernel(int32_t *ids, float *w, const float *x, const uint16_t *wr, int E, int K, int k,
+                          bool norm, bool early) {
+    router_cluster_body<R>(ids, w, x + (size_t)blockIdx.y * K, wr, E, K, k, norm, early, msm_no_hook{});
 }
 
 /* Logits a block of the cluster router takes for E experts: the fewest of 1, 2, 4, 8, 16 that
@@ -350,8 +364,18 @@ static int rc_allow(void) {
     return n;
 }
 
+template <int R, int V>
+static int nrc_allow(void);
+
 void msm__router_tuning(msm_cuda_tuning *t) {
     const int n[] = {RC_MAX_CLUSTER, rc_allow<1>(), rc_allow<2>(), rc_allow<4>(), rc_allow<8>(), rc_allow<16>()};
+    /* the fused norm's cluster router (its row in shared memory, up to K 4096's): its own limit */
+    const int f[] = {nrc_allow<1, 4>(),  nrc_allow<2, 4>(),  nrc_allow<4, 4>(),  nrc_allow<8, 4>(),  nrc_allow<16, 4>(),
+                     nrc_allow<1, 8>(),  nrc_allow<2, 8>(),  nrc_allow<4, 8>(),  nrc_allow<8, 8>(),  nrc_allow<16, 8>(),
+                     nrc_allow<1, 16>(), nrc_allow<2, 16>(), nrc_allow<4, 16>(), nrc_allow<8, 16>(), nrc_allow<16, 16>()};
+    int m2 = RC_MAX_CLUSTER;
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) m2 = f[i] < m2 ? f[i] : m2;
+    t->norm_router_cluster_max = m2;
     int m = n[0];
     for (size_t i = 1; i < sizeof n / sizeof *n; i++) m = n[i] < m ? n[i] : m;
     t->router_cluster_max = m;
@@ -446,6 +470,77 @@ static bool norm_router_layout(int K, int *vt, int *V) {
     return K >= 8 * MSM_SMALL_THREADS && *vt == 256 && (*V == 4 || *V == 8 || *V == 16);
 }
 
+/* ---- ADD_RMSNORM + the cluster router in one launch (msm_cuda_norm_router_linear_topk where the
+ * cluster router takes the call: one token by default, tuning router_cluster_max_t) ----
+ * router_cluster_kernel with norm_router_kernel's norm: every block of token t's cluster norms the
+ * row into shared memory (msm_block_norm_row, the norm kernel's bits, F = 2 virtual threads a
+ * thread) after its first round of weight loads, and reads x from there; block rank 0 also writes
+ * the residual sum and the norm. The same logits from the same values, so ids and weights are
+ * bitwise the two kernels' (the norm, then router_cluster_kernel). The norm kernel's launch and its
+ * kernel boundary leave the router's chain (Qwen1.5-MoE batch 1: the norm 3 us, then the router 7.3
+ * us after it, bench/results/2026-12-05-h200-s17 run 1); a layer whose shared expert forks before
+ * the norm (pass fork_before_norm) has the norm right before its router. */
+template <int R, int V, int F>
+static __global__ void __launch_bounds__(RC_THREADS)
+    norm_router_cluster_kernel(int32_t *ids, float *w, const float *a, const float *b, const uint16_t *nw,
+                               float *sum, float *out, float eps, int vt, const uint16_t *wr, int E, int K, int k,
+                               bool norm, bool early) {
+    extern __shared__ __align__(16) float xn[]; /* [K]: token t's normed row */
+    __shared__ float npart[32];
+    const size_t off = (size_t)blockIdx.y * K;
+    const bool wr0 = blockIdx.x == 0; /* cluster rank 0 (the cluster spans the grid's x) */
+    auto hook = [&]() {
+        float wv[F][V]; /* the norm weights, L2 hits of every block */
+        msm_block_norm_w<V, F, RC_THREADS>(nw, K, vt, wv);
+        msm_block_norm_row<V, F, RC_THREADS>([&](int i) { return a[off + i] + b[off + i]; },
+                                             [&](int i, float v, float o) {
+                                                 xn[i] = o;
+                                                 if (wr0) sum[off + i] = v, out[off + i] = o;
+                                             },
+                                             wv, K, eps, vt, npart);
+        __syncthreads(); /* the whole row in shared memory before any thread reads it */
+    };
+    router_cluster_body<R>(ids, w, xn, wr, E, K, k, norm, early, hook);
+}
+
+/* rc_allow for norm_router_cluster_kernel<R, V, 2> (its row of up to 4096 floats in dynamic shared memory) */
+template <int R, int V>
+static int nrc_allow(void) {
+    int n = 0;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(RC_MAX_CLUSTER, 1);
+    cfg.blockDim = dim3(RC_THREADS);
+    cfg.dynamicSmemBytes = 4096 * sizeof(float);
+    if (cudaFuncSetAttribute(norm_router_cluster_kernel<R, V, 2>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess ||
+        cudaOccupancyMaxPotentialClusterSize(&n, norm_router_cluster_kernel<R, V, 2>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 8;
+    }
+    return n;
+}
+
+template <int R, int V>
+static cudaError_t nrc_launch(int32_t *ids, float *w, const float *a, const float *b, const uint16_t *nw, float *sum,
+                              float *out, float eps, int vt, const uint16_t *wr, int T, int E, int K, int k,
+                              bool norm, bool early, msm_cuda_exec ex) {
+    unsigned C = (unsigned)((E + R - 1) / R);
+    return msm_launch_cluster(norm_router_cluster_kernel<R, V, 2>, dim3(C, (unsigned)T), dim3(RC_THREADS),
+                              (size_t)K * sizeof(float), C, ex, ids, w, a, b, nw, sum, out, eps, vt, wr, E, K, k, norm,
+                              early);
+}
+
+template <int V>
+static cudaError_t nrc_go(int32_t *ids, float *w, const float *a, const float *b, const uint16_t *nw, float *sum,
+                          float *out, float eps, int vt, const uint16_t *wr, int T, int E, int K, int k, bool norm,
+                          msm_cuda_exec ex) {
+    bool early = T == 1 && ex.tune->gemv_early && !ex.w_written; /* as rc_go */
+    int R = rc_rows(E);
+#define NRC(R_) nrc_launch<R_, V>(ids, w, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, early, ex)
+    return R == 1 ? NRC(1) : R == 2 ? NRC(2) : R == 4 ? NRC(4) : R == 8 ? NRC(8) : NRC(16);
+#undef NRC
+}
+
 extern "C" bool msm_cuda_norm_router_fits(int T, int E, int K, const msm_cuda_tuning *tn) {
     int vt, V;
     return tn->norm_router && T >= 1 && T <= tn->norm_router_max_t && T <= MSM_CUDA_ROUTER_FUSED_MAX_T && E >= 1 &&
@@ -483,6 +578,15 @@ extern "C" int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *s
     }
     int vt, V;
     norm_router_layout(K, &vt, &V);
+    if (rc_fits(T, E, K, wr, wr, ex.tune) && (E + rc_rows(E) - 1) / rc_rows(E) <= ex.tune->norm_router_cluster_max) {
+        /* one cluster a token, every block norming the row */
+        cudaError_t e = V == 4   ? nrc_go<4>(ids, w, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, ex)
+                        : V == 8 ? nrc_go<8>(ids, w, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, ex)
+                                 : nrc_go<16>(ids, w, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, ex);
+        CUDA_TRY(e);
+        CUDA_LAUNCH_CHECK();
+        return 0;
+    }
     unsigned *ctr = (unsigned *)ws;
     float *logits = (float *)((char *)ws + MSM_CUDA_ROUTER_FUSED_MAX_T * sizeof(unsigned));
     bool blk = msm_small_block(T, E);

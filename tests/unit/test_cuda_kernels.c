@@ -1210,8 +1210,9 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
 
 /* ADD_RMSNORM + the fused router in one launch (msm_cuda_norm_router_linear_topk) gives the two
  * kernels' bits: ids, weights, the residual sum and the norm, one block a logit (T * E <= 1024) and
- * one warp a logit (past it), its norm layouts (K = 1024, 2048 and 4096: 256 norm threads of 4, 8 and
- * 16 values), E = 60 / 128 / 256 / 8 / 64, T = 1..8,
+ * one warp a logit (past it), one cluster a token (router_cluster_max_t: one token by default, up to
+ * 8 in a variant, none in another), its norm layouts (K = 1024, 2048 and 4096: 256 norm threads of
+ * 4, 8 and 16 values), E = 60 / 128 / 256 / 8 / 64, T = 1..8,
  * the router weights requested before the PDL wait or after it, the inputs written by the kernel
  * just before on buffers poisoned just before that (a read ahead of the wait would show), repeated
  * calls (its counters return to zero); and what it does not take refused. */
@@ -1238,10 +1239,14 @@ Test(cuda_kernels, norm_router_equals_add_rmsnorm_then_router, .timeout = 120) {
         float *rw = malloc(nk * 4), *gw = malloc(nk * 4), *rs = malloc(nx * 4), *gs = malloc(nx * 4);
         float *ro = malloc(nx * 4), *go = malloc(nx * 4);
         for (int T = 1; T <= Tm; T++)
-            for (int v = 0; v < 4; v++) { /* the two kernels; one, early router loads; one, after the wait; again */
+            /* the two kernels; one, early router loads; one, after the wait; again; clusters at no token; at
+             * up to 8 */
+            for (int v = 0; v < 6; v++) {
                 msm_cuda_tuning t = tune0;
                 t.norm_router = true, t.norm_router_max_t = 8;
                 t.gemv_early = v != 2;
+                if (v == 4) t.router_cluster_max_t = 0;
+                if (v == 5) t.router_cluster_max_t = 8;
                 msm_cuda_exec ex = {.stream = st, .tune = &t};
                 cr_assert(msm_cuda_norm_router_fits(T, E, K, &t), "fits T=%d E=%d K=%d", T, E, K);
                 CK(cudaMemsetAsync(da, 0xff, nx * 4, st));
