@@ -82,6 +82,8 @@ VARIANTS = [  # (name, extra flags, environment)
     ("shared expert forked before its norm, norm + gate/up + SwiGLU one kernel vs after",
      ["--fork-before-norm"], {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1"}),
     ("... at 4 rows a warp", ["--fork-before-norm"], {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1", "MSM_CUDA_NORM_SWIGLU_ROWS": "4"}),
+    ("shared expert forked before its norm, its norm-in gate/up + SwiGLU and the norm-in cluster router vs neither",
+     ["--fork-before-norm"], {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1", "MSM_CUDA_NORM_ROUTER": "1"}),
     ("dense MLPs' norm + gate/up + SwiGLU one kernel vs the norm + GEMV and the SwiGLU", [],
      {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1"}),
 ]

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The device commands prepared in the eighteenth session (README.md here), which had no device: the
+# next session with device time runs them. From the repository root, with the binaries of
+# `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check bundle`
+# built from the commit in each run's gpu.txt, carried as gpu-run/:
+#   bash bench/results/2026-12-05-h200-s18/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
+Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b Q3F=qwen3-30b-a3b-fp8 GLM=glm-4.5-air-fp8
+FORK="--fork-before-norm" SW="MSM_CUDA_NORM_LINEAR_SWIGLU=1" NR="MSM_CUDA_NORM_ROUTER=1"
+case "$1" in
+r1)
+    # correctness first: the seventeenth session's unrun review refactor (the streamed MMV's kernel
+    # tests, its r6), the new kernels' tests (the norm + gate/up + SwiGLU kernel, the norm-fused
+    # cluster router, with the norm + GEMV and GEMV + SwiGLU pairs they sit beside); check_presets'
+    # bitwise lines of the pass and the kernels on Qwen1.5-MoE and Qwen3-30B-A3B (the fused router
+    # there: its norm and router were adjacent before); check_cuda_vs_cpu's new line on two models
+    hdr
+    timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 \
+        --filter "cuda_kernels/@(linear_mmv*|tuning*|norm_linear*|norm_router*|linear_swiglu*|router*)" \
+        > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_VARIANTS="before its norm,router two kernels vs one,dense MLPs" timeout 200 \
+        python3 tests/gpu/check_presets.py config/models/$Q15.json config/models/$Q3.json > $OUT/presets.txt 2>&1
+    grep -c PASS $OUT/presets.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
+    grep FAIL $OUT/presets.txt | head -5 | tee -a $OUT/gpu.txt
+    el check | tee -a $OUT/gpu.txt
+    CHECK_MODELS=qwen2moe-gqa,glm4moe timeout $(left 575) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
+    tail -1 $OUT/check.txt | tee -a $OUT/gpu.txt
+    grep "before its norm" $OUT/check.txt | head -4 | tee -a $OUT/gpu.txt
+    el done | tee -a $OUT/gpu.txt
+    ;;
+r2)
+    # the A/B (README: predictions): Qwen1.5-MoE at 1 / 2 / 8 tokens, today's default against the
+    # shared expert forked before its norm (alone: the aux copy as the norm + GEMV kernel and a
+    # SwiGLU kernel; with the norm + gate/up + SwiGLU kernel at 2 and 4 rows a warp; and with the
+    # norm-fused cluster router on the main stream), three rounds; Qwen3-30B-A3B's norm-fused cluster
+    # router at 1 / 2 tokens, two rounds; the timeline of the best-guess arm at one token
+    hdr
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q15 1,2,8 fork --
+        b $Q15 1,2,8 fork -- $FORK
+        b $Q15 1,2,8 fork $SW -- $FORK
+        b $Q15 1,2 fork $SW MSM_CUDA_NORM_SWIGLU_ROWS=4 -- $FORK
+        b $Q15 1,2,8 fork $SW $NR -- $FORK
+    done
+    for i in 1 2; do
+        b $Q3 1,2 nr --
+        b $Q3 1,2 nr $NR --
+    done
+    el timelines | tee -a $OUT/gpu.txt
+    tl $Q15 1 q15b1-fork $SW $NR -- $FORK
+    el done | tee -a $OUT/gpu.txt
+    ;;
+*)
+    echo "usage: $0 r1|r2" >&2
+    exit 2
+    ;;
+esac
