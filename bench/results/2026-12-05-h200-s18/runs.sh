@@ -35,7 +35,8 @@ r2)
     # shared expert forked before its norm (alone: the aux copy as the norm + GEMV kernel and a
     # SwiGLU kernel; with the norm + gate/up + SwiGLU kernel at 2 and 4 rows a warp; and with the
     # norm-fused cluster router on the main stream), three rounds; Qwen3-30B-A3B's norm-fused cluster
-    # router at 1 / 2 tokens, two rounds; the timeline of the best-guess arm at one token
+    # router at 1 / 2 tokens and its FP8 preset's at 1, two rounds; the streamed MMV on smaller linears at 2 / 8 tokens, two
+    # rounds; the timeline of the best-guess arm at one token
     hdr
     el ab | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
@@ -48,6 +49,16 @@ r2)
     for i in 1 2; do
         b $Q3 1,2 nr --
         b $Q3 1,2 nr $NR --
+        b $Q3F 1 nr --
+        b $Q3F 1 nr $NR --
+    done
+    # the streamed MMV (today the lm_head's alone) on the shared expert's gate/up (11264 rows: 5.3
+    # tiles an SM) and on every linear of 2048 rows or more (the o_proj and the shared down too: 1 tile
+    # an SM), at 2 and 8 tokens, where their MMVs stream at 0.7-2.2 TB/s (s17 run 2's timeline)
+    for i in 1 2; do
+        b $Q15 2,8 mmvs --
+        b $Q15 2,8 mmvs MSM_CUDA_MMV_STREAM_MIN_N=8192 --
+        b $Q15 2,8 mmvs MSM_CUDA_MMV_STREAM_MIN_N=2048 --
     done
     el timelines | tee -a $OUT/gpu.txt
     tl $Q15 1 q15b1-fork $SW $NR -- $FORK
