@@ -411,6 +411,32 @@ struct norm_in_hook {
     }
 };
 
+/* A norm-in kernel's warp: acc = its lane partials of weight rows n0 .. n0 + R - 1 (those below nend;
+ * a row past it NULL: no loads, the hook still reached) against the T normed rows in xn, which the hook
+ * (norm_in_hook of h over xn) writes after the warp's first weight loads. */
+template <int NT, int R, int U, bool FP8, int V, bool PIPE, bool HW>
+static __device__ __forceinline__ void norm_in_dot(float (&acc)[R][NT], const void *w, const float *wsc, int ph,
+                                                   int n0, int nend, int T, int K, float *xn, int lane, const float *a,
+                                                   const float *b, const uint16_t *nw, float *sum, float *out,
+                                                   int vt, float eps, float *part, bool early) {
+    const void *wr[R];
+    const float *sr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        wr[r] = n0 + r < nend ? msm_wrow<FP8>(w, 0, n0 + r, K) : NULL;
+        sr[r] = FP8 ? msm_srow(wsc, n0 + r, K, ph) : NULL;
+    }
+    const float *xs[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) xs[t] = xn + (size_t)min(t, T - 1) * K;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    norm_in_hook<V> hook{a, b, nw, sum, out, xn, T, K, vt, eps, part, early};
+    msm_rows_dot_w<R, NT, U, true, FP8, false, HW, PIPE, norm_in_hook<V>>(acc, wr, sr, xs, T, K, ph, lane, hook);
+}
+
 template <int NT, int R, int U, bool FP8, int V, bool PIPE = false, bool HW = false>
 static __global__ void __launch_bounds__(NI_WARPS * 32)
     gemv_norm_in_kernel(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T, int N, int K,
@@ -422,23 +448,9 @@ static __global__ void __launch_bounds__(NI_WARPS * 32)
     const int n0 = (blockIdx.x * NI_WARPS + warp) * R;
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
-    const void *wr[R];
-    const float *sr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        wr[r] = n0 + r < N ? msm_wrow<FP8>(w, 0, n0 + r, K) : NULL;
-        sr[r] = FP8 ? msm_srow(wsc, n0 + r, K, ph) : NULL;
-    }
-    const float *xs[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) xs[t] = xn + (size_t)min(t, T - 1) * K;
     float acc[R][NT];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    norm_in_hook<V> hook{a, b, nw, sum, out, xn, T, K, vt, eps, part, early};
-    msm_rows_dot_w<R, NT, U, true, FP8, false, HW, PIPE, norm_in_hook<V>>(acc, wr, sr, xs, T, K, ph, lane, hook);
+    norm_in_dot<NT, R, U, FP8, V, PIPE, HW>(acc, w, wsc, ph, n0, N, T, K, xn, lane, a, b, nw, sum, out, vt, eps,
+                                            part, early);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float bb = (bias && n0 + r < N) ? msm_bf(bias[n0 + r]) : 0.0f;
@@ -854,23 +866,9 @@ static __global__ void __launch_bounds__(NI_WARPS * 32)
     const int o0 = blockIdx.x * OW, i0 = o0 + (warp % HW) * R; /* the block's first output; the warp's */
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
-    const void *wr[R];
-    const float *sr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        wr[r] = i0 + r < I ? msm_wrow<false>(w, 0, up * I + i0 + r, K) : NULL; /* NULL: no loads, norm barriers kept */
-        sr[r] = NULL;
-    }
-    const float *xs[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) xs[t] = xn + (size_t)min(t, T - 1) * K;
     float acc[R][NT];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    norm_in_hook<V> hook{a, b, nw, sum, out, xn, T, K, vt, eps, part, early};
-    msm_rows_dot_w<R, NT, U, true, false, false, false, PIPE, norm_in_hook<V>>(acc, wr, sr, xs, T, K, 0, lane, hook);
+    norm_in_dot<NT, R, U, false, V, PIPE, false>(acc, w, NULL, 0, up * I + i0, (up + 1) * I, T, K, xn, lane, a, b, nw, sum,
+                                                 out, vt, eps, part, early);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll

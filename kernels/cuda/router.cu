@@ -303,7 +303,8 @@ template <int R>
 static __global__ void __launch_bounds__(RC_THREADS)
     router_cluster_kernel(int32_t *ids, float *w, const float *x, const uint16_t *wr, int E, int K, int k,
                           bool norm, bool early) {
-    router_cluster_body<R>(ids, w, x + (size_t)blockIdx.y * K, wr, E, K, k, norm, early, msm_no_hook{});
+    int t = blockIdx.y;
+    router_cluster_body<R>(ids, w, x + (size_t)t * K, wr, E, K, k, norm, early, msm_no_hook{});
 }
 
 /* Logits a block of the cluster router takes for E experts: the fewest of 1, 2, 4, 8, 16 that
@@ -391,6 +392,35 @@ void msm__router_tuning(msm_cuda_tuning *t) {
  * weights are bitwise the two kernels'; block (0, t) also writes row t's residual sum and norm for
  * their other readers (the experts, the next residual add). Decode-sized T (every block norms its
  * token's row). */
+/* The fused router's norm: token row `off` of a + b, normed (msm_block_norm_row: the norm kernel's
+ * bits, MSM_SMALL_THREADS threads playing its vt virtual ones, F each) into the block's shared xn;
+ * the block of grid x 0 also writes the residual sum and the norm. Run once by every thread of the
+ * block (a rows-dot hook), after the PDL wait when wait. */
+template <int V, int F>
+struct router_norm_hook {
+    const float *a, *b;
+    const uint16_t *nw;
+    float *sum, *out, *xn;
+    size_t off;
+    int K, vt;
+    float eps;
+    float *part;
+    bool wait;
+    __device__ __forceinline__ void operator()() const {
+        if (wait) msm_pdl_wait();
+        float wv[F][V]; /* the norm weights, L2 hits of every block */
+        msm_block_norm_w<V, F, MSM_SMALL_THREADS>(nw, K, vt, wv);
+        bool wr0 = blockIdx.x == 0;
+        msm_block_norm_row<V, F, MSM_SMALL_THREADS>([&](int i) { return a[off + i] + b[off + i]; },
+                                                    [&](int i, float v, float o) {
+                                                        xn[i] = o;
+                                                        if (wr0) sum[off + i] = v, out[off + i] = o;
+                                                    },
+                                                    wv, K, eps, vt, part);
+        __syncthreads(); /* the whole row in shared memory before any thread reads it */
+    }
+};
+
 template <bool BLOCK, int V, int F>
 static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     norm_router_kernel(int32_t *ids, float *w, float *logits, unsigned *ctr, const float *a, const float *b,
@@ -401,20 +431,7 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.y;
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
-    auto hook = [&]() {
-        if (early) msm_pdl_wait();
-        float wv[F][V]; /* the norm weights, L2 hits of every block */
-        msm_block_norm_w<V, F, MSM_SMALL_THREADS>(nw, K, vt, wv);
-        size_t off = (size_t)t * K;
-        bool wr0 = blockIdx.x == 0;
-        msm_block_norm_row<V, F, MSM_SMALL_THREADS>([&](int i) { return a[off + i] + b[off + i]; },
-                                                    [&](int i, float v, float o) {
-                                                        xn[i] = o;
-                                                        if (wr0) sum[off + i] = v, out[off + i] = o;
-                                                    },
-                                                    wv, K, eps, vt, part);
-        __syncthreads(); /* the whole row in shared memory before any thread reads it */
-    };
+    router_norm_hook<V, F> hook{a, b, nw, sum, out, xn, (size_t)t * K, K, vt, eps, part, early};
     if constexpr (BLOCK) {
         int n = blockIdx.x;
         float s = msm_small_dot<true>(wr + (size_t)n * K, xn, K, part, hook);
@@ -487,20 +504,10 @@ static __global__ void __launch_bounds__(RC_THREADS)
                                bool norm, bool early) {
     extern __shared__ __align__(16) float xn[]; /* [K]: token t's normed row */
     __shared__ float npart[32];
-    const size_t off = (size_t)blockIdx.y * K;
-    const bool wr0 = blockIdx.x == 0; /* cluster rank 0 (the cluster spans the grid's x) */
-    auto hook = [&]() {
-        float wv[F][V]; /* the norm weights, L2 hits of every block */
-        msm_block_norm_w<V, F, RC_THREADS>(nw, K, vt, wv);
-        msm_block_norm_row<V, F, RC_THREADS>([&](int i) { return a[off + i] + b[off + i]; },
-                                             [&](int i, float v, float o) {
-                                                 xn[i] = o;
-                                                 if (wr0) sum[off + i] = v, out[off + i] = o;
-                                             },
-                                             wv, K, eps, vt, npart);
-        __syncthreads(); /* the whole row in shared memory before any thread reads it */
-    };
-    router_cluster_body<R>(ids, w, xn, wr, E, K, k, norm, early, hook);
+    /* grid x 0 is cluster rank 0 (the cluster spans the grid's x); the body waits before the hook */
+    router_cluster_body<R>(ids, w, xn, wr, E, K, k, norm, early,
+                           router_norm_hook<V, F>{a, b, nw, sum, out, xn, (size_t)blockIdx.y * K, K, vt, eps, npart,
+                                                  false});
 }
 
 /* rc_allow for norm_router_cluster_kernel<R, V, 2> (its row of up to 4096 floats in dynamic shared memory) */
