@@ -669,7 +669,8 @@ int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const ui
                                 int K, int k, bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex);
 
 /* ADD_RMSNORM (sum = a + b, out = rmsnorm(sum) * nw, [T,K]) and the ROUTER_LINEAR_TOPK reading out in
- * one launch: every block norms its token's row itself; bitwise msm_cuda_add_rmsnorm then
+ * one launch: every block norms its token's row itself (one cluster a token where the cluster router
+ * takes the call, router_cluster_max_t; else the counter form); bitwise msm_cuda_add_rmsnorm then
  * msm_cuda_router_linear_topk (ids, weights, sum, out). Where msm_cuda_norm_router_fits (tuning
  * norm_router, up to norm_router_max_t tokens, K % 8 == 0, 1024 <= K <= 4096); else -EINVAL. ws as
  * msm_cuda_router_linear_topk's. */
