@@ -1377,6 +1377,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MMV_STREAM_MIN_T=N         ... from N tokens (2..8)
  *   MSM_CUDA_MOE_DOWN_HB=0|2|4          the pair path's split down GEMV: rows a warp (0, default: 4 for
  *                                       bf16, 2 for FP8); the same bits
+ *   MSM_CUDA_MOE_PAIR_EARLY=0|1         the pair path's split down GEMV's ids and first weight loads before
+ *                                       its PDL wait (0, default: not yet measured); the same bits
  *   MSM_CUDA_MOE_GU_U2=0|1|2            the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
  *                                       an SM never (0), always (1), or where it makes one wave and no
  *                                       shared expert runs beside (2, default); the same bits
@@ -1482,6 +1484,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MMV_BSLICE", &v)) t->mmv_bslice = v > 0 ? 1 : 0;
     if (env_int("MSM_CUDA_MMV_NJ", &v)) t->mmv_nj = v == 4 ? 4 : v == 2 ? 2 : 0;
     if (env_int("MSM_CUDA_MOE_DOWN_HB", &v)) t->moe_down_hb = v == 2 || v == 4 ? v : 0;
+    if ((s = getenv("MSM_CUDA_MOE_PAIR_EARLY"))) t->moe_pair_early = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_GU_U2", &v))
         t->moe_gu_u2 = v <= 0 ? MSM_CUDA_MOE_GU_U2_OFF : v == 1 ? MSM_CUDA_MOE_GU_U2_ON : MSM_CUDA_MOE_GU_U2_AUTO;
     if ((s = getenv("MSM_CUDA_MMV_FIT_CLUSTERS"))) t->mmv_fit_clusters = s[0] != '0';

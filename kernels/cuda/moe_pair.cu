@@ -23,14 +23,18 @@
  * of Qwen3-30B-A3B's 1536 blocks at one token; msm_cuda_tuning.moe_gu_u2). */
 /* LEAN (FP8 only): msm_rows_dot_fp8_lean (PIPE: its next step's codes early), the same sums in the
  * registers of MINB 12 (one wave of Qwen3-30B-A3B's 1536 blocks at one token;
- * msm_cuda_tuning.fp8_moe_lean). */
-template <bool VEC, bool FP8, bool HW = false, bool PIPE = false, int U = MOE_U, int MINB = 0, bool LEAN = false>
+ * msm_cuda_tuning.fp8_moe_lean). LT: the programmatic trigger after the wait, not before it, so the
+ * down kernel after it launches only once the routing this one waited for is complete and may read
+ * the expert ids before its own wait (moe_down_split_kernel's EARLY; msm_cuda_tuning.moe_pair_early). */
+template <bool VEC, bool FP8, bool HW = false, bool PIPE = false, int U = MOE_U, int MINB = 0, bool LEAN = false,
+          bool LT = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32, MINB)
     moe_gateup_gemv_kernel(float *act, const float *x, const int32_t *ids, const void *gate_up,
                            const float *gu_sc, int gu_ph, int H, int I, int k, int E) {
     static_assert(!LEAN || FP8, "the lean dot is FP8's");
-    msm_pdl_trigger();
+    if constexpr (!LT) msm_pdl_trigger();
     msm_pdl_wait();
+    if constexpr (LT) msm_pdl_trigger();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int i = blockIdx.x * MOE_WARPS + warp, p = blockIdx.y;
     if (i >= I) return;
@@ -104,8 +108,11 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 template <int KMAX, int HB>
 static constexpr int down_split_minb() { return HB >= 4 ? 1024 / (KMAX * 32) : 0; }
 /* LEAN (FP8 only): msm_rows_dot_fp8_lean, the same bits, in registers that hold HB 4 without
- * spills (msm_cuda_tuning.fp8_moe_lean) */
-template <int KMAX, int HB, bool VEC, bool FP8, bool HW = false, bool LEAN = false>
+ * spills (msm_cuda_tuning.fp8_moe_lean). EARLY: the expert ids read and each warp's first weight
+ * loads issued before the PDL wait, which then comes before act is read (the hook of the rows-dot):
+ * only after a gate/up kernel that triggers after its own wait (LT), so the ids are complete when
+ * this kernel launches (msm_cuda_tuning.moe_pair_early). */
+template <int KMAX, int HB, bool VEC, bool FP8, bool HW = false, bool LEAN = false, bool EARLY = false>
 static __global__ void __launch_bounds__(KMAX * 32, down_split_minb<KMAX, HB>())
     moe_down_split_kernel(float *y, const float *act, const int32_t *ids, const float *w, const void *down,
                           const float *dn_sc, int dn_ph, int H, int I, int k, int E) {
@@ -114,7 +121,7 @@ static __global__ void __launch_bounds__(KMAX * 32, down_split_minb<KMAX, HB>())
     __shared__ float d[KMAX][HB];
     __shared__ bool ok[KMAX];
     msm_pdl_trigger();
-    msm_pdl_wait();
+    if constexpr (!EARLY) msm_pdl_wait();
     int j = threadIdx.x / 32, lane = threadIdx.x & 31;
     int h0 = blockIdx.x * HB, t = blockIdx.y;
     int p = t * k + j, e = j < k ? ids[p] : -1;
@@ -138,9 +145,15 @@ static __global__ void __launch_bounds__(KMAX * 32, down_split_minb<KMAX, HB>())
         float a[HB];
 #pragma unroll
         for (int r = 0; r < HB; r++) w8[r] = (const uint8_t *)wr[r], a[r] = 0.0f;
-        msm_rows_dot_fp8_lean<HB, HW>(a, w8, sr, xs[0], I, dn_ph, lane);
+        if constexpr (EARLY)
+            msm_rows_dot_fp8_lean<HB, HW, false, msm_pdl_hook>(a, w8, sr, xs[0], I, dn_ph, lane, msm_pdl_hook{true});
+        else
+            msm_rows_dot_fp8_lean<HB, HW>(a, w8, sr, xs[0], I, dn_ph, lane);
 #pragma unroll
         for (int r = 0; r < HB; r++) acc[r][0] = a[r];
+    } else if constexpr (EARLY) {
+        msm_rows_dot_w<HB, 1, U, VEC, FP8, false, HW, false, msm_pdl_hook>(acc, wr, sr, xs, 1, I, dn_ph, lane,
+                                                                           msm_pdl_hook{true});
     } else {
         msm_rows_dot_w<HB, 1, U, VEC, FP8, false, HW>(acc, wr, sr, xs, 1, I, dn_ph, lane);
     }
@@ -206,51 +219,58 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     }
 }
 
-/* moe_down_split_kernel at HB rows a warp: grid (ceil(H / HB), T), KMAX warps a block */
-template <int KMAX, int HB>
-static cudaError_t down_split_launch(unsigned T, msm_cuda_exec ex, bool vec, float *y, const float *act,
-                                     const int32_t *ids, const float *w, const void *down, const float *dn_sc,
-                                     int dn_ph, int H, int I, int k, int E) {
+/* moe_down_split_kernel at HB rows a warp: grid (ceil(H / HB), T), KMAX warps a block; EARLY as
+ * its (the gate/up before it launched with LT) */
+template <int KMAX, int HB, bool EARLY>
+static cudaError_t down_split_go(unsigned T, msm_cuda_exec ex, bool vec, float *y, const float *act,
+                                 const int32_t *ids, const float *w, const void *down, const float *dn_sc, int dn_ph,
+                                 int H, int I, int k, int E) {
     dim3 gs((unsigned)((H + HB - 1) / HB), T), bs(KMAX * 32);
+#define DS(VEC_, FP8_, HW_, LEAN_)                                                                            \
+    msm_launch(moe_down_split_kernel<KMAX, HB, VEC_, FP8_, HW_, LEAN_, EARLY>, gs, bs, 0, ex, y, act, ids, w, down, \
+               dn_sc, dn_ph, H, I, k, E)
     if constexpr (HB == 4) /* FP8 at 4 rows a warp in 64 registers, no spills (msm_cuda_tuning.fp8_moe_lean) */
-        if (dn_sc && ex.tune->fp8_moe_lean) {
-            if (ex.tune->fp8_moe_hw)
-                return msm_launch(moe_down_split_kernel<KMAX, HB, true, true, true, true>, gs, bs, 0, ex, y, act, ids,
-                                  w, down, dn_sc, dn_ph, H, I, k, E);
-            return msm_launch(moe_down_split_kernel<KMAX, HB, true, true, false, true>, gs, bs, 0, ex, y, act, ids, w,
-                              down, dn_sc, dn_ph, H, I, k, E);
-        }
+        if (dn_sc && ex.tune->fp8_moe_lean) return ex.tune->fp8_moe_hw ? DS(true, true, true, true) : DS(true, true, false, true);
     if (dn_sc && ex.tune->fp8_moe_hw) /* FP8: the caller checked I % 16 and the alignment */
-        return msm_launch(moe_down_split_kernel<KMAX, HB, true, true, true>, gs, bs, 0, ex, y, act, ids, w, down,
-                          dn_sc, dn_ph, H, I, k, E);
-    if (dn_sc)
-        return msm_launch(moe_down_split_kernel<KMAX, HB, true, true>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
-                          dn_ph, H, I, k, E);
-    if (vec)
-        return msm_launch(moe_down_split_kernel<KMAX, HB, true, false>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
-                          dn_ph, H, I, k, E);
-    return msm_launch(moe_down_split_kernel<KMAX, HB, false, false>, gs, bs, 0, ex, y, act, ids, w, down, dn_sc,
-                      dn_ph, H, I, k, E);
+        return DS(true, true, true, false);
+    if (dn_sc) return DS(true, true, false, false);
+    return vec ? DS(true, false, false, false) : DS(false, false, false, false);
+#undef DS
 }
 
+template <int KMAX, int HB>
+static cudaError_t down_split_launch(unsigned T, msm_cuda_exec ex, bool vec, bool early, float *y, const float *act,
+                                     const int32_t *ids, const float *w, const void *down, const float *dn_sc,
+                                     int dn_ph, int H, int I, int k, int E) {
+    return early ? down_split_go<KMAX, HB, true>(T, ex, vec, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E)
+                 : down_split_go<KMAX, HB, false>(T, ex, vec, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E);
+}
+
+/* Whether down_gemv_launch<KMAX> takes the split down kernel (a token's experts over warps): by
+ * default for 8 slots (Qwen3-30B-A3B batch 1 3.69 -> 3.44 ms, batch 4 7.53 -> 6.85, FP8 3.81 ->
+ * 3.56; GLM-4.5-Air FP8 8.22 -> 7.55); at 4 slots, 2 rows a warp measured slower than one warp a row
+ * (Qwen1.5-MoE batch 1 +0.03 ms in 2026-12-01, +0.11 in 2026-12-04) and 4 rows faster: bf16 from 4
+ * slots at 4 rows a warp, Qwen1.5-MoE 1.724-1.736 -> 1.701-1.707 ms at batch 1, 3.316-3.334 ->
+ * 3.207-3.234 at 4 (H200, 2026-12-04) */
+static bool down_split_taken(const msm_cuda_tuning *t, int kmax, bool fp8) {
+    int kf = t->moe_kernels;
+    return (kf & MSM_CUDA_MOE_K_DOWN_SPLIT) || (kmax >= (fp8 ? 8 : 4) && !(kf & MSM_CUDA_MOE_K_DOWN_WARP));
+}
+
+/* The down kernel after the gate/up one: early as down_split_go's (only where the split kernel is
+ * taken: down_split_taken). */
 template <int KMAX>
-static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, float *y,
+static cudaError_t down_gemv_launch(dim3 grid, msm_cuda_exec ex, bool vec, bool early, float *y,
                                     const float *act, const int32_t *ids, const float *w,
                                     const void *down, const float *dn_sc, int dn_ph, int H, int I, int k,
                                     int E) {
     dim3 blk(MOE_WARPS * 32);
-    /* a token's experts over warps: by default for 8 slots (Qwen3-30B-A3B batch 1 3.69 -> 3.44 ms,
-     * batch 4 7.53 -> 6.85, FP8 3.81 -> 3.56; GLM-4.5-Air FP8 8.22 -> 7.55); at 4 slots, 2 rows a
-     * warp measured slower than one warp a row (Qwen1.5-MoE batch 1 +0.03 ms in 2026-12-01, +0.11 in
-     * 2026-12-04) and 4 rows faster: bf16 from 4 slots at 4 rows a warp, Qwen1.5-MoE 1.724-1.736 ->
-     * 1.701-1.707 ms at batch 1, 3.316-3.334 -> 3.207-3.234 at 4 (H200, 2026-12-04) */
-    int kf = ex.tune->moe_kernels;
     bool fp8 = dn_sc != NULL;
     int hb = ex.tune->moe_down_hb ? ex.tune->moe_down_hb : fp8 && !ex.tune->fp8_moe_lean ? 2 : 4;
-    if ((kf & MSM_CUDA_MOE_K_DOWN_SPLIT) || (KMAX >= (fp8 ? 8 : 4) && !(kf & MSM_CUDA_MOE_K_DOWN_WARP))) {
+    if (down_split_taken(ex.tune, KMAX, fp8)) {
         if (hb == 4)
-            return down_split_launch<KMAX, 4>(grid.y, ex, vec, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E);
-        return down_split_launch<KMAX, 2>(grid.y, ex, vec, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E);
+            return down_split_launch<KMAX, 4>(grid.y, ex, vec, early, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E);
+        return down_split_launch<KMAX, 2>(grid.y, ex, vec, early, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E);
     }
     if (dn_sc) {
         grid.x = (unsigned)((H + MOE_WARPS * DOWN_FP8_HR - 1) / (MOE_WARPS * DOWN_FP8_HR));
@@ -285,15 +305,38 @@ static bool gateup_u2(msm_cuda_exec ex, long blocks) {
  * registers: 1 one load a lane a row in flight, 2 its next step's codes loaded early (no spills;
  * with 1 and the hardware decode ptxas keeps 8 bytes, the output's index, on the stack outside the
  * loop; CUDA 13.0, sm_90a) */
+template <bool LT>
 static cudaError_t gateup_fp8_lean_launch(dim3 ga, msm_cuda_exec ex, float *act, const float *x, const int32_t *ids,
                                           const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k,
                                           int E) {
     bool hw = ex.tune->fp8_moe_hw, pipe = ex.tune->fp8_moe_lean == 2;
-    auto kern = hw ? (pipe ? moe_gateup_gemv_kernel<true, true, true, true, 1, GU_U2_MINB, true>
-                           : moe_gateup_gemv_kernel<true, true, true, false, 1, GU_U2_MINB, true>)
-                   : (pipe ? moe_gateup_gemv_kernel<true, true, false, true, 1, GU_U2_MINB, true>
-                           : moe_gateup_gemv_kernel<true, true, false, false, 1, GU_U2_MINB, true>);
+    auto kern = hw ? (pipe ? moe_gateup_gemv_kernel<true, true, true, true, 1, GU_U2_MINB, true, LT>
+                           : moe_gateup_gemv_kernel<true, true, true, false, 1, GU_U2_MINB, true, LT>)
+                   : (pipe ? moe_gateup_gemv_kernel<true, true, false, true, 1, GU_U2_MINB, true, LT>
+                           : moe_gateup_gemv_kernel<true, true, false, false, 1, GU_U2_MINB, true, LT>);
     return msm_launch(kern, ga, dim3(MOE_WARPS * 32), 0, ex, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E);
+}
+
+/* The gate/up GEMV of the pair path, LT as moe_gateup_gemv_kernel's. */
+template <bool LT>
+static cudaError_t gateup_launch(dim3 ga, msm_cuda_exec ex, bool vec_h, float *act, const float *x,
+                                 const int32_t *ids, const void *gate_up, const float *gu_sc, int gu_ph, int H, int I,
+                                 int k, int E) {
+    dim3 blk(MOE_WARPS * 32);
+#define GU(...) \
+    msm_launch(moe_gateup_gemv_kernel<__VA_ARGS__>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E)
+    if (gu_sc && ex.tune->fp8_moe_lean) /* FP8 in 40 registers: 12 blocks an SM (tuning fp8_moe_lean) */
+        return gateup_fp8_lean_launch<LT>(ga, ex, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E);
+    if (gu_sc && ex.tune->fp8_moe_hw) /* FP8 (the caller checked H % 16 and the alignment) */
+        return GU(true, true, true, false, MOE_U, 0, false, LT);
+    if (gu_sc) return GU(true, true, false, false, MOE_U, 0, false, LT);
+    if (vec_h && gateup_u2(ex, (long)ga.x * ga.y)) /* 2 loads a lane a row, 12 blocks an SM */
+        return GU(true, false, false, false, 2, GU_U2_MINB, false, LT);
+    if (vec_h && (ex.tune->rows_pipe & MSM_CUDA_PIPE_MOE_GU) && H > 256 * MOE_U) /* rows of several steps: pipelined */
+        return GU(true, false, false, true, MOE_U, 0, false, LT);
+    if (vec_h) return GU(true, false, false, false, MOE_U, 0, false, LT);
+    return GU(false, false, false, false, MOE_U, 0, false, LT);
+#undef GU
 }
 
 /* The occupancy field of the pair path's gate/up GEMV, for msm_cuda_tuning_init. */
@@ -306,36 +349,23 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
                       int T, int H, int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex) {
     size_t P = (size_t)T * k;
     if (P > 65535) return -EINVAL; /* grid.y of the gate/up kernel */
-    dim3 ga((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)P), blk(MOE_WARPS * 32);
-    if (gu_sc && ex.tune->fp8_moe_lean) /* FP8 in 40 registers: 12 blocks an SM (tuning fp8_moe_lean) */
-        CUDA_TRY(gateup_fp8_lean_launch(ga, ex, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E));
-    else if (gu_sc && ex.tune->fp8_moe_hw) /* FP8 (the caller checked H % 16 and the alignment) */
-        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
-                            gu_ph, H, I, k, E));
-    else if (gu_sc)
-        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, true>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
-                            gu_ph, H, I, k, E));
-    else if (vec_h && gateup_u2(ex, (long)ga.x * ga.y)) /* 2 loads a lane a row, 12 blocks an SM */
-        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false, false, false, 2, GU_U2_MINB>, ga, blk, 0, ex, act, x, ids,
-                            gate_up, gu_sc, gu_ph, H, I, k, E));
-    else if (vec_h && (ex.tune->rows_pipe & MSM_CUDA_PIPE_MOE_GU) && H > 256 * MOE_U) /* rows of several steps: pipelined */
-        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false, false, true>, ga, blk, 0, ex, act, x, ids, gate_up,
-                            gu_sc, gu_ph, H, I, k, E));
-    else if (vec_h)
-        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<true, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
-                            gu_ph, H, I, k, E));
+    dim3 ga((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)P);
+    int kmax = k <= 1 ? 1 : k <= 2 ? 2 : k <= 4 ? 4 : 8;
+    /* the split down's weights before its PDL wait (tuning moe_pair_early): the gate/up triggers after its wait */
+    bool early = ex.tune->moe_pair_early && down_split_taken(ex.tune, kmax, dn_sc != NULL);
+    if (early)
+        CUDA_TRY(gateup_launch<true>(ga, ex, vec_h, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E));
     else
-        CUDA_TRY(msm_launch(moe_gateup_gemv_kernel<false, false>, ga, blk, 0, ex, act, x, ids, gate_up, gu_sc,
-                            gu_ph, H, I, k, E));
+        CUDA_TRY(gateup_launch<false>(ga, ex, vec_h, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E));
     ex.no_pdl = false; /* the down kernel follows the gate/up one programmatically (msm_cuda_exec.no_pdl) */
     dim3 gb((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)T);
-    if (k <= 1)
-        CUDA_TRY(down_gemv_launch<1>(gb, ex, vec_i, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
-    else if (k <= 2)
-        CUDA_TRY(down_gemv_launch<2>(gb, ex, vec_i, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
-    else if (k <= 4)
-        CUDA_TRY(down_gemv_launch<4>(gb, ex, vec_i, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
+    if (kmax == 1)
+        CUDA_TRY(down_gemv_launch<1>(gb, ex, vec_i, early, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
+    else if (kmax == 2)
+        CUDA_TRY(down_gemv_launch<2>(gb, ex, vec_i, early, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
+    else if (kmax == 4)
+        CUDA_TRY(down_gemv_launch<4>(gb, ex, vec_i, early, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
     else
-        CUDA_TRY(down_gemv_launch<8>(gb, ex, vec_i, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
+        CUDA_TRY(down_gemv_launch<8>(gb, ex, vec_i, early, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
     return 0;
 }

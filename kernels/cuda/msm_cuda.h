@@ -631,16 +631,19 @@ static __device__ __forceinline__ void msm_fp8_step16(float (&s)[R], const uint4
  * bit for bit msm_rows_dot_fp8<R, 1, U, 0, HW>'s sums at any U. For the one-token expert GEMVs that
  * must hold a grid in one wave (msm_cuda_tuning.fp8_moe_lean): at 40 or 64 registers a thread the
  * general form spills. PIPE: the next step's codes are loaded before this step's arithmetic (two
- * loads a row in flight, R * 4 registers more). */
-template <int R, bool HW = false, bool PIPE = false>
+ * loads a row in flight, R * 4 registers more). hook() runs once, after the first step's codes and
+ * scales are requested and before x is read (msm_rows_dot's hook: a PDL wait there lets the loads
+ * of constant weights overlap the kernel before). */
+template <int R, bool HW = false, bool PIPE = false, typename Hook = msm_no_hook>
 static __device__ __forceinline__ void msm_rows_dot_fp8_lean(float (&acc)[R], const uint8_t *const (&wr)[R],
                                                              const float *const (&sr)[R], const float *x, int K,
-                                                             int ph, int lane) {
+                                                             int ph, int lane, Hook hook = Hook()) {
     constexpr float SS = HW ? 1.0f : MSM_FP8_S_SCALE;
     uint4 nv[R]; /* PIPE: the next step's codes, loaded before this step's arithmetic */
 #pragma unroll
     for (int r = 0; r < R; r++)
         nv[r] = PIPE && wr[r] && lane * 16 < K ? msm_ld_stream16(wr[r] + lane * 16) : make_uint4(0, 0, 0, 0);
+    if (PIPE || lane * 16 >= K) hook(); /* else in the first step, after its loads */
     for (int k = lane * 16; k < K; k += 512) {
         uint4 wv[R];
         float sv[R], s[R];
@@ -654,6 +657,7 @@ static __device__ __forceinline__ void msm_rows_dot_fp8_lean(float (&acc)[R], co
             }
             sv[r] = wr[r] ? __ldg(sr[r] + ((k + ph) >> 7)) * SS : 0.0f;
         }
+        if (!PIPE && k == lane * 16) hook();
         msm_fp8_step16<R, HW>(s, wv, x + k); /* a NULL row's zeros: its acc is never read */
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = fmaf(s[r], sv[r], acc[r]);

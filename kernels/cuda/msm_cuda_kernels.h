@@ -139,6 +139,10 @@ typedef struct msm_cuda_tuning {
     int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */
     int moe_down_hb;          /* the pair path's split down GEMV: rows a warp, 2 or 4 (the same bits);
                                  0 (default): 4 for bf16 rows, 2 for FP8 (moe_pair.cu; MSM_CUDA_MOE_DOWN_HB) */
+    bool moe_pair_early;      /* the pair path's split down GEMV reads the expert ids and issues its first
+                                 weight loads before its PDL wait, its gate/up GEMV then triggering after
+                                 its own wait (so the ids are complete when the down launches); the same
+                                 sums. Off by default: not yet measured (MSM_CUDA_MOE_PAIR_EARLY) */
     int moe_gu_u2;            /* MSM_CUDA_MOE_GU_U2_*: the pair path's bf16 gate/up GEMV with 2 loads a
                                  lane a row in flight (not 4) at 12 blocks an SM, the same bits
                                  (moe_pair.cu; MSM_CUDA_MOE_GU_U2) */

@@ -101,10 +101,12 @@ for m in MODELS:
                            env={"MSM_CUDA_L2_PREFETCH_LAST": "1"})
             # the shared expert forked before its norm with its own copy of it (pass fork_before_norm,
             # off by default), that copy + the gate/up GEMV + the SwiGLU one kernel (off by default;
-            # also a dense MLP's), and the main stream's norm inside the router (off by default; one
-            # cluster a token at one token): the same op on the same inputs, so the same bits
+            # also a dense MLP's), the main stream's norm inside the router (off by default; one
+            # cluster a token at one token), and the pair path's split down loading its weights before
+            # its PDL wait (off by default): the same op on the same inputs, so the same bits
             kt, kl = run(d, p, n, "--backend", "cuda", "--fork-before-norm",
-                         env={"MSM_CUDA_NORM_LINEAR_SWIGLU": "1", "MSM_CUDA_NORM_ROUTER": "1"})
+                         env={"MSM_CUDA_NORM_LINEAR_SWIGLU": "1", "MSM_CUDA_NORM_ROUTER": "1",
+                              "MSM_CUDA_MOE_PAIR_EARLY": "1"})
             # decode attention as before 2026-12-01 (fifth session): RoPE + cache write its own kernel,
             # the context splits merged by the last block, no K/V loads before the PDL wait
             at, al = run(d, p, n, "--backend", "cuda",
@@ -189,7 +191,7 @@ for m in MODELS:
               f"maxdiff={float(np.abs(gl - ll).max()):.3e}")
         check(f"{m}[{i}] L2 prefetch pass on vs off bitwise", np.array_equal(gl, fl2) and gt == ft2,
               f"maxdiff={float(np.abs(gl - fl2).max()):.3e}")
-        check(f"{m}[{i}] shared expert forked before its norm, norm-in gate/up + SwiGLU and router vs not bitwise",
+        check(f"{m}[{i}] fork before norm, norm-in gate/up + SwiGLU and router, early expert down vs not bitwise",
               np.array_equal(gl, kl) and gt == kt, f"maxdiff={float(np.abs(gl - kl).max()):.3e}")
         check(f"{m}[{i}] decode attention with RoPE, cluster merge, early loads vs without bitwise",
               np.array_equal(gl, al) and gt == at, f"maxdiff={float(np.abs(gl - al).max()):.3e}")

@@ -84,6 +84,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("... at 4 rows a warp", ["--fork-before-norm"], {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1", "MSM_CUDA_NORM_SWIGLU_ROWS": "4"}),
     ("shared expert forked before its norm, its norm-in gate/up + SwiGLU and the norm-in cluster router vs neither",
      ["--fork-before-norm"], {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1", "MSM_CUDA_NORM_ROUTER": "1"}),
+    ("pair-path split down's ids and first weights before its PDL wait vs after", [], {"MSM_CUDA_MOE_PAIR_EARLY": "1"}),
     ("dense MLPs' norm + gate/up + SwiGLU one kernel vs the norm + GEMV and the SwiGLU", [],
      {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1"}),
 ]

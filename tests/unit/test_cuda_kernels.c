@@ -64,7 +64,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB",
                                  "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_FP8_MOE_LEAN",
                                  "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW", "MSM_CUDA_MMV_STREAM_MIN_N",
-                                 "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS"};
+                                 "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS",
+                                 "MSM_CUDA_MOE_PAIR_EARLY"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -108,6 +109,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     setenv("MSM_CUDA_MMV_STREAM_MIN_N", "-5", 1), setenv("MSM_CUDA_MMV_STREAM_MIN_T", "12", 1);
     setenv("MSM_CUDA_NORM_LINEAR_SWIGLU", "1", 1), setenv("MSM_CUDA_NORM_SWIGLU_ROWS", "3", 1);
+    setenv("MSM_CUDA_MOE_PAIR_EARLY", "1", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = t.moe_gg_compact = t.linear_swiglu = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -155,6 +157,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.mmv_stream_min_t, 8, "clamped to 8");
     cr_expect(t.norm_linear_swiglu, "MSM_CUDA_NORM_LINEAR_SWIGLU=1: the norm, the gate/up and the SwiGLU one kernel");
     cr_expect_eq(t.norm_swiglu_rows, 2, "MSM_CUDA_NORM_SWIGLU_ROWS=3: not a form, 2 rows a warp");
+    cr_expect(t.moe_pair_early, "MSM_CUDA_MOE_PAIR_EARLY=1: the split down's weights before its wait");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
@@ -2232,6 +2235,74 @@ Test(cuda_kernels, moe_experts_fp8_pair_forms_bitwise, .timeout = 180) {
         fp8_free(&gu), fp8_free(&dn);
         free(scratch);
     }
+}
+
+/* The pair path's split down reading the expert ids and loading its first weights before its PDL wait
+ * (msm_cuda_tuning.moe_pair_early: the gate/up then triggers after its own wait) gives the same bits:
+ * the routing written by the router kernel just before the experts on the same stream, with PDL, on
+ * buffers poisoned just before it (ids read ahead of the routing would show as other experts or an
+ * out-of-range one); bf16 (Qwen3-30B-A3B's and Qwen1.5-MoE's expert shapes, k 8 and 4, and an odd
+ * H with k 8), FP8 with either decode and the lean dots (Qwen3-30B-A3B's shapes), T = 1..4, also
+ * with the gate/up not a programmatic dependent (msm_cuda_exec.no_pdl, as beside a shared expert). */
+Test(cuda_kernels, moe_pair_early_down_equals_late, .timeout = 180) {
+    need_gpu();
+    static const int shapes[][5] = {{2048, 768, 8, 128, 0}, {2048, 1408, 4, 60, 0}, {264, 100, 8, 24, 0},
+                                    {2048, 768, 8, 128, 1}}; /* H, I, k, E, FP8 */
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3];
+        bool fp8 = shapes[s][4];
+        moe_wset m = {0};
+        fp8_weight gu = {0}, dn = {0};
+        if (fp8)
+            gu = fp8_make(E, 2 * I, H, 0, false), dn = fp8_make(E, H, I, 0, false);
+        else
+            m = moe_wset_new(H, I, E);
+        float *rf;
+        uint16_t *rb = host_bf16((size_t)E * H, 0.05f, &rf), *drw = dev_up(rb, (size_t)E * H * 2);
+        for (int T = 1; T <= 4; T++) {
+            float *x = host_f32((size_t)T * H, 1.0f);
+            float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev((size_t)T * k * 4);
+            int32_t *di = dev((size_t)T * k * 4);
+            size_t rwsb = msm_cuda_router_ws_bytes(T, E), wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
+            void *rws = dev(rwsb), *ws = dev_poison(wsb);
+            CK(cudaMemset(rws, 0, rwsb));
+            size_t ny = (size_t)T * H;
+            float *ref = malloc(ny * 4), *got = malloc(ny * 4), *dy = dev(ny * 4);
+            /* late (reference); early; early at the other decode / the general dot; early without PDL into the gate/up */
+            for (int v = 0; v < 4; v++) {
+                msm_cuda_tuning t = tune0;
+                t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
+                t.moe_pair_early = v > 0;
+                if (fp8 && v == 2) t.fp8_moe_hw = !t.fp8_moe_hw, t.fp8_moe_lean = 0;
+                msm_cuda_exec ex = {.stream = st, .tune = &t};
+                CK(cudaMemsetAsync(di, 0x7f, (size_t)T * k * 4, st)); /* out of range: a stale id would show */
+                CK(cudaMemsetAsync(dw, 0xff, (size_t)T * k * 4, st));
+                CK(cudaMemsetAsync(dy, 0xff, ny * 4, st));
+                CK(msm_cuda_router_linear_topk(di, dw, dx, drw, T, E, H, k, true, rws, rwsb, ex));
+                msm_cuda_exec ee = ex;
+                ee.no_pdl = v == 3;
+                if (fp8)
+                    CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, NULL, 0, ee));
+                else
+                    CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, ee));
+                CK(cudaStreamSynchronize(st));
+                down(v ? got : ref, dy, ny * 4);
+                if (v)
+                    cr_expect(memcmp(ref, got, ny * 4) == 0, "early down differs: H=%d I=%d k=%d E=%d %s T=%d v=%d", H,
+                              I, k, E, fp8 ? "fp8" : "bf16", T, v);
+            }
+            cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(rws), cudaFree(ws), cudaFree(dy);
+            free(x), free(ref), free(got);
+        }
+        cudaFree(drw), free(rb), free(rf);
+        if (fp8)
+            fp8_free(&gu), fp8_free(&dn);
+        else
+            moe_wset_free(&m);
+    }
+    cudaStreamDestroy(st);
 }
 
 Test(cuda_kernels, moe_experts_fp8_tiled_match_cpu, .timeout = 360) {
