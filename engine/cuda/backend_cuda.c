@@ -419,6 +419,14 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                               a->qk_norm.nh, a->qk_norm.kvh, a->qk_norm.hd, a->qk_norm.eps, s));
         break;
     case MSM_OP_LINEAR:
+        /* a norm-in GEMV heading an AUX branch (pass fork_before_norm: the shared expert's copy of the
+         * norm) launches once the main stream's work it waits for is done, not as its programmatic
+         * dependent: its blocks, resident early, would hold the SMs that the main stream's router,
+         * launched programmatically beside it, needs */
+        if ((norm_swiglu_triple(cb, g, idx - 1, ROWS(in0), s) || norm_linear_pair(cb, g, idx - 1, ROWS(in0), s)) &&
+            idx >= 2 && g->nodes[idx - 1].stream == MSM_STREAM_AUX && g->nodes[idx - 2].op == MSM_OP_EVENT_WAIT &&
+            g->nodes[idx - 2].stream == MSM_STREAM_AUX)
+            s.no_pdl = true;
         if (norm_swiglu_triple(cb, g, idx - 1, ROWS(in0), s)) { /* the ADD_RMSNORM before, the SWIGLU after */
             const msm_node *nn = &g->nodes[idx - 1], *sn = &g->nodes[idx + 1];
             KTRY(msm_cuda_norm_linear_swiglu(F(sn->out[0]), F(nn->out[0]), F(nn->out[1]), F(nn->in[0]), F(nn->in[1]),
