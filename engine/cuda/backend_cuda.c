@@ -239,6 +239,13 @@ static bool qk_rope_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) 
 
 static bool norm_swiglu_triple(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex);
 
+/* Whether float32 values u and v of `rows` rows share arena bytes. */
+static bool vals_overlap(const msm_graph *g, int u, int v, int rows) {
+    const msm_value *a = &g->vals[u], *b = &g->vals[v];
+    size_t ab = (size_t)rows * a->cols * 4, bb = (size_t)rows * b->cols * 4;
+    return a->offset < b->offset + bb && b->offset < a->offset + ab;
+}
+
 /* Whether node i is an ADD_RMSNORM that runs with the LINEAR after it in one kernel
  * (msm_cuda_norm_linear): that node reads its norm, on the same stream (so no event between the
  * two: a reader elsewhere waits on a record after both), with the norm's width as its K, where
@@ -284,9 +291,8 @@ static bool linear_swiglu_pair(const cuda_backend *cb, const msm_graph *g, int i
         msm_graph_readers(g, l->out[0]) != 1 || g->vals[l->out[0]].io || cb->w8[l->w[0]] || l->w[1] >= 0 ||
         l->attr.linear.N != 2 * sw->attr.swiglu.I)
         return false;
-    const msm_value *xv = &g->vals[l->in[0]], *av = &g->vals[sw->out[0]];
-    size_t xb = (size_t)rows * xv->cols * 4, ab = (size_t)rows * av->cols * 4;
-    if (xv->offset < av->offset + ab && av->offset < xv->offset + xb) return false;
+    const msm_value *xv = &g->vals[l->in[0]];
+    if (vals_overlap(g, l->in[0], sw->out[0], rows)) return false;
     return msm_cuda_linear_swiglu_fits(rows, sw->attr.swiglu.I, l->attr.linear.K, cb->w[l->w[0]],
                                        cb->arena + xv->offset, ex.tune) &&
            !norm_linear_pair(cb, g, i - 1, rows, ex) && !norm_swiglu_triple(cb, g, i - 1, rows, ex);
@@ -306,13 +312,8 @@ static bool norm_swiglu_triple(const cuda_backend *cb, const msm_graph *g, int i
         sw->in[0] != l->out[0] || msm_graph_readers(g, l->out[0]) != 1 || g->vals[l->out[0]].io || cb->w8[l->w[0]] ||
         l->w[1] >= 0 || l->attr.linear.N != 2 * sw->attr.swiglu.I)
         return false;
-    const msm_value *av = &g->vals[sw->out[0]];
-    size_t ab = (size_t)rows * av->cols * 4;
-    for (int j = 0; j < 4; j++) {
-        const msm_value *x = &g->vals[j < 2 ? n->in[j] : n->out[j - 2]];
-        size_t xb = (size_t)rows * x->cols * 4;
-        if (x->offset < av->offset + ab && av->offset < x->offset + xb) return false;
-    }
+    for (int j = 0; j < 4; j++)
+        if (vals_overlap(g, j < 2 ? n->in[j] : n->out[j - 2], sw->out[0], rows)) return false;
     return msm_cuda_norm_linear_swiglu_fits(rows, sw->attr.swiglu.I, l->attr.linear.K, cb->w[l->w[0]], ex.tune);
 }
 
@@ -418,23 +419,23 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_qk_norm(F(out0), F(in0), cb->w[n->w[0]], cb->w[n->w[1]], ROWS(in0), g->vals[in0].cols,
                               a->qk_norm.nh, a->qk_norm.kvh, a->qk_norm.hd, a->qk_norm.eps, s));
         break;
-    case MSM_OP_LINEAR:
+    case MSM_OP_LINEAR: {
+        bool triple = norm_swiglu_triple(cb, g, idx - 1, ROWS(in0), s), npair = norm_linear_pair(cb, g, idx - 1, ROWS(in0), s);
         /* a norm-in GEMV heading an AUX branch (pass fork_before_norm: the shared expert's copy of the
          * norm) launches once the main stream's work it waits for is done, not as its programmatic
          * dependent: its blocks, resident early, would hold the SMs that the main stream's router,
          * launched programmatically beside it, needs */
-        if ((norm_swiglu_triple(cb, g, idx - 1, ROWS(in0), s) || norm_linear_pair(cb, g, idx - 1, ROWS(in0), s)) &&
-            idx >= 2 && g->nodes[idx - 1].stream == MSM_STREAM_AUX && g->nodes[idx - 2].op == MSM_OP_EVENT_WAIT &&
-            g->nodes[idx - 2].stream == MSM_STREAM_AUX)
+        if ((triple || npair) && idx >= 2 && g->nodes[idx - 1].stream == MSM_STREAM_AUX &&
+            g->nodes[idx - 2].op == MSM_OP_EVENT_WAIT && g->nodes[idx - 2].stream == MSM_STREAM_AUX)
             s.no_pdl = true;
-        if (norm_swiglu_triple(cb, g, idx - 1, ROWS(in0), s)) { /* the ADD_RMSNORM before, the SWIGLU after */
+        if (triple) { /* the ADD_RMSNORM before, the SWIGLU after */
             const msm_node *nn = &g->nodes[idx - 1], *sn = &g->nodes[idx + 1];
             KTRY(msm_cuda_norm_linear_swiglu(F(sn->out[0]), F(nn->out[0]), F(nn->out[1]), F(nn->in[0]), F(nn->in[1]),
                                              cb->w[nn->w[0]], nn->attr.rmsnorm.eps, cb->w[n->w[0]], ROWS(in0),
                                              sn->attr.swiglu.I, a->linear.K, s));
             break;
         }
-        if (norm_linear_pair(cb, g, idx - 1, ROWS(in0), s)) { /* with the ADD_RMSNORM before it, one launch */
+        if (npair) { /* with the ADD_RMSNORM before it, one launch */
             const msm_node *nn = &g->nodes[idx - 1];
             KTRY(msm_cuda_norm_linear(F(out0), F(nn->out[0]), F(nn->out[1]), F(nn->in[0]), F(nn->in[1]),
                                       cb->w[nn->w[0]], nn->attr.rmsnorm.eps, cb->w8[n->w[0]] ? NULL : cb->w[n->w[0]],
@@ -464,6 +465,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
             KTRY(msm_cuda_linear(F(out0), F(in0), cb->w[n->w[0]], n->w[1] >= 0 ? cb->w[n->w[1]] : NULL,
                                  ROWS(in0), a->linear.N, a->linear.K, cb->ctx, ws, cb->ws_bytes, s));
         break;
+    }
     case MSM_OP_LINEAR_ADD_RMSNORM: { /* y into the sum's bytes (never an input's: the planner), then add + norm */
         const msm_attr_linear_norm *ln = &a->linear_norm;
         const uint16_t *bias = n->w[1] >= 0 ? cb->w[n->w[1]] : NULL;
