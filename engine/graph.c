@@ -208,6 +208,14 @@ int msm_graph_plan(msm_graph *g, msm_err *err) {
          * block 0 writes its outputs and all write the SWIGLU's) */
         bool triple = pair && i + 2 < nn && g->nodes[i + 1].op == MSM_OP_LINEAR && g->nodes[i + 2].op == MSM_OP_SWIGLU &&
                       g->nodes[i + 2].stream == n->stream && g->nodes[i + 2].in[0] == g->nodes[i + 1].out[0];
+        /* ... or through the QK_NORM after that LINEAR, reading its product, and the ROPE_KV_WRITE
+         * reading the QK_NORM's, all on the same stream (the CUDA backend's
+         * msm_cuda_norm_linear_qk_rope: every block reads the norm's inputs while block 0 writes its
+         * outputs and others the rotated rows) */
+        bool quad = pair && i + 3 < nn && g->nodes[i + 1].op == MSM_OP_LINEAR && g->nodes[i + 2].op == MSM_OP_QK_NORM &&
+                    g->nodes[i + 3].op == MSM_OP_ROPE_KV_WRITE && g->nodes[i + 2].stream == n->stream &&
+                    g->nodes[i + 3].stream == n->stream && g->nodes[i + 2].in[0] == g->nodes[i + 1].out[0] &&
+                    g->nodes[i + 3].in[0] == g->nodes[i + 2].out[0];
         /* Likewise a LINEAR whose product the next node, a ROPE_KV_WRITE on the same stream, reads
          * (msm_cuda_linear_rope_kv: every block reads the LINEAR's input while others write the
          * rotated rows). */
@@ -218,7 +226,7 @@ int msm_graph_plan(msm_graph *g, msm_err *err) {
             if (g->vals[ids[j]].io) continue;
             /* an aux node runs at some time between its region's fork and join */
             int start = n->stream == MSM_STREAM_AUX ? prev_fork[i] : i;
-            int end = n->stream == MSM_STREAM_AUX ? next_join[i] : triple ? i + 2 : pair ? i + 1 : i;
+            int end = n->stream == MSM_STREAM_AUX ? next_join[i] : quad ? i + 3 : triple ? i + 2 : pair ? i + 1 : i;
             if (start < t->start) t->start = start;
             if (end > t->end) t->end = end;
         }

@@ -221,11 +221,18 @@ static bool rope_attention_pair(const msm_graph *g, int i, msm_cuda_exec ex) {
            a->attr.attention.hd == r->attr.rope.hd && msm_graph_readers(g, r->out[0]) == 1;
 }
 
-/* Whether node i is a QK_NORM that runs with the ROPE_KV_WRITE after it in one kernel
- * (msm_cuda_qk_norm_rope_kv): that node reads its output alone, on the same stream and layer, for
- * the same heads of qkv rows, with a rotary width the kernel takes, and is not itself taken by
- * its ATTENTION (rope_attention_pair). */
-static bool qk_rope_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
+/* Whether float32 values u and v of `rows` rows share arena bytes. */
+static bool vals_overlap(const msm_graph *g, int u, int v, int rows) {
+    const msm_value *a = &g->vals[u], *b = &g->vals[v];
+    size_t ab = (size_t)rows * a->cols * 4, bb = (size_t)rows * b->cols * 4;
+    return a->offset < b->offset + bb && b->offset < a->offset + ab;
+}
+
+/* The terms on which node i, a QK_NORM, and the ROPE_KV_WRITE after it run as one kernel: that node
+ * reads its output alone, on the same stream and layer, for the same heads of qkv rows, with a
+ * rotary width msm_cuda_qk_norm_rope_kv takes, and is not itself taken by its ATTENTION
+ * (rope_attention_pair). */
+static bool qk_rope_shape(const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
     if (!ex.tune->qk_rope || i < 0 || i + 1 >= g->n_nodes) return false;
     const msm_node *q = &g->nodes[i], *r = &g->nodes[i + 1];
     const msm_attr_qk_norm *qa = &q->attr.qk_norm;
@@ -237,20 +244,45 @@ static bool qk_rope_pair(const msm_graph *g, int i, int rows, msm_cuda_exec ex) 
            msm_cuda_qk_norm_rope_kv_fits(rows, ra->hd, ra->rot) && !rope_attention_pair(g, i + 1, ex);
 }
 
+/* Whether node i is an ADD_RMSNORM that runs with the LINEAR, QK_NORM and ROPE_KV_WRITE after it in
+ * one kernel (msm_cuda_norm_linear_qk_rope, one or two tokens): the LINEAR reads the norm (the
+ * norm's width its K) and only the QK_NORM reads its product; the QK_NORM and the ROPE_KV_WRITE
+ * pair up on those rows (qk_rope_shape); all four on one stream; the rotated rows share no byte with
+ * the norm's inputs and outputs (the kernel reads a and b in every block while block 0 writes sum
+ * and out and the heads' lead blocks write the rows; the planner keeps them apart, msm_graph_plan).
+ * Taken before the norm + GEMV pair and the QK_NORM + ROPE_KV_WRITE pair. */
+static bool norm_qk_rope_quad(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
+    if (!ex.tune->norm_qk_rope || i < 0 || i + 3 >= g->n_nodes) return false;
+    const msm_node *n = &g->nodes[i], *l = &g->nodes[i + 1], *q = &g->nodes[i + 2], *r = &g->nodes[i + 3];
+    if (n->op != MSM_OP_ADD_RMSNORM || l->op != MSM_OP_LINEAR || q->op != MSM_OP_QK_NORM || l->stream != n->stream ||
+        q->stream != n->stream || l->in[0] != n->out[1] || l->attr.linear.K != n->attr.rmsnorm.dim ||
+        q->in[0] != l->out[0] || msm_graph_readers(g, l->out[0]) != 1 || g->vals[l->out[0]].io ||
+        !qk_rope_shape(g, i + 2, rows, ex) || !cb->kc[r->layer])
+        return false;
+    for (int j = 0; j < 4; j++)
+        if (vals_overlap(g, j < 2 ? n->in[j] : n->out[j - 2], r->out[0], rows)) return false;
+    const uint8_t *w8 = cb->w8[l->w[0]];
+    const msm_attr_rope *ra = &r->attr.rope;
+    return msm_cuda_norm_linear_qk_rope_fits(rows, l->attr.linear.K, ra->nh, ra->kvh, ra->hd, ra->rot, w8 != NULL,
+                                             w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune);
+}
+
+/* Whether node i is a QK_NORM that runs with the ROPE_KV_WRITE after it in one kernel
+ * (msm_cuda_qk_norm_rope_kv): qk_rope_shape, where the norm-in qkv GEMV does not take both
+ * (norm_qk_rope_quad). */
+static bool qk_rope_pair(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
+    return qk_rope_shape(g, i, rows, ex) && !norm_qk_rope_quad(cb, g, i - 2, rows, ex);
+}
+
 static bool norm_swiglu_triple(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex);
 
-/* Whether float32 values u and v of `rows` rows share arena bytes. */
-static bool vals_overlap(const msm_graph *g, int u, int v, int rows) {
-    const msm_value *a = &g->vals[u], *b = &g->vals[v];
-    size_t ab = (size_t)rows * a->cols * 4, bb = (size_t)rows * b->cols * 4;
-    return a->offset < b->offset + bb && b->offset < a->offset + ab;
-}
 
 /* Whether node i is an ADD_RMSNORM that runs with the LINEAR after it in one kernel
  * (msm_cuda_norm_linear): that node reads its norm, on the same stream (so no event between the
  * two: a reader elsewhere waits on a record after both), with the norm's width as its K, where
  * the fused kernel takes the shapes. The planner keeps such a pair's values apart (msm_graph_plan:
- * the norm's inputs and outputs live through the linear), as the kernel needs. */
+ * the norm's inputs and outputs live through the linear), as the kernel needs. Not where the norm,
+ * the GEMV and the q/k norm + RoPE after it run as one (norm_qk_rope_quad). */
 static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
     if (!ex.tune->norm_linear || i < 0 || i + 1 >= g->n_nodes) return false;
     const msm_node *n = &g->nodes[i], *l = &g->nodes[i + 1];
@@ -260,7 +292,7 @@ static bool norm_linear_pair(const cuda_backend *cb, const msm_graph *g, int i, 
     const uint8_t *w8 = cb->w8[l->w[0]];
     return msm_cuda_norm_linear_fits(rows, l->attr.linear.N, l->attr.linear.K, w8 != NULL,
                                      w8 ? cb->w_shape[l->w[0]][3] : 0, ex.tune) &&
-           !norm_swiglu_triple(cb, g, i, rows, ex);
+           !norm_swiglu_triple(cb, g, i, rows, ex) && !norm_qk_rope_quad(cb, g, i, rows, ex);
 }
 
 /* Whether node i is a bf16 LINEAR that runs with the ROPE_KV_WRITE after it in one kernel
@@ -405,7 +437,8 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_rmsnorm(F(out0), F(in0), cb->w[n->w[0]], ROWS(in0), a->rmsnorm.dim, a->rmsnorm.eps, s));
         break;
     case MSM_OP_QK_NORM:
-        if (qk_rope_pair(g, idx, ROWS(in0), s)) { /* with the ROPE_KV_WRITE after it, into that node's output */
+        if (norm_qk_rope_quad(cb, g, idx - 2, ROWS(in0), s)) break; /* the LINEAR before did it */
+        if (qk_rope_pair(cb, g, idx, ROWS(in0), s)) { /* with the ROPE_KV_WRITE after it, into that node's output */
             const msm_node *rn = &g->nodes[idx + 1];
             if (!cb->kc[rn->layer])
                 return msm_err_set(err, -EINVAL, "rank %d (GPU %d): layer %d has no KV cache (no ATTENTION)",
@@ -420,6 +453,19 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                               a->qk_norm.nh, a->qk_norm.kvh, a->qk_norm.hd, a->qk_norm.eps, s));
         break;
     case MSM_OP_LINEAR: {
+        if (norm_qk_rope_quad(cb, g, idx - 1, ROWS(in0), s)) { /* the ADD_RMSNORM before, QK_NORM + ROPE_KV_WRITE after */
+            const msm_node *nn = &g->nodes[idx - 1], *qn = &g->nodes[idx + 1], *rn = &g->nodes[idx + 2];
+            const msm_attr_rope *ra = &rn->attr.rope;
+            msm_cuda_qk_rope q = {cb->w[qn->w[0]], cb->w[qn->w[1]], qn->attr.qk_norm.eps, I32(rn->in[1]),
+                                  I32(rn->in[2]), cb->kc[rn->layer], cb->vc[rn->layer], ra->nh, ra->kvh, ra->hd,
+                                  ra->rot, ra->theta};
+            KTRY(msm_cuda_norm_linear_qk_rope(F(rn->out[0]), F(nn->out[0]), F(nn->out[1]), F(nn->in[0]), F(nn->in[1]),
+                                              cb->w[nn->w[0]], nn->attr.rmsnorm.eps,
+                                              cb->w8[n->w[0]] ? NULL : cb->w[n->w[0]],
+                                              cb->w8[n->w[0]] ? fp8w(cb, n->w[0]) : (msm_cuda_fp8w){0},
+                                              n->w[1] >= 0 ? cb->w[n->w[1]] : NULL, q, ROWS(in0), a->linear.K, s));
+            break;
+        }
         bool triple = norm_swiglu_triple(cb, g, idx - 1, ROWS(in0), s), npair = norm_linear_pair(cb, g, idx - 1, ROWS(in0), s);
         /* a norm-in GEMV heading an AUX branch (pass fork_before_norm: the shared expert's copy of the
          * norm) launches once the main stream's work it waits for is done, not as its programmatic
@@ -490,7 +536,8 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
             return msm_err_set(err, -EINVAL, "rank %d (GPU %d): layer %d has no KV cache (no ATTENTION)",
                                cb->b.rank, cb->device, n->layer);
         if (rope_attention_pair(g, idx, s)) break; /* the ATTENTION next does it */
-        if (qk_rope_pair(g, idx - 1, ROWS(in0), s)) break; /* the QK_NORM before did it */
+        if (norm_qk_rope_quad(cb, g, idx - 3, ROWS(in0), s)) break; /* the LINEAR before did it */
+        if (qk_rope_pair(cb, g, idx - 1, ROWS(in0), s)) break; /* the QK_NORM before did it */
         if (linear_rope_pair(cb, g, idx - 1, ROWS(in0), s)) break; /* the LINEAR before did it */
         KTRY(msm_cuda_rope_kv(F(out0), F(in0), I32(n->in[1]), I32(n->in[2]), cb->kc[n->layer], cb->vc[n->layer],
                               ROWS(in0), a->rope.nh, a->rope.kvh, a->rope.hd, a->rope.rot, a->rope.theta, s));
@@ -521,6 +568,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_add(F(out0), F(in0), F(n->in[1]), (size_t)ROWS(in0) * g->vals[in0].cols, s));
         break;
     case MSM_OP_ADD_RMSNORM:
+        if (norm_qk_rope_quad(cb, g, idx, ROWS(in0), s)) break;  /* the LINEAR next does it */
         if (norm_swiglu_triple(cb, g, idx, ROWS(in0), s)) break; /* the LINEAR next does it */
         if (norm_linear_pair(cb, g, idx, ROWS(in0), s)) break; /* the LINEAR next does it */
         if (norm_router_pair(g, idx, ROWS(in0), s)) break;     /* the router next does it */
@@ -1431,6 +1479,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_NORM_LINEAR_SWIGLU=0|1     an ADD_RMSNORM, the gate/up LINEAR on its norm and its SWIGLU at 1-2
  *                                       tokens in one kernel (0, default: not yet measured)
  *   MSM_CUDA_NORM_SWIGLU_ROWS=2|4       ... its gate and up rows a warp (2, default); the same bits
+ *   MSM_CUDA_NORM_QK_ROPE=0|1           an ADD_RMSNORM, the qkv LINEAR on its norm, its QK_NORM and ROPE_KV_WRITE
+ *                                       at 1-2 tokens in one kernel (0, default: not yet measured)
  *   MSM_CUDA_AUX_GEMV_ROWS=1|2          the 1-2-token bf16 GEMV's rows a warp on the aux stream (2, default)
  *   MSM_CUDA_LINEAR_ROPE_MMV=0|1        the qkv LINEAR + ROPE_KV_WRITE in one kernel on the MMV (3-8 tokens)
  *                                       too (1, default)
@@ -1524,6 +1574,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_LINEAR_SWIGLU"))) t->linear_swiglu = s[0] != '0';
     if ((s = getenv("MSM_CUDA_NORM_LINEAR_SWIGLU"))) t->norm_linear_swiglu = s[0] != '0';
     if (env_int("MSM_CUDA_NORM_SWIGLU_ROWS", &v)) t->norm_swiglu_rows = v == 4 ? 4 : 2;
+    if ((s = getenv("MSM_CUDA_NORM_QK_ROPE"))) t->norm_qk_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_LINEAR_ROPE_MMV"))) t->linear_rope_mmv = s[0] != '0';
     if (env_int("MSM_CUDA_LINEAR_SWIGLU_ROWS", &v)) t->linear_swiglu_rows = v == 4 ? 4 : v == 2 ? 2 : 1;
     if (env_int("MSM_CUDA_AUX_GEMV_ROWS", &v)) t->aux_gemv_rows = v == 2 ? 2 : 1;

@@ -4,6 +4,7 @@
  * intrinsics, so they agree with it to float32 rounding. */
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
+#include "qk_rope.h"
 
 #include <errno.h>
 
@@ -312,32 +313,6 @@ extern "C" int msm_cuda_rope_kv(float *out, const float *x, const int32_t *pos, 
  * its whole head before writing it, so out may equal x. ---- */
 #define QKN_WARPS 4
 
-/* The head at xh (hd <= 256 values) into v (lane l: dims l, l + 32, ...; zero past hd); returns
- * this lane's sum of squares in j order. */
-static __device__ __forceinline__ float qkn_load(const float *xh, int hd, int lane, float (&v)[8]) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int d = lane + 32 * j;
-        v[j] = d < hd ? xh[d] : 0.0f;
-        ss = fmaf(v[j], v[j], ss);
-    }
-    return ss;
-}
-
-/* v = rmsnorm(head) * wv from qkn_load's v and sum of squares (the warp's lanes together); wv[j]:
- * the norm weight of dim lane + 32 j, as float. */
-static __device__ __forceinline__ void qkn_norm_wv(float (&v)[8], float ss, const float (&wv)[8], int hd, float eps,
-                                                   int lane) {
-    ss = msm_warp_sum(ss);
-    float inv = 1.0f / sqrtf(ss / (float)hd + eps);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int d = lane + 32 * j;
-        if (d < hd) v[j] = wv[j] * (v[j] * inv);
-    }
-}
-
 /* The same with the bf16 weights w [hd]. */
 static __device__ __forceinline__ void qkn_norm(float (&v)[8], float ss, const uint16_t *w, int hd, float eps,
                                                 int lane) {
@@ -390,7 +365,9 @@ extern "C" int msm_cuda_qk_norm(float *out, const float *x, const uint16_t *wq, 
 /* ---- qk_norm + rope_kv: qk_norm_kernel's warp per (token, head) and its arithmetic, then on the
  * normed values in registers rope_copy_kernel's (msm_rope_cs / _lo / _hi; the pair (d, d + rot/2)
  * is v[j], v[j + rot/64] of one lane), the k heads (all hd dims) and the v heads into the caches
- * at slot[t] (none when negative). So out and both caches are bitwise the two kernels'. ---- */
+ * at slot[t] (none when negative). So out and both caches are bitwise the two kernels'. The warp's
+ * work after its loads is qkr_head (qk_rope.h), which the qkv norm-in GEMV's head epilogue
+ * (msm_cuda_norm_linear_qk_rope) shares. ---- */
 template <int HJ> /* rot / 64: v[j + HJ] is the other half of v[j]'s pair */
 static __global__ void __launch_bounds__(QKN_WARPS * 32)
     qk_norm_rope_kv_kernel(float *out, const float *x, const uint16_t *wq, const uint16_t *wk, const int32_t *pos,
@@ -425,35 +402,8 @@ static __global__ void __launch_bounds__(QKN_WARPS * 32)
     size_t o = (size_t)t * C + (size_t)h * hd;
     float v[8];
     float ss = qkn_load(x + o, hd, lane, v);
-    size_t krow = (size_t)kvh * hd;
-    if (h >= nh + kvh) { /* v head: copied, and cached */
-        uint16_t *vr = sl >= 0 ? vc + (size_t)sl * krow + (size_t)(h - nh - kvh) * hd : NULL;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int d = lane + 32 * j;
-            if (d < hd) {
-                out[o + d] = v[j];
-                if (vr) vr[d] = msm_f2bf(v[j]);
-            }
-        }
-        return;
-    }
-    qkn_norm_wv(v, ss, wv, hd, eps, lane);
-#pragma unroll
-    for (int j = 0; j < HJ; j++) { /* dims d = lane + 32 j < rot / 2 */
-        float a = v[j], b = v[j + HJ];
-        v[j] = msm_rope_lo(a, b, cs[j], sn[j]);
-        v[j + HJ] = msm_rope_hi(a, b, cs[j], sn[j]);
-    }
-    uint16_t *kr = h >= nh && sl >= 0 ? kc + (size_t)sl * krow + (size_t)(h - nh) * hd : NULL;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int d = lane + 32 * j;
-        if (d < hd) {
-            out[o + d] = v[j];
-            if (kr) kr[d] = msm_f2bf(v[j]);
-        }
-    }
+    qkr_dst dst = {out + o, kc, vc, sl};
+    qkr_head<HJ>(v, ss, wv, cs, sn, h, nh, kvh, hd, eps, lane, dst);
 }
 
 extern "C" bool msm_cuda_qk_norm_rope_kv_fits(int T, int hd, int rot) {

@@ -15,6 +15,7 @@
  * per (shape, pointer alignment) and cached in the context, so a launch only enqueues. */
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
+#include "qk_rope.h"
 
 #include <cooperative_groups.h>
 #include <errno.h>
@@ -413,12 +414,11 @@ struct norm_in_hook {
 
 /* A norm-in kernel's warp: acc = its lane partials of weight rows n0 .. n0 + R - 1 (those below nend;
  * a row past it NULL: no loads, the hook still reached) against the T normed rows in xn, which the hook
- * (norm_in_hook of h over xn) writes after the warp's first weight loads. */
-template <int NT, int R, int U, bool FP8, int V, bool PIPE, bool HW>
-static __device__ __forceinline__ void norm_in_dot(float (&acc)[R][NT], const void *w, const float *wsc, int ph,
-                                                   int n0, int nend, int T, int K, float *xn, int lane, const float *a,
-                                                   const float *b, const uint16_t *nw, float *sum, float *out,
-                                                   int vt, float eps, float *part, bool early) {
+ * (norm_in_hook over xn, or a hook that calls one) writes after the warp's first weight loads. */
+template <int NT, int R, int U, bool FP8, bool PIPE, bool HW, typename Hook>
+static __device__ __forceinline__ void norm_in_dot_h(float (&acc)[R][NT], const void *w, const float *wsc, int ph,
+                                                     int n0, int nend, int T, int K, const float *xn, int lane,
+                                                     Hook hook) {
     const void *wr[R];
     const float *sr[R];
 #pragma unroll
@@ -433,8 +433,17 @@ static __device__ __forceinline__ void norm_in_dot(float (&acc)[R][NT], const vo
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    msm_rows_dot_w<R, NT, U, true, FP8, false, HW, PIPE, Hook>(acc, wr, sr, xs, T, K, ph, lane, hook);
+}
+
+/* norm_in_dot_h with the norm hook of a, b, nw (norm_in_hook<V>). */
+template <int NT, int R, int U, bool FP8, int V, bool PIPE, bool HW>
+static __device__ __forceinline__ void norm_in_dot(float (&acc)[R][NT], const void *w, const float *wsc, int ph,
+                                                   int n0, int nend, int T, int K, float *xn, int lane, const float *a,
+                                                   const float *b, const uint16_t *nw, float *sum, float *out,
+                                                   int vt, float eps, float *part, bool early) {
     norm_in_hook<V> hook{a, b, nw, sum, out, xn, T, K, vt, eps, part, early};
-    msm_rows_dot_w<R, NT, U, true, FP8, false, HW, PIPE, norm_in_hook<V>>(acc, wr, sr, xs, T, K, ph, lane, hook);
+    norm_in_dot_h<NT, R, U, FP8, PIPE, HW>(acc, w, wsc, ph, n0, nend, T, K, xn, lane, hook);
 }
 
 template <int NT, int R, int U, bool FP8, int V, bool PIPE = false, bool HW = false>
@@ -914,6 +923,163 @@ extern "C" int msm_cuda_norm_linear_swiglu(float *act, float *sum, float *out, c
 #define NS(R_, V_) norm_in_swiglu_go<R_, V_>(act, w, T, I, K, a, b, nw, sum, out, eps, vt, ex)
     cudaError_t e = ex.tune->norm_swiglu_rows == 4 ? (V == 4 ? NS(4, 4) : NS(4, 8)) : (V == 4 ? NS(2, 4) : NS(2, 8));
 #undef NS
+    CUDA_TRY(e);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+/* ---- msm_cuda_norm_linear_qk_rope: ADD_RMSNORM + the qkv LINEAR on its norm + QK_NORM +
+ * ROPE_KV_WRITE ----
+ * gemv_norm_in_kernel over the qkv weight (the same blocks of NI_WARPS warps of 2 rows, the same
+ * loads, norm hook and sums), the hd / 16 blocks of a head one thread-block cluster. Each block
+ * leaves its 16 rows' sums + bias (the GEMV's y) in shared memory; after a cluster barrier, warp t
+ * of the cluster's first block reads token t's row of the head through distributed shared memory
+ * in qkn_load's order and finishes it as qk_norm_rope_kv_kernel's warp does (qkr_head: the norm,
+ * the rotation, the rows and the cache entries), with the norm weights, the slots and the cosines
+ * and sines that block put in shared memory (qkr_prep: at decode before its first weight loads and
+ * the PDL wait, as qk_norm_rope_kv_kernel's early prologue; else after its GEMV; done before the
+ * loads rather than in the norm hook, where it held 100 registers against 80); a second barrier
+ * keeps every block's rows until it has read them. So the rows and both caches are bitwise msm_cuda_norm_linear then
+ * msm_cuda_qk_norm_rope_kv, the qkv and normed rows are never written, and the q/k norm kernel
+ * and its boundary leave the step: on Qwen3-30B-A3B at one token that kernel ends 1.2-2.7 us a
+ * layer after the qkv GEMV (H200 timelines, bench/results/2026-12-04-h200-s13 run 5 and
+ * 2026-12-05-h200-s15 run 2). */
+#define QKR_RB (NI_WARPS * 2) /* rows a block: 2 a warp, as norm_in_go's GEMV */
+#define QKR_MAX_T 2
+#define QKR_MAX_HD (8 * QKR_RB) /* a head on at most 8 blocks: a portable cluster */
+
+/* The lead block's share of the head's finish that needs no GEMV result: the head's norm weights
+ * (q or k) into wv, the tokens' slots into sl and the cosines and sines of their positions (dims
+ * f < rot / 2 at cs[t * rot / 2 + f]: qk_norm_rope_kv_kernel's msm_rope_cs calls), in shared
+ * memory, a thread an entry. */
+static __device__ __forceinline__ void qkr_prep(const msm_cuda_qk_rope &q, int h, int T, float *wv, float *cs,
+                                                float *sn, int *sl) {
+    const int tid = threadIdx.x, half = q.rot / 2;
+    if (h < q.nh + q.kvh) {
+        const uint16_t *w = h < q.nh ? q.wq : q.wk;
+        if (tid < q.hd) wv[tid] = msm_bf(w[tid]);
+        if (tid < T * half) msm_rope_cs(q.pos[tid / half], tid % half, q.rot, q.theta, &cs[tid], &sn[tid]);
+    }
+    if (tid < T) sl[tid] = q.slot[tid];
+}
+
+/* Token t's row of head h finished by one warp of the lead block: qkr_head with HJ = rot / 64, the
+ * weights, cosines and sines from qkr_prep's shared arrays. */
+template <int HJ, typename Ld>
+static __device__ __forceinline__ void qkr_finish(Ld ld, int nh, int kvh, int hd, int rot, float eps, const float *swv,
+                                                  const float *scs, const float *ssn, qkr_dst dst, int h, int t,
+                                                  int lane) {
+    float v[8], wv[8], cs[HJ], sn[HJ];
+    float ss = qkn_load_f(hd, lane, v, ld);
+    bool nk = h < nh + kvh; /* a q or k head */
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        wv[j] = nk && d < hd ? swv[d] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < HJ; j++) {
+        int i = t * (rot / 2) + lane + 32 * j;
+        cs[j] = nk ? scs[i] : 0.0f, sn[j] = nk ? ssn[i] : 0.0f;
+    }
+    qkr_head<HJ>(v, ss, wv, cs, sn, h, nh, kvh, hd, eps, lane, dst);
+}
+
+template <int NT, int U, bool FP8, int V, bool PIPE, bool HW>
+static __global__ void __launch_bounds__(NI_WARPS * 32)
+    norm_in_qkr_kernel(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T, int K,
+                       const float *a, const float *b, const uint16_t *nw, float *sum, float *out, float eps, int vt,
+                       msm_cuda_qk_rope q, bool early, bool cs_early) {
+    constexpr int R = 2;
+    extern __shared__ float xn[]; /* [T][K]: the normed rows */
+    __shared__ float part[32];
+    __shared__ float ys[NT][QKR_RB]; /* the block's rows' sums + bias */
+    __shared__ float swv[QKR_MAX_HD], scs[QKR_MAX_T * QKR_MAX_HD / 2], ssn[QKR_MAX_T * QKR_MAX_HD / 2];
+    __shared__ int ssl[QKR_MAX_T];
+    cg::cluster_group cl = cg::this_cluster();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, N = (q.nh + 2 * q.kvh) * q.hd;
+    const int n0 = (blockIdx.x * NI_WARPS + warp) * R, h = blockIdx.x * QKR_RB / q.hd;
+    const bool lead = cl.block_rank() == 0;
+    msm_pdl_trigger();
+    /* before the first weight loads: at decode (cs_early) the positions and slots are step inputs,
+     * written before the step's first kernel, as qk_norm_rope_kv_kernel's early prologue reads them */
+    if (lead && cs_early) qkr_prep(q, h, T, swv, scs, ssn, ssl);
+    if (!early) msm_pdl_wait();
+    float acc[R][NT];
+    norm_in_dot<NT, R, U, FP8, V, PIPE, HW>(acc, w, wsc, ph, n0, N, T, K, xn, lane, a, b, nw, sum, out, vt, eps, part,
+                                            early);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float bb = bias ? msm_bf(bias[n0 + r]) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = msm_warp_sum(acc[r][t]);
+            if (lane == 0 && t < T) ys[t][warp * R + r] = s + bb;
+        }
+    }
+    if (lead && !cs_early) qkr_prep(q, h, T, swv, scs, ssn, ssl);
+    cl.sync(); /* every block's rows, and the lead block's weights, slots, cosines and sines */
+    if (lead && warp < T) {
+        const int t = warp;
+        qkr_dst dst = {y + (size_t)t * N + (size_t)h * q.hd, q.kc, q.vc, ssl[t]};
+        auto ld = [&](int d) { return *cl.map_shared_rank(&ys[t][d % QKR_RB], d / QKR_RB); };
+        if (q.rot == 128) qkr_finish<2>(ld, q.nh, q.kvh, q.hd, q.rot, q.eps, swv, scs, ssn, dst, h, t, lane);
+        else qkr_finish<1>(ld, q.nh, q.kvh, q.hd, q.rot, q.eps, swv, scs, ssn, dst, h, t, lane);
+    }
+    cl.sync(); /* the lead block has read every block's rows */
+}
+
+extern "C" bool msm_cuda_norm_linear_qk_rope_fits(int T, int K, int nh, int kvh, int hd, int rot, bool fp8, int ph,
+                                                  const msm_cuda_tuning *tn) {
+    /* a head on 4 or 8 blocks (a cluster of a power of two), rot / 64 rotated pairs a lane */
+    if (!tn->norm_qk_rope || T < 1 || T > QKR_MAX_T || nh <= 0 || kvh <= 0 || (hd != 4 * QKR_RB && hd != QKR_MAX_HD) ||
+        (rot != 64 && rot != 128) || rot > hd || !msm_cuda_qk_norm_rope_kv_fits(T, hd, rot))
+        return false;
+    /* where msm_cuda_norm_linear takes gemv_norm_in_kernel (not the FP8 split form) */
+    return msm_cuda_norm_linear_fits(T, (nh + 2 * kvh) * hd, K, fp8, ph, tn) &&
+           !(fp8 && tn->fp8_gemv_split && K >= tn->fp8_gemv_split_min_k);
+}
+
+template <int NT, int U, bool FP8, int V, bool PIPE = false, bool HW = false>
+static cudaError_t qkr_launch(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T, int K,
+                              const float *a, const float *b, const uint16_t *nw, float *sum, float *out, float eps,
+                              int vt, const msm_cuda_qk_rope &q, msm_cuda_exec ex) {
+    int N = (q.nh + 2 * q.kvh) * q.hd;
+    return msm_launch_cluster(norm_in_qkr_kernel<NT, U, FP8, V, PIPE, HW>, dim3((unsigned)(N / QKR_RB)),
+                              dim3(NI_WARPS * 32), (size_t)T * K * sizeof(float), (unsigned)(q.hd / QKR_RB), ex, y, w,
+                              wsc, ph, bias, T, K, a, b, nw, sum, out, eps, vt, q, ex.tune->gemv_early && !ex.w_written,
+                              ex.decode && ex.tune->small_early);
+}
+
+/* norm_in_go's choice of the norm-in GEMV (its sums: the same bits at any loads and pipelining). */
+template <int V>
+static cudaError_t qkr_go(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T, int K,
+                          const float *a, const float *b, const uint16_t *nw, float *sum, float *out, float eps, int vt,
+                          bool fp8, const msm_cuda_qk_rope &q, msm_cuda_exec ex) {
+#define QG(NT_, F_, ...) qkr_launch<NT_, 2, F_, V, ##__VA_ARGS__>(y, w, wsc, ph, bias, T, K, a, b, nw, sum, out, eps, vt, q, ex)
+    if (fp8 && fp8_gemv_hw(ex.tune)) return QG(1, true, false, true);
+    if (fp8) return QG(1, true);
+    bool pipe = (ex.tune->rows_pipe & MSM_CUDA_PIPE_NORM_IN) && K > 256 * 2;
+    if (T == 1) return pipe ? QG(1, false, true) : QG(1, false);
+    return pipe ? QG(2, false, true) : QG(2, false);
+#undef QG
+}
+
+extern "C" int msm_cuda_norm_linear_qk_rope(float *y, float *sum, float *out, const float *a, const float *b,
+                                            const uint16_t *nw, float eps, const uint16_t *w, msm_cuda_fp8w w8,
+                                            const uint16_t *bias, msm_cuda_qk_rope q, int T, int K, msm_cuda_exec ex) {
+    bool fp8 = w8.q != NULL;
+    const void *wp = fp8 ? (const void *)w8.q : (const void *)w;
+    if (!y || !sum || !out || !a || !b || !nw || !wp || (fp8 && !w8.scale) || (uintptr_t)wp % 16 || !q.wq ||
+        !q.wk || !q.pos || !q.slot || !q.kc || !q.vc ||
+        !msm_cuda_norm_linear_qk_rope_fits(T, K, q.nh, q.kvh, q.hd, q.rot, fp8, fp8 ? w8.phase : 0, ex.tune))
+        return -EINVAL;
+    int vt, V;
+    norm_in_v(K, &vt, &V);
+    const float *sc = fp8 ? w8.scale : NULL;
+    int ph = fp8 ? w8.phase : 0;
+    cudaError_t e = V == 4 ? qkr_go<4>(y, wp, sc, ph, bias, T, K, a, b, nw, sum, out, eps, vt, fp8, q, ex)
+                           : qkr_go<8>(y, wp, sc, ph, bias, T, K, a, b, nw, sum, out, eps, vt, fp8, q, ex);
     CUDA_TRY(e);
     CUDA_LAUNCH_CHECK();
     return 0;

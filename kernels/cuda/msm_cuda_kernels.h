@@ -377,6 +377,11 @@ typedef struct msm_cuda_tuning {
                                  three; a shared expert forked before its norm, pass fork_before_norm,
                                  or a dense MLP). Off by default: not yet measured
                                  (MSM_CUDA_NORM_LINEAR_SWIGLU) */
+    bool norm_qk_rope;        /* an ADD_RMSNORM, the qkv LINEAR on its norm, its QK_NORM and the
+                                 ROPE_KV_WRITE, at one or two tokens: one kernel, a head's blocks one
+                                 cluster (msm_cuda_norm_linear_qk_rope, bitwise the norm-in GEMV then
+                                 msm_cuda_qk_norm_rope_kv; Qwen3-MoE). Off by default: not yet
+                                 measured (MSM_CUDA_NORM_QK_ROPE) */
     int norm_swiglu_rows;     /* ... its gate and up rows a warp, 2 (default: 8 outputs a block of 8
                                  warps, 80 registers, three blocks an SM) or 4 (16 outputs, half the
                                  blocks, ~105 registers, two an SM); the same bits
@@ -804,6 +809,34 @@ int msm_cuda_norm_linear(float *y, float *sum, float *out, const float *a, const
 bool msm_cuda_norm_linear_swiglu_fits(int T, int I, int K, const void *w, const msm_cuda_tuning *tn);
 int msm_cuda_norm_linear_swiglu(float *act, float *sum, float *out, const float *a, const float *b, const uint16_t *nw,
                                 float eps, const uint16_t *w, int T, int I, int K, msm_cuda_exec ex);
+
+/* The q/k norm and RoPE of msm_cuda_norm_linear_qk_rope: msm_cuda_qk_norm_rope_kv's arguments past
+ * its rows (the q and k head norm weights, bf16 [hd], and their eps; the positions and slots of the
+ * T tokens; the layer's caches, rows of kvh * hd; nh q, kvh k and kvh v heads of hd; the rotary
+ * width and base). */
+typedef struct msm_cuda_qk_rope {
+    const uint16_t *wq, *wk;
+    float eps;
+    const int32_t *pos, *slot;
+    uint16_t *kc, *vc;
+    int nh, kvh, hd, rot;
+    float theta;
+} msm_cuda_qk_rope;
+
+/* ADD_RMSNORM, the qkv LINEAR on its norm, QK_NORM and ROPE_KV_WRITE in one launch: sum = a + b,
+ * out = rmsnorm(sum) * nw (T rows of K, block 0 writes both), the qkv rows (w [(nh + 2 kvh) hd, K]
+ * bf16, or FP8-resident w8 with w NULL; bias or NULL) of out, their q and k heads normed with
+ * q.wq / q.wk and rotated, written to y [T, (nh + 2 kvh) hd] and the k and v heads to the caches at
+ * q.slot (none where negative): bitwise msm_cuda_norm_linear then msm_cuda_qk_norm_rope_kv; the
+ * unnormed qkv rows are never written. Only where msm_cuda_norm_linear_qk_rope_fits (tuning
+ * norm_qk_rope; one or two tokens bf16, one FP8, where msm_cuda_norm_linear takes the norm-in GEMV;
+ * hd 64 or 128, rot 64 or 128); else -EINVAL. sum and out must not overlap a or
+ * b, nor y any of them. */
+bool msm_cuda_norm_linear_qk_rope_fits(int T, int K, int nh, int kvh, int hd, int rot, bool fp8, int ph,
+                                       const msm_cuda_tuning *tn);
+int msm_cuda_norm_linear_qk_rope(float *y, float *sum, float *out, const float *a, const float *b, const uint16_t *nw,
+                                 float eps, const uint16_t *w, msm_cuda_fp8w w8, const uint16_t *bias,
+                                 msm_cuda_qk_rope q, int T, int K, msm_cuda_exec ex);
 
 /* msm_cuda_moe_experts with FP8-resident expert weights gate_up [E, 2I, H] and down [E, H, I].
  * From fp8_moe_tiled_min_t tokens up to MSM_CUDA_MOE_TILED_MAX_T (moe_path AUTO; TILED at any T)

@@ -11,7 +11,9 @@ flight vs 4, an ADD_RMSNORM and the LINEAR on its norm as one kernel vs two, the
 position / weight / cosine prologue before the PDL wait vs after, the routed experts launched
 after the router vs as its programmatic dependent where a shared expert runs beside them, the FP8
 experts' codes decoded with integer operations vs the hardware's conversion, the qkv GEMV with the
-RoPE and K/V cache write in its epilogue vs the two kernels, the shared expert's gate/up GEMV
+RoPE and K/V cache write in its epilogue vs the two kernels, the norm-in qkv GEMV with the q/k
+norm, RoPE and K/V write in a cluster epilogue vs the norm-in GEMV and the q/k norm kernel (Qwen3),
+the shared expert's gate/up GEMV
 with the SwiGLU in its epilogue vs the two kernels, the qkv MMV with RoPE and the K/V write in its
 epilogue vs the two kernels, the grouped expert GEMVs' grid a row per
 selected expert vs per expert, each layer's o_proj and shared expert prefetched into L2 during its
@@ -87,6 +89,8 @@ VARIANTS = [  # (name, extra flags, environment)
     ("pair-path split down's ids and first weights before its PDL wait vs after", [], {"MSM_CUDA_MOE_PAIR_EARLY": "1"}),
     ("dense MLPs' norm + gate/up + SwiGLU one kernel vs the norm + GEMV and the SwiGLU", [],
      {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1"}),
+    ("norm-in qkv GEMV + q/k norm + RoPE + K/V write one kernel (a head's blocks a cluster) vs two", [],
+     {"MSM_CUDA_NORM_QK_ROPE": "1"}),
 ]
 if os.environ.get("CHECK_VARIANTS"):  # e.g. CHECK_VARIANTS="L2 prefetch" for the lines of one change
     VARIANTS = [v for v in VARIANTS if any(w in v[0] for w in os.environ["CHECK_VARIANTS"].split(","))]

@@ -65,7 +65,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_FP8_MOE_LEAN",
                                  "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW", "MSM_CUDA_MMV_STREAM_MIN_N",
                                  "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS",
-                                 "MSM_CUDA_MOE_PAIR_EARLY"};
+                                 "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -109,7 +109,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
     setenv("MSM_CUDA_MMV_STREAM_MIN_N", "-5", 1), setenv("MSM_CUDA_MMV_STREAM_MIN_T", "12", 1);
     setenv("MSM_CUDA_NORM_LINEAR_SWIGLU", "1", 1), setenv("MSM_CUDA_NORM_SWIGLU_ROWS", "3", 1);
-    setenv("MSM_CUDA_MOE_PAIR_EARLY", "1", 1);
+    setenv("MSM_CUDA_MOE_PAIR_EARLY", "1", 1), setenv("MSM_CUDA_NORM_QK_ROPE", "1", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = t.moe_gg_compact = t.linear_swiglu = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -158,6 +158,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(t.norm_linear_swiglu, "MSM_CUDA_NORM_LINEAR_SWIGLU=1: the norm, the gate/up and the SwiGLU one kernel");
     cr_expect_eq(t.norm_swiglu_rows, 2, "MSM_CUDA_NORM_SWIGLU_ROWS=3: not a form, 2 rows a warp");
     cr_expect(t.moe_pair_early, "MSM_CUDA_MOE_PAIR_EARLY=1: the split down's weights before its wait");
+    cr_expect(t.norm_qk_rope, "MSM_CUDA_NORM_QK_ROPE=1: the norm, the qkv GEMV and the q/k norm + RoPE one kernel");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
@@ -2886,6 +2887,122 @@ Test(cuda_kernels, norm_linear_swiglu_equals_add_rmsnorm_linear_swiglu, .timeout
         cudaFree(gu), cudaFree(dact), cudaFree(dw), cudaFree(dn);
         for (int i = 0; i < 3; i++) free(r[i]), free(g[i]);
         free(xa), free(xb), free(wf), free(nf), free(w), free(nb);
+    }
+    cudaStreamDestroy(st);
+}
+
+/* ADD_RMSNORM + the qkv LINEAR on its norm + QK_NORM + ROPE_KV_WRITE in one launch, a head's blocks
+ * one cluster (msm_cuda_norm_linear_qk_rope), gives the bits of the norm-in GEMV
+ * (msm_cuda_norm_linear) followed by msm_cuda_qk_norm_rope_kv: the residual sum, the norm, the
+ * rotated rows and both whole caches; Qwen3-30B-A3B's shapes (hd 128 on clusters of 8, full
+ * rotary), a GLM-style partial rotary with a qkv bias, hd 64 (clusters of 4, 4 values a norm
+ * thread); bf16 at one and two tokens (the second a padding row, slot -1: not cached), FP8 at one
+ * with either decode; weights requested before the PDL wait or after it, the rotary before the
+ * loads (decode) or after the GEMV, bf16 rows software-pipelined or not; the inputs written by the
+ * kernels just before on poisoned buffers; and what it does not take refused with -EINVAL. */
+Test(cuda_kernels, norm_linear_qk_rope_equals_norm_linear_then_qk_norm_rope_kv, .timeout = 180) {
+    need_gpu();
+    static const int shapes[][6] = {{2048, 32, 4, 128, 128, 0}, {2048, 16, 2, 128, 64, 1}, {1024, 8, 2, 64, 64, 0}};
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int K = shapes[s][0], nh = shapes[s][1], kvh = shapes[s][2], hd = shapes[s][3], rot = shapes[s][4], Tm = 2;
+        int N = (nh + 2 * kvh) * hd, nslots = 4 * MSM_KV_BLOCK;
+        size_t nk = (size_t)Tm * K, ny = (size_t)Tm * N, cache = (size_t)nslots * kvh * hd;
+        float *xa = host_f32(nk, 1.0f), *xb = host_f32(nk, 1.0f), *wf, *nf, *bf = NULL, *wqf, *wkf;
+        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *nb = host_bf16(K, 1.0f, &nf);
+        uint16_t *bb = shapes[s][5] ? host_bf16(N, 0.5f, &bf) : NULL;
+        uint16_t *wq = host_bf16(hd, 1.0f, &wqf), *wk = host_bf16(hd, 1.0f, &wkf);
+        fp8_weight w8 = fp8_make(1, N, K, 0, false);
+        int32_t pos[2] = {rndi(4000), rndi(4000)}, slot[2] = {rndi(nslots), -1};
+        float *d0 = dev_up(xa, nk * 4), *d1 = dev_up(xb, nk * 4), *da = dev(nk * 4), *db = dev(nk * 4), *dz = dev(nk * 4);
+        CK(cudaMemset(dz, 0, nk * 4));
+        float *dsum = dev(nk * 4), *dout = dev(nk * 4), *dqkv = dev(ny * 4), *dy = dev(ny * 4);
+        uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *dn = dev_up(nb, (size_t)K * 2);
+        uint16_t *dbias = bb ? dev_up(bb, (size_t)N * 2) : NULL, *dwq = dev_up(wq, hd * 2), *dwk = dev_up(wk, hd * 2);
+        int32_t *dpos = dev_up(pos, sizeof pos), *dslot = dev_up(slot, sizeof slot);
+        uint16_t *kc = dev(cache * 2), *vc = dev(cache * 2);
+        float *r[3], *g[3];
+        uint16_t *rk = malloc(cache * 2), *rv = malloc(cache * 2), *gk = malloc(cache * 2), *gv = malloc(cache * 2);
+        for (int i = 0; i < 3; i++) r[i] = malloc(ny > nk ? ny * 4 : nk * 4), g[i] = malloc(ny > nk ? ny * 4 : nk * 4);
+        msm_cuda_qk_rope q = {dwq, dwk, 1e-6f, dpos, dslot, kc, vc, nh, kvh, hd, rot, 1e6f};
+        /* bf16; FP8, the integer decode; FP8, the hardware one */
+        for (int kind = 0; kind < 3; kind++)
+            for (int T = 1; T <= (kind ? 1 : 2); T++)
+                /* the two kernels; one at decode (early loads and rotary); early loads, the rotary after
+                 * the GEMV; loads after the wait; decode without the software pipelining */
+                for (int v = 0; v < 5; v++) {
+                    bool fp8 = kind > 0;
+                    msm_cuda_tuning t = tune0;
+                    t.norm_linear = t.qk_rope = true;
+                    t.norm_qk_rope = v > 0;
+                    t.fp8_linear = kind == 2 ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_SIMT;
+                    t.fp8_gemv_hw = kind == 2, t.fp8_gemv_split = 0;
+                    t.gemv_early = v != 3, t.small_early = true;
+                    if (v == 4) t.rows_pipe = 0;
+                    msm_cuda_exec ex = {.stream = st, .tune = &t, .decode = v != 2};
+                    if (v > 0)
+                        cr_assert(msm_cuda_norm_linear_qk_rope_fits(T, K, nh, kvh, hd, rot, fp8, 0, &t),
+                                  "fits %s T=%d K=%d hd=%d rot=%d", fp8 ? "fp8" : "bf16", T, K, hd, rot);
+                    CK(cudaMemsetAsync(da, 0xff, nk * 4, st));
+                    CK(cudaMemsetAsync(db, 0xff, nk * 4, st));
+                    CK(cudaMemsetAsync(dsum, 0xff, nk * 4, st));
+                    CK(cudaMemsetAsync(dout, 0xff, nk * 4, st));
+                    CK(cudaMemsetAsync(dy, 0xff, ny * 4, st));
+                    CK(cudaMemsetAsync(kc, 0xff, cache * 2, st));
+                    CK(cudaMemsetAsync(vc, 0xff, cache * 2, st));
+                    CK(msm_cuda_add(da, d0, d1, (size_t)T * K, ex));
+                    CK(msm_cuda_add(db, d1, dz, (size_t)T * K, ex));
+                    const uint16_t *lw = fp8 ? NULL : dw;
+                    msm_cuda_fp8w lw8 = fp8 ? w8.d : (msm_cuda_fp8w){0};
+                    if (v == 0) {
+                        CK(msm_cuda_norm_linear(dqkv, dsum, dout, da, db, dn, 1e-6f, lw, lw8, dbias, T, N, K, ex));
+                        CK(msm_cuda_qk_norm_rope_kv(dy, dqkv, dwq, dwk, dpos, dslot, kc, vc, T, nh, kvh, hd, rot, 1e6f,
+                                                    1e-6f, ex));
+                    } else {
+                        CK(msm_cuda_norm_linear_qk_rope(dy, dsum, dout, da, db, dn, 1e-6f, lw, lw8, dbias, q, T, K, ex));
+                    }
+                    CK(cudaStreamSynchronize(st));
+                    float **o = v == 0 ? r : g;
+                    down(o[0], dsum, (size_t)T * K * 4), down(o[1], dout, (size_t)T * K * 4);
+                    down(o[2], dy, (size_t)T * N * 4);
+                    down(v == 0 ? rk : gk, kc, cache * 2), down(v == 0 ? rv : gv, vc, cache * 2);
+                    if (v == 0) continue;
+                    const char *what = kind == 2 ? "fp8 hw" : fp8 ? "fp8" : "bf16";
+                    cr_expect(memcmp(r[0], g[0], (size_t)T * K * 4) == 0, "sum differs: %s T=%d hd=%d v=%d", what, T, hd, v);
+                    cr_expect(memcmp(r[1], g[1], (size_t)T * K * 4) == 0, "norm differs: %s T=%d hd=%d v=%d", what, T, hd, v);
+                    cr_expect(memcmp(r[2], g[2], (size_t)T * N * 4) == 0, "rows differ: %s T=%d hd=%d v=%d", what, T, hd, v);
+                    cr_expect(memcmp(rk, gk, cache * 2) == 0, "K cache differs: %s T=%d hd=%d v=%d", what, T, hd, v);
+                    cr_expect(memcmp(rv, gv, cache * 2) == 0, "V cache differs: %s T=%d hd=%d v=%d", what, T, hd, v);
+                }
+        /* not taken: switched off, past 2 tokens (FP8: 1), a head size or rotary it has no cluster or
+         * pairing for, the FP8 split GEMV */
+        msm_cuda_tuning t = tune0;
+        t.norm_linear = t.qk_rope = true;
+        msm_cuda_exec ex = {.stream = st, .tune = &t};
+        cr_expect(!msm_cuda_norm_linear_qk_rope_fits(1, K, nh, kvh, hd, rot, false, 0, &t), "switched off");
+        cr_expect_eq(msm_cuda_norm_linear_qk_rope(dy, dsum, dout, da, db, dn, 1e-6f, dw, (msm_cuda_fp8w){0}, dbias, q, 1,
+                                                  K, ex),
+                     -EINVAL);
+        t.norm_qk_rope = true;
+        cr_expect(!msm_cuda_norm_linear_qk_rope_fits(3, K, nh, kvh, hd, rot, false, 0, &t), "past 2 tokens");
+        cr_expect(!msm_cuda_norm_linear_qk_rope_fits(2, K, nh, kvh, hd, rot, true, 0, &t), "FP8 past 1 token");
+        cr_expect(!msm_cuda_norm_linear_qk_rope_fits(1, K, nh, kvh, 256, 256, false, 0, &t), "hd 256");
+        cr_expect(!msm_cuda_norm_linear_qk_rope_fits(1, K, nh, kvh, 96, 64, false, 0, &t), "hd 96: 6 blocks a head");
+        cr_expect(!msm_cuda_norm_linear_qk_rope_fits(1, K, nh, kvh, 128, 96, false, 0, &t), "rot 96");
+        t.fp8_gemv_split = 1, t.fp8_gemv_split_min_k = 0;
+        cr_expect(!msm_cuda_norm_linear_qk_rope_fits(1, K, nh, kvh, hd, rot, true, 0, &t), "the FP8 split GEMV");
+        cr_expect_eq(msm_cuda_norm_linear_qk_rope(dy, dsum, dout, da, db, dn, 1e-6f, dw, (msm_cuda_fp8w){0}, dbias, q, 3,
+                                                  K, ex),
+                     -EINVAL);
+        cudaFree(d0), cudaFree(d1), cudaFree(da), cudaFree(db), cudaFree(dz), cudaFree(dsum), cudaFree(dout);
+        cudaFree(dqkv), cudaFree(dy), cudaFree(dw), cudaFree(dn), cudaFree(dbias), cudaFree(dwq), cudaFree(dwk);
+        cudaFree(dpos), cudaFree(dslot), cudaFree(kc), cudaFree(vc);
+        fp8_free(&w8);
+        for (int i = 0; i < 3; i++) free(r[i]), free(g[i]);
+        free(rk), free(rv), free(gk), free(gv);
+        free(xa), free(xb), free(wf), free(nf), free(bf), free(wb), free(nb), free(bb), free(wq), free(wk), free(wqf),
+            free(wkf);
     }
     cudaStreamDestroy(st);
 }

@@ -427,6 +427,31 @@ Test(graph_plan, norm_inputs_stay_live_through_the_swiglu_after_the_linear_on_th
     cr_expect(triples[MSM_STREAM_AUX] > 0, "no shared expert's norm -> gate/up -> SwiGLU on AUX");
 }
 
+/* ... and through the QK_NORM after that LINEAR and the ROPE_KV_WRITE after it (the CUDA backend's
+ * msm_cuda_norm_linear_qk_rope: block 0 writes the norm's outputs while every block reads its inputs
+ * and the heads' lead blocks write the rotated rows): those rows share no bytes with the norm's
+ * inputs and outputs. Qwen3-MoE's layers past the first (the first's norm has no residual add). */
+Test(graph_plan, norm_inputs_stay_live_through_the_qk_rope_after_the_linear_on_the_norm) {
+    msm_graph *g = plain("tests/data/qwen3moe", 1), *out;
+    msm_err err = {{0}};
+    msm_pass_opts o = {.elide_collectives = true, .fuse_add_norm = true, .fuse_rope_kv = true, .fuse_router = true,
+                       .fuse_moe_combine = true, .multi_stream = true, .router_first = true};
+    cr_assert_eq(msm_passes_apply(g, &o, &out, &err), 0, "%s", err.msg);
+    int quads = 0;
+    for (int i = 0; i + 3 < out->n_nodes; i++) {
+        const msm_node *n = &out->nodes[i], *l = &out->nodes[i + 1], *q = &out->nodes[i + 2], *r = &out->nodes[i + 3];
+        if (n->op != MSM_OP_ADD_RMSNORM || l->op != MSM_OP_LINEAR || q->op != MSM_OP_QK_NORM ||
+            r->op != MSM_OP_ROPE_KV_WRITE || l->in[0] != n->out[1] || q->in[0] != l->out[0] || r->in[0] != q->out[0])
+            continue;
+        quads++;
+        const int vs[5] = {n->in[0], n->in[1], n->out[0], n->out[1], r->out[0]};
+        expect_disjoint(out, "tests/data/qwen3moe", vs, 5);
+    }
+    cr_expect_eq(quads, out->n_layers - 1, "an ADD_RMSNORM -> qkv -> QK_NORM -> ROPE_KV_WRITE run in every layer past the first");
+    msm_graph_free(out);
+    msm_graph_free(g);
+}
+
 /* A LINEAR whose product the next node, a ROPE_KV_WRITE on the same stream, reads keeps its input
  * live through that node: the CUDA backend may run the two as one kernel (msm_cuda_linear_rope_kv),
  * whose blocks read the LINEAR's input while others write the rotated rows, so the input, the
