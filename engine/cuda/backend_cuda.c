@@ -1448,6 +1448,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ATT_GROUP=N                attention blocks take up to N query heads of a kv head (1..4) ...
  *   MSM_CUDA_ATT_GROUP_MIN=N            ... from N (token, query head) pairs on (0: one wave's blocks)
  *   MSM_CUDA_ATT_MMA=0|1|2              the tensor-core GQA attention never / by its rule / wherever it fits
+ *   MSM_CUDA_ATT_MMA_SPLIT=0|1          ... its context split over a cluster where 4+ query heads share a kv head
+ *                                       and the split keeps one wave (0, default: not yet measured)
  *   MSM_CUDA_ATT_MMA_MIN_BLOCKS=N       ... the rule: from N (token, kv head) blocks on (0: by heads a kv head)
  *   MSM_CUDA_ROUTER_CHUNK_PER_SM=N      routers over many tokens: token chunks while N blocks an SM remain
  *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
@@ -1555,6 +1557,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_LINEAR_NORM"))) t->linear_norm_fused = s[0] == '1';
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;
     if (env_int("MSM_CUDA_ATT_GROUP_MIN", &v)) t->att_group_min = v < 0 ? 0 : v;
+    if ((s = getenv("MSM_CUDA_ATT_MMA_SPLIT"))) t->att_mma_split = s[0] != '0';
     if (env_int("MSM_CUDA_ATT_MMA", &v)) t->att_mma = v <= 0 ? MSM_CUDA_ATT_MMA_OFF : v >= 2 ? MSM_CUDA_ATT_MMA_ON : MSM_CUDA_ATT_MMA_AUTO;
     if (env_int("MSM_CUDA_ATT_MMA_MIN_BLOCKS", &v)) t->att_mma_min_blocks = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_ROUTER_CHUNK_PER_SM", &v)) t->router_chunk_per_sm = v < 0 ? 0 : v;

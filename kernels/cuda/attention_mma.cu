@@ -40,11 +40,15 @@
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
 
+#include <cooperative_groups.h>
 #include <errno.h>
 #include <math.h>
 
+namespace cg = cooperative_groups;
+
 #define AM_WARPS 4
 #define AM_HEADS 8 /* query heads a block: the hi half of the MMA rows */
+#define AM_MAX_SPLIT 16 /* the split kernel's largest cluster */
 
 /* Bytes of one 16-position tile row in shared memory: hd bf16, at least 8 chunks of 16 bytes so
  * that the chunk swizzle (c ^ (row & 7)) stays inside the row. */
@@ -70,15 +74,17 @@ static __device__ __forceinline__ uint32_t am_off(int r, int c) {
 }
 
 /* Issues the copies of KV block b (positions b*16 .. b*16+15, those >= n zero-filled; cache block
- * `entry`, its block-table entry) of kv head kh into the warp's stage at sk (K) and sv (V). */
-template <int HD>
+ * `entry`, its block-table entry) of kv head kh into the warp's stage at sk (K) and sv (V). SKIP:
+ * position `skip` is not copied at all (a later copy fills it: no two copies write one place). */
+template <int HD, bool SKIP = false>
 static __device__ __forceinline__ void am_fetch(uint32_t sk, uint32_t sv, const uint16_t *kc, const uint16_t *vc,
-                                                int entry, int b, int n, size_t row, int kh, int lane) {
+                                                int entry, int b, int n, size_t row, int kh, int lane, int skip = -1) {
     constexpr int CH = am_geom<HD>::CH;
     const size_t slot0 = (size_t)entry * MSM_KV_BLOCK;
 #pragma unroll
     for (int i = lane; i < MSM_KV_BLOCK * CH; i += 32) {
         int r = i / CH, c = i % CH;
+        if (SKIP && b * MSM_KV_BLOCK + r == skip) continue;
         bool ok = b * MSM_KV_BLOCK + r < n;
         size_t off = ((slot0 + (ok ? r : 0)) * row + (size_t)kh * HD) + (size_t)c * 8;
         msm_cp_async16(sk + am_off<HD>(r, c), kc + off, ok ? 16 : 0);
@@ -86,13 +92,114 @@ static __device__ __forceinline__ void am_fetch(uint32_t sk, uint32_t sv, const 
     }
 }
 
+/* q of heads h0.. (those below nhb) of token t as the A fragments of the scores: rows g (hi) and
+ * g + 8 (lo) of head h0 + g, dims kk*16 + 2*tig (+8). */
+template <int HD>
+static __device__ __forceinline__ void am_load_q(uint32_t (&qa)[HD / 16][4], const float *q, size_t q_ld, int t,
+                                                 int h0, int nhb, int g, int tig) {
+    const float *qh = q + (size_t)t * q_ld + (size_t)(h0 + g) * HD;
+    bool ok = g < nhb;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        float2 x0 = ok ? *(const float2 *)(qh + kk * 16 + 2 * tig) : make_float2(0.0f, 0.0f);
+        float2 x1 = ok ? *(const float2 *)(qh + kk * 16 + 8 + 2 * tig) : make_float2(0.0f, 0.0f);
+        msm_split_bf16x2(x0.x, x0.y, qa[kk][0], qa[kk][1]);
+        msm_split_bf16x2(x1.x, x1.y, qa[kk][2], qa[kk][3]);
+    }
+}
+
+/* ldmatrix lane rows / chunks: K (non-trans) matrices (pos 0-7, c), (0-7, c+1), (8-15, c),
+ * (8-15, c+1); V (trans) matrices (pos 0-7, c), (8-15, c), (0-7, c+1), (8-15, c+1) */
+struct am_lanes {
+    int k_row, k_c, v_row, v_c;
+    __device__ __forceinline__ explicit am_lanes(int lane)
+        : k_row((lane & 7) + ((lane >> 4) << 3)), k_c((lane >> 3) & 1), v_row((lane & 7) + (((lane >> 3) & 1) << 3)),
+          v_c(lane >> 4) {}
+};
+
+/* KV block b (positions b*16 .. b*16+15, those >= n masked), staged at cur (K, then V at
+ * cur + TILE), folded into the warp's running max m, denominator share den and output o of head
+ * g: S = Q K^T (s[j][0..1] head g (hi) at positions 8j + 2tig + {0,1}, s[j][2..3] the lo part),
+ * the online softmax in fp32, then O += P V with P split into bf16 hi + lo. */
+template <int HD>
+static __device__ __forceinline__ void am_tile(uint32_t cur, const uint32_t (&qa)[HD / 16][4], float (&o)[HD / 8][4],
+                                               float &m, float &den, int b, int n, float scale, const am_lanes &ln,
+                                               int tig) {
+    constexpr int KS = HD / 16, NT = HD / 8, TILE = am_geom<HD>::TILE;
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        uint32_t kb[4];
+        msm_ldmatrix_x4(kb, cur + am_off<HD>(ln.k_row, 2 * kk + ln.k_c));
+        msm_mma_bf16(s[0], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb[0], kb[1]);
+        msm_mma_bf16(s[1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb[2], kb[3]);
+    }
+    /* the four scores of this lane (hi + lo), scaled; positions past the context: -inf */
+    float sc[4];
+    float mx = m;
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int p = b * MSM_KV_BLOCK + 8 * j + 2 * tig + e;
+            float v = (s[j][e] + s[j][2 + e]) * scale;
+            sc[2 * j + e] = p < n ? v : -INFINITY;
+            mx = fmaxf(mx, sc[2 * j + e]);
+        }
+    mx = fmaxf(mx, __shfl_xor_sync(MSM_FULL_MASK, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(MSM_FULL_MASK, mx, 2));
+    /* every block here has position b*16 < n, so mx is finite */
+    float corr = expf(m - mx); /* m = -inf: 0 */
+    m = mx;
+    den *= corr;
+#pragma unroll
+    for (int j = 0; j < NT; j++) o[j][0] *= corr, o[j][1] *= corr, o[j][2] *= corr, o[j][3] *= corr;
+    float pr[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        pr[i] = expf(sc[i] - mx); /* masked: 0 */
+        den += pr[i];
+    }
+    /* A fragments of P: rows g (hi) / g + 8 (lo), positions 2tig (+8) */
+    uint32_t pa[4];
+    msm_split_bf16x2(pr[0], pr[1], pa[0], pa[1]);
+    msm_split_bf16x2(pr[2], pr[3], pa[2], pa[3]);
+    /* O += P V over the head dims, 16 at a time (two n8 tiles per ldmatrix.x4.trans) */
+#pragma unroll
+    for (int j = 0; j < NT; j += 2) {
+        uint32_t vb[4];
+        am_ldmatrix_x4_trans(vb, cur + TILE + am_off<HD>(ln.v_row, j + ln.v_c));
+        msm_mma_bf16(o[j], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
+        msm_mma_bf16(o[j + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
+    }
+}
+
+/* After the warps' tiles: each warp's head-g output (hi + lo halves added), max and denominator
+ * (summed over the quad, a fixed pairing) into shared memory, so = [AM_WARPS][AM_HEADS][HD] over
+ * the tile stages, sm_m / sm_d [AM_WARPS][AM_HEADS]; ends with a barrier. */
+template <int HD>
+static __device__ __forceinline__ void am_stage_warps(float *so, float (*sm_m)[AM_HEADS], float (*sm_d)[AM_HEADS],
+                                                      const float (&o)[HD / 8][4], float m, float den, int warp, int g,
+                                                      int tig) {
+    den += __shfl_xor_sync(MSM_FULL_MASK, den, 1);
+    den += __shfl_xor_sync(MSM_FULL_MASK, den, 2);
+    __syncthreads(); /* every warp is done with its tiles: the shared memory now holds outputs */
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) {
+        int d = 8 * j + 2 * tig;
+        float *p = so + ((size_t)warp * AM_HEADS + g) * HD + d;
+        p[0] = o[j][0] + o[j][2];
+        p[1] = o[j][1] + o[j][3];
+    }
+    if (tig == 0) sm_m[warp][g] = m, sm_d[warp][g] = den;
+    __syncthreads();
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(AM_WARPS * 32)
     attention_mma_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
                          const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
                          int nh, int kvh, float scale, bool bt_ahead) {
-    constexpr int KS = HD / 16; /* k steps of the scores */
-    constexpr int NT = HD / 8;  /* n8 tiles of the output */
     constexpr int TILE = am_geom<HD>::TILE;
     extern __shared__ __align__(128) unsigned char am_smem[];
     __shared__ float sm_m[AM_WARPS][AM_HEADS], sm_d[AM_WARPS][AM_HEADS];
@@ -108,30 +215,16 @@ static __global__ void __launch_bounds__(AM_WARPS * 32)
     const int32_t *bt = block_tables + (size_t)seq[t] * max_blocks;
     const size_t row = (size_t)kvh * HD;
 
-    /* A fragments of q: rows g (hi) and g + 8 (lo) of head h0 + g, dims kk*16 + 2*tig (+8) */
-    uint32_t qa[KS][4];
-    {
-        const float *qh = q + (size_t)t * q_ld + (size_t)(h0 + g) * HD;
-        bool ok = g < nhb;
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            float2 x0 = ok ? *(const float2 *)(qh + kk * 16 + 2 * tig) : make_float2(0.0f, 0.0f);
-            float2 x1 = ok ? *(const float2 *)(qh + kk * 16 + 8 + 2 * tig) : make_float2(0.0f, 0.0f);
-            msm_split_bf16x2(x0.x, x0.y, qa[kk][0], qa[kk][1]);
-            msm_split_bf16x2(x1.x, x1.y, qa[kk][2], qa[kk][3]);
-        }
-    }
+    uint32_t qa[HD / 16][4];
+    am_load_q<HD>(qa, q, q_ld, t, h0, nhb, g, tig);
 
-    float o[NT][4];
+    float o[HD / 8][4];
 #pragma unroll
-    for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    for (int j = 0; j < HD / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m = -INFINITY, den = 0.0f; /* head g's running max; this lane's share of its denominator */
 
     const uint32_t base = msm_smem_addr(am_smem) + (uint32_t)(warp * am_geom<HD>::WARP_SMEM);
-    /* ldmatrix lane rows / chunks: K (non-trans) matrices (pos 0-7, c), (0-7, c+1), (8-15, c),
-     * (8-15, c+1); V (trans) matrices (pos 0-7, c), (8-15, c), (0-7, c+1), (8-15, c+1) */
-    const int k_row = (lane & 7) + ((lane >> 4) << 3), k_c = (lane >> 3) & 1;
-    const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_c = lane >> 4;
+    const am_lanes ln(lane);
 
     /* bt_ahead (tuning att_bt_cache): the block-table entry of the tile after next is loaded an
      * iteration before its copies are issued, so issuing them waits for no table load (which
@@ -150,72 +243,13 @@ static __global__ void __launch_bounds__(AM_WARPS * 32)
         msm_cp_async_commit();
         msm_cp_async_wait<1>();
         __syncwarp();
-
-        /* S = Q K^T: s[j][0..1] = head g (hi) at positions 8j + 2tig + {0,1}, s[j][2..3] the lo part */
-        float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            uint32_t kb[4];
-            msm_ldmatrix_x4(kb, cur + am_off<HD>(k_row, 2 * kk + k_c));
-            msm_mma_bf16(s[0], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb[0], kb[1]);
-            msm_mma_bf16(s[1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb[2], kb[3]);
-        }
-        /* the four scores of this lane (hi + lo), scaled; positions past the context: -inf */
-        float sc[4];
-        float mx = m;
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int p = b * MSM_KV_BLOCK + 8 * j + 2 * tig + e;
-                float v = (s[j][e] + s[j][2 + e]) * scale;
-                sc[2 * j + e] = p < n ? v : -INFINITY;
-                mx = fmaxf(mx, sc[2 * j + e]);
-            }
-        mx = fmaxf(mx, __shfl_xor_sync(MSM_FULL_MASK, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(MSM_FULL_MASK, mx, 2));
-        /* every block here has position b*16 < n, so mx is finite */
-        float corr = expf(m - mx); /* m = -inf: 0 */
-        m = mx;
-        den *= corr;
-#pragma unroll
-        for (int j = 0; j < NT; j++) o[j][0] *= corr, o[j][1] *= corr, o[j][2] *= corr, o[j][3] *= corr;
-        float pr[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            pr[i] = expf(sc[i] - mx); /* masked: 0 */
-            den += pr[i];
-        }
-        /* A fragments of P: rows g (hi) / g + 8 (lo), positions 2tig (+8) */
-        uint32_t pa[4];
-        msm_split_bf16x2(pr[0], pr[1], pa[0], pa[1]);
-        msm_split_bf16x2(pr[2], pr[3], pa[2], pa[3]);
-        /* O += P V over the head dims, 16 at a time (two n8 tiles per ldmatrix.x4.trans) */
-#pragma unroll
-        for (int j = 0; j < NT; j += 2) {
-            uint32_t vb[4];
-            am_ldmatrix_x4_trans(vb, cur + TILE + am_off<HD>(v_row, j + v_c));
-            msm_mma_bf16(o[j], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
-            msm_mma_bf16(o[j + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
-        }
+        am_tile<HD>(cur, qa, o, m, den, b, n, scale, ln, tig);
         __syncwarp(); /* every lane has read this stage before the next iteration refills it */
     }
     msm_cp_async_wait<0>();
 
-    /* the head's denominator over the quad (fixed pairing: the same sum in all four lanes) */
-    den += __shfl_xor_sync(MSM_FULL_MASK, den, 1);
-    den += __shfl_xor_sync(MSM_FULL_MASK, den, 2);
-    __syncthreads(); /* every warp is done with its tiles: the shared memory now holds outputs */
     float *so = (float *)am_smem; /* [AM_WARPS][AM_HEADS][HD] */
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        int d = 8 * j + 2 * tig;
-        float *p = so + ((size_t)warp * AM_HEADS + g) * HD + d;
-        p[0] = o[j][0] + o[j][2];
-        p[1] = o[j][1] + o[j][3];
-    }
-    if (tig == 0) sm_m[warp][g] = m, sm_d[warp][g] = den;
-    __syncthreads();
+    am_stage_warps<HD>(so, sm_m, sm_d, o, m, den, warp, g, tig);
 
     /* merge the warps in warp order; column c of the block's output is dim c % HD of head c / HD */
     const size_t th0 = (size_t)t * nh + h0;
@@ -235,10 +269,152 @@ static __global__ void __launch_bounds__(AM_WARPS * 32)
     }
 }
 
+/* ---- the context split over a thread-block cluster (msm__attention_mma_split_*) ----
+ * Where few (token, kv head) blocks would leave the GPU idle (decode of 1-16 tokens on Qwen3's 4
+ * kv heads: 4-64 blocks for 132 SMs), the context of each is split over ns blocks of one cluster
+ * (grid (ns, kv heads x head groups, T)): block z takes positions [z chunk, (z + 1) chunk) of the
+ * token's n, chunk a multiple of 16 (ceil(n / ns) rounded up; blocks past n take none), its warps
+ * the 16-position tiles in it as above, and the block's warps merge as above into a partial of its
+ * heads (max M, denominator D, unnormalised output), left in its shared memory. After a cluster
+ * barrier, the cluster's threads together take the output columns (head, dim), each merging the ns
+ * partials of its column from distributed shared memory in split order, with the arithmetic of the
+ * warp merge: the bits do not depend on which block finishes first (replay = eager), though they
+ * are not the unsplit kernel's (another grouping of the fp32 sums; both are held to the CPU).
+ * The SIMT kernel instead reads each K/V row once per query head (8 times on Qwen3) and chains its
+ * scores through shuffles: 21 us a layer at 8 tokens for 8 MiB of cache (H200,
+ * bench/results/2026-12-04-h200-s13 run 2). At decode (one token a sequence) each warp's first
+ * tile is requested before the PDL wait (the cache rows below the token's position and the block
+ * tables were written before; the token's own row, which the kernel before writes, after it), as
+ * the SIMT kernel's att_early. */
+template <int HD>
+static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
+    attention_mma_split_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
+                               const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
+                               int nh, int kvh, float scale, bool early) {
+    constexpr int TILE = am_geom<HD>::TILE, CH = am_geom<HD>::CH;
+    extern __shared__ __align__(128) unsigned char am_smem[];
+    __shared__ float sm_m[AM_WARPS][AM_HEADS], sm_d[AM_WARPS][AM_HEADS];
+    cg::cluster_group cl = cg::this_cluster();
+    msm_pdl_trigger();
+    if (!early) msm_pdl_wait();
+
+    const int ns = gridDim.x, z = blockIdx.x;
+    const int G = nh / kvh, hgroups = (G + AM_HEADS - 1) / AM_HEADS;
+    const int kh = blockIdx.y / hgroups, h0 = kh * G + (blockIdx.y % hgroups) * AM_HEADS;
+    const int nhb = min(AM_HEADS, kh * G + G - h0);
+    const int t = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const int n = max(pos[t] + 1, 0);
+    const int chunk = ((n + ns - 1) / ns + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK * MSM_KV_BLOCK;
+    const int lo = min(n, z * chunk), hi = min(n, lo + chunk);
+    /* the block's tiles [b0, b1): none past the context (lo = hi = n would otherwise take n's tile) */
+    const int b0 = lo / MSM_KV_BLOCK, b1 = hi > lo ? (hi + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK : b0;
+    const int32_t *bt = block_tables + (size_t)seq[t] * max_blocks;
+    const size_t row = (size_t)kvh * HD;
+    const uint32_t base = msm_smem_addr(am_smem) + (uint32_t)(warp * am_geom<HD>::WARP_SMEM);
+    const am_lanes ln(lane);
+
+    /* the warp's first tile; early: all but the token's own row (position n - 1) before the wait,
+     * that row after it (it is in the context's last tile) */
+    int b = b0 + warp;
+    if (b < b1) am_fetch<HD, true>(base, base + TILE, kc, vc, __ldg(bt + b), b, n, row, kh, lane, early ? n - 1 : -1);
+    msm_cp_async_commit();
+    if (early) {
+        msm_pdl_wait();
+        if (b < b1 && (n - 1) / MSM_KV_BLOCK == b && lane < CH) {
+            int r = (n - 1) % MSM_KV_BLOCK;
+            size_t off = (((size_t)__ldg(bt + b) * MSM_KV_BLOCK + r) * row + (size_t)kh * HD) + (size_t)lane * 8;
+            msm_cp_async16(base + am_off<HD>(r, lane), kc + off, 16);
+            msm_cp_async16(base + TILE + am_off<HD>(r, lane), vc + off, 16);
+        }
+        msm_cp_async_commit();
+    }
+    uint32_t qa[HD / 16][4];
+    am_load_q<HD>(qa, q, q_ld, t, h0, nhb, g, tig);
+    float o[HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m = -INFINITY, den = 0.0f;
+    for (int it = 0; b < b1; it++, b += AM_WARPS) { /* warp-uniform */
+        const uint32_t cur = base + (uint32_t)((it & 1) * 2 * TILE), nxt = base + (uint32_t)((~it & 1) * 2 * TILE);
+        if (b + AM_WARPS < b1)
+            am_fetch<HD>(nxt, nxt + TILE, kc, vc, __ldg(bt + b + AM_WARPS), b + AM_WARPS, n, row, kh, lane);
+        msm_cp_async_commit();
+        msm_cp_async_wait<1>();
+        __syncwarp();
+        am_tile<HD>(cur, qa, o, m, den, b, n, scale, ln, tig);
+        __syncwarp();
+    }
+    msm_cp_async_wait<0>();
+
+    float *so = (float *)am_smem;                      /* [AM_WARPS][AM_HEADS][HD] */
+    float *sp = so + (size_t)AM_WARPS * AM_HEADS * HD; /* [AM_HEADS][HD]: the block's partial output */
+    /* ... its max and denominator a head: here, not in static shared memory, so that 3 blocks an SM
+     * stay inside the 196 KiB carveout as the unsplit kernel's do */
+    float *sp_m = sp + (size_t)AM_HEADS * HD, *sp_d = sp_m + AM_HEADS;
+    am_stage_warps<HD>(so, sm_m, sm_d, o, m, den, warp, g, tig);
+    /* the block's partial: the warp merge's max, denominator and (unnormalised) sum, in warp order */
+    for (int c = threadIdx.x; c < nhb * HD; c += AM_WARPS * 32) {
+        int hh = c / HD, d = c % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < AM_WARPS; w++) M = fmaxf(M, sm_m[w][hh]);
+        float D = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < AM_WARPS; w++) {
+            float cw = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - M);
+            D += sm_d[w][hh] * cw;
+            acc += so[((size_t)w * AM_HEADS + hh) * HD + d] * cw;
+        }
+        sp[(size_t)hh * HD + d] = acc;
+        if (d == 0) sp_m[hh] = M, sp_d[hh] = D;
+    }
+    cl.sync(); /* every block's partial is in its shared memory */
+    /* the cluster's threads take the columns; each merges the ns partials in split order, all of a
+     * column's remote loads in flight together (one round trip, not one a split) */
+    const size_t th0 = (size_t)t * nh + h0;
+    for (int c = z * AM_WARPS * 32 + threadIdx.x; c < nhb * HD; c += ns * AM_WARPS * 32) {
+        int hh = c / HD, d = c % HD;
+        float ms[AM_MAX_SPLIT], ds[AM_MAX_SPLIT], os[AM_MAX_SPLIT];
+#pragma unroll
+        for (int s2 = 0; s2 < AM_MAX_SPLIT; s2++) {
+            bool in = s2 < ns;
+            ms[s2] = in ? cl.map_shared_rank(sp_m, s2)[hh] : -INFINITY;
+            ds[s2] = in ? cl.map_shared_rank(sp_d, s2)[hh] : 0.0f;
+            os[s2] = in ? cl.map_shared_rank(sp, s2)[(size_t)hh * HD + d] : 0.0f;
+        }
+        float M = -INFINITY;
+#pragma unroll
+        for (int s2 = 0; s2 < AM_MAX_SPLIT; s2++) M = fmaxf(M, ms[s2]);
+        float D = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int s2 = 0; s2 < AM_MAX_SPLIT; s2++) {
+            if (s2 >= ns) break;
+            float cw = ms[s2] == -INFINITY ? 0.0f : expf(ms[s2] - M); /* a block past the context weighs 0 */
+            D += ds[s2] * cw;
+            acc += os[s2] * cw;
+        }
+        out[(th0 + hh) * HD + d] = n > 0 ? acc * (1.0f / D) : 0.0f; /* empty context (pos < 0): zeros */
+    }
+    cl.sync(); /* every block's partial has been read */
+}
+
 template <int HD>
 static int am_prepare_one(void) {
     CUDA_TRY(cudaFuncSetAttribute(attention_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   am_geom<HD>::SMEM));
+    return 0;
+}
+
+/* The split kernel's shared memory, and clusters past 8 where the device allows them (else its
+ * fit for 16 is 0). */
+template <int HD>
+static int am_split_prepare_one(void) {
+    CUDA_TRY(cudaFuncSetAttribute(attention_mma_split_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  am_geom<HD>::SMEM));
+    if (cudaFuncSetAttribute(attention_mma_split_kernel<HD>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+        cudaSuccess)
+        (void)cudaGetLastError();
     return 0;
 }
 
@@ -248,7 +424,24 @@ int msm__attention_mma_prepare(void) {
     if (!r) r = am_prepare_one<32>();
     if (!r) r = am_prepare_one<64>();
     if (!r) r = am_prepare_one<128>();
+    if (!r) r = am_split_prepare_one<64>();
+    if (!r) r = am_split_prepare_one<128>();
     return r;
+}
+
+template <int HD>
+static void am_split_tuning_one(msm_cuda_tuning *t, int hi) {
+    t->att_mma_split_per_sm[hi] = msm_blocks_per_sm(attention_mma_split_kernel<HD>, AM_WARPS * 32, am_geom<HD>::SMEM);
+    for (int ns = 0; ns <= 16; ns++)
+        t->att_mma_split_fit[hi][ns] =
+            ns >= 2 ? msm_max_clusters(attention_mma_split_kernel<HD>, (unsigned)ns, AM_WARPS * 32, am_geom<HD>::SMEM)
+                    : 0;
+}
+
+/* The split kernel's occupancy (GPU facts, msm_cuda_tuning_init, after msm__attention_mma_prepare). */
+void msm__attention_mma_tuning(msm_cuda_tuning *t) {
+    am_split_tuning_one<64>(t, 0);
+    am_split_tuning_one<128>(t, 1);
 }
 
 bool msm__attention_mma_fits(int hd, const void *q, size_t q_ld, const void *kc, const void *vc) {
@@ -272,5 +465,39 @@ int msm__attention_mma_run(float *out, const float *q, size_t q_ld, const uint16
     default: return -EINVAL;
     }
 #undef AM_GO
+    return 0;
+}
+
+/* Clusters of the split kernel left free for the kernels around it (as attention.cu's
+ * ATT_CLUSTER_SPARE: under programmatic dependent launch the kernel before still holds slots). */
+#define AM_CLUSTER_SPARE 8
+
+extern "C" int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld, const void *kc,
+                                const void *vc, msm_cuda_exec ex) {
+    const msm_cuda_tuning *tn = ex.tune;
+    if (!tn->att_mma_split || T <= 0 || kvh <= 0 || nh % kvh || nh / kvh < 4 || (hd != 64 && hd != 128) ||
+        !msm__attention_mma_fits(hd, q, q_ld, kc, vc))
+        return 0;
+    int hi = hd == 128, G = nh / kvh;
+    long pairs = (long)T * kvh * ((G + AM_HEADS - 1) / AM_HEADS), slots = (long)tn->sms * tn->att_mma_split_per_sm[hi];
+    for (int ns = 16; ns >= 2; ns /= 2)
+        if (ns <= tn->att_max_split && pairs * ns <= slots && pairs + AM_CLUSTER_SPARE <= tn->att_mma_split_fit[hi][ns])
+            return ns;
+    return 0;
+}
+
+int msm__attention_mma_split_run(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
+                                 const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
+                                 int T, int nh, int kvh, int hd, float scale, int ns, msm_cuda_exec ex) {
+    int G = nh / kvh, hgroups = (G + AM_HEADS - 1) / AM_HEADS;
+    dim3 grid((unsigned)ns, (unsigned)(kvh * hgroups), (unsigned)T), blk(AM_WARPS * 32);
+    bool early = ex.decode && ex.tune->att_early;
+#define AMS_GO(HD)                                                                                                  \
+    msm_launch_cluster(attention_mma_split_kernel<HD>, grid, blk, (size_t)am_geom<HD>::SMEM, (unsigned)ns, ex, out, q, \
+                       q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, scale, early)
+    if (hd == 64) CUDA_TRY(AMS_GO(64));
+    else if (hd == 128) CUDA_TRY(AMS_GO(128));
+    else return -EINVAL;
+#undef AMS_GO
     return 0;
 }

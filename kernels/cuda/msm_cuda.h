@@ -42,6 +42,12 @@ bool msm__attention_mma_fits(int hd, const void *q, size_t q_ld, const void *kc,
 int msm__attention_mma_run(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
                            const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
                            int T, int nh, int kvh, int hd, float scale, msm_cuda_exec ex);
+/* ... its context split over a thread-block cluster (tuning att_mma_split): the occupancy facts
+ * (msm_cuda_tuning_init), the launch (the splits: msm_cuda_attention_mma_splits). */
+void msm__attention_mma_tuning(msm_cuda_tuning *t);
+int msm__attention_mma_split_run(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
+                                 const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
+                                 int T, int nh, int kvh, int hd, float scale, int ns, msm_cuda_exec ex);
 void msm__linear_tuning(msm_cuda_tuning *t); /* linear.cu, linear_fp8.cu */
 void msm__linear_fp8_tuning(msm_cuda_tuning *t);
 /* The tiled MoE kernels' shared-memory limit on the current device (moe_tiled.cu). */

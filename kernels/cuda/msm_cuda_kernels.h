@@ -238,6 +238,15 @@ typedef struct msm_cuda_tuning {
     int att_group_min;        /* ... once T * nh reaches this (0: the block slots of one wave) */
     int att_mma;              /* MSM_CUDA_ATT_MMA_*: the tensor-core GQA attention (attention_mma.cu)
                                  never, by the rule below, or wherever it applies (MSM_CUDA_ATT_MMA) */
+    bool att_mma_split;       /* ... its context split over a thread-block cluster, merged through
+                                 distributed shared memory, where 4 or more query heads share a kv
+                                 head (hd 64 or 128) and a power-of-two split of 2-16 (up to
+                                 att_max_split) keeps the call in one wave of the GPU's blocks and
+                                 clusters: taken before either kernel above (decode of 1-16 tokens on
+                                 Qwen3-MoE; not the SIMT kernel's bits, held to the CPU like the
+                                 unsplit one). Off by default: not yet measured (MSM_CUDA_ATT_MMA_SPLIT) */
+    int att_mma_split_per_sm[2]; /* ... its blocks an SM at hd 64, 128 (GPU fact) */
+    int att_mma_split_fit[2][17]; /* ... its clusters of ns blocks the GPU holds at once (GPU fact) */
     int router_chunk_per_sm;  /* routers over many tokens take token chunks while the chunks' grid
                                  has this many blocks an SM (MSM_CUDA_ROUTER_CHUNK_PER_SM; 0: 2) */
     int router_cluster_max_t; /* the fused router (ROUTER_LINEAR_TOPK) of up to this many tokens, where
@@ -563,6 +572,13 @@ int msm_cuda_attention(float *out, const float *q, const uint16_t *kc, const uin
                        const int32_t *seq, const int32_t *pos, const int32_t *block_tables,
                        int max_blocks, int T, int nh, int kvh, int hd, float scale,
                        msm_cuda_exec ex);
+
+/* The context splits (2..16, a power of two) over one thread-block cluster with which
+ * msm_cuda_attention_ex runs T tokens of these heads on the tensor-core kernel (tuning
+ * att_mma_split: 4+ query heads a kv head, hd 64 or 128, q / kc / vc aligned as that kernel needs,
+ * the blocks and the clusters within one wave of the GPU); 0: it does not take the call. */
+int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld, const void *kc,
+                                  const void *vc, msm_cuda_exec ex);
 
 /* msm_cuda_attention with q rows q_ld floats apart (q read in place from qkv rows) and, when ws
  * holds msm_cuda_attention_ws_bytes(T, nh, hd) bytes, the context split over several blocks per

@@ -97,6 +97,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->att_max_split = 16;
     t->att_group = 4;
     t->att_mma = MSM_CUDA_ATT_MMA_AUTO;
+    t->att_mma_split = false; /* not yet measured: msm_cuda_kernels.h */
     t->att_cluster = true;
     t->att_early = true;
     t->att_bt_cache = true;
@@ -210,6 +211,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     if (r) return r;
     r = msm__attention_mma_prepare();
     if (r) return r;
+    msm__attention_mma_tuning(t);
     msm__attention_tuning(t);
     msm__linear_tuning(t);
     msm__router_tuning(t);

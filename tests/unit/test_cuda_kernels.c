@@ -65,7 +65,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_FP8_MOE_LEAN",
                                  "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW", "MSM_CUDA_MMV_STREAM_MIN_N",
                                  "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS",
-                                 "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE"};
+                                 "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE", "MSM_CUDA_ATT_MMA_SPLIT"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -110,6 +110,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MMV_STREAM_MIN_N", "-5", 1), setenv("MSM_CUDA_MMV_STREAM_MIN_T", "12", 1);
     setenv("MSM_CUDA_NORM_LINEAR_SWIGLU", "1", 1), setenv("MSM_CUDA_NORM_SWIGLU_ROWS", "3", 1);
     setenv("MSM_CUDA_MOE_PAIR_EARLY", "1", 1), setenv("MSM_CUDA_NORM_QK_ROPE", "1", 1);
+    setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = t.moe_gg_compact = t.linear_swiglu = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -159,6 +160,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.norm_swiglu_rows, 2, "MSM_CUDA_NORM_SWIGLU_ROWS=3: not a form, 2 rows a warp");
     cr_expect(t.moe_pair_early, "MSM_CUDA_MOE_PAIR_EARLY=1: the split down's weights before its wait");
     cr_expect(t.norm_qk_rope, "MSM_CUDA_NORM_QK_ROPE=1: the norm, the qkv GEMV and the q/k norm + RoPE one kernel");
+    cr_expect(t.att_mma_split, "MSM_CUDA_ATT_MMA_SPLIT=1: the tensor-core attention split over a cluster");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
@@ -943,7 +945,7 @@ static void attention_case(msm_cuda_exec ex, const attn_shape *sh) {
                           sh->hd, scale, ex));
     down(out, dout, qn * 4);
     /* the tensor-core path rounds q and p to bf16 hi + lo pairs (~16 mantissa bits each) */
-    double tol = ex.tune->att_mma == MSM_CUDA_ATT_MMA_ON ? 1e-4 : 2e-5;
+    double tol = ex.tune->att_mma == MSM_CUDA_ATT_MMA_ON || ex.tune->att_mma_split ? 1e-4 : 2e-5;
     CHECK_ERR(out, ref, qn, tol, "attention %s (heads a block <= %d from %d pairs, mma %d)", sh->what,
               ex.tune->att_group, ex.tune->att_group_min, ex.tune->att_mma);
     /* q read in place from wider rows (as from qkv), context split over blocks (flash-decoding);
@@ -1017,16 +1019,88 @@ Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 120) {
      * fill a wave), then grouping at every size, then one head a block; then the tensor-core
      * kernel wherever it fits (head dims 16..128; the others stay SIMT); then the SIMT kernel
      * loading each tile's block-table entries itself (no shared-memory copy), and unsplit (a
-     * block's range past the copy's 64 entries) */
-    for (int gb = 0; gb < 6; gb++) {
+     * block's range past the copy's 64 entries); then the tensor-core kernel's cluster split
+     * where it takes the call (4+ query heads a kv head, hd 64 / 128, up to 16 splits and at most
+     * 4: more blocks past the context) */
+    for (int gb = 0; gb < 8; gb++) {
         msm_cuda_tuning t = tune0;
         t.att_group = gb == 2 ? 1 : 4;
         t.att_group_min = gb == 1 ? 1 : 0;
         t.att_mma = gb == 3 ? MSM_CUDA_ATT_MMA_ON : MSM_CUDA_ATT_MMA_OFF;
         t.att_bt_cache = gb != 4;
         if (gb == 5) t.att_max_split = 1;
+        t.att_mma_split = gb >= 6;
+        if (gb == 7) t.att_max_split = 4;
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) attention_case(EX_T(&t), &shapes[s]);
     }
+}
+
+/* The tensor-core attention's cluster split (tuning att_mma_split) takes the calls its rule gives
+ * (Qwen3-30B-A3B's 32 query heads over 4 kv heads at 1, 2, 8 and 16 tokens: 16, 16, 8, 4 splits on
+ * the H100 / H200; MHA and head dims it has no kernel for: never) and at decode reads each token's
+ * own K/V row only after its PDL wait: here the kernel just before writes those rows (kv_write)
+ * over poisoned ones (NaN), and the result must match the CPU on the written cache. Twice: the
+ * same bits. */
+Test(cuda_kernels, attention_mma_split_taken_by_its_rule_and_reads_the_new_rows_after_its_wait, .timeout = 60) {
+    need_gpu();
+    msm_cuda_tuning t = tune0;
+    t.att_mma_split = true, t.att_mma = MSM_CUDA_ATT_MMA_OFF, t.att_early = true;
+    msm_cuda_exec ex = {.stream = 0, .tune = &t, .decode = true};
+    enum { NH = 32, KVH = 4, HD = 128, CTX = 513, T = 8 };
+    /* the rule, on aligned pointers (only their alignment is read): one wave of blocks and of clusters */
+    const void *al = (const void *)(uintptr_t)256;
+    static const int toks[] = {1, 2, 8, 16}, least[] = {8, 8, 4, 2};
+    for (int i = 0; i < 4; i++) {
+        int ns = msm_cuda_attention_mma_splits(toks[i], NH, KVH, HD, al, NH * HD, al, al, ex);
+        cr_expect(ns >= least[i] && ns <= 16 && !(ns & (ns - 1)), "%d tokens: %d splits", toks[i], ns);
+        cr_expect_leq((long)toks[i] * KVH * ns, (long)t.sms * t.att_mma_split_per_sm[1], "%d tokens: one wave", toks[i]);
+    }
+    cr_expect_eq(msm_cuda_attention_mma_splits(1, 16, 16, HD, al, 16 * HD, al, al, ex), 0, "MHA");
+    cr_expect_eq(msm_cuda_attention_mma_splits(1, NH, KVH, 96, al, NH * 96, al, al, ex), 0, "hd 96");
+    cr_expect_eq(msm_cuda_attention_mma_splits(1024, NH, KVH, HD, al, NH * HD, al, al, ex), 0, "a full wave unsplit");
+    t.att_mma_split = false;
+    cr_expect_eq(msm_cuda_attention_mma_splits(1, NH, KVH, HD, al, NH * HD, al, al, ex), 0, "switched off");
+    t.att_mma_split = true;
+
+    int max_blocks = (CTX + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK, nb = T * max_blocks;
+    size_t row = (size_t)KVH * HD, cache = (size_t)nb * MSM_KV_BLOCK * row, qn = (size_t)T * NH * HD;
+    float *kcf, *vcf;
+    uint16_t *kcb = host_bf16(cache, 1.0f, &kcf), *vcb = host_bf16(cache, 1.0f, &vcf);
+    int32_t *bt = malloc((size_t)nb * 4), seq[T], pos[T], slot[T];
+    for (int i = 0; i < nb; i++) bt[i] = nb - 1 - i;
+    float *kn = host_f32((size_t)T * row, 1.0f), *vn = host_f32((size_t)T * row, 1.0f);
+    for (int s2 = 0; s2 < T; s2++) {
+        seq[s2] = s2, pos[s2] = CTX - 1 - rndi(MSM_KV_BLOCK) - (s2 == 0 ? 0 : 16 * rndi(8));
+        int p = pos[s2], bi = bt[s2 * max_blocks + p / MSM_KV_BLOCK];
+        slot[s2] = bi * MSM_KV_BLOCK + p % MSM_KV_BLOCK;
+        /* the new rows: bf16 in the CPU's cache, NaN in the device's until kv_write */
+        for (size_t j = 0; j < row; j++) {
+            size_t i = (size_t)slot[s2] * row + j;
+            kcf[i] = msm_bf16_to_f32(msm_f32_to_bf16(kn[(size_t)s2 * row + j]));
+            vcf[i] = msm_bf16_to_f32(msm_f32_to_bf16(vn[(size_t)s2 * row + j]));
+            kcb[i] = vcb[i] = 0xffff;
+        }
+    }
+    float *q = host_f32(qn, 1.0f), *ref = malloc(qn * 4), *out = malloc(qn * 4), *out2 = malloc(qn * 4);
+    float scale = 1.0f / sqrtf((float)HD);
+    msm_cpu_attention(ref, q, kcf, vcf, seq, pos, bt, max_blocks, T, NH, KVH, HD, scale);
+    int32_t *dseq = dev_up(seq, sizeof seq), *dpos = dev_up(pos, sizeof pos), *dslot = dev_up(slot, sizeof slot);
+    int32_t *dbt = dev_up(bt, (size_t)nb * 4);
+    float *dq = dev_up(q, qn * 4), *dout = dev_poison(qn * 4), *dkn = dev_up(kn, (size_t)T * row * 4),
+          *dvn = dev_up(vn, (size_t)T * row * 4);
+    uint16_t *dk = dev(cache * 2), *dv = dev(cache * 2);
+    for (int run = 0; run < 2; run++) {
+        CK(cudaMemcpy(dk, kcb, cache * 2, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1);
+        CK(cudaMemcpy(dv, vcb, cache * 2, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1);
+        CK(msm_cuda_kv_write(dk, dv, dkn, dvn, dslot, T, KVH, HD, ex));
+        CK(msm_cuda_attention(dout, dq, dk, dv, dseq, dpos, dbt, max_blocks, T, NH, KVH, HD, scale, ex));
+        down(run ? out2 : out, dout, qn * 4);
+    }
+    CHECK_ERR(out, ref, qn, 1e-4, "split tensor-core attention with the new rows written just before");
+    cr_expect(memcmp(out, out2, qn * 4) == 0, "second run differs");
+    cudaFree(dseq), cudaFree(dpos), cudaFree(dslot), cudaFree(dbt), cudaFree(dq), cudaFree(dout), cudaFree(dkn);
+    cudaFree(dvn), cudaFree(dk), cudaFree(dv);
+    free(kcb), free(vcb), free(kcf), free(vcf), free(bt), free(kn), free(vn), free(q), free(ref), free(out), free(out2);
 }
 
 /* Which merge the split attention takes: the cluster form never touches the workspace, the
