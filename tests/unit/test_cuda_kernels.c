@@ -992,7 +992,7 @@ static void attention_case(msm_cuda_exec ex, const attn_shape *sh) {
     free(q), free(ref), free(out);
 }
 
-Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 120) {
+Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 180) {
     need_gpu();
     static const attn_shape shapes[] = {
         {1, 1, 4, 4, 64, 0, "decode T=1 MHA hd64"},
