@@ -405,6 +405,66 @@ static int prefetch_node(const cuda_backend *cb, const msm_node *n, const msm_st
     return 0;
 }
 
+/* MOE_EXPERTS node n's call as msm_cuda_moe_args (its stream's workspaces; FP8-resident weights as
+ * pick_fp8 chose them: both or neither). */
+static msm_cuda_moe_args moe_args(const cuda_backend *cb, const msm_graph *g, const msm_node *n,
+                                  const msm_step_dims *d) {
+    const msm_attr_moe_experts *ma = &n->attr.moe_experts;
+    bool f8 = cb->w8[n->w[0]] != NULL;
+    return (msm_cuda_moe_args){.x = F(n->in[0]),
+                               .ids = I32(n->in[1]),
+                               .w = F(n->in[2]),
+                               .gate_up = f8 ? NULL : cb->w[n->w[0]],
+                               .down = f8 ? NULL : cb->w[n->w[1]],
+                               .gu = f8 ? fp8w(cb, n->w[0]) : (msm_cuda_fp8w){0},
+                               .dn = f8 ? fp8w(cb, n->w[1]) : (msm_cuda_fp8w){0},
+                               .T = ROWS(n->in[0]),
+                               .H = ma->H,
+                               .I = ma->I,
+                               .k = ma->k,
+                               .E = ma->E,
+                               .ws = cb->ws[n->stream],
+                               .deq = cb->deq[n->stream],
+                               .ws_bytes = cb->ws_bytes,
+                               .deq_bytes = cb->deq_bytes};
+}
+
+/* Where the MOE_EXPERTS node i leaves its combine to the node reading its sum (tuning
+ * moe_fused_combine): that node's index, else -1. The reader is the sum's only one, on the same
+ * stream with only event nodes between (no kernel touches the stream's workspace in between): an
+ * ADD_RMSNORM that no pairing with the node after it takes, or a MOE_COMBINE_NORM reading it as its
+ * routed sum; and the experts' path ends with the combine (msm_cuda_moe_defers: 5 tokens and more). */
+static int moe_combine_reader(const cuda_backend *cb, const msm_graph *g, int i, const msm_step_dims *d,
+                              msm_cuda_exec ex) {
+    if (!ex.tune->moe_fused_combine || i < 0 || i >= g->n_nodes) return -1;
+    const msm_node *n = &g->nodes[i];
+    if (n->op != MSM_OP_MOE_EXPERTS || msm_graph_readers(g, n->out[0]) != 1 || g->vals[n->out[0]].io) return -1;
+    int j = i + 1;
+    while (j < g->n_nodes && g->nodes[j].stream == n->stream &&
+           (g->nodes[j].op == MSM_OP_EVENT_WAIT || g->nodes[j].op == MSM_OP_EVENT_RECORD))
+        j++;
+    if (j >= g->n_nodes) return -1;
+    const msm_node *r = &g->nodes[j];
+    int rows = ROWS(n->in[0]);
+    bool norm = r->op == MSM_OP_ADD_RMSNORM && (r->in[0] == n->out[0]) != (r->in[1] == n->out[0]) &&
+                !norm_qk_rope_quad(cb, g, j, rows, ex) && !norm_swiglu_triple(cb, g, j, rows, ex) &&
+                !norm_linear_pair(cb, g, j, rows, ex) && !norm_router_pair(g, j, rows, ex);
+    bool shared = r->op == MSM_OP_MOE_COMBINE_NORM && r->in[1] == n->out[0];
+    if (r->stream != n->stream || !(norm || shared)) return -1;
+    msm_cuda_moe_args m = moe_args(cb, g, n, d);
+    return msm_cuda_moe_defers(&m, ex.tune) ? j : -1;
+}
+
+/* The MOE_EXPERTS node whose combine node j takes over (moe_combine_reader), else -1. */
+static int moe_combine_source(const cuda_backend *cb, const msm_graph *g, int j, const msm_step_dims *d,
+                              msm_cuda_exec ex) {
+    int i = j - 1;
+    while (i >= 0 && g->nodes[i].stream == g->nodes[j].stream &&
+           (g->nodes[i].op == MSM_OP_EVENT_WAIT || g->nodes[i].op == MSM_OP_EVENT_RECORD))
+        i--;
+    return i >= 0 && moe_combine_reader(cb, g, i, d, ex) == j ? i : -1;
+}
+
 static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_dims *d, msm_err *err) {
     cuda_backend *cb = (cuda_backend *)b;
     const msm_node *n = &g->nodes[idx];
@@ -567,7 +627,14 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     case MSM_OP_ADD:
         KTRY(msm_cuda_add(F(out0), F(in0), F(n->in[1]), (size_t)ROWS(in0) * g->vals[in0].cols, s));
         break;
-    case MSM_OP_ADD_RMSNORM:
+    case MSM_OP_ADD_RMSNORM: {
+        int mi = moe_combine_source(cb, g, idx, d, s);
+        if (mi >= 0) { /* with the routed experts' combine, left to it: a + their sum */
+            msm_cuda_moe_args m = moe_args(cb, g, &g->nodes[mi], d);
+            int ai = n->in[0] == g->nodes[mi].out[0] ? n->in[1] : n->in[0];
+            KTRY(msm_cuda_moe_add_rmsnorm(F(out0), F(n->out[1]), F(ai), cb->w[n->w[0]], a->rmsnorm.eps, &m, s));
+            break;
+        }
         if (norm_qk_rope_quad(cb, g, idx, ROWS(in0), s)) break;  /* the LINEAR next does it */
         if (norm_swiglu_triple(cb, g, idx, ROWS(in0), s)) break; /* the LINEAR next does it */
         if (norm_linear_pair(cb, g, idx, ROWS(in0), s)) break; /* the LINEAR next does it */
@@ -575,11 +642,20 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         KTRY(msm_cuda_add_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), cb->w[n->w[0]], ROWS(in0),
                                   a->rmsnorm.dim, a->rmsnorm.eps, s));
         break;
-    case MSM_OP_MOE_COMBINE_NORM:
+    }
+    case MSM_OP_MOE_COMBINE_NORM: {
+        int mi = moe_combine_source(cb, g, idx, d, s);
+        if (mi >= 0) { /* with the routed experts' combine, left to it */
+            msm_cuda_moe_args m = moe_args(cb, g, &g->nodes[mi], d);
+            KTRY(msm_cuda_moe_combine_rmsnorm_routed(F(out0), F(n->out[1]), F(in0), F(n->in[2]), F(n->in[3]),
+                                                     cb->w[n->w[0]], cb->w[n->w[1]], a->rmsnorm.eps, &m, s));
+            break;
+        }
         KTRY(msm_cuda_moe_combine_rmsnorm(F(out0), F(n->out[1]), F(in0), F(n->in[1]), F(n->in[2]), F(n->in[3]),
                                           cb->w[n->w[0]], cb->w[n->w[1]], ROWS(in0), a->rmsnorm.dim,
                                           a->rmsnorm.eps, s));
         break;
+    }
     case MSM_OP_MOE_COMBINE:
         KTRY(msm_cuda_moe_combine(F(out0), F(in0), F(n->in[1]), F(n->in[2]), cb->w[n->w[0]], ROWS(in0),
                                   g->vals[in0].cols, s));
@@ -626,6 +702,11 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
          * clears it) */
         s.aux_beside = aux_beside(g, idx);
         s.no_pdl = ROWS(in0) <= s.tune->moe_aux_serial_max_t && s.aux_beside;
+        if (moe_combine_reader(cb, g, idx, d, s) >= 0) { /* its combine left to the node reading the sum */
+            msm_cuda_moe_args m = moe_args(cb, g, n, d);
+            KTRY(msm_cuda_moe_experts_deferred(&m, s));
+            break;
+        }
         if (cb->w8[n->w[0]]) { /* both FP8-resident (pick_fp8) */
             KTRY(msm_cuda_moe_experts_fp8(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), fp8w(cb, n->w[0]),
                                           fp8w(cb, n->w[1]), ROWS(in0), a->moe_experts.H, a->moe_experts.I,
@@ -1437,6 +1518,8 @@ static const msm_backend_vt cuda_vt = {
  *                                       bf16, 2 for FP8); the same bits
  *   MSM_CUDA_MOE_PAIR_EARLY=0|1         the pair path's split down GEMV's ids and first weight loads before
  *                                       its PDL wait (0, default: not yet measured); the same bits
+ *   MSM_CUDA_MOE_FUSED_COMBINE=0|1      the routed experts' combine (5+ tokens) inside the next ADD_RMSNORM or
+ *                                       MOE_COMBINE_NORM (0, default: not yet measured); the same bits
  *   MSM_CUDA_MOE_GU_U2=0|1|2            the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
  *                                       an SM never (0), always (1), or where it makes one wave and no
  *                                       shared expert runs beside (2, default); the same bits
@@ -1547,6 +1630,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MMV_NJ", &v)) t->mmv_nj = v == 4 ? 4 : v == 2 ? 2 : 0;
     if (env_int("MSM_CUDA_MOE_DOWN_HB", &v)) t->moe_down_hb = v == 2 || v == 4 ? v : 0;
     if ((s = getenv("MSM_CUDA_MOE_PAIR_EARLY"))) t->moe_pair_early = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_MOE_FUSED_COMBINE"))) t->moe_fused_combine = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_GU_U2", &v))
         t->moe_gu_u2 = v <= 0 ? MSM_CUDA_MOE_GU_U2_OFF : v == 1 ? MSM_CUDA_MOE_GU_U2_ON : MSM_CUDA_MOE_GU_U2_AUTO;
     if ((s = getenv("MSM_CUDA_MMV_FIT_CLUSTERS"))) t->mmv_fit_clusters = s[0] != '0';

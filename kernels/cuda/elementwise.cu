@@ -4,6 +4,7 @@
  * intrinsics, so they agree with it to float32 rounding. */
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
+#include "moe_norm.h"
 #include "qk_rope.h"
 
 #include <errno.h>
@@ -88,59 +89,14 @@ extern "C" int msm_cuda_add_rmsnorm(float *sum, float *out, const float *a, cons
 }
 
 /* ---- MoE combine + residual add + rmsnorm: one block per row; block sums in a fixed order ---- */
-/* NORM false: only the combine (x, w, eps unused; sum gets routed + shared * gate). */
+/* NORM false: only the combine (x, w, eps unused; sum gets routed + shared * gate). The row's
+ * arithmetic: msm_moe_combine_norm_row (moe_norm.h). */
 template <int V, bool NORM>
 static __global__ void moe_combine_rmsnorm_kernel(float *sum, float *out, const float *x, const float *routed,
                                            const float *shared, const float *h, const uint16_t *wg,
                                            const uint16_t *w, int dim, float eps) {
-    msm_pdl_trigger();
-    float gv[V], wv[V]; /* weights: loaded before the PDL wait (msm_norm_w_load) */
-    msm_norm_w_load<V>(wg, dim, gv);
-    if (NORM) msm_norm_w_load<V>(w, dim, wv);
-    msm_pdl_wait();
-    __shared__ float part[32];
-    size_t off = (size_t)blockIdx.x * dim;
-    float hv[V], xv[V], rv[V], sv[V];
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        int i = threadIdx.x + j * blockDim.x;
-        bool ok = i < dim;
-        hv[j] = ok ? h[off + i] : 0.0f;
-        xv[j] = ok && NORM ? x[off + i] : 0.0f;
-        rv[j] = ok ? routed[off + i] : 0.0f;
-        sv[j] = ok ? shared[off + i] : 0.0f;
-    }
-    float g = 0.0f;
-#pragma unroll
-    for (int j = 0; j < V; j++)
-        if (threadIdx.x + j * blockDim.x < dim) g = fmaf(hv[j], gv[j], g);
-    g = msm_block_sum(g, part);
-    float s = 1.0f / (1.0f + expf(-g));
-    if (!NORM) {
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            int i = threadIdx.x + j * blockDim.x;
-            if (i < dim) sum[off + i] = rv[j] + sv[j] * s;
-        }
-        return;
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        int i = threadIdx.x + j * blockDim.x;
-        xv[j] = xv[j] + (rv[j] + sv[j] * s);
-        if (i < dim) {
-            sum[off + i] = xv[j];
-            ss += xv[j] * xv[j];
-        }
-    }
-    ss = msm_block_sum(ss, part);
-    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        int i = threadIdx.x + j * blockDim.x;
-        if (i < dim) out[off + i] = wv[j] * (xv[j] * inv);
-    }
+    msm_moe_combine_norm_row<V, NORM>([] {}, [&](size_t i) { return routed[i]; }, sum, out, x, shared, h, wg, w, dim,
+                                      eps);
 }
 
 template <bool NORM>
@@ -149,9 +105,8 @@ static int moe_combine_launch(float *sum, float *out, const float *x, const floa
                               msm_cuda_exec ex) {
     if (rows < 0 || dim <= 0 || dim > 32 * 1024) return -EINVAL;
     if (rows == 0) return 0;
-    int threads = dim >= 2048 ? 512 : dim >= 1024 ? 256 : dim > 128 ? 128 : 64;
-    if (dim > 16 * threads) threads = (((dim + 15) / 16 + 31) / 32) * 32;
-    if (threads > 1024) return -EINVAL;
+    int threads = msm_moe_combine_threads(dim);
+    if (!threads) return -EINVAL;
     switch (msm_norm_vals(dim, threads)) {
 #define COMBINE_CASE(V)                                                                            \
     case V:                                                                                        \

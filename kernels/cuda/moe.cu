@@ -23,6 +23,7 @@
  * Rows are computed independently of their position inside a group, so results are
  * deterministic even though the grouping uses atomics. */
 #include "moe_internal.h"
+#include "moe_norm.h"
 
 #include <errno.h>
 
@@ -110,8 +111,20 @@ static __global__ void __launch_bounds__(1024) moe_group_kernel(moe_ws ws, const
 }
 
 
-/* y[t] = sum_j w[t, j] * outp[row of pair (t, j)]: rows by inv (grouped), or, where the GEMVs
- * scanned (ids given), the pair itself for a valid expert id. */
+/* Token t's routed sum at column h: sum_j w[t, j] * outp[row of pair (t, j)] in slot order, rows by
+ * inv (grouped), or, where the GEMVs scanned (ids given), the pair itself for a valid expert id. */
+static __device__ __forceinline__ float moe_combine_at(const moe_ws &ws, const int32_t *ids, int E, const float *w,
+                                                       size_t t, size_t h, int H, int k) {
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) {
+        size_t p = t * k + j;
+        int row = ids ? (ids[p] >= 0 && ids[p] < E ? (int)p : -1) : ws.inv[p];
+        if (row >= 0) s += w[t * k + j] * ws.outp[(size_t)row * H + h];
+    }
+    return s;
+}
+
+/* y[t] = moe_combine_at(t, h) for every (t, h). */
 static __global__ void moe_combine_kernel(float *y, moe_ws ws, const int32_t *ids, int E, const float *w, int T,
                                           int H, int k) {
     msm_pdl_trigger();
@@ -120,14 +133,73 @@ static __global__ void moe_combine_kernel(float *y, moe_ws ws, const int32_t *id
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
         size_t t = idx / H, h = idx % H;
-        float s = 0.0f;
-        for (int j = 0; j < k; j++) {
-            size_t p = t * k + j;
-            int row = ids ? (ids[p] >= 0 && ids[p] < E ? (int)p : -1) : ws.inv[p];
-            if (row >= 0) s += w[t * k + j] * ws.outp[(size_t)row * H + h];
-        }
-        y[idx] = s;
+        y[idx] = moe_combine_at(ws, ids, E, w, t, h, H, k);
     }
+}
+
+/* ---- the combine inside the norm after the experts (msm_cuda_moe_add_rmsnorm,
+ * msm_cuda_moe_combine_rmsnorm_routed; tuning moe_fused_combine) ----
+ * The kernel that reads the routed sum next (the residual add + RMSNorm, or the shared expert's
+ * combine + add + norm) computes it itself while it loads the row: the combine kernel, its launch
+ * and the [T, H] round trip leave the step. Each thread finds its token's k pair rows and weights
+ * once (moe_tok_rows), then every row element's k loads are independent (the combine kernel chains
+ * an index load and a row load a slot). Bitwise the combine kernel (moe_combine_at: the same fmaf
+ * chain in slot order) followed by msm_cuda_add_rmsnorm (add_rmsnorm_kernel's row: a + routed,
+ * msm_norm_row_store) or by msm_cuda_moe_combine_rmsnorm (msm_moe_combine_norm_row). */
+#define MOE_MAX_K 8
+struct moe_tok {
+    int row[MOE_MAX_K]; /* -1: no row (a slot past k, an invalid expert id) */
+    float w[MOE_MAX_K];
+};
+
+static __device__ __forceinline__ void moe_tok_rows(moe_tok &r, const moe_ws &ws, const int32_t *ids, int E,
+                                                    const float *w, size_t t, int k) {
+#pragma unroll
+    for (int j = 0; j < MOE_MAX_K; j++) {
+        size_t p = t * k + j;
+        r.row[j] = j >= k ? -1 : ids ? (ids[p] >= 0 && ids[p] < E ? (int)p : -1) : ws.inv[p];
+        r.w[j] = j < k ? w[p] : 0.0f;
+    }
+}
+
+/* moe_combine_at of the token of r at column h. */
+static __device__ __forceinline__ float moe_tok_sum(const moe_tok &r, const float *outp, size_t h, int H) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < MOE_MAX_K; j++)
+        if (r.row[j] >= 0) s = fmaf(r.w[j], outp[(size_t)r.row[j] * H + h], s);
+    return s;
+}
+
+template <int V>
+static __global__ void moe_add_rmsnorm_kernel(float *sum, float *out, const float *a, moe_ws ws, const int32_t *ids,
+                                              int E, const float *w, int H, int k, const uint16_t *nw, float eps) {
+    msm_pdl_trigger();
+    float wv[V];
+    msm_norm_w_load<V>(nw, H, wv);
+    msm_pdl_wait();
+    __shared__ float part[32];
+    size_t t = blockIdx.x, off = t * (size_t)H;
+    moe_tok r;
+    moe_tok_rows(r, ws, ids, E, w, t, k);
+    float v[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        v[j] = i < H ? a[off + i] + moe_tok_sum(r, ws.outp, (size_t)i, H) : 0.0f;
+    }
+    msm_norm_row_store<V>(v, sum, out, off, wv, H, eps, part);
+}
+
+template <int V>
+static __global__ void moe_combine_rmsnorm_routed_kernel(float *sum, float *out, const float *x, moe_ws ws,
+                                                         const int32_t *ids, int E, const float *w, int k,
+                                                         const float *shared, const float *h, const uint16_t *wg,
+                                                         const uint16_t *nw, int H, float eps) {
+    moe_tok r; /* after the PDL wait: the rows are the experts' */
+    msm_moe_combine_norm_row<V, true>([&] { moe_tok_rows(r, ws, ids, E, w, blockIdx.x, k); },
+                                      [&](size_t i) { return moe_tok_sum(r, ws.outp, i % (size_t)H, H); }, sum, out, x,
+                                      shared, h, wg, nw, H, eps);
 }
 
 /* ---- host side ---- */
@@ -159,10 +231,17 @@ extern "C" size_t msm_cuda_moe_experts_ws_bytes(int T, int H, int I, int k, int 
     return moe_ws_layout(T, H, I, k, E, NULL, NULL);
 }
 
-extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids, const float *w,
-                                    const uint16_t *gate_up, const uint16_t *down, int T, int H,
-                                    int I, int k, int E, void *ws_base, size_t ws_bytes,
-                                    msm_cuda_exec ex) {
+/* The grouped SIMT GEMVs of few tokens find their pairs themselves (no grouping kernel): the ids the
+ * combine then reads rows by (NULL: by the grouping's inverse permutation). */
+static const int32_t *moe_scan_ids(const msm_cuda_tuning *tn, int path, int T, int k, const int32_t *ids) {
+    return path == MSM_CUDA_MOE_PATH_GROUPED_GEMV && msm__moe_grouped_scans(tn, T, k) ? ids : NULL;
+}
+
+/* msm_cuda_moe_experts; defer: a path that ends with the combine leaves it (and y) to the caller's
+ * msm_cuda_moe_add_rmsnorm / msm_cuda_moe_combine_rmsnorm_routed (msm_cuda_moe_defers). */
+static int moe_experts_run(float *y, const float *x, const int32_t *ids, const float *w, const uint16_t *gate_up,
+                           const uint16_t *down, int T, int H, int I, int k, int E, void *ws_base, size_t ws_bytes,
+                           bool defer, msm_cuda_exec ex) {
     if (T < 0 || H <= 0 || I <= 0 || k <= 0 || E <= 0 || E > 256 || k > 8)
         return -EINVAL;
     if (T == 0) return 0;
@@ -178,8 +257,7 @@ extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids
     if (path == MSM_CUDA_MOE_PATH_PAIR)
         return msm__moe_pair_run(y, x, ids, w, gate_up, NULL, 0, down, NULL, 0, (float *)ws.act, T, H, I, k, E,
                                  vec_h, vec_i, ex);
-    /* the grouped SIMT GEMVs of few tokens find their pairs themselves: no grouping kernel */
-    const int32_t *scan = path == MSM_CUDA_MOE_PATH_GROUPED_GEMV && msm__moe_grouped_scans(ex.tune, T, k) ? ids : NULL;
+    const int32_t *scan = moe_scan_ids(ex.tune, path, T, k, ids);
     if (!scan) {
         CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
         ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
@@ -189,9 +267,17 @@ extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids
                                               : msm__moe_grouped_run(ws, scan, x, gate_up, down, T, H, I, k, E,
                                                                      vec_h, vec_i, ex);
     if (r) return r;
+    if (defer) return 0;
     ex.no_pdl = false;
     CUDA_TRY(combine_launch(y, ws, scan, E, w, T, H, k, ex));
     return 0;
+}
+
+extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids, const float *w,
+                                    const uint16_t *gate_up, const uint16_t *down, int T, int H,
+                                    int I, int k, int E, void *ws_base, size_t ws_bytes,
+                                    msm_cuda_exec ex) {
+    return moe_experts_run(y, x, ids, w, gate_up, down, T, H, I, k, E, ws_base, ws_bytes, false, ex);
 }
 
 /* ---- FP8-resident experts (docs/adr/0006-fp8.md) ---- */
@@ -202,17 +288,11 @@ extern "C" size_t msm_cuda_moe_fp8_deq_bytes(int H, int I, int E) {
     return round_up((size_t)E * 2 * I * H * 2, 256) + round_up((size_t)E * H * I * 2, 256) + round_up((size_t)E * 4, 256);
 }
 
-extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t *ids, const float *w,
-                                        msm_cuda_fp8w gu, msm_cuda_fp8w dn, int T, int H, int I, int k, int E,
-                                        void *ws_base, size_t ws_bytes, void *deq, size_t deq_bytes,
-                                        msm_cuda_exec ex) {
-    if (T < 0 || H <= 0 || I <= 0 || k <= 0 || E <= 0 || E > 256 || k > 8 || !gu.q || !gu.scale || !dn.q ||
-        !dn.scale || gu.phase < 0 || gu.phase >= MSM_CUDA_FP8_BLOCK || dn.phase < 0 || dn.phase >= MSM_CUDA_FP8_BLOCK)
-        return -EINVAL;
-    if (T == 0) return 0;
-    if (!ws_base || (uintptr_t)ws_base % 256 || ws_bytes < msm_cuda_moe_experts_ws_bytes(T, H, I, k, E))
-        return -EINVAL;
-    const msm_cuda_tuning *tn = ex.tune;
+/* How msm_cuda_moe_experts_fp8 runs T tokens: the FP8 pair GEMVs, the grouped FP8 GEMVs or the tiled
+ * FP8 GEMMs on the codes (both ending with the combine), or dequantised for the bf16 paths. */
+enum moe_fp8_way { FP8_PAIR, FP8_GROUPED, FP8_TILED, FP8_DEQUANT };
+static moe_fp8_way moe_fp8_plan(const msm_cuda_tuning *tn, int T, int H, int I, const float *x, msm_cuda_fp8w gu,
+                                msm_cuda_fp8w dn) {
     int forced = tn->moe_path;
     /* from fp8_moe_tiled_min_t tokens (or forced tiled) up to MSM_CUDA_MOE_TILED_MAX_T: the tiled
      * GEMMs on the codes, unless switched off (fp8_moe_tiled) or the shapes / phases do not allow
@@ -227,19 +307,34 @@ extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t 
     bool native = !tiled && T <= tn->fp8_native_max_t && H % 16 == 0 && I % 16 == 0 && gu.phase % 16 == 0 &&
                   dn.phase % 16 == 0 && aligned16(x) && aligned16(gu.q) && aligned16(dn.q) &&
                   forced != MSM_CUDA_MOE_PATH_TILED && forced != MSM_CUDA_MOE_PATH_WMMA;
-    if (native || tiled) {
+    if (tiled) return FP8_TILED;
+    if (!native) return FP8_DEQUANT;
+    bool pair = forced == MSM_CUDA_MOE_PATH_PAIR || (forced == MSM_CUDA_MOE_PATH_AUTO && T <= MSM_CUDA_MOE_GEMV_MAX_T);
+    return pair ? FP8_PAIR : FP8_GROUPED;
+}
+
+static int moe_experts_fp8_run(float *y, const float *x, const int32_t *ids, const float *w, msm_cuda_fp8w gu,
+                               msm_cuda_fp8w dn, int T, int H, int I, int k, int E, void *ws_base, size_t ws_bytes,
+                               void *deq, size_t deq_bytes, bool defer, msm_cuda_exec ex) {
+    if (T < 0 || H <= 0 || I <= 0 || k <= 0 || E <= 0 || E > 256 || k > 8 || !gu.q || !gu.scale || !dn.q ||
+        !dn.scale || gu.phase < 0 || gu.phase >= MSM_CUDA_FP8_BLOCK || dn.phase < 0 || dn.phase >= MSM_CUDA_FP8_BLOCK)
+        return -EINVAL;
+    if (T == 0) return 0;
+    if (!ws_base || (uintptr_t)ws_base % 256 || ws_bytes < msm_cuda_moe_experts_ws_bytes(T, H, I, k, E))
+        return -EINVAL;
+    moe_fp8_way way = moe_fp8_plan(ex.tune, T, H, I, x, gu, dn);
+    if (way != FP8_DEQUANT) {
         moe_ws ws;
         moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);
-        bool pair = native && (forced == MSM_CUDA_MOE_PATH_PAIR ||
-                               (forced == MSM_CUDA_MOE_PATH_AUTO && T <= MSM_CUDA_MOE_GEMV_MAX_T));
-        if (pair)
+        if (way == FP8_PAIR)
             return msm__moe_pair_run(y, x, ids, w, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase,
                                      (float *)ws.act, T, H, I, k, E, true, true, ex);
         CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
         ex.no_pdl = false;
-        int r = tiled ? msm__moe_tiled_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex)
-                      : msm__moe_grouped_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex);
+        int r = way == FP8_TILED ? msm__moe_tiled_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex)
+                                 : msm__moe_grouped_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex);
         if (r) return r;
+        if (defer) return 0;
         CUDA_TRY(combine_launch(y, ws, NULL, E, w, T, H, k, ex));
         return 0;
     }
@@ -254,5 +349,95 @@ extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t 
     if (!r) r = msm_cuda_fp8_dequant(gb, gu, E, 2 * I, H, used, ex);
     if (!r) r = msm_cuda_fp8_dequant(db, dn, E, H, I, used, ex);
     if (r) return r;
-    return msm_cuda_moe_experts(y, x, ids, w, gb, db, T, H, I, k, E, ws_base, ws_bytes, ex);
+    return moe_experts_run(y, x, ids, w, gb, db, T, H, I, k, E, ws_base, ws_bytes, defer, ex);
+}
+
+extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t *ids, const float *w,
+                                        msm_cuda_fp8w gu, msm_cuda_fp8w dn, int T, int H, int I, int k, int E,
+                                        void *ws_base, size_t ws_bytes, void *deq, size_t deq_bytes,
+                                        msm_cuda_exec ex) {
+    return moe_experts_fp8_run(y, x, ids, w, gu, dn, T, H, I, k, E, ws_base, ws_bytes, deq, deq_bytes, false, ex);
+}
+
+/* ---- the combine left to the norm after the experts (tuning moe_fused_combine) ---- */
+
+/* Whether m's path ends with the combine kernel, and the ids its rows are found by (*scan; NULL: the
+ * grouping's inverse permutation): the decisions moe_experts_run / moe_experts_fp8_run make. */
+static bool moe_combines(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, const int32_t **scan) {
+    *scan = NULL;
+    if (m->T <= 0 || m->H <= 0 || m->I <= 0 || m->k <= 0 || m->E <= 0) return false;
+    if (m->gu.q) {
+        moe_fp8_way way = moe_fp8_plan(tn, m->T, m->H, m->I, m->x, m->gu, m->dn);
+        if (way == FP8_GROUPED || way == FP8_TILED) return true;
+        if (way == FP8_PAIR) return false;
+    }
+    int path = moe_path(tn, m->T, m->H, m->I);
+    *scan = moe_scan_ids(tn, path, m->T, m->k, m->ids);
+    return path != MSM_CUDA_MOE_PATH_PAIR;
+}
+
+extern "C" bool msm_cuda_moe_defers(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn) {
+    const int32_t *scan;
+    return tn->moe_fused_combine && moe_combines(m, tn, &scan);
+}
+
+extern "C" int msm_cuda_moe_experts_deferred(const msm_cuda_moe_args *m, msm_cuda_exec ex) {
+    if (!msm_cuda_moe_defers(m, ex.tune)) return -EINVAL;
+    if (m->gu.q)
+        return moe_experts_fp8_run(NULL, m->x, m->ids, m->w, m->gu, m->dn, m->T, m->H, m->I, m->k, m->E, m->ws,
+                                   m->ws_bytes, m->deq, m->deq_bytes, true, ex);
+    return moe_experts_run(NULL, m->x, m->ids, m->w, m->gate_up, m->down, m->T, m->H, m->I, m->k, m->E, m->ws,
+                           m->ws_bytes, true, ex);
+}
+
+/* The deferred combine's workspace view and scan ids; false where m does not defer. */
+static bool moe_deferred_ws(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, moe_ws *ws, const int32_t **scan) {
+    if (!msm_cuda_moe_defers(m, tn) || !m->ws || (uintptr_t)m->ws % 256 || !m->w ||
+        m->ws_bytes < msm_cuda_moe_experts_ws_bytes(m->T, m->H, m->I, m->k, m->E))
+        return false;
+    moe_combines(m, tn, scan);
+    moe_ws_layout(m->T, m->H, m->I, m->k, m->E, (char *)m->ws, ws);
+    return true;
+}
+
+extern "C" int msm_cuda_moe_add_rmsnorm(float *sum, float *out, const float *a, const uint16_t *nw, float eps,
+                                        const msm_cuda_moe_args *m, msm_cuda_exec ex) {
+    moe_ws ws;
+    const int32_t *scan;
+    if (!sum || !out || !a || !nw || !moe_deferred_ws(m, ex.tune, &ws, &scan) || m->H > 32 * 1024) return -EINVAL;
+    int H = m->H, threads = msm_norm_threads(H);
+    switch (msm_norm_vals(H, threads)) { /* add_rmsnorm_launch's layout */
+#define MAN_CASE(V)                                                                                                 \
+    case V:                                                                                                         \
+        CUDA_TRY(msm_launch(moe_add_rmsnorm_kernel<V>, dim3((unsigned)m->T), dim3((unsigned)threads), 0, ex, sum, out, \
+                            a, ws, scan, m->E, m->w, H, m->k, nw, eps));                                            \
+        break;
+        MAN_CASE(1) MAN_CASE(2) MAN_CASE(4) MAN_CASE(8) MAN_CASE(16) MAN_CASE(32)
+#undef MAN_CASE
+    default: return -EINVAL;
+    }
+    return 0;
+}
+
+extern "C" int msm_cuda_moe_combine_rmsnorm_routed(float *sum, float *out, const float *x, const float *shared,
+                                                   const float *h, const uint16_t *wg, const uint16_t *nw, float eps,
+                                                   const msm_cuda_moe_args *m, msm_cuda_exec ex) {
+    moe_ws ws;
+    const int32_t *scan;
+    if (!sum || !out || !x || !shared || !h || !wg || !nw || !moe_deferred_ws(m, ex.tune, &ws, &scan) ||
+        m->H > 32 * 1024)
+        return -EINVAL;
+    int H = m->H, threads = msm_moe_combine_threads(H);
+    if (!threads) return -EINVAL;
+    switch (msm_norm_vals(H, threads)) { /* moe_combine_launch's layout (elementwise.cu) */
+#define MCR_CASE(V)                                                                                                  \
+    case V:                                                                                                          \
+        CUDA_TRY(msm_launch(moe_combine_rmsnorm_routed_kernel<V>, dim3((unsigned)m->T), dim3((unsigned)threads), 0, ex, \
+                            sum, out, x, ws, scan, m->E, m->w, m->k, shared, h, wg, nw, H, eps));                    \
+        break;
+        MCR_CASE(1) MCR_CASE(2) MCR_CASE(4) MCR_CASE(8) MCR_CASE(16)
+#undef MCR_CASE
+    default: return -EINVAL;
+    }
+    return 0;
 }

@@ -143,6 +143,12 @@ typedef struct msm_cuda_tuning {
                                  weight loads before its PDL wait, its gate/up GEMV then triggering after
                                  its own wait (so the ids are complete when the down launches); the same
                                  sums. Off by default: not yet measured (MSM_CUDA_MOE_PAIR_EARLY) */
+    bool moe_fused_combine;   /* where the routed experts' path ends with the combine kernel (5 tokens and
+                                 more), the node reading their sum next (an ADD_RMSNORM, or a shared
+                                 expert's MOE_COMBINE_NORM) computes it itself from the per-pair rows:
+                                 one kernel and a [T, H] round trip less a layer, the same bits
+                                 (msm_cuda_moe_add_rmsnorm, msm_cuda_moe_combine_rmsnorm_routed). Off by
+                                 default: not yet measured (MSM_CUDA_MOE_FUSED_COMBINE) */
     int moe_gu_u2;            /* MSM_CUDA_MOE_GU_U2_*: the pair path's bf16 gate/up GEMV with 2 loads a
                                  lane a row in flight (not 4) at 12 blocks an SM, the same bits
                                  (moe_pair.cu; MSM_CUDA_MOE_GU_U2) */
@@ -867,6 +873,35 @@ int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t *ids, const
                              msm_cuda_fp8w gate_up, msm_cuda_fp8w down, int T, int H, int I, int k,
                              int E, void *ws, size_t ws_bytes, void *deq, size_t deq_bytes,
                              msm_cuda_exec ex);
+
+/* One call of the routed experts (msm_cuda_moe_experts: gate_up and down bf16; or
+ * msm_cuda_moe_experts_fp8: gate_up and down NULL, gu and dn FP8-resident, deq its scratch) as one
+ * argument, for the combine left to the norm after them (tuning moe_fused_combine). */
+typedef struct msm_cuda_moe_args {
+    const float *x;
+    const int32_t *ids;
+    const float *w;
+    const uint16_t *gate_up, *down;
+    msm_cuda_fp8w gu, dn;
+    int T, H, I, k, E;
+    void *ws, *deq;
+    size_t ws_bytes, deq_bytes;
+} msm_cuda_moe_args;
+
+/* Whether m's path ends with the combine kernel and the tuning leaves it to the next norm
+ * (moe_fused_combine): then msm_cuda_moe_experts_deferred runs everything but the combine (the sum
+ * is never written), and msm_cuda_moe_add_rmsnorm or msm_cuda_moe_combine_rmsnorm_routed, with the
+ * same m (its workspace untouched between), computes it inside the norm: sum = a + routed, out =
+ * rmsnorm(sum) * nw (rows of H), bitwise the experts then msm_cuda_add_rmsnorm; or the shared
+ * expert's combine (msm_cuda_moe_combine_rmsnorm's arguments past routed) on it, bitwise the
+ * experts then msm_cuda_moe_combine_rmsnorm. Where m does not defer, -EINVAL. */
+bool msm_cuda_moe_defers(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn);
+int msm_cuda_moe_experts_deferred(const msm_cuda_moe_args *m, msm_cuda_exec ex);
+int msm_cuda_moe_add_rmsnorm(float *sum, float *out, const float *a, const uint16_t *nw, float eps,
+                             const msm_cuda_moe_args *m, msm_cuda_exec ex);
+int msm_cuda_moe_combine_rmsnorm_routed(float *sum, float *out, const float *x, const float *shared, const float *h,
+                                        const uint16_t *wg, const uint16_t *nw, float eps, const msm_cuda_moe_args *m,
+                                        msm_cuda_exec ex);
 
 /* ---- one-shot all-reduce over peer memory (allreduce.cu) ----
  * For the collectives of a TP group whose ranks' GPUs reach each other's memory (NVLink peer

@@ -162,6 +162,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->norm_swiglu_rows = 2;
     t->norm_qk_rope = false; /* not yet measured: msm_cuda_kernels.h */
     t->moe_pair_early = false; /* not yet measured: msm_cuda_kernels.h */
+    t->moe_fused_combine = false; /* not yet measured: msm_cuda_kernels.h */
     t->aux_gemv_rows = 2;
     /* the L2 prefetch of the PREFETCH nodes (pass off by default): measured slower or the same
      * (H200, 2026-12-05 sixteenth session, bench/results/2026-12-05-h200-s15 run 1 and its README);

@@ -13,7 +13,8 @@ after the router vs as its programmatic dependent where a shared expert runs bes
 experts' codes decoded with integer operations vs the hardware's conversion, the qkv GEMV with the
 RoPE and K/V cache write in its epilogue vs the two kernels, the norm-in qkv GEMV with the q/k
 norm, RoPE and K/V write in a cluster epilogue vs the norm-in GEMV and the q/k norm kernel (Qwen3),
-the shared expert's gate/up GEMV
+the routed experts' combine inside the ADD_RMSNORM or MOE_COMBINE_NORM after them vs its own
+kernel, the shared expert's gate/up GEMV
 with the SwiGLU in its epilogue vs the two kernels, the qkv MMV with RoPE and the K/V write in its
 epilogue vs the two kernels, the grouped expert GEMVs' grid a row per
 selected expert vs per expert, each layer's o_proj and shared expert prefetched into L2 during its
@@ -97,6 +98,8 @@ VARIANTS = [  # (name, extra flags, environment)
     ("norm-in qkv GEMV + q/k norm + RoPE + K/V write one kernel (a head's blocks a cluster) vs two", [],
      {"MSM_CUDA_NORM_QK_ROPE": "1"}),
     ("tensor-core attention split over a cluster vs the SIMT kernel (near)", [], {"MSM_CUDA_ATT_MMA_SPLIT": "1"}, 1e-3),
+    ("routed experts' combine inside the next norm vs its own kernel (8-token prefill)", [],
+     {"MSM_CUDA_MOE_FUSED_COMBINE": "1"}),
 ]
 BASE_ENV = dict(kv.split("=", 1) for kv in os.environ.get("CHECK_BASE_ENV", "").split())
 if os.environ.get("CHECK_VARIANTS"):  # e.g. CHECK_VARIANTS="L2 prefetch" for the lines of one change

@@ -65,7 +65,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_FP8_MOE_LEAN",
                                  "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW", "MSM_CUDA_MMV_STREAM_MIN_N",
                                  "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS",
-                                 "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE", "MSM_CUDA_ATT_MMA_SPLIT"};
+                                 "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE", "MSM_CUDA_ATT_MMA_SPLIT",
+                                 "MSM_CUDA_MOE_FUSED_COMBINE"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -110,7 +111,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MMV_STREAM_MIN_N", "-5", 1), setenv("MSM_CUDA_MMV_STREAM_MIN_T", "12", 1);
     setenv("MSM_CUDA_NORM_LINEAR_SWIGLU", "1", 1), setenv("MSM_CUDA_NORM_SWIGLU_ROWS", "3", 1);
     setenv("MSM_CUDA_MOE_PAIR_EARLY", "1", 1), setenv("MSM_CUDA_NORM_QK_ROPE", "1", 1);
-    setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1);
+    setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1), setenv("MSM_CUDA_MOE_FUSED_COMBINE", "1", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = t.moe_gg_compact = t.linear_swiglu = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -161,6 +162,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(t.moe_pair_early, "MSM_CUDA_MOE_PAIR_EARLY=1: the split down's weights before its wait");
     cr_expect(t.norm_qk_rope, "MSM_CUDA_NORM_QK_ROPE=1: the norm, the qkv GEMV and the q/k norm + RoPE one kernel");
     cr_expect(t.att_mma_split, "MSM_CUDA_ATT_MMA_SPLIT=1: the tensor-core attention split over a cluster");
+    cr_expect(t.moe_fused_combine, "MSM_CUDA_MOE_FUSED_COMBINE=1: the experts' combine inside the next norm");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
@@ -2309,6 +2311,102 @@ Test(cuda_kernels, moe_experts_fp8_pair_forms_bitwise, .timeout = 180) {
         }
         fp8_free(&gu), fp8_free(&dn);
         free(scratch);
+    }
+}
+
+/* The routed experts' combine left to the norm after them (tuning moe_fused_combine:
+ * msm_cuda_moe_experts_deferred, then msm_cuda_moe_add_rmsnorm or
+ * msm_cuda_moe_combine_rmsnorm_routed on the same workspace) gives the bits of the experts' own
+ * combine followed by msm_cuda_add_rmsnorm or msm_cuda_moe_combine_rmsnorm: the residual sum and the
+ * norm. Qwen3-30B-A3B's and Qwen1.5-MoE's expert shapes and a small odd one (H 264: 2 values a norm
+ * thread), bf16 on the grouped GEMVs (scanning their pairs or after the grouping kernel) and the
+ * tiled GEMMs, FP8 on the grouped GEMVs and the tiled GEMMs; an invalid expert id in the routing
+ * (a pair with no row). Not deferred: the pair path (1-4 tokens) and the switch off. */
+Test(cuda_kernels, moe_fused_combine_equals_combine_then_norm, .timeout = 180) {
+    need_gpu();
+    static const int shapes[][5] = {{2048, 768, 8, 128, 0}, {2048, 1408, 4, 60, 0}, {264, 100, 4, 24, 0},
+                                    {2048, 768, 8, 128, 1}}; /* H, I, k, E, FP8 */
+    static const int toks[] = {5, 8, 16, 40};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int H = shapes[si][0], I = shapes[si][1], k = shapes[si][2], E = shapes[si][3], Tm = 40;
+        bool fp8 = shapes[si][4];
+        moe_wset m = moe_wset_new(H, I, E);
+        fp8_weight g8 = fp8_make(E, 2 * I, H, 0, false), d8 = fp8_make(E, H, I, 0, false);
+        size_t nr = (size_t)Tm * H;
+        float *x = host_f32(nr, 1.0f), *ra = host_f32(nr, 1.0f), *sh = host_f32(nr, 1.0f), *nf, *gf;
+        uint16_t *nb = host_bf16(H, 1.0f, &nf), *gb = host_bf16(H, 0.2f, &gf);
+        float *dx = dev_up(x, nr * 4), *da = dev_up(ra, nr * 4), *dsh = dev_up(sh, nr * 4), *dy = dev(nr * 4);
+        uint16_t *dn = dev_up(nb, (size_t)H * 2), *dg = dev_up(gb, (size_t)H * 2);
+        float *s1 = dev(nr * 4), *o1 = dev(nr * 4), *s2 = dev(nr * 4), *o2 = dev(nr * 4);
+        float *h[4], *r[4];
+        for (int q = 0; q < 4; q++) h[q] = malloc(nr * 4), r[q] = malloc(nr * 4);
+        size_t wsb = msm_cuda_moe_experts_ws_bytes(Tm, H, I, k, E), deqb = msm_cuda_moe_fp8_deq_bytes(H, I, E);
+        void *ws = dev(wsb), *deq = dev(deqb);
+        for (size_t ti = 0; ti < sizeof toks / sizeof *toks; ti++)
+            for (int v = 0; v < 3; v++) { /* bf16: default, no scan, tiled; FP8: default (tiled), grouped GEMVs */
+                int T = toks[ti];
+                if (fp8 && v == 2) continue;
+                msm_cuda_tuning t = tune0;
+                t.moe_fused_combine = true;
+                if (!fp8 && v == 1) t.moe_group_scan_max_t = 0;
+                if (!fp8 && v == 2) t.moe_path = MSM_CUDA_MOE_PATH_TILED;
+                if (fp8 && v == 1) t.fp8_moe_tiled = false;
+                msm_cuda_exec ex = {.stream = 0, .tune = &t};
+                int32_t *ids = malloc((size_t)T * k * 4);
+                float *w = malloc((size_t)T * k * 4);
+                random_routing(ids, w, T, k, E);
+                ids[k] = -1; /* token 1's first slot: no expert */
+                int32_t *di = dev_up(ids, (size_t)T * k * 4);
+                float *dw = dev_up(w, (size_t)T * k * 4);
+                msm_cuda_moe_args ma = {.x = dx, .ids = di, .w = dw, .gate_up = fp8 ? NULL : m.dgu,
+                                        .down = fp8 ? NULL : m.ddn, .gu = fp8 ? g8.d : (msm_cuda_fp8w){0},
+                                        .dn = fp8 ? d8.d : (msm_cuda_fp8w){0}, .T = T, .H = H, .I = I, .k = k, .E = E,
+                                        .ws = ws, .deq = deq, .ws_bytes = wsb, .deq_bytes = deqb};
+                cr_assert(msm_cuda_moe_defers(&ma, &t), "defers: T=%d H=%d fp8=%d v=%d", T, H, fp8, v);
+                /* the experts' combine, then the two norms */
+                if (fp8)
+                    CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, g8.d, d8.d, T, H, I, k, E, ws, wsb, deq, deqb, ex));
+                else
+                    CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, ex));
+                CK(msm_cuda_add_rmsnorm(s1, o1, da, dy, dn, T, H, 1e-6f, ex));
+                CK(msm_cuda_moe_combine_rmsnorm(s2, o2, da, dy, dsh, dx, dg, dn, T, H, 1e-6f, ex));
+                down(r[0], s1, (size_t)T * H * 4), down(r[1], o1, (size_t)T * H * 4);
+                down(r[2], s2, (size_t)T * H * 4), down(r[3], o2, (size_t)T * H * 4);
+                /* deferred, on poisoned outputs */
+                CK(cudaMemset(dy, 0xff, nr * 4) == cudaSuccess ? 0 : -1);
+                for (int q = 0; q < 4; q++) CK(cudaMemset(q == 0 ? s1 : q == 1 ? o1 : q == 2 ? s2 : o2, 0xff, nr * 4) == cudaSuccess ? 0 : -1);
+                CK(msm_cuda_moe_experts_deferred(&ma, ex));
+                CK(msm_cuda_moe_add_rmsnorm(s1, o1, da, dn, 1e-6f, &ma, ex));
+                CK(msm_cuda_moe_combine_rmsnorm_routed(s2, o2, da, dsh, dx, dg, dn, 1e-6f, &ma, ex));
+                down(h[0], s1, (size_t)T * H * 4), down(h[1], o1, (size_t)T * H * 4);
+                down(h[2], s2, (size_t)T * H * 4), down(h[3], o2, (size_t)T * H * 4);
+                static const char *what[] = {"add: sum", "add: norm", "shared: sum", "shared: norm"};
+                for (int q = 0; q < 4; q++)
+                    cr_expect(memcmp(r[q], h[q], (size_t)T * H * 4) == 0, "%s differs: T=%d H=%d fp8=%d v=%d", what[q],
+                              T, H, fp8, v);
+                free(ids), free(w);
+                cudaFree(di), cudaFree(dw);
+            }
+        /* not deferred: the pair path, the switch off */
+        msm_cuda_tuning t = tune0;
+        t.moe_fused_combine = true;
+        msm_cuda_moe_args ma = {.x = dx, .ids = NULL, .w = NULL, .gate_up = fp8 ? NULL : m.dgu, .down = fp8 ? NULL : m.ddn,
+                                .gu = fp8 ? g8.d : (msm_cuda_fp8w){0}, .dn = fp8 ? d8.d : (msm_cuda_fp8w){0},
+                                .T = 4, .H = H, .I = I, .k = k, .E = E, .ws = ws, .deq = deq, .ws_bytes = wsb,
+                                .deq_bytes = deqb};
+        cr_expect(!msm_cuda_moe_defers(&ma, &t), "4 tokens: the pair path writes the sum itself");
+        cr_expect_eq(msm_cuda_moe_experts_deferred(&ma, (msm_cuda_exec){.stream = 0, .tune = &t}), -EINVAL);
+        ma.T = 8;
+        t.moe_fused_combine = false;
+        cr_expect(!msm_cuda_moe_defers(&ma, &t), "switched off");
+        cr_expect_eq(msm_cuda_moe_add_rmsnorm(s1, o1, da, dn, 1e-6f, &ma, (msm_cuda_exec){.stream = 0, .tune = &t}),
+                     -EINVAL);
+        cudaFree(dx), cudaFree(da), cudaFree(dsh), cudaFree(dy), cudaFree(dn), cudaFree(dg), cudaFree(s1), cudaFree(o1);
+        cudaFree(s2), cudaFree(o2), cudaFree(ws), cudaFree(deq);
+        for (int q = 0; q < 4; q++) free(h[q]), free(r[q]);
+        free(x), free(ra), free(sh), free(nf), free(gf), free(nb), free(gb);
+        fp8_free(&g8), fp8_free(&d8);
+        moe_wset_free(&m);
     }
 }
 
