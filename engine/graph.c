@@ -221,12 +221,34 @@ int msm_graph_plan(msm_graph *g, msm_err *err) {
          * rotated rows). */
         pair |= n->op == MSM_OP_LINEAR && i + 1 < nn && g->nodes[i + 1].op == MSM_OP_ROPE_KV_WRITE &&
                 g->nodes[i + 1].stream == n->stream && g->nodes[i + 1].in[0] == n->out[0];
+        /* A MOE_EXPERTS whose sum the next node past events on the same stream reads, an ADD_RMSNORM
+         * or a MOE_COMBINE_NORM: a backend may leave the experts' combine to that node (the CUDA
+         * backend's msm_cuda_moe_add_rmsnorm and msm_cuda_moe_combine_rmsnorm_routed read the
+         * routing's ids and weights while they write the norm's outputs), so the experts' values
+         * stay live through it. */
+        int reader = -1;
+        if (n->op == MSM_OP_MOE_EXPERTS) {
+            int j = i + 1;
+            while (j < nn && g->nodes[j].stream == n->stream &&
+                   (g->nodes[j].op == MSM_OP_EVENT_WAIT || g->nodes[j].op == MSM_OP_EVENT_RECORD))
+                j++;
+            const msm_node *r = j < nn ? &g->nodes[j] : NULL;
+            if (r && r->stream == n->stream &&
+                ((r->op == MSM_OP_ADD_RMSNORM && (r->in[0] == n->out[0] || r->in[1] == n->out[0])) ||
+                 (r->op == MSM_OP_MOE_COMBINE_NORM && r->in[1] == n->out[0])))
+                reader = j;
+        }
         for (int j = 0; j < k; j++) {
             interval *t = &iv[ids[j]];
             if (g->vals[ids[j]].io) continue;
             /* an aux node runs at some time between its region's fork and join */
             int start = n->stream == MSM_STREAM_AUX ? prev_fork[i] : i;
-            int end = n->stream == MSM_STREAM_AUX ? next_join[i] : quad ? i + 3 : triple ? i + 2 : pair ? i + 1 : i;
+            int end = n->stream == MSM_STREAM_AUX ? next_join[i]
+                      : reader >= 0              ? reader
+                      : quad                     ? i + 3
+                      : triple                   ? i + 2
+                      : pair                     ? i + 1
+                                                 : i;
             if (start < t->start) t->start = start;
             if (end > t->end) t->end = end;
         }

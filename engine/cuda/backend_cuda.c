@@ -433,7 +433,9 @@ static msm_cuda_moe_args moe_args(const cuda_backend *cb, const msm_graph *g, co
  * moe_fused_combine): that node's index, else -1. The reader is the sum's only one, on the same
  * stream with only event nodes between (no kernel touches the stream's workspace in between): an
  * ADD_RMSNORM that no pairing with the node after it takes, or a MOE_COMBINE_NORM reading it as its
- * routed sum; and the experts' path ends with the combine (msm_cuda_moe_defers: 5 tokens and more). */
+ * routed sum; its outputs share no byte with the routing's ids and weights (msm_graph_plan keeps
+ * them apart); and the experts' path ends with the combine (msm_cuda_moe_defers: 5 tokens and
+ * more). */
 static int moe_combine_reader(const cuda_backend *cb, const msm_graph *g, int i, const msm_step_dims *d,
                               msm_cuda_exec ex) {
     if (!ex.tune->moe_fused_combine || i < 0 || i >= g->n_nodes) return -1;
@@ -451,6 +453,10 @@ static int moe_combine_reader(const cuda_backend *cb, const msm_graph *g, int i,
                 !norm_linear_pair(cb, g, j, rows, ex) && !norm_router_pair(g, j, rows, ex);
     bool shared = r->op == MSM_OP_MOE_COMBINE_NORM && r->in[1] == n->out[0];
     if (r->stream != n->stream || !(norm || shared)) return -1;
+    /* the reader writes its outputs while it reads the routing (the planner keeps them apart) */
+    for (int o = 0; o < 2; o++)
+        for (int q = 1; q <= 2; q++)
+            if (vals_overlap(g, r->out[o], n->in[q], rows)) return -1;
     msm_cuda_moe_args m = moe_args(cb, g, n, d);
     return msm_cuda_moe_defers(&m, ex.tune) ? j : -1;
 }

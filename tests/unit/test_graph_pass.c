@@ -452,6 +452,40 @@ Test(graph_plan, norm_inputs_stay_live_through_the_qk_rope_after_the_linear_on_t
     msm_graph_free(g);
 }
 
+/* A MOE_EXPERTS whose sum the next node past events on its stream reads (an ADD_RMSNORM, or a
+ * shared expert's MOE_COMBINE_NORM behind the aux stream's join) keeps its values live through that
+ * node: the CUDA backend may leave the experts' combine to it (msm_cuda_moe_add_rmsnorm /
+ * msm_cuda_moe_combine_rmsnorm_routed read the routing's ids and weights while they write the
+ * norm's outputs), so those outputs share no bytes with the experts' inputs. */
+Test(graph_plan, moe_inputs_stay_live_through_the_norm_reading_their_sum) {
+    static const char *models[] = {"tests/data/qwen3moe", "tests/data/qwen2moe-gqa"};
+    int found[2] = {0};
+    for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
+        msm_graph *g = plain(models[mi], 1), *out;
+        msm_err err = {{0}};
+        msm_pass_opts o = {.elide_collectives = true, .fuse_add_norm = true, .fuse_rope_kv = true, .fuse_router = true,
+                           .fuse_moe_combine = true, .multi_stream = true, .router_first = true};
+        cr_assert_eq(msm_passes_apply(g, &o, &out, &err), 0, "%s", err.msg);
+        for (int i = 0; i < out->n_nodes; i++) {
+            const msm_node *n = &out->nodes[i];
+            if (n->op != MSM_OP_MOE_EXPERTS) continue;
+            int j = i + 1;
+            while (j < out->n_nodes && out->nodes[j].op == MSM_OP_EVENT_WAIT) j++;
+            cr_assert_lt(j, out->n_nodes);
+            const msm_node *r = &out->nodes[j];
+            bool norm = r->op == MSM_OP_ADD_RMSNORM, shared = r->op == MSM_OP_MOE_COMBINE_NORM;
+            cr_assert(norm || shared, "%s: the node after the experts is %s", models[mi], msm_op_name(r->op));
+            found[shared]++;
+            const int vs[5] = {n->in[0], n->in[1], n->in[2], r->out[0], r->out[1]};
+            expect_disjoint(out, models[mi], vs, 5);
+        }
+        msm_graph_free(out);
+        msm_graph_free(g);
+    }
+    cr_expect(found[0] > 0, "no experts read by an ADD_RMSNORM (qwen3moe)");
+    cr_expect(found[1] > 0, "no experts read by a MOE_COMBINE_NORM (qwen2moe-gqa)");
+}
+
 /* A LINEAR whose product the next node, a ROPE_KV_WRITE on the same stream, reads keeps its input
  * live through that node: the CUDA backend may run the two as one kernel (msm_cuda_linear_rope_kv),
  * whose blocks read the LINEAR's input while others write the rotated rows, so the input, the
