@@ -195,6 +195,26 @@ static __device__ __forceinline__ void am_stage_warps(float *so, float (*sm_m)[A
     __syncthreads();
 }
 
+/* Column (head hh, dim d) of the block's output merged over the warps in warp order from
+ * am_stage_warps's arrays: the max *M, denominator *D and unnormalised sum (returned). */
+template <int HD>
+static __device__ __forceinline__ float am_merge_col(const float *so, const float (*sm_m)[AM_HEADS],
+                                                     const float (*sm_d)[AM_HEADS], int hh, int d, float *M,
+                                                     float *D) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < AM_WARPS; w++) mx = fmaxf(mx, sm_m[w][hh]);
+    float den = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < AM_WARPS; w++) {
+        float cw = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - mx); /* idle warps weigh 0 */
+        den += sm_d[w][hh] * cw;
+        acc += so[((size_t)w * AM_HEADS + hh) * HD + d] * cw;
+    }
+    *M = mx, *D = den;
+    return acc;
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(AM_WARPS * 32)
     attention_mma_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
@@ -255,16 +275,7 @@ static __global__ void __launch_bounds__(AM_WARPS * 32)
     const size_t th0 = (size_t)t * nh + h0;
     for (int c = threadIdx.x; c < nhb * HD; c += AM_WARPS * 32) {
         int hh = c / HD, d = c % HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < AM_WARPS; w++) M = fmaxf(M, sm_m[w][hh]);
-        float D = 0.0f, acc = 0.0f;
-#pragma unroll
-        for (int w = 0; w < AM_WARPS; w++) {
-            float cw = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - M); /* idle warps weigh 0 */
-            D += sm_d[w][hh] * cw;
-            acc += so[((size_t)w * AM_HEADS + hh) * HD + d] * cw;
-        }
+        float M, D, acc = am_merge_col<HD>(so, sm_m, sm_d, hh, d, &M, &D);
         out[(th0 + hh) * HD + d] = n > 0 ? acc * (1.0f / D) : 0.0f; /* empty context (pos < 0): zeros */
     }
 }
@@ -356,17 +367,8 @@ static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
     /* the block's partial: the warp merge's max, denominator and (unnormalised) sum, in warp order */
     for (int c = threadIdx.x; c < nhb * HD; c += AM_WARPS * 32) {
         int hh = c / HD, d = c % HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < AM_WARPS; w++) M = fmaxf(M, sm_m[w][hh]);
-        float D = 0.0f, acc = 0.0f;
-#pragma unroll
-        for (int w = 0; w < AM_WARPS; w++) {
-            float cw = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - M);
-            D += sm_d[w][hh] * cw;
-            acc += so[((size_t)w * AM_HEADS + hh) * HD + d] * cw;
-        }
-        sp[(size_t)hh * HD + d] = acc;
+        float M, D;
+        sp[(size_t)hh * HD + d] = am_merge_col<HD>(so, sm_m, sm_d, hh, d, &M, &D);
         if (d == 0) sp_m[hh] = M, sp_d[hh] = D;
     }
     cl.sync(); /* every block's partial is in its shared memory */

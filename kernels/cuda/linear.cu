@@ -835,20 +835,33 @@ static cudaError_t norm_in_go(float *y, const void *w, const float *wsc, int ph,
 #undef NI
 }
 
+/* A norm-in kernel's weight as it takes it: the FP8 codes with their scales and phase (w8.q set), else
+ * the bf16 rows w; false where it is missing or not 16-byte aligned. */
+struct norm_in_wt {
+    bool fp8;
+    const void *w;
+    const float *sc;
+    int ph;
+};
+static bool norm_in_weight(const uint16_t *w, msm_cuda_fp8w w8, norm_in_wt *r) {
+    r->fp8 = w8.q != NULL;
+    r->w = r->fp8 ? (const void *)w8.q : (const void *)w;
+    r->sc = r->fp8 ? w8.scale : NULL;
+    r->ph = r->fp8 ? w8.phase : 0;
+    return r->w && (!r->fp8 || r->sc) && (uintptr_t)r->w % 16 == 0;
+}
+
 extern "C" int msm_cuda_norm_linear(float *y, float *sum, float *out, const float *a, const float *b,
                                     const uint16_t *nw, float eps, const uint16_t *w, msm_cuda_fp8w w8,
                                     const uint16_t *bias, int T, int N, int K, msm_cuda_exec ex) {
-    bool fp8 = w8.q != NULL;
-    const void *wp = fp8 ? (const void *)w8.q : (const void *)w;
-    if (!y || !sum || !out || !a || !b || !nw || !wp || (fp8 && !w8.scale) || (uintptr_t)wp % 16 ||
-        !msm_cuda_norm_linear_fits(T, N, K, fp8, fp8 ? w8.phase : 0, ex.tune))
+    norm_in_wt wt;
+    if (!y || !sum || !out || !a || !b || !nw || !norm_in_weight(w, w8, &wt) ||
+        !msm_cuda_norm_linear_fits(T, N, K, wt.fp8, wt.ph, ex.tune))
         return -EINVAL;
     int vt, V;
     norm_in_v(K, &vt, &V);
-    const float *sc = fp8 ? w8.scale : NULL;
-    int ph = fp8 ? w8.phase : 0;
-    cudaError_t e = V == 4 ? norm_in_go<4>(y, wp, sc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, fp8, ex)
-                           : norm_in_go<8>(y, wp, sc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, fp8, ex);
+    cudaError_t e = V == 4 ? norm_in_go<4>(y, wt.w, wt.sc, wt.ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, wt.fp8, ex)
+                           : norm_in_go<8>(y, wt.w, wt.sc, wt.ph, bias, T, N, K, a, b, nw, sum, out, eps, vt, wt.fp8, ex);
     CUDA_TRY(e);
     CUDA_LAUNCH_CHECK();
     return 0;
@@ -1068,18 +1081,14 @@ static cudaError_t qkr_go(float *y, const void *w, const float *wsc, int ph, con
 extern "C" int msm_cuda_norm_linear_qk_rope(float *y, float *sum, float *out, const float *a, const float *b,
                                             const uint16_t *nw, float eps, const uint16_t *w, msm_cuda_fp8w w8,
                                             const uint16_t *bias, msm_cuda_qk_rope q, int T, int K, msm_cuda_exec ex) {
-    bool fp8 = w8.q != NULL;
-    const void *wp = fp8 ? (const void *)w8.q : (const void *)w;
-    if (!y || !sum || !out || !a || !b || !nw || !wp || (fp8 && !w8.scale) || (uintptr_t)wp % 16 || !q.wq ||
-        !q.wk || !q.pos || !q.slot || !q.kc || !q.vc ||
-        !msm_cuda_norm_linear_qk_rope_fits(T, K, q.nh, q.kvh, q.hd, q.rot, fp8, fp8 ? w8.phase : 0, ex.tune))
+    norm_in_wt wt;
+    if (!y || !sum || !out || !a || !b || !nw || !norm_in_weight(w, w8, &wt) || !q.wq || !q.wk || !q.pos ||
+        !q.slot || !q.kc || !q.vc || !msm_cuda_norm_linear_qk_rope_fits(T, K, q.nh, q.kvh, q.hd, q.rot, wt.fp8, wt.ph, ex.tune))
         return -EINVAL;
     int vt, V;
     norm_in_v(K, &vt, &V);
-    const float *sc = fp8 ? w8.scale : NULL;
-    int ph = fp8 ? w8.phase : 0;
-    cudaError_t e = V == 4 ? qkr_go<4>(y, wp, sc, ph, bias, T, K, a, b, nw, sum, out, eps, vt, fp8, q, ex)
-                           : qkr_go<8>(y, wp, sc, ph, bias, T, K, a, b, nw, sum, out, eps, vt, fp8, q, ex);
+    cudaError_t e = V == 4 ? qkr_go<4>(y, wt.w, wt.sc, wt.ph, bias, T, K, a, b, nw, sum, out, eps, vt, wt.fp8, q, ex)
+                           : qkr_go<8>(y, wt.w, wt.sc, wt.ph, bias, T, K, a, b, nw, sum, out, eps, vt, wt.fp8, q, ex);
     CUDA_TRY(e);
     CUDA_LAUNCH_CHECK();
     return 0;
