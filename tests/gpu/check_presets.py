@@ -39,7 +39,8 @@ within that relative distance (max |a - b| / max |b|).
 usage: check_presets.py [PRESET.json ...]   (default: the Qwen1.5-MoE, Qwen3-30B-A3B and its
 FP8 presets); CHECK_VARIANTS=word[,word] keeps the variants whose names hold one of the words;
 CHECK_BASE_ENV="VAR=value ..." runs the default and every variant with those switches too (e.g.
-the bitwise lines on top of a switch that is not yet the default).
+the bitwise lines on top of a switch that is not yet the default); CHECK_PROMPTS=i[,i] keeps those
+prompts (0: 2 tokens, 1: 4, 2: 8).
 Prints one line per check, exits non-zero on any failure."""
 import os, subprocess, sys, tempfile
 import numpy as np
@@ -102,6 +103,8 @@ VARIANTS = [  # (name, extra flags, environment)
      {"MSM_CUDA_MOE_FUSED_COMBINE": "1"}),
 ]
 BASE_ENV = dict(kv.split("=", 1) for kv in os.environ.get("CHECK_BASE_ENV", "").split())
+if os.environ.get("CHECK_PROMPTS"):
+    PROMPTS = [PROMPTS[int(i)] for i in os.environ["CHECK_PROMPTS"].split(",")]
 if os.environ.get("CHECK_VARIANTS"):  # e.g. CHECK_VARIANTS="L2 prefetch" for the lines of one change
     VARIANTS = [v for v in VARIANTS if any(w in v[0] for w in os.environ["CHECK_VARIANTS"].split(","))]
 fails = 0
