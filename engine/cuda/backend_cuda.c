@@ -276,7 +276,6 @@ static bool qk_rope_pair(const cuda_backend *cb, const msm_graph *g, int i, int 
 
 static bool norm_swiglu_triple(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex);
 
-
 /* Whether node i is an ADD_RMSNORM that runs with the LINEAR after it in one kernel
  * (msm_cuda_norm_linear): that node reads its norm, on the same stream (so no event between the
  * two: a reader elsewhere waits on a record after both), with the norm's width as its K, where

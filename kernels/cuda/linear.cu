@@ -952,8 +952,9 @@ extern "C" int msm_cuda_norm_linear_swiglu(float *act, float *sum, float *out, c
  * and sines that block put in shared memory (qkr_prep: at decode before its first weight loads and
  * the PDL wait, as qk_norm_rope_kv_kernel's early prologue; else after its GEMV; done before the
  * loads rather than in the norm hook, where it held 100 registers against 80); a second barrier
- * keeps every block's rows until it has read them. So the rows and both caches are bitwise msm_cuda_norm_linear then
- * msm_cuda_qk_norm_rope_kv, the qkv and normed rows are never written, and the q/k norm kernel
+ * keeps every block's rows until it has read them. So the rows and both caches are bitwise
+ * msm_cuda_norm_linear then msm_cuda_qk_norm_rope_kv, the qkv and normed rows are never written,
+ * and the q/k norm kernel
  * and its boundary leave the step: on Qwen3-30B-A3B at one token that kernel ends 1.2-2.7 us a
  * layer after the qkv GEMV (H200 timelines, bench/results/2026-12-04-h200-s13 run 5 and
  * 2026-12-05-h200-s15 run 2). */
