@@ -29,6 +29,20 @@ int msm_graph_readers(const msm_graph *g, int v) {
     return c;
 }
 
+int msm_graph_moe_sum_reader(const msm_graph *g, int i) {
+    if (i < 0 || i >= g->n_nodes || g->nodes[i].op != MSM_OP_MOE_EXPERTS) return -1;
+    const msm_node *n = &g->nodes[i];
+    int j = i + 1;
+    while (j < g->n_nodes && g->nodes[j].stream == n->stream &&
+           (g->nodes[j].op == MSM_OP_EVENT_WAIT || g->nodes[j].op == MSM_OP_EVENT_RECORD))
+        j++;
+    const msm_node *r = j < g->n_nodes ? &g->nodes[j] : NULL;
+    bool reads = r && r->stream == n->stream &&
+                 ((r->op == MSM_OP_ADD_RMSNORM && (r->in[0] == n->out[0] || r->in[1] == n->out[0])) ||
+                  (r->op == MSM_OP_MOE_COMBINE_NORM && r->in[1] == n->out[0]));
+    return reads ? j : -1;
+}
+
 msm_graph *msm_graph_new(int rank, int tp) {
     msm_graph *g = calloc(1, sizeof *g);
     if (!g) return NULL;
@@ -221,23 +235,12 @@ int msm_graph_plan(msm_graph *g, msm_err *err) {
          * rotated rows). */
         pair |= n->op == MSM_OP_LINEAR && i + 1 < nn && g->nodes[i + 1].op == MSM_OP_ROPE_KV_WRITE &&
                 g->nodes[i + 1].stream == n->stream && g->nodes[i + 1].in[0] == n->out[0];
-        /* A MOE_EXPERTS whose sum the next node past events on the same stream reads, an ADD_RMSNORM
-         * or a MOE_COMBINE_NORM: a backend may leave the experts' combine to that node (the CUDA
-         * backend's msm_cuda_moe_add_rmsnorm and msm_cuda_moe_combine_rmsnorm_routed read the
+        /* A MOE_EXPERTS whose sum the next node past events on the same stream reads as a norm does
+         * (msm_graph_moe_sum_reader): a backend may leave the experts' combine to that node (the
+         * CUDA backend's msm_cuda_moe_add_rmsnorm and msm_cuda_moe_combine_rmsnorm_routed read the
          * routing's ids and weights while they write the norm's outputs), so the experts' values
          * stay live through it. */
-        int reader = -1;
-        if (n->op == MSM_OP_MOE_EXPERTS) {
-            int j = i + 1;
-            while (j < nn && g->nodes[j].stream == n->stream &&
-                   (g->nodes[j].op == MSM_OP_EVENT_WAIT || g->nodes[j].op == MSM_OP_EVENT_RECORD))
-                j++;
-            const msm_node *r = j < nn ? &g->nodes[j] : NULL;
-            if (r && r->stream == n->stream &&
-                ((r->op == MSM_OP_ADD_RMSNORM && (r->in[0] == n->out[0] || r->in[1] == n->out[0])) ||
-                 (r->op == MSM_OP_MOE_COMBINE_NORM && r->in[1] == n->out[0])))
-                reader = j;
-        }
+        int reader = msm_graph_moe_sum_reader(g, i);
         for (int j = 0; j < k; j++) {
             interval *t = &iv[ids[j]];
             if (g->vals[ids[j]].io) continue;

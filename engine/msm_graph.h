@@ -219,6 +219,11 @@ bool msm_op_is_collective(msm_op op);
 bool msm_op_is_prefetch(msm_op op);
 /* How many node inputs read value v (a node reading it twice counts twice). */
 int msm_graph_readers(const msm_graph *g, int v);
+/* For a MOE_EXPERTS node i: the index of the next node on its stream past event nodes when that node
+ * reads the experts' sum as a norm does (an ADD_RMSNORM, as either input; a MOE_COMBINE_NORM, as its
+ * routed sum), else -1. A backend may leave the experts' combine to it (msm_graph_plan keeps the
+ * experts' values live through it). */
+int msm_graph_moe_sum_reader(const msm_graph *g, int i);
 
 msm_graph *msm_graph_new(int rank, int tp);
 void msm_graph_free(msm_graph *g);

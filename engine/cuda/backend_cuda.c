@@ -429,29 +429,23 @@ static msm_cuda_moe_args moe_args(const cuda_backend *cb, const msm_graph *g, co
 }
 
 /* Where the MOE_EXPERTS node i leaves its combine to the node reading its sum (tuning
- * moe_fused_combine): that node's index, else -1. The reader is the sum's only one, on the same
- * stream with only event nodes between (no kernel touches the stream's workspace in between): an
- * ADD_RMSNORM that no pairing with the node after it takes, or a MOE_COMBINE_NORM reading it as its
- * routed sum; its outputs share no byte with the routing's ids and weights (msm_graph_plan keeps
+ * moe_fused_combine): that node's index, else -1. The reader (msm_graph_moe_sum_reader: on the
+ * same stream with only event nodes between, so no kernel touches the stream's workspace in
+ * between) is the sum's only one: an ADD_RMSNORM reading it once that no pairing with the node
+ * after it takes, or a MOE_COMBINE_NORM reading it as its routed sum; its outputs share no byte with the routing's ids and weights (msm_graph_plan keeps
  * them apart); and the experts' path ends with the combine (msm_cuda_moe_defers: 5 tokens and
  * more). */
 static int moe_combine_reader(const cuda_backend *cb, const msm_graph *g, int i, const msm_step_dims *d,
                               msm_cuda_exec ex) {
-    if (!ex.tune->moe_fused_combine || i < 0 || i >= g->n_nodes) return -1;
-    const msm_node *n = &g->nodes[i];
-    if (n->op != MSM_OP_MOE_EXPERTS || msm_graph_readers(g, n->out[0]) != 1 || g->vals[n->out[0]].io) return -1;
-    int j = i + 1;
-    while (j < g->n_nodes && g->nodes[j].stream == n->stream &&
-           (g->nodes[j].op == MSM_OP_EVENT_WAIT || g->nodes[j].op == MSM_OP_EVENT_RECORD))
-        j++;
-    if (j >= g->n_nodes) return -1;
-    const msm_node *r = &g->nodes[j];
+    int j = ex.tune->moe_fused_combine ? msm_graph_moe_sum_reader(g, i) : -1;
+    if (j < 0) return -1;
+    const msm_node *n = &g->nodes[i], *r = &g->nodes[j];
+    if (msm_graph_readers(g, n->out[0]) != 1 || g->vals[n->out[0]].io) return -1;
     int rows = ROWS(n->in[0]);
-    bool norm = r->op == MSM_OP_ADD_RMSNORM && (r->in[0] == n->out[0]) != (r->in[1] == n->out[0]) &&
-                !norm_qk_rope_quad(cb, g, j, rows, ex) && !norm_swiglu_triple(cb, g, j, rows, ex) &&
-                !norm_linear_pair(cb, g, j, rows, ex) && !norm_router_pair(g, j, rows, ex);
-    bool shared = r->op == MSM_OP_MOE_COMBINE_NORM && r->in[1] == n->out[0];
-    if (r->stream != n->stream || !(norm || shared)) return -1;
+    if (r->op == MSM_OP_ADD_RMSNORM &&
+        (r->in[0] == r->in[1] || norm_qk_rope_quad(cb, g, j, rows, ex) || norm_swiglu_triple(cb, g, j, rows, ex) ||
+         norm_linear_pair(cb, g, j, rows, ex) || norm_router_pair(g, j, rows, ex)))
+        return -1;
     /* the reader writes its outputs while it reads the routing (the planner keeps them apart) */
     for (int o = 0; o < 2; o++)
         for (int q = 1; q <= 2; q++)

@@ -470,12 +470,9 @@ int msm__attention_mma_run(float *out, const float *q, size_t q_ld, const uint16
     return 0;
 }
 
-/* Clusters of the split kernel left free for the kernels around it (as attention.cu's
- * ATT_CLUSTER_SPARE: under programmatic dependent launch the kernel before still holds slots). */
-#define AM_CLUSTER_SPARE 8
-
-extern "C" int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld, const void *kc,
-                                const void *vc, msm_cuda_exec ex) {
+/* Clusters of the split kernel leave MSM_ATT_CLUSTER_SPARE free, as the SIMT kernel's do. */
+extern "C" int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld,
+                                             const void *kc, const void *vc, msm_cuda_exec ex) {
     const msm_cuda_tuning *tn = ex.tune;
     if (!tn->att_mma_split || T <= 0 || kvh <= 0 || nh % kvh || nh / kvh < 4 || (hd != 64 && hd != 128) ||
         !msm__attention_mma_fits(hd, q, q_ld, kc, vc))
@@ -483,7 +480,7 @@ extern "C" int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, con
     int hi = hd == 128, G = nh / kvh;
     long pairs = (long)T * kvh * ((G + AM_HEADS - 1) / AM_HEADS), slots = (long)tn->sms * tn->att_mma_split_per_sm[hi];
     for (int ns = 16; ns >= 2; ns /= 2)
-        if (ns <= tn->att_max_split && pairs * ns <= slots && pairs + AM_CLUSTER_SPARE <= tn->att_mma_split_fit[hi][ns])
+        if (ns <= tn->att_max_split && pairs * ns <= slots && pairs + MSM_ATT_CLUSTER_SPARE <= tn->att_mma_split_fit[hi][ns])
             return ns;
     return 0;
 }

@@ -799,6 +799,12 @@ extern "C" bool msm_cuda_norm_linear_fits(int T, int N, int K, bool fp8, int ph,
            K >= 32 * 8;
 }
 
+/* Whether a norm-in kernel's bf16 rows of K at U loads a lane are software-pipelined (tuning rows_pipe:
+ * rows of several steps). */
+static bool norm_in_pipe(const msm_cuda_tuning *tn, int K, int U) {
+    return (tn->rows_pipe & MSM_CUDA_PIPE_NORM_IN) && K > 256 * U;
+}
+
 template <int NT, int R, int U, bool FP8, int V, bool HW = false>
 static cudaError_t norm_in_launch(float *y, const void *w, const float *wsc, int ph, const uint16_t *bias, int T,
                                   int N, int K, const float *a, const float *b, const uint16_t *nw, float *sum,
@@ -806,7 +812,7 @@ static cudaError_t norm_in_launch(float *y, const void *w, const float *wsc, int
     dim3 grid((unsigned)((N + NI_WARPS * R - 1) / (NI_WARPS * R)));
     auto kern = gemv_norm_in_kernel<NT, R, U, FP8, V, false, HW>;
     if constexpr (!FP8) /* bf16 rows of several steps: pipelined (tuning rows_pipe) */
-        if ((ex.tune->rows_pipe & MSM_CUDA_PIPE_NORM_IN) && K > 256 * U) kern = gemv_norm_in_kernel<NT, R, U, FP8, V, true>;
+        if (norm_in_pipe(ex.tune, K, U)) kern = gemv_norm_in_kernel<NT, R, U, FP8, V, true>;
     return msm_launch(kern, grid, dim3(NI_WARPS * 32),
                       (size_t)T * K * sizeof(float), ex, y, w, wsc, ph, bias, T, N, K, a, b, nw, sum, out, eps, vt,
                       ex.tune->gemv_early && !ex.w_written);
@@ -919,7 +925,7 @@ static cudaError_t norm_in_swiglu_go(float *act, const uint16_t *w, int T, int I
      * tuning rows_pipe), R rows a warp */
     constexpr int U = 2, OW = NI_WARPS / 2 * R;
     dim3 grid((unsigned)((I + OW - 1) / OW));
-    bool pipe = (ex.tune->rows_pipe & MSM_CUDA_PIPE_NORM_IN) && K > 256 * U;
+    bool pipe = norm_in_pipe(ex.tune, K, U);
     auto kern = T == 1 ? (pipe ? norm_in_swiglu_kernel<1, R, U, V, true> : norm_in_swiglu_kernel<1, R, U, V, false>)
                        : (pipe ? norm_in_swiglu_kernel<2, R, U, V, true> : norm_in_swiglu_kernel<2, R, U, V, false>);
     return msm_launch(kern, grid, dim3(NI_WARPS * 32), (size_t)T * K * sizeof(float), ex, act, w, T, I, K, a, b, nw,
@@ -1073,7 +1079,7 @@ static cudaError_t qkr_go(float *y, const void *w, const float *wsc, int ph, con
 #define QG(NT_, F_, ...) qkr_launch<NT_, 2, F_, V, ##__VA_ARGS__>(y, w, wsc, ph, bias, T, K, a, b, nw, sum, out, eps, vt, q, ex)
     if (fp8 && fp8_gemv_hw(ex.tune)) return QG(1, true, false, true);
     if (fp8) return QG(1, true);
-    bool pipe = (ex.tune->rows_pipe & MSM_CUDA_PIPE_NORM_IN) && K > 256 * 2;
+    bool pipe = norm_in_pipe(ex.tune, K, 2); /* norm_in_launch's U */
     if (T == 1) return pipe ? QG(1, false, true) : QG(1, false);
     return pipe ? QG(2, false, true) : QG(2, false);
 #undef QG

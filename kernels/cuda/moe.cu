@@ -392,10 +392,9 @@ extern "C" int msm_cuda_moe_experts_deferred(const msm_cuda_moe_args *m, msm_cud
 
 /* The deferred combine's workspace view and scan ids; false where m does not defer. */
 static bool moe_deferred_ws(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, moe_ws *ws, const int32_t **scan) {
-    if (!msm_cuda_moe_defers(m, tn) || !m->ws || (uintptr_t)m->ws % 256 || !m->w ||
+    if (!tn->moe_fused_combine || !moe_combines(m, tn, scan) || !m->ws || (uintptr_t)m->ws % 256 || !m->w ||
         m->ws_bytes < msm_cuda_moe_experts_ws_bytes(m->T, m->H, m->I, m->k, m->E))
         return false;
-    moe_combines(m, tn, scan);
     moe_ws_layout(m->T, m->H, m->I, m->k, m->E, (char *)m->ws, ws);
     return true;
 }

@@ -42,6 +42,13 @@ bool msm__attention_mma_fits(int hd, const void *q, size_t q_ld, const void *kc,
 int msm__attention_mma_run(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
                            const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
                            int T, int nh, int kvh, int hd, float scale, msm_cuda_exec ex);
+/* Clusters an attention launch leaves free for the kernel before it, which under programmatic
+ * dependent launch still holds slots (one a GPC on the H100/H200's 8): in run 2 of
+ * bench/results/2026-12-01-h200-mega, clustered splits won where this held (Qwen1.5-MoE batch 1:
+ * 16 clusters of 16, 2.108 -> 2.020 ms with early loads; Qwen3-30B-A3B batch 8: 256 of 2, 9.85 ->
+ * 9.65) and lost where it did not (Qwen1.5 batch 8: 128 of 4, 4.95 -> 5.04; Qwen3 batch 1: 32 of
+ * 16, 3.43 -> 3.53) */
+#define MSM_ATT_CLUSTER_SPARE 8
 /* ... its context split over a thread-block cluster (tuning att_mma_split): the occupancy facts
  * (msm_cuda_tuning_init), the launch (the splits: msm_cuda_attention_mma_splits). */
 void msm__attention_mma_tuning(msm_cuda_tuning *t);

@@ -277,7 +277,7 @@ typedef struct msm_cuda_tuning {
                                  thread-block cluster merged through distributed shared memory (else
                                  the last block merges through the workspace; the same bits), where
                                  a call's clusters leave a few of those the GPU holds free
-                                 (attention.cu, ATT_CLUSTER_SPARE; MSM_CUDA_ATT_CLUSTER) */
+                                 (attention.cu, MSM_ATT_CLUSTER_SPARE; MSM_CUDA_ATT_CLUSTER) */
     int att_cluster_fit[4][2][17]; /* clusters of ns split blocks the GPU holds at once, per sub-group
                                       width (as att_per_sm) and vec, ns 2..16 (0: none) */
     bool att_early;           /* decode steps (msm_cuda_exec.decode): the SIMT attention loads its first

@@ -1108,7 +1108,7 @@ Test(cuda_kernels, attention_mma_split_taken_by_its_rule_and_reads_the_new_rows_
 /* Which merge the split attention takes: the cluster form never touches the workspace, the
  * last-block merge writes its partials there. Clusters of the portable sizes (up to 8) fit an
  * sm_90 GPU; one token of 4 heads over a 700-position context splits 16 ways, and takes the
- * cluster form exactly when its 4 clusters of 16 leave ATT_CLUSTER_SPARE (8) of those the GPU holds
+ * cluster form exactly when its 4 clusters of 16 leave MSM_ATT_CLUSTER_SPARE (8) of those the GPU holds
  * free (att_cluster_fit); with att_cluster off it never does. */
 Test(cuda_kernels, attention_clusters_taken_where_they_fit, .timeout = 60) {
     need_gpu();
