@@ -64,7 +64,8 @@ typedef struct msm_engine_opts {
                                   (default off) */
     bool fork_before_norm;     /* pass fork_before_norm, with multi_stream: the shared expert's branch
                                   forked before the norm it reads, computing that norm itself
-                                  (engine/passes/fork_norm.c; default off: not yet measured) */
+                                  (engine/passes/fork_norm.c; default off: measured slower, Qwen1.5-MoE
+                                  1 / 2 tokens +0.05 / +0.11 ms alone, H200 2026-12-05 s18 run 2) */
     bool prefetch_l2;          /* pass prefetch_l2, with multi_stream: each layer's o_proj and shared
                                   expert pulled into L2 during its attention (default off: not yet
                                   measured) */

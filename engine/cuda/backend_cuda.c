@@ -1641,6 +1641,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;
     if (env_int("MSM_CUDA_ATT_GROUP_MIN", &v)) t->att_group_min = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_ATT_MMA_SPLIT"))) t->att_mma_split = s[0] != '0';
+    if (env_int("MSM_CUDA_ATT_MMA_SPLIT_MIN_T", &v)) t->att_mma_split_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_ATT_MMA", &v)) t->att_mma = v <= 0 ? MSM_CUDA_ATT_MMA_OFF : v >= 2 ? MSM_CUDA_ATT_MMA_ON : MSM_CUDA_ATT_MMA_AUTO;
     if (env_int("MSM_CUDA_ATT_MMA_MIN_BLOCKS", &v)) t->att_mma_min_blocks = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_ROUTER_CHUNK_PER_SM", &v)) t->router_chunk_per_sm = v < 0 ? 0 : v;

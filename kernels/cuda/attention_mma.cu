@@ -474,11 +474,11 @@ int msm__attention_mma_run(float *out, const float *q, size_t q_ld, const uint16
 extern "C" int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld,
                                              const void *kc, const void *vc, msm_cuda_exec ex) {
     const msm_cuda_tuning *tn = ex.tune;
-    if (!tn->att_mma_split || T <= 0 || kvh <= 0 || nh % kvh || nh / kvh < 4 || (hd != 64 && hd != 128) ||
-        !msm__attention_mma_fits(hd, q, q_ld, kc, vc))
+    if (!tn->att_mma_split || T < tn->att_mma_split_min_t || T <= 0 || kvh <= 0 || nh % kvh || nh / kvh < 4 ||
+        nh / kvh > AM_HEADS || (hd != 64 && hd != 128) || !msm__attention_mma_fits(hd, q, q_ld, kc, vc))
         return 0;
-    int hi = hd == 128, G = nh / kvh;
-    long pairs = (long)T * kvh * ((G + AM_HEADS - 1) / AM_HEADS), slots = (long)tn->sms * tn->att_mma_split_per_sm[hi];
+    int hi = hd == 128;
+    long pairs = (long)T * kvh, slots = (long)tn->sms * tn->att_mma_split_per_sm[hi];
     for (int ns = 16; ns >= 2; ns /= 2)
         if (ns <= tn->att_max_split && pairs * ns <= slots && pairs + MSM_ATT_CLUSTER_SPARE <= tn->att_mma_split_fit[hi][ns])
             return ns;

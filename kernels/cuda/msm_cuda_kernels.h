@@ -142,13 +142,17 @@ typedef struct msm_cuda_tuning {
     bool moe_pair_early;      /* the pair path's split down GEMV reads the expert ids and issues its first
                                  weight loads before its PDL wait, its gate/up GEMV then triggering after
                                  its own wait (so the ids are complete when the down launches); the same
-                                 sums. Off by default: not yet measured (MSM_CUDA_MOE_PAIR_EARLY) */
+                                 sums (MSM_CUDA_MOE_PAIR_EARLY) */
     bool moe_fused_combine;   /* where the routed experts' path ends with the combine kernel (5 tokens and
                                  more), the node reading their sum next (an ADD_RMSNORM, or a shared
                                  expert's MOE_COMBINE_NORM) computes it itself from the per-pair rows:
                                  one kernel and a [T, H] round trip less a layer, the same bits
                                  (msm_cuda_moe_add_rmsnorm, msm_cuda_moe_combine_rmsnorm_routed). Off by
-                                 default: not yet measured (MSM_CUDA_MOE_FUSED_COMBINE) */
+                                 default: measured slower (H200, 2026-12-05 twentieth session, s19 run 2,
+                                 ms a step vs the combine kernel, three rounds: Qwen3-30B-A3B at 8 / 32 /
+                                 128 / 256 tokens +0.22 / +0.43 / +0.44 / +0.21, its FP8 preset at 8 / 32
+                                 +0.41 / +0.40, Qwen1.5-MoE +0.06 / 0.00 / +0.01 / -0.10)
+                                 (MSM_CUDA_MOE_FUSED_COMBINE) */
     int moe_gu_u2;            /* MSM_CUDA_MOE_GU_U2_*: the pair path's bf16 gate/up GEMV with 2 loads a
                                  lane a row in flight (not 4) at 12 blocks an SM, the same bits
                                  (moe_pair.cu; MSM_CUDA_MOE_GU_U2) */
@@ -250,7 +254,10 @@ typedef struct msm_cuda_tuning {
                                  att_max_split) keeps the call in one wave of the GPU's blocks and
                                  clusters: taken before either kernel above (decode of 1-16 tokens on
                                  Qwen3-MoE; not the SIMT kernel's bits, held to the CPU like the
-                                 unsplit one). Off by default: not yet measured (MSM_CUDA_ATT_MMA_SPLIT) */
+                                 unsplit one). Where a kv head's query heads fill one block
+                                 (8 or fewer: past that each head group reads the cache again) and
+                                 from att_mma_split_min_t tokens (MSM_CUDA_ATT_MMA_SPLIT) */
+    int att_mma_split_min_t;  /* ... from this many tokens (MSM_CUDA_ATT_MMA_SPLIT_MIN_T) */
     int att_mma_split_per_sm[2]; /* ... its blocks an SM at hd 64, 128 (GPU fact) */
     int att_mma_split_fit[2][17]; /* ... its clusters of ns blocks the GPU holds at once (GPU fact) */
     int router_chunk_per_sm;  /* routers over many tokens take token chunks while the chunks' grid
@@ -333,7 +340,10 @@ typedef struct msm_cuda_tuning {
                                  router's 6) (MSM_CUDA_NORM_ROUTER=1). Where the cluster router
                                  takes the call (router_cluster_max_t: one token) the fused form is
                                  now one cluster a token too, every block norming the row
-                                 (norm_router_cluster_kernel; not yet measured) */
+                                 (norm_router_cluster_kernel; measured slower too: H200, 2026-12-05
+                                 twentieth session, s18 run 3, Qwen3-30B-A3B 1 / 2 tokens 2.956-2.968
+                                 / 4.170-4.177 vs 2.660 / 3.963-3.967, FP8 1 token 2.755-2.759 vs
+                                 2.406-2.411) */
     int norm_router_max_t;    /* ... up to this many tokens (MSM_CUDA_NORM_ROUTER_MAX_T) */
     int moe_tiled_bm;         /* tokens a pass of the tiled expert GEMMs: 16 (5 pipeline stages; FP8 8), 32 (4;
                                  FP8 6) or 64 (3; FP8 4); 0 (default): by the mean tokens an expert (moe_tiled.cu). The
@@ -390,13 +400,19 @@ typedef struct msm_cuda_tuning {
     bool norm_linear_swiglu;  /* an ADD_RMSNORM, the bf16 gate/up LINEAR on its norm and its SWIGLU, at
                                  one or two tokens: one kernel (msm_cuda_norm_linear_swiglu, bitwise the
                                  three; a shared expert forked before its norm, pass fork_before_norm,
-                                 or a dense MLP). Off by default: not yet measured
+                                 or a dense MLP). Off by default: measured no faster (H200, 2026-12-05
+                                 twentieth session, s18 run 2, Qwen1.5-MoE with fork_before_norm, ms
+                                 a step at 1 / 2 / 8 tokens, three rounds: 1.695-1.697 / 2.257-2.259
+                                 / 4.187-4.201 vs the default's 1.669-1.696 / 2.210-2.244 /
+                                 4.193-4.225; at 4 rows a warp 1.723-1.730 / 2.276-2.285)
                                  (MSM_CUDA_NORM_LINEAR_SWIGLU) */
     bool norm_qk_rope;        /* an ADD_RMSNORM, the qkv LINEAR on its norm, its QK_NORM and the
                                  ROPE_KV_WRITE, at one or two tokens: one kernel, a head's blocks one
                                  cluster (msm_cuda_norm_linear_qk_rope, bitwise the norm-in GEMV then
-                                 msm_cuda_qk_norm_rope_kv; Qwen3-MoE). Off by default: not yet
-                                 measured (MSM_CUDA_NORM_QK_ROPE) */
+                                 msm_cuda_qk_norm_rope_kv; Qwen3-MoE). Off by default: measured slower
+                                 (H200, 2026-12-05 twentieth session, s19 run 2, Qwen3-30B-A3B at 1 / 2
+                                 tokens, three rounds: 2.809-2.816 / 4.174-4.181 vs 2.645-2.675 /
+                                 3.981-4.000) (MSM_CUDA_NORM_QK_ROPE) */
     int norm_swiglu_rows;     /* ... its gate and up rows a warp, 2 (default: 8 outputs a block of 8
                                  warps, 80 registers, three blocks an SM) or 4 (16 outputs, half the
                                  blocks, ~105 registers, two an SM); the same bits
@@ -581,7 +597,7 @@ int msm_cuda_attention(float *out, const float *q, const uint16_t *kc, const uin
 
 /* The context splits (2..16, a power of two) over one thread-block cluster with which
  * msm_cuda_attention_ex runs T tokens of these heads on the tensor-core kernel (tuning
- * att_mma_split: 4+ query heads a kv head, hd 64 or 128, q / kc / vc aligned as that kernel needs,
+ * att_mma_split: 4-8 query heads a kv head, att_mma_split_min_t tokens or more, hd 64 or 128, q / kc / vc aligned as that kernel needs,
  * the blocks and the clusters within one wave of the GPU); 0: it does not take the call. */
 int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld, const void *kc,
                                   const void *vc, msm_cuda_exec ex);

@@ -97,7 +97,16 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->att_max_split = 16;
     t->att_group = 4;
     t->att_mma = MSM_CUDA_ATT_MMA_AUTO;
-    t->att_mma_split = false; /* not yet measured: msm_cuda_kernels.h */
+    /* the tensor-core attention split over a cluster from 4 tokens where a kv head's query heads fill
+     * one block (H200, 2026-12-05 twentieth session, bench/results/2026-12-05-h200-s19 run 2, ms a
+     * step, three rounds, against the SIMT kernel): Qwen3-30B-A3B (8 query heads a kv head) at
+     * 1 / 2 / 4 / 8 / 16 tokens 2.724-2.751 / 4.015-4.046 / 5.680-5.707 / 8.243-8.268 /
+     * 12.306-12.340 vs 2.645-2.675 / 3.981-4.000 / 5.714-5.720 / 8.620-8.642 / 12.456-12.505,
+     * its FP8 preset at 1 / 8 2.477-2.502 / 8.108-8.151 vs 2.403-2.412 / 8.588-8.628; GLM-4.5-Air
+     * FP8 (12 a kv head: two head groups, each reading the cache) at 1 / 8 6.125-6.160 /
+     * 20.763-20.810 vs 6.176-6.181 / 20.647-20.670 */
+    t->att_mma_split = true;
+    t->att_mma_split_min_t = 4;
     t->att_cluster = true;
     t->att_early = true;
     t->att_bt_cache = true;
@@ -158,11 +167,17 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 5.680-5.684 / 5.704-5.721 / 8.681-8.705 (the same); bitwise in run 3 */
     t->linear_rope_mmv = true;
     t->linear_swiglu_rows = 2;
-    t->norm_linear_swiglu = false; /* not yet measured: msm_cuda_kernels.h */
+    t->norm_linear_swiglu = false; /* measured no faster: msm_cuda_kernels.h */
     t->norm_swiglu_rows = 2;
-    t->norm_qk_rope = false; /* not yet measured: msm_cuda_kernels.h */
-    t->moe_pair_early = false; /* not yet measured: msm_cuda_kernels.h */
-    t->moe_fused_combine = false; /* not yet measured: msm_cuda_kernels.h */
+    t->norm_qk_rope = false; /* measured slower: msm_cuda_kernels.h */
+    /* the pair path's split down reads the ids and its first weights before its PDL wait (H200,
+     * 2026-12-05 twentieth session, bench/results/2026-12-05-h200-s18 runs 2-3, ms a step against
+     * after the wait): Qwen3-30B-A3B at 1 / 2 tokens 2.603-2.620 / 3.883-3.886 vs 2.660 /
+     * 3.963-3.967 (two rounds), its FP8 preset at 1 2.355-2.359 vs 2.406-2.411; Qwen1.5-MoE at
+     * 1 / 2 / 8 (three rounds) 1.694-1.699 / 2.190-2.192 / 4.187-4.209 vs 1.669-1.696 / 2.210-2.244
+     * / 4.193-4.225 */
+    t->moe_pair_early = true;
+    t->moe_fused_combine = false; /* measured slower: msm_cuda_kernels.h */
     t->aux_gemv_rows = 2;
     /* the L2 prefetch of the PREFETCH nodes (pass off by default): measured slower or the same
      * (H200, 2026-12-05 sixteenth session, bench/results/2026-12-05-h200-s15 run 1 and its README);
