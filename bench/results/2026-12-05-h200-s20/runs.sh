@@ -39,6 +39,18 @@ r1)
     b $Q3 1,2,4,8,16,32,128,256 table --
     b $Q3F 1,2,4,8,16,32,128,256 table --
     b $GLM 1,2,4,8,32,128 table --
+    el attention | tee -a $OUT/gpu.txt
+    # Qwen1.5-MoE at one token: its attention (16 heads, 4 MiB of cache a layer) takes 8-9 us of
+    # the step a layer (s17 run 1's timeline); the SIMT kernel's existing switches, two rounds,
+    # and Nsight Compute on it
+    for i in 1 2; do
+        b $Q15 1,2 att --
+        b $Q15 1,2 att MSM_CUDA_ATT_MAX_SPLIT=8 --
+        b $Q15 1,2 att MSM_CUDA_ATT_MAX_SPLIT=4 --
+        b $Q15 1,2 att MSM_CUDA_ATT_CLUSTER=0 --
+        b $Q15 1,2 att MSM_CUDA_ATT_EARLY=0 --
+    done
+    ncu_k "attention_kernel" $Q15 1 q15b1-att
     el timelines | tee -a $OUT/gpu.txt
     tl $Q3 8 q3b8
     el done | tee -a $OUT/gpu.txt
