@@ -1628,7 +1628,9 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MMV_BSLICE", &v)) t->mmv_bslice = v > 0 ? 1 : 0;
     if (env_int("MSM_CUDA_MMV_NJ", &v)) t->mmv_nj = v == 4 ? 4 : v == 2 ? 2 : 0;
     if (env_int("MSM_CUDA_MOE_DOWN_HB", &v)) t->moe_down_hb = v == 2 || v == 4 ? v : 0;
-    if ((s = getenv("MSM_CUDA_MOE_PAIR_EARLY"))) t->moe_pair_early = s[0] != '0';
+    if (env_int("MSM_CUDA_MOE_PAIR_EARLY", &v))
+        t->moe_pair_early = v <= 0 ? MSM_CUDA_MOE_PAIR_EARLY_OFF : v == 1 ? MSM_CUDA_MOE_PAIR_EARLY_ON
+                                                                           : MSM_CUDA_MOE_PAIR_EARLY_AUTO;
     if ((s = getenv("MSM_CUDA_MOE_FUSED_COMBINE"))) t->moe_fused_combine = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_GU_U2", &v))
         t->moe_gu_u2 = v <= 0 ? MSM_CUDA_MOE_GU_U2_OFF : v == 1 ? MSM_CUDA_MOE_GU_U2_ON : MSM_CUDA_MOE_GU_U2_AUTO;
@@ -1642,6 +1644,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_ATT_GROUP_MIN", &v)) t->att_group_min = v < 0 ? 0 : v;
     if ((s = getenv("MSM_CUDA_ATT_MMA_SPLIT"))) t->att_mma_split = s[0] != '0';
     if (env_int("MSM_CUDA_ATT_MMA_SPLIT_MIN_T", &v)) t->att_mma_split_min_t = v < 1 ? 1 : v;
+    if (env_int("MSM_CUDA_ATT_MMA_SPLIT_MAX_T", &v)) t->att_mma_split_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_ATT_MMA", &v)) t->att_mma = v <= 0 ? MSM_CUDA_ATT_MMA_OFF : v >= 2 ? MSM_CUDA_ATT_MMA_ON : MSM_CUDA_ATT_MMA_AUTO;
     if (env_int("MSM_CUDA_ATT_MMA_MIN_BLOCKS", &v)) t->att_mma_min_blocks = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_ROUTER_CHUNK_PER_SM", &v)) t->router_chunk_per_sm = v < 0 ? 0 : v;

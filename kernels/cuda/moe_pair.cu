@@ -352,7 +352,9 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
     dim3 ga((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)P);
     int kmax = k <= 1 ? 1 : k <= 2 ? 2 : k <= 4 ? 4 : 8;
     /* the split down's weights before its PDL wait (tuning moe_pair_early): the gate/up triggers after its wait */
-    bool early = ex.tune->moe_pair_early && down_split_taken(ex.tune, kmax, dn_sc != NULL);
+    int pe = ex.tune->moe_pair_early;
+    bool early = (pe == MSM_CUDA_MOE_PAIR_EARLY_ON || (pe == MSM_CUDA_MOE_PAIR_EARLY_AUTO && !(T == 1 && ex.aux_beside))) &&
+                 down_split_taken(ex.tune, kmax, dn_sc != NULL);
     if (early)
         CUDA_TRY(gateup_launch<true>(ga, ex, vec_h, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E));
     else

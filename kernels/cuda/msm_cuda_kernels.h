@@ -82,6 +82,9 @@ enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFET
  * SM but not at the 4-load kernel's occupancy, and no kernel of the layer runs beside it on the aux
  * stream (msm_cuda_exec.aux_beside) */
 enum { MSM_CUDA_MOE_GU_U2_OFF = 0, MSM_CUDA_MOE_GU_U2_ON = 1, MSM_CUDA_MOE_GU_U2_AUTO = 2 };
+/* msm_cuda_tuning.moe_pair_early: AUTO (default) takes the early down except at one token with a
+ * kernel of the layer beside it on the aux stream (a shared expert: measured slower there, tuning.cu) */
+enum { MSM_CUDA_MOE_PAIR_EARLY_OFF = 0, MSM_CUDA_MOE_PAIR_EARLY_ON = 1, MSM_CUDA_MOE_PAIR_EARLY_AUTO = 2 };
 /* Linears with mmv_min_t <= T <= mmv_max_t (and K % 32 == 0, w and x 16-byte aligned) run the
  * tensor-core GEMV ("MMV"): each weight read once, x split into bf16 hi + lo (near-fp32
  * products, fp32 accumulation), K slices summed in a fixed order (deterministic), no workspace.
@@ -139,10 +142,11 @@ typedef struct msm_cuda_tuning {
     int moe_kernels;          /* MSM_CUDA_MOE_K_* flags */
     int moe_down_hb;          /* the pair path's split down GEMV: rows a warp, 2 or 4 (the same bits);
                                  0 (default): 4 for bf16 rows, 2 for FP8 (moe_pair.cu; MSM_CUDA_MOE_DOWN_HB) */
-    bool moe_pair_early;      /* the pair path's split down GEMV reads the expert ids and issues its first
-                                 weight loads before its PDL wait, its gate/up GEMV then triggering after
-                                 its own wait (so the ids are complete when the down launches); the same
-                                 sums (MSM_CUDA_MOE_PAIR_EARLY) */
+    int moe_pair_early;       /* MSM_CUDA_MOE_PAIR_EARLY_*: the pair path's split down GEMV reads the
+                                 expert ids and issues its first weight loads before its PDL wait, its
+                                 gate/up GEMV then triggering after its own wait (so the ids are
+                                 complete when the down launches); the same sums
+                                 (MSM_CUDA_MOE_PAIR_EARLY=0|1|2) */
     bool moe_fused_combine;   /* where the routed experts' path ends with the combine kernel (5 tokens and
                                  more), the node reading their sum next (an ADD_RMSNORM, or a shared
                                  expert's MOE_COMBINE_NORM) computes it itself from the per-pair rows:
@@ -252,12 +256,13 @@ typedef struct msm_cuda_tuning {
                                  distributed shared memory, where 4 or more query heads share a kv
                                  head (hd 64 or 128) and a power-of-two split of 2-16 (up to
                                  att_max_split) keeps the call in one wave of the GPU's blocks and
-                                 clusters: taken before either kernel above (decode of 1-16 tokens on
+                                 clusters: taken before either kernel above (decode of 4-16 tokens on
                                  Qwen3-MoE; not the SIMT kernel's bits, held to the CPU like the
-                                 unsplit one). Where a kv head's query heads fill one block
-                                 (8 or fewer: past that each head group reads the cache again) and
-                                 from att_mma_split_min_t tokens (MSM_CUDA_ATT_MMA_SPLIT) */
+                                 unsplit one), where a kv head's query heads fill one block (8 or
+                                 fewer: past that each head group reads the cache again), at
+                                 att_mma_split_min_t..max_t tokens (MSM_CUDA_ATT_MMA_SPLIT) */
     int att_mma_split_min_t;  /* ... from this many tokens (MSM_CUDA_ATT_MMA_SPLIT_MIN_T) */
+    int att_mma_split_max_t;  /* ... up to this many (MSM_CUDA_ATT_MMA_SPLIT_MAX_T; 0: no bound) */
     int att_mma_split_per_sm[2]; /* ... its blocks an SM at hd 64, 128 (GPU fact) */
     int att_mma_split_fit[2][17]; /* ... its clusters of ns blocks the GPU holds at once (GPU fact) */
     int router_chunk_per_sm;  /* routers over many tokens take token chunks while the chunks' grid
@@ -597,7 +602,7 @@ int msm_cuda_attention(float *out, const float *q, const uint16_t *kc, const uin
 
 /* The context splits (2..16, a power of two) over one thread-block cluster with which
  * msm_cuda_attention_ex runs T tokens of these heads on the tensor-core kernel (tuning
- * att_mma_split: 4-8 query heads a kv head, att_mma_split_min_t tokens or more, hd 64 or 128, q / kc / vc aligned as that kernel needs,
+ * att_mma_split: 4-8 query heads a kv head, att_mma_split_min_t..max_t tokens, hd 64 or 128, q / kc / vc aligned as that kernel needs,
  * the blocks and the clusters within one wave of the GPU); 0: it does not take the call. */
 int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld, const void *kc,
                                   const void *vc, msm_cuda_exec ex);

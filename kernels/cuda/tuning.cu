@@ -107,6 +107,10 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 20.763-20.810 vs 6.176-6.181 / 20.647-20.670 */
     t->att_mma_split = true;
     t->att_mma_split_min_t = 4;
+    /* ... up to 16 tokens: at 32 (two splits) slower, s20 run 1 (two rounds): Qwen3-30B-A3B
+     * 15.771-15.785 vs 15.652-15.657 unsplit; 8 / 16 there 8.219-8.237 / 12.246-12.292 vs
+     * 8.613-8.619 / 12.446-12.451 */
+    t->att_mma_split_max_t = 16;
     t->att_cluster = true;
     t->att_early = true;
     t->att_bt_cache = true;
@@ -175,8 +179,12 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * after the wait): Qwen3-30B-A3B at 1 / 2 tokens 2.603-2.620 / 3.883-3.886 vs 2.660 /
      * 3.963-3.967 (two rounds), its FP8 preset at 1 2.355-2.359 vs 2.406-2.411; Qwen1.5-MoE at
      * 1 / 2 / 8 (three rounds) 1.694-1.699 / 2.190-2.192 / 4.187-4.209 vs 1.669-1.696 / 2.210-2.244
-     * / 4.193-4.225 */
-    t->moe_pair_early = true;
+     * / 4.193-4.225. Again in s20 run 1 (two rounds, on vs off): Qwen3 1 / 2 / 4 2.544-2.553 /
+     * 3.854-3.868 / 5.596-5.608 vs 2.599-2.601 / 3.944-3.946 / 5.652-5.653, FP8 1 / 4
+     * 2.344-2.350 / 4.999 vs 2.397-2.399 / 5.031-5.038; Qwen1.5-MoE at 1 (its shared expert
+     * beside) 1.691-1.714 vs 1.670-1.681, at 2 2.190-2.211 vs 2.210-2.227: AUTO, not at one token
+     * beside the aux stream */
+    t->moe_pair_early = MSM_CUDA_MOE_PAIR_EARLY_AUTO;
     t->moe_fused_combine = false; /* measured slower: msm_cuda_kernels.h */
     t->aux_gemv_rows = 2;
     /* the L2 prefetch of the PREFETCH nodes (pass off by default): measured slower or the same

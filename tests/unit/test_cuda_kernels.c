@@ -66,7 +66,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW", "MSM_CUDA_MMV_STREAM_MIN_N",
                                  "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS",
                                  "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE", "MSM_CUDA_ATT_MMA_SPLIT",
-                                 "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T"};
+                                 "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
+                                 "MSM_CUDA_ATT_MMA_SPLIT_MAX_T"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -112,7 +113,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_NORM_LINEAR_SWIGLU", "1", 1), setenv("MSM_CUDA_NORM_SWIGLU_ROWS", "3", 1);
     setenv("MSM_CUDA_MOE_PAIR_EARLY", "1", 1), setenv("MSM_CUDA_NORM_QK_ROPE", "1", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1), setenv("MSM_CUDA_MOE_FUSED_COMBINE", "1", 1);
-    setenv("MSM_CUDA_ATT_MMA_SPLIT_MIN_T", "-2", 1);
+    setenv("MSM_CUDA_ATT_MMA_SPLIT_MIN_T", "-2", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "-3", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = t.moe_gg_compact = t.linear_swiglu = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -160,10 +161,11 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.mmv_stream_min_t, 8, "clamped to 8");
     cr_expect(t.norm_linear_swiglu, "MSM_CUDA_NORM_LINEAR_SWIGLU=1: the norm, the gate/up and the SwiGLU one kernel");
     cr_expect_eq(t.norm_swiglu_rows, 2, "MSM_CUDA_NORM_SWIGLU_ROWS=3: not a form, 2 rows a warp");
-    cr_expect(t.moe_pair_early, "MSM_CUDA_MOE_PAIR_EARLY=1: the split down's weights before its wait");
+    cr_expect_eq(t.moe_pair_early, MSM_CUDA_MOE_PAIR_EARLY_ON, "MSM_CUDA_MOE_PAIR_EARLY=1: the split down's weights before its wait");
     cr_expect(t.norm_qk_rope, "MSM_CUDA_NORM_QK_ROPE=1: the norm, the qkv GEMV and the q/k norm + RoPE one kernel");
     cr_expect(t.att_mma_split, "MSM_CUDA_ATT_MMA_SPLIT=1: the tensor-core attention split over a cluster");
     cr_expect_eq(t.att_mma_split_min_t, 1, "clamped to 1");
+    cr_expect_eq(t.att_mma_split_max_t, 0, "clamped to 0: no bound");
     cr_expect(t.moe_fused_combine, "MSM_CUDA_MOE_FUSED_COMBINE=1: the experts' combine inside the next norm");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
@@ -1034,7 +1036,7 @@ Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 180) {
         t.att_bt_cache = gb != 4;
         if (gb == 5) t.att_max_split = 1;
         t.att_mma_split = gb >= 6;
-        t.att_mma_split_min_t = 1;
+        t.att_mma_split_min_t = 1, t.att_mma_split_max_t = 0;
         if (gb == 7) t.att_max_split = 4;
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) attention_case(EX_T(&t), &shapes[s]);
     }
@@ -1050,7 +1052,8 @@ Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 180) {
 Test(cuda_kernels, attention_mma_split_taken_by_its_rule_and_reads_the_new_rows_after_its_wait, .timeout = 60) {
     need_gpu();
     msm_cuda_tuning t = tune0;
-    t.att_mma_split = true, t.att_mma_split_min_t = 1, t.att_mma = MSM_CUDA_ATT_MMA_OFF, t.att_early = true;
+    t.att_mma_split = true, t.att_mma_split_min_t = 1, t.att_mma_split_max_t = 0, t.att_mma = MSM_CUDA_ATT_MMA_OFF;
+    t.att_early = true;
     msm_cuda_exec ex = {.stream = 0, .tune = &t, .decode = true};
     enum { NH = 32, KVH = 4, HD = 128, CTX = 513, T = 8 };
     /* the rule, on aligned pointers (only their alignment is read): one wave of blocks and of clusters */
@@ -1067,7 +1070,10 @@ Test(cuda_kernels, attention_mma_split_taken_by_its_rule_and_reads_the_new_rows_
     t.att_mma_split_min_t = 4;
     cr_expect_eq(msm_cuda_attention_mma_splits(3, NH, KVH, HD, al, NH * HD, al, al, ex), 0, "under the minimum");
     cr_expect_gt(msm_cuda_attention_mma_splits(4, NH, KVH, HD, al, NH * HD, al, al, ex), 0, "at the minimum");
-    t.att_mma_split_min_t = 1;
+    t.att_mma_split_max_t = 16;
+    cr_expect_gt(msm_cuda_attention_mma_splits(16, NH, KVH, HD, al, NH * HD, al, al, ex), 0, "at the maximum");
+    cr_expect_eq(msm_cuda_attention_mma_splits(17, NH, KVH, HD, al, NH * HD, al, al, ex), 0, "over the maximum");
+    t.att_mma_split_min_t = 1, t.att_mma_split_max_t = 0;
     cr_expect_eq(msm_cuda_attention_mma_splits(1, NH, KVH, 96, al, NH * 96, al, al, ex), 0, "hd 96");
     cr_expect_eq(msm_cuda_attention_mma_splits(1024, NH, KVH, HD, al, NH * HD, al, al, ex), 0, "a full wave unsplit");
     t.att_mma_split = false;
@@ -2457,7 +2463,7 @@ Test(cuda_kernels, moe_pair_early_down_equals_late, .timeout = 180) {
             for (int v = 0; v < 4; v++) {
                 msm_cuda_tuning t = tune0;
                 t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
-                t.moe_pair_early = v > 0;
+                t.moe_pair_early = v > 0 ? MSM_CUDA_MOE_PAIR_EARLY_ON : MSM_CUDA_MOE_PAIR_EARLY_OFF;
                 if (fp8 && v == 2) t.fp8_moe_hw = !t.fp8_moe_hw, t.fp8_moe_lean = 0;
                 msm_cuda_exec ex = {.stream = st, .tune = &t};
                 CK(cudaMemsetAsync(di, 0x7f, (size_t)T * k * 4, st)); /* out of range: a stale id would show */

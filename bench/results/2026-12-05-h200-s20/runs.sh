@@ -55,8 +55,29 @@ r1)
     tl $Q3 8 q3b8
     el done | tee -a $OUT/gpu.txt
     ;;
+r2)
+    # the rules set from run 1: the early down not at one token beside a shared expert (AUTO), the
+    # split attention up to 16 tokens; against each forced either way, two rounds; then the table's
+    # Qwen1.5-MoE and Qwen3-30B-A3B columns on the final defaults
+    hdr
+    timeout 60 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(tuning*|attention_mma_split*|moe_pair*)" \
+        > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        b $Q15 1,2 ab2 --
+        b $Q15 1,2 ab2 MSM_CUDA_MOE_PAIR_EARLY=1 --
+        b $Q15 1,2 ab2 MSM_CUDA_MOE_PAIR_EARLY=0 --
+        b $Q3 1,16,32 ab2 --
+        b $Q3 1,16,32 ab2 MSM_CUDA_ATT_MMA_SPLIT_MAX_T=0 --
+    done
+    el table | tee -a $OUT/gpu.txt
+    b $Q15 1,2,4,8,16,32,128,256 table --
+    b $Q3 1,2,4,8,16,32,128,256 table --
+    el done | tee -a $OUT/gpu.txt
+    ;;
 *)
-    echo "usage: $0 r1" >&2
+    echo "usage: $0 r1|r2" >&2
     exit 2
     ;;
 esac
