@@ -68,6 +68,7 @@ r2)
         b $Q15 1,2 ab2 --
         b $Q15 1,2 ab2 MSM_CUDA_MOE_PAIR_EARLY=1 --
         b $Q15 1,2 ab2 MSM_CUDA_MOE_PAIR_EARLY=0 --
+        b $Q15 1,2 ab2 MSM_CUDA_ATT_CLUSTER=0 --
         b $Q3 1,16,32 ab2 --
         b $Q3 1,16,32 ab2 MSM_CUDA_ATT_MMA_SPLIT_MAX_T=0 --
     done
