@@ -69,6 +69,8 @@ r2)
         b $Q15 1,2 ab2 MSM_CUDA_MOE_PAIR_EARLY=1 --
         b $Q15 1,2 ab2 MSM_CUDA_MOE_PAIR_EARLY=0 --
         b $Q15 1,2 ab2 MSM_CUDA_ATT_CLUSTER=0 --
+        b $GLM 1,2 ab2 --
+        b $GLM 1,2 ab2 MSM_CUDA_MOE_PAIR_EARLY=1 --
         b $Q3 1,16,32 ab2 --
         b $Q3 1,16,32 ab2 MSM_CUDA_ATT_MMA_SPLIT_MAX_T=0 --
     done
