@@ -353,8 +353,8 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
     int kmax = k <= 1 ? 1 : k <= 2 ? 2 : k <= 4 ? 4 : 8;
     /* the split down's weights before its PDL wait (tuning moe_pair_early): the gate/up triggers after its wait */
     int pe = ex.tune->moe_pair_early;
-    bool early = (pe == MSM_CUDA_MOE_PAIR_EARLY_ON || (pe == MSM_CUDA_MOE_PAIR_EARLY_AUTO && !(T == 1 && ex.aux_beside))) &&
-                 down_split_taken(ex.tune, kmax, dn_sc != NULL);
+    bool auto_early = pe == MSM_CUDA_MOE_PAIR_EARLY_AUTO && !(T == 1 && ex.aux_beside);
+    bool early = (pe == MSM_CUDA_MOE_PAIR_EARLY_ON || auto_early) && down_split_taken(ex.tune, kmax, dn_sc != NULL);
     if (early)
         CUDA_TRY(gateup_launch<true>(ga, ex, vec_h, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E));
     else

@@ -602,8 +602,9 @@ int msm_cuda_attention(float *out, const float *q, const uint16_t *kc, const uin
 
 /* The context splits (2..16, a power of two) over one thread-block cluster with which
  * msm_cuda_attention_ex runs T tokens of these heads on the tensor-core kernel (tuning
- * att_mma_split: 4-8 query heads a kv head, att_mma_split_min_t..max_t tokens, hd 64 or 128, q / kc / vc aligned as that kernel needs,
- * the blocks and the clusters within one wave of the GPU); 0: it does not take the call. */
+ * att_mma_split: 4-8 query heads a kv head, att_mma_split_min_t..max_t tokens, hd 64 or 128,
+ * q / kc / vc aligned as that kernel needs, the blocks and the clusters within one wave of the
+ * GPU); 0: it does not take the call. */
 int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld, const void *kc,
                                   const void *vc, msm_cuda_exec ex);
 

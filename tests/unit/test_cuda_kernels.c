@@ -161,7 +161,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.mmv_stream_min_t, 8, "clamped to 8");
     cr_expect(t.norm_linear_swiglu, "MSM_CUDA_NORM_LINEAR_SWIGLU=1: the norm, the gate/up and the SwiGLU one kernel");
     cr_expect_eq(t.norm_swiglu_rows, 2, "MSM_CUDA_NORM_SWIGLU_ROWS=3: not a form, 2 rows a warp");
-    cr_expect_eq(t.moe_pair_early, MSM_CUDA_MOE_PAIR_EARLY_ON, "MSM_CUDA_MOE_PAIR_EARLY=1: the split down's weights before its wait");
+    cr_expect_eq(t.moe_pair_early, MSM_CUDA_MOE_PAIR_EARLY_ON,
+                 "MSM_CUDA_MOE_PAIR_EARLY=1: the split down's weights before its wait");
     cr_expect(t.norm_qk_rope, "MSM_CUDA_NORM_QK_ROPE=1: the norm, the qkv GEMV and the q/k norm + RoPE one kernel");
     cr_expect(t.att_mma_split, "MSM_CUDA_ATT_MMA_SPLIT=1: the tensor-core attention split over a cluster");
     cr_expect_eq(t.att_mma_split_min_t, 1, "clamped to 1");
