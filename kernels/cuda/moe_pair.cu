@@ -344,17 +344,25 @@ void msm__moe_pair_tuning(msm_cuda_tuning *t) {
     t->moe_gu_per_sm = msm_blocks_per_sm(moe_gateup_gemv_kernel<true, false>, MOE_WARPS * 32, 0);
 }
 
+/* The kernels' slot bound for k experts a token. */
+static int pair_kmax(int k) { return k <= 1 ? 1 : k <= 2 ? 2 : k <= 4 ? 4 : 8; }
+
+/* Whether the pair path's split down loads early (tuning moe_pair_early; its AUTO rule). */
+extern "C" bool msm_cuda_moe_pair_early(const msm_cuda_tuning *t, int T, int k, bool fp8, bool aux_beside) {
+    int kmax = pair_kmax(k), pe = t->moe_pair_early;
+    bool auto_early = pe == MSM_CUDA_MOE_PAIR_EARLY_AUTO && !(T == 1 && aux_beside);
+    return (pe == MSM_CUDA_MOE_PAIR_EARLY_ON || auto_early) && down_split_taken(t, kmax, fp8);
+}
+
 int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float *w, const void *gate_up,
                       const float *gu_sc, int gu_ph, const void *down, const float *dn_sc, int dn_ph, float *act,
                       int T, int H, int I, int k, int E, bool vec_h, bool vec_i, msm_cuda_exec ex) {
     size_t P = (size_t)T * k;
     if (P > 65535) return -EINVAL; /* grid.y of the gate/up kernel */
     dim3 ga((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)P);
-    int kmax = k <= 1 ? 1 : k <= 2 ? 2 : k <= 4 ? 4 : 8;
+    int kmax = pair_kmax(k);
     /* the split down's weights before its PDL wait (tuning moe_pair_early): the gate/up triggers after its wait */
-    int pe = ex.tune->moe_pair_early;
-    bool auto_early = pe == MSM_CUDA_MOE_PAIR_EARLY_AUTO && !(T == 1 && ex.aux_beside);
-    bool early = (pe == MSM_CUDA_MOE_PAIR_EARLY_ON || auto_early) && down_split_taken(ex.tune, kmax, dn_sc != NULL);
+    bool early = msm_cuda_moe_pair_early(ex.tune, T, k, dn_sc != NULL, ex.aux_beside);
     if (early)
         CUDA_TRY(gateup_launch<true>(ga, ex, vec_h, act, x, ids, gate_up, gu_sc, gu_ph, H, I, k, E));
     else

@@ -910,6 +910,11 @@ typedef struct msm_cuda_moe_args {
     size_t ws_bytes, deq_bytes;
 } msm_cuda_moe_args;
 
+/* Whether the pair path (1-4 tokens, k experts a token, FP8 or bf16 down) takes the early split
+ * down under t (moe_pair_early: ON, or AUTO but at one token with a kernel beside it on the aux
+ * stream; only where the split down kernel is taken). A pure function of its arguments. */
+bool msm_cuda_moe_pair_early(const msm_cuda_tuning *t, int T, int k, bool fp8, bool aux_beside);
+
 /* Whether m's path ends with the combine kernel and the tuning leaves it to the next norm
  * (moe_fused_combine): then msm_cuda_moe_experts_deferred runs everything but the combine (the sum
  * is never written), and msm_cuda_moe_add_rmsnorm or msm_cuda_moe_combine_rmsnorm_routed, with the

@@ -1043,6 +1043,28 @@ Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 180) {
     }
 }
 
+/* The split's tokens and heads rule on the host (GPU facts of an H200-like device set by hand):
+ * Qwen3-30B-A3B's 32 query heads over 4 kv heads at att_mma_split_min_t..max_t tokens only; 8
+ * query heads a kv head taken, 12 (two head groups) and MHA not. */
+Test(cuda_kernels, attention_mma_split_tokens_and_heads_rule) {
+    msm_cuda_tuning t;
+    memset(&t, 0, sizeof t);
+    t.att_mma_split = true, t.att_mma_split_min_t = 4, t.att_mma_split_max_t = 16, t.att_max_split = 16;
+    t.sms = 132, t.att_mma_split_per_sm[1] = 3;
+    for (int ns = 2; ns <= 16; ns++) t.att_mma_split_fit[1][ns] = 1000;
+    msm_cuda_exec ex = {.stream = 0, .tune = &t, .decode = true};
+    const void *al = (const void *)(uintptr_t)256;
+    cr_expect_eq(msm_cuda_attention_mma_splits(3, 32, 4, 128, al, 32 * 128, al, al, ex), 0, "under the minimum");
+    cr_expect_eq(msm_cuda_attention_mma_splits(4, 32, 4, 128, al, 32 * 128, al, al, ex), 16, "4 tokens: 16 splits");
+    cr_expect_eq(msm_cuda_attention_mma_splits(16, 32, 4, 128, al, 32 * 128, al, al, ex), 4, "16 tokens: 4 splits");
+    cr_expect_eq(msm_cuda_attention_mma_splits(17, 32, 4, 128, al, 32 * 128, al, al, ex), 0, "over the maximum");
+    cr_expect_gt(msm_cuda_attention_mma_splits(8, 64, 8, 128, al, 64 * 128, al, al, ex), 0, "8 query heads a kv head");
+    cr_expect_eq(msm_cuda_attention_mma_splits(8, 96, 8, 128, al, 96 * 128, al, al, ex), 0, "12 query heads a kv head");
+    cr_expect_eq(msm_cuda_attention_mma_splits(8, 16, 16, 128, al, 16 * 128, al, al, ex), 0, "MHA");
+    t.att_mma_split_max_t = 0;
+    cr_expect_gt(msm_cuda_attention_mma_splits(17, 32, 4, 128, al, 32 * 128, al, al, ex), 0, "no maximum");
+}
+
 /* The tensor-core attention's cluster split (tuning att_mma_split) takes the calls its rule gives
  * (Qwen3-30B-A3B's 32 query heads over 4 kv heads at 1, 2, 8 and 16 tokens: 16, 16, 8, 4 splits on
  * the H100 / H200 with att_mma_split_min_t 1; below that minimum, MHA, more query heads a kv head
@@ -2425,6 +2447,28 @@ Test(cuda_kernels, moe_fused_combine_equals_combine_then_norm, .timeout = 180) {
         fp8_free(&g8), fp8_free(&d8);
         moe_wset_free(&m);
     }
+}
+
+/* The early down's rule (tuning moe_pair_early), on the host: AUTO takes it but at one token with a
+ * shared expert beside on the aux stream (measured slower there); ON always, OFF never; and only
+ * where the split down kernel runs (bf16 from 4 slots a token, FP8 from 8, or forced). */
+Test(cuda_kernels, moe_pair_early_taken_by_its_rule) {
+    msm_cuda_tuning t;
+    memset(&t, 0, sizeof t);
+    t.moe_pair_early = MSM_CUDA_MOE_PAIR_EARLY_AUTO;
+    cr_expect(!msm_cuda_moe_pair_early(&t, 1, 4, false, true), "AUTO: not at one token beside the aux stream");
+    cr_expect(msm_cuda_moe_pair_early(&t, 1, 4, false, false), "AUTO: one token alone");
+    cr_expect(msm_cuda_moe_pair_early(&t, 2, 4, false, true), "AUTO: two tokens beside the aux stream");
+    cr_expect(msm_cuda_moe_pair_early(&t, 1, 8, true, false), "AUTO: FP8 at 8 slots");
+    cr_expect(!msm_cuda_moe_pair_early(&t, 1, 4, true, false), "FP8 at 4 slots: no split down");
+    cr_expect(!msm_cuda_moe_pair_early(&t, 1, 2, false, false), "bf16 at 2 slots: no split down");
+    t.moe_kernels = MSM_CUDA_MOE_K_DOWN_SPLIT;
+    cr_expect(msm_cuda_moe_pair_early(&t, 1, 2, false, false), "the split down forced");
+    t.moe_kernels = 0;
+    t.moe_pair_early = MSM_CUDA_MOE_PAIR_EARLY_ON;
+    cr_expect(msm_cuda_moe_pair_early(&t, 1, 4, false, true), "ON: beside the aux stream too");
+    t.moe_pair_early = MSM_CUDA_MOE_PAIR_EARLY_OFF;
+    cr_expect(!msm_cuda_moe_pair_early(&t, 2, 8, false, false), "OFF");
 }
 
 /* The pair path's split down reading the expert ids and loading its first weights before its PDL wait
