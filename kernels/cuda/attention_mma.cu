@@ -475,7 +475,7 @@ extern "C" int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, con
                                              const void *kc, const void *vc, msm_cuda_exec ex) {
     const msm_cuda_tuning *tn = ex.tune;
     if (!tn->att_mma_split || T < tn->att_mma_split_min_t || (tn->att_mma_split_max_t && T > tn->att_mma_split_max_t) ||
-        T <= 0 || kvh <= 0 || nh % kvh || nh / kvh < 4 ||
+        T <= 0 || kvh <= 0 || nh % kvh || nh / kvh < tn->att_mma_split_min_g ||
         nh / kvh > AM_HEADS || (hd != 64 && hd != 128) || !msm__attention_mma_fits(hd, q, q_ld, kc, vc))
         return 0;
     int hi = hd == 128;

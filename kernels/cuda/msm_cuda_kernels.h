@@ -263,6 +263,8 @@ typedef struct msm_cuda_tuning {
                                  att_mma_split_min_t..max_t tokens (MSM_CUDA_ATT_MMA_SPLIT) */
     int att_mma_split_min_t;  /* ... from this many tokens (MSM_CUDA_ATT_MMA_SPLIT_MIN_T) */
     int att_mma_split_max_t;  /* ... up to this many (MSM_CUDA_ATT_MMA_SPLIT_MAX_T; 0: no bound) */
+    int att_mma_split_min_g;  /* ... where at least this many query heads share a kv head, 1-8
+                                 (MSM_CUDA_ATT_MMA_SPLIT_MIN_G) */
     int att_mma_split_per_sm[2]; /* ... its blocks an SM at hd 64, 128 (GPU fact) */
     int att_mma_split_fit[2][17]; /* ... its clusters of ns blocks the GPU holds at once (GPU fact) */
     int router_chunk_per_sm;  /* routers over many tokens take token chunks while the chunks' grid

@@ -111,6 +111,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 15.771-15.785 vs 15.652-15.657 unsplit; 8 / 16 there 8.219-8.237 / 12.246-12.292 vs
      * 8.613-8.619 / 12.446-12.451 */
     t->att_mma_split_max_t = 16;
+    t->att_mma_split_min_g = 4;
     t->att_cluster = true;
     t->att_early = true;
     t->att_bt_cache = true;

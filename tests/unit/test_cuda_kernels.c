@@ -67,7 +67,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS",
                                  "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE", "MSM_CUDA_ATT_MMA_SPLIT",
                                  "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
-                                 "MSM_CUDA_ATT_MMA_SPLIT_MAX_T"};
+                                 "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MIN_G"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -114,6 +114,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_PAIR_EARLY", "1", 1), setenv("MSM_CUDA_NORM_QK_ROPE", "1", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1), setenv("MSM_CUDA_MOE_FUSED_COMBINE", "1", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT_MIN_T", "-2", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "-3", 1);
+    setenv("MSM_CUDA_ATT_MMA_SPLIT_MIN_G", "0", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = t.moe_gg_compact = t.linear_swiglu = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -167,6 +168,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(t.att_mma_split, "MSM_CUDA_ATT_MMA_SPLIT=1: the tensor-core attention split over a cluster");
     cr_expect_eq(t.att_mma_split_min_t, 1, "clamped to 1");
     cr_expect_eq(t.att_mma_split_max_t, 0, "clamped to 0: no bound");
+    cr_expect_eq(t.att_mma_split_min_g, 1, "clamped to 1: MHA too");
     cr_expect(t.moe_fused_combine, "MSM_CUDA_MOE_FUSED_COMBINE=1: the experts' combine inside the next norm");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
@@ -1038,6 +1040,7 @@ Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 180) {
         if (gb == 5) t.att_max_split = 1;
         t.att_mma_split = gb >= 6;
         t.att_mma_split_min_t = 1, t.att_mma_split_max_t = 0;
+        t.att_mma_split_min_g = gb == 6 ? 1 : 4; /* 6: MHA and 2-3 query heads a kv head too */
         if (gb == 7) t.att_max_split = 4;
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) attention_case(EX_T(&t), &shapes[s]);
     }
@@ -1050,6 +1053,7 @@ Test(cuda_kernels, attention_mma_split_tokens_and_heads_rule) {
     msm_cuda_tuning t;
     memset(&t, 0, sizeof t);
     t.att_mma_split = true, t.att_mma_split_min_t = 4, t.att_mma_split_max_t = 16, t.att_max_split = 16;
+    t.att_mma_split_min_g = 4;
     t.sms = 132, t.att_mma_split_per_sm[1] = 3;
     for (int ns = 2; ns <= 16; ns++) t.att_mma_split_fit[1][ns] = 1000;
     msm_cuda_exec ex = {.stream = 0, .tune = &t, .decode = true};
@@ -1061,6 +1065,10 @@ Test(cuda_kernels, attention_mma_split_tokens_and_heads_rule) {
     cr_expect_gt(msm_cuda_attention_mma_splits(8, 64, 8, 128, al, 64 * 128, al, al, ex), 0, "8 query heads a kv head");
     cr_expect_eq(msm_cuda_attention_mma_splits(8, 96, 8, 128, al, 96 * 128, al, al, ex), 0, "12 query heads a kv head");
     cr_expect_eq(msm_cuda_attention_mma_splits(8, 16, 16, 128, al, 16 * 128, al, al, ex), 0, "MHA");
+    t.att_mma_split_min_g = 1;
+    cr_expect_eq(msm_cuda_attention_mma_splits(8, 16, 16, 128, al, 16 * 128, al, al, ex), 16, "MHA from min_g 1");
+    cr_expect_eq(msm_cuda_attention_mma_splits(3, 16, 16, 128, al, 16 * 128, al, al, ex), 0, "MHA under min_t");
+    t.att_mma_split_min_g = 4;
     t.att_mma_split_max_t = 0;
     cr_expect_gt(msm_cuda_attention_mma_splits(17, 32, 4, 128, al, 32 * 128, al, al, ex), 0, "no maximum");
 }
