@@ -266,6 +266,14 @@ typedef struct msm_cuda_tuning {
     int att_mma_split_min_g;  /* ... where at least this many query heads share a kv head, 1-8
                                  (MSM_CUDA_ATT_MMA_SPLIT_MIN_G) */
     int att_mma_split_per_sm[2]; /* ... its blocks an SM at hd 64, 128 (GPU fact) */
+    int att_dec_max_t;        /* decode attention of up to this many tokens on the latency kernel
+                                 (attention_dec.cu: a (token, query head)'s context over a cluster of
+                                 up to 8 blocks of 8 warps), taken before the kernels above where a kv
+                                 head serves at most att_dec_max_g query heads, hd 64 or 128
+                                 (MSM_CUDA_ATT_DEC_MAX_T; 0: never) */
+    int att_dec_max_g;        /* ... query heads a kv head (1: MHA; MSM_CUDA_ATT_DEC_MAX_G, 1-16) */
+    int att_dec_per_sm[2];    /* ... its blocks an SM at hd 64, 128 (GPU fact) */
+    int att_dec_fit[2][9];    /* ... its clusters of ns blocks the GPU holds at once (GPU fact) */
     int att_mma_split_fit[2][17]; /* ... its clusters of ns blocks the GPU holds at once (GPU fact) */
     int router_chunk_per_sm;  /* routers over many tokens take token chunks while the chunks' grid
                                  has this many blocks an SM (MSM_CUDA_ROUTER_CHUNK_PER_SM; 0: 2) */
@@ -608,6 +616,14 @@ int msm_cuda_attention(float *out, const float *q, const uint16_t *kc, const uin
  * q / kc / vc aligned as that kernel needs, the blocks and the clusters within one wave of the
  * GPU); 0: it does not take the call. */
 int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld, const void *kc,
+                                  const void *vc, msm_cuda_exec ex);
+
+/* The blocks a (token, query head) of the decode latency kernel (attention_dec.cu) with which
+ * msm_cuda_attention_ex runs T tokens of these heads (tuning att_dec_max_t, att_dec_max_g: decode,
+ * up to that many tokens and query heads a kv head, hd 64 or 128, q / kc / vc 16-byte aligned and
+ * q_ld a multiple of 4): a cluster of 2, 4 or 8 where they fit one wave of the GPU, else 1; 0: it
+ * does not take the call. */
+int msm_cuda_attention_dec_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld, const void *kc,
                                   const void *vc, msm_cuda_exec ex);
 
 /* msm_cuda_attention with q rows q_ld floats apart (q read in place from qkv rows) and, when ws

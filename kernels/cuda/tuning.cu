@@ -112,6 +112,8 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 8.613-8.619 / 12.446-12.451 */
     t->att_mma_split_max_t = 16;
     t->att_mma_split_min_g = 4;
+    t->att_dec_max_t = 0; /* not yet measured: MSM_CUDA_ATT_DEC_MAX_T */
+    t->att_dec_max_g = 1;
     t->att_cluster = true;
     t->att_early = true;
     t->att_bt_cache = true;
@@ -237,6 +239,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     r = msm__attention_mma_prepare();
     if (r) return r;
     msm__attention_mma_tuning(t);
+    msm__attention_dec_tuning(t);
     msm__attention_tuning(t);
     msm__linear_tuning(t);
     msm__router_tuning(t);

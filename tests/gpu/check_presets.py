@@ -112,6 +112,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("tensor-core attention unsplit at every size vs the default (near)", [],
      {"MSM_CUDA_ATT_MMA_SPLIT": "0", "MSM_CUDA_ATT_MMA": "2"}, TOL_NEAR),
     ("MMVs' K slices by the cluster rule vs the block slices (near)", [], {"MSM_CUDA_MMV_BSLICE": "0"}, TOL_NEAR),
+    ("decode latency attention at 1-2 tokens vs the default (near)", [], {"MSM_CUDA_ATT_DEC_MAX_T": "2"}, TOL_NEAR),
     ("routed experts' combine inside the next norm vs its own kernel (8-token prefill)", [],
      {"MSM_CUDA_MOE_FUSED_COMBINE": "1"}),
 ]
