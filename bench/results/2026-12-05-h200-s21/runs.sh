@@ -48,4 +48,37 @@ r1)
     tl $Q15 1 q15b1-mha $MHA
     el done | tee -a $OUT/gpu.txt
     ;;
+r2)
+    # the decode latency attention (attention_dec.cu, MSM_CUDA_ATT_DEC_MAX_T): its kernel tests,
+    # check_presets' bitwise lines on top of it and its near line; the A/B against the default and
+    # the MHA split of run 1, three rounds (Qwen1.5-MoE at 1-4 tokens; Qwen3-30B-A3B and its FP8
+    # preset at 1-2 with a block a query head, MAX_G=8); Nsight Compute and the timeline at one token
+    hdr
+    timeout 120 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(tuning*|attention_dec*|attention_mma_split*)" \
+        > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_BASE_ENV="MSM_CUDA_ATT_DEC_MAX_T=2" CHECK_VARIANTS="graph replay,multi-stream,PDL on" \
+        timeout 100 python3 tests/gpu/check_presets.py config/models/$Q15.json > $OUT/presets.txt 2>&1
+    CHECK_VARIANTS="decode latency" timeout 100 python3 tests/gpu/check_presets.py config/models/$Q15.json \
+        >> $OUT/presets.txt 2>&1
+    grep -c PASS $OUT/presets.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
+    grep -E "FAIL|within" $OUT/presets.txt | head -12 | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    DEC="MSM_CUDA_ATT_DEC_MAX_T=2"
+    for i in 1 2 3; do
+        b $Q15 1,2,4 dec --
+        b $Q15 1,2,4 dec $DEC --
+        b $Q15 1,2,4 dec $MHA --
+        b $Q3 1,2 dec --
+        b $Q3 1,2 dec $DEC MSM_CUDA_ATT_DEC_MAX_G=8 --
+        b $Q3F 1,2 dec --
+        b $Q3F 1,2 dec $DEC MSM_CUDA_ATT_DEC_MAX_G=8 --
+    done
+    el profiles | tee -a $OUT/gpu.txt
+    ncu_k "attention_dec" $Q15 1 q15b1-dec $DEC
+    tl $Q15 1 q15b1-dec $DEC
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
