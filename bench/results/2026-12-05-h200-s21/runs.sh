@@ -81,4 +81,28 @@ r2)
     tl $Q15 1 q15b1-dec $DEC
     el done | tee -a $OUT/gpu.txt
     ;;
+r3)
+    # does the cluster cost the one-token attention its time? each kernel at cluster sizes 1-8
+    # (MSM_CUDA_ATT_MAX_SPLIT caps the split; 1: one block a head, no cluster) and the SIMT
+    # kernel's splits merged by the last block instead (ATT_CLUSTER=0), three rounds; the
+    # timelines of the two best
+    hdr
+    DEC="MSM_CUDA_ATT_DEC_MAX_T=2"
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q15 1,2 cl --
+        b $Q15 1,2 cl MSM_CUDA_ATT_CLUSTER=0 --
+        b $Q15 1,2 cl $DEC --
+        b $Q15 1,2 cl $DEC MSM_CUDA_ATT_MAX_SPLIT=4 --
+        b $Q15 1,2 cl $DEC MSM_CUDA_ATT_MAX_SPLIT=2 --
+        b $Q15 1,2 cl $DEC MSM_CUDA_ATT_MAX_SPLIT=1 --
+        b $Q15 1,2 cl $MHA --
+        b $Q15 1,2 cl $MHA MSM_CUDA_ATT_MAX_SPLIT=4 --
+        b $Q15 1,2 cl $MHA MSM_CUDA_ATT_MAX_SPLIT=2 --
+    done
+    el timelines | tee -a $OUT/gpu.txt
+    ROWS=40 tl $Q15 1 q15b1-nocl MSM_CUDA_ATT_CLUSTER=0
+    ROWS=40 tl $Q15 1 q15b1-dec4 $DEC MSM_CUDA_ATT_MAX_SPLIT=4
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
