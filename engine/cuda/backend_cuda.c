@@ -1645,9 +1645,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_ATT_MMA_SPLIT"))) t->att_mma_split = s[0] != '0';
     if (env_int("MSM_CUDA_ATT_MMA_SPLIT_MIN_T", &v)) t->att_mma_split_min_t = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_ATT_MMA_SPLIT_MAX_T", &v)) t->att_mma_split_max_t = v < 0 ? 0 : v;
-    if (env_int("MSM_CUDA_ATT_DEC_MAX_T", &v)) t->att_dec_max_t = v < 0 ? 0 : v;
-    if (env_int("MSM_CUDA_ATT_DEC_MAX_G", &v)) t->att_dec_max_g = v < 1 ? 1 : v > 16 ? 16 : v;
-    if (env_int("MSM_CUDA_ATT_MMA_SPLIT_MIN_G", &v)) t->att_mma_split_min_g = v < 1 ? 1 : v > 8 ? 8 : v;
+    if (env_int("MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T", &v)) t->att_mma_split_mha_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_ATT_MMA", &v)) t->att_mma = v <= 0 ? MSM_CUDA_ATT_MMA_OFF : v >= 2 ? MSM_CUDA_ATT_MMA_ON : MSM_CUDA_ATT_MMA_AUTO;
     if (env_int("MSM_CUDA_ATT_MMA_MIN_BLOCKS", &v)) t->att_mma_min_blocks = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_ROUTER_CHUNK_PER_SM", &v)) t->router_chunk_per_sm = v < 0 ? 0 : v;

@@ -730,10 +730,6 @@ extern "C" int msm_cuda_attention_ex(float *out, const float *q, size_t q_ld, co
                                      msm_cuda_exec ex) {
     if (!att_args_ok(T, nh, kvh, hd, max_blocks, q_ld, ws)) return -EINVAL;
     if (T == 0) return 0;
-    int nd = msm_cuda_attention_dec_splits(T, nh, kvh, hd, q, q_ld, kc, vc, ex);
-    if (nd)
-        return msm__attention_dec_run(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd, scale,
-                                      nd, ex);
     int ns = msm_cuda_attention_mma_splits(T, nh, kvh, hd, q, q_ld, kc, vc, ex);
     if (ns)
         return msm__attention_mma_split_run(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd,
@@ -757,8 +753,7 @@ extern "C" int msm_cuda_attention_rope(float *out, float *qkv_rot, const float *
     if (T == 0) return 0;
     bool fused = ex.decode && ex.tune->att_rope && rot % 16 == 0 && att_vec(hd, kc, vc) &&
                  !att_takes_mma(qkv_rot, C, kc, vc, T, nh, kvh, hd, ex) &&
-                 !msm_cuda_attention_mma_splits(T, nh, kvh, hd, qkv_rot, C, kc, vc, ex) &&
-                 !msm_cuda_attention_dec_splits(T, nh, kvh, hd, qkv_rot, C, kc, vc, ex);
+                 !msm_cuda_attention_mma_splits(T, nh, kvh, hd, qkv_rot, C, kc, vc, ex);
     if (fused) {
         att_rope_args rp = {rot, theta, slot, kc, vc};
         return att_simt(out, qkv, C, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd, scale, ws, ws_bytes,

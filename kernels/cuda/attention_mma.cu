@@ -296,7 +296,9 @@ static __global__ void __launch_bounds__(AM_WARPS * 32)
  * bench/results/2026-12-04-h200-s13 run 2). At decode (one token a sequence) each warp's first
  * tile is requested before the PDL wait (the cache rows below the token's position and the block
  * tables were written before; the token's own row, which the kernel before writes, after it), as
- * the SIMT kernel's att_early. */
+ * the SIMT kernel's att_early. MHA at one token (att_mma_split_mha_max_t) runs here too, one head a
+ * block (the other 7 MMA rows idle): at one token the kernels wait on latency, not arithmetic, and
+ * this one was the fastest (Qwen1.5-MoE; tuning.cu). */
 template <int HD>
 static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
     attention_mma_split_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
@@ -474,10 +476,14 @@ int msm__attention_mma_run(float *out, const float *q, size_t q_ld, const uint16
 extern "C" int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld,
                                              const void *kc, const void *vc, msm_cuda_exec ex) {
     const msm_cuda_tuning *tn = ex.tune;
-    if (!tn->att_mma_split || T < tn->att_mma_split_min_t || (tn->att_mma_split_max_t && T > tn->att_mma_split_max_t) ||
-        T <= 0 || kvh <= 0 || nh % kvh || nh / kvh < tn->att_mma_split_min_g ||
-        nh / kvh > AM_HEADS || (hd != 64 && hd != 128) || !msm__attention_mma_fits(hd, q, q_ld, kc, vc))
+    if (!tn->att_mma_split || T <= 0 || kvh <= 0 || nh % kvh || (hd != 64 && hd != 128) ||
+        !msm__attention_mma_fits(hd, q, q_ld, kc, vc))
         return 0;
+    int G = nh / kvh;
+    bool gqa = G >= 4 && G <= AM_HEADS && T >= tn->att_mma_split_min_t &&
+               (!tn->att_mma_split_max_t || T <= tn->att_mma_split_max_t);
+    bool mha = G == 1 && T <= tn->att_mma_split_mha_max_t;
+    if (!gqa && !mha) return 0;
     int hi = hd == 128;
     long pairs = (long)T * kvh, slots = (long)tn->sms * tn->att_mma_split_per_sm[hi];
     for (int ns = 16; ns >= 2; ns /= 2)

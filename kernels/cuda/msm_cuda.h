@@ -52,12 +52,6 @@ int msm__attention_mma_run(float *out, const float *q, size_t q_ld, const uint16
 /* ... its context split over a thread-block cluster (tuning att_mma_split): the occupancy facts
  * (msm_cuda_tuning_init), the launch (the splits: msm_cuda_attention_mma_splits). */
 void msm__attention_mma_tuning(msm_cuda_tuning *t);
-/* attention_dec.cu: its occupancy (GPU facts), and the launch msm_cuda_attention_ex makes where
- * msm_cuda_attention_dec_splits takes the call */
-void msm__attention_dec_tuning(msm_cuda_tuning *t);
-int msm__attention_dec_run(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
-                           const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks, int T,
-                           int nh, int kvh, int hd, float scale, int ns, msm_cuda_exec ex);
 int msm__attention_mma_split_run(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
                                  const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
                                  int T, int nh, int kvh, int hd, float scale, int ns, msm_cuda_exec ex);

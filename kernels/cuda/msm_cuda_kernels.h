@@ -260,20 +260,13 @@ typedef struct msm_cuda_tuning {
                                  Qwen3-MoE; not the SIMT kernel's bits, held to the CPU like the
                                  unsplit one), where a kv head's query heads fill one block (8 or
                                  fewer: past that each head group reads the cache again), at
-                                 att_mma_split_min_t..max_t tokens (MSM_CUDA_ATT_MMA_SPLIT) */
+                                 att_mma_split_min_t..max_t tokens, and MHA at
+                                 1..att_mma_split_mha_max_t (MSM_CUDA_ATT_MMA_SPLIT) */
     int att_mma_split_min_t;  /* ... from this many tokens (MSM_CUDA_ATT_MMA_SPLIT_MIN_T) */
     int att_mma_split_max_t;  /* ... up to this many (MSM_CUDA_ATT_MMA_SPLIT_MAX_T; 0: no bound) */
-    int att_mma_split_min_g;  /* ... where at least this many query heads share a kv head, 1-8
-                                 (MSM_CUDA_ATT_MMA_SPLIT_MIN_G) */
+    int att_mma_split_mha_max_t; /* ... and for MHA (one query head a kv head) at 1..this many tokens
+                                 (MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T; 0: never) */
     int att_mma_split_per_sm[2]; /* ... its blocks an SM at hd 64, 128 (GPU fact) */
-    int att_dec_max_t;        /* decode attention of up to this many tokens on the latency kernel
-                                 (attention_dec.cu: a (token, query head)'s context over a cluster of
-                                 up to 8 blocks of 8 warps), taken before the kernels above where a kv
-                                 head serves at most att_dec_max_g query heads, hd 64 or 128
-                                 (MSM_CUDA_ATT_DEC_MAX_T; 0: never) */
-    int att_dec_max_g;        /* ... query heads a kv head (1: MHA; MSM_CUDA_ATT_DEC_MAX_G, 1-16) */
-    int att_dec_per_sm[2];    /* ... its blocks an SM at hd 64, 128 (GPU fact) */
-    int att_dec_fit[2][9];    /* ... its clusters of ns blocks the GPU holds at once (GPU fact) */
     int att_mma_split_fit[2][17]; /* ... its clusters of ns blocks the GPU holds at once (GPU fact) */
     int router_chunk_per_sm;  /* routers over many tokens take token chunks while the chunks' grid
                                  has this many blocks an SM (MSM_CUDA_ROUTER_CHUNK_PER_SM; 0: 2) */
@@ -612,18 +605,11 @@ int msm_cuda_attention(float *out, const float *q, const uint16_t *kc, const uin
 
 /* The context splits (2..16, a power of two) over one thread-block cluster with which
  * msm_cuda_attention_ex runs T tokens of these heads on the tensor-core kernel (tuning
- * att_mma_split: 4-8 query heads a kv head, att_mma_split_min_t..max_t tokens, hd 64 or 128,
+ * att_mma_split: 4-8 query heads a kv head at att_mma_split_min_t..max_t tokens or MHA at
+ * 1..att_mma_split_mha_max_t, hd 64 or 128,
  * q / kc / vc aligned as that kernel needs, the blocks and the clusters within one wave of the
  * GPU); 0: it does not take the call. */
 int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld, const void *kc,
-                                  const void *vc, msm_cuda_exec ex);
-
-/* The blocks a (token, query head) of the decode latency kernel (attention_dec.cu) with which
- * msm_cuda_attention_ex runs T tokens of these heads (tuning att_dec_max_t, att_dec_max_g: decode,
- * up to that many tokens and query heads a kv head, hd 64 or 128, q / kc / vc 16-byte aligned and
- * q_ld a multiple of 4): a cluster of 2, 4 or 8 where they fit one wave of the GPU, else 1; 0: it
- * does not take the call. */
-int msm_cuda_attention_dec_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld, const void *kc,
                                   const void *vc, msm_cuda_exec ex);
 
 /* msm_cuda_attention with q rows q_ld floats apart (q read in place from qkv rows) and, when ws

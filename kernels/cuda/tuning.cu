@@ -111,9 +111,14 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 15.771-15.785 vs 15.652-15.657 unsplit; 8 / 16 there 8.219-8.237 / 12.246-12.292 vs
      * 8.613-8.619 / 12.446-12.451 */
     t->att_mma_split_max_t = 16;
-    t->att_mma_split_min_g = 4;
-    t->att_dec_max_t = 0; /* not yet measured: MSM_CUDA_ATT_DEC_MAX_T */
-    t->att_dec_max_g = 1;
+    /* ... and for MHA at one token: Qwen1.5-MoE's 16 heads, ms a step, three rounds, against the
+     * SIMT kernel split 16 ways over a cluster (H100, 2026-12-05 twenty-first session,
+     * bench/results/2026-12-05-h200-s21 runs 1-3): 1 token 2.043-2.065 vs 2.076-2.101,
+     * 2.067-2.070 vs 2.111-2.112, 2.060-2.062 vs 2.108-2.114; at 2 tokens +0.012..+0.017, at 4
+     * +0.013..+0.025, at 8 +0.077. A lean SIMT kernel for this case (one pass of loads a warp,
+     * partials pushed into rank 0) gave -0.035..-0.039 at 1 token and +0.018 at 2 (runs 2-3) and
+     * was dropped (commit 22c7e7c has it). */
+    t->att_mma_split_mha_max_t = 1;
     t->att_cluster = true;
     t->att_early = true;
     t->att_bt_cache = true;
@@ -239,7 +244,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     r = msm__attention_mma_prepare();
     if (r) return r;
     msm__attention_mma_tuning(t);
-    msm__attention_dec_tuning(t);
     msm__attention_tuning(t);
     msm__linear_tuning(t);
     msm__router_tuning(t);

@@ -67,8 +67,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS",
                                  "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE", "MSM_CUDA_ATT_MMA_SPLIT",
                                  "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
-                                 "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MIN_G",
-                                 "MSM_CUDA_ATT_DEC_MAX_T", "MSM_CUDA_ATT_DEC_MAX_G"};
+                                 "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -115,8 +114,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_PAIR_EARLY", "1", 1), setenv("MSM_CUDA_NORM_QK_ROPE", "1", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1), setenv("MSM_CUDA_MOE_FUSED_COMBINE", "1", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT_MIN_T", "-2", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "-3", 1);
-    setenv("MSM_CUDA_ATT_MMA_SPLIT_MIN_G", "0", 1);
-    setenv("MSM_CUDA_ATT_DEC_MAX_T", "-1", 1), setenv("MSM_CUDA_ATT_DEC_MAX_G", "40", 1);
+    setenv("MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T", "-1", 1);
     t.att_bt_cache = true;
     t.moe_gg_early = t.moe_gg_compact = t.linear_swiglu = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
@@ -170,9 +168,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(t.att_mma_split, "MSM_CUDA_ATT_MMA_SPLIT=1: the tensor-core attention split over a cluster");
     cr_expect_eq(t.att_mma_split_min_t, 1, "clamped to 1");
     cr_expect_eq(t.att_mma_split_max_t, 0, "clamped to 0: no bound");
-    cr_expect_eq(t.att_mma_split_min_g, 1, "clamped to 1: MHA too");
-    cr_expect_eq(t.att_dec_max_t, 0, "clamped to 0: never");
-    cr_expect_eq(t.att_dec_max_g, 16, "clamped to 16");
+    cr_expect_eq(t.att_mma_split_mha_max_t, 0, "clamped to 0: MHA never");
     cr_expect(t.moe_fused_combine, "MSM_CUDA_MOE_FUSED_COMBINE=1: the experts' combine inside the next norm");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
@@ -1044,7 +1040,7 @@ Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 180) {
         if (gb == 5) t.att_max_split = 1;
         t.att_mma_split = gb >= 6;
         t.att_mma_split_min_t = 1, t.att_mma_split_max_t = 0;
-        t.att_mma_split_min_g = gb == 6 ? 1 : 4; /* 6: MHA and 2-3 query heads a kv head too */
+        t.att_mma_split_mha_max_t = gb == 6 ? 1000 : 0; /* 6: MHA at every size too */
         if (gb == 7) t.att_max_split = 4;
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) attention_case(EX_T(&t), &shapes[s]);
     }
@@ -1052,12 +1048,13 @@ Test(cuda_kernels, attention_decode_and_prefill_match_cpu, .timeout = 180) {
 
 /* The split's tokens and heads rule on the host (GPU facts of an H200-like device set by hand):
  * Qwen3-30B-A3B's 32 query heads over 4 kv heads at att_mma_split_min_t..max_t tokens only; 8
- * query heads a kv head taken, 12 (two head groups) and MHA not. */
+ * query heads a kv head taken, 12 (two head groups) not; MHA at 1..att_mma_split_mha_max_t tokens
+ * (Qwen1.5-MoE's 16 heads at one token: 16 splits), 2 query heads a kv head never. */
 Test(cuda_kernels, attention_mma_split_tokens_and_heads_rule) {
     msm_cuda_tuning t;
     memset(&t, 0, sizeof t);
     t.att_mma_split = true, t.att_mma_split_min_t = 4, t.att_mma_split_max_t = 16, t.att_max_split = 16;
-    t.att_mma_split_min_g = 4;
+    t.att_mma_split_mha_max_t = 1;
     t.sms = 132, t.att_mma_split_per_sm[1] = 3;
     for (int ns = 2; ns <= 16; ns++) t.att_mma_split_fit[1][ns] = 1000;
     msm_cuda_exec ex = {.stream = 0, .tune = &t, .decode = true};
@@ -1068,19 +1065,21 @@ Test(cuda_kernels, attention_mma_split_tokens_and_heads_rule) {
     cr_expect_eq(msm_cuda_attention_mma_splits(17, 32, 4, 128, al, 32 * 128, al, al, ex), 0, "over the maximum");
     cr_expect_gt(msm_cuda_attention_mma_splits(8, 64, 8, 128, al, 64 * 128, al, al, ex), 0, "8 query heads a kv head");
     cr_expect_eq(msm_cuda_attention_mma_splits(8, 96, 8, 128, al, 96 * 128, al, al, ex), 0, "12 query heads a kv head");
-    cr_expect_eq(msm_cuda_attention_mma_splits(8, 16, 16, 128, al, 16 * 128, al, al, ex), 0, "MHA");
-    t.att_mma_split_min_g = 1;
-    cr_expect_eq(msm_cuda_attention_mma_splits(4, 16, 16, 128, al, 16 * 128, al, al, ex), 4, "MHA from min_g 1");
-    cr_expect_eq(msm_cuda_attention_mma_splits(3, 16, 16, 128, al, 16 * 128, al, al, ex), 0, "MHA under min_t");
-    t.att_mma_split_min_g = 4;
+    cr_expect_eq(msm_cuda_attention_mma_splits(8, 16, 16, 128, al, 16 * 128, al, al, ex), 0, "MHA at 8 tokens");
+    cr_expect_eq(msm_cuda_attention_mma_splits(2, 16, 16, 128, al, 16 * 128, al, al, ex), 0, "MHA at 2 tokens");
+    cr_expect_eq(msm_cuda_attention_mma_splits(1, 16, 16, 128, al, 16 * 128, al, al, ex), 16, "MHA at one token");
+    cr_expect_eq(msm_cuda_attention_mma_splits(1, 16, 8, 128, al, 16 * 128, al, al, ex), 0, "2 query heads a kv head");
+    t.att_mma_split_mha_max_t = 0;
+    cr_expect_eq(msm_cuda_attention_mma_splits(1, 16, 16, 128, al, 16 * 128, al, al, ex), 0, "MHA switched off");
     t.att_mma_split_max_t = 0;
     cr_expect_gt(msm_cuda_attention_mma_splits(17, 32, 4, 128, al, 32 * 128, al, al, ex), 0, "no maximum");
 }
 
 /* The tensor-core attention's cluster split (tuning att_mma_split) takes the calls its rule gives
  * (Qwen3-30B-A3B's 32 query heads over 4 kv heads at 1, 2, 8 and 16 tokens: 16, 16, 8, 4 splits on
- * the H100 / H200 with att_mma_split_min_t 1; below that minimum, MHA, more query heads a kv head
- * than one block takes (GLM-4.5's 12) and head dims it has no kernel for: never) and at decode reads each token's
+ * the H100 / H200 with att_mma_split_min_t 1; below that minimum, MHA past att_mma_split_mha_max_t
+ * tokens, more query heads a kv head than one block takes (GLM-4.5's 12) and head dims it has no
+ * kernel for: never) and at decode reads each token's
  * own K/V row only after its PDL wait: here the kernel just before writes those rows (kv_write)
  * over poisoned ones (NaN), and the result must match the CPU on the written cache. Twice: the
  * same bits. */
@@ -1099,7 +1098,8 @@ Test(cuda_kernels, attention_mma_split_taken_by_its_rule_and_reads_the_new_rows_
         cr_expect(ns >= least[i] && ns <= 16 && !(ns & (ns - 1)), "%d tokens: %d splits", toks[i], ns);
         cr_expect_leq((long)toks[i] * KVH * ns, (long)t.sms * t.att_mma_split_per_sm[1], "%d tokens: one wave", toks[i]);
     }
-    cr_expect_eq(msm_cuda_attention_mma_splits(1, 16, 16, HD, al, 16 * HD, al, al, ex), 0, "MHA");
+    cr_expect_eq(msm_cuda_attention_mma_splits(2, 16, 16, HD, al, 16 * HD, al, al, ex), 0, "MHA at 2 tokens");
+    cr_expect_gt(msm_cuda_attention_mma_splits(1, 16, 16, HD, al, 16 * HD, al, al, ex), 0, "MHA at one token");
     cr_expect_eq(msm_cuda_attention_mma_splits(1, 96, 8, HD, al, 96 * HD, al, al, ex), 0, "12 query heads a kv head");
     cr_expect_gt(msm_cuda_attention_mma_splits(1, 64, 8, HD, al, 64 * HD, al, al, ex), 0, "8 query heads a kv head");
     t.att_mma_split_min_t = 4;
@@ -1156,118 +1156,6 @@ Test(cuda_kernels, attention_mma_split_taken_by_its_rule_and_reads_the_new_rows_
     free(kcb), free(vcb), free(kcf), free(vcf), free(bt), free(kn), free(vn), free(q), free(ref), free(out), free(out2);
 }
 
-/* The decode latency kernel's rule on the host (GPU facts of an H200-like device set by hand):
- * decode only, up to att_dec_max_t tokens and att_dec_max_g query heads a kv head, hd 64 / 128 and
- * aligned; clusters of 8 while the blocks fit one wave, fewer past that, 1 where none fit. */
-Test(cuda_kernels, attention_dec_tokens_and_heads_rule) {
-    msm_cuda_tuning t;
-    memset(&t, 0, sizeof t);
-    t.att_dec_max_t = 2, t.att_dec_max_g = 1, t.att_max_split = 16;
-    t.sms = 132, t.att_dec_per_sm[0] = t.att_dec_per_sm[1] = 2;
-    for (int ns = 2; ns <= 8; ns++) t.att_dec_fit[0][ns] = t.att_dec_fit[1][ns] = 1000;
-    msm_cuda_exec ex = {.stream = 0, .tune = &t, .decode = true};
-    const void *al = (const void *)(uintptr_t)256, *odd = (const void *)(uintptr_t)264;
-    cr_expect_eq(msm_cuda_attention_dec_splits(1, 16, 16, 128, al, 48 * 128, al, al, ex), 8, "1 token, 16 heads: 8");
-    cr_expect_eq(msm_cuda_attention_dec_splits(2, 16, 16, 128, al, 48 * 128, al, al, ex), 8, "2 tokens: 256 blocks");
-    cr_expect_eq(msm_cuda_attention_dec_splits(2, 16, 16, 64, al, 48 * 64, al, al, ex), 8, "hd 64");
-    cr_expect_eq(msm_cuda_attention_dec_splits(3, 16, 16, 128, al, 48 * 128, al, al, ex), 0, "over the maximum");
-    cr_expect_eq(msm_cuda_attention_dec_splits(1, 32, 4, 128, al, 40 * 128, al, al, ex), 0, "8 query heads a kv head");
-    cr_expect_eq(msm_cuda_attention_dec_splits(1, 16, 16, 96, al, 48 * 96, al, al, ex), 0, "hd 96");
-    cr_expect_eq(msm_cuda_attention_dec_splits(1, 16, 16, 128, odd, 48 * 128, al, al, ex), 0, "q not 16-byte aligned");
-    cr_expect_eq(msm_cuda_attention_dec_splits(1, 16, 16, 128, al, 48 * 128 + 2, al, al, ex), 0, "odd q rows");
-    t.att_dec_max_g = 8;
-    cr_expect_eq(msm_cuda_attention_dec_splits(1, 32, 4, 128, al, 40 * 128, al, al, ex), 8, "GQA from max_g 8");
-    t.att_dec_max_t = 64;
-    cr_expect_eq(msm_cuda_attention_dec_splits(4, 16, 16, 128, al, 48 * 128, al, al, ex), 4, "4 tokens: 4 a cluster");
-    cr_expect_eq(msm_cuda_attention_dec_splits(40, 16, 16, 128, al, 48 * 128, al, al, ex), 1, "no room: unsplit");
-    t.att_max_split = 2;
-    cr_expect_eq(msm_cuda_attention_dec_splits(1, 16, 16, 128, al, 48 * 128, al, al, ex), 2, "att_max_split caps it");
-    ex.decode = false;
-    cr_expect_eq(msm_cuda_attention_dec_splits(1, 16, 16, 128, al, 48 * 128, al, al, ex), 0, "not a decode step");
-    ex.decode = true, t.att_dec_max_t = 0;
-    cr_expect_eq(msm_cuda_attention_dec_splits(1, 16, 16, 128, al, 48 * 128, al, al, ex), 0, "switched off");
-}
-
-/* The decode latency kernel against the CPU at the shapes it is for and past them (Qwen1.5-MoE's
- * 16 heads at 1 and 2 tokens; hd 64; GQA 8:1 one block a query head; a context of 1500, three
- * passes a warp; a context shorter than its warps; every cluster size), each token's own K/V row
- * written by kv_write just before over poisoned ones (NaN): read only after the PDL wait. Twice:
- * the same bits. */
-typedef struct {
-    int T, nh, kvh, hd, ctx, max_split;
-    const char *what;
-} dec_shape;
-
-static void attention_dec_case(const dec_shape *sh) {
-    msm_cuda_tuning t = tune0;
-    t.att_dec_max_t = 64, t.att_dec_max_g = 16, t.att_max_split = sh->max_split, t.att_early = true;
-    msm_cuda_exec ex = {.stream = 0, .tune = &t, .decode = true};
-    int T = sh->T, NH = sh->nh, KVH = sh->kvh, HD = sh->hd, CTX = sh->ctx;
-    int max_blocks = (CTX + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK, nb = T * max_blocks;
-    size_t ld = (size_t)(NH + 2 * KVH) * HD; /* q read in place from qkv rows */
-    cr_assert_gt(msm_cuda_attention_dec_splits(T, NH, KVH, HD, (const void *)(uintptr_t)256, ld,
-                                               (const void *)(uintptr_t)256, (const void *)(uintptr_t)256, ex),
-                 0, "the kernel takes %s", sh->what);
-    size_t row = (size_t)KVH * HD, cache = (size_t)nb * MSM_KV_BLOCK * row, qn = (size_t)T * NH * HD;
-    float *kcf, *vcf;
-    uint16_t *kcb = host_bf16(cache, 1.0f, &kcf), *vcb = host_bf16(cache, 1.0f, &vcf);
-    int32_t *bt = malloc((size_t)nb * 4), *seq = malloc(T * 4), *pos = malloc(T * 4), *slot = malloc(T * 4);
-    for (int i = 0; i < nb; i++) bt[i] = nb - 1 - i;
-    float *kn = host_f32((size_t)T * row, 1.0f), *vn = host_f32((size_t)T * row, 1.0f);
-    for (int s = 0; s < T; s++) {
-        seq[s] = s, pos[s] = CTX - 1 - rndi(MSM_KV_BLOCK < CTX ? MSM_KV_BLOCK : CTX) - (s % 2 ? 16 * rndi(CTX / 32 + 1) : 0);
-        if (pos[s] < 0) pos[s] = 0;
-        int p = pos[s], bi = bt[s * max_blocks + p / MSM_KV_BLOCK];
-        slot[s] = bi * MSM_KV_BLOCK + p % MSM_KV_BLOCK;
-        for (size_t j = 0; j < row; j++) {
-            size_t i = (size_t)slot[s] * row + j;
-            kcf[i] = msm_bf16_to_f32(msm_f32_to_bf16(kn[(size_t)s * row + j]));
-            vcf[i] = msm_bf16_to_f32(msm_f32_to_bf16(vn[(size_t)s * row + j]));
-            kcb[i] = vcb[i] = 0xffff;
-        }
-    }
-    float *q = host_f32((size_t)T * ld, 1.0f), *qc = malloc(qn * 4), *ref = malloc(qn * 4), *out = malloc(qn * 4),
-          *out2 = malloc(qn * 4);
-    for (int s = 0; s < T; s++) memcpy(qc + (size_t)s * NH * HD, q + (size_t)s * ld, 4 * (size_t)NH * HD);
-    float scale = 1.0f / sqrtf((float)HD);
-    msm_cpu_attention(ref, qc, kcf, vcf, seq, pos, bt, max_blocks, T, NH, KVH, HD, scale);
-    int32_t *dseq = dev_up(seq, T * 4), *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
-    int32_t *dbt = dev_up(bt, (size_t)nb * 4);
-    float *dq = dev_up(q, (size_t)T * ld * 4), *dout = dev_poison(qn * 4), *dkn = dev_up(kn, (size_t)T * row * 4),
-          *dvn = dev_up(vn, (size_t)T * row * 4);
-    uint16_t *dk = dev(cache * 2), *dv = dev(cache * 2);
-    for (int run = 0; run < 2; run++) {
-        CK(cudaMemcpy(dk, kcb, cache * 2, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1);
-        CK(cudaMemcpy(dv, vcb, cache * 2, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1);
-        CK(msm_cuda_kv_write(dk, dv, dkn, dvn, dslot, T, KVH, HD, ex));
-        CK(msm_cuda_attention_ex(dout, dq, ld, dk, dv, dseq, dpos, dbt, max_blocks, T, NH, KVH, HD, scale, NULL, 0, ex));
-        down(run ? out2 : out, dout, qn * 4);
-    }
-    CHECK_ERR(out, ref, qn, 2e-5, "decode latency attention, %s", sh->what);
-    cr_expect(memcmp(out, out2, qn * 4) == 0, "second run differs: %s", sh->what);
-    cudaFree(dseq), cudaFree(dpos), cudaFree(dslot), cudaFree(dbt), cudaFree(dq), cudaFree(dout), cudaFree(dkn);
-    cudaFree(dvn), cudaFree(dk), cudaFree(dv);
-    free(kcb), free(vcb), free(kcf), free(vcf), free(bt), free(seq), free(pos), free(slot), free(kn), free(vn);
-    free(q), free(qc), free(ref), free(out), free(out2);
-}
-
-Test(cuda_kernels, attention_dec_matches_cpu_and_reads_the_new_rows_after_its_wait, .timeout = 120) {
-    need_gpu();
-    static const dec_shape shapes[] = {
-        {1, 16, 16, 128, 513, 16, "1 token, 16 heads hd128 ctx ~512 (Qwen1.5-MoE)"},
-        {2, 16, 16, 128, 513, 16, "2 tokens (Qwen1.5-MoE)"},
-        {1, 16, 16, 128, 513, 4, "clusters of 4"},
-        {1, 16, 16, 128, 513, 2, "clusters of 2"},
-        {1, 16, 16, 128, 513, 1, "unsplit"},
-        {3, 4, 4, 64, 300, 16, "hd64"},
-        {1, 32, 4, 128, 513, 16, "GQA 8:1, a block a query head"},
-        {2, 8, 8, 128, 1500, 16, "ctx 1500: three passes a warp"},
-        {2, 8, 8, 128, 1500, 1, "ctx 1500 unsplit: twelve passes a warp"},
-        {4, 4, 4, 128, 20, 16, "ctx 20: most warps past the context"},
-    };
-    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) attention_dec_case(&shapes[i]);
-}
-
 /* Which merge the split attention takes: the cluster form never touches the workspace, the
  * last-block merge writes its partials there. Clusters of the portable sizes (up to 8) fit an
  * sm_90 GPU; one token of 4 heads over a 700-position context splits 16 ways, and takes the
@@ -1298,6 +1186,7 @@ Test(cuda_kernels, attention_clusters_taken_where_they_fit, .timeout = 60) {
     for (int cl = 0; cl < 2; cl++) {
         msm_cuda_tuning t = tune0;
         t.att_cluster = cl;
+        t.att_mma_split_mha_max_t = 0; /* the SIMT kernel's merges, not the tensor-core split's */
         cr_assert_eq(cudaMemset(ws, 0, wsb), cudaSuccess);
         CK(msm_cuda_attention_ex(dout, dq, NH * HD, dk, dv, dseq, dpos, dbt, max_blocks, 1, NH, NH, HD,
                                  1.0f / sqrtf((float)HD), ws, wsb, EX_T(&t)));
@@ -3445,6 +3334,7 @@ Test(cuda_kernels, attention_rope_equals_rope_kv_then_attention, .timeout = 120)
         uint16_t *kref = malloc(cache * 2), *vref = malloc(cache * 2), *kout = malloc(cache * 2), *vout = malloc(cache * 2);
         for (int v = 0; v < 4; v++) { /* 0: the two kernels; then fused with cluster / last-block merges; prefill */
             msm_cuda_tuning tv = tune0;
+            tv.att_mma_split_mha_max_t = 0; /* MHA at one token on the SIMT kernel, which fuses the RoPE */
             tv.att_rope = v != 0;
             tv.att_cluster = v != 2;
             msm_cuda_exec ev = {.stream = 0, .tune = &tv, .decode = v != 3};
