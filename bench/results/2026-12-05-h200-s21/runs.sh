@@ -105,4 +105,30 @@ r3)
     ROWS=40 tl $Q15 1 q15b1-dec4 $DEC MSM_CUDA_ATT_MAX_SPLIT=4
     el done | tee -a $OUT/gpu.txt
     ;;
+r4)
+    # the final rule (the tensor-core split for MHA at one token, att_mma_split_mha_max_t 1; the lean
+    # kernel dropped): the attention kernel tests, check_presets' bitwise and near lines on
+    # Qwen1.5-MoE, the A/B against the rule off (three rounds), the table, Qwen3's one-token timeline
+    hdr
+    timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(tuning*|attention*)" > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_VARIANTS="graph replay,multi-stream,PDL on,SIMT attention,unsplit" \
+        timeout 120 python3 tests/gpu/check_presets.py config/models/$Q15.json > $OUT/presets.txt 2>&1
+    grep -c PASS $OUT/presets.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
+    grep -E "FAIL|within" $OUT/presets.txt | head -12 | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q15 1,2 rule --
+        b $Q15 1,2 rule MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T=0 --
+    done
+    el table | tee -a $OUT/gpu.txt
+    b $Q15 1,2,4,8,16,32,128,256 table --
+    b $Q3 1,2,4,8,16,32,128,256 table --
+    b $Q3F 1,2,4,8,16,32,128,256 table --
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=60 tl $Q3 1 q3b1
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
