@@ -108,7 +108,7 @@ r3)
 r4)
     # the final rule (the tensor-core split for MHA at one token, att_mma_split_mha_max_t 1; the lean
     # kernel dropped): the attention kernel tests, check_presets' bitwise and near lines on
-    # Qwen1.5-MoE, the A/B against the rule off (three rounds), the table, Qwen3's one-token timeline
+    # Qwen1.5-MoE, the A/B against the rule off (three rounds), the table, Qwen3's one-token timeline and Qwen1.5-MoE's on one stream (the router without the shared expert beside)
     hdr
     timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(tuning*|attention*)" > $OUT/kernels.txt 2>&1
     tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
@@ -129,6 +129,7 @@ r4)
     b $Q3F 1,2,4,8,16,32,128,256 table --
     el timeline | tee -a $OUT/gpu.txt
     ROWS=60 tl $Q3 1 q3b1
+    ROWS=60 tl $Q15 1 q15b1-1s -- --no-multi-stream
     el done | tee -a $OUT/gpu.txt
     ;;
 esac
