@@ -134,18 +134,12 @@ r4)
     ;;
 r5)
     # for the next session, on an H200 (the README table's card): the MHA rule there, three rounds;
-    # Qwen3-30B-A3B's one-token SIMT attention in clusters of 8 or 4 instead of 16 splits merged by
-    # the last block (its 32 clusters of 16 do not fit: run 4's timeline, 9.2 us a layer); the table
+    # then the table on all four presets
     hdr
     el ab | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
         b $Q15 1,2 rule --
         b $Q15 1,2 rule MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T=0 --
-        b $Q3 1,2 q3att --
-        b $Q3 1,2 q3att MSM_CUDA_ATT_MAX_SPLIT=8 --
-        b $Q3 1,2 q3att MSM_CUDA_ATT_MAX_SPLIT=4 --
-        b $Q3F 1 q3att --
-        b $Q3F 1 q3att MSM_CUDA_ATT_MAX_SPLIT=8 --
     done
     el table | tee -a $OUT/gpu.txt
     b $Q15 1,2,4,8,16,32,128,256 table --
