@@ -29,6 +29,20 @@ int msm_graph_readers(const msm_graph *g, int v) {
     return c;
 }
 
+int msm_graph_producer(const msm_graph *g, int v, int end) {
+    for (int j = end - 1; j >= 0; j--)
+        for (int k = 0; k < g->nodes[j].n_out; k++)
+            if (g->nodes[j].out[k] == v) return j;
+    return -1;
+}
+
+void msm_graph_drop_nodes(msm_graph *g, const bool *drop) {
+    int w = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!drop[i]) g->nodes[w++] = g->nodes[i];
+    g->n_nodes = w;
+}
+
 int msm_graph_moe_sum_reader(const msm_graph *g, int i) {
     if (i < 0 || i >= g->n_nodes || g->nodes[i].op != MSM_OP_MOE_EXPERTS) return -1;
     const msm_node *n = &g->nodes[i];

@@ -229,6 +229,10 @@ bool msm_op_is_collective(msm_op op);
 bool msm_op_is_prefetch(msm_op op);
 /* How many node inputs read value v (a node reading it twice counts twice). */
 int msm_graph_readers(const msm_graph *g, int v);
+/* The node writing value v among nodes [0, end), or -1. */
+int msm_graph_producer(const msm_graph *g, int v, int end);
+/* Removes the nodes i with drop[i] (drop: n_nodes entries), keeping the others in order. */
+void msm_graph_drop_nodes(msm_graph *g, const bool *drop);
 /* For a MOE_EXPERTS node i: the index of the next node on its stream past event nodes when that node
  * reads the experts' sum as a norm does (an ADD_RMSNORM, as either input; a MOE_COMBINE_NORM, as its
  * routed sum), else -1. A backend may leave the experts' combine to it (msm_graph_plan keeps the

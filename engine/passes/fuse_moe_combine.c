@@ -26,14 +26,6 @@
 
 #include "msm_pass.h"
 
-/* The node writing value v among nodes [0, end), or -1. */
-static int producer(const msm_graph *g, int v, int end) {
-    for (int j = end - 1; j >= 0; j--)
-        for (int k = 0; k < g->nodes[j].n_out; k++)
-            if (g->nodes[j].out[k] == v) return j;
-    return -1;
-}
-
 /* The gated combine ending at node c: moe = ADD(routed, MUL(shared, SIGMOID(LINEAR(h, wg)))), each
  * intermediate read once, every [rows, C] value float32 with the same rows. */
 typedef struct chain {
@@ -47,7 +39,7 @@ static bool match_chain(const msm_graph *g, int c, int C, chain *ch) {
     /* which ADD input is the gated shared output */
     int m = -1, routed = -1;
     for (int q = 0; q < 2 && m < 0; q++) {
-        int pm = producer(g, cn->in[q], c);
+        int pm = msm_graph_producer(g, cn->in[q], c);
         if (pm >= 0 && g->nodes[pm].op == MSM_OP_MUL && g->nodes[pm].role == MSM_ROLE_SHARED) {
             m = pm;
             routed = cn->in[1 - q];
@@ -55,9 +47,9 @@ static bool match_chain(const msm_graph *g, int c, int C, chain *ch) {
     }
     if (m < 0 || msm_graph_readers(g, g->nodes[m].out[0]) != 1) return false;
     const msm_node *mn = &g->nodes[m];
-    int shared = mn->in[0], s = producer(g, mn->in[1], m);
+    int shared = mn->in[0], s = msm_graph_producer(g, mn->in[1], m);
     if (s < 0 || g->nodes[s].op != MSM_OP_SIGMOID || msm_graph_readers(g, mn->in[1]) != 1) return false;
-    int l = producer(g, g->nodes[s].in[0], s);
+    int l = msm_graph_producer(g, g->nodes[s].in[0], s);
     if (l < 0 || g->nodes[l].op != MSM_OP_LINEAR || g->nodes[l].attr.linear.N != 1 || g->nodes[l].w[1] >= 0 ||
         g->nodes[l].role != MSM_ROLE_SHARED || msm_graph_readers(g, g->nodes[s].in[0]) != 1)
         return false;
@@ -86,7 +78,7 @@ int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_g
         msm_node *n = &g->nodes[i];
         if (n->op == MSM_OP_ADD_RMSNORM) {
             for (int side = 1; side >= 0; side--) {
-                int c = producer(g, n->in[side], i);
+                int c = msm_graph_producer(g, n->in[side], i);
                 chain ch;
                 if (c < 0 || drop[c] || g->nodes[c].stream != n->stream || !match_chain(g, c, n->attr.rmsnorm.dim, &ch))
                     continue;
@@ -107,7 +99,7 @@ int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_g
             }
         } else if (n->op == MSM_OP_ALLREDUCE && n->stream == MSM_STREAM_MAIN) {
             /* tp > 1: the combine feeding the all-reduce */
-            int c = producer(g, n->in[0], i);
+            int c = msm_graph_producer(g, n->in[0], i);
             chain ch;
             if (c < 0 || drop[c] || g->nodes[c].stream != MSM_STREAM_MAIN ||
                 !match_chain(g, c, g->vals[n->in[0]].cols, &ch))
@@ -126,10 +118,7 @@ int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_g
             drop[ch.mul] = drop[ch.sig] = drop[ch.lin] = true;
         }
     }
-    int w = 0;
-    for (int i = 0; i < g->n_nodes; i++)
-        if (!drop[i]) g->nodes[w++] = g->nodes[i];
-    g->n_nodes = w;
+    msm_graph_drop_nodes(g, drop);
     free(drop);
     *ret = g;
     return 0;

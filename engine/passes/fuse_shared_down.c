@@ -27,20 +27,12 @@
 
 #include "msm_pass.h"
 
-/* The node writing value v among nodes [0, end), or -1. */
-static int producer(const msm_graph *g, int v, int end) {
-    for (int j = end - 1; j >= 0; j--)
-        for (int k = 0; k < g->nodes[j].n_out; k++)
-            if (g->nodes[j].out[k] == v) return j;
-    return -1;
-}
-
 /* Node c's MOE_COMBINE_NORM, its experts m and shared down d, if they have the form above. */
 static bool match(const msm_graph *g, int c, int *m, int *d) {
     const msm_node *cn = &g->nodes[c];
     if (cn->op != MSM_OP_MOE_COMBINE_NORM || cn->w[0] < 0 || cn->w[1] < 0) return false;
     int routed = cn->in[1], shared = cn->in[2], h = cn->in[3];
-    int pm = producer(g, routed, c), pd = producer(g, shared, c);
+    int pm = msm_graph_producer(g, routed, c), pd = msm_graph_producer(g, shared, c);
     if (pm < 0 || pd < 0 || msm_graph_readers(g, routed) != 1 || msm_graph_readers(g, shared) != 1) return false;
     const msm_node *mn = &g->nodes[pm], *dn = &g->nodes[pd];
     const msm_attr_moe_experts *ma = &mn->attr.moe_experts;
@@ -115,10 +107,7 @@ int msm_pass_fuse_shared_down(const msm_graph *in, const msm_pass_opts *o, msm_g
         free(drop);
         return r;
     }
-    int w = 0;
-    for (int i = 0; i < g->n_nodes; i++)
-        if (!drop[i]) g->nodes[w++] = g->nodes[i];
-    g->n_nodes = w;
+    msm_graph_drop_nodes(g, drop);
     free(drop);
     *ret = g;
     return 0;

@@ -40,4 +40,21 @@ r1)
     el done | tee -a $OUT/gpu.txt
     pack
     ;;
+r2)
+    # on an H200 (the README table's card): the twenty-first session's MHA rule and this session's
+    # fused shared down against each off, three rounds; then the table on all four presets
+    hdr
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q15 1,2,4,8 h200 --
+        b $Q15 1,2 h200 MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T=0 --
+        b $Q15 1,2,4,8 h200 -- --fuse-shared 0
+    done
+    el table | tee -a $OUT/gpu.txt
+    b $Q15 1,2,4,8,16,32,128,256 table --
+    b $Q3 1,2,4,8,16,32,128,256 table --
+    b $Q3F 1,2,4,8,16,32,128,256 table --
+    b $GLM 1,2,4,8,32,128 table --
+    el done | tee -a $OUT/gpu.txt
+    ;;
 esac
