@@ -34,6 +34,7 @@ r1)
         b $Q15 1,2,4,8 fs --
         b $Q15 1,2,4,8 fs -- --fuse-shared 8
         b $Q15 1,2 fs MSM_CUDA_MOE_PAIR_EARLY=1 -- --fuse-shared 2
+        b $Q15 1,2 fs MSM_CUDA_MOE_AUX_SERIAL_MAX_T=0 -- --fuse-shared 2
     done
     el timeline | tee -a $OUT/gpu.txt
     ROWS=40 tl $Q15 1 q15b1-fs -- --fuse-shared 1
