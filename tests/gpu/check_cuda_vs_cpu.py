@@ -82,7 +82,10 @@ for m in MODELS:
     else:
         g = json.load(open(f"{d}/golden.json"))
         prompts, lens = g["prompts"], [len(x) for x in g["generated"]]
+    keep = [int(x) for x in os.environ["CHECK_PROMPTS"].split(",")] if os.environ.get("CHECK_PROMPTS") else None
     for i, (p, n) in enumerate(zip(prompts, lens)):
+        if keep is not None and i not in keep:  # e.g. CHECK_PROMPTS=0,1 for a quicker partial run
+            continue
         try:
             ct, cl = run(d, p, n, "--backend", "cpu")
             gt, gl = run(d, p, n, "--backend", "cuda")

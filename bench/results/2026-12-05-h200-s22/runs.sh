@@ -18,7 +18,7 @@ r1)
     tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
     grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
     el check | tee -a $OUT/gpu.txt
-    CHECK_MODELS=qwen2moe-gqa MSMOE_RUN=gpu-run/bin/msmoe-run timeout 150 python3 tests/gpu/check_cuda_vs_cpu.py \
+    CHECK_MODELS=qwen2moe-gqa CHECK_PROMPTS=0,1 MSMOE_RUN=gpu-run/bin/msmoe-run timeout 150 python3 tests/gpu/check_cuda_vs_cpu.py \
         > $OUT/check.txt 2>&1
     grep -c PASS $OUT/check.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
     grep -E "FAIL|fused|failed" $OUT/check.txt | head -14 | tee -a $OUT/gpu.txt
