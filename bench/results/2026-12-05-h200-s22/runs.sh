@@ -10,8 +10,8 @@ r1)
     # pass fuse_shared_down (a gated shared expert's down inside the routed experts' down, in the
     # graph of steps up to N tokens): its kernel tests, check_cuda_vs_cpu on qwen2moe-gqa (the fused
     # graph against the CPU, and its replay / one-stream / PDL / early-down lines bitwise),
-    # check_presets on Qwen1.5-MoE (the near line; the bitwise lines on top of it), the A/B (three
-    # rounds, 1-8 tokens), the timeline at one token
+    # check_presets on Qwen1.5-MoE (the near line), the A/B (three rounds, 1-8 tokens), the
+    # timeline at one token
     hdr
     timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 \
         --filter "cuda_kernels/@(tuning*|moe_gateup*|moe_down_split*|moe_experts_gemv*)" > $OUT/kernels.txt 2>&1
@@ -25,8 +25,6 @@ r1)
     el presets | tee -a $OUT/gpu.txt
     CHECK_PROMPTS=0,2 CHECK_VARIANTS="shared expert's down" timeout 80 python3 tests/gpu/check_presets.py \
         config/models/$Q15.json > $OUT/presets.txt 2>&1
-    CHECK_PROMPTS=0,2 CHECK_BASE_FLAGS="--fuse-shared 16" CHECK_VARIANTS="graph replay,multi-stream,PDL on,early" \
-        timeout 100 python3 tests/gpu/check_presets.py config/models/$Q15.json >> $OUT/presets.txt 2>&1
     grep -c PASS $OUT/presets.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
     grep -E "FAIL|within" $OUT/presets.txt | head -12 | tee -a $OUT/gpu.txt
     el ab | tee -a $OUT/gpu.txt
@@ -34,7 +32,6 @@ r1)
         b $Q15 1,2,4,8 fs --
         b $Q15 1,2,4,8 fs -- --fuse-shared 8
         b $Q15 1,2 fs MSM_CUDA_MOE_PAIR_EARLY=1 -- --fuse-shared 2
-        b $Q15 1,2 fs MSM_CUDA_MOE_AUX_SERIAL_MAX_T=0 -- --fuse-shared 2
     done
     el timeline | tee -a $OUT/gpu.txt
     ROWS=40 tl $Q15 1 q15b1-fs -- --fuse-shared 1
