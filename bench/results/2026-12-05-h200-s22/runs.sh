@@ -9,32 +9,25 @@ case "$1" in
 r1)
     # pass fuse_shared_down (a gated shared expert's down inside the routed experts' down, in the
     # graph of steps up to N tokens): its kernel tests, check_cuda_vs_cpu on qwen2moe-gqa (the fused
-    # graph against the CPU, and its replay / one-stream / PDL / early-down lines bitwise),
-    # check_presets on Qwen1.5-MoE (the near line), the A/B (three rounds, 1-8 tokens), the
-    # timeline at one token
+    # graph against the CPU, and its replay / one-stream / PDL / early-down lines bitwise; one
+    # prompt), the A/B (three rounds, 1-8 tokens), the timeline at one token if time is left
     hdr
     timeout 100 gpu-run/bin/test_cuda_kernels --jobs 4 \
         --filter "cuda_kernels/@(tuning*|moe_gateup*|moe_down_split*|moe_experts_gemv*)" > $OUT/kernels.txt 2>&1
     tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
     grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
     el check | tee -a $OUT/gpu.txt
-    CHECK_MODELS=qwen2moe-gqa CHECK_PROMPTS=0,1 MSMOE_RUN=gpu-run/bin/msmoe-run timeout 150 python3 tests/gpu/check_cuda_vs_cpu.py \
+    CHECK_MODELS=qwen2moe-gqa CHECK_PROMPTS=1 MSMOE_RUN=gpu-run/bin/msmoe-run timeout 150 python3 tests/gpu/check_cuda_vs_cpu.py \
         > $OUT/check.txt 2>&1
     grep -c PASS $OUT/check.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
     grep -E "FAIL|fused|failed" $OUT/check.txt | head -14 | tee -a $OUT/gpu.txt
-    el presets | tee -a $OUT/gpu.txt
-    CHECK_PROMPTS=0,2 CHECK_VARIANTS="shared expert's down" timeout 80 python3 tests/gpu/check_presets.py \
-        config/models/$Q15.json > $OUT/presets.txt 2>&1
-    grep -c PASS $OUT/presets.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
-    grep -E "FAIL|within" $OUT/presets.txt | head -12 | tee -a $OUT/gpu.txt
     el ab | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
         b $Q15 1,2,4,8 fs --
         b $Q15 1,2,4,8 fs -- --fuse-shared 8
-        b $Q15 1,2 fs MSM_CUDA_MOE_PAIR_EARLY=1 -- --fuse-shared 2
     done
     el timeline | tee -a $OUT/gpu.txt
-    ROWS=40 tl $Q15 1 q15b1-fs -- --fuse-shared 1
+    [ "$(left 520)" -gt 40 ] && ROWS=40 tl $Q15 1 q15b1-fs -- --fuse-shared 1
     el done | tee -a $OUT/gpu.txt
     pack
     ;;
