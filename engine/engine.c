@@ -217,7 +217,8 @@ static int rank_capture(rank_ctx *rc) {
     return 0;
 }
 
-/* Whether pass fuse_shared_down has a layer to take in this model: a gated shared expert (Qwen2-MoE)
+/* Whether pass fuse_shared_down has a layer to take in this model (at tp 1: where an all-reduce
+ * sits before the combine it takes nothing): a gated shared expert (Qwen2-MoE)
  * whose columns are a multiple of the routed experts' and fill at most 8 slots of a token with
  * them (the CUDA kernel's warps: msm_cuda_moe_down_shared), in bf16 (no FP8 kernels for it). The
  * CPU backend keeps the same rule, so both run the same graphs. */
@@ -253,7 +254,7 @@ static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, in
     if (rank == o->test_diverge_rank) po.fuse_allreduce = !po.fuse_allreduce; /* test-only: V4 */
     r = msm_passes_apply(*ret_plain, &po, ret_graph, err);
     if (r) return r;
-    if (o->fuse_shared_max_tokens > 0 && fuse_shared_takes(cfg)) {
+    if (o->fuse_shared_max_tokens > 0 && o->tp == 1 && fuse_shared_takes(cfg)) { /* tp > 1: nothing to take */
         po.fuse_shared_down = true;
         r = msm_passes_apply(*ret_plain, &po, ret_graph_fs, err);
         po.fuse_shared_down = false;

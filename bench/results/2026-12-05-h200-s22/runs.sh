@@ -8,10 +8,13 @@ Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b Q3F=qwen3-30b-a3b-fp8 GLM=glm-4.5-air-fp8
 case "$1" in
 r1)
     # pass fuse_shared_down (a gated shared expert's down inside the routed experts' down, in the
-    # graph of steps up to N tokens), in the order of what matters most if the device time runs
-    # out: its kernel tests, the A/B (three rounds, 1-8 tokens), check_cuda_vs_cpu on qwen2moe-gqa
-    # (the fused graph against the CPU, and its replay / one-stream / PDL / early-down lines
-    # bitwise; one prompt), the timeline at one token
+    # graph of steps up to N tokens), on any GPU, in the order of what matters most if the device
+    # time runs out: its kernel tests, the A/B (three rounds, 1-8 tokens; the early down and the
+    # routed gate/up as the router's programmatic dependent on top of it at 1-2),
+    # check_cuda_vs_cpu on qwen2moe-gqa (the fused graph against the CPU, and its replay /
+    # one-stream / PDL / early-down lines bitwise), check_presets on Qwen1.5-MoE (the near line,
+    # and the bitwise lines on top of it), the timeline at one token. Not run in the twenty-second
+    # session (no device machine could be started); the next session's first run.
     hdr
     timeout 60 gpu-run/bin/test_cuda_kernels --jobs 4 \
         --filter "cuda_kernels/@(tuning*|moe_gateup*|moe_down_split*)" > $OUT/kernels.txt 2>&1
@@ -21,25 +24,35 @@ r1)
     for i in 1 2 3; do
         b $Q15 1,2,4,8 fs --
         b $Q15 1,2,4,8 fs -- --fuse-shared 8
+        b $Q15 1,2 fs MSM_CUDA_MOE_PAIR_EARLY=1 -- --fuse-shared 2
+        b $Q15 1,2 fs MSM_CUDA_MOE_AUX_SERIAL_MAX_T=0 -- --fuse-shared 2
     done
     el check | tee -a $OUT/gpu.txt
-    CHECK_MODELS=qwen2moe-gqa CHECK_PROMPTS=1 MSMOE_RUN=gpu-run/bin/msmoe-run timeout 150 python3 tests/gpu/check_cuda_vs_cpu.py \
-        > $OUT/check.txt 2>&1
+    CHECK_MODELS=qwen2moe-gqa,qwen2moe-mha-tied CHECK_PROMPTS=0,1 MSMOE_RUN=gpu-run/bin/msmoe-run timeout 150 \
+        python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/check.txt 2>&1
     grep -c PASS $OUT/check.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
     grep -E "FAIL|fused|failed" $OUT/check.txt | head -14 | tee -a $OUT/gpu.txt
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_PROMPTS=0,2 CHECK_VARIANTS="shared expert's down" timeout 80 python3 tests/gpu/check_presets.py \
+        config/models/$Q15.json > $OUT/presets.txt 2>&1
+    CHECK_PROMPTS=0,2 CHECK_BASE_FLAGS="--fuse-shared 16" CHECK_VARIANTS="graph replay,multi-stream,PDL on,early" \
+        timeout 100 python3 tests/gpu/check_presets.py config/models/$Q15.json >> $OUT/presets.txt 2>&1
+    grep -c PASS $OUT/presets.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
+    grep -E "FAIL|within" $OUT/presets.txt | head -12 | tee -a $OUT/gpu.txt
     el timeline | tee -a $OUT/gpu.txt
     ROWS=40 tl $Q15 1 q15b1-fs -- --fuse-shared 1
     el done | tee -a $OUT/gpu.txt
     ;;
 r2)
-    # on an H200 (the README table's card): the twenty-first session's MHA rule and this session's
-    # fused shared down against each off, three rounds; then the table on all four presets
+    # on an H200 (the README table's card), after r1: the twenty-first session's MHA rule against
+    # it off and the fused shared down (--fuse-shared 2; set N by r1) against off, three rounds; then the
+    # table on all four presets (the twenty-first session's r5, with the fused arm)
     hdr
     el ab | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
         b $Q15 1,2,4,8 h200 --
         b $Q15 1,2 h200 MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T=0 --
-        b $Q15 1,2,4,8 h200 -- --fuse-shared 0
+        b $Q15 1,2,4,8 h200 -- --fuse-shared 2
     done
     el table | tee -a $OUT/gpu.txt
     b $Q15 1,2,4,8,16,32,128,256 table --
