@@ -77,6 +77,7 @@ int msm_pass_fuse_shared_down(const msm_graph *in, const msm_pass_opts *o, msm_g
         int ids = mn->in[1], tw = mn->in[2], wdown = mn->w[1];
         mn->op = MSM_OP_MOE_GATEUP; /* the experts' first half, at their place */
         mn->n_in = 2;
+        mn->in[2] = -1;
         mn->out[0] = act;
         mn->w[1] = mn->w[2] = -1;
         msm_node *cn = &g->nodes[c];
