@@ -9,7 +9,9 @@
  * e4m3 -> half conversion where msm_cuda_tuning.fp8_moe_hw says so (HW: fewer instructions a code
  * for these issue-bound kernels; the same products, see msm_cuda_tuning.fp8_moe_hw). With
  * msm_cuda_tuning.fp8_moe_lean the FP8 gate/up and split down take msm_rows_dot_fp8_lean, the same
- * sums in registers that make one token's grids one wave. */
+ * sums in registers that make one token's grids one wave. Also the two ops of pass fuse_shared_down
+ * (msm_cuda_moe_gateup: kernel A alone; msm_cuda_moe_down_shared: B's split form with a gated
+ * shared expert's down as more warps of the block), at the end of the file. */
 #include "moe_internal.h"
 
 #include <errno.h>
