@@ -44,21 +44,25 @@ r1)
     el done | tee -a $OUT/gpu.txt
     ;;
 r2)
-    # on an H200 (the README table's card), after r1: the twenty-first session's MHA rule against
-    # it off and the fused shared down (--fuse-shared 2; set N by r1) against off, three rounds; then the
-    # table on all four presets (the twenty-first session's r5, with the fused arm)
+    # on an H200 (the README table's card), after r1 (the fused shared down lost at every size, so
+    # no arm of it here): the twenty-first session's MHA rule against it off, three rounds; the
+    # table on all four presets (the twenty-first session's r5); the one-token timelines of
+    # Qwen1.5-MoE, Qwen3-30B-A3B and its FP8 preset (where batch 1 goes now, on this card)
     hdr
     el ab | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
         b $Q15 1,2,4,8 h200 --
         b $Q15 1,2 h200 MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T=0 --
-        b $Q15 1,2,4,8 h200 -- --fuse-shared 2
     done
     el table | tee -a $OUT/gpu.txt
     b $Q15 1,2,4,8,16,32,128,256 table --
     b $Q3 1,2,4,8,16,32,128,256 table --
     b $Q3F 1,2,4,8,16,32,128,256 table --
     b $GLM 1,2,4,8,32,128 table --
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=60 tl $Q15 1 q15b1
+    ROWS=60 tl $Q3 1 q3b1
+    ROWS=60 tl $Q3F 1 q3fb1
     el done | tee -a $OUT/gpu.txt
     ;;
 esac
