@@ -62,7 +62,6 @@ static const key_def keys[] = {
     INT("engine", "replicas", replicas, 1, MSM_MAX_GROUPS),
     BOOL("engine", "multi_stream", multi_stream),
     INT("engine", "multi_stream_max_tokens", multi_stream_max_tokens, 0, 1 << 20),
-    INT("engine", "fuse_shared_max_tokens", fuse_shared_max_tokens, 0, MSM_FUSE_SHARED_MAX),
     BOOL("engine", "fuse_allreduce", fuse_allreduce),
     INT("engine", "kv_blocks", kv_blocks, 2, 1 << 24),
     INT("engine", "max_step_tokens", max_step_tokens, 1, 1 << 20),
@@ -107,7 +106,6 @@ void msm_config_defaults(msm_config *c) {
     c->replicas = 1;
     c->multi_stream = true;
     c->multi_stream_max_tokens = MSM_MULTI_STREAM_MAX_TOKENS;
-    c->fuse_shared_max_tokens = MSM_FUSE_SHARED_MAX_TOKENS;
     c->fuse_allreduce = true;
     c->kv_blocks = 1024;
     c->max_step_tokens = 512;

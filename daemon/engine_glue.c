@@ -63,7 +63,6 @@ void msm_config_engine_opts(const msm_config *c, msm_engine_opts *o) {
     o->first_device = 0;
     o->multi_stream = c->multi_stream;
     o->multi_stream_max_tokens = c->multi_stream_max_tokens;
-    o->fuse_shared_max_tokens = c->fuse_shared_max_tokens;
     o->fuse_allreduce = c->fuse_allreduce;
     o->kv_blocks = c->kv_blocks;
     o->max_step_tokens = c->max_step_tokens;

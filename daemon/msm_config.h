@@ -53,8 +53,6 @@ typedef struct msm_config {
     int replicas;              /* CPU (and fake) backend: how many engines (TP groups) */
     bool multi_stream;
     int multi_stream_max_tokens; /* steps of more tokens run on one stream (0: no limit) */
-    int fuse_shared_max_tokens;  /* steps of up to this many tokens take the shared expert's down
-                                    into the routed experts' (0: never) */
     bool fuse_allreduce;
     int kv_blocks;
     int max_step_tokens;

@@ -171,15 +171,6 @@ static int run_node(cpu_backend *cb, const msm_graph *g, int idx, const msm_step
                             cb->weights[n->w[1]], ROWS(in0), a->moe_experts.H, a->moe_experts.I,
                             a->moe_experts.k, scratch);
         break;
-    case MSM_OP_MOE_GATEUP:
-        msm_cpu_moe_gateup(F(out0), F(in0), I32(n->in[1]), cb->weights[n->w[0]], ROWS(in0), a->moe_experts.H,
-                           a->moe_experts.I, a->moe_experts.k);
-        break;
-    case MSM_OP_MOE_DOWN_SHARED:
-        msm_cpu_moe_down_shared(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), F(n->in[3]), F(n->in[4]),
-                                cb->weights[n->w[0]], cb->weights[n->w[1]], cb->weights[n->w[2]], ROWS(in0),
-                                a->moe_experts.H, a->moe_experts.I, a->moe_experts.Is, a->moe_experts.k);
-        break;
     case MSM_OP_GATHER_ROWS:
         msm_cpu_gather_rows(F(out0), F(in0), I32(n->in[1]), ROWS(out0), g->vals[in0].cols);
         break;

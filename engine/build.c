@@ -314,7 +314,7 @@ static int moe_block(builder *b, int h) {
         part_cols(b, wd, e, 0, s, H, I);
     }
     int routed = val(b, "routed", MSM_F32, MSM_ROWS_T, H);
-    node(b, MSM_OP_MOE_EXPERTS, 3, IN(h, ids, tw), 1, IN(routed), IN(wgu, wd, -1), ATTR(moe_experts, H, Il, k, E, 0));
+    node(b, MSM_OP_MOE_EXPERTS, 3, IN(h, ids, tw), 1, IN(routed), IN(wgu, wd, -1), ATTR(moe_experts, H, Il, k, E));
     routed = allreduce(b, "routed_sum", routed);
     if (!msm_model_config_has_shared(c, L)) return routed;
 

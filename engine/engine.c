@@ -38,9 +38,6 @@ typedef struct rank_ctx {
     msm_graph *plain, *graph;
     msm_graph *graph_1s; /* the same passes but one stream, for steps past multi_stream_max_tokens
                           * (NULL when there is no such limit); shares the arena with graph */
-    msm_graph *graph_fs; /* the same passes and fuse_shared_down, for steps of up to
-                          * fuse_shared_max_tokens tokens (NULL when off or the model has no
-                          * shared expert it takes); shares the arena with graph */
     int r;          /* result of the last command */
     msm_err err;
     msm_load_stats load;           /* this rank's weight load */
@@ -103,7 +100,6 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->fuse_allreduce_norm = true;
     o->fuse_router = true;
     o->fuse_linear_norm = false; /* bitwise on the H200 but no faster (bench/results/2026-12-01-h200-attn) */
-    o->fuse_shared_max_tokens = MSM_FUSE_SHARED_MAX_TOKENS;
     o->router_first = true; /* bench/results/2026-12-03-h200-s6 run 2: Qwen1.5-MoE batch 1-16 -0.01..0.02 ms */
     o->kv_blocks = 1024;
     o->max_step_tokens = 512;
@@ -116,11 +112,9 @@ void msm_engine_opts_default(msm_engine_opts *o) {
 
 static int write_inputs(rank_ctx *rc, const msm_graph *g);
 
-/* The graph a step of T tokens runs: the fused-shared-expert graph up to its token limit, the
- * one-stream graph past the multi-stream token limit. */
+/* The graph a step of T tokens runs: the one-stream graph past the multi-stream token limit. */
 static const msm_graph *graph_for(const rank_ctx *rc, int T) {
     int lim = rc->e->o.multi_stream_max_tokens;
-    if (rc->graph_fs && T <= rc->e->o.fuse_shared_max_tokens) return rc->graph_fs;
     return rc->graph_1s && lim > 0 && T > lim ? rc->graph_1s : rc->graph;
 }
 
@@ -217,21 +211,10 @@ static int rank_capture(rank_ctx *rc) {
     return 0;
 }
 
-/* Whether pass fuse_shared_down has a layer to take in this model (at tp 1: where an all-reduce
- * sits before the combine it takes nothing): a gated shared expert (Qwen2-MoE)
- * whose columns are a multiple of the routed experts' and fill at most 8 slots of a token with
- * them (the CUDA kernel's warps: msm_cuda_moe_down_shared), in bf16 (no FP8 kernels for it). The
- * CPU backend keeps the same rule, so both run the same graphs. */
-static bool fuse_shared_takes(const msm_model_config *c) {
-    int I = c->moe_intermediate, Is = c->shared_intermediate;
-    return c->shared_gate && Is > 0 && I > 0 && Is % I == 0 && c->top_k + Is / I <= 8 && c->fp8_block == 0;
-}
-
 /* Rank `rank`'s graphs: the plain one built, then the passes (and the verifier) applied; the
- * one-stream variant and the fused-shared-expert one too when the options ask for them. Shared by the load and msm_engine_validate. */
+ * one-stream variant too when the options ask for it. Shared by the load and msm_engine_validate. */
 static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, int max_blocks, int rank,
-                       msm_graph **ret_plain, msm_graph **ret_graph, msm_graph **ret_graph_1s,
-                       msm_graph **ret_graph_fs, msm_err *err) {
+                       msm_graph **ret_plain, msm_graph **ret_graph, msm_graph **ret_graph_1s, msm_err *err) {
     msm_build_opts bo = {.max_T = o->max_step_tokens, .max_S = o->max_seqs, .max_blocks = max_blocks};
     int r = msm_graph_build(cfg, rank, o->tp, &bo, ret_plain, err);
     if (r) return r;
@@ -254,36 +237,25 @@ static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, in
     if (rank == o->test_diverge_rank) po.fuse_allreduce = !po.fuse_allreduce; /* test-only: V4 */
     r = msm_passes_apply(*ret_plain, &po, ret_graph, err);
     if (r) return r;
-    if (o->fuse_shared_max_tokens > 0 && o->tp == 1 && fuse_shared_takes(cfg)) { /* tp > 1: nothing to take */
-        po.fuse_shared_down = true;
-        r = msm_passes_apply(*ret_plain, &po, ret_graph_fs, err);
-        po.fuse_shared_down = false;
-        if (r) return r;
-    }
     if (o->multi_stream && o->multi_stream_max_tokens > 0 && o->multi_stream_max_tokens < o->max_step_tokens) {
         po.multi_stream = false;
         r = msm_passes_apply(*ret_plain, &po, ret_graph_1s, err);
         if (r) return r;
+        /* one arena serves both: the backend allocates the larger plan (the step inputs sit at
+         * each graph's own offsets, written before each step) */
+        size_t a = (*ret_graph)->arena_bytes, b1 = (*ret_graph_1s)->arena_bytes;
+        (*ret_graph)->arena_bytes = (*ret_graph_1s)->arena_bytes = a > b1 ? a : b1;
         if (msm_graph_collective_hash(*ret_graph) != msm_graph_collective_hash(*ret_graph_1s))
             return msm_err_set(err, -EPROTO, "graph verify: the one-stream graph's collective "
                                              "sequence differs from the multi-stream graph's");
     }
-    /* one arena serves them all: the backend allocates the largest plan (the step inputs sit at
-     * each graph's own offsets, written before each step) */
-    msm_graph *gs[3] = {*ret_graph, *ret_graph_1s, *ret_graph_fs};
-    size_t top = 0;
-    for (int i = 0; i < 3; i++)
-        if (gs[i] && gs[i]->arena_bytes > top) top = gs[i]->arena_bytes;
-    for (int i = 0; i < 3; i++)
-        if (gs[i]) gs[i]->arena_bytes = top;
     return 0;
 }
 
 static int rank_init(rank_ctx *rc) {
     msm_engine *e = rc->e;
     msm_err *err = &rc->err;
-    int r = rank_graphs(&e->o, &e->cfg, e->max_blocks, rc->rank, &rc->plain, &rc->graph, &rc->graph_1s,
-                        &rc->graph_fs, err);
+    int r = rank_graphs(&e->o, &e->cfg, e->max_blocks, rc->rank, &rc->plain, &rc->graph, &rc->graph_1s, err);
     if (r) return r;
     if (e->o.backend == MSM_BACKEND_CUDA) {
 #ifdef MSM_HAVE_CUDA
@@ -467,9 +439,6 @@ static int open_model(const msm_engine_opts *o, msm_model_config *cfg, msm_safet
     }
     if (r) return r;
     if (o->tp < 1 || o->tp > 64) return msm_err_set(err, -EINVAL, "tp must be between 1 and 64, got %d", o->tp);
-    if (o->fuse_shared_max_tokens < 0 || o->fuse_shared_max_tokens > MSM_FUSE_SHARED_MAX)
-        return msm_err_set(err, -EINVAL, "fuse_shared_max_tokens must be between 0 and %d, got %d",
-                           MSM_FUSE_SHARED_MAX, o->fuse_shared_max_tokens);
     if (o->max_step_tokens < 1 || o->max_seqs < 1 || o->kv_blocks < 2 || o->deadline_ms < 1)
         return msm_err_set(err, -EINVAL, "engine limits must be positive (max_step_tokens %d, max_seqs "
                                          "%d, kv_blocks %d)", o->max_step_tokens, o->max_seqs, o->kv_blocks);
@@ -491,12 +460,11 @@ int msm_engine_validate(const msm_engine_opts *o, msm_model_config *ret_cfg, int
     msm_safetensors *st = NULL;
     int ctx = 0, r = open_model(o, &cfg, &st, &ctx, err);
     for (int q = 0; r == 0 && q < o->tp; q++) {
-        msm_graph *plain = NULL, *graph = NULL, *graph_1s = NULL, *graph_fs = NULL;
-        r = rank_graphs(o, &cfg, msm_kv_blocks_for(ctx), q, &plain, &graph, &graph_1s, &graph_fs, err);
+        msm_graph *plain = NULL, *graph = NULL, *graph_1s = NULL;
+        r = rank_graphs(o, &cfg, msm_kv_blocks_for(ctx), q, &plain, &graph, &graph_1s, err);
         if (r == 0 && st) r = msm_weights_check(plain, st, err);
         msm_graph_free(graph);
         msm_graph_free(graph_1s);
-        msm_graph_free(graph_fs);
         msm_graph_free(plain);
     }
     msm_safetensors_free(st);
@@ -626,7 +594,6 @@ void msm_engine_free(msm_engine *e) {
             msm_backend_free(rc->be);
             msm_graph_free(rc->graph);
             msm_graph_free(rc->graph_1s);
-            msm_graph_free(rc->graph_fs);
             msm_graph_free(rc->plain);
         }
     }
@@ -840,10 +807,6 @@ int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_ste
 int msm_engine_dump_graph(msm_engine *e, int rank, FILE *out) {
     if (rank < 0 || rank >= e->tp) return -EINVAL;
     msm_graph_dump(e->ranks[rank].graph, out);
-    if (e->ranks[rank].graph_fs) {
-        fprintf(out, "# the graph of steps of up to %d tokens (pass fuse_shared_down)\n", e->o.fuse_shared_max_tokens);
-        msm_graph_dump(e->ranks[rank].graph_fs, out);
-    }
     return 0;
 }
 

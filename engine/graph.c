@@ -365,13 +365,8 @@ static void dump_attr(const msm_node *n, FILE *out) {
                 a->router_group.norm, (double)a->router_group.scale);
         break;
     case MSM_OP_MOE_EXPERTS:
-    case MSM_OP_MOE_GATEUP:
         fprintf(out, " [H=%d I=%d k=%d E=%d]", a->moe_experts.H, a->moe_experts.I, a->moe_experts.k,
                 a->moe_experts.E);
-        break;
-    case MSM_OP_MOE_DOWN_SHARED:
-        fprintf(out, " [H=%d I=%d k=%d E=%d Is=%d]", a->moe_experts.H, a->moe_experts.I, a->moe_experts.k,
-                a->moe_experts.E, a->moe_experts.Is);
         break;
     case MSM_OP_SAMPLE: fprintf(out, " [V=%d V_pad=%d]", a->sample.V, a->sample.V_pad); break;
     default: break;

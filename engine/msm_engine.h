@@ -58,9 +58,6 @@ typedef struct msm_engine_opts {
     bool fuse_allreduce_norm;  /* pass fuse_allreduce_add_rmsnorm (default on) */
     bool fuse_router;          /* pass fuse_router_topk (default on) */
     bool fuse_linear_norm;     /* pass fuse_linear_add_rmsnorm (default off: measured no faster on the H200) */
-    int fuse_shared_max_tokens; /* steps of up to this many tokens run a graph with pass
-                                   fuse_shared_down (a gated shared expert's down inside the routed
-                                   experts' down); 0: never (default MSM_FUSE_SHARED_MAX_TOKENS) */
     bool router_first;         /* multi_stream_moe issues each layer's router before its shared
                                   expert's branch (see engine/passes/multi_stream.c; default on) */
     bool router_alone;         /* ... and forks the shared expert's branch only after the router

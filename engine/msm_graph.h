@@ -66,14 +66,7 @@ typedef enum msm_stream { MSM_STREAM_MAIN = 0, MSM_STREAM_AUX = 1, MSM_N_STREAMS
     X(PREFETCH_KV)  /* in: seq, pos, block_tables (step inputs), no outputs; attr: its layer's     \
                        ATTENTION's: a hint that pulls the layer's K/V cache rows below each      \
                        token's position into L2 (pass prefetch_l2 with prefetch_kv, on the aux   \
-                       stream); changes no value, a backend may ignore it */ \
-    X(MOE_GATEUP)   /* in: x [T,H], ids [T,k]   w: gate_up [E,2I,H]   out: act [T, k*I]:          \
-                       silu(gate) * up of each (token, slot) pair's expert, the first half of     \
-                       MOE_EXPERTS (pass-made: fuse_shared_down) */                              \
-    X(MOE_DOWN_SHARED) /* in: act [T,k*I], ids, w [T,k], sact [T,Is], h [T,H]                      \
-                       w: down [E,H,I], sdown [H,Is], gate [1,H]   out: [T,H] =                  \
-                       sum_j w_j down_e(act_j) + sigmoid(h . gate) * (sact . sdown^T): the routed \
-                       experts' down and a gated shared expert's, combined (pass-made) */
+                       stream); changes no value, a backend may ignore it */
 
 typedef enum msm_op {
 #define MSM_OP_ENUM(n) MSM_OP_##n,
@@ -141,10 +134,7 @@ typedef struct msm_attr_router_group {
     int norm;                /* renormalise the k weights to sum 1 (+ 1e-20) */
     float scale;             /* routed_scaling_factor, applied after the renormalisation */
 } msm_attr_router_group;
-typedef struct msm_attr_moe_experts {
-    int H, I, k, E;
-    int Is; /* MOE_DOWN_SHARED: the shared expert's columns (sdown [H, Is]); 0 for the others */
-} msm_attr_moe_experts; /* MOE_EXPERTS, MOE_GATEUP, MOE_DOWN_SHARED */
+typedef struct msm_attr_moe_experts { int H, I, k, E; } msm_attr_moe_experts;
 typedef struct msm_attr_linear_norm { int N, K; float eps; } msm_attr_linear_norm; /* norm dim N */
 typedef struct msm_attr_sample { int V, V_pad; } msm_attr_sample; /* vocabulary, logits row length */
 
@@ -158,7 +148,7 @@ typedef union msm_attr {
     msm_attr_swiglu swiglu;
     msm_attr_router_topk router_topk; /* ROUTER_TOPK, ROUTER_LINEAR_TOPK */
     msm_attr_router_group router_group; /* ROUTER_GROUP_TOPK */
-    msm_attr_moe_experts moe_experts; /* MOE_EXPERTS, MOE_GATEUP, MOE_DOWN_SHARED */
+    msm_attr_moe_experts moe_experts;
     msm_attr_linear_norm linear_norm; /* LINEAR_ADD_RMSNORM */
     msm_attr_sample sample;
 } msm_attr;

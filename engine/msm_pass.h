@@ -24,7 +24,6 @@ typedef struct msm_pass_opts {
     bool fuse_allreduce_norm; /* fuse_allreduce_add_rmsnorm */
     bool fuse_router;      /* fuse_router_topk */
     bool fuse_linear_norm; /* fuse_linear_add_rmsnorm */
-    bool fuse_shared_down; /* fuse_shared_down (the engine's graph of small steps only) */
     bool router_first;     /* multi_stream_moe: the router issued before the aux branch */
     bool router_alone;     /* multi_stream_moe: the aux branch forked after the router (waits for it) */
     bool fork_before_norm; /* fork_before_norm (with multi_stream) */
@@ -73,12 +72,6 @@ int msm_pass_fuse_add_rmsnorm(const msm_graph *in, const msm_pass_opts *o, msm_g
  * experts (GLM-4.5) have no MUL and are left alone. */
 int msm_pass_fuse_moe_combine(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret,
                               msm_err *err);
-
-/* A gated shared expert's down LINEAR, the routed MOE_EXPERTS and their MOE_COMBINE_NORM → the
- * experts' gate/up (MOE_GATEUP, at MOE_EXPERTS' place), one MOE_DOWN_SHARED of both experts' downs
- * combined, and the ADD_RMSNORM (at the combine's place, after its join). Runs after
- * fuse_moe_combine; nothing to match at tp > 1. The CPU graph stays bitwise the same. */
-int msm_pass_fuse_shared_down(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret, msm_err *err);
 
 /* ALLREDUCE(p) -> a immediately followed on MAIN by the ADD_RMSNORM(x, a) that is a's only
  * reader → one ALLREDUCE_ADD_RMSNORM(p, x) writing the ADD_RMSNORM's two values: the residual

@@ -23,13 +23,6 @@
  * off), not at 2048 (126.2 against 125.3 ms): bench/results/2026-11-30-h200/run6-prefill.txt. */
 #define MSM_MULTI_STREAM_MAX_TOKENS 1024
 
-/* Default of msm_engine_opts.fuse_shared_max_tokens (pass fuse_shared_down in the graph of steps
- * of up to this many tokens; 0: no such graph). Its CUDA kernels are small-T GEMVs that read the
- * shared expert's down once a token, so a larger value costs at larger batches; the limit is
- * MSM_FUSE_SHARED_MAX. */
-#define MSM_FUSE_SHARED_MAX_TOKENS 0
-#define MSM_FUSE_SHARED_MAX 16
-
 
 /* Per output row sampling parameters. temperature <= 0 means greedy (argmax, lowest id on ties). */
 typedef struct msm_sample_params {

@@ -140,19 +140,6 @@ void msm_cpu_moe_experts(float *y, const float *x, const int32_t *ids, const flo
                          const float *gate_up, const float *down, int T, int H, int I, int k,
                          float *scratch);
 
-/* The first half of msm_cpu_moe_experts: act[t*k + j, :] = swiglu(gate_up_e x[t,:]) for e =
- * ids[t,j] (act [T*k, I]), the same arithmetic (linear, then swiglu). */
-void msm_cpu_moe_gateup(float *act, const float *x, const int32_t *ids, const float *gate_up, int T, int H,
-                        int I, int k);
-
-/* Its second half with a gated shared expert's down combined in (MOE_DOWN_SHARED):
- *   y[t,:] = sum_j w[t,j] * down_e(act[t*k + j, :])  +  sdown(sact[t,:]) * sigmoid(h[t,:] . wg)
- * as msm_cpu_moe_experts (slot order), then msm_cpu_linear (the shared down, sdown [H, Is]) and
- * msm_cpu_moe_combine compute it: bit for bit the unsplit ops. sact [T, Is], h, y [T, H], wg [H]. */
-void msm_cpu_moe_down_shared(float *y, const float *act, const int32_t *ids, const float *w, const float *sact,
-                             const float *h, const float *down, const float *sdown, const float *wg, int T, int H,
-                             int I, int Is, int k);
-
 /* ---- kernels/cpu/sample.c (twins in kernels/cuda/sample.cu) --------------------------------- */
 
 /* Samples one token per row of logits [R,V] with params p[R] into out[R]; a row holding a NaN or

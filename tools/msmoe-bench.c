@@ -15,7 +15,6 @@
  *           [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm] [--tp N]
  *           [--prefetch-l2] [--prefetch-l2-next] [--prefetch-kv]
  *           [--router-first | --no-router-first] [--router-alone] [--fork-before-norm]
- *           [--fuse-shared N]   (steps of up to N tokens with pass fuse_shared_down; 0 off)
  * Prints one table row per batch or length.
  *
  *   msmoe-bench load --model DIR [...]: checkpoint load time next to a plain read of the same
@@ -186,7 +185,7 @@ int main(int argc, char **argv) {
         {"router-first", no_argument, 0, 'r'}, {"no-router-first", no_argument, 0, 'n'},
         {"router-alone", no_argument, 0, 'A'}, {"prefetch-l2", no_argument, 0, 'P'},
         {"prefetch-l2-next", no_argument, 0, 'Q'}, {"prefetch-kv", no_argument, 0, 'K'},
-        {"fork-before-norm", no_argument, 0, 'f'}, {"fuse-shared", required_argument, 0, 'S'}, {0, 0, 0, 0}};
+        {"fork-before-norm", no_argument, 0, 'f'}, {0, 0, 0, 0}};
     int ch;
     optind = 2;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -213,7 +212,6 @@ int main(int argc, char **argv) {
         case 'C': ceiling = atof(optarg); break;
         case 'L': batches = optarg; break;
         case 'X': o.multi_stream_max_tokens = atoi(optarg); break;
-        case 'S': o.fuse_shared_max_tokens = atoi(optarg); break;
         default: return 2;
         }
     }
@@ -255,14 +253,13 @@ int main(int argc, char **argv) {
     char ctx_desc[32] = "";
     if (!prefill) snprintf(ctx_desc, sizeof ctx_desc, "context %d, ", context);
     printf("# %s %s, backend %s, tp %d, graphs %s, multi-stream %s, fuse-allreduce %s, fuse-allreduce-norm %s, "
-           "fuse-linear-norm %s, fuse-shared up to %d tokens, router %s, fork-before-norm %s, prefetch-l2 %s, "
-           "prefetch-kv %s, %s%d steps (median), "
+           "fuse-linear-norm %s, router %s, fork-before-norm %s, prefetch-l2 %s, prefetch-kv %s, %s%d steps (median), "
            "start-up %.1f s\n",
            c->arch_name,
            prefill ? "prefill" : "decode",
            msm_engine_backend_name(e), o.tp, o.cuda_graphs && o.backend == MSM_BACKEND_CUDA ? "on" : "off", ms_desc,
            o.fuse_allreduce ? "on" : "off", o.fuse_allreduce_norm ? "on" : "off", o.fuse_linear_norm ? "on" : "off",
-           o.fuse_shared_max_tokens, o.router_alone ? "alone" : o.router_first ? "first" : "in order", o.fork_before_norm ? "on" : "off",
+           o.router_alone ? "alone" : o.router_first ? "first" : "in order", o.fork_before_norm ? "on" : "off",
            o.prefetch_l2_next ? "on + next" : o.prefetch_l2 ? "on" : "off",
            o.prefetch_kv ? "on" : "off",
            ctx_desc, steps,

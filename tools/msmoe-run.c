@@ -8,7 +8,7 @@
  *             [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
  *             [--dump-logits FILE.npy] [--tp N] [--dump-graph] [--no-multi-stream]
  *             [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm]
- *             [--prefetch-l2] [--prefetch-l2-next] [--prefetch-kv] [--fork-before-norm] [--fuse-shared N]
+ *             [--prefetch-l2] [--prefetch-l2-next] [--prefetch-kv] [--fork-before-norm]
  *             [--bench]
  *             [--backend cpu|cuda]
  *             [--kv-bf16] [--fp8-as-bf16 | --fp8-as-cuda] */
@@ -33,7 +33,7 @@ static void usage(FILE *f) {
             "                 [--ignore-eos] [--dump-logits FILE.npy] [--tp N] [--dump-graph]\n"
             "                 [--no-multi-stream] [--no-fuse-allreduce] [--no-fuse-allreduce-norm]\n"
             "                 [--fuse-linear-norm] [--prefetch-l2] [--prefetch-l2-next] [--prefetch-kv]\n"
-            "                 [--fork-before-norm] [--fuse-shared N] [--bench] [--text]\n"
+            "                 [--fork-before-norm] [--bench] [--text]\n"
             "                 [--backend cpu|cuda] [--no-cuda-graphs] [--device N] [--kv-bf16]\n"
             "                 [--fp8-as-bf16 | --fp8-as-cuda]\n"
             "       msmoe-run --dummy-weights PRESET.json ...   (random weights of a config's shapes)\n"
@@ -45,9 +45,7 @@ static void usage(FILE *f) {
             "  attention; --prefetch-l2-next: also the next layer's qkv during the router (no shared expert);\n"
             "  --prefetch-kv: each layer's K/V cache rows from the norm before its qkv projection\n"
             "  --fork-before-norm: the shared expert's branch forked before the norm it reads, which it\n"
-            "  computes itself\n"
-            "  --fuse-shared N: steps of up to N tokens (0..16) run a graph whose gated shared expert's\n"
-            "  down projection is computed inside the routed experts' down (pass fuse_shared_down)\n");
+            "  computes itself\n");
 }
 
 /* On a terminal: a progress bar on stderr while the weights load; ctx: a line is left open. */
@@ -202,7 +200,7 @@ enum { O_PROMPT_IDS = 256, O_MAX_NEW, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_SEED, 
        O_TP, O_DUMP_GRAPH, O_NO_MS, O_NO_FUSE, O_BENCH, O_DUMMY, O_IGNORE_EOS, O_TOKENIZER,
        O_ENCODE, O_DECODE, O_PROMPT, O_TEXT, O_KV, O_MAXTOK, O_BACKEND, O_NO_GRAPHS, O_DEVICE, O_KV_BF16,
        O_FP8_BF16, O_FP8_CUDA, O_NO_FUSE_AR_NORM, O_FUSE_LIN_NORM, O_PREFETCH_L2, O_PREFETCH_L2_NEXT, O_PREFETCH_KV,
-       O_FORK_NORM, O_FUSE_SHARED };
+       O_FORK_NORM };
 
 /* Applies the option c with argument arg to ro. 0, or the exit status of a bad value. */
 static int set_option(run_opts *ro, int c, const char *arg) {
@@ -236,10 +234,6 @@ static int set_option(run_opts *ro, int c, const char *arg) {
     case O_PREFETCH_L2_NEXT: o->prefetch_l2_next = true; break;
     case O_PREFETCH_KV: o->prefetch_kv = true; break;
     case O_FORK_NORM: o->fork_before_norm = true; break;
-    case O_FUSE_SHARED:
-        o->fuse_shared_max_tokens = (int)strtol(arg, &end, 10);
-        if (*end || o->fuse_shared_max_tokens < 0) { fprintf(stderr, "msmoe-run: bad --fuse-shared\n"); return 2; }
-        break;
     case O_BENCH: ro->bench = true; break;
     case O_DUMMY: o->dummy_preset = arg; break;
     case O_IGNORE_EOS: ro->ignore_eos = true; break;
@@ -281,7 +275,7 @@ static int parse_args(int argc, char **argv, run_opts *ro) {
         {"no-fuse-allreduce-norm", no_argument, 0, O_NO_FUSE_AR_NORM},
         {"fuse-linear-norm", no_argument, 0, O_FUSE_LIN_NORM}, {"prefetch-l2", no_argument, 0, O_PREFETCH_L2},
         {"prefetch-l2-next", no_argument, 0, O_PREFETCH_L2_NEXT}, {"prefetch-kv", no_argument, 0, O_PREFETCH_KV},
-        {"fork-before-norm", no_argument, 0, O_FORK_NORM}, {"fuse-shared", required_argument, 0, O_FUSE_SHARED},
+        {"fork-before-norm", no_argument, 0, O_FORK_NORM},
         {"dummy-weights", required_argument, 0, O_DUMMY}, {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"tokenizer", required_argument, 0, O_TOKENIZER}, {"encode", no_argument, 0, O_ENCODE},
         {"decode", no_argument, 0, O_DECODE}, {"prompt", required_argument, 0, O_PROMPT},

@@ -382,31 +382,6 @@ static bool aux_beside(const msm_graph *g, int i) {
     return false;
 }
 
-/* The node before node i on its stream that launches kernels (events and L2 hints passed over), or -1. */
-static int prev_kernel_node(const msm_graph *g, int i) {
-    for (int j = i - 1; j >= 0; j--) {
-        const msm_node *x = &g->nodes[j];
-        if (x->stream == g->nodes[i].stream && !hint_node(x)) return j;
-    }
-    return -1;
-}
-
-/* Whether MOE_GATEUP node gi and the MOE_DOWN_SHARED reading its act take the early down (the
- * gate/up triggering after its wait, the down loading the ids and its first weights before its
- * own): the down is the next kernel on its stream, and the pair path's rule says so
- * (msm_cuda_moe_pair_early, with the shared expert's gate/up beside it where multi_stream put it
- * on the aux stream). Both nodes ask, so they agree. */
-static bool shared_down_early(const msm_graph *g, int gi, int T, const msm_cuda_tuning *t) {
-    const msm_node *gn = &g->nodes[gi];
-    for (int j = gi + 1; j < g->n_nodes; j++) {
-        const msm_node *x = &g->nodes[j];
-        if (x->stream != gn->stream || hint_node(x)) continue;
-        return x->op == MSM_OP_MOE_DOWN_SHARED && x->in[0] == gn->out[0] &&
-               msm_cuda_moe_pair_early(t, T, gn->attr.moe_experts.k, false, aux_beside(g, gi));
-    }
-    return false;
-}
-
 /* PREFETCH: its weights, in order, as stored (an FP8-resident one as its codes, then its scales), into
  * L2 (msm_cuda_l2_prefetch) at steps of up to l2_prefetch_max_t tokens; nothing past that. */
 static int prefetch_node(const cuda_backend *cb, const msm_node *n, const msm_step_dims *d, msm_cuda_exec ex,
@@ -742,23 +717,6 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                                   ROWS(in0), a->moe_experts.H, a->moe_experts.I, a->moe_experts.k,
                                   a->moe_experts.E, ws, cb->ws_bytes, s));
         break;
-    case MSM_OP_MOE_GATEUP: /* PDL as MOE_EXPERTS' first kernel */
-        s.aux_beside = aux_beside(g, idx);
-        s.no_pdl = ROWS(in0) <= s.tune->moe_aux_serial_max_t && s.aux_beside;
-        KTRY(msm_cuda_moe_gateup(F(out0), F(in0), I32(n->in[1]), cb->w[n->w[0]], ROWS(in0), a->moe_experts.H,
-                                 a->moe_experts.I, a->moe_experts.k, a->moe_experts.E,
-                                 shared_down_early(g, idx, ROWS(in0), s.tune), s));
-        break;
-    case MSM_OP_MOE_DOWN_SHARED: {
-        const msm_attr_moe_experts *m = &a->moe_experts;
-        int gi = prev_kernel_node(g, idx);
-        bool early = gi >= 0 && g->nodes[gi].op == MSM_OP_MOE_GATEUP && g->nodes[gi].out[0] == in0 &&
-                     shared_down_early(g, gi, ROWS(in0), s.tune);
-        KTRY(msm_cuda_moe_down_shared(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), F(n->in[3]), F(n->in[4]),
-                                      cb->w[n->w[0]], cb->w[n->w[1]], cb->w[n->w[2]], ROWS(in0), m->H, m->I, m->Is,
-                                      m->k, m->E, early, s));
-        break;
-    }
     case MSM_OP_GATHER_ROWS: {
         /* the row indices are on the device: one gather launch, no host round trip */
         int R = ROWS(out0), C = g->vals[in0].cols;

@@ -162,7 +162,7 @@ int msm_passes_apply(const msm_graph *plain, const msm_pass_opts *o, msm_graph *
      * fuse_allreduce_add_rmsnorm takes the ADD_RMSNORMs behind an all-reduce, after it;
      * fuse_linear_add_rmsnorm takes those right after a LINEAR, once the tp-1 all-reduces are
      * gone and the MoE combine has its own, but not the norm fork_before_norm gives a copy on AUX,
-     * which runs before it; fuse_shared_down takes fuse_moe_combine's nodes apart again); the RoPE fusion touches none of those, and
+     * which runs before it); the RoPE fusion touches none of those, and
      * prefetch_l2 adds only a hint node and events around the attentions the others left. */
     const struct { bool on; pass_fn run; } passes[] = {
         {o->fuse_allreduce, msm_pass_fuse_moe_allreduce},
@@ -170,7 +170,6 @@ int msm_passes_apply(const msm_graph *plain, const msm_pass_opts *o, msm_graph *
         {o->fuse_add_norm, msm_pass_fuse_add_rmsnorm},
         {o->elide_collectives, msm_pass_elide_tp1_collectives},
         {o->fuse_moe_combine, msm_pass_fuse_moe_combine},
-        {o->fuse_shared_down && o->fuse_moe_combine, msm_pass_fuse_shared_down},
         {o->fuse_allreduce_norm, msm_pass_fuse_allreduce_add_rmsnorm},
         {o->fuse_router, msm_pass_fuse_router_topk},
         {o->fork_before_norm && o->multi_stream, msm_pass_fork_before_norm},

@@ -9,9 +9,7 @@
  * e4m3 -> half conversion where msm_cuda_tuning.fp8_moe_hw says so (HW: fewer instructions a code
  * for these issue-bound kernels; the same products, see msm_cuda_tuning.fp8_moe_hw). With
  * msm_cuda_tuning.fp8_moe_lean the FP8 gate/up and split down take msm_rows_dot_fp8_lean, the same
- * sums in registers that make one token's grids one wave. Also the two ops of pass fuse_shared_down
- * (msm_cuda_moe_gateup: kernel A alone; msm_cuda_moe_down_shared: B's split form with a gated
- * shared expert's down as more warps of the block), at the end of the file. */
+ * sums in registers that make one token's grids one wave. */
 #include "moe_internal.h"
 
 #include <errno.h>
@@ -379,121 +377,5 @@ int msm__moe_pair_run(float *y, const float *x, const int32_t *ids, const float 
         CUDA_TRY(down_gemv_launch<4>(gb, ex, vec_i, early, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
     else
         CUDA_TRY(down_gemv_launch<8>(gb, ex, vec_i, early, y, act, ids, w, down, dn_sc, dn_ph, H, I, k, E));
-    return 0;
-}
-
-/* ---- MOE_GATEUP and MOE_DOWN_SHARED (pass fuse_shared_down): the routed experts in two nodes, a
- * gated shared expert's down taken into the second ----
- * The gate/up is the pair path's (gateup_launch). The down is moe_down_split_kernel's block (rows
- * h0 .. h0 + HB - 1 of token t) with 8 warps: warp j < k streams slot j's expert rows against
- * act[t*k + j] as there; warp k + q (q < S = Is / I) the shared expert's down rows h0.. at columns
- * q*I .. q*I + I - 1 against sact[t, q*I ..]. Thread r then combines row h0 + r as the CPU does:
- * the routed slots in slot order, weighted, plus sigmoid(h[t] . gate) times the sum of the S shared
- * slices (the CPU dots the whole shared row at once: fp32 sums in another order). The gate's dot is
- * the block's, every thread a strided part, issued once the PDL wait has passed (in the rows-dot
- * hook when EARLY, so its loads overlap the first weight loads). EARLY as moe_down_split_kernel's:
- * the ids and the first weight loads before the wait, only after a gate/up that triggers after
- * its own wait (LT). */
-struct shared_gate_hook {
-    const float *h;
-    const uint16_t *gate;
-    int H;
-    float *part; /* this thread's partial of h . gate */
-    bool wait;
-    __device__ __forceinline__ void operator()() const {
-        if (wait) msm_pdl_wait();
-        float a = 0.0f;
-        for (int c = threadIdx.x; c < H; c += blockDim.x) a = fmaf(h[c], msm_bf(gate[c]), a);
-        *part = a;
-    }
-};
-
-#define DOWN_SHARED_SLOTS 8
-template <int HB, bool EARLY>
-static __global__ void __launch_bounds__(DOWN_SHARED_SLOTS * 32, down_split_minb<DOWN_SHARED_SLOTS, HB>())
-    moe_down_shared_kernel(float *y, const float *act, const int32_t *ids, const float *w, const float *sact,
-                           const float *h, const uint16_t *down, const uint16_t *sdown, const uint16_t *gate, int H,
-                           int I, int Is, int k, int E) {
-    constexpr int KMAX = DOWN_SHARED_SLOTS, U = HB >= 4 ? 2 : 4;
-    __shared__ float d[KMAX][HB];
-    __shared__ bool ok[KMAX];
-    __shared__ float part[32];
-    msm_pdl_trigger();
-    if constexpr (!EARLY) msm_pdl_wait();
-    int j = threadIdx.x / 32, lane = threadIdx.x & 31, S = Is / I;
-    int h0 = blockIdx.x * HB, t = blockIdx.y;
-    bool routed = j < k, sh = j >= k && j < k + S;
-    int e = routed ? ids[t * k + j] : -1;
-    bool okj = sh || (routed && e >= 0 && e < E);
-    const void *wr[HB];
-    const float *sr[HB];
-#pragma unroll
-    for (int r = 0; r < HB; r++) {
-        bool okr = okj && h0 + r < H;
-        wr[r] = !okr    ? NULL
-                : routed ? (const void *)(down + ((size_t)e * H + h0 + r) * I)
-                         : (const void *)(sdown + (size_t)(h0 + r) * Is + (size_t)(j - k) * I);
-        sr[r] = NULL;
-    }
-    const float *xs[1] = {routed && okj ? act + ((size_t)t * k + j) * I
-                          : sh          ? sact + (size_t)t * Is + (size_t)(j - k) * I
-                                        : act};
-    float acc[HB][1], gp = 0.0f;
-#pragma unroll
-    for (int r = 0; r < HB; r++) acc[r][0] = 0.0f;
-    shared_gate_hook hook{h + (size_t)t * H, gate, H, &gp, EARLY};
-    msm_rows_dot_w<HB, 1, U, true, false, false, false, false, shared_gate_hook>(acc, wr, sr, xs, 1, I, 0, lane,
-                                                                                 hook);
-#pragma unroll
-    for (int r = 0; r < HB; r++) {
-        float s = msm_warp_sum(acc[r][0]);
-        if (lane == 0) d[j][r] = s;
-    }
-    if (lane == 0) ok[j] = okj;
-    float g = msm_block_sum(gp, part); /* its __syncthreads also publish d and ok */
-    g = 1.0f / (1.0f + expf(-g));
-    if (threadIdx.x < HB && h0 + (int)threadIdx.x < H) {
-        float y_th = 0.0f, s_th = 0.0f;
-        for (int jj = 0; jj < k && jj < KMAX; jj++)
-            if (ok[jj]) y_th += w[t * k + jj] * d[jj][threadIdx.x];
-        for (int q = 0; q < S && k + q < KMAX; q++) s_th += d[k + q][threadIdx.x];
-        y[(size_t)t * H + h0 + threadIdx.x] = y_th + s_th * g;
-    }
-}
-
-extern "C" bool msm_cuda_moe_down_shared_fits(int H, int I, int Is, int k) {
-    return H > 0 && I > 0 && Is > 0 && I % 8 == 0 && H % 8 == 0 && Is % I == 0 && k >= 1 &&
-           k + Is / I <= DOWN_SHARED_SLOTS;
-}
-
-extern "C" int msm_cuda_moe_gateup(float *act, const float *x, const int32_t *ids, const uint16_t *gate_up, int T,
-                                   int H, int I, int k, int E, bool lt, msm_cuda_exec ex) {
-    size_t P = (size_t)T * k;
-    if (P > 65535 || T < 1 || k < 1) return -EINVAL; /* grid.y of the gate/up kernel */
-    dim3 ga((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)P);
-    bool vec_h = H % 8 == 0 && ((uintptr_t)x | (uintptr_t)gate_up) % 16 == 0;
-    if (lt)
-        CUDA_TRY(gateup_launch<true>(ga, ex, vec_h, act, x, ids, gate_up, NULL, 0, H, I, k, E));
-    else
-        CUDA_TRY(gateup_launch<false>(ga, ex, vec_h, act, x, ids, gate_up, NULL, 0, H, I, k, E));
-    CUDA_LAUNCH_CHECK();
-    return 0;
-}
-
-extern "C" int msm_cuda_moe_down_shared(float *y, const float *act, const int32_t *ids, const float *w,
-                                        const float *sact, const float *h, const uint16_t *down,
-                                        const uint16_t *sdown, const uint16_t *gate, int T, int H, int I, int Is,
-                                        int k, int E, bool early, msm_cuda_exec ex) {
-    if (!msm_cuda_moe_down_shared_fits(H, I, Is, k) || T < 1 || T > 65535) return -EINVAL;
-    if (((uintptr_t)act | (uintptr_t)sact | (uintptr_t)down | (uintptr_t)sdown) % 16) return -EINVAL;
-    constexpr int HB = 4;
-    dim3 gs((unsigned)((H + HB - 1) / HB), (unsigned)T), bs(DOWN_SHARED_SLOTS * 32);
-    if (early)
-        CUDA_TRY(msm_launch(moe_down_shared_kernel<HB, true>, gs, bs, 0, ex, y, act, ids, w, sact, h, down, sdown,
-                            gate, H, I, Is, k, E));
-    else
-        CUDA_TRY(msm_launch(moe_down_shared_kernel<HB, false>, gs, bs, 0, ex, y, act, ids, w, sact, h, down, sdown,
-                            gate, H, I, Is, k, E));
-    CUDA_LAUNCH_CHECK();
     return 0;
 }

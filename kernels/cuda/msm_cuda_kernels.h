@@ -900,24 +900,6 @@ int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t *ids, const
                              int E, void *ws, size_t ws_bytes, void *deq, size_t deq_bytes,
                              msm_cuda_exec ex);
 
-/* The routed experts in two calls (MOE_GATEUP, MOE_DOWN_SHARED: pass fuse_shared_down), the
- * small-T GEMVs of the pair path, bf16 weights.
- * msm_cuda_moe_gateup: act [T*k, I] f32 = silu(gate) * up of each (token, slot) pair's expert,
- * msm_cuda_moe_experts' first half (gate_up [E, 2I, H]); lt: its kernel triggers its dependents
- * only after its own PDL wait, so a down launched with early may read the ids before its wait.
- * msm_cuda_moe_down_shared: y [T,H] = sum_j w[t,j] down_e(act[t*k + j]) (down [E, H, I], slot
- * order) + sigmoid(h[t] . gate) * sdown sact[t] (sdown [H, Is] bf16, sact [T, Is] f32, gate [H]
- * bf16): the routed down and a gated shared expert's, combined in one kernel whose 8 warps a block
- * are the k routed slots and the shared expert's Is / I slices (msm_cuda_moe_down_shared_fits);
- * early: the ids and first weight loads before its PDL wait (only after a gate/up launched with
- * lt, the kernel before it on its stream). act, sact, down, sdown 16-byte aligned. */
-bool msm_cuda_moe_down_shared_fits(int H, int I, int Is, int k);
-int msm_cuda_moe_gateup(float *act, const float *x, const int32_t *ids, const uint16_t *gate_up, int T, int H,
-                        int I, int k, int E, bool lt, msm_cuda_exec ex);
-int msm_cuda_moe_down_shared(float *y, const float *act, const int32_t *ids, const float *w, const float *sact,
-                             const float *h, const uint16_t *down, const uint16_t *sdown, const uint16_t *gate,
-                             int T, int H, int I, int Is, int k, int E, bool early, msm_cuda_exec ex);
-
 /* One call of the routed experts (msm_cuda_moe_experts: gate_up and down bf16; or
  * msm_cuda_moe_experts_fp8: gate_up and down NULL, gu and dn FP8-resident, deq its scratch) as one
  * argument, for the combine left to the norm after them (tuning moe_fused_combine). */

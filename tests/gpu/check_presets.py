@@ -44,7 +44,7 @@ usage: check_presets.py [PRESET.json ...]   (default: the Qwen1.5-MoE, Qwen3-30B
 FP8 presets); CHECK_VARIANTS=word[,word] keeps the variants whose names hold one of the words;
 CHECK_BASE_ENV="VAR=value ..." runs the default and every variant with those switches too (e.g.
 the bitwise lines on top of a switch that is not yet the default), CHECK_BASE_FLAGS="--flag ..." the
-same with msmoe-run flags (e.g. "--fuse-shared 16"); CHECK_PROMPTS=i[,i] keeps those
+same with msmoe-run flags (e.g. "--fork-before-norm"); CHECK_PROMPTS=i[,i] keeps those
 prompts (0: 2 tokens, 1: 4, 2: 8).
 Prints one line per check, exits non-zero on any failure."""
 import os, subprocess, sys, tempfile
@@ -116,14 +116,9 @@ VARIANTS = [  # (name, extra flags, environment)
     ("MMVs' K slices by the cluster rule vs the block slices (near)", [], {"MSM_CUDA_MMV_BSLICE": "0"}, TOL_NEAR),
     ("routed experts' combine inside the next norm vs its own kernel (8-token prefill)", [],
      {"MSM_CUDA_MOE_FUSED_COMBINE": "1"}),
-    # pass fuse_shared_down (steps of up to 16 tokens: every step here): the shared expert's down
-    # sliced among the routed experts' warps, another order of fp32 sums (test_cuda_kernels'
-    # moe_gateup_and_down_shared_match_cpu holds the kernels to the CPU at 2e-5)
-    ("shared expert's down inside the routed experts' down vs its own GEMV (near)", ["--fuse-shared", "16"], {},
-     TOL_NEAR),
 ]
 BASE_ENV = dict(kv.split("=", 1) for kv in os.environ.get("CHECK_BASE_ENV", "").split())
-BASE_FLAGS = os.environ.get("CHECK_BASE_FLAGS", "").split()  # e.g. "--fuse-shared 16": on every run
+BASE_FLAGS = os.environ.get("CHECK_BASE_FLAGS", "").split()  # e.g. "--fork-before-norm": on every run
 if os.environ.get("CHECK_PROMPTS"):
     PROMPTS = [PROMPTS[int(i)] for i in os.environ["CHECK_PROMPTS"].split(",")]
 if os.environ.get("CHECK_VARIANTS"):  # e.g. CHECK_VARIANTS="L2 prefetch" for the lines of one change

@@ -35,7 +35,6 @@ Test(config, values_parse) {
     msm_config_defaults(&c);
     const char *ini = "[server]\nsocket = /tmp/x.sock\nsocket_mode = 0600\ntcp = 7070\n"
                       "[engine]\nmulti_stream = off\nmulti_stream_max_tokens = 256\nbuckets = 1, 2, 8\nbackend = cpu\n"
-                      "fuse_shared_max_tokens = 2\n"
                       "[scheduler]\nmax_queue = 7\n[log]\nlevel = debug\n";
     cr_assert_eq(msm_config_load_string(&c, ini, "t.conf", &err), 0, "%s", err.msg);
     cr_assert_str_eq(c.socket, "/tmp/x.sock");
@@ -43,7 +42,6 @@ Test(config, values_parse) {
     cr_assert_eq(c.tcp_port, 7070);
     cr_assert(!c.multi_stream);
     cr_assert_eq(c.multi_stream_max_tokens, 256);
-    cr_assert_eq(c.fuse_shared_max_tokens, 2);
     cr_assert_eq(c.n_buckets, 3);
     cr_assert_eq(c.buckets[2], 8);
     cr_assert_eq(c.max_queue, 7);
@@ -65,7 +63,6 @@ ParameterizedTestParameters(config, errors_name_file_and_line) {
         {"[engine]\nmulti_stream = maybe\n", "t.conf:2: engine.multi_stream = 'maybe' is not a boolean"},
         {"[engine]\nbackend = tpu\n", "t.conf:2: engine.backend = 'tpu'"},
         {"[engine]\nmulti_stream_max_tokens = -1\n", "t.conf:2: engine.multi_stream_max_tokens = -1 is out of range"},
-        {"[engine]\nfuse_shared_max_tokens = 17\n", "t.conf:2: engine.fuse_shared_max_tokens = 17 is out of range [0, 16]"},
         {"[engine]\nbuckets = 4,2\n", "t.conf:2: engine.buckets must be strictly ascending"},
         {"[engine]\nbuckets = 1,x\n", "t.conf:2: engine.buckets: 'x' is not an integer"},
         {"[engine]\nkv_blocks = 0\n", "t.conf:2: engine.kv_blocks = 0 is out of range"},

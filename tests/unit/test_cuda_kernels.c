@@ -1810,64 +1810,6 @@ Test(cuda_kernels, moe_down_split_equals_the_pair_kernel, .timeout = 120) {
     }
 }
 
-/* MOE_GATEUP + MOE_DOWN_SHARED (pass fuse_shared_down): the routed experts' gate/up, then their down
- * with a gated shared expert's (S = Is / I slices as more warps of the block) combined in, against
- * the CPU twins, which compute the unfused ops' arithmetic; the gate/up's activations against the
- * CPU's; the late trigger and the early down give the same bits; every output row is written (the
- * outputs start as NaN); and the shapes rule. */
-Test(cuda_kernels, moe_gateup_and_down_shared_match_cpu, .timeout = 120) {
-    need_gpu();
-    cr_expect(msm_cuda_moe_down_shared_fits(2048, 1408, 5632, 4), "Qwen1.5-MoE's shapes");
-    cr_expect(!msm_cuda_moe_down_shared_fits(2048, 1408, 5632, 5), "9 slots");
-    cr_expect(!msm_cuda_moe_down_shared_fits(2048, 1408, 5000, 4), "Is not a multiple of I");
-    cr_expect(!msm_cuda_moe_down_shared_fits(2048, 1404, 5616, 4), "I % 8 != 0");
-    /* H, I, Is, k, E */
-    static const int shapes[][5] = {{2048, 1408, 5632, 4, 60}, {64, 32, 64, 2, 8}, {264, 96, 288, 5, 12}};
-    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
-        int H = shapes[sh][0], I = shapes[sh][1], Is = shapes[sh][2], k = shapes[sh][3], E = shapes[sh][4];
-        moe_wset m = moe_wset_new(H, I, E);
-        float *sdf, *gf;
-        uint16_t *sdb = host_bf16((size_t)H * Is, 1.0f / sqrtf((float)Is), &sdf), *gb = host_bf16((size_t)H, 0.5f, &gf);
-        uint16_t *dsd = dev_up(sdb, (size_t)H * Is * 2), *dg = dev_up(gb, (size_t)H * 2);
-        static const int Ts[] = {1, 2, 3, 5};
-        for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
-            int T = Ts[ti];
-            size_t na = (size_t)T * k * I;
-            float *x = host_f32((size_t)T * H, 1.0f), *sact = host_f32((size_t)T * Is, 1.0f), *w = malloc((size_t)T * k * 4);
-            int32_t *ids = malloc((size_t)T * k * 4);
-            random_routing(ids, w, T, k, E);
-            float *aref = malloc(na * 4), *a1 = malloc(na * 4), *a2 = malloc(na * 4);
-            float *ref = malloc((size_t)T * H * 4), *o1 = malloc((size_t)T * H * 4), *o2 = malloc((size_t)T * H * 4);
-            msm_cpu_moe_gateup(aref, x, ids, m.guf, T, H, I, k);
-            msm_cpu_moe_down_shared(ref, aref, ids, w, sact, x, m.dnf, sdf, gf, T, H, I, Is, k);
-            float *dx = dev_up(x, (size_t)T * H * 4), *dsa = dev_up(sact, (size_t)T * Is * 4);
-            float *dw = dev_up(w, (size_t)T * k * 4), *da = dev_poison(na * 4), *dy = dev_poison((size_t)T * H * 4);
-            int32_t *di = dev_up(ids, (size_t)T * k * 4);
-            msm_cuda_tuning t = tune0;
-            CK(msm_cuda_moe_gateup(da, dx, di, m.dgu, T, H, I, k, E, false, EX_T(&t)));
-            CK(msm_cuda_moe_down_shared(dy, da, di, dw, dsa, dx, m.ddn, dsd, dg, T, H, I, Is, k, E, false, EX_T(&t)));
-            down(a1, da, na * 4);
-            down(o1, dy, (size_t)T * H * 4);
-            CHECK_ERR(a1, aref, na, 2e-5, "gate/up vs cpu T=%d H=%d I=%d k=%d", T, H, I, k);
-            CHECK_ERR(o1, ref, (size_t)T * H, 2e-5, "down + shared vs cpu T=%d H=%d I=%d Is=%d k=%d", T, H, I, Is, k);
-            /* the late trigger, the early down: the same sums */
-            cr_assert_eq(cudaMemset(da, 0xff, na * 4), cudaSuccess);
-            cr_assert_eq(cudaMemset(dy, 0xff, (size_t)T * H * 4), cudaSuccess);
-            CK(msm_cuda_moe_gateup(da, dx, di, m.dgu, T, H, I, k, E, true, EX_T(&t)));
-            CK(msm_cuda_moe_down_shared(dy, da, di, dw, dsa, dx, m.ddn, dsd, dg, T, H, I, Is, k, E, true, EX_T(&t)));
-            down(a2, da, na * 4);
-            down(o2, dy, (size_t)T * H * 4);
-            cr_expect(memcmp(a1, a2, na * 4) == 0, "gate/up with the late trigger differs: T=%d H=%d", T, H);
-            cr_expect(memcmp(o1, o2, (size_t)T * H * 4) == 0, "the early down differs: T=%d H=%d", T, H);
-            cudaFree(dx), cudaFree(dsa), cudaFree(dw), cudaFree(da), cudaFree(dy), cudaFree(di);
-            free(x), free(sact), free(w), free(ids), free(aref), free(a1), free(a2), free(ref), free(o1), free(o2);
-        }
-        cudaFree(dsd), cudaFree(dg);
-        free(sdf), free(sdb), free(gf), free(gb);
-        moe_wset_free(&m);
-    }
-}
-
 /* ---- FP8-resident weights (docs/adr/0006-fp8.md) ---- */
 
 /* A random FP8 weight [E, rows, cols] of column phase ph on the host and the device: codes (NaN

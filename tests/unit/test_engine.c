@@ -116,40 +116,6 @@ Test(engine, load_errors_name_the_problem) {
     cr_expect(strstr(err.msg, "/nonexistent/model"), "%s", err.msg);
 }
 
-/* engine.fuse_shared_max_tokens: out of range refused with its name; in range, the engine keeps a
- * graph with fuse_shared_down for the models it takes (Qwen2-MoE's gated shared expert at tp 1),
- * and none at tp 2 or without such an expert. */
-static bool dump_has(const char *dir, int tp, int fs, const char *what) {
-    msm_engine_opts o = test_engine_opts(dir, tp, true, true);
-    o.fuse_shared_max_tokens = fs;
-    msm_engine *e;
-    msm_err err = {{0}};
-    cr_assert_eq(msm_engine_new(&o, &e, &err), 0, "%s", err.msg);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    cr_assert_eq(msm_engine_dump_graph(e, 0, f), 0);
-    fclose(f);
-    bool has = strstr(buf, what) != NULL;
-    free(buf);
-    msm_engine_free(e);
-    return has;
-}
-
-Test(engine, fuse_shared_graph_only_where_it_takes_a_layer) {
-    msm_engine_opts o = test_engine_opts("tests/data/qwen2moe-gqa", 1, true, true);
-    o.fuse_shared_max_tokens = MSM_FUSE_SHARED_MAX + 1;
-    msm_engine *e;
-    msm_err err = {{0}};
-    cr_expect_eq(msm_engine_new(&o, &e, &err), -EINVAL);
-    cr_expect(strstr(err.msg, "fuse_shared_max_tokens"), "%s", err.msg);
-    cr_expect(dump_has("tests/data/qwen2moe-gqa", 1, 2, "MOE_DOWN_SHARED"));
-    cr_expect(!dump_has("tests/data/qwen2moe-gqa", 1, 0, "MOE_DOWN_SHARED"));
-    cr_expect(!dump_has("tests/data/qwen2moe-gqa", 2, 2, "fuse_shared_down"));
-    cr_expect(!dump_has("tests/data/qwen3moe", 1, 2, "fuse_shared_down"));
-    cr_expect(!dump_has("tests/data/glm4moe", 1, 2, "fuse_shared_down"));
-}
-
 /* Logits of every row of one prefill step of prompt 0 of the golden qwen2moe-gqa model. */
 static int prefill_logits(bool kv_bf16, float **ret, int *rows, int *vocab) {
     golden g;

@@ -645,66 +645,6 @@ Test(graph_pass, moe_combine_fuses_every_gated_shared_layer_in_every_combination
     msm_graph_free(q), msm_graph_free(p), msm_graph_free(g);
 }
 
-/* fuse_shared_down: every gated shared layer's down LINEAR, MOE_EXPERTS and MOE_COMBINE_NORM become
- * MOE_GATEUP (main, the experts' place), MOE_DOWN_SHARED (main, after the join when the shared
- * expert's gate/up runs on aux) and the ADD_RMSNORM reading its sum, in every combination of the
- * MoE passes; idempotent; nothing at tp 2 (no MOE_COMBINE_NORM there) or for an ungated expert. */
-Test(graph_pass, shared_down_fuses_every_gated_shared_layer_in_every_combination) {
-    const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen2moe-mha-tied"};
-    for (int d = 0; d < 2; d++)
-        for (int m = 0; m < 8; m++) {
-            msm_graph *g = plain(dirs[d], 1);
-            int shared_layers = 0;
-            for (int i = 0; i < g->n_nodes; i++)
-                shared_layers += g->nodes[i].op == MSM_OP_SIGMOID && g->nodes[i].role == MSM_ROLE_SHARED;
-            msm_pass_opts o = {.fuse_allreduce = m & 1, .multi_stream = m & 2, .fuse_router = m & 4,
-                               .fuse_add_norm = true, .elide_collectives = true, .fuse_moe_combine = true,
-                               .fuse_shared_down = true};
-            msm_graph *p = apply(g, &o); /* plans and verifies */
-            cr_expect_eq(count_op(p, MSM_OP_MOE_COMBINE_NORM) + count_op(p, MSM_OP_MOE_EXPERTS), 0, "%s combo %d",
-                         dirs[d], m);
-            cr_expect_eq(count_op(p, MSM_OP_MOE_GATEUP), shared_layers, "%s combo %d", dirs[d], m);
-            cr_expect_eq(count_op(p, MSM_OP_MOE_DOWN_SHARED), shared_layers, "%s combo %d", dirs[d], m);
-            int shared_linear = 0;
-            for (int i = 0; i < p->n_nodes; i++) {
-                const msm_node *n = &p->nodes[i];
-                shared_linear += n->op == MSM_OP_LINEAR && n->role == MSM_ROLE_SHARED;
-                if (n->op == MSM_OP_MOE_GATEUP) {
-                    cr_expect_eq(n->stream, MSM_STREAM_MAIN);
-                    cr_expect_eq(p->vals[n->out[0]].cols, n->attr.moe_experts.k * n->attr.moe_experts.I);
-                }
-                if (n->op != MSM_OP_MOE_DOWN_SHARED) continue;
-                const msm_attr_moe_experts *a = &n->attr.moe_experts;
-                cr_expect_eq(n->stream, MSM_STREAM_MAIN);
-                cr_expect_eq(p->vals[n->in[3]].cols, a->Is, "the shared expert's activations");
-                cr_expect(n->w[0] >= 0 && n->w[1] >= 0 && n->w[2] >= 0);
-                cr_expect_eq(p->weights[n->w[1]].rows, a->H);
-                cr_expect_eq(p->weights[n->w[1]].cols, a->Is);
-                cr_expect_eq(p->nodes[i + 1].op, MSM_OP_ADD_RMSNORM);
-                cr_expect_eq(p->nodes[i + 1].in[1], n->out[0], "the residual add reads the combined sum");
-                if (m & 2) cr_expect_eq(p->nodes[i - 1].op, MSM_OP_EVENT_WAIT, "the down follows the join");
-            }
-            cr_expect_eq(shared_linear, shared_layers, "%s combo %d: only the shared gate/up is left", dirs[d], m);
-            msm_graph *q;
-            msm_err err = {{0}};
-            cr_assert_eq(msm_pass_fuse_shared_down(p, &o, &q, &err), 0);
-            cr_expect(msm_graph_equal(p, q), "fuse_shared_down is not idempotent");
-            msm_graph_free(q), msm_graph_free(p), msm_graph_free(g);
-        }
-    /* tp 2 (the combine feeds an all-reduce) and GLM-4.5's ungated shared expert: unchanged */
-    const char *same[] = {"tests/data/qwen2moe-gqa", "tests/data/glm4moe"};
-    for (int d = 0; d < 2; d++) {
-        msm_graph *g = plain(same[d], d == 0 ? 2 : 1);
-        msm_pass_opts o = {.fuse_allreduce = true, .multi_stream = true, .elide_collectives = true,
-                           .fuse_add_norm = true, .fuse_moe_combine = true};
-        msm_graph *a = apply(g, &o);
-        o.fuse_shared_down = true;
-        msm_graph *b = apply(g, &o);
-        cr_expect(msm_graph_equal(a, b), "%s: fuse_shared_down changed a graph it has nothing to take in", same[d]);
-        msm_graph_free(a), msm_graph_free(b), msm_graph_free(g);
-    }
-}
-
 Test(graph_pass, add_rmsnorm_fuses_both_residual_norms_of_every_layer) {
     msm_graph *g = plain("tests/data/qwen2moe-gqa", 1);
     msm_pass_opts o = {.fuse_add_norm = true};

@@ -91,16 +91,12 @@ msm_engine_opts test_engine_opts(const char *model_dir, int tp, bool fuse, bool 
     o.multi_stream = multi_stream;
     /* (false, false) is the plain graph, the reference every pass combination must equal; the
      * other combinations also run the always-on rewrites (tp-1 collective elision, add+norm, MoE
-     * combine, RoPE + K/V write, all-reduce + add + norm, router + top-k, linear + add + norm, and
-     * the fused shared down below) */
+     * combine, RoPE + K/V write, all-reduce + add + norm, router + top-k, linear + add + norm) */
     o.elide_collectives = o.fuse_add_norm = o.fuse_moe_combine = o.fuse_rope_kv = o.fuse_allreduce_norm =
         o.fuse_router = o.fuse_linear_norm = fuse || multi_stream;
     o.router_first = o.fork_before_norm = multi_stream;
     o.prefetch_l2 = o.prefetch_l2_next = o.prefetch_kv = multi_stream; /* hints: nothing changes, but their aux
                                                                           nodes run */
-    /* the shared expert's down in the routed experts' (pass fuse_shared_down, a graph of its own for
-     * small steps): every step of up to 16 tokens with fuse alone, the decode steps with both */
-    o.fuse_shared_max_tokens = fuse ? (multi_stream ? 1 : MSM_FUSE_SHARED_MAX) : 0;
     o.kv_blocks = 64;
     o.max_step_tokens = 64;
     o.max_seqs = 8;
