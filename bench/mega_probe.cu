@@ -1,4 +1,5 @@
-/* mega_probe.cu: how fast could a batch-1 decode step of Qwen1.5-MoE-A2.7B shapes stream its
+/* mega_probe.cu: how fast could a batch-1 decode step of Qwen1.5-MoE-A2.7B shapes (or Qwen3-30B-A3B's,
+ * bf16 or FP8 bytes) stream its
  * weights if its kernels were one persistent kernel with grid barriers between dependent phases,
  * against the same phases launched as separate kernels (in a CUDA graph)?
  *
@@ -17,6 +18,8 @@
  *
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o mega_probe bench/mega_probe.cu
  *   ./mega_probe            # prints ms per step (median of 50) and GB/s for each variant
+ *   ./mega_probe 0 qwen3     # the same for Qwen3-30B-A3B's phases (48 layers); qwen3-fp8: its FP8
+ *                            # checkpoint's bytes (each quantised row as half as many bf16 weights)
  * Results: bench/results/ (the session that ran it). */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -225,9 +228,23 @@ static double median(std::vector<float> v) {
 }
 
 int main(int argc, char **argv) {
-    int layers = argc > 1 ? atoi(argv[1]) : 24;
+    /* argv[1]: layers (default: the model's); argv[2]: qwen15 (default), qwen3 or qwen3-fp8 */
+    const char *model = argc > 2 ? argv[2] : "qwen15";
+    bool q3 = strncmp(model, "qwen3", 5) == 0, fp8 = strcmp(model, "qwen3-fp8") == 0;
+    if (!q3 && strcmp(model, "qwen15") != 0) {
+        fprintf(stderr, "usage: mega_probe [layers] [qwen15|qwen3|qwen3-fp8]\n");
+        return 2;
+    }
+    int layers = argc > 1 && atoi(argv[1]) > 0 ? atoi(argv[1]) : q3 ? 48 : 24;
     const int H = 2048, QKV = 6144, SH = 5632, E_I = 1408, TOPK = 4, V = 151936;
     const int KV_ROWS = 16 * 512 * 2, HD = 128; /* attention as rows of 128 bf16 */
+    /* Qwen3-30B-A3B: qkv [5120, 2048], o_proj [2048, 4096], router [128, 2048], 8 of 128 experts of
+     * [1536, 2048] gate/up and [2048, 768] down, 4 kv heads of 128 (KV 1 MiB at 512). qwen3-fp8: the
+     * same phases with the FP8 checkpoints' bytes, each quantised weight (qkv, o_proj, experts) as a
+     * bf16 row of half its K (one byte a weight; the router, the cache and the lm_head stay bf16):
+     * the bytes and rows of an FP8 step, without the decode's arithmetic (a floor for it). */
+    const int Q3_QKV = 5120, Q3_O = 4096, Q3_E = 128, Q3_I = 768, Q3_K = 8, Q3_KV_ROWS = 4 * 512 * 2;
+    auto qk = [&](int K) { return fp8 ? K / 2 : K; };
     std::vector<std::pair<int, int>> shapes;    /* (N, K) of every task, in order */
     std::vector<std::vector<int>> phase_tasks;  /* task indices of each phase */
     auto add_phase = [&](std::vector<std::pair<int, int>> ts) {
@@ -238,7 +255,19 @@ int main(int argc, char **argv) {
         }
         phase_tasks.push_back(ids);
     };
-    for (int l = 0; l < layers; l++) {
+    for (int l = 0; l < layers && q3; l++) {
+        add_phase({{Q3_QKV, qk(H)}});
+        add_phase({});                  /* q/k norm + rope: a barrier only */
+        add_phase({{Q3_KV_ROWS, HD}});  /* attention: 1 MiB */
+        add_phase({{H, qk(Q3_O)}});
+        add_phase({{Q3_E, H}});         /* router */
+        std::vector<std::pair<int, int>> p6, p7;
+        for (int k = 0; k < Q3_K; k++) p6.push_back({2 * Q3_I, qk(H)});
+        add_phase(p6);
+        for (int k = 0; k < Q3_K; k++) p7.push_back({H, qk(Q3_I)});
+        add_phase(p7);
+    }
+    for (int l = 0; l < layers && !q3; l++) {
         add_phase({{QKV, H}});
         add_phase({});                  /* rope: a barrier only */
         add_phase({{KV_ROWS, HD}});     /* attention: 4 MiB */
@@ -256,7 +285,7 @@ int main(int argc, char **argv) {
     size_t welems = 0;
     for (auto &s : shapes) welems += (size_t)s.first * s.second;
     double gb = welems * 2.0 / 1e9;
-    printf("# %d layers + lm_head: %zu tasks, %zu phases, %.3f GB of weights\n", layers, shapes.size(),
+    printf("# %s, %d layers + lm_head: %zu tasks, %zu phases, %.3f GB of weights\n", model, layers, shapes.size(),
            phase_tasks.size(), gb);
 
     uint16_t *wbuf;

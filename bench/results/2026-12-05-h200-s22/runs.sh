@@ -47,13 +47,20 @@ r2)
     # on an H200 (the README table's card), after r1 (the fused shared down lost at every size, so
     # no arm of it here): the twenty-first session's MHA rule against it off, three rounds; the
     # table on all four presets (the twenty-first session's r5); the one-token timelines of
-    # Qwen1.5-MoE, Qwen3-30B-A3B and its FP8 preset (where batch 1 goes now, on this card)
+    # Qwen1.5-MoE, Qwen3-30B-A3B and its FP8 preset (where batch 1 goes now, on this card); before the
+    # table, the phase-chain probe for Qwen3 in bf16 and FP8 bytes
     hdr
     el ab | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
         b $Q15 1,2,4,8 h200 --
         b $Q15 1,2 h200 MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T=0 --
     done
+    el probe | tee -a $OUT/gpu.txt
+    # bench/mega_probe.cu (nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o
+    # gpu-run/mega_probe bench/mega_probe.cu): the phase chain's floor at one token for Qwen3-30B-A3B
+    # in bf16 and in its FP8 checkpoint's bytes (issue 14's 0.6x), and Qwen1.5-MoE again
+    for m in qwen3 qwen3-fp8 qwen15; do timeout 60 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
+    grep -E "^#|PDL, early" $OUT/probe.txt | tee -a $OUT/gpu.txt
     el table | tee -a $OUT/gpu.txt
     b $Q15 1,2,4,8,16,32,128,256 table --
     b $Q3 1,2,4,8,16,32,128,256 table --
