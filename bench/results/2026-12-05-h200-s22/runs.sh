@@ -44,32 +44,31 @@ r1)
     el done | tee -a $OUT/gpu.txt
     ;;
 r2)
-    # on an H200 (the README table's card), after r1 (the fused shared down lost at every size, so
-    # no arm of it here): the twenty-first session's MHA rule against it off, three rounds; the
-    # table on all four presets (the twenty-first session's r5); the one-token timelines of
-    # Qwen1.5-MoE, Qwen3-30B-A3B and its FP8 preset (where batch 1 goes now, on this card); before the
-    # table, the phase-chain probe for Qwen3 in bf16 and FP8 bytes
+    # after r1 (the fused shared down lost at every size, so no arm of it here), in the order of what
+    # matters if the device time runs out: the phase-chain probe (bench/mega_probe.cu, nvcc -O3
+    # -std=c++17 -gencode arch=compute_90a,code=sm_90a -o gpu-run/mega_probe bench/mega_probe.cu) for
+    # Qwen3-30B-A3B in bf16 and in its FP8 checkpoint's bytes (issue 14's 0.6x) and Qwen1.5-MoE; the
+    # twenty-first session's MHA rule against it off, three rounds; the one-token timelines of
+    # Qwen3-30B-A3B, its FP8 preset and Qwen1.5-MoE (where batch 1 goes now); the table on all four
+    # presets (the twenty-first session's r5; an H200's, GLM-4.5-Air FP8 needs its memory)
     hdr
+    el probe | tee -a $OUT/gpu.txt
+    for m in qwen3 qwen3-fp8 qwen15; do timeout 60 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
+    grep -E "^#|PDL, early" $OUT/probe.txt | tee -a $OUT/gpu.txt
     el ab | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
         b $Q15 1,2,4,8 h200 --
         b $Q15 1,2 h200 MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T=0 --
     done
-    el probe | tee -a $OUT/gpu.txt
-    # bench/mega_probe.cu (nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o
-    # gpu-run/mega_probe bench/mega_probe.cu): the phase chain's floor at one token for Qwen3-30B-A3B
-    # in bf16 and in its FP8 checkpoint's bytes (issue 14's 0.6x), and Qwen1.5-MoE again
-    for m in qwen3 qwen3-fp8 qwen15; do timeout 60 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
-    grep -E "^#|PDL, early" $OUT/probe.txt | tee -a $OUT/gpu.txt
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=60 tl $Q3 1 q3b1
+    ROWS=60 tl $Q3F 1 q3fb1
+    ROWS=60 tl $Q15 1 q15b1
     el table | tee -a $OUT/gpu.txt
     b $Q15 1,2,4,8,16,32,128,256 table --
     b $Q3 1,2,4,8,16,32,128,256 table --
     b $Q3F 1,2,4,8,16,32,128,256 table --
     b $GLM 1,2,4,8,32,128 table --
-    el timeline | tee -a $OUT/gpu.txt
-    ROWS=60 tl $Q15 1 q15b1
-    ROWS=60 tl $Q3 1 q3b1
-    ROWS=60 tl $Q3F 1 q3fb1
     el done | tee -a $OUT/gpu.txt
     ;;
 esac
