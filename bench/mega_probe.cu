@@ -255,19 +255,7 @@ int main(int argc, char **argv) {
         }
         phase_tasks.push_back(ids);
     };
-    for (int l = 0; l < layers && q3; l++) {
-        add_phase({{Q3_QKV, qk(H)}});
-        add_phase({});                  /* q/k norm + rope: a barrier only */
-        add_phase({{Q3_KV_ROWS, HD}});  /* attention: 1 MiB */
-        add_phase({{H, qk(Q3_O)}});
-        add_phase({{Q3_E, H}});         /* router */
-        std::vector<std::pair<int, int>> p6, p7;
-        for (int k = 0; k < Q3_K; k++) p6.push_back({2 * Q3_I, qk(H)});
-        add_phase(p6);
-        for (int k = 0; k < Q3_K; k++) p7.push_back({H, qk(Q3_I)});
-        add_phase(p7);
-    }
-    for (int l = 0; l < layers && !q3; l++) {
+    auto add_qwen15_layer = [&] {
         add_phase({{QKV, H}});
         add_phase({});                  /* rope: a barrier only */
         add_phase({{KV_ROWS, HD}});     /* attention: 4 MiB */
@@ -280,7 +268,20 @@ int main(int argc, char **argv) {
         std::vector<std::pair<int, int>> p7;
         for (int k = 0; k < TOPK; k++) p7.push_back({H, E_I});
         add_phase(p7);
-    }
+    };
+    auto add_qwen3_layer = [&] {
+        add_phase({{Q3_QKV, qk(H)}});
+        add_phase({});                  /* q/k norm + rope: a barrier only */
+        add_phase({{Q3_KV_ROWS, HD}});  /* attention: 1 MiB */
+        add_phase({{H, qk(Q3_O)}});
+        add_phase({{Q3_E, H}});         /* router */
+        std::vector<std::pair<int, int>> p6, p7;
+        for (int k = 0; k < Q3_K; k++) p6.push_back({2 * Q3_I, qk(H)});
+        add_phase(p6);
+        for (int k = 0; k < Q3_K; k++) p7.push_back({H, qk(Q3_I)});
+        add_phase(p7);
+    };
+    for (int l = 0; l < layers; l++) q3 ? add_qwen3_layer() : add_qwen15_layer();
     add_phase({{V, H}});
     size_t welems = 0;
     for (auto &s : shapes) welems += (size_t)s.first * s.second;

@@ -28,10 +28,7 @@ int msm_pass_elide_tp1_collectives(const msm_graph *in, const msm_pass_opts *o, 
         msm_node n = g->nodes[i];
         bool coll = n.op == MSM_OP_ALLREDUCE || n.op == MSM_OP_ALLGATHER;
         int src = coll ? n.in[0] : -1, dst = coll ? n.out[0] : -1;
-        int prod = -1;
-        for (int j = w - 1; coll && j >= 0 && prod < 0; j--)
-            for (int k = 0; k < g->nodes[j].n_out; k++)
-                if (g->nodes[j].out[k] == src) prod = j;
+        int prod = coll ? msm_graph_producer(g, src, w) : -1;
         /* keep the node when the input is a step input (no producer) or shapes differ */
         if (!coll || prod < 0 || g->vals[src].io || g->vals[src].dtype != g->vals[dst].dtype ||
             g->vals[src].rows != g->vals[dst].rows || g->vals[src].cols != g->vals[dst].cols ||
