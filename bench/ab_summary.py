@@ -17,7 +17,7 @@ import statistics
 import sys
 
 HDR = re.compile(r"^# t=\d+s (\S+)\s*(.*?)\s*$")
-ROW = re.compile(r"^\s*(\d+)\s+([0-9.]+)\s+[0-9.]+\s+\d+\s+[0-9.]+\s+[0-9.]+%\s*$")
+ROW = re.compile(r"^\s*(\d+)\s+([0-9.]+)\s+[0-9.]+\s+\d+\s+[0-9.]+\s+(?:[0-9.]+%|-)\s*$")  # "-": no ceiling
 
 
 def parse(lines):

@@ -818,3 +818,12 @@ int msm_engine_device_count(void) {
     return -ENOTSUP;
 #endif
 }
+
+int msm_engine_device_copy_gbps(int device, char *name, size_t name_len, double *ret, msm_err *err) {
+#ifdef MSM_HAVE_CUDA
+    return msm_cuda_copy_gbps(device, (size_t)1 << 30, name, name_len, ret, err);
+#else
+    (void)device, (void)name, (void)name_len, (void)ret;
+    return msm_err_set(err, -ENOTSUP, "this build has no CUDA backend");
+#endif
+}

@@ -191,6 +191,11 @@ int msm_engine_step(msm_engine *e, const msm_step_seq *seqs, int n_seqs, msm_ste
  * CUDA backend. For planning TP groups before any engine exists. */
 int msm_engine_device_count(void);
 
+/* GPU `device`'s name (into name, name_len bytes) and its measured device-to-device copy rate in
+ * GB/s, bytes read plus bytes written (the ceiling a memory-bound step is held against); needs
+ * 2 GiB free on it. -ENOTSUP in a build without the CUDA backend. */
+int msm_engine_device_copy_gbps(int device, char *name, size_t name_len, double *ret, msm_err *err);
+
 /* Prints the schedule of rank `rank`'s step graph: one node a line (layer, stream, op, in -> out). */
 int msm_engine_dump_graph(msm_engine *e, int rank, FILE *out);
 

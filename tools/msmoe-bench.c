@@ -105,8 +105,11 @@ static int bench_decode(msm_engine *e, const msm_model_config *c, const int *bl,
         }
         qsort(ms, (size_t)steps, sizeof *ms, cmp_d);
         double med = ms[steps / 2], p90 = ms[(steps * 9) / 10], gb = step_bytes(c, B, context, fp8) / 1e9;
-        printf("%6d %10.3f %10.3f %10.0f %10.3f %7.1f%%\n", B, med, p90, B / med * 1e3, gb,
-               gb / (med / 1e3) / ceiling * 100.0);
+        if (ceiling > 0)
+            printf("%6d %10.3f %10.3f %10.0f %10.3f %7.1f%%\n", B, med, p90, B / med * 1e3, gb,
+                   gb / (med / 1e3) / ceiling * 100.0);
+        else
+            printf("%6d %10.3f %10.3f %10.0f %10.3f %8s\n", B, med, p90, B / med * 1e3, gb, "-");
         fflush(stdout);
     }
     msm_kv_pool_release(msm_engine_kv(e), blocks, maxb * per_seq);
@@ -172,7 +175,7 @@ int main(int argc, char **argv) {
     static const char default_batches[] = "1,8,32,128,256";
     const char *batches = default_batches;
     int context = 512, steps = 30;
-    double ceiling = 4300.0; /* GB/s: the measured device-copy ceiling of the H200 */
+    double ceiling = 0.0; /* GB/s (--ceiling); CUDA: measured on the group's first GPU; 0: none */
     static const struct option lo[] = {
         {"preset", required_argument, 0, 'p'}, {"model", required_argument, 0, 'm'},
         {"backend", required_argument, 0, 'b'}, {"batches", required_argument, 0, 'B'},
@@ -237,8 +240,21 @@ int main(int argc, char **argv) {
         o.max_context = context + steps + 16;
         o.kv_blocks = maxb * per_seq + 1;
     }
-    msm_engine *e;
     msm_err err = {{0}};
+    /* %HBM's ceiling: the device-to-device copy rate of the card the step runs on (bytes read plus
+     * written), measured before the weights take its memory; an H200 gives ~4300 GB/s, an H100
+     * ~3000, so one fixed number would misstate the other card */
+    char gpu[128] = "";
+    bool measured = false;
+    if (!prefill && ceiling <= 0 && o.backend == MSM_BACKEND_CUDA) {
+        if (msm_engine_device_copy_gbps(o.first_device, gpu, sizeof gpu, &ceiling, &err) < 0) {
+            fprintf(stderr, "msmoe-bench: %s (no %%HBM; --ceiling GBPS gives one)\n", err.msg);
+            ceiling = 0.0, err = (msm_err){{0}};
+        } else {
+            measured = true;
+        }
+    }
+    msm_engine *e;
     double t0 = msm_bench_now_ms();
     if (msm_engine_new(&o, &e, &err) < 0) {
         fprintf(stderr, "msmoe-bench: %s\n", err.msg);
@@ -275,8 +291,12 @@ int main(int argc, char **argv) {
     const msm_load_summary *ls = msm_engine_load_summary(e);
     printf("# weights: %.3f GB on the devices%s", (double)ls->weight_bytes / 1e9, ls->weight_bytes_fp8 ? "" : "\n");
     if (ls->weight_bytes_fp8) printf(", %.2f GB of them FP8-resident\n", (double)ls->weight_bytes_fp8 / 1e9);
+    if (!prefill && ceiling > 0)
+        printf("# %%HBM: GB/step over the time against %.0f GB/s a GPU (%s%s)\n", ceiling,
+               measured ? "device-to-device copy, bytes read + written, measured at start-up on " : "--ceiling",
+               gpu);
     /* a TP group of tp GPUs reads the step's bytes (split between them) at tp GPUs' ceilings */
-    if (!prefill && o.tp > 1)
+    if (!prefill && o.tp > 1 && ceiling > 0)
         printf("# %%HBM: GB/step over %d GPUs' ceilings (%d x %.0f GB/s)\n", o.tp, o.tp, ceiling);
     int rc = prefill ? bench_prefill(e, c, bl, nb, steps, &err)
                      : bench_decode(e, c, bl, nb, maxb, context, steps, ceiling * (o.tp > 1 ? o.tp : 1), fp8, &err);

@@ -1750,6 +1750,42 @@ int msm_cuda_device_count(void) {
     return n;
 }
 
+/* The device-to-device copy rate of GPU `device` in GB/s, counting bytes read plus bytes written:
+ * the best of 5 copies of `bytes` between two fresh buffers after one warm-up copy (the ceiling
+ * msmoe-bench's %HBM divides by). Run before the weights take the memory. */
+int msm_cuda_copy_gbps(int device, size_t bytes, char *name, size_t name_len, double *ret, msm_err *err) {
+    struct cudaDeviceProp prop;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) return msm_err_set(err, -ENODEV, "cannot use GPU %d: %s", device, cudaGetErrorString(e));
+    if (name && name_len) snprintf(name, name_len, "%s", prop.name);
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float best = 0.0f;
+    e = cudaMalloc(&a, bytes);
+    if (e == cudaSuccess) e = cudaMalloc(&b, bytes);
+    if (e == cudaSuccess) e = cudaMemset(a, 1, bytes);
+    if (e == cudaSuccess) e = cudaEventCreate(&e0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e1);
+    for (int i = -1; i < 5 && e == cudaSuccess; i++) {
+        float ms = 0.0f;
+        e = cudaEventRecord(e0, 0);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
+        if (e == cudaSuccess) e = cudaEventRecord(e1, 0);
+        if (e == cudaSuccess) e = cudaEventSynchronize(e1);
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
+        if (e == cudaSuccess && i >= 0 && (best == 0.0f || ms < best)) best = ms;
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a), cudaFree(b);
+    if (e != cudaSuccess || best <= 0.0f)
+        return msm_err_set(err, -EIO, "GPU %d: the copy measurement failed: %s", device,
+                           e != cudaSuccess ? cudaGetErrorString(e) : "no time");
+    *ret = 2.0 * (double)bytes / (best * 1e-3) / 1e9;
+    return 0;
+}
+
 int msm_cuda_nccl_unique_id(void *id, msm_err *err) {
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);

@@ -68,6 +68,9 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
 /* ncclGetUniqueId into id (128 bytes). */
 int msm_cuda_nccl_unique_id(void *id, msm_err *err);
 int msm_cuda_device_count(void);
+/* GPU `device`'s name (into name, name_len bytes) and its device-to-device copy rate in GB/s,
+ * bytes read plus bytes written, over copies of `bytes` (needs 2 x bytes free). */
+int msm_cuda_copy_gbps(int device, size_t bytes, char *name, size_t name_len, double *ret, msm_err *err);
 /* Weight wi of a CUDA backend on its device, bf16 [n_expert, rows, cols] (NULL when absent), and
  * its element count in ret_n: for tests. */
 const uint16_t *msm_backend_cuda_weight(const msm_backend *b, int wi, size_t *ret_n);

@@ -50,6 +50,10 @@ expect("no baseline: no change printed", glm[0].split()[2:], ["20.000", "1"])
 out = ab.table(runs, base="MSM_X=1 -- --flag")
 row = [l for l in out if l.startswith("(base)") and l.split()[1] == "8"][0].split()
 expect("--base: the other arm's change", row[-1], "-0.100")
+# a bench without a ceiling (the CPU backend) prints "-" for %HBM: its rows count all the same
+cpu = ab.parse(["# t=0s tiny  ", " batch    ms/step     p90 ms      tok/s    GB/step     %HBM",
+                "     1      0.237      0.241       4225      0.001        -"])
+expect("a row without %HBM", cpu[("tiny", "")][1], [0.237])
 # arms that share a prefix longer than the default column are printed in full, apart
 long_a = "MSM_CUDA_FP8_MOE_LEAN=2 MSM_CUDA_LINEAR_ROPE_MMV=1 MSM_CUDA_FP8_GEMV_SPLIT=1"
 long_b = "MSM_CUDA_FP8_MOE_LEAN=2 MSM_CUDA_LINEAR_ROPE_MMV=1 MSM_CUDA_FP8_GEMV_SPLIT=2"
