@@ -7,12 +7,33 @@
 #   bash bench/results/2026-12-06-h200-s24/runs.sh rN
 source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
 Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b Q3F=qwen3-30b-a3b-fp8 GLM=glm-4.5-air-fp8
-case "$1" in
-r1)
-    # on an H200 (GLM-4.5-Air FP8's 111 GB need one): the table on all four presets, %HBM now against
-    # the copy rate msmoe-bench measures on the card; the phase-chain probe for Qwen3-30B-A3B and
-    # Qwen1.5-MoE (the batch-1 floor of a kernel per dependent phase); Qwen3's timelines at 1 and 8
-    hdr
+
+# the routed experts' combine inside the grouped SIMT down GEMV (MSM_CUDA_MOE_DOWN_COMBINE=1; Qwen3
+# at 5-47 tokens): its kernel tests, its check_presets line (bitwise at an 8-token prefill), the A/B
+# at 5-32 tokens (three rounds), Qwen3's timeline at 8 with it
+down_combine() {
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 120 gpu-run/bin/test_cuda_kernels --jobs 4 \
+        --filter "cuda_kernels/@(tuning*|moe_grouped_simt*|moe_down_combine*)" > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    grep -E "FAIL|rel err|differs|Assert|bits|counters" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_PROMPTS=0,2 CHECK_VARIANTS="inside the grouped down" timeout 100 python3 tests/gpu/check_presets.py \
+        config/models/$Q3.json config/models/$Q15.json > $OUT/presets.txt 2>&1
+    grep -c PASS $OUT/presets.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
+    grep -E "FAIL|Error|error" $OUT/presets.txt | head -6 | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q3 5,8,11,16,32 dc --
+        b $Q3 5,8,11,16,32 dc MSM_CUDA_MOE_DOWN_COMBINE=1 --
+    done
+    ROWS=20 tl $Q3 8 q3b8-dc MSM_CUDA_MOE_DOWN_COMBINE=1
+}
+
+# on an H200 (GLM-4.5-Air FP8's 111 GB need one): the table on all four presets, %HBM now against
+# the copy rate msmoe-bench measures on the card; the phase-chain probe for Qwen3-30B-A3B and
+# Qwen1.5-MoE (the batch-1 floor of a kernel per dependent phase); Qwen3's timelines at 1 and 8
+table_probe() {
     nvidia-smi --query-gpu=memory.total --format=csv,noheader | tee -a $OUT/gpu.txt
     el table | tee -a $OUT/gpu.txt
     b $Q15 1,2,4,8,16,32,128,256 table --
@@ -26,6 +47,9 @@ r1)
     el timeline | tee -a $OUT/gpu.txt
     ROWS=40 tl $Q3 1 q3b1
     ROWS=40 tl $Q3 8 q3b8
-    el done | tee -a $OUT/gpu.txt
-    ;;
+}
+
+case "$1" in
+r1) hdr; table_probe; el done | tee -a $OUT/gpu.txt ;;       # (not run: no H200 could be started)
+r2) hdr; down_combine; table_probe; el done | tee -a $OUT/gpu.txt; pack ;;
 esac
