@@ -57,8 +57,6 @@ typedef struct cuda_backend {
     float *q_tmp[MSM_N_STREAMS]; /* attention: split-context workspace */
     void *router_ws[MSM_N_STREAMS]; /* ROUTER_LINEAR_TOPK: logits + counters (zero between calls) */
     unsigned *ln_ctr[MSM_N_STREAMS]; /* LINEAR_ADD_RMSNORM's arrival counter (zero between calls) */
-    unsigned *ctr[MSM_N_STREAMS];    /* msm_cuda_exec.ctr of each stream (zero between calls) */
-    size_t ctr_bytes;
     size_t router_ws_bytes;
     size_t q_tmp_bytes;
     void *gather_tmp;            /* all-gather staging [tp, rows, cols] */
@@ -202,8 +200,7 @@ static msm_cuda_exec exec_on(const cuda_backend *cb, msm_stream s, const msm_ste
                  (cb->tune.stream_prio == MSM_CUDA_PRIO_AUTO && decode && d->T >= MSM_CUDA_AUX_PRIO_MIN_T &&
                   d->T <= MSM_CUDA_AUX_PRIO_MAX_T));
     return (msm_cuda_exec){.stream = cb->st[s], .tune = decode ? &cb->tune_decode : &cb->tune, .decode = decode,
-                           .priority = prio ? cb->prio_hi : 0, .on_aux = s == MSM_STREAM_AUX,
-                           .ctr = cb->ctr[s], .ctr_bytes = cb->ctr_bytes};
+                           .priority = prio ? cb->prio_hi : 0, .on_aux = s == MSM_STREAM_AUX};
 }
 
 /* An FP8-resident weight as the kernels take it. */
@@ -1289,10 +1286,6 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
         } else if (n->op == MSM_OP_MOE_EXPERTS) {
             const msm_attr_moe_experts *at = &n->attr.moe_experts;
             need = msm_cuda_moe_experts_ws_bytes(g->max_T, at->H, at->I, at->k, at->E);
-            for (int t = 1; t <= g->max_T && t <= 64; t++) { /* (0 past the sizes that combine in the down) */
-                size_t c = msm_cuda_moe_experts_ctr_bytes(t, at->H);
-                if (c > cb->ctr_bytes) cb->ctr_bytes = c;
-            }
 
         } else if (n->op == MSM_OP_ATTENTION) {
             const msm_attr_attention *at = &n->attr.attention;
@@ -1327,10 +1320,6 @@ static int cuda_prepare(msm_backend *b, const msm_graph *g, int n_kv_blocks, msm
         TRY(cudaMemset(cb->router_ws[s], 0, cb->router_ws_bytes ? cb->router_ws_bytes : 256)); /* counters */
         TRY(cudaMalloc((void **)&cb->ln_ctr[s], 256));
         TRY(cudaMemset(cb->ln_ctr[s], 0, 256));
-        if (cb->ctr_bytes) {
-            TRY(cudaMalloc((void **)&cb->ctr[s], cb->ctr_bytes));
-            TRY(cudaMemset(cb->ctr[s], 0, cb->ctr_bytes));
-        }
     }
     cb->gather_bytes = gather;
     TRY(cudaMalloc(&cb->gather_tmp, gather ? gather : 256));
@@ -1457,7 +1446,6 @@ static void cuda_free(msm_backend *b) {
         cudaFree(cb->q_tmp[s]);
         cudaFree(cb->router_ws[s]);
         cudaFree(cb->ln_ctr[s]);
-        cudaFree(cb->ctr[s]);
         cudaFree(cb->deq[s]);
         if (cb->st[s]) cudaStreamDestroy(cb->st[s]);
     }
@@ -1531,9 +1519,6 @@ static const msm_backend_vt cuda_vt = {
  *                                       its PDL wait (0, default: not yet measured); the same bits
  *   MSM_CUDA_MOE_FUSED_COMBINE=0|1      the routed experts' combine (5+ tokens) inside the next ADD_RMSNORM or
  *                                       MOE_COMBINE_NORM (0, default: not yet measured); the same bits
- *   MSM_CUDA_MOE_DOWN_COMBINE=0|1       the routed experts' combine inside the grouped SIMT down GEMV (5-47
- *                                       tokens, bf16): the last block of a token's row chunk sums it (0,
- *                                       default: not yet measured); the same bits
  *   MSM_CUDA_MOE_GU_U2=0|1|2            the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
  *                                       an SM never (0), always (1), or where it makes one wave and no
  *                                       shared expert runs beside (2, default); the same bits
@@ -1647,7 +1632,6 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
         t->moe_pair_early = v <= 0 ? MSM_CUDA_MOE_PAIR_EARLY_OFF : v == 1 ? MSM_CUDA_MOE_PAIR_EARLY_ON
                                                                            : MSM_CUDA_MOE_PAIR_EARLY_AUTO;
     if ((s = getenv("MSM_CUDA_MOE_FUSED_COMBINE"))) t->moe_fused_combine = s[0] != '0';
-    if ((s = getenv("MSM_CUDA_MOE_DOWN_COMBINE"))) t->moe_down_combine = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_GU_U2", &v))
         t->moe_gu_u2 = v <= 0 ? MSM_CUDA_MOE_GU_U2_OFF : v == 1 ? MSM_CUDA_MOE_GU_U2_ON : MSM_CUDA_MOE_GU_U2_AUTO;
     if ((s = getenv("MSM_CUDA_MMV_FIT_CLUSTERS"))) t->mmv_fit_clusters = s[0] != '0';

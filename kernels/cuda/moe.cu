@@ -111,7 +111,20 @@ static __global__ void __launch_bounds__(1024) moe_group_kernel(moe_ws ws, const
 }
 
 
-/* y[t] = msm__moe_combine_at(t, h) for every (t, h). */
+/* Token t's routed sum at column h: sum_j w[t, j] * outp[row of pair (t, j)] in slot order, rows by
+ * inv (grouped), or, where the GEMVs scanned (ids given), the pair itself for a valid expert id. */
+static __device__ __forceinline__ float moe_combine_at(const moe_ws &ws, const int32_t *ids, int E, const float *w,
+                                                       size_t t, size_t h, int H, int k) {
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) {
+        size_t p = t * k + j;
+        int row = ids ? (ids[p] >= 0 && ids[p] < E ? (int)p : -1) : ws.inv[p];
+        if (row >= 0) s += w[t * k + j] * ws.outp[(size_t)row * H + h];
+    }
+    return s;
+}
+
+/* y[t] = moe_combine_at(t, h) for every (t, h). */
 static __global__ void moe_combine_kernel(float *y, moe_ws ws, const int32_t *ids, int E, const float *w, int T,
                                           int H, int k) {
     msm_pdl_trigger();
@@ -120,7 +133,7 @@ static __global__ void moe_combine_kernel(float *y, moe_ws ws, const int32_t *id
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
         size_t t = idx / H, h = idx % H;
-        y[idx] = msm__moe_combine_at<false>(ws, ids, E, w, t, h, H, k);
+        y[idx] = moe_combine_at(ws, ids, E, w, t, h, H, k);
     }
 }
 
@@ -130,7 +143,7 @@ static __global__ void moe_combine_kernel(float *y, moe_ws ws, const int32_t *id
  * combine + add + norm) computes it itself while it loads the row: the combine kernel, its launch
  * and the [T, H] round trip leave the step. Each thread finds its token's k pair rows and weights
  * once (moe_tok_rows), then every row element's k loads are independent (the combine kernel chains
- * an index load and a row load a slot). Bitwise the combine kernel (msm__moe_combine_at: the same fmaf
+ * an index load and a row load a slot). Bitwise the combine kernel (moe_combine_at: the same fmaf
  * chain in slot order) followed by msm_cuda_add_rmsnorm (add_rmsnorm_kernel's row: a + routed,
  * msm_norm_row_store) or by msm_cuda_moe_combine_rmsnorm (msm_moe_combine_norm_row). */
 #define MOE_MAX_K 8
@@ -149,7 +162,7 @@ static __device__ __forceinline__ void moe_tok_rows(moe_tok &r, const moe_ws &ws
     }
 }
 
-/* msm__moe_combine_at of the token of r at column h. */
+/* moe_combine_at of the token of r at column h. */
 static __device__ __forceinline__ float moe_tok_sum(const moe_tok &r, const float *outp, size_t h, int H) {
     float s = 0.0f;
 #pragma unroll
@@ -249,22 +262,16 @@ static int moe_experts_run(float *y, const float *x, const int32_t *ids, const f
         CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
         ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
     }
-    /* the grouped SIMT down combining itself (tuning moe_down_combine): no combine kernel */
-    moe_cmb cb = {};
-    if (!defer && path == MSM_CUDA_MOE_PATH_GROUPED_GEMV && msm__moe_grouped_combines(T, H, k, vec_i, ex))
-        cb = (moe_cmb){y, w, ex.ctr, k, E};
     int r = path == MSM_CUDA_MOE_PATH_WMMA    ? msm__moe_gemm_run(ws, x, gate_up, down, T, H, I, k, E, ex)
             : path == MSM_CUDA_MOE_PATH_TILED ? msm__moe_tiled_run(ws, x, gate_up, down, T, H, I, k, E, ex)
                                               : msm__moe_grouped_run(ws, scan, x, gate_up, down, T, H, I, k, E,
-                                                                     vec_h, vec_i, cb, ex);
+                                                                     vec_h, vec_i, ex);
     if (r) return r;
-    if (defer || cb.y) return 0;
+    if (defer) return 0;
     ex.no_pdl = false;
     CUDA_TRY(combine_launch(y, ws, scan, E, w, T, H, k, ex));
     return 0;
 }
-
-extern "C" size_t msm_cuda_moe_experts_ctr_bytes(int T, int H) { return msm__moe_grouped_ctr_bytes(T, H); }
 
 extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids, const float *w,
                                     const uint16_t *gate_up, const uint16_t *down, int T, int H,

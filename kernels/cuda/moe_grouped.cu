@@ -168,113 +168,57 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     }
 }
 
-/* The combine inside the down (CMB, tuning moe_down_combine; after the grouping): once a block has
- * stored its rows h0b .. h0b + GG_DROWS - 1 of its expert's pairs, it counts itself in for each of
- * their tokens (counter [t, row chunk]: release fence, atomic add); the block that brings a token's
- * count to its valid pairs (a token's k experts are distinct, so each of them counts in once) sums
- * the token's k rows there, msm__moe_combine_at in slot order through L2 after an acquire fence (the
- * combine kernel's arithmetic: the same bits), and zeroes the counter for the next call. The blocks
- * of grid row 0 also write zeros for tokens with no valid pair, as the combine kernel would (none
- * counts in for them). */
-#define GG_DROWS (MOE_WARPS * 4)  /* rows of a down block (RD) */
-#define GG_CMB_MAX_T 64           /* tokens whose pairs one expert (a block) may hold */
-
-template <int R>
-static __device__ void gg_down_combine(const moe_ws &ws, const moe_cmb &cb, int g0, int g1, int T, int H) {
-    __shared__ int s_tok[GG_CMB_MAX_T], s_n;
-    const int k = cb.k, h0b = blockIdx.x * MOE_WARPS * R;
-    unsigned *ctr = cb.ctr + blockIdx.x; /* + t * gridDim.x */
-    if (threadIdx.x == 0) s_n = 0;
-    __syncthreads(); /* and every warp's stores of the block's rows are issued */
-    for (int i = threadIdx.x; i < g1 - g0; i += blockDim.x) {
-        int t = ws.perm[g0 + i] / k;
-        unsigned need = 0;
-        for (int j = 0; j < k; j++) need += ws.inv[(size_t)t * k + j] >= 0;
-        __threadfence(); /* release: the block's rows (ordered by the barrier) before the count */
-        unsigned prev = atomicAdd(ctr + (size_t)t * gridDim.x, 1u);
-        __threadfence(); /* acquire: the other blocks' rows after their counts */
-        if (prev + 1 == need) s_tok[atomicAdd(&s_n, 1)] = t;
-    }
-    __syncthreads();
-    const int n = s_n, rows = MOE_WARPS * R;
-    for (int q = threadIdx.x; q < n * rows; q += blockDim.x) {
-        int t = s_tok[q / rows], h = h0b + q % rows;
-        if (h < H) cb.y[(size_t)t * H + h] = msm__moe_combine_at<true>(ws, NULL, cb.E, cb.w, t, h, H, k);
-    }
-    for (int q = threadIdx.x; q < n; q += blockDim.x) ctr[(size_t)s_tok[q] * gridDim.x] = 0;
-    if (blockIdx.y != 0) return;
-    for (int q = threadIdx.x; q < T * rows; q += blockDim.x) { /* tokens no block counts in for */
-        int t = q / rows, h = h0b + q % rows;
-        bool none = true;
-        for (int j = 0; j < k; j++) none = none && ws.inv[(size_t)t * k + j] < 0;
-        if (none && h < H) cb.y[(size_t)t * H + h] = 0.0f;
-    }
-}
-
 /* outp[g, h] = dot(down_e[h, :], act[g, :]) for the rows g of expert e (grouped rows, or the
  * scanned pairs). early: the routing (expert_off / ids) and the first weight loads come before the
  * PDL wait (the gate/up before this triggers only after its own wait); act, written by the
- * gate/up, and every store after it. CMB: then the combine (gg_down_combine) into cb.y. */
-template <int R, int NT, int U, bool VEC, bool FP8, bool CMB = false>
+ * gate/up, and every store after it. */
+template <int R, int NT, int U, bool VEC, bool FP8>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_down_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, bool compact, const void *down,
-                                 const float *dn_sc, int dn_ph, int H, int I, bool early, moe_cmb cb) {
+                                 const float *dn_sc, int dn_ph, int H, int I, bool early) {
     extern __shared__ int sp[];
     if (!early) msm_pdl_wait();
     msm_pdl_trigger();
     int e, g0, g1;
     gg_rows(ws, ids, P, compact, sp, &e, &g0, &g1);
-    if (g0 >= g1) {
-        if constexpr (CMB) { /* grid row 0 still writes the tokens without a valid pair (after the wait) */
-            if (blockIdx.y != 0) return;
-            msm_pdl_wait();
-            gg_down_combine<R>(ws, cb, g0, g0, P / cb.k, H);
-        }
-        return;
-    }
+    if (g0 >= g1) return;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int h0 = (blockIdx.x * MOE_WARPS + warp) * R;
-    if (!CMB && h0 >= H) return; /* CMB: every warp reaches the combine's barriers */
-    if (h0 < H) {
-        const float *act = (const float *)ws.act;
-        const float *se = FP8 ? dn_sc + (size_t)e * msm_cuda_fp8_scales(1, H, I, dn_ph) : NULL;
-        const void *wr[R];
-        const float *sr[R];
+    if (h0 >= H) return;
+    const float *act = (const float *)ws.act;
+    const float *se = FP8 ? dn_sc + (size_t)e * msm_cuda_fp8_scales(1, H, I, dn_ph) : NULL;
+    const void *wr[R];
+    const float *sr[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            wr[r] = msm_wrow<FP8>(down, (size_t)e * H * I, min(h0 + r, H - 1), I);
-            sr[r] = msm_srow(se, min(h0 + r, H - 1), I, dn_ph);
-        }
-        for (int gb = g0; gb < g1; gb += NT) {
-            int nt = min(NT, g1 - gb);
-            const float *xs[NT];
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                int g = gb + min(t, nt - 1);
-                xs[t] = act + (size_t)(ids ? sp[g] : g) * I;
-            }
-            float acc[R][NT];
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-            /* the wait (early) once this pass's first weight loads are out; a no-op after the first */
-            msm_rows_dot_w<R, NT, U, VEC, FP8>(acc, wr, sr, xs, nt, I, dn_ph, lane, msm_pdl_hook{early});
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t >= nt) break;
-                size_t row = ids ? (size_t)sp[gb + t] : (size_t)(gb + t);
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    float d = msm_warp_sum(acc[r][t]);
-                    if (lane == 0 && h0 + r < H) ws.outp[row * H + h0 + r] = d;
-                }
-            }
-        }
+    for (int r = 0; r < R; r++) {
+        wr[r] = msm_wrow<FP8>(down, (size_t)e * H * I, min(h0 + r, H - 1), I);
+        sr[r] = msm_srow(se, min(h0 + r, H - 1), I, dn_ph);
     }
-    if constexpr (CMB) {
-        msm_pdl_wait(); /* (a warp past H skipped the hook's) */
-        gg_down_combine<R>(ws, cb, g0, g1, P / cb.k, H);
+    for (int gb = g0; gb < g1; gb += NT) {
+        int nt = min(NT, g1 - gb);
+        const float *xs[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int g = gb + min(t, nt - 1);
+            xs[t] = act + (size_t)(ids ? sp[g] : g) * I;
+        }
+        float acc[R][NT];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+        /* the wait (early) once this pass's first weight loads are out; a no-op after the first */
+        msm_rows_dot_w<R, NT, U, VEC, FP8>(acc, wr, sr, xs, nt, I, dn_ph, lane, msm_pdl_hook{early});
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= nt) break;
+            size_t row = ids ? (size_t)sp[gb + t] : (size_t)(gb + t);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float d = msm_warp_sum(acc[r][t]);
+                if (lane == 0 && h0 + r < H) ws.outp[row * H + h0 + r] = d;
+            }
+        }
     }
 }
 
@@ -559,7 +503,7 @@ static __global__ void __launch_bounds__(NW * 32, FP8 ? MMA_MINB_FP8 : MMA_MINB)
 static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int P, const float *x,
                                        const void *gate_up, const float *gu_sc, int gu_ph, const void *down,
                                        const float *dn_sc, int dn_ph, bool vec_h, bool vec_i, bool gateup, int H,
-                                       int I, int k, int E, const moe_cmb &cb, msm_cuda_exec ex) {
+                                       int I, int k, int E, msm_cuda_exec ex) {
     constexpr int RG = 2, RD = 4;
     const msm_cuda_tuning *tn = ex.tune;
     dim3 blk(MOE_WARPS * 32);
@@ -581,27 +525,21 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
         return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, false, false>, ga, blk, sm, ex, ws, ids, P, compact, x,
                           gate_up, gu_sc, gu_ph, H, I, k);
     }
-    static_assert(MOE_WARPS * RD == GG_DROWS, "the combine's row chunks are the down blocks'");
     dim3 gd((unsigned)((H + MOE_WARPS * RD - 1) / (MOE_WARPS * RD)), ny);
     bool early = tn->moe_gg_early && !ex.w_written;
     if (dn_sc)
         return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, true, true>, gd, blk, sm, ex, ws, ids, P, compact,
-                          down, dn_sc, dn_ph, H, I, early, cb);
+                          down, dn_sc, dn_ph, H, I, early);
     if (vec_i) {
         bool u3 = tn->moe_gg_down_u == 3, nt2 = tn->moe_gg_down_nt == 2;
         auto kern = nt2 ? (u3 ? moe_down_grouped_gemv_kernel<RD, 2, 3, true, false>
                               : moe_down_grouped_gemv_kernel<RD, 2, GG_U, true, false>)
                         : (u3 ? moe_down_grouped_gemv_kernel<RD, 4, 3, true, false>
                               : moe_down_grouped_gemv_kernel<RD, 4, GG_U, true, false>);
-        if (cb.y) /* (msm__moe_grouped_combines) */
-            kern = nt2 ? (u3 ? moe_down_grouped_gemv_kernel<RD, 2, 3, true, false, true>
-                             : moe_down_grouped_gemv_kernel<RD, 2, GG_U, true, false, true>)
-                       : (u3 ? moe_down_grouped_gemv_kernel<RD, 4, 3, true, false, true>
-                             : moe_down_grouped_gemv_kernel<RD, 4, GG_U, true, false, true>);
-        return msm_launch(kern, gd, blk, sm, ex, ws, ids, P, compact, down, dn_sc, dn_ph, H, I, early, cb);
+        return msm_launch(kern, gd, blk, sm, ex, ws, ids, P, compact, down, dn_sc, dn_ph, H, I, early);
     }
     return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, false, false>, gd, blk, sm, ex, ws, ids, P, compact,
-                      down, dn_sc, dn_ph, H, I, early, cb);
+                      down, dn_sc, dn_ph, H, I, early);
 }
 
 /* Resident blocks an SM holds of a kernel with MMA_NW warps (1 if the query fails). */
@@ -636,20 +574,9 @@ bool msm__moe_grouped_scans(const msm_cuda_tuning *tn, int T, int k) {
     return !grouped_mma(tn, T) && T <= tn->moe_group_scan_max_t && (long)T * k <= MSM_CUDA_MOE_SCAN_MAX_P;
 }
 
-bool msm__moe_grouped_combines(int T, int H, int k, bool vec_i, msm_cuda_exec ex) {
-    const msm_cuda_tuning *tn = ex.tune;
-    return tn->moe_down_combine && !grouped_mma(tn, T) && !msm__moe_grouped_scans(tn, T, k) && vec_i && T > 0 &&
-           T <= GG_CMB_MAX_T && ex.ctr && msm__moe_grouped_ctr_bytes(T, H) <= ex.ctr_bytes;
-}
-
-size_t msm__moe_grouped_ctr_bytes(int T, int H) {
-    return T > 0 && T <= GG_CMB_MAX_T && H > 0 ? sizeof(unsigned) * (size_t)T * ((H + GG_DROWS - 1) / GG_DROWS) : 0;
-}
-
 int msm__moe_grouped_run(const moe_ws &ws, const int32_t *ids, const float *x, const uint16_t *gate_up,
                          const uint16_t *down, int T, int H, int I, int k, int E, bool vec_h,
-                         bool vec_i, moe_cmb cb, msm_cuda_exec ex) {
-    if (cb.y && !msm__moe_grouped_combines(T, H, k, vec_i, ex)) return -EINVAL;
+                         bool vec_i, msm_cuda_exec ex) {
     const msm_cuda_tuning *tn = ex.tune;
     int kf = tn->moe_kernels;
     size_t P = (size_t)T * k;
@@ -665,7 +592,7 @@ int msm__moe_grouped_run(const moe_ws &ws, const int32_t *ids, const float *x, c
                             (const float *)NULL, 0, H, I, k));
     } else {
         CUDA_TRY(grouped_simt_launch(ws, ids, (int)P, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, true, H, I, k, E,
-                                     cb, ex));
+                                     ex));
         ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
     }
     if (mma && vec_i) {
@@ -676,7 +603,7 @@ int msm__moe_grouped_run(const moe_ws &ws, const int32_t *ids, const float *x, c
                             0, H, I, !(kf & MSM_CUDA_MOE_K_NO_PREFETCH)));
     } else {
         CUDA_TRY(grouped_simt_launch(ws, ids, (int)P, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, false, H, I, k,
-                                     E, cb, ex));
+                                     E, ex));
     }
     return 0;
 }
@@ -699,10 +626,9 @@ int msm__moe_grouped_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu,
         return 0;
     }
     int P = T * k; /* (no scan: P only sizes the compact grid) */
-    moe_cmb none = {};
     CUDA_TRY(grouped_simt_launch(ws, NULL, P, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, true,
-                                 H, I, k, E, none, ex));
+                                 H, I, k, E, ex));
     CUDA_TRY(grouped_simt_launch(ws, NULL, P, x, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase, true, true, false,
-                                 H, I, k, E, none, ex));
+                                 H, I, k, E, ex));
     return 0;
 }

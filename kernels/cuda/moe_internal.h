@@ -29,34 +29,6 @@ typedef struct moe_ws {
     float *outp;         /* [P, H] per-pair down output, grouped order (... pair order) */
 } moe_ws;
 
-/* Token t's routed sum at column h: sum_j w[t, j] * outp[row of pair (t, j)] in slot order, rows by
- * inv (grouped), or, where the GEMVs scanned (ids given), the pair itself for a valid expert id.
- * CG: the rows through L2 (__ldcg: other blocks of the same kernel wrote them); the same value. */
-template <bool CG>
-static __device__ __forceinline__ float msm__moe_combine_at(const moe_ws &ws, const int32_t *ids, int E,
-                                                            const float *w, size_t t, size_t h, int H, int k) {
-    float s = 0.0f;
-    for (int j = 0; j < k; j++) {
-        size_t p = t * k + j;
-        int row = ids ? (ids[p] >= 0 && ids[p] < E ? (int)p : -1) : ws.inv[p];
-        if (row >= 0) {
-            const float *o = ws.outp + (size_t)row * H + h;
-            s += w[t * k + j] * (CG ? __ldcg(o) : *o);
-        }
-    }
-    return s;
-}
-
-/* The combine inside the grouped SIMT down GEMV (tuning moe_down_combine): y [T, H] and the routing
- * weights w [T, k] of msm_cuda_moe_experts, its counters (msm_cuda_exec.ctr: [T, row chunks], zero
- * between calls); y NULL: the down writes the per-pair rows only. */
-typedef struct moe_cmb {
-    float *y;
-    const float *w;
-    unsigned *ctr;
-    int k, E;
-} moe_cmb;
-
 /* silu(g) * u with the CPU oracle's formula. */
 static __device__ __forceinline__ float msm__silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
@@ -79,13 +51,7 @@ bool msm__moe_grouped_scans(const msm_cuda_tuning *tn, int T, int k);
  * scanning ids (msm__moe_grouped_scans; rows in pair order). */
 int msm__moe_grouped_run(const moe_ws &ws, const int32_t *ids, const float *x, const uint16_t *gate_up,
                          const uint16_t *down, int T, int H, int I, int k, int E, bool vec_h,
-                         bool vec_i, moe_cmb cb, msm_cuda_exec ex);
-/* Whether msm__moe_grouped_run's down GEMV combines at T tokens itself (cb: y, w, counters) with the
- * counters of ex (msm_cuda_exec.ctr): tuning moe_down_combine, the SIMT kernels, after the grouping,
- * 16-byte loads of the down rows. */
-bool msm__moe_grouped_combines(int T, int H, int k, bool vec_i, msm_cuda_exec ex);
-/* Counter bytes the down's combine takes at T tokens of width H. */
-size_t msm__moe_grouped_ctr_bytes(int T, int H);
+                         bool vec_i, msm_cuda_exec ex);
 
 /* Medium T with FP8-resident weights (moe_grouped.cu): the grouped tensor-core GEMVs on the codes
  * (SIMT where the shapes do not allow them, or when forced). */

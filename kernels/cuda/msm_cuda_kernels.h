@@ -157,11 +157,6 @@ typedef struct msm_cuda_tuning {
                                  128 / 256 tokens +0.22 / +0.43 / +0.44 / +0.21, its FP8 preset at 8 / 32
                                  +0.41 / +0.40, Qwen1.5-MoE +0.06 / 0.00 / +0.01 / -0.10)
                                  (MSM_CUDA_MOE_FUSED_COMBINE) */
-    bool moe_down_combine;    /* the grouped SIMT down GEMV (bf16, after the grouping kernel) combines each
-                                 token's k rows itself: per (token, row chunk) the block that counts in
-                                 last (msm_cuda_exec.ctr) sums the k rows in slot order with the combine
-                                 kernel's arithmetic, so one kernel less a layer, the same bits
-                                 (MSM_CUDA_MOE_DOWN_COMBINE) */
     int moe_gu_u2;            /* MSM_CUDA_MOE_GU_U2_*: the pair path's bf16 gate/up GEMV with 2 loads a
                                  lane a row in flight (not 4) at 12 blocks an SM, the same bits
                                  (moe_pair.cu; MSM_CUDA_MOE_GU_U2) */
@@ -506,11 +501,6 @@ typedef struct msm_cuda_exec {
                         expert beside the routed experts): the SMs are shared */
     bool on_aux;     /* the node runs on the aux stream (the shared expert's kernels), beside the
                         main stream's: the block-sliced MMV leaves it SMs (mmv_bslice_pick) */
-    unsigned *ctr;    /* ctr_bytes of arrival counters on this stream, zero between calls: one call's
-                         kernels may count blocks in with them and must leave them zero (the routed
-                         experts' down with the combine, tuning moe_down_combine); NULL: none, and
-                         the calls take their forms without */
-    size_t ctr_bytes;
 } msm_cuda_exec;
 
 /* Per-rank CUDA context: the cuBLASLt handle and a cache of matmul plans (layouts + the
@@ -701,10 +691,6 @@ int msm_cuda_router_group_topk(int32_t *ids, float *w, const float *logits, cons
 /* Workspace bytes msm_cuda_moe_experts needs: the f32 SwiGLU activations [T*k, I] on the GEMV
  * path; grouping tables, bf16 activations and per-pair outputs [T*k, H] f32 on the grouped path. */
 size_t msm_cuda_moe_experts_ws_bytes(int T, int H, int I, int k, int E);
-
-/* Counter bytes (msm_cuda_exec.ctr) msm_cuda_moe_experts can use at T tokens of width H (the down
- * GEMV's combine, tuning moe_down_combine); 0 where it never combines there. */
-size_t msm_cuda_moe_experts_ctr_bytes(int T, int H);
 
 /* Routed experts: y[t,:] = sum_j w[t,j] * down_e(swiglu(gate_up_e x[t,:])), e = ids[t,j].
  * gate_up [E, 2I, H] bf16 (gate rows then up rows), down [E, H, I] bf16, x, y [T,H] f32,

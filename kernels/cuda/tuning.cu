@@ -194,7 +194,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * beside the aux stream */
     t->moe_pair_early = MSM_CUDA_MOE_PAIR_EARLY_AUTO;
     t->moe_fused_combine = false; /* measured slower: msm_cuda_kernels.h */
-    t->moe_down_combine = false;  /* not yet measured */
     t->aux_gemv_rows = 2;
     /* the L2 prefetch of the PREFETCH nodes (pass off by default): measured slower or the same
      * (H200, 2026-12-05 sixteenth session, bench/results/2026-12-05-h200-s15 run 1 and its README);

@@ -66,7 +66,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW", "MSM_CUDA_MMV_STREAM_MIN_N",
                                  "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS",
                                  "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE", "MSM_CUDA_ATT_MMA_SPLIT",
-                                 "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_MOE_DOWN_COMBINE", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
+                                 "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
                                  "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
@@ -113,7 +113,6 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_NORM_LINEAR_SWIGLU", "1", 1), setenv("MSM_CUDA_NORM_SWIGLU_ROWS", "3", 1);
     setenv("MSM_CUDA_MOE_PAIR_EARLY", "1", 1), setenv("MSM_CUDA_NORM_QK_ROPE", "1", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1), setenv("MSM_CUDA_MOE_FUSED_COMBINE", "1", 1);
-    setenv("MSM_CUDA_MOE_DOWN_COMBINE", "1", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT_MIN_T", "-2", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "-3", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T", "-1", 1);
     t.att_bt_cache = true;
@@ -171,7 +170,6 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.att_mma_split_max_t, 0, "clamped to 0: no bound");
     cr_expect_eq(t.att_mma_split_mha_max_t, 0, "clamped to 0: MHA never");
     cr_expect(t.moe_fused_combine, "MSM_CUDA_MOE_FUSED_COMBINE=1: the experts' combine inside the next norm");
-    cr_expect(t.moe_down_combine, "MSM_CUDA_MOE_DOWN_COMBINE=1: the experts' combine inside the down GEMV");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
@@ -1643,44 +1641,18 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
  * grouping kernel: rows in pair order) or after the grouping kernel, with 2 or 4 tokens a pass in
  * either kernel, 2 or 3 K chunks in flight in the down, and the down's first weight loads before or
  * after its PDL wait (launched right behind the gate/up, which writes its input), and a grid row per
- * selected expert or per expert, and the combine inside the down (tuning moe_down_combine, with
- * counters: twice in a row, the counters left zero); each against the CPU. Qwen1.5-MoE shapes at 5-11 tokens, odd sizes (scalar loads), k = 8, and many tokens an
+ * selected expert or per expert; each against the CPU. Qwen1.5-MoE shapes at 5-11 tokens, odd sizes (scalar loads), k = 8, and many tokens an
  * expert (several passes); past MSM_CUDA_MOE_SCAN_MAX_P pairs the grouping kernel runs anyway. */
 typedef struct gg_variant {
     int scan_max_t, gu_nt, dn_nt, dn_u;
-    bool early, compact, cmb;
+    bool early, compact;
 } gg_variant;
-
-/* The counters of msm_cuda_exec.ctr for msm_cuda_moe_experts at T tokens of width H (zeroed), and
- * whether they are all zero again after the calls. */
-static unsigned *ctr_new(int T, int H, size_t *bytes) {
-    *bytes = msm_cuda_moe_experts_ctr_bytes(T, H);
-    unsigned *c = NULL;
-    if (*bytes) {
-        CK(cudaMalloc((void **)&c, *bytes));
-        CK(cudaMemset(c, 0, *bytes));
-    }
-    return c;
-}
-static bool ctr_zero(const unsigned *c, size_t bytes) {
-    unsigned *h = calloc(1, bytes ? bytes : 1);
-    bool z = true;
-    if (bytes) {
-        CK(cudaMemcpy(h, c, bytes, cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < bytes / 4; i++) z = z && h[i] == 0;
-    }
-    free(h);
-    return z;
-}
 
 static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
     static const gg_variant vs[] = {
-        {64, 4, 4, 2, true, true, false},  {0, 4, 4, 2, true, true, false},   {64, 4, 4, 2, false, true, false},
-        {64, 2, 2, 2, true, true, false},  {64, 4, 4, 3, true, true, false},  {64, 2, 2, 3, false, true, false},
-        {0, 2, 2, 3, true, true, false},   {0, 4, 2, 3, false, true, false},  {64, 4, 2, 2, true, true, false},
-        {0, 4, 2, 2, true, false, false},  {0, 4, 4, 3, false, false, false},
-        {0, 4, 2, 2, true, true, true}, {0, 4, 4, 3, false, false, true}, {0, 2, 2, 3, true, true, true},
-        {0, 4, 4, 2, false, true, true}};
+        {64, 4, 4, 2, true, true}, {0, 4, 4, 2, true, true},  {64, 4, 4, 2, false, true}, {64, 2, 2, 2, true, true},
+        {64, 4, 4, 3, true, true}, {64, 2, 2, 3, false, true}, {0, 2, 2, 3, true, true},  {0, 4, 2, 3, false, true},
+        {64, 4, 2, 2, true, true}, {0, 4, 2, 2, true, false}, {0, 4, 4, 3, false, false}};
     moe_wset m = moe_wset_new(H, I, E);
     for (int c = 0; c < nT; c++) {
         int T = Ts[c];
@@ -1693,35 +1665,25 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
         float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4);
         int32_t *di = dev_up(ids, (size_t)T * k * 4);
         float *dy = dev_poison((size_t)T * H * 4);
-        size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E), cb;
+        size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
         void *ws = dev_poison(wsb);
-        unsigned *ctr = ctr_new(T, H, &cb);
         for (size_t v = 0; v < sizeof vs / sizeof *vs; v++) {
             msm_cuda_tuning t = tune0;
             t.moe_path = MSM_CUDA_MOE_PATH_GROUPED_GEMV, t.moe_kernels = MSM_CUDA_MOE_K_SIMT;
             t.moe_group_scan_max_t = vs[v].scan_max_t, t.moe_gg_early = vs[v].early, t.moe_gg_compact = vs[v].compact;
             t.moe_gg_gateup_nt = vs[v].gu_nt, t.moe_gg_down_nt = vs[v].dn_nt, t.moe_gg_down_u = vs[v].dn_u;
-            t.moe_down_combine = vs[v].cmb;
-            msm_cuda_exec ex = EX_T(&t);
-            ex.ctr = ctr, ex.ctr_bytes = cb;
             cudaMemset(dy, 0xff, (size_t)T * H * 4);
-            CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, ex));
-            if (vs[v].cmb) { /* again on the counters it left: the same bits */
-                cr_expect(ctr_zero(ctr, cb), "grouped SIMT T=%d H=%d k=%d: the down's combine left counters", T, H, k);
-                cudaMemset(dy, 0xff, (size_t)T * H * 4);
-                CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, ex));
-            }
+            CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(v ? out : first, dy, (size_t)T * H * 4);
             if (!v)
                 CHECK_ERR(first, ref, (size_t)T * H, 2e-5, "grouped SIMT T=%d H=%d I=%d k=%d E=%d", T, H, I, k, E);
             else
                 cr_expect(memcmp(first, out, (size_t)T * H * 4) == 0,
                           "grouped SIMT T=%d H=%d I=%d k=%d: variant %zu (scan %d, nt %d/%d, u %d, early %d, "
-                          "compact %d, combine in the down %d) not the default's bits", T, H, I, k, v,
-                          vs[v].scan_max_t, vs[v].gu_nt, vs[v].dn_nt, vs[v].dn_u, (int)vs[v].early, (int)vs[v].compact,
-                          (int)vs[v].cmb);
+                          "compact %d) not the default's bits", T, H, I, k, v, vs[v].scan_max_t, vs[v].gu_nt,
+                          vs[v].dn_nt, vs[v].dn_u, (int)vs[v].early, (int)vs[v].compact);
         }
-        cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws), cudaFree(ctr);
+        cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
         free(x), free(ids), free(w), free(ref), free(first), free(out);
     }
     moe_wset_free(&m);
@@ -1737,45 +1699,6 @@ Test(cuda_kernels, moe_grouped_simt_variants_same_bits, .timeout = 240) {
     gg_cases(k8, 3, 264, 104, 8, 24);
     static const int skew[] = {12, 64};   /* 24 / 128 pairs over 3 experts: several passes */
     gg_cases(skew, 2, 256, 128, 2, 3);
-}
-
-/* The combine inside the grouped down (moe_down_combine) where some pairs name no expert (ids < 0 or
- * >= E; one token has none at all, so no block counts in for it and grid row 0 writes its zeros):
- * the combine kernel's bits, with and without a grid row per selected expert. */
-Test(cuda_kernels, moe_down_combine_invalid_ids_same_bits, .timeout = 60) {
-    need_gpu();
-    const int T = 8, H = 264, I = 104, k = 4, E = 16;
-    moe_wset m = moe_wset_new(H, I, E);
-    float *x = host_f32((size_t)T * H, 1.0f), *w = malloc((size_t)T * k * 4);
-    int32_t *ids = malloc((size_t)T * k * 4);
-    random_routing(ids, w, T, k, E);
-    ids[1] = -1, ids[6] = E, ids[4 * k + 3] = -7;
-    for (int j = 0; j < k; j++) ids[3 * k + j] = j % 2 ? -1 : E + j;
-    float *dx = dev_up(x, (size_t)T * H * 4), *dw = dev_up(w, (size_t)T * k * 4), *dy = dev_poison((size_t)T * H * 4);
-    int32_t *di = dev_up(ids, (size_t)T * k * 4);
-    size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E), cb;
-    void *ws = dev_poison(wsb);
-    unsigned *ctr = ctr_new(T, H, &cb);
-    float *ref = malloc((size_t)T * H * 4), *out = malloc((size_t)T * H * 4);
-    for (int v = 0; v < 3; v++) {
-        msm_cuda_tuning t = tune0;
-        t.moe_path = MSM_CUDA_MOE_PATH_GROUPED_GEMV, t.moe_kernels = MSM_CUDA_MOE_K_SIMT;
-        t.moe_group_scan_max_t = 0, t.moe_down_combine = v > 0, t.moe_gg_compact = v != 2;
-        msm_cuda_exec ex = EX_T(&t);
-        ex.ctr = ctr, ex.ctr_bytes = cb;
-        cudaMemset(dy, 0xff, (size_t)T * H * 4);
-        CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, ex));
-        down(v ? out : ref, dy, (size_t)T * H * 4);
-        if (v) {
-            cr_expect(memcmp(out, ref, (size_t)T * H * 4) == 0, "the down's combine (compact %d) not the combine kernel's bits",
-                      (int)t.moe_gg_compact);
-            cr_expect(ctr_zero(ctr, cb), "the down's combine left counters");
-        }
-    }
-    for (int h = 0; h < H; h++) cr_expect(ref[3 * H + h] == 0.0f, "a token with no valid expert: zeros");
-    cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws), cudaFree(ctr);
-    free(x), free(w), free(ids), free(ref), free(out);
-    moe_wset_free(&m);
 }
 
 /* The bf16 tiled expert GEMMs with 16 or 32 tokens a pass (deeper pipelines) and the auto rule give

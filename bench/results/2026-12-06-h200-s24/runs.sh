@@ -9,7 +9,7 @@ source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
 Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b Q3F=qwen3-30b-a3b-fp8 GLM=glm-4.5-air-fp8
 
 # the routed experts' combine inside the grouped SIMT down GEMV (MSM_CUDA_MOE_DOWN_COMBINE=1; Qwen3
-# at 5-47 tokens): its kernel tests, its check_presets line (bitwise at an 8-token prefill), the A/B
+# at 5-47 tokens; measured slower in run 2 and removed, commit 91abbf6 has it): its kernel tests, its check_presets line (bitwise at an 8-token prefill), the A/B
 # at 5-32 tokens (three rounds), Qwen3's timeline at 8 with it
 down_combine() {
     el kernels | tee -a $OUT/gpu.txt
@@ -50,6 +50,6 @@ table_probe() {
 }
 
 case "$1" in
-r1) hdr; table_probe; el done | tee -a $OUT/gpu.txt ;;       # (not run: no H200 could be started)
-r2) hdr; down_combine; table_probe; el done | tee -a $OUT/gpu.txt; pack ;;
+r1) hdr; table_probe; el done | tee -a $OUT/gpu.txt ;;  # needs an H200 (GLM-4.5-Air FP8)
+r2) hdr; down_combine; table_probe; el done | tee -a $OUT/gpu.txt; pack ;;  # run 2 (an H100 came)
 esac
