@@ -19,7 +19,8 @@
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o mega_probe bench/mega_probe.cu
  *   ./mega_probe            # prints ms per step (median of 50) and GB/s for each variant
  *   ./mega_probe 0 qwen3     # the same for Qwen3-30B-A3B's phases (48 layers); qwen3-fp8: its FP8
- *                            # checkpoint's bytes (each quantised row as half as many bf16 weights)
+ *                            # checkpoint's bytes (each quantised row as half as many bf16 weights);
+ *                            # qwen3-b8: an 8-token step's bytes (53 experts, 8 MiB of cache)
  * Results: bench/results/ (the session that ran it). */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -49,6 +50,7 @@ struct task {
 struct phase {
     int t0, nt;      /* tasks [t0, t0 + nt) */
     int rows;        /* rows over all its tasks */
+    int uni;         /* every task's N when they are all the same (the experts), else 0 */
 };
 
 static __device__ __forceinline__ uint4 ld_stream16(const void *p) {
@@ -107,6 +109,10 @@ static __device__ __forceinline__ float row_dot(const uint16_t *w, const float *
 
 /* Row r of phase ph's concatenated tasks: its task, and in *rr its row there. */
 static __device__ __forceinline__ const task *task_row(const task *tasks, const phase &ph, int r, int *rr) {
+    if (ph.uni) { /* no walk over the tasks (53 experts a phase in qwen3-b8) */
+        *rr = r % ph.uni;
+        return &tasks[ph.t0 + r / ph.uni];
+    }
     int t = ph.t0;
     while (r >= tasks[t].N) r -= tasks[t].N, t++;
     *rr = r;
@@ -231,8 +237,9 @@ int main(int argc, char **argv) {
     /* argv[1]: layers (default: the model's); argv[2]: qwen15 (default), qwen3 or qwen3-fp8 */
     const char *model = argc > 2 ? argv[2] : "qwen15";
     bool q3 = strncmp(model, "qwen3", 5) == 0, fp8 = strcmp(model, "qwen3-fp8") == 0;
+    bool b8 = strcmp(model, "qwen3-b8") == 0;
     if (!q3 && strcmp(model, "qwen15") != 0) {
-        fprintf(stderr, "usage: mega_probe [layers] [qwen15|qwen3|qwen3-fp8]\n");
+        fprintf(stderr, "usage: mega_probe [layers] [qwen15|qwen3|qwen3-fp8|qwen3-b8]\n");
         return 2;
     }
     int layers = argc > 1 && atoi(argv[1]) > 0 ? atoi(argv[1]) : q3 ? 48 : 24;
@@ -243,7 +250,11 @@ int main(int argc, char **argv) {
      * same phases with the FP8 checkpoints' bytes, each quantised weight (qkv, o_proj, experts) as a
      * bf16 row of half its K (one byte a weight; the router, the cache and the lm_head stay bf16):
      * the bytes and rows of an FP8 step, without the decode's arithmetic (a floor for it). */
-    const int Q3_QKV = 5120, Q3_O = 4096, Q3_E = 128, Q3_I = 768, Q3_K = 8, Q3_KV_ROWS = 4 * 512 * 2;
+    /* qwen3-b8: the bytes of an 8-token step (msmoe-bench's count: 53 of 128 experts selected, 8 MiB
+     * of cache), each weight still dotted with one token: a lower bound on that step's time (its
+     * kernels do 8 dots a dense weight), the phase chain's floor for batch 8. */
+    const int Q3_QKV = 5120, Q3_O = 4096, Q3_E = 128, Q3_I = 768, Q3_K = b8 ? 53 : 8,
+              Q3_KV_ROWS = 4 * 512 * 2 * (b8 ? 8 : 1);
     auto qk = [&](int K) { return fp8 ? K / 2 : K; };
     std::vector<std::pair<int, int>> shapes;    /* (N, K) of every task, in order */
     std::vector<std::vector<int>> phase_tasks;  /* task indices of each phase */
@@ -309,8 +320,11 @@ int main(int argc, char **argv) {
     }
     std::vector<phase> hp;
     for (auto &pt : phase_tasks) {
-        phase p{pt.empty() ? 0 : pt[0], (int)pt.size(), 0};
-        for (int i : pt) p.rows += shapes[i].first;
+        phase p{pt.empty() ? 0 : pt[0], (int)pt.size(), 0, pt.empty() ? 0 : shapes[pt[0]].first};
+        for (int i : pt) {
+            p.rows += shapes[i].first;
+            if (shapes[i].first != p.uni) p.uni = 0;
+        }
         hp.push_back(p);
     }
 
