@@ -42,7 +42,7 @@ table_probe() {
     b $GLM 1,2,4,8,32,128 table --
     grep "^# %HBM" $OUT/bench-table.txt | head -1 | tee -a $OUT/gpu.txt
     el probe | tee -a $OUT/gpu.txt
-    for m in qwen3 qwen15 qwen3-fp8; do timeout 60 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
+    for m in qwen3 qwen15 qwen3-fp8 qwen3-b8; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
     grep -E "^#|PDL, 8 warps|PDL, early loads, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
     el timeline | tee -a $OUT/gpu.txt
     ROWS=40 tl $Q3 1 q3b1
