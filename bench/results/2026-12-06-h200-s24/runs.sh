@@ -49,7 +49,20 @@ table_probe() {
     ROWS=40 tl $Q3 8 q3b8
 }
 
+# any GPU: the batch-8 floor of a kernel per phase (mega_probe qwen3-b8: an 8-token step's bytes) and
+# the batch-1 one, beside msmoed's Qwen3 at 1 and 8 tokens on the same machine (three rounds)
+probe_b8() {
+    el probe | tee -a $OUT/gpu.txt
+    for m in qwen3-b8 qwen3; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
+    grep -E "^#|PDL, 8 warps|PDL, early loads, 8|persistent 32 warps x 132 blocks, U 4, prefetch 0" $OUT/probe.txt |
+        tee -a $OUT/gpu.txt
+    el bench | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do b $Q3 1,8 q3 --; done
+    grep "^# %HBM" $OUT/bench-q3.txt | head -1 | tee -a $OUT/gpu.txt
+}
+
 case "$1" in
 r1) hdr; table_probe; el done | tee -a $OUT/gpu.txt ;;  # needs an H200 (GLM-4.5-Air FP8)
 r2) hdr; down_combine; table_probe; el done | tee -a $OUT/gpu.txt; pack ;;  # run 2 (an H100 came)
+r3) hdr; probe_b8; el done | tee -a $OUT/gpu.txt ;;
 esac
