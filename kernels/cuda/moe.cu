@@ -110,41 +110,13 @@ static __global__ void __launch_bounds__(1024) moe_group_kernel(moe_ws ws, const
     }
 }
 
-
-/* Token t's routed sum at column h: sum_j w[t, j] * outp[row of pair (t, j)] in slot order, rows by
- * inv (grouped), or, where the GEMVs scanned (ids given), the pair itself for a valid expert id. */
-static __device__ __forceinline__ float moe_combine_at(const moe_ws &ws, const int32_t *ids, int E, const float *w,
-                                                       size_t t, size_t h, int H, int k) {
-    float s = 0.0f;
-    for (int j = 0; j < k; j++) {
-        size_t p = t * k + j;
-        int row = ids ? (ids[p] >= 0 && ids[p] < E ? (int)p : -1) : ws.inv[p];
-        if (row >= 0) s += w[t * k + j] * ws.outp[(size_t)row * H + h];
-    }
-    return s;
-}
-
-/* y[t] = moe_combine_at(t, h) for every (t, h). */
-static __global__ void moe_combine_kernel(float *y, moe_ws ws, const int32_t *ids, int E, const float *w, int T,
-                                          int H, int k) {
-    msm_pdl_trigger();
-    msm_pdl_wait();
-    size_t n = (size_t)T * H;
-    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
-         idx += (size_t)gridDim.x * blockDim.x) {
-        size_t t = idx / H, h = idx % H;
-        y[idx] = moe_combine_at(ws, ids, E, w, t, h, H, k);
-    }
-}
-
 /* ---- the combine inside the norm after the experts (msm_cuda_moe_add_rmsnorm,
  * msm_cuda_moe_combine_rmsnorm_routed; tuning moe_fused_combine) ----
  * The kernel that reads the routed sum next (the residual add + RMSNorm, or the shared expert's
  * combine + add + norm) computes it itself while it loads the row: the combine kernel, its launch
  * and the [T, H] round trip leave the step. Each thread finds its token's k pair rows and weights
- * once (moe_tok_rows), then every row element's k loads are independent (the combine kernel chains
- * an index load and a row load a slot). Bitwise the combine kernel (moe_combine_at: the same fmaf
- * chain in slot order) followed by msm_cuda_add_rmsnorm (add_rmsnorm_kernel's row: a + routed,
+ * once (moe_tok_rows), then every row element's k loads are independent. Bitwise the combine kernel
+ * (moe_tok_sum: the same fmaf chain in slot order) followed by msm_cuda_add_rmsnorm (add_rmsnorm_kernel's row: a + routed,
  * msm_norm_row_store) or by msm_cuda_moe_combine_rmsnorm (msm_moe_combine_norm_row). */
 #define MOE_MAX_K 8
 struct moe_tok {
@@ -162,13 +134,33 @@ static __device__ __forceinline__ void moe_tok_rows(moe_tok &r, const moe_ws &ws
     }
 }
 
-/* moe_combine_at of the token of r at column h. */
+/* Token r's routed sum at column h: sum_j w[t, j] * outp[row of pair (t, j)] in slot order (one fmaf
+ * chain), rows by inv (grouped), or, where the GEMVs scanned (ids given), the pair itself for a valid
+ * expert id (moe_tok_rows). */
 static __device__ __forceinline__ float moe_tok_sum(const moe_tok &r, const float *outp, size_t h, int H) {
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < MOE_MAX_K; j++)
         if (r.row[j] >= 0) s = fmaf(r.w[j], outp[(size_t)r.row[j] * H + h], s);
     return s;
+}
+
+/* y[t, h] = moe_tok_sum(t, h) for every (t, h). A thread's k index and weight loads, then its k row
+ * loads, each all in flight at once: two round trips (a loop over the slots chained an index load
+ * and a row load a slot, 2k of them: 5.4-6.4 us a layer for Qwen3-30B-A3B's 8 tokens, H100,
+ * bench/results/2026-12-06-h200-s24 run 2). */
+static __global__ void moe_combine_kernel(float *y, moe_ws ws, const int32_t *ids, int E, const float *w, int T,
+                                          int H, int k) {
+    msm_pdl_trigger();
+    msm_pdl_wait();
+    size_t n = (size_t)T * H;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        size_t t = idx / H, h = idx % H;
+        moe_tok r;
+        moe_tok_rows(r, ws, ids, E, w, t, k);
+        y[idx] = moe_tok_sum(r, ws.outp, h, H);
+    }
 }
 
 template <int V>
