@@ -61,8 +61,33 @@ probe_b8() {
     grep "^# %HBM" $OUT/bench-q3.txt | head -1 | tee -a $OUT/gpu.txt
 }
 
+# the combine kernel's loads all in flight (two round trips instead of 2k; commit in gpu.txt) against
+# the bundle before it (2cd6e54, carried as gpu-old/), which no switch can restore: three rounds each
+# of Qwen3-30B-A3B and its FP8 preset at 5 / 8 / 16 tokens (the grouped and tiled paths end with the
+# combine kernel), then its kernel tests and the timeline at 8
+combine_loads() {
+    [ -f gpu-old/bundle.tar.xz ] && { (cd gpu-old && tar xJf bundle.tar.xz && rm bundle.tar.xz) || return 1; }
+    cat gpu-old/REVISION | sed 's/^/old bundle: /' | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for p in $Q3 $Q3F; do
+            b $p 5,8,16 cl --
+            { el "$p OLD"; LD_LIBRARY_PATH=$PWD/gpu-old/lib timeout 120 gpu-old/bin/msmoe-bench decode \
+                --preset config/models/$p.json --backend cuda --batches 5,8,16 --context 512 --steps 30 2>&1 |
+                grep -v '^# weights'; } | tee -a $OUT/bench-cl.txt
+        done
+    done
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 \
+        --filter "cuda_kernels/@(moe_grouped_simt*|moe_fused_combine*|moe_tiled_pass*)" > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    grep -E "FAIL|rel err|differs|Assert|bits" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
+    ROWS=20 tl $Q3 8 q3b8-cl
+}
+
 case "$1" in
 r1) hdr; table_probe; el done | tee -a $OUT/gpu.txt ;;  # needs an H200 (GLM-4.5-Air FP8)
 r2) hdr; down_combine; table_probe; el done | tee -a $OUT/gpu.txt; pack ;;  # run 2 (an H100 came)
 r3) hdr; probe_b8; el done | tee -a $OUT/gpu.txt ;;
+r4) hdr; combine_loads; el done | tee -a $OUT/gpu.txt ;;
 esac
