@@ -116,8 +116,9 @@ static __global__ void __launch_bounds__(1024) moe_group_kernel(moe_ws ws, const
  * combine + add + norm) computes it itself while it loads the row: the combine kernel, its launch
  * and the [T, H] round trip leave the step. Each thread finds its token's k pair rows and weights
  * once (moe_tok_rows), then every row element's k loads are independent. Bitwise the combine kernel
- * (moe_tok_sum: the same fmaf chain in slot order) followed by msm_cuda_add_rmsnorm (add_rmsnorm_kernel's row: a + routed,
- * msm_norm_row_store) or by msm_cuda_moe_combine_rmsnorm (msm_moe_combine_norm_row). */
+ * (moe_tok_sum: the same fmaf chain in slot order) followed by msm_cuda_add_rmsnorm
+ * (add_rmsnorm_kernel's row: a + routed, msm_norm_row_store) or by msm_cuda_moe_combine_rmsnorm
+ * (msm_moe_combine_norm_row). */
 #define MOE_MAX_K 8
 struct moe_tok {
     int row[MOE_MAX_K]; /* -1: no row (a slot past k, an invalid expert id) */
@@ -146,9 +147,11 @@ static __device__ __forceinline__ float moe_tok_sum(const moe_tok &r, const floa
 }
 
 /* y[t, h] = moe_tok_sum(t, h) for every (t, h). A thread's k index and weight loads, then its k row
- * loads, each all in flight at once: two round trips (a loop over the slots chained an index load
- * and a row load a slot, 2k of them: 5.4-6.4 us a layer for Qwen3-30B-A3B's 8 tokens, H100,
- * bench/results/2026-12-06-h200-s24 run 2). */
+ * loads, each all in flight at once: two round trips, where a loop over the slots chained an index
+ * load and a row load a slot (2k). Measured against that loop (H100, bench/results/2026-12-06-h200-s24
+ * run 4, three rounds): Qwen3-30B-A3B at 5 / 8 / 16 tokens -0.01 / +0.02 / -0.05 ms a step, its FP8
+ * preset 0.00 / -0.03 / -0.08; the kernel still takes ~5.5 us a layer at 8 tokens, mostly its
+ * boundary with the down before it. */
 static __global__ void moe_combine_kernel(float *y, moe_ws ws, const int32_t *ids, int E, const float *w, int T,
                                           int H, int k) {
     msm_pdl_trigger();
