@@ -442,6 +442,7 @@ static int moe_combine_reader(const cuda_backend *cb, const msm_graph *g, int i,
     const msm_node *n = &g->nodes[i], *r = &g->nodes[j];
     if (msm_graph_readers(g, n->out[0]) != 1 || g->vals[n->out[0]].io) return -1;
     int rows = ROWS(n->in[0]);
+    if (r->op != MSM_OP_ADD_RMSNORM && ex.tune->moe_fused_combine == 2) return -1; /* 2: only an ADD_RMSNORM */
     if (r->op == MSM_OP_ADD_RMSNORM &&
         (r->in[0] == r->in[1] || norm_qk_rope_quad(cb, g, j, rows, ex) || norm_swiglu_triple(cb, g, j, rows, ex) ||
          norm_linear_pair(cb, g, j, rows, ex) || norm_router_pair(g, j, rows, ex)))
@@ -1517,8 +1518,10 @@ static const msm_backend_vt cuda_vt = {
  *                                       bf16, 2 for FP8); the same bits
  *   MSM_CUDA_MOE_PAIR_EARLY=0|1         the pair path's split down GEMV's ids and first weight loads before
  *                                       its PDL wait (0, default: not yet measured); the same bits
- *   MSM_CUDA_MOE_FUSED_COMBINE=0|1      the routed experts' combine (5+ tokens) inside the next ADD_RMSNORM or
- *                                       MOE_COMBINE_NORM (0, default: not yet measured); the same bits
+ *   MSM_CUDA_MOE_FUSED_COMBINE=0|1|2    the routed experts' combine (5+ tokens) inside the next ADD_RMSNORM or
+ *                                       MOE_COMBINE_NORM (1; 2: only an ADD_RMSNORM; 0, default); the same bits
+ *   MSM_CUDA_MOE_COMBINE_CLUSTER=0|1    ... inside an ADD_RMSNORM as a cluster a token (1, default) or one
+ *                                       block a token; the same bits
  *   MSM_CUDA_MOE_GU_U2=0|1|2            the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
  *                                       an SM never (0), always (1), or where it makes one wave and no
  *                                       shared expert runs beside (2, default); the same bits
@@ -1631,7 +1634,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MOE_PAIR_EARLY", &v))
         t->moe_pair_early = v <= 0 ? MSM_CUDA_MOE_PAIR_EARLY_OFF : v == 1 ? MSM_CUDA_MOE_PAIR_EARLY_ON
                                                                            : MSM_CUDA_MOE_PAIR_EARLY_AUTO;
-    if ((s = getenv("MSM_CUDA_MOE_FUSED_COMBINE"))) t->moe_fused_combine = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_MOE_FUSED_COMBINE"))) t->moe_fused_combine = s[0] == '0' ? 0 : s[0] == '2' ? 2 : 1;
+    if ((s = getenv("MSM_CUDA_MOE_COMBINE_CLUSTER"))) t->moe_combine_cluster = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_GU_U2", &v))
         t->moe_gu_u2 = v <= 0 ? MSM_CUDA_MOE_GU_U2_OFF : v == 1 ? MSM_CUDA_MOE_GU_U2_ON : MSM_CUDA_MOE_GU_U2_AUTO;
     if ((s = getenv("MSM_CUDA_MMV_FIT_CLUSTERS"))) t->mmv_fit_clusters = s[0] != '0';

@@ -186,6 +186,46 @@ static __global__ void moe_add_rmsnorm_kernel(float *sum, float *out, const floa
     msm_norm_row_store<V>(v, sum, out, off, wv, H, eps, part);
 }
 
+/* moe_add_rmsnorm_kernel<V> as a cluster of V blocks a token (tuning moe_combine_cluster): block b
+ * (its cluster rank) takes the row's values j = b of that kernel's layout, element threadIdx.x + b *
+ * blockDim.x, so the row's k rows are read by V times the threads, each with one batch of loads.
+ * Each block leaves its values in shared memory; after a cluster barrier every thread forms that
+ * kernel's partial of its thread index (ss += v * v over the V blocks' values in j order, through
+ * distributed shared memory) and every block the same msm_block_sum of them: each block gets that
+ * kernel's total, and writes its values' sum and norm as msm_norm_row_store does (the same bits).
+ * A second barrier keeps the values readable until every block has read them. */
+template <int V>
+static __global__ void __launch_bounds__(1024)
+    moe_add_rmsnorm_cl_kernel(float *sum, float *out, const float *a, moe_ws ws, const int32_t *ids, int E,
+                              const float *w, int H, int k, const uint16_t *nw, float eps) {
+    __shared__ float val[1024], part[32];
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    msm_pdl_trigger();
+    const int i = threadIdx.x + blockIdx.x * blockDim.x;
+    const size_t t = blockIdx.y, off = t * (size_t)H;
+    float wv = i < H ? msm_bf(__ldg(nw + i)) : 0.0f;
+    msm_pdl_wait();
+    moe_tok r;
+    moe_tok_rows(r, ws, ids, E, w, t, k);
+    float v = i < H ? a[off + i] + moe_tok_sum(r, ws.outp, (size_t)i, H) : 0.0f;
+    val[threadIdx.x] = v;
+    cl.sync();
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int ij = threadIdx.x + j * blockDim.x;
+        float vj = cl.map_shared_rank(val, j)[threadIdx.x];
+        if (ij < H) ss += vj * vj;
+    }
+    float tot = msm_block_sum(ss, part);
+    cl.sync(); /* every block has read the values */
+    float inv = 1.0f / sqrtf(tot / (float)H + eps);
+    if (i < H) {
+        sum[off + i] = v;
+        out[off + i] = wv * (v * inv);
+    }
+}
+
 template <int V>
 static __global__ void moe_combine_rmsnorm_routed_kernel(float *sum, float *out, const float *x, moe_ws ws,
                                                          const int32_t *ids, int E, const float *w, int k,
@@ -399,8 +439,18 @@ extern "C" int msm_cuda_moe_add_rmsnorm(float *sum, float *out, const float *a, 
     moe_ws ws;
     const int32_t *scan;
     if (!sum || !out || !a || !nw || !moe_deferred_ws(m, ex.tune, &ws, &scan) || m->H > 32 * 1024) return -EINVAL;
-    int H = m->H, threads = msm_norm_threads(H);
-    switch (msm_norm_vals(H, threads)) { /* add_rmsnorm_launch's layout */
+    int H = m->H, threads = msm_norm_threads(H), nv = msm_norm_vals(H, threads);
+    if (ex.tune->moe_combine_cluster && nv >= 2 && nv <= 8 && threads <= 1024 && m->T <= 65535) {
+        dim3 grid((unsigned)nv, (unsigned)m->T);
+#define MAN_CL(V)                                                                                                   \
+    case V:                                                                                                         \
+        CUDA_TRY(msm_launch_cluster(moe_add_rmsnorm_cl_kernel<V>, grid, dim3((unsigned)threads), 0, (unsigned)V, ex,  \
+                                    sum, out, a, ws, scan, m->E, m->w, H, m->k, nw, eps));                          \
+        return 0;
+        switch (nv) { MAN_CL(2) MAN_CL(4) MAN_CL(8) }
+#undef MAN_CL
+    }
+    switch (nv) { /* add_rmsnorm_launch's layout */
 #define MAN_CASE(V)                                                                                                 \
     case V:                                                                                                         \
         CUDA_TRY(msm_launch(moe_add_rmsnorm_kernel<V>, dim3((unsigned)m->T), dim3((unsigned)threads), 0, ex, sum, out, \

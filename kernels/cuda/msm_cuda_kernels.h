@@ -147,16 +147,22 @@ typedef struct msm_cuda_tuning {
                                  gate/up GEMV then triggering after its own wait (so the ids are
                                  complete when the down launches); the same sums
                                  (MSM_CUDA_MOE_PAIR_EARLY=0|1|2) */
-    bool moe_fused_combine;   /* where the routed experts' path ends with the combine kernel (5 tokens and
+    int moe_fused_combine;    /* where the routed experts' path ends with the combine kernel (5 tokens and
                                  more), the node reading their sum next (an ADD_RMSNORM, or a shared
-                                 expert's MOE_COMBINE_NORM) computes it itself from the per-pair rows:
+                                 expert's MOE_COMBINE_NORM; 2: only an ADD_RMSNORM) computes it itself
+                                 from the per-pair rows:
                                  one kernel and a [T, H] round trip less a layer, the same bits
                                  (msm_cuda_moe_add_rmsnorm, msm_cuda_moe_combine_rmsnorm_routed). Off by
                                  default: measured slower (H200, 2026-12-05 twentieth session, s19 run 2,
                                  ms a step vs the combine kernel, three rounds: Qwen3-30B-A3B at 8 / 32 /
                                  128 / 256 tokens +0.22 / +0.43 / +0.44 / +0.21, its FP8 preset at 8 / 32
                                  +0.41 / +0.40, Qwen1.5-MoE +0.06 / 0.00 / +0.01 / -0.10)
-                                 (MSM_CUDA_MOE_FUSED_COMBINE) */
+                                 (MSM_CUDA_MOE_FUSED_COMBINE=0|1|2) */
+    bool moe_combine_cluster; /* the combine inside an ADD_RMSNORM (moe_fused_combine) as a thread-block
+                                 cluster a token, a block a slice of the row (its sum of squares
+                                 gathered over distributed shared memory in the one-block kernel's
+                                 order: the same bits), where the row takes 2-8 slices; else one block a
+                                 token (MSM_CUDA_MOE_COMBINE_CLUSTER) */
     int moe_gu_u2;            /* MSM_CUDA_MOE_GU_U2_*: the pair path's bf16 gate/up GEMV with 2 loads a
                                  lane a row in flight (not 4) at 12 blocks an SM, the same bits
                                  (moe_pair.cu; MSM_CUDA_MOE_GU_U2) */

@@ -116,6 +116,8 @@ VARIANTS = [  # (name, extra flags, environment)
     ("MMVs' K slices by the cluster rule vs the block slices (near)", [], {"MSM_CUDA_MMV_BSLICE": "0"}, TOL_NEAR),
     ("routed experts' combine inside the next norm vs its own kernel (8-token prefill)", [],
      {"MSM_CUDA_MOE_FUSED_COMBINE": "1"}),
+    ("routed experts' combine inside the next add + norm only, one block a token vs its own kernel", [],
+     {"MSM_CUDA_MOE_FUSED_COMBINE": "2", "MSM_CUDA_MOE_COMBINE_CLUSTER": "0"}),
 ]
 BASE_ENV = dict(kv.split("=", 1) for kv in os.environ.get("CHECK_BASE_ENV", "").split())
 BASE_FLAGS = os.environ.get("CHECK_BASE_FLAGS", "").split()  # e.g. "--fork-before-norm": on every run

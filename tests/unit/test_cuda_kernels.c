@@ -66,7 +66,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW", "MSM_CUDA_MMV_STREAM_MIN_N",
                                  "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS",
                                  "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE", "MSM_CUDA_ATT_MMA_SPLIT",
-                                 "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
+                                 "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_MOE_COMBINE_CLUSTER", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
                                  "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
@@ -112,7 +112,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MMV_STREAM_MIN_N", "-5", 1), setenv("MSM_CUDA_MMV_STREAM_MIN_T", "12", 1);
     setenv("MSM_CUDA_NORM_LINEAR_SWIGLU", "1", 1), setenv("MSM_CUDA_NORM_SWIGLU_ROWS", "3", 1);
     setenv("MSM_CUDA_MOE_PAIR_EARLY", "1", 1), setenv("MSM_CUDA_NORM_QK_ROPE", "1", 1);
-    setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1), setenv("MSM_CUDA_MOE_FUSED_COMBINE", "1", 1);
+    setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1), setenv("MSM_CUDA_MOE_FUSED_COMBINE", "2", 1);
+    setenv("MSM_CUDA_MOE_COMBINE_CLUSTER", "0", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT_MIN_T", "-2", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "-3", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T", "-1", 1);
     t.att_bt_cache = true;
@@ -169,7 +170,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.att_mma_split_min_t, 1, "clamped to 1");
     cr_expect_eq(t.att_mma_split_max_t, 0, "clamped to 0: no bound");
     cr_expect_eq(t.att_mma_split_mha_max_t, 0, "clamped to 0: MHA never");
-    cr_expect(t.moe_fused_combine, "MSM_CUDA_MOE_FUSED_COMBINE=1: the experts' combine inside the next norm");
+    cr_expect_eq(t.moe_fused_combine, 2, "MSM_CUDA_MOE_FUSED_COMBINE=2: the experts' combine inside the next add + norm");
+    cr_expect(!t.moe_combine_cluster, "MSM_CUDA_MOE_COMBINE_CLUSTER=0: one block a token");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
@@ -2436,6 +2438,16 @@ Test(cuda_kernels, moe_fused_combine_equals_combine_then_norm, .timeout = 180) {
                 for (int q = 0; q < 4; q++)
                     cr_expect(memcmp(r[q], h[q], (size_t)T * H * 4) == 0, "%s differs: T=%d H=%d fp8=%d v=%d", what[q],
                               T, H, fp8, v);
+                /* the add + norm reader as one block a token too (the default above: a cluster a token
+                 * where the row takes 2-8 slices, both shapes here) */
+                t.moe_combine_cluster = false;
+                CK(cudaMemset(s1, 0xff, nr * 4) == cudaSuccess ? 0 : -1);
+                CK(cudaMemset(o1, 0xff, nr * 4) == cudaSuccess ? 0 : -1);
+                CK(msm_cuda_moe_add_rmsnorm(s1, o1, da, dn, 1e-6f, &ma, ex));
+                down(h[0], s1, (size_t)T * H * 4), down(h[1], o1, (size_t)T * H * 4);
+                for (int q = 0; q < 2; q++)
+                    cr_expect(memcmp(r[q], h[q], (size_t)T * H * 4) == 0, "%s differs, one block a token: T=%d H=%d "
+                              "fp8=%d v=%d", what[q], T, H, fp8, v);
                 free(ids), free(w);
                 cudaFree(di), cudaFree(dw);
             }

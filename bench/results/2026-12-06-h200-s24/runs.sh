@@ -85,9 +85,36 @@ combine_loads() {
     ROWS=20 tl $Q3 8 q3b8-cl
 }
 
+# the routed experts' combine inside the next add + norm as a cluster a token
+# (MSM_CUDA_MOE_FUSED_COMBINE=2; the one-block form lost in the twentieth session): its kernel tests,
+# check_presets' lines (bitwise, 8-token prefills), the A/B at 5-32 tokens (three rounds; Qwen1.5-MoE's
+# reader is a MOE_COMBINE_NORM, which 2 leaves alone), the 8-token timeline with it
+combine_norm() {
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(tuning*|moe_fused_combine*)" \
+        > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_PROMPTS=0,2 CHECK_VARIANTS="combine inside the next" timeout 150 python3 tests/gpu/check_presets.py \
+        config/models/$Q3.json config/models/$Q3F.json > $OUT/presets.txt 2>&1
+    grep -c PASS $OUT/presets.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
+    grep -E "FAIL|Error|error" $OUT/presets.txt | head -6 | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for p in $Q3 $Q3F; do
+            b $p 5,8,16,32 cn --
+            b $p 5,8,16,32 cn MSM_CUDA_MOE_FUSED_COMBINE=2 --
+            b $p 8 cn MSM_CUDA_MOE_FUSED_COMBINE=2 MSM_CUDA_MOE_COMBINE_CLUSTER=0 --
+        done
+    done
+    ROWS=20 tl $Q3 8 q3b8-cn MSM_CUDA_MOE_FUSED_COMBINE=2
+}
+
 case "$1" in
 r1) hdr; table_probe; el done | tee -a $OUT/gpu.txt ;;  # needs an H200 (GLM-4.5-Air FP8)
 r2) hdr; down_combine; table_probe; el done | tee -a $OUT/gpu.txt; pack ;;  # run 2 (an H100 came)
 r3) hdr; probe_b8; el done | tee -a $OUT/gpu.txt ;;
 r4) hdr; combine_loads; el done | tee -a $OUT/gpu.txt ;;
+r5) hdr; combine_norm; el done | tee -a $OUT/gpu.txt ;;
 esac
