@@ -1519,7 +1519,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_PAIR_EARLY=0|1         the pair path's split down GEMV's ids and first weight loads before
  *                                       its PDL wait (0, default: not yet measured); the same bits
  *   MSM_CUDA_MOE_FUSED_COMBINE=0|1|2    the routed experts' combine (5+ tokens) inside the next ADD_RMSNORM or
- *                                       MOE_COMBINE_NORM (1; 2: only an ADD_RMSNORM; 0, default); the same bits
+ *                                       MOE_COMBINE_NORM (1), only an ADD_RMSNORM up to 64 tokens (2, default),
+ *                                       never (0); the same bits
  *   MSM_CUDA_MOE_COMBINE_CLUSTER=0|1    ... inside an ADD_RMSNORM as a cluster a token (1, default) or one
  *                                       block a token; the same bits
  *   MSM_CUDA_MOE_GU_U2=0|1|2            the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks

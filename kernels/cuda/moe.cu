@@ -411,8 +411,16 @@ static bool moe_combines(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, 
     return path != MSM_CUDA_MOE_PATH_PAIR;
 }
 
+/* Mode 2 (the default, into an ADD_RMSNORM only, as a cluster a token) up to this many tokens:
+ * measured against the combine kernel (H100, bench/results/2026-12-06-h200-s24 runs 5-6, ms a step):
+ * Qwen3-30B-A3B at 5 / 8 / 16 / 32 / 64 tokens -0.026 / -0.050 / -0.036 / -0.050 / -0.044, its FP8
+ * preset -0.113 / -0.088 / -0.047 / -0.051 / -0.032 (three rounds; 64: two), but at 128 / 256 +0.21 /
+ * +0.49 and +0.16 / +0.50 (the clusters past one wave) */
+#define MOE_COMBINE_NORM_MAX_T 64
+
 extern "C" bool msm_cuda_moe_defers(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn) {
     const int32_t *scan;
+    if (tn->moe_fused_combine == 2 && m->T > MOE_COMBINE_NORM_MAX_T) return false;
     return tn->moe_fused_combine && moe_combines(m, tn, &scan);
 }
 
@@ -427,7 +435,7 @@ extern "C" int msm_cuda_moe_experts_deferred(const msm_cuda_moe_args *m, msm_cud
 
 /* The deferred combine's workspace view and scan ids; false where m does not defer. */
 static bool moe_deferred_ws(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, moe_ws *ws, const int32_t **scan) {
-    if (!tn->moe_fused_combine || !moe_combines(m, tn, scan) || !m->ws || (uintptr_t)m->ws % 256 || !m->w ||
+    if (!msm_cuda_moe_defers(m, tn) || !moe_combines(m, tn, scan) || !m->ws || (uintptr_t)m->ws % 256 || !m->w ||
         m->ws_bytes < msm_cuda_moe_experts_ws_bytes(m->T, m->H, m->I, m->k, m->E))
         return false;
     moe_ws_layout(m->T, m->H, m->I, m->k, m->E, (char *)m->ws, ws);

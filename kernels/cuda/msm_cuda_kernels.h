@@ -148,12 +148,13 @@ typedef struct msm_cuda_tuning {
                                  complete when the down launches); the same sums
                                  (MSM_CUDA_MOE_PAIR_EARLY=0|1|2) */
     int moe_fused_combine;    /* where the routed experts' path ends with the combine kernel (5 tokens and
-                                 more), the node reading their sum next (an ADD_RMSNORM, or a shared
-                                 expert's MOE_COMBINE_NORM; 2: only an ADD_RMSNORM) computes it itself
-                                 from the per-pair rows:
+                                 more), the node reading their sum next (1: an ADD_RMSNORM, or a shared
+                                 expert's MOE_COMBINE_NORM; 2, the default: only an ADD_RMSNORM, up to 64
+                                 tokens, moe.cu) computes it itself from the per-pair rows:
                                  one kernel and a [T, H] round trip less a layer, the same bits
-                                 (msm_cuda_moe_add_rmsnorm, msm_cuda_moe_combine_rmsnorm_routed). Off by
-                                 default: measured slower (H200, 2026-12-05 twentieth session, s19 run 2,
+                                 (msm_cuda_moe_add_rmsnorm, msm_cuda_moe_combine_rmsnorm_routed). With
+                                 one block a token (before moe_combine_cluster) measured slower
+                                 (H200, 2026-12-05 twentieth session, s19 run 2,
                                  ms a step vs the combine kernel, three rounds: Qwen3-30B-A3B at 8 / 32 /
                                  128 / 256 tokens +0.22 / +0.43 / +0.44 / +0.21, its FP8 preset at 8 / 32
                                  +0.41 / +0.40, Qwen1.5-MoE +0.06 / 0.00 / +0.01 / -0.10)

@@ -193,7 +193,9 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * beside) 1.691-1.714 vs 1.670-1.681, at 2 2.190-2.211 vs 2.210-2.227: AUTO, not at one token
      * beside the aux stream */
     t->moe_pair_early = MSM_CUDA_MOE_PAIR_EARLY_AUTO;
-    t->moe_fused_combine = 0; /* measured slower: msm_cuda_kernels.h */
+    /* into an ADD_RMSNORM only, as a cluster a token, up to 64 tokens (moe.cu, MOE_COMBINE_NORM_MAX_T;
+     * into any reader, one block a token: slower, msm_cuda_kernels.h) */
+    t->moe_fused_combine = 2;
     t->moe_combine_cluster = true;
     t->aux_gemv_rows = 2;
     /* the L2 prefetch of the PREFETCH nodes (pass off by default): measured slower or the same

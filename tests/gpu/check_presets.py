@@ -114,10 +114,11 @@ VARIANTS = [  # (name, extra flags, environment)
     ("tensor-core attention unsplit at every size vs the default (near)", [],
      {"MSM_CUDA_ATT_MMA_SPLIT": "0", "MSM_CUDA_ATT_MMA": "2"}, TOL_NEAR),
     ("MMVs' K slices by the cluster rule vs the block slices (near)", [], {"MSM_CUDA_MMV_BSLICE": "0"}, TOL_NEAR),
-    ("routed experts' combine inside the next norm vs its own kernel (8-token prefill)", [],
-     {"MSM_CUDA_MOE_FUSED_COMBINE": "1"}),
-    ("routed experts' combine inside the next add + norm only, one block a token vs its own kernel", [],
-     {"MSM_CUDA_MOE_FUSED_COMBINE": "2", "MSM_CUDA_MOE_COMBINE_CLUSTER": "0"}),
+    ("routed experts' combine in its own kernel vs inside the next add + norm (8-token prefill)", [],
+     {"MSM_CUDA_MOE_FUSED_COMBINE": "0"}),
+    ("routed experts' combine inside any next norm vs only an add + norm", [], {"MSM_CUDA_MOE_FUSED_COMBINE": "1"}),
+    ("routed experts' combine inside the next add + norm, one block a token vs a cluster", [],
+     {"MSM_CUDA_MOE_COMBINE_CLUSTER": "0"}),
 ]
 BASE_ENV = dict(kv.split("=", 1) for kv in os.environ.get("CHECK_BASE_ENV", "").split())
 BASE_FLAGS = os.environ.get("CHECK_BASE_FLAGS", "").split()  # e.g. "--fork-before-norm": on every run

@@ -112,7 +112,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MMV_STREAM_MIN_N", "-5", 1), setenv("MSM_CUDA_MMV_STREAM_MIN_T", "12", 1);
     setenv("MSM_CUDA_NORM_LINEAR_SWIGLU", "1", 1), setenv("MSM_CUDA_NORM_SWIGLU_ROWS", "3", 1);
     setenv("MSM_CUDA_MOE_PAIR_EARLY", "1", 1), setenv("MSM_CUDA_NORM_QK_ROPE", "1", 1);
-    setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1), setenv("MSM_CUDA_MOE_FUSED_COMBINE", "2", 1);
+    setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1), setenv("MSM_CUDA_MOE_FUSED_COMBINE", "1", 1);
     setenv("MSM_CUDA_MOE_COMBINE_CLUSTER", "0", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT_MIN_T", "-2", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "-3", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T", "-1", 1);
@@ -170,7 +170,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.att_mma_split_min_t, 1, "clamped to 1");
     cr_expect_eq(t.att_mma_split_max_t, 0, "clamped to 0: no bound");
     cr_expect_eq(t.att_mma_split_mha_max_t, 0, "clamped to 0: MHA never");
-    cr_expect_eq(t.moe_fused_combine, 2, "MSM_CUDA_MOE_FUSED_COMBINE=2: the experts' combine inside the next add + norm");
+    cr_expect_eq(t.moe_fused_combine, 1, "MSM_CUDA_MOE_FUSED_COMBINE=1: the experts' combine inside any next norm");
     cr_expect(!t.moe_combine_cluster, "MSM_CUDA_MOE_COMBINE_CLUSTER=0: one block a token");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
@@ -2460,6 +2460,11 @@ Test(cuda_kernels, moe_fused_combine_equals_combine_then_norm, .timeout = 180) {
                                 .deq_bytes = deqb};
         cr_expect(!msm_cuda_moe_defers(&ma, &t), "4 tokens: the pair path writes the sum itself");
         cr_expect_eq(msm_cuda_moe_experts_deferred(&ma, (msm_cuda_exec){.stream = 0, .tune = &t}), -EINVAL);
+        ma.T = 100;
+        t.moe_fused_combine = 2;
+        cr_expect(!msm_cuda_moe_defers(&ma, &t), "the default (2) keeps the combine kernel past 64 tokens");
+        t.moe_fused_combine = 1;
+        cr_expect(msm_cuda_moe_defers(&ma, &t) || fp8, "1 defers at any size (bf16 grouped / tiled)");
         ma.T = 8;
         t.moe_fused_combine = false;
         cr_expect(!msm_cuda_moe_defers(&ma, &t), "switched off");

@@ -117,4 +117,10 @@ r2) hdr; down_combine; table_probe; el done | tee -a $OUT/gpu.txt; pack ;;  # ru
 r3) hdr; probe_b8; el done | tee -a $OUT/gpu.txt ;;
 r4) hdr; combine_loads; el done | tee -a $OUT/gpu.txt ;;
 r5) hdr; combine_norm; el done | tee -a $OUT/gpu.txt ;;
+r6) hdr; el ab | tee -a $OUT/gpu.txt   # run 5's change at 64-256 tokens (the tiled paths), two rounds
+    for i in 1 2; do for p in $Q3 $Q3F; do
+        b $p 64,128,256 cn6 --
+        b $p 64,128,256 cn6 MSM_CUDA_MOE_FUSED_COMBINE=2 --
+    done; done
+    el done | tee -a $OUT/gpu.txt ;;
 esac
