@@ -123,4 +123,17 @@ r6) hdr; el ab | tee -a $OUT/gpu.txt   # run 5's change at 64-256 tokens (the ti
         b $p 64,128,256 cn6 MSM_CUDA_MOE_FUSED_COMBINE=2 --
     done; done
     el done | tee -a $OUT/gpu.txt ;;
+r7) hdr   # the final defaults (the combine into an add + norm up to 64 tokens): kernel tests, check_presets
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(tuning*|moe_fused_combine*)" \
+        > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    grep -E "FAIL|rel err|differs|Assert|defers" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_PROMPTS=0,2 CHECK_VARIANTS="combine in,graph replay,multi-stream,PDL on" timeout 150 \
+        python3 tests/gpu/check_presets.py config/models/$Q3.json > $OUT/presets.txt 2>&1
+    grep -c PASS $OUT/presets.txt | sed 's/^/PASS lines: /' | tee -a $OUT/gpu.txt
+    grep -E "FAIL|Error|error" $OUT/presets.txt | head -6 | tee -a $OUT/gpu.txt
+    b $Q3 1,8,64,128 final --
+    el done | tee -a $OUT/gpu.txt ;;
 esac
