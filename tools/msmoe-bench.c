@@ -244,15 +244,11 @@ int main(int argc, char **argv) {
     /* %HBM's ceiling: the device-to-device copy rate of the card the step runs on (bytes read plus
      * written), measured before the weights take its memory; an H200 gives ~4300 GB/s, an H100
      * ~3000, so one fixed number would misstate the other card */
-    char gpu[128] = "";
-    bool measured = false;
-    if (!prefill && ceiling <= 0 && o.backend == MSM_BACKEND_CUDA) {
-        if (msm_engine_device_copy_gbps(o.first_device, gpu, sizeof gpu, &ceiling, &err) < 0) {
-            fprintf(stderr, "msmoe-bench: %s (no %%HBM; --ceiling GBPS gives one)\n", err.msg);
-            ceiling = 0.0, err = (msm_err){{0}};
-        } else {
-            measured = true;
-        }
+    char gpu[128] = ""; /* the measured GPU's name: empty unless measured */
+    if (!prefill && ceiling <= 0 && o.backend == MSM_BACKEND_CUDA &&
+        msm_engine_device_copy_gbps(o.first_device, gpu, sizeof gpu, &ceiling, &err) < 0) {
+        fprintf(stderr, "msmoe-bench: %s (no %%HBM; --ceiling GBPS gives one)\n", err.msg);
+        ceiling = 0.0, gpu[0] = '\0', err = (msm_err){{0}};
     }
     msm_engine *e;
     double t0 = msm_bench_now_ms();
@@ -293,7 +289,7 @@ int main(int argc, char **argv) {
     if (ls->weight_bytes_fp8) printf(", %.2f GB of them FP8-resident\n", (double)ls->weight_bytes_fp8 / 1e9);
     if (!prefill && ceiling > 0)
         printf("# %%HBM: GB/step over the time against %.0f GB/s a GPU (%s%s)\n", ceiling,
-               measured ? "device-to-device copy, bytes read + written, measured at start-up on " : "--ceiling",
+               gpu[0] ? "device-to-device copy, bytes read + written, measured at start-up on " : "--ceiling",
                gpu);
     /* a TP group of tp GPUs reads the step's bytes (split between them) at tp GPUs' ceilings */
     if (!prefill && o.tp > 1 && ceiling > 0)

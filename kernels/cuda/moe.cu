@@ -418,10 +418,14 @@ static bool moe_combines(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, 
  * +0.49 and +0.16 / +0.50 (the clusters past one wave) */
 #define MOE_COMBINE_NORM_MAX_T 64
 
+/* Whether the tuning leaves the combine of m's T tokens to the reader at all (its path aside). */
+static bool moe_defer_on(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn) {
+    return tn->moe_fused_combine && !(tn->moe_fused_combine == 2 && m->T > MOE_COMBINE_NORM_MAX_T);
+}
+
 extern "C" bool msm_cuda_moe_defers(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn) {
     const int32_t *scan;
-    if (tn->moe_fused_combine == 2 && m->T > MOE_COMBINE_NORM_MAX_T) return false;
-    return tn->moe_fused_combine && moe_combines(m, tn, &scan);
+    return moe_defer_on(m, tn) && moe_combines(m, tn, &scan);
 }
 
 extern "C" int msm_cuda_moe_experts_deferred(const msm_cuda_moe_args *m, msm_cuda_exec ex) {
@@ -435,7 +439,7 @@ extern "C" int msm_cuda_moe_experts_deferred(const msm_cuda_moe_args *m, msm_cud
 
 /* The deferred combine's workspace view and scan ids; false where m does not defer. */
 static bool moe_deferred_ws(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, moe_ws *ws, const int32_t **scan) {
-    if (!msm_cuda_moe_defers(m, tn) || !moe_combines(m, tn, scan) || !m->ws || (uintptr_t)m->ws % 256 || !m->w ||
+    if (!moe_defer_on(m, tn) || !moe_combines(m, tn, scan) || !m->ws || (uintptr_t)m->ws % 256 || !m->w ||
         m->ws_bytes < msm_cuda_moe_experts_ws_bytes(m->T, m->H, m->I, m->k, m->E))
         return false;
     moe_ws_layout(m->T, m->H, m->I, m->k, m->E, (char *)m->ws, ws);
