@@ -1604,7 +1604,6 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     int v;
     const char *s;
     if ((s = getenv("MSM_CUDA_PDL")) && s[0] == '0') t->pdl = false;
-    if (env_int("MSM_CUDA_SMEM_CARVEOUT", &v)) t->smem_carveout = v < 0 ? 0 : v > 100 ? 100 : v;
     if ((s = getenv("MSM_CUDA_GEMV_PREFETCH"))) t->gemv_prefetch = s[0] == '1';
     if ((s = getenv("MSM_CUDA_GEMV_EARLY"))) t->gemv_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_QK_ROPE"))) t->qk_rope = s[0] != '0';

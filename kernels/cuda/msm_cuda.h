@@ -941,10 +941,6 @@ static __device__ __forceinline__ void msm_prefetch_l2(const void *p, size_t n) 
 template <typename... KArgs, typename... Args>
 static inline cudaError_t msm_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                              unsigned cluster_x, msm_cuda_exec ex, Args... args) {
-    if (ex.tune->smem_carveout > 0) { /* one carveout for every kernel (msm_cuda_tuning.smem_carveout) */
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, ex.tune->smem_carveout);
-        if (e != cudaSuccess) return e;
-    }
     cudaLaunchAttribute at[3];
     unsigned n = 0;
     if (ex.priority) {

@@ -118,9 +118,6 @@ enum { MSM_CUDA_ATT_MMA_OFF = 0, MSM_CUDA_ATT_MMA_AUTO = 1, MSM_CUDA_ATT_MMA_ON 
 typedef struct msm_cuda_tuning {
     int device, sms;          /* the rank's GPU and its multiprocessor count */
     bool pdl;                 /* programmatic dependent launch (msm_launch) */
-    int smem_carveout;        /* every kernel's preferred shared-memory carveout, 1-100 percent of the most
-                                 an SM has (cudaFuncAttributePreferredSharedMemoryCarveout, set by
-                                 msm_launch; MSM_CUDA_SMEM_CARVEOUT); 0: the driver's choice per kernel */
     int gemv_max_t;           /* linears with T <= this take the GEMV (>= MSM_CUDA_GEMV_MAX_T, <= 64) */
     int mmv_min_t, mmv_max_t; /* the MMV range (see above; max <= 64, 0 = off) */
     int linear_tiled_min_t;   /* the tiled linear from this T on (> MSM_CUDA_LINEAR_TILED_MAX_T: off) */
