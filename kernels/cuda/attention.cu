@@ -573,7 +573,7 @@ static void att_tuning_l(msm_cuda_tuning *t, int li) {
  * kernel (a Qwen1.5-MoE batch-8 step's 128 clusters of 4 took 30.8 us a layer against 15.8
  * unclustered; H200, 2026-12-01, bench/results/2026-12-01-h200-mega run 2), and under programmatic
  * dependent launch the kernel before still holds slots when they are placed: att_launch takes the
- * cluster form only while MSM_ATT_CLUSTER_SPARE clusters of this would stay free. */
+ * cluster form only while att_cluster_spare clusters of this would stay free. */
 template <int L, bool VEC>
 static void att_cluster_fit(msm_cuda_tuning *t, int li) {
     for (int ns = 2; ns <= ATT_MAX_SPLIT; ns++)
@@ -615,10 +615,10 @@ static int att_launch(float *out, const float *q, size_t q_ld, const uint16_t *k
     float *part = ws ? (float *)((char *)ws + ATT_PART_OFF) : NULL;
     bool early = (ex.decode && ex.tune->att_early) || rp.rot > 0; /* RoPE here: decode only (the caller) */
     if constexpr (GB == 1) {
-        /* the splits of a (token, head) as one cluster, where MSM_ATT_CLUSTER_SPARE of the clusters
+        /* the splits of a (token, head) as one cluster, where att_cluster_spare of the clusters
          * the GPU holds (att_cluster_fit) stay free: the same splits, the same bits */
         constexpr int li = att_li(L);
-        if (ns > 1 && ex.tune->att_cluster && pairs + MSM_ATT_CLUSTER_SPARE <= ex.tune->att_cluster_fit[li][VEC][ns]) {
+        if (ns > 1 && ex.tune->att_cluster && pairs + ex.tune->att_cluster_spare <= ex.tune->att_cluster_fit[li][VEC][ns]) {
             dim3 grid((unsigned)ns, (unsigned)nh, (unsigned)T);
             CUDA_TRY(msm_launch_cluster(attention_kernel<L, VEC, 1, true>, grid, dim3(ATT_THREADS), 0, (unsigned)ns, ex,
                                         out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, hd, scale,

@@ -472,7 +472,7 @@ int msm__attention_mma_run(float *out, const float *q, size_t q_ld, const uint16
     return 0;
 }
 
-/* Clusters of the split kernel leave MSM_ATT_CLUSTER_SPARE free, as the SIMT kernel's do. */
+/* Clusters of the split kernel leave att_cluster_spare free, as the SIMT kernel's do. */
 extern "C" int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, const void *q, size_t q_ld,
                                              const void *kc, const void *vc, msm_cuda_exec ex) {
     const msm_cuda_tuning *tn = ex.tune;
@@ -487,7 +487,7 @@ extern "C" int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, con
     int hi = hd == 128;
     long pairs = (long)T * kvh, slots = (long)tn->sms * tn->att_mma_split_per_sm[hi];
     for (int ns = 16; ns >= 2; ns /= 2)
-        if (ns <= tn->att_max_split && pairs * ns <= slots && pairs + MSM_ATT_CLUSTER_SPARE <= tn->att_mma_split_fit[hi][ns])
+        if (ns <= tn->att_max_split && pairs * ns <= slots && pairs + tn->att_cluster_spare <= tn->att_mma_split_fit[hi][ns])
             return ns;
     return 0;
 }

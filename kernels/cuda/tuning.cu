@@ -120,6 +120,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * was dropped (commit 22c7e7c has it). */
     t->att_mma_split_mha_max_t = 1;
     t->att_cluster = true;
+    t->att_cluster_spare = MSM_ATT_CLUSTER_SPARE;
     t->att_early = true;
     t->att_bt_cache = true;
     /* the qkv + RoPE kernel at 12 blocks an SM: Qwen1.5-MoE's 1536 blocks in one wave, the kernel
