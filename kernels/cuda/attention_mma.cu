@@ -195,23 +195,37 @@ static __device__ __forceinline__ void am_stage_warps(float *so, float (*sm_m)[A
     __syncthreads();
 }
 
-/* Column (head hh, dim d) of the block's output merged over the warps in warp order from
- * am_stage_warps's arrays: the max *M, denominator *D and unnormalised sum (returned). */
-template <int HD>
-static __device__ __forceinline__ float am_merge_col(const float *so, const float (*sm_m)[AM_HEADS],
-                                                     const float (*sm_d)[AM_HEADS], int hh, int d, float *M,
-                                                     float *D) {
-    float mx = -INFINITY;
+/* The warp merge's weights, once a head instead of once a column: thread hh (< nhb) turns
+ * am_stage_warps's maxima of head hh into the warps' weights (sm_m[w][hh] = exp(m_w - M), 0 for an
+ * idle warp) and leaves the merged max in sm_d[1][hh] and denominator (summed in warp order) in
+ * sm_d[0][hh]; ends with a barrier. Only thread hh touches column hh. */
+static __device__ __forceinline__ void am_head_weights(float (*sm_m)[AM_HEADS], float (*sm_d)[AM_HEADS], int nhb) {
+    int hh = threadIdx.x;
+    if (hh < nhb) {
+        float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < AM_WARPS; w++) mx = fmaxf(mx, sm_m[w][hh]);
-    float den = 0.0f, acc = 0.0f;
+        for (int w = 0; w < AM_WARPS; w++) mx = fmaxf(mx, sm_m[w][hh]);
+        float den = 0.0f, cw[AM_WARPS];
 #pragma unroll
-    for (int w = 0; w < AM_WARPS; w++) {
-        float cw = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - mx); /* idle warps weigh 0 */
-        den += sm_d[w][hh] * cw;
-        acc += so[((size_t)w * AM_HEADS + hh) * HD + d] * cw;
+        for (int w = 0; w < AM_WARPS; w++) {
+            cw[w] = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - mx); /* idle warps weigh 0 */
+            den += sm_d[w][hh] * cw[w];
+        }
+#pragma unroll
+        for (int w = 0; w < AM_WARPS; w++) sm_m[w][hh] = cw[w];
+        sm_d[0][hh] = den, sm_d[1][hh] = mx;
     }
-    *M = mx, *D = den;
+    __syncthreads();
+}
+
+/* Column (head hh, dim d) of the block's output merged over the warps in warp order with
+ * am_head_weights's weights: the unnormalised sum (the max and denominator are sm_d[1][hh] and
+ * sm_d[0][hh]). */
+template <int HD>
+static __device__ __forceinline__ float am_merge_col(const float *so, const float (*cw)[AM_HEADS], int hh, int d) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < AM_WARPS; w++) acc += so[((size_t)w * AM_HEADS + hh) * HD + d] * cw[w][hh];
     return acc;
 }
 
@@ -270,13 +284,14 @@ static __global__ void __launch_bounds__(AM_WARPS * 32)
 
     float *so = (float *)am_smem; /* [AM_WARPS][AM_HEADS][HD] */
     am_stage_warps<HD>(so, sm_m, sm_d, o, m, den, warp, g, tig);
+    am_head_weights(sm_m, sm_d, nhb);
 
     /* merge the warps in warp order; column c of the block's output is dim c % HD of head c / HD */
     const size_t th0 = (size_t)t * nh + h0;
     for (int c = threadIdx.x; c < nhb * HD; c += AM_WARPS * 32) {
         int hh = c / HD, d = c % HD;
-        float M, D, acc = am_merge_col<HD>(so, sm_m, sm_d, hh, d, &M, &D);
-        out[(th0 + hh) * HD + d] = n > 0 ? acc * (1.0f / D) : 0.0f; /* empty context (pos < 0): zeros */
+        float acc = am_merge_col<HD>(so, sm_m, hh, d);
+        out[(th0 + hh) * HD + d] = n > 0 ? acc * (1.0f / sm_d[0][hh]) : 0.0f; /* empty context (pos < 0): zeros */
     }
 }
 
@@ -366,12 +381,12 @@ static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
      * stay inside the 196 KiB carveout as the unsplit kernel's do */
     float *sp_m = sp + (size_t)AM_HEADS * HD, *sp_d = sp_m + AM_HEADS;
     am_stage_warps<HD>(so, sm_m, sm_d, o, m, den, warp, g, tig);
+    am_head_weights(sm_m, sm_d, nhb);
     /* the block's partial: the warp merge's max, denominator and (unnormalised) sum, in warp order */
     for (int c = threadIdx.x; c < nhb * HD; c += AM_WARPS * 32) {
         int hh = c / HD, d = c % HD;
-        float M, D;
-        sp[(size_t)hh * HD + d] = am_merge_col<HD>(so, sm_m, sm_d, hh, d, &M, &D);
-        if (d == 0) sp_m[hh] = M, sp_d[hh] = D;
+        sp[(size_t)hh * HD + d] = am_merge_col<HD>(so, sm_m, hh, d);
+        if (d == 0) sp_m[hh] = sm_d[1][hh], sp_d[hh] = sm_d[0][hh];
     }
     cl.sync(); /* every block's partial is in its shared memory */
     /* the cluster's threads take the columns; each merges the ns partials in split order, all of a
