@@ -218,14 +218,19 @@ static __device__ __forceinline__ void am_head_weights(float (*sm_m)[AM_HEADS], 
     __syncthreads();
 }
 
-/* Column (head hh, dim d) of the block's output merged over the warps in warp order with
- * am_head_weights's weights: the unnormalised sum (the max and denominator are sm_d[1][hh] and
- * sm_d[0][hh]). */
+/* Columns d .. d + 3 (d % 4 == 0) of head hh of the block's output, each merged over the warps in
+ * warp order with am_head_weights's weights: the unnormalised sums (the max and denominator are
+ * sm_d[1][hh] and sm_d[0][hh]). Four columns a thread, 16-byte shared-memory loads; each column's
+ * arithmetic is that of a column alone. */
 template <int HD>
-static __device__ __forceinline__ float am_merge_col(const float *so, const float (*cw)[AM_HEADS], int hh, int d) {
-    float acc = 0.0f;
+static __device__ __forceinline__ float4 am_merge_col4(const float *so, const float (*cw)[AM_HEADS], int hh, int d) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (int w = 0; w < AM_WARPS; w++) acc += so[((size_t)w * AM_HEADS + hh) * HD + d] * cw[w][hh];
+    for (int w = 0; w < AM_WARPS; w++) {
+        float4 v = *(const float4 *)(so + ((size_t)w * AM_HEADS + hh) * HD + d);
+        float c = cw[w][hh];
+        acc.x += v.x * c, acc.y += v.y * c, acc.z += v.z * c, acc.w += v.w * c;
+    }
     return acc;
 }
 
@@ -286,12 +291,19 @@ static __global__ void __launch_bounds__(AM_WARPS * 32)
     am_stage_warps<HD>(so, sm_m, sm_d, o, m, den, warp, g, tig);
     am_head_weights(sm_m, sm_d, nhb);
 
-    /* merge the warps in warp order; column c of the block's output is dim c % HD of head c / HD */
+    /* merge the warps in warp order, four columns a thread; column c of the block's output is dim
+     * c % HD of head c / HD (16-byte stores where out allows, block-uniform) */
     const size_t th0 = (size_t)t * nh + h0;
-    for (int c = threadIdx.x; c < nhb * HD; c += AM_WARPS * 32) {
+    const bool st4 = ((uintptr_t)out & 15) == 0;
+    for (int c = 4 * threadIdx.x; c < nhb * HD; c += 4 * AM_WARPS * 32) {
         int hh = c / HD, d = c % HD;
-        float acc = am_merge_col<HD>(so, sm_m, hh, d);
-        out[(th0 + hh) * HD + d] = n > 0 ? acc * (1.0f / sm_d[0][hh]) : 0.0f; /* empty context (pos < 0): zeros */
+        float4 acc = am_merge_col4<HD>(so, sm_m, hh, d);
+        float inv = 1.0f / sm_d[0][hh];
+        float4 r = n > 0 ? make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv)
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* empty context (pos < 0): zeros */
+        float *po = out + (th0 + hh) * HD + d;
+        if (st4) *(float4 *)po = r;
+        else po[0] = r.x, po[1] = r.y, po[2] = r.z, po[3] = r.w;
     }
 }
 
@@ -383,9 +395,9 @@ static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
     am_stage_warps<HD>(so, sm_m, sm_d, o, m, den, warp, g, tig);
     am_head_weights(sm_m, sm_d, nhb);
     /* the block's partial: the warp merge's max, denominator and (unnormalised) sum, in warp order */
-    for (int c = threadIdx.x; c < nhb * HD; c += AM_WARPS * 32) {
+    for (int c = 4 * threadIdx.x; c < nhb * HD; c += 4 * AM_WARPS * 32) { /* four columns a thread */
         int hh = c / HD, d = c % HD;
-        sp[(size_t)hh * HD + d] = am_merge_col<HD>(so, sm_m, hh, d);
+        *(float4 *)(sp + (size_t)hh * HD + d) = am_merge_col4<HD>(so, sm_m, hh, d);
         if (d == 0) sp_m[hh] = sm_d[1][hh], sp_d[hh] = sm_d[0][hh];
     }
     cl.sync(); /* every block's partial is in its shared memory */
