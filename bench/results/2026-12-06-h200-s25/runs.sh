@@ -8,25 +8,6 @@
 source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
 Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b Q3F=qwen3-30b-a3b-fp8 GLM=glm-4.5-air-fp8
 
-# on an H200 (GLM-4.5-Air FP8's 111 GB need one): the table on all four presets, %HBM against the
-# copy rate msmoe-bench measures on the card; the phase-chain probe (a kernel per dependent phase:
-# the batch-1 and batch-8 floors); Qwen3's timelines at 1 and 8
-table_probe() {
-    nvidia-smi --query-gpu=memory.total --format=csv,noheader | tee -a $OUT/gpu.txt
-    el table | tee -a $OUT/gpu.txt
-    b $Q15 1,2,4,8,16,32,128,256 table --
-    b $Q3 1,2,4,8,16,32,128,256 table --
-    b $Q3F 1,2,4,8,16,32,128,256 table --
-    b $GLM 1,2,4,8,32,128 table --
-    grep "^# %HBM" $OUT/bench-table.txt | head -1 | tee -a $OUT/gpu.txt
-    el probe | tee -a $OUT/gpu.txt
-    for m in qwen3 qwen15 qwen3-fp8 qwen3-b8; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
-    grep -E "^#|PDL, 8 warps|PDL, early loads, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
-    el timeline | tee -a $OUT/gpu.txt
-    ROWS=40 tl $Q3 1 q3b1
-    ROWS=40 tl $Q3 8 q3b8
-}
-
 # any GPU: where the attention and router time goes at 1 and 8 tokens (Nsight Compute sections of
 # the kernels alone, their first two launches of one eager step), and existing switches whose
 # defaults were measured on older kernels: the cluster router up to 8 tokens, the tensor-core split
@@ -134,16 +115,16 @@ carveout2() {
     done
 }
 
-# any GPU, the bundle with the tensor-core attention's merge weights once a head (commit in gpu.txt) as
-# gpu-run/ and the one before it (f4272f9) as gpu-old/, both msmoe-run and msmoe-bench only: its logits against the old binary's (bitwise: the same arithmetic in the same order;
-# Qwen1.5-MoE's decode runs the split kernel at one token); old against new at 4-256 tokens (three
-# rounds); and the split attentions' cluster merge with no clusters kept spare
-# (MSM_CUDA_ATT_CLUSTER_SPARE=0; default 8: at one token Qwen3-30B-A3B's SIMT attention, 32 heads x
-# 16 splits, merges through the workspace because 32 + 8 clusters of 16 do not fit) at 1 / 2 tokens
-merge() {
+# any GPU: a change with no switch against the bundle before it, carried as gpu-old/ (both bundles slim,
+# msmoe-run and msmoe-bench only, to fit the 64 MiB a call carries, so no kernel tests): the logits of
+# the old and new msmoe-run bitwise (2- and 8-token prompts + 6 decode steps; the 8-token prefill runs
+# Qwen3's split attention at 8 tokens, Qwen1.5-MoE's decode the MHA split kernel), then three rounds
+# of old against new msmoe-bench, Qwen3-30B-A3B and its FP8 preset at 4-256 tokens, Qwen1.5-MoE at
+# 1 / 8 / 32 / 128, into $OUT/bench-TAG.txt; EXTRA (a function) runs inside each round
+old_new() {
+    local tag=$1 extra=${2:-true}
     [ -f gpu-old/bundle.tar.xz ] && { (cd gpu-old && tar xJf bundle.tar.xz && rm bundle.tar.xz) || return 1; }
     cat gpu-old/REVISION | sed 's/^/old bundle: /' | tee -a $OUT/gpu.txt
-    # (no kernel tests: both bundles carried slim, msmoe-run and msmoe-bench only, to fit the 64 MiB a call carries)
     el bitwise | tee -a $OUT/gpu.txt
     for p in $Q15 $Q3 $Q3F; do for ids in 11,22 5,1000,77,300,12,9000,41,2; do
         for v in old new; do
@@ -157,60 +138,34 @@ merge() {
     done; done
     el ab | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
-        for p in $Q3 $Q3F; do
-            b $p 4,8,16,32,128,256 mg --
-            { el "$p OLD"; LD_LIBRARY_PATH=$PWD/gpu-old/lib timeout 120 gpu-old/bin/msmoe-bench decode \
-                --preset config/models/$p.json --backend cuda --batches 4,8,16,32,128,256 --context 512 --steps 30 2>&1 |
-                grep -v '^# weights'; } | tee -a $OUT/bench-mg.txt
+        for pb in "$Q3 4,8,16,32,128,256" "$Q3F 4,8,16,32,128,256" "$Q15 1,8,32,128"; do
+            set -- $pb
+            b $1 $2 $tag --
+            { el "$1 OLD"; LD_LIBRARY_PATH=$PWD/gpu-old/lib timeout 120 gpu-old/bin/msmoe-bench decode \
+                --preset config/models/$1.json --backend cuda --batches $2 --context 512 --steps 30 2>&1 |
+                grep -v '^# weights'; } | tee -a $OUT/bench-$tag.txt
         done
-        b $Q15 1,8,32,128 mg --
-        { el "$Q15 OLD"; LD_LIBRARY_PATH=$PWD/gpu-old/lib timeout 120 gpu-old/bin/msmoe-bench decode \
-            --preset config/models/$Q15.json --backend cuda --batches 1,8,32,128 --context 512 --steps 30 2>&1 |
-            grep -v '^# weights'; } | tee -a $OUT/bench-mg.txt
-        for p in $Q3 $Q15; do
-            b $p 1,2 sp --
-            b $p 1,2 sp MSM_CUDA_ATT_CLUSTER_SPARE=0 --
-        done
+        $extra
     done
 }
-# the same for the warp merge four columns a thread (16-byte shared loads and stores; commit in
-# gpu.txt) against run 7's bundle (851606c) as gpu-old/
-merge4() {
-    [ -f gpu-old/bundle.tar.xz ] && { (cd gpu-old && tar xJf bundle.tar.xz && rm bundle.tar.xz) || return 1; }
-    cat gpu-old/REVISION | sed 's/^/old bundle: /' | tee -a $OUT/gpu.txt
-    # (no kernel tests: both bundles carried slim, msmoe-run and msmoe-bench only, to fit the 64 MiB a call carries)
-    el bitwise | tee -a $OUT/gpu.txt
-    for p in $Q15 $Q3 $Q3F; do for ids in 11,22 5,1000,77,300,12,9000,41,2; do
-        for v in old new; do
-            bin=gpu-run/bin/msmoe-run; lib=$PWD/gpu-run/lib
-            [ $v = old ] && bin=gpu-old/bin/msmoe-run && lib=$PWD/gpu-old/lib
-            LD_LIBRARY_PATH=$lib timeout 100 $bin --dummy-weights config/models/$p.json --backend cuda --prompt-ids $ids \
-                --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$v.npy > /tmp/t-$v.txt 2>/dev/null
-        done
-        echo "$p $ids: $(cmp -s /tmp/l-old.npy /tmp/l-new.npy && cmp -s /tmp/t-old.txt /tmp/t-new.txt && echo same bits || echo DIFFER)" |
-            tee -a $OUT/gpu.txt
-    done; done
-    el ab | tee -a $OUT/gpu.txt
-    for i in 1 2 3; do
-        for p in $Q3 $Q3F; do
-            b $p 4,8,16,32,128,256 m4 --
-            { el "$p OLD"; LD_LIBRARY_PATH=$PWD/gpu-old/lib timeout 120 gpu-old/bin/msmoe-bench decode \
-                --preset config/models/$p.json --backend cuda --batches 4,8,16,32,128,256 --context 512 --steps 30 2>&1 |
-                grep -v '^# weights'; } | tee -a $OUT/bench-m4.txt
-        done
-        b $Q15 1,8,32,128 m4 --
-        { el "$Q15 OLD"; LD_LIBRARY_PATH=$PWD/gpu-old/lib timeout 120 gpu-old/bin/msmoe-bench decode \
-            --preset config/models/$Q15.json --backend cuda --batches 1,8,32,128 --context 512 --steps 30 2>&1 |
-            grep -v '^# weights'; } | tee -a $OUT/bench-m4.txt
+
+# the split attentions' cluster merge with no clusters kept spare (MSM_CUDA_ATT_CLUSTER_SPARE=0;
+# default 8: at one token Qwen3-30B-A3B's SIMT attention, 32 heads x 16 splits, merges through the
+# workspace because 32 + 8 clusters of 16 do not fit) at 1 / 2 tokens
+spare() {
+    for p in $Q3 $Q15; do
+        b $p 1,2 sp --
+        b $p 1,2 sp MSM_CUDA_ATT_CLUSTER_SPARE=0 --
     done
 }
 
 case "$1" in
-r1) hdr; table_probe; el done | tee -a $OUT/gpu.txt ;;  # needs an H200 (GLM-4.5-Air FP8)
+r1) exec bash bench/results/2026-12-06-h200-s24/runs.sh r1 ;;  # needs an H200 (GLM-4.5-Air FP8): the table on all four
+    # presets, the phase-chain probe (batch 1 and 8 floors), Qwen3's timelines at 1 and 8 (still not run)
 r2) hdr; diag; el done | tee -a $OUT/gpu.txt; pack ;;
 r3) hdr; carveout; el done | tee -a $OUT/gpu.txt ;;
 r4) hdr; splits; el done | tee -a $OUT/gpu.txt ;;
 r5) hdr; carveout2; el done | tee -a $OUT/gpu.txt ;;
-r7) hdr; merge; el done | tee -a $OUT/gpu.txt ;;
-r8) hdr; merge4; el done | tee -a $OUT/gpu.txt ;;
+r7) hdr; old_new mg spare; el done | tee -a $OUT/gpu.txt ;;  # the merge weights once a head (851606c) against f4272f9
+r8) hdr; old_new m4; el done | tee -a $OUT/gpu.txt ;;  # four columns a thread (810b609) against 851606c
 esac
