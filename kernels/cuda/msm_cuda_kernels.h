@@ -299,11 +299,12 @@ typedef struct msm_cuda_tuning {
                                  thread-block cluster merged through distributed shared memory (else
                                  the last block merges through the workspace; the same bits), where
                                  a call's clusters leave a few of those the GPU holds free
-                                 (attention.cu, MSM_ATT_CLUSTER_SPARE; MSM_CUDA_ATT_CLUSTER) */
+                                 (attention.cu, att_cluster_spare; MSM_CUDA_ATT_CLUSTER) */
     int att_cluster_spare;    /* the cluster forms of the split attentions (SIMT and tensor-core) are taken
                                  only while this many of the clusters the GPU holds stay free for the
-                                 kernels beside them (MSM_ATT_CLUSTER_SPARE by default;
-                                 MSM_CUDA_ATT_CLUSTER_SPARE) */
+                                 kernels beside them (MSM_CUDA_ATT_CLUSTER_SPARE; default
+                                 MSM_ATT_CLUSTER_SPARE, 8: at 0 Qwen3-30B-A3B at 1 / 2 tokens the same,
+                                 Qwen1.5-MoE +0.02 ms at 1, H100, bench/results/2026-12-06-h200-s25 run 7) */
     int att_cluster_fit[4][2][17]; /* clusters of ns split blocks the GPU holds at once, per sub-group
                                       width (as att_per_sm) and vec, ns 2..16 (0: none) */
     bool att_early;           /* decode steps (msm_cuda_exec.decode): the SIMT attention loads its first

@@ -116,8 +116,9 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ATT_MMA_SPLIT", "1", 1), setenv("MSM_CUDA_MOE_FUSED_COMBINE", "1", 1);
     setenv("MSM_CUDA_MOE_COMBINE_CLUSTER", "0", 1);
     setenv("MSM_CUDA_ATT_MMA_SPLIT_MIN_T", "-2", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "-3", 1);
-    setenv("MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T", "-1", 1);
+    setenv("MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T", "-1", 1), setenv("MSM_CUDA_ATT_CLUSTER_SPARE", "-4", 1);
     t.att_bt_cache = true;
+    t.att_cluster_spare = 8;
     t.moe_gg_early = t.moe_gg_compact = t.linear_swiglu = true, t.moe_group_scan_max_t = 64, t.moe_gg_down_nt = 2;
     t.norm_router = t.gemv_u16 = true;
     t.fp8_moe_hw = true;
@@ -171,6 +172,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.att_mma_split_min_t, 1, "clamped to 1");
     cr_expect_eq(t.att_mma_split_max_t, 0, "clamped to 0: no bound");
     cr_expect_eq(t.att_mma_split_mha_max_t, 0, "clamped to 0: MHA never");
+    cr_expect_eq(t.att_cluster_spare, 0, "MSM_CUDA_ATT_CLUSTER_SPARE clamped to 0: no cluster kept spare");
     cr_expect_eq(t.moe_fused_combine, 1, "MSM_CUDA_MOE_FUSED_COMBINE=1: the experts' combine inside any next norm");
     cr_expect(!t.moe_combine_cluster, "MSM_CUDA_MOE_COMBINE_CLUSTER=0: one block a token");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
