@@ -236,6 +236,66 @@ static __device__ __forceinline__ float4 am_merge_col4(const float *so, const fl
     return acc;
 }
 
+/* The split kernel's cluster merge (after the cluster barrier that publishes every block's partial:
+ * sp [AM_HEADS][HD] unnormalised outputs, sp_m / sp_d [AM_HEADS] maxima and denominators, in each
+ * block's shared memory). The cluster's threads take the output columns (head hh, dim d), block z
+ * the columns z * 128 + threadIdx.x, + NS * 128, ...; each column is merged over the NS partials in
+ * split order: M = max of the maxima, w_s = exp(m_s - M) (0 for a block past the context),
+ * D = sum d_s w_s, out = (sum o_s w_s) / D. The weights are formed once per (head, split) in this
+ * block's shared memory (sw, [2][AM_HEADS][NS]) instead of once per column, and a column's NS
+ * remote loads are issued before that, so they are in flight while the weights are formed: each
+ * column's arithmetic (its max, each weight, the sums in split order) is that of the per-column
+ * merge, the same bits, with NS (a template constant) instead of 16 predicated splits. The caller
+ * then holds a cluster barrier, which keeps every partial readable until all are read. */
+template <int HD, int NS>
+static __device__ __forceinline__ void am_cluster_merge(cg::cluster_group &cl, float *out, const float *sp,
+                                                        const float *sp_m, const float *sp_d, float *sw, size_t th0,
+                                                        int nhb, int n, int z) {
+    constexpr int THR = AM_WARPS * 32, CPT = (AM_HEADS * HD + NS * THR - 1) / (NS * THR); /* columns a thread */
+    float *pm = sw, *pw = sw + AM_HEADS * NS, *pd = sw + 2 * AM_HEADS * NS; /* [AM_HEADS][NS] each */
+    const int c0 = z * THR + threadIdx.x;
+    const bool any = z * THR < nhb * HD; /* this block has columns (block-uniform) */
+    float os[CPT][NS];
+#pragma unroll
+    for (int r = 0; r < CPT; r++) {
+        int c = c0 + r * NS * THR, hh = c / HD, d = c % HD;
+        bool in = c < nhb * HD;
+#pragma unroll
+        for (int s2 = 0; s2 < NS; s2++)
+            os[r][s2] = in ? cl.map_shared_rank(sp, s2)[(size_t)hh * HD + d] : 0.0f;
+    }
+    if (any) {
+        for (int i = threadIdx.x; i < nhb * NS; i += THR) {
+            int hh = i / NS, s2 = i % NS;
+            pm[i] = cl.map_shared_rank(sp_m, s2)[hh];
+            pd[i] = cl.map_shared_rank(sp_d, s2)[hh];
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < nhb * NS; i += THR) {
+            const float *mh = pm + (i / NS) * NS;
+            float M = -INFINITY;
+#pragma unroll
+            for (int s2 = 0; s2 < NS; s2++) M = fmaxf(M, mh[s2]);
+            pw[i] = pm[i] == -INFINITY ? 0.0f : expf(pm[i] - M); /* a block past the context weighs 0 */
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < CPT; r++) {
+            int c = c0 + r * NS * THR, hh = c / HD, d = c % HD;
+            if (c >= nhb * HD) break;
+            const float *wh = pw + hh * NS, *dh = pd + hh * NS;
+            float D = 0.0f, acc = 0.0f;
+#pragma unroll
+            for (int s2 = 0; s2 < NS; s2++) {
+                float cw = wh[s2];
+                D += dh[s2] * cw;
+                acc += os[r][s2] * cw;
+            }
+            out[(th0 + hh) * HD + d] = n > 0 ? acc * (1.0f / D) : 0.0f; /* empty context (pos < 0): zeros */
+        }
+    }
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(AM_WARPS * 32)
     attention_mma_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
@@ -328,7 +388,7 @@ static __global__ void __launch_bounds__(AM_WARPS * 32)
  * the SIMT kernel's att_early. MHA at one token (att_mma_split_mha_max_t) runs here too, one head a
  * block (the other 7 MMA rows idle): at one token the kernels wait on latency, not arithmetic, and
  * this one was the fastest (Qwen1.5-MoE; tuning.cu). */
-template <int HD>
+template <int HD, int NS>
 static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
     attention_mma_split_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
                                const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
@@ -340,7 +400,7 @@ static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
 
-    const int ns = gridDim.x, z = blockIdx.x;
+    const int ns = NS, z = blockIdx.x; /* gridDim.x == NS */
     const int G = nh / kvh, hgroups = (G + AM_HEADS - 1) / AM_HEADS;
     const int kh = blockIdx.y / hgroups, h0 = kh * G + (blockIdx.y % hgroups) * AM_HEADS;
     const int nhb = min(AM_HEADS, kh * G + G - h0);
@@ -403,32 +463,7 @@ static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
         if (d == 0) sp_m[hh] = sm_d[1][hh], sp_d[hh] = sm_d[0][hh];
     }
     cl.sync(); /* every block's partial is in its shared memory */
-    /* the cluster's threads take the columns; each merges the ns partials in split order, all of a
-     * column's remote loads in flight together (one round trip, not one a split) */
-    const size_t th0 = (size_t)t * nh + h0;
-    for (int c = z * AM_WARPS * 32 + threadIdx.x; c < nhb * HD; c += ns * AM_WARPS * 32) {
-        int hh = c / HD, d = c % HD;
-        float ms[AM_MAX_SPLIT], ds[AM_MAX_SPLIT], os[AM_MAX_SPLIT];
-#pragma unroll
-        for (int s2 = 0; s2 < AM_MAX_SPLIT; s2++) {
-            bool in = s2 < ns;
-            ms[s2] = in ? cl.map_shared_rank(sp_m, s2)[hh] : -INFINITY;
-            ds[s2] = in ? cl.map_shared_rank(sp_d, s2)[hh] : 0.0f;
-            os[s2] = in ? cl.map_shared_rank(sp, s2)[(size_t)hh * HD + d] : 0.0f;
-        }
-        float M = -INFINITY;
-#pragma unroll
-        for (int s2 = 0; s2 < AM_MAX_SPLIT; s2++) M = fmaxf(M, ms[s2]);
-        float D = 0.0f, acc = 0.0f;
-#pragma unroll
-        for (int s2 = 0; s2 < AM_MAX_SPLIT; s2++) {
-            if (s2 >= ns) break;
-            float cw = ms[s2] == -INFINITY ? 0.0f : expf(ms[s2] - M); /* a block past the context weighs 0 */
-            D += ds[s2] * cw;
-            acc += os[s2] * cw;
-        }
-        out[(th0 + hh) * HD + d] = n > 0 ? acc * (1.0f / D) : 0.0f; /* empty context (pos < 0): zeros */
-    }
+    am_cluster_merge<HD, NS>(cl, out, sp, sp_m, sp_d, sp_d + AM_HEADS, (size_t)t * nh + h0, nhb, n, z);
     cl.sync(); /* every block's partial has been read */
 }
 
@@ -440,15 +475,24 @@ static int am_prepare_one(void) {
 }
 
 /* The split kernel's shared memory, and clusters past 8 where the device allows them (else its
- * fit for 16 is 0). */
-template <int HD>
-static int am_split_prepare_one(void) {
-    CUDA_TRY(cudaFuncSetAttribute(attention_mma_split_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+ * fit for 16 is 0), for each cluster size NS it is built for (2, 4, 8, 16). */
+template <int HD, int NS>
+static int am_split_prepare_ns(void) {
+    CUDA_TRY(cudaFuncSetAttribute(attention_mma_split_kernel<HD, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   am_geom<HD>::SMEM));
-    if (cudaFuncSetAttribute(attention_mma_split_kernel<HD>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+    if (cudaFuncSetAttribute(attention_mma_split_kernel<HD, NS>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
         cudaSuccess)
         (void)cudaGetLastError();
     return 0;
+}
+
+template <int HD>
+static int am_split_prepare_one(void) {
+    int r = am_split_prepare_ns<HD, 2>();
+    if (!r) r = am_split_prepare_ns<HD, 4>();
+    if (!r) r = am_split_prepare_ns<HD, 8>();
+    if (!r) r = am_split_prepare_ns<HD, 16>();
+    return r;
 }
 
 /* The shared-memory limits of the kernels on the current device (msm_cuda_tuning_init). */
@@ -462,13 +506,21 @@ int msm__attention_mma_prepare(void) {
     return r;
 }
 
+/* Clusters of NS blocks of the split kernel the GPU holds at once (sizes it is not built for: 0). */
+template <int HD, int NS>
+static int am_split_fit(void) {
+    return msm_max_clusters(attention_mma_split_kernel<HD, NS>, (unsigned)NS, AM_WARPS * 32, am_geom<HD>::SMEM);
+}
+
 template <int HD>
 static void am_split_tuning_one(msm_cuda_tuning *t, int hi) {
-    t->att_mma_split_per_sm[hi] = msm_blocks_per_sm(attention_mma_split_kernel<HD>, AM_WARPS * 32, am_geom<HD>::SMEM);
-    for (int ns = 0; ns <= 16; ns++)
-        t->att_mma_split_fit[hi][ns] =
-            ns >= 2 ? msm_max_clusters(attention_mma_split_kernel<HD>, (unsigned)ns, AM_WARPS * 32, am_geom<HD>::SMEM)
-                    : 0;
+    t->att_mma_split_per_sm[hi] =
+        msm_blocks_per_sm(attention_mma_split_kernel<HD, 8>, AM_WARPS * 32, am_geom<HD>::SMEM);
+    for (int ns = 0; ns <= 16; ns++) t->att_mma_split_fit[hi][ns] = 0;
+    t->att_mma_split_fit[hi][2] = am_split_fit<HD, 2>();
+    t->att_mma_split_fit[hi][4] = am_split_fit<HD, 4>();
+    t->att_mma_split_fit[hi][8] = am_split_fit<HD, 8>();
+    t->att_mma_split_fit[hi][16] = am_split_fit<HD, 16>();
 }
 
 /* The split kernel's occupancy (GPU facts, msm_cuda_tuning_init, after msm__attention_mma_prepare). */
@@ -527,12 +579,15 @@ int msm__attention_mma_split_run(float *out, const float *q, size_t q_ld, const 
     int G = nh / kvh, hgroups = (G + AM_HEADS - 1) / AM_HEADS;
     dim3 grid((unsigned)ns, (unsigned)(kvh * hgroups), (unsigned)T), blk(AM_WARPS * 32);
     bool early = ex.decode && ex.tune->att_early;
-#define AMS_GO(HD)                                                                                                  \
-    msm_launch_cluster(attention_mma_split_kernel<HD>, grid, blk, (size_t)am_geom<HD>::SMEM, (unsigned)ns, ex, out, q, \
-                       q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, scale, early)
-    if (hd == 64) CUDA_TRY(AMS_GO(64));
-    else if (hd == 128) CUDA_TRY(AMS_GO(128));
-    else return -EINVAL;
+#define AMS_GO(HD, NS)                                                                                            \
+    msm_launch_cluster(attention_mma_split_kernel<HD, NS>, grid, blk, (size_t)am_geom<HD>::SMEM, (unsigned)ns, ex, \
+                       out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, scale, early)
+#define AMS_NS(HD)                                                                                                \
+    (ns == 2 ? AMS_GO(HD, 2) : ns == 4 ? AMS_GO(HD, 4) : ns == 8 ? AMS_GO(HD, 8) : AMS_GO(HD, 16))
+    if ((hd != 64 && hd != 128) || (ns != 2 && ns != 4 && ns != 8 && ns != 16)) return -EINVAL;
+    if (hd == 64) CUDA_TRY(AMS_NS(64));
+    else CUDA_TRY(AMS_NS(128));
+#undef AMS_NS
 #undef AMS_GO
     return 0;
 }

@@ -189,18 +189,21 @@ static __device__ __forceinline__ void router_rank_tail(int32_t *ids, float *w, 
     if (threadIdx.x == 0) ctr[t] = 0;
 }
 
+/* early (tuning gemv_early, a weight not written during the step): the PDL wait is passed after
+ * the first weight loads are issued (the dots' hook), as the GEMVs do, so the router's weight
+ * loads overlap the kernel before; else at once. */
 template <bool VEC, bool BLOCK>
 static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     router_linear_topk_kernel(int32_t *ids, float *w, float *logits, unsigned *ctr, const float *x,
-                              const uint16_t *wr, int T, int E, int K, int k, bool norm) {
+                              const uint16_t *wr, int T, int E, int K, int k, bool norm, bool early) {
     static_assert(MSM_SMALL_THREADS == ROUTER_WARPS * 32, "one block size for both ways");
     __shared__ float part[32];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.y;
     msm_pdl_trigger();
-    msm_pdl_wait();
+    if (!early) msm_pdl_wait();
     if constexpr (BLOCK) {
         int n = blockIdx.x;
-        float s = msm_small_dot<VEC>(wr + (size_t)n * K, x + (size_t)t * K, K, part);
+        float s = msm_small_dot<VEC>(wr + (size_t)n * K, x + (size_t)t * K, K, part, msm_pdl_hook{early});
         if (threadIdx.x == 0) logits[(size_t)t * E + n] = s + 0.0f;
     } else {
         int n = blockIdx.x * ROUTER_WARPS + warp;
@@ -208,9 +211,11 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
             const uint16_t *rows[1] = {wr + (size_t)n * K};
             const float *xs[1] = {x + (size_t)t * K};
             float acc[1][1] = {{0.0f}};
-            msm_rows_dot<1, 1, 4, VEC>(acc, rows, xs, 1, K, lane);
+            msm_rows_dot<1, 1, 4, VEC>(acc, rows, xs, 1, K, lane, msm_pdl_hook{early});
             float s = msm_warp_sum(acc[0][0]);
             if (lane == 0) logits[(size_t)t * E + n] = s + 0.0f;
+        } else if (early) {
+            msm_pdl_wait(); /* a warp past E: the tail below reads what kernels before wrote */
         }
         __syncthreads();
     }
@@ -467,8 +472,10 @@ extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *
     bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0, blk = msm_small_block(T, E);
     if (rc_fits(T, E, K, wr, x, ex.tune)) return rc_go(ids, w, x, wr, T, E, K, k, norm, ex);
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T), block(MSM_SMALL_THREADS);
+    bool early = ex.tune->gemv_early && !ex.w_written;
 #define ROUTER_GO(V, B) \
-    CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, norm))
+    CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, norm, \
+                        early))
     if (vec && blk) ROUTER_GO(true, true);
     else if (vec) ROUTER_GO(true, false);
     else if (blk) ROUTER_GO(false, true);
