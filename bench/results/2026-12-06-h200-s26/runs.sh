@@ -26,6 +26,49 @@ h200() {
     table_probe
 }
 
+
+# any GPU: the kernel tests of the attention and the router (a slim bundle: msmoe-run, msmoe-bench,
+# test_cuda_kernels)
+kern_tests() {
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(tuning*|attention*|router*)" \
+        > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
+}
+
+# any GPU: a change with no switch against the bundle before it (gpu-old/, slim: msmoe-run and
+# msmoe-bench), as the twenty-fifth session's old_new: the logits of both msmoe-run bitwise (2- and
+# 8-token prompts + 6 decode steps), then ROUNDS rounds of old against new msmoe-bench, Qwen3-30B-A3B
+# at 1-256 tokens, its FP8 preset at 4-32, Qwen1.5-MoE at 1 / 8 / 32, into $OUT/bench-TAG.txt
+old_new() {
+    local tag=$1
+    [ -f gpu-old/bundle.tar.xz ] && { (cd gpu-old && tar xJf bundle.tar.xz && rm bundle.tar.xz) || return 1; }
+    cat gpu-old/REVISION | sed 's/^/old bundle: /' | tee -a $OUT/gpu.txt
+    el bitwise | tee -a $OUT/gpu.txt
+    for p in $Q15 $Q3 $Q3F; do for ids in 11,22 5,1000,77,300,12,9000,41,2; do
+        for v in old new; do
+            bin=gpu-run/bin/msmoe-run; lib=$PWD/gpu-run/lib
+            [ $v = old ] && bin=gpu-old/bin/msmoe-run && lib=$PWD/gpu-old/lib
+            LD_LIBRARY_PATH=$lib timeout 100 $bin --dummy-weights config/models/$p.json --backend cuda --prompt-ids $ids \
+                --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$v.npy > /tmp/t-$v.txt 2>/dev/null
+        done
+        echo "$p $ids: $(cmp -s /tmp/l-old.npy /tmp/l-new.npy && cmp -s /tmp/t-old.txt /tmp/t-new.txt && echo same bits || echo DIFFER)" |
+            tee -a $OUT/gpu.txt
+    done; done
+    el ab | tee -a $OUT/gpu.txt
+    for i in $(seq ${ROUNDS:-4}); do
+        for pb in "$Q3 1,2,4,8,16,32,128,256" "$Q3F 4,8,16,32" "$Q15 1,8,32"; do
+            set -- $pb
+            b $1 $2 $tag --
+            { el "$1 OLD"; LD_LIBRARY_PATH=$PWD/gpu-old/lib timeout 120 gpu-old/bin/msmoe-bench decode \
+                --preset config/models/$1.json --backend cuda --batches $2 --context 512 --steps 30 2>&1 |
+                grep -v '^# weights'; } | tee -a $OUT/bench-$tag.txt
+        done
+    done
+}
+
 case "$1" in
 r1) hdr; h200; el done | tee -a $OUT/gpu.txt ;;  # needs an H200
+r2) hdr; kern_tests; old_new sm; el done | tee -a $OUT/gpu.txt ;;  # the split merge + router early against 171b574
 esac
