@@ -68,7 +68,28 @@ old_new() {
     done
 }
 
+# any GPU: existing switches whose defaults were measured before the cheaper cluster merge (commit
+# d590652): the tensor-core split attention from 2 tokens (MSM_CUDA_ATT_MMA_SPLIT_MIN_T=2; default
+# 4), 8 splits at most (MSM_CUDA_ATT_MAX_SPLIT=8: at 4 tokens Qwen3's 16 pairs take 16 splits of 32
+# positions, two idle warps a block), the grouped GEMVs scanning the ids themselves instead of the
+# grouping kernel (MSM_CUDA_MOE_GROUP_SCAN_MAX_T=16; rows then in pair order, so the combine loads
+# them in one round trip), four rounds
+switches() {
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3 4; do
+        b $Q3 2,3,4,8,16 sw --
+        b $Q3 2,3 sw MSM_CUDA_ATT_MMA_SPLIT_MIN_T=2 --
+        b $Q3 4 sw MSM_CUDA_ATT_MAX_SPLIT=8 --
+        b $Q3 4,8,16 sw MSM_CUDA_MOE_GROUP_SCAN_MAX_T=16 --
+        b $Q3F 4,8,16 sw --
+        b $Q3F 4,8,16 sw MSM_CUDA_MOE_GROUP_SCAN_MAX_T=16 --
+        b $Q15 8,16 sw --
+        b $Q15 8,16 sw MSM_CUDA_MOE_GROUP_SCAN_MAX_T=16 --
+    done
+}
+
 case "$1" in
 r1) hdr; h200; el done | tee -a $OUT/gpu.txt ;;  # needs an H200
 r2) hdr; kern_tests; old_new sm; el done | tee -a $OUT/gpu.txt ;;  # the split merge + router early against 171b574
+r3) hdr; switches; el done | tee -a $OUT/gpu.txt ;;
 esac
