@@ -88,8 +88,35 @@ switches() {
     done
 }
 
+# the table on all four presets after this session's changes (GLM-4.5-Air FP8's 111 GB need an H200;
+# on an H100 it fails at load and the rest runs), Qwen3's timelines at 1 and 8, then the switches:
+# the tensor-core split attention from 1 token (MSM_CUDA_ATT_MMA_SPLIT_MIN_T=1; default now 2) and
+# Qwen1.5-MoE at 2-7 tokens (the SIMT kernel, MHA: 3 tokens took 5-split clusters on Qwen3) with
+# the counter merge instead of clusters (MSM_CUDA_ATT_CLUSTER=0) and at most 4 splits, three rounds
+final() {
+    nvidia-smi --query-gpu=memory.total --format=csv,noheader | tee -a $OUT/gpu.txt
+    el table | tee -a $OUT/gpu.txt
+    b $Q15 1,2,4,8,16,32,128,256 table --
+    b $Q3 1,2,3,4,8,16,32,128,256 table --
+    b $Q3F 1,2,4,8,16,32,128,256 table --
+    b $GLM 1,2,4,8,32,128 table --
+    grep "^# %HBM" $OUT/bench-table.txt | head -1 | tee -a $OUT/gpu.txt
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=40 tl $Q3 1 q3b1
+    ROWS=40 tl $Q3 8 q3b8
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q3 1 sw --
+        b $Q3 1 sw MSM_CUDA_ATT_MMA_SPLIT_MIN_T=1 --
+        b $Q15 2,3,4,5,6,7 sw --
+        b $Q15 2,3,4,5,6,7 sw MSM_CUDA_ATT_CLUSTER=0 --
+        b $Q15 2,3,4,5,6,7 sw MSM_CUDA_ATT_MAX_SPLIT=4 --
+    done
+}
+
 case "$1" in
 r1) hdr; h200; el done | tee -a $OUT/gpu.txt ;;  # needs an H200
 r2) hdr; kern_tests; old_new sm; el done | tee -a $OUT/gpu.txt ;;  # the split merge + router early against 171b574
 r3) hdr; switches; el done | tee -a $OUT/gpu.txt ;;
+r4) hdr; final; el done | tee -a $OUT/gpu.txt ;;  # an H200 for GLM-4.5-Air FP8
 esac
