@@ -249,6 +249,17 @@ int msm_graph_plan(msm_graph *g, msm_err *err) {
          * rotated rows). */
         pair |= n->op == MSM_OP_LINEAR && i + 1 < nn && g->nodes[i + 1].op == MSM_OP_ROPE_KV_WRITE &&
                 g->nodes[i + 1].stream == n->stream && g->nodes[i + 1].in[0] == n->out[0];
+        /* Likewise a ROPE_KV_WRITE whose rows the next node, an ATTENTION on the same stream, reads
+         * (msm_cuda_attention_rope: the attention reads the ROPE_KV_WRITE's input while it writes its
+         * output), and a QK_NORM, the ROPE_KV_WRITE reading its product and the ATTENTION reading
+         * that one, on one stream (msm_cuda_attention_qk_rope: the attention reads the QK_NORM's
+         * input), through the ATTENTION. */
+        pair |= n->op == MSM_OP_ROPE_KV_WRITE && i + 1 < nn && g->nodes[i + 1].op == MSM_OP_ATTENTION &&
+                g->nodes[i + 1].stream == n->stream && g->nodes[i + 1].in[0] == n->out[0];
+        triple |= n->op == MSM_OP_QK_NORM && i + 2 < nn && g->nodes[i + 1].op == MSM_OP_ROPE_KV_WRITE &&
+                  g->nodes[i + 2].op == MSM_OP_ATTENTION && g->nodes[i + 1].stream == n->stream &&
+                  g->nodes[i + 2].stream == n->stream && g->nodes[i + 1].in[0] == n->out[0] &&
+                  g->nodes[i + 2].in[0] == g->nodes[i + 1].out[0];
         /* A MOE_EXPERTS whose sum the next node past events on the same stream reads as a norm does
          * (msm_graph_moe_sum_reader): a backend may leave the experts' combine to that node (the
          * CUDA backend's msm_cuda_moe_add_rmsnorm and msm_cuda_moe_combine_rmsnorm_routed read the

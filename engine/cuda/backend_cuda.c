@@ -270,8 +270,30 @@ static bool norm_qk_rope_quad(const cuda_backend *cb, const msm_graph *g, int i,
 /* Whether node i is a QK_NORM that runs with the ROPE_KV_WRITE after it in one kernel
  * (msm_cuda_qk_norm_rope_kv): qk_rope_shape, where the norm-in qkv GEMV does not take both
  * (norm_qk_rope_quad). */
+static bool qk_rope_attention_triple(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex);
 static bool qk_rope_pair(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
-    return qk_rope_shape(g, i, rows, ex) && !norm_qk_rope_quad(cb, g, i - 2, rows, ex);
+    return qk_rope_shape(g, i, rows, ex) && !norm_qk_rope_quad(cb, g, i - 2, rows, ex) &&
+           !qk_rope_attention_triple(cb, g, i, rows, ex);
+}
+
+/* Whether node i is a QK_NORM that the ATTENTION two nodes on takes over with the ROPE_KV_WRITE
+ * between (msm_cuda_attention_qk_rope: the split tensor-core attention norms, rotates and caches the
+ * token's q, k and v itself, decode steps): the QK_NORM + ROPE_KV_WRITE pair's terms
+ * (qk_rope_shape), where the norm-in qkv GEMV does not take them (norm_qk_rope_quad); the ATTENTION
+ * is the layer's kv_written one on the same stream, the only reader of the rotated rows, with the
+ * pair's positions, slots and heads; and the kernel takes the shape. */
+static bool qk_rope_attention_triple(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
+    if (!(ex.decode && ex.tune->att_qk_rope) || i < 0 || i + 2 >= g->n_nodes) return false;
+    const msm_node *q = &g->nodes[i], *r = &g->nodes[i + 1], *a = &g->nodes[i + 2];
+    if (a->op != MSM_OP_ATTENTION || !a->attr.attention.kv_written || a->layer != r->layer || a->stream != r->stream ||
+        a->in[0] != r->out[0] || a->in[2] != r->in[1] || a->in[3] != r->in[2] || msm_graph_readers(g, r->out[0]) != 1 ||
+        !qk_rope_shape(g, i, rows, ex) || norm_qk_rope_quad(cb, g, i - 2, rows, ex) || !cb->kc[a->layer])
+        return false;
+    const msm_attr_attention *at = &a->attr.attention;
+    if (at->nh != r->attr.rope.nh || at->kvh != r->attr.rope.kvh || at->hd != r->attr.rope.hd) return false;
+    return msm_cuda_attention_qk_rope_fits(rows, at->nh, at->kvh, at->hd, r->attr.rope.rot,
+                                           (const char *)cb->arena + g->vals[q->in[0]].offset, cb->kc[a->layer],
+                                           cb->vc[a->layer], ex);
 }
 
 static bool norm_swiglu_triple(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex);
@@ -498,6 +520,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     case MSM_OP_QK_NORM:
         if (norm_qk_rope_quad(cb, g, idx - 2, ROWS(in0), s)) break; /* the LINEAR before did it */
+        if (qk_rope_attention_triple(cb, g, idx, ROWS(in0), s)) break; /* the ATTENTION two on does it */
         if (qk_rope_pair(cb, g, idx, ROWS(in0), s)) { /* with the ROPE_KV_WRITE after it, into that node's output */
             const msm_node *rn = &g->nodes[idx + 1];
             if (!cb->kc[rn->layer])
@@ -596,6 +619,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
             return msm_err_set(err, -EINVAL, "rank %d (GPU %d): layer %d has no KV cache (no ATTENTION)",
                                cb->b.rank, cb->device, n->layer);
         if (rope_attention_pair(g, idx, s)) break; /* the ATTENTION next does it */
+        if (qk_rope_attention_triple(cb, g, idx - 1, ROWS(in0), s)) break; /* the ATTENTION next does it */
         if (norm_qk_rope_quad(cb, g, idx - 3, ROWS(in0), s)) break; /* the LINEAR before did it */
         if (qk_rope_pair(cb, g, idx - 1, ROWS(in0), s)) break; /* the QK_NORM before did it */
         if (linear_rope_pair(cb, g, idx - 1, ROWS(in0), s)) break; /* the LINEAR before did it */
@@ -608,6 +632,14 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         const float *qkv = F(in0);
         /* k, v and q read in place from the qkv rows (row stride C); q_tmp is the split-context
          * workspace. The K/V write is skipped when the ROPE_KV_WRITE before wrote the cache. */
+        if (qk_rope_attention_triple(cb, g, idx - 2, T, s)) { /* decode: the QK_NORM and ROPE_KV_WRITE before too */
+            const msm_node *qn = &g->nodes[idx - 2], *rn = &g->nodes[idx - 1];
+            KTRY(msm_cuda_attention_qk_rope(F(out0), F(qn->in[0]), cb->w[qn->w[0]], cb->w[qn->w[1]],
+                                            qn->attr.qk_norm.eps, cb->kc[n->layer], cb->vc[n->layer], I32(n->in[1]),
+                                            I32(n->in[2]), I32(n->in[3]), I32(n->in[4]), g->max_blocks, T, nh, kvh, hd,
+                                            rn->attr.rope.rot, rn->attr.rope.theta, a->attention.scale, s));
+            break;
+        }
         if (rope_attention_pair(g, idx - 1, s)) { /* decode: the ROPE_KV_WRITE before in the same launch */
             const msm_node *rn = &g->nodes[idx - 1];
             KTRY(msm_cuda_attention_rope(F(out0), F(rn->out[0]), F(rn->in[0]), cb->kc[n->layer], cb->vc[n->layer],
@@ -1541,6 +1573,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
  *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
  *   MSM_CUDA_ATT_ROPE=0|1               decode: ROPE_KV_WRITE + its ATTENTION in one kernel (0, default: slower)
+ *   MSM_CUDA_ATT_QK_ROPE=0|1            decode: QK_NORM + ROPE_KV_WRITE + ATTENTION in the split tensor-core
+ *                                       attention (1, default)
  *   MSM_CUDA_LINEAR_ROPE=0|1            1-2 tokens: the qkv LINEAR + ROPE_KV_WRITE in one kernel (1, default)
  *   MSM_CUDA_FP8_MOE_TILED_MIN_T=N      ... from N tokens on (default 8), the FP8 GEMVs below
  *   MSM_CUDA_FP8_GEMV_ROWS=1|2|4        rows a warp of the FP8 SIMT GEMV (default: 2 at one token, else 4)
@@ -1660,6 +1694,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_ATT_BT_CACHE"))) t->att_bt_cache = s[0] != '0';
     if (env_int("MSM_CUDA_GEMV_MINB", &v)) t->gemv_minb = v & 3;
     if ((s = getenv("MSM_CUDA_ATT_ROPE"))) t->att_rope = s[0] != '0';
+    if ((s = getenv("MSM_CUDA_ATT_QK_ROPE"))) t->att_qk_rope = s[0] != '0';
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_AUX_SERIAL_MAX_T", &v)) t->moe_aux_serial_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", &v)) t->moe_group_scan_max_t = v < 0 ? 0 : v;

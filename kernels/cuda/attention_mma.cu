@@ -39,6 +39,7 @@
  * the previous kernel before it reads anything. */
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
+#include "qk_rope.h"
 
 #include <cooperative_groups.h>
 #include <errno.h>
@@ -369,6 +370,74 @@ static __global__ void __launch_bounds__(AM_WARPS * 32)
     }
 }
 
+/* ---- the q/k head norm, RoPE and the K/V cache write inside the split kernel (msm_cuda_attention_qk_rope) ----
+ * At decode the split kernel may take the raw qkv rows (q heads, then kvh k heads, then kvh v heads;
+ * row stride q_ld) instead of the rows qk_norm_rope_kv_kernel would have normed, rotated and cached:
+ * rot > 0. Before the PDL wait the block puts the norm weights (as float) and the position's
+ * cosines and sines (msm_rope_cs of dims 0 .. rot/2 - 1) in shared memory; after it, warp w norms
+ * and rotates the block's query heads w, w + 4 with qkr_head's arithmetic (qk_rope.h: qkn_load,
+ * qkn_norm_wv, msm_rope_lo / _hi; lane l holds dims l + 32 j) into shared memory, where the q
+ * fragments are read from, and the block whose range holds the token's position does its kv
+ * head's k (normed, rotated) and v: rounded to bf16 into the caches at slot[t] and into the K / V
+ * tile row of that position where it is a warp's first tile (that row the early fetch skipped);
+ * a later tile reads it back from the cache after the block's barrier. The same bits as
+ * qk_norm_rope_kv_kernel then this kernel on its rows, one kernel boundary less a layer. The
+ * scratch (AM_HEADS x HD q values, the weights, the cosines and sines) is warp 0's second tile
+ * stage, which no copy touches before the tile loop. */
+typedef struct am_qkr {
+    const uint16_t *wq, *wk; /* q / k norm weights [hd] */
+    const int32_t *slot;
+    uint16_t *kw, *vw; /* the caches to write (kc, vc) */
+    int rot;           /* rotated dims of a head (a multiple of 64); 0: off */
+    float theta, eps;
+} am_qkr;
+
+/* The scratch in warp 0's second stage: sq [AM_HEADS][HD], then wq, wk [HD], cs, sn [HD / 2]. */
+template <int HD>
+struct am_qkr_smem {
+    float *sq, *wq, *wk, *cs, *sn;
+    __device__ __forceinline__ explicit am_qkr_smem(unsigned char *smem) {
+        sq = (float *)(smem + 2 * am_geom<HD>::TILE);
+        wq = sq + AM_HEADS * HD, wk = wq + HD, cs = wk + HD, sn = cs + HD / 2;
+    }
+};
+static_assert(AM_HEADS * 128 * 4 + 3 * 128 * 4 <= 2 * am_geom<128>::TILE, "the q/k scratch fits a tile stage");
+static_assert(AM_HEADS * 64 * 4 + 3 * 64 * 4 <= 2 * am_geom<64>::TILE, "the q/k scratch fits a tile stage");
+
+/* Head hh of the qkv row x (hd HD) normed with weights w and rotated (rot dims) as qkr_head does,
+ * into v (lane l: dims l + 32 j). */
+template <int HD>
+static __device__ __forceinline__ void am_qkr_head(float (&v)[8], const float *xh, const float *w, const float *cs,
+                                                   const float *sn, int rot, float eps, int lane) {
+    float ss = qkn_load(xh, HD, lane, v), wv[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) wv[j] = lane + 32 * j < HD ? w[lane + 32 * j] : 0.0f;
+    qkn_norm_wv(v, ss, wv, HD, eps, lane);
+    const int hj = rot / 64;
+#pragma unroll
+    for (int j = 0; j < 4; j++) { /* dims d = lane + 32 j < rot / 2, paired with v[j + hj] */
+        if (j >= hj) break;
+        float a = v[j], b = v[j + hj], c = cs[lane + 32 * j], s = sn[lane + 32 * j];
+        v[j] = msm_rope_lo(a, b, c, s);
+        v[j + hj] = msm_rope_hi(a, b, c, s);
+    }
+}
+
+/* The bf16 of v (lane l: dims l + 32 j) into cache row kr (NULL: none) and into the tile row at
+ * tile (NULL: none; a swizzled row r of 16-byte chunks, am_off). */
+template <int HD>
+static __device__ __forceinline__ void am_qkr_store(const float (&v)[8], uint16_t *kr, unsigned char *tile, int r,
+                                                    int lane) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        if (d >= HD) break;
+        uint16_t b = msm_f2bf(v[j]);
+        if (kr) kr[d] = b;
+        if (tile) *(uint16_t *)(tile + am_off<HD>(r, d / 8) + (d % 8) * 2) = b;
+    }
+}
+
 /* ---- the context split over a thread-block cluster (msm__attention_mma_split_*) ----
  * Where few (token, kv head) blocks would leave the GPU idle (decode of 1-16 tokens on Qwen3's 4
  * kv heads: 4-64 blocks for 132 SMs), the context of each is split over ns blocks of one cluster
@@ -392,7 +461,7 @@ template <int HD, int NS>
 static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
     attention_mma_split_kernel(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
                                const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
-                               int nh, int kvh, float scale, bool early) {
+                               int nh, int kvh, float scale, bool early, am_qkr qk) {
     constexpr int TILE = am_geom<HD>::TILE, CH = am_geom<HD>::CH;
     extern __shared__ __align__(128) unsigned char am_smem[];
     __shared__ float sm_m[AM_WARPS][AM_HEADS], sm_d[AM_WARPS][AM_HEADS];
@@ -421,9 +490,19 @@ static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
     int b = b0 + warp;
     if (b < b1) am_fetch<HD, true>(base, base + TILE, kc, vc, __ldg(bt + b), b, n, row, kh, lane, early ? n - 1 : -1);
     msm_cp_async_commit();
+    const bool qkr = qk.rot > 0; /* only with early (msm_cuda_attention_qk_rope): row n - 1 skipped above */
+    const am_qkr_smem<HD> qs(am_smem);
+    int sl = -1;
+    if (qkr) { /* the weights, the cosines and sines: no kernel of the step writes them */
+        sl = qk.slot[t];
+        for (int i = threadIdx.x; i < HD; i += AM_WARPS * 32) qs.wq[i] = msm_bf(qk.wq[i]), qs.wk[i] = msm_bf(qk.wk[i]);
+        for (int i = threadIdx.x; i < qk.rot / 2; i += AM_WARPS * 32)
+            msm_rope_cs(pos[t], i, qk.rot, qk.theta, &qs.cs[i], &qs.sn[i]);
+        __syncthreads();
+    }
     if (early) {
         msm_pdl_wait();
-        if (b < b1 && (n - 1) / MSM_KV_BLOCK == b && lane < CH) {
+        if (b < b1 && (n - 1) / MSM_KV_BLOCK == b && lane < CH && !(qkr && sl >= 0)) {
             int r = (n - 1) % MSM_KV_BLOCK;
             size_t off = (((size_t)__ldg(bt + b) * MSM_KV_BLOCK + r) * row + (size_t)kh * HD) + (size_t)lane * 8;
             msm_cp_async16(base + am_off<HD>(r, lane), kc + off, 16);
@@ -432,7 +511,37 @@ static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
         msm_cp_async_commit();
     }
     uint32_t qa[HD / 16][4];
-    am_load_q<HD>(qa, q, q_ld, t, h0, nhb, g, tig);
+    if (qkr) {
+        /* the block's q heads normed and rotated; the token's k and v by the block holding its position */
+        const float *xr = q + (size_t)t * q_ld;
+        float v[8];
+        for (int jh = warp; jh < nhb; jh += AM_WARPS) { /* warp-uniform */
+            am_qkr_head<HD>(v, xr + (size_t)(h0 + jh) * HD, qs.wq, qs.cs, qs.sn, qk.rot, qk.eps, lane);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (lane + 32 * j < HD) qs.sq[jh * HD + lane + 32 * j] = v[j];
+        }
+        if (lo <= n - 1 && n - 1 < hi && warp < 2) { /* warp 0: k, warp 1: v */
+            const int own = (n - 1) / MSM_KV_BLOCK - b0, r = (n - 1) % MSM_KV_BLOCK;
+            unsigned char *tile = sl >= 0 && own < AM_WARPS
+                                      ? am_smem + (size_t)own * am_geom<HD>::WARP_SMEM + (warp ? TILE : 0)
+                                      : NULL;
+            uint16_t *cr = sl >= 0 ? (warp ? qk.vw : qk.kw) + (size_t)sl * row + (size_t)kh * HD : NULL;
+            if (warp == 0) {
+                am_qkr_head<HD>(v, xr + (size_t)(nh + kh) * HD, qs.wk, qs.cs, qs.sn, qk.rot, qk.eps, lane);
+            } else {
+                const float *xv = xr + (size_t)(nh + kvh + kh) * HD;
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] = lane + 32 * j < HD ? xv[lane + 32 * j] : 0.0f;
+            }
+            am_qkr_store<HD>(v, cr, tile, r, lane);
+        }
+        __syncthreads(); /* the q values, the injected row and the cached one (a later tile reads it) */
+        am_load_q<HD>(qa, qs.sq, 0, 0, 0, nhb, g, tig);
+        __syncthreads(); /* warp 0's second stage is the tile loop's again */
+    } else {
+        am_load_q<HD>(qa, q, q_ld, t, h0, nhb, g, tig);
+    }
     float o[HD / 8][4];
 #pragma unroll
     for (int j = 0; j < HD / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
@@ -573,15 +682,15 @@ extern "C" int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, con
     return 0;
 }
 
-int msm__attention_mma_split_run(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
-                                 const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
-                                 int T, int nh, int kvh, int hd, float scale, int ns, msm_cuda_exec ex) {
+static int am_split_launch(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
+                           const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks, int T,
+                           int nh, int kvh, int hd, float scale, int ns, bool early, const am_qkr &qk,
+                           msm_cuda_exec ex) {
     int G = nh / kvh, hgroups = (G + AM_HEADS - 1) / AM_HEADS;
     dim3 grid((unsigned)ns, (unsigned)(kvh * hgroups), (unsigned)T), blk(AM_WARPS * 32);
-    bool early = ex.decode && ex.tune->att_early;
 #define AMS_GO(HD, NS)                                                                                            \
     msm_launch_cluster(attention_mma_split_kernel<HD, NS>, grid, blk, (size_t)am_geom<HD>::SMEM, (unsigned)ns, ex, \
-                       out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, scale, early)
+                       out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, nh, kvh, scale, early, qk)
 #define AMS_NS(HD)                                                                                                \
     (ns == 2 ? AMS_GO(HD, 2) : ns == 4 ? AMS_GO(HD, 4) : ns == 8 ? AMS_GO(HD, 8) : AMS_GO(HD, 16))
     if ((hd != 64 && hd != 128) || (ns != 2 && ns != 4 && ns != 8 && ns != 16)) return -EINVAL;
@@ -590,4 +699,35 @@ int msm__attention_mma_split_run(float *out, const float *q, size_t q_ld, const 
 #undef AMS_NS
 #undef AMS_GO
     return 0;
+}
+
+int msm__attention_mma_split_run(float *out, const float *q, size_t q_ld, const uint16_t *kc, const uint16_t *vc,
+                                 const int32_t *seq, const int32_t *pos, const int32_t *block_tables, int max_blocks,
+                                 int T, int nh, int kvh, int hd, float scale, int ns, msm_cuda_exec ex) {
+    am_qkr none = {};
+    return am_split_launch(out, q, q_ld, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd, scale, ns,
+                           ex.decode && ex.tune->att_early, none, ex);
+}
+
+extern "C" bool msm_cuda_attention_qk_rope_fits(int T, int nh, int kvh, int hd, int rot, const void *qkv,
+                                                const void *kc, const void *vc, msm_cuda_exec ex) {
+    if (!(ex.decode && ex.tune->att_early && ex.tune->att_qk_rope) || T <= 0 || T > 65535 || nh <= 0 || kvh <= 0 ||
+        nh % kvh || rot <= 0 || rot > hd || rot % 64)
+        return false;
+    size_t C = (size_t)(nh + 2 * kvh) * hd;
+    return msm_cuda_attention_mma_splits(T, nh, kvh, hd, qkv, C, kc, vc, ex) > 0;
+}
+
+extern "C" int msm_cuda_attention_qk_rope(float *out, const float *qkv, const uint16_t *wq, const uint16_t *wk,
+                                          float eps, uint16_t *kc, uint16_t *vc, const int32_t *seq, const int32_t *pos,
+                                          const int32_t *slot, const int32_t *block_tables, int max_blocks, int T,
+                                          int nh, int kvh, int hd, int rot, float theta, float scale,
+                                          msm_cuda_exec ex) {
+    if (!qkv || !wq || !wk || !kc || !vc || !slot || max_blocks <= 0) return -EINVAL;
+    if (!msm_cuda_attention_qk_rope_fits(T, nh, kvh, hd, rot, qkv, kc, vc, ex)) return -ENOTSUP;
+    size_t C = (size_t)(nh + 2 * kvh) * hd;
+    int ns = msm_cuda_attention_mma_splits(T, nh, kvh, hd, qkv, C, kc, vc, ex);
+    am_qkr qk = {wq, wk, slot, kc, vc, rot, theta, eps};
+    return am_split_launch(out, qkv, C, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd, scale, ns, true, qk,
+                           ex);
 }

@@ -316,6 +316,10 @@ typedef struct msm_cuda_tuning {
                                  Qwen3-30B-A3B 1 3.58 vs 3.53): the small RoPE kernel is where the
                                  attention's blocks become resident and load their first K/V rows,
                                  and without it they wait for the qkv GEMV's blocks to leave */
+    bool att_qk_rope;         /* decode steps where the split tensor-core attention takes the call
+                                 (msm_cuda_attention_mma_splits): a QK_NORM, its ROPE_KV_WRITE and
+                                 the ATTENTION in one kernel (msm_cuda_attention_qk_rope; the same
+                                 bits; MSM_CUDA_ATT_QK_ROPE) */
     bool small_early;         /* decode steps: the RoPE kernels (rope_kv, qk_norm_rope_kv) read the
                                  positions and cache slots, compute their cosines and sines and load
                                  the q/k norm weights before their PDL wait, so only the row loads and
@@ -649,6 +653,21 @@ int msm_cuda_attention_rope(float *out, float *qkv_rot, const float *qkv, uint16
                             const int32_t *seq, const int32_t *pos, const int32_t *slot,
                             const int32_t *block_tables, int max_blocks, int T, int nh, int kvh, int hd,
                             int rot, float theta, float scale, void *ws, size_t ws_bytes, msm_cuda_exec ex);
+
+/* QK_NORM (wq, wk: the q / k head norms' weights, bf16 [hd]; eps), then ROPE_KV_WRITE, then
+ * ATTENTION (kv_written) on its output, in one launch of the split tensor-core attention at decode:
+ * qkv [T, (nh + 2*kvh)*hd] raw; out [T, nh*hd] and the caches as msm_cuda_qk_norm_rope_kv(qkv_rot,
+ * qkv, ...) followed by msm_cuda_attention_ex(out, qkv_rot, (nh + 2*kvh)*hd, ...) leave them,
+ * bitwise (qkv_rot is never written: the caller knows nothing else reads it). Only where
+ * msm_cuda_attention_qk_rope_fits (ex.decode, tunings att_early and att_qk_rope, rot a multiple of
+ * 64 up to hd, and msm_cuda_attention_mma_splits taking the call); -ENOTSUP otherwise, -EINVAL
+ * for a missing pointer. */
+bool msm_cuda_attention_qk_rope_fits(int T, int nh, int kvh, int hd, int rot, const void *qkv, const void *kc,
+                                     const void *vc, msm_cuda_exec ex);
+int msm_cuda_attention_qk_rope(float *out, const float *qkv, const uint16_t *wq, const uint16_t *wk, float eps,
+                               uint16_t *kc, uint16_t *vc, const int32_t *seq, const int32_t *pos, const int32_t *slot,
+                               const int32_t *block_tables, int max_blocks, int T, int nh, int kvh, int hd, int rot,
+                               float theta, float scale, msm_cuda_exec ex);
 
 /* y[i] = a[i] + b[i]; y may alias a or b. */
 int msm_cuda_add(float *y, const float *a, const float *b, size_t n, msm_cuda_exec ex);

@@ -135,6 +135,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * (H200, 2026-12-03 tenth session, bench/results/2026-12-03-h200-s10 runs 4-5) */
     t->gemv_minb = MSM_CUDA_MINB_QKV;
     t->att_rope = false; /* measured slower: msm_cuda_kernels.h */
+    t->att_qk_rope = true;
     t->small_early = true;
     t->moe_aux_serial_max_t = 8;
     /* the grouped SIMT expert GEMVs (bf16, 5-11 tokens). H200, 2026-12-03 ninth session

@@ -48,7 +48,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_FP8_LINEAR", "MSM_CUDA_MOE_PATH", "MSM_CUDA_MOE_KERNELS", "MSM_CUDA_AR",
                                  "MSM_CUDA_FP8_MMA_MIN_T", "MSM_CUDA_ATT_MMA", "MSM_CUDA_ATT_MMA_MIN_BLOCKS",
                                  "MSM_CUDA_ROUTER_CHUNK_PER_SM", "MSM_CUDA_ATT_CLUSTER", "MSM_CUDA_ATT_EARLY",
-                                 "MSM_CUDA_ATT_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
+                                 "MSM_CUDA_ATT_ROPE", "MSM_CUDA_ATT_QK_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
                                  "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8", "MSM_CUDA_NORM_LINEAR",
                                  "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE", "MSM_CUDA_NORM_ROUTER",
                                  "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16", "MSM_CUDA_MOE_TILED_BM",
@@ -73,7 +73,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
-    t.att_cluster = t.att_early = t.att_rope = true;
+    t.att_cluster = t.att_early = t.att_rope = t.att_qk_rope = true;
     t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = t.linear_rope = true;
     t.router_cluster_max_t = 1, t.mmv_fit_clusters = true, t.mmv_bslice = 1, t.moe_down_hb = 2, t.mmv_nj = 2;
     z = t;
@@ -88,6 +88,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ATT_MMA", "5", 1), setenv("MSM_CUDA_ATT_MMA_MIN_BLOCKS", "-3", 1);
     setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1), setenv("MSM_CUDA_FP8_MOE_TILED", "0", 1);
     setenv("MSM_CUDA_ATT_CLUSTER", "0", 1), setenv("MSM_CUDA_ATT_EARLY", "0", 1), setenv("MSM_CUDA_ATT_ROPE", "0", 1);
+    setenv("MSM_CUDA_ATT_QK_ROPE", "0", 1);
     setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1), setenv("MSM_CUDA_FP8_MOE_TILED_MIN_T", "-2", 1);
     setenv("MSM_CUDA_FP8_GEMV_U8", "0", 1), setenv("MSM_CUDA_NORM_LINEAR", "0", 1);
     setenv("MSM_CUDA_FP8_MOE_HW", "0", 1), setenv("MSM_CUDA_ROWS_PIPE", "21", 1);
@@ -185,7 +186,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_FP8_GEMV_ROWS", "2", 1);
     msm_cuda_tuning_from_env(&t);
     cr_expect_eq(t.fp8_gemv_rows, 2);
-    cr_expect(!t.att_cluster && !t.att_early && !t.att_rope && !t.gemv_early && !t.qk_rope);
+    cr_expect(!t.att_cluster && !t.att_early && !t.att_rope && !t.att_qk_rope && !t.gemv_early && !t.qk_rope);
     cr_expect(!t.pdl && t.gemv_prefetch);
     cr_expect_eq(t.mmv_max_t, 64, "clamped to 64");
     cr_expect_eq(t.mmv_slots, 3);
@@ -3381,6 +3382,101 @@ Test(cuda_kernels, attention_rope_equals_rope_kv_then_attention, .timeout = 120)
                                              hd, rot, 1e6f, 1.0f, ws, wsb, EX), -EINVAL, "no caches");
         cudaFree(dqkv), cudaFree(dseq), cudaFree(dpos), cudaFree(dslot), cudaFree(dbt), cudaFree(ws);
         free(kcb), free(vcb), free(bt), free(seq), free(pos), free(slot), free(qkv);
+        free(ref), free(out), free(kref), free(vref), free(kout), free(vout);
+    }
+}
+
+/* The q/k head norm, RoPE and cache write inside the split tensor-core attention at decode
+ * (msm_cuda_attention_qk_rope, tuning att_qk_rope) equal qk_norm_rope_kv's kernel then the split
+ * attention on its rows, bitwise: the outputs and both whole caches, at 1-16 tokens (2-16 splits:
+ * the token's own row a warp's first tile or a later one), GQA at hd 128 and 64, partial RoPE, MHA
+ * at one token, a one-position context and a padding row (slot -1: not written, read from the cache
+ * by both). */
+Test(cuda_kernels, attention_qk_rope_equals_qk_norm_rope_kv_then_attention, .timeout = 120) {
+    need_gpu();
+    /* n_seq, nh, kvh, hd, rot, ctx */
+    static const int shapes[][6] = {{1, 32, 4, 128, 128, 513}, {2, 32, 4, 128, 128, 513}, {8, 32, 4, 128, 128, 300},
+                                    {16, 32, 4, 128, 128, 513}, {3, 16, 4, 64, 64, 40},   {4, 8, 2, 128, 64, 700},
+                                    {1, 16, 16, 128, 128, 90},  {5, 32, 4, 128, 128, 1},  {6, 32, 8, 128, 128, 2000}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int S = shapes[si][0], nh = shapes[si][1], kvh = shapes[si][2], hd = shapes[si][3], rot = shapes[si][4];
+        int ctx = shapes[si][5], max_blocks = (ctx + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK, nb = S * max_blocks + 1;
+        int T = S, C = (nh + 2 * kvh) * hd;
+        size_t row = (size_t)kvh * hd, cache = (size_t)nb * MSM_KV_BLOCK * row, qn = (size_t)T * nh * hd;
+        float *unused;
+        uint16_t *kcb = host_bf16(cache, 1.0f, &unused);
+        free(unused);
+        uint16_t *vcb = host_bf16(cache, 1.0f, &unused);
+        free(unused);
+        uint16_t *wq = host_bf16((size_t)hd, 1.0f, &unused);
+        free(unused);
+        uint16_t *wk = host_bf16((size_t)hd, 1.0f, &unused);
+        free(unused);
+        int32_t *bt = malloc((size_t)S * max_blocks * 4), *seq = malloc(T * 4), *pos = malloc(T * 4), *slot = malloc(T * 4);
+        for (int i = 0; i < S * max_blocks; i++) bt[i] = (i * 7 + 3) % (nb - 1); /* scattered, distinct */
+        for (int t = 0; t < T; t++) {
+            int len = ctx - rndi(ctx < MSM_KV_BLOCK ? ctx : MSM_KV_BLOCK);
+            seq[t] = t, pos[t] = len - 1;
+            slot[t] = t == T - 1 && T > 2 ? -1 : bt[t * max_blocks + pos[t] / MSM_KV_BLOCK] * MSM_KV_BLOCK + pos[t] % MSM_KV_BLOCK;
+        }
+        float *qkv = host_f32((size_t)T * C, 1.0f);
+        float *dqkv = dev_up(qkv, (size_t)T * C * 4);
+        uint16_t *dwq = dev_up(wq, (size_t)hd * 2), *dwk = dev_up(wk, (size_t)hd * 2);
+        int32_t *dseq = dev_up(seq, T * 4), *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
+        int32_t *dbt = dev_up(bt, (size_t)S * max_blocks * 4);
+        size_t wsb = msm_cuda_attention_ws_bytes(T, nh, hd);
+        void *ws = dev(wsb);
+        cr_assert_eq(cudaMemset(ws, 0, wsb ? wsb : 1), cudaSuccess);
+        float *ref = malloc(qn * 4), *out = malloc(qn * 4);
+        uint16_t *kref = malloc(cache * 2), *vref = malloc(cache * 2), *kout = malloc(cache * 2), *vout = malloc(cache * 2);
+        const float eps = 1e-6f, theta = 1e6f, scale = 1.0f / sqrtf((float)hd);
+        for (int v = 0; v < 2; v++) { /* 0: the two kernels; 1: fused */
+            msm_cuda_tuning tv = tune0;
+            tv.att_mma_split = true, tv.att_mma_split_min_t = 1, tv.att_mma_split_max_t = 16;
+            tv.att_mma_split_mha_max_t = 1, tv.att_early = true, tv.att_qk_rope = true;
+            msm_cuda_exec ev = {.stream = 0, .tune = &tv, .decode = true};
+            uint16_t *dk = dev_up(kcb, cache * 2), *dv = dev_up(vcb, cache * 2);
+            float *drot = dev_poison((size_t)T * C * 4), *dout = dev_poison(qn * 4);
+            cr_assert(msm_cuda_attention_qk_rope_fits(T, nh, kvh, hd, rot, dqkv, dk, dv, ev),
+                      "the split kernel takes S=%d nh=%d kvh=%d hd=%d rot=%d", S, nh, kvh, hd, rot);
+            if (v == 0) {
+                CK(msm_cuda_qk_norm_rope_kv(drot, dqkv, dwq, dwk, dpos, dslot, dk, dv, T, nh, kvh, hd, rot, theta, eps,
+                                            ev));
+                CK(msm_cuda_attention_ex(dout, drot, (size_t)C, dk, dv, dseq, dpos, dbt, max_blocks, T, nh, kvh, hd,
+                                         scale, ws, wsb, ev));
+            } else {
+                CK(msm_cuda_attention_qk_rope(dout, dqkv, dwq, dwk, eps, dk, dv, dseq, dpos, dslot, dbt, max_blocks, T,
+                                              nh, kvh, hd, rot, theta, scale, ev));
+            }
+            down(v ? out : ref, dout, qn * 4);
+            down(v ? kout : kref, dk, cache * 2), down(v ? vout : vref, dv, cache * 2);
+            if (v) {
+                cr_assert(memcmp(out, ref, qn * 4) == 0, "outputs differ (S=%d nh=%d kvh=%d hd=%d rot=%d ctx=%d)", S, nh,
+                          kvh, hd, rot, ctx);
+                cr_assert(memcmp(kout, kref, cache * 2) == 0, "K caches differ (S=%d nh=%d kvh=%d hd=%d rot=%d)", S, nh,
+                          kvh, hd, rot);
+                cr_assert(memcmp(vout, vref, cache * 2) == 0, "V caches differ (S=%d nh=%d kvh=%d hd=%d rot=%d)", S, nh,
+                          kvh, hd, rot);
+            }
+            /* not taken: prefill, the switch off, a rotary width the kernel does not pair */
+            msm_cuda_exec ep = ev;
+            ep.decode = false;
+            cr_expect(!msm_cuda_attention_qk_rope_fits(T, nh, kvh, hd, rot, dqkv, dk, dv, ep));
+            cr_expect_eq(msm_cuda_attention_qk_rope(dout, dqkv, dwq, dwk, eps, dk, dv, dseq, dpos, dslot, dbt,
+                                                    max_blocks, T, nh, kvh, hd, rot, theta, scale, ep),
+                         -ENOTSUP);
+            tv.att_qk_rope = false;
+            cr_expect(!msm_cuda_attention_qk_rope_fits(T, nh, kvh, hd, rot, dqkv, dk, dv, ev));
+            tv.att_qk_rope = true;
+            cr_expect(!msm_cuda_attention_qk_rope_fits(T, nh, kvh, hd, 32, dqkv, dk, dv, ev));
+            cr_expect_eq(msm_cuda_attention_qk_rope(dout, dqkv, NULL, dwk, eps, dk, dv, dseq, dpos, dslot, dbt,
+                                                    max_blocks, T, nh, kvh, hd, rot, theta, scale, ev),
+                         -EINVAL, "no q norm");
+            cudaFree(dk), cudaFree(dv), cudaFree(drot), cudaFree(dout);
+        }
+        cudaFree(dqkv), cudaFree(dwq), cudaFree(dwk), cudaFree(dseq), cudaFree(dpos), cudaFree(dslot), cudaFree(dbt);
+        cudaFree(ws);
+        free(kcb), free(vcb), free(wq), free(wk), free(bt), free(seq), free(pos), free(slot), free(qkv);
         free(ref), free(out), free(kref), free(vref), free(kout), free(vout);
     }
 }
