@@ -114,9 +114,52 @@ final() {
     done
 }
 
+# any GPU: the q/k norm + RoPE + cache write inside the split tensor-core attention (commit in
+# gpu.txt; MSM_CUDA_ATT_QK_ROPE=0 restores the qk_norm_rope_kv kernel): its kernel tests; msmoe-run's
+# logits with and without it bitwise (the split kernel from one token, so the decode steps take the
+# fused kernel); four rounds of Qwen3-30B-A3B and its FP8 preset at 1-16 tokens with and without
+# it, and at 1 token the split kernel from one token with and without; Qwen3's timelines at 8 with
+# and without; then Qwen1.5-MoE at 2-7 tokens (SIMT, MHA) with the counter merge and 4 splits at most
+qk_rope() {
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(tuning*|attention*|router*)" \
+        > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
+    grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
+    el bitwise | tee -a $OUT/gpu.txt
+    for p in $Q3 $Q3F; do for ids in 11,22 5,1000,77,300,12,9000,41,2; do
+        for v in 0 1; do
+            MSM_CUDA_ATT_MMA_SPLIT_MIN_T=1 MSM_CUDA_ATT_QK_ROPE=$v timeout 100 gpu-run/bin/msmoe-run --dummy-weights \
+                config/models/$p.json --backend cuda --prompt-ids $ids --max-new-tokens 6 --ignore-eos \
+                --dump-logits /tmp/l-$v.npy > /tmp/t-$v.txt 2>/dev/null
+        done
+        echo "$p $ids: $(cmp -s /tmp/l-0.npy /tmp/l-1.npy && cmp -s /tmp/t-0.txt /tmp/t-1.txt && echo same bits || echo DIFFER)" |
+            tee -a $OUT/gpu.txt
+    done; done
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3 4; do
+        for p in $Q3 $Q3F; do
+            b $p 1,2,3,4,8,16 qk --
+            b $p 1,2,3,4,8,16 qk MSM_CUDA_ATT_QK_ROPE=0 --
+            b $p 1 qk MSM_CUDA_ATT_MMA_SPLIT_MIN_T=1 --
+            b $p 1 qk MSM_CUDA_ATT_MMA_SPLIT_MIN_T=1 MSM_CUDA_ATT_QK_ROPE=0 --
+        done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=20 tl $Q3 8 q3b8
+    ROWS=20 tl $Q3 8 q3b8-noqk MSM_CUDA_ATT_QK_ROPE=0
+    el simt | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q15 2,3,4,5,6,7 mha --
+        b $Q15 2,3,4,5,6,7 mha MSM_CUDA_ATT_CLUSTER=0 --
+        b $Q15 2,3,4,5,6,7 mha MSM_CUDA_ATT_MAX_SPLIT=4 --
+    done
+}
+
 case "$1" in
 r1) hdr; h200; el done | tee -a $OUT/gpu.txt ;;  # needs an H200
 r2) hdr; kern_tests; old_new sm; el done | tee -a $OUT/gpu.txt ;;  # the split merge + router early against 171b574
 r3) hdr; switches; el done | tee -a $OUT/gpu.txt ;;
-r4) hdr; final; el done | tee -a $OUT/gpu.txt ;;  # an H200 for GLM-4.5-Air FP8
+r4) hdr; qk_rope; el done | tee -a $OUT/gpu.txt ;;
+r5) hdr; final; el done | tee -a $OUT/gpu.txt ;;  # an H200 for GLM-4.5-Air FP8
 esac
