@@ -20,7 +20,8 @@
  *   ./mega_probe            # prints ms per step (median of 50) and GB/s for each variant
  *   ./mega_probe 0 qwen3     # the same for Qwen3-30B-A3B's phases (48 layers); qwen3-fp8: its FP8
  *                            # checkpoint's bytes (each quantised row as half as many bf16 weights);
- *                            # qwen3-b8: an 8-token step's bytes (53 experts, 8 MiB of cache)
+ *                            # qwen3-bN: an N-token step's bytes (qwen3-b8: 52 experts, 8 MiB of
+ *                            # cache)
  * Results: bench/results/ (the session that ran it). */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -109,7 +110,7 @@ static __device__ __forceinline__ float row_dot(const uint16_t *w, const float *
 
 /* Row r of phase ph's concatenated tasks: its task, and in *rr its row there. */
 static __device__ __forceinline__ const task *task_row(const task *tasks, const phase &ph, int r, int *rr) {
-    if (ph.uni) { /* no walk over the tasks (53 experts a phase in qwen3-b8) */
+    if (ph.uni) { /* no walk over the tasks (52 experts a phase in qwen3-b8) */
         *rr = r % ph.uni;
         return &tasks[ph.t0 + r / ph.uni];
     }
@@ -234,12 +235,12 @@ static double median(std::vector<float> v) {
 }
 
 int main(int argc, char **argv) {
-    /* argv[1]: layers (default: the model's); argv[2]: qwen15 (default), qwen3 or qwen3-fp8 */
+    /* argv[1]: layers (default: the model's); argv[2]: qwen15 (default), qwen3, qwen3-fp8 or qwen3-bN */
     const char *model = argc > 2 ? argv[2] : "qwen15";
     bool q3 = strncmp(model, "qwen3", 5) == 0, fp8 = strcmp(model, "qwen3-fp8") == 0;
-    bool b8 = strcmp(model, "qwen3-b8") == 0;
-    if (!q3 && strcmp(model, "qwen15") != 0) {
-        fprintf(stderr, "usage: mega_probe [layers] [qwen15|qwen3|qwen3-fp8|qwen3-b8]\n");
+    int nb = strncmp(model, "qwen3-b", 7) == 0 ? atoi(model + 7) : 1; /* qwen3-bN: N tokens' bytes */
+    if ((!q3 && strcmp(model, "qwen15") != 0) || nb < 1 || nb > 64) {
+        fprintf(stderr, "usage: mega_probe [layers] [qwen15|qwen3|qwen3-fp8|qwen3-bN (N 1..64)]\n");
         return 2;
     }
     int layers = argc > 1 && atoi(argv[1]) > 0 ? atoi(argv[1]) : q3 ? 48 : 24;
@@ -250,11 +251,14 @@ int main(int argc, char **argv) {
      * same phases with the FP8 checkpoints' bytes, each quantised weight (qkv, o_proj, experts) as a
      * bf16 row of half its K (one byte a weight; the router, the cache and the lm_head stay bf16):
      * the bytes and rows of an FP8 step, without the decode's arithmetic (a floor for it). */
-    /* qwen3-b8: the bytes of an 8-token step (msmoe-bench's count: 53 of 128 experts selected, 8 MiB
+    /* qwen3-bN: the bytes of an N-token step (the experts msmoe-bench counts: E (1 - (1 - k/E)^N)
+     * of 128 expected under uniform routing, rounded up: 16 / 30 / 52 / 83 at 2 / 4 / 8 / 16; N MiB
      * of cache), each weight still dotted with one token: a lower bound on that step's time (its
-     * kernels do 8 dots a dense weight), the phase chain's floor for batch 8. */
-    const int Q3_QKV = 5120, Q3_O = 4096, Q3_E = 128, Q3_I = 768, Q3_K = b8 ? 53 : 8,
-              Q3_KV_ROWS = 4 * 512 * 2 * (b8 ? 8 : 1);
+     * kernels do N dots a dense weight), the phase chain's floor for batch N. (Until 2026-12-06
+     * qwen3-b8 was 53 experts: 26.87 GB, 7.378 ms on the H200.) */
+    const int Q3_QKV = 5120, Q3_O = 4096, Q3_E = 128, Q3_I = 768,
+              Q3_K = (int)ceil(128.0 * (1.0 - pow(1.0 - 8.0 / 128.0, (double)nb)) - 1e-9),
+              Q3_KV_ROWS = 4 * 512 * 2 * nb;
     auto qk = [&](int K) { return fp8 ? K / 2 : K; };
     std::vector<std::pair<int, int>> shapes;    /* (N, K) of every task, in order */
     std::vector<std::vector<int>> phase_tasks;  /* task indices of each phase */

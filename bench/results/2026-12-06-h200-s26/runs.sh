@@ -89,29 +89,28 @@ switches() {
 }
 
 # the table on all four presets after this session's changes (GLM-4.5-Air FP8's 111 GB need an H200;
-# on an H100 it fails at load and the rest runs), Qwen3's timelines at 1 and 8, then the switches:
-# the tensor-core split attention from 1 token (MSM_CUDA_ATT_MMA_SPLIT_MIN_T=1; default now 2) and
-# Qwen1.5-MoE at 2-7 tokens (the SIMT kernel, MHA: 3 tokens took 5-split clusters on Qwen3) with
-# the counter merge instead of clusters (MSM_CUDA_ATT_CLUSTER=0) and at most 4 splits, three rounds
+# on an H100 it fails at load and the rest runs), the phase-chain probe's floors for Qwen3 at 1 / 2 /
+# 4 / 8 / 16 tokens' bytes (mega_probe qwen3-bN) and Qwen1.5-MoE at 1, Qwen3's timelines at 1 and 8,
+# check_presets' bitwise lines for the fused q/k norm attention (every decode step on the split kernel)
 final() {
     nvidia-smi --query-gpu=memory.total --format=csv,noheader | tee -a $OUT/gpu.txt
     el table | tee -a $OUT/gpu.txt
     b $Q15 1,2,4,8,16,32,128,256 table --
-    b $Q3 1,2,3,4,8,16,32,128,256 table --
+    b $Q3 1,2,4,8,16,32,128,256 table --
     b $Q3F 1,2,4,8,16,32,128,256 table --
     b $GLM 1,2,4,8,32,128 table --
     grep "^# %HBM" $OUT/bench-table.txt | head -1 | tee -a $OUT/gpu.txt
+    el probe | tee -a $OUT/gpu.txt
+    for m in qwen3 qwen3-b2 qwen3-b4 qwen3-b8 qwen3-b16 qwen15; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
+    grep -E "^#|PDL, 8 warps|PDL, early loads, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
     el timeline | tee -a $OUT/gpu.txt
     ROWS=40 tl $Q3 1 q3b1
     ROWS=40 tl $Q3 8 q3b8
-    el ab | tee -a $OUT/gpu.txt
-    for i in 1 2 3; do
-        b $Q3 1 sw --
-        b $Q3 1 sw MSM_CUDA_ATT_MMA_SPLIT_MIN_T=1 --
-        b $Q15 2,3,4,5,6,7 sw --
-        b $Q15 2,3,4,5,6,7 sw MSM_CUDA_ATT_CLUSTER=0 --
-        b $Q15 2,3,4,5,6,7 sw MSM_CUDA_ATT_MAX_SPLIT=4 --
-    done
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_PROMPTS=0,2 CHECK_BASE_ENV="MSM_CUDA_ATT_MMA_SPLIT_MIN_T=1" \
+        CHECK_VARIANTS="inside the split attention,graph replay,multi-stream,PDL on" timeout 200 \
+        python3 tests/gpu/check_presets.py config/models/$Q3.json config/models/$Q3F.json > $OUT/presets.txt 2>&1
+    grep -E "FAIL|failed" $OUT/presets.txt | tee -a $OUT/gpu.txt
 }
 
 # any GPU: the q/k norm + RoPE + cache write inside the split tensor-core attention (commit in
