@@ -107,10 +107,10 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 20.763-20.810 vs 6.176-6.181 / 20.647-20.670 */
     t->att_mma_split = true;
     /* ... from 2 tokens since its cluster merge became cheap (the cluster size a template constant,
-     * weights once per (head, split)): Qwen3-30B-A3B at 2 / 3 tokens 4.581-4.598 / 5.867-5.908 ms
-     * against 4.610-4.634 / 6.836-6.857 from 4 (four rounds, H100, 2026-12-06 twenty-sixth session,
-     * bench/results/2026-12-06-h200-s26 run 3; at 3 tokens the SIMT kernel's 96 (token, head) pairs
-     * took 5 splits a pair, clusters of 5) */
+     * weights once per (head, split)): Qwen3-30B-A3B at 2 tokens 4.581-4.598 ms against
+     * 4.610-4.634 from 4 (four rounds, H100, 2026-12-06 twenty-sixth session,
+     * bench/results/2026-12-06-h200-s26 run 3; the H200's rounds in run 5). (Run 3's 3-token
+     * arms are not comparable: one ran eagerly, the other replayed the 4-token graph.) */
     t->att_mma_split_min_t = 2;
     /* ... up to 16 tokens: at 32 (two splits) slower, s20 run 1 (two rounds): Qwen3-30B-A3B
      * 15.771-15.785 vs 15.652-15.657 unsplit; 8 / 16 there 8.219-8.237 / 12.246-12.292 vs

@@ -91,7 +91,9 @@ switches() {
 # the table on all four presets after this session's changes (GLM-4.5-Air FP8's 111 GB need an H200;
 # on an H100 it fails at load and the rest runs), the phase-chain probe's floors for Qwen3 at 1 / 2 /
 # 4 / 8 / 16 tokens' bytes (mega_probe qwen3-bN) and Qwen1.5-MoE at 1, Qwen3's timelines at 1 and 8,
-# check_presets' bitwise lines for the fused q/k norm attention (every decode step on the split kernel)
+# three rounds of the q/k norm inside the split attention against the kernel before it and of the
+# split attention at 2 tokens against the SIMT kernel (from 4, the old default), check_presets'
+# bitwise lines for the fused q/k norm attention (every decode step on the split kernel)
 final() {
     nvidia-smi --query-gpu=memory.total --format=csv,noheader | tee -a $OUT/gpu.txt
     el table | tee -a $OUT/gpu.txt
@@ -106,6 +108,14 @@ final() {
     el timeline | tee -a $OUT/gpu.txt
     ROWS=40 tl $Q3 1 q3b1
     ROWS=40 tl $Q3 8 q3b8
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for p in $Q3 $Q3F; do
+            b $p 1,2,4,8,16 ab --
+            b $p 1,2,4,8,16 ab MSM_CUDA_ATT_QK_ROPE=0 --
+            b $p 2 ab MSM_CUDA_ATT_MMA_SPLIT_MIN_T=4 --
+        done
+    done
     el presets | tee -a $OUT/gpu.txt
     CHECK_PROMPTS=0,2 CHECK_BASE_ENV="MSM_CUDA_ATT_MMA_SPLIT_MIN_T=1" \
         CHECK_VARIANTS="inside the split attention,graph replay,multi-stream,PDL on" timeout 200 \
