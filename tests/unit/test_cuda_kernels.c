@@ -3315,6 +3315,42 @@ Test(cuda_kernels, linear_rope_kv_equals_linear_then_rope_kv, .timeout = 60) {
     }
 }
 
+/* A decode step's caches and tables for the fused-attention tests: S sequences of one token each at
+ * positions ctx - 1 .. ctx - 16 (random), their cache blocks scattered and distinct (nb - 1 of them,
+ * block nb - 1 spare), random bf16 K / V caches, and the last token a padding row (slot -1) when
+ * there are more than two. */
+typedef struct att_dec_case {
+    int max_blocks, nb;
+    size_t cache; /* elements of each cache */
+    uint16_t *kcb, *vcb;
+    int32_t *bt, *seq, *pos, *slot;
+} att_dec_case;
+
+static att_dec_case att_dec_case_new(int S, int kvh, int hd, int ctx) {
+    att_dec_case c = {.max_blocks = (ctx + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK};
+    c.nb = S * c.max_blocks + 1;
+    c.cache = (size_t)c.nb * MSM_KV_BLOCK * kvh * hd;
+    float *unused;
+    c.kcb = host_bf16(c.cache, 1.0f, &unused);
+    free(unused);
+    c.vcb = host_bf16(c.cache, 1.0f, &unused);
+    free(unused);
+    c.bt = malloc((size_t)S * c.max_blocks * 4), c.seq = malloc(S * 4), c.pos = malloc(S * 4), c.slot = malloc(S * 4);
+    for (int i = 0; i < S * c.max_blocks; i++) c.bt[i] = (i * 7 + 3) % (c.nb - 1); /* scattered, distinct */
+    for (int t = 0; t < S; t++) {
+        int len = ctx - rndi(ctx < MSM_KV_BLOCK ? ctx : MSM_KV_BLOCK);
+        c.seq[t] = t, c.pos[t] = len - 1;
+        c.slot[t] = t == S - 1 && S > 2 ? -1
+                                        : c.bt[t * c.max_blocks + c.pos[t] / MSM_KV_BLOCK] * MSM_KV_BLOCK +
+                                              c.pos[t] % MSM_KV_BLOCK;
+    }
+    return c;
+}
+
+static void att_dec_case_free(att_dec_case *c) {
+    free(c->kcb), free(c->vcb), free(c->bt), free(c->seq), free(c->pos), free(c->slot);
+}
+
 /* Decode attention with RoPE in the same kernel (msm_cuda_attention_rope, tuning att_rope, decode:
  * one token a sequence) equals ROPE_KV_WRITE's kernel then the attention on its output, bitwise:
  * the outputs and both whole caches (old positions untouched, the token's row written once per kv
@@ -3329,21 +3365,12 @@ Test(cuda_kernels, attention_rope_equals_rope_kv_then_attention, .timeout = 120)
                                     {32, 16, 16, 128, 128, 200}};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         int S = shapes[si][0], nh = shapes[si][1], kvh = shapes[si][2], hd = shapes[si][3], rot = shapes[si][4];
-        int ctx = shapes[si][5], max_blocks = (ctx + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK, nb = S * max_blocks + 1;
-        int T = S, C = (nh + 2 * kvh) * hd;
-        size_t row = (size_t)kvh * hd, cache = (size_t)nb * MSM_KV_BLOCK * row, qn = (size_t)T * nh * hd;
-        float *unused;
-        uint16_t *kcb = host_bf16(cache, 1.0f, &unused);
-        free(unused);
-        uint16_t *vcb = host_bf16(cache, 1.0f, &unused);
-        free(unused);
-        int32_t *bt = malloc((size_t)S * max_blocks * 4), *seq = malloc(T * 4), *pos = malloc(T * 4), *slot = malloc(T * 4);
-        for (int i = 0; i < S * max_blocks; i++) bt[i] = (i * 7 + 3) % (nb - 1); /* scattered, distinct */
-        for (int t = 0; t < T; t++) {
-            int len = ctx - rndi(ctx < MSM_KV_BLOCK ? ctx : MSM_KV_BLOCK);
-            seq[t] = t, pos[t] = len - 1;
-            slot[t] = t == T - 1 && T > 2 ? -1 : bt[t * max_blocks + pos[t] / MSM_KV_BLOCK] * MSM_KV_BLOCK + pos[t] % MSM_KV_BLOCK;
-        }
+        int ctx = shapes[si][5], T = S, C = (nh + 2 * kvh) * hd;
+        att_dec_case dc = att_dec_case_new(S, kvh, hd, ctx);
+        int max_blocks = dc.max_blocks;
+        size_t cache = dc.cache, qn = (size_t)T * nh * hd;
+        uint16_t *kcb = dc.kcb, *vcb = dc.vcb;
+        int32_t *bt = dc.bt, *seq = dc.seq, *pos = dc.pos, *slot = dc.slot;
         float *qkv = host_f32((size_t)T * C, 1.0f);
         float *dqkv = dev_up(qkv, (size_t)T * C * 4);
         int32_t *dseq = dev_up(seq, T * 4), *dpos = dev_up(pos, T * 4), *dslot = dev_up(slot, T * 4);
@@ -3381,7 +3408,7 @@ Test(cuda_kernels, attention_rope_equals_rope_kv_then_attention, .timeout = 120)
         cr_expect_eq(msm_cuda_attention_rope(NULL, NULL, dqkv, NULL, NULL, dseq, dpos, dslot, dbt, max_blocks, T, nh, kvh,
                                              hd, rot, 1e6f, 1.0f, ws, wsb, EX), -EINVAL, "no caches");
         cudaFree(dqkv), cudaFree(dseq), cudaFree(dpos), cudaFree(dslot), cudaFree(dbt), cudaFree(ws);
-        free(kcb), free(vcb), free(bt), free(seq), free(pos), free(slot), free(qkv);
+        att_dec_case_free(&dc), free(qkv);
         free(ref), free(out), free(kref), free(vref), free(kout), free(vout);
     }
 }
@@ -3400,25 +3427,17 @@ Test(cuda_kernels, attention_qk_rope_equals_qk_norm_rope_kv_then_attention, .tim
                                     {1, 16, 16, 128, 128, 90},  {5, 32, 4, 128, 128, 1},  {6, 32, 8, 128, 128, 2000}};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         int S = shapes[si][0], nh = shapes[si][1], kvh = shapes[si][2], hd = shapes[si][3], rot = shapes[si][4];
-        int ctx = shapes[si][5], max_blocks = (ctx + MSM_KV_BLOCK - 1) / MSM_KV_BLOCK, nb = S * max_blocks + 1;
-        int T = S, C = (nh + 2 * kvh) * hd;
-        size_t row = (size_t)kvh * hd, cache = (size_t)nb * MSM_KV_BLOCK * row, qn = (size_t)T * nh * hd;
+        int ctx = shapes[si][5], T = S, C = (nh + 2 * kvh) * hd;
+        att_dec_case dc = att_dec_case_new(S, kvh, hd, ctx);
+        int max_blocks = dc.max_blocks;
+        size_t cache = dc.cache, qn = (size_t)T * nh * hd;
+        uint16_t *kcb = dc.kcb, *vcb = dc.vcb;
+        int32_t *bt = dc.bt, *seq = dc.seq, *pos = dc.pos, *slot = dc.slot;
         float *unused;
-        uint16_t *kcb = host_bf16(cache, 1.0f, &unused);
-        free(unused);
-        uint16_t *vcb = host_bf16(cache, 1.0f, &unused);
-        free(unused);
         uint16_t *wq = host_bf16((size_t)hd, 1.0f, &unused);
         free(unused);
         uint16_t *wk = host_bf16((size_t)hd, 1.0f, &unused);
         free(unused);
-        int32_t *bt = malloc((size_t)S * max_blocks * 4), *seq = malloc(T * 4), *pos = malloc(T * 4), *slot = malloc(T * 4);
-        for (int i = 0; i < S * max_blocks; i++) bt[i] = (i * 7 + 3) % (nb - 1); /* scattered, distinct */
-        for (int t = 0; t < T; t++) {
-            int len = ctx - rndi(ctx < MSM_KV_BLOCK ? ctx : MSM_KV_BLOCK);
-            seq[t] = t, pos[t] = len - 1;
-            slot[t] = t == T - 1 && T > 2 ? -1 : bt[t * max_blocks + pos[t] / MSM_KV_BLOCK] * MSM_KV_BLOCK + pos[t] % MSM_KV_BLOCK;
-        }
         float *qkv = host_f32((size_t)T * C, 1.0f);
         float *dqkv = dev_up(qkv, (size_t)T * C * 4);
         uint16_t *dwq = dev_up(wq, (size_t)hd * 2), *dwk = dev_up(wk, (size_t)hd * 2);
@@ -3476,7 +3495,7 @@ Test(cuda_kernels, attention_qk_rope_equals_qk_norm_rope_kv_then_attention, .tim
         }
         cudaFree(dqkv), cudaFree(dwq), cudaFree(dwk), cudaFree(dseq), cudaFree(dpos), cudaFree(dslot), cudaFree(dbt);
         cudaFree(ws);
-        free(kcb), free(vcb), free(wq), free(wk), free(bt), free(seq), free(pos), free(slot), free(qkv);
+        att_dec_case_free(&dc), free(wq), free(wk), free(qkv);
         free(ref), free(out), free(kref), free(vref), free(kout), free(vout);
     }
 }

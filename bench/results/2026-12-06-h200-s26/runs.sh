@@ -8,12 +8,12 @@
 source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
 Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b Q3F=qwen3-30b-a3b-fp8 GLM=glm-4.5-air-fp8
 
-# any GPU: the attention kernel tests (the twenty-fifth session's warp merge ran only against the old
-# binary's logits; its slim bundles had no kernel tests)
-att_tests() {
+# any GPU: the kernel tests whose names match FILTER (test_cuda_kernels --filter), into $OUT/kernels.txt
+# (r1: tuning and attention, the twenty-fifth session's warp merge having run only against the old
+# binary's logits; later runs the router's too)
+kern_tests() {
     el kernels | tee -a $OUT/gpu.txt
-    timeout 150 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(tuning*|attention*)" \
-        > $OUT/kernels.txt 2>&1
+    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/$1" > $OUT/kernels.txt 2>&1
     tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
     grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
 }
@@ -21,20 +21,9 @@ att_tests() {
 # on an H200 (GLM-4.5-Air FP8's 111 GB need one): the kernel tests, then the twenty-fourth session's
 # table_probe (the table on all four presets, the phase-chain probe, Qwen3's timelines at 1 and 8)
 h200() {
-    att_tests
+    kern_tests "@(tuning*|attention*)"
     source <(sed -n '/^table_probe() {/,/^}/p' bench/results/2026-12-06-h200-s24/runs.sh)
     table_probe
-}
-
-
-# any GPU: the kernel tests of the attention and the router (a slim bundle: msmoe-run, msmoe-bench,
-# test_cuda_kernels)
-kern_tests() {
-    el kernels | tee -a $OUT/gpu.txt
-    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(tuning*|attention*|router*)" \
-        > $OUT/kernels.txt 2>&1
-    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
-    grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
 }
 
 # any GPU: a change with no switch against the bundle before it (gpu-old/, slim: msmoe-run and
@@ -130,11 +119,7 @@ final() {
 # it, and at 1 token the split kernel from one token with and without; Qwen3's timelines at 8 with
 # and without; then Qwen1.5-MoE at 2-7 tokens (SIMT, MHA) with the counter merge and 4 splits at most
 qk_rope() {
-    el kernels | tee -a $OUT/gpu.txt
-    timeout 200 gpu-run/bin/test_cuda_kernels --jobs 4 --filter "cuda_kernels/@(tuning*|attention*|router*)" \
-        > $OUT/kernels.txt 2>&1
-    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt
-    grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
+    kern_tests "@(tuning*|attention*|router*)"
     el bitwise | tee -a $OUT/gpu.txt
     for p in $Q3 $Q3F; do for ids in 11,22 5,1000,77,300,12,9000,41,2; do
         for v in 0 1; do
@@ -167,7 +152,7 @@ qk_rope() {
 
 case "$1" in
 r1) hdr; h200; el done | tee -a $OUT/gpu.txt ;;  # needs an H200
-r2) hdr; kern_tests; old_new sm; el done | tee -a $OUT/gpu.txt ;;  # the split merge + router early against 171b574
+r2) hdr; kern_tests "@(tuning*|attention*|router*)"; old_new sm; el done | tee -a $OUT/gpu.txt ;;  # the split merge + router early against 171b574
 r3) hdr; switches; el done | tee -a $OUT/gpu.txt ;;
 r4) hdr; qk_rope; el done | tee -a $OUT/gpu.txt ;;
 r5) hdr; final; el done | tee -a $OUT/gpu.txt ;;  # an H200 for GLM-4.5-Air FP8
