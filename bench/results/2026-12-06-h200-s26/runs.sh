@@ -155,5 +155,5 @@ r1) hdr; h200; el done | tee -a $OUT/gpu.txt ;;  # needs an H200
 r2) hdr; kern_tests "@(tuning*|attention*|router*)"; old_new sm; el done | tee -a $OUT/gpu.txt ;;  # the split merge + router early against 171b574
 r3) hdr; switches; el done | tee -a $OUT/gpu.txt ;;
 r4) hdr; qk_rope; el done | tee -a $OUT/gpu.txt ;;
-r5) hdr; final; el done | tee -a $OUT/gpu.txt ;;  # an H200 for GLM-4.5-Air FP8
+r5) hdr; kern_tests "@(tuning*|attention*|router*)"; final; el done | tee -a $OUT/gpu.txt ;;  # an H200 for GLM-4.5-Air FP8
 esac
