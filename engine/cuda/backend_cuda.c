@@ -285,6 +285,11 @@ static bool qk_rope_pair(const cuda_backend *cb, const msm_graph *g, int i, int 
 static bool qk_rope_attention_triple(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
     if (!(ex.decode && ex.tune->att_qk_rope) || i < 0 || i + 2 >= g->n_nodes) return false;
     const msm_node *q = &g->nodes[i], *r = &g->nodes[i + 1], *a = &g->nodes[i + 2];
+    /* att_qk_rope 1: not after an FP8-resident qkv projection (tuning.cu) */
+    const msm_node *l = i > 0 ? &g->nodes[i - 1] : NULL;
+    if (ex.tune->att_qk_rope == 1 && l && l->op == MSM_OP_LINEAR && l->out[0] == q->in[0] && l->w[0] >= 0 &&
+        cb->w8[l->w[0]])
+        return false;
     if (a->op != MSM_OP_ATTENTION || !a->attr.attention.kv_written || a->layer != r->layer || a->stream != r->stream ||
         a->in[0] != r->out[0] || a->in[2] != r->in[1] || a->in[3] != r->in[2] || msm_graph_readers(g, r->out[0]) != 1 ||
         !qk_rope_shape(g, i, rows, ex) || norm_qk_rope_quad(cb, g, i - 2, rows, ex) || !cb->kc[a->layer])
@@ -1573,8 +1578,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
  *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
  *   MSM_CUDA_ATT_ROPE=0|1               decode: ROPE_KV_WRITE + its ATTENTION in one kernel (0, default: slower)
- *   MSM_CUDA_ATT_QK_ROPE=0|1            decode: QK_NORM + ROPE_KV_WRITE + ATTENTION in the split tensor-core
- *                                       attention (1, default)
+ *   MSM_CUDA_ATT_QK_ROPE=0|1|2          decode: QK_NORM + ROPE_KV_WRITE + ATTENTION in the split tensor-core
+ *                                       attention: 1 (default) after a bf16 qkv projection, 2 always
  *   MSM_CUDA_LINEAR_ROPE=0|1            1-2 tokens: the qkv LINEAR + ROPE_KV_WRITE in one kernel (1, default)
  *   MSM_CUDA_FP8_MOE_TILED_MIN_T=N      ... from N tokens on (default 8), the FP8 GEMVs below
  *   MSM_CUDA_FP8_GEMV_ROWS=1|2|4        rows a warp of the FP8 SIMT GEMV (default: 2 at one token, else 4)
@@ -1694,7 +1699,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_ATT_BT_CACHE"))) t->att_bt_cache = s[0] != '0';
     if (env_int("MSM_CUDA_GEMV_MINB", &v)) t->gemv_minb = v & 3;
     if ((s = getenv("MSM_CUDA_ATT_ROPE"))) t->att_rope = s[0] != '0';
-    if ((s = getenv("MSM_CUDA_ATT_QK_ROPE"))) t->att_qk_rope = s[0] != '0';
+    if (env_int("MSM_CUDA_ATT_QK_ROPE", &v)) t->att_qk_rope = v < 0 ? 0 : v > 2 ? 2 : v;
     if ((s = getenv("MSM_CUDA_SMALL_EARLY"))) t->small_early = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_AUX_SERIAL_MAX_T", &v)) t->moe_aux_serial_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", &v)) t->moe_group_scan_max_t = v < 0 ? 0 : v;

@@ -73,7 +73,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
-    t.att_cluster = t.att_early = t.att_rope = t.att_qk_rope = true;
+    t.att_cluster = t.att_early = t.att_rope = true, t.att_qk_rope = 1;
     t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = t.linear_rope = true;
     t.router_cluster_max_t = 1, t.mmv_fit_clusters = true, t.mmv_bslice = 1, t.moe_down_hb = 2, t.mmv_nj = 2;
     z = t;
@@ -88,7 +88,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ATT_MMA", "5", 1), setenv("MSM_CUDA_ATT_MMA_MIN_BLOCKS", "-3", 1);
     setenv("MSM_CUDA_ROUTER_CHUNK_PER_SM", "1", 1), setenv("MSM_CUDA_FP8_MOE_TILED", "0", 1);
     setenv("MSM_CUDA_ATT_CLUSTER", "0", 1), setenv("MSM_CUDA_ATT_EARLY", "0", 1), setenv("MSM_CUDA_ATT_ROPE", "0", 1);
-    setenv("MSM_CUDA_ATT_QK_ROPE", "0", 1);
+    setenv("MSM_CUDA_ATT_QK_ROPE", "7", 1);
     setenv("MSM_CUDA_GEMV_EARLY", "0", 1), setenv("MSM_CUDA_QK_ROPE", "0", 1), setenv("MSM_CUDA_FP8_MOE_TILED_MIN_T", "-2", 1);
     setenv("MSM_CUDA_FP8_GEMV_U8", "0", 1), setenv("MSM_CUDA_NORM_LINEAR", "0", 1);
     setenv("MSM_CUDA_FP8_MOE_HW", "0", 1), setenv("MSM_CUDA_ROWS_PIPE", "21", 1);
@@ -186,7 +186,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_FP8_GEMV_ROWS", "2", 1);
     msm_cuda_tuning_from_env(&t);
     cr_expect_eq(t.fp8_gemv_rows, 2);
-    cr_expect(!t.att_cluster && !t.att_early && !t.att_rope && !t.att_qk_rope && !t.gemv_early && !t.qk_rope);
+    cr_expect(!t.att_cluster && !t.att_early && !t.att_rope && !t.gemv_early && !t.qk_rope);
+    cr_expect_eq(t.att_qk_rope, 2, "MSM_CUDA_ATT_QK_ROPE clamped to 2 (always)");
     cr_expect(!t.pdl && t.gemv_prefetch);
     cr_expect_eq(t.mmv_max_t, 64, "clamped to 64");
     cr_expect_eq(t.mmv_slots, 3);
@@ -3452,7 +3453,7 @@ Test(cuda_kernels, attention_qk_rope_equals_qk_norm_rope_kv_then_attention, .tim
         for (int v = 0; v < 2; v++) { /* 0: the two kernels; 1: fused */
             msm_cuda_tuning tv = tune0;
             tv.att_mma_split = true, tv.att_mma_split_min_t = 1, tv.att_mma_split_max_t = 16;
-            tv.att_mma_split_mha_max_t = 1, tv.att_early = true, tv.att_qk_rope = true;
+            tv.att_mma_split_mha_max_t = 1, tv.att_early = true, tv.att_qk_rope = 1;
             msm_cuda_exec ev = {.stream = 0, .tune = &tv, .decode = true};
             uint16_t *dk = dev_up(kcb, cache * 2), *dv = dev_up(vcb, cache * 2);
             float *drot = dev_poison((size_t)T * C * 4), *dout = dev_poison(qn * 4);
@@ -3484,9 +3485,9 @@ Test(cuda_kernels, attention_qk_rope_equals_qk_norm_rope_kv_then_attention, .tim
             cr_expect_eq(msm_cuda_attention_qk_rope(dout, dqkv, dwq, dwk, eps, dk, dv, dseq, dpos, dslot, dbt,
                                                     max_blocks, T, nh, kvh, hd, rot, theta, scale, ep),
                          -ENOTSUP);
-            tv.att_qk_rope = false;
+            tv.att_qk_rope = 0;
             cr_expect(!msm_cuda_attention_qk_rope_fits(T, nh, kvh, hd, rot, dqkv, dk, dv, ev));
-            tv.att_qk_rope = true;
+            tv.att_qk_rope = 1;
             cr_expect(!msm_cuda_attention_qk_rope_fits(T, nh, kvh, hd, 32, dqkv, dk, dv, ev));
             cr_expect_eq(msm_cuda_attention_qk_rope(dout, dqkv, NULL, dwk, eps, dk, dv, dseq, dpos, dslot, dbt,
                                                     max_blocks, T, nh, kvh, hd, rot, theta, scale, ev),
