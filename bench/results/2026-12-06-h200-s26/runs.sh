@@ -80,7 +80,8 @@ switches() {
 # the table on all four presets after this session's changes (GLM-4.5-Air FP8's 111 GB need an H200;
 # on an H100 it fails at load and the rest runs), the phase-chain probe's floors for Qwen3 at 1 / 2 /
 # 4 / 8 / 16 tokens' bytes (mega_probe qwen3-bN) and Qwen1.5-MoE at 1, Qwen3's timelines at 1 and 8,
-# three rounds of the q/k norm inside the split attention against the kernel before it and of the
+# three rounds of the q/k norm inside the split attention against the kernel before it (the FP8
+# preset: off by default since commit ad7412e; there the arm turns it on, MSM_CUDA_ATT_QK_ROPE=2) and of the
 # split attention at 2 tokens against the SIMT kernel (from 4, the old default), check_presets'
 # bitwise lines for the fused q/k norm attention (every decode step on the split kernel)
 final() {
@@ -102,7 +103,7 @@ final() {
     for i in 1 2 3; do
         for p in $Q3 $Q3F; do
             b $p 1,2,4,8,16 ab --
-            b $p 1,2,4,8,16 ab MSM_CUDA_ATT_QK_ROPE=0 --
+            b $p 1,2,4,8,16 ab MSM_CUDA_ATT_QK_ROPE=$([ $p = $Q3F ] && echo 2 || echo 0) --
             b $p 2 ab MSM_CUDA_ATT_MMA_SPLIT_MIN_T=4 --
         done
     done
@@ -157,4 +158,6 @@ r2) hdr; kern_tests "@(tuning*|attention*|router*)"; old_new sm; el done | tee -
 r3) hdr; switches; el done | tee -a $OUT/gpu.txt ;;
 r4) hdr; qk_rope; el done | tee -a $OUT/gpu.txt ;;
 r5) hdr; kern_tests "@(tuning*|attention*|router*)"; final; el done | tee -a $OUT/gpu.txt ;;  # an H200 for GLM-4.5-Air FP8
+    # (run 5 got an H100, at fd0f825; run 6 is the same on the final code, for an H200)
+r6) hdr; kern_tests "@(tuning*|attention*|router*)"; final; el done | tee -a $OUT/gpu.txt ;;
 esac
