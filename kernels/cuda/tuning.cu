@@ -137,8 +137,8 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->att_rope = false; /* measured slower: msm_cuda_kernels.h */
     /* the q/k norm inside the split attention (H100, 2026-12-06 twenty-sixth session,
      * bench/results/2026-12-06-h200-s26 runs 4 and 5, ms a step, the kernel before it off minus on,
-     * seven rounds): Qwen3-30B-A3B +0.01 / +0.01 / +0.01 / +0.01 / +0.09 at 1 / 2 / 4 / 8 / 16 tokens,
-     * its FP8 preset +0.01 / -0.02 / -0.01 / -0.03 / +0.01: the attention's blocks take the SMs the
+     * seven rounds): Qwen3-30B-A3B +0.01 / 0.00 / +0.01 / +0.01 / +0.09 at 1 / 2 / 4 / 8 / 16 tokens,
+     * its FP8 preset +0.01 / -0.02 / -0.01 / -0.03 / +0.02: the attention's blocks take the SMs the
      * qkv projection leaves, and after the FP8 one the small kernel between was where they landed */
     t->att_qk_rope = 1;
     t->small_early = true;
