@@ -709,13 +709,19 @@ int msm__attention_mma_split_run(float *out, const float *q, size_t q_ld, const 
                            ex.decode && ex.tune->att_early, none, ex);
 }
 
-extern "C" bool msm_cuda_attention_qk_rope_fits(int T, int nh, int kvh, int hd, int rot, const void *qkv,
-                                                const void *kc, const void *vc, msm_cuda_exec ex) {
+/* The split kernel's cluster size for a fused q/k norm + RoPE + attention call, 0 where it does not
+ * take it (msm_cuda_attention_qk_rope_fits). */
+static int qk_rope_splits(int T, int nh, int kvh, int hd, int rot, const void *qkv, const void *kc, const void *vc,
+                          msm_cuda_exec ex) {
     if (!(ex.decode && ex.tune->att_early && ex.tune->att_qk_rope) || T <= 0 || T > 65535 || nh <= 0 || kvh <= 0 ||
         nh % kvh || rot <= 0 || rot > hd || rot % 64)
-        return false;
-    size_t C = (size_t)(nh + 2 * kvh) * hd;
-    return msm_cuda_attention_mma_splits(T, nh, kvh, hd, qkv, C, kc, vc, ex) > 0;
+        return 0;
+    return msm_cuda_attention_mma_splits(T, nh, kvh, hd, qkv, (size_t)(nh + 2 * kvh) * hd, kc, vc, ex);
+}
+
+extern "C" bool msm_cuda_attention_qk_rope_fits(int T, int nh, int kvh, int hd, int rot, const void *qkv,
+                                                const void *kc, const void *vc, msm_cuda_exec ex) {
+    return qk_rope_splits(T, nh, kvh, hd, rot, qkv, kc, vc, ex) > 0;
 }
 
 extern "C" int msm_cuda_attention_qk_rope(float *out, const float *qkv, const uint16_t *wq, const uint16_t *wk,
@@ -724,9 +730,9 @@ extern "C" int msm_cuda_attention_qk_rope(float *out, const float *qkv, const ui
                                           int nh, int kvh, int hd, int rot, float theta, float scale,
                                           msm_cuda_exec ex) {
     if (!qkv || !wq || !wk || !kc || !vc || !slot || max_blocks <= 0) return -EINVAL;
-    if (!msm_cuda_attention_qk_rope_fits(T, nh, kvh, hd, rot, qkv, kc, vc, ex)) return -ENOTSUP;
+    int ns = qk_rope_splits(T, nh, kvh, hd, rot, qkv, kc, vc, ex);
+    if (!ns) return -ENOTSUP;
     size_t C = (size_t)(nh + 2 * kvh) * hd;
-    int ns = msm_cuda_attention_mma_splits(T, nh, kvh, hd, qkv, C, kc, vc, ex);
     am_qkr qk = {wq, wk, slot, kc, vc, rot, theta, eps};
     return am_split_launch(out, qkv, C, kc, vc, seq, pos, block_tables, max_blocks, T, nh, kvh, hd, scale, ns, true, qk,
                            ex);
