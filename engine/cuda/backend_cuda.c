@@ -482,6 +482,36 @@ static int moe_combine_reader(const cuda_backend *cb, const msm_graph *g, int i,
     return msm_cuda_moe_defers(&m, ex.tune) ? j : -1;
 }
 
+/* Where ROUTER_LINEAR_TOPK node i groups the pairs for the MOE_EXPERTS node reading its ids and
+ * weights (tuning router_group: msm_cuda_router_groups): that node's index, with its call in *m; else
+ * -1. The experts are the next node on the router's stream (only events between, so no kernel
+ * touches the stream's workspace in between). */
+static int router_group_target(const cuda_backend *cb, const msm_graph *g, int i, const msm_step_dims *d,
+                               msm_cuda_exec ex, msm_cuda_moe_args *m) {
+    const msm_node *r = &g->nodes[i];
+    if (r->op != MSM_OP_ROUTER_LINEAR_TOPK || !ex.tune->router_group || cb->skip_ops >> r->op & 1) return -1;
+    for (int j = i + 1; j < g->n_nodes; j++) {
+        const msm_node *x = &g->nodes[j];
+        if (x->stream != r->stream || x->op == MSM_OP_EVENT_WAIT || x->op == MSM_OP_EVENT_RECORD) continue;
+        if (x->op != MSM_OP_MOE_EXPERTS || x->in[1] != r->out[0] || x->in[2] != r->out[1] || cb->skip_ops >> x->op & 1)
+            return -1;
+        *m = moe_args(cb, g, x, d);
+        return msm_cuda_router_groups(m, ex.tune) ? j : -1;
+    }
+    return -1;
+}
+
+/* Whether MOE_EXPERTS node j's grouping is done by the router before it (router_group_target). */
+static bool router_grouped(const cuda_backend *cb, const msm_graph *g, int j, const msm_step_dims *d,
+                           msm_cuda_exec ex) {
+    int i = j - 1;
+    while (i >= 0 && (g->nodes[i].stream != g->nodes[j].stream || g->nodes[i].op == MSM_OP_EVENT_WAIT ||
+                      g->nodes[i].op == MSM_OP_EVENT_RECORD))
+        i--;
+    msm_cuda_moe_args m;
+    return i >= 0 && router_group_target(cb, g, i, d, ex, &m) == j;
+}
+
 /* The MOE_EXPERTS node whose combine node j takes over (moe_combine_reader), else -1. */
 static int moe_combine_source(const cuda_backend *cb, const msm_graph *g, int j, const msm_step_dims *d,
                               msm_cuda_exec ex) {
@@ -714,16 +744,19 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     case MSM_OP_ROUTER_LINEAR_TOPK: {
         const msm_attr_router_topk *r = &a->router_topk;
+        msm_cuda_moe_args gm; /* the experts after it, whose grouping it does (router_group_target) */
+        const msm_cuda_moe_args *grp = router_group_target(cb, g, idx, d, s, &gm) >= 0 ? &gm : NULL;
         if (norm_router_pair(g, idx - 1, ROWS(in0), s)) { /* with the ADD_RMSNORM before it, one launch */
             const msm_node *nn = &g->nodes[idx - 1];
             KTRY(msm_cuda_norm_router_linear_topk(I32(out0), F(n->out[1]), F(nn->out[0]), F(nn->out[1]),
                                                   F(nn->in[0]), F(nn->in[1]), cb->w[nn->w[0]], nn->attr.rmsnorm.eps,
                                                   cb->w[n->w[0]], ROWS(in0), r->E, g->vals[in0].cols, r->k,
-                                                  r->norm != 0, cb->router_ws[n->stream], cb->router_ws_bytes, s));
+                                                  r->norm != 0, grp, cb->router_ws[n->stream], cb->router_ws_bytes,
+                                                  s));
             break;
         }
         KTRY(msm_cuda_router_linear_topk(I32(out0), F(n->out[1]), F(in0), cb->w[n->w[0]], ROWS(in0), r->E,
-                                         g->vals[in0].cols, r->k, r->norm != 0, cb->router_ws[n->stream],
+                                         g->vals[in0].cols, r->k, r->norm != 0, grp, cb->router_ws[n->stream],
                                          cb->router_ws_bytes, s));
         break;
     }
@@ -733,28 +766,21 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                                         r->E, r->k, r->n_group, r->topk_group, r->norm != 0, r->scale, s));
         break;
     }
-    case MSM_OP_MOE_EXPERTS:
+    case MSM_OP_MOE_EXPERTS: {
         /* not a programmatic dependent of the router where the shared expert runs beside, at few
          * tokens (msm_cuda_tuning.moe_aux_serial_max_t); its later kernels are (the experts code
          * clears it) */
         s.aux_beside = aux_beside(g, idx);
         s.no_pdl = ROWS(in0) <= s.tune->moe_aux_serial_max_t && s.aux_beside;
+        msm_cuda_moe_args m = moe_args(cb, g, n, d); /* FP8-resident weights as pick_fp8 chose them */
+        m.grouped = router_grouped(cb, g, idx, d, s); /* the router before it grouped the pairs */
         if (moe_combine_reader(cb, g, idx, d, s) >= 0) { /* its combine left to the node reading the sum */
-            msm_cuda_moe_args m = moe_args(cb, g, n, d);
             KTRY(msm_cuda_moe_experts_deferred(&m, s));
             break;
         }
-        if (cb->w8[n->w[0]]) { /* both FP8-resident (pick_fp8) */
-            KTRY(msm_cuda_moe_experts_fp8(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), fp8w(cb, n->w[0]),
-                                          fp8w(cb, n->w[1]), ROWS(in0), a->moe_experts.H, a->moe_experts.I,
-                                          a->moe_experts.k, a->moe_experts.E, ws, cb->ws_bytes, cb->deq[n->stream],
-                                          cb->deq_bytes, s));
-            break;
-        }
-        KTRY(msm_cuda_moe_experts(F(out0), F(in0), I32(n->in[1]), F(n->in[2]), cb->w[n->w[0]], cb->w[n->w[1]],
-                                  ROWS(in0), a->moe_experts.H, a->moe_experts.I, a->moe_experts.k,
-                                  a->moe_experts.E, ws, cb->ws_bytes, s));
+        KTRY(msm_cuda_moe_experts_args(F(out0), &m, s));
         break;
+    }
     case MSM_OP_GATHER_ROWS: {
         /* the row indices are on the device: one gather launch, no host round trip */
         int R = ROWS(out0), C = g->vals[in0].cols;
@@ -1575,6 +1601,8 @@ static const msm_backend_vt cuda_vt = {
  *                                       and the split keeps one wave (0, default: not yet measured)
  *   MSM_CUDA_ATT_MMA_MIN_BLOCKS=N       ... the rule: from N (token, kv head) blocks on (0: by heads a kv head)
  *   MSM_CUDA_ROUTER_CHUNK_PER_SM=N      routers over many tokens: token chunks while N blocks an SM remain
+ *   MSM_CUDA_ROUTER_GROUP=0|1           the fused router's last block groups the pairs for the routed experts
+ *                                       after it, no grouping kernel (1, default)
  *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
  *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
  *   MSM_CUDA_ATT_ROPE=0|1               decode: ROPE_KV_WRITE + its ATTENTION in one kernel (0, default: slower)
@@ -1729,6 +1757,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_ROWS_PIPE", &v)) t->rows_pipe = v & 15;
     if ((s = getenv("MSM_CUDA_NORM_ROUTER"))) t->norm_router = s[0] != '0';
     if (env_int("MSM_CUDA_ROUTER_CLUSTER", &v)) t->router_cluster_max_t = v < 0 ? 0 : v > 64 ? 64 : v;
+    if ((s = getenv("MSM_CUDA_ROUTER_GROUP"))) t->router_group = s[0] != '0';
     if ((s = getenv("MSM_CUDA_GEMV_U16"))) t->gemv_u16 = s[0] != '0';
     if ((s = getenv("MSM_CUDA_GEMV_U8"))) t->gemv_u8 = s[0] == '1';
     if (env_int("MSM_CUDA_NORM_ROUTER_MAX_T", &v)) t->norm_router_max_t = v < 0 ? 0 : v;

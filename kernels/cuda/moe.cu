@@ -31,7 +31,7 @@ static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 /* ---- workspace ---- */
 
-static size_t moe_ws_layout(int T, int H, int I, int k, int E, char *base, moe_ws *ws) {
+size_t msm__moe_ws_layout(int T, int H, int I, int k, int E, char *base, moe_ws *ws) {
     size_t P = (size_t)T * k, off = 0;
     size_t o_eo = off; off += round_up((size_t)(E + 1) * 4, 256);
     size_t o_to = off; off += round_up((size_t)(E + 1) * 4, 256);
@@ -56,58 +56,12 @@ static size_t moe_ws_layout(int T, int H, int I, int k, int E, char *base, moe_w
 
 /* ---- grouping (grouped GEMV and WMMA paths) ---- */
 
-/* One block: per-expert counts, offsets (rows and 64-row tiles), the selected-expert table, a
- * permutation grouping the pairs by expert and its inverse. */
+/* One block of 1024 threads: msm__moe_group_block (moe_internal.h). */
 static __global__ void __launch_bounds__(1024) moe_group_kernel(moe_ws ws, const int32_t *ids, int P, int E) {
     __shared__ int cnt[256], cur[256];
     msm_pdl_trigger();
     msm_pdl_wait();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
-    __syncthreads();
-    for (int p = threadIdx.x; p < P; p += blockDim.x) {
-        int e = ids[p];
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) { /* warp 0: lane-owned runs of experts, exclusive scans over lanes */
-        int lane = threadIdx.x, per = (E + 31) / 32, lo = min(E, lane * per), hi = min(E, lo + per);
-        int rows = 0, tiles = 0, ns = 0;
-        for (int e = lo; e < hi; e++) {
-            rows += cnt[e];
-            tiles += (cnt[e] + G_BM - 1) / G_BM;
-            ns += cnt[e] > 0;
-        }
-        int xr = rows, xt = tiles, xn = ns;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            int a = __shfl_up_sync(MSM_FULL_MASK, xr, o), b = __shfl_up_sync(MSM_FULL_MASK, xt, o),
-                c = __shfl_up_sync(MSM_FULL_MASK, xn, o);
-            if (lane >= o) xr += a, xt += b, xn += c;
-        }
-        xr -= rows, xt -= tiles, xn -= ns; /* exclusive */
-        for (int e = lo; e < hi; e++) {
-            ws.expert_off[e] = xr;
-            ws.tile_off[e] = xt;
-            cur[e] = xr;
-            if (cnt[e] > 0) ws.items[xn++] = make_int4(e, xr, xr + cnt[e], 0);
-            xr += cnt[e];
-            xt += (cnt[e] + G_BM - 1) / G_BM;
-        }
-        if (lane == 31) {
-            ws.expert_off[E] = xr;
-            ws.tile_off[E] = xt;
-            *ws.n_sel = xn;
-        }
-    }
-    __syncthreads();
-    for (int p = threadIdx.x; p < P; p += blockDim.x) {
-        int e = ids[p], pos = -1;
-        if (e >= 0 && e < E) {
-            pos = atomicAdd(&cur[e], 1);
-            ws.perm[pos] = p;
-        }
-        ws.inv[p] = pos;
-    }
+    msm__moe_group_block(ws, ids, P, E, cnt, cur);
 }
 
 /* ---- the combine inside the norm after the experts (msm_cuda_moe_add_rmsnorm,
@@ -263,7 +217,7 @@ static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 extern "C" size_t msm_cuda_moe_experts_ws_bytes(int T, int H, int I, int k, int E) {
     if (T <= 0 || H <= 0 || I <= 0 || k <= 0 || E <= 0) return 0;
     /* the grouped layout (f32 act) also covers the pair GEMV path's f32 act [P, I] */
-    return moe_ws_layout(T, H, I, k, E, NULL, NULL);
+    return msm__moe_ws_layout(T, H, I, k, E, NULL, NULL);
 }
 
 /* The grouped SIMT GEMVs of few tokens find their pairs themselves (no grouping kernel): the ids the
@@ -273,10 +227,11 @@ static const int32_t *moe_scan_ids(const msm_cuda_tuning *tn, int path, int T, i
 }
 
 /* msm_cuda_moe_experts; defer: a path that ends with the combine leaves it (and y) to the caller's
- * msm_cuda_moe_add_rmsnorm / msm_cuda_moe_combine_rmsnorm_routed (msm_cuda_moe_defers). */
+ * msm_cuda_moe_add_rmsnorm / msm_cuda_moe_combine_rmsnorm_routed (msm_cuda_moe_defers); grouped: ws
+ * already holds the grouping of ids (msm_cuda_moe_args.grouped; where msm_cuda_moe_groups). */
 static int moe_experts_run(float *y, const float *x, const int32_t *ids, const float *w, const uint16_t *gate_up,
                            const uint16_t *down, int T, int H, int I, int k, int E, void *ws_base, size_t ws_bytes,
-                           bool defer, msm_cuda_exec ex) {
+                           bool defer, bool grouped, msm_cuda_exec ex) {
     if (T < 0 || H <= 0 || I <= 0 || k <= 0 || E <= 0 || E > 256 || k > 8)
         return -EINVAL;
     if (T == 0) return 0;
@@ -285,7 +240,7 @@ static int moe_experts_run(float *y, const float *x, const int32_t *ids, const f
         return -EINVAL;
     int path = moe_path(ex.tune, T, H, I);
     moe_ws ws;
-    moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);
+    msm__moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);
     /* 16-byte loads of weight rows and of x / act rows (ws is 256-byte aligned) */
     bool vec_h = H % 8 == 0 && aligned16(x) && aligned16(gate_up);
     bool vec_i = I % 8 == 0 && aligned16(down);
@@ -293,7 +248,7 @@ static int moe_experts_run(float *y, const float *x, const int32_t *ids, const f
         return msm__moe_pair_run(y, x, ids, w, gate_up, NULL, 0, down, NULL, 0, (float *)ws.act, T, H, I, k, E,
                                  vec_h, vec_i, ex);
     const int32_t *scan = moe_scan_ids(ex.tune, path, T, k, ids);
-    if (!scan) {
+    if (!scan && !grouped) {
         CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
         ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
     }
@@ -312,7 +267,7 @@ extern "C" int msm_cuda_moe_experts(float *y, const float *x, const int32_t *ids
                                     const uint16_t *gate_up, const uint16_t *down, int T, int H,
                                     int I, int k, int E, void *ws_base, size_t ws_bytes,
                                     msm_cuda_exec ex) {
-    return moe_experts_run(y, x, ids, w, gate_up, down, T, H, I, k, E, ws_base, ws_bytes, false, ex);
+    return moe_experts_run(y, x, ids, w, gate_up, down, T, H, I, k, E, ws_base, ws_bytes, false, false, ex);
 }
 
 /* ---- FP8-resident experts (docs/adr/0006-fp8.md) ---- */
@@ -350,7 +305,7 @@ static moe_fp8_way moe_fp8_plan(const msm_cuda_tuning *tn, int T, int H, int I, 
 
 static int moe_experts_fp8_run(float *y, const float *x, const int32_t *ids, const float *w, msm_cuda_fp8w gu,
                                msm_cuda_fp8w dn, int T, int H, int I, int k, int E, void *ws_base, size_t ws_bytes,
-                               void *deq, size_t deq_bytes, bool defer, msm_cuda_exec ex) {
+                               void *deq, size_t deq_bytes, bool defer, bool grouped, msm_cuda_exec ex) {
     if (T < 0 || H <= 0 || I <= 0 || k <= 0 || E <= 0 || E > 256 || k > 8 || !gu.q || !gu.scale || !dn.q ||
         !dn.scale || gu.phase < 0 || gu.phase >= MSM_CUDA_FP8_BLOCK || dn.phase < 0 || dn.phase >= MSM_CUDA_FP8_BLOCK)
         return -EINVAL;
@@ -360,11 +315,11 @@ static int moe_experts_fp8_run(float *y, const float *x, const int32_t *ids, con
     moe_fp8_way way = moe_fp8_plan(ex.tune, T, H, I, x, gu, dn);
     if (way != FP8_DEQUANT) {
         moe_ws ws;
-        moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);
+        msm__moe_ws_layout(T, H, I, k, E, (char *)ws_base, &ws);
         if (way == FP8_PAIR)
             return msm__moe_pair_run(y, x, ids, w, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase,
                                      (float *)ws.act, T, H, I, k, E, true, true, ex);
-        CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
+        if (!grouped) CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
         ex.no_pdl = false;
         int r = way == FP8_TILED ? msm__moe_tiled_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex)
                                  : msm__moe_grouped_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex);
@@ -384,14 +339,36 @@ static int moe_experts_fp8_run(float *y, const float *x, const int32_t *ids, con
     if (!r) r = msm_cuda_fp8_dequant(gb, gu, E, 2 * I, H, used, ex);
     if (!r) r = msm_cuda_fp8_dequant(db, dn, E, H, I, used, ex);
     if (r) return r;
-    return moe_experts_run(y, x, ids, w, gb, db, T, H, I, k, E, ws_base, ws_bytes, defer, ex);
+    return moe_experts_run(y, x, ids, w, gb, db, T, H, I, k, E, ws_base, ws_bytes, defer, false, ex);
 }
 
 extern "C" int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t *ids, const float *w,
                                         msm_cuda_fp8w gu, msm_cuda_fp8w dn, int T, int H, int I, int k, int E,
                                         void *ws_base, size_t ws_bytes, void *deq, size_t deq_bytes,
                                         msm_cuda_exec ex) {
-    return moe_experts_fp8_run(y, x, ids, w, gu, dn, T, H, I, k, E, ws_base, ws_bytes, deq, deq_bytes, false, ex);
+    return moe_experts_fp8_run(y, x, ids, w, gu, dn, T, H, I, k, E, ws_base, ws_bytes, deq, deq_bytes, false, false,
+                               ex);
+}
+
+/* ---- the grouping left to the router (msm_cuda_moe_args.grouped) ---- */
+
+extern "C" bool msm_cuda_moe_groups(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn) {
+    if (m->T <= 0 || m->H <= 0 || m->I <= 0 || m->k <= 0 || m->k > 8 || m->E <= 0 || m->E > 256) return false;
+    if (m->gu.q) {
+        moe_fp8_way way = moe_fp8_plan(tn, m->T, m->H, m->I, m->x, m->gu, m->dn);
+        return way == FP8_GROUPED || way == FP8_TILED;
+    }
+    int path = moe_path(tn, m->T, m->H, m->I);
+    return path != MSM_CUDA_MOE_PATH_PAIR && !moe_scan_ids(tn, path, m->T, m->k, m->ids);
+}
+
+extern "C" int msm_cuda_moe_experts_args(float *y, const msm_cuda_moe_args *m, msm_cuda_exec ex) {
+    if (m->grouped && !msm_cuda_moe_groups(m, ex.tune)) return -EINVAL;
+    if (m->gu.q)
+        return moe_experts_fp8_run(y, m->x, m->ids, m->w, m->gu, m->dn, m->T, m->H, m->I, m->k, m->E, m->ws,
+                                   m->ws_bytes, m->deq, m->deq_bytes, false, m->grouped, ex);
+    return moe_experts_run(y, m->x, m->ids, m->w, m->gate_up, m->down, m->T, m->H, m->I, m->k, m->E, m->ws,
+                           m->ws_bytes, false, m->grouped, ex);
 }
 
 /* ---- the combine left to the norm after the experts (tuning moe_fused_combine) ---- */
@@ -429,12 +406,12 @@ extern "C" bool msm_cuda_moe_defers(const msm_cuda_moe_args *m, const msm_cuda_t
 }
 
 extern "C" int msm_cuda_moe_experts_deferred(const msm_cuda_moe_args *m, msm_cuda_exec ex) {
-    if (!msm_cuda_moe_defers(m, ex.tune)) return -EINVAL;
+    if (!msm_cuda_moe_defers(m, ex.tune) || (m->grouped && !msm_cuda_moe_groups(m, ex.tune))) return -EINVAL;
     if (m->gu.q)
         return moe_experts_fp8_run(NULL, m->x, m->ids, m->w, m->gu, m->dn, m->T, m->H, m->I, m->k, m->E, m->ws,
-                                   m->ws_bytes, m->deq, m->deq_bytes, true, ex);
+                                   m->ws_bytes, m->deq, m->deq_bytes, true, m->grouped, ex);
     return moe_experts_run(NULL, m->x, m->ids, m->w, m->gate_up, m->down, m->T, m->H, m->I, m->k, m->E, m->ws,
-                           m->ws_bytes, true, ex);
+                           m->ws_bytes, true, m->grouped, ex);
 }
 
 /* The deferred combine's workspace view and scan ids; false where m does not defer. */
@@ -442,7 +419,7 @@ static bool moe_deferred_ws(const msm_cuda_moe_args *m, const msm_cuda_tuning *t
     if (!moe_defer_on(m, tn) || !moe_combines(m, tn, scan) || !m->ws || (uintptr_t)m->ws % 256 || !m->w ||
         m->ws_bytes < msm_cuda_moe_experts_ws_bytes(m->T, m->H, m->I, m->k, m->E))
         return false;
-    moe_ws_layout(m->T, m->H, m->I, m->k, m->E, (char *)m->ws, ws);
+    msm__moe_ws_layout(m->T, m->H, m->I, m->k, m->E, (char *)m->ws, ws);
     return true;
 }
 

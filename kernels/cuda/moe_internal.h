@@ -29,6 +29,66 @@ typedef struct moe_ws {
     float *outp;         /* [P, H] per-pair down output, grouped order (... pair order) */
 } moe_ws;
 
+/* ws carved out of base for T tokens' k pairs (msm_cuda_moe_experts_ws_bytes = the bytes). */
+size_t msm__moe_ws_layout(int T, int H, int I, int k, int E, char *base, moe_ws *ws);
+
+/* The grouping of P = T * k pairs by expert into ws, by one whole block of any size (a multiple of
+ * 32, at least 32): per-expert counts, offsets (rows and 64-row tiles), the selected-expert table, a
+ * permutation grouping the pairs by expert and its inverse. ids are read from L2 (__ldcg), so a
+ * block of the grid that wrote them may run it after a fence (the router's last block:
+ * msm_cuda_router_linear_topk's grp). cnt, cur: the block's shared memory, E ints each (E <= 256).
+ * Which row of its group a pair takes depends on the atomics' order; nothing downstream depends on
+ * it (moe.cu). */
+static __device__ __forceinline__ void msm__moe_group_block(const moe_ws &ws, const int32_t *ids, int P, int E,
+                                                            int *cnt, int *cur) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < P; p += blockDim.x) {
+        int e = __ldcg(ids + p);
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) { /* warp 0: lane-owned runs of experts, exclusive scans over lanes */
+        int lane = threadIdx.x, per = (E + 31) / 32, lo = min(E, lane * per), hi = min(E, lo + per);
+        int rows = 0, tiles = 0, ns = 0;
+        for (int e = lo; e < hi; e++) {
+            rows += cnt[e];
+            tiles += (cnt[e] + G_BM - 1) / G_BM;
+            ns += cnt[e] > 0;
+        }
+        int xr = rows, xt = tiles, xn = ns;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int a = __shfl_up_sync(MSM_FULL_MASK, xr, o), b = __shfl_up_sync(MSM_FULL_MASK, xt, o),
+                c = __shfl_up_sync(MSM_FULL_MASK, xn, o);
+            if (lane >= o) xr += a, xt += b, xn += c;
+        }
+        xr -= rows, xt -= tiles, xn -= ns; /* exclusive */
+        for (int e = lo; e < hi; e++) {
+            ws.expert_off[e] = xr;
+            ws.tile_off[e] = xt;
+            cur[e] = xr;
+            if (cnt[e] > 0) ws.items[xn++] = make_int4(e, xr, xr + cnt[e], 0);
+            xr += cnt[e];
+            xt += (cnt[e] + G_BM - 1) / G_BM;
+        }
+        if (lane == 31) {
+            ws.expert_off[E] = xr;
+            ws.tile_off[E] = xt;
+            *ws.n_sel = xn;
+        }
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < P; p += blockDim.x) {
+        int e = __ldcg(ids + p), pos = -1;
+        if (e >= 0 && e < E) {
+            pos = atomicAdd(&cur[e], 1);
+            ws.perm[pos] = p;
+        }
+        ws.inv[p] = pos;
+    }
+}
+
 /* silu(g) * u with the CPU oracle's formula. */
 static __device__ __forceinline__ float msm__silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;

@@ -290,6 +290,9 @@ typedef struct msm_cuda_tuning {
                                  4 tokens 2.58-2.59 / 3.40-3.41 vs 2.56-2.58 / 3.35-3.38: a cluster
                                  of 15-16 blocks waits for room in one GPC where the shared expert's
                                  or many tokens' blocks fill the SMs) */
+    bool router_group;        /* the fused router's last block groups the pairs by expert for the routed
+                                 experts after it (msm_cuda_router_groups; MSM_CUDA_ROUTER_GROUP=0|1)
+                                 instead of the grouping kernel */
     int router_cluster_max;   /* the largest cluster it launches (16 where the device allows, else 8; GPU fact) */
     int norm_router_cluster_max; /* ... and the one its norm-fused form launches (msm_cuda_norm_router_linear_topk
                                     at router_cluster_max_t tokens; GPU fact) */
@@ -751,11 +754,22 @@ int msm_cuda_sample(int32_t *out, const float *logits, size_t ld, const msm_samp
  * bf16, x [T,K]; ids/w as msm_cuda_router_topk, bitwise msm_cuda_linear (N = E, no bias) then
  * msm_cuda_router_topk. ws: msm_cuda_router_ws_bytes(T, E) bytes, 16-byte aligned, zeroed once
  * before the first call (its counters return to zero after every call), one per stream. Above
- * MSM_CUDA_ROUTER_FUSED_MAX_T tokens: the two launches. */
+ * MSM_CUDA_ROUTER_FUSED_MAX_T tokens: the two launches.
+ * grp (NULL: none): the routed experts that read these ids next (grp->ids == ids, the same T, k,
+ * E), where msm_cuda_router_groups(grp): then the router's last block also groups the pairs by
+ * expert into grp->ws (the grouping kernel's work, msm__moe_group_block), and the experts run with
+ * grp->grouped set, nothing touching grp->ws between. Elsewhere grp gives -EINVAL. */
 #define MSM_CUDA_ROUTER_FUSED_MAX_T 64
+typedef struct msm_cuda_moe_args msm_cuda_moe_args; /* the routed experts' call, below */
 size_t msm_cuda_router_ws_bytes(int T, int E);
 int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
-                                int K, int k, bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex);
+                                int K, int k, bool norm, const msm_cuda_moe_args *grp, void *ws, size_t ws_bytes,
+                                msm_cuda_exec ex);
+
+/* Whether the fused router groups for the experts m (tuning router_group, m's T up to
+ * MSM_CUDA_ROUTER_FUSED_MAX_T, msm_cuda_moe_groups(m)). The router then takes its counter form (never
+ * the cluster one: its last block is the one that knows every token is ranked). A pure function. */
+bool msm_cuda_router_groups(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn);
 
 /* ADD_RMSNORM (sum = a + b, out = rmsnorm(sum) * nw, [T,K]) and the ROUTER_LINEAR_TOPK reading out in
  * one launch: every block norms its token's row itself (one cluster a token where the cluster router
@@ -766,7 +780,8 @@ int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const ui
 bool msm_cuda_norm_router_fits(int T, int E, int K, const msm_cuda_tuning *tn);
 int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *sum, float *out, const float *a, const float *b,
                                      const uint16_t *nw, float eps, const uint16_t *wr, int T, int E, int K, int k,
-                                     bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex);
+                                     bool norm, const msm_cuda_moe_args *grp, void *ws, size_t ws_bytes,
+                                     msm_cuda_exec ex);
 
 /* A span of device memory for msm_cuda_l2_prefetch. */
 #define MSM_CUDA_PREFETCH_MAX_SPANS 6 /* a PREFETCH node's 3 weights, FP8 codes and scales each */
@@ -935,7 +950,7 @@ int msm_cuda_moe_experts_fp8(float *y, const float *x, const int32_t *ids, const
 /* One call of the routed experts (msm_cuda_moe_experts: gate_up and down bf16; or
  * msm_cuda_moe_experts_fp8: gate_up and down NULL, gu and dn FP8-resident, deq its scratch) as one
  * argument, for the combine left to the norm after them (tuning moe_fused_combine). */
-typedef struct msm_cuda_moe_args {
+struct msm_cuda_moe_args {
     const float *x;
     const int32_t *ids;
     const float *w;
@@ -944,7 +959,20 @@ typedef struct msm_cuda_moe_args {
     int T, H, I, k, E;
     void *ws, *deq;
     size_t ws_bytes, deq_bytes;
-} msm_cuda_moe_args;
+    bool grouped; /* ws already holds the grouping of ids: the router that wrote them left it there
+                     (msm_cuda_router_linear_topk's grp), so no grouping kernel runs. Only where
+                     msm_cuda_moe_groups (else the calls taking m answer -EINVAL) */
+};
+
+/* Whether m's path groups the (token, slot) pairs by expert in one kernel before its GEMVs or
+ * GEMMs (the grouped GEMVs that do not scan, the tiled and WMMA GEMMs, the FP8 grouped GEMVs and
+ * tiled GEMMs; not the pair GEMVs nor the dequantising FP8 path): the grouping a router may do
+ * instead (msm_cuda_router_groups). A pure function of its arguments. */
+bool msm_cuda_moe_groups(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn);
+
+/* msm_cuda_moe_experts or msm_cuda_moe_experts_fp8 (m->gu.q set) with m's arguments into y [T, H],
+ * skipping the grouping where m->grouped. */
+int msm_cuda_moe_experts_args(float *y, const msm_cuda_moe_args *m, msm_cuda_exec ex);
 
 /* Whether the pair path (1-4 tokens, k experts a token, FP8 or bf16 down) takes the early split
  * down under t (moe_pair_early: ON, or AUTO but at one token with a kernel beside it on the aux

@@ -6,6 +6,7 @@
  * (softmax is monotonic) ordered by (value descending, id ascending), which is the CPU's "highest
  * first, lowest id on ties". Weights are exp(l - max) / sum, renormalised in slot order when norm,
  * exactly as the CPU does. ids and weights never leave the device. */
+#include "moe_internal.h" /* msm__moe_group_block: the fused router's grouping for the experts */
 #include "msm_cuda.h"
 #include "msm_cuda_kernels.h"
 
@@ -168,11 +169,25 @@ static __device__ __forceinline__ void rank_topk(int32_t *ids, float *w, const f
     if (threadIdx.x < 32) topk_token<true>(ids, w, lg, t, E, k, norm, threadIdx.x & 31, rank);
 }
 
-/* The fused routers' tail, by every thread of a block that has written its logits of token t. */
+/* The routed experts' grouping a fused router leaves in their workspace (msm_cuda_router_linear_topk's
+ * grp): P = T * k pairs of E experts into ws; P = 0: none. */
+struct router_grp {
+    moe_ws ws;
+    int P, E;
+};
+
+/* The fused router's counters and logits in its workspace: a counter a token, then the grouping's
+ * one (ctr[MSM_CUDA_ROUTER_FUSED_MAX_T]), padded to 16 bytes; then the logits [T, E]. */
+#define ROUTER_CTRS (MSM_CUDA_ROUTER_FUSED_MAX_T + 4)
+
+/* The fused routers' tail, by every thread of a block that has written its logits of token t
+ * (grid y: the T tokens). The block ranking a token's logits last (every token's ids written)
+ * then groups the pairs for the experts when g.P (msm__moe_group_block, in the shared memory the
+ * ranking used), and resets the grouping's counter. */
 static __device__ __forceinline__ void router_rank_tail(int32_t *ids, float *w, const float *logits, unsigned *ctr,
-                                                        int t, int E, int k, bool norm) {
+                                                        int t, int E, int k, bool norm, const router_grp &g) {
     __shared__ bool last;
-    __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE];
+    __shared__ __align__(16) float lg[2 * 32 * ROUTER_PER_LANE]; /* the logits, then the grouping's 2 x E ints */
     __shared__ int rank[8];
     if (threadIdx.x == 0) {
         __threadfence();
@@ -187,6 +202,17 @@ static __device__ __forceinline__ void router_rank_tail(int32_t *ids, float *w, 
     __syncthreads();
     rank_topk(ids, w, lg, rank, t, E, k, norm);
     if (threadIdx.x == 0) ctr[t] = 0;
+    if (!g.P) return;
+    if (threadIdx.x == 0) { /* the lane that wrote token t's ids (topk_token), after warp 0's reads of lg */
+        __threadfence();
+        last = atomicAdd(ctr + MSM_CUDA_ROUTER_FUSED_MAX_T, 1u) == gridDim.y - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    int *cnt = (int *)lg;
+    msm__moe_group_block(g.ws, ids, g.P, g.E, cnt, cnt + 32 * ROUTER_PER_LANE);
+    if (threadIdx.x == 0) ctr[MSM_CUDA_ROUTER_FUSED_MAX_T] = 0;
 }
 
 /* early (tuning gemv_early, a weight not written during the step): the PDL wait is passed after
@@ -195,7 +221,7 @@ static __device__ __forceinline__ void router_rank_tail(int32_t *ids, float *w, 
 template <bool VEC, bool BLOCK>
 static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     router_linear_topk_kernel(int32_t *ids, float *w, float *logits, unsigned *ctr, const float *x,
-                              const uint16_t *wr, int T, int E, int K, int k, bool norm, bool early) {
+                              const uint16_t *wr, int T, int E, int K, int k, bool norm, bool early, router_grp g) {
     static_assert(MSM_SMALL_THREADS == ROUTER_WARPS * 32, "one block size for both ways");
     __shared__ float part[32];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.y;
@@ -219,7 +245,7 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
         }
         __syncthreads();
     }
-    router_rank_tail(ids, w, logits, ctr, t, E, k, norm);
+    router_rank_tail(ids, w, logits, ctr, t, E, k, norm, g);
 }
 
 /* ---- the fused router as one thread-block cluster a token (tuning router_cluster_max_t) ----
@@ -430,7 +456,7 @@ template <bool BLOCK, int V, int F>
 static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
     norm_router_kernel(int32_t *ids, float *w, float *logits, unsigned *ctr, const float *a, const float *b,
                        const uint16_t *nw, float *sum, float *out, float eps, int vt, const uint16_t *wr, int T,
-                       int E, int K, int k, bool norm, bool early) {
+                       int E, int K, int k, bool norm, bool early, router_grp g) {
     extern __shared__ __align__(16) float xn[]; /* [K]: token t's normed row */
     __shared__ float part[32];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.y;
@@ -451,31 +477,53 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
         if (lane == 0 && n < E) logits[(size_t)t * E + n] = s + 0.0f;
         __syncthreads();
     }
-    router_rank_tail(ids, w, logits, ctr, t, E, k, norm);
+    router_rank_tail(ids, w, logits, ctr, t, E, k, norm, g);
 }
 
 extern "C" size_t msm_cuda_router_ws_bytes(int T, int E) {
-    return MSM_CUDA_ROUTER_FUSED_MAX_T * sizeof(unsigned) + (size_t)T * E * sizeof(float);
+    return ROUTER_CTRS * sizeof(unsigned) + (size_t)T * E * sizeof(float);
+}
+
+extern "C" bool msm_cuda_router_groups(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn) {
+    return tn->router_group && m->T >= 1 && m->T <= MSM_CUDA_ROUTER_FUSED_MAX_T && msm_cuda_moe_groups(m, tn);
+}
+
+/* grp's grouping as the kernels take it (g->P = 0 without grp); -EINVAL where grp is not the
+ * experts reading these ids or the router does not group for them (msm_cuda_router_groups). */
+static int router_grp_of(const msm_cuda_moe_args *grp, const int32_t *ids, int T, int E, int k,
+                         const msm_cuda_tuning *tn, router_grp *g) {
+    *g = router_grp{};
+    if (!grp) return 0;
+    if (grp->ids != ids || grp->T != T || grp->k != k || grp->E != E || !msm_cuda_router_groups(grp, tn) ||
+        !grp->ws || (uintptr_t)grp->ws % 256 || grp->ws_bytes < msm_cuda_moe_experts_ws_bytes(T, grp->H, grp->I, k, E))
+        return -EINVAL;
+    msm__moe_ws_layout(T, grp->H, grp->I, k, E, (char *)grp->ws, &g->ws);
+    g->P = T * k;
+    g->E = E;
+    return 0;
 }
 
 extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
-                                           int K, int k, bool norm, void *ws, size_t ws_bytes, msm_cuda_exec ex) {
+                                           int K, int k, bool norm, const msm_cuda_moe_args *grp, void *ws,
+                                           size_t ws_bytes, msm_cuda_exec ex) {
     if (T < 0 || E <= 0 || E > 32 * ROUTER_PER_LANE || K <= 0 || k <= 0 || k > 8 || k > E) return -EINVAL;
+    router_grp g;
+    if (router_grp_of(grp, ids, T, E, k, ex.tune, &g)) return -EINVAL;
     if (T == 0) return 0;
     if (!ws || ws_bytes < msm_cuda_router_ws_bytes(T, E) || (uintptr_t)ws % 16) return -EINVAL;
     unsigned *ctr = (unsigned *)ws;
-    float *logits = (float *)((char *)ws + MSM_CUDA_ROUTER_FUSED_MAX_T * sizeof(unsigned));
+    float *logits = (float *)((char *)ws + ROUTER_CTRS * sizeof(unsigned));
     if (T > MSM_CUDA_ROUTER_FUSED_MAX_T || T > 65535) { /* the pair, through the same logits buffer */
         int r = msm_cuda_linear(logits, x, wr, NULL, T, E, K, NULL, NULL, 0, ex);
         return r ? r : msm_cuda_router_topk(ids, w, logits, T, E, k, norm, ex);
     }
     bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0, blk = msm_small_block(T, E);
-    if (rc_fits(T, E, K, wr, x, ex.tune)) return rc_go(ids, w, x, wr, T, E, K, k, norm, ex);
+    if (!g.P && rc_fits(T, E, K, wr, x, ex.tune)) return rc_go(ids, w, x, wr, T, E, K, k, norm, ex);
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T), block(MSM_SMALL_THREADS);
     bool early = ex.tune->gemv_early && !ex.w_written;
 #define ROUTER_GO(V, B) \
     CUDA_TRY(msm_launch(router_linear_topk_kernel<V, B>, grid, block, 0, ex, ids, w, logits, ctr, x, wr, T, E, K, k, norm, \
-                        early))
+                        early, g))
     if (vec && blk) ROUTER_GO(true, true);
     else if (vec) ROUTER_GO(true, false);
     else if (blk) ROUTER_GO(false, true);
@@ -566,33 +614,35 @@ template <int V, int F>
 static cudaError_t norm_router_go(dim3 grid, bool blk, int32_t *ids, float *w, float *logits, unsigned *ctr,
                                   const float *a, const float *b, const uint16_t *nw, float *sum, float *out,
                                   float eps, int vt, const uint16_t *wr, int T, int E, int K, int k, bool norm,
-                                  msm_cuda_exec ex) {
+                                  const router_grp &g, msm_cuda_exec ex) {
     /* the router weights before the PDL wait at one token (their loads overlap the kernel before;
      * at 8 tokens early router loads measured slower, bench/results/2026-12-02-h200-s2 run 3) */
     bool early = T == 1 && ex.tune->gemv_early;
     size_t shm = (size_t)K * sizeof(float);
     if (blk)
         return msm_launch(norm_router_kernel<true, V, F>, grid, dim3(MSM_SMALL_THREADS), shm, ex, ids, w, logits,
-                          ctr, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, early);
+                          ctr, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, early, g);
     return msm_launch(norm_router_kernel<false, V, F>, grid, dim3(MSM_SMALL_THREADS), shm, ex, ids, w, logits, ctr,
-                      a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, early);
+                      a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, early, g);
 }
 
 extern "C" int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *sum, float *out, const float *a,
                                                 const float *b, const uint16_t *nw, float eps, const uint16_t *wr,
-                                                int T, int E, int K, int k, bool norm, void *ws, size_t ws_bytes,
-                                                msm_cuda_exec ex) {
+                                                int T, int E, int K, int k, bool norm, const msm_cuda_moe_args *grp,
+                                                void *ws, size_t ws_bytes, msm_cuda_exec ex) {
+    router_grp g;
     if (!sum || !out || !a || !b || !nw || !wr || E <= 0 || E > 32 * ROUTER_PER_LANE || k <= 0 || k > 8 || k > E ||
-        !msm_cuda_norm_router_fits(T, E, K, ex.tune))
+        !msm_cuda_norm_router_fits(T, E, K, ex.tune) || router_grp_of(grp, ids, T, E, k, ex.tune, &g))
         return -EINVAL;
     if (!ws || ws_bytes < msm_cuda_router_ws_bytes(T, E) || (uintptr_t)ws % 16) return -EINVAL;
     if ((uintptr_t)wr % 16) { /* no vector loads: the two kernels */
         int r = msm_cuda_add_rmsnorm(sum, out, a, b, nw, T, K, eps, ex);
-        return r ? r : msm_cuda_router_linear_topk(ids, w, out, wr, T, E, K, k, norm, ws, ws_bytes, ex);
+        return r ? r : msm_cuda_router_linear_topk(ids, w, out, wr, T, E, K, k, norm, grp, ws, ws_bytes, ex);
     }
     int vt, V;
     norm_router_layout(K, &vt, &V);
-    if (rc_fits(T, E, K, wr, wr, ex.tune) && (E + rc_rows(E) - 1) / rc_rows(E) <= ex.tune->norm_router_cluster_max) {
+    if (!g.P && rc_fits(T, E, K, wr, wr, ex.tune) &&
+        (E + rc_rows(E) - 1) / rc_rows(E) <= ex.tune->norm_router_cluster_max) {
         /* one cluster a token, every block norming the row */
         cudaError_t e = V == 4   ? nrc_go<4>(ids, w, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, ex)
                         : V == 8 ? nrc_go<8>(ids, w, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, ex)
@@ -602,11 +652,11 @@ extern "C" int msm_cuda_norm_router_linear_topk(int32_t *ids, float *w, float *s
         return 0;
     }
     unsigned *ctr = (unsigned *)ws;
-    float *logits = (float *)((char *)ws + MSM_CUDA_ROUTER_FUSED_MAX_T * sizeof(unsigned));
+    float *logits = (float *)((char *)ws + ROUTER_CTRS * sizeof(unsigned));
     bool blk = msm_small_block(T, E);
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T);
 #define NR(V_, F_) \
-    norm_router_go<V_, F_>(grid, blk, ids, w, logits, ctr, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, ex)
+    norm_router_go<V_, F_>(grid, blk, ids, w, logits, ctr, a, b, nw, sum, out, eps, vt, wr, T, E, K, k, norm, g, ex)
     cudaError_t e = V == 4 ? NR(4, 2) : V == 8 ? NR(8, 2) : NR(16, 2);
 #undef NR
     CUDA_TRY(e);

@@ -242,6 +242,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->gemv_u16 = true;     /* measured faster: msm_cuda_kernels.h */
     t->norm_router_max_t = 8;
     t->router_cluster_max_t = 1; /* measured: msm_cuda_kernels.h */
+    t->router_group = true;
     t->moe_tiled_bm = 0; /* by the tokens an expert: measured faster, msm_cuda_kernels.h */
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;

@@ -68,14 +68,14 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE", "MSM_CUDA_ATT_MMA_SPLIT",
                                  "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_MOE_COMBINE_CLUSTER", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
                                  "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T",
-                                 "MSM_CUDA_ATT_CLUSTER_SPARE"};
+                                 "MSM_CUDA_ATT_CLUSTER_SPARE", "MSM_CUDA_ROUTER_GROUP"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true, t.att_qk_rope = 1;
     t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = t.linear_rope = true;
-    t.router_cluster_max_t = 1, t.mmv_fit_clusters = true, t.mmv_bslice = 1, t.moe_down_hb = 2, t.mmv_nj = 2;
+    t.router_cluster_max_t = 1, t.router_group = true, t.mmv_fit_clusters = true, t.mmv_bslice = 1, t.moe_down_hb = 2, t.mmv_nj = 2;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -97,6 +97,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1), setenv("MSM_CUDA_FP8_LINEAR_TILED_MIN_T", "0", 1);
     setenv("MSM_CUDA_STREAM_PRIO", "aux", 1), setenv("MSM_CUDA_LINEAR_ROPE", "0", 1);
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
+    setenv("MSM_CUDA_ROUTER_GROUP", "0", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
@@ -179,6 +180,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
+    cr_expect(!t.router_group, "MSM_CUDA_ROUTER_GROUP=0: the grouping kernel after the router");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
     setenv("MSM_CUDA_FP8_GEMV_ROWS", "3", 1);
     msm_cuda_tuning_from_env(&t);
@@ -1333,13 +1335,13 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
             CK(cudaMemsetAsync(i2, 0xff, T * k * 4, st));
             CK(cudaMemsetAsync(dx, 0xff, (size_t)T * K * 4, st)); /* NaN until the add below */
             CK(msm_cuda_add(dx, dx0, dz, (size_t)T * K, ex));
-            CK(msm_cuda_router_linear_topk(i2, w2, dx, dwr, T, E, K, k, norm, ws, wsb, ex));
+            CK(msm_cuda_router_linear_topk(i2, w2, dx, dwr, T, E, K, k, norm, NULL, ws, wsb, ex));
             CK(cudaStreamSynchronize(st));
             down(h2, i2, T * k * 4), down(g2, w2, T * k * 4);
             cr_assert(memcmp(h1, h2, T * k * 4) == 0, "T=%d E=%d K=%d call %d: ids differ", T, E, K, rep);
             cr_assert(memcmp(g1, g2, T * k * 4) == 0, "T=%d E=%d K=%d call %d: weights differ", T, E, K, rep);
         }
-        cr_expect_eq(msm_cuda_router_linear_topk(i2, w2, dx, dwr, T, E, K, k, norm, ws, wsb - 4, EX), -EINVAL);
+        cr_expect_eq(msm_cuda_router_linear_topk(i2, w2, dx, dwr, T, E, K, k, norm, NULL, ws, wsb - 4, EX), -EINVAL);
         cudaFree(dx0), cudaFree(dx), cudaFree(dz), cudaFree(dl), cudaFree(dwr), cudaFree(ws);
         cudaFree(i1), cudaFree(i2), cudaFree(w1), cudaFree(w2);
         free(x), free(wf), free(wb), free(h1), free(h2), free(g1), free(g2);
@@ -1398,10 +1400,10 @@ Test(cuda_kernels, norm_router_equals_add_rmsnorm_then_router, .timeout = 120) {
                 CK(msm_cuda_add(db, d1, dz, (size_t)T * K, ex));
                 if (v == 0) {
                     CK(msm_cuda_add_rmsnorm(dsum, dout, da, db, dn, T, K, 1e-6f, ex));
-                    CK(msm_cuda_router_linear_topk(di, dw, dout, dwr, T, E, K, k, true, ws, wsb, ex));
+                    CK(msm_cuda_router_linear_topk(di, dw, dout, dwr, T, E, K, k, true, NULL, ws, wsb, ex));
                 } else {
                     CK(msm_cuda_norm_router_linear_topk(di, dw, dsum, dout, da, db, dn, 1e-6f, dwr, T, E, K, k, true,
-                                                        ws, wsb, ex));
+                                                        NULL, ws, wsb, ex));
                 }
                 CK(cudaStreamSynchronize(st));
                 bool r = v == 0;
@@ -1419,8 +1421,8 @@ Test(cuda_kernels, norm_router_equals_add_rmsnorm_then_router, .timeout = 120) {
         cr_expect(!msm_cuda_norm_router_fits(1, E, K + 4, &t), "K %% 8 != 0");
         t.norm_router = false;
         cr_expect(!msm_cuda_norm_router_fits(1, E, K, &t), "switched off");
-        cr_expect_eq(msm_cuda_norm_router_linear_topk(di, dw, dsum, dout, da, db, dn, 1e-6f, dwr, 1, E, K, k, true, ws,
-                                                      wsb, (msm_cuda_exec){.stream = st, .tune = &t}),
+        cr_expect_eq(msm_cuda_norm_router_linear_topk(di, dw, dsum, dout, da, db, dn, 1e-6f, dwr, 1, E, K, k, true, NULL,
+                                                      ws, wsb, (msm_cuda_exec){.stream = st, .tune = &t}),
                      -EINVAL);
         cudaFree(d0), cudaFree(d1), cudaFree(da), cudaFree(db), cudaFree(dz), cudaFree(dsum), cudaFree(dout);
         cudaFree(dw), cudaFree(di), cudaFree(dwr), cudaFree(dn), cudaFree(ws);
@@ -2549,7 +2551,7 @@ Test(cuda_kernels, moe_pair_early_down_equals_late, .timeout = 180) {
                 CK(cudaMemsetAsync(di, 0x7f, (size_t)T * k * 4, st)); /* out of range: a stale id would show */
                 CK(cudaMemsetAsync(dw, 0xff, (size_t)T * k * 4, st));
                 CK(cudaMemsetAsync(dy, 0xff, ny * 4, st));
-                CK(msm_cuda_router_linear_topk(di, dw, dx, drw, T, E, H, k, true, rws, rwsb, ex));
+                CK(msm_cuda_router_linear_topk(di, dw, dx, drw, T, E, H, k, true, NULL, rws, rwsb, ex));
                 msm_cuda_exec ee = ex;
                 ee.no_pdl = v == 3;
                 if (fp8)
@@ -2566,6 +2568,114 @@ Test(cuda_kernels, moe_pair_early_down_equals_late, .timeout = 180) {
             free(x), free(ref), free(got);
         }
         cudaFree(drw), free(rb), free(rf);
+        if (fp8)
+            fp8_free(&gu), fp8_free(&dn);
+        else
+            moe_wset_free(&m);
+    }
+    cudaStreamDestroy(st);
+}
+
+/* The fused router's last block grouping the pairs for the routed experts after it
+ * (msm_cuda_router_linear_topk's grp, msm_cuda_moe_args.grouped: no grouping kernel) gives the same
+ * bits: the experts' output, and the grouping's counts, offsets and expert table in their
+ * workspace, against the router then the experts with the grouping kernel; the router alone, and
+ * with the add + norm inside it (msm_cuda_norm_router_linear_topk, up to its 8 tokens). bf16 at
+ * Qwen3-30B-A3B's and Qwen1.5-MoE's expert shapes and an odd one (the grouped GEMVs from 5 tokens,
+ * the tiled GEMMs from 12), FP8 at Qwen3-30B-A3B's (grouped GEMVs, tiled GEMMs); every call twice on a
+ * workspace poisoned before each (the grouping's counter returns to zero, a stale grouping would
+ * show); and grp refused where the router does not group for it. */
+Test(cuda_kernels, router_group_equals_group_kernel, .timeout = 240) {
+    need_gpu();
+    static const int shapes[][5] = {{2048, 768, 8, 128, 0}, {2048, 1408, 4, 60, 0}, {264, 96, 8, 24, 0},
+                                    {2048, 768, 8, 128, 1}}; /* H, I, k, E, FP8 */
+    static const int Ts[] = {5, 8, 12, 16, 33, 64};
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3];
+        bool fp8 = shapes[s][4];
+        moe_wset m = {0};
+        fp8_weight gu = {0}, dn = {0};
+        if (fp8)
+            gu = fp8_make(E, 2 * I, H, 0, false), dn = fp8_make(E, H, I, 0, false);
+        else
+            m = moe_wset_new(H, I, E);
+        float *rf, *nf;
+        uint16_t *rb = host_bf16((size_t)E * H, 0.05f, &rf), *drw = dev_up(rb, (size_t)E * H * 2);
+        uint16_t *nb = host_bf16(H, 1.0f, &nf), *dn_w = dev_up(nb, (size_t)H * 2);
+        for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+            int T = Ts[ti];
+            float *xa = host_f32((size_t)T * H, 1.0f), *xb = host_f32((size_t)T * H, 1.0f);
+            float *da = dev_up(xa, (size_t)T * H * 4), *db = dev_up(xb, (size_t)T * H * 4);
+            float *dx = dev((size_t)T * H * 4), *dsum = dev((size_t)T * H * 4), *dw = dev((size_t)T * k * 4);
+            int32_t *di = dev((size_t)T * k * 4);
+            size_t rwsb = msm_cuda_router_ws_bytes(T, E), wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
+            /* the workspace's head: expert_off and tile_off [E + 1], the expert table (msm__moe_ws_layout) */
+            size_t head = 2 * (((size_t)(E + 1) * 4 + 255) / 256 * 256) + ((size_t)E * 16 + 4 + 255) / 256 * 256;
+            void *rws = dev(rwsb), *ws = dev(wsb);
+            CK(cudaMemset(rws, 0, rwsb));
+            size_t ny = (size_t)T * H;
+            float *ref = malloc(ny * 4), *got = malloc(ny * 4), *dy = dev(ny * 4);
+            unsigned char *rh = malloc(head), *gh = malloc(head);
+            msm_cuda_moe_args ma = {.x = dx, .ids = di, .w = dw, .gate_up = fp8 ? NULL : m.dgu,
+                                    .down = fp8 ? NULL : m.ddn, .gu = fp8 ? gu.d : (msm_cuda_fp8w){0},
+                                    .dn = fp8 ? dn.d : (msm_cuda_fp8w){0}, .T = T, .H = H, .I = I, .k = k, .E = E,
+                                    .ws = ws, .ws_bytes = wsb};
+            /* the grouping kernel (reference); the router's, twice; the norm router's (T <= 8), twice */
+            for (int v = 0; v < 5; v++) {
+                msm_cuda_tuning t = tune0;
+                t.norm_router = true, t.norm_router_max_t = 8;
+                msm_cuda_exec ex = {.stream = st, .tune = &t};
+                bool grp = v > 0, nr = v >= 3;
+                if (nr && !msm_cuda_norm_router_fits(T, E, H, &t)) break;
+                cr_assert(msm_cuda_moe_groups(&ma, &t), "the path groups: T=%d H=%d", T, H);
+                cr_assert(msm_cuda_router_groups(&ma, &t), "the router groups: T=%d H=%d", T, H);
+                CK(cudaMemsetAsync(di, 0x7f, (size_t)T * k * 4, st)); /* out of range: a stale id would show */
+                CK(cudaMemsetAsync(dw, 0xff, (size_t)T * k * 4, st));
+                CK(cudaMemsetAsync(dy, 0xff, ny * 4, st));
+                CK(cudaMemsetAsync(ws, 0xff, wsb, st));
+                if (nr) {
+                    CK(msm_cuda_norm_router_linear_topk(di, dw, dsum, dx, da, db, dn_w, 1e-6f, drw, T, E, H, k, true,
+                                                        &ma, rws, rwsb, ex));
+                } else {
+                    CK(msm_cuda_add_rmsnorm(dsum, dx, da, db, dn_w, T, H, 1e-6f, ex));
+                    CK(msm_cuda_router_linear_topk(di, dw, dx, drw, T, E, H, k, true, grp ? &ma : NULL, rws, rwsb,
+                                                   ex));
+                }
+                ma.grouped = grp;
+                CK(msm_cuda_moe_experts_args(dy, &ma, ex));
+                ma.grouped = false;
+                CK(cudaStreamSynchronize(st));
+                down(grp ? got : ref, dy, ny * 4);
+                down(grp ? gh : rh, ws, head);
+                if (!grp) continue;
+                cr_expect(memcmp(ref, got, ny * 4) == 0, "experts differ: H=%d I=%d k=%d E=%d %s T=%d v=%d", H, I, k,
+                          E, fp8 ? "fp8" : "bf16", T, v);
+                cr_expect(memcmp(rh, gh, head) == 0, "grouping differs: H=%d I=%d k=%d E=%d %s T=%d v=%d", H, I, k, E,
+                          fp8 ? "fp8" : "bf16", T, v);
+            }
+            /* refused: other experts' ids, another T, switched off */
+            msm_cuda_tuning t = tune0;
+            msm_cuda_exec ex = {.stream = st, .tune = &t};
+            msm_cuda_moe_args bad = ma;
+            bad.ids = (const int32_t *)dw;
+            cr_expect_eq(msm_cuda_router_linear_topk(di, dw, dx, drw, T, E, H, k, true, &bad, rws, rwsb, ex), -EINVAL);
+            bad = ma, bad.T = T - 1;
+            cr_expect_eq(msm_cuda_router_linear_topk(di, dw, dx, drw, T, E, H, k, true, &bad, rws, rwsb, ex), -EINVAL);
+            t.router_group = false;
+            cr_expect(!msm_cuda_router_groups(&ma, &t), "switched off");
+            cr_expect_eq(msm_cuda_router_linear_topk(di, dw, dx, drw, T, E, H, k, true, &ma, rws, rwsb, ex), -EINVAL);
+            ma.grouped = true;
+            t = tune0, t.moe_path = MSM_CUDA_MOE_PATH_PAIR;
+            cr_expect(!msm_cuda_moe_groups(&ma, &t), "the pair GEMVs do not group");
+            cr_expect_eq(msm_cuda_moe_experts_args(dy, &ma, ex), -EINVAL);
+            CK(cudaStreamSynchronize(st));
+            cudaFree(da), cudaFree(db), cudaFree(dx), cudaFree(dsum), cudaFree(dw), cudaFree(di), cudaFree(rws);
+            cudaFree(ws), cudaFree(dy);
+            free(xa), free(xb), free(ref), free(got), free(rh), free(gh);
+        }
+        cudaFree(drw), cudaFree(dn_w), free(rb), free(rf), free(nb), free(nf);
         if (fp8)
             fp8_free(&gu), fp8_free(&dn);
         else
