@@ -84,10 +84,23 @@ static __device__ __forceinline__ void moe_tok_rows(moe_tok &r, const moe_ws &ws
 #pragma unroll
     for (int j = 0; j < MOE_MAX_K; j++) {
         size_t p = t * k + j;
-        r.row[j] = j >= k ? -1 : ids ? (ids[p] >= 0 && ids[p] < E ? (int)p : -1) : ws.inv[p];
-        r.w[j] = j < k ? w[p] : 0.0f;
+        int e = j < k && ids ? __ldcg(ids + p) : 0;
+        r.row[j] = j >= k ? -1 : ids ? (e >= 0 && e < E ? (int)p : -1) : __ldcg(ws.inv + p);
+        r.w[j] = j < k ? __ldcg(w + p) : 0.0f;
     }
 }
+
+/* The combine kernels' early routing (tuning moe_combine_early): a token's rows and weights
+ * (moe_tok_rows: the routing and the grouping's inverse, through L2) read before the PDL wait. Safe
+ * where the experts' gate/up kernel triggers only after its own wait (the grouped GEMVs and tiled
+ * GEMMs, bf16 or FP8: moe_combine_early_ok): the combine's grid can then start only after the
+ * gate/up's has passed its wait, so after the router and the grouping were complete. */
+#define MOE_EARLY_ROWS(early, rows) \
+    do {                            \
+        if (early) rows;            \
+        msm_pdl_wait();             \
+        if (!(early)) rows;         \
+    } while (0)
 
 /* Token r's routed sum at column h: sum_j w[t, j] * outp[row of pair (t, j)] in slot order (one fmaf
  * chain), rows by inv (grouped), or, where the GEMVs scanned (ids given), the pair itself for a valid
@@ -107,30 +120,29 @@ static __device__ __forceinline__ float moe_tok_sum(const moe_tok &r, const floa
  * preset 0.00 / -0.03 / -0.08; the kernel still takes ~5.5 us a layer at 8 tokens, mostly its
  * boundary with the down before it. */
 static __global__ void moe_combine_kernel(float *y, moe_ws ws, const int32_t *ids, int E, const float *w, int T,
-                                          int H, int k) {
+                                          int H, int k, bool early) {
     msm_pdl_trigger();
-    msm_pdl_wait();
-    size_t n = (size_t)T * H;
-    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
-         idx += (size_t)gridDim.x * blockDim.x) {
+    size_t n = (size_t)T * H, idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    moe_tok r; /* the first element's token (early: before the wait) */
+    MOE_EARLY_ROWS(early, moe_tok_rows(r, ws, ids, E, w, (idx < n ? idx : 0) / H, k));
+    for (size_t t0 = (idx < n ? idx : 0) / H; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
         size_t t = idx / H, h = idx % H;
-        moe_tok r;
-        moe_tok_rows(r, ws, ids, E, w, t, k);
+        if (t != t0) moe_tok_rows(r, ws, ids, E, w, t, k), t0 = t;
         y[idx] = moe_tok_sum(r, ws.outp, h, H);
     }
 }
 
 template <int V>
 static __global__ void moe_add_rmsnorm_kernel(float *sum, float *out, const float *a, moe_ws ws, const int32_t *ids,
-                                              int E, const float *w, int H, int k, const uint16_t *nw, float eps) {
+                                              int E, const float *w, int H, int k, const uint16_t *nw, float eps,
+                                              bool early) {
     msm_pdl_trigger();
     float wv[V];
     msm_norm_w_load<V>(nw, H, wv);
-    msm_pdl_wait();
     __shared__ float part[32];
     size_t t = blockIdx.x, off = t * (size_t)H;
     moe_tok r;
-    moe_tok_rows(r, ws, ids, E, w, t, k);
+    MOE_EARLY_ROWS(early, moe_tok_rows(r, ws, ids, E, w, t, k));
     float v[V];
 #pragma unroll
     for (int j = 0; j < V; j++) {
@@ -151,16 +163,15 @@ static __global__ void moe_add_rmsnorm_kernel(float *sum, float *out, const floa
 template <int V>
 static __global__ void __launch_bounds__(1024)
     moe_add_rmsnorm_cl_kernel(float *sum, float *out, const float *a, moe_ws ws, const int32_t *ids, int E,
-                              const float *w, int H, int k, const uint16_t *nw, float eps) {
+                              const float *w, int H, int k, const uint16_t *nw, float eps, bool early) {
     __shared__ float val[1024], part[32];
     cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
     msm_pdl_trigger();
     const int i = threadIdx.x + blockIdx.x * blockDim.x;
     const size_t t = blockIdx.y, off = t * (size_t)H;
     float wv = i < H ? msm_bf(__ldg(nw + i)) : 0.0f;
-    msm_pdl_wait();
     moe_tok r;
-    moe_tok_rows(r, ws, ids, E, w, t, k);
+    MOE_EARLY_ROWS(early, moe_tok_rows(r, ws, ids, E, w, t, k));
     float v = i < H ? a[off + i] + moe_tok_sum(r, ws.outp, (size_t)i, H) : 0.0f;
     val[threadIdx.x] = v;
     cl.sync();
@@ -184,9 +195,10 @@ template <int V>
 static __global__ void moe_combine_rmsnorm_routed_kernel(float *sum, float *out, const float *x, moe_ws ws,
                                                          const int32_t *ids, int E, const float *w, int k,
                                                          const float *shared, const float *h, const uint16_t *wg,
-                                                         const uint16_t *nw, int H, float eps) {
-    moe_tok r; /* after the PDL wait: the rows are the experts' */
-    msm_moe_combine_norm_row<V, true>([&] { moe_tok_rows(r, ws, ids, E, w, blockIdx.x, k); },
+                                                         const uint16_t *nw, int H, float eps, bool early) {
+    moe_tok r; /* the routing's rows and weights: before the PDL wait (early) or after it */
+    if (early) moe_tok_rows(r, ws, ids, E, w, blockIdx.x, k);
+    msm_moe_combine_norm_row<V, true>([&] { if (!early) moe_tok_rows(r, ws, ids, E, w, blockIdx.x, k); },
                                       [&](size_t i) { return moe_tok_sum(r, ws.outp, i % (size_t)H, H); }, sum, out, x,
                                       shared, h, wg, nw, H, eps);
 }
@@ -205,11 +217,18 @@ static int moe_path(const msm_cuda_tuning *tn, int T, int H, int I) {
     return msm__moe_gemm_fits(H, I) ? MSM_CUDA_MOE_PATH_WMMA : MSM_CUDA_MOE_PATH_GROUPED_GEMV;
 }
 
+/* Whether the combine after path may read the routing before its PDL wait (MOE_EARLY_ROWS): the
+ * grouped GEMVs' and the tiled GEMMs' gate/up kernels trigger only after their own wait (the WMMA
+ * GEMMs' trigger first). */
+static bool moe_combine_early_ok(const msm_cuda_tuning *tn, int path) {
+    return tn->moe_combine_early && (path == MSM_CUDA_MOE_PATH_GROUPED_GEMV || path == MSM_CUDA_MOE_PATH_TILED);
+}
+
 static cudaError_t combine_launch(float *y, const moe_ws &ws, const int32_t *scan_ids, int E, const float *w, int T,
-                                  int H, int k, msm_cuda_exec ex) {
+                                  int H, int k, bool early, msm_cuda_exec ex) {
     size_t n = (size_t)T * H, blocks = (n + 255) / 256;
     return msm_launch(moe_combine_kernel, dim3((unsigned)(blocks > 65536 ? 65536 : blocks)),
-                      dim3(256), 0, ex, y, ws, scan_ids, E, w, T, H, k);
+                      dim3(256), 0, ex, y, ws, scan_ids, E, w, T, H, k, early);
 }
 
 static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
@@ -259,7 +278,7 @@ static int moe_experts_run(float *y, const float *x, const int32_t *ids, const f
     if (r) return r;
     if (defer) return 0;
     ex.no_pdl = false;
-    CUDA_TRY(combine_launch(y, ws, scan, E, w, T, H, k, ex));
+    CUDA_TRY(combine_launch(y, ws, scan, E, w, T, H, k, moe_combine_early_ok(ex.tune, path), ex));
     return 0;
 }
 
@@ -325,7 +344,7 @@ static int moe_experts_fp8_run(float *y, const float *x, const int32_t *ids, con
                                  : msm__moe_grouped_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex);
         if (r) return r;
         if (defer) return 0;
-        CUDA_TRY(combine_launch(y, ws, NULL, E, w, T, H, k, ex));
+        CUDA_TRY(combine_launch(y, ws, NULL, E, w, T, H, k, ex.tune->moe_combine_early, ex)); /* FP8 grouped / tiled */
         return 0;
     }
     /* the selected experts dequantised to bf16, then the bf16 paths (WMMA past
@@ -373,18 +392,23 @@ extern "C" int msm_cuda_moe_experts_args(float *y, const msm_cuda_moe_args *m, m
 
 /* ---- the combine left to the norm after the experts (tuning moe_fused_combine) ---- */
 
-/* Whether m's path ends with the combine kernel, and the ids its rows are found by (*scan; NULL: the
- * grouping's inverse permutation): the decisions moe_experts_run / moe_experts_fp8_run make. */
-static bool moe_combines(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, const int32_t **scan) {
+/* Whether m's path ends with the combine kernel, the ids its rows are found by (*scan; NULL: the
+ * grouping's inverse permutation) and whether that combine reads them early (*early,
+ * moe_combine_early_ok): the decisions moe_experts_run / moe_experts_fp8_run make. */
+static bool moe_combines(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, const int32_t **scan,
+                         bool *early = NULL) {
     *scan = NULL;
+    if (early) *early = false;
     if (m->T <= 0 || m->H <= 0 || m->I <= 0 || m->k <= 0 || m->E <= 0) return false;
     if (m->gu.q) {
         moe_fp8_way way = moe_fp8_plan(tn, m->T, m->H, m->I, m->x, m->gu, m->dn);
+        if (early) *early = tn->moe_combine_early;
         if (way == FP8_GROUPED || way == FP8_TILED) return true;
         if (way == FP8_PAIR) return false;
     }
     int path = moe_path(tn, m->T, m->H, m->I);
     *scan = moe_scan_ids(tn, path, m->T, m->k, m->ids);
+    if (early) *early = moe_combine_early_ok(tn, path);
     return path != MSM_CUDA_MOE_PATH_PAIR;
 }
 
@@ -414,9 +438,10 @@ extern "C" int msm_cuda_moe_experts_deferred(const msm_cuda_moe_args *m, msm_cud
                            m->ws_bytes, true, m->grouped, ex);
 }
 
-/* The deferred combine's workspace view and scan ids; false where m does not defer. */
-static bool moe_deferred_ws(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, moe_ws *ws, const int32_t **scan) {
-    if (!moe_defer_on(m, tn) || !moe_combines(m, tn, scan) || !m->ws || (uintptr_t)m->ws % 256 || !m->w ||
+/* The deferred combine's workspace view, scan ids and early routing; false where m does not defer. */
+static bool moe_deferred_ws(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, moe_ws *ws, const int32_t **scan,
+                            bool *early) {
+    if (!moe_defer_on(m, tn) || !moe_combines(m, tn, scan, early) || !m->ws || (uintptr_t)m->ws % 256 || !m->w ||
         m->ws_bytes < msm_cuda_moe_experts_ws_bytes(m->T, m->H, m->I, m->k, m->E))
         return false;
     msm__moe_ws_layout(m->T, m->H, m->I, m->k, m->E, (char *)m->ws, ws);
@@ -427,14 +452,16 @@ extern "C" int msm_cuda_moe_add_rmsnorm(float *sum, float *out, const float *a, 
                                         const msm_cuda_moe_args *m, msm_cuda_exec ex) {
     moe_ws ws;
     const int32_t *scan;
-    if (!sum || !out || !a || !nw || !moe_deferred_ws(m, ex.tune, &ws, &scan) || m->H > 32 * 1024) return -EINVAL;
+    bool early;
+    if (!sum || !out || !a || !nw || !moe_deferred_ws(m, ex.tune, &ws, &scan, &early) || m->H > 32 * 1024)
+        return -EINVAL;
     int H = m->H, threads = msm_norm_threads(H), nv = msm_norm_vals(H, threads);
     if (ex.tune->moe_combine_cluster && nv >= 2 && nv <= 8 && threads <= 1024 && m->T <= 65535) {
         dim3 grid((unsigned)nv, (unsigned)m->T);
 #define MAN_CL(V)                                                                                                   \
     case V:                                                                                                         \
         CUDA_TRY(msm_launch_cluster(moe_add_rmsnorm_cl_kernel<V>, grid, dim3((unsigned)threads), 0, (unsigned)V, ex,  \
-                                    sum, out, a, ws, scan, m->E, m->w, H, m->k, nw, eps));                          \
+                                    sum, out, a, ws, scan, m->E, m->w, H, m->k, nw, eps, early));                   \
         return 0;
         switch (nv) { MAN_CL(2) MAN_CL(4) MAN_CL(8) }
 #undef MAN_CL
@@ -443,7 +470,7 @@ extern "C" int msm_cuda_moe_add_rmsnorm(float *sum, float *out, const float *a, 
 #define MAN_CASE(V)                                                                                                 \
     case V:                                                                                                         \
         CUDA_TRY(msm_launch(moe_add_rmsnorm_kernel<V>, dim3((unsigned)m->T), dim3((unsigned)threads), 0, ex, sum, out, \
-                            a, ws, scan, m->E, m->w, H, m->k, nw, eps));                                            \
+                            a, ws, scan, m->E, m->w, H, m->k, nw, eps, early));                                     \
         break;
         MAN_CASE(1) MAN_CASE(2) MAN_CASE(4) MAN_CASE(8) MAN_CASE(16) MAN_CASE(32)
 #undef MAN_CASE
@@ -457,7 +484,8 @@ extern "C" int msm_cuda_moe_combine_rmsnorm_routed(float *sum, float *out, const
                                                    const msm_cuda_moe_args *m, msm_cuda_exec ex) {
     moe_ws ws;
     const int32_t *scan;
-    if (!sum || !out || !x || !shared || !h || !wg || !nw || !moe_deferred_ws(m, ex.tune, &ws, &scan) ||
+    bool early;
+    if (!sum || !out || !x || !shared || !h || !wg || !nw || !moe_deferred_ws(m, ex.tune, &ws, &scan, &early) ||
         m->H > 32 * 1024)
         return -EINVAL;
     int H = m->H, threads = msm_moe_combine_threads(H);
@@ -466,7 +494,7 @@ extern "C" int msm_cuda_moe_combine_rmsnorm_routed(float *sum, float *out, const
 #define MCR_CASE(V)                                                                                                  \
     case V:                                                                                                          \
         CUDA_TRY(msm_launch(moe_combine_rmsnorm_routed_kernel<V>, dim3((unsigned)m->T), dim3((unsigned)threads), 0, ex, \
-                            sum, out, x, ws, scan, m->E, m->w, m->k, shared, h, wg, nw, H, eps));                    \
+                            sum, out, x, ws, scan, m->E, m->w, m->k, shared, h, wg, nw, H, eps, early));             \
         break;
         MCR_CASE(1) MCR_CASE(2) MCR_CASE(4) MCR_CASE(8) MCR_CASE(16)
 #undef MCR_CASE

@@ -164,6 +164,10 @@ typedef struct msm_cuda_tuning {
                                  gathered over distributed shared memory in the one-block kernel's
                                  order: the same bits), where the row takes 2-8 slices; else one block a
                                  token (MSM_CUDA_MOE_COMBINE_CLUSTER) */
+    bool moe_combine_early;   /* the combine kernel and the combines inside a norm read each token's
+                                 routing (ids, weights, the grouping's inverse) before their PDL wait,
+                                 after the grouped GEMVs and tiled GEMMs, whose gate/up triggers only
+                                 after its own wait (moe.cu, MOE_EARLY_ROWS; MSM_CUDA_MOE_COMBINE_EARLY) */
     int moe_gu_u2;            /* MSM_CUDA_MOE_GU_U2_*: the pair path's bf16 gate/up GEMV with 2 loads a
                                  lane a row in flight (not 4) at 12 blocks an SM, the same bits
                                  (moe_pair.cu; MSM_CUDA_MOE_GU_U2) */

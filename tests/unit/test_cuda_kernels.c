@@ -68,14 +68,15 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE", "MSM_CUDA_ATT_MMA_SPLIT",
                                  "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_MOE_COMBINE_CLUSTER", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
                                  "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T",
-                                 "MSM_CUDA_ATT_CLUSTER_SPARE", "MSM_CUDA_ROUTER_GROUP"};
+                                 "MSM_CUDA_ATT_CLUSTER_SPARE", "MSM_CUDA_ROUTER_GROUP",
+                                 "MSM_CUDA_MOE_COMBINE_EARLY"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
     t.pdl = true, t.mmv_max_t = 8, t.mmv_warps = 8, t.att_max_split = 16, t.att_group = 4, t.ar_oneshot_max_bytes = 4096;
     t.att_cluster = t.att_early = t.att_rope = true, t.att_qk_rope = 1;
     t.fp8_moe_tiled = t.gemv_early = t.qk_rope = t.fp8_gemv_u8 = t.norm_linear = t.linear_rope = true;
-    t.router_cluster_max_t = 1, t.router_group = true, t.mmv_fit_clusters = true, t.mmv_bslice = 1, t.moe_down_hb = 2, t.mmv_nj = 2;
+    t.router_cluster_max_t = 1, t.router_group = t.moe_combine_early = true, t.mmv_fit_clusters = true, t.mmv_bslice = 1, t.moe_down_hb = 2, t.mmv_nj = 2;
     z = t;
     msm_cuda_tuning_from_env(&t);
     cr_expect(memcmp(&t, &z, sizeof t) == 0, "no switch set: nothing changes");
@@ -97,7 +98,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1), setenv("MSM_CUDA_FP8_LINEAR_TILED_MIN_T", "0", 1);
     setenv("MSM_CUDA_STREAM_PRIO", "aux", 1), setenv("MSM_CUDA_LINEAR_ROPE", "0", 1);
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
-    setenv("MSM_CUDA_ROUTER_GROUP", "0", 1);
+    setenv("MSM_CUDA_ROUTER_GROUP", "0", 1), setenv("MSM_CUDA_MOE_COMBINE_EARLY", "0", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
@@ -181,6 +182,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
     cr_expect(!t.router_group, "MSM_CUDA_ROUTER_GROUP=0: the grouping kernel after the router");
+    cr_expect(!t.moe_combine_early, "MSM_CUDA_MOE_COMBINE_EARLY=0: the combines read the routing after their wait");
     cr_expect_eq(t.fp8_moe_tiled_min_t, 1, "clamped to 1");
     setenv("MSM_CUDA_FP8_GEMV_ROWS", "3", 1);
     msm_cuda_tuning_from_env(&t);
@@ -2580,7 +2582,10 @@ Test(cuda_kernels, moe_pair_early_down_equals_late, .timeout = 180) {
  * (msm_cuda_router_linear_topk's grp, msm_cuda_moe_args.grouped: no grouping kernel) gives the same
  * bits: the experts' output, and the grouping's counts, offsets and expert table in their
  * workspace, against the router then the experts with the grouping kernel; the router alone, and
- * with the add + norm inside it (msm_cuda_norm_router_linear_topk, up to its 8 tokens). bf16 at
+ * with the add + norm inside it (msm_cuda_norm_router_linear_topk, up to its 8 tokens). The same
+ * for the combines reading the routing before their PDL wait (tuning moe_combine_early, on in every
+ * run but the reference): the combine kernel, and the combine inside the add + norm after the
+ * experts (msm_cuda_moe_experts_deferred, msm_cuda_moe_add_rmsnorm) on its outputs. bf16 at
  * Qwen3-30B-A3B's and Qwen1.5-MoE's expert shapes and an odd one (the grouped GEMVs from 5 tokens,
  * the tiled GEMMs from 12), FP8 at Qwen3-30B-A3B's (grouped GEMVs, tiled GEMMs); every call twice on a
  * workspace poisoned before each (the grouping's counter returns to zero, a stale grouping would
@@ -2617,6 +2622,7 @@ Test(cuda_kernels, router_group_equals_group_kernel, .timeout = 240) {
             CK(cudaMemset(rws, 0, rwsb));
             size_t ny = (size_t)T * H;
             float *ref = malloc(ny * 4), *got = malloc(ny * 4), *dy = dev(ny * 4);
+            float *rs = malloc(ny * 8), *gs = malloc(ny * 8), *ds = dev(ny * 8); /* the add + norm's sum, norm */
             unsigned char *rh = malloc(head), *gh = malloc(head);
             msm_cuda_moe_args ma = {.x = dx, .ids = di, .w = dw, .gate_up = fp8 ? NULL : m.dgu,
                                     .down = fp8 ? NULL : m.ddn, .gu = fp8 ? gu.d : (msm_cuda_fp8w){0},
@@ -2625,33 +2631,46 @@ Test(cuda_kernels, router_group_equals_group_kernel, .timeout = 240) {
             /* the grouping kernel (reference); the router's, twice; the norm router's (T <= 8), twice */
             for (int v = 0; v < 5; v++) {
                 msm_cuda_tuning t = tune0;
-                t.norm_router = true, t.norm_router_max_t = 8;
+                t.norm_router = true, t.norm_router_max_t = 8, t.moe_combine_early = v > 0;
                 msm_cuda_exec ex = {.stream = st, .tune = &t};
                 bool grp = v > 0, nr = v >= 3;
                 if (nr && !msm_cuda_norm_router_fits(T, E, H, &t)) break;
                 cr_assert(msm_cuda_moe_groups(&ma, &t), "the path groups: T=%d H=%d", T, H);
                 cr_assert(msm_cuda_router_groups(&ma, &t), "the router groups: T=%d H=%d", T, H);
-                CK(cudaMemsetAsync(di, 0x7f, (size_t)T * k * 4, st)); /* out of range: a stale id would show */
-                CK(cudaMemsetAsync(dw, 0xff, (size_t)T * k * 4, st));
-                CK(cudaMemsetAsync(dy, 0xff, ny * 4, st));
-                CK(cudaMemsetAsync(ws, 0xff, wsb, st));
-                if (nr) {
-                    CK(msm_cuda_norm_router_linear_topk(di, dw, dsum, dx, da, db, dn_w, 1e-6f, drw, T, E, H, k, true,
-                                                        &ma, rws, rwsb, ex));
-                } else {
-                    CK(msm_cuda_add_rmsnorm(dsum, dx, da, db, dn_w, T, H, 1e-6f, ex));
-                    CK(msm_cuda_router_linear_topk(di, dw, dx, drw, T, E, H, k, true, grp ? &ma : NULL, rws, rwsb,
-                                                   ex));
+                /* the experts with their combine kernel, then with the combine in the add + norm */
+                for (int d = 0; d < 2; d++) {
+                    CK(cudaMemsetAsync(di, 0x7f, (size_t)T * k * 4, st)); /* out of range: a stale id would show */
+                    CK(cudaMemsetAsync(dw, 0xff, (size_t)T * k * 4, st));
+                    if (d == 0) CK(cudaMemsetAsync(dy, 0xff, ny * 4, st));
+                    if (d == 1) CK(cudaMemsetAsync(ds, 0xff, ny * 8, st));
+                    CK(cudaMemsetAsync(ws, 0xff, wsb, st));
+                    if (nr) {
+                        CK(msm_cuda_norm_router_linear_topk(di, dw, dsum, dx, da, db, dn_w, 1e-6f, drw, T, E, H, k,
+                                                            true, &ma, rws, rwsb, ex));
+                    } else {
+                        CK(msm_cuda_add_rmsnorm(dsum, dx, da, db, dn_w, T, H, 1e-6f, ex));
+                        CK(msm_cuda_router_linear_topk(di, dw, dx, drw, T, E, H, k, true, grp ? &ma : NULL, rws, rwsb,
+                                                       ex));
+                    }
+                    ma.grouped = grp;
+                    if (d == 0) {
+                        CK(msm_cuda_moe_experts_args(dy, &ma, ex));
+                    } else {
+                        cr_assert(msm_cuda_moe_defers(&ma, &t), "defers: T=%d H=%d", T, H);
+                        CK(msm_cuda_moe_experts_deferred(&ma, ex));
+                        CK(msm_cuda_moe_add_rmsnorm(ds, ds + ny, db, dn_w, 1e-6f, &ma, ex));
+                    }
+                    ma.grouped = false;
                 }
-                ma.grouped = grp;
-                CK(msm_cuda_moe_experts_args(dy, &ma, ex));
-                ma.grouped = false;
                 CK(cudaStreamSynchronize(st));
                 down(grp ? got : ref, dy, ny * 4);
+                down(grp ? gs : rs, ds, ny * 8);
                 down(grp ? gh : rh, ws, head);
                 if (!grp) continue;
                 cr_expect(memcmp(ref, got, ny * 4) == 0, "experts differ: H=%d I=%d k=%d E=%d %s T=%d v=%d", H, I, k,
                           E, fp8 ? "fp8" : "bf16", T, v);
+                cr_expect(memcmp(rs, gs, ny * 8) == 0, "add + norm differs: H=%d I=%d k=%d E=%d %s T=%d v=%d", H, I,
+                          k, E, fp8 ? "fp8" : "bf16", T, v);
                 cr_expect(memcmp(rh, gh, head) == 0, "grouping differs: H=%d I=%d k=%d E=%d %s T=%d v=%d", H, I, k, E,
                           fp8 ? "fp8" : "bf16", T, v);
             }
@@ -2672,8 +2691,8 @@ Test(cuda_kernels, router_group_equals_group_kernel, .timeout = 240) {
             cr_expect_eq(msm_cuda_moe_experts_args(dy, &ma, ex), -EINVAL);
             CK(cudaStreamSynchronize(st));
             cudaFree(da), cudaFree(db), cudaFree(dx), cudaFree(dsum), cudaFree(dw), cudaFree(di), cudaFree(rws);
-            cudaFree(ws), cudaFree(dy);
-            free(xa), free(xb), free(ref), free(got), free(rh), free(gh);
+            cudaFree(ws), cudaFree(dy), cudaFree(ds);
+            free(xa), free(xb), free(ref), free(got), free(rs), free(gs), free(rh), free(gh);
         }
         cudaFree(drw), cudaFree(dn_w), free(rb), free(rf), free(nb), free(nf);
         if (fp8)
