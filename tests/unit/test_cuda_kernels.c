@@ -1858,6 +1858,30 @@ static void fp8_free(fp8_weight *w) {
     free(w->q), free(w->sc), free(w->f), free(w->fb);
 }
 
+/* A shape's routed-expert weights, bf16 (m) or FP8-resident (gu, dn), for the tests that run the
+ * router before the experts. */
+typedef struct moe_weights {
+    bool fp8;
+    moe_wset m;
+    fp8_weight gu, dn;
+} moe_weights;
+
+static moe_weights moe_weights_new(int H, int I, int E, bool fp8) {
+    moe_weights w = {.fp8 = fp8};
+    if (fp8)
+        w.gu = fp8_make(E, 2 * I, H, 0, false), w.dn = fp8_make(E, H, I, 0, false);
+    else
+        w.m = moe_wset_new(H, I, E);
+    return w;
+}
+
+static void moe_weights_free(moe_weights *w) {
+    if (w->fp8)
+        fp8_free(&w->gu), fp8_free(&w->dn);
+    else
+        moe_wset_free(&w->m);
+}
+
 /* One FP8 linear against the CPU linear on the float32 weights (FP8 GEMV) or on them rounded to
  * bf16 (the dequantising path, bf16 = true). */
 static void linear_fp8_case(msm_cuda_ctx *ctx, msm_cuda_exec ex, int T, int N, int K, int ph, bool bias, bool bf16,
@@ -2526,12 +2550,9 @@ Test(cuda_kernels, moe_pair_early_down_equals_late, .timeout = 180) {
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3];
         bool fp8 = shapes[s][4];
-        moe_wset m = {0};
-        fp8_weight gu = {0}, dn = {0};
-        if (fp8)
-            gu = fp8_make(E, 2 * I, H, 0, false), dn = fp8_make(E, H, I, 0, false);
-        else
-            m = moe_wset_new(H, I, E);
+        moe_weights mw = moe_weights_new(H, I, E, fp8);
+        const moe_wset m = mw.m;
+        const fp8_weight gu = mw.gu, dn = mw.dn;
         float *rf;
         uint16_t *rb = host_bf16((size_t)E * H, 0.05f, &rf), *drw = dev_up(rb, (size_t)E * H * 2);
         for (int T = 1; T <= 4; T++) {
@@ -2570,10 +2591,7 @@ Test(cuda_kernels, moe_pair_early_down_equals_late, .timeout = 180) {
             free(x), free(ref), free(got);
         }
         cudaFree(drw), free(rb), free(rf);
-        if (fp8)
-            fp8_free(&gu), fp8_free(&dn);
-        else
-            moe_wset_free(&m);
+        moe_weights_free(&mw);
     }
     cudaStreamDestroy(st);
 }
@@ -2600,12 +2618,9 @@ Test(cuda_kernels, router_group_equals_group_kernel, .timeout = 240) {
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int H = shapes[s][0], I = shapes[s][1], k = shapes[s][2], E = shapes[s][3];
         bool fp8 = shapes[s][4];
-        moe_wset m = {0};
-        fp8_weight gu = {0}, dn = {0};
-        if (fp8)
-            gu = fp8_make(E, 2 * I, H, 0, false), dn = fp8_make(E, H, I, 0, false);
-        else
-            m = moe_wset_new(H, I, E);
+        moe_weights mw = moe_weights_new(H, I, E, fp8);
+        const moe_wset m = mw.m;
+        const fp8_weight gu = mw.gu, dn = mw.dn;
         float *rf, *nf;
         uint16_t *rb = host_bf16((size_t)E * H, 0.05f, &rf), *drw = dev_up(rb, (size_t)E * H * 2);
         uint16_t *nb = host_bf16(H, 1.0f, &nf), *dn_w = dev_up(nb, (size_t)H * 2);
@@ -2695,10 +2710,7 @@ Test(cuda_kernels, router_group_equals_group_kernel, .timeout = 240) {
             free(xa), free(xb), free(ref), free(got), free(rs), free(gs), free(rh), free(gh);
         }
         cudaFree(drw), cudaFree(dn_w), free(rb), free(rf), free(nb), free(nf);
-        if (fp8)
-            fp8_free(&gu), fp8_free(&dn);
-        else
-            moe_wset_free(&m);
+        moe_weights_free(&mw);
     }
     cudaStreamDestroy(st);
 }
