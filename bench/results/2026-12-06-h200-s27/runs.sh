@@ -22,9 +22,9 @@ source <(sed -n '/^kern_tests() {/,/^}/p;/^old_new() {/,/^}/p;/^final() {/,/^}/p
 # and neither; on an H200 (over 120 GB) then the table, the probe's floors and the timelines
 # (final, TABLE_ONLY)
 group() {
-    kern_tests "@(tuning*|router*|norm_router*)"
+    kern_tests "@(tuning*|router_group*|norm_router*)"
     el bitwise | tee -a $OUT/gpu.txt
-    for p in $Q15 $Q3 $Q3F; do for ids in 5,1000,77,300,12,9000,41,2 7,8,9,10,11,12,13,14,15,16,17,18; do
+    for p in $Q3 $Q3F $Q15; do for ids in 5,1000,77,300,12,9000,41,2 7,8,9,10,11,12,13,14,15,16,17,18; do
         for v in 0 1; do
             MSM_CUDA_ROUTER_GROUP=$v MSM_CUDA_MOE_COMBINE_EARLY=$v timeout 100 gpu-run/bin/msmoe-run --dummy-weights config/models/$p.json \
                 --backend cuda --prompt-ids $ids --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$v.npy \
@@ -33,10 +33,6 @@ group() {
         echo "$p $ids: $(cmp -s /tmp/l-0.npy /tmp/l-1.npy && cmp -s /tmp/t-0.txt /tmp/t-1.txt && echo same bits || echo DIFFER)" |
             tee -a $OUT/gpu.txt
     done; done
-    el presets | tee -a $OUT/gpu.txt
-    CHECK_PROMPTS=2 CHECK_VARIANTS="grouping,combines reading" timeout 150 python3 tests/gpu/check_presets.py config/models/$Q15.json \
-        config/models/$Q3.json config/models/$Q3F.json > $OUT/presets.txt 2>&1
-    grep -E "FAIL|failed|pass" $OUT/presets.txt | head -12 | tee -a $OUT/gpu.txt
     el ab | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
         for pb in "$Q3 5,8,16,32" "$Q3F 5,8,16,32" "$Q15 5,8,16,32"; do
@@ -45,6 +41,10 @@ group() {
             b $1 $2 grp MSM_CUDA_ROUTER_GROUP=0 --
             b $1 $2 grp MSM_CUDA_MOE_COMBINE_EARLY=0 --
         done
+        [ $i = 2 ] && { el presets | tee -a $OUT/gpu.txt
+            CHECK_PROMPTS=2 CHECK_VARIANTS="grouping,combines reading" timeout 150 python3 tests/gpu/check_presets.py \
+                config/models/$Q15.json config/models/$Q3.json config/models/$Q3F.json > $OUT/presets.txt 2>&1
+            grep -E "FAIL|failed|pass" $OUT/presets.txt | head -12 | tee -a $OUT/gpu.txt; el ab | tee -a $OUT/gpu.txt; }
     done
     el timeline | tee -a $OUT/gpu.txt
     ROWS=20 tl $Q3 8 q3b8
