@@ -2646,7 +2646,7 @@ Test(cuda_kernels, router_group_equals_group_kernel, .timeout = 240) {
             /* the grouping kernel (reference); the router's, twice; the norm router's (T <= 8), twice */
             for (int v = 0; v < 5; v++) {
                 msm_cuda_tuning t = tune0;
-                t.norm_router = true, t.norm_router_max_t = 8, t.moe_combine_early = v > 0;
+                t.norm_router = true, t.norm_router_max_t = 8, t.moe_combine_early = v > 0, t.router_group = true;
                 msm_cuda_exec ex = {.stream = st, .tune = &t};
                 bool grp = v > 0, nr = v >= 3;
                 if (nr && !msm_cuda_norm_router_fits(T, E, H, &t)) break;
@@ -2691,6 +2691,7 @@ Test(cuda_kernels, router_group_equals_group_kernel, .timeout = 240) {
             }
             /* refused: other experts' ids, another T, switched off */
             msm_cuda_tuning t = tune0;
+            t.router_group = true;
             msm_cuda_exec ex = {.stream = st, .tune = &t};
             msm_cuda_moe_args bad = ma;
             bad.ids = (const int32_t *)dw;
