@@ -167,7 +167,11 @@ typedef struct msm_cuda_tuning {
     bool moe_combine_early;   /* the combine kernel and the combines inside a norm read each token's
                                  routing (ids, weights, the grouping's inverse) before their PDL wait,
                                  after the grouped GEMVs and tiled GEMMs, whose gate/up triggers only
-                                 after its own wait (moe.cu, MOE_EARLY_ROWS; MSM_CUDA_MOE_COMBINE_EARLY) */
+                                 after its own wait (moe.cu, MOE_EARLY_ROWS; MSM_CUDA_MOE_COMBINE_EARLY).
+                                 Default on (H100, bench/results/2026-12-06-h200-s27 run 2, ms a step
+                                 at 5 / 8 / 16 / 32 tokens, off minus on, three rounds): Qwen3-30B-A3B
+                                 0.00 / 0.00 / +0.09 / +0.10, its FP8 preset +0.06 / +0.06 / +0.05 /
+                                 +0.10, Qwen1.5-MoE +0.03 / +0.03 / +0.02 / +0.03 */
     int moe_gu_u2;            /* MSM_CUDA_MOE_GU_U2_*: the pair path's bf16 gate/up GEMV with 2 loads a
                                  lane a row in flight (not 4) at 12 blocks an SM, the same bits
                                  (moe_pair.cu; MSM_CUDA_MOE_GU_U2) */
@@ -296,7 +300,8 @@ typedef struct msm_cuda_tuning {
                                  or many tokens' blocks fill the SMs) */
     bool router_group;        /* the fused router's last block groups the pairs by expert for the routed
                                  experts after it (msm_cuda_router_groups; MSM_CUDA_ROUTER_GROUP=0|1)
-                                 instead of the grouping kernel */
+                                 instead of the grouping kernel. Default off: measured slower at most
+                                 batches (tuning.cu) */
     int router_cluster_max;   /* the largest cluster it launches (16 where the device allows, else 8; GPU fact) */
     int norm_router_cluster_max; /* ... and the one its norm-fused form launches (msm_cuda_norm_router_linear_topk
                                     at router_cluster_max_t tokens; GPU fact) */

@@ -243,7 +243,11 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->gemv_u16 = true;     /* measured faster: msm_cuda_kernels.h */
     t->norm_router_max_t = 8;
     t->router_cluster_max_t = 1; /* measured: msm_cuda_kernels.h */
-    t->router_group = true;
+    /* the grouping in the router's last block: its tail grew ~2 us a layer at 8 tokens, more than the
+     * grouping kernel's share (H100, bench/results/2026-12-06-h200-s27 run 2, ms a step at 5 / 8 / 16
+     * / 32 tokens, on minus off, three rounds): Qwen3-30B-A3B +0.01 / +0.03 / -0.06 / +0.04, its FP8
+     * preset +0.06 / +0.05 / -0.03 / +0.08, Qwen1.5-MoE -0.05 / -0.06 / +0.17 / +0.07 */
+    t->router_group = false;
     t->moe_tiled_bm = 0; /* by the tokens an expert: measured faster, msm_cuda_kernels.h */
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;

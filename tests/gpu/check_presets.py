@@ -18,8 +18,8 @@ before it (decode steps of 2-16 tokens, after a bf16 qkv projection by default, 
 MSM_CUDA_ATT_QK_ROPE=2; at one token with CHECK_BASE_ENV=
 "MSM_CUDA_ATT_MMA_SPLIT_MIN_T=1", which puts every decode step here on the split kernel),
 the routed experts' combine inside the ADD_RMSNORM or MOE_COMBINE_NORM after them vs its own
-kernel, the grouping of the routed experts' pairs by the router's last block vs the grouping kernel
-(plain and norm-fused router; at 5-64 tokens, so the 8-token prefill here), the combines reading
+kernel, the grouping of the routed experts' pairs by the router's last block (off by default) vs the
+grouping kernel (plain and norm-fused router; at 5-64 tokens, so the 8-token prefill here), the combines reading
 the routing before their PDL wait vs after it, the shared expert's gate/up GEMV
 with the SwiGLU in its epilogue vs the two kernels, the qkv MMV with RoPE and the K/V write in its
 epilogue vs the two kernels, the grouped expert GEMVs' grid a row per
@@ -129,9 +129,10 @@ VARIANTS = [  # (name, extra flags, environment)
     ("routed experts' combine inside any next norm vs only an add + norm", [], {"MSM_CUDA_MOE_FUSED_COMBINE": "1"}),
     ("routed experts' combine inside the next add + norm, one block a token vs a cluster", [],
      {"MSM_CUDA_MOE_COMBINE_CLUSTER": "0"}),
-    ("routed experts' grouping kernel vs the router's last block grouping (8-token prefill)", [],
-     {"MSM_CUDA_ROUTER_GROUP": "0"}),
-    ("router grouping inside the norm-fused router vs the plain router", [], {"MSM_CUDA_NORM_ROUTER": "1"}),
+    ("routed experts' grouping in the router's last block vs the grouping kernel (8-token prefill)", [],
+     {"MSM_CUDA_ROUTER_GROUP": "1"}),
+    ("router grouping inside the norm-fused router vs the grouping kernel", [],
+     {"MSM_CUDA_NORM_ROUTER": "1", "MSM_CUDA_ROUTER_GROUP": "1"}),
     ("combines reading the routing after their PDL wait vs before (8-token prefill)", [],
      {"MSM_CUDA_MOE_COMBINE_EARLY": "0"}),
 ]

@@ -2602,8 +2602,9 @@ Test(cuda_kernels, moe_pair_early_down_equals_late, .timeout = 180) {
  * workspace, against the router then the experts with the grouping kernel; the router alone, and
  * with the add + norm inside it (msm_cuda_norm_router_linear_topk, up to its 8 tokens). The same
  * for the combines reading the routing before their PDL wait (tuning moe_combine_early, on in every
- * run but the reference): the combine kernel, and the combine inside the add + norm after the
- * experts (msm_cuda_moe_experts_deferred, msm_cuda_moe_add_rmsnorm) on its outputs. bf16 at
+ * run but the reference, also after the grouping kernel): the combine kernel, and the combine inside
+ * the add + norm after the experts (msm_cuda_moe_experts_deferred, msm_cuda_moe_add_rmsnorm) on its
+ * outputs. bf16 at
  * Qwen3-30B-A3B's and Qwen1.5-MoE's expert shapes and an odd one (the grouped GEMVs from 5 tokens,
  * the tiled GEMMs from 12), FP8 at Qwen3-30B-A3B's (grouped GEMVs, tiled GEMMs); every call twice on a
  * workspace poisoned before each (the grouping's counter returns to zero, a stale grouping would
@@ -2643,13 +2644,14 @@ Test(cuda_kernels, router_group_equals_group_kernel, .timeout = 240) {
                                     .down = fp8 ? NULL : m.ddn, .gu = fp8 ? gu.d : (msm_cuda_fp8w){0},
                                     .dn = fp8 ? dn.d : (msm_cuda_fp8w){0}, .T = T, .H = H, .I = I, .k = k, .E = E,
                                     .ws = ws, .ws_bytes = wsb};
-            /* the grouping kernel (reference); the router's, twice; the norm router's (T <= 8), twice */
-            for (int v = 0; v < 5; v++) {
+            /* the grouping kernel (reference); the router's, twice; the norm router's (T <= 8), twice;
+             * the grouping kernel with the combines' early routing */
+            for (int v = 0; v < 6; v++) {
                 msm_cuda_tuning t = tune0;
                 t.norm_router = true, t.norm_router_max_t = 8, t.moe_combine_early = v > 0, t.router_group = true;
                 msm_cuda_exec ex = {.stream = st, .tune = &t};
-                bool grp = v > 0, nr = v >= 3;
-                if (nr && !msm_cuda_norm_router_fits(T, E, H, &t)) break;
+                bool grp = v > 0 && v < 5, nr = v == 3 || v == 4;
+                if (nr && !msm_cuda_norm_router_fits(T, E, H, &t)) continue;
                 cr_assert(msm_cuda_moe_groups(&ma, &t), "the path groups: T=%d H=%d", T, H);
                 cr_assert(msm_cuda_router_groups(&ma, &t), "the router groups: T=%d H=%d", T, H);
                 /* the experts with their combine kernel, then with the combine in the add + norm */
@@ -2678,10 +2680,10 @@ Test(cuda_kernels, router_group_equals_group_kernel, .timeout = 240) {
                     ma.grouped = false;
                 }
                 CK(cudaStreamSynchronize(st));
-                down(grp ? got : ref, dy, ny * 4);
-                down(grp ? gs : rs, ds, ny * 8);
-                down(grp ? gh : rh, ws, head);
-                if (!grp) continue;
+                down(v ? got : ref, dy, ny * 4);
+                down(v ? gs : rs, ds, ny * 8);
+                down(v ? gh : rh, ws, head);
+                if (!v) continue;
                 cr_expect(memcmp(ref, got, ny * 4) == 0, "experts differ: H=%d I=%d k=%d E=%d %s T=%d v=%d", H, I, k,
                           E, fp8 ? "fp8" : "bf16", T, v);
                 cr_expect(memcmp(rs, gs, ny * 8) == 0, "add + norm differs: H=%d I=%d k=%d E=%d %s T=%d v=%d", H, I,
