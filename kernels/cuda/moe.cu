@@ -338,8 +338,10 @@ static int moe_experts_fp8_run(float *y, const float *x, const int32_t *ids, con
         if (way == FP8_PAIR)
             return msm__moe_pair_run(y, x, ids, w, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase,
                                      (float *)ws.act, T, H, I, k, E, true, true, ex);
-        if (!grouped) CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
-        ex.no_pdl = false;
+        if (!grouped) {
+            CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
+            ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
+        }
         int r = way == FP8_TILED ? msm__moe_tiled_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex)
                                  : msm__moe_grouped_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex);
         if (r) return r;
