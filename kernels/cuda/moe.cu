@@ -322,6 +322,12 @@ static moe_fp8_way moe_fp8_plan(const msm_cuda_tuning *tn, int T, int H, int I, 
     return pair ? FP8_PAIR : FP8_GROUPED;
 }
 
+/* moe_combine_early_ok for an FP8 way that combines on the codes (grouped GEMVs, tiled GEMMs: the
+ * bf16 paths' gate/up order). */
+static bool moe_fp8_combine_early_ok(const msm_cuda_tuning *tn, moe_fp8_way way) {
+    return moe_combine_early_ok(tn, way == FP8_TILED ? MSM_CUDA_MOE_PATH_TILED : MSM_CUDA_MOE_PATH_GROUPED_GEMV);
+}
+
 static int moe_experts_fp8_run(float *y, const float *x, const int32_t *ids, const float *w, msm_cuda_fp8w gu,
                                msm_cuda_fp8w dn, int T, int H, int I, int k, int E, void *ws_base, size_t ws_bytes,
                                void *deq, size_t deq_bytes, bool defer, bool grouped, msm_cuda_exec ex) {
@@ -346,7 +352,7 @@ static int moe_experts_fp8_run(float *y, const float *x, const int32_t *ids, con
                                  : msm__moe_grouped_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex);
         if (r) return r;
         if (defer) return 0;
-        CUDA_TRY(combine_launch(y, ws, NULL, E, w, T, H, k, ex.tune->moe_combine_early, ex)); /* FP8 grouped / tiled */
+        CUDA_TRY(combine_launch(y, ws, NULL, E, w, T, H, k, moe_fp8_combine_early_ok(ex.tune, way), ex));
         return 0;
     }
     /* the selected experts dequantised to bf16, then the bf16 paths (WMMA past
@@ -404,8 +410,10 @@ static bool moe_combines(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn, 
     if (m->T <= 0 || m->H <= 0 || m->I <= 0 || m->k <= 0 || m->E <= 0) return false;
     if (m->gu.q) {
         moe_fp8_way way = moe_fp8_plan(tn, m->T, m->H, m->I, m->x, m->gu, m->dn);
-        if (early) *early = tn->moe_combine_early;
-        if (way == FP8_GROUPED || way == FP8_TILED) return true;
+        if (way == FP8_GROUPED || way == FP8_TILED) {
+            if (early) *early = moe_fp8_combine_early_ok(tn, way);
+            return true;
+        }
         if (way == FP8_PAIR) return false;
     }
     int path = moe_path(tn, m->T, m->H, m->I);
