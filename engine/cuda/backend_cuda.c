@@ -1761,6 +1761,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_NORM_ROUTER"))) t->norm_router = s[0] != '0';
     if (env_int("MSM_CUDA_ROUTER_CLUSTER", &v)) t->router_cluster_max_t = v < 0 ? 0 : v > 64 ? 64 : v;
     if ((s = getenv("MSM_CUDA_ROUTER_GROUP"))) t->router_group = s[0] != '0';
+    if (env_int("MSM_CUDA_ROUTER_TCLUSTER", &v)) t->router_tcluster_max_t = v < 0 ? 0 : v > 64 ? 64 : v;
+    if (env_int("MSM_CUDA_ROUTER_TCLUSTER_TB", &v)) t->router_tcluster_tb = v >= 8 ? 8 : v >= 4 ? 4 : 2;
     if ((s = getenv("MSM_CUDA_GEMV_U16"))) t->gemv_u16 = s[0] != '0';
     if ((s = getenv("MSM_CUDA_GEMV_U8"))) t->gemv_u8 = s[0] == '1';
     if (env_int("MSM_CUDA_NORM_ROUTER_MAX_T", &v)) t->norm_router_max_t = v < 0 ? 0 : v;

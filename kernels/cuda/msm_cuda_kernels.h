@@ -305,6 +305,15 @@ typedef struct msm_cuda_tuning {
     int router_cluster_max;   /* the largest cluster it launches (16 where the device allows, else 8; GPU fact) */
     int norm_router_cluster_max; /* ... and the one its norm-fused form launches (msm_cuda_norm_router_linear_topk
                                     at router_cluster_max_t tokens; GPU fact) */
+    int router_tcluster_max_t; /* the fused router of 2 up to this many tokens, one block a logit (T * E <=
+                                 1024), as clusters of router_tcluster_tb tokens: a block's weight rows
+                                 read once for the cluster's tokens, before the PDL wait, each token ranked
+                                 by its own block of the cluster (router.cu router_tcluster_kernel; the
+                                 same bits; MSM_CUDA_ROUTER_TCLUSTER=N, 0: never). Where
+                                 router_cluster_max_t also takes the call, that form runs */
+    int router_tcluster_tb;   /* ... tokens a cluster: 2, 4 or 8 (fewer where the cluster has fewer
+                                 blocks, or 16 rows a block: 4; MSM_CUDA_ROUTER_TCLUSTER_TB) */
+    int router_tcluster_max;  /* the largest cluster the batched form (router_tcluster_max_t) launches (GPU fact) */
     int att_mma_min_blocks;   /* AUTO takes it once its (token, kv head) blocks reach this (0: sms / 4
                                  with 4 or more query heads a kv head, else 4 * sms) */
     bool att_cluster;         /* the SIMT attention's context splits of a (token, head) are one
@@ -779,6 +788,9 @@ int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const ui
  * MSM_CUDA_ROUTER_FUSED_MAX_T, msm_cuda_moe_groups(m)). The router then takes its counter form (never
  * the cluster one: its last block is the one that knows every token is ranked). A pure function. */
 bool msm_cuda_router_groups(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn);
+/* Whether msm_cuda_router_linear_topk of T tokens takes the batched cluster form (tuning
+ * router_tcluster_max_t) with 16-byte aligned x and weights and no grouping: for the tests. */
+bool msm_cuda_router_batched(int T, int E, int K, const msm_cuda_tuning *tn);
 
 /* ADD_RMSNORM (sum = a + b, out = rmsnorm(sum) * nw, [T,K]) and the ROUTER_LINEAR_TOPK reading out in
  * one launch: every block norms its token's row itself (one cluster a token where the cluster router

@@ -379,6 +379,154 @@ static int rc_go(int32_t *ids, float *w, const float *x, const uint16_t *wr, int
     return 0;
 }
 
+/* ---- the fused router as one cluster for TB tokens (tuning router_tcluster_max_t, _tb) ----
+ * router_cluster_kernel with the cluster's R weight rows a block read once for TB tokens (a whole
+ * step's at decode sizes) instead of once a token's cluster: block b of cluster y computes logits
+ * bR .. bR + R - 1 of tokens yTB .. yTB + TB - 1 (fewer in the last cluster), each (logit, token)
+ * in msm_small_dot's order with its warp sums and the warps in order (router_cluster_body's
+ * arithmetic: the counter form's BLOCK logits, bitwise), its weight loads before the PDL wait
+ * where early. Token j's logits go into the shared memory of the cluster's block j (TB <= C),
+ * which ranks them after the cluster barrier: the TB tokens rank at once on TB blocks, as the
+ * counter form's last blocks do, without their fence, counter atomic and reload from L2. */
+template <int R, int TB>
+static __global__ void __launch_bounds__(RC_THREADS)
+    router_tcluster_kernel(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k,
+                           bool norm, bool early) {
+    constexpr int U = RC_LOADS / R; /* loads a row a round */
+    __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE]; /* block j's: every logit of token j */
+    __shared__ float part[R][TB][RC_THREADS / 32];
+    __shared__ int rank[8];
+    cg::cluster_group cl = cg::this_cluster();
+    int b = (int)cl.block_rank(), t0 = blockIdx.y * TB, nt = min(TB, T - t0), tid = threadIdx.x, warp = tid / 32,
+        lane = tid & 31;
+    auto started = cl.barrier_arrive(); /* as router_cluster_body: before any distributed store */
+    msm_pdl_trigger();
+    if (!early) msm_pdl_wait();
+    const uint16_t *rows[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rows[r] = b * R + r < E ? wr + (size_t)(b * R + r) * K : NULL;
+    float acc[R][TB];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < TB; j++) acc[r][j] = 0.0f;
+    for (int k0 = tid * 8; k0 < K; k0 += 8 * RC_THREADS * U) {
+        uint4 wv[R][U];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int kk = k0 + u * 8 * RC_THREADS;
+                wv[r][u] = rows[r] && kk < K ? msm_ld_stream16(rows[r] + kk) : make_uint4(0, 0, 0, 0);
+            }
+        if (early && k0 == tid * 8) msm_pdl_wait();
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int kk = k0 + u * 8 * RC_THREADS;
+            if (kk >= K) break;
+#pragma unroll
+            for (int j = 0; j < TB; j++) {
+                if (j >= nt) break;
+                const float4 *xp = (const float4 *)(x + (size_t)(t0 + j) * K + kk);
+                float4 xa = xp[0], xb = xp[1];
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r][j] = msm_fma8_bf16(wv[r][u], xa, xb, acc[r][j]);
+            }
+        }
+    }
+    if (early) msm_pdl_wait(); /* a thread with no round (K < 8 * tid + 8) waits here */
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < TB; j++) {
+            float v = msm_warp_sum(acc[r][j]);
+            if (lane == 0) part[r][j][warp] = v;
+        }
+    if (b < nt) rank_pad(lg, rank, E);
+    __syncthreads();
+    cl.barrier_wait(std::move(started));
+    for (int i = tid; i < R * TB; i += RC_THREADS) {
+        int r = i / TB, j = i % TB;
+        if (j < nt && b * R + r < E) {
+            float tot = 0.0f;
+#pragma unroll
+            for (int q = 0; q < RC_THREADS / 32; q++) tot += part[r][j][q];
+            cl.map_shared_rank(lg, j)[b * R + r] = tot + 0.0f;
+        }
+    }
+    cl.sync(); /* every token's logits in its block's lg */
+    if (b < nt) rank_topk(ids, w, lg, rank, t0 + b, E, k, norm);
+}
+
+/* The tokens a cluster of the batched router takes for T tokens and E experts: the tuning's
+ * (router_tcluster_tb), at most T (rounded up to 2, 4, 8) and the cluster's blocks (each ranks one
+ * token); R x TB logits a thread at most 64 (16 rows: 4 tokens). 1: the token's own cluster
+ * (router_cluster_kernel) is that form. */
+static int tc_tokens(int T, int E, const msm_cuda_tuning *tn) {
+    int R = rc_rows(E), C = (E + R - 1) / R, tb = 1;
+    while (tb < 8 && tb < T && tb < tn->router_tcluster_tb) tb *= 2;
+    while (tb > 1 && (tb > C || R * tb > 64)) tb /= 2;
+    return tb;
+}
+
+/* Whether the batched cluster router takes a call: rc_fits' conditions with router_tcluster_max_t
+ * for router_cluster_max_t (and its own largest cluster), 2 tokens a cluster or more. */
+static bool tc_fits(int T, int E, int K, const void *wr, const void *x, const msm_cuda_tuning *tn) {
+    int R = rc_rows(E);
+    return T >= 2 && T <= tn->router_tcluster_max_t && msm_small_block(T, E) && K % 8 == 0 &&
+           ((uintptr_t)wr | (uintptr_t)x) % 16 == 0 && (E + R - 1) / R <= tn->router_tcluster_max &&
+           tc_tokens(T, E, tn) >= 2;
+}
+
+template <int R, int TB>
+static cudaError_t tc_launch(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k,
+                             bool norm, bool early, msm_cuda_exec ex) {
+    unsigned C = (unsigned)((E + R - 1) / R);
+    return msm_launch_cluster(router_tcluster_kernel<R, TB>, dim3(C, (unsigned)((T + TB - 1) / TB)), dim3(RC_THREADS),
+                              0, C, ex, ids, w, x, wr, T, E, K, k, norm, early);
+}
+
+template <int R>
+static cudaError_t tc_launch_tb(int tb, int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
+                                int K, int k, bool norm, bool early, msm_cuda_exec ex) {
+    if constexpr (R * 8 <= 64)
+        if (tb == 8) return tc_launch<R, 8>(ids, w, x, wr, T, E, K, k, norm, early, ex);
+    return tb == 4 ? tc_launch<R, 4>(ids, w, x, wr, T, E, K, k, norm, early, ex)
+                   : tc_launch<R, 2>(ids, w, x, wr, T, E, K, k, norm, early, ex);
+}
+
+/* The batched router's launch (tc_fits), its weights before the PDL wait where gemv_early and no
+ * kernel of the step writes them. */
+static int tc_go(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k, bool norm,
+                 msm_cuda_exec ex) {
+    bool early = ex.tune->gemv_early && !ex.w_written;
+    int R = rc_rows(E), tb = tc_tokens(T, E, ex.tune);
+    cudaError_t e = R == 1   ? tc_launch_tb<1>(tb, ids, w, x, wr, T, E, K, k, norm, early, ex)
+                    : R == 2 ? tc_launch_tb<2>(tb, ids, w, x, wr, T, E, K, k, norm, early, ex)
+                    : R == 4 ? tc_launch_tb<4>(tb, ids, w, x, wr, T, E, K, k, norm, early, ex)
+                    : R == 8 ? tc_launch_tb<8>(tb, ids, w, x, wr, T, E, K, k, norm, early, ex)
+                             : tc_launch_tb<16>(tb, ids, w, x, wr, T, E, K, k, norm, early, ex);
+    CUDA_TRY(e);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+/* tc_allow: rc_allow for router_tcluster_kernel<R, TB> */
+template <int R, int TB>
+static int tc_allow(void) {
+    int n = 0;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(RC_MAX_CLUSTER, 1);
+    cfg.blockDim = dim3(RC_THREADS);
+    if (cudaFuncSetAttribute(router_tcluster_kernel<R, TB>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess ||
+        cudaOccupancyMaxPotentialClusterSize(&n, router_tcluster_kernel<R, TB>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 8;
+    }
+    return n;
+}
+
 /* Allows router_cluster_kernel<R>'s clusters past 8 blocks (non-portable sizes); the largest cluster
  * of it the device can launch (8, the portable size, if the query fails). */
 template <int R>
@@ -408,6 +556,13 @@ void msm__router_tuning(msm_cuda_tuning *t) {
     int m2 = RC_MAX_CLUSTER;
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) m2 = f[i] < m2 ? f[i] : m2;
     t->norm_router_cluster_max = m2;
+    /* the batched form (router_tcluster_kernel): its own */
+    const int c[] = {tc_allow<1, 2>(),  tc_allow<1, 4>(), tc_allow<1, 8>(), tc_allow<2, 2>(), tc_allow<2, 4>(),
+                     tc_allow<2, 8>(),  tc_allow<4, 2>(), tc_allow<4, 4>(), tc_allow<4, 8>(), tc_allow<8, 2>(),
+                     tc_allow<8, 4>(),  tc_allow<8, 8>(), tc_allow<16, 2>(), tc_allow<16, 4>()};
+    int m3 = RC_MAX_CLUSTER;
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) m3 = c[i] < m3 ? c[i] : m3;
+    t->router_tcluster_max = m3;
     int m = n[0];
     for (size_t i = 1; i < sizeof n / sizeof *n; i++) m = n[i] < m ? n[i] : m;
     t->router_cluster_max = m;
@@ -488,6 +643,11 @@ extern "C" bool msm_cuda_router_groups(const msm_cuda_moe_args *m, const msm_cud
     return tn->router_group && m->T >= 1 && m->T <= MSM_CUDA_ROUTER_FUSED_MAX_T && msm_cuda_moe_groups(m, tn);
 }
 
+extern "C" bool msm_cuda_router_batched(int T, int E, int K, const msm_cuda_tuning *tn) {
+    return T >= 1 && E >= 1 && E <= 32 * ROUTER_PER_LANE && T <= MSM_CUDA_ROUTER_FUSED_MAX_T && T <= 65535 &&
+           !rc_fits(T, E, K, NULL, NULL, tn) && tc_fits(T, E, K, NULL, NULL, tn);
+}
+
 /* grp's grouping as the kernels take it (g->P = 0 without grp); -EINVAL where grp is not the
  * experts reading these ids or the router does not group for them (msm_cuda_router_groups). */
 static int router_grp_of(const msm_cuda_moe_args *grp, const int32_t *ids, int T, int E, int k,
@@ -519,6 +679,7 @@ extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *
     }
     bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0, blk = msm_small_block(T, E);
     if (!g.P && rc_fits(T, E, K, wr, x, ex.tune)) return rc_go(ids, w, x, wr, T, E, K, k, norm, ex);
+    if (!g.P && tc_fits(T, E, K, wr, x, ex.tune)) return tc_go(ids, w, x, wr, T, E, K, k, norm, ex);
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T), block(MSM_SMALL_THREADS);
     bool early = ex.tune->gemv_early && !ex.w_written;
 #define ROUTER_GO(V, B) \

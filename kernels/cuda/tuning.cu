@@ -248,6 +248,8 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * / 32 tokens, on minus off, three rounds): Qwen3-30B-A3B +0.01 / +0.03 / -0.06 / +0.04, its FP8
      * preset +0.06 / +0.05 / -0.03 / +0.08, Qwen1.5-MoE -0.05 / -0.06 / +0.17 / +0.07 */
     t->router_group = false;
+    t->router_tcluster_max_t = 0; /* not yet measured */
+    t->router_tcluster_tb = 8;
     t->moe_tiled_bm = 0; /* by the tokens an expert: measured faster, msm_cuda_kernels.h */
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;

@@ -69,7 +69,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_MOE_COMBINE_CLUSTER", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
                                  "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T",
                                  "MSM_CUDA_ATT_CLUSTER_SPARE", "MSM_CUDA_ROUTER_GROUP",
-                                 "MSM_CUDA_MOE_COMBINE_EARLY"};
+                                 "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER", "MSM_CUDA_ROUTER_TCLUSTER_TB"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -99,6 +99,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_STREAM_PRIO", "aux", 1), setenv("MSM_CUDA_LINEAR_ROPE", "0", 1);
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
     setenv("MSM_CUDA_ROUTER_GROUP", "0", 1), setenv("MSM_CUDA_MOE_COMBINE_EARLY", "0", 1);
+    setenv("MSM_CUDA_ROUTER_TCLUSTER", "99", 1), setenv("MSM_CUDA_ROUTER_TCLUSTER_TB", "3", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
@@ -140,6 +141,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.stream_prio, MSM_CUDA_PRIO_AUX);
     cr_expect(!t.linear_rope, "MSM_CUDA_LINEAR_ROPE=0: the linear and the RoPE two kernels");
     cr_expect_eq(t.router_cluster_max_t, 0, "clamped to 0: the counter and the last block");
+    cr_expect_eq(t.router_tcluster_max_t, 64, "clamped to 64");
+    cr_expect_eq(t.router_tcluster_tb, 2, "3: 2 tokens a cluster");
     cr_expect(!t.mmv_fit_clusters, "MSM_CUDA_MMV_FIT_CLUSTERS=0: K slices by blocks alone");
     cr_expect_eq(t.mmv_u8_max_blocks, 0, "clamped to 0: 4 chunks in flight");
     cr_expect_eq(t.moe_group_scan_max_t, 0, "clamped to 0: the grouping kernel always");
@@ -1291,7 +1294,8 @@ Test(cuda_kernels, router_topk_matches_cpu, .timeout = 60) {
  * (or tie with them in choice score), weights within fp32 rounding; an exact tie of two experts
  * goes to the lower id on both. */
 /* The router GEMV + top-k in one launch (its last block ranks the logits in parallel, or with
- * router_cluster one cluster a token whose rank 0 ranks them from distributed shared memory)
+ * router_cluster one cluster a token whose rank 0 ranks them from distributed shared memory, or
+ * with router_tcluster one cluster for 2, 4 or 8 tokens, each ranked by its own block of it)
  * equals msm_cuda_linear then msm_cuda_router_topk (k rounds of warp arg-max) bit for bit (ids,
  * weights), over repeated calls (the counters return to zero), T past the fused range (the pair
  * inside the launcher), K not a multiple of 8, clusters of 8 to 16 blocks of 1 to 16 logits, an
@@ -1303,7 +1307,9 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
     static const int shapes[][6] = {{1, 60, 2048, 4, 1, 0}, {8, 60, 2048, 4, 0, 0}, {64, 128, 512, 8, 1, 0},
                                     {70, 60, 256, 4, 0, 0}, {3, 7, 100, 7, 1, 0},   {1, 256, 4096, 8, 1, 0},
                                     {1, 128, 2048, 8, 1, 1}, {4, 60, 2048, 4, 0, 1}, {2, 8, 1024, 2, 1, 0},
-                                    {1, 17, 2048, 4, 0, 0},  {1, 128, 768, 8, 1, 0}};
+                                    {1, 17, 2048, 4, 0, 0},  {1, 128, 768, 8, 1, 0}, {8, 128, 2048, 8, 1, 0},
+                                    {5, 128, 2048, 8, 1, 1}, {17, 60, 2048, 4, 1, 0}, {4, 256, 1024, 8, 1, 0},
+                                    {6, 16, 2048, 6, 0, 0}};
     cudaStream_t st;
     cr_assert_eq(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -1329,10 +1335,17 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
         int32_t *h1 = malloc(T * k * 4), *h2 = malloc(T * k * 4);
         float *g1 = malloc(T * k * 4), *g2 = malloc(T * k * 4);
         down(h1, i1, T * k * 4), down(g1, w1, T * k * 4);
-        for (int rep = 0; rep < 6; rep++) { /* the counter form, the cluster form with and without early loads */
+        /* the counter form, the cluster form with and without early loads; the batched cluster form
+         * at 2, 4 and 8 tokens a cluster, with and without */
+        for (int rep = 0; rep < 12; rep++) {
             msm_cuda_tuning t = tune0;
-            t.router_cluster_max_t = rep % 3 != 0 ? 64 : 0;
-            t.gemv_early = rep % 3 != 2;
+            t.router_cluster_max_t = rep < 6 && rep % 3 != 0 ? 64 : 0;
+            t.gemv_early = rep < 6 ? rep % 3 != 2 : rep % 2 == 0;
+            t.router_tcluster_max_t = rep < 6 ? 0 : 64;
+            t.router_tcluster_tb = 2 << (rep - 6) / 2;
+            bool batched = rep >= 6 && T >= 2 && T * E <= 1024 && K % 8 == 0;
+            cr_assert_eq(msm_cuda_router_batched(T, E, K, &t), batched, "T=%d E=%d K=%d call %d: batched form", T, E,
+                         K, rep);
             msm_cuda_exec ex = {.stream = st, .tune = &t};
             CK(cudaMemsetAsync(i2, 0xff, T * k * 4, st));
             CK(cudaMemsetAsync(dx, 0xff, (size_t)T * K * 4, st)); /* NaN until the add below */

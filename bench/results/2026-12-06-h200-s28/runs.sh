@@ -12,6 +12,49 @@ Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b Q3F=qwen3-30b-a3b-fp8 GLM=glm-4.5-air-fp8
 # floors, Qwen3's timelines at 1 and 8; TABLE_ONLY=1 stops there)
 source <(sed -n '/^kern_tests() {/,/^}/p;/^old_new() {/,/^}/p;/^final() {/,/^}/p' bench/results/2026-12-06-h200-s26/runs.sh)
 
+# any GPU: the fused router as one cluster for several tokens (MSM_CUDA_ROUTER_TCLUSTER=8, 0: the
+# counter form; _TB tokens a cluster), commit in gpu.txt: the router's kernel tests (and the
+# tuning's); msmoe-run's logits off and on bitwise (5- and 8-token prompts: the prefill's router at
+# 5 and 8 tokens, then 6 decode steps); check_presets' two variants on three presets; three rounds of
+# Qwen3-30B-A3B, its FP8 preset and Qwen1.5-MoE at 2-8 tokens (Qwen1.5-MoE to 16) off, on at 8, 4, 2
+# tokens a cluster; Qwen3's timelines at 8 off and on; on an H200 (over 120 GB) first the table, the
+# probe's floors and the timelines of the code before (final, TABLE_ONLY: the switch is off by default)
+tcl() {
+    local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    [ "${mib:-0}" -gt 120000 ] && TABLE_ONLY=1 final
+    kern_tests "@(tuning*|router_linear*)"
+    el bitwise | tee -a $OUT/gpu.txt
+    for p in $Q3 $Q3F $Q15; do for ids in 5,1000,77,300,12 7,8,9,10,11,12,13,14; do
+        for v in 0 8; do
+            MSM_CUDA_ROUTER_TCLUSTER=$v timeout 100 gpu-run/bin/msmoe-run --dummy-weights config/models/$p.json \
+                --backend cuda --prompt-ids $ids --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$v.npy \
+                > /tmp/t-$v.txt 2>/dev/null
+        done
+        echo "$p $ids: $(cmp -s /tmp/l-0.npy /tmp/l-8.npy && cmp -s /tmp/t-0.txt /tmp/t-8.txt && echo same bits || echo DIFFER)" |
+            tee -a $OUT/gpu.txt
+    done; done
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for pb in "$Q3 2,4,5,8" "$Q3F 2,4,8" "$Q15 2,4,8,16"; do
+            set -- $pb
+            b $1 $2 tcl --
+            b $1 $2 tcl MSM_CUDA_ROUTER_TCLUSTER=16 --
+            b $1 $2 tcl MSM_CUDA_ROUTER_TCLUSTER=16 MSM_CUDA_ROUTER_TCLUSTER_TB=4 --
+            b $1 $2 tcl MSM_CUDA_ROUTER_TCLUSTER=16 MSM_CUDA_ROUTER_TCLUSTER_TB=2 --
+        done
+        [ $i = 2 ] && { el presets | tee -a $OUT/gpu.txt
+            CHECK_PROMPTS=2 CHECK_VARIANTS="clusters of 2 tokens,one cluster for 8" timeout 150 python3 tests/gpu/check_presets.py \
+                config/models/$Q15.json config/models/$Q3.json config/models/$Q3F.json > $OUT/presets.txt 2>&1
+            grep -E "FAIL|failed|pass" $OUT/presets.txt | head -12 | tee -a $OUT/gpu.txt; el ab | tee -a $OUT/gpu.txt; }
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=20 tl $Q3 8 q3b8-off
+    ROWS=20 tl $Q3 8 q3b8-on MSM_CUDA_ROUTER_TCLUSTER=8
+    pack
+    return 0
+}
+
 case "$1" in
 r1) hdr; TABLE_ONLY=1 final; el done | tee -a $OUT/gpu.txt ;;  # an H200: the table of the code at 432d85f
+r2) hdr; tcl; el done | tee -a $OUT/gpu.txt ;;
 esac
