@@ -424,14 +424,18 @@ static __global__ void __launch_bounds__(RC_THREADS)
         for (int u = 0; u < U; u++) {
             int kk = k0 + u * 8 * RC_THREADS;
             if (kk >= K) break;
+            /* every token's x loads of this step in flight at once, with no branch between them (a
+             * token past the last cluster's reads the last row; its sums are never stored) */
+            float4 xa[TB], xb[TB];
 #pragma unroll
             for (int j = 0; j < TB; j++) {
-                if (j >= nt) break;
-                const float4 *xp = (const float4 *)(x + (size_t)(t0 + j) * K + kk);
-                float4 xa = xp[0], xb = xp[1];
-#pragma unroll
-                for (int r = 0; r < R; r++) acc[r][j] = msm_fma8_bf16(wv[r][u], xa, xb, acc[r][j]);
+                const float4 *xp = (const float4 *)(x + (size_t)min(t0 + j, T - 1) * K + kk);
+                xa[j] = xp[0], xb[j] = xp[1];
             }
+#pragma unroll
+            for (int j = 0; j < TB; j++)
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r][j] = msm_fma8_bf16(wv[r][u], xa[j], xb[j], acc[r][j]);
         }
     }
     if (early) msm_pdl_wait(); /* a thread with no round (K < 8 * tid + 8) waits here */

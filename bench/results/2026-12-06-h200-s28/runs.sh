@@ -50,11 +50,13 @@ tcl() {
     el timeline | tee -a $OUT/gpu.txt
     ROWS=20 tl $Q3 8 q3b8-off
     ROWS=20 tl $Q3 8 q3b8-on MSM_CUDA_ROUTER_TCLUSTER=8
+    [ "${TB2:-0}" = 1 ] && ROWS=20 tl $Q3 8 q3b8-tb2 MSM_CUDA_ROUTER_TCLUSTER=8 MSM_CUDA_ROUTER_TCLUSTER_TB=2
     pack
     return 0
 }
 
 case "$1" in
 r1) hdr; TABLE_ONLY=1 final; el done | tee -a $OUT/gpu.txt ;;  # an H200: the table of the code at 432d85f
-r2) hdr; tcl; el done | tee -a $OUT/gpu.txt ;;
+r2) hdr; tcl; el done | tee -a $OUT/gpu.txt ;;  # the first kernel (3420b93): its x loads a token after another
+r3) hdr; TB2=1 tcl; el done | tee -a $OUT/gpu.txt ;;  # every token's x loads of a step at once
 esac
