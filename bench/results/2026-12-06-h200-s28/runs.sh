@@ -17,7 +17,8 @@ source <(sed -n '/^kern_tests() {/,/^}/p;/^old_new() {/,/^}/p;/^final() {/,/^}/p
 # tuning's); msmoe-run's logits off and on bitwise (5- and 8-token prompts: the prefill's router at
 # 5 and 8 tokens, then 6 decode steps); check_presets' two variants on three presets; three rounds of
 # Qwen3-30B-A3B, its FP8 preset and Qwen1.5-MoE at 2-8 tokens (Qwen1.5-MoE to 16) off, on at 8, 4, 2
-# tokens a cluster; Qwen3's timelines at 8 off and on; on an H200 (over 120 GB) first the table, the
+# tokens a cluster; Qwen3's timelines at 8 off and on (r3: and at 2 a cluster; the o_proj MMV at 8 K
+# slices a block, MSM_CUDA_MMV_BSLICE=8, so its blocks fit beside the attention's); on an H200 (over 120 GB) first the table, the
 # probe's floors and the timelines of the code before (final, TABLE_ONLY: the switch is off by default)
 tcl() {
     local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
@@ -41,6 +42,7 @@ tcl() {
             b $1 $2 tcl MSM_CUDA_ROUTER_TCLUSTER=16 --
             b $1 $2 tcl MSM_CUDA_ROUTER_TCLUSTER=16 MSM_CUDA_ROUTER_TCLUSTER_TB=4 --
             b $1 $2 tcl MSM_CUDA_ROUTER_TCLUSTER=16 MSM_CUDA_ROUTER_TCLUSTER_TB=2 --
+            [ "${TB2:-0}" = 1 ] && [ $1 != $Q15 ] && b $1 $2 tcl MSM_CUDA_MMV_BSLICE=8 --
         done
         [ $i = 2 ] && { el presets | tee -a $OUT/gpu.txt
             CHECK_PROMPTS=2 CHECK_VARIANTS="clusters of 2 tokens,one cluster for 8" timeout 150 python3 tests/gpu/check_presets.py \
