@@ -310,7 +310,9 @@ typedef struct msm_cuda_tuning {
                                  read once for the cluster's tokens, before the PDL wait, each token ranked
                                  by its own block of the cluster (router.cu router_tcluster_kernel; the
                                  same bits; MSM_CUDA_ROUTER_TCLUSTER=N, 0: never). Where
-                                 router_cluster_max_t also takes the call, that form runs */
+                                 router_cluster_max_t also takes the call, that form runs; where the
+                                 router groups for the experts (router_group), only if one cluster
+                                 holds every token (its block 0 groups them after the ranking) */
     int router_tcluster_tb;   /* ... tokens a cluster: 2, 4 or 8 (fewer where the cluster has fewer
                                  blocks, or 16 rows a block: 4; MSM_CUDA_ROUTER_TCLUSTER_TB) */
     int router_tcluster_max;  /* the largest cluster the batched form (router_tcluster_max_t) launches (GPU fact) */

@@ -391,7 +391,7 @@ static int rc_go(int32_t *ids, float *w, const float *x, const uint16_t *wr, int
 template <int R, int TB>
 static __global__ void __launch_bounds__(RC_THREADS)
     router_tcluster_kernel(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k,
-                           bool norm, bool early) {
+                           bool norm, bool early, router_grp g) {
     constexpr int U = RC_LOADS / R; /* loads a row a round */
     __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE]; /* block j's: every logit of token j */
     __shared__ float part[R][TB][RC_THREADS / 32];
@@ -460,6 +460,14 @@ static __global__ void __launch_bounds__(RC_THREADS)
     }
     cl.sync(); /* every token's logits in its block's lg */
     if (b < nt) rank_topk(ids, w, lg, rank, t0 + b, E, k, norm);
+    if (!g.P) return;
+    /* one cluster holds every token (tc_go): after the barrier (release / acquire at cluster scope,
+     * so the ranking blocks' ids are visible in L2) block 0 groups the pairs for the experts */
+    cl.sync();
+    if (b == 0) {
+        __shared__ int gc[2 * 32 * ROUTER_PER_LANE];
+        msm__moe_group_block(g.ws, ids, g.P, g.E, gc, gc + 32 * ROUTER_PER_LANE);
+    }
 }
 
 /* The tokens a cluster of the batched router takes for T tokens and E experts: the tuning's
@@ -484,32 +492,33 @@ static bool tc_fits(int T, int E, int K, const void *wr, const void *x, const ms
 
 template <int R, int TB>
 static cudaError_t tc_launch(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k,
-                             bool norm, bool early, msm_cuda_exec ex) {
+                             bool norm, bool early, const router_grp &g, msm_cuda_exec ex) {
     unsigned C = (unsigned)((E + R - 1) / R);
     return msm_launch_cluster(router_tcluster_kernel<R, TB>, dim3(C, (unsigned)((T + TB - 1) / TB)), dim3(RC_THREADS),
-                              0, C, ex, ids, w, x, wr, T, E, K, k, norm, early);
+                              0, C, ex, ids, w, x, wr, T, E, K, k, norm, early, g);
 }
 
 template <int R>
 static cudaError_t tc_launch_tb(int tb, int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E,
-                                int K, int k, bool norm, bool early, msm_cuda_exec ex) {
+                                int K, int k, bool norm, bool early, const router_grp &g, msm_cuda_exec ex) {
     if constexpr (R * 8 <= 64)
-        if (tb == 8) return tc_launch<R, 8>(ids, w, x, wr, T, E, K, k, norm, early, ex);
-    return tb == 4 ? tc_launch<R, 4>(ids, w, x, wr, T, E, K, k, norm, early, ex)
-                   : tc_launch<R, 2>(ids, w, x, wr, T, E, K, k, norm, early, ex);
+        if (tb == 8) return tc_launch<R, 8>(ids, w, x, wr, T, E, K, k, norm, early, g, ex);
+    return tb == 4 ? tc_launch<R, 4>(ids, w, x, wr, T, E, K, k, norm, early, g, ex)
+                   : tc_launch<R, 2>(ids, w, x, wr, T, E, K, k, norm, early, g, ex);
 }
 
 /* The batched router's launch (tc_fits), its weights before the PDL wait where gemv_early and no
- * kernel of the step writes them. */
+ * kernel of the step writes them; with g.P (grouping for the experts, one cluster for every token:
+ * tc_groups) its block 0 groups the pairs after the ranking. */
 static int tc_go(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k, bool norm,
-                 msm_cuda_exec ex) {
+                 const router_grp &g, msm_cuda_exec ex) {
     bool early = ex.tune->gemv_early && !ex.w_written;
     int R = rc_rows(E), tb = tc_tokens(T, E, ex.tune);
-    cudaError_t e = R == 1   ? tc_launch_tb<1>(tb, ids, w, x, wr, T, E, K, k, norm, early, ex)
-                    : R == 2 ? tc_launch_tb<2>(tb, ids, w, x, wr, T, E, K, k, norm, early, ex)
-                    : R == 4 ? tc_launch_tb<4>(tb, ids, w, x, wr, T, E, K, k, norm, early, ex)
-                    : R == 8 ? tc_launch_tb<8>(tb, ids, w, x, wr, T, E, K, k, norm, early, ex)
-                             : tc_launch_tb<16>(tb, ids, w, x, wr, T, E, K, k, norm, early, ex);
+    cudaError_t e = R == 1   ? tc_launch_tb<1>(tb, ids, w, x, wr, T, E, K, k, norm, early, g, ex)
+                    : R == 2 ? tc_launch_tb<2>(tb, ids, w, x, wr, T, E, K, k, norm, early, g, ex)
+                    : R == 4 ? tc_launch_tb<4>(tb, ids, w, x, wr, T, E, K, k, norm, early, g, ex)
+                    : R == 8 ? tc_launch_tb<8>(tb, ids, w, x, wr, T, E, K, k, norm, early, g, ex)
+                             : tc_launch_tb<16>(tb, ids, w, x, wr, T, E, K, k, norm, early, g, ex);
     CUDA_TRY(e);
     CUDA_LAUNCH_CHECK();
     return 0;
@@ -683,7 +692,8 @@ extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *
     }
     bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0, blk = msm_small_block(T, E);
     if (!g.P && rc_fits(T, E, K, wr, x, ex.tune)) return rc_go(ids, w, x, wr, T, E, K, k, norm, ex);
-    if (!g.P && tc_fits(T, E, K, wr, x, ex.tune)) return tc_go(ids, w, x, wr, T, E, K, k, norm, ex);
+    if (tc_fits(T, E, K, wr, x, ex.tune) && (!g.P || tc_tokens(T, E, ex.tune) >= T))
+        return tc_go(ids, w, x, wr, T, E, K, k, norm, g, ex);
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T), block(MSM_SMALL_THREADS);
     bool early = ex.tune->gemv_early && !ex.w_written;
 #define ROUTER_GO(V, B) \

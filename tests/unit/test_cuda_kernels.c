@@ -2613,7 +2613,8 @@ Test(cuda_kernels, moe_pair_early_down_equals_late, .timeout = 180) {
  * (msm_cuda_router_linear_topk's grp, msm_cuda_moe_args.grouped: no grouping kernel) gives the same
  * bits: the experts' output, and the grouping's counts, offsets and expert table in their
  * workspace, against the router then the experts with the grouping kernel; the router alone, and
- * with the add + norm inside it (msm_cuda_norm_router_linear_topk, up to its 8 tokens). The same
+ * with the add + norm inside it (msm_cuda_norm_router_linear_topk, up to its 8 tokens), and the
+ * batched cluster router's block 0 where one cluster holds every token (router_tcluster). The same
  * for the combines reading the routing before their PDL wait (tuning moe_combine_early, on in every
  * run but the reference, also after the grouping kernel): the combine kernel, and the combine inside
  * the add + norm after the experts (msm_cuda_moe_experts_deferred, msm_cuda_moe_add_rmsnorm) on its
@@ -2658,12 +2659,14 @@ Test(cuda_kernels, router_group_equals_group_kernel, .timeout = 240) {
                                     .dn = fp8 ? dn.d : (msm_cuda_fp8w){0}, .T = T, .H = H, .I = I, .k = k, .E = E,
                                     .ws = ws, .ws_bytes = wsb};
             /* the grouping kernel (reference); the router's, twice; the norm router's (T <= 8), twice;
-             * the grouping kernel with the combines' early routing */
-            for (int v = 0; v < 6; v++) {
+             * the grouping kernel with the combines' early routing; the batched cluster router's (one
+             * cluster for every token where T * E <= 1024, else the counter form's), early weights and not */
+            for (int v = 0; v < 8; v++) {
                 msm_cuda_tuning t = tune0;
                 t.norm_router = true, t.norm_router_max_t = 8, t.moe_combine_early = v > 0, t.router_group = true;
+                if (v >= 6) t.router_tcluster_max_t = 64, t.router_tcluster_tb = 8, t.gemv_early = v == 6;
                 msm_cuda_exec ex = {.stream = st, .tune = &t};
-                bool grp = v > 0 && v < 5, nr = v == 3 || v == 4;
+                bool grp = v > 0 && v != 5, nr = v == 3 || v == 4;
                 if (nr && !msm_cuda_norm_router_fits(T, E, H, &t)) continue;
                 cr_assert(msm_cuda_moe_groups(&ma, &t), "the path groups: T=%d H=%d", T, H);
                 cr_assert(msm_cuda_router_groups(&ma, &t), "the router groups: T=%d H=%d", T, H);

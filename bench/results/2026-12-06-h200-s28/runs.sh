@@ -18,20 +18,22 @@ source <(sed -n '/^kern_tests() {/,/^}/p;/^old_new() {/,/^}/p;/^final() {/,/^}/p
 # 5 and 8 tokens, then 6 decode steps); check_presets' two variants on three presets; three rounds of
 # Qwen3-30B-A3B, its FP8 preset and Qwen1.5-MoE at 2-8 tokens (Qwen1.5-MoE to 16) off, on at 8, 4, 2
 # tokens a cluster; Qwen3's timelines at 8 off and on (r3: and at 2 a cluster; the o_proj MMV at 8 K
-# slices a block, MSM_CUDA_MMV_BSLICE=8, so its blocks fit beside the attention's); on an H200 (over 120 GB) first the table, the
+# slices a block, MSM_CUDA_MMV_BSLICE=8, so its blocks fit beside the attention's; with one cluster
+# for every token the grouping in its block 0, MSM_CUDA_ROUTER_GROUP=1: arm, timeline, logits); on an H200 (over 120 GB) first the table, the
 # probe's floors and the timelines of the code before (final, TABLE_ONLY: the switch is off by default)
 tcl() {
     local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
     [ "${mib:-0}" -gt 120000 ] && TABLE_ONLY=1 final
-    kern_tests "@(tuning*|router_linear*)"
+    kern_tests "@(tuning*|router_linear*|router_group*)"
     el bitwise | tee -a $OUT/gpu.txt
     for p in $Q3 $Q3F $Q15; do for ids in 5,1000,77,300,12 7,8,9,10,11,12,13,14; do
-        for v in 0 8; do
-            MSM_CUDA_ROUTER_TCLUSTER=$v timeout 100 gpu-run/bin/msmoe-run --dummy-weights config/models/$p.json \
+        for v in 0 8 8g; do
+            MSM_CUDA_ROUTER_TCLUSTER=${v%g} MSM_CUDA_ROUTER_GROUP=$([ $v = 8g ] && echo 1 || echo 0) timeout 100 gpu-run/bin/msmoe-run --dummy-weights config/models/$p.json \
                 --backend cuda --prompt-ids $ids --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$v.npy \
                 > /tmp/t-$v.txt 2>/dev/null
         done
-        echo "$p $ids: $(cmp -s /tmp/l-0.npy /tmp/l-8.npy && cmp -s /tmp/t-0.txt /tmp/t-8.txt && echo same bits || echo DIFFER)" |
+        echo "$p $ids: $(cmp -s /tmp/l-0.npy /tmp/l-8.npy && cmp -s /tmp/t-0.txt /tmp/t-8.txt && echo same bits || echo DIFFER)" \
+            "grouping in it: $(cmp -s /tmp/l-0.npy /tmp/l-8g.npy && cmp -s /tmp/t-0.txt /tmp/t-8g.txt && echo same bits || echo DIFFER)" |
             tee -a $OUT/gpu.txt
     done; done
     el ab | tee -a $OUT/gpu.txt
@@ -42,6 +44,7 @@ tcl() {
             b $1 $2 tcl MSM_CUDA_ROUTER_TCLUSTER=16 --
             b $1 $2 tcl MSM_CUDA_ROUTER_TCLUSTER=16 MSM_CUDA_ROUTER_TCLUSTER_TB=4 --
             b $1 $2 tcl MSM_CUDA_ROUTER_TCLUSTER=16 MSM_CUDA_ROUTER_TCLUSTER_TB=2 --
+            [ "${TB2:-0}" = 1 ] && b $1 $2 tcl MSM_CUDA_ROUTER_TCLUSTER=16 MSM_CUDA_ROUTER_GROUP=1 --
             [ "${TB2:-0}" = 1 ] && [ $1 != $Q15 ] && b $1 $2 tcl MSM_CUDA_MMV_BSLICE=8 --
         done
         [ $i = 2 ] && { el presets | tee -a $OUT/gpu.txt
@@ -53,6 +56,7 @@ tcl() {
     ROWS=20 tl $Q3 8 q3b8-off
     ROWS=20 tl $Q3 8 q3b8-on MSM_CUDA_ROUTER_TCLUSTER=8
     [ "${TB2:-0}" = 1 ] && ROWS=20 tl $Q3 8 q3b8-tb2 MSM_CUDA_ROUTER_TCLUSTER=8 MSM_CUDA_ROUTER_TCLUSTER_TB=2
+    [ "${TB2:-0}" = 1 ] && ROWS=20 tl $Q3 8 q3b8-grp MSM_CUDA_ROUTER_TCLUSTER=8 MSM_CUDA_ROUTER_GROUP=1
     pack
     return 0
 }
