@@ -508,8 +508,8 @@ static cudaError_t tc_launch_tb(int tb, int32_t *ids, float *w, const float *x, 
 }
 
 /* The batched router's launch (tc_fits), its weights before the PDL wait where gemv_early and no
- * kernel of the step writes them; with g.P (grouping for the experts, one cluster for every token:
- * tc_groups) its block 0 groups the pairs after the ranking. */
+ * kernel of the step writes them; with g.P (grouping for the experts, taken only where one cluster
+ * holds every token: msm_cuda_router_linear_topk) its block 0 groups the pairs after the ranking. */
 static int tc_go(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k, bool norm,
                  const router_grp &g, msm_cuda_exec ex) {
     bool early = ex.tune->gemv_early && !ex.w_written;
