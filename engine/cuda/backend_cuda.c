@@ -744,6 +744,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
         break;
     case MSM_OP_ROUTER_LINEAR_TOPK: {
         const msm_attr_router_topk *r = &a->router_topk;
+        s.aux_beside = aux_beside(g, idx); /* the batched cluster router only alone (msm_cuda_exec) */
         msm_cuda_moe_args gm; /* the experts after it, whose grouping it does (router_group_target) */
         const msm_cuda_moe_args *grp = router_group_target(cb, g, idx, d, s, &gm) >= 0 ? &gm : NULL;
         if (norm_router_pair(g, idx - 1, ROWS(in0), s)) { /* with the ADD_RMSNORM before it, one launch */

@@ -312,7 +312,9 @@ typedef struct msm_cuda_tuning {
                                  same bits; MSM_CUDA_ROUTER_TCLUSTER=N, 0: never). Where
                                  router_cluster_max_t also takes the call, that form runs; where the
                                  router groups for the experts (router_group), only if one cluster
-                                 holds every token (its block 0 groups them after the ranking) */
+                                 holds every token (its block 0 groups them after the ranking); never
+                                 where the node's layer has kernels beside it on the aux stream
+                                 (msm_cuda_exec.aux_beside). Default 8, 2 tokens a cluster (tuning.cu) */
     int router_tcluster_tb;   /* ... tokens a cluster: 2, 4 or 8 (fewer where the cluster has fewer
                                  blocks, or 16 rows a block: 4; MSM_CUDA_ROUTER_TCLUSTER_TB) */
     int router_tcluster_max;  /* the largest cluster the batched form (router_tcluster_max_t) launches (GPU fact) */
@@ -538,7 +540,7 @@ typedef struct msm_cuda_exec {
                        kernels load it only after their PDL wait (gemv_early, mmv_early) */
     int priority;   /* launch priority (cudaLaunchAttributePriority; 0: the stream's) */
     bool aux_beside; /* kernels of the node's layer run on the aux stream beside it (the shared
-                        expert beside the routed experts): the SMs are shared */
+                        expert beside the routed experts or the router): the SMs are shared */
     bool on_aux;     /* the node runs on the aux stream (the shared expert's kernels), beside the
                         main stream's: the block-sliced MMV leaves it SMs (mmv_bslice_pick) */
 } msm_cuda_exec;
@@ -791,8 +793,9 @@ int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const ui
  * the cluster one: its last block is the one that knows every token is ranked). A pure function. */
 bool msm_cuda_router_groups(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn);
 /* Whether msm_cuda_router_linear_topk of T tokens takes the batched cluster form (tuning
- * router_tcluster_max_t) with 16-byte aligned x and weights and no grouping: for the tests. */
-bool msm_cuda_router_batched(int T, int E, int K, const msm_cuda_tuning *tn);
+ * router_tcluster_max_t) with 16-byte aligned x and weights, no grouping and ex.aux_beside as
+ * given: for the tests. */
+bool msm_cuda_router_batched(int T, int E, int K, bool aux_beside, const msm_cuda_tuning *tn);
 
 /* ADD_RMSNORM (sum = a + b, out = rmsnorm(sum) * nw, [T,K]) and the ROUTER_LINEAR_TOPK reading out in
  * one launch: every block norms its token's row itself (one cluster a token where the cluster router

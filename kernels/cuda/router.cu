@@ -262,6 +262,38 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
 #define RC_MAX_CLUSTER 16 /* non-portable past 8: the H100/H200 take 16 */
 #define RC_LOADS 16       /* 16-byte weight loads a thread has in flight a round */
 
+/* Allows a cluster router kernel's clusters past 8 blocks (non-portable sizes); the largest cluster of
+ * it (blocks of `threads`, smem dynamic bytes) the device can launch, up to `most` (8, the portable
+ * size, if the query fails). */
+template <typename Kern>
+static int cluster_allow(Kern kernel, int most, int threads, size_t smem) {
+    int n = 0;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)most, 1);
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = smem;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
+        cudaOccupancyMaxPotentialClusterSize(&n, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 8;
+    }
+    return n;
+}
+
+/* A cluster router thread's round of weight loads at k0: U 16-byte loads of each of its R rows,
+ * 8 x RC_THREADS columns apart (a NULL row or a column past K: zeros), all in flight at once. */
+template <int R, int U>
+static __device__ __forceinline__ void rc_load_round(uint4 (&wv)[R][U], const uint16_t *const *rows, int k0,
+                                                     int K) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int kk = k0 + u * 8 * RC_THREADS;
+            wv[r][u] = rows[r] && kk < K ? msm_ld_stream16(rows[r] + kk) : make_uint4(0, 0, 0, 0);
+        }
+}
+
 /* The cluster router's body for token t = blockIdx.y, reading its row from xt (global memory, or
  * the block's shared memory after hook()). hook() runs once in every thread, after the thread's
  * first round of weight loads is issued and the PDL wait (if early), before xt is read: the fused
@@ -290,13 +322,7 @@ static __device__ __forceinline__ void router_cluster_body(int32_t *ids, float *
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
     for (int k0 = tid * 8; k0 < K; k0 += 8 * RC_THREADS * U) {
         uint4 wv[R][U];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int kk = k0 + u * 8 * RC_THREADS;
-                wv[r][u] = rows[r] && kk < K ? msm_ld_stream16(rows[r] + kk) : make_uint4(0, 0, 0, 0);
-            }
+        rc_load_round<R, U>(wv, rows, k0, K);
         if (k0 == tid * 8) {
             if (early) msm_pdl_wait();
             hook();
@@ -412,13 +438,7 @@ static __global__ void __launch_bounds__(RC_THREADS)
         for (int j = 0; j < TB; j++) acc[r][j] = 0.0f;
     for (int k0 = tid * 8; k0 < K; k0 += 8 * RC_THREADS * U) {
         uint4 wv[R][U];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int kk = k0 + u * 8 * RC_THREADS;
-                wv[r][u] = rows[r] && kk < K ? msm_ld_stream16(rows[r] + kk) : make_uint4(0, 0, 0, 0);
-            }
+        rc_load_round<R, U>(wv, rows, k0, K);
         if (early && k0 == tid * 8) msm_pdl_wait();
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -482,10 +502,13 @@ static int tc_tokens(int T, int E, const msm_cuda_tuning *tn) {
 }
 
 /* Whether the batched cluster router takes a call: rc_fits' conditions with router_tcluster_max_t
- * for router_cluster_max_t (and its own largest cluster), 2 tokens a cluster or more. */
-static bool tc_fits(int T, int E, int K, const void *wr, const void *x, const msm_cuda_tuning *tn) {
+ * for router_cluster_max_t (and its own largest cluster), 2 tokens a cluster or more, and no kernel
+ * of its layer beside it on the aux stream (aux_beside: the shared expert's blocks fill SMs that a
+ * cluster of 15-16 blocks waits for; Qwen1.5-MoE measured +0.01..+0.03 ms at 4-8 tokens, H100,
+ * bench/results/2026-12-06-h200-s28 runs 2-3). */
+static bool tc_fits(int T, int E, int K, const void *wr, const void *x, bool aux_beside, const msm_cuda_tuning *tn) {
     int R = rc_rows(E);
-    return T >= 2 && T <= tn->router_tcluster_max_t && msm_small_block(T, E) && K % 8 == 0 &&
+    return !aux_beside && T >= 2 && T <= tn->router_tcluster_max_t && msm_small_block(T, E) && K % 8 == 0 &&
            ((uintptr_t)wr | (uintptr_t)x) % 16 == 0 && (E + R - 1) / R <= tn->router_tcluster_max &&
            tc_tokens(T, E, tn) >= 2;
 }
@@ -527,34 +550,14 @@ static int tc_go(int32_t *ids, float *w, const float *x, const uint16_t *wr, int
 /* tc_allow: rc_allow for router_tcluster_kernel<R, TB> */
 template <int R, int TB>
 static int tc_allow(void) {
-    int n = 0;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(RC_MAX_CLUSTER, 1);
-    cfg.blockDim = dim3(RC_THREADS);
-    if (cudaFuncSetAttribute(router_tcluster_kernel<R, TB>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-            cudaSuccess ||
-        cudaOccupancyMaxPotentialClusterSize(&n, router_tcluster_kernel<R, TB>, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 8;
-    }
-    return n;
+    return cluster_allow(router_tcluster_kernel<R, TB>, RC_MAX_CLUSTER, RC_THREADS, 0);
 }
 
 /* Allows router_cluster_kernel<R>'s clusters past 8 blocks (non-portable sizes); the largest cluster
  * of it the device can launch (8, the portable size, if the query fails). */
 template <int R>
 static int rc_allow(void) {
-    int n = 0;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(RC_MAX_CLUSTER, 1);
-    cfg.blockDim = dim3(RC_THREADS);
-    if (cudaFuncSetAttribute(router_cluster_kernel<R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-            cudaSuccess ||
-        cudaOccupancyMaxPotentialClusterSize(&n, router_cluster_kernel<R>, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 8;
-    }
-    return n;
+    return cluster_allow(router_cluster_kernel<R>, RC_MAX_CLUSTER, RC_THREADS, 0);
 }
 
 template <int R, int V>
@@ -656,9 +659,9 @@ extern "C" bool msm_cuda_router_groups(const msm_cuda_moe_args *m, const msm_cud
     return tn->router_group && m->T >= 1 && m->T <= MSM_CUDA_ROUTER_FUSED_MAX_T && msm_cuda_moe_groups(m, tn);
 }
 
-extern "C" bool msm_cuda_router_batched(int T, int E, int K, const msm_cuda_tuning *tn) {
+extern "C" bool msm_cuda_router_batched(int T, int E, int K, bool aux_beside, const msm_cuda_tuning *tn) {
     return T >= 1 && E >= 1 && E <= 32 * ROUTER_PER_LANE && T <= MSM_CUDA_ROUTER_FUSED_MAX_T && T <= 65535 &&
-           !rc_fits(T, E, K, NULL, NULL, tn) && tc_fits(T, E, K, NULL, NULL, tn);
+           !rc_fits(T, E, K, NULL, NULL, tn) && tc_fits(T, E, K, NULL, NULL, aux_beside, tn);
 }
 
 /* grp's grouping as the kernels take it (g->P = 0 without grp); -EINVAL where grp is not the
@@ -692,7 +695,7 @@ extern "C" int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *
     }
     bool vec = K % 8 == 0 && ((uintptr_t)wr | (uintptr_t)x) % 16 == 0, blk = msm_small_block(T, E);
     if (!g.P && rc_fits(T, E, K, wr, x, ex.tune)) return rc_go(ids, w, x, wr, T, E, K, k, norm, ex);
-    if (tc_fits(T, E, K, wr, x, ex.tune) && (!g.P || tc_tokens(T, E, ex.tune) >= T))
+    if (tc_fits(T, E, K, wr, x, ex.aux_beside, ex.tune) && (!g.P || tc_tokens(T, E, ex.tune) >= T))
         return tc_go(ids, w, x, wr, T, E, K, k, norm, g, ex);
     dim3 grid(blk ? (unsigned)E : (unsigned)((E + ROUTER_WARPS - 1) / ROUTER_WARPS), (unsigned)T), block(MSM_SMALL_THREADS);
     bool early = ex.tune->gemv_early && !ex.w_written;
@@ -743,18 +746,7 @@ static __global__ void __launch_bounds__(RC_THREADS)
 /* rc_allow for norm_router_cluster_kernel<R, V, 2> (its row of up to 4096 floats in dynamic shared memory) */
 template <int R, int V>
 static int nrc_allow(void) {
-    int n = 0;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(RC_MAX_CLUSTER, 1);
-    cfg.blockDim = dim3(RC_THREADS);
-    cfg.dynamicSmemBytes = 4096 * sizeof(float);
-    if (cudaFuncSetAttribute(norm_router_cluster_kernel<R, V, 2>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-            cudaSuccess ||
-        cudaOccupancyMaxPotentialClusterSize(&n, norm_router_cluster_kernel<R, V, 2>, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 8;
-    }
-    return n;
+    return cluster_allow(norm_router_cluster_kernel<R, V, 2>, RC_MAX_CLUSTER, RC_THREADS, 4096 * sizeof(float));
 }
 
 template <int R, int V>

@@ -248,8 +248,15 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * / 32 tokens, on minus off, three rounds): Qwen3-30B-A3B +0.01 / +0.03 / -0.06 / +0.04, its FP8
      * preset +0.06 / +0.05 / -0.03 / +0.08, Qwen1.5-MoE -0.05 / -0.06 / +0.17 / +0.07 */
     t->router_group = false;
-    t->router_tcluster_max_t = 0; /* not yet measured */
-    t->router_tcluster_tb = 8;
+    /* the batched cluster router at 2-8 tokens, 2 tokens a cluster (H100, bench/results/2026-12-06-h200-s28
+     * runs 2 and 3, three rounds each, on minus off, ms a step): Qwen3-30B-A3B 2 / 4 / 5 / 8 tokens
+     * -0.04 / -0.01 / -0.01 / +0.01 and -0.05 / -0.03 / -0.03 / -0.00, its FP8 preset 2 / 4 / 8
+     * -0.04 / -0.06 / -0.09 and -0.04 / -0.04 / -0.08 (the router's share at 8 tokens 6.9 -> 6.4 us
+     * a layer). 8 tokens a cluster: +0.05 / +0.06 at 8 (one cluster's 16 blocks carry the step's
+     * 8 x 128 dots); Qwen1.5-MoE, its shared expert beside the router, +0.01..+0.03 at 4-8: not
+     * taken there (msm_cuda_exec.aux_beside) */
+    t->router_tcluster_max_t = 8;
+    t->router_tcluster_tb = 2;
     t->moe_tiled_bm = 0; /* by the tokens an expert: measured faster, msm_cuda_kernels.h */
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;

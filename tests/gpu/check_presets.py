@@ -135,12 +135,12 @@ VARIANTS = [  # (name, extra flags, environment)
      {"MSM_CUDA_NORM_ROUTER": "1", "MSM_CUDA_ROUTER_GROUP": "1"}),
     ("combines reading the routing after their PDL wait vs before (8-token prefill)", [],
      {"MSM_CUDA_MOE_COMBINE_EARLY": "0"}),
-    ("router as one cluster for 8 tokens vs a counter and the last block (8-token prefill)", [],
-     {"MSM_CUDA_ROUTER_TCLUSTER": "8"}),
     ("router as clusters of 2 tokens vs a counter and the last block (8-token prefill)", [],
-     {"MSM_CUDA_ROUTER_TCLUSTER": "8", "MSM_CUDA_ROUTER_TCLUSTER_TB": "2"}),
+     {"MSM_CUDA_ROUTER_TCLUSTER": "0"}),
+    ("router as one cluster for 8 tokens vs clusters of 2 (8-token prefill)", [],
+     {"MSM_CUDA_ROUTER_TCLUSTER_TB": "8"}),
     ("router as one cluster for 8 tokens grouping the pairs vs the grouping kernel (8-token prefill)", [],
-     {"MSM_CUDA_ROUTER_TCLUSTER": "8", "MSM_CUDA_ROUTER_GROUP": "1"}),
+     {"MSM_CUDA_ROUTER_TCLUSTER_TB": "8", "MSM_CUDA_ROUTER_GROUP": "1"}),
 ]
 BASE_ENV = dict(kv.split("=", 1) for kv in os.environ.get("CHECK_BASE_ENV", "").split())
 BASE_FLAGS = os.environ.get("CHECK_BASE_FLAGS", "").split()  # e.g. "--fork-before-norm": on every run

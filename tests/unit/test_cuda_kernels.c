@@ -1344,8 +1344,10 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
             t.router_tcluster_max_t = rep < 6 ? 0 : 64;
             t.router_tcluster_tb = 2 << (rep - 6) / 2;
             bool batched = rep >= 6 && T >= 2 && T * E <= 1024 && K % 8 == 0;
-            cr_assert_eq(msm_cuda_router_batched(T, E, K, &t), batched, "T=%d E=%d K=%d call %d: batched form", T, E,
-                         K, rep);
+            cr_assert_eq(msm_cuda_router_batched(T, E, K, false, &t), batched, "T=%d E=%d K=%d call %d: batched form",
+                         T, E, K, rep);
+            cr_assert(!msm_cuda_router_batched(T, E, K, true, &t), "T=%d E=%d K=%d: not beside the aux stream", T, E,
+                      K);
             msm_cuda_exec ex = {.stream = st, .tune = &t};
             CK(cudaMemsetAsync(i2, 0xff, T * k * 4, st));
             CK(cudaMemsetAsync(dx, 0xff, (size_t)T * K * 4, st)); /* NaN until the add below */

@@ -61,8 +61,34 @@ tcl() {
     return 0
 }
 
+# any GPU: the batched cluster router on by default (2-8 tokens, 2 a cluster, not beside the aux
+# stream), commit in gpu.txt: on an H200 first the table (final, TABLE_ONLY); the router's kernel
+# tests; check_presets' three router variants (off, 8 a cluster, 8 with the grouping) on three
+# presets; two rounds of Qwen3-30B-A3B and Qwen1.5-MoE (its shared expert beside: unchanged) at
+# 2-8 tokens, default against MSM_CUDA_ROUTER_TCLUSTER=0
+dflt() {
+    local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    [ "${mib:-0}" -gt 120000 ] && TABLE_ONLY=1 final
+    kern_tests "@(tuning*|router_linear*|router_group*|norm_router*)"
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_PROMPTS=2 CHECK_VARIANTS="clusters of 2 tokens,one cluster for 8" timeout 150 python3 tests/gpu/check_presets.py \
+        config/models/$Q15.json config/models/$Q3.json config/models/$Q3F.json > $OUT/presets.txt 2>&1
+    grep -E "FAIL|failed|pass" $OUT/presets.txt | head -12 | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for pb in "$Q3 2,4,8" "$Q15 2,4,8"; do
+            set -- $pb
+            b $1 $2 dflt --
+            b $1 $2 dflt MSM_CUDA_ROUTER_TCLUSTER=0 --
+        done
+    done
+    pack
+    return 0
+}
+
 case "$1" in
 r1) hdr; TABLE_ONLY=1 final; el done | tee -a $OUT/gpu.txt ;;  # an H200: the table of the code at 432d85f
 r2) hdr; tcl; el done | tee -a $OUT/gpu.txt ;;  # the first kernel (3420b93): its x loads a token after another
 r3) hdr; TB2=1 tcl; el done | tee -a $OUT/gpu.txt ;;  # every token's x loads of a step at once
+r4) hdr; dflt; el done | tee -a $OUT/gpu.txt ;;
 esac
