@@ -778,8 +778,8 @@ int msm_cuda_sample(int32_t *out, const float *logits, size_t ld, const msm_samp
  * before the first call (its counters return to zero after every call), one per stream. Above
  * MSM_CUDA_ROUTER_FUSED_MAX_T tokens: the two launches.
  * grp (NULL: none): the routed experts that read these ids next (grp->ids == ids, the same T, k,
- * E), where msm_cuda_router_groups(grp): then the router's last block also groups the pairs by
- * expert into grp->ws (the grouping kernel's work, msm__moe_group_block), and the experts run with
+ * E), where msm_cuda_router_groups(grp): then the router's last block (or the batched cluster
+ * form's block 0) also groups the pairs by expert into grp->ws (the grouping kernel's work, msm__moe_group_block), and the experts run with
  * grp->grouped set, nothing touching grp->ws between. Elsewhere grp gives -EINVAL. */
 #define MSM_CUDA_ROUTER_FUSED_MAX_T 64
 typedef struct msm_cuda_moe_args msm_cuda_moe_args; /* the routed experts' call, below */
@@ -789,8 +789,10 @@ int msm_cuda_router_linear_topk(int32_t *ids, float *w, const float *x, const ui
                                 msm_cuda_exec ex);
 
 /* Whether the fused router groups for the experts m (tuning router_group, m's T up to
- * MSM_CUDA_ROUTER_FUSED_MAX_T, msm_cuda_moe_groups(m)). The router then takes its counter form (never
- * the cluster one: its last block is the one that knows every token is ranked). A pure function. */
+ * MSM_CUDA_ROUTER_FUSED_MAX_T, msm_cuda_moe_groups(m)). The router then takes its counter form (its
+ * last block is the one that knows every token is ranked), or the batched cluster form where one
+ * cluster holds every token (its block 0 groups after a cluster barrier); never one cluster a token.
+ * A pure function. */
 bool msm_cuda_router_groups(const msm_cuda_moe_args *m, const msm_cuda_tuning *tn);
 /* Whether msm_cuda_router_linear_topk of T tokens takes the batched cluster form (tuning
  * router_tcluster_max_t) with 16-byte aligned x and weights, no grouping and ex.aux_beside as
