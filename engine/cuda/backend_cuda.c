@@ -1606,6 +1606,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ROUTER_CHUNK_PER_SM=N      routers over many tokens: token chunks while N blocks an SM remain
  *   MSM_CUDA_ROUTER_GROUP=0|1           the fused router's last block groups the pairs for the routed experts
  *                                       after it, no grouping kernel (0, default: measured slower)
+ *   MSM_CUDA_ROUTER_TCLUSTER=N          the fused router at 2..N tokens as clusters of tokens, each block's
+ *                                       weight rows read once for them (8, default; 0: the counter form)
+ *   MSM_CUDA_ROUTER_TCLUSTER_TB=2|4|8   ... tokens a cluster (2, default)
  *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
  *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
  *   MSM_CUDA_ATT_ROPE=0|1               decode: ROPE_KV_WRITE + its ATTENTION in one kernel (0, default: slower)

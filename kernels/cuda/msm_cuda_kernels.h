@@ -779,8 +779,9 @@ int msm_cuda_sample(int32_t *out, const float *logits, size_t ld, const msm_samp
  * MSM_CUDA_ROUTER_FUSED_MAX_T tokens: the two launches.
  * grp (NULL: none): the routed experts that read these ids next (grp->ids == ids, the same T, k,
  * E), where msm_cuda_router_groups(grp): then the router's last block (or the batched cluster
- * form's block 0) also groups the pairs by expert into grp->ws (the grouping kernel's work, msm__moe_group_block), and the experts run with
- * grp->grouped set, nothing touching grp->ws between. Elsewhere grp gives -EINVAL. */
+ * form's block 0) also groups the pairs by expert into grp->ws (the grouping kernel's work,
+ * msm__moe_group_block), and the experts run with grp->grouped set, nothing touching grp->ws
+ * between. Elsewhere grp gives -EINVAL. */
 #define MSM_CUDA_ROUTER_FUSED_MAX_T 64
 typedef struct msm_cuda_moe_args msm_cuda_moe_args; /* the routed experts' call, below */
 size_t msm_cuda_router_ws_bytes(int T, int E);
