@@ -1715,6 +1715,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
         t->moe_gu_u2 = v <= 0 ? MSM_CUDA_MOE_GU_U2_OFF : v == 1 ? MSM_CUDA_MOE_GU_U2_ON : MSM_CUDA_MOE_GU_U2_AUTO;
     if ((s = getenv("MSM_CUDA_MMV_FIT_CLUSTERS"))) t->mmv_fit_clusters = s[0] != '0';
     if (env_int("MSM_CUDA_MMV_U8_MAX_BLOCKS", &v)) t->mmv_u8_max_blocks = v < 0 ? 0 : v;
+    if ((s = getenv("MSM_CUDA_MMV_L2_REST"))) t->mmv_l2_rest = s[0] != '0';
     if (env_int("MSM_CUDA_MMV_STREAM_MIN_N", &v)) t->mmv_stream_min_n = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MMV_STREAM_MIN_T", &v)) t->mmv_stream_min_t = v < 2 ? 2 : v > 8 ? 8 : v;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;

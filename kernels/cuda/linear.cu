@@ -1158,7 +1158,7 @@ static __device__ __forceinline__ int mmv_rope_row(int lr, int rb, int hd) {
 template <int MT, int S, int W, int MMV_U = 4, int WS = 1, int NJ = 2, bool ROPE = false>
 static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
     mmv_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
-               int K, bool early, lrk_args ra) {
+               int K, bool early, bool l2rest, lrk_args ra) {
     static_assert(WS == 1 || (S == 1 && W % WS == 0), "K slices in a cluster or in a block, not both");
     static_assert(NJ == 2 || (NJ == 4 && WS > 1), "4 n8 tiles a warp only in the block-sliced form");
     static_assert(!ROPE || (WS > 1 && MT == 1), "RoPE in the block-sliced form of one token tile");
@@ -1206,7 +1206,15 @@ static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
             for (int j = 0; j < NJ; j++)
                 wv[u][j] = c + u < c1 ? msm_ld_stream16(wr[j] + (size_t)(c + u) * 32)
                                       : make_uint4(0, 0, 0, 0);
-        if (early && c == c0) msm_pdl_wait();
+        if (early && c == c0) {
+            /* l2rest: the slice's later chunks of each row towards L2 (one bulk prefetch a row), so
+             * that the rounds after the wait read L2 instead of HBM */
+            if (l2rest && q == 0 && c1 - c0 > MMV_U)
+#pragma unroll
+                for (int j = 0; j < NJ; j++)
+                    msm_bulk_prefetch_l2(wr[j] + (size_t)(c0 + MMV_U) * 32, (unsigned)(c1 - c0 - MMV_U) * 64u);
+            msm_pdl_wait();
+        }
 #pragma unroll
         for (int u = 0; u < MMV_U; u++) {
             if (c + u >= c1) break;
@@ -1305,14 +1313,14 @@ template <int MT, int S, int W>
 static cudaError_t mmv_launch_s(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T,
                          int N, int K, msm_cuda_exec ex) {
     dim3 grid((unsigned)S, (unsigned)((N + W * 16 - 1) / (W * 16)));
-    bool early = ex.tune->gemv_early && !ex.w_written;
+    bool early = ex.tune->gemv_early && !ex.w_written, l2 = early && ex.tune->mmv_l2_rest;
     /* one token tile, a grid of at most mmv_u8_max_blocks, slices of 8 chunks or more: 8 in flight */
     if constexpr (MT == 1)
         if ((int)(grid.x * grid.y) <= ex.tune->mmv_u8_max_blocks && K / 32 / S >= 8)
             return msm_launch_cluster(mmv_kernel<MT, S, W, 8>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T,
-                                      N, K, early, lrk_args{});
+                                      N, K, early, l2, lrk_args{});
     return msm_launch_cluster(mmv_kernel<MT, S, W>, grid, dim3(W * 32), 0, (unsigned)S, ex, y, x, w, bias, T, N, K,
-                              early, lrk_args{});
+                              early, l2, lrk_args{});
 }
 
 template <int MT, int W>
@@ -1348,8 +1356,9 @@ template <int WS, int U, int NJ = 2, bool ROPE = false>
 static cudaError_t mmvb_launch(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                                int K, msm_cuda_exec ex, lrk_args ra = lrk_args{}) {
     dim3 grid(1u, (unsigned)((N + NJ * 8 - 1) / (NJ * 8)));
+    bool early = ex.tune->gemv_early && !ex.w_written;
     return msm_launch(mmv_kernel<1, 1, WS, U, WS, NJ, ROPE>, grid, dim3(WS * 32), 0, ex, y, x, w, bias, T, N, K,
-                      ex.tune->gemv_early && !ex.w_written, ra);
+                      early, early && ex.tune->mmv_l2_rest, ra);
 }
 
 /* The block-sliced MMV of mmv_bslice_pick's choice: WS K slices, U chunks in flight, NJ n8 tiles a

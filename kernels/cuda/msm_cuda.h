@@ -933,6 +933,16 @@ static __device__ __forceinline__ void msm_prefetch_l2(const void *p, size_t n) 
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
 }
 
+/* One bulk prefetch of [p, p + bytes) into L2 (p 16-byte aligned, bytes a multiple of 16; hint
+ * only): cp.async.bulk.prefetch.L2 on sm_90, 128-byte prefetches before. */
+static __device__ __forceinline__ void msm_bulk_prefetch_l2(const void *p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "r"(bytes) : "memory");
+#else
+    for (unsigned o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+#endif
+}
+
 /* kernel<<<grid, block, smem, ex.stream>>>(args...) as a grid of thread-block clusters of
  * cluster_x blocks along x when cluster_x > 1 (the kernel syncs and reads its cluster's shared
  * memory through cooperative_groups::this_cluster()), with programmatic stream serialisation

@@ -228,6 +228,9 @@ typedef struct msm_cuda_tuning {
     int mmv_u8_max_blocks;    /* MMV grids (one token tile) of at most this many blocks keep 8 K chunks
                                  of weight loads a warp in flight instead of 4 (MSM_CUDA_MMV_U8_MAX_BLOCKS;
                                  0: never; default 2 an SM) */
+    bool mmv_l2_rest;         /* the MMVs whose K slice takes more than one round of weight loads
+                                 prefetch the later rounds' rows into L2 before the PDL wait (one bulk
+                                 prefetch a row; MSM_CUDA_MMV_L2_REST=0|1; off by default) */
     bool mmv_fit_clusters;    /* the MMV's K slices also keep its clusters within one wave
                                  (mmv_cluster_fit; MSM_CUDA_MMV_FIT_CLUSTERS=0: by blocks alone). On:
                                  Qwen1.5-MoE 3-8 tokens -0.03..0.05 ms (H200, 2026-12-03 eighth session,

@@ -40,9 +40,9 @@ static __device__ __forceinline__ void pf_issue(const char *p, unsigned bytes, b
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     size_t g = __cvta_generic_to_global(p);
     if (last) asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(g), "r"(bytes), "l"(pol) : "memory");
-    else asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(g), "r"(bytes) : "memory");
+    else msm_bulk_prefetch_l2(p, bytes);
 #else
-    for (unsigned o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+    msm_bulk_prefetch_l2(p, bytes);
 #endif
 }
 

@@ -69,7 +69,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_MOE_COMBINE_CLUSTER", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
                                  "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T",
                                  "MSM_CUDA_ATT_CLUSTER_SPARE", "MSM_CUDA_ROUTER_GROUP",
-                                 "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER", "MSM_CUDA_ROUTER_TCLUSTER_TB"};
+                                 "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER", "MSM_CUDA_ROUTER_TCLUSTER_TB",
+                                 "MSM_CUDA_MMV_L2_REST"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -100,6 +101,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
     setenv("MSM_CUDA_ROUTER_GROUP", "0", 1), setenv("MSM_CUDA_MOE_COMBINE_EARLY", "0", 1);
     setenv("MSM_CUDA_ROUTER_TCLUSTER", "99", 1), setenv("MSM_CUDA_ROUTER_TCLUSTER_TB", "3", 1);
+    setenv("MSM_CUDA_MMV_L2_REST", "1", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
@@ -143,6 +145,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.router_cluster_max_t, 0, "clamped to 0: the counter and the last block");
     cr_expect_eq(t.router_tcluster_max_t, 64, "clamped to 64");
     cr_expect_eq(t.router_tcluster_tb, 2, "3: 2 tokens a cluster");
+    cr_expect(t.mmv_l2_rest, "MSM_CUDA_MMV_L2_REST=1: the later rounds prefetched into L2");
     cr_expect(!t.mmv_fit_clusters, "MSM_CUDA_MMV_FIT_CLUSTERS=0: K slices by blocks alone");
     cr_expect_eq(t.mmv_u8_max_blocks, 0, "clamped to 0: 4 chunks in flight");
     cr_expect_eq(t.moe_group_scan_max_t, 0, "clamped to 0: the grouping kernel always");
@@ -697,6 +700,7 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
             a.mmv_warps = 8, b.mmv_warps = 4;
             a.mmv_fit_clusters = b.mmv_fit_clusters = false; /* the same S by slots alone */
             a.mmv_u8_max_blocks = 0, b.mmv_u8_max_blocks = 1 << 20; /* 4 and 8 chunks in flight */
+            a.mmv_l2_rest = slots >= 4, b.mmv_l2_rest = slots < 4; /* later rounds via L2 or not */
             a.mmv_bslice = b.mmv_bslice = 0; /* the clusters' slices */
             CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&a)));
             CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&b)));
@@ -739,7 +743,7 @@ Test(cuda_kernels, linear_mmv_block_slices, .timeout = 120) {
         linear_deterministic(ctx, EX_T(&t), 8, 2048, 2048, nj == 4 ? "mmv block slices, 32 rows" : "mmv block slices");
     }
     t.mmv_nj = 2;
-    static const int same[][3] = {{8, 256, 512}, {8, 320, 1024}, {3, 2048, 512}, {16, 96, 1024}};
+    static const int same[][3] = {{8, 256, 512}, {8, 320, 1024}, {3, 2048, 512}, {16, 96, 1024}, {8, 320, 2048}};
     for (size_t s = 0; s < sizeof same / sizeof *same; s++) {
         int T = same[s][0], N = same[s][1], K = same[s][2], S = K / 32 >= 32 ? 8 : 4;
         float *x = host_f32((size_t)T * K, 1.0f), *wf;
@@ -749,6 +753,7 @@ Test(cuda_kernels, linear_mmv_block_slices, .timeout = 120) {
         float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
         msm_cuda_tuning a = t, b = t;
         a.mmv_bslice = S, b.mmv_bslice = 0;
+        a.mmv_l2_rest = true; /* the block's later rounds prefetched into L2: the same bits */
         b.mmv_warps = 4, b.mmv_slots = 32, b.mmv_fit_clusters = false, b.mmv_u8_max_blocks = 0;
         CK(msm_cuda_linear(d1, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&a)));
         CK(msm_cuda_linear(d2, dx, dw, NULL, T, N, K, ctx, NULL, 0, EX_T(&b)));

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The twenty-ninth session's device commands (README.md here). From the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check bundle`
+# built from the commit in each run's gpu.txt and the phase-chain probe
+# (nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o gpu-run/mega_probe bench/mega_probe.cu),
+# carried as gpu-run/:
+#   bash bench/results/2026-12-06-h200-s29/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
+Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b Q3F=qwen3-30b-a3b-fp8 GLM=glm-4.5-air-fp8
+# the twenty-sixth session's kern_tests, old_new and final (the table on every preset, the probe's
+# floors, Qwen3's timelines at 1 and 8; TABLE_ONLY=1 stops there); the twenty-eighth's dflt (on an
+# H200 the table first; the router's kernel tests, check_presets' router variants, two rounds of
+# the batched router against MSM_CUDA_ROUTER_TCLUSTER=0)
+source <(sed -n '/^kern_tests() {/,/^}/p;/^old_new() {/,/^}/p;/^final() {/,/^}/p' bench/results/2026-12-06-h200-s26/runs.sh)
+source <(sed -n '/^dflt() {/,/^}/p' bench/results/2026-12-06-h200-s28/runs.sh | sed '/^    pack$/d')
+
+# any GPU: the qkv linear (5120 x 2048) of Qwen3-30B-A3B at 2-8 tokens on the streamed MMV
+# (MSM_CUDA_MMV_STREAM_MIN_N=5120: its weight tiles brought into shared memory by bulk copies, the
+# first stages before the PDL wait), three rounds at 2, 4, 8 against the block-sliced MMV; Qwen3's
+# timelines at 8 both ways
+sqkv() {
+    el sqkv | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q3 2,4,8 sq --
+        b $Q3 2,4,8 sq MSM_CUDA_MMV_STREAM_MIN_N=5120 --
+        [ -n "$SQ_MORE" ] && b $Q3 2,4,8 sq MSM_CUDA_MMV_STREAM_MIN_N=5120 $SQ_MORE --
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=20 tl $Q3 8 q3b8
+    ROWS=20 tl $Q3 8 q3b8-sq MSM_CUDA_MMV_STREAM_MIN_N=5120
+    return 0
+}
+
+# any GPU: the MMVs' later rounds of weight loads prefetched into L2 before the PDL wait
+# (MSM_CUDA_MMV_L2_REST=1; Qwen3's qkv at 2-16 tokens: 8 K chunks a slice, 4 in registers early),
+# commit in gpu.txt: on an H200 first the table; the MMV kernel tests; msmoe-run's logits off and on
+# bitwise; three rounds of Qwen3-30B-A3B and Qwen1.5-MoE at 2-16 tokens off and on; Qwen3's timeline
+# at 8 on
+l2r() {
+    local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    [ "${mib:-0}" -gt 120000 ] && TABLE_ONLY=1 final
+    kern_tests "@(tuning*|linear_mmv*)"
+    el bitwise | tee -a $OUT/gpu.txt
+    for p in $Q3 $Q15; do
+        for v in 0 1; do
+            MSM_CUDA_MMV_L2_REST=$v timeout 100 gpu-run/bin/msmoe-run --dummy-weights config/models/$p.json --backend cuda \
+                --prompt-ids 5,1000,77,300,12,9,8,7 --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$v.npy > /tmp/t-$v.txt 2>/dev/null
+        done
+        echo "$p: $(cmp -s /tmp/l-0.npy /tmp/l-1.npy && cmp -s /tmp/t-0.txt /tmp/t-1.txt && echo same bits || echo DIFFER)" | tee -a $OUT/gpu.txt
+    done
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for p in $Q3 $Q15; do
+            b $p 2,4,8,16 l2 --
+            b $p 2,4,8,16 l2 MSM_CUDA_MMV_L2_REST=1 --
+        done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=20 tl $Q3 8 q3b8-l2 MSM_CUDA_MMV_L2_REST=1
+    return 0
+}
+
+case "$1" in
+r1) hdr; dflt; sqkv; pack; el done | tee -a $OUT/gpu.txt ;;  # HEAD 934899c: the table on an H200, the default router's checks, the qkv streamed
+r2) hdr; l2r; pack; el done | tee -a $OUT/gpu.txt ;;
+esac
