@@ -34,8 +34,10 @@ sqkv() {
 # any GPU: the MMVs' later rounds of weight loads prefetched into L2 before the PDL wait
 # (MSM_CUDA_MMV_L2_REST=1; Qwen3's qkv at 2-16 tokens: 8 K chunks a slice, 4 in registers early),
 # commit in gpu.txt: on an H200 first the table; the MMV kernel tests; msmoe-run's logits off and on
-# bitwise; three rounds of Qwen3-30B-A3B and Qwen1.5-MoE at 2-16 tokens off and on; Qwen3's timeline
-# at 8 on
+# bitwise; three rounds of Qwen3-30B-A3B and Qwen1.5-MoE at 2-16 tokens off and on, Qwen3 also on
+# with the MMVs at 4 and 8 K slices a block (MSM_CUDA_MMV_BSLICE=4 / 8: the o_proj's blocks of 4 / 8
+# warps, which fit beside the attention's, one round of loads early and the rest via L2); Qwen3's
+# timelines at 8 on, and on at 4 slices
 l2r() {
     local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
     [ "${mib:-0}" -gt 120000 ] && TABLE_ONLY=1 final
@@ -54,9 +56,12 @@ l2r() {
             b $p 2,4,8,16 l2 --
             b $p 2,4,8,16 l2 MSM_CUDA_MMV_L2_REST=1 --
         done
+        b $Q3 2,4,8,16 l2 MSM_CUDA_MMV_L2_REST=1 MSM_CUDA_MMV_BSLICE=4 --
+        b $Q3 2,4,8,16 l2 MSM_CUDA_MMV_L2_REST=1 MSM_CUDA_MMV_BSLICE=8 --
     done
     el timeline | tee -a $OUT/gpu.txt
     ROWS=20 tl $Q3 8 q3b8-l2 MSM_CUDA_MMV_L2_REST=1
+    ROWS=20 tl $Q3 8 q3b8-l2bs4 MSM_CUDA_MMV_L2_REST=1 MSM_CUDA_MMV_BSLICE=4
     return 0
 }
 
