@@ -1569,8 +1569,9 @@ static const msm_backend_vt cuda_vt = {
  *                                       or are dequantised to bf16 for the bf16 paths (0)
  *   MSM_CUDA_MMV_SLOTS=N                the MMV and MMV8 grids fill at most N blocks an SM (K slices)
  *   MSM_CUDA_MMV_WARPS=4|8              the MMV's warps a block (default 4: 64 rows; 8: 128 rows)
- *   MSM_CUDA_MMV_BSLICE=0|1             one token tile: the MMV's K slices as warps of one block where
- *                                       its N / 16 blocks fit one wave (1, default), or clusters (0)
+ *   MSM_CUDA_MMV_BSLICE=0|1|4|8|16      one token tile: the MMV's K slices as warps of one block where
+ *                                       its N / 16 blocks fit one wave (1, default), or clusters (0),
+ *                                       or that many slices a block for every MMV (4, 8, 16)
  *   MSM_CUDA_MMV_NJ=0|2|4               the block-sliced MMV's rows a warp: 16 (2) or 32 at 2 chunks in
  *                                       flight (4), or 32 where that keeps the warps and on the aux stream
  *                                       up to 8 tokens (0, default); the same bits at the same K slices
@@ -1578,6 +1579,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MMV_STREAM_MIN_N=N         linears of 2-8 tokens, K <= 2048, with N rows or more (the lm_head)
  *                                       stream on one block an SM (default 32768; 0: off)
  *   MSM_CUDA_MMV_STREAM_MIN_T=N         ... from N tokens (2..8)
+ *   MSM_CUDA_MMV_STREAM_ST=2|3          ... its stages of shared memory (3)
+ *   MSM_CUDA_MMV_L2_REST=0|1            the MMVs prefetch their later rounds of weights into L2 before
+ *                                       the PDL wait (0)
  *   MSM_CUDA_MOE_DOWN_HB=0|2|4          the pair path's split down GEMV: rows a warp (0, default: 4 for
  *                                       bf16, 2 for FP8); the same bits
  *   MSM_CUDA_MOE_PAIR_EARLY=0|1         the pair path's split down GEMV's ids and first weight loads before
@@ -1702,7 +1706,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_FP8_MOE_TILED"))) t->fp8_moe_tiled = s[0] != '0';
     if (env_int("MSM_CUDA_MMV_SLOTS", &v)) t->mmv_slots = v < 1 ? 1 : v;
     if (env_int("MSM_CUDA_MMV_WARPS", &v)) t->mmv_warps = v == 4 ? 4 : 8;
-    if (env_int("MSM_CUDA_MMV_BSLICE", &v)) t->mmv_bslice = v > 0 ? 1 : 0;
+    if (env_int("MSM_CUDA_MMV_BSLICE", &v)) t->mmv_bslice = v == 4 || v == 8 || v == 16 ? v : v > 0 ? 1 : 0;
     if (env_int("MSM_CUDA_MMV_NJ", &v)) t->mmv_nj = v == 4 ? 4 : v == 2 ? 2 : 0;
     if (env_int("MSM_CUDA_MOE_DOWN_HB", &v)) t->moe_down_hb = v == 2 || v == 4 ? v : 0;
     if (env_int("MSM_CUDA_MOE_PAIR_EARLY", &v))
@@ -1718,6 +1722,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_MMV_L2_REST"))) t->mmv_l2_rest = s[0] != '0';
     if (env_int("MSM_CUDA_MMV_STREAM_MIN_N", &v)) t->mmv_stream_min_n = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MMV_STREAM_MIN_T", &v)) t->mmv_stream_min_t = v < 2 ? 2 : v > 8 ? 8 : v;
+    if (env_int("MSM_CUDA_MMV_STREAM_ST", &v)) t->mmv_stream_st = v <= 2 ? 2 : 3;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;
     if ((s = getenv("MSM_CUDA_LINEAR_NORM"))) t->linear_norm_fused = s[0] == '1';
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;

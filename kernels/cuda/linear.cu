@@ -1457,7 +1457,7 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * Here one block of MMVS_WS warps an SM walks 16-row tiles (tile blockIdx.x, + gridDim.x, ...;
  * K up to MMVS_MAX_K = 2048). A tile's rows are contiguous weights: one thread
  * brings each tile into shared memory with a bulk copy (TMA) a row, completing on the stage's
- * mbarrier, MMVS_ST - 1 tiles ahead of the MMAs (a ring of MMVS_ST stages; rows MMVS_ROW_PAD bytes
+ * mbarrier, st - 1 tiles ahead of the MMAs (a ring of st stages, tuning mmv_stream_st; rows MMVS_ROW_PAD bytes
  * apart so the 8 rows a fragment load touches fall on other banks; run 2's cp.async form, each
  * lane copying its own fragments, kept the L2 90% busy at 82% of DRAM). Warp ks owns the K slice
  * of chunks ks * per .. (per = ceil(K / 32 / MMVS_WS) <= MMVS_PC) in every tile, so its x
@@ -1466,27 +1466,28 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * (row g, k 8q..8q+7 of each chunk), read from shared memory. The slices' partials meet in shared
  * memory (double-buffered: one barrier a tile, which also frees the stage the next copies
  * overwrite) and 128 threads sum them in slice order: each output is mmv_kernel<1, 1, 16, 4,
- * 16>'s (the block-sliced MMV at 16 slices: the same chunks, MMAs and order), bitwise. The first
- * tiles' copies go out before the PDL wait (weights are never written during a step). Run 3: the
- * lm_head at 8 tokens 150.9 us, DRAM 87% busy. */
+ * 16>'s (the block-sliced MMV at 16 slices: the same chunks, MMAs and order), bitwise. Every
+ * stage's first tile is copied before the PDL wait (weights are never written during a step); a
+ * stage's next tile right after the barrier that ends its reads. Run 3: the lm_head at 8 tokens
+ * 150.9 us, DRAM 87% busy. */
 #define MMVS_WS 16
-#define MMVS_ST 3
+#define MMVS_ST 3 /* stages at most (tuning mmv_stream_st: 2 or 3) */
 #define MMVS_ROW_PAD 64
 #define MMVS_NJ 2 /* n8 tiles a tile: 16 rows */
 #define MMVS_PC 4 /* chunks of 32 a slice at most */
 #define MMVS_MAX_K (32 * MMVS_PC * MMVS_WS) /* 2048 */
-/* shared memory at K: the stages, the partials [2][WS][8 tokens][16 rows], the stages' mbarriers */
-static constexpr size_t mmvs_smem(int K) {
-    return (size_t)MMVS_ST * 8 * MMVS_NJ * (2 * (size_t)K + MMVS_ROW_PAD) + 2 * MMVS_WS * 64 * MMVS_NJ * 4 +
-           MMVS_ST * 8;
+/* shared memory at K and st stages: the stages, the partials [2][WS][8 tokens][16 rows], the
+ * stages' mbarriers */
+static constexpr size_t mmvs_smem(int K, int st) {
+    return (size_t)st * 8 * MMVS_NJ * (2 * (size_t)K + MMVS_ROW_PAD) + 2 * MMVS_WS * 64 * MMVS_NJ * 4 + (size_t)st * 8;
 }
 static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
     mmv_stream_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
-                      bool early) {
+                      bool early, int st) {
     constexpr int NJ = MMVS_NJ, PC = MMVS_PC, TR = 8 * NJ, NOUT = 8 * TR; /* rows a tile, outputs */
     extern __shared__ __align__(128) unsigned char mmvs_sm[];
     const int rs = 2 * K + MMVS_ROW_PAD, sb = TR * rs; /* a row's and a stage's bytes */
-    float *part = (float *)(mmvs_sm + (size_t)MMVS_ST * sb);
+    float *part = (float *)(mmvs_sm + (size_t)st * sb);
     uint64_t *bar = (uint64_t *)(part + 2 * MMVS_WS * NOUT);
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
@@ -1496,7 +1497,7 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
     const int ntile = (N + TR - 1) / TR, G = gridDim.x;
     const bool producer = threadIdx.x == 0;
     if (producer) {
-        for (int s = 0; s < MMVS_ST; s++) msm_mbar_init(&bar[s], 1);
+        for (int s = 0; s < st; s++) msm_mbar_init(&bar[s], 1);
         msm_mbar_init_fence();
     }
     __syncthreads();
@@ -1510,7 +1511,8 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
             msm_bulk_g2s(d + (size_t)r * rs, w + (size_t)min(tile * TR + r, N - 1) * K, 2u * (unsigned)K, &bar[s]);
     };
     int tile = blockIdx.x;
-    if (producer) issue(tile, 0), issue(tile + G, 1);
+    if (producer)
+        for (int s = 0; s < st; s++) issue(tile + s * G, s); /* every stage's first tile */
     if (early) msm_pdl_wait();
     /* x fragments of the slice's chunks: tokens g < T (A rows 0-7; rows 8-15 are zero) */
     uint32_t xf[PC][8];
@@ -1528,10 +1530,8 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
         msm_split_bf16x2(a1.z, a1.w, xf[u][6], xf[u][7]); /* h2[2], l2[2] */
     }
     for (int i = 0; tile < ntile; tile += G, i++) {
-        /* the stage tile i - 1 used: every thread is past its reads (the barrier of tile i - 1) */
-        if (producer) issue(tile + 2 * G, (i + 2) % MMVS_ST);
-        msm_mbar_wait(&bar[i % MMVS_ST], (unsigned)(i / MMVS_ST) & 1u);
-        const unsigned char *sl = mmvs_sm + (size_t)(i % MMVS_ST) * sb + (size_t)g * rs + ((size_t)c0 * 32 + q * 8) * 2;
+        msm_mbar_wait(&bar[i % st], (unsigned)(i / st) & 1u);
+        const unsigned char *sl = mmvs_sm + (size_t)(i % st) * sb + (size_t)g * rs + ((size_t)c0 * 32 + q * 8) * 2;
         float acc[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -1552,6 +1552,8 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
 #pragma unroll
         for (int j = 0; j < NJ; j++) pw[j * 8] = acc[j][0], pw[j * 8 + 1] = acc[j][1];
         __syncthreads();
+        /* every thread is past its reads of this tile's stage: the tile st ahead into it */
+        if (producer) issue(tile + st * G, i % st);
         if (threadIdx.x < NOUT) {
             const float *pr = part + (size_t)(i & 1) * MMVS_WS * NOUT + threadIdx.x;
             float s = 0.0f;
@@ -1577,8 +1579,9 @@ static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t 
                     msm_cuda_exec ex) {
     int ntile = (N + 15) / 16, grid = ntile < ex.tune->sms ? ntile : ex.tune->sms;
     bool early = ex.tune->gemv_early && !ex.w_written;
-    CUDA_TRY(msm_launch(mmv_stream_kernel, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem(K), ex, y, x, w, bias,
-                        T, N, K, early));
+    int st = ex.tune->mmv_stream_st == 2 ? 2 : MMVS_ST;
+    CUDA_TRY(msm_launch(mmv_stream_kernel, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem(K, st), ex, y, x, w,
+                        bias, T, N, K, early, st));
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -1605,7 +1608,7 @@ void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmvb4_per_sm[1] = msm_blocks_per_sm(mmv_kernel<1, 1, 8, 2, 8, 4>, 8 * 32, 0);
     t->mmvb4_per_sm[2] = msm_blocks_per_sm(mmv_kernel<1, 1, 4, 2, 4, 4>, 4 * 32, 0);
     t->mmv_stream_ok = cudaFuncSetAttribute(mmv_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)mmvs_smem(MMVS_MAX_K)) == cudaSuccess;
+                                            (int)mmvs_smem(MMVS_MAX_K, MMVS_ST)) == cudaSuccess;
     if (!t->mmv_stream_ok) (void)cudaGetLastError();
     mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
     mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);

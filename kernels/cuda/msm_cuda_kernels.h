@@ -262,6 +262,8 @@ typedef struct msm_cuda_tuning {
                                  block an SM over 16-row tiles, its weights brought in by bulk
                                  copies), bitwise the block-sliced MMV at 16 slices; 0: off
                                  (MSM_CUDA_MMV_STREAM_MIN_N; default 32768: tuning.cu) */
+    int mmv_stream_st;        /* ... its stages of shared memory, 2 or 3 (MSM_CUDA_MMV_STREAM_ST; default 3:
+                                 216 KiB at K = 2048; 2: 150 KiB) */
     int mmv_stream_min_t;     /* ... from this many tokens (MSM_CUDA_MMV_STREAM_MIN_T; 2..8) */
     bool mmv_stream_ok;       /* its shared memory granted (GPU fact) */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */

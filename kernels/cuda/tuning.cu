@@ -72,6 +72,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 8; the lm_head at 8 tokens 150.9 us (DRAM 87% busy) */
     t->mmv_stream_min_n = 32768;
     t->mmv_stream_min_t = 2;
+    t->mmv_stream_st = 3;
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
     t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;

@@ -70,7 +70,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T",
                                  "MSM_CUDA_ATT_CLUSTER_SPARE", "MSM_CUDA_ROUTER_GROUP",
                                  "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER", "MSM_CUDA_ROUTER_TCLUSTER_TB",
-                                 "MSM_CUDA_MMV_L2_REST"};
+                                 "MSM_CUDA_MMV_L2_REST", "MSM_CUDA_MMV_STREAM_ST"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -101,7 +101,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
     setenv("MSM_CUDA_ROUTER_GROUP", "0", 1), setenv("MSM_CUDA_MOE_COMBINE_EARLY", "0", 1);
     setenv("MSM_CUDA_ROUTER_TCLUSTER", "99", 1), setenv("MSM_CUDA_ROUTER_TCLUSTER_TB", "3", 1);
-    setenv("MSM_CUDA_MMV_L2_REST", "1", 1);
+    setenv("MSM_CUDA_MMV_L2_REST", "1", 1), setenv("MSM_CUDA_MMV_STREAM_ST", "1", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
@@ -146,6 +146,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.router_tcluster_max_t, 64, "clamped to 64");
     cr_expect_eq(t.router_tcluster_tb, 2, "3: 2 tokens a cluster");
     cr_expect(t.mmv_l2_rest, "MSM_CUDA_MMV_L2_REST=1: the later rounds prefetched into L2");
+    cr_expect_eq(t.mmv_stream_st, 2, "clamped to 2 stages");
     cr_expect(!t.mmv_fit_clusters, "MSM_CUDA_MMV_FIT_CLUSTERS=0: K slices by blocks alone");
     cr_expect_eq(t.mmv_u8_max_blocks, 0, "clamped to 0: 4 chunks in flight");
     cr_expect_eq(t.moe_group_scan_max_t, 0, "clamped to 0: the grouping kernel always");
@@ -773,7 +774,8 @@ Test(cuda_kernels, linear_mmv_block_slices, .timeout = 120) {
 
 /* The streamed MMV (mmv_stream_kernel, tuning mmv_stream_min_n): against the CPU at 2-8 tokens,
  * with bias, rows not a multiple of 16, many tiles a block (N / 16 past the SMs), slices past K's
- * chunks (K of 13 chunks over 16 warps) and K = 2048 (4 chunks a slice); bitwise the block-sliced
+ * chunks (K of 13 chunks over 16 warps) and K = 2048 (4 chunks a slice), each shape at 3 and 2
+ * stages (mmv_stream_st; 1, 2 and many tiles a stage); bitwise the block-sliced
  * MMV at 16 slices (where K has the 16 chunks it needs); deterministic; and past its limits (K past
  * 2048, 9 tokens, 1 token) the other paths take the call. */
 Test(cuda_kernels, linear_mmv_stream, .timeout = 120) {
@@ -788,23 +790,27 @@ Test(cuda_kernels, linear_mmv_stream, .timeout = 120) {
     b.mmv_stream_min_n = 0, b.mmv_min_t = 1, b.mmv_max_t = 64, b.mmv_bslice = 16, b.mmv_nj = 2;
     static const int shapes[][4] = {{8, 20000, 2048, 0}, {2, 4099, 2048, 1}, {5, 3000, 1024, 0}, {3, 777, 416, 1},
                                     {8, 16, 64, 0},      {7, 2101, 2048, 1}, {4, 5000, 32, 0},   {6, 70000, 512, 0}};
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-        linear_case(ctx, EX_T(&t), T, N, K, shapes[s][3], 2e-5);
+    for (size_t s = 0; s < 2 * sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s / 2][0], N = shapes[s / 2][1], K = shapes[s / 2][2];
+        t.mmv_stream_st = s % 2 ? 2 : 3;
+        linear_case(ctx, EX_T(&t), T, N, K, shapes[s / 2][3], 2e-5);
         if (K / 32 < 16) continue; /* the forced block slices need 16 chunks */
         float *x = host_f32((size_t)T * K, 1.0f), *wf, *bf = NULL;
         uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *bb = NULL;
-        if (shapes[s][3]) bb = host_bf16(N, 0.5f, &bf);
+        if (shapes[s / 2][3]) bb = host_bf16(N, 0.5f, &bf);
         float *dx = dev_up(x, (size_t)T * K * 4), *d1 = dev_poison((size_t)T * N * 4), *d2 = dev_poison((size_t)T * N * 4);
         uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *db = bb ? dev_up(bb, (size_t)N * 2) : NULL;
         float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
         CK(msm_cuda_linear(d1, dx, dw, db, T, N, K, ctx, NULL, 0, EX_T(&t)));
         CK(msm_cuda_linear(d2, dx, dw, db, T, N, K, ctx, NULL, 0, EX_T(&b)));
         down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
-        cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "streamed vs block-sliced MMV: T=%d N=%d K=%d", T, N, K);
+        cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "streamed (%d stages) vs block-sliced MMV: T=%d N=%d K=%d",
+                  t.mmv_stream_st, T, N, K);
         cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw), cudaFree(db);
         free(x), free(wf), free(wb), free(bf), free(bb), free(o1), free(o2);
     }
+    linear_deterministic(ctx, EX_T(&t), 8, 151936, 2048, "streamed mmv, 2 stages");
+    t.mmv_stream_st = 3;
     linear_deterministic(ctx, EX_T(&t), 8, 151936, 2048, "streamed mmv");
     /* past its limits: K of 4096 and 2080, 9 tokens (the tiled GEMM), one token (the other paths,
      * against the CPU) */

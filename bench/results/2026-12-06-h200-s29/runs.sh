@@ -65,7 +65,39 @@ l2r() {
     return 0
 }
 
+# any GPU: the streamed MMV for Qwen3's qkv at 2 stages (MSM_CUDA_MMV_STREAM_ST=2: 150 KiB, inside
+# the attention's 196 KiB carveout, where 3 stages took 216 KiB and the L1 of the kernels after it
+# shrank; run 1) and the MMVs at 4 and 8 K slices a block (MSM_CUDA_MMV_BSLICE=4 / 8, now read from
+# the environment: the o_proj's blocks of 4 / 8 warps beside the attention's), commit in gpu.txt: on
+# an H200 first the table; the MMV kernel tests; msmoe-run's logits at 2 and 3 stages bitwise; three
+# rounds of Qwen3-30B-A3B at 2, 4, 8; its timelines at 8
+sq2() {
+    local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    [ "${mib:-0}" -gt 120000 ] && TABLE_ONLY=1 final
+    kern_tests "@(tuning*|linear_mmv*)"
+    el bitwise | tee -a $OUT/gpu.txt
+    for v in 2 3; do
+        MSM_CUDA_MMV_STREAM_MIN_N=5120 MSM_CUDA_MMV_STREAM_ST=$v timeout 100 gpu-run/bin/msmoe-run --dummy-weights \
+            config/models/$Q3.json --backend cuda --prompt-ids 5,1000,77,300,12,9,8,7 --max-new-tokens 6 --ignore-eos \
+            --dump-logits /tmp/l-$v.npy > /tmp/t-$v.txt 2>/dev/null
+    done
+    echo "$Q3 streamed qkv, 2 vs 3 stages: $(cmp -s /tmp/l-2.npy /tmp/l-3.npy && cmp -s /tmp/t-2.txt /tmp/t-3.txt && echo same bits || echo DIFFER)" | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q3 2,4,8 s2 --
+        b $Q3 2,4,8 s2 MSM_CUDA_MMV_STREAM_MIN_N=5120 --
+        b $Q3 2,4,8 s2 MSM_CUDA_MMV_STREAM_MIN_N=5120 MSM_CUDA_MMV_STREAM_ST=2 --
+        b $Q3 2,4,8 s2 MSM_CUDA_MMV_BSLICE=8 --
+        b $Q3 2,4,8 s2 MSM_CUDA_MMV_BSLICE=4 --
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=20 tl $Q3 8 q3b8-st2 MSM_CUDA_MMV_STREAM_MIN_N=5120 MSM_CUDA_MMV_STREAM_ST=2
+    ROWS=20 tl $Q3 8 q3b8-bs8 MSM_CUDA_MMV_BSLICE=8
+    return 0
+}
+
 case "$1" in
 r1) hdr; dflt; sqkv; pack; el done | tee -a $OUT/gpu.txt ;;  # HEAD 934899c: the table on an H200, the default router's checks, the qkv streamed
-r2) hdr; l2r; pack; el done | tee -a $OUT/gpu.txt ;;
+r2) hdr; l2r; pack; el done | tee -a $OUT/gpu.txt ;;  # fb1dad0
+r3) hdr; sq2; pack; el done | tee -a $OUT/gpu.txt ;;
 esac
