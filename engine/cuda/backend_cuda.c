@@ -1578,8 +1578,11 @@ static const msm_backend_vt cuda_vt = {
  *                                       (the 32-row grid may take other slices: a numerics choice)
  *   MSM_CUDA_MMV_STREAM_MIN_N=N         linears of 2-8 tokens, K <= 2048, with N rows or more (the lm_head)
  *                                       stream on one block an SM (default 32768; 0: off)
+ *   MSM_CUDA_MMV_STREAM_BS_MIN_N=N      ... and the block-sliced MMV's picks of 8 or 16 slices from N rows
+ *                                       (Qwen3's qkv; the same bits; default 4096; 0: off)
  *   MSM_CUDA_MMV_STREAM_MIN_T=N         ... from N tokens (2..8)
- *   MSM_CUDA_MMV_STREAM_ST=2|3          ... its stages of shared memory (3)
+ *   MSM_CUDA_MMV_STREAM_ST=0|2|3        ... its stages of shared memory (0: 2 where a block has at most
+ *                                       3 tiles, else 3)
  *   MSM_CUDA_MMV_L2_REST=0|1            the MMVs prefetch their later rounds of weights into L2 before
  *                                       the PDL wait (0)
  *   MSM_CUDA_MOE_DOWN_HB=0|2|4          the pair path's split down GEMV: rows a warp (0, default: 4 for
@@ -1722,7 +1725,8 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_MMV_L2_REST"))) t->mmv_l2_rest = s[0] != '0';
     if (env_int("MSM_CUDA_MMV_STREAM_MIN_N", &v)) t->mmv_stream_min_n = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MMV_STREAM_MIN_T", &v)) t->mmv_stream_min_t = v < 2 ? 2 : v > 8 ? 8 : v;
-    if (env_int("MSM_CUDA_MMV_STREAM_ST", &v)) t->mmv_stream_st = v <= 2 ? 2 : 3;
+    if (env_int("MSM_CUDA_MMV_STREAM_BS_MIN_N", &v)) t->mmv_stream_bs_min_n = v < 0 ? 0 : v;
+    if (env_int("MSM_CUDA_MMV_STREAM_ST", &v)) t->mmv_stream_st = v == 2 || v == 3 ? v : 0;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;
     if ((s = getenv("MSM_CUDA_LINEAR_NORM"))) t->linear_norm_fused = s[0] == '1';
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;

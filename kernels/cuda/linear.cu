@@ -1423,9 +1423,19 @@ static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, bool 
     return ws16;
 }
 
+static bool mmvs_fits(const msm_cuda_tuning *tn, int T, int K, const void *w, const void *x);
+static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K, int WS,
+                    msm_cuda_exec ex);
+
 static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N,
                    int K, msm_cuda_exec ex) {
     int U, NJ, WS = mmv_bslice_pick(ex.tune, T, N, K, ex.on_aux, &U, &NJ);
+    /* the pick of 8 or 16 slices streamed (tuning mmv_stream_bs_min_n): the same slices, chunks and
+     * sums, so the same bits, with every weight tile copied into shared memory before the PDL wait */
+    const msm_cuda_tuning *tn = ex.tune;
+    if ((WS == 8 || WS == 16) && !ex.on_aux && tn->mmv_stream_bs_min_n > 0 && N >= tn->mmv_stream_bs_min_n &&
+        mmvs_fits(tn, T, K, w, x))
+        return mmvs_run(y, x, w, bias, T, N, K, WS, ex);
     if (WS) {
         CUDA_TRY(mmvb_go<false>(WS, U, NJ, y, x, w, bias, T, N, K, ex));
         CUDA_LAUNCH_CHECK();
@@ -1454,13 +1464,13 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * loads 256 bytes of a row, and waits for each step before the next: 194 us for 622 MB (3.2 TB/s)
  * where the one-token GEMV of the same weight takes 156 (H200, 2026-12-05 seventeenth session,
  * bench/results/2026-12-05-h200-s17 run 1; Nsight Compute: DRAM 65% busy, 26 warps an SM).
- * Here one block of MMVS_WS warps an SM walks 16-row tiles (tile blockIdx.x, + gridDim.x, ...;
- * K up to MMVS_MAX_K = 2048). A tile's rows are contiguous weights: one thread
+ * Here one block of WS warps an SM (16; 8 for mmv_run's picks of 8 slices, below) walks 16-row
+ * tiles (tile blockIdx.x, + gridDim.x, ...; K up to MMVS_MAX_K = 2048). A tile's rows are contiguous weights: one thread
  * brings each tile into shared memory with a bulk copy (TMA) a row, completing on the stage's
  * mbarrier, st - 1 tiles ahead of the MMAs (a ring of st stages, tuning mmv_stream_st; rows MMVS_ROW_PAD bytes
  * apart so the 8 rows a fragment load touches fall on other banks; run 2's cp.async form, each
  * lane copying its own fragments, kept the L2 90% busy at 82% of DRAM). Warp ks owns the K slice
- * of chunks ks * per .. (per = ceil(K / 32 / MMVS_WS) <= MMVS_PC) in every tile, so its x
+ * of chunks ks * per .. (per = ceil(K / 32 / WS) <= PC = 2048 / 32 / WS) in every tile, so its x
  * fragments (tokens 0-7, split into bf16 hi + lo as mmv_kernel does; at 2 tokens this replaces the
  * fp32 GEMV's products) are built once and stay in registers; its B fragments are mmv_kernel's
  * (row g, k 8q..8q+7 of each chunk), read from shared memory. The slices' partials meet in shared
@@ -1470,29 +1480,29 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * stage's first tile is copied before the PDL wait (weights are never written during a step); a
  * stage's next tile right after the barrier that ends its reads. Run 3: the lm_head at 8 tokens
  * 150.9 us, DRAM 87% busy. */
-#define MMVS_WS 16
 #define MMVS_ST 3 /* stages at most (tuning mmv_stream_st: 2 or 3) */
 #define MMVS_ROW_PAD 64
 #define MMVS_NJ 2 /* n8 tiles a tile: 16 rows */
-#define MMVS_PC 4 /* chunks of 32 a slice at most */
-#define MMVS_MAX_K (32 * MMVS_PC * MMVS_WS) /* 2048 */
-/* shared memory at K and st stages: the stages, the partials [2][WS][8 tokens][16 rows], the
- * stages' mbarriers */
-static constexpr size_t mmvs_smem(int K, int st) {
-    return (size_t)st * 8 * MMVS_NJ * (2 * (size_t)K + MMVS_ROW_PAD) + 2 * MMVS_WS * 64 * MMVS_NJ * 4 + (size_t)st * 8;
+#define MMVS_MAX_K 2048 /* 4 chunks of 32 a slice at 16 slices, 8 at 8 */
+/* shared memory at K, st stages and WS slices: the stages, the partials [2][WS][8 tokens][16 rows],
+ * the stages' mbarriers */
+static constexpr size_t mmvs_smem(int K, int st, int ws) {
+    return (size_t)st * 8 * MMVS_NJ * (2 * (size_t)K + MMVS_ROW_PAD) + 2 * (size_t)ws * 64 * MMVS_NJ * 4 +
+           (size_t)st * 8;
 }
-static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
+template <int WS>
+static __global__ void __launch_bounds__(WS * 32, 1)
     mmv_stream_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
                       bool early, int st) {
-    constexpr int NJ = MMVS_NJ, PC = MMVS_PC, TR = 8 * NJ, NOUT = 8 * TR; /* rows a tile, outputs */
+    constexpr int NJ = MMVS_NJ, PC = MMVS_MAX_K / 32 / WS, TR = 8 * NJ, NOUT = 8 * TR; /* rows a tile, outputs */
     extern __shared__ __align__(128) unsigned char mmvs_sm[];
     const int rs = 2 * K + MMVS_ROW_PAD, sb = TR * rs; /* a row's and a stage's bytes */
     float *part = (float *)(mmvs_sm + (size_t)st * sb);
-    uint64_t *bar = (uint64_t *)(part + 2 * MMVS_WS * NOUT);
+    uint64_t *bar = (uint64_t *)(part + 2 * WS * NOUT);
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int nch = K / 32, per = (nch + MMVS_WS - 1) / MMVS_WS;
+    const int nch = K / 32, per = (nch + WS - 1) / WS;
     const int c0 = warp * per, nc = max(0, min(nch, c0 + per) - c0); /* warp-uniform */
     const int ntile = (N + TR - 1) / TR, G = gridDim.x;
     const bool producer = threadIdx.x == 0;
@@ -1548,17 +1558,17 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
             }
         }
         /* C fragment: acc[j][0..1] = (token g, rows j * 8 + 2q, + 1); [2..3] are tokens 8-15 */
-        float *pw = part + ((size_t)(i & 1) * MMVS_WS + warp) * NOUT + g * TR + 2 * q;
+        float *pw = part + ((size_t)(i & 1) * WS + warp) * NOUT + g * TR + 2 * q;
 #pragma unroll
         for (int j = 0; j < NJ; j++) pw[j * 8] = acc[j][0], pw[j * 8 + 1] = acc[j][1];
         __syncthreads();
         /* every thread is past its reads of this tile's stage: the tile st ahead into it */
         if (producer) issue(tile + st * G, i % st);
         if (threadIdx.x < NOUT) {
-            const float *pr = part + (size_t)(i & 1) * MMVS_WS * NOUT + threadIdx.x;
+            const float *pr = part + (size_t)(i & 1) * WS * NOUT + threadIdx.x;
             float s = 0.0f;
 #pragma unroll
-            for (int r = 0; r < MMVS_WS; r++) s += pr[r * NOUT];
+            for (int r = 0; r < WS; r++) s += pr[r * NOUT];
             int t = threadIdx.x / TR, n = tile * TR + threadIdx.x % TR;
             if (t < T && n < N) y[(size_t)t * N + n] = s + (bias ? msm_bf(bias[n]) : 0.0f);
         }
@@ -1569,19 +1579,29 @@ static __global__ void __launch_bounds__(MMVS_WS * 32, 1)
  * 4096 (GLM-4.5-Air's lm_head: 126 registers, 72 bytes of spills) lost to the MMV there (H200,
  * 2026-12-05, bench/results/2026-12-05-h200-s17 run 3: GLM-4.5-Air FP8 2 / 4 / 8 tokens +0.083 /
  * +0.056 / +0.053 ms), so it is not taken. */
+static bool mmvs_fits(const msm_cuda_tuning *tn, int T, int K, const void *w, const void *x) {
+    return tn->mmv_stream_ok && T >= 2 && T <= 8 && K % 32 == 0 && K > 0 && K <= MMVS_MAX_K &&
+           ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
+}
 static bool mmvs_use(const msm_cuda_tuning *tn, int T, int N, int K, const void *w, const void *x) {
-    return tn->mmv_stream_ok && tn->mmv_stream_min_n > 0 && N >= tn->mmv_stream_min_n && T >= tn->mmv_stream_min_t &&
-           T <= 8 && K % 32 == 0 && K > 0 && K <= MMVS_MAX_K && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
+    return tn->mmv_stream_min_n > 0 && N >= tn->mmv_stream_min_n && T >= tn->mmv_stream_min_t &&
+           mmvs_fits(tn, T, K, w, x);
 }
 
-/* one block an SM */
-static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
+/* one block an SM, WS slices (16: the lm_head; 8 or 16: mmv_run's block-sliced pick, the same bits) */
+static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K, int WS,
                     msm_cuda_exec ex) {
     int ntile = (N + 15) / 16, grid = ntile < ex.tune->sms ? ntile : ex.tune->sms;
     bool early = ex.tune->gemv_early && !ex.w_written;
-    int st = ex.tune->mmv_stream_st == 2 ? 2 : MMVS_ST;
-    CUDA_TRY(msm_launch(mmv_stream_kernel, dim3((unsigned)grid), dim3(MMVS_WS * 32), mmvs_smem(K, st), ex, y, x, w,
-                        bias, T, N, K, early, st));
+    /* stages: 2 where every tile of a block but the third is copied before the PDL wait (and the
+     * shared memory stays inside the attention's 196 KiB carveout), 3 for a longer stream */
+    int sst = ex.tune->mmv_stream_st, st = sst == 2 || (sst != 3 && (ntile + grid - 1) / grid <= 3) ? 2 : MMVS_ST;
+    if (WS == 8)
+        CUDA_TRY(msm_launch(mmv_stream_kernel<8>, dim3((unsigned)grid), dim3(8 * 32), mmvs_smem(K, st, 8), ex, y, x, w,
+                            bias, T, N, K, early, st));
+    else
+        CUDA_TRY(msm_launch(mmv_stream_kernel<16>, dim3((unsigned)grid), dim3(16 * 32), mmvs_smem(K, st, 16), ex, y, x,
+                            w, bias, T, N, K, early, st));
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -1607,8 +1627,10 @@ void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmvb4_per_sm[0] = msm_blocks_per_sm(mmv_kernel<1, 1, 16, 2, 16, 4>, 16 * 32, 0);
     t->mmvb4_per_sm[1] = msm_blocks_per_sm(mmv_kernel<1, 1, 8, 2, 8, 4>, 8 * 32, 0);
     t->mmvb4_per_sm[2] = msm_blocks_per_sm(mmv_kernel<1, 1, 4, 2, 4, 4>, 4 * 32, 0);
-    t->mmv_stream_ok = cudaFuncSetAttribute(mmv_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)mmvs_smem(MMVS_MAX_K, MMVS_ST)) == cudaSuccess;
+    t->mmv_stream_ok = cudaFuncSetAttribute(mmv_stream_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)mmvs_smem(MMVS_MAX_K, MMVS_ST, 16)) == cudaSuccess &&
+                       cudaFuncSetAttribute(mmv_stream_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)mmvs_smem(MMVS_MAX_K, MMVS_ST, 8)) == cudaSuccess;
     if (!t->mmv_stream_ok) (void)cudaGetLastError();
     mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
     mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);
@@ -1804,7 +1826,7 @@ extern "C" int msm_cuda_linear(float *y, const float *x, const uint16_t *w, cons
      * rounding, and at T = 8 the MMV took 7 us for a 60-row router against 3.5 us (H200) */
     if (T >= tn->linear_tiled_min_t && N > MSM_CUDA_GEMV_SMALL_N && msm__linear_tiled_fits(T, N, K, w, x))
         return msm__linear_tiled_run(y, x, w, bias, T, N, K, ex);
-    if (mmvs_use(tn, T, N, K, w, x)) return mmvs_run(y, x, w, bias, T, N, K, ex);
+    if (mmvs_use(tn, T, N, K, w, x)) return mmvs_run(y, x, w, bias, T, N, K, 16, ex);
     if (T <= 64 && N > MSM_CUDA_GEMV_SMALL_N && mmv_use(tn, T, N, K, w, x))
         return mmv_run(y, x, w, bias, T, N, K, ex);
     if (T <= gemv_max || N <= MSM_CUDA_GEMV_SMALL_N) {

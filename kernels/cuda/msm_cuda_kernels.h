@@ -262,8 +262,13 @@ typedef struct msm_cuda_tuning {
                                  block an SM over 16-row tiles, its weights brought in by bulk
                                  copies), bitwise the block-sliced MMV at 16 slices; 0: off
                                  (MSM_CUDA_MMV_STREAM_MIN_N; default 32768: tuning.cu) */
-    int mmv_stream_st;        /* ... its stages of shared memory, 2 or 3 (MSM_CUDA_MMV_STREAM_ST; default 3:
-                                 216 KiB at K = 2048; 2: 150 KiB) */
+    int mmv_stream_bs_min_n;  /* the block-sliced MMV's picks of 8 or 16 K slices (3-8 tokens, K <= 2048,
+                                 not on the aux stream) of at least this many rows stream on
+                                 mmv_stream_kernel of as many slices: the same bits
+                                 (MSM_CUDA_MMV_STREAM_BS_MIN_N; 0: off; default 4096) */
+    int mmv_stream_st;        /* ... its stages of shared memory, 2 (150 KiB at K = 2048) or 3 (216 KiB);
+                                 0 (default): 2 where a block has at most 3 tiles, else 3
+                                 (MSM_CUDA_MMV_STREAM_ST=0|2|3) */
     int mmv_stream_min_t;     /* ... from this many tokens (MSM_CUDA_MMV_STREAM_MIN_T; 2..8) */
     bool mmv_stream_ok;       /* its shared memory granted (GPU fact) */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */

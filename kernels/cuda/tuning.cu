@@ -72,7 +72,16 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 8; the lm_head at 8 tokens 150.9 us (DRAM 87% busy) */
     t->mmv_stream_min_n = 32768;
     t->mmv_stream_min_t = 2;
-    t->mmv_stream_st = 3;
+    /* The block-sliced MMV's picks of 8 or 16 slices (3-8 tokens) stream from 4096 rows, the same
+     * bits. Measured with the 16-slice kernel on Qwen3-30B-A3B's qkv (5120 x 2048; twenty-ninth
+     * session, H100, bench/results/2026-12-06-h200-s29 run 3, three rounds): at 2 stages 2 / 4 / 8
+     * tokens -0.011 / -0.057 / -0.075 ms (its share of the 8-token step 9.1 -> 6.1 us a layer:
+     * every weight tile copied before the PDL wait), at 3 stages +0.004 / +0.171 / +0.135 (216 KiB
+     * of shared memory: the SMs keep the 228 KiB carveout's small L1 through the o_proj and the
+     * experts after it; run 1). Stages 0: auto (linear.cu mmvs_run: 2 where a block has at most 3
+     * tiles, 3 for a longer stream such as the lm_head) */
+    t->mmv_stream_bs_min_n = 4096;
+    t->mmv_stream_st = 0;
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
     t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;

@@ -22,7 +22,8 @@ kernel, the grouping of the routed experts' pairs by the router's last block (of
 grouping kernel (plain and norm-fused router; at 5-64 tokens, so the 8-token prefill here), the combines reading
 the routing before their PDL wait vs after it, the shared expert's gate/up GEMV
 with the SwiGLU in its epilogue vs the two kernels, the qkv MMV with RoPE and the K/V write in its
-epilogue vs the two kernels, the grouped expert GEMVs' grid a row per
+epilogue vs the two kernels, the block-sliced MMVs of 8 or 16 slices streamed through shared memory
+(Qwen3's qkv at 3-8 tokens) vs not, the grouped expert GEMVs' grid a row per
 selected expert vs per expert, each layer's o_proj and shared expert prefetched into L2 during its
 attention, the next layer's qkv at the router and the K/V cache rows from the norm before the qkv
 projection (pass prefetch_l2, off by default; plain and evict_last) vs not, the router's top-k ranked by one
@@ -88,6 +89,7 @@ VARIANTS = [  # (name, extra flags, environment)
     ("qkv GEMV + RoPE + K/V write one kernel vs two", [], {"MSM_CUDA_LINEAR_ROPE": "0"}),
     ("gate/up GEMV + SwiGLU one kernel vs two", [], {"MSM_CUDA_LINEAR_SWIGLU": "0"}),
     ("qkv MMV + RoPE + K/V write two kernels vs one (3-8 tokens)", [], {"MSM_CUDA_LINEAR_ROPE_MMV": "0"}),
+    ("block-sliced MMVs streamed through shared memory vs not (3-8 tokens)", [], {"MSM_CUDA_MMV_STREAM_BS_MIN_N": "0"}),
     ("router as one cluster a token vs a counter and the last block", [], {"MSM_CUDA_ROUTER_CLUSTER": "0"}),
     ("attention's block-table entries copied to shared memory vs loaded with each tile", [], {"MSM_CUDA_ATT_BT_CACHE": "0"}),
     ("qkv + RoPE kernel at 12 blocks an SM vs unbounded", [], {"MSM_CUDA_GEMV_MINB": "0"}),

@@ -70,7 +70,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T",
                                  "MSM_CUDA_ATT_CLUSTER_SPARE", "MSM_CUDA_ROUTER_GROUP",
                                  "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER", "MSM_CUDA_ROUTER_TCLUSTER_TB",
-                                 "MSM_CUDA_MMV_L2_REST", "MSM_CUDA_MMV_STREAM_ST"};
+                                 "MSM_CUDA_MMV_L2_REST", "MSM_CUDA_MMV_STREAM_ST", "MSM_CUDA_MMV_STREAM_BS_MIN_N"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -102,6 +102,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ROUTER_GROUP", "0", 1), setenv("MSM_CUDA_MOE_COMBINE_EARLY", "0", 1);
     setenv("MSM_CUDA_ROUTER_TCLUSTER", "99", 1), setenv("MSM_CUDA_ROUTER_TCLUSTER_TB", "3", 1);
     setenv("MSM_CUDA_MMV_L2_REST", "1", 1), setenv("MSM_CUDA_MMV_STREAM_ST", "1", 1);
+    setenv("MSM_CUDA_MMV_STREAM_BS_MIN_N", "-3", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
@@ -146,7 +147,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.router_tcluster_max_t, 64, "clamped to 64");
     cr_expect_eq(t.router_tcluster_tb, 2, "3: 2 tokens a cluster");
     cr_expect(t.mmv_l2_rest, "MSM_CUDA_MMV_L2_REST=1: the later rounds prefetched into L2");
-    cr_expect_eq(t.mmv_stream_st, 2, "clamped to 2 stages");
+    cr_expect_eq(t.mmv_stream_st, 0, "1: the automatic stages");
+    cr_expect_eq(t.mmv_stream_bs_min_n, 0, "clamped to 0: the block-sliced MMV not streamed");
     cr_expect(!t.mmv_fit_clusters, "MSM_CUDA_MMV_FIT_CLUSTERS=0: K slices by blocks alone");
     cr_expect_eq(t.mmv_u8_max_blocks, 0, "clamped to 0: 4 chunks in flight");
     cr_expect_eq(t.moe_group_scan_max_t, 0, "clamped to 0: the grouping kernel always");
@@ -670,6 +672,7 @@ Test(cuda_kernels, linear_mmv_matches_cpu, .timeout = 120) {
     msm_cuda_tuning t = tune0;
     t.mmv_min_t = 1, t.mmv_max_t = 64;
     t.linear_tiled_min_t = 1 << 30; /* the MMV kernel itself, not the tiled path */
+    t.mmv_stream_bs_min_n = 0;     /* ... not its streamed form (linear_mmv_stream) */
     static const int shapes[][4] = {{1, 64, 128, 0},     {2, 129, 256, 1},    {5, 257, 1024, 1},
                                     {8, 2048, 2048, 0},   {9, 60, 2048, 0},    {16, 1000, 64, 1},
                                     {17, 300, 2048, 1},   {32, 2048, 2048, 0}, {32, 6144, 2048, 1},
@@ -727,6 +730,7 @@ Test(cuda_kernels, linear_mmv_block_slices, .timeout = 120) {
     msm_cuda_tuning t = tune0;
     t.mmv_min_t = 1, t.mmv_max_t = 64;
     t.linear_tiled_min_t = 1 << 30;
+    t.mmv_stream_bs_min_n = 0; /* the block-sliced kernel itself (its streamed form: linear_mmv_stream) */
     static const int forced[][4] = {{1, 64, 128, 0},  {3, 2048, 2048, 1}, {5, 257, 1024, 1}, {8, 6144, 2048, 0},
                                     {9, 60, 2048, 1}, {16, 1000, 512, 0}, {7, 2048, 5632, 1}, {2, 33, 416, 0}};
     static const int rule[][3] = {{8, 6144, 2048}, {8, 2048, 2048}, {8, 11264, 2048}, {8, 2048, 5632},
@@ -812,6 +816,35 @@ Test(cuda_kernels, linear_mmv_stream, .timeout = 120) {
     linear_deterministic(ctx, EX_T(&t), 8, 151936, 2048, "streamed mmv, 2 stages");
     t.mmv_stream_st = 3;
     linear_deterministic(ctx, EX_T(&t), 8, 151936, 2048, "streamed mmv");
+    /* the block-sliced MMV's picks of 8 and 16 slices streamed (mmv_stream_bs_min_n): bitwise the
+     * block-sliced kernel of as many slices, 3-8 tokens, bias, rows not a multiple of 16, 2 and 3
+     * stages; and the default rule's pick at Qwen3's qkv (5120 x 2048, 8 tokens) against the CPU */
+    static const int bs[][5] = {{8, 5120, 2048, 1, 8}, {3, 4099, 2048, 0, 8}, {5, 700, 1024, 1, 16},
+                                {8, 2000, 512, 0, 16},  {6, 333, 256, 1, 8}};
+    for (size_t s = 0; s < 2 * sizeof bs / sizeof *bs; s++) {
+        int T = bs[s / 2][0], N = bs[s / 2][1], K = bs[s / 2][2], ws = bs[s / 2][4];
+        msm_cuda_tuning a = tune0, c = tune0;
+        a.mmv_min_t = c.mmv_min_t = 1, a.mmv_max_t = c.mmv_max_t = 64;
+        a.linear_tiled_min_t = c.linear_tiled_min_t = 1 << 30;
+        a.mmv_bslice = c.mmv_bslice = ws, a.mmv_nj = c.mmv_nj = 2;
+        a.mmv_stream_min_n = c.mmv_stream_min_n = 0;
+        a.mmv_stream_bs_min_n = 1, c.mmv_stream_bs_min_n = 0;
+        a.mmv_stream_st = s % 2 ? 2 : 3;
+        float *x = host_f32((size_t)T * K, 1.0f), *wf, *bf = NULL;
+        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *bb = NULL;
+        if (bs[s / 2][3]) bb = host_bf16(N, 0.5f, &bf);
+        float *dx = dev_up(x, (size_t)T * K * 4), *d1 = dev_poison((size_t)T * N * 4), *d2 = dev_poison((size_t)T * N * 4);
+        uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *db = bb ? dev_up(bb, (size_t)N * 2) : NULL;
+        float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
+        CK(msm_cuda_linear(d1, dx, dw, db, T, N, K, ctx, NULL, 0, EX_T(&a)));
+        CK(msm_cuda_linear(d2, dx, dw, db, T, N, K, ctx, NULL, 0, EX_T(&c)));
+        down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
+        cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0,
+                  "streamed vs block-sliced, %d slices, %d stages: T=%d N=%d K=%d", ws, a.mmv_stream_st, T, N, K);
+        cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw), cudaFree(db);
+        free(x), free(wf), free(wb), free(bf), free(bb), free(o1), free(o2);
+    }
+    linear_case(ctx, EX, 8, 5120, 2048, 0, 2e-5);
     /* past its limits: K of 4096 and 2080, 9 tokens (the tiled GEMM), one token (the other paths,
      * against the CPU) */
     msm_cuda_tuning l = tune0;

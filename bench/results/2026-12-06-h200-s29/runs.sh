@@ -96,8 +96,37 @@ sq2() {
     return 0
 }
 
+# any GPU: the block-sliced MMV's picks of 8 / 16 slices streamed through shared memory at 3-8
+# tokens by default (MSM_CUDA_MMV_STREAM_BS_MIN_N=4096: Qwen3's qkv on mmv_stream_kernel<8>, the
+# same bits as the default's MMV), commit in gpu.txt: on an H200 first the table; the MMV, RoPE-MMV
+# and norm-linear kernel tests; check_presets' new variant and its neighbours on Qwen3 and
+# Qwen1.5-MoE; three rounds of Qwen3-30B-A3B at 2-8 tokens against =0 and against the 16-slice
+# stream at 2 stages (run 3's arm), Qwen1.5-MoE at 4 and 8 (its qkv on the RoPE MMV: unchanged);
+# Qwen3's timeline at 8
+bs8() {
+    local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    [ "${mib:-0}" -gt 120000 ] && TABLE_ONLY=1 final
+    kern_tests "@(tuning*|linear_mmv*|linear_rope_kv_mmv*|norm_linear_equals*)"
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_PROMPTS=1,2 CHECK_VARIANTS="streamed through,qkv MMV + RoPE,graph replay,ADD_RMSNORM + LINEAR" timeout 150 \
+        python3 tests/gpu/check_presets.py config/models/$Q3.json config/models/$Q15.json > $OUT/presets.txt 2>&1
+    grep -E "FAIL|failed|pass" $OUT/presets.txt | head -12 | tee -a $OUT/gpu.txt
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        b $Q3 2,3,4,8 bs --
+        b $Q3 2,3,4,8 bs MSM_CUDA_MMV_STREAM_BS_MIN_N=0 --
+        b $Q3 2,3,4,8 bs MSM_CUDA_MMV_STREAM_BS_MIN_N=0 MSM_CUDA_MMV_STREAM_MIN_N=5120 MSM_CUDA_MMV_STREAM_ST=2 --
+        b $Q15 4,8 bs --
+        b $Q15 4,8 bs MSM_CUDA_MMV_STREAM_BS_MIN_N=0 --
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=20 tl $Q3 8 q3b8
+    return 0
+}
+
 case "$1" in
 r1) hdr; dflt; sqkv; pack; el done | tee -a $OUT/gpu.txt ;;  # HEAD 934899c: the table on an H200, the default router's checks, the qkv streamed
 r2) hdr; l2r; pack; el done | tee -a $OUT/gpu.txt ;;  # fb1dad0
-r3) hdr; sq2; pack; el done | tee -a $OUT/gpu.txt ;;
+r3) hdr; sq2; pack; el done | tee -a $OUT/gpu.txt ;;  # 00f1b7b
+r4) hdr; bs8; pack; el done | tee -a $OUT/gpu.txt ;;
 esac
