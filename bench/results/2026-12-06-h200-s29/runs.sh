@@ -128,5 +128,6 @@ case "$1" in
 r1) hdr; dflt; sqkv; pack; el done | tee -a $OUT/gpu.txt ;;  # HEAD 934899c: the table on an H200, the default router's checks, the qkv streamed
 r2) hdr; l2r; pack; el done | tee -a $OUT/gpu.txt ;;  # fb1dad0
 r3) hdr; sq2; pack; el done | tee -a $OUT/gpu.txt ;;  # 00f1b7b
-r4) hdr; bs8; pack; el done | tee -a $OUT/gpu.txt ;;
+r4) hdr; bs8; pack; el done | tee -a $OUT/gpu.txt ;;  # aff70ec
+r5) hdr; TABLE_ONLY=1 final; pack; el done | tee -a $OUT/gpu.txt ;;  # the table of the code at aff70ec (on an H200 with GLM-4.5-Air)
 esac
