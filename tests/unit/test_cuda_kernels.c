@@ -561,6 +561,24 @@ static void linear_deterministic(msm_cuda_ctx *ctx, msm_cuda_exec ex, int T, int
     free(x), free(wf), free(wb), free(o1), free(o2);
 }
 
+/* One linear under two tunings (ea, eb) on the same inputs (weights, x, a bias where `bias`) gives
+ * the same bits; what and the shape name a difference. */
+static void linear_same_bits(msm_cuda_ctx *ctx, msm_cuda_exec ea, msm_cuda_exec eb, int T, int N, int K, bool bias,
+                             const char *what) {
+    float *x = host_f32((size_t)T * K, 1.0f), *wf, *bf = NULL;
+    uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *bb = NULL;
+    if (bias) bb = host_bf16(N, 0.5f, &bf);
+    float *dx = dev_up(x, (size_t)T * K * 4), *d1 = dev_poison((size_t)T * N * 4), *d2 = dev_poison((size_t)T * N * 4);
+    uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *db = bb ? dev_up(bb, (size_t)N * 2) : NULL;
+    float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
+    CK(msm_cuda_linear(d1, dx, dw, db, T, N, K, ctx, NULL, 0, ea));
+    CK(msm_cuda_linear(d2, dx, dw, db, T, N, K, ctx, NULL, 0, eb));
+    down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
+    cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "%s: T=%d N=%d K=%d", what, T, N, K);
+    cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw), cudaFree(db);
+    free(x), free(wf), free(wb), free(bf), free(bb), free(o1), free(o2);
+}
+
 Test(cuda_kernels, linear_gemv_small_T_matches_cpu, .timeout = 60) {
     need_gpu();
     /* T, N, K, bias: K % 8 != 0 takes the scalar path */
@@ -799,19 +817,9 @@ Test(cuda_kernels, linear_mmv_stream, .timeout = 120) {
         t.mmv_stream_st = s % 2 ? 2 : 3;
         linear_case(ctx, EX_T(&t), T, N, K, shapes[s / 2][3], 2e-5);
         if (K / 32 < 16) continue; /* the forced block slices need 16 chunks */
-        float *x = host_f32((size_t)T * K, 1.0f), *wf, *bf = NULL;
-        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *bb = NULL;
-        if (shapes[s / 2][3]) bb = host_bf16(N, 0.5f, &bf);
-        float *dx = dev_up(x, (size_t)T * K * 4), *d1 = dev_poison((size_t)T * N * 4), *d2 = dev_poison((size_t)T * N * 4);
-        uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *db = bb ? dev_up(bb, (size_t)N * 2) : NULL;
-        float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
-        CK(msm_cuda_linear(d1, dx, dw, db, T, N, K, ctx, NULL, 0, EX_T(&t)));
-        CK(msm_cuda_linear(d2, dx, dw, db, T, N, K, ctx, NULL, 0, EX_T(&b)));
-        down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
-        cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0, "streamed (%d stages) vs block-sliced MMV: T=%d N=%d K=%d",
-                  t.mmv_stream_st, T, N, K);
-        cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw), cudaFree(db);
-        free(x), free(wf), free(wb), free(bf), free(bb), free(o1), free(o2);
+        linear_same_bits(ctx, EX_T(&t), EX_T(&b), T, N, K, shapes[s / 2][3],
+                         t.mmv_stream_st == 2 ? "streamed (2 stages) vs block-sliced MMV"
+                                              : "streamed (3 stages) vs block-sliced MMV");
     }
     linear_deterministic(ctx, EX_T(&t), 8, 151936, 2048, "streamed mmv, 2 stages");
     t.mmv_stream_st = 3;
@@ -830,19 +838,9 @@ Test(cuda_kernels, linear_mmv_stream, .timeout = 120) {
         a.mmv_stream_min_n = c.mmv_stream_min_n = 0;
         a.mmv_stream_bs_min_n = 1, c.mmv_stream_bs_min_n = 0;
         a.mmv_stream_st = s % 2 ? 2 : 3;
-        float *x = host_f32((size_t)T * K, 1.0f), *wf, *bf = NULL;
-        uint16_t *wb = host_bf16((size_t)N * K, 1.0f / sqrtf((float)K), &wf), *bb = NULL;
-        if (bs[s / 2][3]) bb = host_bf16(N, 0.5f, &bf);
-        float *dx = dev_up(x, (size_t)T * K * 4), *d1 = dev_poison((size_t)T * N * 4), *d2 = dev_poison((size_t)T * N * 4);
-        uint16_t *dw = dev_up(wb, (size_t)N * K * 2), *db = bb ? dev_up(bb, (size_t)N * 2) : NULL;
-        float *o1 = malloc((size_t)T * N * 4), *o2 = malloc((size_t)T * N * 4);
-        CK(msm_cuda_linear(d1, dx, dw, db, T, N, K, ctx, NULL, 0, EX_T(&a)));
-        CK(msm_cuda_linear(d2, dx, dw, db, T, N, K, ctx, NULL, 0, EX_T(&c)));
-        down(o1, d1, (size_t)T * N * 4), down(o2, d2, (size_t)T * N * 4);
-        cr_expect(memcmp(o1, o2, (size_t)T * N * 4) == 0,
-                  "streamed vs block-sliced, %d slices, %d stages: T=%d N=%d K=%d", ws, a.mmv_stream_st, T, N, K);
-        cudaFree(dx), cudaFree(d1), cudaFree(d2), cudaFree(dw), cudaFree(db);
-        free(x), free(wf), free(wb), free(bf), free(bb), free(o1), free(o2);
+        char what[64];
+        snprintf(what, sizeof what, "streamed vs block-sliced, %d slices, %d stages", ws, a.mmv_stream_st);
+        linear_same_bits(ctx, EX_T(&a), EX_T(&c), T, N, K, bs[s / 2][3], what);
     }
     linear_case(ctx, EX, 8, 5120, 2048, 0, 2e-5);
     /* past its limits: K of 4096 and 2080, 9 tokens (the tiled GEMM), one token (the other paths,
