@@ -1465,9 +1465,10 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * where the one-token GEMV of the same weight takes 156 (H200, 2026-12-05 seventeenth session,
  * bench/results/2026-12-05-h200-s17 run 1; Nsight Compute: DRAM 65% busy, 26 warps an SM).
  * Here one block of WS warps an SM (16; 8 for mmv_run's picks of 8 slices, below) walks 16-row
- * tiles (tile blockIdx.x, + gridDim.x, ...; K up to MMVS_MAX_K = 2048). A tile's rows are contiguous weights: one thread
- * brings each tile into shared memory with a bulk copy (TMA) a row, completing on the stage's
- * mbarrier, st - 1 tiles ahead of the MMAs (a ring of st stages, tuning mmv_stream_st; rows MMVS_ROW_PAD bytes
+ * tiles (tile blockIdx.x, + gridDim.x, ...; K up to MMVS_MAX_K = 2048). A tile's rows are
+ * contiguous weights: one thread brings each tile into shared memory with a bulk copy (TMA) a row,
+ * completing on the stage's mbarrier, st - 1 tiles ahead of the MMAs (a ring of st stages, tuning
+ * mmv_stream_st; rows MMVS_ROW_PAD bytes
  * apart so the 8 rows a fragment load touches fall on other banks; run 2's cp.async form, each
  * lane copying its own fragments, kept the L2 90% busy at 82% of DRAM). Warp ks owns the K slice
  * of chunks ks * per .. (per = ceil(K / 32 / WS) <= PC = 2048 / 32 / WS) in every tile, so its x
@@ -1475,8 +1476,8 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * fp32 GEMV's products) are built once and stay in registers; its B fragments are mmv_kernel's
  * (row g, k 8q..8q+7 of each chunk), read from shared memory. The slices' partials meet in shared
  * memory (double-buffered: one barrier a tile, which also frees the stage the next copies
- * overwrite) and 128 threads sum them in slice order: each output is mmv_kernel<1, 1, 16, 4,
- * 16>'s (the block-sliced MMV at 16 slices: the same chunks, MMAs and order), bitwise. Every
+ * overwrite) and 128 threads sum them in slice order: each output is mmv_kernel<1, 1, WS, U,
+ * WS>'s (the block-sliced MMV at WS slices: the same chunks, MMAs and order), bitwise. Every
  * stage's first tile is copied before the PDL wait (weights are never written during a step); a
  * stage's next tile right after the barrier that ends its reads. Run 3: the lm_head at 8 tokens
  * 150.9 us, DRAM 87% busy. */

@@ -937,7 +937,8 @@ static __device__ __forceinline__ void msm_prefetch_l2(const void *p, size_t n) 
  * only): cp.async.bulk.prefetch.L2 on sm_90, 128-byte prefetches before. */
 static __device__ __forceinline__ void msm_bulk_prefetch_l2(const void *p, unsigned bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "r"(bytes) : "memory");
+    size_t g = __cvta_generic_to_global(p);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(g), "r"(bytes) : "memory");
 #else
     for (unsigned o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
 #endif

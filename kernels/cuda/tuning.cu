@@ -78,8 +78,10 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * tokens -0.011 / -0.057 / -0.075 ms (its share of the 8-token step 9.1 -> 6.1 us a layer:
      * every weight tile copied before the PDL wait), at 3 stages +0.004 / +0.171 / +0.135 (216 KiB
      * of shared memory: the SMs keep the 228 KiB carveout's small L1 through the o_proj and the
-     * experts after it; run 1). Stages 0: auto (linear.cu mmvs_run: 2 where a block has at most 3
-     * tiles, 3 for a longer stream such as the lm_head) */
+     * experts after it; run 1). The kept form, 8 warps for the qkv's 8 slices at 2 stages (run 4,
+     * three rounds, against 0): 2 / 3 / 4 / 8 tokens 0.000 / -0.043 / -0.028 / -0.056 (the 16-slice
+     * one another 0.02-0.035 faster, but other bits). Stages 0: auto (linear.cu mmvs_run: 2 where a
+     * block has at most 3 tiles, 3 for a longer stream such as the lm_head) */
     t->mmv_stream_bs_min_n = 4096;
     t->mmv_stream_st = 0;
     t->mmv_fit_clusters = true;

@@ -69,8 +69,9 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_FUSED_COMBINE", "MSM_CUDA_MOE_COMBINE_CLUSTER", "MSM_CUDA_ATT_MMA_SPLIT_MIN_T",
                                  "MSM_CUDA_ATT_MMA_SPLIT_MAX_T", "MSM_CUDA_ATT_MMA_SPLIT_MHA_MAX_T",
                                  "MSM_CUDA_ATT_CLUSTER_SPARE", "MSM_CUDA_ROUTER_GROUP",
-                                 "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER", "MSM_CUDA_ROUTER_TCLUSTER_TB",
-                                 "MSM_CUDA_MMV_L2_REST", "MSM_CUDA_MMV_STREAM_ST", "MSM_CUDA_MMV_STREAM_BS_MIN_N"};
+                                 "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER",
+                                 "MSM_CUDA_ROUTER_TCLUSTER_TB", "MSM_CUDA_MMV_L2_REST", "MSM_CUDA_MMV_STREAM_ST",
+                                 "MSM_CUDA_MMV_STREAM_BS_MIN_N"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
