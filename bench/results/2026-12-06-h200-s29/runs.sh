@@ -129,5 +129,8 @@ r1) hdr; dflt; sqkv; pack; el done | tee -a $OUT/gpu.txt ;;  # HEAD 934899c: the
 r2) hdr; l2r; pack; el done | tee -a $OUT/gpu.txt ;;  # fb1dad0
 r3) hdr; sq2; pack; el done | tee -a $OUT/gpu.txt ;;  # 00f1b7b
 r4) hdr; bs8; pack; el done | tee -a $OUT/gpu.txt ;;  # aff70ec
-r5) hdr; TABLE_ONLY=1 final; pack; el done | tee -a $OUT/gpu.txt ;;  # the table of the code at aff70ec (on an H200 with GLM-4.5-Air)
+r5) hdr; TABLE_ONLY=1 final; pack; el done | tee -a $OUT/gpu.txt ;;
+r6) hdr; kern_tests "@(tuning*|linear_mmv*)"  # the final commit's tests; on an H200 then the table
+    [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 120000 ] && TABLE_ONLY=1 final
+    pack; el done | tee -a $OUT/gpu.txt ;;  # the table of the code at aff70ec (on an H200 with GLM-4.5-Air)
 esac
