@@ -1597,12 +1597,9 @@ static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t 
     /* stages: 2 where every tile of a block but the third is copied before the PDL wait (and the
      * shared memory stays inside the attention's 196 KiB carveout), 3 for a longer stream */
     int sst = ex.tune->mmv_stream_st, st = sst == 2 || (sst != 3 && (ntile + grid - 1) / grid <= 3) ? 2 : MMVS_ST;
-    if (WS == 8)
-        CUDA_TRY(msm_launch(mmv_stream_kernel<8>, dim3((unsigned)grid), dim3(8 * 32), mmvs_smem(K, st, 8), ex, y, x, w,
-                            bias, T, N, K, early, st));
-    else
-        CUDA_TRY(msm_launch(mmv_stream_kernel<16>, dim3((unsigned)grid), dim3(16 * 32), mmvs_smem(K, st, 16), ex, y, x,
-                            w, bias, T, N, K, early, st));
+    WS = WS == 8 ? 8 : 16;
+    CUDA_TRY(msm_launch(WS == 8 ? mmv_stream_kernel<8> : mmv_stream_kernel<16>, dim3((unsigned)grid), dim3(WS * 32),
+                        mmvs_smem(K, st, WS), ex, y, x, w, bias, T, N, K, early, st));
     CUDA_LAUNCH_CHECK();
     return 0;
 }
