@@ -50,7 +50,7 @@
  * to T = 32; measured on the H200 at the Qwen1.5-MoE shapes, 4 against 8 (2): T = 8 112 us against
  * 127 (113), T = 16 173 against 198 (184), T = 32 261 against 300 (303). Tuning moe_gg_*_nt picks
  * 2 or 4 per kernel (the down takes 2 by default: fewer registers, more blocks an SM; measured in
- * tuning.cu), moe_gg_down_u the down's K chunks in flight (same sums: a lane's chunks are summed in
+ * tuning.cu), moe_gg_gateup_u / moe_gg_down_u the K chunks in flight (same sums: a lane's chunks are summed in
  * K order whatever the step). */
 #define GG_U 2
 
@@ -113,7 +113,7 @@ static __device__ __forceinline__ void gg_rows(const moe_ws &ws, const int32_t *
     }
 }
 
-template <int R, int NT, bool VEC, bool FP8>
+template <int R, int NT, bool VEC, bool FP8, int U = GG_U>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gateup_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, bool compact, const float *x,
                                    const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k) {
@@ -152,7 +152,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
         for (int r = 0; r < 2 * R; r++)
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-        msm_rows_dot_w<2 * R, NT, GG_U, VEC, FP8>(acc, wr, sr, xs, nt, H, gu_ph, lane);
+        msm_rows_dot_w<2 * R, NT, U, VEC, FP8>(acc, wr, sr, xs, nt, H, gu_ph, lane);
         /* only the nt live token columns are reduced (nt is warp-uniform; an expert mostly has
          * 1-3 tokens at T=32, so reducing all NT cost as much as the loads) */
 #pragma unroll
@@ -518,10 +518,17 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
         if (gu_sc)
             return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, true, true>, ga, blk, sm, ex, ws, ids, P, compact,
                               x, gate_up, gu_sc, gu_ph, H, I, k);
-        if (vec_h)
-            return msm_launch(tn->moe_gg_gateup_nt == 2 ? moe_gateup_grouped_gemv_kernel<RG, 2, true, false>
-                                                        : moe_gateup_grouped_gemv_kernel<RG, 4, true, false>,
-                              ga, blk, sm, ex, ws, ids, P, compact, x, gate_up, gu_sc, gu_ph, H, I, k);
+        if (vec_h) {
+            int u = tn->moe_gg_gateup_u;
+            bool nt2 = tn->moe_gg_gateup_nt == 2;
+            auto kern = nt2 ? (u == 4   ? moe_gateup_grouped_gemv_kernel<RG, 2, true, false, 4>
+                               : u == 3 ? moe_gateup_grouped_gemv_kernel<RG, 2, true, false, 3>
+                                        : moe_gateup_grouped_gemv_kernel<RG, 2, true, false, GG_U>)
+                            : (u == 4   ? moe_gateup_grouped_gemv_kernel<RG, 4, true, false, 4>
+                               : u == 3 ? moe_gateup_grouped_gemv_kernel<RG, 4, true, false, 3>
+                                        : moe_gateup_grouped_gemv_kernel<RG, 4, true, false, GG_U>);
+            return msm_launch(kern, ga, blk, sm, ex, ws, ids, P, compact, x, gate_up, gu_sc, gu_ph, H, I, k);
+        }
         return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, false, false>, ga, blk, sm, ex, ws, ids, P, compact, x,
                           gate_up, gu_sc, gu_ph, H, I, k);
     }

@@ -445,6 +445,8 @@ typedef struct msm_cuda_tuning {
     int moe_gg_down_nt;       /* down (2, default, or 4), 16-byte K chunks of a row in flight a lane in the */
     int moe_gg_down_u;        /* down (2 or 3; bf16 rows), the same sums in the same order whatever
                                  the choice (MSM_CUDA_MOE_GG_GATEUP_NT, _DOWN_NT, _DOWN_U) */
+    int moe_gg_gateup_u;      /* ... and in the gate/up (2, 3 or 4; bf16 rows, the same sums;
+                                 MSM_CUDA_MOE_GG_GATEUP_U) */
     bool moe_gg_early;        /* ... the grouped down loads its first weights before its PDL wait (the
                                  gate/up before it triggers only after its own wait, so the routing
                                  it reads is complete; MSM_CUDA_MOE_GG_EARLY) */

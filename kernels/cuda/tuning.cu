@@ -180,6 +180,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->moe_gg_gateup_nt = 4;
     t->moe_gg_down_nt = 2;
     t->moe_gg_down_u = 2;
+    t->moe_gg_gateup_u = 2;
     t->moe_gg_early = true;
     /* a grid row per selected expert (H200, 2026-12-04, bench/results/2026-12-04-h200-s13 run 2, ms a
      * step at 5 / 8 / 11 tokens, three rounds, against a row per expert): Qwen1.5-MoE 4.038-4.054 /
