@@ -180,6 +180,11 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->moe_gg_gateup_nt = 4;
     t->moe_gg_down_nt = 2;
     t->moe_gg_down_u = 2;
+    /* the gate/up's K chunks in flight (H100, 2026-12-06 thirtieth session,
+     * bench/results/2026-12-06-h200-s30 run 1, ms a step, on minus 2, three rounds): 3 / 4 chunks,
+     * Qwen3-30B-A3B 5 / 8 / 16 / 32 tokens +0.017 / +0.015 / -0.002 / +0.014 and +0.042 / +0.030 /
+     * 0.000 / -0.002, Qwen1.5-MoE 8 / 16 / 32 +0.007 / -0.019 / -0.011 and +0.049 / -0.012 / -0.008
+     * (the H100's gate/up already at 96% of its copy rate; the H200's at 94%, not yet measured) */
     t->moe_gg_gateup_u = 2;
     t->moe_gg_early = true;
     /* a grid row per selected expert (H200, 2026-12-04, bench/results/2026-12-04-h200-s13 run 2, ms a
