@@ -50,8 +50,8 @@
  * to T = 32; measured on the H200 at the Qwen1.5-MoE shapes, 4 against 8 (2): T = 8 112 us against
  * 127 (113), T = 16 173 against 198 (184), T = 32 261 against 300 (303). Tuning moe_gg_*_nt picks
  * 2 or 4 per kernel (the down takes 2 by default: fewer registers, more blocks an SM; measured in
- * tuning.cu), moe_gg_gateup_u / moe_gg_down_u the K chunks in flight (same sums: a lane's chunks are summed in
- * K order whatever the step). */
+ * tuning.cu), moe_gg_gateup_u / moe_gg_down_u the K chunks in flight (same sums: a lane's chunks
+ * are summed in K order whatever the step). */
 #define GG_U 2
 
 /* Expert e's pairs among ids[0, P) in ascending order into sp (the whole block calls it); returns
@@ -496,6 +496,15 @@ static __global__ void __launch_bounds__(NW * 32, FP8 ? MMA_MINB_FP8 : MMA_MINB)
     }
 }
 
+/* The bf16 grouped SIMT gate/up of R rows a warp and NT tokens a pass at u K chunks in flight (tuning
+ * moe_gg_gateup_u: 3 or 4, else GG_U). */
+template <int R, int NT>
+static auto gg_gateup_bf16(int u) {
+    return u == 4   ? moe_gateup_grouped_gemv_kernel<R, NT, true, false, 4>
+           : u == 3 ? moe_gateup_grouped_gemv_kernel<R, NT, true, false, 3>
+                    : moe_gateup_grouped_gemv_kernel<R, NT, true, false, GG_U>;
+}
+
 /* The grouped SIMT gate/up (gateup) or down GEMV. ids: the pairs' expert ids when the kernels
  * scan them themselves (no grouping kernel ran; P = T * k <= MSM_CUDA_MOE_SCAN_MAX_P), else NULL.
  * bf16 rows with 16-byte loads take the tuning's tokens a pass and chunks in flight; FP8 and
@@ -520,13 +529,7 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
                               x, gate_up, gu_sc, gu_ph, H, I, k);
         if (vec_h) {
             int u = tn->moe_gg_gateup_u;
-            bool nt2 = tn->moe_gg_gateup_nt == 2;
-            auto kern = nt2 ? (u == 4   ? moe_gateup_grouped_gemv_kernel<RG, 2, true, false, 4>
-                               : u == 3 ? moe_gateup_grouped_gemv_kernel<RG, 2, true, false, 3>
-                                        : moe_gateup_grouped_gemv_kernel<RG, 2, true, false, GG_U>)
-                            : (u == 4   ? moe_gateup_grouped_gemv_kernel<RG, 4, true, false, 4>
-                               : u == 3 ? moe_gateup_grouped_gemv_kernel<RG, 4, true, false, 3>
-                                        : moe_gateup_grouped_gemv_kernel<RG, 4, true, false, GG_U>);
+            auto kern = tn->moe_gg_gateup_nt == 2 ? gg_gateup_bf16<RG, 2>(u) : gg_gateup_bf16<RG, 4>(u);
             return msm_launch(kern, ga, blk, sm, ex, ws, ids, P, compact, x, gate_up, gu_sc, gu_ph, H, I, k);
         }
         return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, false, false>, ga, blk, sm, ex, ws, ids, P, compact, x,
