@@ -70,7 +70,8 @@ sweep() {
 
 case "$1" in
 r1) hdr; gu; pack; el done | tee -a $OUT/gpu.txt ;;  # f156e03 (on an H100)
-r2) hdr; h200 && { sweep; pack; }; el done | tee -a $OUT/gpu.txt ;;  # f156e03; on an H100 nothing (run 1 did its part)
+r2) hdr; kern_tests "@(tuning*|linear_mmv*|moe_grouped_simt*)"  # on an H100 only these (run 1 did the rest)
+    h200 && { sweep; pack; }; el done | tee -a $OUT/gpu.txt ;;
 r3) hdr; h200 && { TABLE_ONLY=1 final; el sweep | tee -a $OUT/gpu.txt  # f156e03: r2 cut to the budget's end
         for i in 1 2; do for u in 2 3 4; do b $Q3 4,8 sw MSM_CUDA_MOE_GG_GATEUP_U=$u --; done; done; pack; }
     el done | tee -a $OUT/gpu.txt ;;
