@@ -1468,9 +1468,9 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * tiles (tile blockIdx.x, + gridDim.x, ...; K up to MMVS_MAX_K = 2048). A tile's rows are
  * contiguous weights: one thread brings each tile into shared memory with a bulk copy (TMA) a row,
  * completing on the stage's mbarrier, st - 1 tiles ahead of the MMAs (a ring of st stages, tuning
- * mmv_stream_st; rows MMVS_ROW_PAD bytes
- * apart so the 8 rows a fragment load touches fall on other banks; run 2's cp.async form, each
- * lane copying its own fragments, kept the L2 90% busy at 82% of DRAM). Warp ks owns the K slice
+ * mmv_stream_st; rows MMVS_ROW_PAD bytes apart so the 8 rows a fragment load touches fall on other
+ * banks; run 2's cp.async form, each lane copying its own fragments, kept the L2 90% busy at 82% of
+ * DRAM). Warp ks owns the K slice
  * of chunks ks * per .. (per = ceil(K / 32 / WS) <= PC = 2048 / 32 / WS) in every tile, so its x
  * fragments (tokens 0-7, split into bf16 hi + lo as mmv_kernel does; at 2 tokens this replaces the
  * fp32 GEMV's products) are built once and stay in registers; its B fragments are mmv_kernel's
