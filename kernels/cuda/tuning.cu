@@ -186,6 +186,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 0.000 / -0.002, Qwen1.5-MoE 8 / 16 / 32 +0.007 / -0.019 / -0.011 and +0.049 / -0.012 / -0.008
      * (the H100's gate/up already at 96% of its copy rate; the H200's at 94%, not yet measured) */
     t->moe_gg_gateup_u = 2;
+    t->moe_gg_stream = 0; /* not yet measured (moe_stream.cu) */
     t->moe_gg_early = true;
     /* a grid row per selected expert (H200, 2026-12-04, bench/results/2026-12-04-h200-s13 run 2, ms a
      * step at 5 / 8 / 11 tokens, three rounds, against a row per expert): Qwen1.5-MoE 4.038-4.054 /
@@ -280,6 +281,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     if (t->sms < 1) return -ENODEV;
     t->mmv_u8_max_blocks = 2 * t->sms;
     msm__moe_tuning(t);
+    msm__moe_stream_tuning(t);
     msm__moe_pair_tuning(t);
     int r = msm__moe_tiled_prepare();
     if (r) return r;
