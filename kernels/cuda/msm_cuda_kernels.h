@@ -78,9 +78,9 @@ enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFET
         * (moe_pair.cu), by default at 8 slots: DOWN_SPLIT forces it at every k, DOWN_WARP keeps
         * one warp a row at every k */
        MSM_CUDA_MOE_K_DOWN_SPLIT = 16, MSM_CUDA_MOE_K_DOWN_WARP = 32 };
-/* msm_cuda_tuning.moe_gg_stream: the grouped SIMT GEMVs whose weights stream through shared memory
- * (moe_stream.cu) */
-enum { MSM_CUDA_MOE_STREAM_GATEUP = 1, MSM_CUDA_MOE_STREAM_DOWN = 2 };
+/* msm_cuda_tuning.moe_gg_stream: the grouped SIMT GEMVs whose blocks bring their weight rows into
+ * shared memory by bulk copies (moe_stream.cu); GATEUP2: the gate/up at 2 columns a warp (else 1) */
+enum { MSM_CUDA_MOE_STREAM_GATEUP = 1, MSM_CUDA_MOE_STREAM_DOWN = 2, MSM_CUDA_MOE_STREAM_GATEUP2 = 4 };
 /* msm_cuda_tuning.moe_gu_u2: AUTO takes the 2-load gate/up where its grid is one wave at 12 blocks an
  * SM but not at the 4-load kernel's occupancy, and no kernel of the layer runs beside it on the aux
  * stream (msm_cuda_exec.aux_beside) */
@@ -451,9 +451,9 @@ typedef struct msm_cuda_tuning {
     int moe_gg_gateup_u;      /* ... and in the gate/up (2, 3 or 4; bf16 rows, the same sums;
                                  MSM_CUDA_MOE_GG_GATEUP_U) */
     int moe_gg_stream;        /* MSM_CUDA_MOE_STREAM_* mask: those grouped SIMT GEMVs (bf16 rows, after
-                                 the grouping) as one block an SM streaming weight tiles through a
-                                 shared-memory ring by bulk copies (moe_stream.cu; the same bits;
-                                 MSM_CUDA_MOE_GG_STREAM=0..3; default 0: not yet measured) */
+                                 the grouping) with each block's weight rows brought into shared
+                                 memory by bulk copies at once (moe_stream.cu; the same bits;
+                                 MSM_CUDA_MOE_GG_STREAM=0..7; default 0: not yet measured) */
     bool moe_stream_ok;       /* ... their shared memory granted (GPU fact) */
     bool moe_gg_early;        /* ... the grouped down loads its first weights before its PDL wait (the
                                  gate/up before it triggers only after its own wait, so the routing

@@ -108,7 +108,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
-    setenv("MSM_CUDA_MOE_GG_GATEUP_U", "5", 1), setenv("MSM_CUDA_MOE_GG_STREAM", "6", 1);
+    setenv("MSM_CUDA_MOE_GG_GATEUP_U", "5", 1), setenv("MSM_CUDA_MOE_GG_STREAM", "10", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
     setenv("MSM_CUDA_MOE_GG_COMPACT", "0", 1), setenv("MSM_CUDA_LINEAR_SWIGLU", "0", 1);
     setenv("MSM_CUDA_LINEAR_SWIGLU_ROWS", "2", 1), setenv("MSM_CUDA_AUX_GEMV_ROWS", "2", 1);
@@ -159,7 +159,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.moe_gg_down_nt, 4, "not 2: 4 tokens a pass");
     cr_expect_eq(t.moe_gg_down_u, 3);
     cr_expect_eq(t.moe_gg_gateup_u, 2, "5 is no choice: 2 chunks in flight");
-    cr_expect_eq(t.moe_gg_stream, MSM_CUDA_MOE_STREAM_DOWN, "6: its known bit, the down streamed");
+    cr_expect_eq(t.moe_gg_stream, MSM_CUDA_MOE_STREAM_DOWN, "10: its known bit, the down streamed");
     cr_expect(!t.moe_gg_early, "MSM_CUDA_MOE_GG_EARLY=0: the down waits first");
     cr_expect(!t.moe_gg_compact, "MSM_CUDA_MOE_GG_COMPACT=0: a grid row per expert");
     cr_expect(!t.linear_swiglu, "MSM_CUDA_LINEAR_SWIGLU=0: the gate/up linear and the SwiGLU two kernels");
@@ -1714,10 +1714,11 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
  * grouping kernel: rows in pair order) or after the grouping kernel, with 2 or 4 tokens a pass in
  * either kernel, 2 to 4 K chunks in flight, the down's first weight loads before or after its PDL
  * wait (launched right behind the gate/up, which writes its input), a grid row per selected expert
- * or per expert, and streamed through shared memory (moe_stream.cu: the gate/up, the down or both;
- * where the rows allow it, else the SIMT kernels run); each against the CPU. Qwen1.5-MoE shapes at
- * 5-32 tokens, odd sizes (scalar loads), k = 8 (partial down tiles: H % 16 == 8), I % 8 == 4 (a
- * partial streamed gate/up tile), and many tokens an expert (several passes); past
+ * or per expert, and with their rows brought into shared memory by bulk copies (moe_stream.cu: the
+ * gate/up at 1 or 2 columns a warp, the down or both; where the rows allow it, else the SIMT
+ * kernels run); each against the CPU. Qwen1.5-MoE shapes at
+ * 5-32 tokens, odd sizes (scalar loads), k = 8 (a partial down block: H % 16 == 8), I % 8 == 4 (a
+ * partial gate/up block), and many tokens an expert (several passes); past
  * MSM_CUDA_MOE_SCAN_MAX_P pairs the grouping kernel runs anyway. */
 typedef struct gg_variant {
     int scan_max_t, gu_nt, dn_nt, dn_u;
@@ -1733,7 +1734,8 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
         {0, 2, 2, 3, true, true, 2, 0}, {0, 4, 2, 3, false, true, 2, 0}, {64, 4, 2, 2, true, true, 2, 0},
         {0, 4, 2, 2, true, false, 2, 0}, {0, 4, 4, 3, false, false, 2, 0}, {0, 4, 2, 2, true, true, 3, 0},
         {0, 4, 2, 2, true, true, 4, 0}, {64, 2, 2, 2, true, true, 4, 0}, {0, 4, 2, 2, true, true, 2, 3},
-        {0, 4, 2, 2, false, true, 2, 3}, {0, 4, 2, 2, true, true, 2, 1}, {0, 4, 2, 2, true, false, 2, 2}};
+        {0, 4, 2, 2, false, true, 2, 3}, {0, 4, 2, 2, true, true, 2, 1}, {0, 4, 2, 2, true, false, 2, 2},
+        {0, 4, 2, 2, false, true, 2, 7}};
     moe_wset m = moe_wset_new(H, I, E);
     for (int c = 0; c < nT; c++) {
         int T = Ts[c];
@@ -1782,7 +1784,7 @@ Test(cuda_kernels, moe_grouped_simt_variants_same_bits, .timeout = 240) {
     gg_cases(k8, 3, 264, 104, 8, 24);
     static const int skew[] = {12, 64};   /* 24 / 128 pairs over 3 experts: several passes */
     gg_cases(skew, 2, 256, 128, 2, 3);
-    static const int i4[] = {7, 20};      /* I % 8 == 4: the streamed gate/up's last tile of 4 columns */
+    static const int i4[] = {7, 20};      /* I % 8 == 4: at 2 columns a warp, a last block of 4 */
     gg_cases(i4, 2, 264, 100, 4, 12);
 }
 

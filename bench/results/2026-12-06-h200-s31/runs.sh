@@ -20,17 +20,17 @@ source <(sed -n '/^h200() {/p;/^sweep() {/,/^}/p' bench/results/2026-12-06-h200-
 bits() {
     el bitwise | tee -a $OUT/gpu.txt
     for p in $Q3 $Q15; do
-        for v in 0 1 2 3; do
+        for v in 0 1 2 3 7; do
             MSM_CUDA_MOE_GG_STREAM=$v timeout 100 gpu-run/bin/msmoe-run --dummy-weights config/models/$p.json --backend cuda \
                 --prompt-ids 5,1000,77,300,12,9,8,7 --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$v.npy > /tmp/t-$v.txt 2>/dev/null
         done
-        echo "$p stream 0 vs 1 vs 2 vs 3: $(cmp -s /tmp/l-0.npy /tmp/l-1.npy && cmp -s /tmp/l-0.npy /tmp/l-2.npy && cmp -s /tmp/l-0.npy /tmp/l-3.npy && cmp -s /tmp/t-0.txt /tmp/t-3.txt && echo same bits || echo DIFFER)" | tee -a $OUT/gpu.txt
+        echo "$p stream 0 vs 1 vs 2 vs 3 vs 7: $(for v in 1 2 3 7; do cmp -s /tmp/l-0.npy /tmp/l-$v.npy && cmp -s /tmp/t-0.txt /tmp/t-$v.txt || echo DIFFER; done | grep -q DIFFER && echo DIFFER || echo same bits)" | tee -a $OUT/gpu.txt
     done
 }
 st_ab() {  # $1: batches of Qwen3; $2: rounds; on an H200 also the thirtieth session's sweep arms
     el stream ab | tee -a $OUT/gpu.txt
     for i in $(seq ${2:-3}); do
-        for v in 0 1 2 3; do b $Q3 $1 st MSM_CUDA_MOE_GG_STREAM=$v --; done
+        for v in ${SV:-0 1 2 3}; do b $Q3 $1 st MSM_CUDA_MOE_GG_STREAM=$v --; done
         b $Q15 8,16,32 st -- ; b $Q15 8,16,32 st MSM_CUDA_MOE_GG_STREAM=3 --
         h200 || continue
         for a in MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4 MSM_CUDA_MOE_KERNELS=mma \
@@ -43,8 +43,12 @@ st_ab() {  # $1: batches of Qwen3; $2: rounds; on an H200 also the thirtieth ses
 case "$1" in
 r1) hdr; kern_tests "@(tuning*|linear_mmv*|moe_grouped_simt*)"  # b57a395: s30's r2
     h200 && { sweep; pack; }; el done | tee -a $OUT/gpu.txt ;;
-r2) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"; bits  # the streamed expert GEMVs; on an H200 the table first
+r2) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"; bits  # cd90a30 (its runs.sh): the persistent ring form
     if h200; then TABLE_ONLY=1 final; st_ab 4,8 3; else st_ab 5,8,16,32 3; fi
+    el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8-s3 MSM_CUDA_MOE_GG_STREAM=3
+    pack; el done | tee -a $OUT/gpu.txt ;;
+r3) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"; bits  # r2 with each block's rows by bulk copies at once
+    if h200; then TABLE_ONLY=1 final; SV="0 1 5 2 3 7" st_ab 4,8 3; else SV="0 1 5 2 3 7" st_ab 5,8 3; fi
     el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8-s3 MSM_CUDA_MOE_GG_STREAM=3
     pack; el done | tee -a $OUT/gpu.txt ;;
 esac
