@@ -51,4 +51,12 @@ r3) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"; bits  # r2 with each block's
     if h200; then TABLE_ONLY=1 final; SV="0 1 5 2 3 7" st_ab 4,8 3; else SV="0 1 5 2 3 7" st_ab 5,8 3; fi
     el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8-s3 MSM_CUDA_MOE_GG_STREAM=3
     pack; el done | tee -a $OUT/gpu.txt ;;
+r4) hdr; el stream ab | tee -a $OUT/gpu.txt  # e5359f3: r3 cut to the budget's last ~150 s
+    for i in 1 2; do
+        for v in 0 1 3 7; do b $Q3 5,8 st MSM_CUDA_MOE_GG_STREAM=$v --; done
+        b $Q15 8 st --; b $Q15 8 st MSM_CUDA_MOE_GG_STREAM=3 --
+    done
+    h200 && { el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --; }
+    el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8-s3 MSM_CUDA_MOE_GG_STREAM=3
+    kern_tests "moe_grouped_simt*"; el done | tee -a $OUT/gpu.txt ;;
 esac
