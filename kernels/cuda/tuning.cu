@@ -186,7 +186,11 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 0.000 / -0.002, Qwen1.5-MoE 8 / 16 / 32 +0.007 / -0.019 / -0.011 and +0.049 / -0.012 / -0.008
      * (the H100's gate/up already at 96% of its copy rate; the H200's at 94%, not yet measured) */
     t->moe_gg_gateup_u = 2;
-    t->moe_gg_stream = 0; /* not yet measured (moe_stream.cu) */
+    /* the grouped SIMT GEMVs' rows by bulk copies into shared memory: off. Its first form, one
+     * persistent block an SM over a ring of 64 KiB tiles, was 1.5x slower (H100, 2026-12-06
+     * thirty-first session, bench/results/2026-12-06-h200-s31 run 2: Qwen3-30B-A3B 8 tokens 10.22 ->
+     * 15.26 ms); the per-block form (moe_stream.cu) is not yet measured (runs.sh r3) */
+    t->moe_gg_stream = 0;
     t->moe_gg_early = true;
     /* a grid row per selected expert (H200, 2026-12-04, bench/results/2026-12-04-h200-s13 run 2, ms a
      * step at 5 / 8 / 11 tokens, three rounds, against a row per expert): Qwen1.5-MoE 4.038-4.054 /
