@@ -3,7 +3,7 @@
  * by expert when the path needs it and calls one path's runner:
  *   moe_pair.cu     small T: per-(token, slot) fp32 GEMVs
  *   moe_grouped.cu  medium T: grouped GEMVs, fp32 SIMT or tensor-core (bf16 hi + lo x)
- *   moe_stream.cu   ... the SIMT ones with their weights streamed through shared memory
+ *   moe_stream.cu   ... the SIMT ones with each block's rows brought into shared memory by bulk copies
  *   moe_tiled.cu    large decode batches: tiled tensor-core GEMMs through shared memory (bf16
  *                   weights, or FP8 codes decoded in shared memory)
  *   moe_gemm.cu     prefill-sized T: grouped WMMA GEMMs (bf16 x and activations)
@@ -114,7 +114,7 @@ int msm__moe_grouped_run(const moe_ws &ws, const int32_t *ids, const float *x, c
                          const uint16_t *down, int T, int H, int I, int k, int E, bool vec_h,
                          bool vec_i, msm_cuda_exec ex);
 
-/* Medium T, the grouped SIMT GEMVs streamed through shared memory (moe_stream.cu; the same bits):
+/* Medium T, the grouped SIMT GEMVs with their rows by bulk copies (moe_stream.cu; the same bits):
  * whether they take the gate/up (gateup) or the down of these shapes (vec: 16-byte row loads), and
  * the launch of one, after the grouping (act and outp in grouped order). */
 bool msm__moe_stream_fits(const msm_cuda_tuning *tn, bool gateup, int H, int I, bool vec);
