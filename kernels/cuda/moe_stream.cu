@@ -40,12 +40,7 @@ static __device__ __forceinline__ void ms_rows_dot(float (&acc)[R][MS_NT], const
     for (int k0 = lane * 8; k0 < K; k0 += 256) {
         float wf[R][8];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            uint4 v = *(const uint4 *)(rows[r] + 2 * (size_t)k0);
-            float2 a = msm_bf2(v.x), b = msm_bf2(v.y), c = msm_bf2(v.z), d = msm_bf2(v.w);
-            wf[r][0] = a.x, wf[r][1] = a.y, wf[r][2] = b.x, wf[r][3] = b.y;
-            wf[r][4] = c.x, wf[r][5] = c.y, wf[r][6] = d.x, wf[r][7] = d.y;
-        }
+        for (int r = 0; r < R; r++) msm_bf16x8(*(const uint4 *)(rows[r] + 2 * (size_t)k0), wf[r]);
 #pragma unroll
         for (int t = 0; t < MS_NT; t++) {
             if (t >= nt) break;

@@ -302,10 +302,16 @@ static __device__ __forceinline__ float msm_fma8(const float w[8], float4 xa, fl
     return s;
 }
 
-/* The same with the 8 weights as bf16 packed in 16 bytes (memory order). */
-static __device__ __forceinline__ float msm_fma8_bf16(uint4 w, float4 xa, float4 xb, float s) {
+/* 8 bf16 weights packed in 16 bytes (memory order) as f32 (exact). */
+static __device__ __forceinline__ void msm_bf16x8(uint4 w, float (&f)[8]) {
     float2 a = msm_bf2(w.x), b = msm_bf2(w.y), c = msm_bf2(w.z), d = msm_bf2(w.w);
-    const float f[8] = {a.x, a.y, b.x, b.y, c.x, c.y, d.x, d.y};
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
+}
+
+/* msm_fma8 with the 8 weights as bf16 packed in 16 bytes (memory order). */
+static __device__ __forceinline__ float msm_fma8_bf16(uint4 w, float4 xa, float4 xb, float s) {
+    float f[8];
+    msm_bf16x8(w, f);
     return msm_fma8(f, xa, xb, s);
 }
 
@@ -350,12 +356,7 @@ static __device__ __forceinline__ void msm_rows_dot(float (&acc)[R][NT], const u
                 if (k >= K) break;
                 float wf[R][8];
 #pragma unroll
-                for (int r = 0; r < R; r++) {
-                    float2 a = msm_bf2(wv[r][u].x), b = msm_bf2(wv[r][u].y);
-                    float2 c = msm_bf2(wv[r][u].z), d = msm_bf2(wv[r][u].w);
-                    wf[r][0] = a.x, wf[r][1] = a.y, wf[r][2] = b.x, wf[r][3] = b.y;
-                    wf[r][4] = c.x, wf[r][5] = c.y, wf[r][6] = d.x, wf[r][7] = d.y;
-                }
+                for (int r = 0; r < R; r++) msm_bf16x8(wv[r][u], wf[r]);
                 if constexpr (DIAG) {
 #pragma unroll
                     for (int r = 0; r < R; r++) {
