@@ -1644,6 +1644,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_GG_STREAM=mask         the grouped SIMT gate/up (1; at 2 columns a warp: 4 too) and down (2)
  *                                       with their blocks' weight rows brought into shared memory by bulk
  *                                       copies (0, default: not yet measured); the same bits
+ *   MSM_CUDA_MOE_GG_PERSIST=mask        the grouped SIMT gate/up (1) and down (2) on persistent grids, each block
+ *                                       looping over (expert, row chunk) items (0, default: not yet measured);
+ *                                       the same bits
  *   MSM_CUDA_MOE_GG_EARLY=0|1           the grouped SIMT down loads its first weights before its PDL wait (1, default)
  *   MSM_CUDA_MOE_GG_COMPACT=0|1         the grouped SIMT GEMVs' grid: a row per selected expert (1, default) or per expert
  *   MSM_CUDA_LINEAR_SWIGLU=0|1          a gate/up LINEAR and its SWIGLU at 1-2 tokens in one kernel (1, default)
@@ -1757,6 +1760,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MOE_GG_DOWN_U", &v)) t->moe_gg_down_u = v == 3 ? 3 : 2;
     if (env_int("MSM_CUDA_MOE_GG_GATEUP_U", &v)) t->moe_gg_gateup_u = v == 3 || v == 4 ? v : 2;
     if (env_int("MSM_CUDA_MOE_GG_STREAM", &v)) t->moe_gg_stream = v < 0 ? 0 : v & 7;
+    if (env_int("MSM_CUDA_MOE_GG_PERSIST", &v)) t->moe_gg_persist = v < 0 ? 0 : v & 3;
     if ((s = getenv("MSM_CUDA_MOE_GG_EARLY"))) t->moe_gg_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_MOE_GG_COMPACT"))) t->moe_gg_compact = s[0] != '0';
     if ((s = getenv("MSM_CUDA_LINEAR_SWIGLU"))) t->linear_swiglu = s[0] != '0';

@@ -113,18 +113,14 @@ static __device__ __forceinline__ void gg_rows(const moe_ws &ws, const int32_t *
     }
 }
 
-template <int R, int NT, bool VEC, bool FP8, int U = GG_U>
-static __global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_gateup_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, bool compact, const float *x,
-                                   const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k) {
-    extern __shared__ int sp[];
-    msm_pdl_wait();
-    msm_pdl_trigger();
-    int e, g0, g1;
-    gg_rows(ws, ids, P, compact, sp, &e, &g0, &g1);
-    if (g0 >= g1) return;
+/* The gate/up of one block item: the columns of row chunk c (MOE_WARPS * R of them) of expert e for
+ * its grouped rows [g0, g1) (pairs sp[g] where scanned). */
+template <int R, int NT, bool VEC, bool FP8, int U>
+static __device__ __forceinline__ void gg_gateup_item(const moe_ws &ws, const int32_t *ids, const int *sp,
+                                                      const float *x, const void *gate_up, const float *gu_sc,
+                                                      int gu_ph, int H, int I, int k, int e, int g0, int g1, int c) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int i0 = (blockIdx.x * MOE_WARPS + warp) * R;
+    int i0 = (c * MOE_WARPS + warp) * R;
     if (i0 >= I) return;
     float *act = (float *)ws.act;
     size_t eb = (size_t)e * 2 * I * H;
@@ -168,22 +164,46 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     }
 }
 
-/* outp[g, h] = dot(down_e[h, :], act[g, :]) for the rows g of expert e (grouped rows, or the
- * scanned pairs). early: the routing (expert_off / ids) and the first weight loads come before the
- * PDL wait (the gate/up before this triggers only after its own wait); act, written by the
- * gate/up, and every store after it. */
-template <int R, int NT, int U, bool VEC, bool FP8>
+/* Block (row chunk, expert); PER (persistent, tuning moe_gg_persist, compact grids after the
+ * grouping only): the blocks the GPU holds, each looping over the items (s-th selected expert,
+ * row chunk), chunk-major within an expert so the blocks at work at once read neighbouring rows,
+ * the next item's routing read before this one's rows. The same sums either way. */
+template <int R, int NT, bool VEC, bool FP8, int U = GG_U, bool PER = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_down_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, bool compact, const void *down,
-                                 const float *dn_sc, int dn_ph, int H, int I, bool early) {
+    moe_gateup_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, bool compact, const float *x,
+                                   const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k) {
     extern __shared__ int sp[];
-    if (!early) msm_pdl_wait();
+    msm_pdl_wait();
     msm_pdl_trigger();
-    int e, g0, g1;
-    gg_rows(ws, ids, P, compact, sp, &e, &g0, &g1);
-    if (g0 >= g1) return;
+    if constexpr (PER) {
+        const int nchunk = (I + MOE_WARPS * R - 1) / (MOE_WARPS * R), n = *ws.n_sel * nchunk;
+        int it = blockIdx.x;
+        int4 cur = it < n ? ws.items[it / nchunk] : make_int4(0, 0, 0, 0);
+        for (; it < n; it += gridDim.x) {
+            int nx = it + gridDim.x;
+            int4 nxt = nx < n ? ws.items[nx / nchunk] : make_int4(0, 0, 0, 0);
+            gg_gateup_item<R, NT, VEC, FP8, U>(ws, NULL, sp, x, gate_up, gu_sc, gu_ph, H, I, k, cur.x, cur.y, cur.z,
+                                               it % nchunk);
+            cur = nxt;
+        }
+    } else {
+        int e, g0, g1;
+        gg_rows(ws, ids, P, compact, sp, &e, &g0, &g1);
+        if (g0 >= g1) return;
+        gg_gateup_item<R, NT, VEC, FP8, U>(ws, ids, sp, x, gate_up, gu_sc, gu_ph, H, I, k, e, g0, g1, blockIdx.x);
+    }
+}
+
+/* outp[g, h] = dot(down_e[h, :], act[g, :]) for the rows g of expert e (grouped rows, or the
+ * scanned pairs), rows of chunk c. hook: the PDL wait (early: the routing and the first weight
+ * loads come before it; the gate/up before this triggers only after its own wait); act, written
+ * by the gate/up, and every store after it. */
+template <int R, int NT, int U, bool VEC, bool FP8>
+static __device__ __forceinline__ void gg_down_item(const moe_ws &ws, const int32_t *ids, const int *sp,
+                                                    const void *down, const float *dn_sc, int dn_ph, int H, int I,
+                                                    int e, int g0, int g1, int c, bool early) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int h0 = (blockIdx.x * MOE_WARPS + warp) * R;
+    int h0 = (c * MOE_WARPS + warp) * R;
     if (h0 >= H) return;
     const float *act = (const float *)ws.act;
     const float *se = FP8 ? dn_sc + (size_t)e * msm_cuda_fp8_scales(1, H, I, dn_ph) : NULL;
@@ -219,6 +239,38 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
                 if (lane == 0 && h0 + r < H) ws.outp[row * H + h0 + r] = d;
             }
         }
+    }
+}
+
+/* Block (row chunk, expert), or persistent (PER) as the gate/up kernel; early: the routing before
+ * the PDL wait (read through L2: no line of it is in L1 before the wait). */
+template <int R, int NT, int U, bool VEC, bool FP8, bool PER = false>
+static __global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_down_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, bool compact, const void *down,
+                                 const float *dn_sc, int dn_ph, int H, int I, bool early) {
+    extern __shared__ int sp[];
+    if (!early) msm_pdl_wait();
+    msm_pdl_trigger();
+    if constexpr (PER) {
+        const int nchunk = (H + MOE_WARPS * R - 1) / (MOE_WARPS * R), n = __ldcg(ws.n_sel) * nchunk;
+        int it = blockIdx.x;
+        if (it >= n) { /* still wait: this grid's completion must imply its predecessors' */
+            msm_pdl_wait();
+            return;
+        }
+        int4 cur = __ldcg(ws.items + it / nchunk);
+        for (; it < n; it += gridDim.x) { /* early: each item's hook waits (a no-op after the first) */
+            int nx = it + gridDim.x;
+            int4 nxt = nx < n ? __ldcg(ws.items + nx / nchunk) : make_int4(0, 0, 0, 0);
+            gg_down_item<R, NT, U, VEC, FP8>(ws, NULL, sp, down, dn_sc, dn_ph, H, I, cur.x, cur.y, cur.z, it % nchunk,
+                                             early);
+            cur = nxt;
+        }
+    } else {
+        int e, g0, g1;
+        gg_rows(ws, ids, P, compact, sp, &e, &g0, &g1);
+        if (g0 >= g1) return;
+        gg_down_item<R, NT, U, VEC, FP8>(ws, ids, sp, down, dn_sc, dn_ph, H, I, e, g0, g1, blockIdx.x, early);
     }
 }
 
@@ -498,17 +550,40 @@ static __global__ void __launch_bounds__(NW * 32, FP8 ? MMA_MINB_FP8 : MMA_MINB)
 
 /* The bf16 grouped SIMT gate/up of R rows a warp and NT tokens a pass at u K chunks in flight (tuning
  * moe_gg_gateup_u: 3 or 4, else GG_U). */
-template <int R, int NT>
+template <int R, int NT, bool PER>
 static auto gg_gateup_bf16(int u) {
-    return u == 4   ? moe_gateup_grouped_gemv_kernel<R, NT, true, false, 4>
-           : u == 3 ? moe_gateup_grouped_gemv_kernel<R, NT, true, false, 3>
-                    : moe_gateup_grouped_gemv_kernel<R, NT, true, false, GG_U>;
+    return u == 4   ? moe_gateup_grouped_gemv_kernel<R, NT, true, false, 4, PER>
+           : u == 3 ? moe_gateup_grouped_gemv_kernel<R, NT, true, false, 3, PER>
+                    : moe_gateup_grouped_gemv_kernel<R, NT, true, false, GG_U, PER>;
+}
+
+/* The bf16 grouped SIMT down of R rows a warp, NT (2 or 4) tokens a pass, 3 or GG_U K chunks. */
+template <int R, bool PER>
+static auto gg_down_bf16(int nt, int u) {
+    return nt == 2 ? (u == 3 ? moe_down_grouped_gemv_kernel<R, 2, 3, true, false, PER>
+                             : moe_down_grouped_gemv_kernel<R, 2, GG_U, true, false, PER>)
+                   : (u == 3 ? moe_down_grouped_gemv_kernel<R, 4, 3, true, false, PER>
+                             : moe_down_grouped_gemv_kernel<R, 4, GG_U, true, false, PER>);
+}
+
+/* Blocks of a persistent kernel: what the GPU holds resident, at most `items`. */
+static unsigned persistent_grid(int sms, int per_sm, size_t items) {
+    size_t cap = (size_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+    return (unsigned)(items < cap ? (items ? items : 1) : cap);
+}
+
+/* A persistent grid of kern: the blocks the GPU holds at once, at most one a block of the compact
+ * grid g. */
+template <typename Kernel>
+static dim3 gg_grid(Kernel kern, dim3 g, int sms) {
+    return dim3(persistent_grid(sms, msm_blocks_per_sm(kern, MOE_WARPS * 32, 0), (size_t)g.x * g.y));
 }
 
 /* The grouped SIMT gate/up (gateup) or down GEMV. ids: the pairs' expert ids when the kernels
  * scan them themselves (no grouping kernel ran; P = T * k <= MSM_CUDA_MOE_SCAN_MAX_P), else NULL.
- * bf16 rows with 16-byte loads take the tuning's tokens a pass and chunks in flight; FP8 and
- * scalar rows the defaults (4 tokens, 2 chunks). */
+ * bf16 rows with 16-byte loads take the tuning's tokens a pass, chunks in flight and persistent
+ * grids (moe_gg_persist, compact grids only); FP8 and scalar rows the defaults (4 tokens, 2 chunks,
+ * a block an item). */
 static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int P, const float *x,
                                        const void *gate_up, const float *gu_sc, int gu_ph, const void *down,
                                        const float *dn_sc, int dn_ph, bool vec_h, bool vec_i, bool gateup, int H,
@@ -529,7 +604,13 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
                               x, gate_up, gu_sc, gu_ph, H, I, k);
         if (vec_h) {
             int u = tn->moe_gg_gateup_u;
-            auto kern = tn->moe_gg_gateup_nt == 2 ? gg_gateup_bf16<RG, 2>(u) : gg_gateup_bf16<RG, 4>(u);
+            bool nt2 = tn->moe_gg_gateup_nt == 2;
+            if (compact && (tn->moe_gg_persist & MSM_CUDA_MOE_PERSIST_GATEUP)) {
+                auto kern = nt2 ? gg_gateup_bf16<RG, 2, true>(u) : gg_gateup_bf16<RG, 4, true>(u);
+                return msm_launch(kern, gg_grid(kern, ga, tn->sms), blk, 0, ex, ws, ids, P, compact, x, gate_up,
+                                  gu_sc, gu_ph, H, I, k);
+            }
+            auto kern = nt2 ? gg_gateup_bf16<RG, 2, false>(u) : gg_gateup_bf16<RG, 4, false>(u);
             return msm_launch(kern, ga, blk, sm, ex, ws, ids, P, compact, x, gate_up, gu_sc, gu_ph, H, I, k);
         }
         return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, false, false>, ga, blk, sm, ex, ws, ids, P, compact, x,
@@ -541,11 +622,13 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
         return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, true, true>, gd, blk, sm, ex, ws, ids, P, compact,
                           down, dn_sc, dn_ph, H, I, early);
     if (vec_i) {
-        bool u3 = tn->moe_gg_down_u == 3, nt2 = tn->moe_gg_down_nt == 2;
-        auto kern = nt2 ? (u3 ? moe_down_grouped_gemv_kernel<RD, 2, 3, true, false>
-                              : moe_down_grouped_gemv_kernel<RD, 2, GG_U, true, false>)
-                        : (u3 ? moe_down_grouped_gemv_kernel<RD, 4, 3, true, false>
-                              : moe_down_grouped_gemv_kernel<RD, 4, GG_U, true, false>);
+        int nt = tn->moe_gg_down_nt, u = tn->moe_gg_down_u;
+        if (compact && (tn->moe_gg_persist & MSM_CUDA_MOE_PERSIST_DOWN)) {
+            auto kern = gg_down_bf16<RD, true>(nt, u);
+            return msm_launch(kern, gg_grid(kern, gd, tn->sms), blk, 0, ex, ws, ids, P, compact, down, dn_sc,
+                              dn_ph, H, I, early);
+        }
+        auto kern = gg_down_bf16<RD, false>(nt, u);
         return msm_launch(kern, gd, blk, sm, ex, ws, ids, P, compact, down, dn_sc, dn_ph, H, I, early);
     }
     return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, false, false>, gd, blk, sm, ex, ws, ids, P, compact,
@@ -556,12 +639,6 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
 template <typename Kernel>
 static int blocks_per_sm(Kernel kernel) {
     return msm_blocks_per_sm(kernel, MMA_NW * 32, 0);
-}
-
-/* Blocks of a persistent kernel: what the GPU holds resident, at most `items`. */
-static unsigned persistent_grid(int sms, int per_sm, size_t items) {
-    size_t cap = (size_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
-    return (unsigned)(items < cap ? (items ? items : 1) : cap);
 }
 
 /* The occupancy fields of the MoE kernels, for msm_cuda_tuning_init. */

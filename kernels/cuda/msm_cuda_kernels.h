@@ -81,6 +81,8 @@ enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFET
 /* msm_cuda_tuning.moe_gg_stream: the grouped SIMT GEMVs whose blocks bring their weight rows into
  * shared memory by bulk copies (moe_stream.cu); GATEUP2: the gate/up at 2 columns a warp (else 1) */
 enum { MSM_CUDA_MOE_STREAM_GATEUP = 1, MSM_CUDA_MOE_STREAM_DOWN = 2, MSM_CUDA_MOE_STREAM_GATEUP2 = 4 };
+/* msm_cuda_tuning.moe_gg_persist: the grouped SIMT GEMVs on a persistent grid (moe_grouped.cu) */
+enum { MSM_CUDA_MOE_PERSIST_GATEUP = 1, MSM_CUDA_MOE_PERSIST_DOWN = 2 };
 /* msm_cuda_tuning.moe_gu_u2: AUTO takes the 2-load gate/up where its grid is one wave at 12 blocks an
  * SM but not at the 4-load kernel's occupancy, and no kernel of the layer runs beside it on the aux
  * stream (msm_cuda_exec.aux_beside) */
@@ -455,6 +457,10 @@ typedef struct msm_cuda_tuning {
                                  memory by bulk copies at once (moe_stream.cu; the same bits;
                                  MSM_CUDA_MOE_GG_STREAM=0..7; default 0: not yet measured) */
     bool moe_stream_ok;       /* ... their shared memory granted (GPU fact) */
+    int moe_gg_persist;       /* MSM_CUDA_MOE_PERSIST_* mask: those grouped SIMT GEMVs (bf16 rows with
+                                 16-byte loads, compact grid) on the blocks the GPU holds at once, each
+                                 looping over (selected expert, row chunk) items (the same bits;
+                                 MSM_CUDA_MOE_GG_PERSIST=0..3; default 0: not yet measured) */
     bool moe_gg_early;        /* ... the grouped down loads its first weights before its PDL wait (the
                                  gate/up before it triggers only after its own wait, so the routing
                                  it reads is complete; MSM_CUDA_MOE_GG_EARLY) */

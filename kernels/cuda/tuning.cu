@@ -191,6 +191,9 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * thirty-first session, bench/results/2026-12-06-h200-s31 run 2: Qwen3-30B-A3B 8 tokens 10.22 ->
      * 15.26 ms); the per-block form (moe_stream.cu) is not yet measured (runs.sh r3) */
     t->moe_gg_stream = 0;
+    /* the grouped SIMT GEMVs on persistent grids (no block launch or routing round trip between a
+     * block's items): off, not yet measured (bench/results/2026-12-07-h200-s32) */
+    t->moe_gg_persist = 0;
     t->moe_gg_early = true;
     /* a grid row per selected expert (H200, 2026-12-04, bench/results/2026-12-04-h200-s13 run 2, ms a
      * step at 5 / 8 / 11 tokens, three rounds, against a row per expert): Qwen1.5-MoE 4.038-4.054 /
