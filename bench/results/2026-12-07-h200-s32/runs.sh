@@ -59,4 +59,11 @@ r2) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"; bits2  # r1 with the persist
     el timeline | tee -a $OUT/gpu.txt
     ROWS=14 tl $Q3 8 q3b8-s3 MSM_CUDA_MOE_GG_STREAM=3; ROWS=14 tl $Q3 8 q3b8-p3 MSM_CUDA_MOE_GG_PERSIST=3
     pack; el done | tee -a $OUT/gpu.txt ;;
+r3) hdr; ARMS="MSM_CUDA_MOE_GG_STREAM=1 MSM_CUDA_MOE_GG_STREAM=3 MSM_CUDA_MOE_GG_PERSIST=1 MSM_CUDA_MOE_GG_PERSIST=3"
+    bits2; el arms | tee -a $OUT/gpu.txt  # r2 cut to a short budget: two rounds of four arms
+    bt=$(h200 && echo 4,8 || echo 5,8)
+    for i in 1 2; do for a in "" $ARMS; do b $Q3 $bt ab $a --; done; done
+    h200 && { el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --; }
+    el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8-p3 MSM_CUDA_MOE_GG_PERSIST=3
+    kern_tests "moe_grouped_simt*"; el done | tee -a $OUT/gpu.txt ;;
 esac
