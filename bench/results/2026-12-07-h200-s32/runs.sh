@@ -66,4 +66,11 @@ r3) hdr; ARMS="MSM_CUDA_MOE_GG_STREAM=1 MSM_CUDA_MOE_GG_STREAM=3 MSM_CUDA_MOE_GG
     h200 && { el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --; }
     el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8-p3 MSM_CUDA_MOE_GG_PERSIST=3
     kern_tests "moe_grouped_simt*"; el done | tee -a $OUT/gpu.txt ;;
+r4) hdr; h200 || { el "not an H200: nothing run" | tee -a $OUT/gpu.txt; exit 0; }  # after run 2 (H100): the H200's share
+    TABLE_ONLY=1 final; el arms | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for a in "" MSM_CUDA_MOE_GG_PERSIST=1 MSM_CUDA_MOE_GG_PERSIST=2 MSM_CUDA_MOE_GG_STREAM=2 MSM_CUDA_MOE_GG_STREAM=3 \
+                 MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4; do b $Q3 4,8 ab $a --; done
+    done
+    pack; el done | tee -a $OUT/gpu.txt ;;
 esac
