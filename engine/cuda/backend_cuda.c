@@ -1643,9 +1643,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_GG_GATEUP_U=2|3|4      ... in the grouped SIMT gate/up (2, default)
  *   MSM_CUDA_MOE_GG_STREAM=mask         the grouped SIMT gate/up (1; at 2 columns a warp: 4 too) and down (2)
  *                                       with their blocks' weight rows brought into shared memory by bulk
- *                                       copies (0, default: not yet measured); the same bits
+ *                                       copies (0, default: slower on the H100); the same bits
  *   MSM_CUDA_MOE_GG_PERSIST=mask        the grouped SIMT gate/up (1) and down (2) on persistent grids, each block
- *                                       looping over (expert, row chunk) items (0, default: not yet measured);
+ *                                       looping over (expert, row chunk) items (0, default: slower on the H100);
  *                                       the same bits
  *   MSM_CUDA_MOE_GG_EARLY=0|1           the grouped SIMT down loads its first weights before its PDL wait (1, default)
  *   MSM_CUDA_MOE_GG_COMPACT=0|1         the grouped SIMT GEMVs' grid: a row per selected expert (1, default) or per expert

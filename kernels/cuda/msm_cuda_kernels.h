@@ -455,12 +455,12 @@ typedef struct msm_cuda_tuning {
     int moe_gg_stream;        /* MSM_CUDA_MOE_STREAM_* mask: those grouped SIMT GEMVs (bf16 rows, after
                                  the grouping) with each block's weight rows brought into shared
                                  memory by bulk copies at once (moe_stream.cu; the same bits;
-                                 MSM_CUDA_MOE_GG_STREAM=0..7; default 0: not yet measured) */
+                                 MSM_CUDA_MOE_GG_STREAM=0..7; default 0: slower on the H100, tuning.cu) */
     bool moe_stream_ok;       /* ... their shared memory granted (GPU fact) */
     int moe_gg_persist;       /* MSM_CUDA_MOE_PERSIST_* mask: those grouped SIMT GEMVs (bf16 rows with
                                  16-byte loads, compact grid) on the blocks the GPU holds at once, each
                                  looping over (selected expert, row chunk) items (the same bits;
-                                 MSM_CUDA_MOE_GG_PERSIST=0..3; default 0: not yet measured) */
+                                 MSM_CUDA_MOE_GG_PERSIST=0..3; default 0: slower on the H100, tuning.cu) */
     bool moe_gg_early;        /* ... the grouped down loads its first weights before its PDL wait (the
                                  gate/up before it triggers only after its own wait, so the routing
                                  it reads is complete; MSM_CUDA_MOE_GG_EARLY) */

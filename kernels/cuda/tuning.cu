@@ -189,10 +189,13 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     /* the grouped SIMT GEMVs' rows by bulk copies into shared memory: off. Its first form, one
      * persistent block an SM over a ring of 64 KiB tiles, was 1.5x slower (H100, 2026-12-06
      * thirty-first session, bench/results/2026-12-06-h200-s31 run 2: Qwen3-30B-A3B 8 tokens 10.22 ->
-     * 15.26 ms); the per-block form (moe_stream.cu) is not yet measured (runs.sh r3) */
+     * 15.26 ms); the per-block form (moe_stream.cu) slower too (H100, 2026-12-07 thirty-second
+     * session, bench/results/2026-12-07-h200-s32 run 2, three rounds, ms a step at 5 / 8 tokens):
+     * gate/up +1.20 / +1.08, down +0.05 / +0.31, both +1.11 / +1.23 */
     t->moe_gg_stream = 0;
-    /* the grouped SIMT GEMVs on persistent grids (no block launch or routing round trip between a
-     * block's items): off, not yet measured (bench/results/2026-12-07-h200-s32) */
+    /* the grouped SIMT GEMVs on persistent grids (items handed out round-robin, the next item's
+     * routing read ahead): off (H100, the same run): gate/up +0.36 / +0.39, down +0.00 / +0.02,
+     * both +0.34 / +0.38 */
     t->moe_gg_persist = 0;
     t->moe_gg_early = true;
     /* a grid row per selected expert (H200, 2026-12-04, bench/results/2026-12-04-h200-s13 run 2, ms a
