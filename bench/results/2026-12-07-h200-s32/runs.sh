@@ -80,4 +80,16 @@ r4) hdr  # after run 2 (H100): the H200's share; on an H100 only the two switche
                  MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4; do b $Q3 4,8 ab $a --; done
     done
     pack; el done | tee -a $OUT/gpu.txt ;;
+r5) hdr  # r4 cut to the last ~150 s: on an H200 the owed table of Qwen3 and Qwen1.5-MoE and one round
+    if h200; then
+        el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --
+        el arms | tee -a $OUT/gpu.txt
+        for a in "" MSM_CUDA_MOE_GG_PERSIST=2 MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4 ""; do b $Q3 4,8 ab $a --; done
+    else
+        el presets | tee -a $OUT/gpu.txt
+        CHECK_PROMPTS=2 CHECK_VARIANTS="persistent grids" timeout $(left 140) \
+            python3 tests/gpu/check_presets.py config/models/$Q3.json > $OUT/presets.txt 2>&1
+        tail -3 $OUT/presets.txt | tee -a $OUT/gpu.txt
+    fi
+    el done | tee -a $OUT/gpu.txt ;;
 esac
