@@ -1641,9 +1641,6 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_GG_DOWN_NT=2|4         ... of the grouped SIMT down (2, default)
  *   MSM_CUDA_MOE_GG_DOWN_U=2|3          K chunks in flight a lane a row in the grouped SIMT down (2, default)
  *   MSM_CUDA_MOE_GG_GATEUP_U=2|3|4      ... in the grouped SIMT gate/up (2, default)
- *   MSM_CUDA_MOE_GG_STREAM=mask         the grouped SIMT gate/up (1; at 2 columns a warp: 4 too) and down (2)
- *                                       with their blocks' weight rows brought into shared memory by bulk
- *                                       copies (0, default: slower on the H100); the same bits
  *   MSM_CUDA_MOE_GG_PERSIST=mask        the grouped SIMT gate/up (1) and down (2) on persistent grids, each block
  *                                       looping over (expert, row chunk) items (0, default: slower on the H100);
  *                                       the same bits
@@ -1759,7 +1756,6 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MOE_GG_DOWN_NT", &v)) t->moe_gg_down_nt = v == 2 ? 2 : 4;
     if (env_int("MSM_CUDA_MOE_GG_DOWN_U", &v)) t->moe_gg_down_u = v == 3 ? 3 : 2;
     if (env_int("MSM_CUDA_MOE_GG_GATEUP_U", &v)) t->moe_gg_gateup_u = v == 3 || v == 4 ? v : 2;
-    if (env_int("MSM_CUDA_MOE_GG_STREAM", &v)) t->moe_gg_stream = v < 0 ? 0 : v & 7;
     if (env_int("MSM_CUDA_MOE_GG_PERSIST", &v)) t->moe_gg_persist = v < 0 ? 0 : v & 3;
     if ((s = getenv("MSM_CUDA_MOE_GG_EARLY"))) t->moe_gg_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_MOE_GG_COMPACT"))) t->moe_gg_compact = s[0] != '0';

@@ -678,13 +678,8 @@ int msm__moe_grouped_run(const moe_ws &ws, const int32_t *ids, const float *x, c
         CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, x, (const void *)gate_up,
                             (const float *)NULL, 0, H, I, k));
     } else {
-        if (!ids && msm__moe_stream_fits(tn, true, H, I, vec_h)) {
-            int r = msm__moe_stream_run(ws, x, gate_up, down, true, T, H, I, k, E, ex);
-            if (r) return r;
-        } else {
-            CUDA_TRY(grouped_simt_launch(ws, ids, (int)P, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, true, H, I,
-                                         k, E, ex));
-        }
+        CUDA_TRY(grouped_simt_launch(ws, ids, (int)P, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, true, H, I, k,
+                                     E, ex));
         ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
     }
     if (mma && vec_i) {
@@ -693,8 +688,6 @@ int msm__moe_grouped_run(const moe_ws &ws, const int32_t *ids, const float *x, c
                                         max_sel * ((H + DOWN_ROWS - 1) / DOWN_ROWS));
         CUDA_TRY(msm_launch(kern, dim3(grid), dim3(MMA_NW * 32), 0, ex, ws, (const void *)down, (const float *)NULL,
                             0, H, I, !(kf & MSM_CUDA_MOE_K_NO_PREFETCH)));
-    } else if (!ids && msm__moe_stream_fits(tn, false, H, I, vec_i)) {
-        return msm__moe_stream_run(ws, x, gate_up, down, false, T, H, I, k, E, ex);
     } else {
         CUDA_TRY(grouped_simt_launch(ws, ids, (int)P, x, gate_up, NULL, 0, down, NULL, 0, vec_h, vec_i, false, H, I, k,
                                      E, ex));

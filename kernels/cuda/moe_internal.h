@@ -3,7 +3,6 @@
  * by expert when the path needs it and calls one path's runner:
  *   moe_pair.cu     small T: per-(token, slot) fp32 GEMVs
  *   moe_grouped.cu  medium T: grouped GEMVs, fp32 SIMT or tensor-core (bf16 hi + lo x)
- *   moe_stream.cu   ... the SIMT ones with each block's rows brought into shared memory by bulk copies
  *   moe_tiled.cu    large decode batches: tiled tensor-core GEMMs through shared memory (bf16
  *                   weights, or FP8 codes decoded in shared memory)
  *   moe_gemm.cu     prefill-sized T: grouped WMMA GEMMs (bf16 x and activations)
@@ -113,13 +112,6 @@ bool msm__moe_grouped_scans(const msm_cuda_tuning *tn, int T, int k);
 int msm__moe_grouped_run(const moe_ws &ws, const int32_t *ids, const float *x, const uint16_t *gate_up,
                          const uint16_t *down, int T, int H, int I, int k, int E, bool vec_h,
                          bool vec_i, msm_cuda_exec ex);
-
-/* Medium T, the grouped SIMT GEMVs with their rows by bulk copies (moe_stream.cu; the same bits):
- * whether they take the gate/up (gateup) or the down of these shapes (vec: 16-byte row loads), and
- * the launch of one, after the grouping (act and outp in grouped order). */
-bool msm__moe_stream_fits(const msm_cuda_tuning *tn, bool gateup, int H, int I, bool vec);
-int msm__moe_stream_run(const moe_ws &ws, const float *x, const uint16_t *gate_up, const uint16_t *down, bool gateup,
-                        int T, int H, int I, int k, int E, msm_cuda_exec ex);
 
 /* Medium T with FP8-resident weights (moe_grouped.cu): the grouped tensor-core GEMVs on the codes
  * (SIMT where the shapes do not allow them, or when forced). */

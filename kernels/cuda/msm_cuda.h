@@ -32,7 +32,6 @@ int msm_cublas_errno(cublasStatus_t st);
 /* Per-module parts of msm_cuda_tuning_init (tuning.cu): the occupancy of the kernels whose grids
  * are sized by it. */
 void msm__moe_tuning(msm_cuda_tuning *t);
-void msm__moe_stream_tuning(msm_cuda_tuning *t); /* moe_stream.cu: moe_stream_ok */
 void msm__moe_pair_tuning(msm_cuda_tuning *t);
 void msm__attention_tuning(msm_cuda_tuning *t);
 void msm__router_tuning(msm_cuda_tuning *t); /* router.cu: router_cluster_max */

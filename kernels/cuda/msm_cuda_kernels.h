@@ -78,9 +78,6 @@ enum { MSM_CUDA_MOE_K_SIMT = 1, MSM_CUDA_MOE_K_MMA = 2, MSM_CUDA_MOE_K_NO_PREFET
         * (moe_pair.cu), by default at 8 slots: DOWN_SPLIT forces it at every k, DOWN_WARP keeps
         * one warp a row at every k */
        MSM_CUDA_MOE_K_DOWN_SPLIT = 16, MSM_CUDA_MOE_K_DOWN_WARP = 32 };
-/* msm_cuda_tuning.moe_gg_stream: the grouped SIMT GEMVs whose blocks bring their weight rows into
- * shared memory by bulk copies (moe_stream.cu); GATEUP2: the gate/up at 2 columns a warp (else 1) */
-enum { MSM_CUDA_MOE_STREAM_GATEUP = 1, MSM_CUDA_MOE_STREAM_DOWN = 2, MSM_CUDA_MOE_STREAM_GATEUP2 = 4 };
 /* msm_cuda_tuning.moe_gg_persist: the grouped SIMT GEMVs on a persistent grid (moe_grouped.cu) */
 enum { MSM_CUDA_MOE_PERSIST_GATEUP = 1, MSM_CUDA_MOE_PERSIST_DOWN = 2 };
 /* msm_cuda_tuning.moe_gu_u2: AUTO takes the 2-load gate/up where its grid is one wave at 12 blocks an
@@ -452,11 +449,6 @@ typedef struct msm_cuda_tuning {
                                  the choice (MSM_CUDA_MOE_GG_GATEUP_NT, _DOWN_NT, _DOWN_U) */
     int moe_gg_gateup_u;      /* ... and in the gate/up (2, 3 or 4; bf16 rows, the same sums;
                                  MSM_CUDA_MOE_GG_GATEUP_U) */
-    int moe_gg_stream;        /* MSM_CUDA_MOE_STREAM_* mask: those grouped SIMT GEMVs (bf16 rows, after
-                                 the grouping) with each block's weight rows brought into shared
-                                 memory by bulk copies at once (moe_stream.cu; the same bits;
-                                 MSM_CUDA_MOE_GG_STREAM=0..7; default 0: slower on the H100, tuning.cu) */
-    bool moe_stream_ok;       /* ... their shared memory granted (GPU fact) */
     int moe_gg_persist;       /* MSM_CUDA_MOE_PERSIST_* mask: those grouped SIMT GEMVs (bf16 rows with
                                  16-byte loads, compact grid) on the blocks the GPU holds at once, each
                                  looping over (selected expert, row chunk) items (the same bits;

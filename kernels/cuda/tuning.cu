@@ -186,16 +186,15 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 0.000 / -0.002, Qwen1.5-MoE 8 / 16 / 32 +0.007 / -0.019 / -0.011 and +0.049 / -0.012 / -0.008
      * (the H100's gate/up already at 96% of its copy rate; the H200's at 94%, not yet measured) */
     t->moe_gg_gateup_u = 2;
-    /* the grouped SIMT GEMVs' rows by bulk copies into shared memory: off. Its first form, one
-     * persistent block an SM over a ring of 64 KiB tiles, was 1.5x slower (H100, 2026-12-06
-     * thirty-first session, bench/results/2026-12-06-h200-s31 run 2: Qwen3-30B-A3B 8 tokens 10.22 ->
-     * 15.26 ms); the per-block form (moe_stream.cu) slower too (H100, 2026-12-07 thirty-second
-     * session, bench/results/2026-12-07-h200-s32 run 2, three rounds, ms a step at 5 / 8 tokens):
-     * gate/up +1.20 / +1.08, down +0.05 / +0.31, both +1.11 / +1.23 */
-    t->moe_gg_stream = 0;
-    /* the grouped SIMT GEMVs on persistent grids (items handed out round-robin, the next item's
-     * routing read ahead): off (H100, the same run): gate/up +0.36 / +0.39, down +0.00 / +0.02,
-     * both +0.34 / +0.38 */
+    /* (The grouped SIMT GEMVs' rows by bulk copies into shared memory, in two forms, were removed
+     * after measuring slower: one persistent block an SM over a ring of 64 KiB tiles 1.5x (H100,
+     * 2026-12-06 thirty-first session, bench/results/2026-12-06-h200-s31 run 2: Qwen3-30B-A3B 8
+     * tokens 10.22 -> 15.26 ms), a block's rows at once +1.11 / +1.23 ms at 5 / 8 tokens with both
+     * kernels, the down alone +0.05 / +0.31 (H100, 2026-12-07 thirty-second session,
+     * bench/results/2026-12-07-h200-s32 run 2, three rounds): a block waits for its whole share
+     * before its first FMA.) The grouped SIMT GEMVs on persistent grids (items handed out
+     * round-robin, the next item's routing read ahead): off (H100, the same run): gate/up +0.36 /
+     * +0.39, down +0.00 / +0.02, both +0.34 / +0.38 */
     t->moe_gg_persist = 0;
     t->moe_gg_early = true;
     /* a grid row per selected expert (H200, 2026-12-04, bench/results/2026-12-04-h200-s13 run 2, ms a
@@ -291,7 +290,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     if (t->sms < 1) return -ENODEV;
     t->mmv_u8_max_blocks = 2 * t->sms;
     msm__moe_tuning(t);
-    msm__moe_stream_tuning(t);
     msm__moe_pair_tuning(t);
     int r = msm__moe_tiled_prepare();
     if (r) return r;

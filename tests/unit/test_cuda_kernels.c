@@ -59,7 +59,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
                                  "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE", "MSM_CUDA_MOE_DOWN_HB", "MSM_CUDA_MMV_NJ",
                                  "MSM_CUDA_MOE_GU_U2", "MSM_CUDA_MOE_GG_COMPACT", "MSM_CUDA_MOE_GG_GATEUP_U",
-                                 "MSM_CUDA_MOE_GG_STREAM", "MSM_CUDA_MOE_GG_PERSIST", "MSM_CUDA_LINEAR_SWIGLU",
+                                 "MSM_CUDA_MOE_GG_PERSIST", "MSM_CUDA_LINEAR_SWIGLU",
                                  "MSM_CUDA_LINEAR_SWIGLU_ROWS", "MSM_CUDA_AUX_GEMV_ROWS", "MSM_CUDA_LINEAR_ROPE_MMV",
                                  "MSM_CUDA_L2_PREFETCH_MAX_T", "MSM_CUDA_L2_PREFETCH_MB", "MSM_CUDA_L2_PREFETCH_LAST",
                                  "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB",
@@ -108,8 +108,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
-    setenv("MSM_CUDA_MOE_GG_GATEUP_U", "5", 1), setenv("MSM_CUDA_MOE_GG_STREAM", "10", 1);
-    setenv("MSM_CUDA_MOE_GG_PERSIST", "-3", 1);
+    setenv("MSM_CUDA_MOE_GG_GATEUP_U", "5", 1), setenv("MSM_CUDA_MOE_GG_PERSIST", "-3", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
     setenv("MSM_CUDA_MOE_GG_COMPACT", "0", 1), setenv("MSM_CUDA_LINEAR_SWIGLU", "0", 1);
     setenv("MSM_CUDA_LINEAR_SWIGLU_ROWS", "2", 1), setenv("MSM_CUDA_AUX_GEMV_ROWS", "2", 1);
@@ -160,7 +159,6 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.moe_gg_down_nt, 4, "not 2: 4 tokens a pass");
     cr_expect_eq(t.moe_gg_down_u, 3);
     cr_expect_eq(t.moe_gg_gateup_u, 2, "5 is no choice: 2 chunks in flight");
-    cr_expect_eq(t.moe_gg_stream, MSM_CUDA_MOE_STREAM_DOWN, "10: its known bit, the down streamed");
     cr_expect_eq(t.moe_gg_persist, 0, "negative: no grouped GEMV persistent");
     cr_expect(!t.moe_gg_early, "MSM_CUDA_MOE_GG_EARLY=0: the down waits first");
     cr_expect(!t.moe_gg_compact, "MSM_CUDA_MOE_GG_COMPACT=0: a grid row per expert");
@@ -1716,9 +1714,7 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
  * grouping kernel: rows in pair order) or after the grouping kernel, with 2 or 4 tokens a pass in
  * either kernel, 2 to 4 K chunks in flight, the down's first weight loads before or after its PDL
  * wait (launched right behind the gate/up, which writes its input), a grid row per selected expert
- * or per expert, with their rows brought into shared memory by bulk copies (moe_stream.cu: the
- * gate/up at 1 or 2 columns a warp, the down or both; where the rows allow it, else the SIMT
- * kernels run), and on persistent grids (either kernel or both; not with a row per expert, where
+ * or per expert, and on persistent grids (either kernel or both; not with a row per expert, where
  * the block-an-item grid runs); each against the CPU. Qwen1.5-MoE shapes at
  * 5-32 tokens, odd sizes (scalar loads), k = 8 (a partial down block: H % 16 == 8), I % 8 == 4 (a
  * partial gate/up block), and many tokens an expert (several passes); past
@@ -1727,20 +1723,18 @@ typedef struct gg_variant {
     int scan_max_t, gu_nt, dn_nt, dn_u;
     bool early, compact;
     int gu_u;   /* the gate/up's chunks in flight */
-    int stream;  /* MSM_CUDA_MOE_STREAM_* */
     int persist; /* MSM_CUDA_MOE_PERSIST_* */
 } gg_variant;
 
 static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
     static const gg_variant vs[] = {
-        {64, 4, 4, 2, true, true, 2, 0, 0}, {0, 4, 4, 2, true, true, 2, 0, 0}, {64, 4, 4, 2, false, true, 2, 0, 0},
-        {64, 2, 2, 2, true, true, 2, 0, 0}, {64, 4, 4, 3, true, true, 2, 0, 0}, {64, 2, 2, 3, false, true, 2, 0, 0},
-        {0, 2, 2, 3, true, true, 2, 0, 0}, {0, 4, 2, 3, false, true, 2, 0, 0}, {64, 4, 2, 2, true, true, 2, 0, 0},
-        {0, 4, 2, 2, true, false, 2, 0, 0}, {0, 4, 4, 3, false, false, 2, 0, 0}, {0, 4, 2, 2, true, true, 3, 0, 0},
-        {0, 4, 2, 2, true, true, 4, 0, 0}, {64, 2, 2, 2, true, true, 4, 0, 0}, {0, 4, 2, 2, true, true, 2, 3, 0},
-        {0, 4, 2, 2, false, true, 2, 3, 0}, {0, 4, 2, 2, true, true, 2, 1, 0}, {0, 4, 2, 2, true, false, 2, 2, 0},
-        {0, 4, 2, 2, false, true, 2, 7, 0}, {0, 4, 2, 2, true, true, 2, 0, 3}, {0, 4, 2, 2, false, true, 2, 0, 3},
-        {0, 2, 4, 3, true, true, 3, 0, 1}, {0, 4, 2, 2, true, true, 4, 0, 2}, {0, 4, 2, 2, true, false, 2, 0, 3}};
+        {64, 4, 4, 2, true, true, 2, 0}, {0, 4, 4, 2, true, true, 2, 0}, {64, 4, 4, 2, false, true, 2, 0},
+        {64, 2, 2, 2, true, true, 2, 0}, {64, 4, 4, 3, true, true, 2, 0}, {64, 2, 2, 3, false, true, 2, 0},
+        {0, 2, 2, 3, true, true, 2, 0}, {0, 4, 2, 3, false, true, 2, 0}, {64, 4, 2, 2, true, true, 2, 0},
+        {0, 4, 2, 2, true, false, 2, 0}, {0, 4, 4, 3, false, false, 2, 0}, {0, 4, 2, 2, true, true, 3, 0},
+        {0, 4, 2, 2, true, true, 4, 0}, {64, 2, 2, 2, true, true, 4, 0}, {0, 4, 2, 2, true, true, 2, 3},
+        {0, 4, 2, 2, false, true, 2, 3}, {0, 2, 4, 3, true, true, 3, 1}, {0, 4, 2, 2, true, true, 4, 2},
+        {0, 4, 2, 2, true, false, 2, 3}};
     moe_wset m = moe_wset_new(H, I, E);
     for (int c = 0; c < nT; c++) {
         int T = Ts[c];
@@ -1760,7 +1754,7 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
             t.moe_path = MSM_CUDA_MOE_PATH_GROUPED_GEMV, t.moe_kernels = MSM_CUDA_MOE_K_SIMT;
             t.moe_group_scan_max_t = vs[v].scan_max_t, t.moe_gg_early = vs[v].early, t.moe_gg_compact = vs[v].compact;
             t.moe_gg_gateup_nt = vs[v].gu_nt, t.moe_gg_down_nt = vs[v].dn_nt, t.moe_gg_down_u = vs[v].dn_u;
-            t.moe_gg_gateup_u = vs[v].gu_u, t.moe_gg_stream = vs[v].stream, t.moe_gg_persist = vs[v].persist;
+            t.moe_gg_gateup_u = vs[v].gu_u, t.moe_gg_persist = vs[v].persist;
             cudaMemset(dy, 0xff, (size_t)T * H * 4);
             CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(v ? out : first, dy, (size_t)T * H * 4);
@@ -1769,9 +1763,9 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
             else
                 cr_expect(memcmp(first, out, (size_t)T * H * 4) == 0,
                           "grouped SIMT T=%d H=%d I=%d k=%d: variant %zu (scan %d, nt %d/%d, u %d, early %d, "
-                          "compact %d, gate/up u %d, stream %d, persist %d) not the default's bits",
+                          "compact %d, gate/up u %d, persist %d) not the default's bits",
                           T, H, I, k, v, vs[v].scan_max_t, vs[v].gu_nt, vs[v].dn_nt, vs[v].dn_u, (int)vs[v].early,
-                          (int)vs[v].compact, vs[v].gu_u, vs[v].stream, vs[v].persist);
+                          (int)vs[v].compact, vs[v].gu_u, vs[v].persist);
         }
         cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
         free(x), free(ids), free(w), free(ref), free(first), free(out);
@@ -1789,7 +1783,7 @@ Test(cuda_kernels, moe_grouped_simt_variants_same_bits, .timeout = 240) {
     gg_cases(k8, 3, 264, 104, 8, 24);
     static const int skew[] = {12, 64};   /* 24 / 128 pairs over 3 experts: several passes */
     gg_cases(skew, 2, 256, 128, 2, 3);
-    static const int i4[] = {7, 20};      /* I % 8 == 4: at 2 columns a warp, a last block of 4 */
+    static const int i4[] = {7, 20};      /* I % 8 == 4: a last gate/up block of 4 columns */
     gg_cases(i4, 2, 264, 100, 4, 12);
 }
 

@@ -66,18 +66,18 @@ r3) hdr; ARMS="MSM_CUDA_MOE_GG_STREAM=1 MSM_CUDA_MOE_GG_STREAM=3 MSM_CUDA_MOE_GG
     h200 && { el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --; }
     el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8-p3 MSM_CUDA_MOE_GG_PERSIST=3
     kern_tests "moe_grouped_simt*"; el done | tee -a $OUT/gpu.txt ;;
-r4) hdr  # after run 2 (H100): the H200's share; on an H100 only the two switches' preset checks
+r4) hdr  # after run 2 (H100; the bulk copies removed since): the H200's share; on an H100 the persistent grids' preset checks
     if ! h200; then
         el presets | tee -a $OUT/gpu.txt
-        CHECK_PROMPTS=0,2 CHECK_VARIANTS="persistent grids,streamed through" timeout 300 \
+        CHECK_PROMPTS=0,2 CHECK_VARIANTS="persistent grids" timeout 300 \
             python3 tests/gpu/check_presets.py config/models/$Q3.json config/models/$Q15.json > $OUT/presets.txt 2>&1
         tail -3 $OUT/presets.txt | tee -a $OUT/gpu.txt; grep -cE "FAIL|failed" $OUT/presets.txt | tee -a $OUT/gpu.txt
         el done | tee -a $OUT/gpu.txt; exit 0
     fi
     TABLE_ONLY=1 final; el arms | tee -a $OUT/gpu.txt
     for i in 1 2; do
-        for a in "" MSM_CUDA_MOE_GG_PERSIST=1 MSM_CUDA_MOE_GG_PERSIST=2 MSM_CUDA_MOE_GG_STREAM=2 MSM_CUDA_MOE_GG_STREAM=3 \
-                 MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4; do b $Q3 4,8 ab $a --; done
+        for a in "" MSM_CUDA_MOE_GG_PERSIST=1 MSM_CUDA_MOE_GG_PERSIST=2 MSM_CUDA_MOE_GG_GATEUP_U=3 \
+                 MSM_CUDA_MOE_GG_GATEUP_U=4; do b $Q3 4,8 ab $a --; done
     done
     pack; el done | tee -a $OUT/gpu.txt ;;
 r5) hdr  # r4 cut to the last ~150 s: on an H200 the owed table of Qwen3 and Qwen1.5-MoE and one round
