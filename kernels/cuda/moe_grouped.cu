@@ -2,8 +2,8 @@
  * moe.cu has grouped the (token, slot) pairs by expert: gate/up and down GEMVs that stream each
  * selected expert's rows once for all of its tokens, the down GEMV writing one f32 row per pair
  * (combined by moe.cu). Two kinds:
- *   - SIMT (T < MOE_MMA_MIN_T): block (row chunk, expert), fp32 FMAs on the exact bf16 weights,
- *     up to 4 tokens a pass.
+ *   - SIMT (T < MOE_MMA_MIN_T): block (row chunk, expert) (or, tuning moe_gg_persist, persistent
+ *     blocks looping over those items), fp32 FMAs on the exact bf16 weights, up to 4 tokens a pass.
  *   - tensor-core ("MMA", T >= MOE_MMA_MIN_T): a warp owns 16 weight rows (rows g and g+8 of
  *     m16n8k16's A) and 8 tokens (n8); lane (g = lane/4, q = lane%4) streams
  *     W[row][32c + 8q .. +8] of rows g and g+8 with 16-byte loads, which feed two k16 MMAs under
