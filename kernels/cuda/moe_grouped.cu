@@ -113,6 +113,24 @@ static __device__ __forceinline__ void gg_rows(const moe_ws &ws, const int32_t *
     }
 }
 
+/* A persistent block's items (s-th selected expert, row chunk) of the nchunk chunks an expert, in
+ * turn from blockIdx.x by gridDim.x: f(its ws.items entry, its chunk), the next entry read before
+ * f runs. Reads through L2 (the down reads them before its PDL wait). Returns whether the block had
+ * any item. */
+template <typename F>
+static __device__ __forceinline__ bool gg_each_item(const moe_ws &ws, int nchunk, F f) {
+    const int n = __ldcg(ws.n_sel) * nchunk;
+    int it = blockIdx.x;
+    int4 cur = it < n ? __ldcg(ws.items + it / nchunk) : make_int4(0, 0, 0, 0);
+    for (; it < n; it += gridDim.x) {
+        int nx = it + gridDim.x;
+        int4 nxt = nx < n ? __ldcg(ws.items + nx / nchunk) : make_int4(0, 0, 0, 0);
+        f(cur, it % nchunk);
+        cur = nxt;
+    }
+    return (int)blockIdx.x < n;
+}
+
 /* The gate/up of one block item: the columns of row chunk c (MOE_WARPS * R of them) of expert e for
  * its grouped rows [g0, g1) (pairs sp[g] where scanned). */
 template <int R, int NT, bool VEC, bool FP8, int U>
@@ -176,16 +194,9 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     msm_pdl_wait();
     msm_pdl_trigger();
     if constexpr (PER) {
-        const int nchunk = (I + MOE_WARPS * R - 1) / (MOE_WARPS * R), n = *ws.n_sel * nchunk;
-        int it = blockIdx.x;
-        int4 cur = it < n ? ws.items[it / nchunk] : make_int4(0, 0, 0, 0);
-        for (; it < n; it += gridDim.x) {
-            int nx = it + gridDim.x;
-            int4 nxt = nx < n ? ws.items[nx / nchunk] : make_int4(0, 0, 0, 0);
-            gg_gateup_item<R, NT, VEC, FP8, U>(ws, NULL, sp, x, gate_up, gu_sc, gu_ph, H, I, k, cur.x, cur.y, cur.z,
-                                               it % nchunk);
-            cur = nxt;
-        }
+        gg_each_item(ws, (I + MOE_WARPS * R - 1) / (MOE_WARPS * R), [&](int4 it, int c) {
+            gg_gateup_item<R, NT, VEC, FP8, U>(ws, NULL, sp, x, gate_up, gu_sc, gu_ph, H, I, k, it.x, it.y, it.z, c);
+        });
     } else {
         int e, g0, g1;
         gg_rows(ws, ids, P, compact, sp, &e, &g0, &g1);
@@ -252,20 +263,12 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     if (!early) msm_pdl_wait();
     msm_pdl_trigger();
     if constexpr (PER) {
-        const int nchunk = (H + MOE_WARPS * R - 1) / (MOE_WARPS * R), n = __ldcg(ws.n_sel) * nchunk;
-        int it = blockIdx.x;
-        if (it >= n) { /* still wait: this grid's completion must imply its predecessors' */
-            msm_pdl_wait();
-            return;
-        }
-        int4 cur = __ldcg(ws.items + it / nchunk);
-        for (; it < n; it += gridDim.x) { /* early: each item's hook waits (a no-op after the first) */
-            int nx = it + gridDim.x;
-            int4 nxt = nx < n ? __ldcg(ws.items + nx / nchunk) : make_int4(0, 0, 0, 0);
-            gg_down_item<R, NT, U, VEC, FP8>(ws, NULL, sp, down, dn_sc, dn_ph, H, I, cur.x, cur.y, cur.z, it % nchunk,
-                                             early);
-            cur = nxt;
-        }
+        /* early: each item's hook waits (a no-op after the first); a block with no item still waits:
+         * this grid's completion must imply its predecessors' */
+        bool any = gg_each_item(ws, (H + MOE_WARPS * R - 1) / (MOE_WARPS * R), [&](int4 it, int c) {
+            gg_down_item<R, NT, U, VEC, FP8>(ws, NULL, sp, down, dn_sc, dn_ph, H, I, it.x, it.y, it.z, c, early);
+        });
+        if (!any) msm_pdl_wait();
     } else {
         int e, g0, g1;
         gg_rows(ws, ids, P, compact, sp, &e, &g0, &g1);
