@@ -66,7 +66,8 @@ r3) hdr; ARMS="MSM_CUDA_MOE_GG_STREAM=1 MSM_CUDA_MOE_GG_STREAM=3 MSM_CUDA_MOE_GG
     h200 && { el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --; }
     el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8-p3 MSM_CUDA_MOE_GG_PERSIST=3
     kern_tests "moe_grouped_simt*"; el done | tee -a $OUT/gpu.txt ;;
-r4) hdr  # after run 2 (H100; the bulk copies removed since): the H200's share; on an H100 the persistent grids' preset checks
+r4) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # after run 2 (H100; the bulk copies removed, the
+    # persistent item loop one helper since): the H200's share; on an H100 the persistent grids' preset checks
     if ! h200; then
         el presets | tee -a $OUT/gpu.txt
         CHECK_PROMPTS=0,2 CHECK_VARIANTS="persistent grids" timeout 300 \
