@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The thirty-third session's device commands (README.md here). From the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check bundle`
+# built from the commit in each run's gpu.txt and the phase-chain probe
+# (nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o gpu-run/mega_probe bench/mega_probe.cu),
+# carried as gpu-run/:
+#   bash bench/results/2026-12-07-h200-s33/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
+Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b Q3F=qwen3-30b-a3b-fp8 GLM=glm-4.5-air-fp8
+# the twenty-sixth session's kern_tests and final (the table on every preset, the probe's floors,
+# Qwen3's timelines at 1 and 8; TABLE_ONLY=1 stops there), the thirtieth's h200 test
+source <(sed -n '/^kern_tests() {/,/^}/p;/^final() {/,/^}/p' bench/results/2026-12-06-h200-s26/runs.sh)
+source <(sed -n '/^h200() {/p' bench/results/2026-12-06-h200-s30/runs.sh)
+
+# the switches whose answer only an H200 can give (its routed experts read 94% of its copy rate at
+# 8 tokens where an H100's read 100% of theirs): more K chunks in flight, persistent grids, the tiled
+# tensor-core experts at 4-8 tokens
+H200_ARMS="MSM_CUDA_MOE_GG_PERSIST=1 MSM_CUDA_MOE_GG_PERSIST=2 MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4
+           MSM_CUDA_MOE_GG_DOWN_U=3 MSM_CUDA_MOE_KERNELS=mma MSM_CUDA_MOE_TILED_MIN_T=8"
+presets() {  # $1: variants; $2: prompts; $3: timeout
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_PROMPTS=${2:-0,2} CHECK_VARIANTS="$1" timeout ${3:-300} \
+        python3 tests/gpu/check_presets.py config/models/$Q3.json config/models/$Q15.json > $OUT/presets.txt 2>&1
+    tail -3 $OUT/presets.txt | tee -a $OUT/gpu.txt; echo "FAIL lines: $(grep -cE "FAIL|failed" $OUT/presets.txt)" | tee -a $OUT/gpu.txt
+}
+
+case "$1" in
+r1) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # the s32 second look's item loop (gg_each_item) first
+    if ! h200; then  # an H100: the persistent grids' preset checks and one A/B of them at the second look
+        presets "persistent grids"
+        el arms | tee -a $OUT/gpu.txt
+        for i in 1 2; do for a in "" MSM_CUDA_MOE_GG_PERSIST=1 MSM_CUDA_MOE_GG_PERSIST=2; do b $Q3 5,8 ab $a --; done; done
+        el done | tee -a $OUT/gpu.txt; exit 0
+    fi
+    TABLE_ONLY=1 final; el arms | tee -a $OUT/gpu.txt
+    for i in 1 2; do for a in "" $H200_ARMS; do b $Q3 4,8 ab $a --; done; done
+    pack; el done | tee -a $OUT/gpu.txt ;;
+esac
