@@ -13,7 +13,9 @@
  * then the lm_head [151936, 2048]. Variants: persistent (grid barrier between phases, optional L2
  * prefetch of each warp's first row of the next phase before it waits) and one kernel per phase in
  * a CUDA graph, without and with programmatic dependent launch (PDL), the latter with each warp's
- * first weight loads before or after its wait for the previous kernel. (A variant with every task in one phase, run once on 2026-12-01, was removed: its
+ * first weight loads before or after its wait for the previous kernel, or before it except for the
+ * routed experts' gate/up rows, which an engine learns only from the router's output (after the wait
+ * and a read of the selection through L2: the floor a kernel-per-phase engine can reach). (A variant with every task in one phase, run once on 2026-12-01, was removed: its
  * row-to-task lookup walked all tasks for every row, so it timed that walk, not the streams.)
  *
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o mega_probe bench/mega_probe.cu
@@ -46,6 +48,7 @@ struct task {
     const float *x;
     float *y;
     int N, K;
+    int routed; /* a routed expert's rows: which rows is known only from the router's output */
 };
 
 struct phase {
@@ -133,11 +136,15 @@ static __device__ void phase_run(const task *tasks, const phase &ph, int gw, int
 
 /* The same rows as phase_run, launched with programmatic dependent launch: the block lets the next
  * kernel launch at once (launch_dependents) and waits for the previous one (griddepcontrol.wait)
- * before it reads x. EARLY: the warp's first row's first U 16-byte weight loads are issued before
+ * before it reads x. EARLY 1: the warp's first row's first U 16-byte weight loads are issued before
  * that wait (weights are never written during a step), so a block that became resident during the
- * previous kernel's tail streams while it waits. */
-template <int U, bool EARLY>
-static __global__ void phase_kernel_pdl(const task *tasks, const phase *phases, int p) {
+ * previous kernel's tail streams while it waits. EARLY 2: as 1 but for a routed expert's rows
+ * (task.routed), which an engine learns only from the router's output: after the wait, the warp
+ * first reads its selection (*sel, written before the step: 0) through L2 and offsets its rows by
+ * it, so its first weight loads wait for that round trip, as a grouped expert GEMV's wait for its
+ * routing. */
+template <int U, int EARLY>
+static __global__ void phase_kernel_pdl(const task *tasks, const phase *phases, int p, const int *sel) {
     int lane = threadIdx.x & 31, wpb = blockDim.x / 32;
     int gw = blockIdx.x * wpb + threadIdx.x / 32, nw = gridDim.x * wpb;
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -147,18 +154,22 @@ static __global__ void phase_kernel_pdl(const task *tasks, const phase *phases, 
     int rr0 = 0;
     if (EARLY && gw < ph.rows) {
         tk0 = task_row(tasks, ph, gw, &rr0);
-        row_first<U>(tk0->w + (size_t)rr0 * tk0->K, tk0->K, lane, v0);
+        if (EARLY == 2 && tk0->routed) tk0 = NULL;
+        else row_first<U>(tk0->w + (size_t)rr0 * tk0->K, tk0->K, lane, v0);
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    int r = gw;
+    int r = gw, off = 0;
     if (EARLY && tk0) { /* the first row: its first step is in v0 */
         float acc = row_dot<U>(tk0->w + (size_t)rr0 * tk0->K, tk0->x, tk0->K, lane, v0);
         if (lane == 0) tk0->y[rr0] = acc;
         r += nw;
+    } else if (EARLY == 2 && gw < ph.rows) {
+        off = *(volatile const int *)sel; /* the routing read (0) */
     }
     for (; r < ph.rows; r += nw) {
         int rr;
         const task &tk = *task_row(tasks, ph, r, &rr);
+        if (tk.routed) rr += off;
         float s = row_dot<U>(tk.w + (size_t)rr * tk.K, tk.x, tk.K, lane);
         if (lane == 0) tk.y[rr] = s;
     }
@@ -262,10 +273,12 @@ int main(int argc, char **argv) {
     auto qk = [&](int K) { return fp8 ? K / 2 : K; };
     std::vector<std::pair<int, int>> shapes;    /* (N, K) of every task, in order */
     std::vector<std::vector<int>> phase_tasks;  /* task indices of each phase */
-    auto add_phase = [&](std::vector<std::pair<int, int>> ts) {
+    std::vector<int> routed;                    /* task.routed of every task */
+    auto add_phase = [&](std::vector<std::pair<int, int>> ts, int nrouted = 0) { /* the first nrouted routed */
         std::vector<int> ids;
         for (auto &s : ts) {
             ids.push_back((int)shapes.size());
+            routed.push_back((int)ids.size() <= nrouted);
             shapes.push_back(s);
         }
         phase_tasks.push_back(ids);
@@ -279,7 +292,7 @@ int main(int argc, char **argv) {
         std::vector<std::pair<int, int>> p6;
         for (int k = 0; k < TOPK; k++) p6.push_back({2 * E_I, H});
         p6.push_back({H, SH});
-        add_phase(p6);
+        add_phase(p6, TOPK);
         std::vector<std::pair<int, int>> p7;
         for (int k = 0; k < TOPK; k++) p7.push_back({H, E_I});
         add_phase(p7);
@@ -292,7 +305,7 @@ int main(int argc, char **argv) {
         add_phase({{Q3_E, H}});         /* router */
         std::vector<std::pair<int, int>> p6, p7;
         for (int k = 0; k < Q3_K; k++) p6.push_back({2 * Q3_I, qk(H)});
-        add_phase(p6);
+        add_phase(p6, Q3_K);
         for (int k = 0; k < Q3_K; k++) p7.push_back({H, qk(Q3_I)});
         add_phase(p7);
     };
@@ -317,8 +330,9 @@ int main(int argc, char **argv) {
 
     std::vector<task> ht;
     size_t wo = 0, yo = 8192;
-    for (auto &s : shapes) {
-        ht.push_back(task{wbuf + wo, xbuf, xbuf + yo, s.first, s.second});
+    for (size_t i = 0; i < shapes.size(); i++) {
+        auto &s = shapes[i];
+        ht.push_back(task{wbuf + wo, xbuf, xbuf + yo, s.first, s.second, routed[i]});
         wo += (size_t)s.first * s.second;
         yo += (size_t)s.first;
     }
@@ -337,8 +351,9 @@ int main(int argc, char **argv) {
     unsigned *bar;
     CK(cudaMalloc(&dt, ht.size() * sizeof(task)));
     CK(cudaMalloc(&dp, hp.size() * sizeof(phase)));
-    CK(cudaMalloc(&bar, 8));
-    CK(cudaMemset(bar, 0, 8));
+    CK(cudaMalloc(&bar, 16));
+    CK(cudaMemset(bar, 0, 16));
+    const int *sel = (const int *)(bar + 2); /* the routed phases' selection read (0) */
     CK(cudaMemcpy(dt, ht.data(), ht.size() * sizeof(task), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dp, hp.data(), hp.size() * sizeof(phase), cudaMemcpyHostToDevice));
     int sms;
@@ -389,8 +404,9 @@ int main(int argc, char **argv) {
         report(name, time_graph(ge));
         CK(cudaGraphExecDestroy(ge));
     }
-    /* a kernel per phase with programmatic dependent launch, first loads before or after the wait */
-    for (int early = 0; early < 2; early++)
+    /* a kernel per phase with programmatic dependent launch, first loads before or after the wait
+     * (early 2: before it but for the routed experts' rows, read after it and a routing read) */
+    for (int early = 0; early < 3; early++)
         for (int wpb : {4, 8}) {
             int blocks = sms * (64 / wpb);
             cudaGraphExec_t ge = capture([&] {
@@ -401,15 +417,13 @@ int main(int argc, char **argv) {
                     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
                     at[0].val.programmaticStreamSerializationAllowed = 1;
                     lc.attrs = at, lc.numAttrs = 1;
-                    if (early)
-                        CK(cudaLaunchKernelEx(&lc, phase_kernel_pdl<4, true>, (const task *)dt, (const phase *)dp, p));
-                    else
-                        CK(cudaLaunchKernelEx(&lc, phase_kernel_pdl<4, false>, (const task *)dt, (const phase *)dp, p));
+                    auto k = early == 2 ? phase_kernel_pdl<4, 2> : early ? phase_kernel_pdl<4, 1> : phase_kernel_pdl<4, 0>;
+                    CK(cudaLaunchKernelEx(&lc, k, (const task *)dt, (const phase *)dp, p, sel));
                 }
             });
-            char name[80];
-            snprintf(name, sizeof name, "kernel per phase + PDL%s, %d warps x %d blocks", early ? ", early loads" : "",
-                     wpb, blocks);
+            char name[96];
+            snprintf(name, sizeof name, "kernel per phase + PDL%s, %d warps x %d blocks",
+                     early == 2 ? ", early loads but routed" : early ? ", early loads" : "", wpb, blocks);
             report(name, time_graph(ge));
             CK(cudaGraphExecDestroy(ge));
         }

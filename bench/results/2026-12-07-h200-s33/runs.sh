@@ -24,15 +24,22 @@ presets() {  # $1: variants; $2: prompts; $3: timeout
     tail -3 $OUT/presets.txt | tee -a $OUT/gpu.txt; echo "FAIL lines: $(grep -cE "FAIL|failed" $OUT/presets.txt)" | tee -a $OUT/gpu.txt
 }
 
+probe() {  # the phase chain's floors with the routed gate/up's rows after the wait (new variant)
+    el probe | tee -a $OUT/gpu.txt
+    for m in qwen3 qwen3-b8 qwen15; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
+    grep -E "^#|PDL, 8 warps|PDL, early loads, 8|early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
+}
+
 case "$1" in
 r1) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # the s32 second look's item loop (gg_each_item) first
     if ! h200; then  # an H100: the persistent grids' preset checks and one A/B of them at the second look
         presets "persistent grids"
         el arms | tee -a $OUT/gpu.txt
         for i in 1 2; do for a in "" MSM_CUDA_MOE_GG_PERSIST=1 MSM_CUDA_MOE_GG_PERSIST=2; do b $Q3 5,8 ab $a --; done; done
-        el done | tee -a $OUT/gpu.txt; exit 0
+        probe; el done | tee -a $OUT/gpu.txt; exit 0
     fi
-    TABLE_ONLY=1 final; el arms | tee -a $OUT/gpu.txt
+    TABLE_ONLY=1 final; grep -E "early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
+    el arms | tee -a $OUT/gpu.txt
     for i in 1 2; do for a in "" $H200_ARMS; do b $Q3 4,8 ab $a --; done; done
     pack; el done | tee -a $OUT/gpu.txt ;;
 esac
