@@ -30,13 +30,23 @@ probe() {  # the phase chain's floors with the routed gate/up's rows after the w
     grep -E "^#|PDL, 8 warps|PDL, early loads, 8|early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
 }
 
+small_ncu() {  # Nsight Compute on the 8-token step's small kernels after the attention and the experts,
+    # each alone (no PDL overlap): how much of their share of the step is their own work
+    el ncu | tee -a $OUT/gpu.txt
+    timeout 150 /usr/local/cuda/bin/ncu --kernel-name "regex:router_tcluster|moe_add_rmsnorm_cl|add_rmsnorm_kernel|moe_group_kernel|mmv_kernel" \
+        --launch-skip 0 --launch-count 10 --section SpeedOfLight --section WarpStateStats --section LaunchStats \
+        gpu-run/bin/msmoe-bench decode --preset config/models/$Q3.json --backend cuda --batches 8 --context 512 \
+        --steps 1 --no-cuda-graphs > $OUT/ncu-small.txt 2>&1
+    grep -E "^  [a-z_]+.*\(|Duration" $OUT/ncu-small.txt | head -24 | tee -a $OUT/gpu.txt
+}
+
 case "$1" in
 r1) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # the s32 second look's item loop (gg_each_item) first
     if ! h200; then  # an H100: the persistent grids' preset checks and one A/B of them at the second look
         presets "persistent grids"
         el arms | tee -a $OUT/gpu.txt
         for i in 1 2; do for a in "" MSM_CUDA_MOE_GG_PERSIST=1 MSM_CUDA_MOE_GG_PERSIST=2; do b $Q3 5,8 ab $a --; done; done
-        probe; el done | tee -a $OUT/gpu.txt; exit 0
+        probe; small_ncu; el done | tee -a $OUT/gpu.txt; exit 0
     fi
     TABLE_ONLY=1 final; grep -E "early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
     el arms | tee -a $OUT/gpu.txt
