@@ -52,4 +52,16 @@ r1) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # the s32 second look's item
     el arms | tee -a $OUT/gpu.txt
     for i in 1 2; do for a in "" $H200_ARMS; do b $Q3 4,8 ab $a --; done; done
     pack; el done | tee -a $OUT/gpu.txt ;;
+r2) hdr  # after r1 on an H100: on an H200 r1's share (no kernel tests); on an H100 the gate/up at 3 and 4
+    # chunks again, three rounds (what an H200-only default would cost there, were the H200 to take it)
+    if h200; then
+        TABLE_ONLY=1 final; grep -E "early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
+        el arms | tee -a $OUT/gpu.txt
+        for i in 1 2; do for a in "" $H200_ARMS; do b $Q3 4,8 ab $a --; done; done
+    else
+        el arms | tee -a $OUT/gpu.txt
+        for i in 1 2 3; do for a in "" MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4; do
+            b $Q3 5,8 ab $a --; b $Q15 8,16 ab $a --; done; done
+    fi
+    pack; el done | tee -a $OUT/gpu.txt ;;
 esac
