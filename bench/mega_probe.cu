@@ -24,6 +24,8 @@
  *                            # checkpoint's bytes (each quantised row as half as many bf16 weights);
  *                            # qwen3-bN: an N-token step's bytes (qwen3-b8: 52 experts, 8 MiB of
  *                            # cache)
+ *   ./mega_probe 0 qwen3-b8 engine  # the same bytes in msmoed's chain of nine kernels a layer
+ *                            # (the norms, the grouping and the combine as weightless phases)
  * Results: bench/results/ (the session that ran it). */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -246,12 +248,14 @@ static double median(std::vector<float> v) {
 }
 
 int main(int argc, char **argv) {
-    /* argv[1]: layers (default: the model's); argv[2]: qwen15 (default), qwen3, qwen3-fp8 or qwen3-bN */
+    /* argv[1]: layers (default: the model's); argv[2]: qwen15 (default), qwen3, qwen3-fp8 or qwen3-bN;
+     * argv[3] "engine": Qwen3's layer as msmoed's decode chain of kernels at 2-8 tokens (below) */
     const char *model = argc > 2 ? argv[2] : "qwen15";
+    bool engine = argc > 3 && strcmp(argv[3], "engine") == 0;
     bool q3 = strncmp(model, "qwen3", 5) == 0, fp8 = strcmp(model, "qwen3-fp8") == 0;
     int nb = strncmp(model, "qwen3-b", 7) == 0 ? atoi(model + 7) : 1; /* qwen3-bN: N tokens' bytes */
     if ((!q3 && strcmp(model, "qwen15") != 0) || nb < 1 || nb > 64) {
-        fprintf(stderr, "usage: mega_probe [layers] [qwen15|qwen3|qwen3-fp8|qwen3-bN (N 1..64)]\n");
+        fprintf(stderr, "usage: mega_probe [layers] [qwen15|qwen3|qwen3-fp8|qwen3-bN (N 1..64)] [engine]\n");
         return 2;
     }
     int layers = argc > 1 && atoi(argv[1]) > 0 ? atoi(argv[1]) : q3 ? 48 : 24;
@@ -309,13 +313,35 @@ int main(int argc, char **argv) {
         for (int k = 0; k < Q3_K; k++) p7.push_back({H, qk(Q3_I)});
         add_phase(p7);
     };
-    for (int l = 0; l < layers; l++) q3 ? add_qwen3_layer() : add_qwen15_layer();
+    /* engine: the phases of msmoed's Qwen3 layer at 2-8 tokens, each a data dependency of the next:
+     * qkv (the q/k norm, RoPE and K/V write inside the attention), attention, o_proj, the residual
+     * add + RMSNorm, the router, the grouping of the routed pairs, the routed gate/up, the down, the
+     * combine + residual add + RMSNorm (the phases without weights as barriers only) */
+    auto add_qwen3_engine_layer = [&] {
+        std::vector<std::pair<int, int>> p6, p7;
+        for (int k = 0; k < Q3_K; k++) p6.push_back({2 * Q3_I, qk(H)});
+        for (int k = 0; k < Q3_K; k++) p7.push_back({H, qk(Q3_I)});
+        add_phase({{Q3_QKV, qk(H)}});
+        add_phase({{Q3_KV_ROWS, HD}});
+        add_phase({{H, qk(Q3_O)}});
+        add_phase({});
+        add_phase({{Q3_E, H}});
+        add_phase({});
+        add_phase(p6, Q3_K);
+        add_phase(p7);
+        add_phase({});
+    };
+    if (engine && !q3) {
+        fprintf(stderr, "mega_probe: engine is Qwen3's chain\n");
+        return 2;
+    }
+    for (int l = 0; l < layers; l++) engine ? add_qwen3_engine_layer() : q3 ? add_qwen3_layer() : add_qwen15_layer();
     add_phase({{V, H}});
     size_t welems = 0;
     for (auto &s : shapes) welems += (size_t)s.first * s.second;
     double gb = welems * 2.0 / 1e9;
-    printf("# %s, %d layers + lm_head: %zu tasks, %zu phases, %.3f GB of weights\n", model, layers, shapes.size(),
-           phase_tasks.size(), gb);
+    printf("# %s%s, %d layers + lm_head: %zu tasks, %zu phases, %.3f GB of weights\n", model,
+           engine ? " (msmoed's chain)" : "", layers, shapes.size(), phase_tasks.size(), gb);
 
     uint16_t *wbuf;
     CK(cudaMalloc(&wbuf, welems * 2));

@@ -26,7 +26,7 @@ presets() {  # $1: variants; $2: prompts; $3: timeout
 
 probe() {  # the phase chain's floors with the routed gate/up's rows after the wait (new variant)
     el probe | tee -a $OUT/gpu.txt
-    for m in qwen3 qwen3-b8 qwen15; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
+    for m in qwen3 qwen3-b8 qwen15 "qwen3-b8 engine" "qwen3-b4 engine"; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
     grep -E "^#|PDL, 8 warps|PDL, early loads, 8|early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
 }
 
@@ -49,6 +49,8 @@ r1) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # the s32 second look's item
         probe; small_ncu; el done | tee -a $OUT/gpu.txt; exit 0
     fi
     TABLE_ONLY=1 final; grep -E "early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
+    for m in "qwen3-b8 engine" "qwen3-b4 engine"; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe-engine.txt 2>&1
+    grep -E "^#|PDL, 8 warps|PDL, early loads, 8|early loads but routed, 8" $OUT/probe-engine.txt | tee -a $OUT/gpu.txt
     el arms | tee -a $OUT/gpu.txt
     for i in 1 2; do for a in "" $H200_ARMS; do b $Q3 4,8 ab $a --; done; done
     pack; el done | tee -a $OUT/gpu.txt ;;
@@ -56,6 +58,8 @@ r2) hdr  # after r1 on an H100: on an H200 r1's share (no kernel tests); on an H
     # chunks again, three rounds (what an H200-only default would cost there, were the H200 to take it)
     if h200; then
         TABLE_ONLY=1 final; grep -E "early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
+    for m in "qwen3-b8 engine" "qwen3-b4 engine"; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe-engine.txt 2>&1
+    grep -E "^#|PDL, 8 warps|PDL, early loads, 8|early loads but routed, 8" $OUT/probe-engine.txt | tee -a $OUT/gpu.txt
         el arms | tee -a $OUT/gpu.txt
         for i in 1 2; do for a in "" $H200_ARMS; do b $Q3 4,8 ab $a --; done; done
     else
