@@ -68,4 +68,15 @@ r2) hdr  # after r1 on an H100: on an H200 r1's share (no kernel tests); on an H
             b $Q3 5,8 ab $a --; b $Q15 8,16 ab $a --; done; done
     fi
     pack; el done | tee -a $OUT/gpu.txt ;;
+r3) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # r1 for a short budget, the most wanted first
+    probe
+    if h200; then
+        el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --
+        el arms | tee -a $OUT/gpu.txt
+        for a in "" MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4 MSM_CUDA_MOE_GG_PERSIST=2 ""; do b $Q3 4,8 ab $a --; done
+        b $Q3F 1,2,4,8,16,32,128,256 table --
+    else
+        presets "persistent grids" 2 120
+    fi
+    el done | tee -a $OUT/gpu.txt ;;
 esac
