@@ -33,8 +33,9 @@ probe() {  # the phase chain's floors with the routed gate/up's rows after the w
 small_ncu() {  # Nsight Compute on the 8-token step's small kernels after the attention and the experts,
     # each alone (no PDL overlap): how much of their share of the step is their own work
     el ncu | tee -a $OUT/gpu.txt
-    timeout 150 /usr/local/cuda/bin/ncu --kernel-name "regex:router_tcluster|moe_add_rmsnorm_cl|add_rmsnorm_kernel|moe_group_kernel|mmv_kernel" \
-        --launch-skip 0 --launch-count 10 --section SpeedOfLight --section WarpStateStats --section LaunchStats \
+    # (run 1: 10 launches with the MMVs ran past 150 s and printed nothing; 4 launches, 220 s)
+    timeout 220 /usr/local/cuda/bin/ncu --kernel-name "regex:router_tcluster|moe_add_rmsnorm_cl|add_rmsnorm_kernel|moe_group_kernel" \
+        --launch-skip 0 --launch-count 4 --section SpeedOfLight --section WarpStateStats --section LaunchStats \
         gpu-run/bin/msmoe-bench decode --preset config/models/$Q3.json --backend cuda --batches 8 --context 512 \
         --steps 1 --no-cuda-graphs > $OUT/ncu-small.txt 2>&1
     grep -E "^  [a-z_]+.*\(|Duration" $OUT/ncu-small.txt | head -24 | tee -a $OUT/gpu.txt
@@ -68,15 +69,16 @@ r2) hdr  # after r1 on an H100: on an H200 r1's share (no kernel tests); on an H
             b $Q3 5,8 ab $a --; b $Q15 8,16 ab $a --; done; done
     fi
     pack; el done | tee -a $OUT/gpu.txt ;;
-r3) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # r1 for a short budget, the most wanted first
-    probe
+r3) hdr  # r1 for a short budget, the most wanted first; on an H100 (after run 1 there) the small
+    # kernels' Nsight Compute only
     if h200; then
+        kern_tests "@(tuning*|moe_grouped_simt*)"; probe
         el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --
         el arms | tee -a $OUT/gpu.txt
         for a in "" MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4 MSM_CUDA_MOE_GG_PERSIST=2 ""; do b $Q3 4,8 ab $a --; done
         b $Q3F 1,2,4,8,16,32,128,256 table --
     else
-        presets "persistent grids" 2 120
+        small_ncu
     fi
     el done | tee -a $OUT/gpu.txt ;;
 esac
