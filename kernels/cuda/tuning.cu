@@ -196,6 +196,8 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * round-robin, the next item's routing read ahead): off (H100, the same run): gate/up +0.36 /
      * +0.39, down +0.00 / +0.02, both +0.34 / +0.38 */
     t->moe_gg_persist = 0;
+    t->moe_gg_prefetch = 0;
+    t->moe_gg_prefetch_head = 1024;
     t->moe_gg_early = true;
     /* a grid row per selected expert (H200, 2026-12-04, bench/results/2026-12-04-h200-s13 run 2, ms a
      * step at 5 / 8 / 11 tokens, three rounds, against a row per expert): Qwen1.5-MoE 4.038-4.054 /
