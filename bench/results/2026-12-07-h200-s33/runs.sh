@@ -41,6 +41,25 @@ small_ncu() {  # Nsight Compute on the 8-token step's small kernels after the at
     grep -E "^  [a-z_]+.*\(|Duration" $OUT/ncu-small.txt | head -24 | tee -a $OUT/gpu.txt
 }
 
+# the grouping kernel's gate/up prefetch (MSM_CUDA_MOE_GG_PREFETCH=experts, _HEAD=bytes of each row;
+# moe.cu): the first 6 selected experts are about the gate/up grid's first wave on an H100 or H200
+# (4 blocks an SM x 132 SMs / 96 row chunks an expert at Qwen3's shapes)
+PF_ARMS="MSM_CUDA_MOE_GG_PREFETCH=6 MSM_CUDA_MOE_GG_PREFETCH=6,MSM_CUDA_MOE_GG_PREFETCH_HEAD=2048
+         MSM_CUDA_MOE_GG_PREFETCH=6,MSM_CUDA_MOE_GG_PREFETCH_HEAD=4096 MSM_CUDA_MOE_GG_PREFETCH=12"
+pf_bits() {  # msmoe-run's logits and tokens under each prefetch arm against the default: bitwise
+    el bitwise | tee -a $OUT/gpu.txt
+    for p in $Q3 $Q15; do
+        local i=0 d=""
+        for a in "" $PF_ARMS; do
+            env ${a//,/ } timeout 100 gpu-run/bin/msmoe-run --dummy-weights config/models/$p.json --backend cuda \
+                --prompt-ids 5,1000,77,300,12,9,8,7 --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$i.npy > /tmp/t-$i.txt 2>/dev/null
+            [ $i -gt 0 ] && ! { cmp -s /tmp/l-0.npy /tmp/l-$i.npy && cmp -s /tmp/t-0.txt /tmp/t-$i.txt; } && d="$d $a"
+            i=$((i + 1))
+        done
+        echo "$p: ${d:+DIFFER:}${d:-every arm the same bits}" | tee -a $OUT/gpu.txt
+    done
+}
+
 case "$1" in
 r1) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # the s32 second look's item loop (gg_each_item) first
     if ! h200; then  # an H100: the persistent grids' preset checks and one A/B of them at the second look
@@ -80,5 +99,20 @@ r3) hdr  # r1 for a short budget, the most wanted first; on an H100 (after run 1
     else
         small_ncu
     fi
+    el done | tee -a $OUT/gpu.txt ;;
+r4) hdr; kern_tests "@(tuning*|moe_grouped_simt*|moe_experts_fp8_match*)"; pf_bits  # the prefetch's first run
+    if h200; then  # its rounds beside the owed Qwen3 / Qwen1.5-MoE table and the gate/up's chunk switch
+        el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --
+        el arms | tee -a $OUT/gpu.txt
+        for i in 1 2; do for a in "" $PF_ARMS MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4; do
+            b $Q3 4,8 ab ${a//,/ } --; done; done
+        for m in "qwen3-b8 engine" "qwen3-b8"; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
+        grep -E "^#|PDL, 8 warps|PDL, early loads, 8|early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
+    else
+        el arms | tee -a $OUT/gpu.txt
+        for i in 1 2 3; do for a in "" $PF_ARMS; do b $Q3 5,8 ab ${a//,/ } --; b $Q15 8 ab ${a//,/ } --; done; done
+    fi
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=14 tl $Q3 8 q3b8; ROWS=14 tl $Q3 8 q3b8-pf6 MSM_CUDA_MOE_GG_PREFETCH=6
     el done | tee -a $OUT/gpu.txt ;;
 esac
