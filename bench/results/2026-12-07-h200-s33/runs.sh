@@ -115,4 +115,14 @@ r4) hdr; kern_tests "@(tuning*|moe_grouped_simt*|moe_experts_fp8_match*)"; pf_bi
     el timeline | tee -a $OUT/gpu.txt
     ROWS=14 tl $Q3 8 q3b8; ROWS=14 tl $Q3 8 q3b8-pf6 MSM_CUDA_MOE_GG_PREFETCH=6
     el done | tee -a $OUT/gpu.txt ;;
+r5) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # r4 cut to ~150 s (the session's last device time)
+    PF_ARMS="MSM_CUDA_MOE_GG_PREFETCH=6 MSM_CUDA_MOE_GG_PREFETCH=6,MSM_CUDA_MOE_GG_PREFETCH_HEAD=4096"; pf_bits
+    el arms | tee -a $OUT/gpu.txt
+    if h200; then
+        b $Q3 1,2,4,8,16,32,128,256 table --
+        for i in 1 2; do for a in "" $PF_ARMS MSM_CUDA_MOE_GG_GATEUP_U=3; do b $Q3 4,8 ab ${a//,/ } --; done; done
+    else
+        for i in 1 2; do for a in "" $PF_ARMS; do b $Q3 5,8 ab ${a//,/ } --; b $Q15 8 ab ${a//,/ } --; done; done
+    fi
+    el done | tee -a $OUT/gpu.txt ;;
 esac
