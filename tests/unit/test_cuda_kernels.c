@@ -1734,13 +1734,13 @@ typedef struct gg_variant {
 
 static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
     static const gg_variant vs[] = {
-        {64, 4, 4, 2, true, true, 2, 0}, {0, 4, 4, 2, true, true, 2, 0}, {64, 4, 4, 2, false, true, 2, 0},
-        {64, 2, 2, 2, true, true, 2, 0}, {64, 4, 4, 3, true, true, 2, 0}, {64, 2, 2, 3, false, true, 2, 0},
-        {0, 2, 2, 3, true, true, 2, 0}, {0, 4, 2, 3, false, true, 2, 0}, {64, 4, 2, 2, true, true, 2, 0},
-        {0, 4, 2, 2, true, false, 2, 0}, {0, 4, 4, 3, false, false, 2, 0}, {0, 4, 2, 2, true, true, 3, 0},
-        {0, 4, 2, 2, true, true, 4, 0}, {64, 2, 2, 2, true, true, 4, 0}, {0, 4, 2, 2, true, true, 2, 3},
-        {0, 4, 2, 2, false, true, 2, 3}, {0, 2, 4, 3, true, true, 3, 1}, {0, 4, 2, 2, true, true, 4, 2},
-        {0, 4, 2, 2, true, false, 2, 3}, {0, 4, 2, 2, true, true, 2, 0, 6, 0},
+        {64, 4, 4, 2, true, true, 2, 0, 0, 0}, {0, 4, 4, 2, true, true, 2, 0, 0, 0}, {64, 4, 4, 2, false, true, 2, 0, 0, 0},
+        {64, 2, 2, 2, true, true, 2, 0, 0, 0}, {64, 4, 4, 3, true, true, 2, 0, 0, 0}, {64, 2, 2, 3, false, true, 2, 0, 0, 0},
+        {0, 2, 2, 3, true, true, 2, 0, 0, 0}, {0, 4, 2, 3, false, true, 2, 0, 0, 0}, {64, 4, 2, 2, true, true, 2, 0, 0, 0},
+        {0, 4, 2, 2, true, false, 2, 0, 0, 0}, {0, 4, 4, 3, false, false, 2, 0, 0, 0}, {0, 4, 2, 2, true, true, 3, 0, 0, 0},
+        {0, 4, 2, 2, true, true, 4, 0, 0, 0}, {64, 2, 2, 2, true, true, 4, 0, 0, 0}, {0, 4, 2, 2, true, true, 2, 3, 0, 0},
+        {0, 4, 2, 2, false, true, 2, 3, 0, 0}, {0, 2, 4, 3, true, true, 3, 1, 0, 0}, {0, 4, 2, 2, true, true, 4, 2, 0, 0},
+        {0, 4, 2, 2, true, false, 2, 3, 0, 0}, {0, 4, 2, 2, true, true, 2, 0, 6, 0},
         {0, 4, 2, 2, true, true, 2, 0, 64, 1 << 20}};
     moe_wset m = moe_wset_new(H, I, E);
     for (int c = 0; c < nT; c++) {
