@@ -1644,9 +1644,6 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MOE_GG_PERSIST=mask        the grouped SIMT gate/up (1) and down (2) on persistent grids, each block
  *                                       looping over (expert, row chunk) items (0, default: slower on the H100);
  *                                       the same bits
- *   MSM_CUDA_MOE_GG_PREFETCH=N          the grouping kernel pulls the head of every gate/up row of the first N
- *                                       selected experts into L2 while it groups (0, default: off; at most 64)
- *   MSM_CUDA_MOE_GG_PREFETCH_HEAD=B     ... the first B bytes of each row (1024, default; rounded up to 128)
  *   MSM_CUDA_MOE_GG_EARLY=0|1           the grouped SIMT down loads its first weights before its PDL wait (1, default)
  *   MSM_CUDA_MOE_GG_COMPACT=0|1         the grouped SIMT GEMVs' grid: a row per selected expert (1, default) or per expert
  *   MSM_CUDA_LINEAR_SWIGLU=0|1          a gate/up LINEAR and its SWIGLU at 1-2 tokens in one kernel (1, default)
@@ -1760,9 +1757,6 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MOE_GG_DOWN_U", &v)) t->moe_gg_down_u = v == 3 ? 3 : 2;
     if (env_int("MSM_CUDA_MOE_GG_GATEUP_U", &v)) t->moe_gg_gateup_u = v == 3 || v == 4 ? v : 2;
     if (env_int("MSM_CUDA_MOE_GG_PERSIST", &v)) t->moe_gg_persist = v < 0 ? 0 : v & 3;
-    if (env_int("MSM_CUDA_MOE_GG_PREFETCH", &v)) t->moe_gg_prefetch = v < 0 ? 0 : v > 64 ? 64 : v;
-    if (env_int("MSM_CUDA_MOE_GG_PREFETCH_HEAD", &v))
-        t->moe_gg_prefetch_head = v < 128 ? 128 : v > (1 << 20) ? 1 << 20 : (v + 127) / 128 * 128;
     if ((s = getenv("MSM_CUDA_MOE_GG_EARLY"))) t->moe_gg_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_MOE_GG_COMPACT"))) t->moe_gg_compact = s[0] != '0';
     if ((s = getenv("MSM_CUDA_LINEAR_SWIGLU"))) t->linear_swiglu = s[0] != '0';

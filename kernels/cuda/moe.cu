@@ -56,81 +56,12 @@ size_t msm__moe_ws_layout(int T, int H, int I, int k, int E, char *base, moe_ws 
 
 /* ---- grouping (grouped GEMV and WMMA paths) ---- */
 
-/* The routed gate/up's heads pulled into L2 by the grouping kernel (tuning moe_gg_prefetch): from the
- * router to the gate/up's first loads a layer runs two latency-bound kernels (the router, the
- * grouping) while HBM idles, and the grouped gate/up cannot request a row before its wait and its
- * item's routing read (the phase-chain probe, bench/mega_probe.cu, measures what loads issued
- * before a kernel's wait are worth). The ids are complete when the grouping kernel passes its wait,
- * so blocks beside the grouping block find the selected experts and pull the first `head` bytes of
- * every gate/up row of the first S of them, in ascending id: the order of the grouping's items, whose
- * chunks the gate/up grid's first blocks take. Round-major (every row's first 128 bytes, then the
- * next), as a gate/up warp's loads go. prefetch.global.L2 is a hint: nothing waits for the lines, no
- * value changes. */
-typedef struct moe_gpf {
-    const char *w; /* gate/up [E, rows, row bytes] (bf16 rows or FP8 codes) */
-    size_t row;    /* a row's bytes */
-    int rows;      /* rows an expert (2I) */
-    int S;         /* experts (0: none; at most 64) */
-    int head;      /* bytes of each row, a multiple of 128 */
-} moe_gpf;
-
-#define MOE_GPF_BLOCKS 16 /* prefetching blocks beside the grouping block */
-
-/* The prefetching blocks' part (blockIdx.x >= 1); scratch: 80 ints of the block's shared memory. */
-static __device__ void moe_group_prefetch(const moe_gpf &pf, const int32_t *ids, int P, int E, int *scratch) {
-    unsigned *mask = (unsigned *)scratch; /* [8]: the selected experts (E <= 256) */
-    int *sel = scratch + 8;               /* [64]: the first S of them, ascending */
-    if (threadIdx.x < 8) mask[threadIdx.x] = 0;
-    __syncthreads();
-    for (int p = threadIdx.x; p < P; p += blockDim.x) {
-        int e = __ldcg(ids + p);
-        if (e >= 0 && e < E) atomicOr(&mask[e >> 5], 1u << (e & 31));
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int n = 0;
-        for (int w = 0; w < 8; w++)
-            for (unsigned m = mask[w]; m && n < pf.S; m &= m - 1) sel[n++] = w * 32 + __ffs((int)m) - 1;
-        scratch[72] = n;
-    }
-    __syncthreads();
-    const size_t per = (size_t)scratch[72] * (size_t)pf.rows, lines = per * (size_t)(pf.head / 128);
-    const size_t nth = (size_t)(gridDim.x - 1) * blockDim.x;
-    for (size_t j = (size_t)(blockIdx.x - 1) * blockDim.x + threadIdx.x; j < lines; j += nth) {
-        size_t l = j / per, r = j % per, off = l * 128;
-        if (off >= pf.row) continue;
-        const char *a = pf.w + ((size_t)sel[r / pf.rows] * pf.rows + r % pf.rows) * pf.row + off;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-    }
-}
-
-/* Block 0 of 1024 threads: msm__moe_group_block (moe_internal.h); blocks 1.. (pf.S > 0): the
- * prefetch above. */
-static __global__ void __launch_bounds__(1024) moe_group_kernel(moe_ws ws, const int32_t *ids, int P, int E,
-                                                                moe_gpf pf) {
+/* One block of 1024 threads: msm__moe_group_block (moe_internal.h). */
+static __global__ void __launch_bounds__(1024) moe_group_kernel(moe_ws ws, const int32_t *ids, int P, int E) {
     __shared__ int cnt[256], cur[256];
     msm_pdl_trigger();
     msm_pdl_wait();
-    if (blockIdx.x == 0) msm__moe_group_block(ws, ids, P, E, cnt, cur);
-    else moe_group_prefetch(pf, ids, P, E, cnt);
-}
-
-/* The grouping kernel for T tokens' k pairs, with the prefetching blocks where the tuning asks and
- * the grouped GEMVs read gate_up next (rows rows of row bytes an expert; NULL: not next, none). */
-static cudaError_t group_launch(const moe_ws &ws, const int32_t *ids, int T, int k, int E, const void *gate_up,
-                                size_t row, int rows, msm_cuda_exec ex) {
-    const msm_cuda_tuning *tn = ex.tune;
-    moe_gpf pf = {(const char *)gate_up, row, rows, 0, 0};
-    if (gate_up && tn->moe_gg_prefetch > 0 && tn->moe_gg_prefetch_head >= 128) {
-        pf.S = tn->moe_gg_prefetch < E ? tn->moe_gg_prefetch : E;
-        pf.S = pf.S < T * k ? pf.S : T * k;
-        pf.S = pf.S < 64 ? pf.S : 64;
-        size_t head = round_up(row, 128) < (size_t)tn->moe_gg_prefetch_head ? round_up(row, 128)
-                                                                             : (size_t)tn->moe_gg_prefetch_head;
-        pf.head = (int)(head / 128 * 128);
-    }
-    return msm_launch(moe_group_kernel, dim3(pf.S > 0 ? 1 + MOE_GPF_BLOCKS : 1), dim3(1024), 0, ex, ws, ids, T * k, E,
-                      pf);
+    msm__moe_group_block(ws, ids, P, E, cnt, cur);
 }
 
 /* ---- the combine inside the norm after the experts (msm_cuda_moe_add_rmsnorm,
@@ -337,8 +268,7 @@ static int moe_experts_run(float *y, const float *x, const int32_t *ids, const f
                                  vec_h, vec_i, ex);
     const int32_t *scan = moe_scan_ids(ex.tune, path, T, k, ids);
     if (!scan && !grouped) {
-        CUDA_TRY(group_launch(ws, ids, T, k, E, path == MSM_CUDA_MOE_PATH_GROUPED_GEMV ? gate_up : NULL,
-                              (size_t)H * 2, 2 * I, ex));
+        CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
         ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
     }
     int r = path == MSM_CUDA_MOE_PATH_WMMA    ? msm__moe_gemm_run(ws, x, gate_up, down, T, H, I, k, E, ex)
@@ -415,7 +345,7 @@ static int moe_experts_fp8_run(float *y, const float *x, const int32_t *ids, con
             return msm__moe_pair_run(y, x, ids, w, gu.q, gu.scale, gu.phase, dn.q, dn.scale, dn.phase,
                                      (float *)ws.act, T, H, I, k, E, true, true, ex);
         if (!grouped) {
-            CUDA_TRY(group_launch(ws, ids, T, k, E, way == FP8_GROUPED ? gu.q : NULL, (size_t)H, 2 * I, ex));
+            CUDA_TRY(msm_launch(moe_group_kernel, dim3(1), dim3(1024), 0, ex, ws, ids, T * k, E));
             ex.no_pdl = false; /* only the first kernel (msm_cuda_exec.no_pdl) */
         }
         int r = way == FP8_TILED ? msm__moe_tiled_fp8_run(ws, x, gu, dn, T, H, I, k, E, ex)

@@ -453,14 +453,6 @@ typedef struct msm_cuda_tuning {
                                  16-byte loads, compact grid) on the blocks the GPU holds at once, each
                                  looping over (selected expert, row chunk) items (the same bits;
                                  MSM_CUDA_MOE_GG_PERSIST=0..3; default 0: slower on the H100, tuning.cu) */
-    int moe_gg_prefetch;      /* the grouping kernel before the grouped expert GEMVs (bf16 or FP8) also
-                                 runs blocks that pull the head of every gate/up row of the first this
-                                 many selected experts (ascending id: the grouping's order, so the gate/up
-                                 grid's first blocks) into L2 while it groups, so HBM, idle through the
-                                 router and the grouping, streams them before the gate/up's blocks ask
-                                 (a hint: the same bits; MSM_CUDA_MOE_GG_PREFETCH=0..64; default 0) */
-    int moe_gg_prefetch_head; /* ... the bytes of each row it pulls (a multiple of 128;
-                                 MSM_CUDA_MOE_GG_PREFETCH_HEAD; default 1024: a lane's first round) */
     bool moe_gg_early;        /* ... the grouped down loads its first weights before its PDL wait (the
                                  gate/up before it triggers only after its own wait, so the routing
                                  it reads is complete; MSM_CUDA_MOE_GG_EARLY) */
