@@ -201,10 +201,11 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 2026-12-07 thirty-third session, bench/results/2026-12-07-h200-s33 runs 2-3, the same bits):
      * Qwen3-30B-A3B 5 / 8 tokens +0.066 / +0.055 ms with 1 KiB heads of 6 experts, +0.078 / +0.248
      * with their whole rows; Qwen1.5-MoE 8 tokens +0.064 / +0.583. The gate/up's share of the step
-     * fell 1.5 us a layer, but the grouping kernel's rose 2.6: a kernel completes only when the
-     * lines it prefetched have arrived, so a prefetch inside the chain delays it by as long as it
-     * saves later. Only a prefetch off the chain (a node on the aux stream after the router) could
-     * gain, by at most the ~1 us a layer between the router's end and the gate/up's first loads.) */
+     * fell 1.5 us a layer, but the grouping kernel's rose 2.6 (0.6 with one 128-byte line a row):
+     * about the prefetched bytes' time at the copy rate (9.4 / 1.2 MB), as if a kernel completes
+     * only once its prefetched lines arrive, so a prefetch inside the chain delays the chain about as
+     * much as it saves. Only one off the chain (a node on the aux stream after the router) could gain,
+     * by at most the ~1 us a layer between the router's end and the gate/up's first loads.) */
     t->moe_gg_early = true;
     /* a grid row per selected expert (H200, 2026-12-04, bench/results/2026-12-04-h200-s13 run 2, ms a
      * step at 5 / 8 / 11 tokens, three rounds, against a row per expert): Qwen1.5-MoE 4.038-4.054 /
