@@ -125,12 +125,13 @@ r5) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # r4 cut to ~150 s (the sess
         for i in 1 2; do for a in "" $PF_ARMS; do b $Q3 5,8 ab ${a//,/ } --; b $Q15 8 ab ${a//,/ } --; done; done
     fi
     el done | tee -a $OUT/gpu.txt ;;
-r6) hdr  # the last device time, on an H200 only: the owed Qwen3 / Qwen1.5-MoE table, the chunk switch and
-    # the prefetch (measured slower on the H100, runs 2-3), the probe's floors for msmoed's chain
+r6) hdr  # on an H200 only (the next session's first call, on a bundle of HEAD: the prefetch is removed):
+    # the owed Qwen3 / Qwen1.5-MoE table, the chunk switch and the persistent down, the probe's floors
+    # for msmoed's chain
     h200 || exit 0
     el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --
     el arms | tee -a $OUT/gpu.txt
-    for i in 1 2; do for a in "" MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4 MSM_CUDA_MOE_GG_PREFETCH=6; do
+    for i in 1 2; do for a in "" MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4 MSM_CUDA_MOE_GG_PERSIST=2; do
         b $Q3 4,8 ab $a --; done; done
     for m in "qwen3-b8 engine" "qwen3-b8"; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
     grep -E "^#|PDL, 8 warps|PDL, early loads, 8|early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
