@@ -136,4 +136,7 @@ r6) hdr  # on an H200 only (the next session's first call, on a bundle of HEAD: 
     for m in "qwen3-b8 engine" "qwen3-b8"; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
     grep -E "^#|PDL, 8 warps|PDL, early loads, 8|early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
     el done | tee -a $OUT/gpu.txt ;;
+r7) hdr; small_ncu; el done | tee -a $OUT/gpu.txt ;;  # any GPU (~200 s): the small kernels each alone, for
+    # the 8-token chain's latency (the combine + norm ends ~7 us after the down where the add + norm
+    # after the o_proj ends ~3 us after it: its own work, or the boundary?)
 esac
