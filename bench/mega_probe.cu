@@ -301,41 +301,31 @@ int main(int argc, char **argv) {
         for (int k = 0; k < TOPK; k++) p7.push_back({H, E_I});
         add_phase(p7);
     };
+    /* engine: the phases of msmoed's Qwen3 layer at 2-8 tokens, each a data dependency of the next:
+     * qkv (the q/k norm, RoPE and K/V write inside the attention, so no barrier for them), attention,
+     * o_proj, the residual add + RMSNorm, the router, the grouping of the routed pairs, the routed
+     * gate/up, the down, the combine + residual add + RMSNorm (the phases without weights as
+     * barriers only) */
     auto add_qwen3_layer = [&] {
         add_phase({{Q3_QKV, qk(H)}});
-        add_phase({});                  /* q/k norm + rope: a barrier only */
+        if (!engine) add_phase({});     /* q/k norm + rope: a barrier only */
         add_phase({{Q3_KV_ROWS, HD}});  /* attention: 1 MiB */
         add_phase({{H, qk(Q3_O)}});
+        if (engine) add_phase({});      /* the residual add + RMSNorm */
         add_phase({{Q3_E, H}});         /* router */
+        if (engine) add_phase({});      /* the grouping */
         std::vector<std::pair<int, int>> p6, p7;
         for (int k = 0; k < Q3_K; k++) p6.push_back({2 * Q3_I, qk(H)});
         add_phase(p6, Q3_K);
         for (int k = 0; k < Q3_K; k++) p7.push_back({H, qk(Q3_I)});
         add_phase(p7);
-    };
-    /* engine: the phases of msmoed's Qwen3 layer at 2-8 tokens, each a data dependency of the next:
-     * qkv (the q/k norm, RoPE and K/V write inside the attention), attention, o_proj, the residual
-     * add + RMSNorm, the router, the grouping of the routed pairs, the routed gate/up, the down, the
-     * combine + residual add + RMSNorm (the phases without weights as barriers only) */
-    auto add_qwen3_engine_layer = [&] {
-        std::vector<std::pair<int, int>> p6, p7;
-        for (int k = 0; k < Q3_K; k++) p6.push_back({2 * Q3_I, qk(H)});
-        for (int k = 0; k < Q3_K; k++) p7.push_back({H, qk(Q3_I)});
-        add_phase({{Q3_QKV, qk(H)}});
-        add_phase({{Q3_KV_ROWS, HD}});
-        add_phase({{H, qk(Q3_O)}});
-        add_phase({});
-        add_phase({{Q3_E, H}});
-        add_phase({});
-        add_phase(p6, Q3_K);
-        add_phase(p7);
-        add_phase({});
+        if (engine) add_phase({});      /* the combine + residual add + RMSNorm */
     };
     if (engine && !q3) {
         fprintf(stderr, "mega_probe: engine is Qwen3's chain\n");
         return 2;
     }
-    for (int l = 0; l < layers; l++) engine ? add_qwen3_engine_layer() : q3 ? add_qwen3_layer() : add_qwen15_layer();
+    for (int l = 0; l < layers; l++) q3 ? add_qwen3_layer() : add_qwen15_layer();
     add_phase({{V, H}});
     size_t welems = 0;
     for (auto &s : shapes) welems += (size_t)s.first * s.second;
