@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The thirty-fourth session's device commands (README.md here). From the repository root, with the
+# binaries of `BUNDLE_BINS="msmoe-run msmoe-bench test_cuda_kernels timeline" tools/gpu-engine-check bundle`
+# built from the commit in each run's gpu.txt and the phase-chain probe
+# (nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o gpu-run/mega_probe bench/mega_probe.cu),
+# carried as gpu-run/:
+#   bash bench/results/2026-12-07-h200-s34/runs.sh rN
+source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack, h200, kern_tests
+Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b
+# the thirty-third session's presets, probe floors and small kernels' Nsight Compute
+source <(sed -n '/^presets() {/,/^}/p;/^small_ncu() {/,/^}/p' bench/results/2026-12-07-h200-s33/runs.sh)
+
+# the grouped SIMT GEMVs' rows past each warp's first step requested towards L2 at an item's start
+# (MSM_CUDA_MOE_GG_L2PF: 1 the gate/up, 2 the down, 3 both; new): more bytes in flight without registers
+L2_ARMS="MSM_CUDA_MOE_GG_L2PF=1 MSM_CUDA_MOE_GG_L2PF=2 MSM_CUDA_MOE_GG_L2PF=3"
+bits() {  # msmoe-run's logits and tokens under each arm against the default: bitwise
+    el bitwise | tee -a $OUT/gpu.txt
+    for p in $Q3 $Q15; do
+        local i=0 d=""
+        for a in "" $1; do
+            env ${a//,/ } timeout 100 gpu-run/bin/msmoe-run --dummy-weights config/models/$p.json --backend cuda \
+                --prompt-ids 5,1000,77,300,12,9,8,7 --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$i.npy > /tmp/t-$i.txt 2>/dev/null
+            [ $i -gt 0 ] && ! { cmp -s /tmp/l-0.npy /tmp/l-$i.npy && cmp -s /tmp/t-0.txt /tmp/t-$i.txt; } && d="$d $a"
+            i=$((i + 1))
+        done
+        echo "$p: ${d:+DIFFER:}${d:-every arm the same bits}" | tee -a $OUT/gpu.txt
+    done
+}
+floors() {  # the probe's floors at 8 tokens: seven phases a layer and msmoed's own chain
+    el probe | tee -a $OUT/gpu.txt
+    for m in "qwen3-b8 engine" "qwen3-b8"; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
+    grep -E "^#|PDL, 8 warps|PDL, early loads, 8|early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
+}
+
+case "$1" in
+r1) hdr; kern_tests "@(tuning*|moe_grouped_simt*|moe_experts_fp8_match*)"; bits "$L2_ARMS"
+    presets "rows prefetched into L2"
+    if h200; then  # the owed table, the H200-only switches, the floors
+        el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --
+        el arms | tee -a $OUT/gpu.txt
+        for i in 1 2 3; do for a in "" $L2_ARMS MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4 MSM_CUDA_MOE_GG_PERSIST=2; do
+            b $Q3 4,8,16 ab $a --; b $Q15 8,16 ab $a --; done; done
+        floors
+    else
+        el arms | tee -a $OUT/gpu.txt
+        for i in 1 2 3; do for a in "" $L2_ARMS; do b $Q3 4,8,16 ab $a --; b $Q15 8,16 ab $a --; done; done
+    fi
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=14 tl $Q3 8 q3b8; ROWS=14 tl $Q3 8 q3b8-l2pf3 MSM_CUDA_MOE_GG_L2PF=3
+    [ "$(left)" -gt 240 ] && ! h200 && small_ncu
+    pack; el done | tee -a $OUT/gpu.txt ;;
+esac
