@@ -18,6 +18,7 @@
 #include "moe_internal.h"
 
 #include <errno.h>
+#include <limits.h>
 
 #define MOE_WARPS 4
 
@@ -131,18 +132,19 @@ static __device__ __forceinline__ bool gg_each_item(const moe_ws &ws, int nchunk
     return (int)blockIdx.x < n;
 }
 
-/* Tuning moe_gg_l2pf: the bytes of each of a warp's rows past its first step's loads (U 512-byte
- * chunks a row) requested towards L2 at once, one bulk prefetch a row from lanes 0 .. R - 1, so the
- * whole of a warp's rows is in flight from the start without registers to hold it (the loads that
- * follow meet their lines in L2 or on their way there). A hint: the same sums. Rows of 16-byte
- * loads only (row bytes a multiple of 16). */
+/* Tuning moe_gg_l2pf: up to pf bytes of each of a warp's rows past its first step's loads (U
+ * 512-byte chunks a row) requested towards L2 at once, one bulk prefetch a row from lanes 0 .. R - 1,
+ * so that much more of a warp's rows is in flight from the start without registers to hold it (the
+ * loads that follow meet their lines in L2 or on their way there). A hint: the same sums. Rows of
+ * 16-byte loads only (row bytes a multiple of 16). */
 template <int R, int U>
-static __device__ __forceinline__ void gg_l2_rest(const void *const (&wr)[R], int bytes, int lane) {
+static __device__ __forceinline__ void gg_l2_rest(const void *const (&wr)[R], int bytes, int pf, int lane) {
     constexpr int FIRST = 512 * U;
-    if (bytes <= FIRST) return;
+    int n = min(bytes - FIRST, pf) & ~15;
+    if (n <= 0) return;
 #pragma unroll
     for (int r = 0; r < R; r++)
-        if (lane == r) msm_bulk_prefetch_l2((const char *)wr[r] + FIRST, (unsigned)(bytes - FIRST));
+        if (lane == r) msm_bulk_prefetch_l2((const char *)wr[r] + FIRST, (unsigned)n);
 }
 
 /* The gate/up of one block item: the columns of row chunk c (MOE_WARPS * R of them) of expert e for
@@ -151,7 +153,7 @@ template <int R, int NT, bool VEC, bool FP8, int U>
 static __device__ __forceinline__ void gg_gateup_item(const moe_ws &ws, const int32_t *ids, const int *sp,
                                                       const float *x, const void *gate_up, const float *gu_sc,
                                                       int gu_ph, int H, int I, int k, int e, int g0, int g1, int c,
-                                                      bool pf) {
+                                                      int pf) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int i0 = (c * MOE_WARPS + warp) * R;
     if (i0 >= I) return;
@@ -168,7 +170,7 @@ static __device__ __forceinline__ void gg_gateup_item(const moe_ws &ws, const in
         sr[r] = msm_srow(se, i, H, gu_ph);
         sr[R + r] = msm_srow(se, I + i, H, gu_ph);
     }
-    if (VEC && pf) gg_l2_rest<2 * R, U>(wr, FP8 ? H : 2 * H, lane);
+    if (VEC && pf) gg_l2_rest<2 * R, U>(wr, FP8 ? H : 2 * H, pf, lane);
     for (int gb = g0; gb < g1; gb += NT) {
         int nt = min(NT, g1 - gb);
         const float *xs[NT];
@@ -205,7 +207,7 @@ static __device__ __forceinline__ void gg_gateup_item(const moe_ws &ws, const in
 template <int R, int NT, bool VEC, bool FP8, int U = GG_U, bool PER = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gateup_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, bool compact, const float *x,
-                                   const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k, bool pf) {
+                                   const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k, int pf) {
     extern __shared__ int sp[];
     msm_pdl_wait();
     msm_pdl_trigger();
@@ -228,7 +230,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 template <int R, int NT, int U, bool VEC, bool FP8>
 static __device__ __forceinline__ void gg_down_item(const moe_ws &ws, const int32_t *ids, const int *sp,
                                                     const void *down, const float *dn_sc, int dn_ph, int H, int I,
-                                                    int e, int g0, int g1, int c, bool early, bool pf) {
+                                                    int e, int g0, int g1, int c, bool early, int pf) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int h0 = (c * MOE_WARPS + warp) * R;
     if (h0 >= H) return;
@@ -241,7 +243,7 @@ static __device__ __forceinline__ void gg_down_item(const moe_ws &ws, const int3
         wr[r] = msm_wrow<FP8>(down, (size_t)e * H * I, min(h0 + r, H - 1), I);
         sr[r] = msm_srow(se, min(h0 + r, H - 1), I, dn_ph);
     }
-    if (VEC && pf) gg_l2_rest<R, U>(wr, FP8 ? I : 2 * I, lane);
+    if (VEC && pf) gg_l2_rest<R, U>(wr, FP8 ? I : 2 * I, pf, lane);
     for (int gb = g0; gb < g1; gb += NT) {
         int nt = min(NT, g1 - gb);
         const float *xs[NT];
@@ -275,7 +277,7 @@ static __device__ __forceinline__ void gg_down_item(const moe_ws &ws, const int3
 template <int R, int NT, int U, bool VEC, bool FP8, bool PER = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_down_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, bool compact, const void *down,
-                                 const float *dn_sc, int dn_ph, int H, int I, bool early, bool pf) {
+                                 const float *dn_sc, int dn_ph, int H, int I, bool early, int pf) {
     extern __shared__ int sp[];
     if (!early) msm_pdl_wait();
     msm_pdl_trigger();
@@ -617,7 +619,8 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
      * experts selected, 7300 of the gate/up's 12288 blocks had nothing to do) */
     bool compact = !ids && tn->moe_gg_compact && P > 0;
     unsigned ny = (unsigned)(compact && P < E ? P : E);
-    bool pfg = tn->moe_gg_l2pf & MSM_CUDA_MOE_PERSIST_GATEUP, pfd = tn->moe_gg_l2pf & MSM_CUDA_MOE_PERSIST_DOWN;
+    int pfb = tn->moe_gg_l2pf_bytes > 0 ? tn->moe_gg_l2pf_bytes : INT_MAX; /* 0: the rows' rest */
+    int pfg = tn->moe_gg_l2pf & MSM_CUDA_MOE_PERSIST_GATEUP ? pfb : 0, pfd = tn->moe_gg_l2pf & MSM_CUDA_MOE_PERSIST_DOWN ? pfb : 0;
     if (gateup) {
         dim3 ga((unsigned)((I + MOE_WARPS * RG - 1) / (MOE_WARPS * RG)), ny);
         if (gu_sc)
@@ -635,7 +638,7 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
             return msm_launch(kern, ga, blk, sm, ex, ws, ids, P, compact, x, gate_up, gu_sc, gu_ph, H, I, k, pfg);
         }
         return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, false, false>, ga, blk, sm, ex, ws, ids, P, compact, x,
-                          gate_up, gu_sc, gu_ph, H, I, k, false);
+                          gate_up, gu_sc, gu_ph, H, I, k, 0);
     }
     dim3 gd((unsigned)((H + MOE_WARPS * RD - 1) / (MOE_WARPS * RD)), ny);
     bool early = tn->moe_gg_early && !ex.w_written;
@@ -653,7 +656,7 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
         return msm_launch(kern, gd, blk, sm, ex, ws, ids, P, compact, down, dn_sc, dn_ph, H, I, early, pfd);
     }
     return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, false, false>, gd, blk, sm, ex, ws, ids, P, compact,
-                      down, dn_sc, dn_ph, H, I, early, false);
+                      down, dn_sc, dn_ph, H, I, early, 0);
 }
 
 /* Resident blocks an SM holds of a kernel with MMA_NW warps (1 if the query fails). */

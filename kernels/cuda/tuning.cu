@@ -200,6 +200,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * the thirty-fourth session, not yet measured: for the H200, whose routed experts read 94% of its
      * copy rate at 8 tokens, where more bytes in flight is the lever that costs no registers) */
     t->moe_gg_l2pf = 0;
+    t->moe_gg_l2pf_bytes = 0;
     /* (The grouping kernel pulling the head of every gate/up row of the first selected experts into
      * L2 from 16 blocks beside its grouping block was removed after measuring slower (H100,
      * 2026-12-07 thirty-third session, bench/results/2026-12-07-h200-s33 runs 2-3, the same bits):

@@ -5,7 +5,10 @@
 # (nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o gpu-run/mega_probe bench/mega_probe.cu),
 # carried as gpu-run/:
 #   bash bench/results/2026-12-07-h200-s34/runs.sh rN
-source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack, h200, kern_tests
+source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
+# the twenty-sixth session's kern_tests, the thirtieth's h200 test (run 1 had neither: no kernel tests)
+source <(sed -n '/^kern_tests() {/,/^}/p' bench/results/2026-12-06-h200-s26/runs.sh)
+source <(sed -n '/^h200() {/p' bench/results/2026-12-06-h200-s30/runs.sh)
 Q15=qwen1.5-moe-a2.7b Q3=qwen3-30b-a3b
 # the thirty-third session's presets, probe floors and small kernels' Nsight Compute
 source <(sed -n '/^presets() {/,/^}/p;/^small_ncu() {/,/^}/p' bench/results/2026-12-07-h200-s33/runs.sh)
@@ -48,5 +51,24 @@ r1) hdr; kern_tests "@(tuning*|moe_grouped_simt*|moe_experts_fp8_match*)"; bits 
     el timeline | tee -a $OUT/gpu.txt
     ROWS=14 tl $Q3 8 q3b8; ROWS=14 tl $Q3 8 q3b8-l2pf3 MSM_CUDA_MOE_GG_L2PF=3
     [ "$(left)" -gt 240 ] && ! h200 && small_ncu
+    pack; el done | tee -a $OUT/gpu.txt ;;
+r2) hdr; kern_tests "@(tuning*|moe_grouped_simt*|moe_experts_fp8_match*)"; el done | tee -a $OUT/gpu.txt ;;
+r3) hdr; kern_tests "@(tuning*|moe_grouped_simt*|moe_experts_fp8_match*)"  # after run 1's whole rows: a bounded
+    # prefetch (MSM_CUDA_MOE_GG_L2PF_BYTES: one more step of 2 chunks, 1 KiB a row, or half of it)
+    L2_ARMS="MSM_CUDA_MOE_GG_L2PF=1,MSM_CUDA_MOE_GG_L2PF_BYTES=512 MSM_CUDA_MOE_GG_L2PF=1,MSM_CUDA_MOE_GG_L2PF_BYTES=1024
+             MSM_CUDA_MOE_GG_L2PF=3,MSM_CUDA_MOE_GG_L2PF_BYTES=512"
+    bits "$L2_ARMS"
+    if h200; then
+        el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --
+        el arms | tee -a $OUT/gpu.txt
+        for i in 1 2 3; do for a in "" $L2_ARMS MSM_CUDA_MOE_GG_L2PF=3 MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4 \
+                MSM_CUDA_MOE_GG_PERSIST=2; do b $Q3 5,8 ab ${a//,/ } --; b $Q15 8 ab ${a//,/ } --; done; done
+        floors
+    else
+        el arms | tee -a $OUT/gpu.txt
+        for i in 1 2 3; do for a in "" $L2_ARMS; do b $Q3 5,8 ab ${a//,/ } --; b $Q15 8 ab ${a//,/ } --; done; done
+    fi
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=14 tl $Q3 8 q3b8; ROWS=14 tl $Q3 8 q3b8-l2pf1-512 MSM_CUDA_MOE_GG_L2PF=1 MSM_CUDA_MOE_GG_L2PF_BYTES=512
     pack; el done | tee -a $OUT/gpu.txt ;;
 esac
