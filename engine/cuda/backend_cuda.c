@@ -1757,8 +1757,6 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MOE_GG_DOWN_U", &v)) t->moe_gg_down_u = v == 3 ? 3 : 2;
     if (env_int("MSM_CUDA_MOE_GG_GATEUP_U", &v)) t->moe_gg_gateup_u = v == 3 || v == 4 ? v : 2;
     if (env_int("MSM_CUDA_MOE_GG_PERSIST", &v)) t->moe_gg_persist = v < 0 ? 0 : v & 3;
-    if (env_int("MSM_CUDA_MOE_GG_L2PF", &v)) t->moe_gg_l2pf = v < 0 ? 0 : v & 3;
-    if (env_int("MSM_CUDA_MOE_GG_L2PF_BYTES", &v)) t->moe_gg_l2pf_bytes = v < 0 ? 0 : v & ~15;
     if ((s = getenv("MSM_CUDA_MOE_GG_EARLY"))) t->moe_gg_early = s[0] != '0';
     if ((s = getenv("MSM_CUDA_MOE_GG_COMPACT"))) t->moe_gg_compact = s[0] != '0';
     if ((s = getenv("MSM_CUDA_LINEAR_SWIGLU"))) t->linear_swiglu = s[0] != '0';

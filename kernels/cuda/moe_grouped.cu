@@ -18,7 +18,6 @@
 #include "moe_internal.h"
 
 #include <errno.h>
-#include <limits.h>
 
 #define MOE_WARPS 4
 
@@ -132,28 +131,12 @@ static __device__ __forceinline__ bool gg_each_item(const moe_ws &ws, int nchunk
     return (int)blockIdx.x < n;
 }
 
-/* Tuning moe_gg_l2pf: up to pf bytes of each of a warp's rows past its first step's loads (U
- * 512-byte chunks a row) requested towards L2 at once, one bulk prefetch a row from lanes 0 .. R - 1,
- * so that much more of a warp's rows is in flight from the start without registers to hold it (the
- * loads that follow meet their lines in L2 or on their way there). A hint: the same sums. Rows of
- * 16-byte loads only (row bytes a multiple of 16). */
-template <int R, int U>
-static __device__ __forceinline__ void gg_l2_rest(const void *const (&wr)[R], int bytes, int pf, int lane) {
-    constexpr int FIRST = 512 * U;
-    int n = min(bytes - FIRST, pf) & ~15;
-    if (n <= 0) return;
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        if (lane == r) msm_bulk_prefetch_l2((const char *)wr[r] + FIRST, (unsigned)n);
-}
-
 /* The gate/up of one block item: the columns of row chunk c (MOE_WARPS * R of them) of expert e for
  * its grouped rows [g0, g1) (pairs sp[g] where scanned). */
 template <int R, int NT, bool VEC, bool FP8, int U>
 static __device__ __forceinline__ void gg_gateup_item(const moe_ws &ws, const int32_t *ids, const int *sp,
                                                       const float *x, const void *gate_up, const float *gu_sc,
-                                                      int gu_ph, int H, int I, int k, int e, int g0, int g1, int c,
-                                                      int pf) {
+                                                      int gu_ph, int H, int I, int k, int e, int g0, int g1, int c) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int i0 = (c * MOE_WARPS + warp) * R;
     if (i0 >= I) return;
@@ -170,7 +153,6 @@ static __device__ __forceinline__ void gg_gateup_item(const moe_ws &ws, const in
         sr[r] = msm_srow(se, i, H, gu_ph);
         sr[R + r] = msm_srow(se, I + i, H, gu_ph);
     }
-    if (VEC && pf) gg_l2_rest<2 * R, U>(wr, FP8 ? H : 2 * H, pf, lane);
     for (int gb = g0; gb < g1; gb += NT) {
         int nt = min(NT, g1 - gb);
         const float *xs[NT];
@@ -207,19 +189,19 @@ static __device__ __forceinline__ void gg_gateup_item(const moe_ws &ws, const in
 template <int R, int NT, bool VEC, bool FP8, int U = GG_U, bool PER = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gateup_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, bool compact, const float *x,
-                                   const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k, int pf) {
+                                   const void *gate_up, const float *gu_sc, int gu_ph, int H, int I, int k) {
     extern __shared__ int sp[];
     msm_pdl_wait();
     msm_pdl_trigger();
     if constexpr (PER) {
         gg_each_item(ws, (I + MOE_WARPS * R - 1) / (MOE_WARPS * R), [&](int4 it, int c) {
-            gg_gateup_item<R, NT, VEC, FP8, U>(ws, NULL, sp, x, gate_up, gu_sc, gu_ph, H, I, k, it.x, it.y, it.z, c, pf);
+            gg_gateup_item<R, NT, VEC, FP8, U>(ws, NULL, sp, x, gate_up, gu_sc, gu_ph, H, I, k, it.x, it.y, it.z, c);
         });
     } else {
         int e, g0, g1;
         gg_rows(ws, ids, P, compact, sp, &e, &g0, &g1);
         if (g0 >= g1) return;
-        gg_gateup_item<R, NT, VEC, FP8, U>(ws, ids, sp, x, gate_up, gu_sc, gu_ph, H, I, k, e, g0, g1, blockIdx.x, pf);
+        gg_gateup_item<R, NT, VEC, FP8, U>(ws, ids, sp, x, gate_up, gu_sc, gu_ph, H, I, k, e, g0, g1, blockIdx.x);
     }
 }
 
@@ -230,7 +212,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 template <int R, int NT, int U, bool VEC, bool FP8>
 static __device__ __forceinline__ void gg_down_item(const moe_ws &ws, const int32_t *ids, const int *sp,
                                                     const void *down, const float *dn_sc, int dn_ph, int H, int I,
-                                                    int e, int g0, int g1, int c, bool early, int pf) {
+                                                    int e, int g0, int g1, int c, bool early) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int h0 = (c * MOE_WARPS + warp) * R;
     if (h0 >= H) return;
@@ -243,7 +225,6 @@ static __device__ __forceinline__ void gg_down_item(const moe_ws &ws, const int3
         wr[r] = msm_wrow<FP8>(down, (size_t)e * H * I, min(h0 + r, H - 1), I);
         sr[r] = msm_srow(se, min(h0 + r, H - 1), I, dn_ph);
     }
-    if (VEC && pf) gg_l2_rest<R, U>(wr, FP8 ? I : 2 * I, pf, lane);
     for (int gb = g0; gb < g1; gb += NT) {
         int nt = min(NT, g1 - gb);
         const float *xs[NT];
@@ -277,7 +258,7 @@ static __device__ __forceinline__ void gg_down_item(const moe_ws &ws, const int3
 template <int R, int NT, int U, bool VEC, bool FP8, bool PER = false>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_down_grouped_gemv_kernel(moe_ws ws, const int32_t *ids, int P, bool compact, const void *down,
-                                 const float *dn_sc, int dn_ph, int H, int I, bool early, int pf) {
+                                 const float *dn_sc, int dn_ph, int H, int I, bool early) {
     extern __shared__ int sp[];
     if (!early) msm_pdl_wait();
     msm_pdl_trigger();
@@ -285,14 +266,14 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
         /* early: each item's hook waits (a no-op after the first); a block with no item still waits:
          * this grid's completion must imply its predecessors' */
         bool any = gg_each_item(ws, (H + MOE_WARPS * R - 1) / (MOE_WARPS * R), [&](int4 it, int c) {
-            gg_down_item<R, NT, U, VEC, FP8>(ws, NULL, sp, down, dn_sc, dn_ph, H, I, it.x, it.y, it.z, c, early, pf);
+            gg_down_item<R, NT, U, VEC, FP8>(ws, NULL, sp, down, dn_sc, dn_ph, H, I, it.x, it.y, it.z, c, early);
         });
         if (!any) msm_pdl_wait();
     } else {
         int e, g0, g1;
         gg_rows(ws, ids, P, compact, sp, &e, &g0, &g1);
         if (g0 >= g1) return;
-        gg_down_item<R, NT, U, VEC, FP8>(ws, ids, sp, down, dn_sc, dn_ph, H, I, e, g0, g1, blockIdx.x, early, pf);
+        gg_down_item<R, NT, U, VEC, FP8>(ws, ids, sp, down, dn_sc, dn_ph, H, I, e, g0, g1, blockIdx.x, early);
     }
 }
 
@@ -605,7 +586,7 @@ static dim3 gg_grid(Kernel kern, dim3 g, int sms) {
  * scan them themselves (no grouping kernel ran; P = T * k <= MSM_CUDA_MOE_SCAN_MAX_P), else NULL.
  * bf16 rows with 16-byte loads take the tuning's tokens a pass, chunks in flight and persistent
  * grids (moe_gg_persist, compact grids only); FP8 and scalar rows the defaults (4 tokens, 2 chunks,
- * a block an item). Rows of 16-byte loads (bf16 or FP8) take the rows' L2 prefetch (moe_gg_l2pf). */
+ * a block an item). */
 static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int P, const float *x,
                                        const void *gate_up, const float *gu_sc, int gu_ph, const void *down,
                                        const float *dn_sc, int dn_ph, bool vec_h, bool vec_i, bool gateup, int H,
@@ -619,44 +600,42 @@ static cudaError_t grouped_simt_launch(const moe_ws &ws, const int32_t *ids, int
      * experts selected, 7300 of the gate/up's 12288 blocks had nothing to do) */
     bool compact = !ids && tn->moe_gg_compact && P > 0;
     unsigned ny = (unsigned)(compact && P < E ? P : E);
-    int pfb = tn->moe_gg_l2pf_bytes > 0 ? tn->moe_gg_l2pf_bytes : INT_MAX; /* 0: the rows' rest */
-    int pfg = tn->moe_gg_l2pf & MSM_CUDA_MOE_PERSIST_GATEUP ? pfb : 0, pfd = tn->moe_gg_l2pf & MSM_CUDA_MOE_PERSIST_DOWN ? pfb : 0;
     if (gateup) {
         dim3 ga((unsigned)((I + MOE_WARPS * RG - 1) / (MOE_WARPS * RG)), ny);
         if (gu_sc)
             return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, true, true>, ga, blk, sm, ex, ws, ids, P, compact,
-                              x, gate_up, gu_sc, gu_ph, H, I, k, pfg);
+                              x, gate_up, gu_sc, gu_ph, H, I, k);
         if (vec_h) {
             int u = tn->moe_gg_gateup_u;
             bool nt2 = tn->moe_gg_gateup_nt == 2;
             if (compact && (tn->moe_gg_persist & MSM_CUDA_MOE_PERSIST_GATEUP)) {
                 auto kern = nt2 ? gg_gateup_bf16<RG, 2, true>(u) : gg_gateup_bf16<RG, 4, true>(u);
                 return msm_launch(kern, gg_grid(kern, ga, tn->sms), blk, 0, ex, ws, ids, P, compact, x, gate_up,
-                                  gu_sc, gu_ph, H, I, k, pfg);
+                                  gu_sc, gu_ph, H, I, k);
             }
             auto kern = nt2 ? gg_gateup_bf16<RG, 2, false>(u) : gg_gateup_bf16<RG, 4, false>(u);
-            return msm_launch(kern, ga, blk, sm, ex, ws, ids, P, compact, x, gate_up, gu_sc, gu_ph, H, I, k, pfg);
+            return msm_launch(kern, ga, blk, sm, ex, ws, ids, P, compact, x, gate_up, gu_sc, gu_ph, H, I, k);
         }
         return msm_launch(moe_gateup_grouped_gemv_kernel<RG, 4, false, false>, ga, blk, sm, ex, ws, ids, P, compact, x,
-                          gate_up, gu_sc, gu_ph, H, I, k, 0);
+                          gate_up, gu_sc, gu_ph, H, I, k);
     }
     dim3 gd((unsigned)((H + MOE_WARPS * RD - 1) / (MOE_WARPS * RD)), ny);
     bool early = tn->moe_gg_early && !ex.w_written;
     if (dn_sc)
         return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, true, true>, gd, blk, sm, ex, ws, ids, P, compact,
-                          down, dn_sc, dn_ph, H, I, early, pfd);
+                          down, dn_sc, dn_ph, H, I, early);
     if (vec_i) {
         int nt = tn->moe_gg_down_nt, u = tn->moe_gg_down_u;
         if (compact && (tn->moe_gg_persist & MSM_CUDA_MOE_PERSIST_DOWN)) {
             auto kern = gg_down_bf16<RD, true>(nt, u);
             return msm_launch(kern, gg_grid(kern, gd, tn->sms), blk, 0, ex, ws, ids, P, compact, down, dn_sc,
-                              dn_ph, H, I, early, pfd);
+                              dn_ph, H, I, early);
         }
         auto kern = gg_down_bf16<RD, false>(nt, u);
-        return msm_launch(kern, gd, blk, sm, ex, ws, ids, P, compact, down, dn_sc, dn_ph, H, I, early, pfd);
+        return msm_launch(kern, gd, blk, sm, ex, ws, ids, P, compact, down, dn_sc, dn_ph, H, I, early);
     }
     return msm_launch(moe_down_grouped_gemv_kernel<RD, 4, GG_U, false, false>, gd, blk, sm, ex, ws, ids, P, compact,
-                      down, dn_sc, dn_ph, H, I, early, 0);
+                      down, dn_sc, dn_ph, H, I, early);
 }
 
 /* Resident blocks an SM holds of a kernel with MMA_NW warps (1 if the query fails). */

@@ -453,13 +453,6 @@ typedef struct msm_cuda_tuning {
                                  16-byte loads, compact grid) on the blocks the GPU holds at once, each
                                  looping over (selected expert, row chunk) items (the same bits;
                                  MSM_CUDA_MOE_GG_PERSIST=0..3; default 0: slower on the H100, tuning.cu) */
-    int moe_gg_l2pf;          /* MSM_CUDA_MOE_PERSIST_* mask: those grouped SIMT GEMVs (rows of 16-byte
-                                 loads) request the rest of each warp's rows towards L2 at an item's
-                                 start, one bulk prefetch a row, past the first step's loads: more
-                                 bytes in flight without registers (a hint, the same bits;
-                                 MSM_CUDA_MOE_GG_L2PF=0..3; default 0, tuning.cu) */
-    int moe_gg_l2pf_bytes;    /* ... up to this many bytes a row (0: the rest of the row;
-                                 MSM_CUDA_MOE_GG_L2PF_BYTES, rounded down to 16) */
     bool moe_gg_early;        /* ... the grouped down loads its first weights before its PDL wait (the
                                  gate/up before it triggers only after its own wait, so the routing
                                  it reads is complete; MSM_CUDA_MOE_GG_EARLY) */

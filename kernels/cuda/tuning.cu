@@ -196,11 +196,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * round-robin, the next item's routing read ahead): off (H100, the same run): gate/up +0.36 /
      * +0.39, down +0.00 / +0.02, both +0.34 / +0.38 */
     t->moe_gg_persist = 0;
-    /* the grouped SIMT GEMVs' rows past each warp's first step towards L2 at its item's start (new in
-     * the thirty-fourth session, not yet measured: for the H200, whose routed experts read 94% of its
-     * copy rate at 8 tokens, where more bytes in flight is the lever that costs no registers) */
-    t->moe_gg_l2pf = 0;
-    t->moe_gg_l2pf_bytes = 0;
     /* (The grouping kernel pulling the head of every gate/up row of the first selected experts into
      * L2 from 16 blocks beside its grouping block was removed after measuring slower (H100,
      * 2026-12-07 thirty-third session, bench/results/2026-12-07-h200-s33 runs 2-3, the same bits):
@@ -210,7 +205,14 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * about the prefetched bytes' time at the copy rate (9.4 / 1.2 MB), as if a kernel completes
      * only once its prefetched lines arrive, so a prefetch inside the chain delays the chain about as
      * much as it saves. Only one off the chain (a node on the aux stream after the router) could gain,
-     * by at most the ~1 us a layer between the router's end and the gate/up's first loads.) */
+     * by at most the ~1 us a layer between the router's end and the gate/up's first loads. Nor do
+     * the grouped GEMVs gain from their own rows requested towards L2 ahead of their loads (one bulk
+     * prefetch a row from lanes 0 .. R - 1 at an item's start, past the first step: more bytes in
+     * flight without registers, for the H200's 94%; removed after measuring slower, H100, 2026-12-07
+     * thirty-fourth session, bench/results/2026-12-07-h200-s34 runs 1 and 3, the same bits): Qwen3 8
+     * tokens +0.51 / +0.22 / +0.79 ms with whole rows for the gate/up / the down / both (the gate/up
+     * 106 -> 123 us a layer), +0.08 / +0.18 with 512 / 1024 bytes a gate/up row; Qwen1.5-MoE 8 tokens
+     * +0.35 / +0.23 / +0.53 and +0.08 / +0.19: the cost grows with the bytes prefetched.) */
     t->moe_gg_early = true;
     /* a grid row per selected expert (H200, 2026-12-04, bench/results/2026-12-04-h200-s13 run 2, ms a
      * step at 5 / 8 / 11 tokens, three rounds, against a row per expert): Qwen1.5-MoE 4.038-4.054 /

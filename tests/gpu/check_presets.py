@@ -101,7 +101,6 @@ VARIANTS = [  # (name, extra flags, environment)
      {"MSM_CUDA_MOE_GG_GATEUP_NT": "2", "MSM_CUDA_MOE_GG_DOWN_NT": "2", "MSM_CUDA_MOE_GG_DOWN_U": "3"}),
     ("grouped expert gate/up at 4 chunks in flight vs 2", [], {"MSM_CUDA_MOE_GG_GATEUP_U": "4"}),
     ("grouped expert GEMVs on persistent grids vs a block an item", [], {"MSM_CUDA_MOE_GG_PERSIST": "3"}),
-    ("grouped expert GEMVs' rows prefetched into L2 vs not", [], {"MSM_CUDA_MOE_GG_L2PF": "3"}),
     ("pair-path down at 4 rows a warp (bf16) vs 2", [], {"MSM_CUDA_MOE_DOWN_HB": "2"}),
     ("pair-path down split over the slots vs one warp a row", [], {"MSM_CUDA_MOE_KERNELS": "down_warp"}),
     ("pair-path gate/up at 2 loads a row where one wave vs never", [], {"MSM_CUDA_MOE_GU_U2": "0"}),

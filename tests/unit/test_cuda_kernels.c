@@ -59,8 +59,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_GG_DOWN_U", "MSM_CUDA_MOE_GG_EARLY", "MSM_CUDA_ATT_BT_CACHE",
                                  "MSM_CUDA_GEMV_MINB", "MSM_CUDA_MMV_BSLICE", "MSM_CUDA_MOE_DOWN_HB", "MSM_CUDA_MMV_NJ",
                                  "MSM_CUDA_MOE_GU_U2", "MSM_CUDA_MOE_GG_COMPACT", "MSM_CUDA_MOE_GG_GATEUP_U",
-                                 "MSM_CUDA_MOE_GG_PERSIST", "MSM_CUDA_MOE_GG_L2PF", "MSM_CUDA_MOE_GG_L2PF_BYTES",
-                                 "MSM_CUDA_LINEAR_SWIGLU",
+                                 "MSM_CUDA_MOE_GG_PERSIST", "MSM_CUDA_LINEAR_SWIGLU",
                                  "MSM_CUDA_LINEAR_SWIGLU_ROWS", "MSM_CUDA_AUX_GEMV_ROWS", "MSM_CUDA_LINEAR_ROPE_MMV",
                                  "MSM_CUDA_L2_PREFETCH_MAX_T", "MSM_CUDA_L2_PREFETCH_MB", "MSM_CUDA_L2_PREFETCH_LAST",
                                  "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB",
@@ -110,7 +109,6 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
     setenv("MSM_CUDA_MOE_GG_GATEUP_U", "5", 1), setenv("MSM_CUDA_MOE_GG_PERSIST", "-3", 1);
-    setenv("MSM_CUDA_MOE_GG_L2PF", "6", 1), setenv("MSM_CUDA_MOE_GG_L2PF_BYTES", "1000", 1);
     setenv("MSM_CUDA_MOE_GG_EARLY", "0", 1), setenv("MSM_CUDA_ATT_BT_CACHE", "0", 1);
     setenv("MSM_CUDA_MOE_GG_COMPACT", "0", 1), setenv("MSM_CUDA_LINEAR_SWIGLU", "0", 1);
     setenv("MSM_CUDA_LINEAR_SWIGLU_ROWS", "2", 1), setenv("MSM_CUDA_AUX_GEMV_ROWS", "2", 1);
@@ -162,8 +160,6 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.moe_gg_down_u, 3);
     cr_expect_eq(t.moe_gg_gateup_u, 2, "5 is no choice: 2 chunks in flight");
     cr_expect_eq(t.moe_gg_persist, 0, "negative: no grouped GEMV persistent");
-    cr_expect_eq(t.moe_gg_l2pf, 2, "6 & 3: the down's rows prefetched only");
-    cr_expect_eq(t.moe_gg_l2pf_bytes, 992, "rounded down to 16");
     cr_expect(!t.moe_gg_early, "MSM_CUDA_MOE_GG_EARLY=0: the down waits first");
     cr_expect(!t.moe_gg_compact, "MSM_CUDA_MOE_GG_COMPACT=0: a grid row per expert");
     cr_expect(!t.linear_swiglu, "MSM_CUDA_LINEAR_SWIGLU=0: the gate/up linear and the SwiGLU two kernels");
@@ -1719,7 +1715,7 @@ Test(cuda_kernels, moe_experts_variants_match_cpu, .timeout = 240) {
  * either kernel, 2 to 4 K chunks in flight, the down's first weight loads before or after its PDL
  * wait (launched right behind the gate/up, which writes its input), a grid row per selected expert
  * or per expert, and on persistent grids (either kernel or both; not with a row per expert, where
- * the block-an-item grid runs), with their rows' rest prefetched into L2 or not; each against the CPU. Qwen1.5-MoE shapes at
+ * the block-an-item grid runs); each against the CPU. Qwen1.5-MoE shapes at
  * 5-32 tokens, odd sizes (scalar loads), k = 8 (a partial down block: H % 16 == 8), I % 8 == 4 (a
  * partial gate/up block), and many tokens an expert (several passes); past
  * MSM_CUDA_MOE_SCAN_MAX_P pairs the grouping kernel runs anyway. */
@@ -1728,24 +1724,17 @@ typedef struct gg_variant {
     bool early, compact;
     int gu_u;   /* the gate/up's chunks in flight */
     int persist; /* MSM_CUDA_MOE_PERSIST_* */
-    int l2pf;    /* MSM_CUDA_MOE_PERSIST_* mask: the rows' L2 prefetch, of up to */
-    int l2pf_b;  /* this many bytes a row (0: the rest) */
 } gg_variant;
 
 static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
     static const gg_variant vs[] = {
-        {64, 4, 4, 2, true, true, 2, 0, 0, 0}, {0, 4, 4, 2, true, true, 2, 0, 0, 0},
-        {64, 4, 4, 2, false, true, 2, 0, 0, 0}, {64, 2, 2, 2, true, true, 2, 0, 0, 0},
-        {64, 4, 4, 3, true, true, 2, 0, 0, 0}, {64, 2, 2, 3, false, true, 2, 0, 0, 0},
-        {0, 2, 2, 3, true, true, 2, 0, 0, 0}, {0, 4, 2, 3, false, true, 2, 0, 0, 0},
-        {64, 4, 2, 2, true, true, 2, 0, 0, 0}, {0, 4, 2, 2, true, false, 2, 0, 0, 0},
-        {0, 4, 4, 3, false, false, 2, 0, 0, 0}, {0, 4, 2, 2, true, true, 3, 0, 0, 0},
-        {0, 4, 2, 2, true, true, 4, 0, 0, 0}, {64, 2, 2, 2, true, true, 4, 0, 0, 0},
-        {0, 4, 2, 2, true, true, 2, 3, 0, 0}, {0, 4, 2, 2, false, true, 2, 3, 0, 0},
-        {0, 2, 4, 3, true, true, 3, 1, 0, 0}, {0, 4, 2, 2, true, true, 4, 2, 0, 0},
-        {0, 4, 2, 2, true, false, 2, 3, 0, 0}, {0, 4, 2, 2, true, true, 2, 0, 3, 0},
-        {64, 2, 4, 3, false, true, 4, 0, 3, 1024}, {0, 4, 2, 3, true, true, 3, 3, 1, 512},
-        {0, 4, 2, 2, true, false, 2, 0, 2, 0}};
+        {64, 4, 4, 2, true, true, 2, 0}, {0, 4, 4, 2, true, true, 2, 0}, {64, 4, 4, 2, false, true, 2, 0},
+        {64, 2, 2, 2, true, true, 2, 0}, {64, 4, 4, 3, true, true, 2, 0}, {64, 2, 2, 3, false, true, 2, 0},
+        {0, 2, 2, 3, true, true, 2, 0}, {0, 4, 2, 3, false, true, 2, 0}, {64, 4, 2, 2, true, true, 2, 0},
+        {0, 4, 2, 2, true, false, 2, 0}, {0, 4, 4, 3, false, false, 2, 0}, {0, 4, 2, 2, true, true, 3, 0},
+        {0, 4, 2, 2, true, true, 4, 0}, {64, 2, 2, 2, true, true, 4, 0}, {0, 4, 2, 2, true, true, 2, 3},
+        {0, 4, 2, 2, false, true, 2, 3}, {0, 2, 4, 3, true, true, 3, 1}, {0, 4, 2, 2, true, true, 4, 2},
+        {0, 4, 2, 2, true, false, 2, 3}};
     moe_wset m = moe_wset_new(H, I, E);
     for (int c = 0; c < nT; c++) {
         int T = Ts[c];
@@ -1765,8 +1754,7 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
             t.moe_path = MSM_CUDA_MOE_PATH_GROUPED_GEMV, t.moe_kernels = MSM_CUDA_MOE_K_SIMT;
             t.moe_group_scan_max_t = vs[v].scan_max_t, t.moe_gg_early = vs[v].early, t.moe_gg_compact = vs[v].compact;
             t.moe_gg_gateup_nt = vs[v].gu_nt, t.moe_gg_down_nt = vs[v].dn_nt, t.moe_gg_down_u = vs[v].dn_u;
-            t.moe_gg_gateup_u = vs[v].gu_u, t.moe_gg_persist = vs[v].persist, t.moe_gg_l2pf = vs[v].l2pf;
-            t.moe_gg_l2pf_bytes = vs[v].l2pf_b;
+            t.moe_gg_gateup_u = vs[v].gu_u, t.moe_gg_persist = vs[v].persist;
             cudaMemset(dy, 0xff, (size_t)T * H * 4);
             CK(msm_cuda_moe_experts(dy, dx, di, dw, m.dgu, m.ddn, T, H, I, k, E, ws, wsb, EX_T(&t)));
             down(v ? out : first, dy, (size_t)T * H * 4);
@@ -1775,9 +1763,9 @@ static void gg_cases(const int *Ts, int nT, int H, int I, int k, int E) {
             else
                 cr_expect(memcmp(first, out, (size_t)T * H * 4) == 0,
                           "grouped SIMT T=%d H=%d I=%d k=%d: variant %zu (scan %d, nt %d/%d, u %d, early %d, "
-                          "compact %d, gate/up u %d, persist %d, l2pf %d / %d) not the default's bits",
+                          "compact %d, gate/up u %d, persist %d) not the default's bits",
                           T, H, I, k, v, vs[v].scan_max_t, vs[v].gu_nt, vs[v].dn_nt, vs[v].dn_u, (int)vs[v].early,
-                          (int)vs[v].compact, vs[v].gu_u, vs[v].persist, vs[v].l2pf, vs[v].l2pf_b);
+                          (int)vs[v].compact, vs[v].gu_u, vs[v].persist);
         }
         cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
         free(x), free(ids), free(w), free(ref), free(first), free(out);
@@ -2356,8 +2344,7 @@ Test(cuda_kernels, fp8_dequant_equals_the_host_rounding, .timeout = 60) {
  * dequantised, the bf16 paths: past the tiled range, phases not multiples of 64, the tiled switch
  * off). The reference also checks which kind of path ran: the bf16 rounding alone moves these
  * outputs by ~3e-3, a hundred times the 2e-5 tolerance. gu_ph / dn_ph: the column phases of
- * gate/up and down; tiled8: msm_cuda_tuning.fp8_moe_tiled. Each case runs twice, the second time
- * with the grouped SIMT GEMVs' L2 prefetch (moe_gg_l2pf): the same bits. */
+ * gate/up and down; tiled8: msm_cuda_tuning.fp8_moe_tiled. */
 static void moe_fp8_cases(const moe_run *runs, int n, int H, int I, int k, int E, int gu_ph, int dn_ph, int native_max,
                           bool tiled8) {
     fp8_weight gu = fp8_make(E, 2 * I, H, gu_ph, false), dn = fp8_make(E, H, I, dn_ph, false);
@@ -2394,11 +2381,9 @@ static void moe_fp8_cases(const moe_run *runs, int n, int H, int I, int k, int E
                   "fp8 moe T=%d H=%d I=%d k=%d E=%d phases %d/%d path=%d tiled8=%d: expected %s", T, H, I, k, E, gu_ph,
                   dn_ph, runs[c].path, tiled8, tiled ? "FP8 tiled" : native ? "FP8 GEMVs" : "dequantised");
         cudaMemset(dy, 0xff, (size_t)T * H * 4);
-        t.moe_gg_l2pf = 3; /* the second run with the grouped SIMT GEMVs' rows prefetched into L2: a hint */
         CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, dq, dqb, EX_T(&t)));
         down(out2, dy, (size_t)T * H * 4);
-        cr_assert(memcmp(out, out2, (size_t)T * H * 4) == 0,
-                  "fp8 moe not deterministic (second run with the L2 prefetch) T=%d path=%d", T, runs[c].path);
+        cr_assert(memcmp(out, out2, (size_t)T * H * 4) == 0, "fp8 moe not deterministic T=%d path=%d", T, runs[c].path);
         cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
         free(x), free(ids), free(w), free(ref), free(out), free(out2);
     }
