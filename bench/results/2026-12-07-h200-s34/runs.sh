@@ -71,4 +71,18 @@ r3) hdr; kern_tests "@(tuning*|moe_grouped_simt*|moe_experts_fp8_match*)"  # aft
     el timeline | tee -a $OUT/gpu.txt
     ROWS=14 tl $Q3 8 q3b8; ROWS=14 tl $Q3 8 q3b8-l2pf1-512 MSM_CUDA_MOE_GG_L2PF=1 MSM_CUDA_MOE_GG_L2PF_BYTES=512
     pack; el done | tee -a $OUT/gpu.txt ;;
+r4) hdr  # after the prefetch's removal (HEAD = the thirty-third session's kernels): on an H200 the owed
+    # table, the gate/up's chunks in flight and the persistent down, the floors; on an H100 its table
+    Q3F=qwen3-30b-a3b-fp8
+    el table | tee -a $OUT/gpu.txt; b $Q3 1,2,4,8,16,32,128,256 table --; b $Q15 1,2,4,8,16,32,128,256 table --
+    if h200; then
+        b $Q3F 1,2,4,8,16,32,128,256 table --
+        el arms | tee -a $OUT/gpu.txt
+        for i in 1 2 3; do for a in "" MSM_CUDA_MOE_GG_GATEUP_U=3 MSM_CUDA_MOE_GG_GATEUP_U=4 MSM_CUDA_MOE_GG_PERSIST=2; do
+            b $Q3 5,8 ab $a --; b $Q15 8 ab $a --; done; done
+        floors
+        el timeline | tee -a $OUT/gpu.txt
+        ROWS=14 tl $Q3 8 q3b8; ROWS=14 tl $Q3 8 q3b8-u3 MSM_CUDA_MOE_GG_GATEUP_U=3
+    fi
+    pack; el done | tee -a $OUT/gpu.txt ;;
 esac
