@@ -85,4 +85,15 @@ r4) hdr  # after the prefetch's removal (HEAD = the thirty-third session's kerne
         ROWS=14 tl $Q3 8 q3b8; ROWS=14 tl $Q3 8 q3b8-u3 MSM_CUDA_MOE_GG_GATEUP_U=3
     fi
     pack; el done | tee -a $OUT/gpu.txt ;;
+r5) hdr; h200 || exit 0; bash $0 r4 ;;  # r4 on an H200 only (a later call for one, once an H100 has run r4)
+r6) hdr  # an H100 (the H200 does not come while H100s do): Nsight Compute on the 8-token step's split
+    # attention and combine + norm, each alone: where their ~14 / ~6.5 us after their input's end go
+    el ncu | tee -a $OUT/gpu.txt
+    timeout 400 /usr/local/cuda/bin/ncu --kernel-name "regex:attention_mma_split|moe_add_rmsnorm_cl" --launch-skip 0 \
+        --launch-count 4 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section InstructionStats --section LaunchStats --section Occupancy --section SourceCounters \
+        gpu-run/bin/msmoe-bench decode --preset config/models/$Q3.json --backend cuda --batches 8 --context 512 \
+        --steps 1 --no-cuda-graphs > $OUT/ncu-att.txt 2>&1
+    grep -E "^  [a-z_]+.*\(|Duration|Executed Ipc A|Issue Slots Busy|Warp Cycles Per Issued|Executed Instructions  " $OUT/ncu-att.txt | head -40 | tee -a $OUT/gpu.txt
+    el done | tee -a $OUT/gpu.txt ;;
 esac
