@@ -45,6 +45,8 @@
 #include <errno.h>
 #include <math.h>
 
+#include <type_traits>
+
 namespace cg = cooperative_groups;
 
 #define AM_WARPS 4
@@ -59,6 +61,12 @@ struct am_geom {
     static constexpr int PITCH_CH = CH < 8 ? 8 : CH;      /* chunk slots a row in shared memory */
     static constexpr int TILE = MSM_KV_BLOCK * PITCH_CH * 16; /* bytes of one K or V tile */
     static constexpr int WARP_SMEM = 2 * 2 * TILE;        /* two stages of K and V */
+    /* floats from one head's row to the next of q and of the staged warp outputs in shared memory:
+     * a quad's 8 rows (g) HD + 8 apart fall on different banks, where HD apart they took 8 of its
+     * 8-byte accesses into one bank each (8-way conflicts: 192 extra wavefronts a warp at 8 tokens
+     * of Qwen3-30B-A3B, 39% of the split kernel's shared-memory traffic; H100 Nsight Compute,
+     * bench/results/2026-12-07-h200-s34 run 8). Layout only: the same bits. */
+    static constexpr int ROW = HD + 8;
     static constexpr int SMEM = AM_WARPS * WARP_SMEM;
 };
 
@@ -94,11 +102,12 @@ static __device__ __forceinline__ void am_fetch(uint32_t sk, uint32_t sv, const 
 }
 
 /* q of heads h0.. (those below nhb) of token t as the A fragments of the scores: rows g (hi) and
- * g + 8 (lo) of head h0 + g, dims kk*16 + 2*tig (+8). */
+ * g + 8 (lo) of head h0 + g, dims kk*16 + 2*tig (+8); a head's row hp floats after the one before
+ * (HD in global memory, am_geom::ROW in shared memory). */
 template <int HD>
 static __device__ __forceinline__ void am_load_q(uint32_t (&qa)[HD / 16][4], const float *q, size_t q_ld, int t,
-                                                 int h0, int nhb, int g, int tig) {
-    const float *qh = q + (size_t)t * q_ld + (size_t)(h0 + g) * HD;
+                                                 int h0, int nhb, int g, int tig, int hp = HD) {
+    const float *qh = q + (size_t)t * q_ld + (size_t)(h0 + g) * hp;
     bool ok = g < nhb;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
@@ -121,11 +130,14 @@ struct am_lanes {
 /* KV block b (positions b*16 .. b*16+15, those >= n masked), staged at cur (K, then V at
  * cur + TILE), folded into the warp's running max m, denominator share den and output o of head
  * g: S = Q K^T (s[j][0..1] head g (hi) at positions 8j + 2tig + {0,1}, s[j][2..3] the lo part),
- * the online softmax in fp32, then O += P V with P split into bf16 hi + lo. */
+ * the online softmax in fp32, then O += P V with P split into bf16 hi + lo. first: the warp's
+ * first tile, where o and den are still 0 and m is -inf, so their rescale (by exp(-inf) = 0: zeros
+ * again) is skipped (warp-uniform; the same bits, 68 multiplies less a warp where one tile is all
+ * a warp has, as at 8 tokens of a 512-position context split 8 ways). */
 template <int HD>
 static __device__ __forceinline__ void am_tile(uint32_t cur, const uint32_t (&qa)[HD / 16][4], float (&o)[HD / 8][4],
                                                float &m, float &den, int b, int n, float scale, const am_lanes &ln,
-                                               int tig) {
+                                               int tig, bool first) {
     constexpr int KS = HD / 16, NT = HD / 8, TILE = am_geom<HD>::TILE;
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
@@ -150,11 +162,13 @@ static __device__ __forceinline__ void am_tile(uint32_t cur, const uint32_t (&qa
     mx = fmaxf(mx, __shfl_xor_sync(MSM_FULL_MASK, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(MSM_FULL_MASK, mx, 2));
     /* every block here has position b*16 < n, so mx is finite */
-    float corr = expf(m - mx); /* m = -inf: 0 */
-    m = mx;
-    den *= corr;
+    if (!first) {
+        float corr = expf(m - mx);
+        den *= corr;
 #pragma unroll
-    for (int j = 0; j < NT; j++) o[j][0] *= corr, o[j][1] *= corr, o[j][2] *= corr, o[j][3] *= corr;
+        for (int j = 0; j < NT; j++) o[j][0] *= corr, o[j][1] *= corr, o[j][2] *= corr, o[j][3] *= corr;
+    }
+    m = mx;
     float pr[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -176,8 +190,8 @@ static __device__ __forceinline__ void am_tile(uint32_t cur, const uint32_t (&qa
 }
 
 /* After the warps' tiles: each warp's head-g output (hi + lo halves added), max and denominator
- * (summed over the quad, a fixed pairing) into shared memory, so = [AM_WARPS][AM_HEADS][HD] over
- * the tile stages, sm_m / sm_d [AM_WARPS][AM_HEADS]; ends with a barrier. */
+ * (summed over the quad, a fixed pairing) into shared memory, so = [AM_WARPS][AM_HEADS][ROW] over
+ * the tile stages (am_geom::ROW, HD used), sm_m / sm_d [AM_WARPS][AM_HEADS]; ends with a barrier. */
 template <int HD>
 static __device__ __forceinline__ void am_stage_warps(float *so, float (*sm_m)[AM_HEADS], float (*sm_d)[AM_HEADS],
                                                       const float (&o)[HD / 8][4], float m, float den, int warp, int g,
@@ -188,7 +202,7 @@ static __device__ __forceinline__ void am_stage_warps(float *so, float (*sm_m)[A
 #pragma unroll
     for (int j = 0; j < HD / 8; j++) {
         int d = 8 * j + 2 * tig;
-        float *p = so + ((size_t)warp * AM_HEADS + g) * HD + d;
+        float *p = so + ((size_t)warp * AM_HEADS + g) * am_geom<HD>::ROW + d;
         p[0] = o[j][0] + o[j][2];
         p[1] = o[j][1] + o[j][3];
     }
@@ -230,7 +244,7 @@ static __device__ __forceinline__ float4 am_merge_col4(const float *so, const fl
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int w = 0; w < AM_WARPS; w++) {
-        float4 v = *(const float4 *)(so + ((size_t)w * AM_HEADS + hh) * HD + d);
+        float4 v = *(const float4 *)(so + ((size_t)w * AM_HEADS + hh) * am_geom<HD>::ROW + d);
         float c = cw[w][hh];
         acc.x += v.x * c, acc.y += v.y * c, acc.z += v.z * c, acc.w += v.w * c;
     }
@@ -345,12 +359,12 @@ static __global__ void __launch_bounds__(AM_WARPS * 32)
         msm_cp_async_commit();
         msm_cp_async_wait<1>();
         __syncwarp();
-        am_tile<HD>(cur, qa, o, m, den, b, n, scale, ln, tig);
+        am_tile<HD>(cur, qa, o, m, den, b, n, scale, ln, tig, it == 0);
         __syncwarp(); /* every lane has read this stage before the next iteration refills it */
     }
     msm_cp_async_wait<0>();
 
-    float *so = (float *)am_smem; /* [AM_WARPS][AM_HEADS][HD] */
+    float *so = (float *)am_smem; /* [AM_WARPS][AM_HEADS][ROW] */
     am_stage_warps<HD>(so, sm_m, sm_d, o, m, den, warp, g, tig);
     am_head_weights(sm_m, sm_d, nhb);
 
@@ -392,34 +406,46 @@ typedef struct am_qkr {
     float theta, eps;
 } am_qkr;
 
-/* The scratch in warp 0's second stage: sq [AM_HEADS][HD], then wq, wk [HD], cs, sn [HD / 2]. */
+/* The scratch in warp 0's second stage: sq [AM_HEADS][ROW] (am_geom::ROW, HD used), then wq, wk
+ * [HD], cs, sn [HD / 2]. */
 template <int HD>
 struct am_qkr_smem {
     float *sq, *wq, *wk, *cs, *sn;
     __device__ __forceinline__ explicit am_qkr_smem(unsigned char *smem) {
         sq = (float *)(smem + 2 * am_geom<HD>::TILE);
-        wq = sq + AM_HEADS * HD, wk = wq + HD, cs = wk + HD, sn = cs + HD / 2;
+        wq = sq + AM_HEADS * am_geom<HD>::ROW, wk = wq + HD, cs = wk + HD, sn = cs + HD / 2;
     }
 };
-static_assert(AM_HEADS * 128 * 4 + 3 * 128 * 4 <= 2 * am_geom<128>::TILE, "the q/k scratch fits a tile stage");
-static_assert(AM_HEADS * 64 * 4 + 3 * 64 * 4 <= 2 * am_geom<64>::TILE, "the q/k scratch fits a tile stage");
+static_assert(AM_HEADS * am_geom<128>::ROW * 4 + 3 * 128 * 4 <= 2 * am_geom<128>::TILE, "the q/k scratch fits a tile stage");
+static_assert(AM_HEADS * am_geom<64>::ROW * 4 + 3 * 64 * 4 <= 2 * am_geom<64>::TILE, "the q/k scratch fits a tile stage");
 
-/* Head hh of the qkv row x (hd HD) normed with weights w and rotated (rot dims) as qkr_head does,
- * into v (lane l: dims l + 32 j). */
+/* A head loaded by qkn_load (v, its sum of squares ss) normed with weights w and rotated (rot
+ * dims) as qkr_head does, in v (lane l: dims l + 32 j). */
 template <int HD>
-static __device__ __forceinline__ void am_qkr_head(float (&v)[8], const float *xh, const float *w, const float *cs,
+static __device__ __forceinline__ void am_qkr_head(float (&v)[8], float ss, const float *w, const float *cs,
                                                    const float *sn, int rot, float eps, int lane) {
-    float ss = qkn_load(xh, HD, lane, v), wv[8];
+    float wv[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) wv[j] = lane + 32 * j < HD ? w[lane + 32 * j] : 0.0f;
     qkn_norm_wv(v, ss, wv, HD, eps, lane);
-    const int hj = rot / 64;
+    /* dims d = lane + 32 j < rot / 2, paired with v[j + hj] (hj = rot / 64, 1 .. HD / 64): each hj its
+     * own unrolled loop, so v stays in registers (a runtime index put it in local memory) */
+    auto rope = [&](auto hjc) {
+        constexpr int HJ = decltype(hjc)::value;
 #pragma unroll
-    for (int j = 0; j < 4; j++) { /* dims d = lane + 32 j < rot / 2, paired with v[j + hj] */
-        if (j >= hj) break;
-        float a = v[j], b = v[j + hj], c = cs[lane + 32 * j], s = sn[lane + 32 * j];
-        v[j] = msm_rope_lo(a, b, c, s);
-        v[j + hj] = msm_rope_hi(a, b, c, s);
+        for (int j = 0; j < HJ; j++) {
+            float a = v[j], b = v[j + HJ], c = cs[lane + 32 * j], s = sn[lane + 32 * j];
+            v[j] = msm_rope_lo(a, b, c, s);
+            v[j + HJ] = msm_rope_hi(a, b, c, s);
+        }
+    };
+    static_assert(HD <= 256, "at most 4 rotated pairs a lane");
+    switch (rot / 64) {
+    case 1: rope(std::integral_constant<int, 1>()); break;
+    case 2: if constexpr (HD >= 128) rope(std::integral_constant<int, 2>()); break;
+    case 3: if constexpr (HD >= 192) rope(std::integral_constant<int, 3>()); break;
+    case 4: if constexpr (HD >= 256) rope(std::integral_constant<int, 4>()); break;
+    default: break;
     }
 }
 
@@ -512,32 +538,41 @@ static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
     }
     uint32_t qa[HD / 16][4];
     if (qkr) {
-        /* the block's q heads normed and rotated; the token's k and v by the block holding its position */
+        /* the block's q heads normed and rotated (warp w: heads w and w + 4); the token's k (warp 0)
+         * and v (warp 1) by the block holding its position. Every row a warp takes is requested
+         * before any is used: one round trip to L2 where the rows one after another took up to
+         * three on the kernel's critical path (the same arithmetic a head). */
+        static_assert(AM_HEADS <= 2 * AM_WARPS, "at most two q heads a warp");
         const float *xr = q + (size_t)t * q_ld;
-        float v[8];
-        for (int jh = warp; jh < nhb; jh += AM_WARPS) { /* warp-uniform */
-            am_qkr_head<HD>(v, xr + (size_t)(h0 + jh) * HD, qs.wq, qs.cs, qs.sn, qk.rot, qk.eps, lane);
+        const int ja = warp, jb = warp + AM_WARPS; /* warp-uniform */
+        const bool kv = lo <= n - 1 && n - 1 < hi && warp < 2;
+        float va[8], vb[8], vk[8];
+        float sa = ja < nhb ? qkn_load(xr + (size_t)(h0 + ja) * HD, HD, lane, va) : 0.0f;
+        float sb = jb < nhb ? qkn_load(xr + (size_t)(h0 + jb) * HD, HD, lane, vb) : 0.0f;
+        float sk = kv ? qkn_load(xr + (size_t)(nh + (warp ? kvh : 0) + kh) * HD, HD, lane, vk) : 0.0f;
+        if (ja < nhb) {
+            am_qkr_head<HD>(va, sa, qs.wq, qs.cs, qs.sn, qk.rot, qk.eps, lane);
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                if (lane + 32 * j < HD) qs.sq[jh * HD + lane + 32 * j] = v[j];
+                if (lane + 32 * j < HD) qs.sq[ja * am_geom<HD>::ROW + lane + 32 * j] = va[j];
         }
-        if (lo <= n - 1 && n - 1 < hi && warp < 2) { /* warp 0: k, warp 1: v */
+        if (jb < nhb) {
+            am_qkr_head<HD>(vb, sb, qs.wq, qs.cs, qs.sn, qk.rot, qk.eps, lane);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (lane + 32 * j < HD) qs.sq[jb * am_geom<HD>::ROW + lane + 32 * j] = vb[j];
+        }
+        if (kv) { /* warp 0: k, normed and rotated; warp 1: v as it is */
             const int own = (n - 1) / MSM_KV_BLOCK - b0, r = (n - 1) % MSM_KV_BLOCK;
             unsigned char *tile = sl >= 0 && own < AM_WARPS
                                       ? am_smem + (size_t)own * am_geom<HD>::WARP_SMEM + (warp ? TILE : 0)
                                       : NULL;
             uint16_t *cr = sl >= 0 ? (warp ? qk.vw : qk.kw) + (size_t)sl * row + (size_t)kh * HD : NULL;
-            if (warp == 0) {
-                am_qkr_head<HD>(v, xr + (size_t)(nh + kh) * HD, qs.wk, qs.cs, qs.sn, qk.rot, qk.eps, lane);
-            } else {
-                const float *xv = xr + (size_t)(nh + kvh + kh) * HD;
-#pragma unroll
-                for (int j = 0; j < 8; j++) v[j] = lane + 32 * j < HD ? xv[lane + 32 * j] : 0.0f;
-            }
-            am_qkr_store<HD>(v, cr, tile, r, lane);
+            if (warp == 0) am_qkr_head<HD>(vk, sk, qs.wk, qs.cs, qs.sn, qk.rot, qk.eps, lane);
+            am_qkr_store<HD>(vk, cr, tile, r, lane);
         }
         __syncthreads(); /* the q values, the injected row and the cached one (a later tile reads it) */
-        am_load_q<HD>(qa, qs.sq, 0, 0, 0, nhb, g, tig);
+        am_load_q<HD>(qa, qs.sq, 0, 0, 0, nhb, g, tig, am_geom<HD>::ROW);
         __syncthreads(); /* warp 0's second stage is the tile loop's again */
     } else {
         am_load_q<HD>(qa, q, q_ld, t, h0, nhb, g, tig);
@@ -553,13 +588,13 @@ static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
         msm_cp_async_commit();
         msm_cp_async_wait<1>();
         __syncwarp();
-        am_tile<HD>(cur, qa, o, m, den, b, n, scale, ln, tig);
+        am_tile<HD>(cur, qa, o, m, den, b, n, scale, ln, tig, it == 0);
         __syncwarp();
     }
     msm_cp_async_wait<0>();
 
-    float *so = (float *)am_smem;                      /* [AM_WARPS][AM_HEADS][HD] */
-    float *sp = so + (size_t)AM_WARPS * AM_HEADS * HD; /* [AM_HEADS][HD]: the block's partial output */
+    float *so = (float *)am_smem;                                  /* [AM_WARPS][AM_HEADS][ROW] */
+    float *sp = so + (size_t)AM_WARPS * AM_HEADS * am_geom<HD>::ROW; /* [AM_HEADS][HD]: the block's partial */
     /* ... its max and denominator a head: here, not in static shared memory, so that 3 blocks an SM
      * stay inside the 196 KiB carveout as the unsplit kernel's do */
     float *sp_m = sp + (size_t)AM_HEADS * HD, *sp_d = sp_m + AM_HEADS;
