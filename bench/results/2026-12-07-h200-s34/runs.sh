@@ -35,6 +35,27 @@ floors() {  # the probe's floors at 8 tokens: seven phases a layer and msmoed's 
     grep -E "^#|PDL, 8 warps|PDL, early loads, 8|early loads but routed, 8" $OUT/probe.txt | tee -a $OUT/gpu.txt
 }
 
+# the binaries of the bundle before a change (gpu-run/old.tar.xz: bin/msmoe-bench, bin/msmoe-run,
+# REVISION), for an A/B of a change that has no switch
+[ -f gpu-run/old.tar.xz ] && { mkdir -p gpu-run/old && (cd gpu-run/old && tar xJf ../old.tar.xz) && rm gpu-run/old.tar.xz; }
+bo() {  # b with the old binaries: the arm "binary=old"
+    local p=$1 bs=$2 tag=$3; shift 3; [ "$1" = "--" ] && shift
+    { el "$p binary=old $*"; timeout 120 gpu-run/old/bin/msmoe-bench decode --preset config/models/$p.json \
+        --backend cuda --batches $bs --context 512 --steps 30 "$@" 2>&1 | grep -v '^# weights'; } | tee -a $OUT/bench-$tag.txt
+}
+old_bits() {  # msmoe-run's logits and tokens, new against old binaries: bitwise
+    el "bitwise against $(cat gpu-run/old/REVISION)" | tee -a $OUT/gpu.txt
+    for p in $*; do
+        for x in old/bin bin; do
+            timeout 100 gpu-run/$x/msmoe-run --dummy-weights config/models/$p.json --backend cuda \
+                --prompt-ids 5,1000,77,300,12,9,8,7 --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-${x%%/*}.npy \
+                > /tmp/t-${x%%/*}.txt 2>/dev/null
+        done
+        { cmp -s /tmp/l-old.npy /tmp/l-bin.npy && cmp -s /tmp/t-old.txt /tmp/t-bin.txt && echo "$p: the same bits"; } ||
+            echo "$p: DIFFER"
+    done | tee -a $OUT/gpu.txt
+}
+
 case "$1" in
 r1) hdr; kern_tests "@(tuning*|moe_grouped_simt*|moe_experts_fp8_match*)"; bits "$L2_ARMS"
     presets "rows prefetched into L2"
@@ -96,4 +117,14 @@ r6) hdr  # an H100 (the H200 does not come while H100s do): Nsight Compute on th
         --steps 1 --no-cuda-graphs > $OUT/ncu-att.txt 2>&1
     grep -E "^  [a-z_]+.*\(|Duration|Executed Ipc A|Issue Slots Busy|Warp Cycles Per Issued|Executed Instructions  " $OUT/ncu-att.txt | head -40 | tee -a $OUT/gpu.txt
     el done | tee -a $OUT/gpu.txt ;;
+r7) hdr  # the split attention's second look (no bank conflicts, no first rescale, rows at once): kernel
+    # tests, logits against the old binaries at 8 prompt tokens + 6 (batch 1) and a batched decode, A/B
+    kern_tests "@(attention*|qk*|norm_linear_qk*)"; old_bits $Q3 $Q15 qwen3-30b-a3b-fp8
+    el arms | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        bo $Q3 2,4,8,16 ab --; b $Q3 2,4,8,16 ab --; bo $Q15 1,4,8 ab --; b $Q15 1,4,8 ab --
+        bo qwen3-30b-a3b-fp8 8 ab --; b qwen3-30b-a3b-fp8 8 ab --
+    done
+    el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8
+    pack; el done | tee -a $OUT/gpu.txt ;;
 esac
