@@ -462,7 +462,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     float ov[RND][ATT_MAX_SPLIT];
     if constexpr (CL) {
         cg::cluster_group cl = cg::this_cluster();
-        cl.sync(); /* every split's partial is in its block's shared memory */
+        msm_cluster_sync_smem(); /* every split's partial is in its block's shared memory */
         if (z == 0) {
 #pragma unroll
             for (int r = 0; r < RND; r++) {

@@ -606,7 +606,7 @@ static __global__ void __launch_bounds__(AM_WARPS * 32, 3)
         *(float4 *)(sp + (size_t)hh * HD + d) = am_merge_col4<HD>(so, sm_m, hh, d);
         if (d == 0) sp_m[hh] = sm_d[1][hh], sp_d[hh] = sm_d[0][hh];
     }
-    cl.sync(); /* every block's partial is in its shared memory */
+    msm_cluster_sync_smem(); /* every block's partial is in its shared memory */
     am_cluster_merge<HD, NS>(cl, out, sp, sp_m, sp_d, sp_d + AM_HEADS, (size_t)t * nh + h0, nhb, n, z);
     cl.sync(); /* every block's partial has been read */
 }

@@ -1038,7 +1038,7 @@ static __global__ void __launch_bounds__(NI_WARPS * 32)
         }
     }
     if (lead && !cs_early) qkr_prep(q, h, T, swv, scs, ssn, ssl);
-    cl.sync(); /* every block's rows, and the lead block's weights, slots, cosines and sines */
+    msm_cluster_sync_smem(); /* every block's rows, and the lead block's weights, slots, cosines and sines */
     if (lead && warp < T) {
         const int t = warp;
         qkr_dst dst = {y + (size_t)t * N + (size_t)h * q.hd, q.kc, q.vc, ssl[t]};
@@ -1262,7 +1262,7 @@ static __global__ void __launch_bounds__(W * 32, WS > 1 ? MMVB_WARPS_SM / W : 0)
             pk[tb * MMV_ROWS + col + 1] = acc[m][j][3];
         }
     if (S > 1)
-        cg::this_cluster().sync();
+        msm_cluster_sync_smem(); /* every block's part */
     else
         __syncthreads();
     for (int idx = rank * W * 32 + threadIdx.x; idx < MT * 16 * MMV_ROWS; idx += S * W * 32) {

@@ -174,7 +174,7 @@ static __global__ void __launch_bounds__(1024)
     MOE_EARLY_ROWS(early, moe_tok_rows(r, ws, ids, E, w, t, k));
     float v = i < H ? a[off + i] + moe_tok_sum(r, ws.outp, (size_t)i, H) : 0.0f;
     val[threadIdx.x] = v;
-    cl.sync();
+    msm_cluster_sync_smem(); /* every block's values */
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < V; j++) {
@@ -183,12 +183,13 @@ static __global__ void __launch_bounds__(1024)
         if (ij < H) ss += vj * vj;
     }
     float tot = msm_block_sum(ss, part);
-    cl.sync(); /* every block has read the values */
     float inv = 1.0f / sqrtf(tot / (float)H + eps);
     if (i < H) {
         sum[off + i] = v;
         out[off + i] = wv * (v * inv);
     }
+    cl.sync(); /* every block has read the values (after the stores: its fence waits for them, as the
+                * kernel's end would) */
 }
 
 template <int V>

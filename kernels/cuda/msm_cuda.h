@@ -729,6 +729,22 @@ static __device__ __forceinline__ void msm_mma_bf16(float c[4], uint32_t a0, uin
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* The cluster barrier after which the cluster's blocks read, through distributed shared memory, what
+ * each block stored to its own shared memory (local stores only: nothing in global memory or in
+ * another block's shared memory to publish). cluster_group::sync() arrives with release semantics
+ * at cluster scope, which compiles to a GPU-scope MEMBAR (an L2 round trip on the critical path);
+ * here the release is restricted to this thread's shared::cta accesses (fence.release.sync_restrict:
+ * a CTA-scope MEMBAR), followed by a relaxed arrive, then the wait (acquire at cluster scope). The
+ * PTX memory model's release pattern (a release fence, then the arrive) orders those stores before
+ * every read after the other blocks' waits. */
+static __device__ __forceinline__ void msm_cluster_sync_smem() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.release.sync_restrict::shared::cta.cluster;\n\t"
+                 "barrier.cluster.arrive.relaxed;\n\t"
+                 "barrier.cluster.wait;" ::: "memory");
+#endif
+}
+
 /* The split-K epilogue of the cluster GEMMs (linear_tiled.cu, linear_fp8.cu): each of the S
  * blocks of a cluster (S = 1: one block, no cluster) holds its partial [tokens][ROWS] tile in
  * `part` (shared memory at the same offset in every block). After a cluster barrier, block `rank`
@@ -740,7 +756,7 @@ template <int ROWS>
 static __device__ __forceinline__ void msm_cluster_sum_store(float *part, int n_out, int S, int rank, int nb0, int T,
                                                              int N, float *y, const uint16_t *bias) {
     if (S > 1)
-        cooperative_groups::this_cluster().sync();
+        msm_cluster_sync_smem(); /* every block's part */
     else
         __syncthreads();
     for (int idx = rank * (int)blockDim.x + (int)threadIdx.x; idx < n_out; idx += S * (int)blockDim.x) {
