@@ -127,4 +127,16 @@ r7) hdr  # the split attention's second look (no bank conflicts, no first rescal
     done
     el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8
     pack; el done | tee -a $OUT/gpu.txt ;;
+r8) hdr  # the cluster barriers' restricted release (af2754f) against 65d9b52: every kernel test, logits, A/B
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 330 gpu-run/bin/test_cuda_kernels --jobs 8 > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt; grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
+    old_bits $Q3 $Q15 qwen3-30b-a3b-fp8
+    el arms | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        bo $Q3 1,2,4,8,16,32 ab --; b $Q3 1,2,4,8,16,32 ab --; bo $Q15 1,4,8,32 ab --; b $Q15 1,4,8,32 ab --
+        bo qwen3-30b-a3b-fp8 2,8 ab --; b qwen3-30b-a3b-fp8 2,8 ab --
+    done
+    el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8
+    pack; el done | tee -a $OUT/gpu.txt ;;
 esac
