@@ -3501,7 +3501,8 @@ Test(cuda_kernels, norm_linear_qk_rope_equals_norm_linear_then_qk_norm_rope_kv, 
  * msm_cuda_linear then msm_cuda_rope_kv bitwise: the rotated rows and both whole caches, with and
  * without a bias, full and partial RotaryEmbedding, a padding row (slot -1: not written), the GEMV's
  * wider loads at one token (gemv_u8 / gemv_u16) and the pipelined rows at two; and what it does not
- * take (three tokens, the MMV at two, the switch off, a row count that is not the qkv's). */
+ * take (three tokens without the MMV form, the MMV at two, the switch off, a row count that is not the
+ * qkv's). */
 Test(cuda_kernels, linear_rope_kv_equals_linear_then_rope_kv, .timeout = 60) {
     need_gpu();
     /* T, nh, kvh, hd, rot, K, bias */
@@ -3532,7 +3533,10 @@ Test(cuda_kernels, linear_rope_kv_equals_linear_then_rope_kv, .timeout = 60) {
             mmv.mmv_min_t = 2;
             cr_expect(!msm_cuda_linear_rope_kv_fits(T, N, K, nh, kvh, hd, rot, c.dw, c.dx, &mmv));
         }
-        cr_expect(!msm_cuda_linear_rope_kv_fits(3, N, K, nh, kvh, hd, rot, c.dw, c.dx, &tune0));
+        /* three tokens: only on the block-sliced MMV (linear_rope_mmv, on by default) */
+        msm_cuda_tuning nommv = tune0;
+        nommv.linear_rope_mmv = false;
+        cr_expect(!msm_cuda_linear_rope_kv_fits(3, N, K, nh, kvh, hd, rot, c.dw, c.dx, &nommv));
         cr_expect(!msm_cuda_linear_rope_kv_fits(T, N + hd, K, nh, kvh, hd, rot, c.dw, c.dx, &tune0));
         lrk_case_free(&c);
     }

@@ -139,4 +139,22 @@ r8) hdr  # the cluster barriers' restricted release (af2754f) against 65d9b52: e
     done
     el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl $Q3 8 q3b8
     pack; el done | tee -a $OUT/gpu.txt ;;
+r9) hdr  # the session's last call: every kernel test, the presets' invariants, the H100 table of the final
+    # code, and two free A/Bs after the attention's changes (its split count; the q/k norm inside it
+    # after the FP8 projection)
+    el kernels | tee -a $OUT/gpu.txt
+    timeout 300 gpu-run/bin/test_cuda_kernels --jobs 8 > $OUT/kernels.txt 2>&1
+    tail -1 $OUT/kernels.txt | tee -a $OUT/gpu.txt; grep -E "FAIL|rel err|differs|Assert" $OUT/kernels.txt | head -8 | tee -a $OUT/gpu.txt
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_PROMPTS=2 CHECK_VARIANTS="graph replay,multi-stream on,PDL on,qkv MMV + RoPE,block-sliced" timeout 200 \
+        python3 tests/gpu/check_presets.py > $OUT/presets.txt 2>&1
+    tail -2 $OUT/presets.txt | tee -a $OUT/gpu.txt; echo "FAIL lines: $(grep -c "^FAIL" $OUT/presets.txt)" | tee -a $OUT/gpu.txt
+    el table | tee -a $OUT/gpu.txt
+    for p in $Q3 $Q15 qwen3-30b-a3b-fp8; do b $p 1,2,4,8,16,32,128,256 table --; done
+    el arms | tee -a $OUT/gpu.txt
+    for i in 1 2; do
+        for a in "" MSM_CUDA_ATT_MAX_SPLIT=4 MSM_CUDA_ATT_MAX_SPLIT=16; do b $Q3 4,8,16 ab $a --; done
+        for a in "" MSM_CUDA_ATT_QK_ROPE=2; do b qwen3-30b-a3b-fp8 2,4,8 ab $a --; done
+    done
+    pack; el done | tee -a $OUT/gpu.txt ;;
 esac
