@@ -285,7 +285,7 @@ static bool qk_rope_pair(const cuda_backend *cb, const msm_graph *g, int i, int 
 static bool qk_rope_attention_triple(const cuda_backend *cb, const msm_graph *g, int i, int rows, msm_cuda_exec ex) {
     if (!(ex.decode && ex.tune->att_qk_rope) || i < 0 || i + 2 >= g->n_nodes) return false;
     const msm_node *q = &g->nodes[i], *r = &g->nodes[i + 1], *a = &g->nodes[i + 2];
-    /* att_qk_rope 1: not after an FP8-resident qkv projection (tuning.cu) */
+    /* att_qk_rope 1: not after an FP8-resident qkv projection (2, the default, after any: tuning.cu) */
     const msm_node *l = i > 0 ? &g->nodes[i - 1] : NULL;
     if (ex.tune->att_qk_rope == 1 && l && l->op == MSM_OP_LINEAR && l->out[0] == q->in[0] && l->w[0] >= 0 &&
         cb->w8[l->w[0]])

@@ -356,8 +356,9 @@ typedef struct msm_cuda_tuning {
     int att_qk_rope;          /* decode steps where the split tensor-core attention takes the call
                                  (msm_cuda_attention_mma_splits): a QK_NORM, its ROPE_KV_WRITE and
                                  the ATTENTION in one kernel (msm_cuda_attention_qk_rope; the same
-                                 bits): 0 never, 1 (default) where the qkv projection before is not
-                                 FP8-resident (the CUDA backend), 2 always (MSM_CUDA_ATT_QK_ROPE) */
+                                 bits): 0 never, 1 where the qkv projection before is not
+                                 FP8-resident (the CUDA backend), 2 (default) always
+                                 (MSM_CUDA_ATT_QK_ROPE) */
     bool small_early;         /* decode steps: the RoPE kernels (rope_kv, qk_norm_rope_kv) read the
                                  positions and cache slots, compute their cosines and sines and load
                                  the q/k norm weights before their PDL wait, so only the row loads and

@@ -151,8 +151,12 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * bench/results/2026-12-06-h200-s26 runs 4 and 5, ms a step, the kernel before it off minus on,
      * seven rounds): Qwen3-30B-A3B +0.01 / 0.00 / +0.01 / +0.01 / +0.09 at 1 / 2 / 4 / 8 / 16 tokens,
      * its FP8 preset +0.01 / -0.02 / -0.01 / -0.03 / +0.02: the attention's blocks take the SMs the
-     * qkv projection leaves, and after the FP8 one the small kernel between was where they landed */
-    t->att_qk_rope = 1;
+     * qkv projection leaves, and after the FP8 one the small kernel between was where they landed.
+     * After the thirty-fourth session's second look at the split attention (each warp's q / k / v
+     * rows at once, no local memory), also after the FP8 projection (H100, 2026-12-07,
+     * bench/results/2026-12-07-h200-s34 runs 11-12, 2 against 1): Qwen3-30B-A3B FP8 -0.001 / -0.022
+     * / -0.099 ms at 2 / 4 / 8 tokens (run 11, two rounds; run 12 below in the results): 2 */
+    t->att_qk_rope = 2;
     t->small_early = true;
     t->moe_aux_serial_max_t = 8;
     /* the grouped SIMT expert GEMVs (bf16, 5-11 tokens). H200, 2026-12-03 ninth session

@@ -14,8 +14,8 @@ experts' codes decoded with integer operations vs the hardware's conversion, the
 RoPE and K/V cache write in its epilogue vs the two kernels, the norm-in qkv GEMV with the q/k
 norm, RoPE and K/V write in a cluster epilogue vs the norm-in GEMV and the q/k norm kernel (Qwen3),
 the q/k norm, RoPE and K/V write inside the split tensor-core attention vs the q/k norm kernel
-before it (decode steps of 2-16 tokens, after a bf16 qkv projection by default, after any with
-MSM_CUDA_ATT_QK_ROPE=2; at one token with CHECK_BASE_ENV=
+before it (decode steps of 2-16 tokens, after any qkv projection by default, after a bf16 one only
+with MSM_CUDA_ATT_QK_ROPE=1; at one token with CHECK_BASE_ENV=
 "MSM_CUDA_ATT_MMA_SPLIT_MIN_T=1", which puts every decode step here on the split kernel),
 the routed experts' combine inside the ADD_RMSNORM or MOE_COMBINE_NORM after them vs its own
 kernel, the grouping of the routed experts' pairs by the router's last block (off by default) vs the
@@ -122,8 +122,8 @@ VARIANTS = [  # (name, extra flags, environment)
      {"MSM_CUDA_NORM_QK_ROPE": "1"}),
     ("q/k norm + RoPE + K/V write inside the split attention vs the q/k norm kernel before it", [],
      {"MSM_CUDA_ATT_QK_ROPE": "0"}),
-    ("q/k norm + RoPE + K/V write inside the split attention after an FP8 qkv too", [],
-     {"MSM_CUDA_ATT_QK_ROPE": "2"}),
+    ("q/k norm + RoPE + K/V write inside the split attention after a bf16 qkv only vs after any", [],
+     {"MSM_CUDA_ATT_QK_ROPE": "1"}),
     ("SIMT attention vs the tensor-core kernel split over a cluster (near)", [], {"MSM_CUDA_ATT_MMA_SPLIT": "0"}, TOL_NEAR),
     ("tensor-core attention unsplit at every size vs the default (near)", [],
      {"MSM_CUDA_ATT_MMA_SPLIT": "0", "MSM_CUDA_ATT_MMA": "2"}, TOL_NEAR),
