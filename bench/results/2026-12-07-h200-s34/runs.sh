@@ -157,4 +157,13 @@ r9) hdr  # the session's last call: every kernel test, the presets' invariants, 
         for a in "" MSM_CUDA_ATT_QK_ROPE=2; do b qwen3-30b-a3b-fp8 2,4,8 ab $a --; done
     done
     pack; el done | tee -a $OUT/gpu.txt ;;
+r10) hdr  # att_qk_rope 2 by default (the q/k norm inside the split attention after the FP8 projection too):
+    # its preset checks (1 against 2 and 0, bitwise) and three rounds against 1
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_PROMPTS=0,2 CHECK_VARIANTS="inside the split attention" timeout 150 python3 tests/gpu/check_presets.py \
+        config/models/qwen3-30b-a3b-fp8.json config/models/$Q3.json > $OUT/presets.txt 2>&1
+    tail -2 $OUT/presets.txt | tee -a $OUT/gpu.txt; echo "PASS lines: $(grep -c "^PASS" $OUT/presets.txt), FAIL lines: $(grep -c "^FAIL" $OUT/presets.txt)" | tee -a $OUT/gpu.txt
+    el arms | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do for a in MSM_CUDA_ATT_QK_ROPE=1 ""; do b qwen3-30b-a3b-fp8 2,4,8,16 ab $a --; b $Q3 8 ab $a --; done; done
+    el done | tee -a $OUT/gpu.txt ;;
 esac
