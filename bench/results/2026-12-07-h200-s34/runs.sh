@@ -166,4 +166,10 @@ r10) hdr  # att_qk_rope 2 by default (the q/k norm inside the split attention af
     el arms | tee -a $OUT/gpu.txt
     for i in 1 2 3; do for a in MSM_CUDA_ATT_QK_ROPE=1 ""; do b qwen3-30b-a3b-fp8 2,4,8,16 ab $a --; b $Q3 8 ab $a --; done; done
     el done | tee -a $OUT/gpu.txt ;;
+r11) hdr  # the split attention's split count after its second look (run 11: 4 splits beat 16 at 4 tokens
+    # and 8 at 8): caps of 2 / 4 / 8 against the rule's 16 / 16 / 8 / 4 at 2 / 4 / 8 / 16 tokens
+    el arms | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do for a in "" MSM_CUDA_ATT_MAX_SPLIT=8 MSM_CUDA_ATT_MAX_SPLIT=4 MSM_CUDA_ATT_MAX_SPLIT=2; do
+        b $Q3 2,4,8,16 ab $a --; b qwen3-30b-a3b-fp8 4,8 ab $a --; done; done
+    el done | tee -a $OUT/gpu.txt ;;
 esac
