@@ -1603,6 +1603,7 @@ static const msm_backend_vt cuda_vt = {
  *                                       (one wave at one token; 2: the gate/up's next codes early); the
  *                                       same bits (2, default)
  *   MSM_CUDA_ATT_MAX_SPLIT=N            attention splits a token's context at most N ways (1..16)
+ *   MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX=N    ... the split tensor-core GQA attention at most N ways (8; 0: no own cap)
  *   MSM_CUDA_LINEAR_NORM=1              LINEAR_ADD_RMSNORM in one kernel (the GEMV's last block norms)
  *   MSM_CUDA_ATT_GROUP=N                attention blocks take up to N query heads of a kv head (1..4) ...
  *   MSM_CUDA_ATT_GROUP_MIN=N            ... from N (token, query head) pairs on (0: one wave's blocks)
@@ -1732,6 +1733,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MMV_STREAM_BS_MIN_N", &v)) t->mmv_stream_bs_min_n = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MMV_STREAM_ST", &v)) t->mmv_stream_st = v == 2 || v == 3 ? v : 0;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;
+    if (env_int("MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX", &v)) t->att_mma_split_gqa_max = v < 0 ? 0 : v > 16 ? 16 : v;
     if ((s = getenv("MSM_CUDA_LINEAR_NORM"))) t->linear_norm_fused = s[0] == '1';
     if (env_int("MSM_CUDA_ATT_GROUP", &v)) t->att_group = v < 1 ? 1 : v > 4 ? 4 : v;
     if (env_int("MSM_CUDA_ATT_GROUP_MIN", &v)) t->att_group_min = v < 0 ? 0 : v;

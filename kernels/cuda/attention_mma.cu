@@ -709,10 +709,11 @@ extern "C" int msm_cuda_attention_mma_splits(int T, int nh, int kvh, int hd, con
                (!tn->att_mma_split_max_t || T <= tn->att_mma_split_max_t);
     bool mha = G == 1 && T <= tn->att_mma_split_mha_max_t;
     if (!gqa && !mha) return 0;
-    int hi = hd == 128;
+    int hi = hd == 128, cap = tn->att_max_split;
+    if (gqa && tn->att_mma_split_gqa_max > 0 && tn->att_mma_split_gqa_max < cap) cap = tn->att_mma_split_gqa_max;
     long pairs = (long)T * kvh, slots = (long)tn->sms * tn->att_mma_split_per_sm[hi];
     for (int ns = 16; ns >= 2; ns /= 2)
-        if (ns <= tn->att_max_split && pairs * ns <= slots && pairs + tn->att_cluster_spare <= tn->att_mma_split_fit[hi][ns])
+        if (ns <= cap && pairs * ns <= slots && pairs + tn->att_cluster_spare <= tn->att_mma_split_fit[hi][ns])
             return ns;
     return 0;
 }

@@ -274,6 +274,9 @@ typedef struct msm_cuda_tuning {
     int mmv_stream_min_t;     /* ... from this many tokens (MSM_CUDA_MMV_STREAM_MIN_T; 2..8) */
     bool mmv_stream_ok;       /* its shared memory granted (GPU fact) */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
+    int att_mma_split_gqa_max;/* ... and at most this many where the split tensor-core kernel takes 4-8
+                                 query heads a kv head (0: att_max_split alone; MHA keeps that;
+                                 MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX; the measured default in tuning.cu) */
     int att_group;            /* attention blocks take up to this many query heads of a kv head, 1..4
                                  (MSM_CUDA_ATT_GROUP; 1: one head a block) ... */
     int att_group_min;        /* ... once T * nh reaches this (0: the block slots of one wave) */

@@ -107,6 +107,13 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 6.53-6.55) */
     t->fp8_moe_tiled_min_t = 5;
     t->att_max_split = 16;
+    /* the split tensor-core GQA attention at most 8 ways (H100, 2026-12-07 thirty-fourth session,
+     * bench/results/2026-12-07-h200-s34 run 13, after its second look, ms a step, three rounds, caps
+     * against the rule's 16 / 16 / 8 / 4 splits at 2 / 4 / 8 / 16 tokens): 8 Qwen3-30B-A3B -0.045 /
+     * +0.002 / +0.011 / +0.007, its FP8 preset -0.019 at 4 and -0.011 at 8; 4 -0.005..+0.005 /
+     * -0.042 / -0.011 / -0.016 but FP8 +0.041 / +0.003 at 4 / 8; 2 +0.04..+0.16 everywhere. MHA (one
+     * token of Qwen1.5-MoE) keeps 16 */
+    t->att_mma_split_gqa_max = 8;
     t->att_group = 4;
     t->att_mma = MSM_CUDA_ATT_MMA_AUTO;
     /* the tensor-core attention split over a cluster from 4 tokens where a kv head's query heads fill

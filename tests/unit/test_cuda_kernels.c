@@ -72,7 +72,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_ATT_CLUSTER_SPARE", "MSM_CUDA_ROUTER_GROUP",
                                  "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER",
                                  "MSM_CUDA_ROUTER_TCLUSTER_TB", "MSM_CUDA_MMV_L2_REST", "MSM_CUDA_MMV_STREAM_ST",
-                                 "MSM_CUDA_MMV_STREAM_BS_MIN_N"};
+                                 "MSM_CUDA_MMV_STREAM_BS_MIN_N", "MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -104,7 +104,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ROUTER_GROUP", "0", 1), setenv("MSM_CUDA_MOE_COMBINE_EARLY", "0", 1);
     setenv("MSM_CUDA_ROUTER_TCLUSTER", "99", 1), setenv("MSM_CUDA_ROUTER_TCLUSTER_TB", "3", 1);
     setenv("MSM_CUDA_MMV_L2_REST", "1", 1), setenv("MSM_CUDA_MMV_STREAM_ST", "1", 1);
-    setenv("MSM_CUDA_MMV_STREAM_BS_MIN_N", "-3", 1);
+    setenv("MSM_CUDA_MMV_STREAM_BS_MIN_N", "-3", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX", "40", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
     setenv("MSM_CUDA_MOE_GROUP_SCAN_MAX_T", "-1", 1), setenv("MSM_CUDA_MOE_GG_GATEUP_NT", "2", 1);
     setenv("MSM_CUDA_MOE_GG_DOWN_NT", "3", 1), setenv("MSM_CUDA_MOE_GG_DOWN_U", "3", 1);
@@ -152,6 +152,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(t.mmv_l2_rest, "MSM_CUDA_MMV_L2_REST=1: the later rounds prefetched into L2");
     cr_expect_eq(t.mmv_stream_st, 0, "1: the automatic stages");
     cr_expect_eq(t.mmv_stream_bs_min_n, 0, "clamped to 0: the block-sliced MMV not streamed");
+    cr_expect_eq(t.att_mma_split_gqa_max, 16, "clamped to 16");
     cr_expect(!t.mmv_fit_clusters, "MSM_CUDA_MMV_FIT_CLUSTERS=0: K slices by blocks alone");
     cr_expect_eq(t.mmv_u8_max_blocks, 0, "clamped to 0: 4 chunks in flight");
     cr_expect_eq(t.moe_group_scan_max_t, 0, "clamped to 0: the grouping kernel always");
@@ -1124,6 +1125,11 @@ Test(cuda_kernels, attention_mma_split_tokens_and_heads_rule) {
     cr_expect_eq(msm_cuda_attention_mma_splits(4, 32, 4, 128, al, 32 * 128, al, al, ex), 16, "4 tokens: 16 splits");
     cr_expect_eq(msm_cuda_attention_mma_splits(16, 32, 4, 128, al, 32 * 128, al, al, ex), 4, "16 tokens: 4 splits");
     cr_expect_eq(msm_cuda_attention_mma_splits(17, 32, 4, 128, al, 32 * 128, al, al, ex), 0, "over the maximum");
+    t.att_mma_split_gqa_max = 8; /* a GQA cap: 4 tokens 8 splits, MHA's one token still 16 */
+    cr_expect_eq(msm_cuda_attention_mma_splits(4, 32, 4, 128, al, 32 * 128, al, al, ex), 8, "4 tokens, capped: 8");
+    cr_expect_eq(msm_cuda_attention_mma_splits(16, 32, 4, 128, al, 32 * 128, al, al, ex), 4, "16 tokens, capped: 4");
+    cr_expect_eq(msm_cuda_attention_mma_splits(1, 16, 16, 128, al, 16 * 128, al, al, ex), 16, "MHA: no GQA cap");
+    t.att_mma_split_gqa_max = 0;
     cr_expect_gt(msm_cuda_attention_mma_splits(8, 64, 8, 128, al, 64 * 128, al, al, ex), 0, "8 query heads a kv head");
     cr_expect_eq(msm_cuda_attention_mma_splits(8, 96, 8, 128, al, 96 * 128, al, al, ex), 0, "12 query heads a kv head");
     cr_expect_eq(msm_cuda_attention_mma_splits(8, 16, 16, 128, al, 16 * 128, al, al, ex), 0, "MHA at 8 tokens");
@@ -1137,8 +1143,8 @@ Test(cuda_kernels, attention_mma_split_tokens_and_heads_rule) {
 }
 
 /* The tensor-core attention's cluster split (tuning att_mma_split) takes the calls its rule gives
- * (Qwen3-30B-A3B's 32 query heads over 4 kv heads at 1, 2, 8 and 16 tokens: 16, 16, 8, 4 splits on
- * the H100 / H200 with att_mma_split_min_t 1; below that minimum, MHA past att_mma_split_mha_max_t
+ * (Qwen3-30B-A3B's 32 query heads over 4 kv heads at 1, 2, 8 and 16 tokens: 8, 8, 8, 4 splits on
+ * the H100 / H200 with att_mma_split_min_t 1 and the GQA cap of 8; below that minimum, MHA past att_mma_split_mha_max_t
  * tokens, more query heads a kv head than one block takes (GLM-4.5's 12) and head dims it has no
  * kernel for: never) and at decode reads each token's
  * own K/V row only after its PDL wait: here the kernel just before writes those rows (kv_write)
