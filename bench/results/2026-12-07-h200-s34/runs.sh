@@ -172,4 +172,15 @@ r11) hdr  # the split attention's split count after its second look (run 11: 4 s
     for i in 1 2 3; do for a in "" MSM_CUDA_ATT_MAX_SPLIT=8 MSM_CUDA_ATT_MAX_SPLIT=4 MSM_CUDA_ATT_MAX_SPLIT=2; do
         b $Q3 2,4,8,16 ab $a --; b qwen3-30b-a3b-fp8 4,8 ab $a --; done; done
     el done | tee -a $OUT/gpu.txt ;;
+r12) hdr  # the GQA split cap of 8 by default (against 16: MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX=0): attention
+    # kernel tests, the presets' near checks of the split kernel, three rounds
+    kern_tests "@(attention*|qk*)"
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_PROMPTS=2 CHECK_VARIANTS="graph replay,SIMT attention vs the tensor-core kernel split" timeout 120 \
+        python3 tests/gpu/check_presets.py config/models/$Q3.json config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
+    tail -1 $OUT/presets.txt | tee -a $OUT/gpu.txt; echo "PASS lines: $(grep -c "^PASS" $OUT/presets.txt), FAIL lines: $(grep -c "^FAIL" $OUT/presets.txt)" | tee -a $OUT/gpu.txt
+    el arms | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do for a in MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX=0 ""; do
+        b $Q3 2,4,8 ab $a --; b qwen3-30b-a3b-fp8 2,4 ab $a --; b $Q15 1 ab $a --; done; done
+    el done | tee -a $OUT/gpu.txt ;;
 esac
