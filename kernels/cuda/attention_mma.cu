@@ -132,8 +132,8 @@ struct am_lanes {
  * g: S = Q K^T (s[j][0..1] head g (hi) at positions 8j + 2tig + {0,1}, s[j][2..3] the lo part),
  * the online softmax in fp32, then O += P V with P split into bf16 hi + lo. first: the warp's
  * first tile, where o and den are still 0 and m is -inf, so their rescale (by exp(-inf) = 0: zeros
- * again) is skipped (warp-uniform; the same bits, 68 multiplies less a warp where one tile is all
- * a warp has, as at 8 tokens of a 512-position context split 8 ways). */
+ * again) is skipped (warp-uniform; the same bits, an exp and 65 multiplies less a lane where one
+ * tile is all a warp has, as at 8 tokens of a 512-position context split 8 ways). */
 template <int HD>
 static __device__ __forceinline__ void am_tile(uint32_t cur, const uint32_t (&qa)[HD / 16][4], float (&o)[HD / 8][4],
                                                float &m, float &den, int b, int n, float scale, const am_lanes &ln,
@@ -416,8 +416,10 @@ struct am_qkr_smem {
         wq = sq + AM_HEADS * am_geom<HD>::ROW, wk = wq + HD, cs = wk + HD, sn = cs + HD / 2;
     }
 };
-static_assert(AM_HEADS * am_geom<128>::ROW * 4 + 3 * 128 * 4 <= 2 * am_geom<128>::TILE, "the q/k scratch fits a tile stage");
-static_assert(AM_HEADS * am_geom<64>::ROW * 4 + 3 * 64 * 4 <= 2 * am_geom<64>::TILE, "the q/k scratch fits a tile stage");
+static_assert(AM_HEADS * am_geom<128>::ROW * 4 + 3 * 128 * 4 <= 2 * am_geom<128>::TILE,
+              "the q/k scratch fits a tile stage");
+static_assert(AM_HEADS * am_geom<64>::ROW * 4 + 3 * 64 * 4 <= 2 * am_geom<64>::TILE,
+              "the q/k scratch fits a tile stage");
 
 /* A head loaded by qkn_load (v, its sum of squares ss) normed with weights w and rotated (rot
  * dims) as qkr_head does, in v (lane l: dims l + 32 j). */
