@@ -183,4 +183,10 @@ r12) hdr  # the GQA split cap of 8 by default (against 16: MSM_CUDA_ATT_MMA_SPLI
     for i in 1 2 3; do for a in MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX=0 ""; do
         b $Q3 2,4,8 ab $a --; b qwen3-30b-a3b-fp8 2,4 ab $a --; b $Q15 1 ab $a --; done; done
     el done | tee -a $OUT/gpu.txt ;;
+r13) hdr  # the next session's first call (any GPU): r12's validation of the GQA split cap; on an H200
+    # also r4's owed table, the gate/up's chunks in flight and the floors (r4 needs gpu-run/mega_probe)
+    # (each in its own folder under $OUT: their arms' files would otherwise mix)
+    OUT=$OUT/r12 bash $0 r12
+    h200 && OUT=$OUT/r4 bash $0 r4
+    cat $OUT/*/gpu.txt >> $OUT/gpu.txt; el done | tee -a $OUT/gpu.txt ;;
 esac
