@@ -16,6 +16,9 @@
 #   hdr                           the GPU and the bundle's revision into $OUT/gpu.txt
 #   pack                          past 7 files under $OUT, all but gpu.txt into $OUT/out.tar.gz (the
 #                                 device tool brings back a limited number of files: a run's last call)
+#   arm_bits "ARMS" PRESET ...    msmoe-run's logits and tokens (dummy weights, 8 prompt tokens + 6)
+#                                 under each arm (VAR=value, several joined by commas) against the
+#                                 default, bitwise: a line a preset into $OUT/gpu.txt
 # Afterwards, on any machine: `python3 bench/ab_summary.py runN-bench-TAG.txt ...` puts the rounds of
 # each arm side by side (min-max ms/step, rounds, median change against the arm with no switch).
 [ -f gpu-run/bundle.tar.xz ] && { (cd gpu-run && tar xJf bundle.tar.xz && rm bundle.tar.xz) || exit 1; }
@@ -60,4 +63,19 @@ pack() {
     local n; n=$(ls $OUT | wc -l)
     [ "$n" -gt 7 ] || return 0
     (cd $OUT && tar czf /tmp/out.tar.gz --exclude=gpu.txt . && find . -type f ! -name gpu.txt -delete && mv /tmp/out.tar.gz .)
+}
+arm_bits() {
+    local arms=$1; shift
+    el bitwise | tee -a $OUT/gpu.txt
+    for p in "$@"; do
+        local i=0 d=""
+        for a in "" $arms; do
+            env ${a//,/ } timeout 100 gpu-run/bin/msmoe-run --dummy-weights config/models/$p.json --backend cuda \
+                --prompt-ids 5,1000,77,300,12,9,8,7 --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$i.npy \
+                > /tmp/t-$i.txt 2>/dev/null
+            [ $i -gt 0 ] && ! { cmp -s /tmp/l-0.npy /tmp/l-$i.npy && cmp -s /tmp/t-0.txt /tmp/t-$i.txt; } && d="$d $a"
+            i=$((i + 1))
+        done
+        echo "$p: ${d:+DIFFER:}${d:-every arm the same bits}" | tee -a $OUT/gpu.txt
+    done
 }

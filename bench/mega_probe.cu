@@ -254,8 +254,8 @@ int main(int argc, char **argv) {
     bool engine = argc > 3 && strcmp(argv[3], "engine") == 0;
     bool q3 = strncmp(model, "qwen3", 5) == 0, fp8 = strcmp(model, "qwen3-fp8") == 0;
     int nb = strncmp(model, "qwen3-b", 7) == 0 ? atoi(model + 7) : 1; /* qwen3-bN: N tokens' bytes */
-    if ((!q3 && strcmp(model, "qwen15") != 0) || nb < 1 || nb > 64) {
-        fprintf(stderr, "usage: mega_probe [layers] [qwen15|qwen3|qwen3-fp8|qwen3-bN (N 1..64)] [engine]\n");
+    if ((!q3 && strcmp(model, "qwen15") != 0) || nb < 1 || nb > 64 || (engine && !q3)) {
+        fprintf(stderr, "usage: mega_probe [layers] [qwen15|qwen3|qwen3-fp8|qwen3-bN (N 1..64)] [engine (qwen3*)]\n");
         return 2;
     }
     int layers = argc > 1 && atoi(argv[1]) > 0 ? atoi(argv[1]) : q3 ? 48 : 24;
@@ -321,10 +321,6 @@ int main(int argc, char **argv) {
         add_phase(p7);
         if (engine) add_phase({});      /* the combine + residual add + RMSNorm */
     };
-    if (engine && !q3) {
-        fprintf(stderr, "mega_probe: engine is Qwen3's chain\n");
-        return 2;
-    }
     for (int l = 0; l < layers; l++) q3 ? add_qwen3_layer() : add_qwen15_layer();
     add_phase({{V, H}});
     size_t welems = 0;

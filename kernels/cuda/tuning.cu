@@ -161,8 +161,8 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * qkv projection leaves, and after the FP8 one the small kernel between was where they landed.
      * After the thirty-fourth session's second look at the split attention (each warp's q / k / v
      * rows at once, no local memory), also after the FP8 projection (H100, 2026-12-07,
-     * bench/results/2026-12-07-h200-s34 runs 11-12, 2 against 1): Qwen3-30B-A3B FP8 -0.001 / -0.022
-     * / -0.099 ms at 2 / 4 / 8 tokens (run 11, two rounds; run 12 below in the results): 2 */
+     * bench/results/2026-12-07-h200-s34 run 12, 2 against 1, three rounds): Qwen3-30B-A3B FP8 -0.039 /
+     * -0.047 / -0.111 / -0.040 ms at 2 / 4 / 8 / 16 tokens, the same bits: 2 */
     t->att_qk_rope = 2;
     t->small_early = true;
     t->moe_aux_serial_max_t = 8;

@@ -5,7 +5,7 @@
 # (nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o gpu-run/mega_probe bench/mega_probe.cu),
 # carried as gpu-run/:
 #   bash bench/results/2026-12-07-h200-s34/runs.sh rN
-source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack
+source bench/device_run.sh  # el, left, b, tl, prof, ncu_k, hdr, pack, arm_bits
 # the twenty-sixth session's kern_tests, the thirtieth's h200 test (run 1 had neither: no kernel tests)
 source <(sed -n '/^kern_tests() {/,/^}/p' bench/results/2026-12-06-h200-s26/runs.sh)
 source <(sed -n '/^h200() {/p' bench/results/2026-12-06-h200-s30/runs.sh)
@@ -16,19 +16,7 @@ source <(sed -n '/^presets() {/,/^}/p;/^small_ncu() {/,/^}/p' bench/results/2026
 # the grouped SIMT GEMVs' rows past each warp's first step requested towards L2 at an item's start
 # (MSM_CUDA_MOE_GG_L2PF: 1 the gate/up, 2 the down, 3 both; new): more bytes in flight without registers
 L2_ARMS="MSM_CUDA_MOE_GG_L2PF=1 MSM_CUDA_MOE_GG_L2PF=2 MSM_CUDA_MOE_GG_L2PF=3"
-bits() {  # msmoe-run's logits and tokens under each arm against the default: bitwise
-    el bitwise | tee -a $OUT/gpu.txt
-    for p in $Q3 $Q15; do
-        local i=0 d=""
-        for a in "" $1; do
-            env ${a//,/ } timeout 100 gpu-run/bin/msmoe-run --dummy-weights config/models/$p.json --backend cuda \
-                --prompt-ids 5,1000,77,300,12,9,8,7 --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$i.npy > /tmp/t-$i.txt 2>/dev/null
-            [ $i -gt 0 ] && ! { cmp -s /tmp/l-0.npy /tmp/l-$i.npy && cmp -s /tmp/t-0.txt /tmp/t-$i.txt; } && d="$d $a"
-            i=$((i + 1))
-        done
-        echo "$p: ${d:+DIFFER:}${d:-every arm the same bits}" | tee -a $OUT/gpu.txt
-    done
-}
+bits() { arm_bits "$1" $Q3 $Q15; }  # under each arm against the default, bitwise (device_run.sh)
 floors() {  # the probe's floors at 8 tokens: seven phases a layer and msmoed's own chain
     el probe | tee -a $OUT/gpu.txt
     for m in "qwen3-b8 engine" "qwen3-b8"; do timeout 90 gpu-run/mega_probe 0 $m; done > $OUT/probe.txt 2>&1
