@@ -46,19 +46,7 @@ small_ncu() {  # Nsight Compute on the 8-token step's small kernels after the at
 # (4 blocks an SM x 132 SMs / 96 row chunks an expert at Qwen3's shapes)
 PF_ARMS="MSM_CUDA_MOE_GG_PREFETCH=6 MSM_CUDA_MOE_GG_PREFETCH=6,MSM_CUDA_MOE_GG_PREFETCH_HEAD=2048
          MSM_CUDA_MOE_GG_PREFETCH=6,MSM_CUDA_MOE_GG_PREFETCH_HEAD=4096 MSM_CUDA_MOE_GG_PREFETCH=12"
-pf_bits() {  # msmoe-run's logits and tokens under each prefetch arm against the default: bitwise
-    el bitwise | tee -a $OUT/gpu.txt
-    for p in $Q3 $Q15; do
-        local i=0 d=""
-        for a in "" $PF_ARMS; do
-            env ${a//,/ } timeout 100 gpu-run/bin/msmoe-run --dummy-weights config/models/$p.json --backend cuda \
-                --prompt-ids 5,1000,77,300,12,9,8,7 --max-new-tokens 6 --ignore-eos --dump-logits /tmp/l-$i.npy > /tmp/t-$i.txt 2>/dev/null
-            [ $i -gt 0 ] && ! { cmp -s /tmp/l-0.npy /tmp/l-$i.npy && cmp -s /tmp/t-0.txt /tmp/t-$i.txt; } && d="$d $a"
-            i=$((i + 1))
-        done
-        echo "$p: ${d:+DIFFER:}${d:-every arm the same bits}" | tee -a $OUT/gpu.txt
-    done
-}
+pf_bits() { arm_bits "$PF_ARMS" $Q3 $Q15; }  # under each prefetch arm against the default, bitwise (device_run.sh)
 
 case "$1" in
 r1) hdr; kern_tests "@(tuning*|moe_grouped_simt*)"  # the s32 second look's item loop (gg_each_item) first
