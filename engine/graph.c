@@ -46,9 +46,11 @@ void msm_graph_drop_nodes(msm_graph *g, const bool *drop) {
 int msm_graph_moe_sum_reader(const msm_graph *g, int i) {
     if (i < 0 || i >= g->n_nodes || g->nodes[i].op != MSM_OP_MOE_EXPERTS) return -1;
     const msm_node *n = &g->nodes[i];
+    /* past events on either stream and L2 hints (the pass prefetch_l2's fork of a PREFETCH_KV sits
+     * right before the norm): none of them touches a workspace */
     int j = i + 1;
-    while (j < g->n_nodes && g->nodes[j].stream == n->stream &&
-           (g->nodes[j].op == MSM_OP_EVENT_WAIT || g->nodes[j].op == MSM_OP_EVENT_RECORD))
+    while (j < g->n_nodes && (g->nodes[j].op == MSM_OP_EVENT_WAIT || g->nodes[j].op == MSM_OP_EVENT_RECORD ||
+                              msm_op_is_prefetch(g->nodes[j].op)))
         j++;
     const msm_node *r = j < g->n_nodes ? &g->nodes[j] : NULL;
     bool reads = r && r->stream == n->stream &&

@@ -223,10 +223,10 @@ int msm_graph_readers(const msm_graph *g, int v);
 int msm_graph_producer(const msm_graph *g, int v, int end);
 /* Removes the nodes i with drop[i] (drop: n_nodes entries), keeping the others in order. */
 void msm_graph_drop_nodes(msm_graph *g, const bool *drop);
-/* For a MOE_EXPERTS node i: the index of the next node on its stream past event nodes when that node
- * reads the experts' sum as a norm does (an ADD_RMSNORM, as either input; a MOE_COMBINE_NORM, as its
- * routed sum), else -1. A backend may leave the experts' combine to it (msm_graph_plan keeps the
- * experts' values live through it). */
+/* For a MOE_EXPERTS node i: the index of the next node past event nodes (either stream) and L2 hints
+ * (PREFETCH, PREFETCH_KV) when that node is on i's stream and reads the experts' sum as a norm does
+ * (an ADD_RMSNORM, as either input; a MOE_COMBINE_NORM, as its routed sum), else -1. A backend may
+ * leave the experts' combine to it (msm_graph_plan keeps the experts' values live through it). */
 int msm_graph_moe_sum_reader(const msm_graph *g, int i);
 
 msm_graph *msm_graph_new(int rank, int tp);

@@ -1193,7 +1193,8 @@ Test(graph_pass, prefetch_l2_next_takes_the_next_qkv_at_the_router_without_a_sha
 
 /* prefetch_kv: each layer's PREFETCH_KV (the step's seq, pos and block tables; its ATTENTION's kvh
  * and hd) on AUX, forked right before the norm its qkv projection reads, which stays right before
- * that projection (the CUDA backend runs the pair as one kernel); alone, the only change. */
+ * that projection (the CUDA backend runs the pair as one kernel); alone, the only change. The
+ * experts' sum keeps the norm as its reader across the fork (the CUDA backend's combine inside it). */
 Test(graph_pass, prefetch_kv_forks_before_each_qkv_norm_and_keeps_the_norm_linear_pair) {
     const char *dirs[] = {"tests/data/qwen2moe-gqa", "tests/data/qwen3moe", "tests/data/glm4moe"};
     for (int d = 0; d < 3; d++) {
@@ -1223,6 +1224,25 @@ Test(graph_pass, prefetch_kv_forks_before_each_qkv_norm_and_keeps_the_norm_linea
             for (int j = 0; j < norm->n_out; j++) feeds |= norm->out[j] == b->nodes[lin].in[0];
             cr_expect(feeds, "%s layer %d: the node after the PREFETCH_KV is not the qkv input's producer", dirs[d], L);
         }
+        /* the experts' sum keeps its reader (the CUDA backend's combine inside the norm) past the fork */
+        int ra = 0, rb = 0;
+        for (int i = 0, j = 0; i < a->n_nodes; i++) {
+            if (a->nodes[i].op != MSM_OP_MOE_EXPERTS) continue;
+            while (j < b->n_nodes && !(b->nodes[j].op == MSM_OP_MOE_EXPERTS && b->nodes[j].layer == a->nodes[i].layer &&
+                                       b->nodes[j].stream == a->nodes[i].stream))
+                j++;
+            cr_assert_lt(j, b->n_nodes, "%s: a MOE_EXPERTS node is gone", dirs[d]);
+            int x = msm_graph_moe_sum_reader(a, i), y = msm_graph_moe_sum_reader(b, j);
+            ra += x >= 0, rb += y >= 0;
+            cr_expect((x < 0) == (y < 0), "%s layer %d: the sum's reader %d without the fork, %d with it", dirs[d],
+                      a->nodes[i].layer, x, y);
+            if (x >= 0 && y >= 0)
+                cr_expect(a->nodes[x].op == b->nodes[y].op && a->nodes[x].out[0] == b->nodes[y].out[0], "%s layer %d",
+                          dirs[d], a->nodes[i].layer);
+            j++;
+        }
+        if (d < 2) cr_expect_gt(ra, 0, "%s: no experts' sum read by the norm after it", dirs[d]); /* TP 2: an all-reduce */
+        cr_expect_eq(ra, rb, "%s", dirs[d]);
         msm_err err = {{0}};
         cr_assert_eq(msm_pass_prefetch_l2(b, &kv, &again, &err), 0, "%s", err.msg);
         cr_expect(msm_graph_equal(b, again), "%s: prefetch_kv is not idempotent", dirs[d]);
