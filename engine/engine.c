@@ -101,6 +101,7 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->fuse_router = true;
     o->fuse_linear_norm = false; /* bitwise on the H200 but no faster (bench/results/2026-12-01-h200-attn) */
     o->router_first = true; /* bench/results/2026-12-03-h200-s6 run 2: Qwen1.5-MoE batch 1-16 -0.01..0.02 ms */
+    o->prefetch_kv = true;  /* bench/results/2026-12-07-h200-s35 run 2: Qwen3-30B-A3B 1 / 2 tokens -0.06 / -0.05 ms */
     o->kv_blocks = 1024;
     o->max_step_tokens = 512;
     o->max_seqs = 64;

@@ -71,9 +71,10 @@ typedef struct msm_engine_opts {
                                   measured) */
     bool prefetch_l2_next;     /* ... and, in layers without a shared expert, the next layer's qkv
                                   during the router (implies prefetch_l2; default off) */
-    bool prefetch_kv;          /* pass prefetch_l2's PREFETCH_KV, with multi_stream: each layer's K/V
-                                  cache rows pulled into L2 from the norm before its qkv projection
-                                  (default off: not yet measured) */
+    bool prefetch_kv;          /* pass prefetch_l2's PREFETCH_KV, with multi_stream: in each layer with
+                                  nothing else on the aux stream (no shared expert), its K/V cache rows
+                                  pulled into L2 from the norm before its qkv projection (default on;
+                                  the CUDA backend acts at decode steps of up to 2 tokens) */
     int kv_blocks;             /* KV blocks of MSM_KV_BLOCK tokens (default 1024) */
     int max_step_tokens;       /* tokens one step may carry (prefill chunk + decode rows; 512) */
     int max_seqs;              /* sequences one step may carry (default 64) */

@@ -13,7 +13,7 @@
  *   msmoe-bench prefill --preset ... [--lengths 128,512,1024,2048] [--steps 10]
  *   common: [--no-cuda-graphs] [--no-multi-stream] [--multi-stream-max-tokens N]
  *           [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm] [--tp N]
- *           [--prefetch-l2] [--prefetch-l2-next] [--prefetch-kv]
+ *           [--prefetch-l2] [--prefetch-l2-next] [--prefetch-kv | --no-prefetch-kv]
  *           [--router-first | --no-router-first] [--router-alone] [--fork-before-norm]
  * Prints one table row per batch or length.
  *
@@ -188,7 +188,7 @@ int main(int argc, char **argv) {
         {"router-first", no_argument, 0, 'r'}, {"no-router-first", no_argument, 0, 'n'},
         {"router-alone", no_argument, 0, 'A'}, {"prefetch-l2", no_argument, 0, 'P'},
         {"prefetch-l2-next", no_argument, 0, 'Q'}, {"prefetch-kv", no_argument, 0, 'K'},
-        {"fork-before-norm", no_argument, 0, 'f'}, {0, 0, 0, 0}};
+        {"fork-before-norm", no_argument, 0, 'f'}, {"no-prefetch-kv", no_argument, 0, 'k'}, {0, 0, 0, 0}};
     int ch;
     optind = 2;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -210,6 +210,7 @@ int main(int argc, char **argv) {
         case 'P': o.prefetch_l2 = true; break;
         case 'Q': o.prefetch_l2_next = true; break;
         case 'K': o.prefetch_kv = true; break;
+        case 'k': o.prefetch_kv = false; break;
         case 'f': o.fork_before_norm = true; break;
         case 't': o.tp = atoi(optarg); break;
         case 'C': ceiling = atof(optarg); break;

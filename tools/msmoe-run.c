@@ -8,7 +8,7 @@
  *             [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
  *             [--dump-logits FILE.npy] [--tp N] [--dump-graph] [--no-multi-stream]
  *             [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm]
- *             [--prefetch-l2] [--prefetch-l2-next] [--prefetch-kv] [--fork-before-norm]
+ *             [--prefetch-l2] [--prefetch-l2-next] [--prefetch-kv | --no-prefetch-kv] [--fork-before-norm]
  *             [--bench]
  *             [--backend cpu|cuda]
  *             [--kv-bf16] [--fp8-as-bf16 | --fp8-as-cuda] */
@@ -32,7 +32,7 @@ static void usage(FILE *f) {
             "                 [--greedy | --temperature T [--top-k K] [--top-p P] [--seed S]]\n"
             "                 [--ignore-eos] [--dump-logits FILE.npy] [--tp N] [--dump-graph]\n"
             "                 [--no-multi-stream] [--no-fuse-allreduce] [--no-fuse-allreduce-norm]\n"
-            "                 [--fuse-linear-norm] [--prefetch-l2] [--prefetch-l2-next] [--prefetch-kv]\n"
+            "                 [--fuse-linear-norm] [--prefetch-l2] [--prefetch-l2-next] [--no-prefetch-kv]\n"
             "                 [--fork-before-norm] [--bench] [--text]\n"
             "                 [--backend cpu|cuda] [--no-cuda-graphs] [--device N] [--kv-bf16]\n"
             "                 [--fp8-as-bf16 | --fp8-as-cuda]\n"
@@ -43,7 +43,8 @@ static void usage(FILE *f) {
             "  --fp8-as-cuda: only the FP8 weights the CUDA backend does not keep FP8 (routers, gates)\n"
             "  --prefetch-l2: each layer's o_proj and shared expert pulled into the GPU's L2 during its\n"
             "  attention; --prefetch-l2-next: also the next layer's qkv during the router (no shared expert);\n"
-            "  --prefetch-kv: each layer's K/V cache rows from the norm before its qkv projection\n"
+            "  --no-prefetch-kv: not each layer's K/V cache rows into L2 from the norm before its qkv projection\n"
+            "  (on by default in layers without a shared expert; --prefetch-kv is the default)\n"
             "  --fork-before-norm: the shared expert's branch forked before the norm it reads, which it\n"
             "  computes itself\n");
 }
@@ -200,7 +201,7 @@ enum { O_PROMPT_IDS = 256, O_MAX_NEW, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_SEED, 
        O_TP, O_DUMP_GRAPH, O_NO_MS, O_NO_FUSE, O_BENCH, O_DUMMY, O_IGNORE_EOS, O_TOKENIZER,
        O_ENCODE, O_DECODE, O_PROMPT, O_TEXT, O_KV, O_MAXTOK, O_BACKEND, O_NO_GRAPHS, O_DEVICE, O_KV_BF16,
        O_FP8_BF16, O_FP8_CUDA, O_NO_FUSE_AR_NORM, O_FUSE_LIN_NORM, O_PREFETCH_L2, O_PREFETCH_L2_NEXT, O_PREFETCH_KV,
-       O_FORK_NORM };
+       O_FORK_NORM, O_NO_PREFETCH_KV };
 
 /* Applies the option c with argument arg to ro. 0, or the exit status of a bad value. */
 static int set_option(run_opts *ro, int c, const char *arg) {
@@ -233,6 +234,7 @@ static int set_option(run_opts *ro, int c, const char *arg) {
     case O_PREFETCH_L2: o->prefetch_l2 = true; break;
     case O_PREFETCH_L2_NEXT: o->prefetch_l2_next = true; break;
     case O_PREFETCH_KV: o->prefetch_kv = true; break;
+    case O_NO_PREFETCH_KV: o->prefetch_kv = false; break;
     case O_FORK_NORM: o->fork_before_norm = true; break;
     case O_BENCH: ro->bench = true; break;
     case O_DUMMY: o->dummy_preset = arg; break;
@@ -275,7 +277,7 @@ static int parse_args(int argc, char **argv, run_opts *ro) {
         {"no-fuse-allreduce-norm", no_argument, 0, O_NO_FUSE_AR_NORM},
         {"fuse-linear-norm", no_argument, 0, O_FUSE_LIN_NORM}, {"prefetch-l2", no_argument, 0, O_PREFETCH_L2},
         {"prefetch-l2-next", no_argument, 0, O_PREFETCH_L2_NEXT}, {"prefetch-kv", no_argument, 0, O_PREFETCH_KV},
-        {"fork-before-norm", no_argument, 0, O_FORK_NORM},
+        {"fork-before-norm", no_argument, 0, O_FORK_NORM}, {"no-prefetch-kv", no_argument, 0, O_NO_PREFETCH_KV},
         {"dummy-weights", required_argument, 0, O_DUMMY}, {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"tokenizer", required_argument, 0, O_TOKENIZER}, {"encode", no_argument, 0, O_ENCODE},
         {"decode", no_argument, 0, O_DECODE}, {"prompt", required_argument, 0, O_PROMPT},

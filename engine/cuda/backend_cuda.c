@@ -540,8 +540,8 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
                                cb->b.rank, cb->device, msm_op_name(n->op), n->w[j]);
     switch (n->op) {
     case MSM_OP_PREFETCH: return prefetch_node(cb, n, d, s, err);
-    case MSM_OP_PREFETCH_KV: /* decode steps of up to l2_prefetch_max_t tokens, where the layer has a cache */
-        if (d->T != d->S || d->T > s.tune->l2_prefetch_max_t || n->layer < 0 || n->layer >= cb->n_layers ||
+    case MSM_OP_PREFETCH_KV: /* decode steps of up to l2_prefetch_kv_max_t tokens, where the layer has a cache */
+        if (d->T != d->S || d->T > s.tune->l2_prefetch_kv_max_t || n->layer < 0 || n->layer >= cb->n_layers ||
             !cb->kc[n->layer])
             break;
         KTRY(msm_cuda_kv_prefetch(cb->kc[n->layer], cb->vc[n->layer], I32(in0), I32(n->in[1]), I32(n->in[2]),
@@ -1657,8 +1657,10 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_AUX_GEMV_ROWS=1|2          the 1-2-token bf16 GEMV's rows a warp on the aux stream (2, default)
  *   MSM_CUDA_LINEAR_ROPE_MMV=0|1        the qkv LINEAR + ROPE_KV_WRITE in one kernel on the MMV (3-8 tokens)
  *                                       too (1, default)
- *   MSM_CUDA_L2_PREFETCH_MAX_T=N        PREFETCH / PREFETCH_KV nodes (pass prefetch_l2) act at steps of up
- *                                       to N tokens (16, default; 0: never)
+ *   MSM_CUDA_L2_PREFETCH_MAX_T=N        PREFETCH nodes (pass prefetch_l2) act at steps of up to N tokens
+ *                                       (16, default; 0: never)
+ *   MSM_CUDA_L2_PREFETCH_KV_MAX_T=N     PREFETCH_KV nodes act at decode steps of up to N tokens (2, default;
+ *                                       0: never)
  *   MSM_CUDA_L2_PREFETCH_MB=N           ... at most N MiB of weights a PREFETCH (24, default)
  *   MSM_CUDA_L2_PREFETCH_KV_MB=N        ... at most N MiB of K/V cache a PREFETCH_KV (24, default)
  *   MSM_CUDA_L2_PREFETCH_LAST=0|1       ... with the L2::evict_last policy (0, default)
@@ -1770,6 +1772,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_AUX_GEMV_ROWS", &v)) t->aux_gemv_rows = v == 2 ? 2 : 1;
     if (env_int("MSM_CUDA_L2_PREFETCH_MAX_T", &v)) t->l2_prefetch_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_L2_PREFETCH_MB", &v)) t->l2_prefetch_bytes = mib_clamped(v);
+    if (env_int("MSM_CUDA_L2_PREFETCH_KV_MAX_T", &v)) t->l2_prefetch_kv_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_L2_PREFETCH_KV_MB", &v)) t->l2_prefetch_kv_bytes = mib_clamped(v);
     if ((s = getenv("MSM_CUDA_L2_PREFETCH_LAST"))) t->l2_prefetch_last = s[0] == '1';
     if (env_int("MSM_CUDA_L2_PREFETCH_BLOCKS", &v)) t->l2_prefetch_blocks = v < 1 ? 1 : v > 1024 ? 1024 : v;

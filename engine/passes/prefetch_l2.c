@@ -28,11 +28,15 @@
  * token), which the evict_last policy (MSM_CUDA_L2_PREFETCH_LAST) is for. A layer with a shared
  * expert has it running there instead, and the next layer's weights would only delay it.
  *
- * With prefetch_kv, each layer also forks a PREFETCH_KV of its K/V cache rows below each token's
- * position (they are known when the step starts, from the block tables) right before the norm its
- * qkv projection reads, so they come into L2 while the norm, the qkv GEMV and the RoPE run; at 8
- * tokens a Qwen1.5-MoE layer's attention reads 33.5 MB of cache at ~2.6 TB/s. The fork goes before
- * the norm, not between it and the projection, which the CUDA backend runs as one kernel.
+ * With prefetch_kv (the engine's default), each layer that computes nothing on AUX also forks a
+ * PREFETCH_KV of its K/V cache rows below each token's position (they are known when the step
+ * starts, from the block tables) right before the norm its qkv projection reads, so they come into
+ * L2 while the norm, the qkv GEMV and the RoPE run, and the attention reads them from there
+ * (Qwen3-30B-A3B at 1-2 tokens -0.05 ms a step on an H100; bench/results/2026-12-07-h200-s35). The
+ * fork goes before the norm, not between it and the projection, which the CUDA backend runs as one
+ * kernel; the experts' combine inside that norm passes over it (msm_graph_moe_sum_reader). A layer
+ * with a shared expert on AUX is left alone: the prefetch would queue ahead of it there (Qwen1.5-MoE
+ * +0.03..+0.09 ms at 1-8 tokens).
  *
  * The forks sit among other nodes; the CUDA backend's aux_beside passes over them. A layer with no
  * ATTENTION, no such weight, or a PREFETCH or PREFETCH_KV already is left alone, which makes the pass
@@ -89,9 +93,10 @@ static msm_node prefetch_node(const msm_graph *g, int L, int from, int to, int W
 /* Where layer L's prefetches go in g (-1: none): att, its first ATTENTION on MAIN (with
  * o->prefetch_l2); next (with o->prefetch_l2_next, in a layer computing nothing on AUX, not the
  * last), its first routed node on MAIN, for layer L + 1's weights before that layer's first
- * ATTENTION (next_from..next_to); kv (with o->prefetch_kv), the node producing the input of the
- * layer's first LINEAR on MAIN (its qkv projection's norm, of the layer before but for layer 0), so
- * that the norm and a LINEAR reading it stay adjacent (the CUDA backend's norm + GEMV kernel). */
+ * ATTENTION (next_from..next_to); kv (with o->prefetch_kv, in a layer computing nothing on AUX), the
+ * node producing the input of the layer's first LINEAR on MAIN (its qkv projection's norm, of the
+ * layer before but for layer 0), so that the norm and a LINEAR reading it stay adjacent (the CUDA
+ * backend's norm + GEMV kernel). */
 typedef struct spots {
     int att, next, next_from, next_to, kv;
 } spots;
@@ -111,10 +116,11 @@ static spots find_spots(const msm_graph *g, int L, const msm_pass_opts *o) {
         if (x->layer == L + 1 && x->op == MSM_OP_ATTENTION && s.next_to < 0) s.next_to = i;
     }
     if (!o->prefetch_l2_next || aux || L + 1 >= g->n_layers || s.next_from < 0 || s.next_to < 0) s.next = -1;
-    for (int i = lin - 1; o->prefetch_kv && s.att > lin && i >= 0 && s.kv < 0; i--)
+    bool kv = o->prefetch_kv && !aux && s.att > lin;
+    for (int i = lin - 1; kv && i >= 0 && s.kv < 0; i--)
         for (int j = 0; j < g->nodes[i].n_out; j++)
             if (g->nodes[i].out[j] == g->nodes[lin].in[0]) s.kv = i;
-    if (o->prefetch_kv && s.att > lin && lin >= 0 && s.kv < 0) s.kv = lin; /* a step input: right before it */
+    if (kv && lin >= 0 && s.kv < 0) s.kv = lin; /* a step input: right before it */
     if (!o->prefetch_l2) s.att = -1;
     return s;
 }

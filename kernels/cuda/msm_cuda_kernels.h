@@ -508,9 +508,11 @@ typedef struct msm_cuda_tuning {
                                  throughout); 0: never (MSM_CUDA_L2_PREFETCH_MAX_T; default 16) */
     size_t l2_prefetch_bytes; /* ... at most this many bytes a node, its weights in order
                                  (MSM_CUDA_L2_PREFETCH_MB; default 24 MiB, about half the H200's L2) */
-    size_t l2_prefetch_kv_bytes; /* PREFETCH_KV (decode steps of up to l2_prefetch_max_t tokens): at most
-                                 this many bytes of K/V cache a node (MSM_CUDA_L2_PREFETCH_KV_MB;
-                                 default 24 MiB) */
+    int l2_prefetch_kv_max_t; /* PREFETCH_KV nodes (pass prefetch_l2 with prefetch_kv, on by default)
+                                 pull their K/V cache rows into L2 at decode steps of up to this many
+                                 tokens, none past it; 0: never (MSM_CUDA_L2_PREFETCH_KV_MAX_T; tuning.cu) */
+    size_t l2_prefetch_kv_bytes; /* ... at most this many bytes of K/V cache a node
+                                 (MSM_CUDA_L2_PREFETCH_KV_MB; default 24 MiB) */
     bool l2_prefetch_last;    /* ... with the L2::evict_last policy, so the weights streamed meanwhile
                                  evict them last (MSM_CUDA_L2_PREFETCH_LAST=1; default off) */
     int l2_prefetch_blocks;   /* ... the one-warp blocks issuing the prefetches (MSM_CUDA_L2_PREFETCH_BLOCKS;

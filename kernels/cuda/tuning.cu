@@ -272,6 +272,12 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * these settings are the ones measured */
     t->l2_prefetch_max_t = 16;
     t->l2_prefetch_bytes = (size_t)24 << 20;
+    /* the K/V cache rows of each layer into L2 from the norm before its qkv (pass prefetch_l2 with
+     * prefetch_kv, in layers with nothing else on the aux stream; H100, 2026-12-07 thirty-fifth
+     * session, bench/results/2026-12-07-h200-s35 run 2, ms a step, on minus off, three rounds):
+     * Qwen3-30B-A3B -0.056 / -0.049 at 1 / 2 tokens, +0.037 at 4 (at 8 and 16 its fork then split the
+     * experts' combine from the norm after them: run 3 measures it again) */
+    t->l2_prefetch_kv_max_t = 2;
     t->l2_prefetch_kv_bytes = (size_t)24 << 20;
     t->l2_prefetch_last = false;
     t->l2_prefetch_blocks = 32;

@@ -26,8 +26,8 @@ epilogue vs the two kernels, the block-sliced MMVs of 8 or 16 slices streamed th
 (Qwen3's qkv at 3-8 tokens) vs not, the grouped expert GEMVs' grid a row per
 selected expert vs per expert, each layer's o_proj and shared expert prefetched into L2 during its
 attention, the next layer's qkv at the router and the K/V cache rows from the norm before the qkv
-projection (pass prefetch_l2, off by default; plain and evict_last; the K/V rows alone, whose fork
-sits between the experts and the norm that combines their sum) vs not, the router's top-k ranked by one
+projection (pass prefetch_l2; the K/V rows' on by default, whose fork sits between the experts and
+the norm that combines their sum; the others plain and evict_last) vs not, the router's top-k ranked by one
 thread-block cluster a token vs by the last block to arrive on a counter, the grouped expert GEMVs
 finding their pairs themselves vs after the grouping kernel, the attention's block-table entries
 copied into shared memory first vs loaded with each tile, their down's first weight loads before
@@ -109,8 +109,9 @@ VARIANTS = [  # (name, extra flags, environment)
     ("L2 prefetch of o_proj and the shared expert vs none", ["--prefetch-l2"], {}),
     ("L2 prefetch with evict_last and 16 MiB set aside vs none", ["--prefetch-l2"],
      {"MSM_CUDA_L2_PREFETCH_LAST": "1", "MSM_CUDA_L2_PERSIST_MB": "16"}),
-    ("L2 prefetch of the next qkv and the K/V cache rows vs none", ["--prefetch-l2-next", "--prefetch-kv"], {}),
-    ("L2 prefetch of the K/V cache rows alone (the combine still inside the norm) vs none", ["--prefetch-kv"], {}),
+    ("L2 prefetch of the next qkv beside the K/V cache rows' vs the K/V rows' alone", ["--prefetch-l2-next"], {}),
+    ("no L2 prefetch of the K/V cache rows vs their prefetch (the default; the combine inside the norm after the "
+     "experts either way)", ["--no-prefetch-kv"], {}),
     ("shared expert forked before its norm (its own copy, three kernels) vs after", ["--fork-before-norm"], {}),
     ("shared expert forked before its norm, norm + gate/up + SwiGLU one kernel vs after",
      ["--fork-before-norm"], {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1"}),

@@ -63,7 +63,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_LINEAR_SWIGLU_ROWS", "MSM_CUDA_AUX_GEMV_ROWS", "MSM_CUDA_LINEAR_ROPE_MMV",
                                  "MSM_CUDA_L2_PREFETCH_MAX_T", "MSM_CUDA_L2_PREFETCH_MB", "MSM_CUDA_L2_PREFETCH_LAST",
                                  "MSM_CUDA_L2_PREFETCH_BLOCKS", "MSM_CUDA_L2_PREFETCH_CHUNK_KB", "MSM_CUDA_L2_PERSIST_MB",
-                                 "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_FP8_MOE_LEAN",
+                                 "MSM_CUDA_L2_PREFETCH_KV_MB", "MSM_CUDA_L2_PREFETCH_KV_MAX_T", "MSM_CUDA_FP8_MOE_LEAN",
                                  "MSM_CUDA_FP8_GEMV_SPLIT", "MSM_CUDA_FP8_GEMV_HW", "MSM_CUDA_MMV_STREAM_MIN_N",
                                  "MSM_CUDA_MMV_STREAM_MIN_T", "MSM_CUDA_NORM_LINEAR_SWIGLU", "MSM_CUDA_NORM_SWIGLU_ROWS",
                                  "MSM_CUDA_MOE_PAIR_EARLY", "MSM_CUDA_NORM_QK_ROPE", "MSM_CUDA_ATT_MMA_SPLIT",
@@ -117,6 +117,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_L2_PREFETCH_LAST", "1", 1), setenv("MSM_CUDA_L2_PREFETCH_BLOCKS", "0", 1);
     setenv("MSM_CUDA_L2_PREFETCH_CHUNK_KB", "2000", 1), setenv("MSM_CUDA_L2_PERSIST_MB", "-1", 1);
     setenv("MSM_CUDA_L2_PREFETCH_KV_MB", "-2", 1), setenv("MSM_CUDA_FP8_MOE_LEAN", "7", 1);
+    setenv("MSM_CUDA_L2_PREFETCH_KV_MAX_T", "-1", 1);
     setenv("MSM_CUDA_FP8_GEMV_SPLIT", "9", 1), setenv("MSM_CUDA_FP8_GEMV_HW", "1", 1);
     setenv("MSM_CUDA_GEMV_MINB", "7", 1), setenv("MSM_CUDA_MMV_BSLICE", "0", 1);
     setenv("MSM_CUDA_MOE_DOWN_HB", "4", 1), setenv("MSM_CUDA_MOE_GU_U2", "1", 1), setenv("MSM_CUDA_MMV_NJ", "4", 1);
@@ -174,6 +175,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.l2_prefetch_chunk_kb, 1024, "clamped to 1 MiB");
     cr_expect_eq(t.l2_persist_mb, 0, "clamped to 0: the device's setting left alone");
     cr_expect_eq(t.l2_prefetch_kv_bytes, 0u, "clamped to 0: no K/V prefetch");
+    cr_expect_eq(t.l2_prefetch_kv_max_t, 0, "clamped to 0: never");
     cr_expect(!t.att_bt_cache, "MSM_CUDA_ATT_BT_CACHE=0: a table load before each tile");
     cr_expect_eq(t.gemv_minb, 3, "MSM_CUDA_GEMV_MINB: the mask's known kernels");
     cr_expect_eq(t.mmv_bslice, 0, "MSM_CUDA_MMV_BSLICE=0: K slices in clusters");
