@@ -1,6 +1,6 @@
 #!/bin/sh
 # msmoe-run from the command line: the embedded model's llama2.c sample, the dump format,
-# --fp8-as-bf16, --fp8-as-cuda, --fuse-linear-norm and --prefetch-l2, and the errors a user can
+# --fp8-as-bf16, --fp8-as-cuda, --fuse-linear-norm, --prefetch-l2 and the default K/V prefetch, and the errors a user can
 # trigger (each: non-zero exit and a message saying what was wrong).
 # usage: test_msmoe_run.sh path/to/msmoe-run   (run from the repository root)
 set -u
@@ -112,7 +112,7 @@ else
 fi
 
 # --prefetch-l2 adds a PREFETCH on the aux stream to each of the 4 layers (none without it, none with
-# --no-multi-stream) and leaves the CPU logits bitwise the same
+# --no-multi-stream) and leaves the CPU logits bitwise the same (PREFETCH_KV, on by default, aside)
 m=qwen2moe-gqa
 "$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-pf0.npy" >/dev/null
 "$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-pf1.npy" \
@@ -121,11 +121,29 @@ m=qwen2moe-gqa
 "$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph --prefetch-l2 >"$tmp/$m-pf1.txt" 2>&1
 "$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph --prefetch-l2 --no-multi-stream >"$tmp/$m-pf2.txt" 2>&1
 if [ -s "$tmp/$m-pf1.npy" ] && cmp -s "$tmp/$m-pf0.npy" "$tmp/$m-pf1.npy" &&
-    [ "$(grep -c ' aux  PREFETCH .*o_proj' "$tmp/$m-pf1.txt")" = 4 ] && ! grep -q PREFETCH "$tmp/$m-pf0.txt" &&
+    [ "$(grep -c ' aux  PREFETCH .*o_proj' "$tmp/$m-pf1.txt")" = 4 ] && ! grep -q 'PREFETCH ' "$tmp/$m-pf0.txt" &&
     ! grep -q PREFETCH "$tmp/$m-pf2.txt"; then
     echo "PASS prefetch_l2_adds_a_prefetch_a_layer_and_keeps_the_logits"
 else
     echo "FAIL prefetch_l2_adds_a_prefetch_a_layer_and_keeps_the_logits"; fails=$((fails + 1))
+fi
+
+# The K/V cache rows' prefetch is on by default: a PREFETCH_KV on the aux stream in each of qwen3moe's
+# 4 layers (no shared expert), none with --no-prefetch-kv, and the same CPU logits bitwise; in
+# qwen2moe-gqa only its one layer without a shared expert on the aux stream has one
+m=qwen3moe
+"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-kv1.npy" >/dev/null
+"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-kv0.npy" \
+    --no-prefetch-kv >/dev/null
+"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph >"$tmp/$m-kv1.txt" 2>&1
+"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph --no-prefetch-kv >"$tmp/$m-kv0.txt" 2>&1
+"$RUN" --model tests/data/qwen2moe-gqa --prompt-ids 18 --dump-graph >"$tmp/q2-kv1.txt" 2>&1
+if [ -s "$tmp/$m-kv1.npy" ] && cmp -s "$tmp/$m-kv0.npy" "$tmp/$m-kv1.npy" &&
+    [ "$(grep -c ' aux  PREFETCH_KV ' "$tmp/$m-kv1.txt")" = 4 ] && ! grep -q PREFETCH "$tmp/$m-kv0.txt" &&
+    [ "$(grep -c ' aux  PREFETCH_KV ' "$tmp/q2-kv1.txt")" = 1 ]; then
+    echo "PASS prefetch_kv_by_default_where_no_shared_expert_and_keeps_the_logits"
+else
+    echo "FAIL prefetch_kv_by_default_where_no_shared_expert_and_keeps_the_logits"; fails=$((fails + 1))
 fi
 
 echo "$fails failed"
