@@ -96,14 +96,22 @@ else
     echo "FAIL fp8_as_cuda_rounds_only_the_weights_not_kept_fp8"; fails=$((fails + 1))
 fi
 
+# flag_pair MODEL TAG FLAG...: MODEL's CPU logits of a 2-token decode after a 3-token prompt, and its
+# graph dump, without (TAG0) and with (TAG1) the flags: $tmp/MODEL-TAG{0,1}.npy and .txt
+flag_pair() {
+    fm=$1 ft=$2
+    shift 2
+    "$RUN" --model tests/data/$fm --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$fm-${ft}0.npy" >/dev/null
+    "$RUN" --model tests/data/$fm --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$fm-${ft}1.npy" \
+        "$@" >/dev/null
+    "$RUN" --model tests/data/$fm --prompt-ids 18 --dump-graph >"$tmp/$fm-${ft}0.txt" 2>&1
+    "$RUN" --model tests/data/$fm --prompt-ids 18 --dump-graph "$@" >"$tmp/$fm-${ft}1.txt" 2>&1
+}
+
 # --fuse-linear-norm turns the pass on (the graph holds LINEAR_ADD_RMSNORM nodes, none without it)
 # and leaves the CPU logits bitwise the same
 m=glm4moe
-"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-ln0.npy" >/dev/null
-"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-ln1.npy" \
-    --fuse-linear-norm >/dev/null
-"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph >"$tmp/$m-ln0.txt" 2>&1
-"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph --fuse-linear-norm >"$tmp/$m-ln1.txt" 2>&1
+flag_pair $m ln --fuse-linear-norm
 if [ -s "$tmp/$m-ln1.npy" ] && cmp -s "$tmp/$m-ln0.npy" "$tmp/$m-ln1.npy" &&
     grep -q LINEAR_ADD_RMSNORM "$tmp/$m-ln1.txt" && ! grep -q LINEAR_ADD_RMSNORM "$tmp/$m-ln0.txt"; then
     echo "PASS fuse_linear_norm_fuses_and_keeps_the_logits"
@@ -114,11 +122,7 @@ fi
 # --prefetch-l2 adds a PREFETCH on the aux stream to each of the 4 layers (none without it, none with
 # --no-multi-stream) and leaves the CPU logits bitwise the same (PREFETCH_KV, on by default, aside)
 m=qwen2moe-gqa
-"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-pf0.npy" >/dev/null
-"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-pf1.npy" \
-    --prefetch-l2 >/dev/null
-"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph >"$tmp/$m-pf0.txt" 2>&1
-"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph --prefetch-l2 >"$tmp/$m-pf1.txt" 2>&1
+flag_pair $m pf --prefetch-l2
 "$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph --prefetch-l2 --no-multi-stream >"$tmp/$m-pf2.txt" 2>&1
 if [ -s "$tmp/$m-pf1.npy" ] && cmp -s "$tmp/$m-pf0.npy" "$tmp/$m-pf1.npy" &&
     [ "$(grep -c ' aux  PREFETCH .*o_proj' "$tmp/$m-pf1.txt")" = 4 ] && ! grep -q 'PREFETCH ' "$tmp/$m-pf0.txt" &&
@@ -132,15 +136,10 @@ fi
 # 4 layers (no shared expert), none with --no-prefetch-kv, and the same CPU logits bitwise; in
 # qwen2moe-gqa only its one layer without a shared expert on the aux stream has one
 m=qwen3moe
-"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-kv1.npy" >/dev/null
-"$RUN" --model tests/data/$m --prompt-ids 18,156,56 --max-new-tokens 2 --dump-logits "$tmp/$m-kv0.npy" \
-    --no-prefetch-kv >/dev/null
-"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph >"$tmp/$m-kv1.txt" 2>&1
-"$RUN" --model tests/data/$m --prompt-ids 18 --dump-graph --no-prefetch-kv >"$tmp/$m-kv0.txt" 2>&1
-"$RUN" --model tests/data/qwen2moe-gqa --prompt-ids 18 --dump-graph >"$tmp/q2-kv1.txt" 2>&1
-if [ -s "$tmp/$m-kv1.npy" ] && cmp -s "$tmp/$m-kv0.npy" "$tmp/$m-kv1.npy" &&
-    [ "$(grep -c ' aux  PREFETCH_KV ' "$tmp/$m-kv1.txt")" = 4 ] && ! grep -q PREFETCH "$tmp/$m-kv0.txt" &&
-    [ "$(grep -c ' aux  PREFETCH_KV ' "$tmp/q2-kv1.txt")" = 1 ]; then
+flag_pair $m nokv --no-prefetch-kv
+if [ -s "$tmp/$m-nokv1.npy" ] && cmp -s "$tmp/$m-nokv0.npy" "$tmp/$m-nokv1.npy" &&
+    [ "$(grep -c ' aux  PREFETCH_KV ' "$tmp/$m-nokv0.txt")" = 4 ] && ! grep -q PREFETCH "$tmp/$m-nokv1.txt" &&
+    [ "$(grep -c ' aux  PREFETCH_KV ' "$tmp/qwen2moe-gqa-pf0.txt")" = 1 ]; then
     echo "PASS prefetch_kv_by_default_where_no_shared_expert_and_keeps_the_logits"
 else
     echo "FAIL prefetch_kv_by_default_where_no_shared_expert_and_keeps_the_logits"; fails=$((fails + 1))

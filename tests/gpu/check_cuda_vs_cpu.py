@@ -97,10 +97,10 @@ for m in MODELS:
             # kernels, and its one kernel (the GEMV's last block norms), vs the two nodes (gl)
             lut, lul = run(d, p, n, "--backend", "cuda", "--fuse-linear-norm")
             lt, ll = run(d, p, n, "--backend", "cuda", "--fuse-linear-norm", env={"MSM_CUDA_LINEAR_NORM": "1"})
-            # each layer's o_proj and shared expert / dense MLP, the next layer's qkv and the layer's K/V
-            # cache rows prefetched into L2 (pass prefetch_l2, off by default): hints on the aux stream,
-            # so the same bits (with the evict_last policy too)
-            ft2, fl2 = run(d, p, n, "--backend", "cuda", "--prefetch-l2-next", "--prefetch-kv",
+            # each layer's o_proj and shared expert / dense MLP and the next layer's qkv prefetched into
+            # L2 (pass prefetch_l2, off by default), the K/V cache rows not (on by default): hints on
+            # the aux stream, so the same bits (with the evict_last policy too)
+            ft2, fl2 = run(d, p, n, "--backend", "cuda", "--prefetch-l2-next", "--no-prefetch-kv",
                            env={"MSM_CUDA_L2_PREFETCH_LAST": "1"})
             # the shared expert forked before its norm with its own copy of it (pass fork_before_norm,
             # off by default), that copy + the gate/up GEMV + the SwiGLU one kernel (off by default;
