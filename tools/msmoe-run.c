@@ -43,8 +43,8 @@ static void usage(FILE *f) {
             "  --fp8-as-cuda: only the FP8 weights the CUDA backend does not keep FP8 (routers, gates)\n"
             "  --prefetch-l2: each layer's o_proj and shared expert pulled into the GPU's L2 during its\n"
             "  attention; --prefetch-l2-next: also the next layer's qkv during the router (no shared expert);\n"
-            "  --no-prefetch-kv: not each layer's K/V cache rows into L2 from the norm before its qkv projection\n"
-            "  (on by default in layers without a shared expert; --prefetch-kv is the default)\n"
+            "  --no-prefetch-kv: no L2 prefetch of each layer's K/V cache rows (by default, in layers without a\n"
+            "  shared expert, they are pulled into L2 from the norm before the qkv projection)\n"
             "  --fork-before-norm: the shared expert's branch forked before the norm it reads, which it\n"
             "  computes itself\n");
 }
