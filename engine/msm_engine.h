@@ -67,8 +67,8 @@ typedef struct msm_engine_opts {
                                   (engine/passes/fork_norm.c; default off: measured slower, Qwen1.5-MoE
                                   1 / 2 tokens +0.05 / +0.11 ms alone, H200 2026-12-05 s18 run 2) */
     bool prefetch_l2;          /* pass prefetch_l2, with multi_stream: each layer's o_proj and shared
-                                  expert pulled into L2 during its attention (default off: not yet
-                                  measured) */
+                                  expert pulled into L2 during its attention (default off: measured
+                                  slower, bench/results/2026-12-07-h200-s35 run 2) */
     bool prefetch_l2_next;     /* ... and, in layers without a shared expert, the next layer's qkv
                                   during the router (implies prefetch_l2; default off) */
     bool prefetch_kv;          /* pass prefetch_l2's PREFETCH_KV, with multi_stream: in each layer with

@@ -29,7 +29,8 @@ typedef struct msm_pass_opts {
     bool fork_before_norm; /* fork_before_norm (with multi_stream) */
     bool prefetch_l2;      /* prefetch_l2 (with multi_stream only) */
     bool prefetch_l2_next; /* prefetch_l2: also the next layer's qkv at the router (no shared expert) */
-    bool prefetch_kv;      /* prefetch_l2: each layer's K/V cache rows as the layer starts (PREFETCH_KV) */
+    bool prefetch_kv;      /* prefetch_l2: each layer's K/V cache rows as the layer starts (PREFETCH_KV;
+                              layers with nothing else on AUX) */
     msm_warn_fn warn;
     void *warn_ud;
     /* Test-only: reproduce the original bug (whole shared branch, all-reduce included, on aux)
@@ -115,9 +116,9 @@ int msm_passes_apply(const msm_graph *plain, const msm_pass_opts *o, msm_graph *
 /* Per layer, a PREFETCH on AUX of the big non-routed weights read after its ATTENTION (o_proj, the
  * shared expert's, a dense MLP's), forked from MAIN right before that ATTENTION; with
  * prefetch_l2_next, in a layer with nothing else on AUX, another of the next layer's weights read
- * before its ATTENTION, forked right before the router; with prefetch_kv, a PREFETCH_KV of the
- * layer's K/V cache rows forked before the norm its qkv projection reads; one join at the end of
- * the graph. Changes no value; idempotent. */
+ * before its ATTENTION, forked right before the router; with prefetch_kv, in a layer with nothing
+ * else on AUX, a PREFETCH_KV of the layer's K/V cache rows forked before the norm its qkv
+ * projection reads; one join at the end of the graph. Changes no value; idempotent. */
 int msm_pass_prefetch_l2(const msm_graph *in, const msm_pass_opts *o, msm_graph **ret, msm_err *err);
 
 #endif
