@@ -1617,6 +1617,8 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ROUTER_TCLUSTER=N          the fused router at 2..N tokens as clusters of tokens, each block's
  *                                       weight rows read once for them (8, default; 0: the counter form)
  *   MSM_CUDA_ROUTER_TCLUSTER_TB=2|4|8   ... tokens a cluster (2, default)
+ *   MSM_CUDA_ROUTER_ST_ASYNC=0|1        the cluster routers' logits by st.async into their ranking blocks'
+ *                                       mbarriers, no cluster barrier after them (0, default: not yet measured)
  *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
  *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
  *   MSM_CUDA_ATT_ROPE=0|1               decode: ROPE_KV_WRITE + its ATTENTION in one kernel (0, default: slower)
@@ -1788,6 +1790,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_ROUTER_GROUP"))) t->router_group = s[0] != '0';
     if (env_int("MSM_CUDA_ROUTER_TCLUSTER", &v)) t->router_tcluster_max_t = v < 0 ? 0 : v > 64 ? 64 : v;
     if (env_int("MSM_CUDA_ROUTER_TCLUSTER_TB", &v)) t->router_tcluster_tb = v >= 8 ? 8 : v >= 4 ? 4 : 2;
+    if ((s = getenv("MSM_CUDA_ROUTER_ST_ASYNC"))) t->router_st_async = s[0] != '0';
     if ((s = getenv("MSM_CUDA_GEMV_U16"))) t->gemv_u16 = s[0] != '0';
     if ((s = getenv("MSM_CUDA_GEMV_U8"))) t->gemv_u8 = s[0] == '1';
     if (env_int("MSM_CUDA_NORM_ROUTER_MAX_T", &v)) t->norm_router_max_t = v < 0 ? 0 : v;

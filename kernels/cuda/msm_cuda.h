@@ -816,6 +816,34 @@ static __device__ __forceinline__ void msm_mbar_wait(uint64_t *bar, unsigned par
                  : "memory");
 }
 
+/* Distributed shared memory by st.async (sm_90): block `rank`'s copy of the shared float at p gets v,
+ * and its mbarrier at bar (the same offsets in every block) completes 4 bytes of its transaction
+ * count as the value lands. The receiver arms its barrier (msm_mbar_init, then
+ * msm_mbar_arm_cluster with the bytes it awaits, then msm_mbar_init_fence) before a cluster barrier
+ * that the senders wait for, then waits with msm_mbar_wait_cluster: no fence, no barrier after the
+ * stores, and a sender may end at once (only the receiver's shared memory must outlive them). */
+static __device__ __forceinline__ void msm_mbar_arm_cluster(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.release.cluster.shared::cta.b64 _, [%0], %1;" ::"r"(msm_smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void msm_st_async_f32(float *p, uint64_t *bar, unsigned rank, float v) {
+    uint32_t rp, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rp) : "r"(msm_smem_addr(p)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(msm_smem_addr(bar)), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(rp),
+                 "r"(__float_as_uint(v)), "r"(rb)
+                 : "memory");
+}
+static __device__ __forceinline__ void msm_mbar_wait_cluster(uint64_t *bar, unsigned parity) {
+    asm volatile("{\n\t.reg .pred p;\n"
+                 "MSM_MBAR_WAITC_%=:\n\t"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@!p bra MSM_MBAR_WAITC_%=;\n}" ::"r"(msm_smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
 static __device__ __forceinline__ void msm_ldmatrix_x4(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -333,6 +333,11 @@ typedef struct msm_cuda_tuning {
     int router_tcluster_tb;   /* ... tokens a cluster: 2, 4 or 8 (fewer where the cluster has fewer
                                  blocks, or 16 rows a block: 4; MSM_CUDA_ROUTER_TCLUSTER_TB) */
     int router_tcluster_max;  /* the largest cluster the batched form (router_tcluster_max_t) launches (GPU fact) */
+    bool router_st_async;     /* the cluster routers' logits into the ranking blocks by st.async, each
+                                 ranking block waiting on its own mbarrier for its E logits' bytes,
+                                 instead of distributed stores and a cluster barrier (whose release
+                                 after remote stores is a GPU-scope fence, in every block); the same
+                                 bits (MSM_CUDA_ROUTER_ST_ASYNC=0|1; tuning.cu) */
     int att_mma_min_blocks;   /* AUTO takes it once its (token, kv head) blocks reach this (0: sms / 4
                                  with 4 or more query heads a kv head, else 4 * sms) */
     bool att_cluster;         /* the SIMT attention's context splits of a (token, head) are one

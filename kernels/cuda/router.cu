@@ -294,6 +294,30 @@ static __device__ __forceinline__ void rc_load_round(uint4 (&wv)[R][U], const ui
         }
 }
 
+/* The cluster routers' logits into their ranking blocks (tuning router_st_async: sa). Without sa,
+ * distributed stores and a cluster barrier (its release after remote stores a GPU-scope fence in
+ * every block); with it, each ranking block arms its own mbarrier for its E logits' bytes before the
+ * cluster's first barrier (rc_arm), the logits go by st.async completing on it (rc_put), and only
+ * the ranking blocks wait, on it (rc_gather). The same values in the same places: the same bits. */
+static __device__ __forceinline__ void rc_arm(uint64_t *bar, int E) {
+    msm_mbar_init(bar, 1);
+    msm_mbar_arm_cluster(bar, (unsigned)E * 4u);
+    msm_mbar_init_fence(); /* before the cluster barrier the senders wait for */
+}
+static __device__ __forceinline__ void rc_put(cg::cluster_group &cl, float *lg, uint64_t *bar, unsigned to, float v,
+                                              bool sa) {
+    if (sa)
+        msm_st_async_f32(lg, bar, to, v);
+    else
+        cl.map_shared_rank(lg, to)[0] = v;
+}
+static __device__ __forceinline__ void rc_gather(cg::cluster_group &cl, uint64_t *bar, bool ranks, bool sa) {
+    if (!sa)
+        cl.sync();
+    else if (ranks)
+        msm_mbar_wait_cluster(bar, 0);
+}
+
 /* The cluster router's body for token t = blockIdx.y, reading its row from xt (global memory, or
  * the block's shared memory after hook()). hook() runs once in every thread, after the thread's
  * first round of weight loads is issued and the PDL wait (if early), before xt is read: the fused
@@ -302,13 +326,15 @@ static __device__ __forceinline__ void rc_load_round(uint4 (&wv)[R][U], const ui
 template <int R, typename Hook>
 static __device__ __forceinline__ void router_cluster_body(int32_t *ids, float *w, const float *xt,
                                                            const uint16_t *wr, int E, int K, int k, bool norm,
-                                                           bool early, Hook hook) {
+                                                           bool early, bool sa, Hook hook) {
     constexpr int U = RC_LOADS / R; /* loads a row a round */
     __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE]; /* rank 0's: every logit of the token */
     __shared__ float part[R][RC_THREADS / 32];
     __shared__ int rank[8];
+    __shared__ __align__(8) uint64_t lgbar; /* sa: rank 0's, complete once its E logits landed */
     cg::cluster_group cl = cg::this_cluster();
     int b = (int)cl.block_rank(), t = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+    if (sa && b == 0 && tid == 0) rc_arm(&lgbar, E);
     /* distributed shared memory may be written only once every block of the cluster runs: arrive
      * now, wait before the stores into rank 0 (long since passed by then) */
     auto started = cl.barrier_arrive();
@@ -350,18 +376,18 @@ static __device__ __forceinline__ void router_cluster_body(int32_t *ids, float *
         float tot = 0.0f;
 #pragma unroll
         for (int i = 0; i < RC_THREADS / 32; i++) tot += part[tid][i];
-        cl.map_shared_rank(lg, 0)[b * R + tid] = tot + 0.0f;
+        rc_put(cl, lg + b * R + tid, &lgbar, 0, tot + 0.0f, sa);
     }
-    cl.sync(); /* every block's logits in rank 0's lg */
+    rc_gather(cl, &lgbar, b == 0, sa); /* every block's logits in rank 0's lg */
     if (b == 0) rank_topk(ids, w, lg, rank, t, E, k, norm);
 }
 
 template <int R>
 static __global__ void __launch_bounds__(RC_THREADS)
     router_cluster_kernel(int32_t *ids, float *w, const float *x, const uint16_t *wr, int E, int K, int k,
-                          bool norm, bool early) {
+                          bool norm, bool early, bool sa) {
     int t = blockIdx.y;
-    router_cluster_body<R>(ids, w, x + (size_t)t * K, wr, E, K, k, norm, early, msm_no_hook{});
+    router_cluster_body<R>(ids, w, x + (size_t)t * K, wr, E, K, k, norm, early, sa, msm_no_hook{});
 }
 
 /* Logits a block of the cluster router takes for E experts: the fewest of 1, 2, 4, 8, 16 that
@@ -386,7 +412,7 @@ static cudaError_t rc_launch(int32_t *ids, float *w, const float *x, const uint1
                              bool norm, bool early, msm_cuda_exec ex) {
     unsigned C = (unsigned)((E + R - 1) / R);
     return msm_launch_cluster(router_cluster_kernel<R>, dim3(C, (unsigned)T), dim3(RC_THREADS), 0, C, ex, ids, w, x,
-                              wr, E, K, k, norm, early);
+                              wr, E, K, k, norm, early, ex.tune->router_st_async);
 }
 
 /* The launch for E's rows a block (rc_rows), the weights before the PDL wait at one token (as the
@@ -417,14 +443,16 @@ static int rc_go(int32_t *ids, float *w, const float *x, const uint16_t *wr, int
 template <int R, int TB>
 static __global__ void __launch_bounds__(RC_THREADS)
     router_tcluster_kernel(int32_t *ids, float *w, const float *x, const uint16_t *wr, int T, int E, int K, int k,
-                           bool norm, bool early, router_grp g) {
+                           bool norm, bool early, bool sa, router_grp g) {
     constexpr int U = RC_LOADS / R; /* loads a row a round */
     __shared__ __align__(16) float lg[32 * ROUTER_PER_LANE]; /* block j's: every logit of token j */
     __shared__ float part[R][TB][RC_THREADS / 32];
     __shared__ int rank[8];
+    __shared__ __align__(8) uint64_t lgbar; /* sa: block j's, complete once token j's E logits landed */
     cg::cluster_group cl = cg::this_cluster();
     int b = (int)cl.block_rank(), t0 = blockIdx.y * TB, nt = min(TB, T - t0), tid = threadIdx.x, warp = tid / 32,
         lane = tid & 31;
+    if (sa && b < nt && tid == 0) rc_arm(&lgbar, E);
     auto started = cl.barrier_arrive(); /* as router_cluster_body: before any distributed store */
     msm_pdl_trigger();
     if (!early) msm_pdl_wait();
@@ -475,10 +503,10 @@ static __global__ void __launch_bounds__(RC_THREADS)
             float tot = 0.0f;
 #pragma unroll
             for (int q = 0; q < RC_THREADS / 32; q++) tot += part[r][j][q];
-            cl.map_shared_rank(lg, j)[b * R + r] = tot + 0.0f;
+            rc_put(cl, lg + b * R + r, &lgbar, (unsigned)j, tot + 0.0f, sa);
         }
     }
-    cl.sync(); /* every token's logits in its block's lg */
+    rc_gather(cl, &lgbar, b < nt, sa); /* every token's logits in its block's lg */
     if (b < nt) rank_topk(ids, w, lg, rank, t0 + b, E, k, norm);
     if (!g.P) return;
     /* one cluster holds every token (tc_go): after the barrier (release / acquire at cluster scope,
@@ -518,7 +546,7 @@ static cudaError_t tc_launch(int32_t *ids, float *w, const float *x, const uint1
                              bool norm, bool early, const router_grp &g, msm_cuda_exec ex) {
     unsigned C = (unsigned)((E + R - 1) / R);
     return msm_launch_cluster(router_tcluster_kernel<R, TB>, dim3(C, (unsigned)((T + TB - 1) / TB)), dim3(RC_THREADS),
-                              0, C, ex, ids, w, x, wr, T, E, K, k, norm, early, g);
+                              0, C, ex, ids, w, x, wr, T, E, K, k, norm, early, ex.tune->router_st_async, g);
 }
 
 template <int R>
@@ -734,11 +762,11 @@ template <int R, int V, int F>
 static __global__ void __launch_bounds__(RC_THREADS)
     norm_router_cluster_kernel(int32_t *ids, float *w, const float *a, const float *b, const uint16_t *nw,
                                float *sum, float *out, float eps, int vt, const uint16_t *wr, int E, int K, int k,
-                               bool norm, bool early) {
+                               bool norm, bool early, bool sa) {
     extern __shared__ __align__(16) float xn[]; /* [K]: token t's normed row */
     __shared__ float npart[32];
     /* grid x 0 is cluster rank 0 (the cluster spans the grid's x); the body waits before the hook */
-    router_cluster_body<R>(ids, w, xn, wr, E, K, k, norm, early,
+    router_cluster_body<R>(ids, w, xn, wr, E, K, k, norm, early, sa,
                            router_norm_hook<V, F>{a, b, nw, sum, out, xn, (size_t)blockIdx.y * K, K, vt, eps, npart,
                                                   false});
 }
@@ -756,7 +784,7 @@ static cudaError_t nrc_launch(int32_t *ids, float *w, const float *a, const floa
     unsigned C = (unsigned)((E + R - 1) / R);
     return msm_launch_cluster(norm_router_cluster_kernel<R, V, 2>, dim3(C, (unsigned)T), dim3(RC_THREADS),
                               (size_t)K * sizeof(float), C, ex, ids, w, a, b, nw, sum, out, eps, vt, wr, E, K, k, norm,
-                              early);
+                              early, ex.tune->router_st_async);
 }
 
 template <int V>

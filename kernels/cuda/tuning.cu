@@ -322,6 +322,9 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * taken there (msm_cuda_exec.aux_beside) */
     t->router_tcluster_max_t = 8;
     t->router_tcluster_tb = 2;
+    /* the cluster routers' logits by st.async into the ranking blocks' mbarriers instead of remote
+     * stores and a cluster barrier: not yet measured (off) */
+    t->router_st_async = false;
     t->moe_tiled_bm = 0; /* by the tokens an expert: measured faster, msm_cuda_kernels.h */
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;

@@ -72,7 +72,8 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_ATT_CLUSTER_SPARE", "MSM_CUDA_ROUTER_GROUP",
                                  "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER",
                                  "MSM_CUDA_ROUTER_TCLUSTER_TB", "MSM_CUDA_MMV_L2_REST", "MSM_CUDA_MMV_STREAM_ST",
-                                 "MSM_CUDA_MMV_STREAM_BS_MIN_N", "MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX"};
+                                 "MSM_CUDA_MMV_STREAM_BS_MIN_N", "MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX",
+                                 "MSM_CUDA_ROUTER_ST_ASYNC"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -103,6 +104,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
     setenv("MSM_CUDA_ROUTER_GROUP", "0", 1), setenv("MSM_CUDA_MOE_COMBINE_EARLY", "0", 1);
     setenv("MSM_CUDA_ROUTER_TCLUSTER", "99", 1), setenv("MSM_CUDA_ROUTER_TCLUSTER_TB", "3", 1);
+    setenv("MSM_CUDA_ROUTER_ST_ASYNC", "1", 1);
     setenv("MSM_CUDA_MMV_L2_REST", "1", 1), setenv("MSM_CUDA_MMV_STREAM_ST", "1", 1);
     setenv("MSM_CUDA_MMV_STREAM_BS_MIN_N", "-3", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX", "40", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
@@ -150,6 +152,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.router_cluster_max_t, 0, "clamped to 0: the counter and the last block");
     cr_expect_eq(t.router_tcluster_max_t, 64, "clamped to 64");
     cr_expect_eq(t.router_tcluster_tb, 2, "3: 2 tokens a cluster");
+    cr_expect(t.router_st_async, "the routers' logits by st.async");
     cr_expect(t.mmv_l2_rest, "MSM_CUDA_MMV_L2_REST=1: the later rounds prefetched into L2");
     cr_expect_eq(t.mmv_stream_st, 0, "1: the automatic stages");
     cr_expect_eq(t.mmv_stream_bs_min_n, 0, "clamped to 0: the block-sliced MMV not streamed");
@@ -1353,7 +1356,8 @@ Test(cuda_kernels, router_topk_matches_cpu, .timeout = 60) {
  * with router_tcluster one cluster for 2, 4 or 8 tokens, each ranked by its own block of it)
  * equals msm_cuda_linear then msm_cuda_router_topk (k rounds of warp arg-max) bit for bit (ids,
  * weights), over repeated calls (the counters return to zero), T past the fused range (the pair
- * inside the launcher), K not a multiple of 8, clusters of 8 to 16 blocks of 1 to 16 logits, an
+ * inside the launcher), K not a multiple of 8, clusters of 8 to 16 blocks of 1 to 16 logits (their
+ * logits into the ranking blocks by distributed stores and a barrier, or by st.async), an
  * exact tie at the top of token 0 (two equal rows aligned with its x: lowest id first) and a NaN
  * logit (the fused kernels fall back to the rounds). x is written by the kernel launched just
  * before (programmatic dependent launch): the cluster form's early weight loads must not read it. */
@@ -1391,16 +1395,19 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
         float *g1 = malloc(T * k * 4), *g2 = malloc(T * k * 4);
         down(h1, i1, T * k * 4), down(g1, w1, T * k * 4);
         /* the counter form, the cluster form with and without early loads; the batched cluster form
-         * at 2, 4 and 8 tokens a cluster, with and without */
-        for (int rep = 0; rep < 12; rep++) {
+         * at 2, 4 and 8 tokens a cluster, with and without; the cluster forms again with their logits
+         * by st.async (router_st_async) */
+        for (int call = 0; call < 24; call++) {
+            int rep = call % 12; /* calls 12-23: the cluster forms' logits by st.async */
             msm_cuda_tuning t = tune0;
+            t.router_st_async = call >= 12;
             t.router_cluster_max_t = rep < 6 && rep % 3 != 0 ? 64 : 0;
             t.gemv_early = rep < 6 ? rep % 3 != 2 : rep % 2 == 0;
             t.router_tcluster_max_t = rep < 6 ? 0 : 64;
             t.router_tcluster_tb = 2 << (rep - 6) / 2;
             bool batched = rep >= 6 && T >= 2 && T * E <= 1024 && K % 8 == 0;
             cr_assert_eq(msm_cuda_router_batched(T, E, K, false, &t), batched, "T=%d E=%d K=%d call %d: batched form",
-                         T, E, K, rep);
+                         T, E, K, call);
             cr_assert(!msm_cuda_router_batched(T, E, K, true, &t), "T=%d E=%d K=%d: not beside the aux stream", T, E,
                       K);
             msm_cuda_exec ex = {.stream = st, .tune = &t};
@@ -1410,8 +1417,8 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
             CK(msm_cuda_router_linear_topk(i2, w2, dx, dwr, T, E, K, k, norm, NULL, ws, wsb, ex));
             CK(cudaStreamSynchronize(st));
             down(h2, i2, T * k * 4), down(g2, w2, T * k * 4);
-            cr_assert(memcmp(h1, h2, T * k * 4) == 0, "T=%d E=%d K=%d call %d: ids differ", T, E, K, rep);
-            cr_assert(memcmp(g1, g2, T * k * 4) == 0, "T=%d E=%d K=%d call %d: weights differ", T, E, K, rep);
+            cr_assert(memcmp(h1, h2, T * k * 4) == 0, "T=%d E=%d K=%d call %d: ids differ", T, E, K, call);
+            cr_assert(memcmp(g1, g2, T * k * 4) == 0, "T=%d E=%d K=%d call %d: weights differ", T, E, K, call);
         }
         cr_expect_eq(msm_cuda_router_linear_topk(i2, w2, dx, dwr, T, E, K, k, norm, NULL, ws, wsb - 4, EX), -EINVAL);
         cudaFree(dx0), cudaFree(dx), cudaFree(dz), cudaFree(dl), cudaFree(dwr), cudaFree(ws);
@@ -1424,7 +1431,7 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
 /* ADD_RMSNORM + the fused router in one launch (msm_cuda_norm_router_linear_topk) gives the two
  * kernels' bits: ids, weights, the residual sum and the norm, one block a logit (T * E <= 1024) and
  * one warp a logit (past it), one cluster a token (router_cluster_max_t: one token by default, up to
- * 8 in a variant, none in another), its norm layouts (K = 1024, 2048 and 4096: 256 norm threads of
+ * 8 in a variant, with its logits by st.async in another, none in a third), its norm layouts (K = 1024, 2048 and 4096: 256 norm threads of
  * 4, 8 and 16 values), E = 60 / 128 / 256 / 8 / 64, T = 1..8,
  * the router weights requested before the PDL wait or after it, the inputs written by the kernel
  * just before on buffers poisoned just before that (a read ahead of the wait would show), repeated
@@ -1453,13 +1460,14 @@ Test(cuda_kernels, norm_router_equals_add_rmsnorm_then_router, .timeout = 120) {
         float *ro = malloc(nx * 4), *go = malloc(nx * 4);
         for (int T = 1; T <= Tm; T++)
             /* the two kernels; one, early router loads; one, after the wait; again; clusters at no token; at
-             * up to 8 */
-            for (int v = 0; v < 6; v++) {
+             * up to 8; at up to 8 with the logits by st.async */
+            for (int v = 0; v < 7; v++) {
                 msm_cuda_tuning t = tune0;
                 t.norm_router = true, t.norm_router_max_t = 8;
                 t.gemv_early = v != 2;
                 if (v == 4) t.router_cluster_max_t = 0;
-                if (v == 5) t.router_cluster_max_t = 8;
+                if (v >= 5) t.router_cluster_max_t = 8;
+                t.router_st_async = v == 6;
                 msm_cuda_exec ex = {.stream = st, .tune = &t};
                 cr_assert(msm_cuda_norm_router_fits(T, E, K, &t), "fits T=%d E=%d K=%d", T, E, K);
                 CK(cudaMemsetAsync(da, 0xff, nx * 4, st));
