@@ -43,20 +43,30 @@ void msm_graph_drop_nodes(msm_graph *g, const bool *drop) {
     g->n_nodes = w;
 }
 
+/* The nodes between an experts' node and the reader of its sum: events on either stream and L2 hints
+ * (the pass prefetch_l2's fork of a PREFETCH_KV sits right before the norm); none of them touches a
+ * workspace. */
+static bool moe_sum_passes(const msm_node *x) {
+    return x->op == MSM_OP_EVENT_WAIT || x->op == MSM_OP_EVENT_RECORD || msm_op_is_prefetch(x->op);
+}
+
 int msm_graph_moe_sum_reader(const msm_graph *g, int i) {
     if (i < 0 || i >= g->n_nodes || g->nodes[i].op != MSM_OP_MOE_EXPERTS) return -1;
     const msm_node *n = &g->nodes[i];
-    /* past events on either stream and L2 hints (the pass prefetch_l2's fork of a PREFETCH_KV sits
-     * right before the norm): none of them touches a workspace */
     int j = i + 1;
-    while (j < g->n_nodes && (g->nodes[j].op == MSM_OP_EVENT_WAIT || g->nodes[j].op == MSM_OP_EVENT_RECORD ||
-                              msm_op_is_prefetch(g->nodes[j].op)))
-        j++;
+    while (j < g->n_nodes && moe_sum_passes(&g->nodes[j])) j++;
     const msm_node *r = j < g->n_nodes ? &g->nodes[j] : NULL;
     bool reads = r && r->stream == n->stream &&
                  ((r->op == MSM_OP_ADD_RMSNORM && (r->in[0] == n->out[0] || r->in[1] == n->out[0])) ||
                   (r->op == MSM_OP_MOE_COMBINE_NORM && r->in[1] == n->out[0]));
     return reads ? j : -1;
+}
+
+int msm_graph_moe_sum_source(const msm_graph *g, int j) {
+    if (j <= 0 || j >= g->n_nodes) return -1;
+    int i = j - 1;
+    while (i > 0 && moe_sum_passes(&g->nodes[i])) i--;
+    return msm_graph_moe_sum_reader(g, i) == j ? i : -1;
 }
 
 msm_graph *msm_graph_new(int rank, int tp) {

@@ -228,6 +228,10 @@ void msm_graph_drop_nodes(msm_graph *g, const bool *drop);
  * (an ADD_RMSNORM, as either input; a MOE_COMBINE_NORM, as its routed sum), else -1. A backend may
  * leave the experts' combine to it (msm_graph_plan keeps the experts' values live through it). */
 int msm_graph_moe_sum_reader(const msm_graph *g, int i);
+/* Its inverse: for node j, the MOE_EXPERTS node i whose msm_graph_moe_sum_reader is j (walking back
+ * over the same event nodes and L2 hints), else -1. A backend that leaves an experts' combine to its
+ * reader finds it here, so the two sides cannot disagree. */
+int msm_graph_moe_sum_source(const msm_graph *g, int j);
 
 msm_graph *msm_graph_new(int rank, int tp);
 void msm_graph_free(msm_graph *g);

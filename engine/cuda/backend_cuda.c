@@ -457,8 +457,8 @@ static msm_cuda_moe_args moe_args(const cuda_backend *cb, const msm_graph *g, co
 
 /* Where the MOE_EXPERTS node i leaves its combine to the node reading its sum (tuning
  * moe_fused_combine): that node's index, else -1. The reader (msm_graph_moe_sum_reader: on the
- * same stream with only event nodes between, so no kernel touches the stream's workspace in
- * between) is the sum's only one: an ADD_RMSNORM reading it once that no pairing with the node
+ * same stream with only event nodes and L2 hints between, so no kernel touches the stream's
+ * workspace in between) is the sum's only one: an ADD_RMSNORM reading it once that no pairing with the node
  * after it takes, or a MOE_COMBINE_NORM reading it as its routed sum; its outputs share no byte with the routing's ids and weights (msm_graph_plan keeps
  * them apart); and the experts' path ends with the combine (msm_cuda_moe_defers: 5 tokens and
  * more). */
@@ -515,10 +515,7 @@ static bool router_grouped(const cuda_backend *cb, const msm_graph *g, int j, co
 /* The MOE_EXPERTS node whose combine node j takes over (moe_combine_reader), else -1. */
 static int moe_combine_source(const cuda_backend *cb, const msm_graph *g, int j, const msm_step_dims *d,
                               msm_cuda_exec ex) {
-    int i = j - 1;
-    while (i >= 0 && g->nodes[i].stream == g->nodes[j].stream &&
-           (g->nodes[i].op == MSM_OP_EVENT_WAIT || g->nodes[i].op == MSM_OP_EVENT_RECORD))
-        i--;
+    int i = msm_graph_moe_sum_source(g, j); /* past what moe_combine_reader's reader passes over */
     return i >= 0 && moe_combine_reader(cb, g, i, d, ex) == j ? i : -1;
 }
 

@@ -1238,7 +1238,8 @@ Test(graph_pass, prefetch_kv_forks_before_each_qkv_norm_and_keeps_the_norm_linea
             for (int j = 0; j < norm->n_out; j++) feeds |= norm->out[j] == b->nodes[lin].in[0];
             cr_expect(feeds, "%s layer %d: the node after the PREFETCH_KV is not the qkv input's producer", dirs[d], L);
         }
-        /* the experts' sum keeps its reader (the CUDA backend's combine inside the norm) past the fork */
+        /* the experts' sum keeps its reader (the CUDA backend's combine inside the norm) past the fork,
+         * and the reader its source */
         int ra = 0, rb = 0;
         for (int i = 0, j = 0; i < a->n_nodes; i++) {
             if (a->nodes[i].op != MSM_OP_MOE_EXPERTS) continue;
@@ -1248,6 +1249,13 @@ Test(graph_pass, prefetch_kv_forks_before_each_qkv_norm_and_keeps_the_norm_linea
             cr_assert_lt(j, b->n_nodes, "%s: a MOE_EXPERTS node is gone", dirs[d]);
             int x = msm_graph_moe_sum_reader(a, i), y = msm_graph_moe_sum_reader(b, j);
             ra += x >= 0, rb += y >= 0;
+            /* and the reader finds its experts back across the fork (the CUDA backend's combine
+             * inside the norm asks from the reader's side: a reader that did not would read a sum
+             * the experts never wrote) */
+            if (x >= 0) cr_expect_eq(msm_graph_moe_sum_source(a, x), i, "%s layer %d", dirs[d], a->nodes[i].layer);
+            if (y >= 0)
+                cr_expect_eq(msm_graph_moe_sum_source(b, y), j, "%s layer %d: the reader %d does not find its experts",
+                             dirs[d], a->nodes[i].layer, y);
             cr_expect((x < 0) == (y < 0), "%s layer %d: the sum's reader %d without the fork, %d with it", dirs[d],
                       a->nodes[i].layer, x, y);
             if (x >= 0 && y >= 0)
