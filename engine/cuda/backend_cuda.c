@@ -1615,7 +1615,7 @@ static const msm_backend_vt cuda_vt = {
  *                                       weight rows read once for them (8, default; 0: the counter form)
  *   MSM_CUDA_ROUTER_TCLUSTER_TB=2|4|8   ... tokens a cluster (2, default)
  *   MSM_CUDA_ROUTER_ST_ASYNC=0|1        the cluster routers' logits by st.async into their ranking blocks'
- *                                       mbarriers, no cluster barrier after them (0, default: not yet measured)
+ *                                       mbarriers, no cluster barrier after them (1, default)
  *   MSM_CUDA_ATT_CLUSTER=0|1            attention's context splits merged in a cluster (1, default) or by the last block
  *   MSM_CUDA_ATT_EARLY=0|1              decode attention loads its first K/V rows before its PDL wait (1, default)
  *   MSM_CUDA_ATT_ROPE=0|1               decode: ROPE_KV_WRITE + its ATTENTION in one kernel (0, default: slower)

@@ -323,8 +323,11 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
     t->router_tcluster_max_t = 8;
     t->router_tcluster_tb = 2;
     /* the cluster routers' logits by st.async into the ranking blocks' mbarriers instead of remote
-     * stores and a cluster barrier: not yet measured (off) */
-    t->router_st_async = false;
+     * stores and a cluster barrier (H100, 2026-12-07 thirty-sixth session, bench/results/2026-12-07-h200-s36
+     * run 1, on minus off, three rounds, the same bits): Qwen3-30B-A3B 1 / 2 / 8 tokens -0.021 / -0.025
+     * / -0.011 ms, its FP8 preset 1 / 8 -0.032 / -0.024, Qwen1.5-MoE 1 / 8 -0.011 / 0.000 (its 8-token
+     * router, beside the shared expert, is the counter form) */
+    t->router_st_async = true;
     t->moe_tiled_bm = 0; /* by the tokens an expert: measured faster, msm_cuda_kernels.h */
     CUDA_TRY(cudaDeviceGetAttribute(&t->sms, cudaDevAttrMultiProcessorCount, device));
     if (t->sms < 1) return -ENODEV;

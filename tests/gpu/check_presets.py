@@ -28,7 +28,8 @@ selected expert vs per expert, each layer's o_proj and shared expert prefetched 
 attention, the next layer's qkv at the router and the K/V cache rows from the norm before the qkv
 projection (pass prefetch_l2; the K/V rows' on by default, whose fork sits between the experts and
 the norm that combines their sum; the others plain and evict_last) vs not, the router's top-k ranked by one
-thread-block cluster a token vs by the last block to arrive on a counter, the grouped expert GEMVs
+thread-block cluster a token vs by the last block to arrive on a counter, the cluster routers' logits
+gathered by st.async into the ranking blocks' mbarriers vs by distributed stores and a cluster barrier, the grouped expert GEMVs
 finding their pairs themselves vs after the grouping kernel, the attention's block-table entries
 copied into shared memory first vs loaded with each tile, their down's first weight loads before
 the PDL wait vs after, and their tokens a pass and K chunks in flight; the routed experts' down
@@ -92,6 +93,8 @@ VARIANTS = [  # (name, extra flags, environment)
     ("qkv MMV + RoPE + K/V write two kernels vs one (3-8 tokens)", [], {"MSM_CUDA_LINEAR_ROPE_MMV": "0"}),
     ("block-sliced MMVs streamed through shared memory vs not (3-8 tokens)", [], {"MSM_CUDA_MMV_STREAM_BS_MIN_N": "0"}),
     ("router as one cluster a token vs a counter and the last block", [], {"MSM_CUDA_ROUTER_CLUSTER": "0"}),
+    ("routers' logits by distributed stores and a cluster barrier vs by st.async (the default)", [],
+     {"MSM_CUDA_ROUTER_ST_ASYNC": "0"}),
     ("attention's block-table entries copied to shared memory vs loaded with each tile", [], {"MSM_CUDA_ATT_BT_CACHE": "0"}),
     ("qkv + RoPE kernel at 12 blocks an SM vs unbounded", [], {"MSM_CUDA_GEMV_MINB": "0"}),
     ("the one-token GEMV at 12 blocks an SM too", [], {"MSM_CUDA_GEMV_MINB": "3"}),

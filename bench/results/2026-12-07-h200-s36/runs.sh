@@ -34,4 +34,23 @@ r3) hdr  # the cluster routers' logits by st.async (router_st_async, off by defa
     el r2 | tee -a $OUT/gpu.txt
     OUT=$OUT/r2 bash $0 r2; cat $OUT/r2/gpu.txt >> $OUT/gpu.txt
     pack; el done | tee -a $OUT/gpu.txt ;;
+r4) hdr  # after the fix of the experts' sum reader across the K/V prefetch's fork (00a62ae) and with
+    # the routers' logits by st.async on by default: the presets' bits (the K/V rows' and st.async
+    # variants, bitwise), the golden models against the CPU, three rounds of the default against
+    # --no-prefetch-kv, the K/V prefetch up to 16 tokens and st.async off; the 8-token timeline
+    el presets | tee -a $OUT/gpu.txt
+    CHECK_VARIANTS="K/V cache rows,st.async" timeout 150 python3 tests/gpu/check_presets.py config/models/$Q3.json \
+        config/models/$Q15.json config/models/$Q3F.json > $OUT/presets.txt 2>&1
+    tail -1 $OUT/presets.txt | tee -a $OUT/gpu.txt; echo "PASS lines: $(grep -c "^PASS" $OUT/presets.txt), FAIL lines: $(grep -c "^FAIL" $OUT/presets.txt)" | tee -a $OUT/gpu.txt
+    el arms | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do
+        for a in "--" "-- --no-prefetch-kv" "MSM_CUDA_L2_PREFETCH_KV_MAX_T=16 --" "MSM_CUDA_ROUTER_ST_ASYNC=0 --"; do
+            b $Q3 1,2,4,8,16 ab $a; b $Q3F 1,2,8 ab $a; done
+        for a in "--" "MSM_CUDA_ROUTER_ST_ASYNC=0 --"; do b $Q15 1,8 ab $a; done
+    done
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=14 tl $Q3 8 q3b8
+    el cuda_vs_cpu | tee -a $OUT/gpu.txt
+    timeout $(left) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/cuda-vs-cpu.txt 2>&1; tail -2 $OUT/cuda-vs-cpu.txt | tee -a $OUT/gpu.txt
+    el done | tee -a $OUT/gpu.txt ;;
 esac
