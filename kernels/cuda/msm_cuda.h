@@ -807,13 +807,16 @@ static __device__ __forceinline__ void msm_bulk_g2s(void *dst, const void *src, 
                  "l"(src), "r"(bytes), "r"(msm_smem_addr(bar))
                  : "memory");
 }
+/* the wait loop, sem: the try_wait's semantics and scope ("": acquire at CTA scope) */
+#define MSM_MBAR_WAIT_LOOP(sem, bar, parity)                                                                      \
+    asm volatile("{\n\t.reg .pred p;\n"                                                                          \
+                 "MSM_MBAR_WAIT_%=:\n\t"                                                                          \
+                 "mbarrier.try_wait.parity" sem ".shared::cta.b64 p, [%0], %1;\n\t"                             \
+                 "@!p bra MSM_MBAR_WAIT_%=;\n}" ::"r"(msm_smem_addr(bar)),                                        \
+                 "r"(parity)                                                                                    \
+                 : "memory")
 static __device__ __forceinline__ void msm_mbar_wait(uint64_t *bar, unsigned parity) {
-    asm volatile("{\n\t.reg .pred p;\n"
-                 "MSM_MBAR_WAIT_%=:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-                 "@!p bra MSM_MBAR_WAIT_%=;\n}" ::"r"(msm_smem_addr(bar)),
-                 "r"(parity)
-                 : "memory");
+    MSM_MBAR_WAIT_LOOP("", bar, parity);
 }
 
 /* Distributed shared memory by st.async (sm_90): block `rank`'s copy of the shared float at p gets v,
@@ -836,12 +839,7 @@ static __device__ __forceinline__ void msm_st_async_f32(float *p, uint64_t *bar,
                  : "memory");
 }
 static __device__ __forceinline__ void msm_mbar_wait_cluster(uint64_t *bar, unsigned parity) {
-    asm volatile("{\n\t.reg .pred p;\n"
-                 "MSM_MBAR_WAITC_%=:\n\t"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n\t"
-                 "@!p bra MSM_MBAR_WAITC_%=;\n}" ::"r"(msm_smem_addr(bar)),
-                 "r"(parity)
-                 : "memory");
+    MSM_MBAR_WAIT_LOOP(".acquire.cluster", bar, parity);
 }
 
 static __device__ __forceinline__ void msm_ldmatrix_x4(uint32_t r[4], uint32_t addr) {
