@@ -254,7 +254,8 @@ static __global__ void __launch_bounds__(MSM_SMALL_THREADS)
  * bR .. bR + R - 1), thread i of a block holding R partials with the elements msm_small_dot's
  * thread i has, summed in its order, then warp sums and the warps in order per logit (that
  * function's arithmetic: bitwise the same logits). Each block stores its logits into block
- * rank 0's shared memory (distributed shared memory); after the cluster barrier rank 0 ranks them
+ * rank 0's shared memory (distributed shared memory: by st.async onto rank 0's mbarrier, or stores
+ * and a cluster barrier, rc_put / rc_gather); once they are all there rank 0 ranks them
  * (rank_topk) and writes ids and weights, so the fence, the counter's atomic and the last block's
  * reload from L2 leave the kernel's critical path. early: the first round's weight loads go out
  * before the PDL wait (constant weights; x and every store wait). */
