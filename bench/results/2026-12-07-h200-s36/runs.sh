@@ -36,17 +36,16 @@ r3) hdr  # the cluster routers' logits by st.async (router_st_async, off by defa
     pack; el done | tee -a $OUT/gpu.txt ;;
 r4) hdr  # after the fix of the experts' sum reader across the K/V prefetch's fork (00a62ae) and with
     # the routers' logits by st.async on by default: the presets' bits (the K/V rows' and st.async
-    # variants, bitwise), the golden models against the CPU, three rounds of the default against
-    # --no-prefetch-kv, the K/V prefetch up to 16 tokens and st.async off; the 8-token timeline
+    # variants, bitwise), three rounds of the default against --no-prefetch-kv and the K/V prefetch
+    # up to 16 tokens; the 8-token timeline; the golden models against the CPU in the time left
     el presets | tee -a $OUT/gpu.txt
     CHECK_VARIANTS="K/V cache rows,st.async" timeout 150 python3 tests/gpu/check_presets.py config/models/$Q3.json \
         config/models/$Q15.json config/models/$Q3F.json > $OUT/presets.txt 2>&1
     tail -1 $OUT/presets.txt | tee -a $OUT/gpu.txt; echo "PASS lines: $(grep -c "^PASS" $OUT/presets.txt), FAIL lines: $(grep -c "^FAIL" $OUT/presets.txt)" | tee -a $OUT/gpu.txt
     el arms | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
-        for a in "--" "-- --no-prefetch-kv" "MSM_CUDA_L2_PREFETCH_KV_MAX_T=16 --" "MSM_CUDA_ROUTER_ST_ASYNC=0 --"; do
-            b $Q3 1,2,4,8,16 ab $a; b $Q3F 1,2,8 ab $a; done
-        for a in "--" "MSM_CUDA_ROUTER_ST_ASYNC=0 --"; do b $Q15 1,8 ab $a; done
+        for a in "--" "-- --no-prefetch-kv" "MSM_CUDA_L2_PREFETCH_KV_MAX_T=16 --"; do b $Q3 1,2,4,8,16 ab $a; done
+        for a in "--" "-- --no-prefetch-kv"; do b $Q3F 1,2,8 ab $a; done
     done
     el timeline | tee -a $OUT/gpu.txt
     ROWS=14 tl $Q3 8 q3b8
