@@ -50,6 +50,6 @@ r4) hdr  # after the fix of the experts' sum reader across the K/V prefetch's fo
     el timeline | tee -a $OUT/gpu.txt
     ROWS=14 tl $Q3 8 q3b8
     el cuda_vs_cpu | tee -a $OUT/gpu.txt
-    timeout $(left) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/cuda-vs-cpu.txt 2>&1; tail -2 $OUT/cuda-vs-cpu.txt | tee -a $OUT/gpu.txt
+    timeout $(left ${LIMIT:-400}) python3 tests/gpu/check_cuda_vs_cpu.py > $OUT/cuda-vs-cpu.txt 2>&1; tail -2 $OUT/cuda-vs-cpu.txt | tee -a $OUT/gpu.txt
     el done | tee -a $OUT/gpu.txt ;;
 esac
