@@ -29,8 +29,8 @@ attention, the next layer's qkv at the router and the K/V cache rows from the no
 projection (pass prefetch_l2; the K/V rows' on by default, whose fork sits between the experts and
 the norm that combines their sum; the others plain and evict_last) vs not, the router's top-k ranked by one
 thread-block cluster a token vs by the last block to arrive on a counter, the cluster routers' logits
-gathered by st.async into the ranking blocks' mbarriers vs by distributed stores and a cluster barrier, the grouped expert GEMVs
-finding their pairs themselves vs after the grouping kernel, the attention's block-table entries
+gathered by st.async into the ranking blocks' mbarriers vs by distributed stores and a cluster
+barrier, the grouped expert GEMVs finding their pairs themselves vs after the grouping kernel, the attention's block-table entries
 copied into shared memory first vs loaded with each tile, their down's first weight loads before
 the PDL wait vs after, and their tokens a pass and K chunks in flight; the routed experts' down
 at 4 rows a warp vs 2 and split over the slots vs one warp a row, and their gate/up at 2 loads a row

@@ -1431,8 +1431,9 @@ Test(cuda_kernels, router_linear_topk_equals_linear_then_topk, .timeout = 60) {
 /* ADD_RMSNORM + the fused router in one launch (msm_cuda_norm_router_linear_topk) gives the two
  * kernels' bits: ids, weights, the residual sum and the norm, one block a logit (T * E <= 1024) and
  * one warp a logit (past it), one cluster a token (router_cluster_max_t: one token by default, up to
- * 8 in a variant, with its logits by st.async in another, none in a third), its norm layouts (K = 1024, 2048 and 4096: 256 norm threads of
- * 4, 8 and 16 values), E = 60 / 128 / 256 / 8 / 64, T = 1..8,
+ * 8 in a variant, with its logits by st.async in another, none in a third), its norm layouts
+ * (K = 1024, 2048 and 4096: 256 norm threads of 4, 8 and 16 values), E = 60 / 128 / 256 / 8 / 64,
+ * T = 1..8,
  * the router weights requested before the PDL wait or after it, the inputs written by the kernel
  * just before on buffers poisoned just before that (a read ahead of the wait would show), repeated
  * calls (its counters return to zero); and what it does not take refused. */
