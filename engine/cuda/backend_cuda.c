@@ -458,10 +458,10 @@ static msm_cuda_moe_args moe_args(const cuda_backend *cb, const msm_graph *g, co
 /* Where the MOE_EXPERTS node i leaves its combine to the node reading its sum (tuning
  * moe_fused_combine): that node's index, else -1. The reader (msm_graph_moe_sum_reader: on the
  * same stream with only event nodes and L2 hints between, so no kernel touches the stream's
- * workspace in between) is the sum's only one: an ADD_RMSNORM reading it once that no pairing with the node
- * after it takes, or a MOE_COMBINE_NORM reading it as its routed sum; its outputs share no byte with the routing's ids and weights (msm_graph_plan keeps
- * them apart); and the experts' path ends with the combine (msm_cuda_moe_defers: 5 tokens and
- * more). */
+ * workspace in between) is the sum's only one: an ADD_RMSNORM reading it once that no pairing with
+ * the node after it takes, or a MOE_COMBINE_NORM reading it as its routed sum; its outputs share no
+ * byte with the routing's ids and weights (msm_graph_plan keeps them apart); and the experts' path
+ * ends with the combine (msm_cuda_moe_defers: 5 tokens and more). */
 static int moe_combine_reader(const cuda_backend *cb, const msm_graph *g, int i, const msm_step_dims *d,
                               msm_cuda_exec ex) {
     int j = ex.tune->moe_fused_combine ? msm_graph_moe_sum_reader(g, i) : -1;

@@ -34,7 +34,8 @@
  * L2 while the norm, the qkv GEMV and the RoPE run, and the attention reads them from there
  * (Qwen3-30B-A3B at 1-2 tokens -0.05 ms a step on an H100; bench/results/2026-12-07-h200-s35). The
  * fork goes before the norm, not between it and the projection, which the CUDA backend runs as one
- * kernel; the experts' combine inside that norm passes over it (msm_graph_moe_sum_reader). A layer
+ * kernel; the experts' combine inside that norm passes over it (msm_graph_moe_sum_reader, and
+ * msm_graph_moe_sum_source from the norm's side). A layer
  * with a shared expert on AUX is left alone: the prefetch would queue ahead of it there (Qwen1.5-MoE
  * +0.03..+0.09 ms at 1-8 tokens).
  *
