@@ -8,7 +8,8 @@
  *
  * The CUDA driver calls InitializeInjection() when it initialises; it enables concurrent-kernel
  * activity records (kernels keep running concurrently; CUPTI adds a timestamp per kernel) and
- * writes every record at exit as CSV:
+ * copy records (a step's inputs up and its tokens down, between the replays), and writes every
+ * record at exit as CSV (a copy: no grid, "memcpy KIND BYTES B" as its name):
  *   start_ns,end_ns,stream,graph_id,graph_node,grid_x,grid_y,grid_z,block_x,regs,name
  * Errors go to stderr; they never stop the program under test. A benchmark aid, not part of
  * msmoed. */
@@ -47,6 +48,16 @@ static void CUPTIAPI tl_buffer_completed(CUcontext ctx, uint32_t stream, uint8_t
     CUpti_Activity *rec = NULL;
     pthread_mutex_lock(&tl_lock);
     while (tl_out && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+        if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+            /* a copy as a row of its own: no grid, its kind and bytes as the name */
+            const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)rec;
+            static const char *const kinds[] = {"?", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
+            fprintf(tl_out, "%llu,%llu,%u,%u,%llu,0,0,0,0,0,\"memcpy %s %llu B\"\n", (unsigned long long)m->start,
+                    (unsigned long long)m->end, m->streamId, m->graphId, (unsigned long long)m->graphNodeId,
+                    m->copyKind < sizeof kinds / sizeof kinds[0] ? kinds[m->copyKind] : "?",
+                    (unsigned long long)m->bytes);
+            continue;
+        }
         if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
         fprintf(tl_out, "%llu,%llu,%u,%u,%llu,%d,%d,%d,%d,%u,", (unsigned long long)k->start,
@@ -90,7 +101,8 @@ int InitializeInjection(void) {
     }
     fputs("start_ns,end_ns,stream,graph_id,graph_node,grid_x,grid_y,grid_z,block_x,regs,name\n", tl_out);
     if (tl_check(cuptiActivityRegisterCallbacks(tl_buffer_requested, tl_buffer_completed), "register callbacks") ||
-        tl_check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records")) {
+        tl_check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records") ||
+        tl_check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable copy records")) {
         fclose(tl_out);
         tl_out = NULL;
         return 1;

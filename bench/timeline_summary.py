@@ -10,6 +10,7 @@ many records as the graph has nodes. Of the median replay (by span) it prints:
   - per kernel (name, grid): count a replay, mean time, and the time it is the only thing running
     vs shares the GPU with another kernel, with the idle gap before each of its starts that no
     other kernel covered ("gap": launch/dependency latency charged to the kernel that ends it);
+  - the time between replays (the host's part of a step) and the copies in it;
   - the first --rows records in start order: offset, time, gap, stream, kernel.
 Times in microseconds. The numbers come with CUPTI's per-kernel timestamp cost; compare them with
 msmoe-bench's step time of the same run."""
@@ -103,6 +104,32 @@ def analyse(rep):
     return t0, span, busy, alone, shared, gaps, gap_of, adv, adv_of
 
 
+def between(reps, loose):
+    """The GPU's time between one replay's last end and the next one's first start (the host's part
+    of a step: its inputs up, the launch, its tokens down and the wait for them), median over the
+    replay pairs, with what ran in it outside any graph (copies, kernels) and the time from the
+    last of those to the next replay's start (the launch's own latency as the GPU sees it)."""
+    gaps, busy, lead, names = [], [], [], defaultdict(list)
+    for p, q in zip(reps, reps[1:]):
+        a, b = max(r["e"] for r in p), min(r["s"] for r in q)
+        if b <= a:
+            continue
+        inside = [r for r in loose if r["s"] >= a and r["e"] <= b]
+        gaps.append(b - a)
+        busy.append(sum(r["e"] - r["s"] for r in inside))
+        lead.append(b - max([r["e"] for r in inside] or [a]))
+        for r in inside:
+            names[r["name"]].append(r["e"] - r["s"])
+    if not gaps:
+        return
+    n = len(gaps)
+    print(f"between replays (median of {n}): gap {statistics.median(gaps)/1e3:.1f} us, of it copies/kernels outside "
+          f"graphs {statistics.median(busy)/1e3:.1f}, last of them to the next replay {statistics.median(lead)/1e3:.1f}")
+    for k in sorted(names, key=lambda k: -sum(names[k])):
+        d = names[k]
+        print(f"  {k[:60]:60s} {len(d)/n:5.1f} a gap, mean {statistics.mean(d)/1e3:6.2f} us")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
@@ -145,6 +172,7 @@ def main():
         tot_gap = sum(gaps.values())
         print(f"{'(sum)':58s} {'':>12s} {len(pick):4d} {'':>7s} {ksum/1e3:8.1f} {sum(adv.values())/1e3:8.1f} "
               f"{sum(alone.values())/1e3:8.1f} {sum(shared.values())/1e3:8.1f} {tot_gap/1e3:7.1f}")
+        between(reps, [r for r in rows if not r["graph"]])
         print(f"first {a.rows} kernels: start offset, end offset, time, adv (us), stream, kernel, grid, registers")
         for r in sorted(pick, key=lambda r: r["s"])[: a.rows]:
             print(f"{(r['s']-t0)/1e3:9.2f} {(r['e']-t0)/1e3:9.2f} {(r['e']-r['s'])/1e3:7.2f} {adv_of[id(r)]/1e3:6.2f} "
