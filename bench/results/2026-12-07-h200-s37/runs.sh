@@ -19,4 +19,20 @@ r2) # on an H200 (owed for ten sessions): the table of the current code, the gat
     # flight and the persistent down, the probe's floors, the 8-token timelines (the s34 r4)
     hdr; h200 || { echo "not an H200: r2 skipped" | tee -a $OUT/gpu.txt; exit 0; }
     OUT=$OUT/r4 bash $S34 r4; cat $OUT/r4/gpu.txt >> $OUT/gpu.txt; pack ;;
+r3) # the K/V prefetch's fork where its kernel does not act (3-16 tokens: the cap is 2): run 1 had
+    # --no-prefetch-kv -0.030 / -0.039 ms at 4 / 16 tokens, +0.012 at 8 (Qwen3), +0.042 at 8 (FP8).
+    # New default (idle_aux_one_stream): such steps run the one-stream graph. Its bits (the presets'
+    # variant --keep-idle-aux against the default, and the K/V rows' variant), then rounds of the
+    # default against --keep-idle-aux (the old graphs) and against --no-prefetch-kv
+    hdr; el presets | tee -a $OUT/gpu.txt
+    CHECK_VARIANTS="idles,K/V cache rows" timeout 120 python3 tests/gpu/check_presets.py config/models/qwen3-30b-a3b.json \
+        config/models/qwen3-30b-a3b-fp8.json > $OUT/presets.txt 2>&1
+    tail -1 $OUT/presets.txt | tee -a $OUT/gpu.txt; echo "PASS lines: $(grep -c "^PASS" $OUT/presets.txt), FAIL lines: $(grep -c "^FAIL" $OUT/presets.txt)" | tee -a $OUT/gpu.txt
+    el arms | tee -a $OUT/gpu.txt
+    for i in $(seq ${ROUNDS:-3}); do for a in "" "--keep-idle-aux" "--no-prefetch-kv"; do
+        b qwen3-30b-a3b 1,2,4,8,16 fork -- $a; b qwen3-30b-a3b-fp8 1,2,4,8,16 fork -- $a; done; done
+    el done | tee -a $OUT/gpu.txt ;;
+r4) # r2 on an H200 (first, within 380 s: H200s are rare), then r3 (5 rounds where no H200 came)
+    hdr; if h200; then OUT=$OUT/r2 timeout 380 bash $0 r2; cat $OUT/r2/gpu.txt >> $OUT/gpu.txt; R=3; else R=5; fi
+    OUT=$OUT/r3 ROUNDS=$R bash $0 r3; cat $OUT/r3/gpu.txt >> $OUT/gpu.txt; pack ;;
 esac
