@@ -39,8 +39,7 @@ typedef struct rank_ctx {
     msm_graph *graph_1s; /* the same passes but one stream, for steps past multi_stream_max_tokens
                           * or whose aux stream would idle (NULL when neither can happen); shares
                           * the arena with graph */
-    bool aux_prefetch, aux_prefetch_kv; /* graph's aux stream holds only events and hints, of
-                                         * these kinds (both false: it computes, or is empty) */
+    int aux_kinds;  /* msm_graph_aux_kinds(graph) */
     int r;          /* result of the last command */
     msm_err err;
     msm_load_stats load;           /* this rank's weight load */
@@ -127,25 +126,11 @@ static const msm_graph *graph_for(const rank_ctx *rc, const msm_step_dims *d) {
     if (!rc->graph_1s) return rc->graph;
     if (lim > 0 && d->T > lim) return rc->graph_1s;
     const msm_backend_vt *vt = rc->be->vt;
-    if (!rc->e->o.idle_aux_one_stream || !vt->hint_acts || !(rc->aux_prefetch || rc->aux_prefetch_kv))
-        return rc->graph;
-    bool acts = (rc->aux_prefetch && vt->hint_acts(rc->be, MSM_OP_PREFETCH, d)) ||
-                (rc->aux_prefetch_kv && vt->hint_acts(rc->be, MSM_OP_PREFETCH_KV, d));
+    int k = rc->aux_kinds;
+    if (!rc->e->o.idle_aux_one_stream || !vt->hint_acts || k == 0 || k & MSM_AUX_COMPUTES) return rc->graph;
+    bool acts = (k & MSM_AUX_PREFETCH && vt->hint_acts(rc->be, MSM_OP_PREFETCH, d)) ||
+                (k & MSM_AUX_PREFETCH_KV && vt->hint_acts(rc->be, MSM_OP_PREFETCH_KV, d));
     return acts ? rc->graph : rc->graph_1s;
-}
-
-/* rc->aux_prefetch / aux_prefetch_kv from its multi-stream graph (graph_for). */
-static void aux_kinds(rank_ctx *rc) {
-    const msm_graph *g = rc->graph;
-    bool pf = false, kv = false;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const msm_node *n = &g->nodes[i];
-        if (n->stream != MSM_STREAM_AUX || n->op == MSM_OP_EVENT_RECORD || n->op == MSM_OP_EVENT_WAIT) continue;
-        if (n->op == MSM_OP_PREFETCH) pf = true;
-        else if (n->op == MSM_OP_PREFETCH_KV) kv = true;
-        else return; /* it computes: rc's flags stay false */
-    }
-    rc->aux_prefetch = pf, rc->aux_prefetch_kv = kv;
 }
 
 static double now_s(void) {
@@ -303,7 +288,7 @@ static int rank_init(rank_ctx *rc) {
                                 &rc->be, err);
     }
     if (r) return r;
-    aux_kinds(rc);
+    rc->aux_kinds = msm_graph_aux_kinds(rc->graph);
     if (e->o.test_skew_us > 0) {
         /* test-only: alternate ranks delay different streams, so misplaced collectives are
          * issued in different orders on different ranks */
