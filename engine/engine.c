@@ -37,9 +37,7 @@ typedef struct rank_ctx {
     msm_backend *be;
     msm_graph *plain, *graph;
     msm_graph *graph_1s; /* the same passes but one stream, for steps past multi_stream_max_tokens
-                          * or whose aux stream would idle (NULL when neither can happen); shares
-                          * the arena with graph */
-    int aux_kinds;  /* msm_graph_aux_kinds(graph) */
+                          * (NULL when there is no such limit); shares the arena with graph */
     int r;          /* result of the last command */
     msm_err err;
     msm_load_stats load;           /* this rank's weight load */
@@ -104,7 +102,6 @@ void msm_engine_opts_default(msm_engine_opts *o) {
     o->fuse_linear_norm = false; /* bitwise on the H200 but no faster (bench/results/2026-12-01-h200-attn) */
     o->router_first = true; /* bench/results/2026-12-03-h200-s6 run 2: Qwen1.5-MoE batch 1-16 -0.01..0.02 ms */
     o->prefetch_kv = true;  /* bench/results/2026-12-07-h200-s35 run 2: Qwen3-30B-A3B 1 / 2 tokens -0.06 / -0.05 ms */
-    o->idle_aux_one_stream = true; /* bench/results/2026-12-07-h200-s37 runs 1-2 */
     o->kv_blocks = 1024;
     o->max_step_tokens = 512;
     o->max_seqs = 64;
@@ -116,21 +113,10 @@ void msm_engine_opts_default(msm_engine_opts *o) {
 
 static int write_inputs(rank_ctx *rc, const msm_graph *g);
 
-/* The graph a step of dims d runs: the one-stream graph past the multi-stream token limit, or
- * (idle_aux_one_stream) where every node of the multi-stream graph's aux stream is an event or an
- * L2 hint that the backend does not act on at this size: its forks would only add edges. (The
- * K/V prefetch's forks at 4 and 16 tokens, its kernel idle: Qwen3-30B-A3B +0.030 / +0.039 ms a step
- * against no pass, H100, bench/results/2026-12-07-h200-s37 run 1.) */
-static const msm_graph *graph_for(const rank_ctx *rc, const msm_step_dims *d) {
+/* The graph a step of T tokens runs: the one-stream graph past the multi-stream token limit. */
+static const msm_graph *graph_for(const rank_ctx *rc, int T) {
     int lim = rc->e->o.multi_stream_max_tokens;
-    if (!rc->graph_1s) return rc->graph;
-    if (lim > 0 && d->T > lim) return rc->graph_1s;
-    const msm_backend_vt *vt = rc->be->vt;
-    int k = rc->aux_kinds;
-    if (!rc->e->o.idle_aux_one_stream || !vt->hint_acts || k == 0 || k & MSM_AUX_COMPUTES) return rc->graph;
-    bool acts = (k & MSM_AUX_PREFETCH && vt->hint_acts(rc->be, MSM_OP_PREFETCH, d)) ||
-                (k & MSM_AUX_PREFETCH_KV && vt->hint_acts(rc->be, MSM_OP_PREFETCH_KV, d));
-    return acts ? rc->graph : rc->graph_1s;
+    return rc->graph_1s && lim > 0 && T > lim ? rc->graph_1s : rc->graph;
 }
 
 static double now_s(void) {
@@ -212,7 +198,7 @@ static int rank_capture(rank_ctx *rc) {
         /* the inputs are written by whoever posts the command; here every rank writes the
          * same padding itself (the step channel is idle during init) */
         msm_step_dims d = {.T = B, .R = B, .S = B};
-        const msm_graph *g = graph_for(rc, &d);
+        const msm_graph *g = graph_for(rc, B);
         int r = write_inputs(rc, g);
         if (r == 0) r = msm_exec_step(b, g, &d, &rc->err);
         if (r == 0) r = b->vt->capture_begin(b, &rc->err);
@@ -252,9 +238,7 @@ static int rank_graphs(const msm_engine_opts *o, const msm_model_config *cfg, in
     if (rank == o->test_diverge_rank) po.fuse_allreduce = !po.fuse_allreduce; /* test-only: V4 */
     r = msm_passes_apply(*ret_plain, &po, ret_graph, err);
     if (r) return r;
-    bool limit = o->multi_stream_max_tokens > 0 && o->multi_stream_max_tokens < o->max_step_tokens;
-    bool hints = o->idle_aux_one_stream && (o->prefetch_l2 || o->prefetch_l2_next || o->prefetch_kv);
-    if (o->multi_stream && (limit || hints)) {
+    if (o->multi_stream && o->multi_stream_max_tokens > 0 && o->multi_stream_max_tokens < o->max_step_tokens) {
         po.multi_stream = false;
         r = msm_passes_apply(*ret_plain, &po, ret_graph_1s, err);
         if (r) return r;
@@ -288,7 +272,6 @@ static int rank_init(rank_ctx *rc) {
                                 &rc->be, err);
     }
     if (r) return r;
-    rc->aux_kinds = msm_graph_aux_kinds(rc->graph);
     if (e->o.test_skew_us > 0) {
         /* test-only: alternate ranks delay different streams, so misplaced collectives are
          * issued in different orders on different ranks */
@@ -346,7 +329,7 @@ static int rank_step(rank_ctx *rc) {
     msm_backend *b = rc->be;
     msm_err *err = &rc->err;
     const msm_step_dims *d = &e->dims;
-    const msm_graph *g = graph_for(rc, d);
+    const msm_graph *g = graph_for(rc, d->T);
     int r = write_inputs(rc, g);
     if (r) return r;
     if (e->o.test_fault && rc->rank == 0 && e->n_steps >= (uint64_t)e->o.test_fault_step) {

@@ -69,17 +69,6 @@ int msm_graph_moe_sum_source(const msm_graph *g, int j) {
     return msm_graph_moe_sum_reader(g, i) == j ? i : -1;
 }
 
-int msm_graph_aux_kinds(const msm_graph *g) {
-    int k = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const msm_node *n = &g->nodes[i];
-        if (n->stream != MSM_STREAM_AUX || n->op == MSM_OP_EVENT_RECORD || n->op == MSM_OP_EVENT_WAIT) continue;
-        k |= n->op == MSM_OP_PREFETCH ? MSM_AUX_PREFETCH : n->op == MSM_OP_PREFETCH_KV ? MSM_AUX_PREFETCH_KV
-                                                                                    : MSM_AUX_COMPUTES;
-    }
-    return k & MSM_AUX_COMPUTES ? MSM_AUX_COMPUTES : k;
-}
-
 msm_graph *msm_graph_new(int rank, int tp) {
     msm_graph *g = calloc(1, sizeof *g);
     if (!g) return NULL;

@@ -105,10 +105,6 @@ typedef struct msm_backend_vt {
      * (LAUNCH: a negative errno) or make it overrun the deadline (HANG: 0, the step's sync then
      * times out). NULL when unsupported. */
     int (*test_fault)(msm_backend *b, int kind, msm_err *err);
-    /* Optional: whether a hint node of op (msm_op_is_prefetch: an L2 prefetch) does anything at a
-     * step of dims d, where the backend acts on such nodes only up to some size. NULL: every hint
-     * counts as acting (the engine then never trades the multi-stream graph away for it). */
-    bool (*hint_acts)(const msm_backend *b, msm_op op, const msm_step_dims *d);
 } msm_backend_vt;
 
 struct msm_backend {

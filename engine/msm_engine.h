@@ -75,10 +75,6 @@ typedef struct msm_engine_opts {
                                   nothing else on the aux stream (no shared expert), its K/V cache rows
                                   pulled into L2 from the norm before its qkv projection (default on;
                                   the CUDA backend acts at decode steps of up to 2 tokens) */
-    bool idle_aux_one_stream;  /* with multi_stream: a step at whose size the aux stream would hold
-                                  only L2 hints the backend does not act on (a layer without a shared
-                                  expert: its K/V prefetch past 2 tokens) runs the one-stream graph,
-                                  without their forks (default on; bench/results/2026-12-07-h200-s37) */
     int kv_blocks;             /* KV blocks of MSM_KV_BLOCK tokens (default 1024) */
     int max_step_tokens;       /* tokens one step may carry (prefill chunk + decode rows; 512) */
     int max_seqs;              /* sequences one step may carry (default 64) */

@@ -232,11 +232,6 @@ int msm_graph_moe_sum_reader(const msm_graph *g, int i);
  * over the same event nodes and L2 hints), else -1. A backend that leaves an experts' combine to its
  * reader finds it here, so the two sides cannot disagree. */
 int msm_graph_moe_sum_source(const msm_graph *g, int j);
-/* What g's AUX stream holds, past its events: MSM_AUX_COMPUTES when any node there computes, else
- * the kinds of L2 hint there (0: nothing). A step at whose size the backend acts on none of those
- * hints gains nothing from the multi-stream graph (the engine's idle_aux_one_stream). */
-enum { MSM_AUX_PREFETCH = 1, MSM_AUX_PREFETCH_KV = 2, MSM_AUX_COMPUTES = 4 };
-int msm_graph_aux_kinds(const msm_graph *g);
 
 msm_graph *msm_graph_new(int rank, int tp);
 void msm_graph_free(msm_graph *g);

@@ -15,7 +15,6 @@
  *           [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm] [--tp N]
  *           [--prefetch-l2] [--prefetch-l2-next] [--prefetch-kv | --no-prefetch-kv]
  *           [--router-first | --no-router-first] [--router-alone] [--fork-before-norm]
- *           [--keep-idle-aux] (the multi-stream graph also where its aux stream would idle)
  * Prints one table row per batch or length.
  *
  *   msmoe-bench load --model DIR [...]: checkpoint load time next to a plain read of the same
@@ -189,8 +188,7 @@ int main(int argc, char **argv) {
         {"router-first", no_argument, 0, 'r'}, {"no-router-first", no_argument, 0, 'n'},
         {"router-alone", no_argument, 0, 'A'}, {"prefetch-l2", no_argument, 0, 'P'},
         {"prefetch-l2-next", no_argument, 0, 'Q'}, {"prefetch-kv", no_argument, 0, 'K'},
-        {"fork-before-norm", no_argument, 0, 'f'}, {"no-prefetch-kv", no_argument, 0, 'k'},
-        {"keep-idle-aux", no_argument, 0, 'I'}, {0, 0, 0, 0}};
+        {"fork-before-norm", no_argument, 0, 'f'}, {"no-prefetch-kv", no_argument, 0, 'k'}, {0, 0, 0, 0}};
     int ch;
     optind = 2;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -214,7 +212,6 @@ int main(int argc, char **argv) {
         case 'K': o.prefetch_kv = true; break;
         case 'k': o.prefetch_kv = false; break;
         case 'f': o.fork_before_norm = true; break;
-        case 'I': o.idle_aux_one_stream = false; break;
         case 't': o.tp = atoi(optarg); break;
         case 'C': ceiling = atof(optarg); break;
         case 'L': batches = optarg; break;
@@ -269,7 +266,7 @@ int main(int argc, char **argv) {
     char ctx_desc[32] = "";
     if (!prefill) snprintf(ctx_desc, sizeof ctx_desc, "context %d, ", context);
     printf("# %s %s, backend %s, tp %d, graphs %s, multi-stream %s, fuse-allreduce %s, fuse-allreduce-norm %s, "
-           "fuse-linear-norm %s, router %s, fork-before-norm %s, prefetch-l2 %s, prefetch-kv %s%s, %s%d steps (median), "
+           "fuse-linear-norm %s, router %s, fork-before-norm %s, prefetch-l2 %s, prefetch-kv %s, %s%d steps (median), "
            "start-up %.1f s\n",
            c->arch_name,
            prefill ? "prefill" : "decode",
@@ -277,7 +274,7 @@ int main(int argc, char **argv) {
            o.fuse_allreduce ? "on" : "off", o.fuse_allreduce_norm ? "on" : "off", o.fuse_linear_norm ? "on" : "off",
            o.router_alone ? "alone" : o.router_first ? "first" : "in order", o.fork_before_norm ? "on" : "off",
            o.prefetch_l2_next ? "on + next" : o.prefetch_l2 ? "on" : "off",
-           o.prefetch_kv ? "on" : "off", o.multi_stream && !o.idle_aux_one_stream ? ", idle aux kept" : "",
+           o.prefetch_kv ? "on" : "off",
            ctx_desc, steps,
            (msm_bench_now_ms() - t0) / 1e3);
     /* docs/adr/0006-fp8.md: the CUDA backend keeps an FP8 preset's projections FP8 (dummy codes and

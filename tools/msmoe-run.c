@@ -33,7 +33,7 @@ static void usage(FILE *f) {
             "                 [--ignore-eos] [--dump-logits FILE.npy] [--tp N] [--dump-graph]\n"
             "                 [--no-multi-stream] [--no-fuse-allreduce] [--no-fuse-allreduce-norm]\n"
             "                 [--fuse-linear-norm] [--prefetch-l2] [--prefetch-l2-next] [--no-prefetch-kv]\n"
-            "                 [--fork-before-norm] [--keep-idle-aux] [--bench] [--text]\n"
+            "                 [--fork-before-norm] [--bench] [--text]\n"
             "                 [--backend cpu|cuda] [--no-cuda-graphs] [--device N] [--kv-bf16]\n"
             "                 [--fp8-as-bf16 | --fp8-as-cuda]\n"
             "       msmoe-run --dummy-weights PRESET.json ...   (random weights of a config's shapes)\n"
@@ -46,9 +46,7 @@ static void usage(FILE *f) {
             "  --no-prefetch-kv: no L2 prefetch of each layer's K/V cache rows (by default, in layers without a\n"
             "  shared expert, they are pulled into L2 from the norm before the qkv projection)\n"
             "  --fork-before-norm: the shared expert's branch forked before the norm it reads, which it\n"
-            "  computes itself\n"
-            "  --keep-idle-aux: the multi-stream graph also at steps where its aux stream would hold only L2\n"
-            "  prefetches that do not act at that size (by default those steps run the one-stream graph)\n");
+            "  computes itself\n");
 }
 
 /* On a terminal: a progress bar on stderr while the weights load; ctx: a line is left open. */
@@ -203,7 +201,7 @@ enum { O_PROMPT_IDS = 256, O_MAX_NEW, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_SEED, 
        O_TP, O_DUMP_GRAPH, O_NO_MS, O_NO_FUSE, O_BENCH, O_DUMMY, O_IGNORE_EOS, O_TOKENIZER,
        O_ENCODE, O_DECODE, O_PROMPT, O_TEXT, O_KV, O_MAXTOK, O_BACKEND, O_NO_GRAPHS, O_DEVICE, O_KV_BF16,
        O_FP8_BF16, O_FP8_CUDA, O_NO_FUSE_AR_NORM, O_FUSE_LIN_NORM, O_PREFETCH_L2, O_PREFETCH_L2_NEXT, O_PREFETCH_KV,
-       O_FORK_NORM, O_NO_PREFETCH_KV, O_KEEP_IDLE_AUX };
+       O_FORK_NORM, O_NO_PREFETCH_KV };
 
 /* Applies the option c with argument arg to ro. 0, or the exit status of a bad value. */
 static int set_option(run_opts *ro, int c, const char *arg) {
@@ -237,7 +235,6 @@ static int set_option(run_opts *ro, int c, const char *arg) {
     case O_PREFETCH_L2_NEXT: o->prefetch_l2_next = true; break;
     case O_PREFETCH_KV: o->prefetch_kv = true; break;
     case O_NO_PREFETCH_KV: o->prefetch_kv = false; break;
-    case O_KEEP_IDLE_AUX: o->idle_aux_one_stream = false; break;
     case O_FORK_NORM: o->fork_before_norm = true; break;
     case O_BENCH: ro->bench = true; break;
     case O_DUMMY: o->dummy_preset = arg; break;
@@ -281,7 +278,6 @@ static int parse_args(int argc, char **argv, run_opts *ro) {
         {"fuse-linear-norm", no_argument, 0, O_FUSE_LIN_NORM}, {"prefetch-l2", no_argument, 0, O_PREFETCH_L2},
         {"prefetch-l2-next", no_argument, 0, O_PREFETCH_L2_NEXT}, {"prefetch-kv", no_argument, 0, O_PREFETCH_KV},
         {"fork-before-norm", no_argument, 0, O_FORK_NORM}, {"no-prefetch-kv", no_argument, 0, O_NO_PREFETCH_KV},
-        {"keep-idle-aux", no_argument, 0, O_KEEP_IDLE_AUX},
         {"dummy-weights", required_argument, 0, O_DUMMY}, {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"tokenizer", required_argument, 0, O_TOKENIZER}, {"encode", no_argument, 0, O_ENCODE},
         {"decode", no_argument, 0, O_DECODE}, {"prompt", required_argument, 0, O_PROMPT},

@@ -409,26 +409,11 @@ static bool aux_beside(const msm_graph *g, int i) {
     return false;
 }
 
-/* Whether an L2 hint node of op acts at a step of dims d (the vtable's hint_acts, which the engine
- * asks to pick the one-stream graph where none would): PREFETCH at steps of up to l2_prefetch_max_t
- * tokens, PREFETCH_KV at decode steps of up to l2_prefetch_kv_max_t (the tuning of exec_on's step
- * kind). */
-static bool hint_acts_on(const msm_cuda_tuning *t, msm_op op, const msm_step_dims *d) {
-    if (op == MSM_OP_PREFETCH) return d->T <= t->l2_prefetch_max_t;
-    if (op == MSM_OP_PREFETCH_KV) return d->T == d->S && d->T <= t->l2_prefetch_kv_max_t;
-    return true;
-}
-
-static bool cuda_hint_acts(const msm_backend *b, msm_op op, const msm_step_dims *d) {
-    const cuda_backend *cb = (const cuda_backend *)b;
-    return hint_acts_on(d->T == d->S ? &cb->tune_decode : &cb->tune, op, d);
-}
-
 /* PREFETCH: its weights, in order, as stored (an FP8-resident one as its codes, then its scales), into
  * L2 (msm_cuda_l2_prefetch) at steps of up to l2_prefetch_max_t tokens; nothing past that. */
 static int prefetch_node(const cuda_backend *cb, const msm_node *n, const msm_step_dims *d, msm_cuda_exec ex,
                          msm_err *err) {
-    if (!hint_acts_on(ex.tune, MSM_OP_PREFETCH, d)) return 0;
+    if (d->T > ex.tune->l2_prefetch_max_t) return 0;
     msm_cuda_span sp[MSM_CUDA_PREFETCH_MAX_SPANS];
     int ns = 0;
     for (int j = 0; j < MSM_NODE_MAX_W; j++) {
@@ -553,7 +538,7 @@ static int cuda_run(msm_backend *b, const msm_graph *g, int idx, const msm_step_
     switch (n->op) {
     case MSM_OP_PREFETCH: return prefetch_node(cb, n, d, s, err);
     case MSM_OP_PREFETCH_KV: /* decode steps of up to l2_prefetch_kv_max_t tokens, where the layer has a cache */
-        if (!hint_acts_on(s.tune, MSM_OP_PREFETCH_KV, d) || n->layer < 0 || n->layer >= cb->n_layers ||
+        if (d->T != d->S || d->T > s.tune->l2_prefetch_kv_max_t || n->layer < 0 || n->layer >= cb->n_layers ||
             !cb->kc[n->layer])
             break;
         KTRY(msm_cuda_kv_prefetch(cb->kc[n->layer], cb->vc[n->layer], I32(in0), I32(n->in[1]), I32(n->in[2]),
@@ -1552,7 +1537,6 @@ static const msm_backend_vt cuda_vt = {
     .write = cuda_write, .read = cuda_read, .begin = cuda_begin, .run = cuda_run,
     .record = cuda_record, .wait = cuda_wait, .sync = cuda_sync, .capture_begin = cuda_capture_begin,
     .capture_end = cuda_capture_end, .replay = cuda_replay, .test_fault = cuda_test_fault,
-    .hint_acts = cuda_hint_acts,
 };
 
 /* ---- tuning from the environment ----

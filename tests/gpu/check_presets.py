@@ -27,9 +27,7 @@ epilogue vs the two kernels, the block-sliced MMVs of 8 or 16 slices streamed th
 selected expert vs per expert, each layer's o_proj and shared expert prefetched into L2 during its
 attention, the next layer's qkv at the router and the K/V cache rows from the norm before the qkv
 projection (pass prefetch_l2; the K/V rows' on by default, whose fork sits between the experts and
-the norm that combines their sum; the others plain and evict_last) vs not, the multi-stream graph at
-steps where its aux stream would only hold such prefetches that do not act vs the one-stream graph,
-the router's top-k ranked by one
+the norm that combines their sum; the others plain and evict_last) vs not, the router's top-k ranked by one
 thread-block cluster a token vs by the last block to arrive on a counter, the cluster routers' logits
 gathered by st.async into the ranking blocks' mbarriers vs by distributed stores and a cluster
 barrier, the grouped expert GEMVs finding their pairs themselves vs after the grouping kernel, the attention's block-table entries
@@ -117,8 +115,6 @@ VARIANTS = [  # (name, extra flags, environment)
     ("L2 prefetch of the next qkv beside the K/V cache rows' vs the K/V rows' alone", ["--prefetch-l2-next"], {}),
     ("no L2 prefetch of the K/V cache rows vs their prefetch (the default; the combine inside the norm after the "
      "experts either way)", ["--no-prefetch-kv"], {}),
-    ("the multi-stream graph where its aux stream idles (the K/V prefetch past its cap) vs the one-stream graph "
-     "(the default)", ["--keep-idle-aux"], {}),
     ("shared expert forked before its norm (its own copy, three kernels) vs after", ["--fork-before-norm"], {}),
     ("shared expert forked before its norm, norm + gate/up + SwiGLU one kernel vs after",
      ["--fork-before-norm"], {"MSM_CUDA_NORM_LINEAR_SWIGLU": "1"}),

@@ -1273,27 +1273,6 @@ Test(graph_pass, prefetch_kv_forks_before_each_qkv_norm_and_keeps_the_norm_linea
     }
 }
 
-/* msm_graph_aux_kinds (the engine's idle_aux_one_stream asks it which hints a step must find acting
- * to keep the multi-stream graph): a model without a shared expert holds only the hints of the
- * prefetch passes on AUX, a model with one computes there, the one-stream graph holds nothing. */
-Test(graph_pass, aux_kinds_tell_hints_only_from_aux_work) {
-    msm_graph *q3 = plain("tests/data/qwen3moe", 1), *q2 = plain("tests/data/qwen2moe-gqa", 1);
-    msm_pass_opts kv = all_on, l2 = all_on, one = all_on;
-    kv.prefetch_l2 = kv.prefetch_l2_next = false, kv.prefetch_kv = true;
-    l2.prefetch_l2 = true, l2.prefetch_kv = true;
-    one.multi_stream = false;
-    msm_graph *a = apply(q3, &kv), *b = apply(q3, &l2), *c = apply(q2, &kv), *d = apply(q3, &one);
-    cr_expect_eq(msm_graph_aux_kinds(a), MSM_AUX_PREFETCH_KV, "qwen3moe with the K/V prefetch: %d",
-                 msm_graph_aux_kinds(a));
-    cr_expect_eq(msm_graph_aux_kinds(b), MSM_AUX_PREFETCH | MSM_AUX_PREFETCH_KV, "qwen3moe with both prefetches: %d",
-                 msm_graph_aux_kinds(b));
-    cr_expect_eq(msm_graph_aux_kinds(c), MSM_AUX_COMPUTES, "qwen2moe-gqa (shared experts on AUX): %d",
-                 msm_graph_aux_kinds(c));
-    cr_expect_eq(msm_graph_aux_kinds(d), 0, "the one-stream graph: %d", msm_graph_aux_kinds(d));
-    msm_graph *list[] = {q3, q2, a, b, c, d};
-    for (int i = 0; i < 6; i++) msm_graph_free(list[i]);
-}
-
 /* fork_before_norm: in every layer with a shared expert (qwen2moe-gqa's, glm4moe's ungated one), the
  * fork's RECORD sits right before the residual ADD_RMSNORM on MAIN, which stays right before the
  * router; the AUX branch starts with a copy of that norm (the same op, inputs, weight and
