@@ -48,6 +48,8 @@ typedef struct cuda_backend {
     size_t deq_bytes;
     int n_weights;
     void *wmem;                  /* every weight, one allocation */
+    void *pad;                   /* MSM_CUDA_PAD_MB: device memory taken before anything else (a
+                                  * benchmark's probe of placement: every later buffer moves) */
     char *arena;
     size_t arena_bytes;
     uint16_t **kc, **vc;         /* [n_layers] bf16 caches */
@@ -1488,6 +1490,7 @@ static void cuda_free(msm_backend *b) {
     cudaDeviceSynchronize();
     for (int i = 0; i < cb->n_graphs; i++) cudaGraphExecDestroy(cb->graphs[i]);
     cudaFree(cb->wmem);
+    cudaFree(cb->pad);
     free(cb->w);
     free(cb->w8);
     free(cb->wsc);
@@ -1673,6 +1676,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_HOST_WAIT=yield|sleep      host waits for a step: poll and yield the core (default), or
  *                                       sleep 20 us between polls (the earlier wait, 50-70 us late)
  *   MSM_CUDA_HOST_STAGE=0|1             step inputs and results through pinned staging (1, default)
+ *   MSM_CUDA_PAD_MB=N                   take N MiB (up to 4096) of device memory before any other buffer:
+ *                                       every weight, cache and arena address moves (a benchmark's probe
+ *                                       of how much a step's time depends on where its buffers lie)
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
 
@@ -1913,6 +1919,8 @@ int msm_backend_cuda_new(int device, int rank, int tp, const void *nccl_id, int 
     if (e != cudaSuccess)
         return msm_err_set(err, -ENODEV, "rank %d: cannot use GPU %d: %s", rank, device, cudaGetErrorString(e));
     const char *stage = getenv("MSM_CUDA_HOST_STAGE"), *wait = getenv("MSM_CUDA_HOST_WAIT");
+    int pad_mb = 0;
+    if (env_int("MSM_CUDA_PAD_MB", &pad_mb) && pad_mb > 0) TRY(cudaMalloc(&cb->pad, mib_clamped(pad_mb)));
     if (!stage || stage[0] != '0') {
         TRY(cudaHostAlloc((void **)&cb->stage, STAGE_BYTES, cudaHostAllocDefault));
         cb->stage_bytes = STAGE_BYTES;
