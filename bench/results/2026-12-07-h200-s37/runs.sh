@@ -41,17 +41,17 @@ r5) # on an H200 r2; on an H100 the table of the code that lands (--keep-idle-au
     el table | tee -a $OUT/gpu.txt
     for p in qwen3-30b-a3b qwen1.5-moe-a2.7b qwen3-30b-a3b-fp8; do b $p 1,2,4,8,16,32,128,256 table -- --keep-idle-aux; done
     el done | tee -a $OUT/gpu.txt ;;
-r6) # on an H200 r2 (the owed table first); on an H100 the placement probe: run 2's
-    # --no-prefetch-kv against the default moved Qwen3 -0.028 / -0.053 ms at 4 / 16 tokens and its FP8
-    # preset +0.034 / +0.022, though the fork was ruled out and the two graphs run the same kernels;
-    # the aux stream's workspace, allocated only with the fork's nodes, moves every later buffer.
-    # MSM_CUDA_PAD_MB=N takes N MiB before any buffer: if times move by as much across pads,
-    # where the buffers lie explains it (and A/B differences of that size are placement)
-    hdr; if h200; then OUT=$OUT/r2 timeout 420 bash $0 r2; cat $OUT/r2/gpu.txt >> $OUT/gpu.txt; pack; exit 0; fi
+r6) # the placement probe: run 2's --no-prefetch-kv against the default moved Qwen3 -0.028 / -0.053 ms
+    # at 4 / 16 tokens and its FP8 preset +0.034 / +0.022, though the fork was ruled out and the two
+    # graphs run the same kernels (same arena, same workspaces). MSM_CUDA_PAD_MB=N takes N MiB before
+    # any buffer: if times move by as much across pads, where the buffers lie explains it (and A/B
+    # differences of that size are placement). On an H200 (the owed table cannot fit the time left)
+    # Qwen3's 1-32 tokens first
+    hdr; h200 && { el table | tee -a $OUT/gpu.txt; b qwen3-30b-a3b 1,2,4,8,16,32 table --; }
     el pads | tee -a $OUT/gpu.txt
     for i in 1 2 3; do
-        for pad in 0 2 96 1000; do b qwen3-30b-a3b 1,4,8,16 pad MSM_CUDA_PAD_MB=$pad --; b qwen3-30b-a3b-fp8 4,8 pad MSM_CUDA_PAD_MB=$pad --; done
-        for pad in 0 96; do b qwen3-30b-a3b 1,4,8,16 pad MSM_CUDA_PAD_MB=$pad -- --no-prefetch-kv; b qwen3-30b-a3b-fp8 4,8 pad MSM_CUDA_PAD_MB=$pad -- --no-prefetch-kv; done
+        for pad in 0 2 96; do b qwen3-30b-a3b 4,8,16 pad MSM_CUDA_PAD_MB=$pad --; b qwen3-30b-a3b-fp8 4,8 pad MSM_CUDA_PAD_MB=$pad --; done
+        for pad in 0 96; do b qwen3-30b-a3b 4,8,16 pad MSM_CUDA_PAD_MB=$pad -- --no-prefetch-kv; b qwen3-30b-a3b-fp8 4,8 pad MSM_CUDA_PAD_MB=$pad -- --no-prefetch-kv; done
     done
     el done | tee -a $OUT/gpu.txt ;;
 esac
