@@ -278,9 +278,9 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * Qwen3-30B-A3B -0.056 / -0.049 at 1 / 2 tokens, +0.037 at 4; +0.117 / +0.287 at 8 / 16, where
      * its fork then split the experts' combine from the norm after them (msm_graph_moe_sum_reader and
      * msm_graph_moe_sum_source pass over it since): the attention 2.5 us a layer faster at 8, the
-     * combine + norm 4.2 us slower. Not yet measured with the combine kept (the thirty-sixth session's
-     * run 1 timed a step that lost the combine, fixed since): bench/results/2026-12-07-h200-s36
-     * `runs.sh r4`'s MSM_CUDA_L2_PREFETCH_KV_MAX_T=16 arm) */
+     * combine + norm 4.2 us slower. With the combine kept, up to 16 tokens against this cap of 2:
+     * +0.006 / +0.002 / +0.027 ms at 4 / 8 / 16 tokens, no gain (H100, 2026-12-07 thirty-seventh
+     * session, bench/results/2026-12-07-h200-s37 run 1) */
     t->l2_prefetch_kv_max_t = 2;
     t->l2_prefetch_kv_bytes = (size_t)24 << 20;
     t->l2_prefetch_last = false;
