@@ -1678,7 +1678,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_HOST_STAGE=0|1             step inputs and results through pinned staging (1, default)
  *   MSM_CUDA_PAD_MB=N                   take N MiB (up to 4096) of device memory before any other buffer:
  *                                       every weight, cache and arena address moves (a benchmark's probe
- *                                       of how much a step's time depends on where its buffers lie)
+ *                                       of how much a step's time depends on where its buffers lie; 0, 2
+ *                                       and 96 MiB within +-0.02 ms of each other, Qwen3-30B-A3B at 4-16
+ *                                       tokens, H100: bench/results/2026-12-07-h200-s37 run 3)
  *   MSM_CUDA_SKIP_OPS=OP[,OP...]        skip those ops (op names as msm_op_name prints them) to
  *                                       time a step without them; results are then meaningless */
 
