@@ -15,6 +15,7 @@
  *           [--no-fuse-allreduce] [--no-fuse-allreduce-norm] [--fuse-linear-norm] [--tp N]
  *           [--prefetch-l2] [--prefetch-l2-next] [--prefetch-kv | --no-prefetch-kv]
  *           [--router-first | --no-router-first] [--router-alone] [--fork-before-norm]
+ *           [--buckets 1,2,4,...] (the decode graphs captured; default: the engine's)
  * Prints one table row per batch or length.
  *
  *   msmoe-bench load --model DIR [...]: checkpoint load time next to a plain read of the same
@@ -188,7 +189,8 @@ int main(int argc, char **argv) {
         {"router-first", no_argument, 0, 'r'}, {"no-router-first", no_argument, 0, 'n'},
         {"router-alone", no_argument, 0, 'A'}, {"prefetch-l2", no_argument, 0, 'P'},
         {"prefetch-l2-next", no_argument, 0, 'Q'}, {"prefetch-kv", no_argument, 0, 'K'},
-        {"fork-before-norm", no_argument, 0, 'f'}, {"no-prefetch-kv", no_argument, 0, 'k'}, {0, 0, 0, 0}};
+        {"fork-before-norm", no_argument, 0, 'f'}, {"no-prefetch-kv", no_argument, 0, 'k'},
+        {"buckets", required_argument, 0, 'U'}, {0, 0, 0, 0}};
     int ch;
     optind = 2;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -216,6 +218,14 @@ int main(int argc, char **argv) {
         case 'C': ceiling = atof(optarg); break;
         case 'L': batches = optarg; break;
         case 'X': o.multi_stream_max_tokens = atoi(optarg); break;
+        case 'U': /* the decode buckets captured as CUDA graphs (default: the engine's) */
+            o.n_buckets = 0;
+            for (char *s = optarg; *s && o.n_buckets < MSM_MAX_BUCKETS;) {
+                o.buckets[o.n_buckets++] = (int)strtol(s, &s, 10);
+                if (*s == ',') s++;
+                else if (*s) break;
+            }
+            break;
         default: return 2;
         }
     }

@@ -54,4 +54,13 @@ r6) # the placement probe: run 2's --no-prefetch-kv against the default moved Qw
         for pad in 0 96; do b qwen3-30b-a3b 4,8,16 pad MSM_CUDA_PAD_MB=$pad -- --no-prefetch-kv; b qwen3-30b-a3b-fp8 4,8 pad MSM_CUDA_PAD_MB=$pad -- --no-prefetch-kv; done
     done
     el done | tee -a $OUT/gpu.txt ;;
+r7) # what else differs with --no-prefetch-kv at 4-16 tokens, where the graphs are identical
+    # (msm_graph_equal, the same value offsets): the process also captures the 1-2 token buckets'
+    # graphs, which with the pass hold the fork and the aux stream's prefetch kernels. Only the 4, 8
+    # and 16 buckets captured (--buckets, new) against the engine's buckets, each with and without
+    # the pass
+    hdr; el arms | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do for a in "" "--no-prefetch-kv" "--buckets 4,8,16" "--buckets 4,8,16 --no-prefetch-kv"; do
+        b qwen3-30b-a3b 4,16 bk -- $a; b qwen3-30b-a3b-fp8 4,8 bk -- $a; done; done
+    el done | tee -a $OUT/gpu.txt ;;
 esac
