@@ -51,7 +51,8 @@ static void CUPTIAPI tl_buffer_completed(CUcontext ctx, uint32_t stream, uint8_t
         if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
             /* a copy as a row of its own: no grid, its kind and bytes as the name */
             const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)rec;
-            static const char *const kinds[] = {"?", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
+            static const char *const kinds[] = {"?",    "HtoD", "DtoH", "HtoA", "AtoH", "AtoA",
+                                                "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"}; /* copyKind 0-10 */
             fprintf(tl_out, "%llu,%llu,%u,%u,%llu,0,0,0,0,0,\"memcpy %s %llu B\"\n", (unsigned long long)m->start,
                     (unsigned long long)m->end, m->streamId, m->graphId, (unsigned long long)m->graphNodeId,
                     m->copyKind < sizeof kinds / sizeof kinds[0] ? kinds[m->copyKind] : "?",

@@ -220,10 +220,14 @@ int main(int argc, char **argv) {
         case 'X': o.multi_stream_max_tokens = atoi(optarg); break;
         case 'U': /* the decode buckets captured as CUDA graphs (default: the engine's) */
             o.n_buckets = 0;
-            for (char *s = optarg; *s && o.n_buckets < MSM_MAX_BUCKETS;) {
-                o.buckets[o.n_buckets++] = (int)strtol(s, &s, 10);
-                if (*s == ',') s++;
-                else if (*s) break;
+            for (char *s = optarg, *end; *s; s = *end ? end + 1 : end) {
+                long v = strtol(s, &end, 10);
+                if (end == s || (*end && *end != ',') || v < 1 || o.n_buckets == MSM_MAX_BUCKETS) {
+                    fprintf(stderr, "msmoe-bench: --buckets %s: expected up to %d positive numbers, comma-separated\n",
+                            optarg, MSM_MAX_BUCKETS);
+                    return 2;
+                }
+                o.buckets[o.n_buckets++] = (int)v;
             }
             break;
         default: return 2;
