@@ -2,7 +2,8 @@
 # msmoe-bench decode's %HBM column on the CPU backend (the embedded model): no ceiling, no %HBM ("-"
 # in its column, no "# %HBM" line); --ceiling GBPS gives one (a "# %HBM ... (--ceiling)" line and a
 # percentage); the CUDA backend without a usable GPU says why there is no %HBM (and the engine then
-# fails with its own message). Each: PASS/FAIL lines, non-zero exit on any FAIL.
+# fails with its own message); --buckets takes a list of positive numbers and refuses anything
+# else with a message. Each: PASS/FAIL lines, non-zero exit on any FAIL.
 # usage: test_msmoe_bench.sh path/to/msmoe-bench   (run from the repository root)
 set -u
 BENCH=$1
@@ -24,6 +25,14 @@ $B --ceiling 50 > "$tmp/given" 2> "$tmp/given.err"
 check "--ceiling: exits 0" test $? -eq 0
 check "--ceiling: its %HBM line" grep -q '^# %HBM: .* against 50 GB/s a GPU (--ceiling)' "$tmp/given"
 check "--ceiling: the row's %HBM is a percentage" grep -Eq '^ +1 +[0-9.]+ +[0-9.]+ +[0-9]+ +[0-9.]+ +[0-9.]+%$' "$tmp/given"
+
+$B --buckets 1,2 > "$tmp/bk" 2> "$tmp/bk.err"
+check "--buckets 1,2: exits 0" test $? -eq 0
+for bad in "4,x" "0" "2;4"; do
+    $B --buckets "$bad" > "$tmp/bad" 2> "$tmp/bad.err"
+    check "--buckets $bad: exits 2" test $? -eq 2
+    check "--buckets $bad: says what it expects" grep -q "msmoe-bench: --buckets $bad: expected up to 32 positive numbers" "$tmp/bad.err"
+done
 
 if nvidia-smi > /dev/null 2>&1; then
     echo "SKIP cuda without a GPU: this machine has one"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """bench/timeline_summary.py's arithmetic on a synthetic CUPTI timeline (no GPU): replays are cut by
 the graph's node count, each kernel is charged the time its end moved the step's frontier, the
-charges add up to the replay's span, idle gaps are found, and mangled names are demangled where
-c++filt exists. Prints a line per check; exits non-zero if any fails."""
+charges add up to the replay's span, idle gaps are found, mangled names are demangled where
+c++filt exists, and the time between replays is reported with the copies in it. Prints a line per check; exits non-zero if any fails."""
 import csv, importlib.util, os, shutil, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -51,6 +51,29 @@ out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "timeline_summ
                      capture_output=True, text=True)
 expect("the report runs", out.returncode, 0)
 expect("the report names the span", "span 20.0 us" in out.stdout, True)
+os.unlink(path)
+
+# between replays: replay 0 ends at 20 us, replay 1 starts at 100; copies outside the graph (graph id
+# 0) of 1, 2 and 1 us in the gap, the last ending 6 us before replay 1; one copy inside a replay,
+# which is not in the gap
+with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False, newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["start_ns", "end_ns", "stream", "graph_id", "graph_node", "grid_x", "grid_y", "grid_z", "block_x",
+                "regs", "name"])
+    for rep in range(2):
+        for node, (name, s, e, st) in enumerate(KERNELS):
+            w.writerow([(rep * 100 + s) * 1000, (rep * 100 + e) * 1000, st, 5, node, 1, 1, 1, 128, 32, name])
+    for s, e, kind in ((21, 22, "DtoH 32"), (90, 92, "HtoD 1120"), (93, 94, "HtoD 32"), (5, 6, "HtoD 8")):
+        w.writerow([s * 1000, e * 1000, 13, 0, 0, 0, 0, 0, 0, 0, f"memcpy {kind} B"])
+    path = f.name
+out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "timeline_summary.py"), path, "--rows", "1", "--min-nodes", "1"],
+                     capture_output=True, text=True)
+expect("the report with copies runs", out.returncode, 0)
+expect("between replays: the gap, its copies and the last copy's lead",
+       "between replays (median of 1): gap 80.0 us, of it copies/kernels outside graphs 4.0, "
+       "last of them to the next replay 6.0" in out.stdout, True)
+expect("the copies in the gap listed, the one inside a replay not",
+       ("memcpy HtoD 1120 B" in out.stdout, "memcpy HtoD 8 B" in out.stdout), (True, False))
 os.unlink(path)
 print(f"{fails} failed")
 sys.exit(1 if fails else 0)
