@@ -25,4 +25,16 @@ r2) # on an H200 only (once an H100 has run r1's r7): the s37 r2 within 520 s
     hdr; h200 || { echo "not an H200: r2 skipped" | tee -a $OUT/gpu.txt; exit 0; }
     OUT=$OUT/r2 timeout 520 bash $S37 r2; cat $OUT/r2/gpu.txt >> $OUT/gpu.txt
     pack; el done | tee -a $OUT/gpu.txt ;;
+r3) # the lean form for a short budget (LIMIT seconds in all): on an H200 the three presets' table
+    # (Qwen3 first) and the probe's 8-token floors, then the s37 r7 in the time left; on an H100
+    # the s37 r7 first, then Qwen3's table
+    hdr; L=${LIMIT:-330}
+    if h200; then el table | tee -a $OUT/gpu.txt
+        for p in qwen3-30b-a3b qwen1.5-moe-a2.7b qwen3-30b-a3b-fp8; do b $p 1,2,4,8,16,32,128,256 table --; done
+        source <(sed -n '/^floors() {/,/^}/p' bench/results/2026-12-07-h200-s34/runs.sh); floors
+        OUT=$OUT/r7 timeout $(left $L) bash $S37 r7; cat $OUT/r7/gpu.txt >> $OUT/gpu.txt
+    else OUT=$OUT/r7 timeout $(left $((L - 40))) bash $S37 r7; cat $OUT/r7/gpu.txt >> $OUT/gpu.txt
+        el table | tee -a $OUT/gpu.txt; b qwen3-30b-a3b 1,2,4,8,16,32,128,256 table --
+    fi
+    pack; el done | tee -a $OUT/gpu.txt ;;
 esac
