@@ -24,14 +24,28 @@ def expect(what, got, want):
     print(f"{'PASS' if ok else 'FAIL'} {what}: {got!r}" + ("" if ok else f" (want {want!r})"))
 
 
-with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False, newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["start_ns", "end_ns", "stream", "graph_id", "graph_node", "grid_x", "grid_y", "grid_z", "block_x",
-                "regs", "name"])
-    for rep in range(2):
-        for node, (name, s, e, st) in enumerate(KERNELS):
-            w.writerow([(rep * 100 + s) * 1000, (rep * 100 + e) * 1000, st, 5, node, 1, 1, 1, 128, 32, name])
-    path = f.name
+def write_timeline(copies=()):
+    """KERNELS' replay twice, then each (start us, end us, kind) copy outside the graph (graph id 0),
+    as the timeline's CSV; returns its path."""
+    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False, newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["start_ns", "end_ns", "stream", "graph_id", "graph_node", "grid_x", "grid_y", "grid_z",
+                    "block_x", "regs", "name"])
+        for rep in range(2):
+            for node, (name, s, e, st) in enumerate(KERNELS):
+                w.writerow([(rep * 100 + s) * 1000, (rep * 100 + e) * 1000, st, 5, node, 1, 1, 1, 128, 32, name])
+        for s, e, kind in copies:
+            w.writerow([s * 1000, e * 1000, 13, 0, 0, 0, 0, 0, 0, 0, f"memcpy {kind} B"])
+        return f.name
+
+
+def report(path, rows):
+    """bench/timeline_summary.py's report of path, ROWS kernels listed"""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "bench", "timeline_summary.py"), path, "--rows",
+                           str(rows), "--min-nodes", "1"], capture_output=True, text=True)
+
+
+path = write_timeline()
 rows = ts.load(path)
 reps, nodes = ts.replays(rows)
 expect("nodes", nodes, 4)
@@ -47,8 +61,7 @@ expect("c's advance (past b's end)", c, 1.0)
 expect("d's advance (the gap and itself)", d, 5.0)
 expect("advances add up to the span", sum(adv.values()) / 1e3, 20.0)
 expect("d's gap", gap_of[id(name[KD])] / 1e3, 3.0)
-out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "timeline_summary.py"), path, "--rows", "4", "--min-nodes", "1"],
-                     capture_output=True, text=True)
+out = report(path, 4)
 expect("the report runs", out.returncode, 0)
 expect("the report names the span", "span 20.0 us" in out.stdout, True)
 os.unlink(path)
@@ -56,18 +69,8 @@ os.unlink(path)
 # between replays: replay 0 ends at 20 us, replay 1 starts at 100; copies outside the graph (graph id
 # 0) of 1, 2 and 1 us in the gap, the last ending 6 us before replay 1; one copy inside a replay,
 # which is not in the gap
-with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False, newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["start_ns", "end_ns", "stream", "graph_id", "graph_node", "grid_x", "grid_y", "grid_z", "block_x",
-                "regs", "name"])
-    for rep in range(2):
-        for node, (name, s, e, st) in enumerate(KERNELS):
-            w.writerow([(rep * 100 + s) * 1000, (rep * 100 + e) * 1000, st, 5, node, 1, 1, 1, 128, 32, name])
-    for s, e, kind in ((21, 22, "DtoH 32"), (90, 92, "HtoD 1120"), (93, 94, "HtoD 32"), (5, 6, "HtoD 8")):
-        w.writerow([s * 1000, e * 1000, 13, 0, 0, 0, 0, 0, 0, 0, f"memcpy {kind} B"])
-    path = f.name
-out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "timeline_summary.py"), path, "--rows", "1", "--min-nodes", "1"],
-                     capture_output=True, text=True)
+path = write_timeline(((21, 22, "DtoH 32"), (90, 92, "HtoD 1120"), (93, 94, "HtoD 32"), (5, 6, "HtoD 8")))
+out = report(path, 1)
 expect("the report with copies runs", out.returncode, 0)
 expect("between replays: the gap, its copies and the last copy's lead",
        "between replays (median of 1): gap 80.0 us, of it copies/kernels outside graphs 4.0, "
