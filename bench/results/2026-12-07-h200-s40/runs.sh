@@ -14,6 +14,7 @@
 # (MSM_CUDA_MMV_STREAM_BS_MIN_N=2048). Commit in gpu.txt: the streamed-MMV and tuning kernel
 # tests; msmoe-run's logits under each arm bitwise; three rounds of each arm against the default;
 # Qwen3's 8-token timeline with and without the one-stage form.
+# r3: r1 on an H200, else r2.
 S38=bench/results/2026-12-07-h200-s38/runs.sh
 source bench/device_run.sh
 source <(sed -n '/^h200() {/p' bench/results/2026-12-06-h200-s30/runs.sh)
@@ -34,4 +35,5 @@ r2) hdr; source <(sed -n '/^kern_tests() {/,/^}/p' bench/results/2026-12-06-h200
     el timeline | tee -a $OUT/gpu.txt
     ROWS=14 tl qwen3-30b-a3b 8 q3b8; ROWS=14 tl qwen3-30b-a3b 8 q3b8-lk MSM_CUDA_MMV_STREAM_LONG_K=1
     pack; el done | tee -a $OUT/gpu.txt ;;
+r3) if h200; then exec bash $0 r1; else exec bash $0 r2; fi ;;
 esac
