@@ -1424,7 +1424,6 @@ static int mmv_bslice_pick(const msm_cuda_tuning *tn, int T, int N, int K, bool 
 }
 
 static bool mmvs_fits(const msm_cuda_tuning *tn, int T, int K, const void *w, const void *x);
-static bool mmvs_long_fits(const msm_cuda_tuning *tn, int T, int N, int K, const void *w, const void *x);
 static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K, int WS,
                     msm_cuda_exec ex);
 
@@ -1437,7 +1436,6 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
     if ((WS == 8 || WS == 16) && !ex.on_aux && tn->mmv_stream_bs_min_n > 0 && N >= tn->mmv_stream_bs_min_n &&
         mmvs_fits(tn, T, K, w, x))
         return mmvs_run(y, x, w, bias, T, N, K, WS, ex);
-    if (WS == 16 && !ex.on_aux && mmvs_long_fits(tn, T, N, K, w, x)) return mmvs_run(y, x, w, bias, T, N, K, 16, ex);
     if (WS) {
         CUDA_TRY(mmvb_go<false>(WS, U, NJ, y, x, w, bias, T, N, K, ex));
         CUDA_LAUNCH_CHECK();
@@ -1487,18 +1485,17 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
 #define MMVS_ROW_PAD 64
 #define MMVS_NJ 2 /* n8 tiles a tile: 16 rows */
 #define MMVS_MAX_K 2048 /* 4 chunks of 32 a slice at 16 slices, 8 at 8 */
-#define MMVS_LONG_K 4096 /* the one-stage form (mmv_stream_kernel<16, MMVS_LONG_K>): 8 chunks a slice */
 /* shared memory at K, st stages and WS slices: the stages, the partials [2][WS][8 tokens][16 rows],
  * the stages' mbarriers */
 static constexpr size_t mmvs_smem(int K, int st, int ws) {
     return (size_t)st * 8 * MMVS_NJ * (2 * (size_t)K + MMVS_ROW_PAD) + 2 * (size_t)ws * 64 * MMVS_NJ * 4 +
            (size_t)st * 8;
 }
-template <int WS, int KMAX = MMVS_MAX_K>
+template <int WS>
 static __global__ void __launch_bounds__(WS * 32, 1)
     mmv_stream_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
                       bool early, int st) {
-    constexpr int NJ = MMVS_NJ, PC = KMAX / 32 / WS, TR = 8 * NJ, NOUT = 8 * TR; /* rows a tile, outputs */
+    constexpr int NJ = MMVS_NJ, PC = MMVS_MAX_K / 32 / WS, TR = 8 * NJ, NOUT = 8 * TR; /* rows a tile, outputs */
     extern __shared__ __align__(128) unsigned char mmvs_sm[];
     const int rs = 2 * K + MMVS_ROW_PAD, sb = TR * rs; /* a row's and a stage's bytes */
     float *part = (float *)(mmvs_sm + (size_t)st * sb);
@@ -1587,14 +1584,6 @@ static bool mmvs_fits(const msm_cuda_tuning *tn, int T, int K, const void *w, co
     return tn->mmv_stream_ok && T >= 2 && T <= 8 && K % 32 == 0 && K > 0 && K <= MMVS_MAX_K &&
            ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
 }
-/* The one-stage form for the block-sliced MMV's 16-slice picks of 2048 < K <= 4096 (Qwen3's o_proj,
- * 2048 x 4096 at 2-8 tokens): its x fragments take as many registers as the 8-slice kernel's at
- * K = 2048, and a 16-row tile (129-131 KiB) fits one stage, so only where every block has one tile
- * (N / 16 <= the SMs), each copied whole before the PDL wait. */
-static bool mmvs_long_fits(const msm_cuda_tuning *tn, int T, int N, int K, const void *w, const void *x) {
-    return tn->mmv_stream_ok && tn->mmv_stream_long_k && T >= 2 && T <= 8 && K % 32 == 0 && K > MMVS_MAX_K &&
-           K <= MMVS_LONG_K && (N + 15) / 16 <= tn->sms && ((uintptr_t)w | (uintptr_t)x) % 16 == 0;
-}
 static bool mmvs_use(const msm_cuda_tuning *tn, int T, int N, int K, const void *w, const void *x) {
     return tn->mmv_stream_min_n > 0 && N >= tn->mmv_stream_min_n && T >= tn->mmv_stream_min_t &&
            mmvs_fits(tn, T, K, w, x);
@@ -1605,12 +1594,6 @@ static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t 
                     msm_cuda_exec ex) {
     int ntile = (N + 15) / 16, grid = ntile < ex.tune->sms ? ntile : ex.tune->sms;
     bool early = ex.tune->gemv_early && !ex.w_written;
-    if (K > MMVS_MAX_K) { /* the one-stage form (mmvs_long_fits: 16 slices, one tile a block) */
-        CUDA_TRY(msm_launch(mmv_stream_kernel<16, MMVS_LONG_K>, dim3((unsigned)grid), dim3(16 * 32),
-                            mmvs_smem(K, 1, 16), ex, y, x, w, bias, T, N, K, early, 1));
-        CUDA_LAUNCH_CHECK();
-        return 0;
-    }
     /* stages: 2 where every tile of a block but the third is copied before the PDL wait (and the
      * shared memory stays inside the attention's 196 KiB carveout), 3 for a longer stream */
     int sst = ex.tune->mmv_stream_st, st = sst == 2 || (sst != 3 && (ntile + grid - 1) / grid <= 3) ? 2 : MMVS_ST;
@@ -1645,10 +1628,7 @@ void msm__linear_tuning(msm_cuda_tuning *t) {
     t->mmv_stream_ok = cudaFuncSetAttribute(mmv_stream_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)mmvs_smem(MMVS_MAX_K, MMVS_ST, 16)) == cudaSuccess &&
                        cudaFuncSetAttribute(mmv_stream_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)mmvs_smem(MMVS_MAX_K, MMVS_ST, 8)) == cudaSuccess &&
-                       cudaFuncSetAttribute(mmv_stream_kernel<16, MMVS_LONG_K>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)mmvs_smem(MMVS_LONG_K, 1, 16)) == cudaSuccess;
+                                            (int)mmvs_smem(MMVS_MAX_K, MMVS_ST, 8)) == cudaSuccess;
     if (!t->mmv_stream_ok) (void)cudaGetLastError();
     mmv_fit<1, 4>(t->mmv_cluster_fit[0][0]), mmv_fit<2, 4>(t->mmv_cluster_fit[0][1]);
     mmv_fit<3, 4>(t->mmv_cluster_fit[0][2]), mmv_fit<4, 4>(t->mmv_cluster_fit[0][3]);

@@ -272,10 +272,6 @@ typedef struct msm_cuda_tuning {
                                  0 (default): 2 where a block has at most 3 tiles, else 3
                                  (MSM_CUDA_MMV_STREAM_ST=0|2|3) */
     int mmv_stream_min_t;     /* ... from this many tokens (MSM_CUDA_MMV_STREAM_MIN_T; 2..8) */
-    bool mmv_stream_long_k;   /* ... and the block-sliced MMV's picks of 16 slices with 2048 < K <= 4096
-                                 (Qwen3's o_proj) whose 16-row tiles are at most one a block: one
-                                 stage of 129-131 KiB, the whole tile copied before the PDL wait, the
-                                 same bits (MSM_CUDA_MMV_STREAM_LONG_K=0|1; default: tuning.cu) */
     bool mmv_stream_ok;       /* its shared memory granted (GPU fact) */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
     int att_mma_split_gqa_max;/* ... and at most this many where the split tensor-core kernel takes 4-8

@@ -84,10 +84,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * block has at most 3 tiles, 3 for a longer stream such as the lm_head) */
     t->mmv_stream_bs_min_n = 4096;
     t->mmv_stream_st = 0;
-    /* ... and the 16-slice picks of K 2049-4096 at one tile a block (Qwen3's o_proj, 2048 x 4096:
-     * 128 tiles, each copied whole before the PDL wait while the attention runs): off until measured
-     * (fortieth session, bench/results/2026-12-07-h200-s40) */
-    t->mmv_stream_long_k = false;
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
     t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;

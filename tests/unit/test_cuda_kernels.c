@@ -73,7 +73,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER",
                                  "MSM_CUDA_ROUTER_TCLUSTER_TB", "MSM_CUDA_MMV_L2_REST", "MSM_CUDA_MMV_STREAM_ST",
                                  "MSM_CUDA_MMV_STREAM_BS_MIN_N", "MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX",
-                                 "MSM_CUDA_ROUTER_ST_ASYNC", "MSM_CUDA_MMV_STREAM_LONG_K"};
+                                 "MSM_CUDA_ROUTER_ST_ASYNC"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -104,7 +104,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
     setenv("MSM_CUDA_ROUTER_GROUP", "0", 1), setenv("MSM_CUDA_MOE_COMBINE_EARLY", "0", 1);
     setenv("MSM_CUDA_ROUTER_TCLUSTER", "99", 1), setenv("MSM_CUDA_ROUTER_TCLUSTER_TB", "3", 1);
-    setenv("MSM_CUDA_ROUTER_ST_ASYNC", "1", 1), setenv("MSM_CUDA_MMV_STREAM_LONG_K", "1", 1);
+    setenv("MSM_CUDA_ROUTER_ST_ASYNC", "1", 1);
     setenv("MSM_CUDA_MMV_L2_REST", "1", 1), setenv("MSM_CUDA_MMV_STREAM_ST", "1", 1);
     setenv("MSM_CUDA_MMV_STREAM_BS_MIN_N", "-3", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX", "40", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
@@ -156,7 +156,6 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(t.mmv_l2_rest, "MSM_CUDA_MMV_L2_REST=1: the later rounds prefetched into L2");
     cr_expect_eq(t.mmv_stream_st, 0, "1: the automatic stages");
     cr_expect_eq(t.mmv_stream_bs_min_n, 0, "clamped to 0: the block-sliced MMV not streamed");
-    cr_expect(t.mmv_stream_long_k, "MSM_CUDA_MMV_STREAM_LONG_K=1: the one-stage form for K up to 4096");
     cr_expect_eq(t.att_mma_split_gqa_max, 16, "clamped to 16");
     cr_expect(!t.mmv_fit_clusters, "MSM_CUDA_MMV_FIT_CLUSTERS=0: K slices by blocks alone");
     cr_expect_eq(t.mmv_u8_max_blocks, 0, "clamped to 0: 4 chunks in flight");
@@ -855,27 +854,6 @@ Test(cuda_kernels, linear_mmv_stream, .timeout = 120) {
         linear_same_bits(ctx, EX_T(&a), EX_T(&c), T, N, K, bs[s / 2][3], what);
     }
     linear_case(ctx, EX, 8, 5120, 2048, 0, 2e-5);
-    /* the one-stage form (mmv_stream_long_k): the 16-slice picks of 2048 < K <= 4096 at one tile a
-     * block, bitwise the block-sliced kernel at 16 slices and against the CPU: Qwen3's o_proj (2048 x
-     * 4096), bias, rows not a multiple of 16, slices past K's chunks (K = 2080: 65 chunks), 2-8 tokens;
-     * past one tile a block (N = 5000: 313 tiles) the block-sliced kernel takes it */
-    static const int lk[][4] = {{8, 2048, 4096, 0}, {2, 2048, 4096, 1}, {5, 1000, 3008, 1}, {3, 517, 2080, 0},
-                                {8, 5000, 4096, 0}};
-    for (size_t s = 0; s < sizeof lk / sizeof *lk; s++) {
-        int T = lk[s][0], N = lk[s][1], K = lk[s][2];
-        msm_cuda_tuning a = tune0, c = tune0;
-        a.mmv_min_t = c.mmv_min_t = 1, a.mmv_max_t = c.mmv_max_t = 64;
-        a.linear_tiled_min_t = c.linear_tiled_min_t = 1 << 30;
-        a.mmv_bslice = c.mmv_bslice = 16, a.mmv_nj = c.mmv_nj = 2;
-        a.mmv_stream_min_n = c.mmv_stream_min_n = 0;
-        a.mmv_stream_long_k = true, c.mmv_stream_long_k = false;
-        linear_case(ctx, EX_T(&a), T, N, K, lk[s][3], 2e-5);
-        linear_same_bits(ctx, EX_T(&a), EX_T(&c), T, N, K, lk[s][3], "streamed (one stage, long K) vs block-sliced");
-    }
-    msm_cuda_tuning o = tune0;
-    o.mmv_stream_long_k = true;
-    linear_case(ctx, EX_T(&o), 8, 2048, 4096, 0, 2e-5);
-    linear_deterministic(ctx, EX_T(&o), 8, 2048, 4096, "streamed mmv, one stage, long K");
     /* past its limits: K of 4096 and 2080, 9 tokens (the tiled GEMM), one token (the other paths,
      * against the CPU) */
     msm_cuda_tuning l = tune0;
