@@ -15,6 +15,13 @@
 # tests; msmoe-run's logits under each arm bitwise; three rounds of each arm against the default;
 # Qwen3's 8-token timeline with and without the one-stage form.
 # r3: r1 on an H200, else r2.
+# r4 (any card): the streamed MMV (Qwen3's and Qwen1.5-MoE's qkv at 3-8 tokens) with only its first
+# stage's tile copied before the PDL wait (MSM_CUDA_MMV_STREAM_PRE=1; the second right after it),
+# so that less of its burst falls beside the combine + add + norm before it. Commit in gpu.txt:
+# the streamed-MMV and tuning kernel tests; msmoe-run's logits bitwise; three rounds against the
+# default; Qwen3's 8-token timelines: the default, PRE=1, and the qkv not streamed
+# (MSM_CUDA_MMV_STREAM_BS_MIN_N=0: what the combine takes without the burst beside it).
+# r5: r1 on an H200, else r4.
 S38=bench/results/2026-12-07-h200-s38/runs.sh
 source bench/device_run.sh
 source <(sed -n '/^h200() {/p' bench/results/2026-12-06-h200-s30/runs.sh)
@@ -36,4 +43,15 @@ r2) hdr; source <(sed -n '/^kern_tests() {/,/^}/p' bench/results/2026-12-06-h200
     ROWS=14 tl qwen3-30b-a3b 8 q3b8; ROWS=14 tl qwen3-30b-a3b 8 q3b8-lk MSM_CUDA_MMV_STREAM_LONG_K=1
     pack; el done | tee -a $OUT/gpu.txt ;;
 r3) if h200; then exec bash $0 r1; else exec bash $0 r2; fi ;;
+r4) hdr; source <(sed -n '/^kern_tests() {/,/^}/p' bench/results/2026-12-06-h200-s26/runs.sh)
+    kern_tests "@(tuning*|linear_mmv_stream)"
+    arm_bits "MSM_CUDA_MMV_STREAM_PRE=1" qwen3-30b-a3b qwen1.5-moe-a2.7b
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do for a in "" MSM_CUDA_MMV_STREAM_PRE=1; do
+        b qwen3-30b-a3b 4,8 pre $a --; b qwen1.5-moe-a2.7b 4,8 pre $a --; done; done > /dev/null 2>&1
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=14 tl qwen3-30b-a3b 8 q3b8; ROWS=14 tl qwen3-30b-a3b 8 q3b8-pre1 MSM_CUDA_MMV_STREAM_PRE=1
+    ROWS=14 tl qwen3-30b-a3b 8 q3b8-nostream MSM_CUDA_MMV_STREAM_BS_MIN_N=0
+    pack; el done | tee -a $OUT/gpu.txt ;;
+r5) if h200; then exec bash $0 r1; else exec bash $0 r4; fi ;;
 esac
