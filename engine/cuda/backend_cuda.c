@@ -1583,7 +1583,6 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_MMV_STREAM_MIN_T=N         ... from N tokens (2..8)
  *   MSM_CUDA_MMV_STREAM_ST=0|2|3        ... its stages of shared memory (0: 2 where a block has at most
  *                                       3 tiles, else 3)
- *   MSM_CUDA_MMV_STREAM_PRE=0|1|2       ... its stages copied before the PDL wait (0: all)
  *   MSM_CUDA_MMV_L2_REST=0|1            the MMVs prefetch their later rounds of weights into L2 before
  *                                       the PDL wait (0)
  *   MSM_CUDA_MOE_DOWN_HB=0|2|4          the pair path's split down GEMV: rows a warp (0, default: 4 for
@@ -1742,7 +1741,6 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if (env_int("MSM_CUDA_MMV_STREAM_MIN_T", &v)) t->mmv_stream_min_t = v < 2 ? 2 : v > 8 ? 8 : v;
     if (env_int("MSM_CUDA_MMV_STREAM_BS_MIN_N", &v)) t->mmv_stream_bs_min_n = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MMV_STREAM_ST", &v)) t->mmv_stream_st = v == 2 || v == 3 ? v : 0;
-    if (env_int("MSM_CUDA_MMV_STREAM_PRE", &v)) t->mmv_stream_pre = v < 0 ? 0 : v > 2 ? 2 : v;
     if (env_int("MSM_CUDA_ATT_MAX_SPLIT", &v)) t->att_max_split = v < 1 ? 1 : v > 16 ? 16 : v;
     if (env_int("MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX", &v)) t->att_mma_split_gqa_max = v < 0 ? 0 : v > 16 ? 16 : v;
     if ((s = getenv("MSM_CUDA_LINEAR_NORM"))) t->linear_norm_fused = s[0] == '1';

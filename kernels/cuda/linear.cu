@@ -1478,8 +1478,7 @@ static int mmv_run(float *y, const float *x, const uint16_t *w, const uint16_t *
  * memory (double-buffered: one barrier a tile, which also frees the stage the next copies
  * overwrite) and 128 threads sum them in slice order: each output is mmv_kernel<1, 1, WS, U,
  * WS>'s (the block-sliced MMV at WS slices: the same chunks, MMAs and order), bitwise. Every
- * stage's first tile is copied before the PDL wait (weights are never written during a step; tuning
- * mmv_stream_pre: only the first that many stages', the others' right after the wait); a
+ * stage's first tile is copied before the PDL wait (weights are never written during a step); a
  * stage's next tile right after the barrier that ends its reads. Run 3: the lm_head at 8 tokens
  * 150.9 us, DRAM 87% busy. */
 #define MMVS_ST 3 /* stages at most (tuning mmv_stream_st: 2 or 3) */
@@ -1495,7 +1494,7 @@ static constexpr size_t mmvs_smem(int K, int st, int ws) {
 template <int WS>
 static __global__ void __launch_bounds__(WS * 32, 1)
     mmv_stream_kernel(float *y, const float *x, const uint16_t *w, const uint16_t *bias, int T, int N, int K,
-                      bool early, int st, int pre) {
+                      bool early, int st) {
     constexpr int NJ = MMVS_NJ, PC = MMVS_MAX_K / 32 / WS, TR = 8 * NJ, NOUT = 8 * TR; /* rows a tile, outputs */
     extern __shared__ __align__(128) unsigned char mmvs_sm[];
     const int rs = 2 * K + MMVS_ROW_PAD, sb = TR * rs; /* a row's and a stage's bytes */
@@ -1524,11 +1523,8 @@ static __global__ void __launch_bounds__(WS * 32, 1)
     };
     int tile = blockIdx.x;
     if (producer)
-        for (int s = 0; s < st; s++)
-            if (!early || s < pre) issue(tile + s * G, s); /* every stage's first tile (pre before the wait) */
+        for (int s = 0; s < st; s++) issue(tile + s * G, s); /* every stage's first tile */
     if (early) msm_pdl_wait();
-    if (early && producer)
-        for (int s = pre; s < st; s++) issue(tile + s * G, s);
     /* x fragments of the slice's chunks: tokens g < T (A rows 0-7; rows 8-15 are zero) */
     uint32_t xf[PC][8];
     const float *xr = g < T ? x + (size_t)g * K + (size_t)c0 * 32 + q * 8 : NULL;
@@ -1601,10 +1597,9 @@ static int mmvs_run(float *y, const float *x, const uint16_t *w, const uint16_t 
     /* stages: 2 where every tile of a block but the third is copied before the PDL wait (and the
      * shared memory stays inside the attention's 196 KiB carveout), 3 for a longer stream */
     int sst = ex.tune->mmv_stream_st, st = sst == 2 || (sst != 3 && (ntile + grid - 1) / grid <= 3) ? 2 : MMVS_ST;
-    int pre = ex.tune->mmv_stream_pre > 0 && ex.tune->mmv_stream_pre < st ? ex.tune->mmv_stream_pre : st;
     WS = WS == 8 ? 8 : 16;
     CUDA_TRY(msm_launch(WS == 8 ? mmv_stream_kernel<8> : mmv_stream_kernel<16>, dim3((unsigned)grid), dim3(WS * 32),
-                        mmvs_smem(K, st, WS), ex, y, x, w, bias, T, N, K, early, st, pre));
+                        mmvs_smem(K, st, WS), ex, y, x, w, bias, T, N, K, early, st));
     CUDA_LAUNCH_CHECK();
     return 0;
 }

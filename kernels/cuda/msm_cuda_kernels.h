@@ -272,9 +272,6 @@ typedef struct msm_cuda_tuning {
                                  0 (default): 2 where a block has at most 3 tiles, else 3
                                  (MSM_CUDA_MMV_STREAM_ST=0|2|3) */
     int mmv_stream_min_t;     /* ... from this many tokens (MSM_CUDA_MMV_STREAM_MIN_T; 2..8) */
-    int mmv_stream_pre;       /* ... its stages whose first tile is copied before the PDL wait, the
-                                 others' right after it; 0 (default): every stage; the same bits
-                                 (MSM_CUDA_MMV_STREAM_PRE=0..2) */
     bool mmv_stream_ok;       /* its shared memory granted (GPU fact) */
     int att_max_split;        /* attention context splits per (token, head), 1..16 (MSM_CUDA_ATT_MAX_SPLIT) */
     int att_mma_split_gqa_max;/* ... and at most this many where the split tensor-core kernel takes 4-8

@@ -84,7 +84,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * block has at most 3 tiles, 3 for a longer stream such as the lm_head) */
     t->mmv_stream_bs_min_n = 4096;
     t->mmv_stream_st = 0;
-    t->mmv_stream_pre = 0; /* every stage before the wait (fortieth session: 1 measured) */
     t->mmv_fit_clusters = true;
     t->linear_tiled_min_t = MSM_CUDA_LINEAR_TILED_MIN_T;
     t->lt_split_min_t = MSM_CUDA_LT_SPLIT_MIN_T;

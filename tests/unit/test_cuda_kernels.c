@@ -73,7 +73,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER",
                                  "MSM_CUDA_ROUTER_TCLUSTER_TB", "MSM_CUDA_MMV_L2_REST", "MSM_CUDA_MMV_STREAM_ST",
                                  "MSM_CUDA_MMV_STREAM_BS_MIN_N", "MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX",
-                                 "MSM_CUDA_ROUTER_ST_ASYNC", "MSM_CUDA_MMV_STREAM_PRE"};
+                                 "MSM_CUDA_ROUTER_ST_ASYNC"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -104,7 +104,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
     setenv("MSM_CUDA_ROUTER_GROUP", "0", 1), setenv("MSM_CUDA_MOE_COMBINE_EARLY", "0", 1);
     setenv("MSM_CUDA_ROUTER_TCLUSTER", "99", 1), setenv("MSM_CUDA_ROUTER_TCLUSTER_TB", "3", 1);
-    setenv("MSM_CUDA_ROUTER_ST_ASYNC", "1", 1), setenv("MSM_CUDA_MMV_STREAM_PRE", "7", 1);
+    setenv("MSM_CUDA_ROUTER_ST_ASYNC", "1", 1);
     setenv("MSM_CUDA_MMV_L2_REST", "1", 1), setenv("MSM_CUDA_MMV_STREAM_ST", "1", 1);
     setenv("MSM_CUDA_MMV_STREAM_BS_MIN_N", "-3", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX", "40", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
@@ -156,7 +156,6 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(t.mmv_l2_rest, "MSM_CUDA_MMV_L2_REST=1: the later rounds prefetched into L2");
     cr_expect_eq(t.mmv_stream_st, 0, "1: the automatic stages");
     cr_expect_eq(t.mmv_stream_bs_min_n, 0, "clamped to 0: the block-sliced MMV not streamed");
-    cr_expect_eq(t.mmv_stream_pre, 2, "clamped to 2");
     cr_expect_eq(t.att_mma_split_gqa_max, 16, "clamped to 16");
     cr_expect(!t.mmv_fit_clusters, "MSM_CUDA_MMV_FIT_CLUSTERS=0: K slices by blocks alone");
     cr_expect_eq(t.mmv_u8_max_blocks, 0, "clamped to 0: 4 chunks in flight");
@@ -850,10 +849,8 @@ Test(cuda_kernels, linear_mmv_stream, .timeout = 120) {
         a.mmv_stream_min_n = c.mmv_stream_min_n = 0;
         a.mmv_stream_bs_min_n = 1, c.mmv_stream_bs_min_n = 0;
         a.mmv_stream_st = s % 2 ? 2 : 3;
-        a.mmv_stream_pre = (int)(s % 3); /* all, 1 or 2 stages copied before the wait */
-        char what[80];
-        snprintf(what, sizeof what, "streamed vs block-sliced, %d slices, %d stages, %d before the wait", ws,
-                 a.mmv_stream_st, a.mmv_stream_pre);
+        char what[64];
+        snprintf(what, sizeof what, "streamed vs block-sliced, %d slices, %d stages", ws, a.mmv_stream_st);
         linear_same_bits(ctx, EX_T(&a), EX_T(&c), T, N, K, bs[s / 2][3], what);
     }
     linear_case(ctx, EX, 8, 5120, 2048, 0, 2e-5);
