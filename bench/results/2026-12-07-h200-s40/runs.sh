@@ -22,6 +22,12 @@
 # default; Qwen3's 8-token timelines: the default, PRE=1, and the qkv not streamed
 # (MSM_CUDA_MMV_STREAM_BS_MIN_N=0: what the combine takes without the burst beside it).
 # r5: r1 on an H200, else r4.
+# r6 (any card): the combine + add + norm cluster's late PDL trigger (MSM_CUDA_MOE_COMBINE_LATE=1:
+# the qkv launches once the combine's loads have returned, so its bulk copies do not queue beside
+# them). Commit in gpu.txt: the fused-combine and tuning kernel tests; msmoe-run's logits bitwise;
+# three rounds against the default (Qwen3 and its FP8 preset at 5-32 tokens, where the routed
+# experts' sum is read by that add + norm); Qwen3's 8-token timelines.
+# r7: r1 on an H200, else r6.
 S38=bench/results/2026-12-07-h200-s38/runs.sh
 source bench/device_run.sh
 source <(sed -n '/^h200() {/p' bench/results/2026-12-06-h200-s30/runs.sh)
@@ -54,4 +60,14 @@ r4) hdr; source <(sed -n '/^kern_tests() {/,/^}/p' bench/results/2026-12-06-h200
     ROWS=14 tl qwen3-30b-a3b 8 q3b8-nostream MSM_CUDA_MMV_STREAM_BS_MIN_N=0
     pack; el done | tee -a $OUT/gpu.txt ;;
 r5) if h200; then exec bash $0 r1; else exec bash $0 r4; fi ;;
+r6) hdr; source <(sed -n '/^kern_tests() {/,/^}/p' bench/results/2026-12-06-h200-s26/runs.sh)
+    kern_tests "@(tuning*|moe_fused_combine*)"
+    arm_bits "MSM_CUDA_MOE_COMBINE_LATE=1" qwen3-30b-a3b qwen3-30b-a3b-fp8
+    el ab | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do for a in "" MSM_CUDA_MOE_COMBINE_LATE=1; do
+        b qwen3-30b-a3b 5,8,16,32 late $a --; b qwen3-30b-a3b-fp8 8,16 late $a --; done; done > /dev/null 2>&1
+    el timeline | tee -a $OUT/gpu.txt
+    ROWS=14 tl qwen3-30b-a3b 8 q3b8; ROWS=14 tl qwen3-30b-a3b 8 q3b8-late MSM_CUDA_MOE_COMBINE_LATE=1
+    pack; el done | tee -a $OUT/gpu.txt ;;
+r7) if h200; then exec bash $0 r1; else exec bash $0 r6; fi ;;
 esac
