@@ -28,6 +28,8 @@
 # three rounds against the default (Qwen3 and its FP8 preset at 5-32 tokens, where the routed
 # experts' sum is read by that add + norm); Qwen3's 8-token timelines.
 # r7: r1 on an H200, else r6.
+# r8: on an H200 the lean form for a short budget (two rounds of the three presets' table, Qwen3
+# first; the probe's 8-token floors; Qwen3's 8-token timeline), else r6.
 S38=bench/results/2026-12-07-h200-s38/runs.sh
 source bench/device_run.sh
 source <(sed -n '/^h200() {/p' bench/results/2026-12-06-h200-s30/runs.sh)
@@ -70,4 +72,11 @@ r6) hdr; source <(sed -n '/^kern_tests() {/,/^}/p' bench/results/2026-12-06-h200
     ROWS=14 tl qwen3-30b-a3b 8 q3b8; ROWS=14 tl qwen3-30b-a3b 8 q3b8-late MSM_CUDA_MOE_COMBINE_LATE=1
     pack; el done | tee -a $OUT/gpu.txt ;;
 r7) if h200; then exec bash $0 r1; else exec bash $0 r6; fi ;;
+r8) h200 || exec bash $0 r6
+    hdr; el table | tee -a $OUT/gpu.txt
+    for i in 1 2; do for p in qwen3-30b-a3b qwen1.5-moe-a2.7b qwen3-30b-a3b-fp8; do
+        b $p 1,2,4,8,16,32,128,256 table --; done; done > /dev/null 2>&1
+    source <(sed -n '/^floors() {/,/^}/p' bench/results/2026-12-07-h200-s34/runs.sh); floors
+    el timeline | tee -a $OUT/gpu.txt; ROWS=14 tl qwen3-30b-a3b 8 q3b8
+    pack; el done | tee -a $OUT/gpu.txt ;;
 esac
