@@ -1594,7 +1594,6 @@ static const msm_backend_vt cuda_vt = {
  *                                       never (0); the same bits
  *   MSM_CUDA_MOE_COMBINE_CLUSTER=0|1    ... inside an ADD_RMSNORM as a cluster a token (1, default) or one
  *                                       block a token; the same bits
- *   MSM_CUDA_MOE_COMBINE_LATE=0|1       ... that cluster lets the next kernel launch only after its loads (0)
  *   MSM_CUDA_MOE_COMBINE_EARLY=0|1      the combines read the routing before their PDL wait where the experts'
  *                                       gate/up triggers after its own (1, default); the same bits
  *   MSM_CUDA_MOE_GU_U2=0|1|2            the pair path's bf16 gate/up: 2 loads a row in flight at 12 blocks
@@ -1732,7 +1731,6 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
                                                                            : MSM_CUDA_MOE_PAIR_EARLY_AUTO;
     if ((s = getenv("MSM_CUDA_MOE_FUSED_COMBINE"))) t->moe_fused_combine = s[0] == '0' ? 0 : s[0] == '2' ? 2 : 1;
     if ((s = getenv("MSM_CUDA_MOE_COMBINE_CLUSTER"))) t->moe_combine_cluster = s[0] != '0';
-    if ((s = getenv("MSM_CUDA_MOE_COMBINE_LATE"))) t->moe_combine_late = s[0] != '0';
     if ((s = getenv("MSM_CUDA_MOE_COMBINE_EARLY"))) t->moe_combine_early = s[0] != '0';
     if (env_int("MSM_CUDA_MOE_GU_U2", &v))
         t->moe_gu_u2 = v <= 0 ? MSM_CUDA_MOE_GU_U2_OFF : v == 1 ? MSM_CUDA_MOE_GU_U2_ON : MSM_CUDA_MOE_GU_U2_AUTO;

@@ -163,11 +163,10 @@ static __global__ void moe_add_rmsnorm_kernel(float *sum, float *out, const floa
 template <int V>
 static __global__ void __launch_bounds__(1024)
     moe_add_rmsnorm_cl_kernel(float *sum, float *out, const float *a, moe_ws ws, const int32_t *ids, int E,
-                              const float *w, int H, int k, const uint16_t *nw, float eps, bool early,
-                              bool late) {
+                              const float *w, int H, int k, const uint16_t *nw, float eps, bool early) {
     __shared__ float val[1024], part[32];
     cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-    if (!late) msm_pdl_trigger();
+    msm_pdl_trigger();
     const int i = threadIdx.x + blockIdx.x * blockDim.x;
     const size_t t = blockIdx.y, off = t * (size_t)H;
     float wv = i < H ? msm_bf(__ldg(nw + i)) : 0.0f;
@@ -175,7 +174,6 @@ static __global__ void __launch_bounds__(1024)
     MOE_EARLY_ROWS(early, moe_tok_rows(r, ws, ids, E, w, t, k));
     float v = i < H ? a[off + i] + moe_tok_sum(r, ws.outp, (size_t)i, H) : 0.0f;
     val[threadIdx.x] = v;
-    if (late) msm_pdl_trigger(); /* the next kernel's early loads after this one's (tuning moe_combine_late) */
     msm_cluster_sync_smem(); /* every block's values */
     float ss = 0.0f;
 #pragma unroll
@@ -474,8 +472,7 @@ extern "C" int msm_cuda_moe_add_rmsnorm(float *sum, float *out, const float *a, 
 #define MAN_CL(V)                                                                                                   \
     case V:                                                                                                         \
         CUDA_TRY(msm_launch_cluster(moe_add_rmsnorm_cl_kernel<V>, grid, dim3((unsigned)threads), 0, (unsigned)V, ex,  \
-                                    sum, out, a, ws, scan, m->E, m->w, H, m->k, nw, eps, early,                     \
-                                    ex.tune->moe_combine_late));                                                    \
+                                    sum, out, a, ws, scan, m->E, m->w, H, m->k, nw, eps, early));                   \
         return 0;
         switch (nv) { MAN_CL(2) MAN_CL(4) MAN_CL(8) }
 #undef MAN_CL

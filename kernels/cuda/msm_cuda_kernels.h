@@ -166,10 +166,6 @@ typedef struct msm_cuda_tuning {
                                  gathered over distributed shared memory in the one-block kernel's
                                  order: the same bits), where the row takes 2-8 slices; else one block a
                                  token (MSM_CUDA_MOE_COMBINE_CLUSTER) */
-    bool moe_combine_late;    /* ... that cluster lets the kernel after it launch (PDL) only once its
-                                 loads have returned, so that kernel's early weight loads (the qkv's
-                                 bulk copies) do not queue beside them; the same bits
-                                 (MSM_CUDA_MOE_COMBINE_LATE=0|1; default: tuning.cu) */
     bool moe_combine_early;   /* the combine kernel and the combines inside a norm read each token's
                                  routing (ids, weights, the grouping's inverse) before their PDL wait,
                                  after the grouped GEMVs and tiled GEMMs, whose gate/up triggers only

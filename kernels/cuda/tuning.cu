@@ -265,7 +265,6 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * into any reader, one block a token: slower, msm_cuda_kernels.h) */
     t->moe_fused_combine = 2;
     t->moe_combine_cluster = true;
-    t->moe_combine_late = false; /* fortieth session: measured (bench/results/2026-12-07-h200-s40) */
     t->moe_combine_early = true;
     t->aux_gemv_rows = 2;
     /* the L2 prefetch of the PREFETCH nodes (pass off by default): measured slower or the same

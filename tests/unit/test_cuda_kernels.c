@@ -73,7 +73,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_MOE_COMBINE_EARLY", "MSM_CUDA_ROUTER_TCLUSTER",
                                  "MSM_CUDA_ROUTER_TCLUSTER_TB", "MSM_CUDA_MMV_L2_REST", "MSM_CUDA_MMV_STREAM_ST",
                                  "MSM_CUDA_MMV_STREAM_BS_MIN_N", "MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX",
-                                 "MSM_CUDA_ROUTER_ST_ASYNC", "MSM_CUDA_MOE_COMBINE_LATE"};
+                                 "MSM_CUDA_ROUTER_ST_ASYNC"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     msm_cuda_tuning t, z;
     memset(&t, 0, sizeof t);
@@ -104,7 +104,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
     setenv("MSM_CUDA_ROUTER_GROUP", "0", 1), setenv("MSM_CUDA_MOE_COMBINE_EARLY", "0", 1);
     setenv("MSM_CUDA_ROUTER_TCLUSTER", "99", 1), setenv("MSM_CUDA_ROUTER_TCLUSTER_TB", "3", 1);
-    setenv("MSM_CUDA_ROUTER_ST_ASYNC", "1", 1), setenv("MSM_CUDA_MOE_COMBINE_LATE", "1", 1);
+    setenv("MSM_CUDA_ROUTER_ST_ASYNC", "1", 1);
     setenv("MSM_CUDA_MMV_L2_REST", "1", 1), setenv("MSM_CUDA_MMV_STREAM_ST", "1", 1);
     setenv("MSM_CUDA_MMV_STREAM_BS_MIN_N", "-3", 1), setenv("MSM_CUDA_ATT_MMA_SPLIT_GQA_MAX", "40", 1);
     setenv("MSM_CUDA_MMV_U8_MAX_BLOCKS", "-7", 1);
@@ -198,7 +198,6 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.att_cluster_spare, 0, "MSM_CUDA_ATT_CLUSTER_SPARE clamped to 0: no cluster kept spare");
     cr_expect_eq(t.moe_fused_combine, 1, "MSM_CUDA_MOE_FUSED_COMBINE=1: the experts' combine inside any next norm");
     cr_expect(!t.moe_combine_cluster, "MSM_CUDA_MOE_COMBINE_CLUSTER=0: one block a token");
-    cr_expect(t.moe_combine_late, "MSM_CUDA_MOE_COMBINE_LATE=1: the cluster's late trigger");
     cr_expect_eq(t.moe_gu_u2, MSM_CUDA_MOE_GU_U2_ON, "MSM_CUDA_MOE_GU_U2=1: the gate/up at 2 loads a row");
     cr_expect(!t.fp8_gemv_u8, "MSM_CUDA_FP8_GEMV_U8=0: 4 loads a lane a row");
     cr_expect(!t.norm_linear, "MSM_CUDA_NORM_LINEAR=0: the norm and the linear two kernels");
@@ -2564,16 +2563,6 @@ Test(cuda_kernels, moe_fused_combine_equals_combine_then_norm, .timeout = 180) {
                 for (int q = 0; q < 4; q++)
                     cr_expect(memcmp(r[q], h[q], (size_t)T * H * 4) == 0, "%s differs: T=%d H=%d fp8=%d v=%d", what[q],
                               T, H, fp8, v);
-                /* the cluster's late trigger (moe_combine_late): the same bits */
-                t.moe_combine_late = true;
-                CK(cudaMemset(s1, 0xff, nr * 4) == cudaSuccess ? 0 : -1);
-                CK(cudaMemset(o1, 0xff, nr * 4) == cudaSuccess ? 0 : -1);
-                CK(msm_cuda_moe_add_rmsnorm(s1, o1, da, dn, 1e-6f, &ma, ex));
-                down(h[0], s1, (size_t)T * H * 4), down(h[1], o1, (size_t)T * H * 4);
-                for (int q = 0; q < 2; q++)
-                    cr_expect(memcmp(r[q], h[q], (size_t)T * H * 4) == 0, "%s differs, late trigger: T=%d H=%d "
-                              "fp8=%d v=%d", what[q], T, H, fp8, v);
-                t.moe_combine_late = false;
                 /* the add + norm reader as one block a token too (the default above: a cluster a token
                  * where the row takes 2-8 slices, both shapes here) */
                 t.moe_combine_cluster = false;
