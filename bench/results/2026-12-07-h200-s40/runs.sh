@@ -5,6 +5,8 @@
 # (nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o gpu-run/mega_probe bench/mega_probe.cu),
 # carried as gpu-run/:
 #   bash bench/results/2026-12-07-h200-s40/runs.sh rN
+# The switches of r2, r4 and r6 exist only in the commits that ran or built them (80f4392, 8877fbf,
+# f1c774e; each reverted after): on a later commit's bundle those arms run the default.
 # r1: on an H200 the thirty-eighth session's r2 (= the s37 r2: the table, the gate/up's chunks in
 # flight, the persistent down, the probe's floors, the 8-token timelines), owed since session 27;
 # on an H100 one round of the three presets' table (a repeat of s39 run 4, for its spread).
