@@ -164,7 +164,12 @@ static int tokenizer_mode(const char *path, bool encode) {
         printf("\n");
         free(ids);
     } else {
-        in = realloc(in, len + 1);
+        char *grown = realloc(in, len + 1);
+        if (!grown) {
+            fprintf(stderr, "msmoe-run: out of memory reading the ids\n");
+            goto out;
+        }
+        in = grown;
         in[len] = 0;
         int32_t *ids;
         int n = parse_ids(in, &ids);
