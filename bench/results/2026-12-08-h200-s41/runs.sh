@@ -10,10 +10,23 @@
 #   the presets' table, two rounds (Qwen3 first; GLM-4.5-Air FP8 once), the routed experts' bytes in
 #   flight and persistent grids as arms (the H200's experts read at 91-94% of its copy rate where
 #   the H100's run at 96-100%), their bits, the probe's 8-token floors, Qwen3's timelines at 1 and 8
-#   tokens, then the kernel tests and the presets' bitwise checks in the time left. On any other
-#   card it says so and stops (an H100's numbers are s39's and s40's).
-# r2: r1 without the GLM table and the checks (~2 min), for a short budget.
-source bench/device_run.sh  # el, left, b, tl, hdr, pack, arm_bits
+#   tokens, GLM-4.5-Air FP8's table, then the FP8 section (r3), the kernel tests and the presets'
+#   bitwise checks in the time left. On any other card it says so and runs only the FP8 section
+#   (an H100's table is s39's and s40's).
+# r2: r1 without the GLM table, the FP8 section and the checks (~2 min), for a short budget.
+# r3 (any card; what r1 runs on an H100): the FP8 section. The FP8 preset's step at 5-32 tokens
+#   spends ~4 ms beyond streaming its bytes on an H100 where the bf16 one spends ~1.2 (s39 run 4:
+#   Qwen3 FP8 8 tokens 8.59 ms at 54% of the copy rate, bf16 9.91 at 88%): its routed experts there
+#   take the tiled FP8 GEMMs (from 5 tokens), which ran at ~55% of the copy rate in session 5's
+#   32-token timeline on an H200 (gate/up 150 us a layer for ~350 MB of codes). The section: Qwen3
+#   FP8's timelines at 4, 8 and 32 tokens (and 8 on the SIMT GEMVs); the grouped FP8 GEMVs (measured
+#   against the tiled GEMMs only in sessions 5-6, before the grouped GEMVs' compact grids and chunk
+#   changes) against the tiled GEMMs as arms (MSM_CUDA_FP8_MOE_TILED_MIN_T=9 / 33: the grouped GEMVs
+#   up to 8 / 32 tokens, in their default tensor-core form or with MSM_CUDA_MOE_KERNELS=simt the
+#   SIMT one), three rounds (another path: other sums, each checked against the CPU by the kernel
+#   tests, so no bitwise line); Nsight Compute on each path's gate/up and down at 8 tokens (the
+#   first two launches of each).
+source bench/device_run.sh  # el, left, b, tl, ncu_k, hdr, pack, arm_bits
 source <(sed -n '/^h200() {/p' bench/results/2026-12-06-h200-s30/runs.sh)
 source <(sed -n '/^kern_tests() {/,/^}/p' bench/results/2026-12-06-h200-s26/runs.sh)
 source <(sed -n '/^floors() {/,/^}/p' bench/results/2026-12-07-h200-s34/runs.sh)
@@ -36,13 +49,33 @@ core() {
     ROWS=14 tl $Q3 8 q3b8; ROWS=14 tl $Q3 8 q3b8-u3 MSM_CUDA_MOE_GG_GATEUP_U=3; ROWS=14 tl $Q3 1 q3b1
 }
 
+# an arm's switches joined by "+"
+FP8_ARMS="MSM_CUDA_FP8_MOE_TILED_MIN_T=9 MSM_CUDA_FP8_MOE_TILED_MIN_T=9+MSM_CUDA_MOE_KERNELS=simt
+          MSM_CUDA_FP8_MOE_TILED_MIN_T=33 MSM_CUDA_FP8_MOE_TILED_MIN_T=33+MSM_CUDA_MOE_KERNELS=simt"
+fp8() {
+    el fp8 timelines | tee -a $OUT/gpu.txt
+    for bt in 4 8 32; do ROWS=24 tl $Q3F $bt q3fb$bt; done
+    ROWS=24 tl $Q3F 8 q3fb8-simt MSM_CUDA_FP8_MOE_TILED_MIN_T=9 MSM_CUDA_MOE_KERNELS=simt
+    el fp8 arms | tee -a $OUT/gpu.txt
+    for i in 1 2 3; do for a in "" $FP8_ARMS; do b $Q3F 5,8,16,32 fp8 ${a//+/ } --; done; done > /dev/null 2>&1
+    el fp8 ncu | tee -a $OUT/gpu.txt
+    [ "$(left 570)" -gt 130 ] && ncu_k "moe_(gateup|down)_tiled_fp8" $Q3F 8 fp8-tiled
+    [ "$(left 570)" -gt 130 ] && ncu_k "moe_(gateup|down)_mma_kernel" $Q3F 8 fp8-mma MSM_CUDA_FP8_MOE_TILED_MIN_T=9
+    [ "$(left 570)" -gt 130 ] && ncu_k "moe_(gateup|down)_grouped_gemv" $Q3F 8 fp8-simt MSM_CUDA_FP8_MOE_TILED_MIN_T=9 MSM_CUDA_MOE_KERNELS=simt
+    grep -E "^  [a-z_]+.*<|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per" \
+        $OUT/ncu-fp8-*.txt | head -60 >> $OUT/gpu.txt
+}
+
 case "$1" in
-r1) hdr; h200 || { echo "not an H200: stopped" | tee -a $OUT/gpu.txt; exit 0; }
+r1) hdr; h200 || { echo "not an H200: the FP8 section (r3) only" | tee -a $OUT/gpu.txt; fp8; pack
+                   el done | tee -a $OUT/gpu.txt; exit 0; }
     core
     el glm | tee -a $OUT/gpu.txt; b $GLM 1,2,4,8,32,128 table -- > /dev/null 2>&1
+    [ "$(left 570)" -gt 240 ] && fp8
     [ "$(left 570)" -gt 200 ] && kern_tests "*"
     [ "$(left 570)" -gt 150 ] && presets "" 0,2 $(( $(left 570) - 20 ))
     pack; el done | tee -a $OUT/gpu.txt ;;
 r2) hdr; h200 || { echo "not an H200: stopped" | tee -a $OUT/gpu.txt; exit 0; }
     core; pack; el done | tee -a $OUT/gpu.txt ;;
+r3) hdr; fp8; pack; el done | tee -a $OUT/gpu.txt ;;
 esac
