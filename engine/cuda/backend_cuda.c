@@ -1625,7 +1625,9 @@ static const msm_backend_vt cuda_vt = {
  *   MSM_CUDA_ATT_QK_ROPE=0|1|2          decode: QK_NORM + ROPE_KV_WRITE + ATTENTION in the split tensor-core
  *                                       attention: 1 (default) after a bf16 qkv projection, 2 always
  *   MSM_CUDA_LINEAR_ROPE=0|1            1-2 tokens: the qkv LINEAR + ROPE_KV_WRITE in one kernel (1, default)
- *   MSM_CUDA_FP8_MOE_TILED_MIN_T=N      ... from N tokens on (default 8), the FP8 GEMVs below
+ *   MSM_CUDA_FP8_MOE_TILED_MIN_T=N      ... from N tokens on (default 5), the FP8 GEMVs below
+ *   MSM_CUDA_FP8_TILED_KS=1|2           ... at 16 / 32 tokens a pass, 64-wide K steps a pipeline stage (1,
+ *                                       default; 2: not yet measured); the same bits
  *   MSM_CUDA_FP8_GEMV_ROWS=1|2|4        rows a warp of the FP8 SIMT GEMV (default: 2 at one token, else 4)
  *   MSM_CUDA_FP8_GEMV_U8=0|1            ... at one token, 8 loads a lane a row in flight (1, default) or 4
  *   MSM_CUDA_FP8_GEMV_HW=0|1            ... with the hardware e4m3 decode (1, default) or the integer one (0)
@@ -1800,6 +1802,7 @@ void msm_cuda_tuning_from_env(msm_cuda_tuning *t) {
     if ((s = getenv("MSM_CUDA_GEMV_U8"))) t->gemv_u8 = s[0] == '1';
     if (env_int("MSM_CUDA_NORM_ROUTER_MAX_T", &v)) t->norm_router_max_t = v < 0 ? 0 : v;
     if (env_int("MSM_CUDA_MOE_TILED_BM", &v)) t->moe_tiled_bm = v == 16 || v == 32 || v == 64 ? v : 0;
+    if (env_int("MSM_CUDA_FP8_TILED_KS", &v)) t->fp8_tiled_ks = v == 2 ? 2 : 1;
     if ((s = getenv("MSM_CUDA_FP8_LINEAR")))
         t->fp8_linear = !strcmp(s, "simt") ? MSM_CUDA_FP8_LINEAR_SIMT
                         : !strcmp(s, "simt_hw") ? MSM_CUDA_FP8_LINEAR_SIMT_HW : MSM_CUDA_FP8_LINEAR_MMA;

@@ -26,21 +26,28 @@
  * An expert with more than 64 tokens takes several passes (the weights streamed again). Results
  * are deterministic: each output is one thread's fixed sequence of MMAs.
  *
- * FP8-resident experts (docs/adr/0006-fp8.md) past fp8_native_max_t tokens run the same kernels
+ * FP8-resident experts (docs/adr/0006-fp8.md) from fp8_moe_tiled_min_t tokens run the same kernels
  * on their e4m3 codes (moe_*_tiled_fp8_kernel), instead of dequantising every selected expert to
  * a bf16 buffer each step, which cost more than the GEMMs at 128-256 tokens (3 bytes a code of
  * extra traffic; GLM-4.5-Air-FP8 decode at batch 128 ran at 23% of HBM bandwidth, H200):
  *   5. the 128 x 64 code tile of a K step (8 KB, one byte a weight) comes through the same
- *      cp.async pipeline, TF_STAGES = 4 steps deep (96 KB with the x tiles: two blocks an SM);
+ *      cp.async pipeline, TF_STAGES = 4 steps deep (96 KB with the x tiles: two blocks an SM; 8 and
+ *      6 at 16 and 32 tokens a pass: TF_ST), or with tuning fp8_tiled_ks = 2 at 16 / 32 tokens a
+ *      pass two K steps a stage (4 / 3 stages of 16 KB of codes: 128 contiguous bytes of a row a
+ *      stage, as the bf16 tile's, and half the barriers; the same sums; not yet measured);
  *      each warp turns its 16 rows into bf16 A fragments by bit placement (f32(q) * 2^-120,
  *      exactly, as the FP8 tensor-core GEMVs), x and the activations are split as x * 2^100;
  *   6. a step's MMAs go into fresh step accumulators, added times the rows' scales (one per row
  *      for a 64-wide step when the column phase is a multiple of 64; other phases keep the
  *      dequantising path), so the weights met are f32(q) * scale as in the FP8 GEMVs: their
  *      oracle is the CPU on the float32 weights, not bf16-rounded ones.
- * Registers (ptxas, sm_90a, -O3): 128 a thread, no spills, for both FP8 kernels at two blocks an SM
- * (166-168 uncapped); the bf16 kernels 80. Not yet run on a GPU: the speed-up over dequantising
- * is predicted (the codes are read once, 1 byte a weight, against 1 + 2 + 2 bytes), not measured. */
+ * Registers (ptxas, sm_90a, -O3): at 64 tokens a pass 128 a thread, no spills, for both FP8 kernels
+ * at two blocks an SM (166-168 uncapped); 94 at 32 and 80 at 16 (two K steps a stage: 126-128 and
+ * 87-88); the bf16 kernels 80. Against dequantising (H200, sixth session): Qwen3-30B-A3B FP8 batch
+ * 128 / 256 45.7 / 51.0 -> 20.5 / 26.4 ms (tuning.cu). Yet the FP8 preset's steps of 8-256 tokens
+ * run at 43-51% of the H200's copy rate against the bf16 preset's 75-85% (README), and session 5's
+ * 32-token timeline had the FP8 gate/up at ~55% of it: the forty-first session's plan
+ * (bench/results/2026-12-08-h200-s41) measures why. */
 #include "moe_internal.h"
 #include "tiled.h"
 
@@ -154,7 +161,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
 /* moe_gateup_tiled_kernel on FP8 codes gate_up [E, 2I, H] with scales gu_sc [E, 2I, ceil((H + ph) /
  * 128)]; xh / xl are x * 2^100, and act is written as bf16 hi + lo of silu(g) * u * 2^100 (the
  * down kernel's B operand). */
-template <int BM>
+template <int BM, int KS = 1>
 static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     moe_gateup_tiled_fp8_kernel(moe_ws ws, const uint16_t *xh, const uint16_t *xl, const uint8_t *gate_up,
                                 const float *gu_sc, int ph, uint16_t *ah, uint16_t *al, int H, int I) {
@@ -178,7 +185,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     for (int rb = r0; rb < r1; rb += BM) {
         int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tf_gemm<BM>(acc, smem, w_row, sg, su, ph, xh, xl, rb, r1, ntile, H, H);
+        tf_gemm<BM, KS>(acc, smem, w_row, sg, su, ph, xh, xl, rb, r1, ntile, H, H);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;
@@ -198,7 +205,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
 
 /* moe_down_tiled_kernel on FP8 codes down [E, H, I] with scales dn_sc [E, H, ceil((I + ph) / 128)];
  * ah / al are the activations * 2^100 (moe_gateup_tiled_fp8_kernel). */
-template <int BM>
+template <int BM, int KS = 1>
 static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     moe_down_tiled_fp8_kernel(moe_ws ws, const uint16_t *ah, const uint16_t *al, const uint8_t *down,
                               const float *dn_sc, int ph, int H, int I) {
@@ -218,7 +225,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 2)
     for (int rb = r0; rb < r1; rb += BM) {
         int ntile = min(BM / 8, (r1 - rb + 7) >> 3);
         float acc[8][4];
-        tf_gemm<BM>(acc, smem, w_row, sa, sb, ph, ah, al, rb, r1, ntile, I, I);
+        tf_gemm<BM, KS>(acc, smem, w_row, sa, sb, ph, ah, al, rb, r1, ntile, I, I);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t >= ntile) break;
@@ -249,6 +256,12 @@ template <int BM> static int tiled_prepare(void) {
                                   TF_SMEM_BM(BM)));
     CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_fp8_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   TF_SMEM_BM(BM)));
+    if constexpr (BM <= 32) { /* two K steps a stage (tuning fp8_tiled_ks) */
+        CUDA_TRY(cudaFuncSetAttribute(moe_gateup_tiled_fp8_kernel<BM, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      TF_SMEM_BM2(BM)));
+        CUDA_TRY(cudaFuncSetAttribute(moe_down_tiled_fp8_kernel<BM, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      TF_SMEM_BM2(BM)));
+    }
     return 0;
 }
 
@@ -314,13 +327,14 @@ int msm__moe_tiled_run(const moe_ws &ws, const float *x, const uint16_t *gate_up
                       : tiled_gemms<64>(p, ws, gate_up, down, H, I, ex);
 }
 
-/* The FP8 gate/up and down GEMMs of plan p with BM tokens a pass. */
-template <int BM>
+/* The FP8 gate/up and down GEMMs of plan p with BM tokens a pass, KS K steps a pipeline stage. */
+template <int BM, int KS = 1>
 static int tiled_fp8_gemms(const tiled_plan &p, const moe_ws &ws, msm_cuda_fp8w gu, msm_cuda_fp8w dn, int H, int I,
                            msm_cuda_exec ex) {
-    CUDA_TRY(msm_launch(moe_gateup_tiled_fp8_kernel<BM>, dim3(p.g1), dim3(TL_WARPS * 32), TF_SMEM_BM(BM), ex, ws, p.xh,
+    constexpr int smem = KS == 1 ? TF_SMEM_BM(BM) : TF_SMEM_BM2(BM);
+    CUDA_TRY(msm_launch(moe_gateup_tiled_fp8_kernel<BM, KS>, dim3(p.g1), dim3(TL_WARPS * 32), smem, ex, ws, p.xh,
                         p.xl, gu.q, gu.scale, gu.phase, p.ah, p.al, H, I));
-    CUDA_TRY(msm_launch(moe_down_tiled_fp8_kernel<BM>, dim3(p.g2), dim3(TL_WARPS * 32), TF_SMEM_BM(BM), ex, ws, p.ah,
+    CUDA_TRY(msm_launch(moe_down_tiled_fp8_kernel<BM, KS>, dim3(p.g2), dim3(TL_WARPS * 32), smem, ex, ws, p.ah,
                         p.al, dn.q, dn.scale, dn.phase, H, I));
     return 0;
 }
@@ -334,6 +348,8 @@ int msm__moe_tiled_fp8_run(const moe_ws &ws, const float *x, msm_cuda_fp8w gu, m
     CUDA_TRY(msm_launch(moe_split_x_kernel, dim3(p.split_rows), dim3(256), 0, ex, ws, p.xh, p.xl, x,
                         MSM_FP8_X_SCALE, T * k, H, k, E));
     int bm = tiled_bm(ex.tune, T, k, E);
+    if (ex.tune->fp8_tiled_ks == 2 && bm <= 32) /* two K steps a stage */
+        return bm == 16 ? tiled_fp8_gemms<16, 2>(p, ws, gu, dn, H, I, ex) : tiled_fp8_gemms<32, 2>(p, ws, gu, dn, H, I, ex);
     return bm == 16   ? tiled_fp8_gemms<16>(p, ws, gu, dn, H, I, ex)
            : bm == 32 ? tiled_fp8_gemms<32>(p, ws, gu, dn, H, I, ex)
                       : tiled_fp8_gemms<64>(p, ws, gu, dn, H, I, ex);

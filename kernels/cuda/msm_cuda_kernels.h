@@ -424,6 +424,10 @@ typedef struct msm_cuda_tuning {
                                  tokens): Qwen1.5-MoE 8.54 / 9.93 / 12.02 / 16.48 -> 8.08 / 9.48 / 11.60 /
                                  15.88-15.93, Qwen3-30B-A3B 16.53 / 18.61 / 20.37 / 24.68 -> 15.52-15.60 /
                                  17.81-17.91 / 19.61-19.72 / 23.50-23.56 */
+    int fp8_tiled_ks;         /* 64-wide K steps a pipeline stage of the FP8 expert GEMMs at 16 or 32 tokens
+                                 a pass (tiled.h tf_gemm): 1 (default), or 2, each stage reading 128
+                                 contiguous bytes of a code row instead of 64 and half the barriers for
+                                 the same codes (MSM_CUDA_FP8_TILED_KS; the same sums; not yet measured) */
     int rows_pipe;            /* MSM_CUDA_PIPE_* kernels whose bf16 rows take msm_rows_dot's software
                                  pipelining where a row is more than one step of loads (K > 256 * U): the
                                  next step's loads go out before this step's arithmetic, so a warp's loads

@@ -112,53 +112,84 @@ static_assert(TF_SMEM <= TL_SMEM, "the FP8 kernels hold two blocks an SM like th
 static_assert(TF_SMEM_BM(16) <= TL_SMEM && TF_SMEM_BM(32) <= TL_SMEM && TF_SMEM_BM(64) == TF_SMEM,
               "two blocks an SM at every FP8 pass size");
 
+/* Two 64-wide K steps a pipeline stage (the FP8 expert GEMMs' tuning fp8_tiled_ks = 2, 16 and 32
+ * tokens a pass): a block reads 128 contiguous bytes of each of its 128 code rows a stage instead
+ * of 64 (the bf16 kernels' 128 bytes a row a step) and waits at half as many barriers for the same
+ * codes; 16 tokens 4 stages of 24 KB, 32 tokens 3 of 32 KB (the same 96 KB, two blocks an SM). */
+#define TF_ST2(BM) ((BM) == 16 ? 4 : 3)
+#define TF_SMEM_BM2(BM) (TF_ST2(BM) * 2 * (TF_W_BYTES + 2 * TL_XB(BM)))
+static_assert(TF_SMEM_BM2(16) <= TL_SMEM && TF_SMEM_BM2(32) <= TL_SMEM, "two blocks an SM at KS = 2 too");
+
 /* tl_gemm on codes: acc[t] = sum over the K steps of scale(step) * (W codes . B) for this warp's 16
  * rows; w_row(r) as in tl_gemm (codes, K bytes a row); sa / sb: the scale rows ([ceil((K + ph) /
  * 128)] floats) of this thread's C rows warp*16 + g and + 8, the step at column k0 taking
  * scale[(k0 + ph) / 128]. xh / xl: x * 2^100 as bf16 hi / lo (rows as in tl_gemm, ld elements
- * apart: K, or more for a K slice of wider rows). K % 64 == 0, K >= 64, ph % 64 == 0. The caller
- * syncs before reusing the shared memory. */
-template <int BM, typename RowFn>
+ * apart: K, or more for a K slice of wider rows). K % 64 == 0, K >= 64, ph % 64 == 0. KS: 64-wide
+ * steps a pipeline stage (1, or 2 at BM 16 / 32: TF_ST2 stages of two sub-tiles, each laid out as
+ * a KS = 1 stage); the same steps in the same order either way, so the same sums. The caller syncs
+ * before reusing the shared memory. */
+template <int BM, int KS = 1, typename RowFn>
 static __device__ __forceinline__ void tf_gemm(float acc[8][4], unsigned char *smem, RowFn w_row, const float *sa,
                                                const float *sb, int ph, const uint16_t *xh, const uint16_t *xl,
                                                int rb, int r1, int ntile, int K, int ld) {
-    constexpr int ST = TF_ST(BM), STAGE = TF_W_BYTES + 2 * TL_XB(BM);
+    static_assert(KS == 1 || (KS == 2 && BM <= 32), "two steps a stage at 16 or 32 tokens a pass");
+    constexpr int ST = KS == 1 ? TF_ST(BM) : TF_ST2(BM), SUB = TF_W_BYTES + 2 * TL_XB(BM), STAGE = KS * SUB;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 #pragma unroll
     for (int t = 0; t < 8; t++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[t][i] = 0.0f;
-    int nk = K / TL_BK, xrows = ntile * 8;
-    /* this thread's copies: 2 weight chunks (rows tid/4 + 64j, bytes 16 * (tid%4)) and up to 4 x chunks */
+    int nk = K / TL_BK, ns = (nk + KS - 1) / KS, xrows = ntile * 8;
+    /* this thread's copies a step: 2 weight chunks (rows tid/4 + 64j, bytes 16 * (tid%4)) and up to 4 x chunks */
     const uint8_t *wsrc[2];
 #pragma unroll
     for (int j = 0; j < 2; j++) wsrc[j] = w_row(tid / 4 + 64 * j) + (tid % 4) * 16;
     uint32_t base = msm_smem_addr(smem);
-    auto load = [&](int stage, int kc) {
-        uint32_t st = base + stage * STAGE;
-        size_t k0 = (size_t)kc * TL_BK;
+    auto load = [&](int stage, int sc) { /* the K steps of stage step sc */
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            msm_cp_async16(st + (tid / 4 + 64 * j) * TL_BK + (tid % 4) * 16, wsrc[j] + k0, 16);
-        tl_load_x<BM>(st + TF_W_BYTES, xh, xl, rb, r1, xrows, ld, k0, tid);
+        for (int u = 0; u < KS; u++) {
+            int kc = sc * KS + u;
+            if (KS > 1 && kc >= nk) break;
+            uint32_t st = base + stage * STAGE + u * SUB;
+            size_t k0 = (size_t)kc * TL_BK;
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                msm_cp_async16(st + (tid / 4 + 64 * j) * TL_BK + (tid % 4) * 16, wsrc[j] + k0, 16);
+            tl_load_x<BM>(st + TF_W_BYTES, xh, xl, rb, r1, xrows, ld, k0, tid);
+        }
     };
     auto scale = [&](const float *s, int kc) { return __ldg(s + ((kc * TL_BK + ph) >> 7)) * MSM_FP8_S_SCALE; };
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < nk) load(s, s);
+        if (s < ns) load(s, s);
         msm_cp_async_commit();
     }
-    float s_a = scale(sa, 0), s_b = scale(sb, 0); /* nk >= 1 */
-    for (int kc = 0; kc < nk; kc++) {
-        float ca = s_a, cb = s_b;
-        if (kc + 1 < nk) s_a = scale(sa, kc + 1), s_b = scale(sb, kc + 1); /* the next step's, in flight */
+    float s_a[KS], s_b[KS]; /* this stage's steps' scales; the next stage's are loaded while it waits */
+#pragma unroll
+    for (int u = 0; u < KS; u++) {
+        int kc = KS > 1 ? min(u, nk - 1) : u; /* nk >= 1 */
+        s_a[u] = scale(sa, kc), s_b[u] = scale(sb, kc);
+    }
+    for (int sc = 0; sc < ns; sc++) {
+        float ca[KS], cb[KS];
+#pragma unroll
+        for (int u = 0; u < KS; u++) {
+            ca[u] = s_a[u], cb[u] = s_b[u];
+            int kn = (sc + 1) * KS + u; /* the next stage's, in flight */
+            if (kn < nk) s_a[u] = scale(sa, kn), s_b[u] = scale(sb, kn);
+        }
         msm_cp_async_wait<ST - 2>();
-        __syncthreads(); /* step kc landed for every thread; every thread is done with step kc - 1 */
-        int nx = kc + ST - 1; /* refills step kc - 1's stage */
-        if (nx < nk) load(nx % ST, nx);
+        __syncthreads(); /* stage sc landed for every thread; every thread is done with stage sc - 1 */
+        int nx = sc + ST - 1; /* refills stage sc - 1's buffer */
+        if (nx < ns) load(nx % ST, nx);
         msm_cp_async_commit();
-        uint32_t st = base + (kc % ST) * STAGE;
-        msm_tile_mma_fp8_k64(acc, st, st + TF_W_BYTES, st + TF_W_BYTES + TL_XB(BM), ca, cb, warp, lane, ntile);
+#pragma unroll
+        for (int u = 0; u < KS; u++) {
+            if (KS > 1 && sc * KS + u >= nk) break;
+            uint32_t st = base + (sc % ST) * STAGE + u * SUB;
+            msm_tile_mma_fp8_k64(acc, st, st + TF_W_BYTES, st + TF_W_BYTES + TL_XB(BM), ca[u], cb[u], warp, lane,
+                                 ntile);
+        }
     }
     msm_cp_async_wait<0>();
 }

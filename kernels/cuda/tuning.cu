@@ -106,6 +106,7 @@ extern "C" int msm_cuda_tuning_init(msm_cuda_tuning *t, int device) {
      * 24.66-24.85; at 2-4 the GEMVs win (run 1: 3.91 / 5.58 / 5.64-5.71 vs 4.66-4.68 / 6.51-6.54 /
      * 6.53-6.55) */
     t->fp8_moe_tiled_min_t = 5;
+    t->fp8_tiled_ks = 1; /* 2: not yet measured (bench/results/2026-12-08-h200-s41) */
     t->att_max_split = 16;
     /* the split tensor-core GQA attention at most 8 ways (H100, 2026-12-07 thirty-fourth session,
      * bench/results/2026-12-07-h200-s34 run 13, after its second look, ms a step, three rounds, caps

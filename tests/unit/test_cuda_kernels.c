@@ -51,7 +51,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
                                  "MSM_CUDA_ATT_ROPE", "MSM_CUDA_ATT_QK_ROPE", "MSM_CUDA_FP8_MOE_TILED", "MSM_CUDA_GEMV_EARLY", "MSM_CUDA_QK_ROPE",
                                  "MSM_CUDA_FP8_MOE_TILED_MIN_T", "MSM_CUDA_FP8_GEMV_ROWS", "MSM_CUDA_FP8_GEMV_U8", "MSM_CUDA_NORM_LINEAR",
                                  "MSM_CUDA_FP8_MOE_HW", "MSM_CUDA_ROWS_PIPE", "MSM_CUDA_NORM_ROUTER",
-                                 "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16", "MSM_CUDA_MOE_TILED_BM",
+                                 "MSM_CUDA_NORM_ROUTER_MAX_T", "MSM_CUDA_GEMV_U16", "MSM_CUDA_MOE_TILED_BM", "MSM_CUDA_FP8_TILED_KS",
                                  "MSM_CUDA_FP8_LINEAR_MAX_T", "MSM_CUDA_FP8_LINEAR_TILED_MIN_T",
                                  "MSM_CUDA_STREAM_PRIO", "MSM_CUDA_LINEAR_ROPE", "MSM_CUDA_ROUTER_CLUSTER",
                                  "MSM_CUDA_MMV_FIT_CLUSTERS", "MSM_CUDA_MMV_U8_MAX_BLOCKS",
@@ -98,7 +98,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     setenv("MSM_CUDA_FP8_GEMV_U8", "0", 1), setenv("MSM_CUDA_NORM_LINEAR", "0", 1);
     setenv("MSM_CUDA_FP8_MOE_HW", "0", 1), setenv("MSM_CUDA_ROWS_PIPE", "21", 1);
     setenv("MSM_CUDA_NORM_ROUTER", "0", 1), setenv("MSM_CUDA_NORM_ROUTER_MAX_T", "-1", 1);
-    setenv("MSM_CUDA_GEMV_U16", "0", 1), setenv("MSM_CUDA_MOE_TILED_BM", "32", 1);
+    setenv("MSM_CUDA_GEMV_U16", "0", 1), setenv("MSM_CUDA_MOE_TILED_BM", "32", 1), setenv("MSM_CUDA_FP8_TILED_KS", "2", 1);
     setenv("MSM_CUDA_FP8_LINEAR_MAX_T", "-4", 1), setenv("MSM_CUDA_FP8_LINEAR_TILED_MIN_T", "0", 1);
     setenv("MSM_CUDA_STREAM_PRIO", "aux", 1), setenv("MSM_CUDA_LINEAR_ROPE", "0", 1);
     setenv("MSM_CUDA_ROUTER_CLUSTER", "-3", 1), setenv("MSM_CUDA_MMV_FIT_CLUSTERS", "0", 1);
@@ -145,6 +145,7 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect_eq(t.norm_router_max_t, 0, "clamped to 0");
     cr_expect(!t.gemv_u16, "MSM_CUDA_GEMV_U16=0: four steps of 4 loads");
     cr_expect_eq(t.moe_tiled_bm, 32);
+    cr_expect_eq(t.fp8_tiled_ks, 2);
     cr_expect_eq(t.fp8_linear_max_t, 0, "clamped to 0");
     cr_expect_eq(t.fp8_linear_tiled_min_t, 1, "clamped to 1");
     cr_expect_eq(t.stream_prio, MSM_CUDA_PRIO_AUX);
@@ -231,8 +232,10 @@ Test(cuda_kernels, tuning_env_applies_the_switches) {
     cr_expect(!t.fp8_moe_tiled, "MSM_CUDA_FP8_MOE_TILED=0: FP8 experts past the GEMVs dequantised");
     setenv("MSM_CUDA_MMV_WARPS", "6", 1), setenv("MSM_CUDA_MOE_PATH", "bogus", 1), setenv("MSM_CUDA_ATT_MMA", "0", 1);
     setenv("MSM_CUDA_FP8_MOE_TILED", "1", 1), setenv("MSM_CUDA_MOE_TILED_BM", "48", 1);
+    setenv("MSM_CUDA_FP8_TILED_KS", "3", 1);
     msm_cuda_tuning_from_env(&t);
     cr_expect_eq(t.moe_tiled_bm, 0, "not 16, 32 or 64: by the tokens an expert");
+    cr_expect_eq(t.fp8_tiled_ks, 1, "not 2: one K step a stage");
     cr_expect(t.fp8_moe_tiled);
     cr_expect_eq(t.att_mma, MSM_CUDA_ATT_MMA_OFF);
     cr_expect_eq(t.mmv_warps, 8, "only 4 or 8 warps");
@@ -2848,9 +2851,12 @@ Test(cuda_kernels, moe_experts_fp8_tiled_match_cpu, .timeout = 360) {
 
 /* The FP8 tiled GEMMs with 16 or 32 tokens a pass (8 or 6 pipeline stages) and the auto rule give
  * the 64-token kernels' bits (each output the same sequence of MMAs and scaled step sums whatever
- * pass holds its token), and the 64-token ones match the CPU on the float32 weights. Qwen3-30B-A3B
- * expert shapes at 12-256 tokens, a TP slice with down at phase 64 (11 K steps: fewer than 8
- * stages), and 200 x 2 pairs over 3 experts (many passes of each size). */
+ * pass holds its token), and so do they with two K steps a pipeline stage (tuning fp8_tiled_ks =
+ * 2: 4 or 3 stages of two sub-tiles; the 64-token pass keeps one step a stage); the 64-token ones
+ * match the CPU on the float32 weights. Qwen3-30B-A3B expert shapes at 12-256 tokens, a TP slice
+ * with down at phase 64 (11 K steps: fewer than 8 stages, and an odd count, so a last stage of one
+ * step), and 200 x 2 pairs over 3 experts with gate/up at phase 64 (the two steps of a stage under
+ * different scales; many passes of each size). */
 Test(cuda_kernels, moe_fp8_tiled_pass_sizes_are_bitwise_equal, .timeout = 180) {
     need_gpu();
     /* H, I, k, E, T, gate/up phase, down phase */
@@ -2870,11 +2876,14 @@ Test(cuda_kernels, moe_fp8_tiled_pass_sizes_are_bitwise_equal, .timeout = 180) {
         int32_t *di = dev_up(ids, (size_t)T * k * 4);
         size_t wsb = msm_cuda_moe_experts_ws_bytes(T, H, I, k, E);
         void *ws = dev_poison(wsb);
-        static const int bms[] = {64, 32, 16, 0};
-        for (int b = 0; b < 4; b++) {
+        /* tokens a pass (0: by the tokens an expert), K steps a pipeline stage (tuning fp8_tiled_ks:
+         * 2 at 16 / 32 tokens a pass; 64 keeps 1) */
+        static const int arms[][2] = {{64, 1}, {32, 1}, {16, 1}, {0, 1}, {32, 2}, {16, 2}, {0, 2}, {64, 2}};
+        for (int b = 0; b < (int)(sizeof arms / sizeof *arms); b++) {
             msm_cuda_tuning t = tune0;
             t.moe_path = MSM_CUDA_MOE_PATH_TILED;
-            t.moe_tiled_bm = bms[b];
+            t.moe_tiled_bm = arms[b][0];
+            t.fp8_tiled_ks = arms[b][1];
             cudaMemset(dy, 0xff, (size_t)T * H * 4);
             CK(msm_cuda_moe_experts_fp8(dy, dx, di, dw, gu.d, dn.d, T, H, I, k, E, ws, wsb, NULL, 0, EX_T(&t)));
             down(b ? out : base, dy, (size_t)T * H * 4);
@@ -2882,7 +2891,8 @@ Test(cuda_kernels, moe_fp8_tiled_pass_sizes_are_bitwise_equal, .timeout = 180) {
                 CHECK_ERR(base, ref, (size_t)T * H, 2e-5, "fp8 tiled T=%d H=%d I=%d k=%d E=%d", T, H, I, k, E);
             else
                 cr_assert(memcmp(out, base, (size_t)T * H * 4) == 0,
-                          "fp8 tiled T=%d H=%d E=%d: %d tokens a pass differ from 64", T, H, E, bms[b]);
+                          "fp8 tiled T=%d H=%d E=%d: %d tokens a pass, %d K steps a stage differ from 64, 1", T, H,
+                          E, arms[b][0], arms[b][1]);
         }
         cudaFree(dx), cudaFree(dw), cudaFree(di), cudaFree(dy), cudaFree(ws);
         free(x), free(w), free(ids), free(ref), free(out), free(base), free(scratch);

@@ -19,7 +19,10 @@
 #   Qwen3 FP8 8 tokens 8.59 ms at 54% of the copy rate, bf16 9.91 at 88%): its routed experts there
 #   take the tiled FP8 GEMMs (from 5 tokens), which ran at ~55% of the copy rate in session 5's
 #   32-token timeline on an H200 (gate/up 150 us a layer for ~350 MB of codes). The section: Qwen3
-#   FP8's timelines at 4, 8 and 32 tokens (and 8 on the SIMT GEMVs); the grouped FP8 GEMVs (measured
+#   FP8's timelines at 4, 8 and 32 tokens (and 8 with two K steps a stage, and on the SIMT GEMVs);
+#   the tiled FP8 GEMMs with two 64-wide K steps a pipeline stage (MSM_CUDA_FP8_TILED_KS=2, new in
+#   this session: 128 contiguous bytes of each code row a stage and half the barriers; kernel tests
+#   and bits first); the grouped FP8 GEMVs (measured
 #   against the tiled GEMMs only in sessions 5-6, before the grouped GEMVs' compact grids and chunk
 #   changes) against the tiled GEMMs as arms (MSM_CUDA_FP8_MOE_TILED_MIN_T=9 / 33: the grouped GEMVs
 #   up to 8 / 32 tokens, in their default tensor-core form or with MSM_CUDA_MOE_KERNELS=simt the
@@ -50,16 +53,20 @@ core() {
 }
 
 # an arm's switches joined by "+"
-FP8_ARMS="MSM_CUDA_FP8_MOE_TILED_MIN_T=9 MSM_CUDA_FP8_MOE_TILED_MIN_T=9+MSM_CUDA_MOE_KERNELS=simt
+FP8_ARMS="MSM_CUDA_FP8_TILED_KS=2 MSM_CUDA_FP8_MOE_TILED_MIN_T=9 MSM_CUDA_FP8_MOE_TILED_MIN_T=9+MSM_CUDA_MOE_KERNELS=simt
           MSM_CUDA_FP8_MOE_TILED_MIN_T=33 MSM_CUDA_FP8_MOE_TILED_MIN_T=33+MSM_CUDA_MOE_KERNELS=simt"
 fp8() {
+    kern_tests "@(tuning*|moe_fp8_tiled*|moe_experts_fp8_tiled*)"; mv $OUT/kernels.txt $OUT/kernels-fp8.txt
+    arm_bits "MSM_CUDA_FP8_TILED_KS=2" $Q3F
     el fp8 timelines | tee -a $OUT/gpu.txt
     for bt in 4 8 32; do ROWS=24 tl $Q3F $bt q3fb$bt; done
+    ROWS=24 tl $Q3F 8 q3fb8-ks2 MSM_CUDA_FP8_TILED_KS=2
     ROWS=24 tl $Q3F 8 q3fb8-simt MSM_CUDA_FP8_MOE_TILED_MIN_T=9 MSM_CUDA_MOE_KERNELS=simt
     el fp8 arms | tee -a $OUT/gpu.txt
-    for i in 1 2 3; do for a in "" $FP8_ARMS; do b $Q3F 5,8,16,32 fp8 ${a//+/ } --; done; done > /dev/null 2>&1
+    for i in 1 2 3; do for a in "" $FP8_ARMS; do b $Q3F 5,8,16,32,128,256 fp8 ${a//+/ } --; done; done > /dev/null 2>&1
     el fp8 ncu | tee -a $OUT/gpu.txt
     [ "$(left 570)" -gt 130 ] && ncu_k "moe_(gateup|down)_tiled_fp8" $Q3F 8 fp8-tiled
+    [ "$(left 570)" -gt 130 ] && ncu_k "moe_(gateup|down)_tiled_fp8" $Q3F 8 fp8-tiled-ks2 MSM_CUDA_FP8_TILED_KS=2
     [ "$(left 570)" -gt 130 ] && ncu_k "moe_(gateup|down)_mma_kernel" $Q3F 8 fp8-mma MSM_CUDA_FP8_MOE_TILED_MIN_T=9
     [ "$(left 570)" -gt 130 ] && ncu_k "moe_(gateup|down)_grouped_gemv" $Q3F 8 fp8-simt MSM_CUDA_FP8_MOE_TILED_MIN_T=9 MSM_CUDA_MOE_KERNELS=simt
     grep -E "^  [a-z_]+.*<|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per" \
