@@ -84,6 +84,8 @@ VARIANTS = [  # (name, extra flags, environment)
     ("FP8 experts' hardware decode vs the integer one", [], {"MSM_CUDA_FP8_MOE_HW": "0"}),
     ("FP8 pair-path experts on the general dot vs the lean dot with the next codes early", [], {"MSM_CUDA_FP8_MOE_LEAN": "0"}),
     ("FP8 pair-path experts on the lean dot vs the same with the next codes early", [], {"MSM_CUDA_FP8_MOE_LEAN": "1"}),
+    ("FP8 tiled expert GEMMs with two K steps a pipeline stage vs one (8-token prefill)", [],
+     {"MSM_CUDA_FP8_TILED_KS": "2"}),
     ("pipelined bf16 rows-dot vs one step at a time", [], {"MSM_CUDA_ROWS_PIPE": "0"}),
     ("ADD_RMSNORM + router two kernels vs one", [], {"MSM_CUDA_NORM_ROUTER": "1"}),
     ("the one-token bf16 GEMV's 4096-wide rows in one step vs four", [], {"MSM_CUDA_GEMV_U16": "0"}),
