@@ -22,13 +22,14 @@
 #   FP8's timelines at 4, 8 and 32 tokens (and 8 with two K steps a stage, and on the SIMT GEMVs);
 #   the tiled FP8 GEMMs with two 64-wide K steps a pipeline stage (MSM_CUDA_FP8_TILED_KS=2, new in
 #   this session: 128 contiguous bytes of each code row a stage and half the barriers; kernel tests
-#   and bits first); the grouped FP8 GEMVs (measured
-#   against the tiled GEMMs only in sessions 5-6, before the grouped GEMVs' compact grids and chunk
-#   changes) against the tiled GEMMs as arms (MSM_CUDA_FP8_MOE_TILED_MIN_T=9 / 33: the grouped GEMVs
-#   up to 8 / 32 tokens, in their default tensor-core form or with MSM_CUDA_MOE_KERNELS=simt the
-#   SIMT one), three rounds (another path: other sums, each checked against the CPU by the kernel
-#   tests, so no bitwise line); Nsight Compute on each path's gate/up and down at 8 tokens (the
-#   first two launches of each).
+#   and bits first), also at 32 tokens a pass (MSM_CUDA_MOE_TILED_BM=32: 6 stages of one step, or 3
+#   of two, against 16 tokens' 8 or 4: whether the bytes in flight matter); the grouped FP8 GEMVs
+#   (measured against the tiled GEMMs only in sessions 5-6, before the grouped GEMVs' compact grids
+#   and chunk changes) against the tiled GEMMs as arms (MSM_CUDA_FP8_MOE_TILED_MIN_T=9 / 33: the
+#   grouped GEMVs up to 8 / 32 tokens, in their default tensor-core form or with
+#   MSM_CUDA_MOE_KERNELS=simt the SIMT one), three rounds (another path: other sums, each checked
+#   against the CPU by the kernel tests, so no bitwise line); Nsight Compute on each path's gate/up
+#   and down at 8 tokens (the first two launches of each).
 source bench/device_run.sh  # el, left, b, tl, ncu_k, hdr, pack, arm_bits
 source <(sed -n '/^h200() {/p' bench/results/2026-12-06-h200-s30/runs.sh)
 source <(sed -n '/^kern_tests() {/,/^}/p' bench/results/2026-12-06-h200-s26/runs.sh)
@@ -53,7 +54,8 @@ core() {
 }
 
 # an arm's switches joined by "+"
-FP8_ARMS="MSM_CUDA_FP8_TILED_KS=2 MSM_CUDA_FP8_MOE_TILED_MIN_T=9 MSM_CUDA_FP8_MOE_TILED_MIN_T=9+MSM_CUDA_MOE_KERNELS=simt
+FP8_ARMS="MSM_CUDA_FP8_TILED_KS=2 MSM_CUDA_MOE_TILED_BM=32 MSM_CUDA_MOE_TILED_BM=32+MSM_CUDA_FP8_TILED_KS=2
+          MSM_CUDA_FP8_MOE_TILED_MIN_T=9 MSM_CUDA_FP8_MOE_TILED_MIN_T=9+MSM_CUDA_MOE_KERNELS=simt
           MSM_CUDA_FP8_MOE_TILED_MIN_T=33 MSM_CUDA_FP8_MOE_TILED_MIN_T=33+MSM_CUDA_MOE_KERNELS=simt"
 fp8() {
     kern_tests "@(tuning*|moe_fp8_tiled*|moe_experts_fp8_tiled*)"; mv $OUT/kernels.txt $OUT/kernels-fp8.txt
